@@ -1,0 +1,36 @@
+// Actions: callbacks collected while a lock is held and run after it is
+// released, so that completions (which may re-enter the coordinator or write
+// to a stream) never run under the coordinator's mutex.
+//
+// Not thread-safe; one per call.
+#ifndef MUSTER_COORDINATOR_ACTIONS_H_
+#define MUSTER_COORDINATOR_ACTIONS_H_
+
+#include <functional>
+#include <utility>
+#include <vector>
+
+namespace muster {
+
+class Actions {
+ public:
+  Actions() = default;
+  Actions(const Actions&) = delete;
+  Actions& operator=(const Actions&) = delete;
+  ~Actions() { Run(); }
+
+  void Add(std::function<void()> fn) { fns_.push_back(std::move(fn)); }
+  // Runs and forgets every action, in the order they were added.
+  void Run() {
+    std::vector<std::function<void()>> fns;
+    fns.swap(fns_);
+    for (auto& fn : fns) fn();
+  }
+
+ private:
+  std::vector<std::function<void()>> fns_;
+};
+
+}  // namespace muster
+
+#endif  // MUSTER_COORDINATOR_ACTIONS_H_

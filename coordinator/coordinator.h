@@ -1,0 +1,277 @@
+// Coordinator: the job's control plane as a plain, thread-safe class —
+// membership, sessions and heartbeats, generations and rendezvous, the KV
+// store and barriers of the current generation, and the checkpoint catalog.
+// It knows nothing of gRPC: grpc_service.h adapts it to the wire.
+//
+// Blocking operations (Rendezvous, KvGet with a wait, Barrier) never block:
+// they take a callback that runs exactly once, on some thread, when the
+// operation completes, fails, or its deadline passes. Time comes from the
+// injected Clock and deadlines are enforced by Tick(), which the owner calls
+// periodically (every few tens of milliseconds), so unit tests drive every
+// timeout with a FakeClock.
+//
+// Thread-safety: every method may be called from any thread. Callbacks and
+// SessionSink calls run without the coordinator's lock held.
+#ifndef MUSTER_COORDINATOR_COORDINATOR_H_
+#define MUSTER_COORDINATOR_COORDINATOR_H_
+
+#include <cstdint>
+#include <functional>
+#include <list>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/clock.h"
+#include "coordinator/actions.h"
+#include "coordinator/barrier.h"
+#include "coordinator/checkpoint_catalog.h"
+#include "coordinator/kv_store.h"
+#include "coordinator/limits.h"
+#include "coordinator/membership.h"
+#include "coordinator/rendezvous.h"
+#include "coordinator/state_store.h"
+#include "coordinator/types.h"
+
+namespace muster {
+
+// An event pushed down a member's session.
+struct MemberEvent {
+  enum class Kind { kRegroup, kStop };
+  Kind kind = Kind::kRegroup;
+  uint64_t generation = 0;
+  bool abort = false;  // regroup: abort in-flight collectives now
+  bool leave = false;  // regroup: the receiver is not in the new world
+  std::string reason;
+};
+
+// The sending half of a member's session, implemented by the transport.
+// Push and Close must not block and may be called from any thread; calls
+// after Close are ignored.
+class SessionSink {
+ public:
+  virtual ~SessionSink() = default;
+  virtual void Push(const MemberEvent& event) = 0;
+  // Ends the session with `status` (OK for a normal stop).
+  virtual void Close(const absl::Status& status) = 0;
+};
+
+struct CoordinatorOptions {
+  RendezvousRules rules;
+  absl::Duration heartbeat_interval = absl::Seconds(1);
+  absl::Duration heartbeat_timeout = absl::Seconds(5);
+  // After a coordinator restart, how long the stored world waits for all of
+  // its members to come back before the missing ones count as failed.
+  absl::Duration reattach_grace = absl::Seconds(30);
+  CatalogOptions catalog;
+  Limits limits;
+  Clock* clock = RealClock::Get();
+};
+
+enum class JobState { kWaiting, kRunning, kRecovering, kFinished, kShuttingDown };
+const char* JobStateName(JobState state);
+
+enum class LeaveReason { kFinished, kGraceful };
+
+struct JoinResult {
+  uint64_t generation = 0;
+  bool reattached = false;
+};
+
+struct RendezvousResult {
+  World world;
+  uint32_t rank = 0;
+};
+
+struct MemberRow {
+  MemberInfo info;
+  int rank = -1;  // in the current world
+};
+
+struct StatusSnapshot {
+  JobState job_state = JobState::kWaiting;
+  uint64_t generation = 0;
+  uint32_t world_size = 0;
+  std::vector<MemberRow> members;
+  size_t committed_checkpoints = 0;
+  int64_t latest_committed_step = -1;
+  RendezvousRules rules;
+  absl::Duration uptime;
+  absl::Time now;
+};
+
+// Monotonic counters for metrics.
+struct CoordinatorCounters {
+  uint64_t generation = 0;
+  uint64_t regroups = 0;
+  uint64_t failures = 0;
+  uint64_t checkpoints_committed = 0;
+  uint64_t open_sessions = 0;
+  std::map<std::string, uint64_t> members_by_state;
+};
+
+class Coordinator {
+ public:
+  using RendezvousCallback = std::function<void(absl::StatusOr<RendezvousResult>)>;
+  using KvCallback = KvStore::GetCallback;
+  using DoneCallback = std::function<void(absl::Status)>;
+
+  // Loads the stored world, catalog and generation from `store` (which must
+  // outlive the coordinator). A stored world puts the job in kRecovering for
+  // options.reattach_grace. Errors: INVALID_ARGUMENT (bad rules), and the
+  // store's errors.
+  static absl::StatusOr<std::unique_ptr<Coordinator>> Create(CoordinatorOptions options,
+                                                             StateStore* store);
+  ~Coordinator();
+
+  // Registers a member (Membership::Join's errors, plus FAILED_PRECONDITION
+  // while shutting down). A new incarnation of a member of the current world
+  // counts as the old one's failure.
+  absl::StatusOr<JoinResult> Join(const JoinSpec& spec);
+
+  // Attaches the member's session; a previous session of the same member is
+  // closed. Returns the session id. Errors: as Membership::Live.
+  absl::StatusOr<uint64_t> OpenSession(const MemberKey& key, std::shared_ptr<SessionSink> sink);
+  // Records a heartbeat on `session`; returns the current generation.
+  // Errors: NOT_FOUND (no such session), ABORTED (the member was fenced).
+  absl::StatusOr<uint64_t> Heartbeat(uint64_t session, int64_t step);
+  // The transport lost the session: its member fails at once.
+  void SessionClosed(uint64_t session, const std::string& why);
+
+  // Completes with the first world of generation > after_generation that
+  // holds the member, once all of that world's members arrived; or with
+  // DEADLINE_EXCEEDED after min(timeout, join_timeout); or ABORTED if the
+  // member fails meanwhile; FAILED_PRECONDITION on shutdown. Errors of
+  // Membership::Live complete it at once.
+  void Rendezvous(const MemberKey& key, uint64_t after_generation, int64_t step,
+                  absl::Duration timeout, RendezvousCallback done);
+
+  // Leaves the job. kFinished: no regroup; kGraceful: the others regroup
+  // without it (no abort). Errors: as Membership::Live.
+  absl::Status Leave(const MemberKey& key, LeaveReason reason, int64_t step);
+
+  // Makes every live member on `node` leave at the next step boundary.
+  // Returns how many were drained. Errors: INVALID_ARGUMENT (bad name),
+  // NOT_FOUND (no live member on that node).
+  absl::StatusOr<uint32_t> Drain(const std::string& node);
+
+  // KV of generation `generation`: ABORTED when it is older than the
+  // current one, FAILED_PRECONDITION when newer; otherwise KvStore's
+  // errors. KvGet with wait > 0 waits for the keys (capped by limits).
+  absl::Status KvSet(uint64_t generation, const std::string& key, std::string value);
+  void KvGet(uint64_t generation, std::vector<std::string> keys, absl::Duration wait,
+             KvCallback done);
+  absl::StatusOr<int64_t> KvAdd(uint64_t generation, const std::string& key, int64_t delta);
+  absl::StatusOr<CasResult> KvCompareAndSet(uint64_t generation, const std::string& key,
+                                            const std::optional<std::string>& expected,
+                                            std::string desired);
+  // Completes when every member of `generation` reached barrier `name`.
+  void Barrier(uint64_t generation, const MemberKey& key, const std::string& name,
+               absl::Duration timeout, DoneCallback done);
+
+  // Checkpoint catalog (CheckpointCatalog's errors; ABORTED for a stale
+  // generation; PERMISSION_DENIED for a member outside the world).
+  absl::StatusOr<uint64_t> BeginCheckpoint(uint64_t generation, const MemberKey& key,
+                                           int64_t step);
+  absl::StatusOr<bool> ReportShard(uint64_t id, const MemberKey& key, ShardReport report);
+  absl::Status AbortCheckpoint(uint64_t id, const MemberKey& key, const std::string& reason);
+  std::vector<CheckpointRecord> ListCheckpoints(bool all);
+
+  StatusSnapshot GetStatus();
+  CoordinatorCounters Counters();
+  std::vector<JobEvent> RecentEvents(size_t limit);
+
+  // Stops every member and fails every pending call; later calls fail
+  // FAILED_PRECONDITION. Idempotent.
+  void Shutdown(const std::string& reason);
+  bool shutting_down();
+
+  // Enforces heartbeat timeouts, deadlines, last call and the reattach
+  // grace; flushes the event log.
+  void Tick();
+
+  // Constant after construction.
+  const CoordinatorOptions& options() const { return options_; }
+
+ private:
+  struct RendezvousWaiter {
+    MemberKey member;
+    uint64_t after_generation;
+    int64_t step;
+    absl::Time deadline;
+    RendezvousCallback done;
+  };
+  struct Session {
+    MemberKey member;
+    std::shared_ptr<SessionSink> sink;
+  };
+
+  Coordinator(CoordinatorOptions options, StateStore* store);
+  absl::Status Load();
+
+  // --- regrouping (coordinator_regroup.cc) ---
+  // Re-evaluates membership: forms a new world, pauses, or waits.
+  void Evaluate(bool urgent, bool abort, const std::string& reason, Actions* actions)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::vector<Candidate> Candidates() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Form(std::vector<Candidate> candidates, uint32_t size, bool abort,
+            const std::string& reason, Actions* actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Pause(const std::string& reason, Actions* actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ResetGenerationState(const std::string& reason, Actions* actions)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Arrive(const std::string& id, int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CompleteIfAllArrived(Actions* actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FailMember(MemberInfo* info, const std::string& reason, Actions* actions)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void DropWaiters(const std::string& id, const absl::Status& status, Actions* actions)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CheckRecovered(Actions* actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // --- helpers (coordinator.cc) ---
+  void Record(const std::string& kind, const std::string& detail)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void PushTo(const std::string& id, const MemberEvent& event, Actions* actions)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status CheckGeneration(uint64_t generation) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status CheckServing() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Duration CapWait(absl::Duration d) const;
+  void FlushEvents() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Constant after construction.
+  const CoordinatorOptions options_;
+  StateStore* const store_;
+  Clock* const clock_;
+  const absl::Time started_;
+
+  absl::Mutex mu_;
+  JobState job_state_ ABSL_GUARDED_BY(mu_) = JobState::kWaiting;
+  Membership membership_ ABSL_GUARDED_BY(mu_);
+  RendezvousTimer timer_ ABSL_GUARDED_BY(mu_);
+  uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
+  World world_ ABSL_GUARDED_BY(mu_);
+  // True while world_ is the world members train in (false when paused).
+  bool world_live_ ABSL_GUARDED_BY(mu_) = false;
+  // Members of world_ that have called Rendezvous for it, with their step.
+  std::map<std::string, int64_t> arrived_ ABSL_GUARDED_BY(mu_);
+  bool world_complete_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Time recover_deadline_ ABSL_GUARDED_BY(mu_);
+  std::list<RendezvousWaiter> waiters_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, Session> sessions_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_session_ ABSL_GUARDED_BY(mu_) = 1;
+  KvStore kv_ ABSL_GUARDED_BY(mu_);
+  Barriers barriers_ ABSL_GUARDED_BY(mu_);
+  CheckpointCatalog catalog_ ABSL_GUARDED_BY(mu_);
+  std::vector<JobEvent> unflushed_events_ ABSL_GUARDED_BY(mu_);
+  CoordinatorCounters counters_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace muster
+
+#endif  // MUSTER_COORDINATOR_COORDINATOR_H_

@@ -1,0 +1,286 @@
+// Coordinator: rendezvous and regrouping — who is in the next world, when it
+// forms, and how members arrive in it.
+#include <set>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "coordinator/coordinator.h"
+
+namespace muster {
+
+void Coordinator::Rendezvous(const MemberKey& key, uint64_t after_generation, int64_t step,
+                             absl::Duration timeout, RendezvousCallback done) {
+  Actions actions;
+  absl::MutexLock lock(&mu_);
+  absl::Status s = CheckServing();
+  absl::StatusOr<MemberInfo*> live = membership_.Live(key);
+  if (s.ok()) s = live.status();
+  if (s.ok() && job_state_ == JobState::kFinished) {
+    s = absl::FailedPreconditionError("the job has finished");
+  }
+  if (s.ok() && (*live)->state == MemberState::kDraining) {
+    s = absl::FailedPreconditionError(
+        absl::StrCat("member ", key.id, " is drained; it must leave"));
+  }
+  if (s.ok() && after_generation > generation_) {
+    if (world_live_) {
+      s = absl::InvalidArgumentError(absl::StrCat(
+          "after_generation ", after_generation, " is newer than the current generation ",
+          generation_));
+    } else {
+      // The coordinator lost its state; keep generation numbers increasing.
+      generation_ = after_generation;
+    }
+  }
+  if (s.ok() && step < 0) {
+    s = absl::InvalidArgumentError(absl::StrCat("step is negative (", step, ")"));
+  }
+  if (!s.ok()) {
+    actions.Add([done = std::move(done), s] { done(s); });
+    return;
+  }
+  MemberInfo* info = *live;
+  info->step = step;
+  const absl::Duration wait = std::min(CapWait(timeout), options_.rules.join_timeout);
+  const int rank = world_.RankOf(key.id);
+  const bool in_newer_world = world_live_ && world_.generation > after_generation &&
+                              rank >= 0 &&
+                              world_.members[rank].member.incarnation == key.incarnation;
+  if (in_newer_world && world_complete_) {
+    RendezvousResult result{world_, static_cast<uint32_t>(rank)};
+    actions.Add([done = std::move(done), result] { done(result); });
+    return;
+  }
+  waiters_.push_back(
+      RendezvousWaiter{key, after_generation, step, clock_->Now() + wait, std::move(done)});
+  if (in_newer_world) {
+    Arrive(key.id, step);
+    CompleteIfAllArrived(&actions);
+    return;
+  }
+  if (info->state != MemberState::kActive) info->state = MemberState::kWaiting;
+  Evaluate(/*urgent=*/false, /*abort=*/false,
+           absl::StrCat("member ", key.id, " is waiting to join"), &actions);
+}
+
+std::vector<Candidate> Coordinator::Candidates() {
+  std::set<std::string> waiting;
+  for (const RendezvousWaiter& w : waiters_) waiting.insert(w.member.id);
+  std::vector<Candidate> out;
+  for (const auto& [id, info] : membership_.members()) {
+    const bool incumbent = world_live_ && info.state == MemberState::kActive &&
+                           world_.RankOf(id) >= 0;
+    const bool waiting_now = (info.state == MemberState::kWaiting ||
+                              info.state == MemberState::kActive) &&
+                             waiting.count(id) > 0;
+    if (!incumbent && !waiting_now) continue;
+    Candidate c;
+    c.member = info.key;
+    c.node = info.node;
+    c.local_rank = info.local_rank;
+    c.state_address = info.state_address;
+    c.step = info.step;
+    c.incumbent = incumbent;
+    c.joined = info.joined;
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
+void Coordinator::Evaluate(bool urgent, bool abort, const std::string& reason,
+                           Actions* actions) {
+  if (job_state_ == JobState::kShuttingDown || job_state_ == JobState::kFinished) return;
+  if (job_state_ == JobState::kRecovering) {
+    CheckRecovered(actions);
+    return;
+  }
+  std::vector<Candidate> candidates = Candidates();
+  bool changed = !world_live_ || candidates.size() != world_.size();
+  if (!changed) {
+    for (const Candidate& c : candidates) {
+      const int rank = world_.RankOf(c.member.id);
+      if (rank < 0 || world_.members[rank].member.incarnation != c.member.incarnation) {
+        changed = true;
+        break;
+      }
+    }
+  }
+  const uint32_t n = static_cast<uint32_t>(candidates.size());
+  switch (timer_.Decide(n, changed, urgent, clock_->Now())) {
+    case FormDecision::kNothing:
+    case FormDecision::kWait:
+      return;
+    case FormDecision::kNotEnough:
+      if (world_live_) Pause(reason, actions);
+      return;
+    case FormDecision::kNow:
+      Form(std::move(candidates), UsableWorldSize(n, options_.rules), abort || !world_live_,
+           reason, actions);
+      return;
+  }
+}
+
+void Coordinator::ResetGenerationState(const std::string& reason, Actions* actions) {
+  kv_.Reset(absl::StrCat("generation ", world_.generation, " is over: ", reason), actions);
+  barriers_.Reset(absl::StrCat("generation ", world_.generation, " is over: ", reason),
+                  actions);
+}
+
+void Coordinator::Pause(const std::string& reason, Actions* actions) {
+  world_live_ = false;
+  world_complete_ = false;
+  arrived_.clear();
+  job_state_ = JobState::kWaiting;
+  ResetGenerationState(reason, actions);
+  absl::Status s = catalog_.AbortBefore(generation_ + 1, reason);
+  if (!s.ok()) MUSTER_LOG(WARNING) << "aborting pending checkpoints: " << s;
+  MemberEvent event;
+  event.generation = generation_;
+  event.abort = true;
+  event.reason = absl::StrCat(reason, "; fewer than min_members (",
+                              options_.rules.min_members, ") remain, waiting for more");
+  for (const Assignment& a : world_.members) {
+    MemberInfo* info = membership_.Find(a.member.id);
+    if (info == nullptr || info->key != a.member || !IsAlive(info->state)) continue;
+    if (info->state == MemberState::kActive) info->state = MemberState::kWaiting;
+    PushTo(a.member.id, event, actions);
+  }
+  Record("pause", event.reason);
+}
+
+void Coordinator::Form(std::vector<Candidate> candidates, uint32_t size, bool abort,
+                       const std::string& reason, Actions* actions) {
+  World next = AssignWorld(generation_ + 1, std::move(candidates), size);
+  absl::Status saved = store_->SaveWorld(next);
+  if (!saved.ok()) {
+    MUSTER_LOG(ERROR) << "cannot persist generation " << next.generation << ": " << saved;
+    return;
+  }
+  const World old = world_;
+  const bool old_live = world_live_;
+  ResetGenerationState(reason, actions);
+  generation_ = next.generation;
+  world_ = std::move(next);
+  world_live_ = true;
+  world_complete_ = false;
+  arrived_.clear();
+  job_state_ = JobState::kRunning;
+  timer_.Reset();
+  ++counters_.regroups;
+  if (abort) {
+    absl::Status s = catalog_.AbortBefore(generation_, reason);
+    if (!s.ok()) MUSTER_LOG(WARNING) << "aborting pending checkpoints: " << s;
+  }
+  for (const auto& [id, info] : membership_.members()) {
+    if (info.state != MemberState::kActive) continue;
+    if (world_.RankOf(id) < 0) membership_.Find(id)->state = MemberState::kWaiting;
+  }
+  for (const Assignment& a : world_.members) {
+    membership_.Find(a.member.id)->state = MemberState::kActive;
+  }
+  if (old_live) {
+    for (const Assignment& a : old.members) {
+      const MemberInfo* info = membership_.Find(a.member.id);
+      if (info == nullptr || info->key != a.member || !IsAlive(info->state)) continue;
+      MemberEvent event;
+      event.generation = generation_;
+      event.abort = abort;
+      event.leave = info->state == MemberState::kDraining;
+      event.reason = reason;
+      PushTo(a.member.id, event, actions);
+    }
+  }
+  for (const RendezvousWaiter& w : waiters_) {
+    const int rank = world_.RankOf(w.member.id);
+    if (rank >= 0 && w.after_generation < generation_ &&
+        world_.members[rank].member.incarnation == w.member.incarnation) {
+      Arrive(w.member.id, w.step);
+    }
+  }
+  Record("regroup", absl::StrCat("generation ", generation_, ": ", world_.size(),
+                                 " members on ", world_.node_count, " nodes (", reason,
+                                 abort ? ", abort" : ", at step boundary", ")"));
+  CompleteIfAllArrived(actions);
+}
+
+void Coordinator::Arrive(const std::string& id, int64_t step) { arrived_[id] = step; }
+
+void Coordinator::CompleteIfAllArrived(Actions* actions) {
+  if (!world_live_ || world_complete_) return;
+  for (const Assignment& a : world_.members) {
+    if (arrived_.count(a.member.id) == 0) return;
+  }
+  for (Assignment& a : world_.members) a.step = arrived_[a.member.id];
+  ChooseStateSource(&world_);
+  world_complete_ = true;
+  absl::Status saved = store_->SaveWorld(world_);
+  if (!saved.ok()) MUSTER_LOG(WARNING) << "cannot persist arrival steps: " << saved;
+  for (auto it = waiters_.begin(); it != waiters_.end();) {
+    const int rank = world_.RankOf(it->member.id);
+    if (rank >= 0 && it->after_generation < generation_ &&
+        world_.members[rank].member.incarnation == it->member.incarnation) {
+      RendezvousResult result{world_, static_cast<uint32_t>(rank)};
+      actions->Add([done = std::move(it->done), result] { done(result); });
+      it = waiters_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void Coordinator::FailMember(MemberInfo* info, const std::string& reason, Actions* actions) {
+  const std::string id = info->key.id;
+  const int rank = world_.RankOf(id);
+  const bool in_world = world_live_ && rank >= 0 &&
+                        world_.members[rank].member.incarnation == info->key.incarnation &&
+                        info->state == MemberState::kActive;
+  info->state = MemberState::kFailed;
+  info->reason = reason;
+  ++counters_.failures;
+  Record("fail", absl::StrCat(id, " incarnation ", info->key.incarnation, ": ", reason));
+  if (info->session != 0) {
+    auto it = sessions_.find(info->session);
+    if (it != sessions_.end()) {
+      actions->Add([sink = it->second.sink, reason] {
+        sink->Close(absl::AbortedError(absl::StrCat(
+            "declared failed (", reason, "); rejoin with a new incarnation")));
+      });
+      sessions_.erase(it);
+    }
+    info->session = 0;
+  }
+  DropWaiters(id, absl::AbortedError(absl::StrCat("member declared failed: ", reason)),
+              actions);
+  if (in_world) {
+    Evaluate(/*urgent=*/true, /*abort=*/true,
+             absl::StrCat("member ", id, " failed: ", reason), actions);
+  }
+}
+
+void Coordinator::DropWaiters(const std::string& id, const absl::Status& status,
+                              Actions* actions) {
+  for (auto it = waiters_.begin(); it != waiters_.end();) {
+    if (it->member.id == id) {
+      actions->Add([done = std::move(it->done), status] { done(status); });
+      it = waiters_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void Coordinator::CheckRecovered(Actions* /*actions*/) {
+  for (const Assignment& a : world_.members) {
+    const MemberInfo* info = membership_.Find(a.member.id);
+    if (info == nullptr || info->key != a.member || !IsAlive(info->state) ||
+        info->session == 0) {
+      return;
+    }
+  }
+  job_state_ = JobState::kRunning;
+  Record("recovered", absl::StrCat("all ", world_.size(), " members of generation ",
+                                   generation_, " are back; training continues"));
+}
+
+}  // namespace muster

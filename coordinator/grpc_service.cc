@@ -1,0 +1,312 @@
+#include "coordinator/grpc_service.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "coordinator/session_reactor.h"
+#include "rpc/credentials.h"
+#include "rpc/status.h"
+
+namespace muster {
+namespace {
+
+MemberKey ToKey(const v1::MemberRef& ref) { return MemberKey{ref.member_id(), ref.incarnation()}; }
+
+void ToProto(const MemberKey& key, v1::MemberRef* out) {
+  out->set_member_id(key.id);
+  out->set_incarnation(key.incarnation);
+}
+
+void ToProto(const World& world, v1::World* out) {
+  out->set_generation(world.generation);
+  out->set_world_size(world.size());
+  out->set_node_count(world.node_count);
+  out->set_state_source_rank(world.state_source_rank);
+  out->set_state_step(world.state_step);
+  for (const Assignment& a : world.members) {
+    v1::Assignment* m = out->add_members();
+    ToProto(a.member, m->mutable_member());
+    m->set_node(a.node);
+    m->set_rank(a.rank);
+    m->set_node_rank(a.node_rank);
+    m->set_local_rank(a.local_rank);
+    m->set_local_world_size(a.local_world_size);
+    m->set_state_address(a.state_address);
+    m->set_step(a.step);
+  }
+}
+
+void ToProto(const CheckpointRecord& r, v1::Checkpoint* out) {
+  out->set_checkpoint_id(r.id);
+  out->set_step(r.step);
+  out->set_generation(r.generation);
+  out->set_world_size(r.world_size());
+  out->set_state(static_cast<v1::Checkpoint::State>(r.state));
+  out->set_created_unix_ms(absl::ToUnixMillis(r.created));
+  out->set_committed_unix_ms(r.state == CheckpointState::kCommitted ||
+                                     r.state == CheckpointState::kRetired
+                                 ? absl::ToUnixMillis(r.committed)
+                                 : 0);
+  out->set_total_bytes(r.total_bytes());
+  for (const ShardFileRecord& f : r.files) {
+    v1::ShardFile* pf = out->add_files();
+    pf->set_path(f.path);
+    pf->set_bytes(f.bytes);
+    pf->set_checksum(f.checksum);
+  }
+  out->set_metric_name(r.metric_name);
+  out->set_metric_value(r.metric_value);
+}
+
+absl::Duration Millis(uint32_t ms) { return absl::Milliseconds(ms); }
+
+}  // namespace
+
+CoordinatorService::CoordinatorService(Coordinator* coordinator, Metrics* metrics,
+                                       std::string token, std::function<void()> on_shutdown)
+    : coordinator_(coordinator),
+      metrics_(metrics),
+      token_(std::move(token)),
+      on_shutdown_(std::move(on_shutdown)) {}
+
+grpc::ServerUnaryReactor* CoordinatorService::Reply(grpc::CallbackServerContext* ctx,
+                                                    const char* method, absl::Time start,
+                                                    const absl::Status& status) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  if (metrics_ != nullptr) metrics_->ObserveRpc(method, status.code(), absl::Now() - start);
+  reactor->Finish(ToGrpcStatus(status));
+  return reactor;
+}
+
+std::function<void(const absl::Status&)> CoordinatorService::Later(
+    grpc::ServerUnaryReactor* reactor, const char* method, absl::Time start) {
+  return [this, reactor, method, start](const absl::Status& status) {
+    if (metrics_ != nullptr) metrics_->ObserveRpc(method, status.code(), absl::Now() - start);
+    reactor->Finish(ToGrpcStatus(status));
+  };
+}
+
+#define MUSTER_AUTHORIZE(method)                                   \
+  const absl::Time start = absl::Now();                            \
+  if (absl::Status auth = CheckToken(*ctx, token_); !auth.ok()) {  \
+    return Reply(ctx, method, start, auth);                        \
+  }
+
+grpc::ServerUnaryReactor* CoordinatorService::Join(grpc::CallbackServerContext* ctx,
+                                                   const v1::JoinRequest* req,
+                                                   v1::JoinResponse* resp) {
+  MUSTER_AUTHORIZE("Join");
+  JoinSpec spec;
+  spec.key = ToKey(req->member());
+  spec.node = req->node();
+  spec.local_rank = req->local_rank();
+  spec.state_address = req->state_address();
+  spec.step = req->step();
+  absl::StatusOr<JoinResult> result = coordinator_->Join(spec);
+  if (result.ok()) {
+    resp->set_heartbeat_interval_ms(static_cast<uint32_t>(
+        absl::ToInt64Milliseconds(coordinator_->options().heartbeat_interval)));
+    resp->set_heartbeat_timeout_ms(static_cast<uint32_t>(
+        absl::ToInt64Milliseconds(coordinator_->options().heartbeat_timeout)));
+    resp->set_current_generation(result->generation);
+    resp->set_reattached(result->reattached);
+  }
+  return Reply(ctx, "Join", start, result.status());
+}
+
+grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionEvent>* CoordinatorService::Session(
+    grpc::CallbackServerContext* ctx) {
+  return new SessionReactor(coordinator_, metrics_, CheckToken(*ctx, token_));
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::Rendezvous(grpc::CallbackServerContext* ctx,
+                                                         const v1::RendezvousRequest* req,
+                                                         v1::RendezvousResponse* resp) {
+  MUSTER_AUTHORIZE("Rendezvous");
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  auto finish = Later(reactor, "Rendezvous", start);
+  coordinator_->Rendezvous(
+      ToKey(req->member()), req->after_generation(), req->step(), Millis(req->timeout_ms()),
+      [resp, finish](absl::StatusOr<RendezvousResult> result) {
+        if (result.ok()) {
+          ToProto(result->world, resp->mutable_world());
+          resp->set_rank(result->rank);
+        }
+        finish(result.status());
+      });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::Leave(grpc::CallbackServerContext* ctx,
+                                                    const v1::LeaveRequest* req,
+                                                    v1::LeaveResponse* /*resp*/) {
+  MUSTER_AUTHORIZE("Leave");
+  absl::Status s;
+  switch (req->reason()) {
+    case v1::LeaveRequest::FINISHED:
+      s = coordinator_->Leave(ToKey(req->member()), LeaveReason::kFinished, req->step());
+      break;
+    case v1::LeaveRequest::GRACEFUL:
+      s = coordinator_->Leave(ToKey(req->member()), LeaveReason::kGraceful, req->step());
+      break;
+    default:
+      s = absl::InvalidArgumentError("reason must be FINISHED or GRACEFUL");
+  }
+  return Reply(ctx, "Leave", start, s);
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::Drain(grpc::CallbackServerContext* ctx,
+                                                    const v1::DrainRequest* req,
+                                                    v1::DrainResponse* resp) {
+  MUSTER_AUTHORIZE("Drain");
+  absl::StatusOr<uint32_t> n = coordinator_->Drain(req->node());
+  if (n.ok()) resp->set_members_drained(*n);
+  return Reply(ctx, "Drain", start, n.status());
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::KvSet(grpc::CallbackServerContext* ctx,
+                                                    const v1::KvSetRequest* req,
+                                                    v1::KvSetResponse* /*resp*/) {
+  MUSTER_AUTHORIZE("KvSet");
+  return Reply(ctx, "KvSet", start,
+               coordinator_->KvSet(req->generation(), req->key(), req->value()));
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::KvGet(grpc::CallbackServerContext* ctx,
+                                                    const v1::KvGetRequest* req,
+                                                    v1::KvGetResponse* resp) {
+  MUSTER_AUTHORIZE("KvGet");
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  auto finish = Later(reactor, "KvGet", start);
+  std::vector<std::string> keys(req->keys().begin(), req->keys().end());
+  coordinator_->KvGet(req->generation(), std::move(keys), Millis(req->wait_ms()),
+                      [resp, finish](absl::StatusOr<std::vector<std::string>> values) {
+                        if (values.ok()) {
+                          for (std::string& v : *values) resp->add_values(std::move(v));
+                        }
+                        finish(values.status());
+                      });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::KvAdd(grpc::CallbackServerContext* ctx,
+                                                    const v1::KvAddRequest* req,
+                                                    v1::KvAddResponse* resp) {
+  MUSTER_AUTHORIZE("KvAdd");
+  absl::StatusOr<int64_t> v = coordinator_->KvAdd(req->generation(), req->key(), req->delta());
+  if (v.ok()) resp->set_value(*v);
+  return Reply(ctx, "KvAdd", start, v.status());
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::KvCompareAndSet(
+    grpc::CallbackServerContext* ctx, const v1::KvCompareAndSetRequest* req,
+    v1::KvCompareAndSetResponse* resp) {
+  MUSTER_AUTHORIZE("KvCompareAndSet");
+  std::optional<std::string> expected;
+  if (!req->expect_absent()) expected = req->expected();
+  absl::StatusOr<CasResult> r =
+      coordinator_->KvCompareAndSet(req->generation(), req->key(), expected, req->desired());
+  if (r.ok()) {
+    resp->set_swapped(r->swapped);
+    resp->set_present(r->current.has_value());
+    if (r->current) resp->set_current(*r->current);
+  }
+  return Reply(ctx, "KvCompareAndSet", start, r.status());
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::Barrier(grpc::CallbackServerContext* ctx,
+                                                      const v1::BarrierRequest* req,
+                                                      v1::BarrierResponse* /*resp*/) {
+  MUSTER_AUTHORIZE("Barrier");
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  auto finish = Later(reactor, "Barrier", start);
+  coordinator_->Barrier(req->generation(), ToKey(req->member()), req->name(),
+                        Millis(req->timeout_ms()),
+                        [finish](absl::Status s) { finish(s); });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::BeginCheckpoint(
+    grpc::CallbackServerContext* ctx, const v1::BeginCheckpointRequest* req,
+    v1::BeginCheckpointResponse* resp) {
+  MUSTER_AUTHORIZE("BeginCheckpoint");
+  absl::StatusOr<uint64_t> id =
+      coordinator_->BeginCheckpoint(req->generation(), ToKey(req->member()), req->step());
+  if (id.ok()) resp->set_checkpoint_id(*id);
+  return Reply(ctx, "BeginCheckpoint", start, id.status());
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::ReportShard(grpc::CallbackServerContext* ctx,
+                                                          const v1::ReportShardRequest* req,
+                                                          v1::ReportShardResponse* resp) {
+  MUSTER_AUTHORIZE("ReportShard");
+  ShardReport report;
+  for (const v1::ShardFile& f : req->files()) {
+    report.files.push_back(ShardFileRecord{"", f.path(), f.bytes(), f.checksum()});
+  }
+  report.metric_name = req->metric_name();
+  report.metric_value = req->metric_value();
+  absl::StatusOr<bool> committed =
+      coordinator_->ReportShard(req->checkpoint_id(), ToKey(req->member()), std::move(report));
+  if (committed.ok()) resp->set_committed(*committed);
+  return Reply(ctx, "ReportShard", start, committed.status());
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::AbortCheckpoint(
+    grpc::CallbackServerContext* ctx, const v1::AbortCheckpointRequest* req,
+    v1::AbortCheckpointResponse* /*resp*/) {
+  MUSTER_AUTHORIZE("AbortCheckpoint");
+  return Reply(ctx, "AbortCheckpoint", start,
+               coordinator_->AbortCheckpoint(req->checkpoint_id(), ToKey(req->member()),
+                                             req->reason()));
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::ListCheckpoints(
+    grpc::CallbackServerContext* ctx, const v1::ListCheckpointsRequest* req,
+    v1::ListCheckpointsResponse* resp) {
+  MUSTER_AUTHORIZE("ListCheckpoints");
+  for (const CheckpointRecord& r : coordinator_->ListCheckpoints(req->include_all())) {
+    ToProto(r, resp->add_checkpoints());
+  }
+  return Reply(ctx, "ListCheckpoints", start, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::GetStatus(grpc::CallbackServerContext* ctx,
+                                                        const v1::GetStatusRequest* /*req*/,
+                                                        v1::GetStatusResponse* resp) {
+  MUSTER_AUTHORIZE("GetStatus");
+  StatusSnapshot s = coordinator_->GetStatus();
+  resp->set_job_state(JobStateName(s.job_state));
+  resp->set_generation(s.generation);
+  resp->set_world_size(s.world_size);
+  resp->set_committed_checkpoints(static_cast<uint32_t>(s.committed_checkpoints));
+  resp->set_latest_committed_step(s.latest_committed_step);
+  resp->set_min_members(s.rules.min_members);
+  resp->set_max_members(s.rules.max_members);
+  resp->set_uptime_ms(absl::ToInt64Milliseconds(s.uptime));
+  for (const MemberRow& row : s.members) {
+    v1::MemberStatus* m = resp->add_members();
+    ToProto(row.info.key, m->mutable_member());
+    m->set_node(row.info.node);
+    m->set_local_rank(row.info.local_rank);
+    m->set_state(MemberStateName(row.info.state));
+    m->set_rank(row.rank);
+    m->set_step(row.info.step);
+    m->set_heartbeat_age_ms(absl::ToInt64Milliseconds(s.now - row.info.last_seen));
+  }
+  return Reply(ctx, "GetStatus", start, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::Shutdown(grpc::CallbackServerContext* ctx,
+                                                       const v1::ShutdownRequest* req,
+                                                       v1::ShutdownResponse* /*resp*/) {
+  MUSTER_AUTHORIZE("Shutdown");
+  coordinator_->Shutdown(req->reason().empty() ? "shutdown requested"
+                                               : req->reason().substr(0, 1024));
+  grpc::ServerUnaryReactor* reactor = Reply(ctx, "Shutdown", start, absl::OkStatus());
+  if (on_shutdown_) on_shutdown_();
+  return reactor;
+}
+
+}  // namespace muster

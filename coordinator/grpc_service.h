@@ -1,0 +1,83 @@
+// CoordinatorService: the gRPC face of Coordinator (callback API). It checks
+// the job token, converts protos to domain values and statuses back, and
+// records rpc metrics; every decision is the Coordinator's.
+//
+// Thread-safe: gRPC calls the handlers from its own threads.
+#ifndef MUSTER_COORDINATOR_GRPC_SERVICE_H_
+#define MUSTER_COORDINATOR_GRPC_SERVICE_H_
+
+#include <functional>
+#include <string>
+
+#include "coordinator/coordinator.h"
+#include "coordinator/metrics.h"
+#include "muster/v1/coordinator.grpc.pb.h"
+
+namespace muster {
+
+class CoordinatorService final : public v1::Coordinator::CallbackService {
+ public:
+  // `coordinator` and `metrics` must outlive the service. `token` empty:
+  // no authentication. `on_shutdown` runs (once) after a Shutdown rpc.
+  CoordinatorService(Coordinator* coordinator, Metrics* metrics, std::string token,
+                     std::function<void()> on_shutdown);
+
+  grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* ctx, const v1::JoinRequest* req,
+                                 v1::JoinResponse* resp) override;
+  grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionEvent>* Session(
+      grpc::CallbackServerContext* ctx) override;
+  grpc::ServerUnaryReactor* Rendezvous(grpc::CallbackServerContext* ctx,
+                                       const v1::RendezvousRequest* req,
+                                       v1::RendezvousResponse* resp) override;
+  grpc::ServerUnaryReactor* Leave(grpc::CallbackServerContext* ctx, const v1::LeaveRequest* req,
+                                  v1::LeaveResponse* resp) override;
+  grpc::ServerUnaryReactor* Drain(grpc::CallbackServerContext* ctx, const v1::DrainRequest* req,
+                                  v1::DrainResponse* resp) override;
+  grpc::ServerUnaryReactor* KvSet(grpc::CallbackServerContext* ctx, const v1::KvSetRequest* req,
+                                  v1::KvSetResponse* resp) override;
+  grpc::ServerUnaryReactor* KvGet(grpc::CallbackServerContext* ctx, const v1::KvGetRequest* req,
+                                  v1::KvGetResponse* resp) override;
+  grpc::ServerUnaryReactor* KvAdd(grpc::CallbackServerContext* ctx, const v1::KvAddRequest* req,
+                                  v1::KvAddResponse* resp) override;
+  grpc::ServerUnaryReactor* KvCompareAndSet(grpc::CallbackServerContext* ctx,
+                                            const v1::KvCompareAndSetRequest* req,
+                                            v1::KvCompareAndSetResponse* resp) override;
+  grpc::ServerUnaryReactor* Barrier(grpc::CallbackServerContext* ctx,
+                                    const v1::BarrierRequest* req,
+                                    v1::BarrierResponse* resp) override;
+  grpc::ServerUnaryReactor* BeginCheckpoint(grpc::CallbackServerContext* ctx,
+                                            const v1::BeginCheckpointRequest* req,
+                                            v1::BeginCheckpointResponse* resp) override;
+  grpc::ServerUnaryReactor* ReportShard(grpc::CallbackServerContext* ctx,
+                                        const v1::ReportShardRequest* req,
+                                        v1::ReportShardResponse* resp) override;
+  grpc::ServerUnaryReactor* AbortCheckpoint(grpc::CallbackServerContext* ctx,
+                                            const v1::AbortCheckpointRequest* req,
+                                            v1::AbortCheckpointResponse* resp) override;
+  grpc::ServerUnaryReactor* ListCheckpoints(grpc::CallbackServerContext* ctx,
+                                            const v1::ListCheckpointsRequest* req,
+                                            v1::ListCheckpointsResponse* resp) override;
+  grpc::ServerUnaryReactor* GetStatus(grpc::CallbackServerContext* ctx,
+                                      const v1::GetStatusRequest* req,
+                                      v1::GetStatusResponse* resp) override;
+  grpc::ServerUnaryReactor* Shutdown(grpc::CallbackServerContext* ctx,
+                                     const v1::ShutdownRequest* req,
+                                     v1::ShutdownResponse* resp) override;
+
+ private:
+  // Finishes `ctx`'s default reactor with `status` and records metrics.
+  grpc::ServerUnaryReactor* Reply(grpc::CallbackServerContext* ctx, const char* method,
+                                  absl::Time start, const absl::Status& status);
+  // A completion for blocking calls: finishes `reactor` later.
+  std::function<void(const absl::Status&)> Later(grpc::ServerUnaryReactor* reactor,
+                                                 const char* method, absl::Time start);
+
+  Coordinator* const coordinator_;
+  Metrics* const metrics_;
+  const std::string token_;
+  std::function<void()> on_shutdown_;
+};
+
+}  // namespace muster
+
+#endif  // MUSTER_COORDINATOR_GRPC_SERVICE_H_

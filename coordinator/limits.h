@@ -1,0 +1,38 @@
+// Size limits on everything a client can send. Checked by the domain classes
+// so that no input can exhaust memory; a violation is INVALID_ARGUMENT (bad
+// shape) or RESOURCE_EXHAUSTED (too much) with a message naming the limit.
+#ifndef MUSTER_COORDINATOR_LIMITS_H_
+#define MUSTER_COORDINATOR_LIMITS_H_
+
+#include <cstddef>
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+
+namespace muster {
+
+struct Limits {
+  size_t max_id_bytes = 128;          // member ids, node names, barrier names
+  size_t max_address_bytes = 256;     // state service address
+  size_t max_key_bytes = 512;         // KV keys
+  size_t max_value_bytes = 1 << 20;   // KV values
+  size_t max_keys_per_get = 64;
+  size_t max_keys_per_generation = 100'000;
+  size_t max_kv_bytes_per_generation = 256u << 20;
+  size_t max_members = 100'000;       // tracked members, all states
+  size_t max_files_per_report = 64;
+  size_t max_path_bytes = 4096;
+  size_t max_reason_bytes = 1024;
+  uint32_t max_wait_ms = 600'000;
+};
+
+// INVALID_ARGUMENT when `value` is empty or longer than `max` bytes; the
+// message names `field`.
+absl::Status CheckName(absl::string_view field, absl::string_view value, size_t max);
+// Like CheckName but empty is allowed.
+absl::Status CheckOptional(absl::string_view field, absl::string_view value, size_t max);
+
+}  // namespace muster
+
+#endif  // MUSTER_COORDINATOR_LIMITS_H_

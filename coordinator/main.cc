@@ -1,0 +1,128 @@
+// muster-coordinator: the job's control plane. See README.md and
+// protos/muster/v1/coordinator.proto.
+#include <pthread.h>
+#include <signal.h>
+
+#include <cstdlib>
+#include <iostream>
+#include <thread>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "common/flag_names.h"
+#include "common/logging.h"
+#include "common/token.h"
+#include "coordinator/server.h"
+
+ABSL_FLAG(std::string, listen, "0.0.0.0:29400", "host:port of the gRPC service");
+ABSL_FLAG(std::string, state_dir, "",
+          "directory for coordinator.db (SQLite: generation, catalog, event log); "
+          "empty keeps state in memory only");
+ABSL_FLAG(std::string, token_file, "",
+          "file (mode 0600) holding the job token; default $MUSTER_TOKEN_FILE");
+ABSL_FLAG(bool, no_auth, false, "serve without a job token (only on a private machine)");
+ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain: serve TLS");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key for --tls-cert");
+ABSL_FLAG(std::string, tls_ca, "", "PEM CA: require and verify client certificates (mTLS)");
+ABSL_FLAG(std::string, metrics_listen, "", "host:port serving Prometheus text at /metrics");
+ABSL_FLAG(uint32_t, min_members, 1, "members needed to form a world; below it the job pauses");
+ABSL_FLAG(uint32_t, max_members, 1024, "largest world");
+ABSL_FLAG(absl::Duration, last_call, absl::Milliseconds(500),
+          "extra wait for late joiners once min_members are there");
+ABSL_FLAG(absl::Duration, join_timeout, absl::Seconds(600),
+          "longest a rendezvous call waits before the member retries");
+ABSL_FLAG(uint32_t, world_size_multiple, 1, "world sizes are a multiple of this");
+ABSL_FLAG(absl::Duration, heartbeat_interval, absl::Seconds(1), "member heartbeat period");
+ABSL_FLAG(absl::Duration, heartbeat_timeout, absl::Seconds(5),
+          "a member silent this long is declared failed");
+ABSL_FLAG(absl::Duration, reattach_grace, absl::Seconds(30),
+          "after a restart, how long the stored generation waits for its members");
+ABSL_FLAG(uint32_t, keep_last, 3, "committed checkpoints kept (0 keeps all)");
+ABSL_FLAG(std::string, keep_best, "",
+          "also keep the best checkpoint by this metric: val_loss (smaller) or val_acc "
+          "(larger); any other name counts as smaller-is-better");
+ABSL_FLAG(bool, verbose, false, "debug logging");
+
+namespace {
+
+int Run() {
+  using muster::ServerOptions;
+  if (absl::GetFlag(FLAGS_verbose)) muster::SetMinLogLevel(muster::LogLevel::kDebug);
+  ServerOptions options;
+  options.listen = absl::GetFlag(FLAGS_listen);
+  options.state_dir = absl::GetFlag(FLAGS_state_dir);
+  options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  options.tls = {absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key),
+                 absl::GetFlag(FLAGS_tls_ca)};
+  auto token = muster::ResolveToken(absl::GetFlag(FLAGS_token_file));
+  if (!token.ok()) {
+    std::cerr << "muster-coordinator: " << token.status() << "\n";
+    return 2;
+  }
+  if (token->empty() && !absl::GetFlag(FLAGS_no_auth)) {
+    std::cerr << "muster-coordinator: no job token: pass --token-file (or set "
+                 "MUSTER_TOKEN_FILE), or --no-auth on a private machine\n";
+    return 2;
+  }
+  options.token = *token;
+  muster::CoordinatorOptions& c = options.coordinator;
+  c.rules.min_members = absl::GetFlag(FLAGS_min_members);
+  c.rules.max_members = absl::GetFlag(FLAGS_max_members);
+  c.rules.last_call = absl::GetFlag(FLAGS_last_call);
+  c.rules.join_timeout = absl::GetFlag(FLAGS_join_timeout);
+  c.rules.world_size_multiple = absl::GetFlag(FLAGS_world_size_multiple);
+  c.heartbeat_interval = absl::GetFlag(FLAGS_heartbeat_interval);
+  c.heartbeat_timeout = absl::GetFlag(FLAGS_heartbeat_timeout);
+  c.reattach_grace = absl::GetFlag(FLAGS_reattach_grace);
+  c.catalog.keep_last = absl::GetFlag(FLAGS_keep_last);
+  c.catalog.keep_best_metric = absl::GetFlag(FLAGS_keep_best);
+  c.catalog.keep_best_larger = c.catalog.keep_best_metric == "val_acc";
+
+  MUSTER_LOG(INFO) << "options: listen=" << options.listen << " state_dir="
+                   << (options.state_dir.empty() ? "(memory)" : options.state_dir)
+                   << " min_members=" << c.rules.min_members
+                   << " max_members=" << c.rules.max_members
+                   << " last_call=" << absl::FormatDuration(c.rules.last_call)
+                   << " join_timeout=" << absl::FormatDuration(c.rules.join_timeout)
+                   << " world_size_multiple=" << c.rules.world_size_multiple
+                   << " heartbeat_interval=" << absl::FormatDuration(c.heartbeat_interval)
+                   << " heartbeat_timeout=" << absl::FormatDuration(c.heartbeat_timeout)
+                   << " reattach_grace=" << absl::FormatDuration(c.reattach_grace)
+                   << " keep_last=" << c.catalog.keep_last << " keep_best="
+                   << (c.catalog.keep_best_metric.empty() ? "-" : c.catalog.keep_best_metric)
+                   << " metrics=" << (options.metrics_listen.empty() ? "-" : options.metrics_listen);
+
+  // Signals are taken by one thread with sigwait; block them everywhere else.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  auto server = muster::CoordinatorServer::Start(std::move(options));
+  if (!server.ok()) {
+    std::cerr << "muster-coordinator: " << server.status() << "\n";
+    return 1;
+  }
+  std::thread([signals, s = server->get()]() mutable {
+    int sig = 0;
+    sigwait(&signals, &sig);
+    s->Stop(absl::StrCat("signal ", sig));
+  }).detach();
+  (*server)->Wait();
+  MUSTER_LOG(INFO) << "coordinator stopped";
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "muster-coordinator --listen HOST:PORT --state-dir DIR --token-file FILE [options]\n"
+      "The control plane of a muster job: rendezvous, membership, KV, checkpoint catalog.");
+  muster::DashesToUnderscores(argc, argv);
+  absl::ParseCommandLine(argc, argv);
+  return Run();
+}

@@ -1,0 +1,119 @@
+#include "coordinator/membership.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace muster {
+
+bool IsAlive(MemberState state) {
+  return state == MemberState::kWaiting || state == MemberState::kActive ||
+         state == MemberState::kDraining;
+}
+
+absl::StatusOr<JoinOutcome> Membership::Join(const JoinSpec& spec, absl::Time now,
+                                             MemberInfo* fenced) {
+  MUSTER_RETURN_IF_ERROR(CheckName("member_id", spec.key.id, limits_.max_id_bytes));
+  MUSTER_RETURN_IF_ERROR(CheckName("node", spec.node, limits_.max_id_bytes));
+  MUSTER_RETURN_IF_ERROR(
+      CheckOptional("state_address", spec.state_address, limits_.max_address_bytes));
+  if (spec.key.incarnation == 0) {
+    return absl::InvalidArgumentError("incarnation is 0; it must be non-zero");
+  }
+  if (spec.step < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("step is negative (", spec.step, ")"));
+  }
+
+  auto it = members_.find(spec.key.id);
+  JoinOutcome outcome = JoinOutcome::kNew;
+  if (it != members_.end()) {
+    MemberInfo& old = it->second;
+    if (old.key.incarnation == spec.key.incarnation) {
+      if (!IsAlive(old.state)) {
+        return absl::AbortedError(absl::StrCat(
+            "member ", spec.key.id, " incarnation ", spec.key.incarnation, " is ",
+            MemberStateName(old.state),
+            old.reason.empty() ? "" : absl::StrCat(" (", old.reason, ")"),
+            "; a restarted process must join with a new incarnation"));
+      }
+      old.node = spec.node;
+      old.local_rank = spec.local_rank;
+      old.state_address = spec.state_address;
+      old.step = std::max(old.step, spec.step);
+      old.last_seen = now;
+      return JoinOutcome::kReattached;
+    }
+    if (IsAlive(old.state)) {
+      outcome = JoinOutcome::kReplaced;
+      if (fenced != nullptr) *fenced = old;
+    }
+    members_.erase(it);
+  } else if (members_.size() >= limits_.max_members) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the coordinator tracks ", members_.size(), " members; the limit is ",
+        limits_.max_members));
+  }
+
+  MemberInfo info;
+  info.key = spec.key;
+  info.node = spec.node;
+  info.local_rank = spec.local_rank;
+  info.state_address = spec.state_address;
+  info.step = spec.step;
+  info.joined = now;
+  info.last_seen = now;
+  members_.emplace(spec.key.id, std::move(info));
+  return outcome;
+}
+
+MemberInfo* Membership::Find(const std::string& id) {
+  auto it = members_.find(id);
+  return it == members_.end() ? nullptr : &it->second;
+}
+
+const MemberInfo* Membership::Find(const std::string& id) const {
+  auto it = members_.find(id);
+  return it == members_.end() ? nullptr : &it->second;
+}
+
+absl::StatusOr<MemberInfo*> Membership::Live(const MemberKey& key) {
+  MUSTER_RETURN_IF_ERROR(CheckName("member_id", key.id, limits_.max_id_bytes));
+  MemberInfo* info = Find(key.id);
+  if (info == nullptr) {
+    return absl::NotFoundError(absl::StrCat("unknown member ", key.id, "; join first"));
+  }
+  if (info->key.incarnation != key.incarnation) {
+    return absl::AbortedError(absl::StrCat(
+        "member ", key.id, " incarnation ", key.incarnation,
+        " was replaced by incarnation ", info->key.incarnation));
+  }
+  if (!IsAlive(info->state)) {
+    return absl::AbortedError(absl::StrCat(
+        "member ", key.id, " incarnation ", key.incarnation, " is ",
+        MemberStateName(info->state),
+        info->reason.empty() ? "" : absl::StrCat(" (", info->reason, ")")));
+  }
+  return info;
+}
+
+std::vector<std::string> Membership::Expired(absl::Time now,
+                                             absl::Duration timeout) const {
+  std::vector<std::string> out;
+  for (const auto& [id, info] : members_) {
+    if (IsAlive(info.state) && now - info.last_seen > timeout) out.push_back(id);
+  }
+  return out;
+}
+
+void Membership::PruneEnded(size_t keep) {
+  std::vector<std::pair<absl::Time, std::string>> ended;
+  for (const auto& [id, info] : members_) {
+    if (!IsAlive(info.state)) ended.emplace_back(info.last_seen, id);
+  }
+  if (ended.size() <= keep) return;
+  std::sort(ended.begin(), ended.end());
+  for (size_t i = 0; i + keep < ended.size(); ++i) members_.erase(ended[i].second);
+}
+
+}  // namespace muster

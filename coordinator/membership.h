@@ -1,0 +1,89 @@
+// Membership: the table of every trainer process the coordinator knows, its
+// identity (member id + incarnation), node, local rank, state, last reported
+// step and last sign of life.
+//
+// Not thread-safe: owned by Coordinator and used under its mutex.
+#ifndef MUSTER_COORDINATOR_MEMBERSHIP_H_
+#define MUSTER_COORDINATOR_MEMBERSHIP_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "coordinator/limits.h"
+#include "coordinator/types.h"
+
+namespace muster {
+
+struct MemberInfo {
+  MemberKey key;
+  std::string node;
+  uint32_t local_rank = 0;
+  std::string state_address;
+  MemberState state = MemberState::kWaiting;
+  int64_t step = 0;
+  absl::Time joined;
+  absl::Time last_seen;   // join, hello or heartbeat
+  uint64_t session = 0;   // id of the open session, 0 if none
+  std::string reason;     // why it failed or left
+};
+
+struct JoinSpec {
+  MemberKey key;
+  std::string node;
+  uint32_t local_rank = 0;
+  std::string state_address;
+  int64_t step = 0;
+};
+
+enum class JoinOutcome {
+  kNew,        // first time this member id is seen (or it had ended)
+  kReattached, // same id and incarnation as a known member
+  kReplaced,   // same id, new incarnation: the old one is fenced
+};
+
+class Membership {
+ public:
+  explicit Membership(const Limits& limits) : limits_(limits) {}
+
+  // Registers `spec`. Errors: INVALID_ARGUMENT (empty or oversized fields,
+  // incarnation 0), RESOURCE_EXHAUSTED (more than limits.max_members tracked),
+  // ABORTED (this exact incarnation was declared failed: start a new one).
+  // On kReplaced, `*fenced` receives the old incarnation's record.
+  absl::StatusOr<JoinOutcome> Join(const JoinSpec& spec, absl::Time now,
+                                   MemberInfo* fenced);
+
+  // The member with this id, or nullptr.
+  MemberInfo* Find(const std::string& id);
+  const MemberInfo* Find(const std::string& id) const;
+
+  // The member named by `key` if it is that exact incarnation and still
+  // alive. Errors: INVALID_ARGUMENT (bad key), NOT_FOUND (unknown id: join
+  // first), ABORTED (another incarnation, or this one failed or left).
+  absl::StatusOr<MemberInfo*> Live(const MemberKey& key);
+
+  // Members whose last sign of life is older than `timeout` and whose state
+  // is waiting, active or draining. Does not change them.
+  std::vector<std::string> Expired(absl::Time now, absl::Duration timeout) const;
+
+  // Drops ended (failed, left, finished) members beyond `keep` of them, the
+  // oldest first, so that churn cannot grow the table without bound.
+  void PruneEnded(size_t keep);
+
+  const std::map<std::string, MemberInfo>& members() const { return members_; }
+  size_t size() const { return members_.size(); }
+
+ private:
+  Limits limits_;
+  std::map<std::string, MemberInfo> members_;
+};
+
+bool IsAlive(MemberState state);
+
+}  // namespace muster
+
+#endif  // MUSTER_COORDINATOR_MEMBERSHIP_H_

@@ -1,0 +1,107 @@
+#include "coordinator/metrics.h"
+
+#include <prometheus/counter.h>
+#include <prometheus/exposer.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+#include <prometheus/text_serializer.h>
+
+#include <exception>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+namespace muster {
+namespace {
+
+const prometheus::Histogram::BucketBoundaries& LatencyBuckets() {
+  static const auto* buckets = new prometheus::Histogram::BucketBoundaries{
+      0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30};
+  return *buckets;
+}
+
+}  // namespace
+
+Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
+  using namespace prometheus;  // NOLINT: builder DSL
+  rpcs_ = &BuildCounter().Name("muster_rpcs_total")
+               .Help("Coordinator rpcs by method and status code").Register(*registry_);
+  rpc_latency_ = &BuildHistogram().Name("muster_rpc_latency_seconds")
+                      .Help("Coordinator rpc handling time by method (blocking calls include "
+                            "their wait)").Register(*registry_);
+  heartbeat_latency_ = &BuildHistogram().Name("muster_heartbeat_latency_seconds")
+                            .Help("Heartbeat handling time").Register(*registry_)
+                            .Add({}, LatencyBuckets());
+  heartbeats_ = &BuildCounter().Name("muster_heartbeats_total").Help("Heartbeats received")
+                     .Register(*registry_).Add({});
+  members_ = &BuildGauge().Name("muster_members").Help("Members by state")
+                  .Register(*registry_);
+  generation_ = &BuildGauge().Name("muster_generation").Help("Current generation")
+                     .Register(*registry_).Add({});
+  sessions_ = &BuildGauge().Name("muster_sessions").Help("Open member sessions")
+                   .Register(*registry_).Add({});
+  regroups_ = &BuildCounter().Name("muster_regroups_total").Help("Generations formed")
+                   .Register(*registry_).Add({});
+  failures_ = &BuildCounter().Name("muster_member_failures_total")
+                   .Help("Members declared failed").Register(*registry_).Add({});
+  checkpoints_ = &BuildCounter().Name("muster_checkpoints_committed_total")
+                      .Help("Checkpoints committed").Register(*registry_).Add({});
+}
+
+Metrics::~Metrics() = default;
+
+absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const std::string& listen) {
+  std::unique_ptr<Metrics> m(new Metrics());
+  if (!listen.empty()) {
+    try {
+      m->exposer_ = std::make_unique<prometheus::Exposer>(listen);
+    } catch (const std::exception& e) {
+      return absl::UnavailableError(
+          absl::StrCat("cannot serve metrics on ", listen, ": ", e.what()));
+    }
+    m->exposer_->RegisterCollectable(m->registry_);
+  }
+  return m;
+}
+
+void Metrics::ObserveRpc(const char* method, absl::StatusCode code, absl::Duration latency) {
+  rpcs_->Add({{"method", method}, {"code", absl::StatusCodeToString(code)}}).Increment();
+  rpc_latency_->Add({{"method", method}}, LatencyBuckets())
+      .Observe(absl::ToDoubleSeconds(latency));
+}
+
+void Metrics::ObserveHeartbeat(absl::Duration latency) {
+  heartbeats_->Increment();
+  heartbeat_latency_->Observe(absl::ToDoubleSeconds(latency));
+}
+
+void Metrics::Update(const CoordinatorCounters& c) {
+  absl::MutexLock lock(&mu_);
+  generation_->Set(static_cast<double>(c.generation));
+  sessions_->Set(static_cast<double>(c.open_sessions));
+  for (const char* state : {"waiting", "active", "draining", "failed", "left", "finished"}) {
+    auto it = c.members_by_state.find(state);
+    members_->Add({{"state", state}})
+        .Set(it == c.members_by_state.end() ? 0.0 : static_cast<double>(it->second));
+  }
+  if (c.regroups > last_.regroups) regroups_->Increment(c.regroups - last_.regroups);
+  if (c.failures > last_.failures) failures_->Increment(c.failures - last_.failures);
+  if (c.checkpoints_committed > last_.checkpoints_committed) {
+    checkpoints_->Increment(c.checkpoints_committed - last_.checkpoints_committed);
+  }
+  last_ = c;
+}
+
+std::string Metrics::Render() const {
+  prometheus::TextSerializer serializer;
+  return serializer.Serialize(registry_->Collect());
+}
+
+int Metrics::port() const {
+  if (!exposer_) return 0;
+  auto ports = exposer_->GetListeningPorts();
+  return ports.empty() ? 0 : ports.front();
+}
+
+}  // namespace muster

@@ -1,0 +1,66 @@
+// Metrics: the coordinator's Prometheus metrics (prometheus-cpp), served as
+// text at http://HOST:PORT/metrics when a listen address is given.
+//
+// Thread-safe.
+#ifndef MUSTER_COORDINATOR_METRICS_H_
+#define MUSTER_COORDINATOR_METRICS_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "coordinator/coordinator.h"
+
+namespace prometheus {
+class Exposer;
+class Registry;
+class Counter;
+class Gauge;
+template <typename T> class Family;
+class Histogram;
+}  // namespace prometheus
+
+namespace muster {
+
+class Metrics {
+ public:
+  // `listen` empty: collect only (Render() still works). Errors:
+  // UNAVAILABLE when the address cannot be bound.
+  static absl::StatusOr<std::unique_ptr<Metrics>> Create(const std::string& listen);
+  ~Metrics();
+
+  // One finished rpc.
+  void ObserveRpc(const char* method, absl::StatusCode code, absl::Duration latency);
+  // One heartbeat handled, with its handling time.
+  void ObserveHeartbeat(absl::Duration latency);
+  // Copies the coordinator's gauges and counters.
+  void Update(const CoordinatorCounters& counters);
+  // The Prometheus text exposition of every metric.
+  std::string Render() const;
+  // The bound port of the HTTP listener (0 if none).
+  int port() const;
+
+ private:
+  Metrics();
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::unique_ptr<prometheus::Exposer> exposer_;
+  prometheus::Family<prometheus::Counter>* rpcs_;
+  prometheus::Family<prometheus::Histogram>* rpc_latency_;
+  prometheus::Histogram* heartbeat_latency_;
+  prometheus::Counter* heartbeats_;
+  prometheus::Family<prometheus::Gauge>* members_;
+  prometheus::Gauge* generation_;
+  prometheus::Gauge* sessions_;
+  prometheus::Counter* regroups_;
+  prometheus::Counter* failures_;
+  prometheus::Counter* checkpoints_;
+  absl::Mutex mu_;
+  CoordinatorCounters last_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace muster
+
+#endif  // MUSTER_COORDINATOR_METRICS_H_

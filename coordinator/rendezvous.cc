@@ -1,0 +1,106 @@
+#include "coordinator/rendezvous.h"
+
+#include <algorithm>
+#include <map>
+#include <tuple>
+
+#include "absl/strings/str_cat.h"
+
+namespace muster {
+
+absl::Status RendezvousRules::Validate() const {
+  if (min_members == 0) return absl::InvalidArgumentError("min_members must be at least 1");
+  if (max_members < min_members) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_members (", max_members, ") is below min_members (", min_members, ")"));
+  }
+  if (world_size_multiple == 0) {
+    return absl::InvalidArgumentError("world_size_multiple must be at least 1");
+  }
+  if (UsableWorldSize(max_members, *this) == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "no world size between min_members ", min_members, " and max_members ",
+        max_members, " is a multiple of ", world_size_multiple));
+  }
+  if (last_call < absl::ZeroDuration() || join_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("last_call must be >= 0 and join_timeout > 0");
+  }
+  return absl::OkStatus();
+}
+
+uint32_t UsableWorldSize(uint32_t candidates, const RendezvousRules& rules) {
+  uint32_t size = std::min(candidates, rules.max_members);
+  size -= size % rules.world_size_multiple;
+  return size < rules.min_members ? 0 : size;
+}
+
+World AssignWorld(uint64_t generation, std::vector<Candidate> candidates,
+                  uint32_t size) {
+  std::stable_sort(candidates.begin(), candidates.end(),
+                   [](const Candidate& a, const Candidate& b) {
+                     if (a.incumbent != b.incumbent) return a.incumbent;
+                     return std::tie(a.joined, a.member.id) <
+                            std::tie(b.joined, b.member.id);
+                   });
+  if (candidates.size() > size) candidates.resize(size);
+  std::sort(candidates.begin(), candidates.end(),
+            [](const Candidate& a, const Candidate& b) {
+              return std::tie(a.node, a.local_rank, a.member.id) <
+                     std::tie(b.node, b.local_rank, b.member.id);
+            });
+  std::map<std::string, uint32_t> per_node;
+  for (const Candidate& c : candidates) ++per_node[c.node];
+
+  World world;
+  world.generation = generation;
+  world.node_count = static_cast<uint32_t>(per_node.size());
+  uint32_t node_rank = 0;
+  uint32_t local_rank = 0;
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    const Candidate& c = candidates[i];
+    if (i > 0 && c.node != candidates[i - 1].node) {
+      ++node_rank;
+      local_rank = 0;
+    }
+    Assignment a;
+    a.member = c.member;
+    a.node = c.node;
+    a.state_address = c.state_address;
+    a.rank = static_cast<uint32_t>(i);
+    a.node_rank = node_rank;
+    a.local_rank = local_rank++;
+    a.local_world_size = per_node[c.node];
+    a.step = c.step;
+    world.members.push_back(std::move(a));
+  }
+  ChooseStateSource(&world);
+  return world;
+}
+
+void ChooseStateSource(World* world) {
+  world->state_source_rank = 0;
+  world->state_step = world->members.empty() ? 0 : world->members[0].step;
+  for (const Assignment& a : world->members) {
+    if (a.step > world->state_step) {
+      world->state_step = a.step;
+      world->state_source_rank = a.rank;
+    }
+  }
+}
+
+FormDecision RendezvousTimer::Decide(uint32_t candidates, bool changed, bool urgent,
+                                     absl::Time now) {
+  if (!changed) {
+    form_at_.reset();
+    return FormDecision::kNothing;
+  }
+  if (UsableWorldSize(candidates, rules_) == 0) {
+    form_at_.reset();
+    return FormDecision::kNotEnough;
+  }
+  if (urgent || candidates >= rules_.max_members) return FormDecision::kNow;
+  if (!form_at_) form_at_ = now + rules_.last_call;
+  return now >= *form_at_ ? FormDecision::kNow : FormDecision::kWait;
+}
+
+}  // namespace muster

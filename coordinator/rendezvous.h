@@ -1,0 +1,90 @@
+// Rendezvous rules: when a new world forms and who gets which rank.
+//
+// Rules follow torchelastic's: a world forms once at least `min_members`
+// candidates wait, after an extra `last_call` window to collect late joiners
+// (or at once when `max_members` are there). A failure forms the next world
+// at once from the survivors. A world's size is rounded down to a multiple of
+// `world_size_multiple`.
+//
+// RendezvousTimer is not thread-safe (owned by Coordinator under its mutex);
+// the free functions are pure.
+#ifndef MUSTER_COORDINATOR_RENDEZVOUS_H_
+#define MUSTER_COORDINATOR_RENDEZVOUS_H_
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "coordinator/types.h"
+
+namespace muster {
+
+struct RendezvousRules {
+  uint32_t min_members = 1;
+  uint32_t max_members = 1024;
+  // Extra wait once min_members is reached, for more members to join.
+  absl::Duration last_call = absl::Milliseconds(500);
+  // Longest a Rendezvous call blocks before DEADLINE_EXCEEDED.
+  absl::Duration join_timeout = absl::Seconds(600);
+  uint32_t world_size_multiple = 1;
+
+  // INVALID_ARGUMENT naming the rule when min > max, min == 0, etc.
+  absl::Status Validate() const;
+};
+
+// A member that could be part of the next world.
+struct Candidate {
+  MemberKey member;
+  std::string node;
+  uint32_t local_rank = 0;
+  std::string state_address;
+  int64_t step = 0;
+  bool incumbent = false;  // part of the current world
+  absl::Time joined;
+};
+
+// How many of `candidates` the next world takes: min(candidates, max)
+// rounded down to the multiple, or 0 when that is below min_members.
+uint32_t UsableWorldSize(uint32_t candidates, const RendezvousRules& rules);
+
+// Builds the world of `generation` from the first `size` candidates, taking
+// incumbents before newcomers and newcomers in join order. Nodes are ordered
+// by name; ranks are contiguous per node, ordered by local rank then id.
+World AssignWorld(uint64_t generation, std::vector<Candidate> candidates,
+                  uint32_t size);
+
+// Sets state_source_rank/state_step to the member with the highest step
+// (the lowest rank among equals).
+void ChooseStateSource(World* world);
+
+enum class FormDecision {
+  kNothing,    // the candidates are the current world
+  kNotEnough,  // below min_members: wait (the job pauses)
+  kWait,       // last call is running; ask again at deadline()
+  kNow,        // form the next world now
+};
+
+// Tracks the last-call window between decisions.
+class RendezvousTimer {
+ public:
+  explicit RendezvousTimer(const RendezvousRules& rules) : rules_(rules) {}
+
+  // `candidates`: how many members could take part; `changed`: whether they
+  // differ from the current world; `urgent`: form without last call (a
+  // failure or a leave).
+  FormDecision Decide(uint32_t candidates, bool changed, bool urgent, absl::Time now);
+  // Forgets the running window (after a world formed).
+  void Reset() { form_at_.reset(); }
+  std::optional<absl::Time> deadline() const { return form_at_; }
+  const RendezvousRules& rules() const { return rules_; }
+
+ private:
+  RendezvousRules rules_;
+  std::optional<absl::Time> form_at_;
+};
+
+}  // namespace muster
+
+#endif  // MUSTER_COORDINATOR_RENDEZVOUS_H_

@@ -1,0 +1,93 @@
+#include "coordinator/server.h"
+
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+
+namespace muster {
+
+absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
+    ServerOptions options) {
+  std::unique_ptr<CoordinatorServer> s(new CoordinatorServer());
+  std::string db = ":memory:";
+  if (!options.state_dir.empty()) {
+    if (::mkdir(options.state_dir.c_str(), 0700) != 0 && errno != EEXIST) {
+      return absl::UnavailableError(absl::StrCat("cannot create state dir ", options.state_dir,
+                                                 ": ", std::strerror(errno)));
+    }
+    db = options.state_dir + "/coordinator.db";
+  }
+  MUSTER_ASSIGN_OR_RETURN(s->store_, OpenSqliteStateStore(db));
+  MUSTER_ASSIGN_OR_RETURN(s->coordinator_,
+                          Coordinator::Create(options.coordinator, s->store_.get()));
+  MUSTER_ASSIGN_OR_RETURN(s->metrics_, Metrics::Create(options.metrics_listen));
+  CoordinatorServer* self = s.get();
+  s->service_ = std::make_unique<CoordinatorService>(
+      s->coordinator_.get(), s->metrics_.get(), options.token,
+      [self] { self->RequestStop(); });
+  MUSTER_ASSIGN_OR_RETURN(auto creds, MakeServerCredentials(options.tls));
+
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(options.listen, creds, &s->port_);
+  builder.RegisterService(s->service_.get());
+  builder.SetMaxReceiveMessageSize(options.max_message_bytes);
+  builder.SetMaxSendMessageSize(64 << 20);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);
+  s->server_ = builder.BuildAndStart();
+  if (s->server_ == nullptr || s->port_ == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen));
+  }
+  s->options_ = std::move(options);
+  s->ticker_ = std::thread([self] { self->TickLoop(); });
+  // Stops the server off the rpc threads once a stop is requested.
+  s->stopper_ = std::thread([self] {
+    self->stop_requested_.WaitForNotification();
+    self->coordinator_->Shutdown("coordinator stopping");
+    self->server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+    self->stopped_.Notify();
+  });
+  MUSTER_LOG(INFO) << "coordinator listening on port " << s->port_
+                   << (s->options_.tls.enabled() ? " (TLS)" : " (plain text)")
+                   << (s->options_.token.empty() ? ", no token" : ", token required");
+  return s;
+}
+
+CoordinatorServer::~CoordinatorServer() {
+  Stop("coordinator destroyed");
+  Wait();
+  if (stopper_.joinable()) stopper_.join();
+  if (ticker_.joinable()) ticker_.join();
+}
+
+void CoordinatorServer::TickLoop() {
+  absl::Time next_metrics = absl::InfinitePast();
+  while (!stop_requested_.WaitForNotificationWithTimeout(options_.tick)) {
+    coordinator_->Tick();
+    if (absl::Now() >= next_metrics) {
+      metrics_->Update(coordinator_->Counters());
+      next_metrics = absl::Now() + absl::Seconds(1);
+    }
+  }
+}
+
+void CoordinatorServer::Wait() { stopped_.WaitForNotification(); }
+
+void CoordinatorServer::Stop(const std::string& reason) {
+  if (!stop_requested_.HasBeenNotified()) {
+    MUSTER_LOG(INFO) << "stopping: " << reason;
+    coordinator_->Shutdown(reason);
+  }
+  RequestStop();
+}
+
+void CoordinatorServer::RequestStop() {
+  std::call_once(stop_once_, [this] { stop_requested_.Notify(); });
+}
+
+}  // namespace muster

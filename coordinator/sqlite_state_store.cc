@@ -1,0 +1,361 @@
+// SQLite implementation of StateStore. Schema version 1:
+//   meta(key TEXT PRIMARY KEY, value TEXT)            generation, source rank...
+//   world_members(rank INTEGER PRIMARY KEY, ...)      the current world
+//   checkpoints(id INTEGER PRIMARY KEY, ...)          the catalog
+//   checkpoint_files(checkpoint_id, member, path, bytes, checksum)
+//   events(id INTEGER PRIMARY KEY, unix_ms, kind, detail)
+#include <sqlite3.h>
+
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "common/status_macros.h"
+#include "coordinator/state_store.h"
+
+namespace muster {
+namespace {
+
+constexpr int kSchemaVersion = 1;
+
+constexpr const char* kSchema = R"sql(
+CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS world_members(
+  rank INTEGER PRIMARY KEY, member_id TEXT NOT NULL, incarnation INTEGER NOT NULL,
+  node TEXT NOT NULL, state_address TEXT NOT NULL, node_rank INTEGER NOT NULL,
+  local_rank INTEGER NOT NULL, local_world_size INTEGER NOT NULL, step INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS checkpoints(
+  id INTEGER PRIMARY KEY, step INTEGER NOT NULL, generation INTEGER NOT NULL,
+  expected TEXT NOT NULL, reported TEXT NOT NULL, state INTEGER NOT NULL,
+  created_ms INTEGER NOT NULL, committed_ms INTEGER NOT NULL,
+  metric_name TEXT NOT NULL, metric_value REAL NOT NULL, reason TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS checkpoint_files(
+  checkpoint_id INTEGER NOT NULL, member TEXT NOT NULL, path TEXT NOT NULL,
+  bytes INTEGER NOT NULL, checksum TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS checkpoint_files_id ON checkpoint_files(checkpoint_id);
+CREATE TABLE IF NOT EXISTS events(
+  id INTEGER PRIMARY KEY AUTOINCREMENT, unix_ms INTEGER NOT NULL,
+  kind TEXT NOT NULL, detail TEXT NOT NULL);
+)sql";
+
+// One prepared statement; finalized on destruction.
+class Statement {
+ public:
+  Statement(sqlite3* db, const char* sql) : db_(db) {
+    rc_ = sqlite3_prepare_v2(db, sql, -1, &stmt_, nullptr);
+  }
+  ~Statement() { sqlite3_finalize(stmt_); }
+  Statement(const Statement&) = delete;
+  Statement& operator=(const Statement&) = delete;
+
+  absl::Status status() const {
+    if (rc_ == SQLITE_OK) return absl::OkStatus();
+    return absl::InternalError(absl::StrCat("sqlite prepare: ", sqlite3_errmsg(db_)));
+  }
+  void Bind(int i, int64_t v) { sqlite3_bind_int64(stmt_, i, v); }
+  void Bind(int i, double v) { sqlite3_bind_double(stmt_, i, v); }
+  void Bind(int i, const std::string& v) {
+    sqlite3_bind_text(stmt_, i, v.data(), static_cast<int>(v.size()), SQLITE_TRANSIENT);
+  }
+  // SQLITE_ROW: a row is ready; SQLITE_DONE: finished; else an error.
+  int Step() { return sqlite3_step(stmt_); }
+  absl::Status Run() {
+    int rc = Step();
+    if (rc == SQLITE_DONE || rc == SQLITE_ROW) {
+      sqlite3_reset(stmt_);
+      sqlite3_clear_bindings(stmt_);
+      return absl::OkStatus();
+    }
+    sqlite3_reset(stmt_);
+    return absl::UnavailableError(absl::StrCat("sqlite: ", sqlite3_errmsg(db_)));
+  }
+  int64_t Int(int col) { return sqlite3_column_int64(stmt_, col); }
+  double Real(int col) { return sqlite3_column_double(stmt_, col); }
+  std::string Text(int col) {
+    const unsigned char* p = sqlite3_column_text(stmt_, col);
+    return p == nullptr ? std::string()
+                        : std::string(reinterpret_cast<const char*>(p),
+                                      sqlite3_column_bytes(stmt_, col));
+  }
+
+ private:
+  sqlite3* db_;
+  sqlite3_stmt* stmt_ = nullptr;
+  int rc_;
+};
+
+int64_t ToMs(absl::Time t) { return absl::ToUnixMillis(t); }
+absl::Time FromMs(int64_t ms) { return absl::FromUnixMillis(ms); }
+
+class SqliteStateStore : public StateStore {
+ public:
+  explicit SqliteStateStore(sqlite3* db) : db_(db) {}
+  ~SqliteStateStore() override { sqlite3_close(db_); }
+
+  absl::Status Init() {
+    MUSTER_RETURN_IF_ERROR(Exec("PRAGMA journal_mode=WAL"));
+    MUSTER_RETURN_IF_ERROR(Exec("PRAGMA synchronous=FULL"));
+    MUSTER_RETURN_IF_ERROR(Exec(kSchema));
+    std::string version;
+    MUSTER_RETURN_IF_ERROR(GetMeta("schema_version", &version));
+    if (version.empty()) {
+      return SetMeta("schema_version", absl::StrCat(kSchemaVersion));
+    }
+    if (version != absl::StrCat(kSchemaVersion)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "state database has schema version ", version, "; this coordinator knows ",
+          kSchemaVersion));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status SaveWorld(const World& world) override {
+    return InTransaction([&]() -> absl::Status {
+      MUSTER_RETURN_IF_ERROR(Exec("DELETE FROM world_members"));
+      Statement ins(db_,
+                    "INSERT INTO world_members(rank, member_id, incarnation, node, "
+                    "state_address, node_rank, local_rank, local_world_size, step) "
+                    "VALUES(?,?,?,?,?,?,?,?,?)");
+      MUSTER_RETURN_IF_ERROR(ins.status());
+      for (const Assignment& a : world.members) {
+        ins.Bind(1, static_cast<int64_t>(a.rank));
+        ins.Bind(2, a.member.id);
+        ins.Bind(3, static_cast<int64_t>(a.member.incarnation));
+        ins.Bind(4, a.node);
+        ins.Bind(5, a.state_address);
+        ins.Bind(6, static_cast<int64_t>(a.node_rank));
+        ins.Bind(7, static_cast<int64_t>(a.local_rank));
+        ins.Bind(8, static_cast<int64_t>(a.local_world_size));
+        ins.Bind(9, a.step);
+        MUSTER_RETURN_IF_ERROR(ins.Run());
+      }
+      MUSTER_RETURN_IF_ERROR(SetMeta("generation", absl::StrCat(world.generation)));
+      MUSTER_RETURN_IF_ERROR(SetMeta("node_count", absl::StrCat(world.node_count)));
+      MUSTER_RETURN_IF_ERROR(
+          SetMeta("state_source_rank", absl::StrCat(world.state_source_rank)));
+      return SetMeta("state_step", absl::StrCat(world.state_step));
+    });
+  }
+
+  absl::StatusOr<World> LoadWorld() override {
+    World world;
+    MUSTER_RETURN_IF_ERROR(GetMetaInt("generation", &world.generation));
+    uint64_t v = 0;
+    MUSTER_RETURN_IF_ERROR(GetMetaInt("node_count", &v));
+    world.node_count = static_cast<uint32_t>(v);
+    MUSTER_RETURN_IF_ERROR(GetMetaInt("state_source_rank", &v));
+    world.state_source_rank = static_cast<uint32_t>(v);
+    MUSTER_RETURN_IF_ERROR(GetMetaInt("state_step", &v));
+    world.state_step = static_cast<int64_t>(v);
+    Statement q(db_,
+                "SELECT rank, member_id, incarnation, node, state_address, node_rank, "
+                "local_rank, local_world_size, step FROM world_members ORDER BY rank");
+    MUSTER_RETURN_IF_ERROR(q.status());
+    while (q.Step() == SQLITE_ROW) {
+      Assignment a;
+      a.rank = static_cast<uint32_t>(q.Int(0));
+      a.member.id = q.Text(1);
+      a.member.incarnation = static_cast<uint64_t>(q.Int(2));
+      a.node = q.Text(3);
+      a.state_address = q.Text(4);
+      a.node_rank = static_cast<uint32_t>(q.Int(5));
+      a.local_rank = static_cast<uint32_t>(q.Int(6));
+      a.local_world_size = static_cast<uint32_t>(q.Int(7));
+      a.step = q.Int(8);
+      world.members.push_back(std::move(a));
+    }
+    return world;
+  }
+
+  absl::Status SaveCheckpoint(const CheckpointRecord& r) override {
+    return InTransaction([&]() -> absl::Status {
+      Statement up(db_,
+                   "INSERT OR REPLACE INTO checkpoints(id, step, generation, expected, "
+                   "reported, state, created_ms, committed_ms, metric_name, metric_value, "
+                   "reason) VALUES(?,?,?,?,?,?,?,?,?,?,?)");
+      MUSTER_RETURN_IF_ERROR(up.status());
+      up.Bind(1, static_cast<int64_t>(r.id));
+      up.Bind(2, r.step);
+      up.Bind(3, static_cast<int64_t>(r.generation));
+      up.Bind(4, absl::StrJoin(r.expected, "\n"));
+      up.Bind(5, absl::StrJoin(r.reported, "\n"));
+      up.Bind(6, static_cast<int64_t>(r.state));
+      up.Bind(7, ToMs(r.created));
+      up.Bind(8, ToMs(r.committed));
+      up.Bind(9, r.metric_name);
+      up.Bind(10, r.metric_value);
+      up.Bind(11, r.reason);
+      MUSTER_RETURN_IF_ERROR(up.Run());
+      Statement del(db_, "DELETE FROM checkpoint_files WHERE checkpoint_id = ?");
+      MUSTER_RETURN_IF_ERROR(del.status());
+      del.Bind(1, static_cast<int64_t>(r.id));
+      MUSTER_RETURN_IF_ERROR(del.Run());
+      Statement ins(db_,
+                    "INSERT INTO checkpoint_files(checkpoint_id, member, path, bytes, "
+                    "checksum) VALUES(?,?,?,?,?)");
+      MUSTER_RETURN_IF_ERROR(ins.status());
+      for (const ShardFileRecord& f : r.files) {
+        ins.Bind(1, static_cast<int64_t>(r.id));
+        ins.Bind(2, f.member);
+        ins.Bind(3, f.path);
+        ins.Bind(4, static_cast<int64_t>(f.bytes));
+        ins.Bind(5, f.checksum);
+        MUSTER_RETURN_IF_ERROR(ins.Run());
+      }
+      return absl::OkStatus();
+    });
+  }
+
+  absl::StatusOr<std::vector<CheckpointRecord>> LoadCheckpoints() override {
+    std::vector<CheckpointRecord> out;
+    Statement q(db_,
+                "SELECT id, step, generation, expected, reported, state, created_ms, "
+                "committed_ms, metric_name, metric_value, reason FROM checkpoints "
+                "ORDER BY id");
+    MUSTER_RETURN_IF_ERROR(q.status());
+    while (q.Step() == SQLITE_ROW) {
+      CheckpointRecord r;
+      r.id = static_cast<uint64_t>(q.Int(0));
+      r.step = q.Int(1);
+      r.generation = static_cast<uint64_t>(q.Int(2));
+      r.expected = absl::StrSplit(q.Text(3), '\n', absl::SkipEmpty());
+      for (auto& m : std::vector<std::string>(absl::StrSplit(q.Text(4), '\n', absl::SkipEmpty()))) {
+        r.reported.insert(m);
+      }
+      const int64_t state = q.Int(5);
+      if (state < 1 || state > 4) {
+        return absl::DataLossError(
+            absl::StrCat("checkpoint ", r.id, " has unknown state ", state));
+      }
+      r.state = static_cast<CheckpointState>(state);
+      r.created = FromMs(q.Int(6));
+      r.committed = FromMs(q.Int(7));
+      r.metric_name = q.Text(8);
+      r.metric_value = q.Real(9);
+      r.reason = q.Text(10);
+      out.push_back(std::move(r));
+    }
+    Statement f(db_,
+                "SELECT checkpoint_id, member, path, bytes, checksum FROM checkpoint_files "
+                "ORDER BY rowid");
+    MUSTER_RETURN_IF_ERROR(f.status());
+    while (f.Step() == SQLITE_ROW) {
+      const uint64_t id = static_cast<uint64_t>(f.Int(0));
+      for (CheckpointRecord& r : out) {
+        if (r.id != id) continue;
+        r.files.push_back(ShardFileRecord{f.Text(1), f.Text(2),
+                                          static_cast<uint64_t>(f.Int(3)), f.Text(4)});
+        break;
+      }
+    }
+    return out;
+  }
+
+  absl::Status AppendEvents(const std::vector<JobEvent>& events) override {
+    if (events.empty()) return absl::OkStatus();
+    return InTransaction([&]() -> absl::Status {
+      Statement ins(db_, "INSERT INTO events(unix_ms, kind, detail) VALUES(?,?,?)");
+      MUSTER_RETURN_IF_ERROR(ins.status());
+      for (const JobEvent& e : events) {
+        ins.Bind(1, ToMs(e.time));
+        ins.Bind(2, e.kind);
+        ins.Bind(3, e.detail);
+        MUSTER_RETURN_IF_ERROR(ins.Run());
+      }
+      return absl::OkStatus();
+    });
+  }
+
+  absl::StatusOr<std::vector<JobEvent>> LoadEvents(size_t limit) override {
+    Statement q(db_,
+                "SELECT unix_ms, kind, detail FROM (SELECT id, unix_ms, kind, detail "
+                "FROM events ORDER BY id DESC LIMIT ?) ORDER BY id");
+    MUSTER_RETURN_IF_ERROR(q.status());
+    q.Bind(1, static_cast<int64_t>(limit));
+    std::vector<JobEvent> out;
+    while (q.Step() == SQLITE_ROW) {
+      out.push_back(JobEvent{FromMs(q.Int(0)), q.Text(1), q.Text(2)});
+    }
+    return out;
+  }
+
+ private:
+  absl::Status Exec(const char* sql) {
+    char* err = nullptr;
+    if (sqlite3_exec(db_, sql, nullptr, nullptr, &err) != SQLITE_OK) {
+      absl::Status s = absl::UnavailableError(
+          absl::StrCat("sqlite: ", err != nullptr ? err : "unknown error"));
+      sqlite3_free(err);
+      return s;
+    }
+    return absl::OkStatus();
+  }
+
+  template <typename Fn>
+  absl::Status InTransaction(Fn fn) {
+    MUSTER_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE"));
+    absl::Status s = fn();
+    if (!s.ok()) {
+      Exec("ROLLBACK").IgnoreError();
+      return s;
+    }
+    s = Exec("COMMIT");
+    if (!s.ok()) Exec("ROLLBACK").IgnoreError();
+    return s;
+  }
+
+  absl::Status SetMeta(const std::string& key, const std::string& value) {
+    Statement st(db_, "INSERT OR REPLACE INTO meta(key, value) VALUES(?, ?)");
+    MUSTER_RETURN_IF_ERROR(st.status());
+    st.Bind(1, key);
+    st.Bind(2, value);
+    return st.Run();
+  }
+
+  absl::Status GetMeta(const std::string& key, std::string* value) {
+    Statement st(db_, "SELECT value FROM meta WHERE key = ?");
+    MUSTER_RETURN_IF_ERROR(st.status());
+    st.Bind(1, key);
+    value->clear();
+    if (st.Step() == SQLITE_ROW) *value = st.Text(0);
+    return absl::OkStatus();
+  }
+
+  absl::Status GetMetaInt(const std::string& key, uint64_t* out) {
+    std::string value;
+    MUSTER_RETURN_IF_ERROR(GetMeta(key, &value));
+    *out = 0;
+    if (!value.empty() && !absl::SimpleAtoi(value, out)) {
+      return absl::DataLossError(absl::StrCat("meta ", key, " is not a number: ", value));
+    }
+    return absl::OkStatus();
+  }
+
+  sqlite3* db_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<StateStore>> OpenSqliteStateStore(const std::string& path) {
+  sqlite3* db = nullptr;
+  const int rc = sqlite3_open_v2(path.c_str(), &db,
+                                 SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE |
+                                     SQLITE_OPEN_NOMUTEX,
+                                 nullptr);
+  if (rc != SQLITE_OK) {
+    std::string msg = db != nullptr ? sqlite3_errmsg(db) : "out of memory";
+    sqlite3_close(db);
+    return absl::UnavailableError(absl::StrCat("cannot open state database ", path, ": ", msg));
+  }
+  sqlite3_busy_timeout(db, 5000);
+  auto store = std::make_unique<SqliteStateStore>(db);
+  absl::Status s = store->Init();
+  if (!s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("state database ", path, ": ", s.message()));
+  }
+  return std::unique_ptr<StateStore>(std::move(store));
+}
+
+}  // namespace muster

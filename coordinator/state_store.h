@@ -1,0 +1,51 @@
+// StateStore: what the coordinator must not forget across a restart — the
+// current world (and with it the generation counter), the checkpoint
+// catalog and the event log.
+//
+// Every Save call is durable when it returns OK. Implementations must be
+// safe to call from one thread at a time (Coordinator serialises calls under
+// its mutex).
+#ifndef MUSTER_COORDINATOR_STATE_STORE_H_
+#define MUSTER_COORDINATOR_STATE_STORE_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "coordinator/checkpoint_record.h"
+#include "coordinator/types.h"
+
+namespace muster {
+
+class StateStore {
+ public:
+  virtual ~StateStore() = default;
+
+  // Replaces the stored world (and generation). Errors: UNAVAILABLE / INTERNAL
+  // when the write failed; the stored world is then unchanged.
+  virtual absl::Status SaveWorld(const World& world) = 0;
+  // The stored world; generation 0 and no members when none was saved.
+  virtual absl::StatusOr<World> LoadWorld() = 0;
+
+  // Inserts or replaces one checkpoint record with its files.
+  virtual absl::Status SaveCheckpoint(const CheckpointRecord& record) = 0;
+  // Every stored record, in id order.
+  virtual absl::StatusOr<std::vector<CheckpointRecord>> LoadCheckpoints() = 0;
+
+  // Appends to the event log.
+  virtual absl::Status AppendEvents(const std::vector<JobEvent>& events) = 0;
+  // The newest `limit` events, oldest first.
+  virtual absl::StatusOr<std::vector<JobEvent>> LoadEvents(size_t limit) = 0;
+};
+
+// Opens (creating if needed) the SQLite database `path` in WAL mode with
+// synchronous commits; ":memory:" gives a private in-memory database.
+// Errors: UNAVAILABLE when the file cannot be opened, FAILED_PRECONDITION
+// when it holds an unknown schema version.
+absl::StatusOr<std::unique_ptr<StateStore>> OpenSqliteStateStore(const std::string& path);
+
+}  // namespace muster
+
+#endif  // MUSTER_COORDINATOR_STATE_STORE_H_

@@ -1,0 +1,71 @@
+// Plain value types shared by the coordinator's domain classes. No gRPC, no
+// LibTorch; copyable; no thread-safety of their own.
+#ifndef MUSTER_COORDINATOR_TYPES_H_
+#define MUSTER_COORDINATOR_TYPES_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+
+namespace muster {
+
+// Identity of one trainer process: a stable slot name and a number that is
+// new for every process start.
+struct MemberKey {
+  std::string id;
+  uint64_t incarnation = 0;
+
+  bool operator==(const MemberKey& o) const {
+    return id == o.id && incarnation == o.incarnation;
+  }
+  bool operator!=(const MemberKey& o) const { return !(*this == o); }
+};
+
+enum class MemberState {
+  kWaiting,   // joined, not part of the current world
+  kActive,    // part of the current world
+  kDraining,  // told to leave at the next step boundary
+  kFailed,    // session broke, heartbeat timed out, or fenced
+  kLeft,      // left gracefully
+  kFinished,  // completed training
+};
+const char* MemberStateName(MemberState state);
+
+// One member's place in a world.
+struct Assignment {
+  MemberKey member;
+  std::string node;
+  std::string state_address;
+  uint32_t rank = 0;
+  uint32_t node_rank = 0;
+  uint32_t local_rank = 0;
+  uint32_t local_world_size = 0;
+  int64_t step = 0;  // reported when the member entered this generation
+};
+
+// The membership fixed by one generation. Members are ordered by rank and the
+// ranks of one node are contiguous.
+struct World {
+  uint64_t generation = 0;  // 0: no world yet
+  uint32_t node_count = 0;
+  std::vector<Assignment> members;
+  uint32_t state_source_rank = 0;
+  int64_t state_step = 0;
+
+  uint32_t size() const { return static_cast<uint32_t>(members.size()); }
+  // Rank of `id` in this world, or -1.
+  int RankOf(const std::string& id) const;
+};
+
+// What happened to the job; kept in the event log.
+struct JobEvent {
+  absl::Time time;
+  std::string kind;    // "join", "fail", "regroup", "leave", "checkpoint", ...
+  std::string detail;  // human-readable
+};
+
+}  // namespace muster
+
+#endif  // MUSTER_COORDINATOR_TYPES_H_

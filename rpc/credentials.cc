@@ -1,0 +1,87 @@
+#include "rpc/credentials.h"
+
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "common/status_macros.h"
+#include "common/token.h"
+
+namespace muster {
+namespace {
+
+absl::StatusOr<std::string> ReadPem(const std::string& what, const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", what, " file ", path));
+  std::ostringstream buf;
+  buf << in.rdbuf();
+  return buf.str();
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
+    const TlsFiles& tls) {
+  if (!tls.enabled()) return grpc::InsecureServerCredentials();
+  if (tls.cert.empty() || tls.key.empty()) {
+    return absl::InvalidArgumentError("TLS needs both --tls-cert and --tls-key");
+  }
+  grpc::SslServerCredentialsOptions options(
+      tls.ca.empty() ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
+                     : GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+  grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
+  MUSTER_ASSIGN_OR_RETURN(pair.private_key, ReadPem("TLS key", tls.key));
+  MUSTER_ASSIGN_OR_RETURN(pair.cert_chain, ReadPem("TLS certificate", tls.cert));
+  options.pem_key_cert_pairs.push_back(pair);
+  if (!tls.ca.empty()) {
+    MUSTER_ASSIGN_OR_RETURN(options.pem_root_certs, ReadPem("TLS CA", tls.ca));
+  }
+  return grpc::SslServerCredentials(options);
+}
+
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials(
+    const TlsFiles& tls) {
+  if (!tls.enabled()) return grpc::InsecureChannelCredentials();
+  if (tls.ca.empty()) return absl::InvalidArgumentError("a TLS client needs --tls-ca");
+  if (tls.cert.empty() != tls.key.empty()) {
+    return absl::InvalidArgumentError("a client certificate needs both --tls-cert and --tls-key");
+  }
+  grpc::SslCredentialsOptions options;
+  MUSTER_ASSIGN_OR_RETURN(options.pem_root_certs, ReadPem("TLS CA", tls.ca));
+  if (!tls.cert.empty()) {
+    MUSTER_ASSIGN_OR_RETURN(options.pem_cert_chain, ReadPem("TLS certificate", tls.cert));
+    MUSTER_ASSIGN_OR_RETURN(options.pem_private_key, ReadPem("TLS key", tls.key));
+  }
+  return grpc::SslCredentials(options);
+}
+
+absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const std::string& target,
+                                                           const TlsFiles& tls) {
+  MUSTER_ASSIGN_OR_RETURN(auto creds, MakeChannelCredentials(tls));
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(64 << 20);
+  return grpc::CreateCustomChannel(target, creds, args);
+}
+
+void AttachToken(grpc::ClientContext* context, const std::string& token) {
+  if (!token.empty()) context->AddMetadata(kAuthMetadataKey, absl::StrCat("Bearer ", token));
+}
+
+absl::Status CheckToken(const grpc::ServerContextBase& context, const std::string& expected) {
+  if (expected.empty()) return absl::OkStatus();
+  const auto& md = context.client_metadata();
+  auto it = md.find(kAuthMetadataKey);
+  if (it == md.end()) {
+    return absl::UnauthenticatedError("missing job token (authorization: Bearer ...)");
+  }
+  absl::string_view value(it->second.data(), it->second.size());
+  constexpr absl::string_view kPrefix = "Bearer ";
+  if (value.substr(0, kPrefix.size()) != kPrefix ||
+      !ConstantTimeEquals(value.substr(kPrefix.size()), expected)) {
+    return absl::UnauthenticatedError("wrong job token");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace muster

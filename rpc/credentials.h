@@ -1,0 +1,51 @@
+// Job tokens on the wire and TLS credentials, shared by every muster client
+// and server. Stateless functions; thread-safe.
+#ifndef MUSTER_RPC_CREDENTIALS_H_
+#define MUSTER_RPC_CREDENTIALS_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace muster {
+
+// The metadata entry that carries the job token: "authorization: Bearer T".
+inline constexpr char kAuthMetadataKey[] = "authorization";
+
+// PEM files for TLS. All empty: plain text. cert+key: TLS; with ca as well:
+// the server requires and verifies client certificates (mutual TLS), and a
+// client presents cert+key and verifies the server against ca.
+struct TlsFiles {
+  std::string cert;
+  std::string key;
+  std::string ca;
+  bool enabled() const { return !cert.empty() || !key.empty() || !ca.empty(); }
+};
+
+// Errors: INVALID_ARGUMENT (cert without key or the reverse), NOT_FOUND
+// (a file cannot be read).
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
+    const TlsFiles& tls);
+// For clients: TLS when `tls.ca` is set (verifying the server against it;
+// cert+key add a client certificate), plain text otherwise.
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials(
+    const TlsFiles& tls);
+
+// A channel to `target` ("host:port"). Errors: as MakeChannelCredentials.
+absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const std::string& target,
+                                                           const TlsFiles& tls);
+
+// Adds the token to a client call (no-op for an empty token).
+void AttachToken(grpc::ClientContext* context, const std::string& token);
+
+// OK when `context` carries `expected` (constant-time compare) or `expected`
+// is empty; UNAUTHENTICATED otherwise.
+absl::Status CheckToken(const grpc::ServerContextBase& context, const std::string& expected);
+
+}  // namespace muster
+
+#endif  // MUSTER_RPC_CREDENTIALS_H_
