@@ -1,0 +1,380 @@
+// Coordinator state machine driven by a FakeClock: rendezvous rules,
+// failures, joins, drains, KV and catalog across generations, restart.
+#include "coordinator/coordinator.h"
+
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include "common/fake_clock.h"
+
+namespace muster {
+namespace {
+
+// Records what a member's session was sent. Thread-safe enough for tests
+// that call the coordinator from one thread.
+class RecordingSink : public SessionSink {
+ public:
+  void Push(const MemberEvent& e) override { events.push_back(e); }
+  void Close(const absl::Status& s) override {
+    closed = true;
+    close_status = s;
+  }
+  std::vector<MemberEvent> events;
+  bool closed = false;
+  absl::Status close_status;
+};
+
+struct Member {
+  MemberKey key;
+  std::shared_ptr<RecordingSink> sink = std::make_shared<RecordingSink>();
+  uint64_t session = 0;
+  std::optional<absl::StatusOr<RendezvousResult>> world;
+};
+
+class CoordinatorTest : public ::testing::Test {
+ protected:
+  void Start(uint32_t min, uint32_t max, absl::Duration last_call = absl::Seconds(1),
+             StateStore* store = nullptr) {
+    if (store == nullptr) {
+      store_ = std::move(OpenSqliteStateStore(":memory:")).value();
+      store = store_.get();
+    }
+    CoordinatorOptions o;
+    o.rules.min_members = min;
+    o.rules.max_members = max;
+    o.rules.last_call = last_call;
+    o.rules.join_timeout = absl::Seconds(60);
+    o.heartbeat_interval = absl::Seconds(1);
+    o.heartbeat_timeout = absl::Seconds(5);
+    o.reattach_grace = absl::Seconds(10);
+    o.clock = &clock_;
+    c_ = std::move(Coordinator::Create(o, store)).value();
+  }
+
+  Member& Add(const std::string& id, const std::string& node, uint64_t inc = 1) {
+    auto m = std::make_unique<Member>();
+    m->key = {id, inc};
+    JoinSpec spec;
+    spec.key = m->key;
+    spec.node = node;
+    EXPECT_TRUE(c_->Join(spec).ok());
+    m->session = *c_->OpenSession(m->key, m->sink);
+    members_.push_back(std::move(m));
+    return *members_.back();
+  }
+
+  void Rendezvous(Member& m, uint64_t after, int64_t step = 0) {
+    m.world.reset();
+    c_->Rendezvous(m.key, after, step, absl::Seconds(30),
+                   [&m](absl::StatusOr<RendezvousResult> r) { m.world = r; });
+  }
+
+  void Advance(absl::Duration d) {
+    clock_.Advance(d);
+    c_->Tick();
+  }
+
+  FakeClock clock_;
+  std::unique_ptr<StateStore> store_;
+  // Stores opened by a test; they outlive the coordinator.
+  std::vector<std::unique_ptr<StateStore>> stores_;
+  std::unique_ptr<Coordinator> c_;
+  std::vector<std::unique_ptr<Member>> members_;
+};
+
+TEST_F(CoordinatorTest, WorldFormsAfterLastCall) {
+  Start(2, 4);
+  Member& a = Add("a", "n1");
+  Member& b = Add("b", "n0");
+  Rendezvous(a, 0);
+  EXPECT_FALSE(a.world.has_value());
+  Rendezvous(b, 0);
+  EXPECT_FALSE(a.world.has_value());  // last call is running
+  Advance(absl::Milliseconds(999));
+  EXPECT_FALSE(a.world.has_value());
+  Advance(absl::Milliseconds(1));
+  ASSERT_TRUE(a.world && a.world->ok());
+  ASSERT_TRUE(b.world && b.world->ok());
+  EXPECT_EQ((*a.world)->world.generation, 1u);
+  EXPECT_EQ((*a.world)->world.size(), 2u);
+  EXPECT_EQ((*b.world)->rank, 0u);  // node n0 sorts first
+  EXPECT_EQ((*a.world)->rank, 1u);
+  EXPECT_EQ(c_->GetStatus().job_state, JobState::kRunning);
+}
+
+TEST_F(CoordinatorTest, MaxMembersFormsAtOnce) {
+  Start(1, 2, absl::Seconds(100));
+  Member& a = Add("a", "n");
+  Member& b = Add("b", "n");
+  Rendezvous(a, 0);
+  Rendezvous(b, 0);
+  ASSERT_TRUE(a.world && a.world->ok());
+  EXPECT_EQ((*a.world)->world.size(), 2u);
+}
+
+TEST_F(CoordinatorTest, StreamBreakRegroupsSurvivorsAtOnce) {
+  Start(2, 3, absl::Seconds(100));
+  Member& a = Add("a", "n0");
+  Member& b = Add("b", "n0");
+  Member& d = Add("d", "n1");
+  Rendezvous(a, 0, 5);
+  Rendezvous(b, 0, 5);
+  Rendezvous(d, 0, 5);
+  ASSERT_TRUE(a.world && a.world->ok());
+  ASSERT_EQ((*a.world)->world.size(), 3u);
+
+  c_->SessionClosed(d.session, "connection reset");
+  ASSERT_EQ(a.sink->events.size(), 1u);
+  EXPECT_TRUE(a.sink->events[0].abort);
+  EXPECT_EQ(a.sink->events[0].generation, 2u);
+  EXPECT_NE(a.sink->events[0].reason.find("d failed"), std::string::npos);
+  // Survivors rendezvous into generation 2 with their steps; b is ahead.
+  Rendezvous(a, 1, 7);
+  EXPECT_FALSE(a.world.has_value());
+  Rendezvous(b, 1, 8);
+  ASSERT_TRUE(a.world && a.world->ok());
+  const World& w = (*a.world)->world;
+  EXPECT_EQ(w.generation, 2u);
+  EXPECT_EQ(w.size(), 2u);
+  EXPECT_EQ(w.RankOf("d"), -1);
+  EXPECT_EQ(w.state_source_rank, static_cast<uint32_t>(w.RankOf("b")));
+  EXPECT_EQ(w.state_step, 8);
+  // The failed incarnation is fenced.
+  EXPECT_EQ(c_->Heartbeat(d.session, 1).status().code(), absl::StatusCode::kNotFound);
+  Rendezvous(d, 0);
+  EXPECT_EQ(d.world->status().code(), absl::StatusCode::kAborted);
+}
+
+TEST_F(CoordinatorTest, HeartbeatTimeoutFailsHungMember) {
+  Start(1, 2, absl::Seconds(100));
+  Member& a = Add("a", "n");
+  Member& b = Add("b", "n");
+  Rendezvous(a, 0);
+  Rendezvous(b, 0);
+  ASSERT_TRUE(a.world->ok());
+  for (int i = 0; i < 4; ++i) {
+    Advance(absl::Seconds(1));
+    ASSERT_TRUE(c_->Heartbeat(a.session, i).ok());
+  }
+  EXPECT_TRUE(a.sink->events.empty());
+  Advance(absl::Milliseconds(1500));  // b silent for 5.5 s
+  ASSERT_EQ(a.sink->events.size(), 1u);
+  EXPECT_TRUE(a.sink->events[0].abort);
+  EXPECT_TRUE(b.sink->closed);
+  EXPECT_EQ(b.sink->close_status.code(), absl::StatusCode::kAborted);
+  auto status = c_->GetStatus();
+  EXPECT_EQ(status.generation, 2u);
+  EXPECT_EQ(status.world_size, 1u);
+}
+
+TEST_F(CoordinatorTest, BelowMinPausesThenResumes) {
+  Start(2, 4, absl::ZeroDuration());
+  Member& a = Add("a", "n");
+  Member& b = Add("b", "n");
+  Rendezvous(a, 0);
+  Rendezvous(b, 0);
+  ASSERT_TRUE(a.world->ok());
+  c_->SessionClosed(b.session, "killed");
+  ASSERT_EQ(a.sink->events.size(), 1u);
+  EXPECT_TRUE(a.sink->events[0].abort);
+  EXPECT_NE(a.sink->events[0].reason.find("min_members"), std::string::npos);
+  EXPECT_EQ(c_->GetStatus().job_state, JobState::kWaiting);
+  Rendezvous(a, 1, 50);
+  EXPECT_FALSE(a.world.has_value());
+  Member& b2 = Add("b", "n", /*inc=*/2);
+  Rendezvous(b2, 0, 0);
+  ASSERT_TRUE(a.world && a.world->ok());
+  EXPECT_EQ((*a.world)->world.generation, 2u);
+  EXPECT_EQ((*b2.world)->world.state_step, 50);
+}
+
+TEST_F(CoordinatorTest, JoinDuringTrainingRegroupsAtStepBoundary) {
+  Start(1, 4, absl::Seconds(1));
+  Member& a = Add("a", "n");
+  Rendezvous(a, 0);
+  Advance(absl::Seconds(1));
+  ASSERT_TRUE(a.world && a.world->ok());
+  Member& b = Add("b", "n");
+  Rendezvous(b, 0);
+  Advance(absl::Seconds(1));
+  ASSERT_EQ(a.sink->events.size(), 1u);
+  EXPECT_FALSE(a.sink->events[0].abort);
+  EXPECT_EQ(a.sink->events[0].generation, 2u);
+  EXPECT_FALSE(b.world.has_value());  // waits for a to reach the boundary
+  Rendezvous(a, 1, 12);
+  ASSERT_TRUE(b.world && b.world->ok());
+  EXPECT_EQ((*b.world)->world.size(), 2u);
+  EXPECT_EQ((*b.world)->world.state_step, 12);
+}
+
+TEST_F(CoordinatorTest, DrainAndFinish) {
+  Start(1, 2, absl::Seconds(100));
+  Member& a = Add("a", "n0");
+  Member& b = Add("b", "n1");
+  Rendezvous(a, 0);
+  Rendezvous(b, 0);
+  EXPECT_EQ(c_->Drain("nowhere").status().code(), absl::StatusCode::kNotFound);
+  ASSERT_EQ(*c_->Drain("n1"), 1u);
+  ASSERT_EQ(b.sink->events.size(), 1u);
+  EXPECT_TRUE(b.sink->events[0].leave);
+  EXPECT_FALSE(b.sink->events[0].abort);
+  ASSERT_EQ(a.sink->events.size(), 1u);
+  EXPECT_FALSE(a.sink->events[0].leave);
+  ASSERT_TRUE(c_->Leave(b.key, LeaveReason::kGraceful, 20).ok());
+  Rendezvous(a, 1, 20);
+  ASSERT_TRUE(a.world->ok());
+  EXPECT_EQ((*a.world)->world.size(), 1u);
+  ASSERT_TRUE(c_->Leave(a.key, LeaveReason::kFinished, 30).ok());
+  EXPECT_EQ(c_->GetStatus().job_state, JobState::kFinished);
+  EXPECT_EQ(c_->Counters().failures, 0u);
+}
+
+TEST_F(CoordinatorTest, RestartedIncarnationReplacesItsFormerSelf) {
+  Start(1, 2, absl::Seconds(100));
+  Member& a = Add("a", "n");
+  Member& b = Add("b", "n");
+  Rendezvous(a, 0);
+  Rendezvous(b, 0);
+  Add("b", "n", /*inc=*/2);
+  EXPECT_TRUE(b.sink->closed);
+  ASSERT_EQ(a.sink->events.size(), 1u);
+  EXPECT_TRUE(a.sink->events[0].abort);
+}
+
+TEST_F(CoordinatorTest, KvIsNamespacedByGeneration) {
+  Start(1, 2, absl::Seconds(100));
+  Member& a = Add("a", "n");
+  Member& b = Add("b", "n");
+  Rendezvous(a, 0);
+  Rendezvous(b, 0);
+  ASSERT_TRUE(c_->KvSet(1, "nccl_id", "abc").ok());
+  EXPECT_EQ(c_->KvSet(2, "x", "y").code(), absl::StatusCode::kFailedPrecondition);
+  std::optional<absl::StatusOr<std::vector<std::string>>> got, waiting;
+  c_->KvGet(1, {"nccl_id"}, absl::ZeroDuration(), [&](auto r) { got = r; });
+  ASSERT_TRUE(got && got->ok());
+  EXPECT_EQ((**got)[0], "abc");
+  c_->KvGet(1, {"later"}, absl::Seconds(10), [&](auto r) { waiting = r; });
+  EXPECT_FALSE(waiting.has_value());
+  c_->SessionClosed(b.session, "gone");  // generation 2 forms
+  ASSERT_TRUE(waiting.has_value());
+  EXPECT_EQ(waiting->status().code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(c_->KvSet(1, "k", "v").code(), absl::StatusCode::kAborted);
+  c_->KvGet(2, {"nccl_id"}, absl::ZeroDuration(), [&](auto r) { got = r; });
+  EXPECT_EQ(got->status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(CoordinatorTest, BarrierAndCatalogAcrossAFailure) {
+  Start(1, 2, absl::Seconds(100));
+  Member& a = Add("a", "n");
+  Member& b = Add("b", "n");
+  Rendezvous(a, 0);
+  Rendezvous(b, 0);
+  std::optional<absl::Status> ba, bb;
+  c_->Barrier(1, a.key, "init", absl::Seconds(5), [&](absl::Status s) { ba = s; });
+  EXPECT_FALSE(ba.has_value());
+  c_->Barrier(1, b.key, "init", absl::Seconds(5), [&](absl::Status s) { bb = s; });
+  ASSERT_TRUE(ba && ba->ok() && bb && bb->ok());
+
+  uint64_t id = *c_->BeginCheckpoint(1, a.key, 100);
+  EXPECT_EQ(*c_->BeginCheckpoint(1, b.key, 100), id);
+  ShardReport r;
+  r.files = {{"", "/ck/100/model.safetensors", 10, "0123456789abcdef"}};
+  EXPECT_FALSE(*c_->ReportShard(id, a.key, r));
+  EXPECT_TRUE(*c_->ReportShard(id, b.key, {}));
+  ASSERT_EQ(c_->ListCheckpoints(false).size(), 1u);
+
+  uint64_t id2 = *c_->BeginCheckpoint(1, a.key, 200);
+  ASSERT_FALSE(*c_->ReportShard(id2, a.key, r));
+  c_->SessionClosed(b.session, "killed mid-checkpoint");
+  auto all = c_->ListCheckpoints(true);
+  ASSERT_EQ(all.size(), 2u);
+  EXPECT_EQ(all[0].state, CheckpointState::kAborted);  // never commits
+  EXPECT_EQ(c_->ListCheckpoints(false)[0].step, 100);
+  EXPECT_EQ(c_->BeginCheckpoint(1, a.key, 300).status().code(), absl::StatusCode::kAborted);
+}
+
+TEST_F(CoordinatorTest, RendezvousDeadline) {
+  Start(2, 4);
+  Member& a = Add("a", "n");
+  c_->Rendezvous(a.key, 0, 0, absl::Seconds(2),
+                 [&a](absl::StatusOr<RendezvousResult> r) { a.world = r; });
+  for (int i = 0; i < 2; ++i) {
+    Advance(absl::Seconds(1));
+    ASSERT_TRUE(c_->Heartbeat(a.session, 0).ok());
+  }
+  ASSERT_TRUE(a.world.has_value());
+  EXPECT_EQ(a.world->status().code(), absl::StatusCode::kDeadlineExceeded);
+}
+
+TEST_F(CoordinatorTest, RestartKeepsGenerationWhenAllReattach) {
+  const std::string path = ::testing::TempDir() + "/restart" + std::to_string(getpid()) + ".db";
+  ::unlink(path.c_str());
+  auto store = std::move(OpenSqliteStateStore(path)).value();
+  Start(1, 2, absl::Seconds(100), store.get());
+  Member& a = Add("a", "n");
+  Member& b = Add("b", "n");
+  Rendezvous(a, 0, 3);
+  Rendezvous(b, 0, 3);
+  uint64_t id = *c_->BeginCheckpoint(1, a.key, 3);
+  ASSERT_TRUE(c_->ReportShard(id, a.key, {}).ok());
+  ASSERT_TRUE(c_->ReportShard(id, b.key, {}).ok());
+  c_.reset();
+  store.reset();
+
+  stores_.push_back(std::move(OpenSqliteStateStore(path)).value());
+  Start(1, 2, absl::Seconds(100), stores_.back().get());
+  EXPECT_EQ(c_->GetStatus().job_state, JobState::kRecovering);
+  EXPECT_EQ(c_->ListCheckpoints(false).size(), 1u);
+  Member& a2 = Add("a", "n");  // same incarnation
+  EXPECT_EQ(c_->GetStatus().job_state, JobState::kRecovering);
+  Member& b2 = Add("b", "n");
+  auto s = c_->GetStatus();
+  EXPECT_EQ(s.job_state, JobState::kRunning);
+  EXPECT_EQ(s.generation, 1u);
+  EXPECT_EQ(s.world_size, 2u);
+  EXPECT_TRUE(a2.sink->events.empty());
+  EXPECT_TRUE(b2.sink->events.empty());
+  EXPECT_TRUE(c_->KvSet(1, "k", "v").ok());  // generation 1 is still live
+}
+
+TEST_F(CoordinatorTest, RestartGraceExpiresWithoutAMember) {
+  const std::string path = ::testing::TempDir() + "/grace" + std::to_string(getpid()) + ".db";
+  ::unlink(path.c_str());
+  stores_.push_back(std::move(OpenSqliteStateStore(path)).value());
+  StateStore* store = stores_.back().get();
+  Start(1, 2, absl::Seconds(100), store);
+  Member& a = Add("a", "n");
+  Member& b = Add("b", "n");
+  Rendezvous(a, 0);
+  Rendezvous(b, 0);
+  c_.reset();
+  Start(1, 2, absl::Seconds(100), store);
+  Member& a2 = Add("a", "n");
+  Advance(absl::Seconds(5));
+  ASSERT_TRUE(c_->Heartbeat(a2.session, 1).ok());
+  Advance(absl::Seconds(5));
+  ASSERT_EQ(a2.sink->events.size(), 1u);
+  EXPECT_TRUE(a2.sink->events[0].abort);
+  EXPECT_EQ(a2.sink->events[0].generation, 2u);
+  EXPECT_EQ(c_->GetStatus().world_size, 1u);
+}
+
+TEST_F(CoordinatorTest, ShutdownStopsEveryone) {
+  Start(2, 4);
+  Member& a = Add("a", "n");
+  Rendezvous(a, 0);
+  c_->Shutdown("done");
+  ASSERT_TRUE(a.world.has_value());
+  EXPECT_EQ(a.world->status().code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_FALSE(a.sink->events.empty());
+  EXPECT_EQ(a.sink->events.back().kind, MemberEvent::Kind::kStop);
+  EXPECT_TRUE(a.sink->closed);
+  JoinSpec spec;
+  spec.key = {"z", 1};
+  spec.node = "n";
+  EXPECT_EQ(c_->Join(spec).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+}  // namespace
+}  // namespace muster

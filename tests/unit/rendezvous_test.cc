@@ -1,0 +1,99 @@
+#include "coordinator/rendezvous.h"
+
+#include <gtest/gtest.h>
+
+namespace muster {
+namespace {
+
+Candidate C(const std::string& id, const std::string& node, uint32_t local, bool incumbent = false,
+            int64_t step = 0, int joined_s = 0) {
+  Candidate c;
+  c.member = {id, 1};
+  c.node = node;
+  c.local_rank = local;
+  c.incumbent = incumbent;
+  c.step = step;
+  c.joined = absl::FromUnixSeconds(joined_s);
+  return c;
+}
+
+TEST(RendezvousRulesTest, Validate) {
+  RendezvousRules r;
+  EXPECT_TRUE(r.Validate().ok());
+  r.min_members = 0;
+  EXPECT_FALSE(r.Validate().ok());
+  r.min_members = 4;
+  r.max_members = 3;
+  EXPECT_NE(r.Validate().message().find("max_members"), std::string::npos);
+  r.max_members = 5;
+  r.world_size_multiple = 8;
+  EXPECT_FALSE(r.Validate().ok());
+}
+
+TEST(RendezvousRulesTest, UsableWorldSize) {
+  RendezvousRules r;
+  r.min_members = 2;
+  r.max_members = 7;
+  r.world_size_multiple = 2;
+  EXPECT_EQ(UsableWorldSize(1, r), 0u);
+  EXPECT_EQ(UsableWorldSize(3, r), 2u);
+  EXPECT_EQ(UsableWorldSize(6, r), 6u);
+  EXPECT_EQ(UsableWorldSize(100, r), 6u);
+}
+
+TEST(AssignWorldTest, GroupsByNodeWithContiguousRanks) {
+  World w = AssignWorld(3, {C("b1", "nodeB", 1), C("a0", "nodeA", 0), C("b0", "nodeB", 0),
+                            C("c0", "nodeC", 0), C("a1", "nodeA", 1)},
+                        5);
+  ASSERT_EQ(w.size(), 5u);
+  EXPECT_EQ(w.generation, 3u);
+  EXPECT_EQ(w.node_count, 3u);
+  std::vector<std::string> order;
+  for (const Assignment& a : w.members) order.push_back(a.member.id);
+  EXPECT_EQ(order, (std::vector<std::string>{"a0", "a1", "b0", "b1", "c0"}));
+  EXPECT_EQ(w.members[3].node_rank, 1u);
+  EXPECT_EQ(w.members[3].local_rank, 1u);
+  EXPECT_EQ(w.members[3].local_world_size, 2u);
+  EXPECT_EQ(w.members[4].node_rank, 2u);
+  EXPECT_EQ(w.members[4].local_world_size, 1u);
+  for (uint32_t i = 0; i < w.size(); ++i) EXPECT_EQ(w.members[i].rank, i);
+}
+
+TEST(AssignWorldTest, KeepsIncumbentsThenEarliestJoinersWhenCapped) {
+  World w = AssignWorld(2, {C("new1", "n", 2, false, 0, 5), C("new0", "n", 3, false, 0, 1),
+                            C("old", "n", 9, true)},
+                        2);
+  ASSERT_EQ(w.size(), 2u);
+  EXPECT_GE(w.RankOf("old"), 0);
+  EXPECT_GE(w.RankOf("new0"), 0);
+  EXPECT_EQ(w.RankOf("new1"), -1);
+}
+
+TEST(AssignWorldTest, StateSourceIsHighestStepLowestRank) {
+  World w = AssignWorld(1, {C("a", "n", 0, false, 10), C("b", "n", 1, false, 12),
+                            C("c", "n", 2, false, 12)},
+                        3);
+  EXPECT_EQ(w.state_source_rank, 1u);
+  EXPECT_EQ(w.state_step, 12);
+}
+
+TEST(RendezvousTimerTest, LastCallThenForm) {
+  RendezvousRules r;
+  r.min_members = 2;
+  r.max_members = 4;
+  r.last_call = absl::Seconds(1);
+  RendezvousTimer t(r);
+  const absl::Time t0 = absl::FromUnixSeconds(100);
+  EXPECT_EQ(t.Decide(1, true, false, t0), FormDecision::kNotEnough);
+  EXPECT_EQ(t.Decide(2, true, false, t0), FormDecision::kWait);
+  EXPECT_EQ(*t.deadline(), t0 + absl::Seconds(1));
+  EXPECT_EQ(t.Decide(3, true, false, t0 + absl::Milliseconds(500)), FormDecision::kWait);
+  EXPECT_EQ(t.Decide(3, true, false, t0 + absl::Seconds(1)), FormDecision::kNow);
+  t.Reset();
+  EXPECT_EQ(t.Decide(4, true, false, t0), FormDecision::kNow);  // max reached
+  EXPECT_EQ(t.Decide(2, true, true, t0), FormDecision::kNow);   // urgent
+  EXPECT_EQ(t.Decide(2, false, true, t0), FormDecision::kNothing);
+}
+
+}  // namespace
+}  // namespace muster

@@ -1,0 +1,113 @@
+#include "coordinator/state_store.h"
+
+#include <sqlite3.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+namespace muster {
+namespace {
+
+std::string TempDb(const std::string& name) {
+  std::string path = ::testing::TempDir() + "/" + name + std::to_string(::getpid()) + ".db";
+  ::unlink(path.c_str());
+  return path;
+}
+
+World SampleWorld() {
+  World w;
+  w.generation = 7;
+  w.node_count = 2;
+  w.state_source_rank = 1;
+  w.state_step = 42;
+  for (uint32_t r = 0; r < 3; ++r) {
+    Assignment a;
+    a.member = {"m" + std::to_string(r), 100 + r};
+    a.node = r < 2 ? "a" : "b";
+    a.rank = r;
+    a.node_rank = r < 2 ? 0 : 1;
+    a.local_rank = r % 2;
+    a.local_world_size = r < 2 ? 2 : 1;
+    a.step = 40 + r;
+    a.state_address = "h:" + std::to_string(r);
+    w.members.push_back(a);
+  }
+  return w;
+}
+
+TEST(SqliteStateStoreTest, EmptyStoreHasNoWorld) {
+  auto store = OpenSqliteStateStore(":memory:");
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto w = (*store)->LoadWorld();
+  ASSERT_TRUE(w.ok());
+  EXPECT_EQ(w->generation, 0u);
+  EXPECT_TRUE(w->members.empty());
+}
+
+TEST(SqliteStateStoreTest, SurvivesReopen) {
+  const std::string path = TempDb("state");
+  {
+    auto store = OpenSqliteStateStore(path);
+    ASSERT_TRUE(store.ok()) << store.status();
+    ASSERT_TRUE((*store)->SaveWorld(SampleWorld()).ok());
+    CheckpointRecord r;
+    r.id = 3;
+    r.step = 200;
+    r.generation = 7;
+    r.expected = {"m0", "m1"};
+    r.reported = {"m0"};
+    r.state = CheckpointState::kCommitted;
+    r.created = absl::FromUnixMillis(1000);
+    r.committed = absl::FromUnixMillis(2000);
+    r.files = {{"m0", "/ckpt/a.safetensors", 1234, "0123456789abcdef"}};
+    r.metric_name = "val_loss";
+    r.metric_value = 0.25;
+    ASSERT_TRUE((*store)->SaveCheckpoint(r).ok());
+    ASSERT_TRUE((*store)->AppendEvents({{absl::FromUnixMillis(5), "join", "m0 joined"}}).ok());
+  }
+  auto store = OpenSqliteStateStore(path);
+  ASSERT_TRUE(store.ok());
+  auto w = (*store)->LoadWorld();
+  ASSERT_TRUE(w.ok());
+  const World expected = SampleWorld();
+  EXPECT_EQ(w->generation, 7u);
+  EXPECT_EQ(w->state_source_rank, 1u);
+  EXPECT_EQ(w->state_step, 42);
+  ASSERT_EQ(w->members.size(), 3u);
+  EXPECT_EQ(w->members[2].member, expected.members[2].member);
+  EXPECT_EQ(w->members[2].node, "b");
+  EXPECT_EQ(w->members[2].state_address, "h:2");
+  auto cks = (*store)->LoadCheckpoints();
+  ASSERT_TRUE(cks.ok());
+  ASSERT_EQ(cks->size(), 1u);
+  const CheckpointRecord& r = (*cks)[0];
+  EXPECT_EQ(r.step, 200);
+  EXPECT_EQ(r.state, CheckpointState::kCommitted);
+  EXPECT_EQ(r.expected, (std::vector<std::string>{"m0", "m1"}));
+  EXPECT_EQ(r.reported.count("m0"), 1u);
+  ASSERT_EQ(r.files.size(), 1u);
+  EXPECT_EQ(r.files[0].bytes, 1234u);
+  EXPECT_EQ(r.metric_value, 0.25);
+  auto events = (*store)->LoadEvents(10);
+  ASSERT_TRUE(events.ok());
+  ASSERT_EQ(events->size(), 1u);
+  EXPECT_EQ((*events)[0].detail, "m0 joined");
+}
+
+TEST(SqliteStateStoreTest, RejectsUnknownSchemaAndUnreadablePath) {
+  const std::string path = TempDb("schema");
+  ASSERT_TRUE(OpenSqliteStateStore(path).ok());
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(db, "UPDATE meta SET value='99' WHERE key='schema_version'", nullptr,
+                         nullptr, nullptr),
+            SQLITE_OK);
+  sqlite3_close(db);
+  auto reopened = OpenSqliteStateStore(path);
+  EXPECT_EQ(reopened.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(OpenSqliteStateStore("/nonexistent-dir/x.db").status().code(),
+            absl::StatusCode::kUnavailable);
+}
+
+}  // namespace
+}  // namespace muster
