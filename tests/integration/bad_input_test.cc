@@ -1,0 +1,237 @@
+// A table of bad inputs per rpc against the real service: each gets the
+// documented status code, and afterwards the server still serves with its
+// state unchanged.
+#include <gtest/gtest.h>
+
+#include <functional>
+
+#include "coordinator/server.h"
+#include "rpc/credentials.h"
+#include "tests/integration/test_member.h"
+
+namespace muster {
+namespace {
+
+using Stub = v1::Coordinator::Stub;
+using Call = std::function<grpc::Status(Stub*, grpc::ClientContext*)>;
+
+struct BadCase {
+  const char* name;
+  Call call;
+  grpc::StatusCode code;
+};
+
+v1::MemberRef Ref(const std::string& id, uint64_t inc) {
+  v1::MemberRef r;
+  r.set_member_id(id);
+  r.set_incarnation(inc);
+  return r;
+}
+
+template <typename Req, typename Resp>
+Call Rpc(grpc::Status (Stub::*method)(grpc::ClientContext*, const Req&, Resp*), Req req) {
+  return [method, req](Stub* stub, grpc::ClientContext* ctx) {
+    Resp resp;
+    return (stub->*method)(ctx, req, &resp);
+  };
+}
+
+class BadInputTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ServerOptions o;
+    o.token = "right-token";
+    o.coordinator.rules.min_members = 1;
+    o.coordinator.rules.max_members = 1;
+    server_ = std::move(CoordinatorServer::Start(o)).value();
+    channel_ = *MakeChannel("127.0.0.1:" + std::to_string(server_->port()), {});
+    stub_ = v1::Coordinator::NewStub(channel_);
+    member_ = std::make_unique<TestMember>(channel_, "right-token", "m0", "n0", 1);
+    ASSERT_TRUE(member_->Join().ok());
+    ASSERT_TRUE(member_->OpenSession().ok());
+    auto r = member_->Rendezvous(0, 0);
+    ASSERT_TRUE(r.ok()) << r.status();
+  }
+
+  grpc::Status Run(const Call& call, const std::string& token) {
+    grpc::ClientContext ctx;
+    AttachToken(&ctx, token);
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+    return call(stub_.get(), &ctx);
+  }
+
+  std::unique_ptr<CoordinatorServer> server_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<Stub> stub_;
+  std::unique_ptr<TestMember> member_;
+};
+
+std::vector<BadCase> Cases() {
+  std::vector<BadCase> cases;
+  auto join = [](const std::string& id, uint64_t inc, const std::string& node) {
+    v1::JoinRequest r;
+    *r.mutable_member() = Ref(id, inc);
+    r.set_node(node);
+    return r;
+  };
+  cases.push_back({"join empty id", Rpc(&Stub::Join, join("", 1, "n")),
+                   grpc::StatusCode::INVALID_ARGUMENT});
+  cases.push_back({"join incarnation 0", Rpc(&Stub::Join, join("x", 0, "n")),
+                   grpc::StatusCode::INVALID_ARGUMENT});
+  cases.push_back({"join oversized node", Rpc(&Stub::Join, join("x", 1, std::string(300, 'n'))),
+                   grpc::StatusCode::INVALID_ARGUMENT});
+
+  v1::RendezvousRequest rv;
+  *rv.mutable_member() = Ref("ghost", 1);
+  cases.push_back({"rendezvous unknown member", Rpc(&Stub::Rendezvous, rv),
+                   grpc::StatusCode::NOT_FOUND});
+  *rv.mutable_member() = Ref("m0", 99);
+  cases.push_back({"rendezvous stale incarnation", Rpc(&Stub::Rendezvous, rv),
+                   grpc::StatusCode::ABORTED});
+  *rv.mutable_member() = Ref("m0", 1);
+  rv.set_step(-5);
+  rv.set_after_generation(1);
+  cases.push_back({"rendezvous negative step", Rpc(&Stub::Rendezvous, rv),
+                   grpc::StatusCode::INVALID_ARGUMENT});
+
+  v1::LeaveRequest leave;
+  *leave.mutable_member() = Ref("m0", 1);
+  cases.push_back({"leave without reason", Rpc(&Stub::Leave, leave),
+                   grpc::StatusCode::INVALID_ARGUMENT});
+  v1::DrainRequest drain;
+  cases.push_back({"drain empty node", Rpc(&Stub::Drain, drain),
+                   grpc::StatusCode::INVALID_ARGUMENT});
+  drain.set_node("nowhere");
+  cases.push_back({"drain unknown node", Rpc(&Stub::Drain, drain), grpc::StatusCode::NOT_FOUND});
+
+  v1::KvSetRequest set;
+  set.set_generation(0);
+  set.set_key("k");
+  cases.push_back({"kv set stale generation", Rpc(&Stub::KvSet, set), grpc::StatusCode::ABORTED});
+  set.set_generation(9);
+  cases.push_back({"kv set future generation", Rpc(&Stub::KvSet, set),
+                   grpc::StatusCode::FAILED_PRECONDITION});
+  set.set_generation(1);
+  set.set_key(std::string(600, 'k'));
+  cases.push_back({"kv set oversized key", Rpc(&Stub::KvSet, set),
+                   grpc::StatusCode::INVALID_ARGUMENT});
+  set.set_key("k");
+  set.set_value(std::string(2 << 20, 'v'));
+  cases.push_back({"kv set 2 MiB value", Rpc(&Stub::KvSet, set),
+                   grpc::StatusCode::INVALID_ARGUMENT});
+  set.set_value(std::string(5 << 20, 'v'));
+  cases.push_back({"kv set 5 MiB message", Rpc(&Stub::KvSet, set),
+                   grpc::StatusCode::RESOURCE_EXHAUSTED});
+  v1::KvGetRequest get;
+  get.set_generation(1);
+  cases.push_back({"kv get no keys", Rpc(&Stub::KvGet, get), grpc::StatusCode::INVALID_ARGUMENT});
+  for (int i = 0; i < 65; ++i) get.add_keys("k" + std::to_string(i));
+  cases.push_back({"kv get 65 keys", Rpc(&Stub::KvGet, get), grpc::StatusCode::INVALID_ARGUMENT});
+
+  v1::BarrierRequest barrier;
+  barrier.set_generation(1);
+  *barrier.mutable_member() = Ref("m0", 1);
+  cases.push_back({"barrier empty name", Rpc(&Stub::Barrier, barrier),
+                   grpc::StatusCode::INVALID_ARGUMENT});
+  barrier.set_name("b");
+  *barrier.mutable_member() = Ref("ghost", 1);
+  cases.push_back({"barrier unknown member", Rpc(&Stub::Barrier, barrier),
+                   grpc::StatusCode::NOT_FOUND});
+
+  v1::BeginCheckpointRequest begin;
+  begin.set_generation(1);
+  *begin.mutable_member() = Ref("m0", 1);
+  begin.set_step(-1);
+  cases.push_back({"begin negative step", Rpc(&Stub::BeginCheckpoint, begin),
+                   grpc::StatusCode::INVALID_ARGUMENT});
+  v1::ReportShardRequest report;
+  *report.mutable_member() = Ref("m0", 1);
+  report.set_checkpoint_id(12345);
+  cases.push_back({"report unknown checkpoint", Rpc(&Stub::ReportShard, report),
+                   grpc::StatusCode::NOT_FOUND});
+  v1::AbortCheckpointRequest abort;
+  *abort.mutable_member() = Ref("m0", 1);
+  abort.set_checkpoint_id(777);
+  cases.push_back({"abort unknown checkpoint", Rpc(&Stub::AbortCheckpoint, abort),
+                   grpc::StatusCode::NOT_FOUND});
+  return cases;
+}
+
+TEST_F(BadInputTest, EveryRpcRejectsMissingOrWrongToken) {
+  std::vector<std::pair<const char*, Call>> calls = {
+      {"GetStatus", Rpc(&Stub::GetStatus, v1::GetStatusRequest())},
+      {"ListCheckpoints", Rpc(&Stub::ListCheckpoints, v1::ListCheckpointsRequest())},
+      {"Shutdown", Rpc(&Stub::Shutdown, v1::ShutdownRequest())},
+  };
+  for (const BadCase& c : Cases()) {
+    // gRPC itself refuses an oversized message before any handler (and so
+    // before the token check) runs.
+    if (c.code != grpc::StatusCode::RESOURCE_EXHAUSTED) calls.emplace_back(c.name, c.call);
+  }
+  for (const auto& [name, call] : calls) {
+    EXPECT_EQ(Run(call, "").error_code(), grpc::StatusCode::UNAUTHENTICATED) << name;
+    EXPECT_EQ(Run(call, "wrong-token").error_code(), grpc::StatusCode::UNAUTHENTICATED) << name;
+    EXPECT_EQ(Run(call, "right-token-but-longer").error_code(),
+              grpc::StatusCode::UNAUTHENTICATED) << name;
+  }
+  // A session without the token is refused too.
+  grpc::ClientContext ctx;
+  auto stream = stub_->Session(&ctx);
+  v1::SessionRequest hello;
+  *hello.mutable_hello() = Ref("m0", 1);
+  stream->Write(hello);
+  v1::SessionEvent ev;
+  EXPECT_FALSE(stream->Read(&ev));
+  EXPECT_EQ(stream->Finish().error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  // The shutdown without a token did nothing.
+  EXPECT_FALSE(server_->coordinator()->shutting_down());
+}
+
+TEST_F(BadInputTest, EachBadInputGetsItsCodeAndChangesNothing) {
+  const StatusSnapshot before = server_->coordinator()->GetStatus();
+  for (const BadCase& c : Cases()) {
+    grpc::Status s = Run(c.call, "right-token");
+    EXPECT_EQ(s.error_code(), c.code) << c.name << ": " << s.error_message();
+    EXPECT_FALSE(s.error_message().empty()) << c.name;
+  }
+  const StatusSnapshot after = server_->coordinator()->GetStatus();
+  EXPECT_EQ(after.generation, before.generation);
+  EXPECT_EQ(after.world_size, before.world_size);
+  EXPECT_EQ(after.members.size(), before.members.size());
+  EXPECT_EQ(after.job_state, JobState::kRunning);
+  EXPECT_TRUE(server_->coordinator()->ListCheckpoints(true).empty());
+  grpc::ClientContext ctx;
+  AttachToken(&ctx, "right-token");
+  v1::GetStatusResponse status;
+  ASSERT_TRUE(stub_->GetStatus(&ctx, v1::GetStatusRequest(), &status).ok());
+  EXPECT_EQ(status.job_state(), "running");
+}
+
+TEST_F(BadInputTest, SessionProtocolErrors) {
+  {
+    grpc::ClientContext ctx;
+    AttachToken(&ctx, "right-token");
+    auto stream = stub_->Session(&ctx);
+    v1::SessionRequest hb;
+    hb.mutable_heartbeat()->set_step(1);
+    stream->Write(hb);
+    v1::SessionEvent ev;
+    EXPECT_FALSE(stream->Read(&ev));
+    EXPECT_EQ(stream->Finish().error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  }
+  {
+    grpc::ClientContext ctx;
+    AttachToken(&ctx, "right-token");
+    auto stream = stub_->Session(&ctx);
+    v1::SessionRequest hello;
+    *hello.mutable_hello() = Ref("ghost", 1);
+    stream->Write(hello);
+    v1::SessionEvent ev;
+    EXPECT_FALSE(stream->Read(&ev));
+    EXPECT_EQ(stream->Finish().error_code(), grpc::StatusCode::NOT_FOUND);
+  }
+  EXPECT_EQ(server_->coordinator()->GetStatus().job_state, JobState::kRunning);
+}
+
+}  // namespace
+}  // namespace muster

@@ -1,0 +1,279 @@
+// The real coordinator service over real gRPC on loopback, with many
+// members as threads: rendezvous rounds, last call, joins during training,
+// failures by stream break and by heartbeat timeout, KV waits, catalog.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <set>
+#include <thread>
+
+#include "coordinator/server.h"
+#include "rpc/credentials.h"
+#include "tests/integration/test_member.h"
+
+namespace muster {
+namespace {
+
+constexpr char kToken[] = "integration-token";
+
+class ServerTest : public ::testing::Test {
+ protected:
+  void Start(uint32_t min, uint32_t max, absl::Duration last_call = absl::Milliseconds(200)) {
+    ServerOptions o;
+    o.token = kToken;
+    o.coordinator.rules.min_members = min;
+    o.coordinator.rules.max_members = max;
+    o.coordinator.rules.last_call = last_call;
+    o.coordinator.heartbeat_interval = absl::Milliseconds(100);
+    o.coordinator.heartbeat_timeout = absl::Milliseconds(800);
+    o.metrics_listen = "127.0.0.1:0";
+    server_ = std::move(CoordinatorServer::Start(o)).value();
+    channel_ = *MakeChannel("127.0.0.1:" + std::to_string(server_->port()), {});
+  }
+
+  std::unique_ptr<TestMember> NewMember(const std::string& id, const std::string& node,
+                                        uint64_t inc = 1) {
+    auto m = std::make_unique<TestMember>(channel_, kToken, id, node, inc);
+    EXPECT_TRUE(m->Join().ok());
+    EXPECT_TRUE(m->OpenSession().ok());
+    return m;
+  }
+
+  // Runs Rendezvous on every member concurrently; returns the responses.
+  std::vector<absl::StatusOr<v1::RendezvousResponse>> RendezvousAll(
+      const std::vector<TestMember*>& ms, uint64_t after) {
+    std::vector<absl::StatusOr<v1::RendezvousResponse>> out(ms.size(),
+                                                            absl::UnknownError("not run"));
+    std::vector<std::thread> threads;
+    for (size_t i = 0; i < ms.size(); ++i) {
+      threads.emplace_back([&, i] { out[i] = ms[i]->Rendezvous(after, 0); });
+    }
+    for (auto& t : threads) t.join();
+    return out;
+  }
+
+  std::unique_ptr<CoordinatorServer> server_;
+  std::shared_ptr<grpc::Channel> channel_;
+};
+
+TEST_F(ServerTest, DozensOfMembersRendezvousIntoOneWorld) {
+  constexpr int kMembers = 32;
+  Start(kMembers, kMembers);
+  std::vector<std::unique_ptr<TestMember>> owned;
+  std::vector<TestMember*> ms;
+  for (int i = 0; i < kMembers; ++i) {
+    owned.push_back(NewMember("m" + std::to_string(i), "node" + std::to_string(i % 4)));
+    ms.push_back(owned.back().get());
+  }
+  auto results = RendezvousAll(ms, 0);
+  std::set<uint32_t> ranks;
+  for (const auto& r : results) {
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->world().generation(), 1u);
+    EXPECT_EQ(r->world().world_size(), static_cast<uint32_t>(kMembers));
+    EXPECT_EQ(r->world().node_count(), 4u);
+    ranks.insert(r->rank());
+  }
+  EXPECT_EQ(ranks.size(), static_cast<size_t>(kMembers));
+  EXPECT_GT(ms[0]->acks(), 0);
+}
+
+TEST_F(ServerTest, LastCallCollectsLateJoiners) {
+  Start(2, 8, absl::Milliseconds(600));
+  auto a = NewMember("a", "n");
+  auto b = NewMember("b", "n");
+  std::vector<absl::StatusOr<v1::RendezvousResponse>> r(3, absl::UnknownError(""));
+  std::thread ta([&] { r[0] = a->Rendezvous(0, 0); });
+  std::thread tb([&] { r[1] = b->Rendezvous(0, 0); });
+  absl::SleepFor(absl::Milliseconds(200));  // inside the last call window
+  auto c = NewMember("c", "n");
+  r[2] = c->Rendezvous(0, 0);
+  ta.join();
+  tb.join();
+  for (const auto& x : r) {
+    ASSERT_TRUE(x.ok()) << x.status();
+    EXPECT_EQ(x->world().world_size(), 3u);
+    EXPECT_EQ(x->world().generation(), 1u);
+  }
+}
+
+TEST_F(ServerTest, StreamBreakRegroupsSurvivorsWithinMilliseconds) {
+  Start(3, 4);
+  std::vector<std::unique_ptr<TestMember>> owned;
+  std::vector<TestMember*> ms;
+  for (int i = 0; i < 4; ++i) {
+    owned.push_back(NewMember("m" + std::to_string(i), "n" + std::to_string(i / 2)));
+    ms.push_back(owned.back().get());
+  }
+  for (const auto& r : RendezvousAll(ms, 0)) ASSERT_TRUE(r.ok());
+  const absl::Time killed = absl::Now();
+  ms[3]->BreakSession();
+  for (int i = 0; i < 3; ++i) {
+    auto ev = ms[i]->WaitRegroup(absl::Seconds(5));
+    ASSERT_TRUE(ev.ok()) << ev.status();
+    EXPECT_TRUE(ev->abort());
+    EXPECT_EQ(ev->generation(), 2u);
+  }
+  EXPECT_LT(absl::Now() - killed, absl::Milliseconds(500));
+  std::vector<TestMember*> survivors(ms.begin(), ms.begin() + 3);
+  for (const auto& r : RendezvousAll(survivors, 1)) {
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->world().world_size(), 3u);
+  }
+  // A replacement joins at the next step boundary (no abort).
+  auto replacement = NewMember("m3", "n1", /*inc=*/2);
+  absl::StatusOr<v1::RendezvousResponse> rr;
+  std::thread t([&] { rr = replacement->Rendezvous(0, 0); });
+  for (int i = 0; i < 3; ++i) {
+    auto ev = ms[i]->WaitRegroup(absl::Seconds(5));
+    ASSERT_TRUE(ev.ok()) << ev.status();
+    EXPECT_FALSE(ev->abort());
+  }
+  for (const auto& r : RendezvousAll(survivors, 2)) ASSERT_TRUE(r.ok()) << r.status();
+  t.join();
+  ASSERT_TRUE(rr.ok()) << rr.status();
+  EXPECT_EQ(rr->world().world_size(), 4u);
+  EXPECT_EQ(rr->world().generation(), 3u);
+}
+
+TEST_F(ServerTest, BelowMinMembersTheJobPausesAndResumes) {
+  Start(2, 2);
+  auto a = NewMember("a", "n");
+  auto b = NewMember("b", "n");
+  for (const auto& r : RendezvousAll({a.get(), b.get()}, 0)) ASSERT_TRUE(r.ok());
+  b->BreakSession();
+  auto ev = a->WaitRegroup(absl::Seconds(5));
+  ASSERT_TRUE(ev.ok());
+  EXPECT_TRUE(ev->abort());
+  EXPECT_EQ(ev->generation(), 1u);  // no new world: paused
+  absl::StatusOr<v1::RendezvousResponse> ra;
+  std::thread t([&] { ra = a->Rendezvous(1, 7); });
+  absl::SleepFor(absl::Milliseconds(300));
+  EXPECT_EQ(server_->coordinator()->GetStatus().job_state, JobState::kWaiting);
+  auto b2 = NewMember("b", "n", /*inc=*/2);
+  auto rb = b2->Rendezvous(0, 0);
+  t.join();
+  ASSERT_TRUE(ra.ok() && rb.ok());
+  EXPECT_EQ(rb->world().generation(), 2u);
+  EXPECT_EQ(rb->world().state_step(), 7);
+}
+
+TEST_F(ServerTest, HeartbeatTimeoutFencesAHungMember) {
+  Start(2, 3, absl::Seconds(30));
+  auto a = NewMember("a", "n");
+  auto b = NewMember("b", "n");
+  auto c = NewMember("c", "n");
+  for (const auto& r : RendezvousAll({a.get(), b.get(), c.get()}, 0)) ASSERT_TRUE(r.ok());
+  const absl::Time hung = absl::Now();
+  c->PauseHeartbeats();
+  auto ev = a->WaitRegroup(absl::Seconds(5));
+  ASSERT_TRUE(ev.ok()) << ev.status();
+  EXPECT_TRUE(ev->abort());
+  EXPECT_GE(absl::Now() - hung, absl::Milliseconds(700));
+  EXPECT_NE(ev->reason().find("no heartbeat"), std::string::npos);
+  auto end = c->WaitSessionEnd(absl::Seconds(5));
+  ASSERT_TRUE(end.ok());
+  EXPECT_EQ(end->error_code(), grpc::StatusCode::ABORTED);
+  auto fenced = c->Rendezvous(1, 0);
+  EXPECT_EQ(fenced.status().code(), absl::StatusCode::kAborted);
+  for (const auto& r : RendezvousAll({a.get(), b.get()}, 1)) {
+    ASSERT_TRUE(r.ok());
+    EXPECT_EQ(r->world().world_size(), 2u);
+  }
+}
+
+TEST_F(ServerTest, JoinDuringTrainingRegroupsWithoutAbort) {
+  Start(2, 4, absl::Milliseconds(100));
+  auto a = NewMember("a", "n0");
+  auto b = NewMember("b", "n1");
+  for (const auto& r : RendezvousAll({a.get(), b.get()}, 0)) ASSERT_TRUE(r.ok());
+  auto c = NewMember("c", "n1");
+  absl::StatusOr<v1::RendezvousResponse> rc;
+  std::thread t([&] { rc = c->Rendezvous(0, 0); });
+  auto ev = a->WaitRegroup(absl::Seconds(5));
+  ASSERT_TRUE(ev.ok());
+  EXPECT_FALSE(ev->abort());
+  for (const auto& r : RendezvousAll({a.get(), b.get()}, 1)) {
+    ASSERT_TRUE(r.ok());
+    EXPECT_EQ(r->world().world_size(), 3u);
+  }
+  t.join();
+  ASSERT_TRUE(rc.ok());
+  EXPECT_EQ(rc->world().generation(), 2u);
+}
+
+TEST_F(ServerTest, KvWaitBarrierAndCatalog) {
+  Start(2, 2);
+  auto a = NewMember("a", "n");
+  auto b = NewMember("b", "n");
+  auto rs = RendezvousAll({a.get(), b.get()}, 0);
+  const uint64_t gen = rs[0]->world().generation();
+
+  v1::KvGetRequest get;
+  get.set_generation(gen);
+  get.add_keys("unique_id");
+  get.set_wait_ms(5000);
+  v1::KvGetResponse got;
+  grpc::Status get_status;
+  std::thread waiter([&] { get_status = b->stub()->KvGet(b->Context().get(), get, &got); });
+  absl::SleepFor(absl::Milliseconds(100));
+  v1::KvSetRequest set;
+  set.set_generation(gen);
+  set.set_key("unique_id");
+  set.set_value(std::string("\x00\x01\x02", 3));
+  v1::KvSetResponse set_resp;
+  ASSERT_TRUE(a->stub()->KvSet(a->Context().get(), set, &set_resp).ok());
+  waiter.join();
+  ASSERT_TRUE(get_status.ok()) << get_status.error_message();
+  EXPECT_EQ(got.values(0), std::string("\x00\x01\x02", 3));
+
+  get.set_keys(0, "never");
+  get.set_wait_ms(200);
+  EXPECT_EQ(b->stub()->KvGet(b->Context().get(), get, &got).error_code(),
+            grpc::StatusCode::DEADLINE_EXCEEDED);
+
+  v1::BeginCheckpointRequest begin;
+  begin.set_generation(gen);
+  begin.set_step(10);
+  v1::BeginCheckpointResponse ids[2];
+  for (int i = 0; i < 2; ++i) {
+    TestMember* m = i == 0 ? a.get() : b.get();
+    *begin.mutable_member() = m->ref();
+    ASSERT_TRUE(m->stub()->BeginCheckpoint(m->Context().get(), begin, &ids[i]).ok());
+  }
+  EXPECT_EQ(ids[0].checkpoint_id(), ids[1].checkpoint_id());
+  for (int i = 0; i < 2; ++i) {
+    TestMember* m = i == 0 ? a.get() : b.get();
+    v1::ReportShardRequest rep;
+    rep.set_checkpoint_id(ids[0].checkpoint_id());
+    *rep.mutable_member() = m->ref();
+    v1::ShardFile* f = rep.add_files();
+    f->set_path("/ckpt/10/rank" + std::to_string(i) + ".safetensors");
+    f->set_bytes(1000);
+    f->set_checksum("00112233445566ff");
+    v1::ReportShardResponse rr;
+    ASSERT_TRUE(m->stub()->ReportShard(m->Context().get(), rep, &rr).ok());
+    EXPECT_EQ(rr.committed(), i == 1);
+  }
+  v1::ListCheckpointsResponse list;
+  ASSERT_TRUE(
+      a->stub()->ListCheckpoints(a->Context().get(), v1::ListCheckpointsRequest(), &list).ok());
+  ASSERT_EQ(list.checkpoints_size(), 1);
+  EXPECT_EQ(list.checkpoints(0).total_bytes(), 2000u);
+  EXPECT_EQ(list.checkpoints(0).state(), v1::Checkpoint::COMMITTED);
+}
+
+TEST_F(ServerTest, MetricsEndpointServesPrometheusText) {
+  Start(1, 1);
+  auto a = NewMember("a", "n");
+  ASSERT_TRUE(a->Rendezvous(0, 0).ok());
+  server_->metrics()->Update(server_->coordinator()->Counters());
+  const std::string text = server_->metrics()->Render();
+  EXPECT_NE(text.find("muster_generation 1"), std::string::npos) << text;
+  EXPECT_NE(text.find("muster_rpcs_total{code=\"OK\",method=\"Rendezvous\"}"), std::string::npos);
+  EXPECT_NE(text.find("muster_members{state=\"active\"} 1"), std::string::npos);
+  EXPECT_GT(server_->metrics_port(), 0);
+}
+
+}  // namespace
+}  // namespace muster
