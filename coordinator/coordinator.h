@@ -86,7 +86,8 @@ struct JoinResult {
 };
 
 struct RendezvousResult {
-  World world;
+  // Shared by every member's result (a world can hold thousands).
+  std::shared_ptr<const World> world;
   uint32_t rank = 0;
 };
 

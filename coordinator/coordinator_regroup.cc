@@ -48,7 +48,7 @@ void Coordinator::Rendezvous(const MemberKey& key, uint64_t after_generation, in
                               rank >= 0 &&
                               world_.members[rank].member.incarnation == key.incarnation;
   if (in_newer_world && world_complete_) {
-    RendezvousResult result{world_, static_cast<uint32_t>(rank)};
+    RendezvousResult result{std::make_shared<const World>(world_), static_cast<uint32_t>(rank)};
     actions.Add([done = std::move(done), result] { done(result); });
     return;
   }
@@ -216,11 +216,12 @@ void Coordinator::CompleteIfAllArrived(Actions* actions) {
   world_complete_ = true;
   absl::Status saved = store_->SaveWorld(world_);
   if (!saved.ok()) MUSTER_LOG(WARNING) << "cannot persist arrival steps: " << saved;
+  auto shared = std::make_shared<const World>(world_);
   for (auto it = waiters_.begin(); it != waiters_.end();) {
     const int rank = world_.RankOf(it->member.id);
     if (rank >= 0 && it->after_generation < generation_ &&
         world_.members[rank].member.incarnation == it->member.incarnation) {
-      RendezvousResult result{world_, static_cast<uint32_t>(rank)};
+      RendezvousResult result{shared, static_cast<uint32_t>(rank)};
       actions->Add([done = std::move(it->done), result] { done(result); });
       it = waiters_.erase(it);
     } else {

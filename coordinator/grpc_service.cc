@@ -130,7 +130,7 @@ grpc::ServerUnaryReactor* CoordinatorService::Rendezvous(grpc::CallbackServerCon
       ToKey(req->member()), req->after_generation(), req->step(), Millis(req->timeout_ms()),
       [resp, finish](absl::StatusOr<RendezvousResult> result) {
         if (result.ok()) {
-          ToProto(result->world, resp->mutable_world());
+          ToProto(*result->world, resp->mutable_world());
           resp->set_rank(result->rank);
         }
         finish(result.status());

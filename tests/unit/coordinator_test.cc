@@ -96,8 +96,8 @@ TEST_F(CoordinatorTest, WorldFormsAfterLastCall) {
   Advance(absl::Milliseconds(1));
   ASSERT_TRUE(a.world && a.world->ok());
   ASSERT_TRUE(b.world && b.world->ok());
-  EXPECT_EQ((*a.world)->world.generation, 1u);
-  EXPECT_EQ((*a.world)->world.size(), 2u);
+  EXPECT_EQ((*a.world)->world->generation, 1u);
+  EXPECT_EQ((*a.world)->world->size(), 2u);
   EXPECT_EQ((*b.world)->rank, 0u);  // node n0 sorts first
   EXPECT_EQ((*a.world)->rank, 1u);
   EXPECT_EQ(c_->GetStatus().job_state, JobState::kRunning);
@@ -110,7 +110,7 @@ TEST_F(CoordinatorTest, MaxMembersFormsAtOnce) {
   Rendezvous(a, 0);
   Rendezvous(b, 0);
   ASSERT_TRUE(a.world && a.world->ok());
-  EXPECT_EQ((*a.world)->world.size(), 2u);
+  EXPECT_EQ((*a.world)->world->size(), 2u);
 }
 
 TEST_F(CoordinatorTest, StreamBreakRegroupsSurvivorsAtOnce) {
@@ -122,7 +122,7 @@ TEST_F(CoordinatorTest, StreamBreakRegroupsSurvivorsAtOnce) {
   Rendezvous(b, 0, 5);
   Rendezvous(d, 0, 5);
   ASSERT_TRUE(a.world && a.world->ok());
-  ASSERT_EQ((*a.world)->world.size(), 3u);
+  ASSERT_EQ((*a.world)->world->size(), 3u);
 
   c_->SessionClosed(d.session, "connection reset");
   ASSERT_EQ(a.sink->events.size(), 1u);
@@ -134,7 +134,7 @@ TEST_F(CoordinatorTest, StreamBreakRegroupsSurvivorsAtOnce) {
   EXPECT_FALSE(a.world.has_value());
   Rendezvous(b, 1, 8);
   ASSERT_TRUE(a.world && a.world->ok());
-  const World& w = (*a.world)->world;
+  const World& w = *(*a.world)->world;
   EXPECT_EQ(w.generation, 2u);
   EXPECT_EQ(w.size(), 2u);
   EXPECT_EQ(w.RankOf("d"), -1);
@@ -185,8 +185,8 @@ TEST_F(CoordinatorTest, BelowMinPausesThenResumes) {
   Member& b2 = Add("b", "n", /*inc=*/2);
   Rendezvous(b2, 0, 0);
   ASSERT_TRUE(a.world && a.world->ok());
-  EXPECT_EQ((*a.world)->world.generation, 2u);
-  EXPECT_EQ((*b2.world)->world.state_step, 50);
+  EXPECT_EQ((*a.world)->world->generation, 2u);
+  EXPECT_EQ((*b2.world)->world->state_step, 50);
 }
 
 TEST_F(CoordinatorTest, JoinDuringTrainingRegroupsAtStepBoundary) {
@@ -204,8 +204,8 @@ TEST_F(CoordinatorTest, JoinDuringTrainingRegroupsAtStepBoundary) {
   EXPECT_FALSE(b.world.has_value());  // waits for a to reach the boundary
   Rendezvous(a, 1, 12);
   ASSERT_TRUE(b.world && b.world->ok());
-  EXPECT_EQ((*b.world)->world.size(), 2u);
-  EXPECT_EQ((*b.world)->world.state_step, 12);
+  EXPECT_EQ((*b.world)->world->size(), 2u);
+  EXPECT_EQ((*b.world)->world->state_step, 12);
 }
 
 TEST_F(CoordinatorTest, DrainAndFinish) {
@@ -224,7 +224,7 @@ TEST_F(CoordinatorTest, DrainAndFinish) {
   ASSERT_TRUE(c_->Leave(b.key, LeaveReason::kGraceful, 20).ok());
   Rendezvous(a, 1, 20);
   ASSERT_TRUE(a.world->ok());
-  EXPECT_EQ((*a.world)->world.size(), 1u);
+  EXPECT_EQ((*a.world)->world->size(), 1u);
   ASSERT_TRUE(c_->Leave(a.key, LeaveReason::kFinished, 30).ok());
   EXPECT_EQ(c_->GetStatus().job_state, JobState::kFinished);
   EXPECT_EQ(c_->Counters().failures, 0u);
