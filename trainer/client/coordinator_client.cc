@@ -1,0 +1,306 @@
+#include "trainer/client/coordinator_client.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/random/random.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "muster/v1/coordinator.grpc.pb.h"
+#include "rpc/status.h"
+
+namespace muster {
+
+struct CoordinatorClient::Impl {
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<v1::Coordinator::Stub> stub;
+  absl::Mutex mu;
+  // The live session's context, so the destructor can cancel it.
+  grpc::ClientContext* session_ctx ABSL_GUARDED_BY(mu) = nullptr;
+};
+
+namespace {
+
+v1::MemberRef Ref(const ClientOptions& o) {
+  v1::MemberRef r;
+  r.set_member_id(o.member_id);
+  r.set_incarnation(o.incarnation);
+  return r;
+}
+
+WorldInfo FromProto(const v1::RendezvousResponse& resp) {
+  WorldInfo w;
+  const v1::World& pw = resp.world();
+  w.generation = pw.generation();
+  w.rank = static_cast<int>(resp.rank());
+  w.world_size = static_cast<int>(pw.world_size());
+  w.node_count = static_cast<int>(pw.node_count());
+  w.state_source_rank = static_cast<int>(pw.state_source_rank());
+  w.state_step = pw.state_step();
+  for (const v1::Assignment& a : pw.members()) {
+    PeerInfo p;
+    p.member_id = a.member().member_id();
+    p.incarnation = a.member().incarnation();
+    p.node = a.node();
+    p.state_address = a.state_address();
+    p.rank = static_cast<int>(a.rank());
+    p.node_rank = static_cast<int>(a.node_rank());
+    p.local_rank = static_cast<int>(a.local_rank());
+    p.local_world_size = static_cast<int>(a.local_world_size());
+    p.step = a.step();
+    w.peers.push_back(std::move(p));
+  }
+  return w;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CoordinatorClient>> CoordinatorClient::Create(
+    ClientOptions options) {
+  if (options.incarnation == 0) {
+    absl::BitGen gen;
+    options.incarnation = absl::Uniform<uint64_t>(gen, 1, UINT64_MAX);
+  }
+  std::unique_ptr<CoordinatorClient> c(new CoordinatorClient(std::move(options)));
+  MUSTER_ASSIGN_OR_RETURN(c->impl_->channel, MakeChannel(c->options_.target, c->options_.tls));
+  c->impl_->stub = v1::Coordinator::NewStub(c->impl_->channel);
+  return c;
+}
+
+CoordinatorClient::CoordinatorClient(ClientOptions options)
+    : options_(std::move(options)), impl_(std::make_unique<Impl>()) {}
+
+CoordinatorClient::~CoordinatorClient() {
+  stopping_ = true;
+  {
+    absl::MutexLock lock(&impl_->mu);
+    if (impl_->session_ctx != nullptr) impl_->session_ctx->TryCancel();
+  }
+  if (session_thread_.joinable()) session_thread_.join();
+}
+
+absl::Status CoordinatorClient::Retry(absl::Time deadline,
+                                      const std::function<absl::Status(absl::Time)>& call) {
+  Backoff backoff(options_.backoff);
+  while (true) {
+    absl::Status s = call(deadline);
+    if (!absl::IsUnavailable(s)) return s;
+    const absl::Duration wait = backoff.Next();
+    if (absl::Now() + wait >= deadline || stopping_) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("coordinator unreachable until the deadline: ", s.message()));
+    }
+    absl::SleepFor(wait);
+  }
+}
+
+#define MUSTER_CONTEXT(ctx, deadline)                                   \
+  grpc::ClientContext ctx;                                              \
+  AttachToken(&ctx, options_.token);                                    \
+  ctx.set_deadline(absl::ToChronoTime(deadline))
+
+absl::Status CoordinatorClient::Join(int64_t step, absl::Time deadline) {
+  return Retry(deadline, [&](absl::Time d) {
+    MUSTER_CONTEXT(ctx, std::min(d, absl::Now() + absl::Seconds(10)));
+    v1::JoinRequest req;
+    *req.mutable_member() = Ref(options_);
+    req.set_node(options_.node);
+    req.set_local_rank(options_.local_rank);
+    req.set_state_address(options_.state_address);
+    req.set_step(step);
+    v1::JoinResponse resp;
+    absl::Status s = FromGrpcStatus(impl_->stub->Join(&ctx, req, &resp));
+    if (s.ok()) {
+      heartbeat_ms_ = std::max<int64_t>(10, resp.heartbeat_interval_ms());
+      if (resp.current_generation() > latest_generation_) {
+        latest_generation_ = resp.current_generation();
+      }
+    }
+    return s;
+  });
+}
+
+absl::Status CoordinatorClient::StartSession(
+    std::function<void(const SessionNotice&)> on_notice) {
+  if (session_thread_.joinable()) return absl::FailedPreconditionError("session already started");
+  session_thread_ = std::thread([this, on_notice] { SessionLoop(on_notice); });
+  return absl::OkStatus();
+}
+
+void CoordinatorClient::SessionLoop(std::function<void(const SessionNotice&)> on_notice) {
+  Backoff backoff(options_.backoff);
+  while (!stopping_) {
+    grpc::ClientContext ctx;
+    AttachToken(&ctx, options_.token);
+    {
+      absl::MutexLock lock(&impl_->mu);
+      if (stopping_) return;
+      impl_->session_ctx = &ctx;
+    }
+    auto stream = impl_->stub->Session(&ctx);
+    v1::SessionRequest hello;
+    *hello.mutable_hello() = Ref(options_);
+    std::atomic<bool> done{false};
+    absl::Mutex write_mu;
+    bool write_ok = stream->Write(hello);
+    std::thread beater([&] {
+      uint64_t seq = 0;
+      while (!done && !stopping_ && write_ok) {
+        absl::SleepFor(absl::Milliseconds(heartbeat_ms_.load()));
+        if (done || stopping_) break;
+        v1::SessionRequest hb;
+        hb.mutable_heartbeat()->set_step(step_);
+        hb.mutable_heartbeat()->set_sequence(++seq);
+        absl::MutexLock lock(&write_mu);
+        if (!stream->Write(hb)) break;
+      }
+    });
+    v1::SessionEvent ev;
+    bool got_any = false;
+    while (stream->Read(&ev)) {
+      got_any = true;
+      backoff.Reset();
+      SessionNotice n;
+      if (ev.has_ack()) {
+        const uint64_t g = ev.ack().current_generation();
+        if (g > latest_generation_) latest_generation_ = g;
+        continue;
+      }
+      if (ev.has_regroup()) {
+        n.kind = SessionNotice::Kind::kRegroup;
+        n.generation = ev.regroup().generation();
+        n.abort = ev.regroup().abort();
+        n.leave = ev.regroup().leave();
+        n.reason = ev.regroup().reason();
+        if (n.generation > latest_generation_) latest_generation_ = n.generation;
+      } else if (ev.has_stop()) {
+        n.kind = SessionNotice::Kind::kStop;
+        n.reason = ev.stop().reason();
+      }
+      on_notice(n);
+    }
+    done = true;
+    grpc::Status status;
+    {
+      absl::MutexLock lock(&write_mu);
+      status = stream->Finish();
+    }
+    beater.join();
+    {
+      absl::MutexLock lock(&impl_->mu);
+      impl_->session_ctx = nullptr;
+    }
+    if (stopping_) return;
+    const absl::Status s = FromGrpcStatus(status);
+    if (absl::IsAborted(s) || absl::IsFailedPrecondition(s) || absl::IsUnauthenticated(s) ||
+        (status.ok() && got_any)) {
+      // Fenced, refused, or stopped by the coordinator: this incarnation is over.
+      SessionNotice n;
+      n.kind = SessionNotice::Kind::kSessionLost;
+      n.reason = s.ok() ? "the coordinator ended the session" : std::string(s.message());
+      on_notice(n);
+      return;
+    }
+    // The coordinator went away (restart): reconnect and re-register.
+    MUSTER_LOG(WARNING) << "session lost (" << s << "); reconnecting";
+    absl::SleepFor(backoff.Next());
+    absl::Status rejoin = Join(step_, absl::Now() + absl::Seconds(30));
+    if (absl::IsAborted(rejoin)) {
+      SessionNotice n;
+      n.kind = SessionNotice::Kind::kSessionLost;
+      n.reason = std::string(rejoin.message());
+      on_notice(n);
+      return;
+    }
+  }
+}
+
+absl::StatusOr<WorldInfo> CoordinatorClient::Rendezvous(uint64_t after, int64_t step,
+                                                        absl::Time deadline) {
+  v1::RendezvousResponse resp;
+  MUSTER_RETURN_IF_ERROR(Retry(deadline, [&](absl::Time d) {
+    MUSTER_CONTEXT(ctx, d + absl::Seconds(2));
+    v1::RendezvousRequest req;
+    *req.mutable_member() = Ref(options_);
+    req.set_after_generation(after);
+    req.set_step(step);
+    req.set_timeout_ms(static_cast<uint32_t>(
+        std::max<int64_t>(1, absl::ToInt64Milliseconds(d - absl::Now()))));
+    return FromGrpcStatus(impl_->stub->Rendezvous(&ctx, req, &resp));
+  }));
+  WorldInfo w = FromProto(resp);
+  if (w.generation > latest_generation_) latest_generation_ = w.generation;
+  return w;
+}
+
+absl::Status CoordinatorClient::Leave(bool finished, int64_t step) {
+  return Retry(absl::Now() + absl::Seconds(10), [&](absl::Time d) {
+    MUSTER_CONTEXT(ctx, d);
+    v1::LeaveRequest req;
+    *req.mutable_member() = Ref(options_);
+    req.set_reason(finished ? v1::LeaveRequest::FINISHED : v1::LeaveRequest::GRACEFUL);
+    req.set_step(step);
+    v1::LeaveResponse resp;
+    return FromGrpcStatus(impl_->stub->Leave(&ctx, req, &resp));
+  });
+}
+
+absl::Status CoordinatorClient::KvSet(uint64_t generation, const std::string& key,
+                                      const std::string& value, absl::Time deadline) {
+  return Retry(deadline, [&](absl::Time d) {
+    MUSTER_CONTEXT(ctx, d);
+    v1::KvSetRequest req;
+    req.set_generation(generation);
+    req.set_key(key);
+    req.set_value(value);
+    v1::KvSetResponse resp;
+    return FromGrpcStatus(impl_->stub->KvSet(&ctx, req, &resp));
+  });
+}
+
+absl::StatusOr<std::vector<std::string>> CoordinatorClient::KvWait(
+    uint64_t generation, const std::vector<std::string>& keys, absl::Time deadline) {
+  v1::KvGetResponse resp;
+  MUSTER_RETURN_IF_ERROR(Retry(deadline, [&](absl::Time d) {
+    MUSTER_CONTEXT(ctx, d + absl::Seconds(2));
+    v1::KvGetRequest req;
+    req.set_generation(generation);
+    for (const std::string& k : keys) req.add_keys(k);
+    req.set_wait_ms(static_cast<uint32_t>(
+        std::clamp<int64_t>(absl::ToInt64Milliseconds(d - absl::Now()), 1, 600'000)));
+    return FromGrpcStatus(impl_->stub->KvGet(&ctx, req, &resp));
+  }));
+  return std::vector<std::string>(resp.values().begin(), resp.values().end());
+}
+
+absl::StatusOr<int64_t> CoordinatorClient::KvAdd(uint64_t generation, const std::string& key,
+                                                 int64_t delta, absl::Time deadline) {
+  v1::KvAddResponse resp;
+  MUSTER_RETURN_IF_ERROR(Retry(deadline, [&](absl::Time d) {
+    MUSTER_CONTEXT(ctx, d);
+    v1::KvAddRequest req;
+    req.set_generation(generation);
+    req.set_key(key);
+    req.set_delta(delta);
+    return FromGrpcStatus(impl_->stub->KvAdd(&ctx, req, &resp));
+  }));
+  return resp.value();
+}
+
+absl::Status CoordinatorClient::Barrier(uint64_t generation, const std::string& name,
+                                        absl::Time deadline) {
+  return Retry(deadline, [&](absl::Time d) {
+    MUSTER_CONTEXT(ctx, d + absl::Seconds(2));
+    v1::BarrierRequest req;
+    req.set_generation(generation);
+    *req.mutable_member() = Ref(options_);
+    req.set_name(name);
+    req.set_timeout_ms(static_cast<uint32_t>(
+        std::clamp<int64_t>(absl::ToInt64Milliseconds(d - absl::Now()), 1, 600'000)));
+    v1::BarrierResponse resp;
+    return FromGrpcStatus(impl_->stub->Barrier(&ctx, req, &resp));
+  });
+}
+
+}  // namespace muster

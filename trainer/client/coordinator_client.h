@@ -1,0 +1,110 @@
+// CoordinatorClient: a trainer's connection to the coordinator — join, the
+// session stream (heartbeats carrying the step, events pushed down),
+// rendezvous, leave, and the KV store and barriers of a generation.
+//
+// Every call has a deadline. Calls answered UNAVAILABLE (the coordinator is
+// restarting or unreachable) are retried with exponential backoff until their
+// deadline; other errors are returned as they are (see the proto for who
+// retries what). The session reconnects by itself after a coordinator
+// restart and re-registers with the same member id and incarnation.
+//
+// Thread-safe: any method may be called from any thread. Event callbacks run
+// on the session thread and must not block for long.
+#ifndef MUSTER_TRAINER_CLIENT_COORDINATOR_CLIENT_H_
+#define MUSTER_TRAINER_CLIENT_COORDINATOR_CLIENT_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "common/backoff.h"
+#include "rpc/credentials.h"
+#include "trainer/client/world_info.h"
+
+namespace muster {
+
+struct ClientOptions {
+  std::string target;  // host:port of the coordinator
+  std::string token;
+  TlsFiles tls;
+  std::string member_id;
+  uint64_t incarnation = 0;  // 0: pick a random one
+  std::string node;
+  uint32_t local_rank = 0;
+  std::string state_address;
+  BackoffOptions backoff;
+};
+
+// A session event, as the trainer sees it.
+struct SessionNotice {
+  enum class Kind { kRegroup, kStop, kSessionLost };
+  Kind kind = Kind::kRegroup;
+  uint64_t generation = 0;
+  bool abort = false;
+  bool leave = false;
+  std::string reason;
+};
+
+class CoordinatorClient {
+ public:
+  // Errors: INVALID_ARGUMENT (bad TLS files).
+  static absl::StatusOr<std::unique_ptr<CoordinatorClient>> Create(ClientOptions options);
+  ~CoordinatorClient();
+
+  uint64_t incarnation() const { return options_.incarnation; }
+  const std::string& member_id() const { return options_.member_id; }
+
+  // Registers this member (retrying UNAVAILABLE until `deadline`).
+  absl::Status Join(int64_t step, absl::Time deadline);
+
+  // Starts the session thread: heartbeats every interval (from Join's
+  // answer) with the latest SetStep value; `on_notice` receives regroup and
+  // stop events and kSessionLost when the coordinator fenced this member.
+  absl::Status StartSession(std::function<void(const SessionNotice&)> on_notice);
+  void SetStep(int64_t step) { step_ = step; }
+  // The highest generation any event or acknowledgement mentioned.
+  uint64_t latest_generation() const { return latest_generation_.load(); }
+
+  // Blocks until a world newer than `after` forms with this member in it.
+  absl::StatusOr<WorldInfo> Rendezvous(uint64_t after, int64_t step, absl::Time deadline);
+  absl::Status Leave(bool finished, int64_t step);
+
+  absl::Status KvSet(uint64_t generation, const std::string& key, const std::string& value,
+                     absl::Time deadline);
+  // Waits for every key until `deadline` (DEADLINE_EXCEEDED naming a key).
+  absl::StatusOr<std::vector<std::string>> KvWait(uint64_t generation,
+                                                  const std::vector<std::string>& keys,
+                                                  absl::Time deadline);
+  absl::StatusOr<int64_t> KvAdd(uint64_t generation, const std::string& key, int64_t delta,
+                                absl::Time deadline);
+  absl::Status Barrier(uint64_t generation, const std::string& name, absl::Time deadline);
+
+ private:
+  explicit CoordinatorClient(ClientOptions options);
+  void SessionLoop(std::function<void(const SessionNotice&)> on_notice);
+  // Runs `call` until it returns something other than UNAVAILABLE or the
+  // deadline passes.
+  absl::Status Retry(absl::Time deadline, const std::function<absl::Status(absl::Time)>& call);
+
+  struct Impl;
+  ClientOptions options_;
+  std::unique_ptr<Impl> impl_;
+  std::atomic<int64_t> step_{0};
+  std::atomic<uint64_t> latest_generation_{0};
+  std::atomic<int64_t> heartbeat_ms_{1000};
+  std::atomic<bool> stopping_{false};
+  std::thread session_thread_;
+};
+
+}  // namespace muster
+
+#endif  // MUSTER_TRAINER_CLIENT_COORDINATOR_CLIENT_H_

@@ -1,0 +1,41 @@
+// WorldInfo: a trainer's view of one generation's world, as the coordinator
+// answered it to Rendezvous. A plain copyable value.
+#ifndef MUSTER_TRAINER_CLIENT_WORLD_INFO_H_
+#define MUSTER_TRAINER_CLIENT_WORLD_INFO_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace muster {
+
+struct PeerInfo {
+  std::string member_id;
+  uint64_t incarnation = 0;
+  std::string node;
+  std::string state_address;
+  int rank = 0;
+  int node_rank = 0;
+  int local_rank = 0;
+  int local_world_size = 0;
+  int64_t step = 0;
+};
+
+struct WorldInfo {
+  uint64_t generation = 0;
+  int rank = 0;        // this member
+  int world_size = 0;
+  int node_count = 0;
+  int state_source_rank = 0;
+  int64_t state_step = 0;
+  std::vector<PeerInfo> peers;  // by rank
+
+  const PeerInfo& self() const { return peers[rank]; }
+  int node_rank() const { return self().node_rank; }
+  int local_rank() const { return self().local_rank; }
+  int local_world_size() const { return self().local_world_size; }
+};
+
+}  // namespace muster
+
+#endif  // MUSTER_TRAINER_CLIENT_WORLD_INFO_H_

@@ -1,0 +1,44 @@
+#include "trainer/comm/communicator.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace muster {
+
+size_t DataTypeSize(DataType type) {
+  switch (type) {
+    case DataType::kFloat32: return 4;
+    case DataType::kFloat16: return 2;
+    case DataType::kBFloat16: return 2;
+    case DataType::kFloat64: return 8;
+    case DataType::kInt64: return 8;
+  }
+  return 0;
+}
+
+const char* DataTypeName(DataType type) {
+  switch (type) {
+    case DataType::kFloat32: return "float32";
+    case DataType::kFloat16: return "float16";
+    case DataType::kBFloat16: return "bfloat16";
+    case DataType::kFloat64: return "float64";
+    case DataType::kInt64: return "int64";
+  }
+  return "unknown";
+}
+
+std::vector<size_t> EvenSplit(size_t count, size_t parts) {
+  std::vector<size_t> out(parts, parts == 0 ? 0 : count / parts);
+  for (size_t i = 0; parts > 0 && i < count % parts; ++i) ++out[i];
+  return out;
+}
+
+absl::Status CheckCounts(const std::vector<size_t>& counts, int size) {
+  if (counts.size() != static_cast<size_t>(size)) {
+    return absl::InvalidArgumentError(absl::StrCat("counts has ", counts.size(),
+                                                   " segments; the communicator has ", size,
+                                                   " ranks"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace muster

@@ -1,0 +1,88 @@
+// Communicator: collective operations among the ranks of one group, for one
+// generation. Implementations: Gloo over TCP (gloo/), shared memory inside a
+// node (shm/), NCCL on GPUs (nccl/), and Hierarchical, which composes an
+// intra-node and an inter-node communicator.
+//
+// Buffers are host memory for the CPU backends and device memory for NCCL.
+// Every call takes a deadline and returns a Status; nothing blocks forever:
+//   OK                   done; the buffer holds the result on every rank;
+//   DEADLINE_EXCEEDED    the deadline passed (a hung peer);
+//   ABORTED              Abort() was called, or a peer failed or vanished:
+//                        the communicator is broken, build a new one for the
+//                        next generation;
+//   INVALID_ARGUMENT     bad counts, root or data type for this backend.
+// After any error other than INVALID_ARGUMENT the contents of the buffer are
+// unspecified and the communicator only answers ABORTED.
+//
+// Thread-safety: collectives are issued by one thread at a time, and every
+// rank issues the same collectives in the same order. Abort() may be called
+// from any thread at any time, also while a collective is blocked; it makes
+// that collective return ABORTED promptly (within milliseconds for shm and
+// NCCL; Gloo returns at once and releases its sockets when the blocked
+// transfer ends or times out).
+#ifndef MUSTER_TRAINER_COMM_COMMUNICATOR_H_
+#define MUSTER_TRAINER_COMM_COMMUNICATOR_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+
+namespace muster {
+
+enum class DataType { kFloat32, kFloat16, kBFloat16, kFloat64, kInt64 };
+enum class ReduceOp { kSum, kAverage };
+
+size_t DataTypeSize(DataType type);
+const char* DataTypeName(DataType type);
+
+// Splits `count` elements into `parts` contiguous segments whose sizes differ
+// by at most one (the first ones take the remainder).
+std::vector<size_t> EvenSplit(size_t count, size_t parts);
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // Backend name for logs ("gloo", "shm", "nccl", "hier(shm+gloo)").
+  virtual std::string name() const = 0;
+
+  // In place: every rank ends with the element-wise sum (or average) of
+  // `count` elements over all ranks.
+  virtual absl::Status AllReduce(void* data, size_t count, DataType type, ReduceOp op,
+                                 absl::Time deadline) = 0;
+
+  // In place over a buffer of sum(counts) elements laid out as size()
+  // contiguous segments, segment r holding counts[r] elements: afterwards
+  // segment rank() holds the reduction of that segment over all ranks. Other
+  // segments are unspecified.
+  virtual absl::Status ReduceScatter(void* data, const std::vector<size_t>& counts,
+                                     DataType type, ReduceOp op, absl::Time deadline) = 0;
+
+  // In place over the same layout: rank r provides segment r; afterwards
+  // every rank holds every segment.
+  virtual absl::Status AllGather(void* data, const std::vector<size_t>& counts, DataType type,
+                                 absl::Time deadline) = 0;
+
+  // In place: every rank ends with `root`'s `count` elements.
+  virtual absl::Status Broadcast(void* data, size_t count, DataType type, int root,
+                                 absl::Time deadline) = 0;
+
+  virtual absl::Status Barrier(absl::Time deadline) = 0;
+
+  // Breaks the communicator: a blocked or later collective returns ABORTED
+  // with `why`. Idempotent; thread-safe.
+  virtual void Abort(const absl::Status& why) = 0;
+};
+
+// Validates `counts` for a communicator of `size` ranks.
+absl::Status CheckCounts(const std::vector<size_t>& counts, int size);
+
+}  // namespace muster
+
+#endif  // MUSTER_TRAINER_COMM_COMMUNICATOR_H_

@@ -1,0 +1,124 @@
+#include "trainer/comm/factory.h"
+
+#include "absl/strings/str_cat.h"
+#include "trainer/comm/shm/shm_communicator.h"
+#ifdef MUSTER_HAVE_CUDA
+#include "trainer/comm/nccl/nccl_communicator.h"
+#endif
+
+namespace muster {
+
+absl::StatusOr<Backend> ParseBackend(const std::string& name) {
+  if (name == "auto") return Backend::kAuto;
+  if (name == "gloo") return Backend::kGloo;
+  if (name == "shm") return Backend::kShm;
+  if (name == "hier") return Backend::kHier;
+  if (name == "nccl") return Backend::kNccl;
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown backend '", name, "' (auto, gloo, shm, hier, nccl)"));
+}
+
+Topology TopologyOf(const WorldInfo& world) {
+  Topology t;
+  for (const PeerInfo& p : world.peers) {
+    t.node_of.push_back(p.node_rank);
+    t.local_rank_of.push_back(p.local_rank);
+  }
+  return t;
+}
+
+namespace {
+
+absl::StatusOr<std::unique_ptr<Communicator>> BuildHier(const WorldInfo& world, Store* store,
+                                                        const CommOptions& options,
+                                                        absl::Time deadline) {
+  const Topology topology = TopologyOf(world);
+  HierarchyPlan plan = PlanHierarchy(topology);
+  const int node = world.node_rank();
+  auto intra_store = NewPrefixStore(store, absl::StrCat("shm/node", node));
+  ShmOptions shm;
+  shm.job = options.job;
+  shm.generation = world.generation;
+  shm.node = world.self().node;
+  shm.slot_bytes = options.shm_slot_bytes;
+  auto intra = NewShmCommunicator(intra_store.get(), world.local_rank(),
+                                  world.local_world_size(), shm, deadline);
+  if (!intra.ok()) return intra.status();
+  std::vector<InterGroup> mine;
+  std::vector<std::unique_ptr<Communicator>> inter;
+  for (const InterGroup& g : plan.groups) {
+    auto it = std::find(g.members.begin(), g.members.end(), world.rank);
+    if (it == g.members.end()) continue;
+    mine.push_back(g);
+    if (g.members.size() == 1) {
+      inter.push_back(nullptr);
+      continue;
+    }
+    auto group_store = NewPrefixStore(store, absl::StrCat("hier/", g.first_segment));
+    auto c = NewGlooCommunicator(group_store.get(), static_cast<int>(it - g.members.begin()),
+                                 static_cast<int>(g.members.size()), options.gloo, deadline);
+    if (!c.ok()) {
+      (*intra)->Abort(c.status());
+      return c.status();
+    }
+    inter.push_back(std::move(*c));
+  }
+  return NewHierarchicalCommunicator(world.rank, world.world_size, std::move(plan), node,
+                                     std::move(*intra), std::move(mine), std::move(inter));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Communicator>> BuildCommunicator(const WorldInfo& world,
+                                                                Store* store,
+                                                                const CommOptions& options,
+                                                                absl::Time deadline) {
+  Backend backend = options.backend;
+  bool one_per_node = true;
+  for (const PeerInfo& p : world.peers) one_per_node &= p.local_world_size == 1;
+  if (backend == Backend::kAuto) {
+    if (options.cuda) {
+      backend = Backend::kNccl;
+    } else if (world.node_count <= 1) {
+      backend = Backend::kShm;
+    } else {
+      backend = one_per_node ? Backend::kGloo : Backend::kHier;
+    }
+  }
+  switch (backend) {
+    case Backend::kGloo: {
+      auto s = NewPrefixStore(store, "gloo/world");
+      return NewGlooCommunicator(s.get(), world.rank, world.world_size, options.gloo, deadline);
+    }
+    case Backend::kShm: {
+      if (world.node_count > 1) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "the shm backend needs every rank on one node; this world has ", world.node_count,
+            " nodes (use hier or gloo)"));
+      }
+      auto s = NewPrefixStore(store, "shm/node0");
+      ShmOptions shm;
+      shm.job = options.job;
+      shm.generation = world.generation;
+      shm.node = world.self().node;
+      shm.slot_bytes = options.shm_slot_bytes;
+      return NewShmCommunicator(s.get(), world.rank, world.world_size, shm, deadline);
+    }
+    case Backend::kHier:
+      return BuildHier(world, store, options, deadline);
+    case Backend::kNccl: {
+#ifdef MUSTER_HAVE_CUDA
+      auto s = NewPrefixStore(store, "nccl/world");
+      return NewNcclCommunicator(s.get(), world.rank, world.world_size, options.cuda_device,
+                                 deadline);
+#else
+      return absl::InvalidArgumentError("this build has no CUDA/NCCL support");
+#endif
+    }
+    case Backend::kAuto:
+      break;
+  }
+  return absl::InternalError("unreachable backend");
+}
+
+}  // namespace muster

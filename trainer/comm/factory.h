@@ -1,0 +1,52 @@
+// Builds the communicator a trainer uses for one generation's world.
+#ifndef MUSTER_TRAINER_COMM_FACTORY_H_
+#define MUSTER_TRAINER_COMM_FACTORY_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "trainer/client/world_info.h"
+#include "trainer/comm/communicator.h"
+#include "trainer/comm/gloo/gloo_communicator.h"
+#include "trainer/comm/hierarchical.h"
+#include "trainer/comm/store.h"
+
+namespace muster {
+
+enum class Backend {
+  kAuto,  // shm on one node, gloo with one rank per node, hier otherwise (nccl on GPUs)
+  kGloo,  // flat Gloo over TCP
+  kShm,   // shared memory (one node only)
+  kHier,  // shm inside nodes + Gloo across
+  kNccl,  // flat NCCL (GPU)
+};
+
+// Parses "auto", "gloo", "shm", "hier", "nccl". INVALID_ARGUMENT otherwise.
+absl::StatusOr<Backend> ParseBackend(const std::string& name);
+
+struct CommOptions {
+  Backend backend = Backend::kAuto;
+  std::string job = "job";
+  GlooOptions gloo;
+  size_t shm_slot_bytes = 2 << 20;
+  bool cuda = false;     // buffers live on the GPU
+  int cuda_device = 0;
+};
+
+// The node/local-rank layout of `world`.
+Topology TopologyOf(const WorldInfo& world);
+
+// Connects this rank's communicator for `world`, bootstrapping through
+// `store` (the generation's KV). Errors: INVALID_ARGUMENT (backend does not
+// fit the world, e.g. shm across nodes, nccl without CUDA), and the
+// backends' errors.
+absl::StatusOr<std::unique_ptr<Communicator>> BuildCommunicator(const WorldInfo& world,
+                                                                Store* store,
+                                                                const CommOptions& options,
+                                                                absl::Time deadline);
+
+}  // namespace muster
+
+#endif  // MUSTER_TRAINER_COMM_FACTORY_H_

@@ -1,0 +1,297 @@
+#include "trainer/comm/gloo/gloo_communicator.h"
+
+#include <gloo/allgatherv.h>
+#include <gloo/allreduce.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/common/error.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/transport/tcp/device.h>
+
+#include <cstring>
+#include <exception>
+#include <functional>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "trainer/comm/gloo/gloo_store.h"
+#include "trainer/comm/reduce.h"
+
+namespace muster {
+namespace {
+
+// Gloo's own timeout for one operation: until the caller's deadline (at
+// least 10 ms so Gloo does not treat it as "no timeout").
+std::chrono::milliseconds Until(absl::Time deadline) {
+  const int64_t ms = absl::ToInt64Milliseconds(deadline - absl::Now());
+  return std::chrono::milliseconds(std::max<int64_t>(ms, 10));
+}
+
+absl::Status FromException(const std::exception& e) {
+  const std::string what = e.what();
+  if (what.find("Timed out") != std::string::npos || what.find("timed out") != std::string::npos) {
+    return absl::DeadlineExceededError(absl::StrCat("gloo: ", what));
+  }
+  return absl::AbortedError(absl::StrCat("gloo: ", what));
+}
+
+// Calls fn<T>() with T matching the element size of `type`.
+template <typename Fn>
+void WithElementType(DataType type, Fn&& fn) {
+  switch (DataTypeSize(type)) {
+    case 2: fn(uint16_t{}); break;
+    case 4: fn(float{}); break;
+    default: fn(double{}); break;
+  }
+}
+
+// The worker thread and everything it touches; shared with the reaper that
+// outlives a destroyed communicator whose worker is still blocked.
+struct Worker {
+  absl::Mutex mu;
+  std::function<absl::Status()> job ABSL_GUARDED_BY(mu);
+  bool has_job ABSL_GUARDED_BY(mu) = false;
+  bool running ABSL_GUARDED_BY(mu) = false;
+  bool done ABSL_GUARDED_BY(mu) = false;
+  bool stop ABSL_GUARDED_BY(mu) = false;
+  absl::Status result ABSL_GUARDED_BY(mu);
+  absl::Status broken ABSL_GUARDED_BY(mu);  // non-OK once unusable
+  std::shared_ptr<gloo::rendezvous::Context> context;
+  std::thread thread;
+  // Gloo works on this copy of the caller's buffer, so that a transfer that
+  // outlives an aborted call never writes into memory the caller freed.
+  std::vector<char> staging;
+
+  char* Stage(const void* data, size_t bytes) {
+    if (staging.size() < bytes) staging.resize(bytes);
+    std::memcpy(staging.data(), data, bytes);
+    return staging.data();
+  }
+
+  void Loop() {
+    while (true) {
+      std::function<absl::Status()> fn;
+      {
+        absl::MutexLock lock(&mu);
+        mu.Await(absl::Condition(
+            +[](Worker* w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(w->mu) { return w->has_job || w->stop; },
+            this));
+        if (!has_job) return;
+        fn = std::move(job);
+        has_job = false;
+        running = true;
+      }
+      absl::Status s;
+      try {
+        s = fn();
+      } catch (const std::exception& e) {
+        s = FromException(e);
+      }
+      absl::MutexLock lock(&mu);
+      running = false;
+      done = true;
+      result = s;
+    }
+  }
+};
+
+class GlooCommunicator : public Communicator {
+ public:
+  GlooCommunicator(std::shared_ptr<Worker> worker, int rank, int size)
+      : worker_(std::move(worker)), rank_(rank), size_(size) {}
+
+  ~GlooCommunicator() override {
+    {
+      absl::MutexLock lock(&worker_->mu);
+      worker_->stop = true;
+      if (worker_->broken.ok()) worker_->broken = absl::AbortedError("communicator destroyed");
+    }
+    // A transfer blocked on a hung peer ends at its own timeout; release the
+    // worker and the sockets then, without making the caller wait.
+    std::thread([w = worker_] {
+      w->thread.join();
+      w->context.reset();
+    }).detach();
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string name() const override { return "gloo"; }
+
+  absl::Status AllReduce(void* data, size_t count, DataType type, ReduceOp op,
+                         absl::Time deadline) override {
+    if (count == 0) return Check();
+    if (size_ == 1) return Check();
+    if (absl::Status b = Check(); !b.ok()) return b;
+    auto ctx = worker_->context;
+    const size_t bytes = count * DataTypeSize(type);
+    char* stage = worker_->Stage(data, bytes);
+    absl::Status s = Run(deadline, [=]() -> absl::Status {
+      gloo::AllreduceOptions opts(ctx);
+      WithElementType(type, [&](auto t) {
+        using T = decltype(t);
+        opts.setOutput(reinterpret_cast<T*>(stage), count);
+      });
+      opts.setReduceFunction([type](void* out, const void* a, const void* b, size_t n) {
+        SumInto(type, out, a, b, n);
+      });
+      opts.setTimeout(Until(deadline));
+      gloo::allreduce(opts);
+      return absl::OkStatus();
+    });
+    if (!s.ok()) return s;
+    std::memcpy(data, stage, bytes);
+    if (op == ReduceOp::kAverage) DivideBy(type, data, count, size_);
+    return s;
+  }
+
+  absl::Status ReduceScatter(void* data, const std::vector<size_t>& counts, DataType type,
+                             ReduceOp op, absl::Time deadline) override {
+    if (absl::Status s = CheckCounts(counts, size_); !s.ok()) return s;
+    size_t total = 0;
+    for (size_t c : counts) total += c;
+    // Gloo 0.5 has no reduce-scatter in its options API: an all-reduce leaves
+    // every segment reduced, which is what ReduceScatter promises for ours.
+    return AllReduce(data, total, type, op, deadline);
+  }
+
+  absl::Status AllGather(void* data, const std::vector<size_t>& counts, DataType type,
+                         absl::Time deadline) override {
+    if (absl::Status s = CheckCounts(counts, size_); !s.ok()) return s;
+    if (size_ == 1) return Check();
+    const size_t es = DataTypeSize(type);
+    size_t offset = 0;
+    for (int r = 0; r < rank_; ++r) offset += counts[r];
+    auto own = std::make_shared<std::vector<char>>(
+        static_cast<char*>(data) + offset * es,
+        static_cast<char*>(data) + (offset + counts[rank_]) * es);
+    size_t total = 0;
+    for (size_t c : counts) total += c;
+    if (absl::Status b = Check(); !b.ok()) return b;
+    auto ctx = worker_->context;
+    char* stage = worker_->Stage(data, total * es);
+    absl::Status s = Run(deadline, [=]() -> absl::Status {
+      gloo::AllgathervOptions opts(ctx);
+      WithElementType(type, [&](auto t) {
+        using T = decltype(t);
+        opts.setInput(reinterpret_cast<T*>(own->data()), counts[rank_]);
+        opts.setOutput(reinterpret_cast<T*>(stage), counts);
+      });
+      opts.setTimeout(Until(deadline));
+      gloo::allgatherv(opts);
+      return absl::OkStatus();
+    });
+    if (s.ok()) std::memcpy(data, stage, total * es);
+    return s;
+  }
+
+  absl::Status Broadcast(void* data, size_t count, DataType type, int root,
+                         absl::Time deadline) override {
+    if (root < 0 || root >= size_) {
+      return absl::InvalidArgumentError(absl::StrCat("root ", root, " is not a rank of ", size_));
+    }
+    if (count == 0 || size_ == 1) return Check();
+    if (absl::Status b = Check(); !b.ok()) return b;
+    auto ctx = worker_->context;
+    const size_t bytes = count * DataTypeSize(type);
+    char* stage = worker_->Stage(data, bytes);
+    absl::Status s = Run(deadline, [=]() -> absl::Status {
+      gloo::BroadcastOptions opts(ctx);
+      WithElementType(type, [&](auto t) {
+        using T = decltype(t);
+        opts.setOutput(reinterpret_cast<T*>(stage), count);
+      });
+      opts.setRoot(root);
+      opts.setTimeout(Until(deadline));
+      gloo::broadcast(opts);
+      return absl::OkStatus();
+    });
+    if (s.ok()) std::memcpy(data, stage, bytes);
+    return s;
+  }
+
+  absl::Status Barrier(absl::Time deadline) override {
+    if (size_ == 1) return Check();
+    if (absl::Status b = Check(); !b.ok()) return b;
+    auto ctx = worker_->context;
+    return Run(deadline, [=]() -> absl::Status {
+      gloo::BarrierOptions opts(ctx);
+      opts.setTimeout(Until(deadline));
+      gloo::barrier(opts);
+      return absl::OkStatus();
+    });
+  }
+
+  void Abort(const absl::Status& why) override {
+    absl::MutexLock lock(&worker_->mu);
+    if (worker_->broken.ok()) {
+      worker_->broken = absl::AbortedError(absl::StrCat("aborted: ", why.message()));
+    }
+  }
+
+ private:
+  absl::Status Check() {
+    absl::MutexLock lock(&worker_->mu);
+    return worker_->broken;
+  }
+
+  // Hands `fn` to the worker and waits for it, for an abort, or for the
+  // deadline, whichever comes first.
+  absl::Status Run(absl::Time deadline, std::function<absl::Status()> fn) {
+    Worker* w = worker_.get();
+    absl::MutexLock lock(&w->mu);
+    if (!w->broken.ok()) return w->broken;
+    w->job = std::move(fn);
+    w->has_job = true;
+    w->done = false;
+    auto finished = [w]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(w->mu) {
+      return w->done || !w->broken.ok();
+    };
+    w->mu.AwaitWithDeadline(absl::Condition(&finished), deadline);
+    if (w->done) {
+      if (!w->result.ok()) w->broken = w->result;
+      return w->result;
+    }
+    if (!w->broken.ok()) return w->broken;
+    w->broken = absl::DeadlineExceededError("gloo collective passed its deadline");
+    return w->broken;
+  }
+
+  std::shared_ptr<Worker> worker_;
+  const int rank_;
+  const int size_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Communicator>> NewGlooCommunicator(Store* store, int rank,
+                                                                  int size,
+                                                                  const GlooOptions& options,
+                                                                  absl::Time deadline) {
+  if (size < 1 || rank < 0 || rank >= size) {
+    return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " of size ", size));
+  }
+  auto worker = std::make_shared<Worker>();
+  try {
+    gloo::transport::tcp::attr attr;
+    attr.hostname = options.hostname;
+    attr.iface = options.iface;
+    auto device = gloo::transport::tcp::CreateDevice(attr);
+    auto context = std::make_shared<gloo::rendezvous::Context>(rank, size);
+    context->setTimeout(Until(deadline));
+    if (size > 1) {
+      GlooStore gloo_store(store, deadline);
+      context->connectFullMesh(gloo_store, device);
+    }
+    worker->context = std::move(context);
+  } catch (const std::exception& e) {
+    return FromException(e);
+  }
+  worker->thread = std::thread([w = worker.get()] { w->Loop(); });
+  return std::unique_ptr<Communicator>(new GlooCommunicator(worker, rank, size));
+}
+
+}  // namespace muster

@@ -1,0 +1,40 @@
+// Gloo over TCP: the CPU communicator across nodes. Bootstrapped through a
+// Store (the coordinator's KV). Gloo's exceptions end here and become
+// Statuses: an IoException (a peer closed or reset its connection) is
+// ABORTED, a timeout is DEADLINE_EXCEEDED.
+//
+// Collectives run on a worker thread so that Abort() and deadlines return
+// to the caller at once even while Gloo is blocked on a hung peer; the
+// blocked transfer then ends at its own timeout (the call's deadline), and
+// the sockets and the worker are released in the background.
+#ifndef MUSTER_TRAINER_COMM_GLOO_GLOO_COMMUNICATOR_H_
+#define MUSTER_TRAINER_COMM_GLOO_GLOO_COMMUNICATOR_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "trainer/comm/communicator.h"
+#include "trainer/comm/store.h"
+
+namespace muster {
+
+struct GlooOptions {
+  // Address other ranks reach this one at (host name or IP of the node's
+  // fast network); "" lets Gloo resolve this host's name.
+  std::string hostname;
+  // Network interface to bind instead of a host name ("" for none).
+  std::string iface;
+};
+
+// Connects `size` ranks (full mesh). Errors: DEADLINE_EXCEEDED (a rank did
+// not show up), ABORTED/UNAVAILABLE (connection failures), INVALID_ARGUMENT.
+absl::StatusOr<std::unique_ptr<Communicator>> NewGlooCommunicator(Store* store, int rank,
+                                                                  int size,
+                                                                  const GlooOptions& options,
+                                                                  absl::Time deadline);
+
+}  // namespace muster
+
+#endif  // MUSTER_TRAINER_COMM_GLOO_GLOO_COMMUNICATOR_H_

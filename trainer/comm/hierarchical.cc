@@ -1,0 +1,182 @@
+#include "trainer/comm/hierarchical.h"
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "trainer/comm/reduce.h"
+
+namespace muster {
+
+int Topology::nodes() const {
+  int n = 0;
+  for (int k : node_of) n = std::max(n, k + 1);
+  return n;
+}
+
+int Topology::local_size(int node) const {
+  return static_cast<int>(std::count(node_of.begin(), node_of.end(), node));
+}
+
+std::vector<int> Topology::ranks_of(int node) const {
+  std::vector<int> out;
+  for (size_t r = 0; r < node_of.size(); ++r) {
+    if (node_of[r] == node) out.push_back(static_cast<int>(r));
+  }
+  std::sort(out.begin(), out.end(),
+            [&](int a, int b) { return local_rank_of[a] < local_rank_of[b]; });
+  return out;
+}
+
+HierarchyPlan PlanHierarchy(const Topology& topology) {
+  HierarchyPlan plan;
+  const int nodes = topology.nodes();
+  for (int k = 0; k < nodes; ++k) plan.segments = std::max(plan.segments, topology.local_size(k));
+  const int s_count = plan.segments;
+  plan.owned_begin.resize(nodes);
+  for (int k = 0; k < nodes; ++k) {
+    const int l_count = topology.local_size(k);
+    for (int l = 0; l <= l_count; ++l) plan.owned_begin[k].push_back(l * s_count / l_count);
+  }
+  auto owner = [&](int k, int s) {
+    const auto& b = plan.owned_begin[k];
+    const int l = static_cast<int>(std::upper_bound(b.begin(), b.end(), s) - b.begin()) - 1;
+    return topology.ranks_of(k)[l];
+  };
+  for (int s = 0; s < s_count; ++s) {
+    std::vector<int> members;
+    for (int k = 0; k < nodes; ++k) members.push_back(owner(k, s));
+    if (!plan.groups.empty() && plan.groups.back().members == members) {
+      plan.groups.back().last_segment = s + 1;
+    } else {
+      plan.groups.push_back(InterGroup{s, s + 1, members});
+    }
+  }
+  return plan;
+}
+
+namespace {
+
+class Hierarchical : public Communicator {
+ public:
+  Hierarchical(int rank, int size, HierarchyPlan plan, int node,
+               std::unique_ptr<Communicator> intra, std::vector<InterGroup> groups,
+               std::vector<std::unique_ptr<Communicator>> inter)
+      : rank_(rank),
+        size_(size),
+        plan_(std::move(plan)),
+        node_(node),
+        intra_(std::move(intra)),
+        groups_(std::move(groups)),
+        inter_(std::move(inter)) {}
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string name() const override {
+    std::string inter = "none";
+    for (const auto& c : inter_) {
+      if (c) inter = c->name();
+    }
+    return absl::StrCat("hier(", intra_->name(), "+", inter, ")");
+  }
+
+  absl::Status AllReduce(void* data, size_t count, DataType type, ReduceOp op,
+                         absl::Time deadline) override {
+    const size_t es = DataTypeSize(type);
+    const std::vector<size_t> seg = EvenSplit(count, plan_.segments);
+    std::vector<size_t> seg_offset(seg.size() + 1, 0);
+    for (size_t s = 0; s < seg.size(); ++s) seg_offset[s + 1] = seg_offset[s] + seg[s];
+    const std::vector<int>& begin = plan_.owned_begin[node_];
+    std::vector<size_t> local_counts;
+    for (size_t l = 0; l + 1 < begin.size(); ++l) {
+      local_counts.push_back(seg_offset[begin[l + 1]] - seg_offset[begin[l]]);
+    }
+    if (absl::Status s = intra_->ReduceScatter(data, local_counts, type, ReduceOp::kSum,
+                                               deadline);
+        !s.ok()) {
+      return s;
+    }
+    char* base = static_cast<char*>(data);
+    for (size_t i = 0; i < groups_.size(); ++i) {
+      const InterGroup& g = groups_[i];
+      const size_t lo = seg_offset[g.first_segment];
+      const size_t n = seg_offset[g.last_segment] - lo;
+      if (inter_[i] != nullptr) {
+        if (absl::Status s = inter_[i]->AllReduce(base + lo * es, n, type, ReduceOp::kSum,
+                                                  deadline);
+            !s.ok()) {
+          intra_->Abort(s);
+          return s;
+        }
+      }
+      if (op == ReduceOp::kAverage) DivideBy(type, base + lo * es, n, size_);
+    }
+    return intra_->AllGather(data, local_counts, type, deadline);
+  }
+
+  absl::Status ReduceScatter(void* data, const std::vector<size_t>& counts, DataType type,
+                             ReduceOp op, absl::Time deadline) override {
+    if (absl::Status s = CheckCounts(counts, size_); !s.ok()) return s;
+    size_t total = 0;
+    for (size_t c : counts) total += c;
+    return AllReduce(data, total, type, op, deadline);  // every segment ends reduced
+  }
+
+  absl::Status AllGather(void* data, const std::vector<size_t>& counts, DataType type,
+                         absl::Time deadline) override {
+    if (absl::Status s = CheckCounts(counts, size_); !s.ok()) return s;
+    // Zero every segment but this rank's and sum: adding zeros is exact.
+    const size_t es = DataTypeSize(type);
+    size_t offset = 0, total = 0;
+    for (int r = 0; r < size_; ++r) {
+      if (r == rank_) offset = total;
+      total += counts[r];
+    }
+    char* base = static_cast<char*>(data);
+    std::memset(base, 0, offset * es);
+    std::memset(base + (offset + counts[rank_]) * es, 0, (total - offset - counts[rank_]) * es);
+    return AllReduce(data, total, type, ReduceOp::kSum, deadline);
+  }
+
+  absl::Status Broadcast(void* data, size_t count, DataType type, int root,
+                         absl::Time deadline) override {
+    if (root < 0 || root >= size_) {
+      return absl::InvalidArgumentError(absl::StrCat("root ", root, " is not a rank of ", size_));
+    }
+    if (rank_ != root) std::memset(data, 0, count * DataTypeSize(type));
+    return AllReduce(data, count, type, ReduceOp::kSum, deadline);
+  }
+
+  absl::Status Barrier(absl::Time deadline) override {
+    float one = 1;
+    return AllReduce(&one, 1, DataType::kFloat32, ReduceOp::kSum, deadline);
+  }
+
+  void Abort(const absl::Status& why) override {
+    intra_->Abort(why);
+    for (auto& c : inter_) {
+      if (c) c->Abort(why);
+    }
+  }
+
+ private:
+  const int rank_;
+  const int size_;
+  const HierarchyPlan plan_;
+  const int node_;
+  std::unique_ptr<Communicator> intra_;
+  const std::vector<InterGroup> groups_;
+  std::vector<std::unique_ptr<Communicator>> inter_;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> NewHierarchicalCommunicator(
+    int rank, int size, HierarchyPlan plan, int node, std::unique_ptr<Communicator> intra,
+    std::vector<InterGroup> my_groups, std::vector<std::unique_ptr<Communicator>> inter) {
+  return std::make_unique<Hierarchical>(rank, size, std::move(plan), node, std::move(intra),
+                                        std::move(my_groups), std::move(inter));
+}
+
+}  // namespace muster

@@ -1,0 +1,296 @@
+#include "trainer/comm/nccl/nccl_communicator.h"
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <functional>
+#include <mutex>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+
+namespace muster {
+namespace {
+
+absl::Status CudaError(const char* what, cudaError_t e) {
+  return absl::UnavailableError(absl::StrCat(what, ": ", cudaGetErrorString(e)));
+}
+
+absl::Status NcclError(const char* what, ncclResult_t r) {
+  return absl::AbortedError(absl::StrCat(what, ": ", ncclGetErrorString(r)));
+}
+
+absl::StatusOr<ncclDataType_t> NcclType(DataType type) {
+  switch (type) {
+    case DataType::kFloat32: return ncclFloat32;
+    case DataType::kFloat16: return ncclFloat16;
+    case DataType::kBFloat16: return ncclBfloat16;
+    case DataType::kFloat64: return ncclFloat64;
+    case DataType::kInt64: return ncclInt64;
+  }
+  return absl::InvalidArgumentError("unsupported data type for NCCL");
+}
+
+class NcclCommunicator : public Communicator {
+ public:
+  NcclCommunicator(ncclComm_t comm, cudaStream_t stream, cudaEvent_t event, int rank, int size,
+                   int device)
+      : comm_(comm), stream_(stream), event_(event), rank_(rank), size_(size), device_(device) {}
+
+  ~NcclCommunicator() override {
+    cudaSetDevice(device_);
+    if (aborted_comm_) {
+      // ncclCommAbort already freed the communicator.
+    } else if (broken_) {
+      ncclCommAbort(comm_);
+    } else {
+      ncclCommDestroy(comm_);
+    }
+    cudaEventDestroy(event_);
+    cudaStreamDestroy(stream_);
+    if (scratch_ != nullptr) cudaFree(scratch_);
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string name() const override { return "nccl"; }
+
+  absl::Status AllReduce(void* data, size_t count, DataType type, ReduceOp op,
+                         absl::Time deadline) override {
+    auto t = NcclType(type);
+    if (!t.ok()) return t.status();
+    const ncclRedOp_t red = op == ReduceOp::kAverage ? ncclAvg : ncclSum;
+    return Launch(deadline, [&] {
+      return ncclAllReduce(data, data, count, *t, red, comm_, stream_);
+    });
+  }
+
+  absl::Status ReduceScatter(void* data, const std::vector<size_t>& counts, DataType type,
+                             ReduceOp op, absl::Time deadline) override {
+    if (absl::Status s = CheckCounts(counts, size_); !s.ok()) return s;
+    auto t = NcclType(type);
+    if (!t.ok()) return t.status();
+    const ncclRedOp_t red = op == ReduceOp::kAverage ? ncclAvg : ncclSum;
+    char* base = static_cast<char*>(data);
+    const size_t es = DataTypeSize(type);
+    bool equal = true;
+    for (size_t c : counts) equal &= c == counts[0];
+    if (equal) {
+      return Launch(deadline, [&] {
+        return ncclReduceScatter(base, base + rank_ * counts[0] * es, counts[0], *t, red, comm_,
+                                 stream_);
+      });
+    }
+    // Uneven segments: one reduce per segment to its owner, grouped.
+    return Launch(deadline, [&] {
+      ncclGroupStart();
+      size_t offset = 0;
+      for (int r = 0; r < size_; ++r) {
+        ncclReduce(base + offset * es, base + offset * es, counts[r], *t, red, r, comm_, stream_);
+        offset += counts[r];
+      }
+      return ncclGroupEnd();
+    });
+  }
+
+  absl::Status AllGather(void* data, const std::vector<size_t>& counts, DataType type,
+                         absl::Time deadline) override {
+    if (absl::Status s = CheckCounts(counts, size_); !s.ok()) return s;
+    auto t = NcclType(type);
+    if (!t.ok()) return t.status();
+    char* base = static_cast<char*>(data);
+    const size_t es = DataTypeSize(type);
+    bool equal = true;
+    for (size_t c : counts) equal &= c == counts[0];
+    if (equal) {
+      return Launch(deadline, [&] {
+        return ncclAllGather(base + rank_ * counts[0] * es, base, counts[0], *t, comm_, stream_);
+      });
+    }
+    return Launch(deadline, [&] {
+      ncclGroupStart();
+      size_t offset = 0;
+      for (int r = 0; r < size_; ++r) {
+        ncclBroadcast(base + offset * es, base + offset * es, counts[r], *t, r, comm_, stream_);
+        offset += counts[r];
+      }
+      return ncclGroupEnd();
+    });
+  }
+
+  absl::Status Broadcast(void* data, size_t count, DataType type, int root,
+                         absl::Time deadline) override {
+    if (root < 0 || root >= size_) {
+      return absl::InvalidArgumentError(absl::StrCat("root ", root, " is not a rank of ", size_));
+    }
+    auto t = NcclType(type);
+    if (!t.ok()) return t.status();
+    return Launch(deadline, [&] {
+      return ncclBroadcast(data, data, count, *t, root, comm_, stream_);
+    });
+  }
+
+  absl::Status Barrier(absl::Time deadline) override {
+    if (scratch_ == nullptr) {
+      cudaSetDevice(device_);
+      if (cudaError_t e = cudaMalloc(&scratch_, sizeof(float)); e != cudaSuccess) {
+        return CudaError("cudaMalloc", e);
+      }
+    }
+    return AllReduce(scratch_, 1, DataType::kFloat32, ReduceOp::kSum, deadline);
+  }
+
+  void Abort(const absl::Status& why) override {
+    bool expected = false;
+    if (abort_requested_.compare_exchange_strong(expected, true)) {
+      std::lock_guard<std::mutex> lock(why_mu_);
+      why_ = std::string(why.message());
+    }
+  }
+
+ private:
+  absl::Status BrokenStatus() {
+    std::lock_guard<std::mutex> lock(why_mu_);
+    return absl::AbortedError(absl::StrCat("nccl communicator aborted: ", why_));
+  }
+
+  // Enqueues with `enqueue` and watches the stream until done.
+  absl::Status Launch(absl::Time deadline, const std::function<ncclResult_t()>& enqueue) {
+    if (broken_ || abort_requested_) {
+      broken_ = true;
+      return BrokenStatus();
+    }
+    cudaSetDevice(device_);
+    ncclResult_t r = enqueue();
+    if (r != ncclSuccess && r != ncclInProgress) {
+      broken_ = true;
+      return NcclError("nccl enqueue", r);
+    }
+    if (cudaError_t e = cudaEventRecord(event_, stream_); e != cudaSuccess) {
+      broken_ = true;
+      return CudaError("cudaEventRecord", e);
+    }
+    for (int i = 0;; ++i) {
+      const cudaError_t q = cudaEventQuery(event_);
+      if (q == cudaSuccess) return absl::OkStatus();
+      if (q != cudaErrorNotReady) {
+        broken_ = true;
+        ncclCommAbort(comm_);
+        aborted_comm_ = true;
+        return CudaError("cuda stream", q);
+      }
+      ncclResult_t async = ncclSuccess;
+      ncclCommGetAsyncError(comm_, &async);
+      if (async != ncclSuccess && async != ncclInProgress) {
+        broken_ = true;
+        ncclCommAbort(comm_);
+        aborted_comm_ = true;
+        return NcclError("nccl", async);
+      }
+      if (abort_requested_ || absl::Now() >= deadline) {
+        const bool timed_out = !abort_requested_;
+        broken_ = true;
+        ncclCommAbort(comm_);
+        aborted_comm_ = true;
+        if (timed_out) return absl::DeadlineExceededError("nccl collective passed its deadline");
+        return BrokenStatus();
+      }
+      if (i > 1000) ::usleep(50);
+    }
+  }
+
+  ncclComm_t comm_;
+  cudaStream_t stream_;
+  cudaEvent_t event_;
+  const int rank_;
+  const int size_;
+  const int device_;
+  void* scratch_ = nullptr;
+  bool broken_ = false;
+  bool aborted_comm_ = false;
+  std::atomic<bool> abort_requested_{false};
+  std::mutex why_mu_;
+  std::string why_;
+};
+
+}  // namespace
+
+int CudaDeviceCount() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;
+  return n;
+}
+
+absl::StatusOr<std::unique_ptr<Communicator>> NewNcclCommunicator(Store* store, int rank,
+                                                                  int size, int device,
+                                                                  absl::Time deadline) {
+  if (CudaDeviceCount() <= device) {
+    return absl::FailedPreconditionError(absl::StrCat("no CUDA device ", device));
+  }
+  if (cudaError_t e = cudaSetDevice(device); e != cudaSuccess) {
+    return CudaError("cudaSetDevice", e);
+  }
+  ncclUniqueId id;
+  if (rank == 0) {
+    if (ncclResult_t r = ncclGetUniqueId(&id); r != ncclSuccess) {
+      return NcclError("ncclGetUniqueId", r);
+    }
+    if (absl::Status s = store->Set("id", std::string(id.internal, sizeof(id.internal)),
+                                    deadline);
+        !s.ok()) {
+      return s;
+    }
+  } else {
+    auto v = store->Wait({"id"}, deadline);
+    if (!v.ok()) return v.status();
+    if ((*v)[0].size() != sizeof(id.internal)) {
+      return absl::FailedPreconditionError("malformed NCCL unique id in the store");
+    }
+    std::memcpy(id.internal, (*v)[0].data(), sizeof(id.internal));
+  }
+  cudaStream_t stream;
+  if (cudaError_t e = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+      e != cudaSuccess) {
+    return CudaError("cudaStreamCreate", e);
+  }
+  cudaEvent_t event;
+  if (cudaError_t e = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
+      e != cudaSuccess) {
+    cudaStreamDestroy(stream);
+    return CudaError("cudaEventCreate", e);
+  }
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  ncclComm_t comm;
+  ncclResult_t r = ncclCommInitRankConfig(&comm, size, id, rank, &config);
+  while (r == ncclInProgress || r == ncclSuccess) {
+    ncclResult_t state = ncclSuccess;
+    ncclCommGetAsyncError(comm, &state);
+    if (state == ncclSuccess) break;
+    if (state != ncclInProgress) {
+      r = state;
+      break;
+    }
+    if (absl::Now() >= deadline) {
+      ncclCommAbort(comm);
+      cudaEventDestroy(event);
+      cudaStreamDestroy(stream);
+      return absl::DeadlineExceededError("NCCL init did not complete before the deadline");
+    }
+    ::usleep(100);
+    r = ncclInProgress;
+  }
+  if (r != ncclSuccess && r != ncclInProgress) {
+    cudaEventDestroy(event);
+    cudaStreamDestroy(stream);
+    return NcclError("ncclCommInitRankConfig", r);
+  }
+  return std::unique_ptr<Communicator>(
+      new NcclCommunicator(comm, stream, event, rank, size, device));
+}
+
+}  // namespace muster

@@ -1,0 +1,129 @@
+#include "trainer/comm/reduce.h"
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+namespace muster {
+
+float HalfToFloat(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
+  uint32_t exp = (h >> 10) & 0x1f;
+  uint32_t mant = h & 0x3ff;
+  uint32_t bits;
+  if (exp == 0) {
+    if (mant == 0) {
+      bits = sign;
+    } else {  // subnormal: normalise
+      exp = 127 - 15 + 1;
+      while ((mant & 0x400) == 0) {
+        mant <<= 1;
+        --exp;
+      }
+      mant &= 0x3ff;
+      bits = sign | (exp << 23) | (mant << 13);
+    }
+  } else if (exp == 0x1f) {
+    bits = sign | 0x7f800000 | (mant << 13);
+  } else {
+    bits = sign | ((exp + 127 - 15) << 23) | (mant << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+uint16_t FloatToHalf(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  const uint32_t sign = (x >> 16) & 0x8000;
+  const uint32_t abs = x & 0x7fffffff;
+  if (abs >= 0x7f800000) return static_cast<uint16_t>(sign | 0x7c00 | (abs > 0x7f800000 ? 0x200 : 0));
+  if (abs >= 0x477ff000) return static_cast<uint16_t>(sign | 0x7c00);  // overflow to inf
+  if (abs < 0x38800000) {  // subnormal or zero in half
+    const float af = std::fabs(f);
+    const uint32_t m = static_cast<uint32_t>(std::nearbyint(af * 16777216.0f));  // 2^24
+    return static_cast<uint16_t>(sign | m);
+  }
+  // Round to nearest even on the 13 dropped bits.
+  const uint32_t rounded = abs + 0x0fff + ((abs >> 13) & 1);
+  return static_cast<uint16_t>(sign | ((rounded - 0x38000000) >> 13));
+}
+
+float BFloat16ToFloat(uint16_t b) {
+  const uint32_t bits = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+uint16_t FloatToBFloat16(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  if ((x & 0x7fffffff) > 0x7f800000) return static_cast<uint16_t>((x >> 16) | 0x40);  // NaN
+  const uint32_t rounded = x + 0x7fff + ((x >> 16) & 1);
+  return static_cast<uint16_t>(rounded >> 16);
+}
+
+namespace {
+
+template <typename T>
+void SumT(void* out, const void* a, const void* b, size_t n) {
+  T* o = static_cast<T*>(out);
+  const T* x = static_cast<const T*>(a);
+  const T* y = static_cast<const T*>(b);
+  for (size_t i = 0; i < n; ++i) o[i] = x[i] + y[i];
+}
+
+template <float (*ToF)(uint16_t), uint16_t (*FromF)(float)>
+void Sum16(void* out, const void* a, const void* b, size_t n) {
+  uint16_t* o = static_cast<uint16_t*>(out);
+  const uint16_t* x = static_cast<const uint16_t*>(a);
+  const uint16_t* y = static_cast<const uint16_t*>(b);
+  for (size_t i = 0; i < n; ++i) o[i] = FromF(ToF(x[i]) + ToF(y[i]));
+}
+
+}  // namespace
+
+void SumInto(DataType type, void* out, const void* a, const void* b, size_t count) {
+  switch (type) {
+    case DataType::kFloat32: return SumT<float>(out, a, b, count);
+    case DataType::kFloat64: return SumT<double>(out, a, b, count);
+    case DataType::kInt64: return SumT<int64_t>(out, a, b, count);
+    case DataType::kFloat16: return Sum16<HalfToFloat, FloatToHalf>(out, a, b, count);
+    case DataType::kBFloat16: return Sum16<BFloat16ToFloat, FloatToBFloat16>(out, a, b, count);
+  }
+}
+
+void DivideBy(DataType type, void* data, size_t count, int divisor) {
+  switch (type) {
+    case DataType::kFloat32: {
+      float* p = static_cast<float*>(data);
+      const float inv = 1.0f / divisor;
+      for (size_t i = 0; i < count; ++i) p[i] *= inv;
+      return;
+    }
+    case DataType::kFloat64: {
+      double* p = static_cast<double*>(data);
+      for (size_t i = 0; i < count; ++i) p[i] /= divisor;
+      return;
+    }
+    case DataType::kInt64: {
+      int64_t* p = static_cast<int64_t*>(data);
+      for (size_t i = 0; i < count; ++i) p[i] /= divisor;
+      return;
+    }
+    case DataType::kFloat16: {
+      uint16_t* p = static_cast<uint16_t*>(data);
+      for (size_t i = 0; i < count; ++i) p[i] = FloatToHalf(HalfToFloat(p[i]) / divisor);
+      return;
+    }
+    case DataType::kBFloat16: {
+      uint16_t* p = static_cast<uint16_t*>(data);
+      for (size_t i = 0; i < count; ++i) p[i] = FloatToBFloat16(BFloat16ToFloat(p[i]) / divisor);
+      return;
+    }
+  }
+}
+
+}  // namespace muster

@@ -1,0 +1,42 @@
+// Store: the key-value rendezvous that communicators bootstrap through
+// (NCCL unique ids, Gloo addresses, shared-memory segment names). In
+// production it is the coordinator's KV of the current generation; keys are
+// namespaced with a prefix per communicator.
+//
+// Implementations are thread-safe.
+#ifndef MUSTER_TRAINER_COMM_STORE_H_
+#define MUSTER_TRAINER_COMM_STORE_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace muster {
+
+class CoordinatorClient;
+
+class Store {
+ public:
+  virtual ~Store() = default;
+  // Errors: DEADLINE_EXCEEDED, ABORTED (the generation is over),
+  // INVALID_ARGUMENT (key or value over the limits).
+  virtual absl::Status Set(const std::string& key, const std::string& value,
+                           absl::Time deadline) = 0;
+  // Values of every key once all exist. Errors: as Set.
+  virtual absl::StatusOr<std::vector<std::string>> Wait(const std::vector<std::string>& keys,
+                                                        absl::Time deadline) = 0;
+};
+
+// The coordinator's KV of `generation`. `client` must outlive the store.
+std::unique_ptr<Store> NewCoordinatorStore(CoordinatorClient* client, uint64_t generation);
+
+// Keys of `base` under "prefix/". `base` must outlive the returned store.
+std::unique_ptr<Store> NewPrefixStore(Store* base, std::string prefix);
+
+}  // namespace muster
+
+#endif  // MUSTER_TRAINER_COMM_STORE_H_
