@@ -1,6 +1,7 @@
 // muster-bench WHAT [flags]: benchmarks that print one line of figures.
 //
 //   muster-bench coordinator --members N --seconds S
+//   muster-bench allreduce --world W --nodes M --backend gloo|shm|hier --sizes 4K,1M,...
 #include <cstring>
 #include <iostream>
 #include <string>
@@ -12,6 +13,8 @@
 
 namespace muster {
 int RunCoordinatorBench();
+int RunAllreduceBench();
+int RunCommWorker();
 }  // namespace muster
 
 int main(int argc, char** argv) {
@@ -20,6 +23,8 @@ int main(int argc, char** argv) {
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   const std::string what = args.size() > 1 ? args[1] : "";
   if (what == "coordinator") return muster::RunCoordinatorBench();
-  std::cerr << "muster-bench: unknown benchmark '" << what << "' (coordinator)\n";
+  if (what == "allreduce") return muster::RunAllreduceBench();
+  if (what == "comm-worker") return muster::RunCommWorker();
+  std::cerr << "muster-bench: unknown benchmark '" << what << "' (coordinator, allreduce)\n";
   return 2;
 }

@@ -8,7 +8,9 @@
 #include <gloo/rendezvous/context.h>
 #include <gloo/transport/tcp/device.h>
 
+#include <csignal>
 #include <cstring>
+#include <mutex>
 #include <exception>
 #include <functional>
 #include <thread>
@@ -22,6 +24,10 @@
 
 namespace muster {
 namespace {
+
+// Bytes per send/recv in Gloo's ring (two in flight). Gloo's default is
+// 1 MiB; 4 MiB measured 15% faster over TCP here (docs/communicators.md).
+constexpr size_t kSegmentBytes = 4 << 20;
 
 // Gloo's own timeout for one operation: until the caller's deadline (at
 // least 10 ms so Gloo does not treat it as "no timeout").
@@ -139,6 +145,7 @@ class GlooCommunicator : public Communicator {
         SumInto(type, out, a, b, n);
       });
       opts.setTimeout(Until(deadline));
+      opts.setMaxSegmentSize(kSegmentBytes);
       gloo::allreduce(opts);
       return absl::OkStatus();
     });
@@ -255,8 +262,11 @@ class GlooCommunicator : public Communicator {
       if (!w->result.ok()) w->broken = w->result;
       return w->result;
     }
-    if (!w->broken.ok()) return w->broken;
-    w->broken = absl::DeadlineExceededError("gloo collective passed its deadline");
+    // Return now; the transfer, blocked on a hung peer, goes on in the
+    // background on the staging copy until its own timeout.
+    if (w->broken.ok()) {
+      w->broken = absl::DeadlineExceededError("gloo collective passed its deadline");
+    }
     return w->broken;
   }
 
@@ -274,6 +284,10 @@ absl::StatusOr<std::unique_ptr<Communicator>> NewGlooCommunicator(Store* store, 
   if (size < 1 || rank < 0 || rank >= size) {
     return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " of size ", size));
   }
+  // Writing to a peer that died raises SIGPIPE, whose default action kills
+  // this process without a word; the write's EPIPE is what we want instead.
+  static std::once_flag ignore_sigpipe;
+  std::call_once(ignore_sigpipe, [] { ::signal(SIGPIPE, SIG_IGN); });
   auto worker = std::make_shared<Worker>();
   try {
     gloo::transport::tcp::attr attr;

@@ -1,0 +1,86 @@
+// muster-bench allreduce: W worker processes (M nodes of W/M ranks, all on
+// this machine's loopback) against a real coordinator process. Prints one
+// line per size:
+//   allreduce backend=B world=W nodes=M bytes=N median_s=T algbw_GBps=X busbw_GBps=Y
+// with busbw = algbw * 2(W-1)/W and medians over repeats.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/declare.h"
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "tests/bench/process_stats.h"
+
+ABSL_FLAG(int, world, 2, "ranks");
+
+ABSL_DECLARE_FLAG(std::string, backend);
+ABSL_DECLARE_FLAG(std::string, sizes);
+ABSL_DECLARE_FLAG(int, nodes);
+
+namespace muster {
+
+int RunAllreduceBench() {
+  const int world = absl::GetFlag(FLAGS_world);
+  const int nodes = absl::GetFlag(FLAGS_nodes);
+  if (world < 1 || nodes < 1 || world % nodes != 0) {
+    std::cerr << "muster-bench allreduce: --world must be a positive multiple of --nodes\n";
+    return 2;
+  }
+  const std::string dir = "/tmp/muster-bench-allreduce-" + std::to_string(::getpid());
+  std::system(("mkdir -p " + dir).c_str());
+  const std::string token_file = dir + "/token";
+  std::ofstream(token_file) << "bench-token";
+  std::system(("chmod 600 " + token_file).c_str());
+  const std::string target = "127.0.0.1:" + std::to_string(FreeLoopbackPort());
+  const pid_t coordinator = SpawnProcess(
+      {SelfDir() + "/muster-coordinator", "--listen=" + target, "--token-file=" + token_file,
+       absl::StrCat("--min-members=", world), absl::StrCat("--max-members=", world),
+       "--last-call=0s"},
+      dir + "/coordinator.log");
+  std::vector<pid_t> workers;
+  const int per_node = world / nodes;
+  for (int i = 0; i < world; ++i) {
+    std::vector<std::string> argv = {
+        SelfDir() + "/muster-bench", "comm-worker", "--coordinator=" + target,
+        "--token-file=" + token_file, absl::StrCat("--member=rank", i),
+        absl::StrCat("--node=node", i / per_node), absl::StrCat("--local-rank=", i % per_node),
+        "--backend=" + absl::GetFlag(FLAGS_backend), "--sizes=" + absl::GetFlag(FLAGS_sizes),
+        absl::StrCat("--nodes=", nodes), absl::StrCat("--job=bench", ::getpid()),
+        "--report=" + dir + "/report"};
+    // Rank 0's stdout is ours; the others log to files.
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      if (i != 0) {
+        FILE* f = std::freopen((dir + "/worker" + std::to_string(i) + ".log").c_str(), "w", stdout);
+        (void)f;
+      }
+      std::vector<char*> args;
+      for (auto& a : argv) args.push_back(a.data());
+      args.push_back(nullptr);
+      ::execv(args[0], args.data());
+      ::_exit(127);
+    }
+    workers.push_back(pid);
+  }
+  int failures = 0;
+  for (pid_t p : workers) {
+    int status = 0;
+    ::waitpid(p, &status, 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) ++failures;
+  }
+  StopProcess(coordinator);
+  if (failures > 0) {
+    std::cerr << "muster-bench allreduce: " << failures << " workers failed; see " << dir << "\n";
+    return 1;
+  }
+  std::system(("rm -rf " + dir).c_str());
+  return 0;
+}
+
+}  // namespace muster

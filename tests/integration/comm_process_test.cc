@@ -1,0 +1,159 @@
+// Communicators as processes (muster-bench comm-worker) against an
+// in-process coordinator: correctness across processes, and a peer killed
+// (SIGKILL) or hung (SIGSTOP) mid-collective — the survivors' collective
+// returns an error within 2 s of the coordinator's notice, and they rebuild
+// the communicator with a replacement for the next generation.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <sstream>
+
+#include <gtest/gtest.h>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "coordinator/server.h"
+
+namespace muster {
+namespace {
+
+const std::string kBin = MUSTER_BIN_DIR;
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+class CommProcessTest : public ::testing::Test {
+ protected:
+  void Start(int world) {
+    ServerOptions o;
+    o.coordinator.rules.min_members = world;
+    o.coordinator.rules.max_members = world;
+    o.coordinator.rules.last_call = absl::ZeroDuration();
+    o.coordinator.heartbeat_interval = absl::Milliseconds(100);
+    o.coordinator.heartbeat_timeout = absl::Milliseconds(1000);
+    server_ = std::move(CoordinatorServer::Start(o)).value();
+    dir_ = ::testing::TempDir() + "/commproc" + std::to_string(::getpid()) + "_" +
+           ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    std::system(("rm -rf " + dir_ + " && mkdir -p " + dir_).c_str());
+  }
+
+  void TearDown() override {
+    for (pid_t p : pids_) {
+      ::kill(p, SIGKILL);
+      ::waitpid(p, nullptr, 0);
+    }
+  }
+
+  pid_t Spawn(int index, int node, int local, const std::string& backend, bool abort_test) {
+    std::vector<std::string> argv = {
+        kBin + "/muster-bench", "comm-worker",
+        absl::StrCat("--coordinator=127.0.0.1:", server_->port()),
+        absl::StrCat("--member=m", index), absl::StrCat("--node=node", node),
+        absl::StrCat("--local-rank=", local), "--backend=" + backend, "--sizes=4K,1M,4100",
+        absl::StrCat("--job=proc", ::getpid()), "--report=" + Report(index)};
+    argv.push_back(abort_test ? "--abort-test" : "--check");
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      std::vector<char*> args;
+      for (auto& a : argv) args.push_back(a.data());
+      args.push_back(nullptr);
+      ::execv(args[0], args.data());
+      ::_exit(127);
+    }
+    pids_.push_back(pid);
+    return pid;
+  }
+
+  std::string Report(int index) const { return absl::StrCat(dir_, "/worker", index, ".log"); }
+
+  bool WaitFor(int index, const std::string& text, absl::Duration timeout) {
+    const absl::Time end = absl::Now() + timeout;
+    while (absl::Now() < end) {
+      if (ReadFile(Report(index)).find(text) != std::string::npos) return true;
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    return false;
+  }
+
+  // Exit code of `pid`, or -1 if it did not exit in time.
+  int Reap(pid_t pid, absl::Duration timeout) {
+    const absl::Time end = absl::Now() + timeout;
+    while (absl::Now() < end) {
+      int status = 0;
+      if (::waitpid(pid, &status, WNOHANG) == pid) {
+        pids_.erase(std::find(pids_.begin(), pids_.end(), pid));
+        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      }
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    return -1;
+  }
+
+  void KillMidCollective(const std::string& backend, const std::vector<int>& split, int sig) {
+    const int w = static_cast<int>(split.size());
+    Start(w);
+    std::vector<int> local(w);
+    std::vector<pid_t> pids;
+    for (int i = 0; i < w; ++i) {
+      local[i] = static_cast<int>(std::count(split.begin(), split.begin() + i, split[i]));
+      pids.push_back(Spawn(i, split[i], local[i], backend, /*abort_test=*/true));
+    }
+    for (int i = 0; i < w; ++i) ASSERT_TRUE(WaitFor(i, "ready", absl::Seconds(30))) << i;
+    absl::SleepFor(absl::Milliseconds(300));  // inside the all-reduce loop
+    const int victim = w - 1;
+    ASSERT_EQ(::kill(pids[victim], sig), 0);
+    for (int i = 0; i < victim; ++i) {
+      ASSERT_TRUE(WaitFor(i, "error code=", absl::Seconds(20))) << ReadFile(Report(i));
+      const std::string report = ReadFile(Report(i));
+      const size_t at = report.find("return_after_notice_ms=");
+      ASSERT_NE(at, std::string::npos);
+      double ms = 0;
+      ASSERT_TRUE(absl::SimpleAtod(
+          report.substr(at + 23, report.find(' ', at) - at - 23), &ms));
+      EXPECT_LE(ms, 2000.0) << report;
+    }
+    // A replacement (same member id, new incarnation) joins; all rebuild.
+    std::system(("mv " + Report(victim) + " " + Report(victim) + ".old").c_str());
+    const pid_t replacement = Spawn(victim, split[victim], local[victim], backend, true);
+    for (int i = 0; i < victim; ++i) {
+      EXPECT_EQ(Reap(pids[i], absl::Seconds(60)), 0) << ReadFile(Report(i));
+      const std::string report = ReadFile(Report(i));
+      EXPECT_NE(report.find("ready generation=2"), std::string::npos) << report;
+      EXPECT_NE(report.find("rebuilt_done exit=0"), std::string::npos) << report;
+      EXPECT_EQ(report.find("check_failed"), std::string::npos) << report;
+    }
+    EXPECT_EQ(Reap(replacement, absl::Seconds(60)), 0) << ReadFile(Report(victim));
+  }
+
+  std::unique_ptr<CoordinatorServer> server_;
+  std::string dir_;
+  std::vector<pid_t> pids_;
+};
+
+TEST_F(CommProcessTest, HierarchicalAcrossProcessesMatchesReference) {
+  const std::vector<int> split = {0, 0, 0, 1, 1, 1};
+  Start(6);
+  std::vector<pid_t> pids;
+  for (int i = 0; i < 6; ++i) pids.push_back(Spawn(i, split[i], i % 3, "hier", false));
+  for (int i = 0; i < 6; ++i) {
+    EXPECT_EQ(Reap(pids[i], absl::Seconds(60)), 0) << ReadFile(Report(i));
+    EXPECT_NE(ReadFile(Report(i)).find("check_ok bytes=1048576"), std::string::npos);
+  }
+}
+
+TEST_F(CommProcessTest, ShmSurvivesSigkill) { KillMidCollective("shm", {0, 0, 0}, SIGKILL); }
+TEST_F(CommProcessTest, GlooSurvivesSigkill) { KillMidCollective("gloo", {0, 1, 2}, SIGKILL); }
+TEST_F(CommProcessTest, HierSurvivesSigkill) { KillMidCollective("hier", {0, 0, 1, 1}, SIGKILL); }
+TEST_F(CommProcessTest, HierSurvivesSigstop) { KillMidCollective("hier", {0, 0, 1, 1}, SIGSTOP); }
+TEST_F(CommProcessTest, ShmSurvivesSigstop) { KillMidCollective("shm", {0, 0, 0}, SIGSTOP); }
+
+}  // namespace
+}  // namespace muster
