@@ -5,7 +5,9 @@
 #include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <linux/futex.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -31,6 +33,20 @@ std::string Sanitize(const std::string& s) {
 }
 
 std::string Prefix(const std::string& job) { return "muster-" + Sanitize(job) + "-"; }
+
+// Waits while *word == expected, at most `timeout_us` (spurious wake-ups are
+// fine: callers re-check).
+void FutexWait(std::atomic<uint32_t>* word, uint32_t expected, int64_t timeout_us) {
+  timespec ts{static_cast<time_t>(timeout_us / 1'000'000),
+              static_cast<long>((timeout_us % 1'000'000) * 1000)};
+  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected, &ts, nullptr, 0);
+}
+
+void FutexWakeAll(std::atomic<uint32_t>* word) {
+  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT32_MAX, nullptr,
+            nullptr, 0);
+}
+
 
 // Removes segments a crash left for older generations of this node.
 void SweepStale(const std::string& job, const std::string& node, uint64_t generation) {
@@ -110,6 +126,7 @@ void ShmCommunicator::Abort(const absl::Status& why) {
     const std::string msg = absl::StrCat("rank ", rank_, ": ", why.message());
     std::strncpy(header()->reason, msg.c_str(), sizeof(header()->reason) - 1);
   }
+  FutexWakeAll(&header()->epoch);
 }
 
 absl::Status ShmCommunicator::Aborted() const {
@@ -118,43 +135,44 @@ absl::Status ShmCommunicator::Aborted() const {
 }
 
 absl::Status ShmCommunicator::Arrive(absl::Time deadline) {
-  const uint64_t target = ++seq_;
-  shm::Control(base_, rank_)->arrived.store(target, std::memory_order_release);
+  ++seq_;
+  shm::Header* h = header();
+  if (local_abort_ || h->aborted.load() != 0) return Aborted();
+  const uint32_t epoch = h->epoch.load(std::memory_order_acquire);
+  if (h->arrivals.fetch_add(1, std::memory_order_acq_rel) + 1 == static_cast<uint32_t>(size_)) {
+    h->arrivals.store(0, std::memory_order_relaxed);
+    h->epoch.store(epoch + 1, std::memory_order_release);
+    FutexWakeAll(&h->epoch);
+    return absl::OkStatus();
+  }
   for (uint64_t i = 0;; ++i) {
-    bool all = true;
-    for (int p = 0; p < size_ && all; ++p) {
-      all = shm::Control(base_, p)->arrived.load(std::memory_order_acquire) >= target;
-    }
-    if (all) return absl::OkStatus();
+    if (h->epoch.load(std::memory_order_acquire) != epoch) return absl::OkStatus();
     if (local_abort_.load(std::memory_order_relaxed) ||
-        header()->aborted.load(std::memory_order_relaxed) != 0) {
+        h->aborted.load(std::memory_order_relaxed) != 0) {
       local_abort_ = true;
       return Aborted();
     }
-    if (i < 128) {
+    if (i < 256) {
 #if defined(__x86_64__)
       __builtin_ia32_pause();
 #endif
       continue;
     }
-    if ((i & 63) == 0) {
-      if (absl::Now() >= deadline) {
-        Abort(absl::DeadlineExceededError("deadline passed in a shared memory barrier"));
-        return absl::DeadlineExceededError(
-            absl::StrCat("shared memory barrier timed out waiting for local ranks"));
-      }
-      for (int p = 0; p < size_; ++p) {
-        const int32_t pid = shm::Control(base_, p)->pid.load(std::memory_order_relaxed);
-        if (pid > 0 && ::kill(pid, 0) != 0 && errno == ESRCH) {
-          Abort(absl::AbortedError(absl::StrCat("local rank ", p, " (pid ", pid, ") exited")));
-          return Aborted();
-        }
-      }
+    // Sleep in the kernel until the last arriver wakes us; wake up every
+    // 2 ms to look at the deadline, the abort flag and the peers.
+    FutexWait(&h->epoch, epoch, 2000);
+    if ((i & 7) != 0) continue;
+    if (absl::Now() >= deadline) {
+      Abort(absl::DeadlineExceededError("deadline passed in a shared memory barrier"));
+      return absl::DeadlineExceededError(
+          "shared memory barrier timed out waiting for local ranks");
     }
-    if (i < 4096) {
-      ::sched_yield();
-    } else {
-      ::usleep(20);
+    for (int p = 0; p < size_; ++p) {
+      const int32_t pid = shm::Control(base_, p)->pid.load(std::memory_order_relaxed);
+      if (pid > 0 && ::kill(pid, 0) != 0 && errno == ESRCH) {
+        Abort(absl::AbortedError(absl::StrCat("local rank ", p, " (pid ", pid, ") exited")));
+        return Aborted();
+      }
     }
   }
 }
@@ -293,6 +311,8 @@ absl::StatusOr<std::unique_ptr<Communicator>> NewShmCommunicator(Store* store, i
     h->slot_bytes = options.slot_bytes;
     h->aborted.store(0);
     h->reason[0] = '\0';
+    h->arrivals.store(0);
+    h->epoch.store(0);
     for (int p = 0; p < size; ++p) {
       shm::Control(base, p)->arrived.store(0);
       shm::Control(base, p)->pid.store(0);

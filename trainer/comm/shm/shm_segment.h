@@ -29,6 +29,10 @@ struct Header {
   uint64_t slot_bytes;
   std::atomic<int32_t> aborted;
   char reason[256];
+  // Barrier: arrivals in the current epoch, and the epoch (a futex word the
+  // last arriver bumps and wakes).
+  alignas(64) std::atomic<uint32_t> arrivals;
+  alignas(64) std::atomic<uint32_t> epoch;
 };
 
 // Offsets inside the segment.
