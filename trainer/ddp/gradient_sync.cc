@@ -1,0 +1,212 @@
+#include "trainer/ddp/gradient_sync.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+
+namespace muster {
+
+GradientSync::GradientSync(std::vector<torch::Tensor> params, Communicator* comm,
+                           GradientSyncOptions options)
+    : params_(std::move(params)), options_(options), comm_(comm) {
+  bucket_of_.resize(params_.size());
+  slot_of_.resize(params_.size());
+  // Reverse registration order: backward reaches the last layers first.
+  size_t current_bytes = 0;
+  for (size_t k = params_.size(); k-- > 0;) {
+    const size_t bytes = static_cast<size_t>(params_[k].numel()) * sizeof(float);
+    if (buckets_.empty() || (current_bytes > 0 && current_bytes + bytes > options_.bucket_bytes)) {
+      buckets_.emplace_back();
+      current_bytes = 0;
+    }
+    Bucket& b = buckets_.back();
+    bucket_of_[k] = buckets_.size() - 1;
+    slot_of_[k] = b.params.size();
+    b.params.push_back(k);
+    b.offsets.push_back(static_cast<int64_t>(current_bytes / sizeof(float)));
+    current_bytes += bytes;
+  }
+  for (Bucket& b : buckets_) {
+    int64_t n = 0;
+    for (size_t k : b.params) n += params_[k].numel();
+    b.buffer = torch::zeros({n}, params_.empty() ? torch::TensorOptions().dtype(torch::kFloat32)
+                                                 : params_[0].options().dtype(torch::kFloat32));
+  }
+  for (size_t k = 0; k < params_.size(); ++k) {
+    params_[k].register_hook([this, k](torch::Tensor grad) {
+      OnGradient(k, grad);
+      return torch::Tensor();
+    });
+  }
+  comm_thread_ = std::thread([this] { CommLoop(); });
+}
+
+GradientSync::~GradientSync() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  comm_thread_.join();
+}
+
+void GradientSync::SetCommunicator(Communicator* comm) {
+  std::lock_guard<std::mutex> lock(mu_);
+  comm_ = comm;
+}
+
+void GradientSync::Begin(bool sync) {
+  std::lock_guard<std::mutex> lock(mu_);
+  syncing_ = sync;
+  for (Bucket& b : buckets_) {
+    b.ready = 0;
+    b.launched = false;
+    b.done = false;
+    b.status = absl::OkStatus();
+  }
+  queue_.clear();
+  comm_seconds_ = 0;
+  got_gradient_.assign(params_.size(), 0);
+}
+
+void GradientSync::OnGradient(size_t k, const torch::Tensor& grad) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!syncing_) return;
+  }
+  Bucket& b = buckets_[bucket_of_[k]];
+  torch::NoGradGuard no_grad;
+  torch::Tensor slot = b.buffer.narrow(0, b.offsets[slot_of_[k]], params_[k].numel());
+  slot.copy_(grad.reshape({-1}));
+  // Gradients accumulated by earlier no-sync steps are part of this one.
+  const torch::Tensor& previous = params_[k].grad();
+  if (previous.defined()) slot.add_(previous.reshape({-1}));
+  std::lock_guard<std::mutex> lock(mu_);
+  got_gradient_[k] = 1;
+  if (++b.ready == static_cast<int>(b.params.size()) && options_.overlap) {
+    Launch(bucket_of_[k]);
+  }
+}
+
+void GradientSync::Launch(size_t bucket) {
+  Bucket& b = buckets_[bucket];
+  if (b.launched) return;
+  b.launched = true;
+  queue_.push_back(bucket);
+  cv_.notify_all();
+}
+
+void GradientSync::CommLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+    if (stop_) return;
+    const size_t bucket = queue_.front();
+    queue_.pop_front();
+    Communicator* comm = comm_;
+    const absl::Time deadline = deadline_;
+    Bucket& b = buckets_[bucket];
+    lock.unlock();
+    const absl::Time start = absl::Now();
+    absl::Status s = comm == nullptr
+                         ? absl::FailedPreconditionError("no communicator")
+                         : comm->AllReduce(b.buffer.data_ptr(), b.buffer.numel(),
+                                           DataType::kFloat32, ReduceOp::kAverage, deadline);
+    const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+    lock.lock();
+    comm_seconds_ += seconds;
+    b.status = s;
+    b.done = true;
+    cv_.notify_all();
+  }
+}
+
+absl::Status GradientSync::Finish(absl::Time deadline) {
+  const absl::Time start = absl::Now();
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!syncing_) return absl::OkStatus();
+  deadline_ = deadline;
+  // A parameter whose hook did not run this step (unused in the forward
+  // pass) contributes what it accumulated locally, or zeros.
+  for (size_t i = 0; i < buckets_.size(); ++i) {
+    Bucket& b = buckets_[i];
+    if (b.launched) continue;
+    if (b.ready < static_cast<int>(b.params.size())) {
+      torch::NoGradGuard no_grad;
+      for (size_t j = 0; j < b.params.size(); ++j) {
+        const size_t k = b.params[j];
+        if (got_gradient_[k]) continue;
+        torch::Tensor slot = b.buffer.narrow(0, b.offsets[j], params_[k].numel());
+        const torch::Tensor& g = params_[k].grad();
+        if (g.defined()) {
+          slot.copy_(g.reshape({-1}));
+        } else {
+          slot.zero_();
+        }
+      }
+    }
+    Launch(i);
+  }
+  cv_.wait(lock, [this] {
+    return std::all_of(buckets_.begin(), buckets_.end(), [](const Bucket& b) { return b.done; });
+  });
+  stats_.comm_seconds = comm_seconds_;
+  stats_.wait_seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  for (const Bucket& b : buckets_) {
+    if (!b.status.ok()) return b.status;
+  }
+  lock.unlock();
+  torch::NoGradGuard no_grad;
+  for (Bucket& b : buckets_) {
+    for (size_t j = 0; j < b.params.size(); ++j) {
+      torch::Tensor& p = params_[b.params[j]];
+      torch::Tensor slot = b.buffer.narrow(0, b.offsets[j], p.numel()).view(p.sizes());
+      if (p.grad().defined()) {
+        p.mutable_grad().copy_(slot);
+      } else {
+        p.mutable_grad() = slot.clone();
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status BroadcastTensors(const std::vector<torch::Tensor>& tensors, Communicator* comm,
+                              int root, absl::Time deadline) {
+  torch::NoGradGuard no_grad;
+  for (torch::ScalarType type : {torch::kFloat32, torch::kInt64}) {
+    std::vector<torch::Tensor> group;
+    for (const torch::Tensor& t : tensors) {
+      if (t.scalar_type() == type) group.push_back(t);
+    }
+    if (group.empty()) continue;
+    std::vector<torch::Tensor> flat_parts;
+    for (const torch::Tensor& t : group) flat_parts.push_back(t.reshape({-1}).cpu());
+    torch::Tensor flat = torch::cat(flat_parts).contiguous();
+    const DataType dt = type == torch::kFloat32 ? DataType::kFloat32 : DataType::kInt64;
+    if (absl::Status s = comm->Broadcast(flat.data_ptr(), flat.numel(), dt, root, deadline);
+        !s.ok()) {
+      return s;
+    }
+    int64_t offset = 0;
+    for (const torch::Tensor& t : group) {
+      t.copy_(flat.narrow(0, offset, t.numel()).view(t.sizes()));
+      offset += t.numel();
+    }
+  }
+  return absl::OkStatus();
+}
+
+double TensorChecksum(const std::vector<torch::Tensor>& tensors) {
+  torch::NoGradGuard no_grad;
+  double sum = 0;
+  for (const torch::Tensor& t : tensors) {
+    sum += t.to(torch::kFloat64).abs().sum().item<double>();
+  }
+  return sum;
+}
+
+}  // namespace muster

@@ -1,0 +1,113 @@
+// GradientSync: what PyTorch's DistributedDataParallel does for gradients.
+//
+// Parameters are grouped, in reverse registration order (the order backward
+// produces their gradients), into buckets of about `bucket_bytes`. A hook on
+// every parameter copies its gradient into its bucket's flat buffer; when a
+// bucket is complete it is handed to a communication thread that all-reduces
+// it (average over the world) while backward goes on. Finish() waits for
+// every bucket and writes the averaged gradients into the parameters' .grad.
+// Inside a no-sync step (gradient accumulation) the hooks do nothing and
+// gradients accumulate locally; the next synchronised step reduces the
+// accumulated sum.
+//
+// Thread-safety: Begin/Finish/BroadcastFrom are called by the training
+// thread; hooks run on the autograd thread(s); the communication thread is
+// internal. SetCommunicator only between steps.
+#ifndef MUSTER_TRAINER_DDP_GRADIENT_SYNC_H_
+#define MUSTER_TRAINER_DDP_GRADIENT_SYNC_H_
+
+#include <torch/types.h>
+
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "trainer/comm/communicator.h"
+
+namespace muster {
+
+struct GradientSyncOptions {
+  size_t bucket_bytes = 25u << 20;
+  // false: no all-reduce during backward; Finish() reduces every bucket
+  // (the "one all-reduce after backward" baseline).
+  bool overlap = true;
+};
+
+struct StepCommStats {
+  double comm_seconds = 0;  // time the communication thread spent reducing
+  double wait_seconds = 0;  // time Finish() waited for it after backward
+};
+
+class GradientSync {
+ public:
+  // `params`: the model's parameters in registration order (float32, all on
+  // one device). `comm` may be null until SetCommunicator.
+  GradientSync(std::vector<torch::Tensor> params, Communicator* comm,
+               GradientSyncOptions options);
+  ~GradientSync();
+  GradientSync(const GradientSync&) = delete;
+  GradientSync& operator=(const GradientSync&) = delete;
+
+  void SetCommunicator(Communicator* comm);
+
+  // Starts a step; `sync` false = accumulate locally (no_sync).
+  void Begin(bool sync);
+  // After backward: waits for every bucket and installs averaged gradients.
+  // On error (deadline, abort) the gradients are unspecified and the step
+  // must be dropped.
+  absl::Status Finish(absl::Time deadline);
+  const StepCommStats& last_stats() const { return stats_; }
+
+  size_t bucket_count() const { return buckets_.size(); }
+
+ private:
+  struct Bucket {
+    torch::Tensor buffer;          // flat float32
+    std::vector<size_t> params;    // indices into params_
+    std::vector<int64_t> offsets;  // element offset of each param
+    int ready = 0;
+    bool launched = false;
+    bool done = false;
+    absl::Status status;
+  };
+
+  void OnGradient(size_t param, const torch::Tensor& grad);
+  void Launch(size_t bucket);  // requires mu_
+  void CommLoop();
+
+  std::vector<torch::Tensor> params_;
+  std::vector<size_t> bucket_of_;  // param -> bucket
+  std::vector<size_t> slot_of_;    // param -> index inside its bucket
+  std::vector<Bucket> buckets_;
+  GradientSyncOptions options_;
+  StepCommStats stats_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  Communicator* comm_ = nullptr;  // guarded by mu_
+  bool syncing_ = false;          // guarded by mu_
+  std::vector<char> got_gradient_;  // per param, this step; guarded by mu_
+  absl::Time deadline_ = absl::InfiniteFuture();
+  std::deque<size_t> queue_;      // buckets to reduce, guarded by mu_
+  bool stop_ = false;             // guarded by mu_
+  double comm_seconds_ = 0;       // guarded by mu_
+  std::thread comm_thread_;
+};
+
+// Copies rank `root`'s parameters and buffers to every rank (float and
+// integer tensors; one flat broadcast per type).
+absl::Status BroadcastTensors(const std::vector<torch::Tensor>& tensors, Communicator* comm,
+                              int root, absl::Time deadline);
+
+// Sum of |x| over the tensors, all-reduced: equal on every rank exactly
+// when the tensors are (checked after start and after every regroup).
+double TensorChecksum(const std::vector<torch::Tensor>& tensors);
+
+}  // namespace muster
+
+#endif  // MUSTER_TRAINER_DDP_GRADIENT_SYNC_H_

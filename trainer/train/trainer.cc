@@ -1,0 +1,304 @@
+#include "trainer/train/trainer.h"
+
+#include <sys/stat.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cmath>
+#include <iostream>
+#include <mutex>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "trainer/data/dataset.h"
+#include "trainer/data/sampler.h"
+#include "trainer/ddp/gradient_sync.h"
+#include "trainer/models/models.h"
+#include "trainer/train/event_writer.h"
+
+namespace muster {
+namespace {
+
+constexpr absl::Duration kCollectiveTimeout = absl::Seconds(120);
+
+absl::StatusOr<std::unique_ptr<Dataset>> LoadData(const TrainOptions& o, bool train) {
+  if (o.dataset == "fashion-mnist") {
+    return LoadFashionMnist(o.data_dir.empty() ? kDefaultFashionMnistDir : o.data_dir, train);
+  }
+  if (o.dataset == "synthetic") {
+    return NewSyntheticDataset(train ? o.synthetic_examples : o.synthetic_examples / 6,
+                               o.synthetic_channels, o.synthetic_size, o.synthetic_size, 10);
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown dataset '", o.dataset, "' (fashion-mnist, synthetic)"));
+}
+
+// Images and labels of `indices` as tensors.
+std::pair<torch::Tensor, torch::Tensor> Batch(const Dataset& data,
+                                              const std::vector<int64_t>& indices,
+                                              const torch::Device& device) {
+  const int64_t n = static_cast<int64_t>(indices.size());
+  torch::Tensor x = torch::empty({n, data.channels(), data.height(), data.width()});
+  torch::Tensor y = torch::empty({n}, torch::kInt64);
+  data.Fill(indices.data(), n, x.data_ptr<float>(), y.data_ptr<int64_t>());
+  return {x.to(device), y.to(device)};
+}
+
+std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const TrainOptions& o,
+                                                       std::vector<torch::Tensor> params,
+                                                       double lr) {
+  if (o.optimizer == "adamw") {
+    return std::make_unique<torch::optim::AdamW>(
+        params, torch::optim::AdamWOptions(lr).weight_decay(o.weight_decay));
+  }
+  return std::make_unique<torch::optim::SGD>(
+      params, torch::optim::SGDOptions(lr).momentum(o.momentum).weight_decay(o.weight_decay));
+}
+
+void SetLearningRate(torch::optim::Optimizer& opt, double lr) {
+  for (auto& group : opt.param_groups()) group.options().set_lr(lr);
+}
+
+// Linear warm-up, then cosine decay to 10% at `total` steps.
+double ScheduledLr(double peak, int64_t step, int64_t warmup, int64_t total) {
+  if (warmup > 0 && step < warmup) return peak * static_cast<double>(step + 1) / warmup;
+  if (total <= warmup) return peak;
+  const double t = std::min(1.0, static_cast<double>(step - warmup) / (total - warmup));
+  return peak * (0.1 + 0.9 * 0.5 * (1.0 + std::cos(M_PI * t)));
+}
+
+struct Evaluation {
+  double loss = 0;
+  double accuracy = 0;
+};
+
+// Loss and accuracy over the whole test set: each rank takes a contiguous
+// shard; sums are all-reduced.
+absl::StatusOr<Evaluation> Evaluate(Net& model, const Dataset& test, Communicator& comm,
+                                    int rank, int world, const torch::Device& device) {
+  torch::NoGradGuard no_grad;
+  model.eval();
+  const int64_t n = test.size();
+  const int64_t lo = n * rank / world, hi = n * (rank + 1) / world;
+  double sums[3] = {0, 0, 0};  // loss sum, correct, count
+  std::vector<int64_t> idx;
+  for (int64_t start = lo; start < hi; start += 1000) {
+    idx.clear();
+    for (int64_t i = start; i < std::min(hi, start + 1000); ++i) idx.push_back(i);
+    auto [x, y] = Batch(test, idx, device);
+    torch::Tensor logits = model.forward(x);
+    sums[0] += torch::cross_entropy_loss(logits, y, {}, at::Reduction::Sum).item<double>();
+    sums[1] += logits.argmax(1).eq(y).sum().item<double>();
+    sums[2] += static_cast<double>(idx.size());
+  }
+  model.train();
+  MUSTER_RETURN_IF_ERROR(comm.AllReduce(sums, 3, DataType::kFloat64, ReduceOp::kSum,
+                                        absl::Now() + kCollectiveTimeout));
+  return Evaluation{sums[0] / std::max(1.0, sums[2]), sums[1] / std::max(1.0, sums[2])};
+}
+
+std::string FormatEta(double seconds) {
+  const int64_t s = static_cast<int64_t>(std::max(0.0, seconds));
+  return absl::StrFormat("%d:%02d", s / 60, s % 60);
+}
+
+}  // namespace
+
+absl::StatusOr<TrainResult> RunTraining(const TrainOptions& o) {
+  const torch::Device device = o.comm.cuda ? torch::Device(torch::kCUDA, o.comm.cuda_device)
+                                           : torch::Device(torch::kCPU);
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  torch::set_num_threads(o.threads > 0 ? o.threads : std::max(1, cores / o.local_world_size));
+  MUSTER_ASSIGN_OR_RETURN(std::unique_ptr<Dataset> train, LoadData(o, /*train=*/true));
+  MUSTER_ASSIGN_OR_RETURN(std::unique_ptr<Dataset> test, LoadData(o, /*train=*/false));
+
+  torch::manual_seed(o.seed);
+  MUSTER_ASSIGN_OR_RETURN(
+      std::shared_ptr<Net> model,
+      MakeModel(o.model, {train->channels(), train->height(), train->width(), 10}));
+  model->to(device);
+  std::vector<torch::Tensor> params = model->parameters();
+  std::vector<torch::Tensor> state = params;
+  for (const torch::Tensor& b : model->buffers()) state.push_back(b);
+
+  // Join the job and form the world.
+  MUSTER_ASSIGN_OR_RETURN(std::unique_ptr<CoordinatorClient> client,
+                          CoordinatorClient::Create(o.client));
+  MUSTER_RETURN_IF_ERROR(client->Join(0, absl::Now() + absl::Seconds(120)));
+  std::mutex comm_mu;
+  Communicator* live_comm = nullptr;
+  MUSTER_RETURN_IF_ERROR(client->StartSession([&](const SessionNotice& n) {
+    if (n.kind == SessionNotice::Kind::kRegroup && !n.abort) return;
+    std::lock_guard<std::mutex> lock(comm_mu);
+    MUSTER_LOG(WARNING) << "coordinator: " << n.reason;
+    if (live_comm != nullptr) live_comm->Abort(absl::AbortedError(n.reason));
+  }));
+  MUSTER_ASSIGN_OR_RETURN(WorldInfo world,
+                          client->Rendezvous(0, 0, absl::Now() + absl::Seconds(600)));
+  const int rank = world.rank, w = world.world_size;
+  auto store = NewCoordinatorStore(client.get(), world.generation);
+  CommOptions comm_options = o.comm;
+  MUSTER_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> comm,
+                          BuildCommunicator(world, store.get(), comm_options,
+                                            absl::Now() + absl::Seconds(120)));
+  {
+    std::lock_guard<std::mutex> lock(comm_mu);
+    live_comm = comm.get();
+  }
+  if (rank == 0 && !o.quiet) {
+    std::cout << absl::StrFormat(
+                     "muster: generation %d, world %d on %d nodes, backend %s, model %s, "
+                     "batch %d per rank (%d global)",
+                     world.generation, w, world.node_count, comm->name(), o.model, o.batch_size,
+                     o.batch_size * w)
+              << std::endl;
+  }
+  MUSTER_RETURN_IF_ERROR(BroadcastTensors(state, comm.get(), 0, absl::Now() + kCollectiveTimeout));
+  {
+    double c[2] = {TensorChecksum(state), 0};
+    c[1] = c[0] * c[0];
+    MUSTER_RETURN_IF_ERROR(comm->AllReduce(c, 2, DataType::kFloat64, ReduceOp::kAverage,
+                                           absl::Now() + kCollectiveTimeout));
+    if (c[1] - c[0] * c[0] > 1e-9 * c[1]) {
+      return absl::InternalError("parameters differ across ranks after the broadcast");
+    }
+  }
+
+  GradientSyncOptions sync_options;
+  sync_options.bucket_bytes = o.bucket_bytes;
+  sync_options.overlap = o.overlap;
+  GradientSync sync(params, comm.get(), sync_options);
+  const double peak_lr = o.lr * (o.lr_scaling == "linear" ? w : 1);
+  auto optimizer = MakeOptimizer(o, params, peak_lr);
+  DistributedSampler sampler(train->size(), o.seed);
+  const int64_t global_batch = int64_t{o.batch_size} * w;
+  const int64_t end_offset = o.steps > 0 ? INT64_MAX : int64_t{o.epochs} * train->size();
+  const int64_t total_steps =
+      o.steps > 0 ? o.steps
+                  : o.epochs * ((train->size() + global_batch - 1) / global_batch);
+
+  std::unique_ptr<JsonLinesWriter> jsonl;
+  std::unique_ptr<EventWriter> events;
+  if (rank == 0 && !o.log_dir.empty()) {
+    ::mkdir(o.log_dir.c_str(), 0755);
+    MUSTER_ASSIGN_OR_RETURN(jsonl, JsonLinesWriter::Create(o.log_dir + "/metrics.jsonl"));
+    MUSTER_ASSIGN_OR_RETURN(events, EventWriter::Create(o.log_dir));
+  }
+
+  TrainResult result;
+  result.rank = rank;
+  result.world_size = w;
+  int64_t offset = 0, step = 0;
+  double loss_sum = 0, comm_total = 0, hidden_total = 0;
+  int64_t loss_count = 0;
+  const absl::Time start = absl::Now();
+  absl::Time interval_start = start;
+  int64_t interval_samples = 0;
+  model->train();
+  while (step < total_steps && offset < end_offset) {
+    SampledBatch b = sampler.Next(offset, w, rank, o.batch_size);
+    auto [x, y] = Batch(*train, b.indices, device);
+    const double lr = ScheduledLr(peak_lr, step, o.warmup_steps, total_steps);
+    SetLearningRate(*optimizer, lr);
+    optimizer->zero_grad();
+    sync.Begin(/*sync=*/true);
+    torch::Tensor loss = torch::cross_entropy_loss(model->forward(x), y);
+    const absl::Time backward_start = absl::Now();
+    loss.backward();
+    const absl::Time backward_end = absl::Now();
+    MUSTER_RETURN_IF_ERROR(sync.Finish(absl::Now() + kCollectiveTimeout));
+    // The all-reduce time not spent waiting after backward was hidden.
+    const double comm_s = sync.last_stats().comm_seconds;
+    const double exposed = absl::ToDoubleSeconds(absl::Now() - backward_end);
+    (void)backward_start;
+    comm_total += comm_s;
+    hidden_total += std::max(0.0, comm_s - exposed);
+    optimizer->step();
+    offset += b.global_batch;
+    interval_samples += b.global_batch;
+    ++step;
+    result.last_loss = loss.item<double>();
+    loss_sum += result.last_loss;
+    ++loss_count;
+
+    const bool eval_now = o.eval_every > 0 && step % o.eval_every == 0 && step < total_steps;
+    if (eval_now) {
+      MUSTER_ASSIGN_OR_RETURN(Evaluation ev, Evaluate(*model, *test, *comm, rank, w, device));
+      if (rank == 0 && !o.quiet) {
+        std::cout << absl::StrFormat("eval step %d: test loss %.4f accuracy %.2f%%", step,
+                                     ev.loss, 100 * ev.accuracy)
+                  << std::endl;
+      }
+      if (jsonl) jsonl->Write(step, absl::ToUnixMicros(absl::Now()) / 1e6, {{"test_loss", ev.loss}, {"test_accuracy", ev.accuracy}});
+      if (events) {
+        events->Scalar("test/loss", static_cast<float>(ev.loss), step, absl::ToUnixMicros(absl::Now()) / 1e6);
+        events->Scalar("test/accuracy", static_cast<float>(ev.accuracy), step, absl::ToUnixMicros(absl::Now()) / 1e6);
+      }
+    }
+    if (step % o.log_every == 0 || step == total_steps) {
+      const double secs = absl::ToDoubleSeconds(absl::Now() - interval_start);
+      const double sps = interval_samples / std::max(secs, 1e-9);
+      const double mean_loss = loss_sum / std::max<int64_t>(1, loss_count);
+      const double eta = (total_steps - step) * global_batch / std::max(sps, 1e-9);
+      if (rank == 0 && !o.quiet) {
+        std::cout << absl::StrFormat(
+                         "step %d/%d  epoch %d  loss %.4f  lr %.4f  %.0f samples/s  ETA %s",
+                         step, total_steps, b.epoch, mean_loss, lr, sps, FormatEta(eta))
+                  << std::endl;
+      }
+      const double now = absl::ToUnixMicros(absl::Now()) / 1e6;
+      if (jsonl) {
+        jsonl->Write(step, now, {{"loss", mean_loss}, {"lr", lr}, {"samples_per_s", sps},
+                                 {"epoch", static_cast<double>(b.epoch)}});
+      }
+      if (events) {
+        events->Scalar("train/loss", static_cast<float>(mean_loss), step, now);
+        events->Scalar("train/samples_per_s", static_cast<float>(sps), step, now);
+        events->Flush();
+      }
+      interval_start = absl::Now();
+      interval_samples = 0;
+      loss_sum = 0;
+      loss_count = 0;
+    }
+  }
+  const double elapsed = absl::ToDoubleSeconds(absl::Now() - start);
+  result.steps = step;
+  result.steps_per_second = step / std::max(elapsed, 1e-9);
+  result.samples_per_second = result.steps_per_second * global_batch;
+  result.comm_overlap_pct = comm_total > 0 ? 100.0 * hidden_total / comm_total : 0;
+  MUSTER_ASSIGN_OR_RETURN(Evaluation final_eval, Evaluate(*model, *test, *comm, rank, w, device));
+  result.test_loss = final_eval.loss;
+  result.test_accuracy = final_eval.accuracy;
+  if (jsonl) {
+    jsonl->Write(step, absl::ToUnixMicros(absl::Now()) / 1e6,
+                 {{"test_loss", final_eval.loss}, {"test_accuracy", final_eval.accuracy}});
+  }
+  if (events) {
+    events->Scalar("test/accuracy", static_cast<float>(final_eval.accuracy), step,
+                   absl::ToUnixMicros(absl::Now()) / 1e6);
+    events->Flush();
+  }
+  if (rank == 0 && !o.quiet) {
+    std::cout << absl::StrFormat(
+                     "done: %d steps in %.1f s (%.0f samples/s); test loss %.4f, test accuracy "
+                     "%.2f%%%s",
+                     step, elapsed, result.samples_per_second, final_eval.loss,
+                     100 * final_eval.accuracy,
+                     o.log_dir.empty() ? "" : absl::StrCat("; logs in ", o.log_dir))
+              << std::endl;
+  }
+  {
+    std::lock_guard<std::mutex> lock(comm_mu);
+    live_comm = nullptr;
+  }
+  for (const torch::Tensor& p : params) result.parameters.push_back(p.detach().cpu().clone());
+  client->Leave(/*finished=*/true, step).IgnoreError();
+  return result;
+}
+
+}  // namespace muster
