@@ -10,21 +10,12 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "rpc/tls_files.h"
 
 namespace muster {
 
 // The metadata entry that carries the job token: "authorization: Bearer T".
 inline constexpr char kAuthMetadataKey[] = "authorization";
-
-// PEM files for TLS. All empty: plain text. cert+key: TLS; with ca as well:
-// the server requires and verifies client certificates (mutual TLS), and a
-// client presents cert+key and verifies the server against ca.
-struct TlsFiles {
-  std::string cert;
-  std::string key;
-  std::string ca;
-  bool enabled() const { return !cert.empty() || !key.empty() || !ca.empty(); }
-};
 
 // Errors: INVALID_ARGUMENT (cert without key or the reverse), NOT_FOUND
 // (a file cannot be read).

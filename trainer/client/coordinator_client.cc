@@ -8,6 +8,7 @@
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "muster/v1/coordinator.grpc.pb.h"
+#include "rpc/credentials.h"
 #include "rpc/status.h"
 
 namespace muster {

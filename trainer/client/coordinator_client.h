@@ -27,7 +27,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "common/backoff.h"
-#include "rpc/credentials.h"
+#include "rpc/tls_files.h"
 #include "trainer/client/world_info.h"
 
 namespace muster {

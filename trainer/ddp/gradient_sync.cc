@@ -61,6 +61,7 @@ void GradientSync::SetCommunicator(Communicator* comm) {
 void GradientSync::Begin(bool sync) {
   std::lock_guard<std::mutex> lock(mu_);
   syncing_ = sync;
+  deadline_ = absl::Now() + options_.timeout;
   for (Bucket& b : buckets_) {
     b.ready = 0;
     b.launched = false;
@@ -128,7 +129,7 @@ absl::Status GradientSync::Finish(absl::Time deadline) {
   const absl::Time start = absl::Now();
   std::unique_lock<std::mutex> lock(mu_);
   if (!syncing_) return absl::OkStatus();
-  deadline_ = deadline;
+  deadline_ = std::min(deadline_, deadline);
   // A parameter whose hook did not run this step (unused in the forward
   // pass) contributes what it accumulated locally, or zeros.
   for (size_t i = 0; i < buckets_.size(); ++i) {

@@ -36,6 +36,8 @@ struct GradientSyncOptions {
   // false: no all-reduce during backward; Finish() reduces every bucket
   // (the "one all-reduce after backward" baseline).
   bool overlap = true;
+  // Deadline of each bucket's all-reduce, from Begin().
+  absl::Duration timeout = absl::Seconds(120);
 };
 
 struct StepCommStats {

@@ -116,10 +116,16 @@ absl::StatusOr<TrainResult> RunTraining(const TrainOptions& o) {
   MUSTER_ASSIGN_OR_RETURN(std::unique_ptr<Dataset> train, LoadData(o, /*train=*/true));
   MUSTER_ASSIGN_OR_RETURN(std::unique_ptr<Dataset> test, LoadData(o, /*train=*/false));
 
-  torch::manual_seed(o.seed);
-  MUSTER_ASSIGN_OR_RETURN(
-      std::shared_ptr<Net> model,
-      MakeModel(o.model, {train->channels(), train->height(), train->width(), 10}));
+  std::shared_ptr<Net> model;
+  {
+    // The global generator is shared by threads (trainers as threads in
+    // tests): seed and initialise in one piece.
+    static std::mutex init_mu;
+    std::lock_guard<std::mutex> lock(init_mu);
+    torch::manual_seed(o.seed);
+    MUSTER_ASSIGN_OR_RETURN(
+        model, MakeModel(o.model, {train->channels(), train->height(), train->width(), 10}));
+  }
   model->to(device);
   std::vector<torch::Tensor> params = model->parameters();
   std::vector<torch::Tensor> state = params;

@@ -9,6 +9,7 @@
 #include <gloo/transport/tcp/device.h>
 
 #include <csignal>
+#include <algorithm>
 #include <cstring>
 #include <mutex>
 #include <exception>
@@ -33,7 +34,8 @@ constexpr size_t kSegmentBytes = 4 << 20;
 // least 10 ms so Gloo does not treat it as "no timeout").
 std::chrono::milliseconds Until(absl::Time deadline) {
   const int64_t ms = absl::ToInt64Milliseconds(deadline - absl::Now());
-  return std::chrono::milliseconds(std::max<int64_t>(ms, 10));
+  // Bounded above too: Gloo adds it to "now" and must not overflow.
+  return std::chrono::milliseconds(std::clamp<int64_t>(ms, 10, int64_t{24} * 3600 * 1000));
 }
 
 absl::Status FromException(const std::exception& e) {

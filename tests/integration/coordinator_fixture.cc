@@ -1,0 +1,25 @@
+#include "tests/integration/coordinator_fixture.h"
+
+#include "coordinator/server.h"
+
+namespace muster {
+
+struct InProcessCoordinator::Impl {
+  std::unique_ptr<CoordinatorServer> server;
+};
+
+std::unique_ptr<InProcessCoordinator> InProcessCoordinator::Start(int world) {
+  ServerOptions so;
+  so.coordinator.rules.min_members = world;
+  so.coordinator.rules.max_members = world;
+  so.coordinator.rules.last_call = absl::ZeroDuration();
+  auto impl = std::make_unique<Impl>();
+  impl->server = std::move(CoordinatorServer::Start(so)).value();
+  return std::unique_ptr<InProcessCoordinator>(new InProcessCoordinator(std::move(impl)));
+}
+
+InProcessCoordinator::InProcessCoordinator(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+InProcessCoordinator::~InProcessCoordinator() = default;
+int InProcessCoordinator::port() const { return impl_->server->port(); }
+
+}  // namespace muster

@@ -1,0 +1,26 @@
+// An in-process coordinator for tests whose translation units also include
+// LibTorch (whose bundled protobuf headers clash with the system's): this
+// header carries no gRPC.
+#ifndef MUSTER_TESTS_INTEGRATION_COORDINATOR_FIXTURE_H_
+#define MUSTER_TESTS_INTEGRATION_COORDINATOR_FIXTURE_H_
+
+#include <memory>
+
+namespace muster {
+
+class InProcessCoordinator {
+ public:
+  // min = max = world; no last call; plain text, no token.
+  static std::unique_ptr<InProcessCoordinator> Start(int world);
+  ~InProcessCoordinator();
+  int port() const;
+
+ private:
+  struct Impl;
+  explicit InProcessCoordinator(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace muster
+
+#endif  // MUSTER_TESTS_INTEGRATION_COORDINATOR_FIXTURE_H_

@@ -1,0 +1,91 @@
+// Training equivalence: W trainers (threads, real coordinator, real
+// communicators, real LibTorch) with batch B each end with the same
+// parameters as one process with batch W*B, for several bucket sizes.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <thread>
+
+#include "tests/integration/coordinator_fixture.h"
+#include "trainer/data/dataset.h"
+#include "trainer/train/trainer.h"
+
+namespace muster {
+namespace {
+
+std::vector<TrainResult> Train(int world, int nodes, int batch, size_t bucket_bytes,
+                               const std::string& model, Backend backend, bool overlap = true) {
+  auto server = InProcessCoordinator::Start(world);
+  std::vector<TrainResult> results(world);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < world; ++i) {
+    threads.emplace_back([&, i] {
+      TrainOptions o;
+      o.client.target = "127.0.0.1:" + std::to_string(server->port());
+      o.client.node = "node" + std::to_string(i * nodes / world);
+      o.client.local_rank = static_cast<uint32_t>(i);
+      o.client.member_id = o.client.node + "/" + std::to_string(i);
+      o.local_world_size = world / nodes;
+      o.comm.backend = backend;
+      o.comm.job = "eq" + std::to_string(::getpid());
+      o.comm.gloo.hostname = "127.0.0.1";
+      o.model = model;
+      o.batch_size = batch;
+      o.steps = 20;
+      o.lr = 0.05;
+      o.lr_scaling = "none";
+      o.warmup_steps = 0;
+      o.bucket_bytes = bucket_bytes;
+      o.overlap = overlap;
+      o.threads = 1;
+      o.quiet = true;
+      auto r = RunTraining(o);
+      ASSERT_TRUE(r.ok()) << r.status();
+      results[r->rank] = std::move(*r);
+    });
+  }
+  for (auto& t : threads) t.join();
+  return results;
+}
+
+double MaxDiff(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+  double m = 0;
+  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, (a[i] - b[i]).abs().max().item<double>());
+  return m;
+}
+
+class EquivalenceTest : public ::testing::TestWithParam<std::tuple<int, int, size_t>> {};
+
+TEST_P(EquivalenceTest, SameParametersAsOneProcessOnTheGlobalBatch) {
+  const auto [world, nodes, bucket] = GetParam();
+  if (!LoadFashionMnist(kDefaultFashionMnistDir, true).ok()) {
+    GTEST_SKIP() << "dataset-fashion-mnist is not installed";
+  }
+  const int batch = 16;
+  auto reference = Train(1, 1, batch * world, 25u << 20, "mlp", Backend::kShm);
+  auto distributed = Train(world, nodes, batch, bucket, "mlp",
+                           nodes > 1 ? Backend::kHier : Backend::kShm);
+  ASSERT_EQ(reference[0].steps, 20);
+  for (const TrainResult& r : distributed) {
+    EXPECT_EQ(r.steps, 20);
+    EXPECT_LT(MaxDiff(r.parameters, reference[0].parameters), 1e-5) << "rank " << r.rank;
+    EXPECT_EQ(MaxDiff(r.parameters, distributed[0].parameters), 0.0) << "ranks differ";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    WorldsAndBuckets, EquivalenceTest,
+    ::testing::Values(std::make_tuple(2, 1, size_t{25} << 20), std::make_tuple(4, 2, size_t{25} << 20),
+                      std::make_tuple(2, 1, size_t{4096}),   // tiny: a bucket per tensor
+                      std::make_tuple(2, 2, size_t{1} << 30)  // larger than the model
+                      ));
+
+TEST(TrainTest, NoOverlapBaselineGivesTheSameResult) {
+  if (!LoadFashionMnist(kDefaultFashionMnistDir, true).ok()) GTEST_SKIP();
+  auto a = Train(2, 1, 16, 1u << 20, "cnn", Backend::kShm, /*overlap=*/true);
+  auto b = Train(2, 1, 16, 1u << 20, "cnn", Backend::kShm, /*overlap=*/false);
+  EXPECT_LT(MaxDiff(a[0].parameters, b[0].parameters), 1e-6);
+}
+
+}  // namespace
+}  // namespace muster
