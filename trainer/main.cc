@@ -3,12 +3,14 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <fstream>
 #include <iostream>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/flag_names.h"
 #include "common/launch_env.h"
 #include "common/logging.h"
@@ -45,6 +47,8 @@ ABSL_FLAG(int, local_rank, -1, "rank on this node (default: from the launcher, e
 ABSL_FLAG(std::string, address, "", "address other nodes reach this one at (default: host name)");
 ABSL_FLAG(std::string, job, "", "job name for shared memory (default: $SLURM_JOB_ID or 'muster')");
 ABSL_FLAG(int, threads, 0, "LibTorch intra-op threads (0: cores / trainers on this node)");
+ABSL_FLAG(std::string, summary_json, "", "write this trainer's final figures to FILE as JSON");
+ABSL_FLAG(bool, quiet, false, "no progress lines");
 
 namespace {
 
@@ -137,10 +141,20 @@ int Run() {
                    << " (" << o.lr_scaling << "), optimizer " << o.optimizer << ", bucket "
                    << absl::GetFlag(FLAGS_bucket_mb) << " MiB, backend "
                    << absl::GetFlag(FLAGS_backend) << ", device " << device;
+  o.quiet = absl::GetFlag(FLAGS_quiet);
   auto result = RunTraining(o);
   if (!result.ok()) {
     std::cerr << "muster-train: " << result.status() << "\n";
     return 1;
+  }
+  if (const std::string path = absl::GetFlag(FLAGS_summary_json); !path.empty()) {
+    std::ofstream(path) << absl::StrFormat(
+        "{\"rank\": %d, \"world_size\": %d, \"steps\": %d, \"steps_per_s\": %.4f, "
+        "\"samples_per_s\": %.2f, \"comm_overlap_pct\": %.2f, \"test_accuracy\": %.4f, "
+        "\"test_loss\": %.4f}\n",
+        result->rank, result->world_size, result->steps, result->steps_per_second,
+        result->samples_per_second, result->comm_overlap_pct, result->test_accuracy,
+        result->test_loss);
   }
   return 0;
 }

@@ -1,6 +1,7 @@
 // muster-bench WHAT [flags]: benchmarks that print one line of figures.
 //
 //   muster-bench coordinator --members N --seconds S
+//   muster-bench train --model mlp|cnn --world W --nodes M --steps N
 //   muster-bench allreduce --world W --nodes M --backend gloo|shm|hier --sizes 4K,1M,...
 #include <cstring>
 #include <iostream>
@@ -15,6 +16,7 @@ namespace muster {
 int RunCoordinatorBench();
 int RunAllreduceBench();
 int RunCommWorker();
+int RunTrainBench();
 }  // namespace muster
 
 int main(int argc, char** argv) {
@@ -25,6 +27,7 @@ int main(int argc, char** argv) {
   if (what == "coordinator") return muster::RunCoordinatorBench();
   if (what == "allreduce") return muster::RunAllreduceBench();
   if (what == "comm-worker") return muster::RunCommWorker();
-  std::cerr << "muster-bench: unknown benchmark '" << what << "' (coordinator, allreduce)\n";
+  if (what == "train") return muster::RunTrainBench();
+  std::cerr << "muster-bench: unknown benchmark '" << what << "' (coordinator, allreduce, train)\n";
   return 2;
 }

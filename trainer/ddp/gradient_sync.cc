@@ -8,17 +8,25 @@
 #include "absl/time/clock.h"
 
 namespace muster {
+namespace {
+
+constexpr size_t kFirstBucketBytes = 1u << 20;
+
+}  // namespace
 
 GradientSync::GradientSync(std::vector<torch::Tensor> params, Communicator* comm,
                            GradientSyncOptions options)
     : params_(std::move(params)), options_(options), comm_(comm) {
   bucket_of_.resize(params_.size());
   slot_of_.resize(params_.size());
-  // Reverse registration order: backward reaches the last layers first.
+  // Reverse registration order: backward reaches the last layers first. As
+  // in DDP, the first bucket is capped at 1 MiB so communication starts early.
   size_t current_bytes = 0;
   for (size_t k = params_.size(); k-- > 0;) {
     const size_t bytes = static_cast<size_t>(params_[k].numel()) * sizeof(float);
-    if (buckets_.empty() || (current_bytes > 0 && current_bytes + bytes > options_.bucket_bytes)) {
+    const size_t cap =
+        buckets_.size() <= 1 ? std::min(options_.bucket_bytes, kFirstBucketBytes) : options_.bucket_bytes;
+    if (buckets_.empty() || (current_bytes > 0 && current_bytes + bytes > cap)) {
       buckets_.emplace_back();
       current_bytes = 0;
     }

@@ -1,0 +1,99 @@
+// muster-bench train: W muster-train processes (M nodes) on loopback against
+// a real coordinator process, SGD with momentum, batch 64 per rank,
+// Fashion-MNIST. Runs twice — buckets overlapped with backward, and one
+// all-reduce after backward — and prints a line for each:
+//   train model=.. world=.. nodes=.. batch_per_rank=64 overlap=.. steps_per_s=..
+//   samples_per_s=.. comm_overlap_pct=..
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <iostream>
+#include <regex>
+#include <sstream>
+
+#include "absl/flags/declare.h"
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "tests/bench/process_stats.h"
+
+ABSL_FLAG(std::string, model, "cnn", "mlp or cnn");
+ABSL_FLAG(int64_t, steps, 100, "training steps");
+ABSL_FLAG(double, bucket_mb, 25, "gradient bucket size in MiB");
+ABSL_DECLARE_FLAG(int, world);
+ABSL_DECLARE_FLAG(int, nodes);
+
+namespace muster {
+namespace {
+
+double Field(const std::string& json, const std::string& name) {
+  std::smatch m;
+  if (std::regex_search(json, m, std::regex("\"" + name + "\": ([-0-9.eE]+)"))) {
+    return std::stod(m[1]);
+  }
+  return 0;
+}
+
+int RunOnce(bool overlap) {
+  const int world = absl::GetFlag(FLAGS_world), nodes = absl::GetFlag(FLAGS_nodes);
+  const std::string dir = absl::StrCat("/tmp/muster-bench-train-", ::getpid(), overlap ? "-o" : "-n");
+  std::system(("mkdir -p " + dir).c_str());
+  const std::string target = "127.0.0.1:" + std::to_string(FreeLoopbackPort());
+  const pid_t coordinator = SpawnProcess(
+      {SelfDir() + "/muster-coordinator", "--listen=" + target, "--no-auth",
+       absl::StrCat("--min-members=", world), absl::StrCat("--max-members=", world),
+       "--last-call=0s"},
+      dir + "/coordinator.log");
+  std::vector<pid_t> trainers;
+  const int per_node = world / nodes;
+  for (int i = 0; i < world; ++i) {
+    trainers.push_back(SpawnProcess(
+        {SelfDir() + "/muster-train", "--coordinator=" + target,
+         absl::StrCat("--node-id=node", i / per_node), absl::StrCat("--local-rank=", i % per_node),
+         "--model=" + absl::GetFlag(FLAGS_model), "--batch-size=64",
+         absl::StrCat("--steps=", absl::GetFlag(FLAGS_steps)), "--lr=0.01",
+         absl::StrCat("--overlap=", overlap ? "true" : "false"), "--quiet",
+         absl::StrCat("--bucket-mb=", absl::GetFlag(FLAGS_bucket_mb)),
+         absl::StrCat("--job=tb", ::getpid()),
+         absl::StrCat("--summary-json=", dir, "/summary", i, ".json")},
+        absl::StrCat(dir, "/trainer", i, ".log")));
+  }
+  int failures = 0;
+  for (pid_t p : trainers) {
+    int status = 0;
+    ::waitpid(p, &status, 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) ++failures;
+  }
+  StopProcess(coordinator);
+  if (failures > 0) {
+    std::cerr << "muster-bench train: " << failures << " trainers failed; see " << dir << "\n";
+    return 1;
+  }
+  double steps_per_s = 1e30, overlap_pct = 0;
+  for (int i = 0; i < world; ++i) {
+    std::ifstream in(absl::StrCat(dir, "/summary", i, ".json"));
+    std::stringstream ss;
+    ss << in.rdbuf();
+    steps_per_s = std::min(steps_per_s, Field(ss.str(), "steps_per_s"));
+    overlap_pct += Field(ss.str(), "comm_overlap_pct") / world;
+  }
+  std::cout << absl::StrFormat(
+                   "train model=%s world=%d nodes=%d batch_per_rank=64 bucket_mb=%g overlap=%s "
+                   "steps_per_s=%.2f samples_per_s=%.0f comm_overlap_pct=%.1f",
+                   absl::GetFlag(FLAGS_model), world, nodes, absl::GetFlag(FLAGS_bucket_mb),
+                   overlap ? "buckets" : "after_backward",
+                   steps_per_s, steps_per_s * 64 * world, overlap_pct)
+            << std::endl;
+  std::system(("rm -rf " + dir).c_str());
+  return 0;
+}
+
+}  // namespace
+
+int RunTrainBench() {
+  if (int rc = RunOnce(/*overlap=*/true); rc != 0) return rc;
+  return RunOnce(/*overlap=*/false);
+}
+
+}  // namespace muster
