@@ -239,6 +239,12 @@ absl::Status Coordinator::Leave(const MemberKey& key, LeaveReason reason, int64_
     if (all_done && job_state_ != JobState::kShuttingDown) {
       job_state_ = JobState::kFinished;
       Record("finished", absl::StrCat("job finished at generation ", generation_));
+      // A restart on this state dir (a requeued job) must not wait for the
+      // finished members: keep the generation counter, forget the world.
+      World done;
+      done.generation = generation_;
+      absl::Status saved = store_->SaveWorld(done);
+      if (!saved.ok()) MUSTER_LOG(WARNING) << "cannot persist the finished job: " << saved;
     }
     return absl::OkStatus();
   }

@@ -271,17 +271,28 @@ void Coordinator::DropWaiters(const std::string& id, const absl::Status& status,
   }
 }
 
-void Coordinator::CheckRecovered(Actions* /*actions*/) {
+void Coordinator::CheckRecovered(Actions* actions) {
+  // Each stored member is back (same incarnation, session open), replaced (a
+  // new incarnation of its id joined: the old process is gone), or pending.
+  bool all_back = true;
   for (const Assignment& a : world_.members) {
     const MemberInfo* info = membership_.Find(a.member.id);
-    if (info == nullptr || info->key != a.member || !IsAlive(info->state) ||
-        info->session == 0) {
-      return;
+    if (info == nullptr) return;  // pending
+    if (info->key == a.member && IsAlive(info->state) && info->session != 0) continue;
+    if (info->key != a.member) {
+      all_back = false;
+      continue;
     }
+    return;  // same incarnation, no session yet
   }
   job_state_ = JobState::kRunning;
-  Record("recovered", absl::StrCat("all ", world_.size(), " members of generation ",
-                                   generation_, " are back; training continues"));
+  if (all_back) {
+    Record("recovered", absl::StrCat("all ", world_.size(), " members of generation ",
+                                     generation_, " are back; training continues"));
+    return;
+  }
+  Evaluate(/*urgent=*/true, /*abort=*/true,
+           "members restarted while the coordinator was down", actions);
 }
 
 }  // namespace muster

@@ -1,6 +1,9 @@
 // muster-train: the built-in trainer (models, data sets) over the trainer
 // library. Run one per GPU or CPU slot; see README.md.
+#include <signal.h>
 #include <unistd.h>
+
+#include <atomic>
 
 #include <cstdlib>
 #include <fstream>
@@ -49,8 +52,19 @@ ABSL_FLAG(std::string, job, "", "job name for shared memory (default: $SLURM_JOB
 ABSL_FLAG(int, threads, 0, "LibTorch intra-op threads (0: cores / trainers on this node)");
 ABSL_FLAG(std::string, summary_json, "", "write this trainer's final figures to FILE as JSON");
 ABSL_FLAG(bool, quiet, false, "no progress lines");
+ABSL_FLAG(std::string, checkpoint_dir, "", "directory (shared by all nodes) for checkpoints; empty: none");
+ABSL_FLAG(int64_t, checkpoint_every, 0, "checkpoint every N steps");
+ABSL_FLAG(double, checkpoint_interval, 0, "checkpoint every N seconds");
+ABSL_FLAG(bool, resume, true, "resume from the newest committed checkpoint");
 
 namespace {
+
+// Exit code after a signal (SIGUSR1/SIGTERM) made every rank checkpoint and
+// stop: "try again" (sysexits.h EX_TEMPFAIL); a requeued job resumes.
+constexpr int kExitStoppedBySignal = 75;
+
+std::atomic<bool> g_stop{false};
+void OnStopSignal(int) { g_stop = true; }
 
 std::string Env(const char* name) {
   const char* v = std::getenv(name);
@@ -142,6 +156,16 @@ int Run() {
                    << absl::GetFlag(FLAGS_bucket_mb) << " MiB, backend "
                    << absl::GetFlag(FLAGS_backend) << ", device " << device;
   o.quiet = absl::GetFlag(FLAGS_quiet);
+  o.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
+  o.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
+  o.checkpoint_interval_s = absl::GetFlag(FLAGS_checkpoint_interval);
+  o.resume = absl::GetFlag(FLAGS_resume);
+  o.stop_requested = &g_stop;
+  struct sigaction sa = {};
+  sa.sa_handler = OnStopSignal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGUSR1, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
   auto result = RunTraining(o);
   if (!result.ok()) {
     std::cerr << "muster-train: " << result.status() << "\n";
@@ -156,6 +180,7 @@ int Run() {
         result->samples_per_second, result->comm_overlap_pct, result->test_accuracy,
         result->test_loss);
   }
+  if (result->stopped) return kExitStoppedBySignal;
   return 0;
 }
 

@@ -8,11 +8,14 @@ struct InProcessCoordinator::Impl {
   std::unique_ptr<CoordinatorServer> server;
 };
 
-std::unique_ptr<InProcessCoordinator> InProcessCoordinator::Start(int world) {
+std::unique_ptr<InProcessCoordinator> InProcessCoordinator::Start(int world, int keep_last,
+                                                                 const std::string& state_dir) {
   ServerOptions so;
   so.coordinator.rules.min_members = world;
   so.coordinator.rules.max_members = world;
   so.coordinator.rules.last_call = absl::ZeroDuration();
+  so.coordinator.catalog.keep_last = static_cast<uint32_t>(keep_last);
+  so.state_dir = state_dir;
   auto impl = std::make_unique<Impl>();
   impl->server = std::move(CoordinatorServer::Start(so)).value();
   return std::unique_ptr<InProcessCoordinator>(new InProcessCoordinator(std::move(impl)));

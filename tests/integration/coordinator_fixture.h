@@ -5,13 +5,16 @@
 #define MUSTER_TESTS_INTEGRATION_COORDINATOR_FIXTURE_H_
 
 #include <memory>
+#include <string>
 
 namespace muster {
 
 class InProcessCoordinator {
  public:
   // min = max = world; no last call; plain text, no token.
-  static std::unique_ptr<InProcessCoordinator> Start(int world);
+  // `state_dir` empty: state in memory; otherwise restartable on that dir.
+  static std::unique_ptr<InProcessCoordinator> Start(int world, int keep_last = 3,
+                                                     const std::string& state_dir = "");
   ~InProcessCoordinator();
   int port() const;
 

@@ -304,4 +304,69 @@ absl::Status CoordinatorClient::Barrier(uint64_t generation, const std::string& 
   });
 }
 
+absl::StatusOr<uint64_t> CoordinatorClient::BeginCheckpoint(uint64_t generation, int64_t step,
+                                                             absl::Time deadline) {
+  v1::BeginCheckpointResponse resp;
+  MUSTER_RETURN_IF_ERROR(Retry(deadline, [&](absl::Time d) {
+    MUSTER_CONTEXT(ctx, d);
+    v1::BeginCheckpointRequest req;
+    req.set_generation(generation);
+    *req.mutable_member() = Ref(options_);
+    req.set_step(step);
+    return FromGrpcStatus(impl_->stub->BeginCheckpoint(&ctx, req, &resp));
+  }));
+  return resp.checkpoint_id();
+}
+
+absl::StatusOr<bool> CoordinatorClient::ReportShard(uint64_t id,
+                                                    const std::vector<CatalogFile>& files,
+                                                    absl::Time deadline) {
+  v1::ReportShardResponse resp;
+  MUSTER_RETURN_IF_ERROR(Retry(deadline, [&](absl::Time d) {
+    MUSTER_CONTEXT(ctx, d);
+    v1::ReportShardRequest req;
+    req.set_checkpoint_id(id);
+    *req.mutable_member() = Ref(options_);
+    for (const CatalogFile& f : files) {
+      v1::ShardFile* pf = req.add_files();
+      pf->set_path(f.path);
+      pf->set_bytes(f.bytes);
+      pf->set_checksum(f.xxh3);
+    }
+    return FromGrpcStatus(impl_->stub->ReportShard(&ctx, req, &resp));
+  }));
+  return resp.committed();
+}
+
+absl::Status CoordinatorClient::AbortCheckpoint(uint64_t id, const std::string& reason,
+                                                absl::Time deadline) {
+  return Retry(deadline, [&](absl::Time d) {
+    MUSTER_CONTEXT(ctx, d);
+    v1::AbortCheckpointRequest req;
+    req.set_checkpoint_id(id);
+    *req.mutable_member() = Ref(options_);
+    req.set_reason(reason.substr(0, 1000));
+    v1::AbortCheckpointResponse resp;
+    return FromGrpcStatus(impl_->stub->AbortCheckpoint(&ctx, req, &resp));
+  });
+}
+
+absl::StatusOr<std::vector<CatalogEntry>> CoordinatorClient::ListCommitted(absl::Time deadline) {
+  v1::ListCheckpointsResponse resp;
+  MUSTER_RETURN_IF_ERROR(Retry(deadline, [&](absl::Time d) {
+    MUSTER_CONTEXT(ctx, d);
+    return FromGrpcStatus(impl_->stub->ListCheckpoints(&ctx, v1::ListCheckpointsRequest(), &resp));
+  }));
+  std::vector<CatalogEntry> out;
+  for (const v1::Checkpoint& c : resp.checkpoints()) {
+    if (c.state() != v1::Checkpoint::COMMITTED) continue;
+    CatalogEntry e;
+    e.id = c.checkpoint_id();
+    e.step = c.step();
+    for (const v1::ShardFile& f : c.files()) e.files.push_back({f.path(), f.bytes(), f.checksum()});
+    out.push_back(std::move(e));
+  }
+  return out;
+}
+
 }  // namespace muster

@@ -54,6 +54,19 @@ struct SessionNotice {
   std::string reason;
 };
 
+// A file of a checkpoint as the catalog records it.
+struct CatalogFile {
+  std::string path;
+  uint64_t bytes = 0;
+  std::string xxh3;
+};
+
+struct CatalogEntry {
+  uint64_t id = 0;
+  int64_t step = 0;
+  std::vector<CatalogFile> files;
+};
+
 class CoordinatorClient {
  public:
   // Errors: INVALID_ARGUMENT (bad TLS files).
@@ -87,6 +100,17 @@ class CoordinatorClient {
   absl::StatusOr<int64_t> KvAdd(uint64_t generation, const std::string& key, int64_t delta,
                                 absl::Time deadline);
   absl::Status Barrier(uint64_t generation, const std::string& name, absl::Time deadline);
+
+  // Checkpoint catalog (see the proto). Begin returns the id every rank of
+  // the generation shares for `step`.
+  absl::StatusOr<uint64_t> BeginCheckpoint(uint64_t generation, int64_t step,
+                                           absl::Time deadline);
+  // Returns true when this report committed the checkpoint.
+  absl::StatusOr<bool> ReportShard(uint64_t id, const std::vector<CatalogFile>& files,
+                                   absl::Time deadline);
+  absl::Status AbortCheckpoint(uint64_t id, const std::string& reason, absl::Time deadline);
+  // Committed checkpoints, newest first.
+  absl::StatusOr<std::vector<CatalogEntry>> ListCommitted(absl::Time deadline);
 
  private:
   explicit CoordinatorClient(ClientOptions options);

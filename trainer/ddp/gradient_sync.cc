@@ -37,9 +37,11 @@ GradientSync::GradientSync(std::vector<torch::Tensor> params, Communicator* comm
     b.offsets.push_back(static_cast<int64_t>(current_bytes / sizeof(float)));
     current_bytes += bytes;
   }
-  for (Bucket& b : buckets_) {
+  for (size_t i = 0; i < buckets_.size(); ++i) {
+    Bucket& b = buckets_[i];
     int64_t n = 0;
     for (size_t k : b.params) n += params_[k].numel();
+    if (i + 1 == buckets_.size()) ++n;  // the control word rides in the last bucket
     b.buffer = torch::zeros({n}, params_.empty() ? torch::TensorOptions().dtype(torch::kFloat32)
                                                  : params_[0].options().dtype(torch::kFloat32));
   }
@@ -66,7 +68,12 @@ void GradientSync::SetCommunicator(Communicator* comm) {
   comm_ = comm;
 }
 
-void GradientSync::Begin(bool sync) {
+void GradientSync::Begin(bool sync, float control) {
+  if (!buckets_.empty()) {
+    torch::Tensor& last = buckets_.back().buffer;
+    last.narrow(0, last.numel() - 1, 1).fill_(control);
+  }
+  control_ = 0;
   std::lock_guard<std::mutex> lock(mu_);
   syncing_ = sync;
   deadline_ = absl::Now() + options_.timeout;
@@ -168,6 +175,10 @@ absl::Status GradientSync::Finish(absl::Time deadline) {
     if (!b.status.ok()) return b.status;
   }
   lock.unlock();
+  if (!buckets_.empty()) {
+    const torch::Tensor& last = buckets_.back().buffer;
+    control_ = last.narrow(0, last.numel() - 1, 1).item<float>();
+  }
   torch::NoGradGuard no_grad;
   for (Bucket& b : buckets_) {
     for (size_t j = 0; j < b.params.size(); ++j) {

@@ -57,8 +57,12 @@ class GradientSync {
 
   void SetCommunicator(Communicator* comm);
 
-  // Starts a step; `sync` false = accumulate locally (no_sync).
-  void Begin(bool sync);
+  // Starts a step; `sync` false = accumulate locally (no_sync). `control` is
+  // a small word carried by the step's all-reduce (e.g. 1 = "stop after this
+  // step"); after Finish, control() is its average over the world, so it is
+  // non-zero on every rank as soon as one rank set it.
+  void Begin(bool sync, float control = 0);
+  float control() const { return control_; }
   // After backward: waits for every bucket and installs averaged gradients.
   // On error (deadline, abort) the gradients are unspecified and the step
   // must be dropped.
@@ -88,6 +92,7 @@ class GradientSync {
   std::vector<Bucket> buckets_;
   GradientSyncOptions options_;
   StepCommStats stats_;
+  float control_ = 0;
 
   std::mutex mu_;
   std::condition_variable cv_;

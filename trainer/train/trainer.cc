@@ -9,11 +9,13 @@
 #include <mutex>
 #include <thread>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "trainer/checkpoint/checkpointer.h"
 #include "trainer/data/dataset.h"
 #include "trainer/data/sampler.h"
 #include "trainer/ddp/gradient_sync.h"
@@ -108,6 +110,13 @@ std::string FormatEta(double seconds) {
 
 }  // namespace
 
+TrainResult::TrainResult() = default;
+TrainResult::~TrainResult() = default;
+TrainResult::TrainResult(TrainResult&&) = default;
+TrainResult& TrainResult::operator=(TrainResult&&) = default;
+TrainResult::TrainResult(const TrainResult&) = default;
+TrainResult& TrainResult::operator=(const TrainResult&) = default;
+
 absl::StatusOr<TrainResult> RunTraining(const TrainOptions& o) {
   const torch::Device device = o.comm.cuda ? torch::Device(torch::kCUDA, o.comm.cuda_device)
                                            : torch::Device(torch::kCPU);
@@ -180,6 +189,37 @@ absl::StatusOr<TrainResult> RunTraining(const TrainOptions& o) {
   GradientSync sync(params, comm.get(), sync_options);
   const double peak_lr = o.lr * (o.lr_scaling == "linear" ? w : 1);
   auto optimizer = MakeOptimizer(o, params, peak_lr);
+  // Resume from the newest committed checkpoint that verifies; every rank
+  // must load the same one.
+  int64_t resume_step = 0, resume_offset = 0;
+  if (!o.checkpoint_dir.empty() && o.resume) {
+    MUSTER_ASSIGN_OR_RETURN(std::vector<CatalogEntry> committed,
+                            client->ListCommitted(absl::Now() + absl::Seconds(60)));
+    for (const CatalogEntry& entry : committed) {
+      std::vector<FileReport> files;
+      for (const CatalogFile& f : entry.files) files.push_back({f.path, f.bytes, f.xxh3});
+      absl::StatusOr<CheckpointMeta> meta = LoadCheckpoint(
+          files, *model, *optimizer,
+          o.checkpoint_fs != nullptr ? o.checkpoint_fs : DefaultFileSystem());
+      if (meta.ok()) {
+        resume_step = meta->step;
+        resume_offset = meta->sample_offset;
+        break;
+      }
+      MUSTER_LOG(WARNING) << "checkpoint of step " << entry.step << " is unusable ("
+                          << meta.status() << "); trying the previous one";
+    }
+    double agree[2] = {static_cast<double>(resume_step), 0};
+    agree[1] = agree[0] * agree[0];
+    MUSTER_RETURN_IF_ERROR(comm->AllReduce(agree, 2, DataType::kFloat64, ReduceOp::kAverage,
+                                           absl::Now() + kCollectiveTimeout));
+    if (agree[1] - agree[0] * agree[0] > 1e-6) {
+      return absl::DataLossError("ranks restored different checkpoints; check the checkpoint files");
+    }
+    if (resume_step > 0 && rank == 0 && !o.quiet) {
+      std::cout << "muster: resumed from the checkpoint of step " << resume_step << std::endl;
+    }
+  }
   DistributedSampler sampler(train->size(), o.seed);
   const int64_t global_batch = int64_t{o.batch_size} * w;
   const int64_t end_offset = o.steps > 0 ? INT64_MAX : int64_t{o.epochs} * train->size();
@@ -198,7 +238,75 @@ absl::StatusOr<TrainResult> RunTraining(const TrainOptions& o) {
   TrainResult result;
   result.rank = rank;
   result.world_size = w;
-  int64_t offset = 0, step = 0;
+  result.resumed_from_step = resume_step > 0 ? resume_step : -1;
+  int64_t offset = resume_offset, step = resume_step;
+
+  std::unique_ptr<Checkpointer> checkpointer;
+  if (!o.checkpoint_dir.empty()) {
+    checkpointer = std::make_unique<Checkpointer>(
+        o.checkpoint_dir, *model, *optimizer,
+        o.checkpoint_fs != nullptr ? o.checkpoint_fs : DefaultFileSystem());
+  }
+  std::atomic<int> committed{0};
+  absl::Time last_checkpoint = absl::Now();
+  // Checkpoints the state after `step`: every rank begins it in the catalog;
+  // rank 0 writes the (replicated) state in the background and reports its
+  // files, the others report none. Failures abort it; training goes on.
+  auto checkpoint = [&](int64_t at_step, int64_t epoch) -> absl::Status {
+    absl::StatusOr<uint64_t> id =
+        client->BeginCheckpoint(world.generation, at_step, absl::Now() + absl::Seconds(30));
+    if (!id.ok()) {
+      MUSTER_LOG(WARNING) << "checkpoint of step " << at_step << " not started: " << id.status();
+      return absl::OkStatus();
+    }
+    if (rank != 0) {
+      absl::Status s = client->ReportShard(*id, {}, absl::Now() + absl::Seconds(30)).status();
+      if (!s.ok()) MUSTER_LOG(WARNING) << "checkpoint report failed: " << s;
+      return absl::OkStatus();
+    }
+    CheckpointMeta meta;
+    meta.step = at_step;
+    meta.epoch = epoch;
+    meta.sample_offset = offset;
+    meta.generation = world.generation;
+    meta.world_size = w;
+    meta.model = o.model;
+    meta.optimizer = o.optimizer;
+    const uint64_t cid = *id;
+    CoordinatorClient* c = client.get();
+    const std::string dir = o.checkpoint_dir;
+    return checkpointer->Snapshot(
+        meta, [c, cid, at_step, dir, &committed](absl::StatusOr<std::vector<FileReport>> files,
+                                                 CheckpointTiming timing) {
+          if (!files.ok()) {
+            c->AbortCheckpoint(cid, std::string(files.status().message()),
+                               absl::Now() + absl::Seconds(30)).IgnoreError();
+            return;
+          }
+          std::vector<CatalogFile> report;
+          for (const FileReport& f : *files) report.push_back({f.path, f.bytes, f.xxh3});
+          absl::StatusOr<bool> done = c->ReportShard(cid, report, absl::Now() + absl::Seconds(30));
+          if (!done.ok()) {
+            MUSTER_LOG(WARNING) << "checkpoint of step " << at_step << " not reported: " << done.status();
+            return;
+          }
+          ++committed;
+          MUSTER_LOG(INFO) << "checkpoint of step " << at_step << " written ("
+                           << timing.bytes / 1e6 << " MB, blocking " << timing.blocking_seconds
+                           << " s, write " << timing.write_seconds << " s)";
+          // Retention: the catalog retired older checkpoints; remove their files.
+          auto kept = c->ListCommitted(absl::Now() + absl::Seconds(30));
+          auto names = DefaultFileSystem()->ListDir(dir);
+          if (!kept.ok() || !names.ok()) return;
+          for (const std::string& name : *names) {
+            int64_t s = -1;
+            if (name.rfind("step-", 0) != 0 || !absl::SimpleAtoi(name.substr(5), &s)) continue;
+            bool keep = s >= at_step;
+            for (const CatalogEntry& e : *kept) keep |= e.step == s;
+            if (!keep) DefaultFileSystem()->RemoveAll(dir + "/" + name).IgnoreError();
+          }
+        });
+  };
   double loss_sum = 0, comm_total = 0, hidden_total = 0;
   int64_t loss_count = 0;
   const absl::Time start = absl::Now();
@@ -211,7 +319,9 @@ absl::StatusOr<TrainResult> RunTraining(const TrainOptions& o) {
     const double lr = ScheduledLr(peak_lr, step, o.warmup_steps, total_steps);
     SetLearningRate(*optimizer, lr);
     optimizer->zero_grad();
-    sync.Begin(/*sync=*/true);
+    const bool stop_here = (o.stop_requested != nullptr && o.stop_requested->load()) ||
+                           (o.stop_after_step > 0 && step + 1 >= o.stop_after_step);
+    sync.Begin(/*sync=*/true, stop_here ? 1.0f : 0.0f);
     torch::Tensor loss = torch::cross_entropy_loss(model->forward(x), y);
     const absl::Time backward_start = absl::Now();
     loss.backward();
@@ -230,6 +340,38 @@ absl::StatusOr<TrainResult> RunTraining(const TrainOptions& o) {
     result.last_loss = loss.item<double>();
     loss_sum += result.last_loss;
     ++loss_count;
+
+    if (sync.control() > 0) {
+      // Some rank was told to stop (Slurm's warning signal, preemption):
+      // every rank saw it in this step's all-reduce. Checkpoint and leave.
+      if (checkpointer) {
+        MUSTER_RETURN_IF_ERROR(checkpoint(step, b.epoch));
+        checkpointer->Wait();
+        // Nobody leaves before rank 0 reported: a departure would abort the
+        // checkpoint before it commits.
+        MUSTER_RETURN_IF_ERROR(comm->Barrier(absl::Now() + kCollectiveTimeout));
+      }
+      if (rank == 0 && !o.quiet) {
+        std::cout << "muster: stopping at step " << step
+                  << (checkpointer ? " after checkpointing" : "") << std::endl;
+      }
+      result.steps = step;
+      result.stopped = true;
+      result.checkpoints_committed = committed.load();
+      {
+        std::lock_guard<std::mutex> lock(comm_mu);
+        live_comm = nullptr;
+      }
+      for (const torch::Tensor& p : params) result.parameters.push_back(p.detach().cpu().clone());
+      return result;
+    }
+    if (checkpointer &&
+        ((o.checkpoint_every > 0 && step % o.checkpoint_every == 0) ||
+         (o.checkpoint_interval_s > 0 &&
+          absl::Now() - last_checkpoint >= absl::Seconds(o.checkpoint_interval_s)))) {
+      MUSTER_RETURN_IF_ERROR(checkpoint(step, b.epoch));
+      last_checkpoint = absl::Now();
+    }
 
     const bool eval_now = o.eval_every > 0 && step % o.eval_every == 0 && step < total_steps;
     if (eval_now) {
@@ -272,9 +414,11 @@ absl::StatusOr<TrainResult> RunTraining(const TrainOptions& o) {
       loss_count = 0;
     }
   }
+  if (checkpointer) checkpointer->Wait();
+  result.checkpoints_committed = committed.load();
   const double elapsed = absl::ToDoubleSeconds(absl::Now() - start);
   result.steps = step;
-  result.steps_per_second = step / std::max(elapsed, 1e-9);
+  result.steps_per_second = (step - resume_step) / std::max(elapsed, 1e-9);
   result.samples_per_second = result.steps_per_second * global_batch;
   result.comm_overlap_pct = comm_total > 0 ? 100.0 * hidden_total / comm_total : 0;
   MUSTER_ASSIGN_OR_RETURN(Evaluation final_eval, Evaluate(*model, *test, *comm, rank, w, device));

@@ -5,15 +5,21 @@
 #ifndef MUSTER_TRAINER_TRAIN_TRAINER_H_
 #define MUSTER_TRAINER_TRAIN_TRAINER_H_
 
-#include <torch/types.h>
-
+#include <atomic>
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/file_system.h"
 #include "trainer/client/coordinator_client.h"
 #include "trainer/comm/factory.h"
+
+// No LibTorch here: programs that define Abseil flags include this header,
+// and Debian's LibTorch brings glog, whose FLAGS_log_dir clashes with ours.
+namespace at {
+class Tensor;
+}  // namespace at
 
 namespace muster {
 
@@ -43,9 +49,28 @@ struct TrainOptions {
   uint64_t seed = 1;
   int threads = 0;         // LibTorch intra-op threads; 0 = cores / local trainers
   bool quiet = false;      // no progress lines
+
+  // Checkpoints (see trainer/checkpoint/checkpointer.h). Empty dir: none.
+  std::string checkpoint_dir;
+  int64_t checkpoint_every = 0;       // steps; 0 = not by steps
+  double checkpoint_interval_s = 0;   // seconds; 0 = not by time
+  bool resume = true;                 // restore the newest committed checkpoint at start
+  FileSystem* checkpoint_fs = nullptr;  // default: the real file system (tests inject faults)
+  // Set by a signal handler (SIGUSR1/SIGTERM): every rank checkpoints at the
+  // next step boundary and RunTraining returns with `stopped` set.
+  const std::atomic<bool>* stop_requested = nullptr;
+  // Behave as if stop_requested were set after this step (drills and tests).
+  int64_t stop_after_step = 0;
 };
 
 struct TrainResult {
+  TrainResult();
+  ~TrainResult();
+  TrainResult(TrainResult&&);
+  TrainResult& operator=(TrainResult&&);
+  TrainResult(const TrainResult&);
+  TrainResult& operator=(const TrainResult&);
+
   int rank = 0;
   int world_size = 0;
   int64_t steps = 0;
@@ -55,7 +80,10 @@ struct TrainResult {
   double steps_per_second = 0;
   double samples_per_second = 0;
   double comm_overlap_pct = 0;  // share of all-reduce time hidden behind backward
-  std::vector<torch::Tensor> parameters;  // final, in registration order
+  bool stopped = false;         // stopped by a signal after checkpointing
+  int64_t resumed_from_step = -1;  // the checkpoint restored at start (-1: none)
+  int checkpoints_committed = 0;
+  std::vector<at::Tensor> parameters;  // final, in registration order
 };
 
 absl::StatusOr<TrainResult> RunTraining(const TrainOptions& options);

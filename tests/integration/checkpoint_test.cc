@@ -1,0 +1,215 @@
+// Checkpoint-restart with real trainers (threads), a real coordinator and
+// real files: exact (bitwise) resume, fall back past a damaged checkpoint,
+// a full disk aborts one checkpoint while training goes on, retention, and
+// an independent Python reader.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <thread>
+
+#include "common/file_system.h"
+#include "tests/integration/coordinator_fixture.h"
+#include "tests/integration/faulty_file_system.h"
+#include "trainer/data/dataset.h"
+#include "trainer/models/models.h"
+#include "trainer/train/trainer.h"
+
+namespace muster {
+namespace {
+
+const std::string kSourceDir = MUSTER_SOURCE_DIR;
+
+TrainOptions Base(int port) {
+  TrainOptions o;
+  o.client.target = "127.0.0.1:" + std::to_string(port);
+  o.model = "mlp";
+  o.batch_size = 16;
+  o.steps = 30;
+  o.lr = 0.05;
+  o.lr_scaling = "none";
+  o.warmup_steps = 5;
+  o.threads = 1;
+  o.quiet = true;
+  o.comm.backend = Backend::kShm;
+  o.comm.job = "ckpt" + std::to_string(::getpid());
+  o.local_world_size = 2;
+  return o;
+}
+
+std::vector<TrainResult> RunJob(int world, const TrainOptions& base) {
+  std::vector<TrainResult> out(world);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < world; ++i) {
+    threads.emplace_back([&, i] {
+      TrainOptions o = base;
+      o.client.node = "node0";
+      o.client.local_rank = static_cast<uint32_t>(i);
+      o.client.member_id = "node0/" + std::to_string(i);
+      auto r = RunTraining(o);
+      ASSERT_TRUE(r.ok()) << r.status();
+      out[r->rank] = std::move(*r);
+    });
+  }
+  for (auto& t : threads) t.join();
+  return out;
+}
+
+bool Equal(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (!torch::equal(a[i], b[i])) return false;
+  }
+  return true;
+}
+
+std::string TempDir(const std::string& name) {
+  const std::string dir = ::testing::TempDir() + "/" + name + std::to_string(::getpid());
+  DefaultFileSystem()->RemoveAll(dir).IgnoreError();
+  return dir;
+}
+
+bool Exists(const std::string& path) { return ::access(path.c_str(), F_OK) == 0; }
+
+class CheckpointTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!LoadFashionMnist(kDefaultFashionMnistDir, true).ok()) {
+      GTEST_SKIP() << "dataset-fashion-mnist is not installed";
+    }
+  }
+};
+
+TEST_F(CheckpointTest, InterruptedAndResumedRunIsBitwiseIdentical) {
+  auto coord_a = InProcessCoordinator::Start(2);
+  auto uninterrupted = RunJob(2, Base(coord_a->port()));
+  ASSERT_EQ(uninterrupted[0].steps, 30);
+
+  const std::string state = TempDir("exact-state");
+  auto coord = InProcessCoordinator::Start(2, 3, state);
+  TrainOptions o = Base(coord->port());
+  o.checkpoint_dir = TempDir("exact");
+  o.checkpoint_every = 10;
+  o.stop_after_step = 20;
+  auto first = RunJob(2, o);
+  ASSERT_TRUE(first[0].stopped);
+  EXPECT_EQ(first[0].steps, 20);
+  EXPECT_TRUE(Exists(o.checkpoint_dir + "/step-20/manifest.json"));
+
+  // The job is requeued: a new coordinator on the same state dir.
+  coord.reset();
+  coord = InProcessCoordinator::Start(2, 3, state);
+  o.client.target = "127.0.0.1:" + std::to_string(coord->port());
+  o.stop_after_step = 0;
+  auto resumed = RunJob(2, o);
+  EXPECT_EQ(resumed[0].resumed_from_step, 20);
+  EXPECT_EQ(resumed[0].steps, 30);
+  EXPECT_TRUE(Equal(resumed[0].parameters, uninterrupted[0].parameters));
+  EXPECT_TRUE(Equal(resumed[1].parameters, uninterrupted[0].parameters));
+}
+
+TEST_F(CheckpointTest, DamagedNewestCheckpointFallsBackToThePreviousOne) {
+  auto coord_a = InProcessCoordinator::Start(2);
+  auto uninterrupted = RunJob(2, Base(coord_a->port()));
+  const std::string state = TempDir("damaged-state");
+  auto coord = InProcessCoordinator::Start(2, 3, state);
+  TrainOptions o = Base(coord->port());
+  o.checkpoint_dir = TempDir("damaged");
+  o.checkpoint_every = 10;
+  o.stop_after_step = 20;
+  RunJob(2, o);
+  // Flip one byte in the newest checkpoint's data.
+  const std::string victim = o.checkpoint_dir + "/step-20/model.safetensors";
+  std::fstream f(victim, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(-5, std::ios::end);
+  char c;
+  f.get(c);
+  f.seekp(-5, std::ios::end);
+  f.put(static_cast<char>(c ^ 0x40));
+  f.close();
+  coord.reset();
+  coord = InProcessCoordinator::Start(2, 3, state);
+  o.client.target = "127.0.0.1:" + std::to_string(coord->port());
+  o.stop_after_step = 0;
+  auto resumed = RunJob(2, o);
+  EXPECT_EQ(resumed[0].resumed_from_step, 10);
+  EXPECT_EQ(resumed[0].steps, 30);
+  // Resuming from step 10 is just as exact.
+  EXPECT_TRUE(Equal(resumed[0].parameters, uninterrupted[0].parameters));
+}
+
+TEST_F(CheckpointTest, FullDiskAbortsThatCheckpointAndTrainingContinues) {
+  const std::string state = TempDir("enospc-state");
+  auto coord = InProcessCoordinator::Start(2, 3, state);
+  TrainOptions o = Base(coord->port());
+  o.checkpoint_dir = TempDir("enospc");
+  o.checkpoint_every = 10;
+  FaultyFileSystem fs("step-20/model", ENOSPC, 4096);
+  o.checkpoint_fs = &fs;
+  auto r = RunJob(2, o);
+  EXPECT_EQ(r[0].steps, 30);
+  EXPECT_GE(fs.failures(), 1);
+  EXPECT_EQ(r[0].checkpoints_committed, 2);  // steps 10 and 30
+  EXPECT_TRUE(Exists(o.checkpoint_dir + "/step-10/manifest.json"));
+  EXPECT_FALSE(Exists(o.checkpoint_dir + "/step-20"));
+  EXPECT_TRUE(Exists(o.checkpoint_dir + "/step-30/manifest.json"));
+  // The next start resumes from 30 (the aborted 20 was never committed).
+  coord.reset();
+  coord = InProcessCoordinator::Start(2, 3, state);
+  o.client.target = "127.0.0.1:" + std::to_string(coord->port());
+  o.checkpoint_fs = nullptr;
+  o.steps = 35;
+  auto resumed = RunJob(2, o);
+  EXPECT_EQ(resumed[0].resumed_from_step, 30);
+}
+
+TEST_F(CheckpointTest, RetentionKeepsTheLastK) {
+  auto coord = InProcessCoordinator::Start(2, /*keep_last=*/2);
+  TrainOptions o = Base(coord->port());
+  o.checkpoint_dir = TempDir("retention");
+  o.checkpoint_every = 5;
+  o.steps = 25;
+  RunJob(2, o);
+  auto names = DefaultFileSystem()->ListDir(o.checkpoint_dir);
+  ASSERT_TRUE(names.ok());
+  std::sort(names->begin(), names->end());
+  EXPECT_EQ(*names, (std::vector<std::string>{"step-20", "step-25"}));
+}
+
+TEST_F(CheckpointTest, AnIndependentPythonReaderSeesTheSameTensors) {
+  if (std::system("/usr/bin/python3 -c 'import numpy' 2>/dev/null") != 0) {
+    GTEST_SKIP() << "python3-numpy is not installed";
+  }
+  auto coord = InProcessCoordinator::Start(2);
+  TrainOptions o = Base(coord->port());
+  o.checkpoint_dir = TempDir("interop");
+  o.checkpoint_every = 10;
+  o.stop_after_step = 10;
+  auto r = RunJob(2, o);
+  const std::string cmd = "/usr/bin/python3 " + kSourceDir + "/tests/integration/read_safetensors.py " +
+                          o.checkpoint_dir + "/step-10/model.safetensors";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  std::map<std::string, double> sums;
+  char name[256], dtype[16], shape[64];
+  double sum;
+  while (std::fscanf(p, "%255s %15s %63s %lf", name, dtype, shape, &sum) == 4) sums[name] = sum;
+  ASSERT_EQ(::pclose(p), 0);
+  auto model = *MakeModel("mlp", {});
+  size_t i = 0;
+  for (const auto& np : model->named_parameters()) {
+    const std::string key = "param." + np.key();
+    ASSERT_EQ(sums.count(key), 1u) << key;
+    EXPECT_NEAR(sums[key], r[0].parameters[i].to(torch::kFloat64).sum().item<double>(), 1e-6)
+        << key;
+    ++i;
+  }
+  EXPECT_EQ(i, sums.size());
+}
+
+}  // namespace
+}  // namespace muster

@@ -1,0 +1,119 @@
+// Checkpointer: asynchronous, checksummed checkpoints of a model and its
+// optimizer in safetensors files.
+//
+// A checkpoint of step S is the directory DIR/step-<S>/ holding
+// model.safetensors (parameters "param.<name>" and buffers "buffer.<name>"),
+// optimizer.safetensors ("<param name>.<field>", e.g. "fc1.weight.momentum_buffer")
+// and manifest.json (step, epoch, sample offset, generation, world size,
+// model and optimizer names, RNG state, and every file's bytes and xxh3).
+// Every file is written under a temporary name, fsynced, renamed, and the
+// directory fsynced; only then is the checkpoint reported.
+//
+// Snapshot() blocks only while the state is copied into host buffers that
+// are reused from one checkpoint to the next; writing and checksumming run
+// on a background thread. A new snapshot waits for the previous write.
+//
+// Thread-safety: Snapshot/Wait from the training thread; the callback runs on
+// the writer thread.
+#ifndef MUSTER_TRAINER_CHECKPOINT_CHECKPOINTER_H_
+#define MUSTER_TRAINER_CHECKPOINT_CHECKPOINTER_H_
+
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+
+#include <condition_variable>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/file_system.h"
+
+namespace muster {
+
+struct CheckpointMeta {
+  int64_t step = 0;
+  int64_t epoch = 0;
+  int64_t sample_offset = 0;
+  uint64_t generation = 0;
+  int world_size = 0;
+  std::string model;
+  std::string optimizer;  // "sgd" or "adamw"
+  std::string rng_state;  // hex of the CPU generator's state
+};
+
+struct FileReport {
+  std::string path;
+  uint64_t bytes = 0;
+  std::string xxh3;
+};
+
+struct CheckpointTiming {
+  double blocking_seconds = 0;  // Snapshot() until it returned
+  double write_seconds = 0;     // background write of all files
+  uint64_t bytes = 0;
+};
+
+class Checkpointer {
+ public:
+  using Done = std::function<void(absl::StatusOr<std::vector<FileReport>>, CheckpointTiming)>;
+
+  // `model` and `optimizer` must outlive the checkpointer.
+  Checkpointer(std::string dir, torch::nn::Module& model, torch::optim::Optimizer& optimizer,
+               FileSystem* fs = DefaultFileSystem());
+  ~Checkpointer();
+
+  // Copies the state of `meta.step` to host memory and returns; `done` runs
+  // on the writer thread with the written files or the error (the partial
+  // files are then removed). Waits for a previous write first.
+  absl::Status Snapshot(const CheckpointMeta& meta, Done done);
+  // Waits until no write is running.
+  void Wait();
+
+  // The directory of step `step`.
+  std::string StepDir(int64_t step) const;
+
+ private:
+  struct Slot {
+    std::string name;
+    std::string dtype;
+    std::vector<int64_t> shape;
+    size_t offset = 0;
+    size_t bytes = 0;
+  };
+  void WriterLoop();
+  absl::StatusOr<std::vector<FileReport>> Write(const CheckpointMeta& meta, uint64_t* bytes);
+
+  const std::string dir_;
+  torch::nn::Module& model_;
+  torch::optim::Optimizer& optimizer_;
+  FileSystem* const fs_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool busy_ = false;  // guarded by mu_
+  bool stop_ = false;  // guarded by mu_
+  bool has_job_ = false;
+  CheckpointMeta meta_;
+  Done done_;
+  double blocking_seconds_ = 0;
+  // Host copies, reused across checkpoints: model then optimizer tensors.
+  std::vector<char> arena_;
+  std::vector<Slot> model_slots_, optimizer_slots_;
+  std::thread writer_;
+};
+
+// Verifies `files` (path -> expected xxh3) of a checkpoint and loads it into
+// `model` and `optimizer`. Errors: DATA_LOSS naming the file and what is
+// wrong (checksum, header, missing tensor, shape or dtype mismatch),
+// NOT_FOUND for a missing file. Nothing is changed unless everything checks.
+absl::StatusOr<CheckpointMeta> LoadCheckpoint(const std::vector<FileReport>& files,
+                                              torch::nn::Module& model,
+                                              torch::optim::Optimizer& optimizer,
+                                              FileSystem* fs = DefaultFileSystem());
+
+}  // namespace muster
+
+#endif  // MUSTER_TRAINER_CHECKPOINT_CHECKPOINTER_H_
