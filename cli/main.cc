@@ -17,11 +17,13 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "cli/format.h"
+#include "common/file_system.h"
 #include "common/flag_names.h"
 #include "common/token.h"
 #include "muster/v1/coordinator.grpc.pb.h"
 #include "rpc/credentials.h"
 #include "rpc/status.h"
+#include "trainer/checkpoint/safetensors.h"
 
 ABSL_FLAG(std::string, coordinator, "", "host:port of the coordinator (default $MUSTER_COORDINATOR)");
 ABSL_FLAG(std::string, token_file, "", "job token file (default $MUSTER_TOKEN_FILE)");
@@ -30,6 +32,7 @@ ABSL_FLAG(std::string, tls_cert, "", "PEM client certificate (mutual TLS)");
 ABSL_FLAG(std::string, tls_key, "", "PEM client key (mutual TLS)");
 ABSL_FLAG(bool, json, false, "print JSON instead of tables");
 ABSL_FLAG(bool, all, false, "checkpoints: include pending, aborted and retired ones");
+ABSL_FLAG(bool, verify, false, "checkpoints: re-read every file and check its xxh3 checksum");
 ABSL_FLAG(absl::Duration, timeout, absl::Seconds(10), "rpc deadline");
 
 namespace {
@@ -100,7 +103,31 @@ int Run(const std::vector<char*>& args) {
     grpc::Status s = stub->ListCheckpoints(&ctx, req, &resp);
     if (!s.ok()) return Fail("checkpoints", s);
     if (json) Print(resp); else std::cout << muster::FormatCheckpoints(resp);
-    return 0;
+    if (!absl::GetFlag(FLAGS_verify)) return 0;
+    int bad = 0;
+    for (const muster::v1::Checkpoint& c : resp.checkpoints()) {
+      if (c.state() != muster::v1::Checkpoint::COMMITTED) continue;
+      const int bad_before = bad;
+      for (const muster::v1::ShardFile& f : c.files()) {
+        auto bytes = muster::DefaultFileSystem()->ReadFile(f.path(), uint64_t{64} << 30);
+        std::string problem;
+        if (!bytes.ok()) {
+          problem = std::string(bytes.status().message());
+        } else if (bytes->size() != f.bytes()) {
+          problem = absl::StrCat("size ", bytes->size(), ", the catalog says ", f.bytes());
+        } else if (muster::Xxh3Hex(bytes->data(), bytes->size()) != f.checksum()) {
+          problem = "checksum mismatch";
+        }
+        if (!problem.empty()) {
+          ++bad;
+          std::cout << "BAD  step " << c.step() << "  " << f.path() << ": " << problem << "\n";
+        }
+      }
+      if (bad == bad_before) {
+        std::cout << "ok   step " << c.step() << "  " << c.files_size() << " files\n";
+      }
+    }
+    return bad == 0 ? 0 : 1;
   }
   if (command == "drain") {
     if (args.size() != 3) {

@@ -1,6 +1,7 @@
 // muster-bench WHAT [flags]: benchmarks that print one line of figures.
 //
 //   muster-bench coordinator --members N --seconds S
+//   muster-bench checkpoint --state-mb 800 [--dir D]
 //   muster-bench train --model mlp|cnn --world W --nodes M --steps N
 //   muster-bench allreduce --world W --nodes M --backend gloo|shm|hier --sizes 4K,1M,...
 #include <cstring>
@@ -10,13 +11,18 @@
 
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/flag.h"
 #include "common/flag_names.h"
+
+ABSL_FLAG(int, state_mb, 800, "checkpoint: MB of training state");
+ABSL_FLAG(std::string, dir, "", "checkpoint: directory to write to (default under /var/tmp)");
 
 namespace muster {
 int RunCoordinatorBench();
 int RunAllreduceBench();
 int RunCommWorker();
 int RunTrainBench();
+int RunCheckpointBench();
 }  // namespace muster
 
 int main(int argc, char** argv) {
@@ -28,6 +34,9 @@ int main(int argc, char** argv) {
   if (what == "allreduce") return muster::RunAllreduceBench();
   if (what == "comm-worker") return muster::RunCommWorker();
   if (what == "train") return muster::RunTrainBench();
-  std::cerr << "muster-bench: unknown benchmark '" << what << "' (coordinator, allreduce, train)\n";
+#ifdef MUSTER_BENCH_TORCH
+  if (what == "checkpoint") return muster::RunCheckpointBench();
+#endif
+  std::cerr << "muster-bench: unknown benchmark '" << what << "' (coordinator, allreduce, train, checkpoint)\n";
   return 2;
 }

@@ -112,10 +112,18 @@ class GlooCommunicator : public Communicator {
       : worker_(std::move(worker)), rank_(rank), size_(size) {}
 
   ~GlooCommunicator() override {
+    bool idle;
     {
       absl::MutexLock lock(&worker_->mu);
       worker_->stop = true;
       if (worker_->broken.ok()) worker_->broken = absl::AbortedError("communicator destroyed");
+      idle = !worker_->running && !worker_->has_job;
+    }
+    if (idle) {
+      // The usual case: nothing in flight; release everything now.
+      worker_->thread.join();
+      worker_->context.reset();
+      return;
     }
     // A transfer blocked on a hung peer ends at its own timeout; release the
     // worker and the sockets then, without making the caller wait.

@@ -1,0 +1,117 @@
+// SIGUSR1 (Slurm's warning before the time limit) to one trainer: every rank
+// checkpoints at the next step boundary and exits 75; `muster checkpoints
+// --verify` shows the committed checkpoint; restarted trainers resume from it
+// and finish.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+
+namespace muster {
+namespace {
+
+const std::string kBin = MUSTER_BIN_DIR;
+
+std::string Read(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+pid_t Spawn(const std::vector<std::string>& argv, const std::string& log) {
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    FILE* f = std::freopen(log.c_str(), "a", stdout);
+    (void)f;
+    ::dup2(1, 2);
+    std::vector<char*> args;
+    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    ::execv(args[0], args.data());
+    ::_exit(127);
+  }
+  return pid;
+}
+
+int Wait(pid_t pid) {
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+std::string Shell(const std::string& cmd, int* code) {
+  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
+  std::string out;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
+  const int status = ::pclose(p);
+  *code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return out;
+}
+
+TEST(SignalTest, Sigusr1CheckpointsStopsAndTheNextStartResumes) {
+  if (::access("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz", R_OK) != 0) {
+    GTEST_SKIP() << "dataset-fashion-mnist is not installed";
+  }
+  const std::string dir = ::testing::TempDir() + "/signal" + std::to_string(::getpid());
+  std::system(("rm -rf " + dir + " && mkdir -p " + dir).c_str());
+  const int port = 20000 + ::getpid() % 20000;
+  const std::string target = absl::StrCat("127.0.0.1:", port);
+  const pid_t coordinator = Spawn({kBin + "/muster-coordinator", "--listen=" + target,
+                                   "--no-auth", "--state-dir=" + dir + "/state",
+                                   "--min-members=2", "--max-members=2"},
+                                  dir + "/coordinator.log");
+  auto trainers = [&](const std::string& tag) {
+    std::vector<pid_t> pids;
+    for (int i = 0; i < 2; ++i) {
+      pids.push_back(Spawn({kBin + "/muster-train", "--coordinator=" + target, "--node-id=n",
+                            absl::StrCat("--local-rank=", i), "--model=mlp", "--steps=300",
+                            "--batch-size=32", "--log-every=10", "--threads=1",
+                            "--checkpoint-dir=" + dir + "/ckpt", "--checkpoint-every=1000",
+                            absl::StrCat("--job=sig", ::getpid())},
+                           absl::StrCat(dir, "/", tag, i, ".log")));
+    }
+    return pids;
+  };
+  std::vector<pid_t> first = trainers("first");
+  // Wait until rank 0 trains, then warn one trainer.
+  const absl::Time end = absl::Now() + absl::Seconds(60);
+  while (Read(dir + "/first0.log").find("step 20/") == std::string::npos && absl::Now() < end) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  ASSERT_EQ(::kill(first[1], SIGUSR1), 0);
+  EXPECT_EQ(Wait(first[0]), 75) << Read(dir + "/first0.log");
+  EXPECT_EQ(Wait(first[1]), 75) << Read(dir + "/first1.log");
+  const std::string log0 = Read(dir + "/first0.log");
+  EXPECT_NE(log0.find("stopping at step"), std::string::npos) << log0;
+
+  int code = 0;
+  const std::string listing =
+      Shell(kBin + "/muster --coordinator " + target + " checkpoints --verify", &code);
+  EXPECT_EQ(code, 0) << listing;
+  EXPECT_NE(listing.find("committed"), std::string::npos) << listing;
+  EXPECT_NE(listing.find("ok   step"), std::string::npos) << listing;
+
+  std::vector<pid_t> second = trainers("second");
+  EXPECT_EQ(Wait(second[0]), 0) << Read(dir + "/second0.log");
+  EXPECT_EQ(Wait(second[1]), 0) << Read(dir + "/second1.log");
+  const std::string log = Read(dir + "/second0.log");
+  EXPECT_NE(log.find("resumed from the checkpoint of step"), std::string::npos) << log;
+  EXPECT_NE(log.find("done: 300 steps"), std::string::npos) << log;
+  ::kill(coordinator, SIGTERM);
+  Wait(coordinator);
+}
+
+}  // namespace
+}  // namespace muster
