@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <iostream>
 #include <mutex>
 #include <vector>
@@ -44,8 +45,11 @@ double DdDirectMBps(const std::string& dir) {
   char line[512];
   double mbps = 0;
   while (std::fgets(line, sizeof(line), p) != nullptr) {
+    // "536870912 bytes (537 MB, 512 MiB) copied, 0.68 s, 790 MB/s"
     double bytes = 0, secs = 0;
-    if (std::sscanf(line, "%lf bytes %*[^,], %lf s", &bytes, &secs) == 2 && secs > 0) {
+    const char* copied = std::strstr(line, "copied, ");
+    if (copied != nullptr && std::sscanf(line, "%lf", &bytes) == 1 &&
+        std::sscanf(copied + 8, "%lf", &secs) == 1 && secs > 0) {
       mbps = bytes / secs / 1e6;
     }
   }
