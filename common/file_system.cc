@@ -51,6 +51,10 @@ class PosixFile : public WritableFile {
     if (::fdatasync(fd_) != 0) return ErrnoStatus(errno, "fsync", path_);
     return absl::OkStatus();
   }
+  absl::Status Truncate(uint64_t size) override {
+    if (::ftruncate(fd_, static_cast<off_t>(size)) != 0) return ErrnoStatus(errno, "truncate", path_);
+    return absl::OkStatus();
+  }
   absl::Status Close() override {
     const int fd = fd_;
     fd_ = -1;
@@ -69,6 +73,17 @@ class PosixFileSystem : public FileSystem {
     const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) return ErrnoStatus(errno, "open", path);
     return std::unique_ptr<WritableFile>(new PosixFile(fd, path));
+  }
+  absl::StatusOr<std::unique_ptr<WritableFile>> NewDirectFile(const std::string& path,
+                                                              bool* direct) override {
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_DIRECT, 0644);
+    if (fd >= 0) {
+      *direct = true;
+      return std::unique_ptr<WritableFile>(new PosixFile(fd, path));
+    }
+    if (errno != EINVAL) return ErrnoStatus(errno, "open", path);
+    *direct = false;  // e.g. tmpfs
+    return NewWritableFile(path);
   }
   absl::Status Rename(const std::string& from, const std::string& to) override {
     if (::rename(from.c_str(), to.c_str()) != 0) return ErrnoStatus(errno, "rename", from);

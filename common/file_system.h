@@ -18,12 +18,16 @@
 
 namespace muster {
 
+inline constexpr size_t kDirectAlignment = 4096;
+
 class WritableFile {
  public:
   virtual ~WritableFile() = default;
   virtual absl::Status Append(const void* data, size_t n) = 0;
   // Flushes to stable storage (fsync).
   virtual absl::Status Sync() = 0;
+  // Cuts the file to `size` bytes (after direct writes rounded up to blocks).
+  virtual absl::Status Truncate(uint64_t size) = 0;
   virtual absl::Status Close() = 0;
 };
 
@@ -32,6 +36,12 @@ class FileSystem {
   virtual ~FileSystem() = default;
   // Creates or truncates `path`.
   virtual absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path) = 0;
+  // Like NewWritableFile, but bypassing the page cache (O_DIRECT) where the
+  // file system allows it: then every Append must pass a buffer aligned to
+  // kDirectAlignment and a multiple of it in size. Where O_DIRECT is not
+  // available it returns an ordinary file (*direct = false).
+  virtual absl::StatusOr<std::unique_ptr<WritableFile>> NewDirectFile(const std::string& path,
+                                                                      bool* direct) = 0;
   // Atomically replaces `to` with `from`.
   virtual absl::Status Rename(const std::string& from, const std::string& to) = 0;
   // fsync of a directory, so that a rename in it is durable.

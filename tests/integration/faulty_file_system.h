@@ -24,6 +24,11 @@ class FaultyFileSystem : public FileSystem {
     if (!f.ok() || path.find(pattern_) == std::string::npos) return f;
     return std::unique_ptr<WritableFile>(new Faulty(std::move(*f), path, err_, after_, &failures_));
   }
+  absl::StatusOr<std::unique_ptr<WritableFile>> NewDirectFile(const std::string& path,
+                                                              bool* direct) override {
+    *direct = false;
+    return NewWritableFile(path);
+  }
   absl::Status Rename(const std::string& a, const std::string& b) override {
     return DefaultFileSystem()->Rename(a, b);
   }
@@ -54,6 +59,7 @@ class FaultyFileSystem : public FileSystem {
       return f_->Append(data, n);
     }
     absl::Status Sync() override { return f_->Sync(); }
+    absl::Status Truncate(uint64_t size) override { return f_->Truncate(size); }
     absl::Status Close() override { return f_->Close(); }
 
    private:

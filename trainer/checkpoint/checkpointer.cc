@@ -111,34 +111,49 @@ absl::Status Checkpointer::Snapshot(const CheckpointMeta& meta, Done done) {
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [this] { return !busy_; });
   torch::NoGradGuard no_grad;
-  auto model_tensors = ModelTensors(model_);
-  auto optimizer_tensors = OptimizerTensors(model_, optimizer_);
+  const std::vector<std::pair<std::string, std::vector<std::pair<std::string, torch::Tensor>>>> files = {
+      {"model.safetensors", ModelTensors(model_)},
+      {"optimizer.safetensors", OptimizerTensors(model_, optimizer_)}};
+  // Lay out each file image: the safetensors prefix, then the tensors.
+  std::vector<std::string> prefixes;
+  images_.clear();
   size_t total = 0;
-  auto plan = [&](const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
-                  std::vector<Slot>* slots) -> absl::Status {
-    slots->clear();
-    for (const auto& [name, t] : tensors) {
+  for (const auto& [name, tensors] : files) {
+    std::vector<TensorRef> refs;
+    size_t data = 0;
+    for (const auto& [tname, t] : tensors) {
       MUSTER_ASSIGN_OR_RETURN(std::string dtype, DtypeName(t.scalar_type()));
-      Slot s{name, dtype, t.sizes().vec(), total, static_cast<size_t>(t.numel()) * t.element_size()};
-      total += (s.bytes + 63) & ~size_t{63};
-      slots->push_back(std::move(s));
+      refs.push_back({tname, dtype, t.sizes().vec(), nullptr});
+      data += static_cast<size_t>(t.numel()) * t.element_size();
     }
-    return absl::OkStatus();
-  };
-  MUSTER_RETURN_IF_ERROR(plan(model_tensors, &model_slots_));
-  MUSTER_RETURN_IF_ERROR(plan(optimizer_tensors, &optimizer_slots_));
-  if (arena_.size() < total) arena_.resize(total);  // grows once, then reused
-  auto copy = [&](const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
-                  const std::vector<Slot>& slots) {
-    for (size_t i = 0; i < tensors.size(); ++i) {
-      torch::Tensor t = tensors[i].second.detach();
+    MUSTER_ASSIGN_OR_RETURN(std::string prefix, SafetensorsPrefix(refs, {{"format", "muster"}}));
+    Image image{name, total, prefix.size() + data};
+    total += (image.size + kDirectAlignment - 1) / kDirectAlignment * kDirectAlignment;
+    images_.push_back(image);
+    prefixes.push_back(std::move(prefix));
+  }
+  if (arena_capacity_ < total) {  // grows once, then reused
+    void* p = nullptr;
+    if (::posix_memalign(&p, kDirectAlignment, total) != 0) {
+      return absl::ResourceExhaustedError(absl::StrCat("cannot allocate ", total,
+                                                       " bytes of checkpoint buffers"));
+    }
+    arena_.reset(static_cast<char*>(p));
+    arena_capacity_ = total;
+  }
+  for (size_t f = 0; f < files.size(); ++f) {
+    char* out = arena_.get() + images_[f].offset;
+    std::memcpy(out, prefixes[f].data(), prefixes[f].size());
+    out += prefixes[f].size();
+    for (const auto& [tname, tensor] : files[f].second) {
+      torch::Tensor t = tensor.detach();
       if (!t.device().is_cpu()) t = t.cpu();
       t = t.contiguous();
-      std::memcpy(arena_.data() + slots[i].offset, t.data_ptr(), slots[i].bytes);
+      const size_t bytes = static_cast<size_t>(t.numel()) * t.element_size();
+      std::memcpy(out, t.data_ptr(), bytes);
+      out += bytes;
     }
-  };
-  copy(model_tensors, model_slots_);
-  copy(optimizer_tensors, optimizer_slots_);
+  }
   meta_ = meta;
   if (meta_.rng_state.empty()) {
     torch::Tensor rng = at::detail::getDefaultCPUGenerator().get_state();
@@ -184,19 +199,29 @@ absl::StatusOr<std::vector<FileReport>> Checkpointer::Write(const CheckpointMeta
   MUSTER_RETURN_IF_ERROR(fs_->CreateDir(dir_));
   MUSTER_RETURN_IF_ERROR(fs_->CreateDir(dir));
   std::vector<FileReport> files;
-  auto write = [&](const std::string& name, const std::vector<Slot>& slots) -> absl::Status {
-    std::vector<TensorRef> refs;
-    for (const Slot& s : slots) refs.push_back({s.name, s.dtype, s.shape, arena_.data() + s.offset});
-    const std::string path = dir + "/" + name;
-    MUSTER_ASSIGN_OR_RETURN(WrittenFile w, WriteSafetensors(fs_, path + ".tmp", refs,
-                                                            {{"format", "muster"}}));
+  for (const Image& image : images_) {
+    const char* data = arena_.get() + image.offset;
+    const std::string path = dir + "/" + image.name;
+    bool direct = false;
+    MUSTER_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> out,
+                            fs_->NewDirectFile(path + ".tmp", &direct));
+    const std::string sum = Xxh3Hex(data, image.size);
+    // Direct I/O writes whole blocks from the aligned image (the arena is
+    // allocated in whole blocks), then the file is cut to its exact size.
+    const size_t length =
+        direct ? (image.size + kDirectAlignment - 1) / kDirectAlignment * kDirectAlignment
+               : image.size;
+    constexpr size_t kChunk = size_t{64} << 20;  // a multiple of the alignment
+    for (size_t done = 0; done < length; done += kChunk) {
+      MUSTER_RETURN_IF_ERROR(out->Append(data + done, std::min(kChunk, length - done)));
+    }
+    if (direct) MUSTER_RETURN_IF_ERROR(out->Truncate(image.size));
+    MUSTER_RETURN_IF_ERROR(out->Sync());
+    MUSTER_RETURN_IF_ERROR(out->Close());
     MUSTER_RETURN_IF_ERROR(fs_->Rename(path + ".tmp", path));
-    files.push_back({path, w.bytes, w.xxh3});
-    *bytes += w.bytes;
-    return absl::OkStatus();
-  };
-  MUSTER_RETURN_IF_ERROR(write("model.safetensors", model_slots_));
-  MUSTER_RETURN_IF_ERROR(write("optimizer.safetensors", optimizer_slots_));
+    files.push_back({path, image.size, sum});
+    *bytes += image.size;
+  }
   nlohmann::json manifest = {{"format", "muster-checkpoint-1"},
                              {"step", meta.step},
                              {"epoch", meta.epoch},

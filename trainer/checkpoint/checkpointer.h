@@ -22,6 +22,8 @@
 #include <torch/optim/optimizer.h>
 
 #include <condition_variable>
+#include <cstdlib>
+#include <memory>
 #include <functional>
 #include <mutex>
 #include <string>
@@ -76,12 +78,11 @@ class Checkpointer {
   std::string StepDir(int64_t step) const;
 
  private:
-  struct Slot {
+  // One file, laid out in the arena exactly as it will be on disk.
+  struct Image {
     std::string name;
-    std::string dtype;
-    std::vector<int64_t> shape;
-    size_t offset = 0;
-    size_t bytes = 0;
+    size_t offset = 0;  // in the arena; aligned for direct I/O
+    size_t size = 0;    // exact file size
   };
   void WriterLoop();
   absl::StatusOr<std::vector<FileReport>> Write(const CheckpointMeta& meta, uint64_t* bytes);
@@ -99,9 +100,12 @@ class Checkpointer {
   CheckpointMeta meta_;
   Done done_;
   double blocking_seconds_ = 0;
-  // Host copies, reused across checkpoints: model then optimizer tensors.
-  std::vector<char> arena_;
-  std::vector<Slot> model_slots_, optimizer_slots_;
+  // Host copies, reused across checkpoints: the images of the model and the
+  // optimizer files, page-aligned so that they go to disk without another
+  // copy (O_DIRECT) where the file system allows it.
+  std::unique_ptr<char, void (*)(void*)> arena_{nullptr, &std::free};
+  size_t arena_capacity_ = 0;
+  std::vector<Image> images_;
   std::thread writer_;
 };
 

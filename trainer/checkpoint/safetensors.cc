@@ -33,18 +33,15 @@ size_t SafetensorsDtypeSize(const std::string& dtype) {
 
 std::string Xxh3Hex(const void* data, size_t n) { return Hex(XXH3_64bits(data, n)); }
 
-absl::StatusOr<WrittenFile> WriteSafetensors(FileSystem* fs, const std::string& path,
-                                             const std::vector<TensorRef>& tensors,
-                                             const std::map<std::string, std::string>& metadata) {
+absl::StatusOr<std::string> SafetensorsPrefix(const std::vector<TensorRef>& tensors,
+                                              const std::map<std::string, std::string>& metadata) {
   nlohmann::json header = nlohmann::json::object();
   uint64_t offset = 0;
-  std::vector<uint64_t> sizes;
   for (const TensorRef& t : tensors) {
     const size_t es = SafetensorsDtypeSize(t.dtype);
     if (es == 0) return absl::InvalidArgumentError(absl::StrCat("tensor ", t.name, ": dtype ", t.dtype));
     uint64_t n = 1;
     for (int64_t d : t.shape) n *= static_cast<uint64_t>(d);
-    sizes.push_back(n * es);
     header[t.name] = {{"dtype", t.dtype},
                       {"shape", t.shape},
                       {"data_offsets", {offset, offset + n * es}}};
@@ -53,10 +50,16 @@ absl::StatusOr<WrittenFile> WriteSafetensors(FileSystem* fs, const std::string& 
   if (!metadata.empty()) header["__metadata__"] = metadata;
   std::string json = header.dump();
   json.append((8 - json.size() % 8) % 8, ' ');
+  std::string out(8, '\0');
   const uint64_t len = json.size();
-  unsigned char len_le[8];
-  for (int i = 0; i < 8; ++i) len_le[i] = static_cast<unsigned char>(len >> (8 * i));
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>(len >> (8 * i));
+  return out + json;
+}
 
+absl::StatusOr<WrittenFile> WriteSafetensors(FileSystem* fs, const std::string& path,
+                                             const std::vector<TensorRef>& tensors,
+                                             const std::map<std::string, std::string>& metadata) {
+  MUSTER_ASSIGN_OR_RETURN(std::string prefix, SafetensorsPrefix(tensors, metadata));
   std::unique_ptr<XXH3_state_t, StateDeleter> state(XXH3_createState());
   XXH3_64bits_reset(state.get());
   MUSTER_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file, fs->NewWritableFile(path));
@@ -64,14 +67,17 @@ absl::StatusOr<WrittenFile> WriteSafetensors(FileSystem* fs, const std::string& 
     XXH3_64bits_update(state.get(), p, n);
     return file->Append(p, n);
   };
-  MUSTER_RETURN_IF_ERROR(put(len_le, 8));
-  MUSTER_RETURN_IF_ERROR(put(json.data(), json.size()));
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    MUSTER_RETURN_IF_ERROR(put(tensors[i].data, sizes[i]));
+  MUSTER_RETURN_IF_ERROR(put(prefix.data(), prefix.size()));
+  uint64_t total = prefix.size();
+  for (const TensorRef& t : tensors) {
+    uint64_t n = SafetensorsDtypeSize(t.dtype);
+    for (int64_t d : t.shape) n *= static_cast<uint64_t>(d);
+    MUSTER_RETURN_IF_ERROR(put(t.data, n));
+    total += n;
   }
   MUSTER_RETURN_IF_ERROR(file->Sync());
   MUSTER_RETURN_IF_ERROR(file->Close());
-  return WrittenFile{8 + len + offset, Hex(XXH3_64bits_digest(state.get()))};
+  return WrittenFile{total, Hex(XXH3_64bits_digest(state.get()))};
 }
 
 absl::StatusOr<SafetensorsFile> ParseSafetensors(std::string bytes, const std::string& path) {

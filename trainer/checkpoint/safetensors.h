@@ -29,6 +29,12 @@ struct TensorRef {
   const void* data = nullptr;  // shape's product * dtype size bytes
 };
 
+// The first bytes of a safetensors file holding `tensors` (data pointers
+// ignored) back to back in order: the 8-byte length and the padded JSON
+// header. The data follows immediately. Errors: INVALID_ARGUMENT (dtype).
+absl::StatusOr<std::string> SafetensorsPrefix(const std::vector<TensorRef>& tensors,
+                                              const std::map<std::string, std::string>& metadata);
+
 struct WrittenFile {
   uint64_t bytes = 0;
   std::string xxh3;  // 16 lower-case hex digits of XXH3-64 over the whole file

@@ -297,7 +297,13 @@ absl::StatusOr<TrainResult> RunTraining(const TrainOptions& o) {
           // Retention: the catalog retired older checkpoints; remove their files.
           auto kept = c->ListCommitted(absl::Now() + absl::Seconds(30));
           auto names = DefaultFileSystem()->ListDir(dir);
-          if (!kept.ok() || !names.ok()) return;
+          if (!kept.ok() || !names.ok()) {
+            MUSTER_LOG(WARNING) << "retention skipped: "
+                                << (kept.ok() ? names.status() : kept.status());
+            return;
+          }
+          MUSTER_LOG(DEBUG) << "retention after step " << at_step << ": " << kept->size()
+                            << " committed, " << names->size() << " directories";
           for (const std::string& name : *names) {
             int64_t s = -1;
             if (name.rfind("step-", 0) != 0 || !absl::SimpleAtoi(name.substr(5), &s)) continue;
