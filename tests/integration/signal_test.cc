@@ -9,6 +9,7 @@
 #include <array>
 #include <cstdio>
 #include <fstream>
+#include <iostream>
 #include <sstream>
 
 #include <gtest/gtest.h>
@@ -109,6 +110,59 @@ TEST(SignalTest, Sigusr1CheckpointsStopsAndTheNextStartResumes) {
   const std::string log = Read(dir + "/second0.log");
   EXPECT_NE(log.find("resumed from the checkpoint of step"), std::string::npos) << log;
   EXPECT_NE(log.find("done: 300 steps"), std::string::npos) << log;
+  ::kill(coordinator, SIGTERM);
+  Wait(coordinator);
+}
+
+}  // namespace
+}  // namespace muster
+
+namespace muster {
+namespace {
+
+// kill -9 of the rank that writes, while it writes: that checkpoint never
+// commits, the previous one stays, and the next start resumes from it.
+TEST(SignalTest, KillDuringACheckpointWriteNeverCommitsIt) {
+  const std::string dir = ::testing::TempDir() + "/killwrite" + std::to_string(::getpid());
+  std::system(("rm -rf " + dir + " && mkdir -p " + dir).c_str());
+  const int port = 20000 + (::getpid() + 7) % 20000;
+  const std::string target = absl::StrCat("127.0.0.1:", port);
+  const pid_t coordinator = Spawn({kBin + "/muster-coordinator", "--listen=" + target,
+                                   "--no-auth", "--state-dir=" + dir + "/state",
+                                   "--min-members=2", "--max-members=2"},
+                                  dir + "/coordinator.log");
+  std::vector<pid_t> pids;
+  for (int i = 0; i < 2; ++i) {
+    // ResNet-18's 11M parameters and momentum make a ~90 MB checkpoint.
+    pids.push_back(Spawn({kBin + "/muster-train", "--coordinator=" + target, "--node-id=n",
+                          absl::StrCat("--local-rank=", i), "--model=resnet18",
+                          "--dataset=synthetic", "--synthetic-size=8", "--steps=1000",
+                          "--batch-size=4", "--threads=1", "--checkpoint-dir=" + dir + "/ckpt",
+                          "--checkpoint-every=2", absl::StrCat("--job=kw", ::getpid())},
+                         absl::StrCat(dir, "/t", i, ".log")));
+  }
+  // Wait for a committed checkpoint, then for the next one to be mid-write.
+  const absl::Time end = absl::Now() + absl::Seconds(120);
+  std::string victim;
+  while (absl::Now() < end && victim.empty()) {
+    for (int step = 4; step < 1000 && victim.empty(); step += 2) {
+      const std::string tmp = absl::StrCat(dir, "/ckpt/step-", step, "/model.safetensors.tmp");
+      if (::access(tmp.c_str(), F_OK) == 0) victim = absl::StrCat("step ", step);
+    }
+  }
+  ASSERT_FALSE(victim.empty()) << "no checkpoint write was caught in time";
+  ::kill(pids[0], SIGKILL);
+  Wait(pids[0]);
+  ::kill(pids[1], SIGKILL);
+  Wait(pids[1]);
+  int code = 0;
+  const std::string listing = Shell(kBin + "/muster --coordinator " + target + " checkpoints", &code);
+  EXPECT_EQ(code, 0) << listing;
+  const std::string step = victim.substr(5);
+  EXPECT_EQ(listing.find(absl::StrCat("  ", step, "  ")), std::string::npos)
+      << "the checkpoint being written was committed:\n" << listing;
+  EXPECT_NE(listing.find("committed"), std::string::npos) << listing;
+  std::cout << "killed during the write of " << victim << "; catalog:\n" << listing;
   ::kill(coordinator, SIGTERM);
   Wait(coordinator);
 }
