@@ -49,6 +49,7 @@ struct MemberEvent {
   uint64_t generation = 0;
   bool abort = false;  // regroup: abort in-flight collectives now
   bool leave = false;  // regroup: the receiver is not in the new world
+  bool paused = false; // regroup: no new world; below min_members
   std::string reason;
 };
 

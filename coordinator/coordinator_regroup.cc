@@ -138,6 +138,7 @@ void Coordinator::Pause(const std::string& reason, Actions* actions) {
   MemberEvent event;
   event.generation = generation_;
   event.abort = true;
+  event.paused = true;
   event.reason = absl::StrCat(reason, "; fewer than min_members (",
                               options_.rules.min_members, ") remain, waiting for more");
   for (const Assignment& a : world_.members) {

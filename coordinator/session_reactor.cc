@@ -26,6 +26,7 @@ class SessionOutbox : public SessionSink {
       r->set_abort(event.abort);
       r->set_leave(event.leave);
       r->set_reason(event.reason);
+      r->set_paused(event.paused);
     }
     Write(std::move(msg));
   }

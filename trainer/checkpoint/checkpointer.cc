@@ -15,6 +15,7 @@
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "trainer/checkpoint/safetensors.h"
+#include "trainer/checkpoint/state_tensors.h"
 
 namespace muster {
 namespace {
@@ -47,36 +48,6 @@ absl::StatusOr<std::string> DtypeName(torch::ScalarType t) {
     case torch::kBool: return std::string("BOOL");
     default: return absl::InvalidArgumentError(absl::StrCat("unsupported dtype ", c10::toString(t)));
   }
-}
-
-// Every tensor of the model's state, named.
-std::vector<std::pair<std::string, torch::Tensor>> ModelTensors(torch::nn::Module& model) {
-  std::vector<std::pair<std::string, torch::Tensor>> out;
-  for (const auto& p : model.named_parameters()) out.emplace_back("param." + p.key(), p.value());
-  for (const auto& b : model.named_buffers()) out.emplace_back("buffer." + b.key(), b.value());
-  return out;
-}
-
-// Every tensor of the optimizer's state, named "<param>.<field>".
-std::vector<std::pair<std::string, torch::Tensor>> OptimizerTensors(
-    torch::nn::Module& model, torch::optim::Optimizer& optimizer) {
-  std::vector<std::pair<std::string, torch::Tensor>> out;
-  auto& state = optimizer.state();
-  for (const auto& p : model.named_parameters()) {
-    auto it = state.find(StateKey(state, p.value()));
-    if (it == state.end()) continue;
-    if (auto* s = dynamic_cast<torch::optim::SGDParamState*>(it->second.get())) {
-      if (s->momentum_buffer().defined()) out.emplace_back(p.key() + ".momentum_buffer", s->momentum_buffer());
-    } else if (auto* a = dynamic_cast<torch::optim::AdamWParamState*>(it->second.get())) {
-      out.emplace_back(p.key() + ".step", torch::tensor(a->step(), torch::kInt64));
-      out.emplace_back(p.key() + ".exp_avg", a->exp_avg());
-      out.emplace_back(p.key() + ".exp_avg_sq", a->exp_avg_sq());
-      if (a->max_exp_avg_sq().defined()) {
-        out.emplace_back(p.key() + ".max_exp_avg_sq", a->max_exp_avg_sq());
-      }
-    }
-  }
-  return out;
 }
 
 std::string BaseName(const std::string& path) { return path.substr(path.rfind('/') + 1); }

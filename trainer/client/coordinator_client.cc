@@ -173,6 +173,7 @@ void CoordinatorClient::SessionLoop(std::function<void(const SessionNotice&)> on
         n.generation = ev.regroup().generation();
         n.abort = ev.regroup().abort();
         n.leave = ev.regroup().leave();
+        n.paused = ev.regroup().paused();
         n.reason = ev.regroup().reason();
         if (n.generation > latest_generation_) latest_generation_ = n.generation;
       } else if (ev.has_stop()) {

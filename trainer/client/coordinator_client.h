@@ -51,6 +51,7 @@ struct SessionNotice {
   uint64_t generation = 0;
   bool abort = false;
   bool leave = false;
+  bool paused = false;  // no new world: below min_members
   std::string reason;
 };
 

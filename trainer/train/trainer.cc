@@ -19,6 +19,7 @@
 #include "trainer/data/dataset.h"
 #include "trainer/data/sampler.h"
 #include "trainer/ddp/gradient_sync.h"
+#include "trainer/elastic/state_sync.h"
 #include "trainer/models/models.h"
 #include "trainer/train/event_writer.h"
 
@@ -145,52 +146,26 @@ absl::StatusOr<TrainResult> RunTraining(const TrainOptions& o) {
                           CoordinatorClient::Create(o.client));
   MUSTER_RETURN_IF_ERROR(client->Join(0, absl::Now() + absl::Seconds(120)));
   std::mutex comm_mu;
-  Communicator* live_comm = nullptr;
+  Communicator* live_comm = nullptr;  // guarded by comm_mu
+  uint64_t live_generation = 0;       // guarded by comm_mu
   MUSTER_RETURN_IF_ERROR(client->StartSession([&](const SessionNotice& n) {
     if (n.kind == SessionNotice::Kind::kRegroup && !n.abort) return;
     std::lock_guard<std::mutex> lock(comm_mu);
+    // Abort only the world the notice is about: a failure forms a newer
+    // generation; a pause names the current one. A late notice about a
+    // world this trainer already left behind changes nothing.
+    const bool about_us = n.kind != SessionNotice::Kind::kRegroup ||
+                          n.generation > live_generation ||
+                          (n.paused && n.generation == live_generation);
+    if (!about_us) return;
     MUSTER_LOG(WARNING) << "coordinator: " << n.reason;
     if (live_comm != nullptr) live_comm->Abort(absl::AbortedError(n.reason));
   }));
-  MUSTER_ASSIGN_OR_RETURN(WorldInfo world,
-                          client->Rendezvous(0, 0, absl::Now() + absl::Seconds(600)));
-  const int rank = world.rank, w = world.world_size;
-  auto store = NewCoordinatorStore(client.get(), world.generation);
-  CommOptions comm_options = o.comm;
-  MUSTER_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> comm,
-                          BuildCommunicator(world, store.get(), comm_options,
-                                            absl::Now() + absl::Seconds(120)));
-  {
-    std::lock_guard<std::mutex> lock(comm_mu);
-    live_comm = comm.get();
-  }
-  if (rank == 0 && !o.quiet) {
-    std::cout << absl::StrFormat(
-                     "muster: generation %d, world %d on %d nodes, backend %s, model %s, "
-                     "batch %d per rank (%d global)",
-                     world.generation, w, world.node_count, comm->name(), o.model, o.batch_size,
-                     o.batch_size * w)
-              << std::endl;
-  }
-  MUSTER_RETURN_IF_ERROR(BroadcastTensors(state, comm.get(), 0, absl::Now() + kCollectiveTimeout));
-  {
-    double c[2] = {TensorChecksum(state), 0};
-    c[1] = c[0] * c[0];
-    MUSTER_RETURN_IF_ERROR(comm->AllReduce(c, 2, DataType::kFloat64, ReduceOp::kAverage,
-                                           absl::Now() + kCollectiveTimeout));
-    if (c[1] - c[0] * c[0] > 1e-9 * c[1]) {
-      return absl::InternalError("parameters differ across ranks after the broadcast");
-    }
-  }
-
-  GradientSyncOptions sync_options;
-  sync_options.bucket_bytes = o.bucket_bytes;
-  sync_options.overlap = o.overlap;
-  GradientSync sync(params, comm.get(), sync_options);
-  const double peak_lr = o.lr * (o.lr_scaling == "linear" ? w : 1);
-  auto optimizer = MakeOptimizer(o, params, peak_lr);
-  // Resume from the newest committed checkpoint that verifies; every rank
-  // must load the same one.
+  // The optimizer exists before the world: a joining member receives the
+  // optimizer state of a live peer.
+  auto optimizer = MakeOptimizer(o, params, o.lr);
+  // A fresh start resumes from the newest committed checkpoint that
+  // verifies (locally: the state transfer below makes all ranks agree).
   int64_t resume_step = 0, resume_offset = 0;
   if (!o.checkpoint_dir.empty() && o.resume) {
     MUSTER_ASSIGN_OR_RETURN(std::vector<CatalogEntry> committed,
@@ -209,19 +184,78 @@ absl::StatusOr<TrainResult> RunTraining(const TrainOptions& o) {
       MUSTER_LOG(WARNING) << "checkpoint of step " << entry.step << " is unusable ("
                           << meta.status() << "); trying the previous one";
     }
-    double agree[2] = {static_cast<double>(resume_step), 0};
-    agree[1] = agree[0] * agree[0];
-    MUSTER_RETURN_IF_ERROR(comm->AllReduce(agree, 2, DataType::kFloat64, ReduceOp::kAverage,
-                                           absl::Now() + kCollectiveTimeout));
-    if (agree[1] - agree[0] * agree[0] > 1e-6) {
-      return absl::DataLossError("ranks restored different checkpoints; check the checkpoint files");
-    }
-    if (resume_step > 0 && rank == 0 && !o.quiet) {
-      std::cout << "muster: resumed from the checkpoint of step " << resume_step << std::endl;
-    }
   }
+  int64_t offset = resume_offset, step = resume_step;
+
+  MUSTER_ASSIGN_OR_RETURN(WorldInfo world,
+                          client->Rendezvous(0, step, absl::Now() + absl::Seconds(600)));
+  int rank = world.rank, w = world.world_size;
+  std::unique_ptr<Store> store;
+  std::unique_ptr<Communicator> comm;
+  GradientSyncOptions sync_options;
+  sync_options.bucket_bytes = o.bucket_bytes;
+  sync_options.overlap = o.overlap;
+  GradientSync sync(params, nullptr, sync_options);
+  double peak_lr = o.lr;
+  int64_t global_batch = 0;
+  // Connects the world's communicator and takes the state of the member
+  // holding the newest step (every rank, newcomers included).
+  auto enter = [&]() -> absl::Status {
+    rank = world.rank;
+    w = world.world_size;
+    store = NewCoordinatorStore(client.get(), world.generation);
+    MUSTER_ASSIGN_OR_RETURN(comm, BuildCommunicator(world, store.get(), o.comm,
+                                                    absl::Now() + absl::Seconds(120)));
+    {
+      std::lock_guard<std::mutex> lock(comm_mu);
+      live_comm = comm.get();
+      live_generation = world.generation;
+    }
+    std::vector<int64_t> counters = {step, offset};
+    MUSTER_RETURN_IF_ERROR(SyncStateFrom(world.state_source_rank, comm.get(), *model, *optimizer,
+                                         &counters, absl::Now() + kCollectiveTimeout));
+    step = counters[0];
+    offset = counters[1];
+    sync.SetCommunicator(comm.get());
+    peak_lr = o.lr * (o.lr_scaling == "linear" ? w : 1);
+    global_batch = int64_t{o.batch_size} * w;
+    if (rank == 0 && !o.quiet) {
+      std::cout << absl::StrFormat(
+                       "muster: generation %d, world %d on %d nodes, backend %s, model %s, "
+                       "batch %d per rank (%d global), step %d",
+                       world.generation, w, world.node_count, comm->name(), o.model,
+                       o.batch_size, global_batch, step)
+                << std::endl;
+    }
+    return absl::OkStatus();
+  };
+  MUSTER_RETURN_IF_ERROR(enter());
+  if (resume_step > 0 && rank == 0 && !o.quiet) {
+    std::cout << "muster: resumed from the checkpoint of step " << resume_step << std::endl;
+  }
+  // After a failure (abort) or a membership change at a step boundary: a new
+  // world, a new communicator, the newest state from a live peer.
+  int regroups = 0;
+  auto regroup = [&](const std::string& why) -> absl::Status {
+    const absl::Time start = absl::Now();
+    optimizer->zero_grad();  // the step in flight, if any, is dropped
+    {
+      std::lock_guard<std::mutex> lock(comm_mu);
+      live_comm = nullptr;
+    }
+    sync.SetCommunicator(nullptr);
+    comm.reset();
+    store.reset();
+    MUSTER_ASSIGN_OR_RETURN(world, client->Rendezvous(world.generation, step,
+                                                      absl::Now() + absl::Seconds(600)));
+    MUSTER_RETURN_IF_ERROR(enter());
+    ++regroups;
+    MUSTER_LOG(WARNING) << "regrouped into generation " << world.generation << " (world " << w
+                        << ", rank " << rank << ", step " << step << ") after " << why << " in "
+                        << absl::FormatDuration(absl::Now() - start);
+    return absl::OkStatus();
+  };
   DistributedSampler sampler(train->size(), o.seed);
-  const int64_t global_batch = int64_t{o.batch_size} * w;
   const int64_t end_offset = o.steps > 0 ? INT64_MAX : int64_t{o.epochs} * train->size();
   const int64_t total_steps =
       o.steps > 0 ? o.steps
@@ -239,7 +273,6 @@ absl::StatusOr<TrainResult> RunTraining(const TrainOptions& o) {
   result.rank = rank;
   result.world_size = w;
   result.resumed_from_step = resume_step > 0 ? resume_step : -1;
-  int64_t offset = resume_offset, step = resume_step;
 
   std::unique_ptr<Checkpointer> checkpointer;
   if (!o.checkpoint_dir.empty()) {
@@ -327,12 +360,22 @@ absl::StatusOr<TrainResult> RunTraining(const TrainOptions& o) {
     optimizer->zero_grad();
     const bool stop_here = (o.stop_requested != nullptr && o.stop_requested->load()) ||
                            (o.stop_after_step > 0 && step + 1 >= o.stop_after_step);
-    sync.Begin(/*sync=*/true, stop_here ? 1.0f : 0.0f);
+    // The control word: 1000 per rank told to stop, 1 per rank that heard of
+    // a newer generation (a member joined or left); its average reaches
+    // every rank with this step's gradients.
+    const bool newer_world = client->latest_generation() > world.generation;
+    sync.Begin(/*sync=*/true, (stop_here ? 1000.0f : 0.0f) + (newer_world ? 1.0f : 0.0f));
     torch::Tensor loss = torch::cross_entropy_loss(model->forward(x), y);
     const absl::Time backward_start = absl::Now();
     loss.backward();
     const absl::Time backward_end = absl::Now();
-    MUSTER_RETURN_IF_ERROR(sync.Finish(absl::Now() + kCollectiveTimeout));
+    if (absl::Status s = sync.Finish(absl::Now() + kCollectiveTimeout); !s.ok()) {
+      // A peer failed or hung: drop this step and regroup with the others.
+      MUSTER_LOG(WARNING) << "step " << step + 1 << " dropped: " << s;
+      MUSTER_RETURN_IF_ERROR(regroup(std::string(s.message())));
+      continue;
+    }
+    const double control_sum = std::round(sync.control() * w);
     // The all-reduce time not spent waiting after backward was hidden.
     const double comm_s = sync.last_stats().comm_seconds;
     const double exposed = absl::ToDoubleSeconds(absl::Now() - backward_end);
@@ -347,7 +390,7 @@ absl::StatusOr<TrainResult> RunTraining(const TrainOptions& o) {
     loss_sum += result.last_loss;
     ++loss_count;
 
-    if (sync.control() > 0) {
+    if (control_sum >= 1000) {
       // Some rank was told to stop (Slurm's warning signal, preemption):
       // every rank saw it in this step's all-reduce. Checkpoint and leave.
       if (checkpointer) {
@@ -371,6 +414,10 @@ absl::StatusOr<TrainResult> RunTraining(const TrainOptions& o) {
       for (const torch::Tensor& p : params) result.parameters.push_back(p.detach().cpu().clone());
       return result;
     }
+    if (std::fmod(control_sum, 1000.0) >= 1) {
+      // Every rank stops after this same step and enters the new generation.
+      MUSTER_RETURN_IF_ERROR(regroup("a membership change at a step boundary"));
+    }
     if (checkpointer &&
         ((o.checkpoint_every > 0 && step % o.checkpoint_every == 0) ||
          (o.checkpoint_interval_s > 0 &&
@@ -381,7 +428,12 @@ absl::StatusOr<TrainResult> RunTraining(const TrainOptions& o) {
 
     const bool eval_now = o.eval_every > 0 && step % o.eval_every == 0 && step < total_steps;
     if (eval_now) {
-      MUSTER_ASSIGN_OR_RETURN(Evaluation ev, Evaluate(*model, *test, *comm, rank, w, device));
+      absl::StatusOr<Evaluation> evaluated = Evaluate(*model, *test, *comm, rank, w, device);
+      if (!evaluated.ok()) {
+        MUSTER_RETURN_IF_ERROR(regroup(std::string(evaluated.status().message())));
+        continue;
+      }
+      const Evaluation ev = *evaluated;
       if (rank == 0 && !o.quiet) {
         std::cout << absl::StrFormat("eval step %d: test loss %.4f accuracy %.2f%%", step,
                                      ev.loss, 100 * ev.accuracy)
@@ -422,12 +474,18 @@ absl::StatusOr<TrainResult> RunTraining(const TrainOptions& o) {
   }
   if (checkpointer) checkpointer->Wait();
   result.checkpoints_committed = committed.load();
+  result.regroups = regroups;
   const double elapsed = absl::ToDoubleSeconds(absl::Now() - start);
   result.steps = step;
   result.steps_per_second = (step - resume_step) / std::max(elapsed, 1e-9);
   result.samples_per_second = result.steps_per_second * global_batch;
   result.comm_overlap_pct = comm_total > 0 ? 100.0 * hidden_total / comm_total : 0;
-  MUSTER_ASSIGN_OR_RETURN(Evaluation final_eval, Evaluate(*model, *test, *comm, rank, w, device));
+  absl::StatusOr<Evaluation> evaluated = Evaluate(*model, *test, *comm, rank, w, device);
+  while (!evaluated.ok()) {
+    MUSTER_RETURN_IF_ERROR(regroup(std::string(evaluated.status().message())));
+    evaluated = Evaluate(*model, *test, *comm, rank, w, device);
+  }
+  const Evaluation final_eval = *evaluated;
   result.test_loss = final_eval.loss;
   result.test_accuracy = final_eval.accuracy;
   if (jsonl) {
@@ -453,6 +511,7 @@ absl::StatusOr<TrainResult> RunTraining(const TrainOptions& o) {
     live_comm = nullptr;
   }
   for (const torch::Tensor& p : params) result.parameters.push_back(p.detach().cpu().clone());
+  result.parameter_checksum = TensorChecksum(result.parameters);
   client->Leave(/*finished=*/true, step).IgnoreError();
   return result;
 }

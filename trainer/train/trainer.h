@@ -83,6 +83,8 @@ struct TrainResult {
   bool stopped = false;         // stopped by a signal after checkpointing
   int64_t resumed_from_step = -1;  // the checkpoint restored at start (-1: none)
   int checkpoints_committed = 0;
+  int regroups = 0;               // generations entered after the first
+  double parameter_checksum = 0;  // sum of |x| over the final parameters
   std::vector<at::Tensor> parameters;  // final, in registration order
 };
 

@@ -1,0 +1,131 @@
+// Elastic training with muster-train processes on loopback: a trainer is
+// SIGKILLed mid-run, the survivors regroup and keep training from the state
+// in their memory; a replacement joins at a step boundary and takes the
+// state of a live peer; everyone ends with bit-identical parameters.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <regex>
+#include <sstream>
+
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+
+namespace muster {
+namespace {
+
+const std::string kBin = MUSTER_BIN_DIR;
+
+std::string Read(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+pid_t Spawn(const std::vector<std::string>& argv, const std::string& log) {
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    FILE* f = std::freopen(log.c_str(), "a", stdout);
+    (void)f;
+    ::dup2(1, 2);
+    std::vector<char*> args;
+    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    ::execv(args[0], args.data());
+    ::_exit(127);
+  }
+  return pid;
+}
+
+int Wait(pid_t pid) {
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+std::string Field(const std::string& json, const std::string& name) {
+  std::smatch m;
+  if (std::regex_search(json, m, std::regex("\"" + name + "\": ([-0-9.eE]+)"))) return m[1];
+  return "";
+}
+
+class ElasticTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (::access("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz", R_OK) != 0) {
+      GTEST_SKIP() << "dataset-fashion-mnist is not installed";
+    }
+    dir_ = ::testing::TempDir() + "/elastic" + std::to_string(::getpid()) + "_" +
+           ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    std::system(("rm -rf " + dir_ + " && mkdir -p " + dir_).c_str());
+    target_ = absl::StrCat("127.0.0.1:", 20000 + (::getpid() * 3 + 11) % 20000);
+    coordinator_ = Spawn({kBin + "/muster-coordinator", "--listen=" + target_, "--no-auth",
+                          "--min-members=2", "--max-members=3", "--last-call=200ms",
+                          "--heartbeat-interval=200ms", "--heartbeat-timeout=2s"},
+                         dir_ + "/coordinator.log");
+  }
+  void TearDown() override {
+    if (coordinator_ > 0) {
+      ::kill(coordinator_, SIGTERM);
+      Wait(coordinator_);
+    }
+  }
+
+  pid_t Trainer(int local, const std::string& tag) {
+    return Spawn({kBin + "/muster-train", "--coordinator=" + target_, "--node-id=n",
+                  absl::StrCat("--local-rank=", local), "--model=mlp", "--steps=250",
+                  "--batch-size=32", "--log-every=10", "--threads=1", "--backend=shm",
+                  absl::StrCat("--job=el", ::getpid()),
+                  absl::StrCat("--summary-json=", dir_, "/", tag, ".json")},
+                 absl::StrCat(dir_, "/", tag, ".log"));
+  }
+
+  bool WaitForLine(const std::string& tag, const std::string& text, absl::Duration timeout) {
+    const absl::Time end = absl::Now() + timeout;
+    while (absl::Now() < end) {
+      if (Read(dir_ + "/" + tag + ".log").find(text) != std::string::npos) return true;
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    return false;
+  }
+
+  std::string dir_, target_;
+  pid_t coordinator_ = -1;
+};
+
+TEST_F(ElasticTest, SurvivorsKeepTrainingAndAReplacementPullsTheirState) {
+  std::vector<pid_t> pids = {Trainer(0, "t0"), Trainer(1, "t1"), Trainer(2, "t2")};
+  ASSERT_TRUE(WaitForLine("t0", "step 30/", absl::Seconds(60))) << Read(dir_ + "/t0.log");
+  ASSERT_EQ(::kill(pids[2], SIGKILL), 0);
+  Wait(pids[2]);
+  // The survivors regroup into a world of two and go on.
+  ASSERT_TRUE(WaitForLine("t0", "world 2 on 1 nodes", absl::Seconds(30))) << Read(dir_ + "/t0.log");
+  // A replacement (same slot, new process) joins at a step boundary.
+  const pid_t replacement = Trainer(2, "t2b");
+  EXPECT_EQ(Wait(pids[0]), 0) << Read(dir_ + "/t0.log");
+  EXPECT_EQ(Wait(pids[1]), 0) << Read(dir_ + "/t1.log");
+  EXPECT_EQ(Wait(replacement), 0) << Read(dir_ + "/t2b.log");
+  const std::string s0 = Read(dir_ + "/t0.json"), s1 = Read(dir_ + "/t1.json"),
+                    s2 = Read(dir_ + "/t2b.json");
+  EXPECT_EQ(Field(s0, "steps"), "250") << s0;
+  EXPECT_GE(std::stoi(Field(s0, "regroups")), 2) << s0;  // the failure, then the join
+  EXPECT_EQ(Field(s0, "world_size"), "3") << s0;
+  // Bit-identical parameters everywhere, the replacement included.
+  EXPECT_EQ(Field(s0, "parameter_checksum"), Field(s1, "parameter_checksum"));
+  EXPECT_EQ(Field(s0, "parameter_checksum"), Field(s2, "parameter_checksum"));
+  // The replacement entered at the survivors' step, not at zero.
+  const std::string log0 = Read(dir_ + "/t0.log");
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(log0, m, std::regex("world 3 on 1 nodes[^\\n]*step ([1-9][0-9]*)")))
+      << log0;
+  EXPECT_GT(std::stoi(m[1]), 30);
+  EXPECT_EQ(Field(s2, "steps"), "250") << s2;
+}
+
+}  // namespace
+}  // namespace muster

@@ -1,0 +1,94 @@
+#include "trainer/checkpoint/state_tensors.h"
+
+#include <torch/torch.h>
+
+#include <sstream>
+#include <type_traits>
+
+namespace muster {
+namespace {
+
+// The key under which LibTorch keeps a parameter's optimizer state: the
+// TensorImpl pointer (2.x) or its printed form (1.13).
+template <typename Map>
+typename Map::key_type StateKey(const Map&, const torch::Tensor& p) {
+  using Key = typename Map::key_type;
+  if constexpr (std::is_same_v<Key, std::string>) {
+    std::ostringstream s;
+    s << p.unsafeGetTensorImpl();
+    return s.str();
+  } else {
+    return static_cast<Key>(p.unsafeGetTensorImpl());
+  }
+}
+}  // namespace
+
+// Every tensor of the model's state, named.
+NamedTensors ModelTensors(torch::nn::Module& model) {
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  for (const auto& p : model.named_parameters()) out.emplace_back("param." + p.key(), p.value());
+  for (const auto& b : model.named_buffers()) out.emplace_back("buffer." + b.key(), b.value());
+  return out;
+}
+
+// Every tensor of the optimizer's state, named "<param>.<field>".
+NamedTensors OptimizerTensors(
+    torch::nn::Module& model, torch::optim::Optimizer& optimizer) {
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  auto& state = optimizer.state();
+  for (const auto& p : model.named_parameters()) {
+    auto it = state.find(StateKey(state, p.value()));
+    if (it == state.end()) continue;
+    if (auto* s = dynamic_cast<torch::optim::SGDParamState*>(it->second.get())) {
+      if (s->momentum_buffer().defined()) out.emplace_back(p.key() + ".momentum_buffer", s->momentum_buffer());
+    } else if (auto* a = dynamic_cast<torch::optim::AdamWParamState*>(it->second.get())) {
+      out.emplace_back(p.key() + ".step", torch::tensor(a->step(), torch::kInt64));
+      out.emplace_back(p.key() + ".exp_avg", a->exp_avg());
+      out.emplace_back(p.key() + ".exp_avg_sq", a->exp_avg_sq());
+      if (a->max_exp_avg_sq().defined()) {
+        out.emplace_back(p.key() + ".max_exp_avg_sq", a->max_exp_avg_sq());
+      }
+    }
+  }
+  return out;
+}
+void EnsureOptimizerState(torch::nn::Module& model, torch::optim::Optimizer& optimizer) {
+  torch::NoGradGuard no_grad;
+  auto& state = optimizer.state();
+  for (auto& group : optimizer.param_groups()) {
+    const bool adamw = dynamic_cast<torch::optim::AdamWOptions*>(&group.options()) != nullptr;
+    auto* sgd = dynamic_cast<torch::optim::SGDOptions*>(&group.options());
+    for (const torch::Tensor& p : group.params()) {
+      auto key = StateKey(state, p);
+      if (state.find(key) != state.end()) continue;
+      if (adamw) {
+        auto s = std::make_unique<torch::optim::AdamWParamState>();
+        s->step(0);
+        s->exp_avg(torch::zeros_like(p));
+        s->exp_avg_sq(torch::zeros_like(p));
+        state[key] = std::move(s);
+      } else if (sgd != nullptr && sgd->momentum() != 0) {
+        auto s = std::make_unique<torch::optim::SGDParamState>();
+        s->momentum_buffer(torch::zeros_like(p));
+        state[key] = std::move(s);
+      }
+    }
+  }
+  (void)model;
+}
+
+void ApplyOptimizerSteps(torch::nn::Module& model, torch::optim::Optimizer& optimizer,
+                         const NamedTensors& tensors) {
+  auto& state = optimizer.state();
+  for (const auto& p : model.named_parameters()) {
+    auto it = state.find(StateKey(state, p.value()));
+    if (it == state.end()) continue;
+    auto* a = dynamic_cast<torch::optim::AdamWParamState*>(it->second.get());
+    if (a == nullptr) continue;
+    for (const auto& [name, t] : tensors) {
+      if (name == p.key() + ".step") a->step(t.item<int64_t>());
+    }
+  }
+}
+
+}  // namespace muster
