@@ -64,7 +64,9 @@ namespace {
 constexpr int kExitStoppedBySignal = 75;
 
 std::atomic<bool> g_stop{false};
+std::atomic<bool> g_leave{false};
 void OnStopSignal(int) { g_stop = true; }
+void OnLeaveSignal(int) { g_leave = true; }
 
 std::string Env(const char* name) {
   const char* v = std::getenv(name);
@@ -161,10 +163,12 @@ int Run() {
   o.checkpoint_interval_s = absl::GetFlag(FLAGS_checkpoint_interval);
   o.resume = absl::GetFlag(FLAGS_resume);
   o.stop_requested = &g_stop;
+  o.leave_requested = &g_leave;
   struct sigaction sa = {};
   sa.sa_handler = OnStopSignal;
   sigemptyset(&sa.sa_mask);
   sigaction(SIGUSR1, &sa, nullptr);
+  sa.sa_handler = OnLeaveSignal;
   sigaction(SIGTERM, &sa, nullptr);
   auto result = RunTraining(o);
   if (!result.ok()) {

@@ -65,7 +65,8 @@ class ElasticTest : public ::testing::Test {
     std::system(("rm -rf " + dir_ + " && mkdir -p " + dir_).c_str());
     target_ = absl::StrCat("127.0.0.1:", 20000 + (::getpid() * 3 + 11) % 20000);
     coordinator_ = Spawn({kBin + "/muster-coordinator", "--listen=" + target_, "--no-auth",
-                          "--min-members=2", "--max-members=3", "--last-call=200ms",
+                          absl::StrCat("--min-members=", MinMembers()), "--max-members=3",
+                          "--last-call=200ms",
                           "--heartbeat-interval=200ms", "--heartbeat-timeout=2s"},
                          dir_ + "/coordinator.log");
   }
@@ -76,10 +77,10 @@ class ElasticTest : public ::testing::Test {
     }
   }
 
-  pid_t Trainer(int local, const std::string& tag) {
-    return Spawn({kBin + "/muster-train", "--coordinator=" + target_, "--node-id=n",
+  pid_t Trainer(int local, const std::string& tag, const std::string& node = "n") {
+    return Spawn({kBin + "/muster-train", "--coordinator=" + target_, "--node-id=" + node,
                   absl::StrCat("--local-rank=", local), "--model=mlp", "--steps=250",
-                  "--batch-size=32", "--log-every=10", "--threads=1", "--backend=shm",
+                  "--batch-size=32", "--log-every=10", "--threads=1", "--backend=auto",
                   absl::StrCat("--job=el", ::getpid()),
                   absl::StrCat("--summary-json=", dir_, "/", tag, ".json")},
                  absl::StrCat(dir_, "/", tag, ".log"));
@@ -94,9 +95,43 @@ class ElasticTest : public ::testing::Test {
     return false;
   }
 
+  virtual int MinMembers() const { return 2; }
+
   std::string dir_, target_;
   pid_t coordinator_ = -1;
 };
+
+class ElasticScaleDownTest : public ElasticTest {
+ protected:
+  int MinMembers() const override { return 1; }
+};
+
+TEST_F(ElasticScaleDownTest, SigtermAndDrainLeaveGracefullyAndTheRestGoesOn) {
+  std::vector<pid_t> pids = {Trainer(0, "a", "n"), Trainer(1, "b", "n"), Trainer(0, "c", "z")};
+  ASSERT_TRUE(WaitForLine("a", "step 30/", absl::Seconds(60))) << Read(dir_ + "/a.log");
+  // SIGTERM to one trainer: it leaves at a step boundary, nothing aborts.
+  ASSERT_EQ(::kill(pids[1], SIGTERM), 0);
+  EXPECT_EQ(Wait(pids[1]), 0) << Read(dir_ + "/b.log");
+  EXPECT_NE(Read(dir_ + "/b.log").find("left the job"), std::string::npos);
+  ASSERT_TRUE(WaitForLine("a", "world 2 on 2 nodes", absl::Seconds(30))) << Read(dir_ + "/a.log");
+  // Drain node z: its trainer leaves too; the last one finishes alone.
+  int code = -1;
+  FILE* p = ::popen((kBin + "/muster --coordinator " + target_ + " drain z 2>&1").c_str(), "r");
+  char buf[256];
+  std::string out;
+  while (std::fgets(buf, sizeof(buf), p) != nullptr) out += buf;
+  code = ::pclose(p);
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_EQ(Wait(pids[2]), 0) << Read(dir_ + "/c.log");
+  EXPECT_NE(Read(dir_ + "/c.log").find("left the job"), std::string::npos) << Read(dir_ + "/c.log");
+  EXPECT_EQ(Wait(pids[0]), 0) << Read(dir_ + "/a.log");
+  const std::string s0 = Read(dir_ + "/a.json");
+  EXPECT_EQ(Field(s0, "steps"), "250") << s0;
+  EXPECT_EQ(Field(s0, "world_size"), "1") << s0;
+  const std::string log = Read(dir_ + "/a.log");
+  EXPECT_EQ(log.find("dropped"), std::string::npos) << "a graceful leave must not abort a step\n"
+                                                    << log;
+}
 
 TEST_F(ElasticTest, SurvivorsKeepTrainingAndAReplacementPullsTheirState) {
   std::vector<pid_t> pids = {Trainer(0, "t0"), Trainer(1, "t1"), Trainer(2, "t2")};

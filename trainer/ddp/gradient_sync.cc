@@ -41,7 +41,7 @@ GradientSync::GradientSync(std::vector<torch::Tensor> params, Communicator* comm
     Bucket& b = buckets_[i];
     int64_t n = 0;
     for (size_t k : b.params) n += params_[k].numel();
-    if (i + 1 == buckets_.size()) ++n;  // the control word rides in the last bucket
+    if (i + 1 == buckets_.size()) n += kControlWords;  // the control words ride in the last bucket
     b.buffer = torch::zeros({n}, params_.empty() ? torch::TensorOptions().dtype(torch::kFloat32)
                                                  : params_[0].options().dtype(torch::kFloat32));
   }
@@ -68,12 +68,14 @@ void GradientSync::SetCommunicator(Communicator* comm) {
   comm_ = comm;
 }
 
-void GradientSync::Begin(bool sync, float control) {
+void GradientSync::Begin(bool sync, const std::array<float, kControlWords>& control) {
   if (!buckets_.empty()) {
     torch::Tensor& last = buckets_.back().buffer;
-    last.narrow(0, last.numel() - 1, 1).fill_(control);
+    for (int i = 0; i < kControlWords; ++i) {
+      last.narrow(0, last.numel() - kControlWords + i, 1).fill_(control[i]);
+    }
   }
-  control_ = 0;
+  control_ = {};
   std::lock_guard<std::mutex> lock(mu_);
   syncing_ = sync;
   deadline_ = absl::Now() + options_.timeout;
@@ -177,7 +179,9 @@ absl::Status GradientSync::Finish(absl::Time deadline) {
   lock.unlock();
   if (!buckets_.empty()) {
     const torch::Tensor& last = buckets_.back().buffer;
-    control_ = last.narrow(0, last.numel() - 1, 1).item<float>();
+    for (int i = 0; i < kControlWords; ++i) {
+      control_[i] = last.narrow(0, last.numel() - kControlWords + i, 1).item<float>();
+    }
   }
   torch::NoGradGuard no_grad;
   for (Bucket& b : buckets_) {

@@ -18,6 +18,7 @@
 
 #include <torch/types.h>
 
+#include <array>
 #include <condition_variable>
 #include <deque>
 #include <memory>
@@ -47,6 +48,8 @@ struct StepCommStats {
 
 class GradientSync {
  public:
+  static constexpr int kControlWords = 3;
+
   // `params`: the model's parameters in registration order (float32, all on
   // one device). `comm` may be null until SetCommunicator.
   GradientSync(std::vector<torch::Tensor> params, Communicator* comm,
@@ -58,11 +61,11 @@ class GradientSync {
   void SetCommunicator(Communicator* comm);
 
   // Starts a step; `sync` false = accumulate locally (no_sync). `control` is
-  // a small word carried by the step's all-reduce (e.g. 1 = "stop after this
-  // step"); after Finish, control() is its average over the world, so it is
-  // non-zero on every rank as soon as one rank set it.
-  void Begin(bool sync, float control = 0);
-  float control() const { return control_; }
+  // a few small numbers carried by the step's all-reduce (e.g. 1 = "stop
+  // after this step"); after Finish, control() holds their averages over the
+  // world, the same on every rank.
+  void Begin(bool sync, const std::array<float, kControlWords>& control = {});
+  const std::array<float, kControlWords>& control() const { return control_; }
   // After backward: waits for every bucket and installs averaged gradients.
   // On error (deadline, abort) the gradients are unspecified and the step
   // must be dropped.
@@ -92,7 +95,7 @@ class GradientSync {
   std::vector<Bucket> buckets_;
   GradientSyncOptions options_;
   StepCommStats stats_;
-  float control_ = 0;
+  std::array<float, kControlWords> control_{};
 
   std::mutex mu_;
   std::condition_variable cv_;

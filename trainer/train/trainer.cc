@@ -146,9 +146,11 @@ absl::StatusOr<TrainResult> RunTraining(const TrainOptions& o) {
                           CoordinatorClient::Create(o.client));
   MUSTER_RETURN_IF_ERROR(client->Join(0, absl::Now() + absl::Seconds(120)));
   std::mutex comm_mu;
+  std::atomic<bool> told_to_leave{false};  // drained by the coordinator
   Communicator* live_comm = nullptr;  // guarded by comm_mu
   uint64_t live_generation = 0;       // guarded by comm_mu
   MUSTER_RETURN_IF_ERROR(client->StartSession([&](const SessionNotice& n) {
+    if (n.kind == SessionNotice::Kind::kRegroup && n.leave) told_to_leave = true;
     if (n.kind == SessionNotice::Kind::kRegroup && !n.abort) return;
     std::lock_guard<std::mutex> lock(comm_mu);
     // Abort only the world the notice is about: a failure forms a newer
@@ -360,11 +362,14 @@ absl::StatusOr<TrainResult> RunTraining(const TrainOptions& o) {
     optimizer->zero_grad();
     const bool stop_here = (o.stop_requested != nullptr && o.stop_requested->load()) ||
                            (o.stop_after_step > 0 && step + 1 >= o.stop_after_step);
-    // The control word: 1000 per rank told to stop, 1 per rank that heard of
-    // a newer generation (a member joined or left); its average reaches
-    // every rank with this step's gradients.
+    // The control words, averaged over the world with this step's gradients:
+    // ranks told to stop (SIGUSR1), ranks leaving (SIGTERM, drain), ranks
+    // that heard of a newer generation (a member joined or left).
     const bool newer_world = client->latest_generation() > world.generation;
-    sync.Begin(/*sync=*/true, (stop_here ? 1000.0f : 0.0f) + (newer_world ? 1.0f : 0.0f));
+    const bool leave_here = told_to_leave.load() ||
+                            (o.leave_requested != nullptr && o.leave_requested->load());
+    sync.Begin(/*sync=*/true, {stop_here ? 1.0f : 0.0f, leave_here ? 1.0f : 0.0f,
+                               newer_world ? 1.0f : 0.0f});
     torch::Tensor loss = torch::cross_entropy_loss(model->forward(x), y);
     const absl::Time backward_start = absl::Now();
     loss.backward();
@@ -375,7 +380,9 @@ absl::StatusOr<TrainResult> RunTraining(const TrainOptions& o) {
       MUSTER_RETURN_IF_ERROR(regroup(std::string(s.message())));
       continue;
     }
-    const double control_sum = std::round(sync.control() * w);
+    const int stopping = static_cast<int>(std::lround(sync.control()[0] * w));
+    const int leaving = static_cast<int>(std::lround(sync.control()[1] * w));
+    const int heard_newer = static_cast<int>(std::lround(sync.control()[2] * w));
     // The all-reduce time not spent waiting after backward was hidden.
     const double comm_s = sync.last_stats().comm_seconds;
     const double exposed = absl::ToDoubleSeconds(absl::Now() - backward_end);
@@ -390,8 +397,9 @@ absl::StatusOr<TrainResult> RunTraining(const TrainOptions& o) {
     loss_sum += result.last_loss;
     ++loss_count;
 
-    if (control_sum >= 1000) {
-      // Some rank was told to stop (Slurm's warning signal, preemption):
+    if (stopping > 0 || (leaving == w && !told_to_leave.load())) {
+      // Some rank was told to stop, or every rank got SIGTERM (the whole job
+      // is preempted) (Slurm's warning signal, preemption):
       // every rank saw it in this step's all-reduce. Checkpoint and leave.
       if (checkpointer) {
         MUSTER_RETURN_IF_ERROR(checkpoint(step, b.epoch));
@@ -414,7 +422,21 @@ absl::StatusOr<TrainResult> RunTraining(const TrainOptions& o) {
       for (const torch::Tensor& p : params) result.parameters.push_back(p.detach().cpu().clone());
       return result;
     }
-    if (std::fmod(control_sum, 1000.0) >= 1) {
+    if (leave_here && leaving > 0) {
+      // This trainer leaves after this step; the others regroup without it.
+      if (checkpointer) checkpointer->Wait();
+      {
+        std::lock_guard<std::mutex> lock(comm_mu);
+        live_comm = nullptr;
+      }
+      client->Leave(/*finished=*/false, step).IgnoreError();
+      if (!o.quiet) std::cout << "muster: left the job after step " << step << std::endl;
+      result.steps = step;
+      result.left = true;
+      for (const torch::Tensor& p : params) result.parameters.push_back(p.detach().cpu().clone());
+      return result;
+    }
+    if (leaving > 0 || heard_newer > 0) {
       // Every rank stops after this same step and enters the new generation.
       MUSTER_RETURN_IF_ERROR(regroup("a membership change at a step boundary"));
     }
@@ -475,6 +497,8 @@ absl::StatusOr<TrainResult> RunTraining(const TrainOptions& o) {
   if (checkpointer) checkpointer->Wait();
   result.checkpoints_committed = committed.load();
   result.regroups = regroups;
+  result.rank = rank;
+  result.world_size = w;
   const double elapsed = absl::ToDoubleSeconds(absl::Now() - start);
   result.steps = step;
   result.steps_per_second = (step - resume_step) / std::max(elapsed, 1e-9);

@@ -61,6 +61,10 @@ struct TrainOptions {
   const std::atomic<bool>* stop_requested = nullptr;
   // Behave as if stop_requested were set after this step (drills and tests).
   int64_t stop_after_step = 0;
+  // Set by SIGTERM: this trainer leaves at the next step boundary and the
+  // others go on without it — unless every rank got it (a whole job being
+  // preempted), which is a stop with a checkpoint like stop_requested.
+  const std::atomic<bool>* leave_requested = nullptr;
 };
 
 struct TrainResult {
@@ -81,6 +85,7 @@ struct TrainResult {
   double samples_per_second = 0;
   double comm_overlap_pct = 0;  // share of all-reduce time hidden behind backward
   bool stopped = false;         // stopped by a signal after checkpointing
+  bool left = false;            // left the job early (SIGTERM, drain)
   int64_t resumed_from_step = -1;  // the checkpoint restored at start (-1: none)
   int checkpoints_committed = 0;
   int regroups = 0;               // generations entered after the first
