@@ -14,39 +14,18 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "tests/integration/subprocess.h"
 
 namespace muster {
 namespace {
 
 const std::string kBin = MUSTER_BIN_DIR;
 
-std::string Read(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
+std::string Read(const std::string& path) { return ReadText(path); }
 pid_t Spawn(const std::vector<std::string>& argv, const std::string& log) {
-  pid_t pid = ::fork();
-  if (pid == 0) {
-    FILE* f = std::freopen(log.c_str(), "a", stdout);
-    (void)f;
-    ::dup2(1, 2);
-    std::vector<char*> args;
-    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    ::execv(args[0], args.data());
-    ::_exit(127);
-  }
-  return pid;
+  return SpawnLogged(argv, log);
 }
-
-int Wait(pid_t pid) {
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
+int Wait(pid_t pid) { return WaitExit(pid); }
 
 std::string Field(const std::string& json, const std::string& name) {
   std::smatch m;
