@@ -80,6 +80,24 @@ class ElasticTest : public ::testing::Test {
   pid_t coordinator_ = -1;
 };
 
+TEST_F(ElasticTest, AHungTrainerIsFencedThenRejoinsAsANewIncarnation) {
+  std::vector<pid_t> pids = {Trainer(0, "h0"), Trainer(1, "h1"), Trainer(2, "h2")};
+  ASSERT_TRUE(WaitForLine("h0", "step 30/", absl::Seconds(60))) << Read(dir_ + "/h0.log");
+  ASSERT_EQ(::kill(pids[2], SIGSTOP), 0);
+  // Past the 2 s heartbeat timeout the others go on without it.
+  ASSERT_TRUE(WaitForLine("h0", "world 2 on 1 nodes", absl::Seconds(30))) << Read(dir_ + "/h0.log");
+  ASSERT_EQ(::kill(pids[2], SIGCONT), 0);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(Wait(pids[i]), 0) << Read(absl::StrCat(dir_, "/h", i, ".log"));
+  }
+  EXPECT_NE(Read(dir_ + "/h2.log").find("rejoining as a new incarnation"), std::string::npos)
+      << Read(dir_ + "/h2.log");
+  const std::string s0 = Read(dir_ + "/h0.json"), s2 = Read(dir_ + "/h2.json");
+  EXPECT_EQ(Field(s0, "world_size"), "3") << s0;
+  EXPECT_EQ(Field(s0, "parameter_checksum"), Field(s2, "parameter_checksum"));
+  EXPECT_EQ(Field(s0, "parameter_checksum"), Field(Read(dir_ + "/h1.json"), "parameter_checksum"));
+}
+
 class ElasticScaleDownTest : public ElasticTest {
  protected:
   int MinMembers() const override { return 1; }

@@ -142,14 +142,11 @@ absl::StatusOr<TrainResult> RunTraining(const TrainOptions& o) {
   for (const torch::Tensor& b : model->buffers()) state.push_back(b);
 
   // Join the job and form the world.
-  MUSTER_ASSIGN_OR_RETURN(std::unique_ptr<CoordinatorClient> client,
-                          CoordinatorClient::Create(o.client));
-  MUSTER_RETURN_IF_ERROR(client->Join(0, absl::Now() + absl::Seconds(120)));
   std::mutex comm_mu;
   std::atomic<bool> told_to_leave{false};  // drained by the coordinator
   Communicator* live_comm = nullptr;  // guarded by comm_mu
   uint64_t live_generation = 0;       // guarded by comm_mu
-  MUSTER_RETURN_IF_ERROR(client->StartSession([&](const SessionNotice& n) {
+  auto on_notice = [&](const SessionNotice& n) {
     if (n.kind == SessionNotice::Kind::kRegroup && n.leave) told_to_leave = true;
     if (n.kind == SessionNotice::Kind::kRegroup && !n.abort) return;
     std::lock_guard<std::mutex> lock(comm_mu);
@@ -162,7 +159,23 @@ absl::StatusOr<TrainResult> RunTraining(const TrainOptions& o) {
     if (!about_us) return;
     MUSTER_LOG(WARNING) << "coordinator: " << n.reason;
     if (live_comm != nullptr) live_comm->Abort(absl::AbortedError(n.reason));
-  }));
+  };
+  // Joins as a new incarnation (a fresh process, or one that was fenced).
+  std::unique_ptr<CoordinatorClient> client;
+  auto connect = [&]() -> absl::Status {
+    ClientOptions co = o.client;
+    co.incarnation = 0;  // a new one
+    MUSTER_ASSIGN_OR_RETURN(client, CoordinatorClient::Create(co));
+    MUSTER_RETURN_IF_ERROR(client->Join(0, absl::Now() + absl::Seconds(120)));
+    return client->StartSession(on_notice);
+  };
+  if (o.client.incarnation != 0) {
+    MUSTER_ASSIGN_OR_RETURN(client, CoordinatorClient::Create(o.client));
+    MUSTER_RETURN_IF_ERROR(client->Join(0, absl::Now() + absl::Seconds(120)));
+    MUSTER_RETURN_IF_ERROR(client->StartSession(on_notice));
+  } else {
+    MUSTER_RETURN_IF_ERROR(connect());
+  }
   // The optimizer exists before the world: a joining member receives the
   // optimizer state of a live peer.
   auto optimizer = MakeOptimizer(o, params, o.lr);
@@ -238,6 +251,8 @@ absl::StatusOr<TrainResult> RunTraining(const TrainOptions& o) {
   // After a failure (abort) or a membership change at a step boundary: a new
   // world, a new communicator, the newest state from a live peer.
   int regroups = 0;
+  bool left = false;  // drained while regrouping: this trainer is done
+  std::unique_ptr<Checkpointer> checkpointer;  // created below, when configured
   auto regroup = [&](const std::string& why) -> absl::Status {
     const absl::Time start = absl::Now();
     optimizer->zero_grad();  // the step in flight, if any, is dropped
@@ -248,8 +263,29 @@ absl::StatusOr<TrainResult> RunTraining(const TrainOptions& o) {
     sync.SetCommunicator(nullptr);
     comm.reset();
     store.reset();
-    MUSTER_ASSIGN_OR_RETURN(world, client->Rendezvous(world.generation, step,
-                                                      absl::Now() + absl::Seconds(600)));
+    absl::StatusOr<WorldInfo> next =
+        client->Rendezvous(world.generation, step, absl::Now() + absl::Seconds(600));
+    if (absl::IsAborted(next.status())) {
+      // This incarnation was declared failed (it hung past the heartbeat
+      // timeout, e.g. SIGSTOP): rejoin as a new one; a live peer's state
+      // replaces ours.
+      MUSTER_LOG(WARNING) << "fenced (" << next.status().message()
+                          << "); rejoining as a new incarnation";
+      if (checkpointer) checkpointer->Wait();
+      MUSTER_RETURN_IF_ERROR(connect());
+      next = client->Rendezvous(0, step, absl::Now() + absl::Seconds(600));
+    }
+    if (absl::IsFailedPrecondition(next.status())) {
+      // Drained (the leave notice may still be on its way), or the job is
+      // over: there is no world for this trainer. Leave.
+      MUSTER_LOG(WARNING) << "no new world for this trainer: " << next.status().message();
+      told_to_leave = true;
+      client->Leave(/*finished=*/false, step).IgnoreError();
+      left = true;
+      return absl::OkStatus();
+    }
+    if (!next.ok()) return next.status();
+    world = *next;
     MUSTER_RETURN_IF_ERROR(enter());
     ++regroups;
     MUSTER_LOG(WARNING) << "regrouped into generation " << world.generation << " (world " << w
@@ -272,11 +308,23 @@ absl::StatusOr<TrainResult> RunTraining(const TrainOptions& o) {
   }
 
   TrainResult result;
+  // After leaving the job early (SIGTERM, drain): what this trainer holds.
+  auto left_result = [&]() -> TrainResult {
+    if (checkpointer) checkpointer->Wait();
+    {
+      std::lock_guard<std::mutex> lock(comm_mu);
+      live_comm = nullptr;
+    }
+    if (!o.quiet) std::cout << "muster: left the job after step " << step << std::endl;
+    result.steps = step;
+    result.left = true;
+    for (const torch::Tensor& p : params) result.parameters.push_back(p.detach().cpu().clone());
+    return result;
+  };
   result.rank = rank;
   result.world_size = w;
   result.resumed_from_step = resume_step > 0 ? resume_step : -1;
 
-  std::unique_ptr<Checkpointer> checkpointer;
   if (!o.checkpoint_dir.empty()) {
     checkpointer = std::make_unique<Checkpointer>(
         o.checkpoint_dir, *model, *optimizer,
@@ -378,6 +426,7 @@ absl::StatusOr<TrainResult> RunTraining(const TrainOptions& o) {
       // A peer failed or hung: drop this step and regroup with the others.
       MUSTER_LOG(WARNING) << "step " << step + 1 << " dropped: " << s;
       MUSTER_RETURN_IF_ERROR(regroup(std::string(s.message())));
+      if (left) return left_result();
       continue;
     }
     const int stopping = static_cast<int>(std::lround(sync.control()[0] * w));
@@ -424,21 +473,13 @@ absl::StatusOr<TrainResult> RunTraining(const TrainOptions& o) {
     }
     if (leave_here && leaving > 0) {
       // This trainer leaves after this step; the others regroup without it.
-      if (checkpointer) checkpointer->Wait();
-      {
-        std::lock_guard<std::mutex> lock(comm_mu);
-        live_comm = nullptr;
-      }
       client->Leave(/*finished=*/false, step).IgnoreError();
-      if (!o.quiet) std::cout << "muster: left the job after step " << step << std::endl;
-      result.steps = step;
-      result.left = true;
-      for (const torch::Tensor& p : params) result.parameters.push_back(p.detach().cpu().clone());
-      return result;
+      return left_result();
     }
     if (leaving > 0 || heard_newer > 0) {
       // Every rank stops after this same step and enters the new generation.
       MUSTER_RETURN_IF_ERROR(regroup("a membership change at a step boundary"));
+      if (left) return left_result();
     }
     if (checkpointer &&
         ((o.checkpoint_every > 0 && step % o.checkpoint_every == 0) ||
@@ -453,6 +494,7 @@ absl::StatusOr<TrainResult> RunTraining(const TrainOptions& o) {
       absl::StatusOr<Evaluation> evaluated = Evaluate(*model, *test, *comm, rank, w, device);
       if (!evaluated.ok()) {
         MUSTER_RETURN_IF_ERROR(regroup(std::string(evaluated.status().message())));
+        if (left) return left_result();
         continue;
       }
       const Evaluation ev = *evaluated;
@@ -507,6 +549,7 @@ absl::StatusOr<TrainResult> RunTraining(const TrainOptions& o) {
   absl::StatusOr<Evaluation> evaluated = Evaluate(*model, *test, *comm, rank, w, device);
   while (!evaluated.ok()) {
     MUSTER_RETURN_IF_ERROR(regroup(std::string(evaluated.status().message())));
+    if (left) return left_result();
     evaluated = Evaluate(*model, *test, *comm, rank, w, device);
   }
   const Evaluation final_eval = *evaluated;
