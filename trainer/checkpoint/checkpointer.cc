@@ -6,8 +6,6 @@
 #include <cstring>
 #include <map>
 #include <nlohmann/json.hpp>
-#include <sstream>
-#include <type_traits>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
@@ -21,20 +19,6 @@ namespace muster {
 namespace {
 
 constexpr uint64_t kMaxFileBytes = uint64_t{64} << 30;
-
-// The key under which LibTorch keeps a parameter's optimizer state: the
-// TensorImpl pointer (2.x) or its printed form (1.13).
-template <typename Map>
-typename Map::key_type StateKey(const Map&, const torch::Tensor& p) {
-  using Key = typename Map::key_type;
-  if constexpr (std::is_same_v<Key, std::string>) {
-    std::ostringstream s;
-    s << p.unsafeGetTensorImpl();
-    return s.str();
-  } else {
-    return static_cast<Key>(p.unsafeGetTensorImpl());
-  }
-}
 
 absl::StatusOr<std::string> DtypeName(torch::ScalarType t) {
   switch (t) {
@@ -292,7 +276,6 @@ absl::StatusOr<CheckpointMeta> LoadCheckpoint(const std::vector<FileReport>& fil
   const SafetensorsFile& o = tensors["optimizer.safetensors"];
   torch::NoGradGuard no_grad;
   for (const auto& [name, t] : ModelTensors(model)) CopyInto(m.tensors.at(name), t);
-  auto& state = optimizer.state();
   for (const auto& p : model.named_parameters()) {
     const std::string base = p.key();
     auto make = [&](const std::string& field) -> const TensorData* {
@@ -307,7 +290,7 @@ absl::StatusOr<CheckpointMeta> LoadCheckpoint(const std::vector<FileReport>& fil
     if (const TensorData* mb = make("momentum_buffer")) {
       auto s = std::make_unique<torch::optim::SGDParamState>();
       s->momentum_buffer(tensor_of(mb));
-      state[StateKey(state, p.value())] = std::move(s);
+      PutOptimizerState(optimizer, p.value(), std::move(s));
     } else if (const TensorData* ea = make("exp_avg")) {
       auto s = std::make_unique<torch::optim::AdamWParamState>();
       const TensorData* step = make("step");
@@ -321,7 +304,7 @@ absl::StatusOr<CheckpointMeta> LoadCheckpoint(const std::vector<FileReport>& fil
       s->exp_avg(tensor_of(ea));
       s->exp_avg_sq(tensor_of(eas));
       if (const TensorData* mx = make("max_exp_avg_sq")) s->max_exp_avg_sq(tensor_of(mx));
-      state[StateKey(state, p.value())] = std::move(s);
+      PutOptimizerState(optimizer, p.value(), std::move(s));
     }
   }
   if (!meta.rng_state.empty()) {

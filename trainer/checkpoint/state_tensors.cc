@@ -77,6 +77,12 @@ void EnsureOptimizerState(torch::nn::Module& model, torch::optim::Optimizer& opt
   (void)model;
 }
 
+void PutOptimizerState(torch::optim::Optimizer& optimizer, const torch::Tensor& param,
+                       std::unique_ptr<torch::optim::OptimizerParamState> state) {
+  auto& map = optimizer.state();
+  map[StateKey(map, param)] = std::move(state);
+}
+
 void ApplyOptimizerSteps(torch::nn::Module& model, torch::optim::Optimizer& optimizer,
                          const NamedTensors& tensors) {
   auto& state = optimizer.state();

@@ -7,6 +7,7 @@
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -24,6 +25,10 @@ NamedTensors OptimizerTensors(torch::nn::Module& model, torch::optim::Optimizer&
 // start from (zero momentum; AdamW step 0 and zero moments), where it has
 // none, so that every rank holds the same set of state tensors.
 void EnsureOptimizerState(torch::nn::Module& model, torch::optim::Optimizer& optimizer);
+// Installs `state` as the optimizer state of `param` (LibTorch keys it by
+// the parameter's TensorImpl, as a pointer in 2.x and as a string in 1.13).
+void PutOptimizerState(torch::optim::Optimizer& optimizer, const torch::Tensor& param,
+                       std::unique_ptr<torch::optim::OptimizerParamState> state);
 // OptimizerTensors hands out AdamW's integer step as a fresh tensor; this
 // writes such "<param>.step" tensors back into the optimizer's state.
 void ApplyOptimizerSteps(torch::nn::Module& model, torch::optim::Optimizer& optimizer,

@@ -138,8 +138,6 @@ absl::StatusOr<TrainResult> RunTraining(const TrainOptions& o) {
   }
   model->to(device);
   std::vector<torch::Tensor> params = model->parameters();
-  std::vector<torch::Tensor> state = params;
-  for (const torch::Tensor& b : model->buffers()) state.push_back(b);
 
   // Join the job and form the world.
   std::mutex comm_mu;
