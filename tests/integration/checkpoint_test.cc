@@ -76,6 +76,15 @@ std::string TempDir(const std::string& name) {
 
 bool Exists(const std::string& path) { return ::access(path.c_str(), F_OK) == 0; }
 
+// A requeued job: a new coordinator on the same state dir, the trainers
+// pointed at it.
+void Restart(std::unique_ptr<InProcessCoordinator>* coord, const std::string& state,
+             TrainOptions* o) {
+  coord->reset();
+  *coord = InProcessCoordinator::Start(2, 3, state);
+  o->client.target = "127.0.0.1:" + std::to_string((*coord)->port());
+}
+
 class CheckpointTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -101,10 +110,7 @@ TEST_F(CheckpointTest, InterruptedAndResumedRunIsBitwiseIdentical) {
   EXPECT_EQ(first[0].steps, 20);
   EXPECT_TRUE(Exists(o.checkpoint_dir + "/step-20/manifest.json"));
 
-  // The job is requeued: a new coordinator on the same state dir.
-  coord.reset();
-  coord = InProcessCoordinator::Start(2, 3, state);
-  o.client.target = "127.0.0.1:" + std::to_string(coord->port());
+  Restart(&coord, state, &o);
   o.stop_after_step = 0;
   auto resumed = RunJob(2, o);
   EXPECT_EQ(resumed[0].resumed_from_step, 20);
@@ -132,9 +138,7 @@ TEST_F(CheckpointTest, DamagedNewestCheckpointFallsBackToThePreviousOne) {
   f.seekp(-5, std::ios::end);
   f.put(static_cast<char>(c ^ 0x40));
   f.close();
-  coord.reset();
-  coord = InProcessCoordinator::Start(2, 3, state);
-  o.client.target = "127.0.0.1:" + std::to_string(coord->port());
+  Restart(&coord, state, &o);
   o.stop_after_step = 0;
   auto resumed = RunJob(2, o);
   EXPECT_EQ(resumed[0].resumed_from_step, 10);
@@ -159,9 +163,7 @@ TEST_F(CheckpointTest, FullDiskAbortsThatCheckpointAndTrainingContinues) {
   EXPECT_FALSE(Exists(o.checkpoint_dir + "/step-20"));
   EXPECT_TRUE(Exists(o.checkpoint_dir + "/step-30/manifest.json"));
   // The next start resumes from 30 (the aborted 20 was never committed).
-  coord.reset();
-  coord = InProcessCoordinator::Start(2, 3, state);
-  o.client.target = "127.0.0.1:" + std::to_string(coord->port());
+  Restart(&coord, state, &o);
   o.checkpoint_fs = nullptr;
   o.steps = 35;
   auto resumed = RunJob(2, o);

@@ -2,9 +2,7 @@
 // a token, query with and without it, SIGKILL and restart on the same state
 // dir, and check nothing committed was lost and members reattach.
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -19,24 +17,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "rpc/credentials.h"
+#include "tests/integration/subprocess.h"
 #include "tests/integration/test_member.h"
 
 namespace muster {
 namespace {
 
 const std::string kBin = MUSTER_BIN_DIR;
-
-int FreePort() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
 
 struct Output {
   int exit_code;
@@ -63,7 +50,7 @@ class ProcessTest : public ::testing::Test {
     token_file_ = dir_ + "/token";
     std::ofstream(token_file_) << "process-test-token\n";
     ::chmod(token_file_.c_str(), 0600);
-    port_ = FreePort();
+    port_ = FreeLoopbackPort();
     target_ = "127.0.0.1:" + std::to_string(port_);
   }
 

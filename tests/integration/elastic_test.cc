@@ -42,7 +42,7 @@ class ElasticTest : public ::testing::Test {
     dir_ = ::testing::TempDir() + "/elastic" + std::to_string(::getpid()) + "_" +
            ::testing::UnitTest::GetInstance()->current_test_info()->name();
     std::system(("rm -rf " + dir_ + " && mkdir -p " + dir_).c_str());
-    target_ = absl::StrCat("127.0.0.1:", 20000 + (::getpid() * 3 + 11) % 20000);
+    target_ = absl::StrCat("127.0.0.1:", FreeLoopbackPort());
     coordinator_ = Spawn({kBin + "/muster-coordinator", "--listen=" + target_, "--no-auth",
                           absl::StrCat("--min-members=", MinMembers()), "--max-members=3",
                           "--last-call=200ms",

@@ -46,7 +46,7 @@ TEST(SignalTest, Sigusr1CheckpointsStopsAndTheNextStartResumes) {
   }
   const std::string dir = ::testing::TempDir() + "/signal" + std::to_string(::getpid());
   std::system(("rm -rf " + dir + " && mkdir -p " + dir).c_str());
-  const int port = 20000 + ::getpid() % 20000;
+  const int port = FreeLoopbackPort();
   const std::string target = absl::StrCat("127.0.0.1:", port);
   const pid_t coordinator = Spawn({kBin + "/muster-coordinator", "--listen=" + target,
                                    "--no-auth", "--state-dir=" + dir + "/state",
@@ -104,7 +104,7 @@ namespace {
 TEST(SignalTest, KillDuringACheckpointWriteNeverCommitsIt) {
   const std::string dir = ::testing::TempDir() + "/killwrite" + std::to_string(::getpid());
   std::system(("rm -rf " + dir + " && mkdir -p " + dir).c_str());
-  const int port = 20000 + (::getpid() + 7) % 20000;
+  const int port = FreeLoopbackPort();
   const std::string target = absl::StrCat("127.0.0.1:", port);
   const pid_t coordinator = Spawn({kBin + "/muster-coordinator", "--listen=" + target,
                                    "--no-auth", "--state-dir=" + dir + "/state",

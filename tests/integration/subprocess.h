@@ -2,6 +2,8 @@
 #ifndef MUSTER_TESTS_INTEGRATION_SUBPROCESS_H_
 #define MUSTER_TESTS_INTEGRATION_SUBPROCESS_H_
 
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -12,6 +14,19 @@
 #include <vector>
 
 namespace muster {
+
+// A TCP port on 127.0.0.1 that was free a moment ago.
+inline int FreeLoopbackPort() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
 
 // The whole file ("" when missing).
 inline std::string ReadText(const std::string& path) {
