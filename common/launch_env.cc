@@ -89,6 +89,14 @@ absl::StatusOr<LaunchIdentity> ResolveLaunchIdentity(const LaunchFlags& flags,
     MUSTER_ASSIGN_OR_RETURN(id.local_world_size,
                             IntEnv(getenv, "OMPI_COMM_WORLD_LOCAL_SIZE", 1));
   }
+  // muster-agent sets these for its children; they beat the launcher's own
+  // variables (under `srun muster-agent` SLURM_LOCALID is the agent's).
+  if (Has(getenv, "MUSTER_LOCAL_RANK")) {
+    id.source = "muster-agent";
+    MUSTER_ASSIGN_OR_RETURN(id.local_rank, IntEnv(getenv, "MUSTER_LOCAL_RANK", 0));
+    MUSTER_ASSIGN_OR_RETURN(id.local_world_size, IntEnv(getenv, "MUSTER_LOCAL_WORLD_SIZE", 1));
+    if (Has(getenv, "MUSTER_NODE_ID")) id.node = getenv("MUSTER_NODE_ID");
+  }
   if (!flags.node_id.empty()) {
     id.node = flags.node_id;
     id.source = "flags";

@@ -1,7 +1,8 @@
 // Where a trainer is: its node and local rank, taken from the launcher's
 // environment. Pure parsing (the environment is passed in), no side effects.
 //
-// Precedence: explicit flags, then Slurm (SLURM_*), then torchrun
+// Precedence: explicit flags, then muster-agent's MUSTER_NODE_ID /
+// MUSTER_LOCAL_RANK / MUSTER_LOCAL_WORLD_SIZE, then Slurm (SLURM_*), then torchrun
 // (RANK/LOCAL_RANK/WORLD_SIZE/LOCAL_WORLD_SIZE/GROUP_RANK), then OpenMPI
 // (OMPI_COMM_WORLD_*), then a single local process on this host.
 #ifndef MUSTER_COMMON_LAUNCH_ENV_H_
@@ -20,7 +21,8 @@ struct LaunchIdentity {
   int local_world_size = 1;  // trainers on this node, if the launcher says
   int rank = -1;             // launcher's global rank (-1: unknown)
   int world_size = -1;       // launcher's world size (-1: unknown)
-  std::string source;        // "flags", "slurm", "torchrun", "openmpi", "local"
+  std::string source;        // "flags", "slurm", "torchrun", "openmpi", "muster-agent",
+                             // "local"
 
   // The stable member id of this trainer slot: "<node>/<local_rank>".
   std::string member_id() const;

@@ -14,6 +14,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_replace.h"
 #include "common/flag_names.h"
 #include "common/launch_env.h"
 #include "common/logging.h"
@@ -50,7 +51,9 @@ ABSL_FLAG(int, local_rank, -1, "rank on this node (default: from the launcher, e
 ABSL_FLAG(std::string, address, "", "address other nodes reach this one at (default: host name)");
 ABSL_FLAG(std::string, job, "", "job name for shared memory (default: $SLURM_JOB_ID or 'muster')");
 ABSL_FLAG(int, threads, 0, "LibTorch intra-op threads (0: cores / trainers on this node)");
-ABSL_FLAG(std::string, summary_json, "", "write this trainer's final figures to FILE as JSON");
+ABSL_FLAG(std::string, summary_json, "",
+          "write this trainer's final figures to FILE as JSON; {node} and {local_rank} in "
+          "FILE are replaced (one file per trainer under muster-agent)");
 ABSL_FLAG(bool, quiet, false, "no progress lines");
 ABSL_FLAG(std::string, checkpoint_dir, "", "directory (shared by all nodes) for checkpoints; empty: none");
 ABSL_FLAG(int64_t, checkpoint_every, 0, "checkpoint every N steps");
@@ -175,7 +178,10 @@ int Run() {
     std::cerr << "muster-train: " << result.status() << "\n";
     return 1;
   }
-  if (const std::string path = absl::GetFlag(FLAGS_summary_json); !path.empty()) {
+  if (const std::string path = absl::StrReplaceAll(
+          absl::GetFlag(FLAGS_summary_json),
+          {{"{node}", id->node}, {"{local_rank}", std::to_string(id->local_rank)}});
+      !path.empty()) {
     std::ofstream(path) << absl::StrFormat(
         "{\"rank\": %d, \"world_size\": %d, \"steps\": %d, \"steps_per_s\": %.4f, "
         "\"samples_per_s\": %.2f, \"comm_overlap_pct\": %.2f, \"test_accuracy\": %.4f, "

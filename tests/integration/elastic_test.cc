@@ -44,7 +44,8 @@ class ElasticTest : public ::testing::Test {
     std::system(("rm -rf " + dir_ + " && mkdir -p " + dir_).c_str());
     target_ = absl::StrCat("127.0.0.1:", FreeLoopbackPort());
     coordinator_ = Spawn({kBin + "/muster-coordinator", "--listen=" + target_, "--no-auth",
-                          absl::StrCat("--min-members=", MinMembers()), "--max-members=3",
+                          absl::StrCat("--min-members=", MinMembers()),
+                          absl::StrCat("--max-members=", MaxMembers()),
                           "--last-call=200ms",
                           "--heartbeat-interval=200ms", "--heartbeat-timeout=2s"},
                          dir_ + "/coordinator.log");
@@ -75,6 +76,7 @@ class ElasticTest : public ::testing::Test {
   }
 
   virtual int MinMembers() const { return 2; }
+  virtual int MaxMembers() const { return 3; }
 
   std::string dir_, target_;
   pid_t coordinator_ = -1;
@@ -157,6 +159,129 @@ TEST_F(ElasticTest, SurvivorsKeepTrainingAndAReplacementPullsTheirState) {
       << log0;
   EXPECT_GT(std::stoi(m[1]), 30);
   EXPECT_EQ(Field(s2, "steps"), "250") << s2;
+}
+
+// Agent-launched jobs: two nodes, each a muster-agent with two trainers.
+class AgentTest : public ElasticTest {
+ protected:
+  int MaxMembers() const override { return 4; }
+
+  pid_t Agent(const std::string& node, int steps = 400) {
+    return Spawn({kBin + "/muster-agent", "--nproc-per-node=2", "--restart-backoff=100ms",
+                  "--max-restarts=2", "--node-id=" + node, "--", kBin + "/muster-train",
+                  "--coordinator=" + target_, "--model=mlp", absl::StrCat("--steps=", steps),
+                  "--batch-size=32", "--log-every=10", "--threads=1", "--backend=auto",
+                  absl::StrCat("--job=ag", ::getpid(), node),
+                  "--summary-json=" + dir_ + "/{node}{local_rank}.json"},
+                 absl::StrCat(dir_, "/", node, ".log"));
+  }
+
+  // The pid of trainer `slot` as the agent of `node` last started it.
+  pid_t TrainerPid(const std::string& node, int slot) {
+    const std::string log = Read(absl::StrCat(dir_, "/", node, ".log"));
+    std::regex re(absl::StrCat("trainer ", slot, " started[^\\n]*pid ([0-9]+)"));
+    pid_t pid = -1;
+    for (auto it = std::sregex_iterator(log.begin(), log.end(), re); it != std::sregex_iterator();
+         ++it) {
+      pid = std::stoi((*it)[1]);
+    }
+    return pid;
+  }
+
+  // Steps in the order a log printed them ("step N/M").
+  // The parameter checksums of the trainers that finished, by member.
+  std::vector<std::string> Checksums(const std::vector<std::string>& members) {
+    std::vector<std::string> out;
+    for (const std::string& m : members) {
+      out.push_back(Field(Read(dir_ + "/" + m + ".json"), "parameter_checksum"));
+    }
+    return out;
+  }
+  void ExpectEqualParameters(const std::vector<std::string>& members) {
+    const std::vector<std::string> sums = Checksums(members);
+    EXPECT_FALSE(sums[0].empty()) << "no summary of " << members[0];
+    for (size_t i = 1; i < sums.size(); ++i) {
+      EXPECT_EQ(sums[i], sums[0]) << members[i] << " differs from " << members[0];
+    }
+  }
+
+  std::vector<int> Steps(const std::string& node) {
+    const std::string log = Read(absl::StrCat(dir_, "/", node, ".log"));
+    std::vector<int> out;
+    std::regex re("\\bstep ([0-9]+)/");
+    for (auto it = std::sregex_iterator(log.begin(), log.end(), re); it != std::sregex_iterator();
+         ++it) {
+      out.push_back(std::stoi((*it)[1]));
+    }
+    return out;
+  }
+};
+
+bool Gone(pid_t pid) {
+  const std::string stat = ReadText(absl::StrCat("/proc/", pid, "/stat"));
+  return stat.empty() || stat.find(") Z ") != std::string::npos;
+}
+
+TEST_F(AgentTest, TheAgentRestartsAKilledTrainerAndItRejoins) {
+  const pid_t a = Agent("a"), b = Agent("b");
+  ASSERT_TRUE(WaitForLine("a", "step 60/", absl::Seconds(60))) << Read(dir_ + "/a.log");
+  const pid_t victim = TrainerPid("b", 1);
+  ASSERT_GT(victim, 0) << Read(dir_ + "/b.log");
+  ASSERT_EQ(::kill(victim, SIGKILL), 0);
+  EXPECT_EQ(Wait(a), 0) << Read(dir_ + "/a.log");
+  EXPECT_EQ(Wait(b), 0) << Read(dir_ + "/b.log");
+  const std::string log_b = Read(dir_ + "/b.log");
+  EXPECT_NE(log_b.find("trainer 1 started (restart 1)"), std::string::npos) << log_b;
+  EXPECT_NE(log_b.find("trainer 1: exit 0, 1 restarts"), std::string::npos) << log_b;
+  // The survivors regrouped to 3, then back to 4 with the restarted trainer.
+  const std::string log_a = Read(dir_ + "/a.log");
+  EXPECT_NE(log_a.find("(world 3, rank"), std::string::npos) << log_a;
+  EXPECT_NE(log_a.find("world 4 on 2 nodes"), std::string::npos) << log_a;
+  // The loss curve is continuous: rank 0's steps never go back.
+  const std::vector<int> steps = Steps("a");
+  ASSERT_FALSE(steps.empty());
+  for (size_t i = 1; i < steps.size(); ++i) EXPECT_GE(steps[i], steps[i - 1]);
+  EXPECT_EQ(steps.back(), 400);
+  ExpectEqualParameters({"a0", "a1", "b0", "b1"});
+}
+
+TEST_F(AgentTest, KillingANodeTakesItsTrainersAndTheOtherNodeFinishes) {
+  const pid_t a = Agent("a"), b = Agent("b");
+  ASSERT_TRUE(WaitForLine("a", "step 60/", absl::Seconds(60))) << Read(dir_ + "/a.log");
+  const pid_t t0 = TrainerPid("b", 0), t1 = TrainerPid("b", 1);
+  ASSERT_GT(t0, 0);
+  ASSERT_GT(t1, 0);
+  ASSERT_EQ(::kill(b, SIGKILL), 0);
+  EXPECT_EQ(Wait(b), 128 + SIGKILL);
+  // PR_SET_PDEATHSIG: the node's trainers die with their agent.
+  const absl::Time end = absl::Now() + absl::Seconds(5);
+  while ((!Gone(t0) || !Gone(t1)) && absl::Now() < end) absl::SleepFor(absl::Milliseconds(20));
+  EXPECT_TRUE(Gone(t0));
+  EXPECT_TRUE(Gone(t1));
+  EXPECT_EQ(Wait(a), 0) << Read(dir_ + "/a.log");
+  const std::string log_a = Read(dir_ + "/a.log");
+  EXPECT_NE(log_a.find("(world 2, rank"), std::string::npos) << log_a;
+  ASSERT_FALSE(Steps("a").empty());
+  EXPECT_EQ(Steps("a").back(), 400);
+  ExpectEqualParameters({"a0", "a1"});
+}
+
+TEST_F(AgentTest, AJobScalesUpFromTwoToFourTrainersMidRun) {
+  const pid_t a = Agent("a", 500);
+  ASSERT_TRUE(WaitForLine("a", "step 40/", absl::Seconds(60))) << Read(dir_ + "/a.log");
+  const pid_t b = Agent("b", 500);
+  EXPECT_EQ(Wait(a), 0) << Read(dir_ + "/a.log");
+  EXPECT_EQ(Wait(b), 0) << Read(dir_ + "/b.log");
+  const std::string log_a = Read(dir_ + "/a.log");
+  // A join enters at a step boundary: nothing is dropped.
+  EXPECT_NE(log_a.find("world 4 on 2 nodes"), std::string::npos) << log_a;
+  EXPECT_EQ(log_a.find("dropped"), std::string::npos) << log_a;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(log_a, m, std::regex("world 4 on 2 nodes[^\\n]*step ([0-9]+)")));
+  EXPECT_GE(std::stoi(m[1]), 40);
+  ASSERT_FALSE(Steps("a").empty());
+  EXPECT_EQ(Steps("a").back(), 500);
+  ExpectEqualParameters({"a0", "a1", "b0", "b1"});
 }
 
 }  // namespace

@@ -147,6 +147,16 @@ TEST(LaunchEnvTest, SlurmTorchrunOpenMpiAndFlags) {
   EXPECT_EQ(id->member_id(), "override/0");
   EXPECT_EQ(id->local_world_size, 4);
 
+  // Under `srun muster-agent`, the agent's variables beat Slurm's.
+  env = {{"SLURM_PROCID", "1"}, {"SLURM_LOCALID", "0"}, {"SLURMD_NODENAME", "jwc042"},
+         {"MUSTER_LOCAL_RANK", "3"}, {"MUSTER_LOCAL_WORLD_SIZE", "4"},
+         {"MUSTER_NODE_ID", "jwc042"}};
+  id = ResolveLaunchIdentity({}, get, "h");
+  ASSERT_TRUE(id.ok());
+  EXPECT_EQ(id->source, "muster-agent");
+  EXPECT_EQ(id->member_id(), "jwc042/3");
+  EXPECT_EQ(id->local_world_size, 4);
+
   env = {{"SLURM_PROCID", "x"}};
   auto bad = ResolveLaunchIdentity({}, get, "h");
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);

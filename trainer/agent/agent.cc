@@ -1,0 +1,161 @@
+#include "trainer/agent/agent.h"
+
+#include <dirent.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <map>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "common/logging.h"
+
+namespace muster {
+namespace {
+
+const int kHandled[] = {SIGCHLD, SIGTERM, SIGINT, SIGUSR1, SIGHUP};
+
+sigset_t HandledSignals() {
+  sigset_t set;
+  sigemptyset(&set);
+  for (int s : kHandled) sigaddset(&set, s);
+  return set;
+}
+
+// fork + exec of one trainer; the child dies with the agent.
+pid_t StartTrainer(const AgentOptions& o, int slot, int restarts) {
+  const pid_t parent = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid != 0) return pid;
+  // Child: back to default signal handling, then die with the agent.
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (::getppid() != parent) ::_exit(127);  // the agent is already gone
+  sigset_t none;
+  sigemptyset(&none);
+  ::sigprocmask(SIG_SETMASK, &none, nullptr);
+  ::setenv("MUSTER_NODE_ID", o.node_id.c_str(), 1);
+  ::setenv("MUSTER_LOCAL_RANK", std::to_string(slot).c_str(), 1);
+  ::setenv("MUSTER_LOCAL_WORLD_SIZE", std::to_string(o.nproc).c_str(), 1);
+  ::setenv("MUSTER_RESTART_COUNT", std::to_string(restarts).c_str(), 1);
+  std::vector<char*> argv;
+  for (const std::string& a : o.command) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  ::execvp(argv[0], argv.data());
+  std::fprintf(stderr, "muster-agent: cannot run %s: %s\n", argv[0], std::strerror(errno));
+  ::_exit(kExitBadFlags);
+}
+
+// SIGKILL to every other process in our process group (what a trainer may
+// have started and left behind). Only when the agent leads its group, so a
+// harness that shares our group is never touched.
+void KillRestOfProcessGroup() {
+  const pid_t self = ::getpid();
+  if (::getpgrp() != self) return;
+  DIR* proc = ::opendir("/proc");
+  if (proc == nullptr) return;
+  while (dirent* e = ::readdir(proc)) {
+    int pid = 0;
+    if (!absl::SimpleAtoi(e->d_name, &pid) || pid == self) continue;
+    if (::getpgid(pid) == self) ::kill(pid, SIGKILL);
+  }
+  ::closedir(proc);
+}
+
+}  // namespace
+
+int RunAgent(const AgentOptions& o) {
+  // Our own group, so that KillRestOfProcessGroup() has a group to clean up;
+  // and if whoever started us dies, we stop our trainers as if told to.
+  if (::getpgrp() != ::getpid()) ::setpgid(0, 0);
+  ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+  const sigset_t handled = HandledSignals();
+  ::sigprocmask(SIG_BLOCK, &handled, nullptr);
+
+  Supervisor sup(o.supervisor);
+  std::map<pid_t, int> running;  // pid -> slot
+  auto start = [&](int slot) {
+    const pid_t pid = StartTrainer(o, slot, sup.restarts(slot));
+    running[pid] = slot;
+    sup.Started(slot, absl::Now());
+    MUSTER_LOG(INFO) << "muster-agent: node " << o.node_id << ": trainer " << slot << " started"
+                     << (sup.restarts(slot) > 0 ? absl::StrCat(" (restart ", sup.restarts(slot), ")")
+                                                : std::string())
+                     << ", pid " << pid;
+  };
+  for (int slot = 0; slot < o.nproc; ++slot) start(slot);
+
+  absl::Time kill_at = absl::InfiniteFuture();
+  auto forward = [&](int sig) {
+    for (const auto& [pid, slot] : running) ::kill(pid, sig);
+  };
+  while (sup.Active()) {
+    const absl::Time now = absl::Now();
+    const absl::Time wake = std::min({sup.NextRestart(), kill_at, now + absl::Seconds(1)});
+    const timespec ts = absl::ToTimespec(std::max(absl::ZeroDuration(), wake - now));
+    siginfo_t info;
+    const int sig = ::sigtimedwait(&handled, &info, &ts);
+    if (sig == SIGTERM || sig == SIGINT || sig == SIGUSR1 || sig == SIGHUP) {
+      if (sup.stopping() && (sig == SIGTERM || sig == SIGINT)) {
+        MUSTER_LOG(WARNING) << "muster-agent: second " << ::strsignal(sig)
+                            << ": killing the trainers";
+        forward(SIGKILL);
+      } else {
+        MUSTER_LOG(INFO) << "muster-agent: " << ::strsignal(sig)
+                         << ": forwarding to the trainers; no more restarts";
+        sup.Stop();
+        forward(sig);
+        kill_at = absl::Now() + o.stop_grace;
+      }
+    }
+    // Reap whatever ended (SIGCHLD may coalesce).
+    for (;;) {
+      int status = 0;
+      const pid_t pid = ::waitpid(-1, &status, WNOHANG);
+      if (pid <= 0) break;
+      auto it = running.find(pid);
+      if (it == running.end()) continue;
+      const int slot = it->second;
+      running.erase(it);
+      ProcessEnd end{WIFSIGNALED(status),
+                     WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status)};
+      const bool restart = sup.Ended(slot, end, absl::Now());
+      LogMessage(restart || sup.state(slot) == Supervisor::State::kGaveUp ? LogLevel::kWarning
+                                                                          : LogLevel::kInfo,
+                 __FILE__, __LINE__)
+              .stream()
+          << "muster-agent: node " << o.node_id << ": trainer " << slot << " (pid " << pid
+          << ") " << end.Describe()
+          << (restart ? absl::StrCat("; restarting in ",
+                                     absl::FormatDuration(sup.RestartAt(slot) - absl::Now()))
+              : sup.state(slot) == Supervisor::State::kGaveUp
+                  ? absl::StrCat("; giving up after ", sup.restarts(slot), " restarts")
+                  : std::string());
+    }
+    if (absl::Now() >= kill_at && !running.empty()) {
+      MUSTER_LOG(WARNING) << "muster-agent: trainers still running "
+                          << absl::FormatDuration(o.stop_grace) << " after the signal; killing";
+      forward(SIGKILL);
+      kill_at = absl::InfiniteFuture();
+    }
+    for (int slot = 0; slot < o.nproc; ++slot) {
+      if (sup.state(slot) == Supervisor::State::kPending && sup.RestartAt(slot) <= absl::Now()) {
+        start(slot);
+      }
+    }
+  }
+  KillRestOfProcessGroup();
+  const int code = sup.ExitCode();
+  LogMessage(code == 0 ? LogLevel::kInfo : LogLevel::kWarning, __FILE__, __LINE__).stream()
+      << "muster-agent: node " << o.node_id << " done, exit " << code << ": " << sup.Summary();
+  return code;
+}
+
+}  // namespace muster

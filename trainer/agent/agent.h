@@ -1,0 +1,40 @@
+// Agent: runs one node's trainers as child processes and keeps them running.
+//
+// The agent starts `nproc` copies of `command`, each with MUSTER_NODE_ID,
+// MUSTER_LOCAL_RANK, MUSTER_LOCAL_WORLD_SIZE and MUSTER_RESTART_COUNT set (the
+// trainer takes its identity from them before any launcher variable). A
+// trainer that dies is restarted as the Supervisor decides. SIGTERM, SIGINT,
+// SIGUSR1 and SIGHUP are forwarded to every trainer and stop restarts; a
+// second SIGTERM or SIGINT, or `stop_grace` after the first, kills the
+// trainers. Children die with the agent (PR_SET_PDEATHSIG), and before it
+// returns the agent kills what is left of its process group, so nothing
+// outlives it.
+//
+// Run() owns the calling process's signal mask and SIGCHLD: call it once,
+// from main, before any other thread exists.
+#ifndef MUSTER_TRAINER_AGENT_AGENT_H_
+#define MUSTER_TRAINER_AGENT_AGENT_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "trainer/agent/supervisor.h"
+
+namespace muster {
+
+struct AgentOptions {
+  std::string node_id;
+  int nproc = 1;
+  SupervisorOptions supervisor;
+  absl::Duration stop_grace = absl::Seconds(60);
+  std::vector<std::string> command;  // argv of the trainer
+};
+
+// Runs the trainers until all are done or have given up; returns the agent's
+// exit code (Supervisor::ExitCode) after logging the summary.
+int RunAgent(const AgentOptions& options);
+
+}  // namespace muster
+
+#endif  // MUSTER_TRAINER_AGENT_AGENT_H_

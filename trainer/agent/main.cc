@@ -1,0 +1,68 @@
+// muster-agent: one per node; starts and restarts that node's trainers.
+//
+//   muster-agent --nproc-per-node N [--max-restarts K] -- muster-train ARGS...
+#include <unistd.h>
+
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/time/time.h"
+#include "common/flag_names.h"
+#include "common/launch_env.h"
+#include "trainer/agent/agent.h"
+
+ABSL_FLAG(int, nproc_per_node, 1, "trainers to run on this node (one per GPU or CPU slot)");
+ABSL_FLAG(int, max_restarts, 3, "restarts per trainer before the agent gives up on it");
+ABSL_FLAG(absl::Duration, restart_backoff, absl::Seconds(1),
+          "delay before the first restart; doubles per restart of the same trainer");
+ABSL_FLAG(absl::Duration, max_restart_backoff, absl::Seconds(30), "cap on the restart delay");
+ABSL_FLAG(absl::Duration, stop_grace, absl::Seconds(60),
+          "after forwarding SIGTERM/SIGINT/SIGUSR1, SIGKILL trainers still running this long");
+ABSL_FLAG(std::string, node_id, "",
+          "node identity passed to the trainers (default: from Slurm/torchrun/OpenMPI or the "
+          "host name)");
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "muster-agent --nproc-per-node N [--max-restarts K] -- muster-train ARGS...");
+  muster::DashesToUnderscores(argc, argv);
+  // absl stops at "--" and returns everything after it as positional args.
+  std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
+  muster::AgentOptions o;
+  for (size_t i = 1; i < rest.size(); ++i) o.command.emplace_back(rest[i]);
+  o.nproc = absl::GetFlag(FLAGS_nproc_per_node);
+  o.supervisor.slots = o.nproc;
+  o.supervisor.max_restarts = absl::GetFlag(FLAGS_max_restarts);
+  o.supervisor.backoff_initial = absl::GetFlag(FLAGS_restart_backoff);
+  o.supervisor.backoff_max = absl::GetFlag(FLAGS_max_restart_backoff);
+  o.stop_grace = absl::GetFlag(FLAGS_stop_grace);
+  if (o.command.empty()) {
+    std::cerr << "muster-agent: no trainer command: put it after --, e.g. "
+                 "muster-agent --nproc-per-node 2 -- muster-train --coordinator HOST:PORT\n";
+    return muster::kExitBadFlags;
+  }
+  if (o.nproc < 1 || o.nproc > 1024) {
+    std::cerr << "muster-agent: --nproc-per-node must be in 1..1024, not " << o.nproc << "\n";
+    return muster::kExitBadFlags;
+  }
+  if (o.supervisor.max_restarts < 0 || o.supervisor.backoff_initial < absl::ZeroDuration() ||
+      o.stop_grace < absl::ZeroDuration()) {
+    std::cerr << "muster-agent: --max-restarts, --restart-backoff and --stop-grace must not be "
+                 "negative\n";
+    return muster::kExitBadFlags;
+  }
+  char host[256] = "localhost";
+  ::gethostname(host, sizeof(host) - 1);
+  auto id = muster::ResolveLaunchIdentity({absl::GetFlag(FLAGS_node_id), -1},
+                                          [](const char* n) { return std::getenv(n); }, host);
+  if (!id.ok()) {
+    std::cerr << "muster-agent: " << id.status() << "\n";
+    return muster::kExitBadFlags;
+  }
+  o.node_id = id->node;
+  return muster::RunAgent(o);
+}

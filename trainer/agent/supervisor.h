@@ -1,0 +1,84 @@
+// Supervisor: what muster-agent does when one of its trainers ends. Pure
+// policy (no processes, no clock of its own), so it is unit-tested directly.
+//
+// A slot is one local rank. A trainer that exits 0 (finished) or 75 (stopped
+// after a checkpoint) is done. Exit 2 means its flags are wrong, so restarting
+// cannot help: the slot gives up at once. Any other end (a signal, a crash, an
+// error) is restarted after an exponential backoff, up to `max_restarts` times
+// per slot; after that the slot gives up and the others go on (they are
+// elastic). Once the agent is stopping nothing is restarted.
+//
+// Not thread-safe: the agent's single thread owns it.
+#ifndef MUSTER_TRAINER_AGENT_SUPERVISOR_H_
+#define MUSTER_TRAINER_AGENT_SUPERVISOR_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+
+namespace muster {
+
+// Exit codes shared by muster-train and muster-agent.
+inline constexpr int kExitBadFlags = 2;
+inline constexpr int kExitStoppedBySignal = 75;  // sysexits.h EX_TEMPFAIL
+
+struct SupervisorOptions {
+  int slots = 1;
+  int max_restarts = 3;
+  absl::Duration backoff_initial = absl::Seconds(1);
+  absl::Duration backoff_max = absl::Seconds(30);
+};
+
+// How a process ended, as waitpid reports it.
+struct ProcessEnd {
+  bool signaled = false;
+  int code = 0;  // exit code, or the signal number when `signaled`
+  std::string Describe() const;
+};
+
+class Supervisor {
+ public:
+  enum class State { kPending, kRunning, kDone, kGaveUp };
+
+  explicit Supervisor(SupervisorOptions options);
+
+  // Slot `slot` was started (or restarted) at `now`.
+  void Started(int slot, absl::Time now);
+  // Slot `slot`'s trainer ended at `now`. Returns true when it is to be
+  // restarted (at RestartAt(slot)).
+  bool Ended(int slot, ProcessEnd end, absl::Time now);
+  // From now on nothing is restarted; pending restarts are cancelled.
+  void Stop();
+
+  State state(int slot) const { return slots_[slot].state; }
+  absl::Time RestartAt(int slot) const { return slots_[slot].restart_at; }
+  int restarts(int slot) const { return slots_[slot].restarts; }
+  bool stopping() const { return stopping_; }
+  // True while any slot runs or waits for a restart.
+  bool Active() const;
+  // The earliest pending restart (InfiniteFuture when none).
+  absl::Time NextRestart() const;
+
+  // The agent's exit code: 1 if a slot gave up, else 75 if any trainer
+  // stopped after a checkpoint, else the first non-zero end, else 0.
+  int ExitCode() const;
+  // One line per slot: how it ended and how often it was restarted.
+  std::string Summary() const;
+
+ private:
+  struct Slot {
+    State state = State::kPending;
+    int restarts = 0;
+    absl::Time restart_at = absl::InfinitePast();
+    ProcessEnd last;
+    bool ended = false;
+  };
+  SupervisorOptions options_;
+  std::vector<Slot> slots_;
+  bool stopping_ = false;
+};
+
+}  // namespace muster
+
+#endif  // MUSTER_TRAINER_AGENT_SUPERVISOR_H_
