@@ -3,6 +3,7 @@
 //   muster-bench coordinator --members N --seconds S
 //   muster-bench checkpoint --state-mb 800 [--dir D]
 //   muster-bench train --model mlp|cnn --world W --nodes M --steps N
+//   muster-bench recovery --world 4 --nodes 2 --trials N
 //   muster-bench allreduce --world W --nodes M --backend gloo|shm|hier --sizes 4K,1M,...
 #include <cstring>
 #include <iostream>
@@ -22,6 +23,7 @@ int RunCoordinatorBench();
 int RunAllreduceBench();
 int RunCommWorker();
 int RunTrainBench();
+int RunRecoveryBench();
 int RunCheckpointBench();
 }  // namespace muster
 
@@ -34,9 +36,10 @@ int main(int argc, char** argv) {
   if (what == "allreduce") return muster::RunAllreduceBench();
   if (what == "comm-worker") return muster::RunCommWorker();
   if (what == "train") return muster::RunTrainBench();
+  if (what == "recovery") return muster::RunRecoveryBench();
 #ifdef MUSTER_BENCH_TORCH
   if (what == "checkpoint") return muster::RunCheckpointBench();
 #endif
-  std::cerr << "muster-bench: unknown benchmark '" << what << "' (coordinator, allreduce, train, checkpoint)\n";
+  std::cerr << "muster-bench: unknown benchmark '" << what << "' (coordinator, allreduce, train, recovery, checkpoint)\n";
   return 2;
 }

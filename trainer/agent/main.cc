@@ -17,7 +17,7 @@
 
 ABSL_FLAG(int, nproc_per_node, 1, "trainers to run on this node (one per GPU or CPU slot)");
 ABSL_FLAG(int, max_restarts, 3, "restarts per trainer before the agent gives up on it");
-ABSL_FLAG(absl::Duration, restart_backoff, absl::Seconds(1),
+ABSL_FLAG(absl::Duration, restart_backoff, absl::Milliseconds(250),
           "delay before the first restart; doubles per restart of the same trainer");
 ABSL_FLAG(absl::Duration, max_restart_backoff, absl::Seconds(30), "cap on the restart delay");
 ABSL_FLAG(absl::Duration, stop_grace, absl::Seconds(60),

@@ -26,7 +26,7 @@ inline constexpr int kExitStoppedBySignal = 75;  // sysexits.h EX_TEMPFAIL
 struct SupervisorOptions {
   int slots = 1;
   int max_restarts = 3;
-  absl::Duration backoff_initial = absl::Seconds(1);
+  absl::Duration backoff_initial = absl::Milliseconds(250);
   absl::Duration backoff_max = absl::Seconds(30);
 };
 

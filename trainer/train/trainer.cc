@@ -521,7 +521,8 @@ absl::StatusOr<TrainResult> RunTraining(const TrainOptions& o) {
       const double now = absl::ToUnixMicros(absl::Now()) / 1e6;
       if (jsonl) {
         jsonl->Write(step, now, {{"loss", mean_loss}, {"lr", lr}, {"samples_per_s", sps},
-                                 {"epoch", static_cast<double>(b.epoch)}});
+                                 {"epoch", static_cast<double>(b.epoch)},
+                                 {"world_size", static_cast<double>(w)}});
       }
       if (events) {
         events->Scalar("train/loss", static_cast<float>(mean_loss), step, now);
