@@ -16,11 +16,13 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "cli/format.h"
 #include "common/file_system.h"
 #include "common/flag_names.h"
 #include "common/token.h"
 #include "muster/v1/coordinator.grpc.pb.h"
+#include "muster/v1/state.grpc.pb.h"
 #include "rpc/credentials.h"
 #include "rpc/status.h"
 #include "trainer/checkpoint/safetensors.h"
@@ -34,6 +36,14 @@ ABSL_FLAG(bool, json, false, "print JSON instead of tables");
 ABSL_FLAG(bool, all, false, "checkpoints: include pending, aborted and retired ones");
 ABSL_FLAG(bool, verify, false, "checkpoints: re-read every file and check its xxh3 checksum");
 ABSL_FLAG(absl::Duration, timeout, absl::Seconds(10), "rpc deadline");
+ABSL_FLAG(std::string, out, "", "pull-weights: the safetensors file to write");
+ABSL_FLAG(int64_t, at_step, 0,
+          "pull-weights: the state after this step (the first step boundary at or after it; "
+          "0: the next one)");
+ABSL_FLAG(std::string, member, "",
+          "pull-weights: pull from this member (default: the active member furthest ahead)");
+ABSL_FLAG(absl::Duration, pull_timeout, absl::Seconds(120),
+          "pull-weights: how long to wait for the step and the transfer");
 
 namespace {
 
@@ -56,9 +66,104 @@ void Print(const google::protobuf::Message& msg) {
   std::cout << json;
 }
 
+// muster pull-weights: the model of a running job, from a trainer's state
+// service, written to --out after its checksum and format are verified.
+int PullWeights(const muster::v1::GetStatusResponse& status, const std::string& token,
+                const muster::TlsFiles& tls) {
+  const std::string out = absl::GetFlag(FLAGS_out);
+  if (out.empty()) {
+    std::cerr << "muster: pull-weights needs --out FILE.safetensors\n";
+    return 2;
+  }
+  const std::string wanted = absl::GetFlag(FLAGS_member);
+  const muster::v1::MemberStatus* from = nullptr;
+  for (const muster::v1::MemberStatus& m : status.members()) {
+    if (m.state_address().empty()) continue;
+    if (!wanted.empty() ? m.member().member_id() == wanted
+                        : m.state() == "active" && (from == nullptr || m.step() > from->step())) {
+      from = &m;
+    }
+  }
+  if (from == nullptr) {
+    std::cerr << "muster: pull-weights: "
+              << (wanted.empty() ? "no active member serves its state"
+                                 : "member " + wanted + " is unknown or serves no state")
+              << "\n";
+    return 1;
+  }
+  auto channel = muster::MakeChannel(from->state_address(), tls);
+  if (!channel.ok()) {
+    std::cerr << "muster: " << channel.status() << "\n";
+    return 2;
+  }
+  const absl::Time start = absl::Now();
+  auto stub = muster::v1::State::NewStub(*channel);
+  grpc::ClientContext ctx;
+  muster::AttachToken(&ctx, token);
+  const absl::Duration timeout = absl::GetFlag(FLAGS_pull_timeout);
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  muster::v1::PullStateRequest req;
+  req.set_at_step(absl::GetFlag(FLAGS_at_step));
+  req.set_timeout_ms(static_cast<uint32_t>(absl::ToInt64Milliseconds(timeout)));
+  auto reader = stub->PullState(&ctx, req);
+  muster::v1::StateChunk chunk;
+  std::string bytes, xxh3;
+  int64_t step = -1;
+  uint64_t total = 0;
+  while (reader->Read(&chunk)) {
+    if (chunk.offset() == 0 && bytes.empty()) {
+      step = chunk.step();
+      total = chunk.total_bytes();
+      xxh3 = chunk.xxh3();
+      bytes.reserve(total);
+    }
+    if (chunk.offset() != bytes.size() || bytes.size() + chunk.data().size() > total) {
+      std::cerr << "muster: pull-weights: chunk at offset " << chunk.offset() << " of "
+                << from->state_address() << " does not follow byte " << bytes.size() << " of "
+                << total << "\n";
+      return 1;
+    }
+    bytes += chunk.data();
+  }
+  grpc::Status s = reader->Finish();
+  if (!s.ok()) return Fail("pull-weights from " + from->state_address(), s);
+  if (bytes.size() != total || muster::Xxh3Hex(bytes.data(), bytes.size()) != xxh3) {
+    std::cerr << "muster: pull-weights: the state from " << from->state_address()
+              << " is damaged (" << bytes.size() << " of " << total
+              << " bytes, checksum mismatch or short)\n";
+    return 1;
+  }
+  auto parsed = muster::ParseSafetensors(bytes, from->state_address());
+  if (!parsed.ok()) {
+    std::cerr << "muster: pull-weights: " << parsed.status() << "\n";
+    return 1;
+  }
+  // Written beside the target, then renamed: a reader never sees half a file.
+  const std::string tmp = out + ".partial";
+  muster::FileSystem* fs = muster::DefaultFileSystem();
+  auto file = fs->NewWritableFile(tmp);
+  absl::Status w = file.ok() ? (*file)->Append(bytes.data(), bytes.size()) : file.status();
+  if (w.ok()) w = (*file)->Sync();
+  if (w.ok()) w = (*file)->Close();
+  if (!w.ok()) {
+    fs->Remove(tmp).IgnoreError();
+    std::cerr << "muster: pull-weights: writing " << tmp << ": " << w << "\n";
+    return 1;
+  }
+  if (absl::Status r = fs->Rename(tmp, out); !r.ok()) {
+    std::cerr << "muster: pull-weights: " << r << "\n";
+    return 1;
+  }
+  std::cout << "pulled " << parsed->tensors.size() << " tensors (" << bytes.size()
+            << " bytes) after step " << step << " from " << from->member().member_id() << " at "
+            << from->state_address() << " in " << absl::FormatDuration(absl::Now() - start)
+            << " into " << out << "\n";
+  return 0;
+}
+
 int Run(const std::vector<char*>& args) {
   if (args.size() < 2) {
-    std::cerr << "muster: missing command (status, checkpoints, drain NODE, shutdown)\n";
+    std::cerr << "muster: missing command (status, checkpoints, drain NODE, pull-weights --out FILE, shutdown)\n";
     return 2;
   }
   const std::string command = args[1];
@@ -143,6 +248,12 @@ int Run(const std::vector<char*>& args) {
     else std::cout << "draining " << resp.members_drained() << " members of " << args[2] << "\n";
     return 0;
   }
+  if (command == "pull-weights") {
+    muster::v1::GetStatusResponse status;
+    grpc::Status s = stub->GetStatus(&ctx, muster::v1::GetStatusRequest(), &status);
+    if (!s.ok()) return Fail("status", s);
+    return PullWeights(status, *token, tls);
+  }
   if (command == "shutdown") {
     muster::v1::ShutdownRequest req;
     req.set_reason("muster shutdown");
@@ -153,7 +264,7 @@ int Run(const std::vector<char*>& args) {
     return 0;
   }
   std::cerr << "muster: unknown command " << command
-            << " (status, checkpoints, drain NODE, shutdown)\n";
+            << " (status, checkpoints, drain NODE, pull-weights --out FILE, shutdown)\n";
   return 2;
 }
 
@@ -162,7 +273,7 @@ int Run(const std::vector<char*>& args) {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "muster --coordinator HOST:PORT [--token-file F] "
-      "status|checkpoints|drain NODE|shutdown [--json] [--all]");
+      "status|checkpoints|drain NODE|pull-weights --out FILE [--at-step N]|shutdown [--json] [--all]");
   muster::DashesToUnderscores(argc, argv);
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   return Run(args);

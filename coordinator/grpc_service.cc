@@ -294,6 +294,7 @@ grpc::ServerUnaryReactor* CoordinatorService::GetStatus(grpc::CallbackServerCont
     m->set_rank(row.rank);
     m->set_step(row.info.step);
     m->set_heartbeat_age_ms(absl::ToInt64Milliseconds(s.now - row.info.last_seen));
+    m->set_state_address(row.info.state_address);
   }
   return Reply(ctx, "GetStatus", start, absl::OkStatus());
 }

@@ -58,6 +58,11 @@ ABSL_FLAG(bool, quiet, false, "no progress lines");
 ABSL_FLAG(std::string, checkpoint_dir, "", "directory (shared by all nodes) for checkpoints; empty: none");
 ABSL_FLAG(int64_t, checkpoint_every, 0, "checkpoint every N steps");
 ABSL_FLAG(double, checkpoint_interval, 0, "checkpoint every N seconds");
+ABSL_FLAG(std::string, state_listen, "0.0.0.0:0",
+          "host:port of this trainer's state service (muster pull-weights); port 0 picks a "
+          "free one; empty: none");
+ABSL_FLAG(std::string, state_tls_cert, "", "PEM certificate: the state service serves TLS");
+ABSL_FLAG(std::string, state_tls_key, "", "PEM private key for --state-tls-cert");
 ABSL_FLAG(bool, resume, true, "resume from the newest committed checkpoint");
 
 namespace {
@@ -165,6 +170,9 @@ int Run() {
   o.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
   o.checkpoint_interval_s = absl::GetFlag(FLAGS_checkpoint_interval);
   o.resume = absl::GetFlag(FLAGS_resume);
+  o.state_listen = absl::GetFlag(FLAGS_state_listen);
+  o.state_tls.cert = absl::GetFlag(FLAGS_state_tls_cert);
+  o.state_tls.key = absl::GetFlag(FLAGS_state_tls_key);
   o.stop_requested = &g_stop;
   o.leave_requested = &g_leave;
   struct sigaction sa = {};

@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <fstream>
 #include <regex>
 #include <sstream>
@@ -15,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "tests/integration/subprocess.h"
+#include "trainer/checkpoint/safetensors.h"
 
 namespace muster {
 namespace {
@@ -47,7 +49,8 @@ class ElasticTest : public ::testing::Test {
                           absl::StrCat("--min-members=", MinMembers()),
                           absl::StrCat("--max-members=", MaxMembers()),
                           "--last-call=200ms",
-                          "--heartbeat-interval=200ms", "--heartbeat-timeout=2s"},
+                          "--heartbeat-interval=200ms", "--heartbeat-timeout=2s",
+                          "--keep-last=0"},
                          dir_ + "/coordinator.log");
   }
   void TearDown() override {
@@ -282,6 +285,53 @@ TEST_F(AgentTest, AJobScalesUpFromTwoToFourTrainersMidRun) {
   ASSERT_FALSE(Steps("a").empty());
   EXPECT_EQ(Steps("a").back(), 500);
   ExpectEqualParameters({"a0", "a1", "b0", "b1"});
+}
+
+std::string RunCommand(const std::string& command) {
+  FILE* p = ::popen((command + " 2>&1").c_str(), "r");
+  char buf[512];
+  std::string out;
+  while (std::fgets(buf, sizeof(buf), p) != nullptr) out += buf;
+  const int status = ::pclose(p);
+  return absl::StrCat(WIFEXITED(status) ? WEXITSTATUS(status) : -1, " ", out);
+}
+
+TEST_F(ElasticTest, PullWeightsDuringTrainingMatchesTheCheckpointOfThatStep) {
+  auto trainer = [&](int local, const std::string& tag) {
+    return Spawn({kBin + "/muster-train", "--coordinator=" + target_, "--node-id=n",
+                  absl::StrCat("--local-rank=", local), "--model=mlp", "--steps=300",
+                  "--batch-size=32", "--log-every=10", "--threads=1",
+                  absl::StrCat("--job=pw", ::getpid()), "--checkpoint-dir=" + dir_ + "/ckpt",
+                  "--checkpoint-every=20"},
+                 absl::StrCat(dir_, "/", tag, ".log"));
+  };
+  const pid_t a = trainer(0, "a"), b = trainer(1, "b");
+  ASSERT_TRUE(WaitForLine("a", "step 20/", absl::Seconds(60))) << Read(dir_ + "/a.log");
+  const std::string muster = kBin + "/muster --coordinator " + target_;
+  const std::string out = RunCommand(muster + " pull-weights --at-step 200 --out " + dir_ + "/pulled.safetensors");
+  EXPECT_EQ(out.substr(0, 2), "0 ") << out;
+  EXPECT_NE(out.find("after step 200 from n/"), std::string::npos) << out;
+  // Errors name what is wrong.
+  const std::string no_out = RunCommand(muster + " pull-weights");
+  EXPECT_EQ(no_out.substr(0, 2), "2 ") << no_out;
+  EXPECT_NE(no_out.find("--out"), std::string::npos) << no_out;
+  const std::string bad_member = RunCommand(muster + " pull-weights --member nobody/0 --out /tmp/x");
+  EXPECT_NE(bad_member.find("nobody/0 is unknown"), std::string::npos) << bad_member;
+  EXPECT_EQ(Wait(a), 0) << Read(dir_ + "/a.log");
+  EXPECT_EQ(Wait(b), 0) << Read(dir_ + "/b.log");
+  auto pulled = ParseSafetensors(Read(dir_ + "/pulled.safetensors"), "pulled");
+  auto saved = ParseSafetensors(Read(dir_ + "/ckpt/step-200/model.safetensors"), "checkpoint");
+  ASSERT_TRUE(pulled.ok()) << pulled.status();
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  EXPECT_EQ(pulled->metadata["step"], "200");
+  ASSERT_EQ(pulled->tensors.size(), saved->tensors.size());
+  for (const auto& [name, t] : saved->tensors) {
+    auto it = pulled->tensors.find(name);
+    ASSERT_NE(it, pulled->tensors.end()) << name;
+    EXPECT_EQ(it->second.shape, t.shape) << name;
+    ASSERT_EQ(it->second.size, t.size) << name;
+    EXPECT_EQ(std::memcmp(it->second.data, t.data, t.size), 0) << name << " differs";
+  }
 }
 
 }  // namespace

@@ -20,20 +20,6 @@ namespace {
 
 constexpr uint64_t kMaxFileBytes = uint64_t{64} << 30;
 
-absl::StatusOr<std::string> DtypeName(torch::ScalarType t) {
-  switch (t) {
-    case torch::kFloat32: return std::string("F32");
-    case torch::kFloat64: return std::string("F64");
-    case torch::kFloat16: return std::string("F16");
-    case torch::kBFloat16: return std::string("BF16");
-    case torch::kInt64: return std::string("I64");
-    case torch::kInt32: return std::string("I32");
-    case torch::kUInt8: return std::string("U8");
-    case torch::kBool: return std::string("BOOL");
-    default: return absl::InvalidArgumentError(absl::StrCat("unsupported dtype ", c10::toString(t)));
-  }
-}
-
 std::string BaseName(const std::string& path) { return path.substr(path.rfind('/') + 1); }
 
 }  // namespace

@@ -5,6 +5,10 @@
 #include <sstream>
 #include <type_traits>
 
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "trainer/checkpoint/safetensors.h"
+
 namespace muster {
 namespace {
 
@@ -95,6 +99,41 @@ void ApplyOptimizerSteps(torch::nn::Module& model, torch::optim::Optimizer& opti
       if (name == p.key() + ".step") a->step(t.item<int64_t>());
     }
   }
+}
+
+absl::StatusOr<std::string> DtypeName(torch::ScalarType t) {
+  switch (t) {
+    case torch::kFloat32: return std::string("F32");
+    case torch::kFloat64: return std::string("F64");
+    case torch::kFloat16: return std::string("F16");
+    case torch::kBFloat16: return std::string("BF16");
+    case torch::kInt64: return std::string("I64");
+    case torch::kInt32: return std::string("I32");
+    case torch::kUInt8: return std::string("U8");
+    case torch::kBool: return std::string("BOOL");
+    default: return absl::InvalidArgumentError(absl::StrCat("unsupported dtype ", c10::toString(t)));
+  }
+}
+
+absl::StatusOr<std::string> EncodeSafetensors(const NamedTensors& tensors,
+                                              const std::map<std::string, std::string>& metadata) {
+  torch::NoGradGuard no_grad;
+  std::vector<TensorRef> refs;
+  std::vector<torch::Tensor> host;
+  for (const auto& [name, tensor] : tensors) {
+    torch::Tensor t = tensor.detach();
+    if (!t.device().is_cpu()) t = t.cpu();
+    t = t.contiguous();
+    MUSTER_ASSIGN_OR_RETURN(std::string dtype, DtypeName(t.scalar_type()));
+    refs.push_back({name, dtype, t.sizes().vec(), t.data_ptr()});
+    host.push_back(t);
+  }
+  MUSTER_ASSIGN_OR_RETURN(std::string out, SafetensorsPrefix(refs, metadata));
+  for (const torch::Tensor& t : host) {
+    out.append(static_cast<const char*>(t.data_ptr()),
+               static_cast<size_t>(t.numel()) * t.element_size());
+  }
+  return out;
 }
 
 }  // namespace muster

@@ -7,6 +7,9 @@
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
+#include "absl/status/statusor.h"
+
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -33,6 +36,15 @@ void PutOptimizerState(torch::optim::Optimizer& optimizer, const torch::Tensor& 
 // writes such "<param>.step" tensors back into the optimizer's state.
 void ApplyOptimizerSteps(torch::nn::Module& model, torch::optim::Optimizer& optimizer,
                          const NamedTensors& tensors);
+
+// The safetensors name of a LibTorch dtype ("F32", "BF16", "I64", ...).
+// Errors: INVALID_ARGUMENT for a dtype safetensors files here do not hold.
+absl::StatusOr<std::string> DtypeName(torch::ScalarType t);
+
+// `tensors` (copied to the CPU as needed) as one safetensors file in memory.
+// Errors: as DtypeName.
+absl::StatusOr<std::string> EncodeSafetensors(const NamedTensors& tensors,
+                                              const std::map<std::string, std::string>& metadata);
 
 }  // namespace muster
 

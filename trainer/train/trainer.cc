@@ -1,6 +1,7 @@
 #include "trainer/train/trainer.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -19,6 +20,8 @@
 #include "trainer/data/dataset.h"
 #include "trainer/data/sampler.h"
 #include "trainer/ddp/gradient_sync.h"
+#include "trainer/checkpoint/state_tensors.h"
+#include "trainer/elastic/state_server.h"
 #include "trainer/elastic/state_sync.h"
 #include "trainer/models/models.h"
 #include "trainer/train/event_writer.h"
@@ -158,17 +161,34 @@ absl::StatusOr<TrainResult> RunTraining(const TrainOptions& o) {
     MUSTER_LOG(WARNING) << "coordinator: " << n.reason;
     if (live_comm != nullptr) live_comm->Abort(absl::AbortedError(n.reason));
   };
+  // The state service, advertised at join.
+  std::unique_ptr<StateServer> state_server;
+  std::string state_address = o.client.state_address;
+  if (!o.state_listen.empty()) {
+    MUSTER_ASSIGN_OR_RETURN(state_server, StateServer::Start({o.state_listen, o.client.token,
+                                                              o.state_tls, o.client.member_id}));
+    std::string host = o.comm.gloo.hostname;
+    if (host.empty()) {
+      char name[256] = "localhost";
+      ::gethostname(name, sizeof(name) - 1);
+      host = name;
+    }
+    state_address = absl::StrCat(host, ":", state_server->port());
+  }
   // Joins as a new incarnation (a fresh process, or one that was fenced).
   std::unique_ptr<CoordinatorClient> client;
   auto connect = [&]() -> absl::Status {
     ClientOptions co = o.client;
+    co.state_address = state_address;
     co.incarnation = 0;  // a new one
     MUSTER_ASSIGN_OR_RETURN(client, CoordinatorClient::Create(co));
     MUSTER_RETURN_IF_ERROR(client->Join(0, absl::Now() + absl::Seconds(120)));
     return client->StartSession(on_notice);
   };
   if (o.client.incarnation != 0) {
-    MUSTER_ASSIGN_OR_RETURN(client, CoordinatorClient::Create(o.client));
+    ClientOptions co = o.client;
+    co.state_address = state_address;
+    MUSTER_ASSIGN_OR_RETURN(client, CoordinatorClient::Create(co));
     MUSTER_RETURN_IF_ERROR(client->Join(0, absl::Now() + absl::Seconds(120)));
     MUSTER_RETURN_IF_ERROR(client->StartSession(on_notice));
   } else {
@@ -485,6 +505,16 @@ absl::StatusOr<TrainResult> RunTraining(const TrainOptions& o) {
           absl::Now() - last_checkpoint >= absl::Seconds(o.checkpoint_interval_s)))) {
       MUSTER_RETURN_IF_ERROR(checkpoint(step, b.epoch));
       last_checkpoint = absl::Now();
+    }
+
+    if (state_server && state_server->Wanted(step)) {
+      // Someone pulls the state after this step (muster pull-weights).
+      MUSTER_ASSIGN_OR_RETURN(std::string image,
+                              EncodeSafetensors(ModelTensors(*model),
+                                                {{"format", "muster"},
+                                                 {"step", std::to_string(step)},
+                                                 {"member", o.client.member_id}}));
+      state_server->Publish(step, world.generation, std::move(image));
     }
 
     const bool eval_now = o.eval_every > 0 && step % o.eval_every == 0 && step < total_steps;

@@ -55,6 +55,11 @@ struct TrainOptions {
   int64_t checkpoint_every = 0;       // steps; 0 = not by steps
   double checkpoint_interval_s = 0;   // seconds; 0 = not by time
   bool resume = true;                 // restore the newest committed checkpoint at start
+  // The state service (`muster pull-weights`): host:port to listen on
+  // ("" = none), advertised to the coordinator as <address>:<port>, where
+  // address is comm.gloo.hostname or else the host name.
+  std::string state_listen = "0.0.0.0:0";
+  TlsFiles state_tls;  // cert + key: the state service serves TLS
   FileSystem* checkpoint_fs = nullptr;  // default: the real file system (tests inject faults)
   // Set by a signal handler (SIGUSR1/SIGTERM): every rank checkpoints at the
   // next step boundary and RunTraining returns with `stopped` set.
