@@ -34,6 +34,9 @@ ABSL_FLAG(int64_t, steps, 0, "train this many steps (overrides --epochs)");
 ABSL_FLAG(int, epochs, 1, "train this many epochs");
 ABSL_FLAG(double, lr, 0.01, "peak learning rate for one rank (see --lr-scaling)");
 ABSL_FLAG(std::string, lr_scaling, "linear", "linear: multiply --lr by the world size; none");
+ABSL_FLAG(std::string, elastic_lr, "scale",
+          "after a regroup: scale the learning rate to the new world size (with "
+          "--lr-scaling=linear), or keep the first world's");
 ABSL_FLAG(std::string, optimizer, "sgd", "sgd (with momentum) or adamw");
 ABSL_FLAG(double, momentum, 0.9, "SGD momentum");
 ABSL_FLAG(double, weight_decay, 0.0, "weight decay");
@@ -136,6 +139,7 @@ int Run() {
   o.epochs = absl::GetFlag(FLAGS_epochs);
   o.lr = absl::GetFlag(FLAGS_lr);
   o.lr_scaling = absl::GetFlag(FLAGS_lr_scaling);
+  o.elastic_lr = absl::GetFlag(FLAGS_elastic_lr);
   o.optimizer = absl::GetFlag(FLAGS_optimizer);
   o.momentum = absl::GetFlag(FLAGS_momentum);
   o.weight_decay = absl::GetFlag(FLAGS_weight_decay);
@@ -153,6 +157,11 @@ int Run() {
   }
   if (o.optimizer != "sgd" && o.optimizer != "adamw") {
     std::cerr << "muster-train: --optimizer must be sgd or adamw\n";
+    return 2;
+  }
+  if (o.elastic_lr != "scale" && o.elastic_lr != "keep") {
+    std::cerr << "muster-train: --elastic-lr must be scale or keep, not '" << o.elastic_lr
+              << "'\n";
     return 2;
   }
   if (o.lr_scaling != "linear" && o.lr_scaling != "none") {

@@ -230,6 +230,7 @@ absl::StatusOr<TrainResult> RunTraining(const TrainOptions& o) {
   sync_options.overlap = o.overlap;
   GradientSync sync(params, nullptr, sync_options);
   double peak_lr = o.lr;
+  int64_t lr_world = 0;
   int64_t global_batch = 0;
   // Connects the world's communicator and takes the state of the member
   // holding the newest step (every rank, newcomers included).
@@ -244,13 +245,17 @@ absl::StatusOr<TrainResult> RunTraining(const TrainOptions& o) {
       live_comm = comm.get();
       live_generation = world.generation;
     }
-    std::vector<int64_t> counters = {step, offset};
+    // lr_world: the world size the learning rate is scaled for. "scale"
+    // follows the world; "keep" keeps the source's (the first world's).
+    if (lr_world == 0 || o.elastic_lr == "scale") lr_world = w;
+    std::vector<int64_t> counters = {step, offset, lr_world};
     MUSTER_RETURN_IF_ERROR(SyncStateFrom(world.state_source_rank, comm.get(), *model, *optimizer,
                                          &counters, absl::Now() + kCollectiveTimeout));
     step = counters[0];
     offset = counters[1];
+    lr_world = o.elastic_lr == "scale" ? w : counters[2];
     sync.SetCommunicator(comm.get());
-    peak_lr = o.lr * (o.lr_scaling == "linear" ? w : 1);
+    peak_lr = o.lr * (o.lr_scaling == "linear" ? lr_world : 1);
     global_batch = int64_t{o.batch_size} * w;
     if (rank == 0 && !o.quiet) {
       std::cout << absl::StrFormat(

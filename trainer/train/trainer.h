@@ -38,6 +38,9 @@ struct TrainOptions {
   std::string optimizer = "sgd";  // or "adamw"
   double lr = 0.01;               // for one rank; see lr_scaling
   std::string lr_scaling = "linear";  // "linear": lr * world size; "none"
+  // After a regroup: "scale" the (linear) learning rate to the new world
+  // size, or "keep" the one of the world the run started in.
+  std::string elastic_lr = "scale";
   double momentum = 0.9;
   double weight_decay = 0.0;
   int64_t warmup_steps = 50;
