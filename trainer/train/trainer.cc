@@ -557,7 +557,8 @@ absl::StatusOr<TrainResult> RunTraining(const TrainOptions& o) {
       if (jsonl) {
         jsonl->Write(step, now, {{"loss", mean_loss}, {"lr", lr}, {"samples_per_s", sps},
                                  {"epoch", static_cast<double>(b.epoch)},
-                                 {"world_size", static_cast<double>(w)}});
+                                 {"world_size", static_cast<double>(w)},
+                                 {"generation", static_cast<double>(world.generation)}});
       }
       if (events) {
         events->Scalar("train/loss", static_cast<float>(mean_loss), step, now);

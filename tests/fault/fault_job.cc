@@ -1,0 +1,279 @@
+#include "tests/fault/fault_job.h"
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <fstream>
+#include <regex>
+#include <set>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "tests/bench/process_stats.h"
+
+namespace muster {
+namespace {
+
+std::string Slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+}  // namespace
+
+double UnixNow() { return absl::ToUnixMicros(absl::Now()) / 1e6; }
+
+FaultJob::FaultJob(std::string dir, FaultJobOptions options)
+    : dir_(std::move(dir)), options_(std::move(options)) {
+  std::system(("rm -rf " + dir_ + " && mkdir -p " + dir_).c_str());
+  if (options_.checkpoint_dir.empty()) options_.checkpoint_dir = dir_ + "/ckpt";
+  target_ = absl::StrCat(options_.coordinator_host, ":", FreeLoopbackPort());
+  agents_.assign(options_.nodes, -1);
+  agent_done_.assign(options_.nodes, false);
+}
+
+FaultJob::~FaultJob() {
+  for (size_t n = 0; n < agents_.size(); ++n) {
+    if (agents_[n] > 0 && !agent_done_[n]) {
+      ::kill(agents_[n], SIGKILL);
+      ::waitpid(agents_[n], nullptr, 0);
+    }
+  }
+  if (coordinator_ > 0) StopProcess(coordinator_);
+}
+
+void FaultJob::StartCoordinator() {
+  const std::string listen =
+      options_.coordinator_host == "127.0.0.1" ? target_
+                                               : "0.0.0.0:" + target_.substr(target_.rfind(':') + 1);
+  coordinator_ = SpawnProcess(
+      {SelfDir() + "/muster-coordinator", "--listen=" + listen, "--no-auth",
+       "--state-dir=" + dir_ + "/state", absl::StrCat("--min-members=", options_.min_members),
+       absl::StrCat("--max-members=", options_.nodes * options_.per_node + 2),
+       "--last-call=200ms", "--heartbeat-interval=200ms", "--heartbeat-timeout=2s",
+       "--reattach-grace=10s", "--keep-last=0"},
+      dir_ + "/coordinator.log");
+  // Ready when the CLI gets an answer.
+  const absl::Time end = absl::Now() + absl::Seconds(20);
+  std::string out;
+  while (absl::Now() < end && Cli("status", &out) != 0) absl::SleepFor(absl::Milliseconds(50));
+}
+
+void FaultJob::KillCoordinator() {
+  if (coordinator_ <= 0) return;
+  ::kill(coordinator_, SIGKILL);
+  ::waitpid(coordinator_, nullptr, 0);
+  coordinator_ = -1;
+}
+
+void FaultJob::StartAgent(int n) {
+  std::vector<std::string> argv;
+  if (n < static_cast<int>(options_.netns.size()) && !options_.netns[n].empty()) {
+    argv = {"/usr/sbin/ip", "netns", "exec", options_.netns[n]};
+  }
+  const std::vector<std::string> rest = {
+      SelfDir() + "/muster-agent", absl::StrCat("--nproc-per-node=", options_.per_node),
+      absl::StrCat("--node-id=node", n), "--max-restarts=5", "--",
+      SelfDir() + "/muster-train", "--coordinator=" + target_, "--model=mlp",
+      "--batch-size=32", absl::StrCat("--steps=", options_.steps), "--log-every=1", "--quiet",
+      "--threads=1", absl::StrCat("--job=mf", ::getpid(), "-", n),
+      "--checkpoint-dir=" + options_.checkpoint_dir,
+      absl::StrCat("--checkpoint-every=", options_.checkpoint_every),
+      absl::StrCat("--summary-json=", dir_, "/{node}-{local_rank}.json")};
+  argv.insert(argv.end(), rest.begin(), rest.end());
+  if (n < static_cast<int>(options_.addresses.size())) {
+    argv.push_back("--address=" + options_.addresses[n]);
+  }
+  if (n == 0) argv.push_back("--log-dir=" + dir_ + "/rank0");
+  argv.insert(argv.end(), options_.extra_train_flags.begin(), options_.extra_train_flags.end());
+  agents_[n] = SpawnProcess(argv, absl::StrCat(dir_, "/agent", n, ".log"));
+  agent_done_[n] = false;
+}
+
+void FaultJob::StartAll() {
+  StartCoordinator();
+  for (int n = 0; n < options_.nodes; ++n) StartAgent(n);
+}
+
+pid_t FaultJob::TrainerPid(int node, int slot) const {
+  const std::string log = Slurp(absl::StrCat(dir_, "/agent", node, ".log"));
+  const std::regex re(absl::StrCat("trainer ", slot, " started[^\\n]*pid ([0-9]+)"));
+  pid_t pid = -1;
+  for (auto it = std::sregex_iterator(log.begin(), log.end(), re); it != std::sregex_iterator();
+       ++it) {
+    pid = std::stoi((*it)[1]);
+  }
+  return pid;
+}
+
+std::vector<StepRecord> FaultJob::Steps() const {
+  std::vector<StepRecord> out;
+  std::istringstream in(Slurp(dir_ + "/rank0/metrics.jsonl"));
+  std::string line;
+  const std::regex re(
+      R"re("step": ([0-9]+), "time": ([0-9.]+).*"generation": ([0-9]+).*"world_size": ([0-9]+))re");
+  std::smatch m;
+  while (std::getline(in, line)) {
+    if (std::regex_search(line, m, re)) {
+      out.push_back({std::stoll(m[1]), std::stod(m[2]), std::stoi(m[4]),
+                     static_cast<uint64_t>(std::stoull(m[3]))});
+    }
+  }
+  return out;
+}
+
+int64_t FaultJob::LastStep() const {
+  const auto steps = Steps();
+  return steps.empty() ? 0 : steps.back().step;
+}
+
+bool FaultJob::WaitForStep(int64_t step, absl::Duration timeout) const {
+  const absl::Time end = absl::Now() + timeout;
+  while (absl::Now() < end) {
+    if (LastStep() >= step) return true;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  return false;
+}
+
+int FaultJob::WaitAgents(absl::Duration timeout, const std::vector<int>& allowed) {
+  int failed = 0;
+  const absl::Time end = absl::Now() + timeout;
+  for (size_t n = 0; n < agents_.size(); ++n) {
+    if (agents_[n] <= 0 || agent_done_[n]) continue;
+    int status = 0;
+    pid_t got = 0;
+    while ((got = ::waitpid(agents_[n], &status, WNOHANG)) == 0 && absl::Now() < end) {
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    if (got == 0) {  // timed out
+      ::kill(agents_[n], SIGKILL);
+      ::waitpid(agents_[n], &status, 0);
+      ++failed;
+    } else if ((!WIFEXITED(status) || WEXITSTATUS(status) != 0) &&
+               std::find(allowed.begin(), allowed.end(), static_cast<int>(n)) == allowed.end()) {
+      ++failed;
+    }
+    agent_done_[n] = true;
+  }
+  return failed;
+}
+
+int FaultJob::Cli(const std::string& args, std::string* out) const {
+  const std::string cmd =
+      absl::StrCat(SelfDir(), "/muster --coordinator ", target_, " --timeout 5s ", args, " 2>&1");
+  FILE* p = ::popen(cmd.c_str(), "r");
+  char buf[1024];
+  out->clear();
+  while (std::fgets(buf, sizeof(buf), p) != nullptr) *out += buf;
+  const int status = ::pclose(p);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+CheckpointCheck FaultJob::VerifyCheckpoints() const {
+  CheckpointCheck c;
+  std::string out;
+  Cli("checkpoints --verify", &out);
+  std::istringstream in(out);
+  std::string line;
+  std::smatch m;
+  const std::regex ok("^ok +step ([0-9]+)"), bad("^BAD +step ([0-9]+)");
+  std::set<int64_t> bad_steps;
+  while (std::getline(in, line)) {
+    if (std::regex_search(line, m, ok)) ++c.committed;
+    if (std::regex_search(line, m, bad)) bad_steps.insert(std::stoll(m[1]));
+  }
+  c.committed += static_cast<int>(bad_steps.size());
+  c.bad_steps.assign(bad_steps.begin(), bad_steps.end());
+  return c;
+}
+
+int64_t FaultJob::NewestCommitted(std::vector<std::string>* files) const {
+  std::string out;
+  if (Cli("checkpoints --json", &out) != 0) return -1;
+  // The first checkpoint listed is the newest committed one.
+  std::smatch m;
+  if (!std::regex_search(out, m, std::regex(R"re("step": "?([0-9]+)"?)re"))) return -1;
+  const int64_t step = std::stoll(m[1]);
+  files->clear();
+  const std::string dir = absl::StrCat(options_.checkpoint_dir, "/step-", step, "/");
+  for (const char* name : {"model.safetensors", "optimizer.safetensors", "manifest.json"}) {
+    files->push_back(dir + name);
+  }
+  return step;
+}
+
+int FaultJob::WaitAgent(int n) {
+  int status = 0;
+  ::waitpid(agents_[n], &status, 0);
+  agent_done_[n] = true;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+bool FaultJob::ParamsEqual(int expected, int last_node) const {
+  int seen = 0;
+  std::string first;
+  const std::regex re("\"parameter_checksum\": ([-0-9.eE]+)");
+  for (int n = 0; n <= (last_node < 0 ? options_.nodes - 1 : last_node); ++n) {
+    for (int s = 0; s < options_.per_node; ++s) {
+      const std::string json = Slurp(absl::StrCat(dir_, "/node", n, "-", s, ".json"));
+      std::smatch m;
+      if (!std::regex_search(json, m, re)) continue;
+      if (seen++ == 0) first = m[1];
+      if (m[1] != first) return false;
+    }
+  }
+  return seen >= expected;
+}
+
+std::string FaultJob::Logs() const {
+  std::string all = Slurp(dir_ + "/coordinator.log");
+  for (int n = 0; n < options_.nodes; ++n) all += Slurp(absl::StrCat(dir_, "/agent", n, ".log"));
+  return all;
+}
+
+double StallAfter(const std::vector<StepRecord>& steps, double fault_time) {
+  double worst = 0, prev = fault_time;
+  bool any = false;
+  for (const StepRecord& r : steps) {
+    if (r.time <= fault_time) {
+      prev = fault_time;
+      continue;
+    }
+    worst = std::max(worst, r.time - std::max(prev, fault_time));
+    prev = r.time;
+    any = true;
+  }
+  return any ? worst : 0;
+}
+
+int LostSteps(const std::vector<StepRecord>& steps, double fault_time) {
+  const StepRecord* last = nullptr;  // the last step before the fault
+  for (const StepRecord& r : steps) {
+    if (r.time <= fault_time) last = &r;
+  }
+  if (last == nullptr) return 0;
+  int64_t last_old = 0, lowest_after = INT64_MAX;
+  const StepRecord* regrouped = nullptr;  // the first step of a newer generation
+  for (const StepRecord& r : steps) {
+    if (r.generation == last->generation) last_old = std::max(last_old, r.step);
+    if (r.time <= fault_time) continue;
+    lowest_after = std::min(lowest_after, r.step);
+    if (regrouped == nullptr && r.generation != last->generation) regrouped = &r;
+  }
+  if (regrouped != nullptr && regrouped->world < last->world) {
+    // A failure: the step in flight was dropped, plus any completed step
+    // the smaller world did again.
+    return static_cast<int>(std::max<int64_t>(0, last_old - regrouped->step + 1) + 1);
+  }
+  if (lowest_after == INT64_MAX) return 0;
+  return static_cast<int>(std::max<int64_t>(0, last->step - lowest_after + 1));
+}
+
+}  // namespace muster

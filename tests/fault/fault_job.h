@@ -1,0 +1,108 @@
+// FaultJob: one real training job on this machine for muster-fault — a
+// coordinator (SQLite state dir, restartable on the same port), one
+// muster-agent per node with its trainers, all on loopback or, with network
+// namespaces, as hosts on a bridge — and what a scenario needs to hurt it
+// and to judge the outcome.
+//
+// Node 0's trainer 0 is rank 0 (node names sort first); it logs every step to
+// metrics.jsonl with its time, world size and generation, so scenarios hurt
+// other trainers when they want figures. Not thread-safe.
+#ifndef MUSTER_TESTS_FAULT_FAULT_JOB_H_
+#define MUSTER_TESTS_FAULT_FAULT_JOB_H_
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+
+namespace muster {
+
+struct FaultJobOptions {
+  int nodes = 2;
+  int per_node = 2;
+  int64_t steps = 600;
+  int min_members = 2;
+  int checkpoint_every = 40;
+  std::string checkpoint_dir;            // default <dir>/ckpt
+  std::vector<std::string> netns;        // per node: run its agent in this namespace
+  std::vector<std::string> addresses;    // per node: --address of its trainers
+  std::string coordinator_host = "127.0.0.1";
+  std::vector<std::string> extra_train_flags;
+};
+
+struct StepRecord {
+  int64_t step = 0;
+  double time = 0;
+  int world = 0;
+  uint64_t generation = 0;
+};
+
+struct CheckpointCheck {
+  int committed = 0;
+  std::vector<int64_t> bad_steps;  // committed checkpoints that do not verify
+};
+
+class FaultJob {
+ public:
+  FaultJob(std::string dir, FaultJobOptions options);
+  ~FaultJob();  // kills whatever is left
+
+  void StartCoordinator();
+  void KillCoordinator();  // SIGKILL
+  void StartAgent(int node);
+  void StartAll();
+
+  const std::string& dir() const { return dir_; }
+  const std::string& checkpoint_dir() const { return options_.checkpoint_dir; }
+  pid_t agent(int node) const { return agents_[node]; }
+  // The pid the node's agent last reported for `slot` (-1 if none yet).
+  pid_t TrainerPid(int node, int slot) const;
+  // Rank 0's steps so far.
+  std::vector<StepRecord> Steps() const;
+  int64_t LastStep() const;
+  // Waits until rank 0 has completed `step`. False on timeout.
+  bool WaitForStep(int64_t step, absl::Duration timeout) const;
+  // Waits for every started agent; returns how many did not exit 0, not
+  // counting `allowed` (nodes whose agent the scenario killed).
+  int WaitAgents(absl::Duration timeout, const std::vector<int>& allowed = {});
+  // `muster checkpoints --verify` against the coordinator.
+  CheckpointCheck VerifyCheckpoints() const;
+  // The newest committed checkpoint's step and files (-1 if none).
+  int64_t NewestCommitted(std::vector<std::string>* files) const;
+  // True when every trainer of nodes 0..last_node (-1: all) that finished
+  // wrote the same parameter checksum and at least `expected` of them did.
+  bool ParamsEqual(int expected, int last_node = -1) const;
+  // Waits for node `n`'s agent; its exit code (128 + signal if killed).
+  int WaitAgent(int n);
+  // Everything the job logged: coordinator and agents (with their trainers).
+  std::string Logs() const;
+  // Runs the muster CLI with `args`; returns its exit code, output in `out`.
+  int Cli(const std::string& args, std::string* out) const;
+
+ private:
+  std::string dir_;
+  FaultJobOptions options_;
+  std::string target_;
+  pid_t coordinator_ = -1;
+  std::vector<pid_t> agents_;
+  std::vector<bool> agent_done_;
+};
+
+// How long rank 0's training stalled around `fault_time`: the longest wait
+// for a step completion after it (from the fault, or from the previous step
+// if that came later). 0 if no step completed after the fault.
+double StallAfter(const std::vector<StepRecord>& steps, double fault_time);
+// Steps done twice or dropped because of the fault: the step in flight when
+// training stalled (if the generation changed) plus completed steps the job
+// went back over.
+int LostSteps(const std::vector<StepRecord>& steps, double fault_time);
+
+// Now, as Unix seconds (the clock of metrics.jsonl).
+double UnixNow();
+
+}  // namespace muster
+
+#endif  // MUSTER_TESTS_FAULT_FAULT_JOB_H_

@@ -1,0 +1,398 @@
+// muster-fault SCENARIO --trials N [--seed S]: runs a real job (coordinator,
+// two muster-agents with two trainers each) per trial, injects the fault at a
+// random moment drawn from a seeded generator, waits for the job to end and
+// checks the invariants:
+//   - the job finishes: every agent exits 0;
+//   - all trainers that finished hold bit-identical parameters;
+//   - every committed checkpoint verifies (`muster checkpoints --verify`),
+//     except one the scenario damaged on purpose;
+//   - the logs explain what happened (a line naming the fault's effect).
+// Prints one line per scenario:
+//   fault scenario=.. trials=N survived=K recovered_p50_s=.. recovered_max_s=..
+//   lost_steps_max=.. committed_ckpt_lost=..
+// recovered: how long rank 0's training stalled after the fault (the longest
+// wait for a step from the fault on). Scenarios: kill-trainer, kill-node,
+// hang-trainer, kill-coordinator, kill-during-checkpoint, corrupt-checkpoint,
+// disk-full, slow-network, partition, churn; "all" runs each.
+#include <signal.h>
+#include <sys/mount.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <functional>
+#include <iostream>
+#include <map>
+#include <random>
+#include <regex>
+#include <set>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "common/flag_names.h"
+#include "tests/bench/process_stats.h"
+#include "tests/fault/fault_job.h"
+#include "tests/fault/net_lab.h"
+
+ABSL_FLAG(int, trials, 2, "trials per scenario");
+ABSL_FLAG(uint64_t, seed, 1, "seed of the random fault moments and victims");
+ABSL_FLAG(std::string, dir, "/tmp", "where trial directories go (kept when a trial fails)");
+
+namespace muster {
+namespace {
+
+constexpr int kSkipped = 77;
+
+struct Trial {
+  bool survived = false;
+  double recovered_s = 0;
+  int lost_steps = 0;
+  int committed_lost = 0;
+  std::string problem;  // why it did not survive
+};
+
+struct Context {
+  int index;
+  std::mt19937_64* rng;
+  std::string dir;
+  int Uniform(int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(*rng); }
+};
+
+// After the fault: waits for the job and judges it.
+struct Judge {
+  double fault_time = 0;
+  int expected_trainers = 4;
+  int nodes_to_compare = -1;  // -1: all
+  std::string explained_by;   // regex over the job's logs ("" = nothing needed)
+  std::set<int64_t> damaged;  // checkpoints hurt on purpose
+  std::vector<int> killed_agents;  // nodes whose agent the scenario killed
+};
+
+Trial Finish(FaultJob& job, const Judge& j) {
+  Trial t;
+  const int failed = job.WaitAgents(absl::Seconds(240), j.killed_agents);
+  const CheckpointCheck check = job.VerifyCheckpoints();
+  for (int64_t step : check.bad_steps) {
+    if (j.damaged.count(step) == 0) ++t.committed_lost;
+  }
+  const auto steps = job.Steps();
+  t.recovered_s = StallAfter(steps, j.fault_time);
+  t.lost_steps = LostSteps(steps, j.fault_time);
+  const std::string logs = job.Logs();
+  if (failed > 0) t.problem = absl::StrCat(failed, " agents failed");
+  else if (!job.ParamsEqual(j.expected_trainers, j.nodes_to_compare)) t.problem = "parameters differ";
+  else if (t.committed_lost > 0) t.problem = absl::StrCat(t.committed_lost, " committed checkpoints do not verify");
+  else if (check.committed == 0) t.problem = "no committed checkpoint";
+  else if (!j.explained_by.empty() && !std::regex_search(logs, std::regex(j.explained_by))) {
+    t.problem = "the logs do not explain the fault (no /" + j.explained_by + "/)";
+  }
+  t.survived = t.problem.empty();
+  return t;
+}
+
+// A random trainer other than rank 0 (node 0, slot 0).
+std::pair<int, int> Victim(Context& c) {
+  const int i = c.Uniform(1, 3);
+  return {i / 2, i % 2};
+}
+
+// Waits until some trainer writes the checkpoint after `after_step` (its
+// temporary file exists). False if none is seen in time.
+bool WaitForCheckpointWrite(const FaultJob& job, int64_t after_step, int every) {
+  const absl::Time end = absl::Now() + absl::Seconds(60);
+  const int64_t first = (after_step / every + 1) * every;
+  while (absl::Now() < end) {
+    const int64_t step = std::max(first, (job.LastStep() / every) * every);
+    for (int64_t s = step; s <= step + every; s += every) {
+      for (const char* f : {"model", "optimizer"}) {
+        const std::string tmp =
+            absl::StrCat(job.checkpoint_dir(), "/step-", s, "/", f, ".safetensors.tmp");
+        if (::access(tmp.c_str(), F_OK) == 0) return true;
+      }
+    }
+  }
+  return false;
+}
+
+Trial KillTrainer(Context& c) {
+  FaultJob job(c.dir, {});
+  job.StartAll();
+  if (!job.WaitForStep(c.Uniform(40, 160), absl::Seconds(120))) return {false, 0, 0, 0, "no progress"};
+  const auto [node, slot] = Victim(c);
+  Judge j;
+  j.fault_time = UnixNow();
+  ::kill(job.TrainerPid(node, slot), SIGKILL);
+  j.explained_by = absl::StrCat("member node", node, "/", slot, " failed");
+  return Finish(job, j);
+}
+
+Trial KillNode(Context& c) {
+  FaultJob job(c.dir, {});
+  job.StartAll();
+  if (!job.WaitForStep(c.Uniform(40, 160), absl::Seconds(120))) return {false, 0, 0, 0, "no progress"};
+  Judge j;
+  j.fault_time = UnixNow();
+  ::kill(job.agent(1), SIGKILL);  // its trainers die with it (PDEATHSIG)
+  j.expected_trainers = 2;
+  j.nodes_to_compare = 1;
+  j.explained_by = "member node1/[01] failed";
+  j.killed_agents = {1};
+  return Finish(job, j);
+}
+
+Trial HangTrainer(Context& c) {
+  FaultJob job(c.dir, {});
+  job.StartAll();
+  if (!job.WaitForStep(c.Uniform(40, 160), absl::Seconds(120))) return {false, 0, 0, 0, "no progress"};
+  const auto [node, slot] = Victim(c);
+  const pid_t pid = job.TrainerPid(node, slot);
+  Judge j;
+  j.fault_time = UnixNow();
+  ::kill(pid, SIGSTOP);
+  absl::SleepFor(absl::Milliseconds(c.Uniform(2500, 4000)));  // past the 2 s heartbeat timeout
+  ::kill(pid, SIGCONT);
+  j.explained_by = "rejoining as a new incarnation";
+  return Finish(job, j);
+}
+
+Trial KillCoordinator(Context& c) {
+  FaultJob job(c.dir, {});
+  job.StartAll();
+  const int64_t at = c.Uniform(40, 160);
+  if (!job.WaitForStep(at, absl::Seconds(120))) return {false, 0, 0, 0, "no progress"};
+  // Odd trials: while a checkpoint is being written.
+  if (c.index % 2 == 1 && !WaitForCheckpointWrite(job, at, 40)) {
+    return {false, 0, 0, 0, "no checkpoint write caught"};
+  }
+  Judge j;
+  j.fault_time = UnixNow();
+  job.KillCoordinator();
+  absl::SleepFor(absl::Milliseconds(c.Uniform(200, 1500)));
+  job.StartCoordinator();
+  j.explained_by = "coordinator restarted";
+  return Finish(job, j);
+}
+
+Trial KillDuringCheckpoint(Context& c) {
+  FaultJob job(c.dir, {});
+  job.StartAll();
+  const int64_t at = c.Uniform(40, 160);
+  if (!job.WaitForStep(at, absl::Seconds(120))) return {false, 0, 0, 0, "no progress"};
+  const auto [node, slot] = Victim(c);
+  const pid_t pid = job.TrainerPid(node, slot);
+  if (!WaitForCheckpointWrite(job, at, 40)) return {false, 0, 0, 0, "no checkpoint write caught"};
+  Judge j;
+  j.fault_time = UnixNow();
+  ::kill(pid, SIGKILL);
+  j.explained_by = absl::StrCat("member node", node, "/", slot, " failed");
+  return Finish(job, j);
+}
+
+Trial CorruptCheckpoint(Context& c) {
+  FaultJob job(c.dir, {});
+  job.StartAll();
+  if (!job.WaitForStep(c.Uniform(130, 200), absl::Seconds(120))) return {false, 0, 0, 0, "no progress"};
+  // Freeze the job, damage its newest committed checkpoint, kill every
+  // trainer: the agents restart them and they must fall back to the
+  // previous checkpoint.
+  std::vector<pid_t> pids;
+  for (int n = 0; n < 2; ++n) {
+    for (int s = 0; s < 2; ++s) pids.push_back(job.TrainerPid(n, s));
+  }
+  for (pid_t p : pids) ::kill(p, SIGSTOP);
+  std::vector<std::string> files;
+  const int64_t step = job.NewestCommitted(&files);
+  if (step < 0) return {false, 0, 0, 0, "no committed checkpoint to damage"};
+  Judge j;
+  j.damaged.insert(step);
+  switch (c.index % 3) {
+    case 0: {  // flip bytes in the middle of the model
+      FILE* f = std::fopen(files[0].c_str(), "r+b");
+      std::fseek(f, 0, SEEK_END);
+      const long size = std::ftell(f);
+      std::fseek(f, size / 2, SEEK_SET);
+      const char junk[8] = {'\x5a', '\x5a', '\x5a', '\x5a', '\x5a', '\x5a', '\x5a', '\x5a'};
+      std::fwrite(junk, 1, sizeof(junk), f);
+      std::fclose(f);
+      break;
+    }
+    case 1:  // truncate the model
+      ::truncate(files[0].c_str(), 1000);
+      break;
+    default:  // delete a shard
+      ::unlink(files[1].c_str());
+  }
+  j.fault_time = UnixNow();
+  for (pid_t p : pids) ::kill(p, SIGKILL);
+  j.explained_by = absl::StrCat("checkpoint of step ", step, " is unusable");
+  return Finish(job, j);
+}
+
+Trial DiskFull(Context& c) {
+  // A 12 MB tmpfs holds two of this job's 5.4 MB checkpoints.
+  const std::string mnt = c.dir + "-ckpt";
+  std::system(("mkdir -p " + mnt).c_str());
+  if (::mount("tmpfs", mnt.c_str(), "tmpfs", 0, "size=12m") != 0) {
+    std::cerr << "muster-fault: disk-full skipped: cannot mount a tmpfs (" << std::strerror(errno)
+              << "); it needs root\n";
+    return {false, 0, 0, 0, "skipped"};
+  }
+  Trial t;
+  {
+    FaultJobOptions o;
+    o.checkpoint_dir = mnt;
+    o.checkpoint_every = c.Uniform(20, 40);
+    FaultJob job(c.dir, o);
+    job.StartAll();
+    Judge j;
+    // The disk fills at the third checkpoint.
+    if (!job.WaitForStep(3 * o.checkpoint_every, absl::Seconds(120))) {
+      t.problem = "no progress";
+    } else {
+      j.fault_time = UnixNow();
+      j.explained_by = "checkpoint of step [0-9]+ failed";
+      t = Finish(job, j);
+    }
+  }
+  ::umount2(mnt.c_str(), MNT_DETACH);
+  return t;
+}
+
+Trial Churn(Context& c) {
+  FaultJobOptions o;
+  o.nodes = 3;
+  o.steps = 900;
+  FaultJob job(c.dir, o);
+  job.StartCoordinator();
+  job.StartAgent(0);
+  job.StartAgent(1);
+  if (!job.WaitForStep(c.Uniform(40, 100), absl::Seconds(120))) return {false, 0, 0, 0, "no progress"};
+  Judge j;
+  j.fault_time = UnixNow();
+  // Node 2 joins and leaves (SIGTERM to its agent) twice.
+  for (int round = 0; round < 2; ++round) {
+    job.StartAgent(2);
+    const int64_t joined = job.LastStep();
+    if (!job.WaitForStep(joined + c.Uniform(60, 120), absl::Seconds(120))) break;
+    ::kill(job.agent(2), SIGTERM);
+    if (job.WaitAgent(2) != 0) return {false, 0, 0, 0, "a leaving agent failed"};
+    job.WaitForStep(job.LastStep() + 40, absl::Seconds(60));
+  }
+  j.nodes_to_compare = 1;
+  j.explained_by = "member node2/[01] left, at step boundary";
+  return Finish(job, j);
+}
+
+// Trainers as hosts in network namespaces on a bridge.
+Trial Networked(Context& c, bool partition) {
+  NetLab lab(2);
+  if (!lab.ok()) {
+    std::cerr << "muster-fault: " << (partition ? "partition" : "slow-network")
+              << " skipped: " << lab.error() << "\n";
+    return {false, 0, 0, 0, "skipped"};
+  }
+  FaultJobOptions o;
+  o.netns = lab.namespaces();
+  o.addresses = lab.addresses();
+  o.coordinator_host = lab.bridge_address();
+  FaultJob job(c.dir, o);
+  job.StartAll();
+  if (!job.WaitForStep(c.Uniform(40, 160), absl::Seconds(120))) return {false, 0, 0, 0, "no progress"};
+  Judge j;
+  j.fault_time = UnixNow();
+  if (partition) {
+    lab.Cut(1);  // node 1 is cut off past the heartbeat timeout
+    absl::SleepFor(absl::Milliseconds(c.Uniform(3000, 4500)));
+    lab.Restore(1);
+    j.explained_by = "rejoining as a new incarnation";
+  } else {
+    lab.Slow(1, "delay 20ms 5ms loss 1%");
+    absl::SleepFor(absl::Seconds(3));
+    lab.Restore(1);
+  }
+  return Finish(job, j);
+}
+
+const std::map<std::string, std::function<Trial(Context&)>>& Scenarios() {
+  static const auto* s = new std::map<std::string, std::function<Trial(Context&)>>{
+      {"kill-trainer", KillTrainer},
+      {"kill-node", KillNode},
+      {"hang-trainer", HangTrainer},
+      {"kill-coordinator", KillCoordinator},
+      {"kill-during-checkpoint", KillDuringCheckpoint},
+      {"corrupt-checkpoint", CorruptCheckpoint},
+      {"disk-full", DiskFull},
+      {"slow-network", [](Context& c) { return Networked(c, false); }},
+      {"partition", [](Context& c) { return Networked(c, true); }},
+      {"churn", Churn},
+  };
+  return *s;
+}
+
+int RunScenario(const std::string& name, const std::function<Trial(Context&)>& run) {
+  const int trials = absl::GetFlag(FLAGS_trials);
+  std::mt19937_64 rng(absl::GetFlag(FLAGS_seed) * 1000003 + std::hash<std::string>()(name));
+  std::vector<double> recovered;
+  int survived = 0, lost_max = 0, ckpt_lost = 0, skipped = 0;
+  for (int i = 0; i < trials; ++i) {
+    Context c{i, &rng, absl::StrCat(absl::GetFlag(FLAGS_dir), "/muster-fault-", name, "-", ::getpid(), "-", i)};
+    const Trial t = run(c);
+    if (t.problem == "skipped") {
+      ++skipped;
+      break;
+    }
+    std::cerr << absl::StrFormat("muster-fault: %s trial %d: %s, recovered %.3f s, lost %d steps\n",
+                                 name, i, t.survived ? "survived" : "FAILED: " + t.problem,
+                                 t.recovered_s, t.lost_steps);
+    ckpt_lost += t.committed_lost;
+    if (!t.survived) continue;
+    std::system(("rm -rf " + c.dir).c_str());
+    ++survived;
+    recovered.push_back(t.recovered_s);
+    lost_max = std::max(lost_max, t.lost_steps);
+  }
+  if (skipped > 0) {
+    std::cout << "fault scenario=" << name << " skipped (see above)" << std::endl;
+    return kSkipped;
+  }
+  std::vector<double> sorted = recovered;
+  std::cout << absl::StrFormat(
+                   "fault scenario=%s trials=%d survived=%d recovered_p50_s=%.3f "
+                   "recovered_max_s=%.3f lost_steps_max=%d committed_ckpt_lost=%d",
+                   name, trials, survived, recovered.empty() ? 0 : Percentile(recovered, 50),
+                   sorted.empty() ? 0 : *std::max_element(sorted.begin(), sorted.end()), lost_max,
+                   ckpt_lost)
+            << std::endl;
+  return survived == trials && ckpt_lost == 0 ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace muster
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("muster-fault SCENARIO|all --trials N [--seed S]");
+  muster::DashesToUnderscores(argc, argv);
+  std::vector<char*> args = absl::ParseCommandLine(argc, argv);
+  const std::string what = args.size() > 1 ? args[1] : "";
+  const auto& scenarios = muster::Scenarios();
+  if (what == "all") {
+    int rc = 0;
+    for (const auto& [name, run] : scenarios) {
+      const int r = muster::RunScenario(name, run);
+      if (r != 0 && r != muster::kSkipped) rc = 1;
+    }
+    return rc;
+  }
+  auto it = scenarios.find(what);
+  if (it == scenarios.end()) {
+    std::cerr << "muster-fault: unknown scenario '" << what << "'; one of:";
+    for (const auto& [name, run] : scenarios) std::cerr << " " << name;
+    std::cerr << ", all\n";
+    return 2;
+  }
+  return muster::RunScenario(it->first, it->second);
+}
