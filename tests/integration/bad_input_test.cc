@@ -233,5 +233,50 @@ TEST_F(BadInputTest, SessionProtocolErrors) {
   EXPECT_EQ(server_->coordinator()->GetStatus().job_state, JobState::kRunning);
 }
 
+// A flood of joins from members nobody expects: every join past the limit is
+// refused with RESOURCE_EXHAUSTED naming it, the job's own member is
+// untouched, and the coordinator keeps answering.
+TEST(JoinFloodTest, JoinsPastTheMemberLimitAreRefusedAndChangeNothing) {
+  ServerOptions o;
+  o.token = "t";
+  o.coordinator.rules.min_members = 1;
+  o.coordinator.rules.max_members = 1;
+  o.coordinator.limits.max_members = 50;
+  auto server = std::move(CoordinatorServer::Start(o)).value();
+  auto channel = *MakeChannel("127.0.0.1:" + std::to_string(server->port()), {});
+  TestMember member(channel, "t", "m0", "n0", 1);
+  ASSERT_TRUE(member.Join().ok());
+  ASSERT_TRUE(member.OpenSession().ok());
+  ASSERT_TRUE(member.Rendezvous(0, 0).ok());
+  auto stub = v1::Coordinator::NewStub(channel);
+  int accepted = 0, refused = 0;
+  for (int i = 0; i < 400; ++i) {
+    grpc::ClientContext ctx;
+    AttachToken(&ctx, "t");
+    v1::JoinRequest req;
+    req.mutable_member()->set_member_id("flood-" + std::to_string(i));
+    req.mutable_member()->set_incarnation(1);
+    req.set_node("x");
+    v1::JoinResponse resp;
+    const grpc::Status st = stub->Join(&ctx, req, &resp);
+    if (st.ok()) {
+      ++accepted;
+    } else {
+      ++refused;
+      EXPECT_EQ(st.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << st.error_message();
+      EXPECT_NE(st.error_message().find("50"), std::string::npos) << st.error_message();
+    }
+  }
+  EXPECT_EQ(accepted, 49);  // the limit counts every tracked member, m0 included
+  EXPECT_EQ(refused, 351);
+  grpc::ClientContext ctx;
+  AttachToken(&ctx, "t");
+  v1::GetStatusResponse status;
+  ASSERT_TRUE(stub->GetStatus(&ctx, v1::GetStatusRequest(), &status).ok());
+  EXPECT_EQ(status.generation(), 1u);
+  EXPECT_EQ(status.world_size(), 1u);
+  EXPECT_EQ(status.members_size(), 50);
+}
+
 }  // namespace
 }  // namespace muster
