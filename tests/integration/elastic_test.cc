@@ -334,5 +334,54 @@ TEST_F(ElasticTest, PullWeightsDuringTrainingMatchesTheCheckpointOfThatStep) {
   }
 }
 
+// --elastic-lr: after the world shrinks from 3 to 2, "scale" takes the
+// linear learning rate down by 2/3 with the world; "keep" leaves it.
+TEST_F(ElasticTest, ElasticLrScalesOrKeepsTheLearningRate) {
+  for (const std::string policy : {"scale", "keep"}) {
+    // A job of its own: a finished job's coordinator takes no new members.
+    const std::string target = absl::StrCat("127.0.0.1:", FreeLoopbackPort());
+    const pid_t coordinator =
+        Spawn({kBin + "/muster-coordinator", "--listen=" + target, "--no-auth",
+               "--min-members=2", "--max-members=3", "--last-call=200ms"},
+              dir_ + "/coordinator-" + policy + ".log");
+    std::vector<pid_t> pids;
+    for (int i = 0; i < 3; ++i) {
+      pids.push_back(Spawn(
+          {kBin + "/muster-train", "--coordinator=" + target, "--node-id=n",
+           absl::StrCat("--local-rank=", i), "--model=mlp", "--steps=200", "--batch-size=32",
+           "--log-every=1", "--quiet", "--threads=1", "--warmup-steps=0",
+           "--elastic-lr=" + policy, absl::StrCat("--job=lr", ::getpid(), policy),
+           "--log-dir=" + dir_ + "/" + policy},
+          absl::StrCat(dir_, "/", policy, i, ".log")));
+    }
+    const std::string metrics = dir_ + "/" + policy + "/metrics.jsonl";
+    const absl::Time end = absl::Now() + absl::Seconds(60);
+    while (absl::Now() < end && Read(metrics).find("\"step\": 30,") == std::string::npos) {
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    ::kill(pids[2], SIGKILL);
+    Wait(pids[2]);
+    EXPECT_EQ(Wait(pids[0]), 0) << Read(dir_ + "/" + policy + "0.log");
+    EXPECT_EQ(Wait(pids[1]), 0);
+    ::kill(coordinator, SIGTERM);
+    Wait(coordinator);
+    // The last step in the world of 3 and the first in the world of 2.
+    double before = 0, after = 0;
+    std::istringstream in(Read(metrics));
+    std::string line;
+    const std::regex re(R"re("lr": ([0-9.eE-]+).*"world_size": ([0-9]+))re");
+    std::smatch m;
+    while (std::getline(in, line)) {
+      if (!std::regex_search(line, m, re)) continue;
+      if (m[2] == "3") before = std::stod(m[1]);
+      if (m[2] == "2" && after == 0) after = std::stod(m[1]);
+    }
+    ASSERT_GT(before, 0) << policy;
+    ASSERT_GT(after, 0) << policy;
+    // Cosine decay changes the rate by well under 1% per step here.
+    EXPECT_NEAR(after / before, policy == "scale" ? 2.0 / 3.0 : 1.0, 0.02) << policy;
+  }
+}
+
 }  // namespace
 }  // namespace muster
