@@ -1,0 +1,324 @@
+# shellcheck shell=bash
+# What deploy/slurm/train.sbatch and train-direct.sbatch have in common: start
+# the coordinator on the first node, run the trainers as one job step, forward
+# the time-limit warning, requeue after a checkpoint, stop the coordinator.
+#
+# Sourced by the batch scripts, which then call `muster_job_run agent` or
+# `muster_job_run direct`. Executed as `muster-job.sh with-address CMD ARGS...`
+# it is the per-task wrapper that appends this node's --address (see
+# MUSTER_IFACE / MUSTER_HOST_SUFFIX below) and execs CMD.
+#
+# Settings (environment variables; the batch scripts set the defaults):
+#   MUSTER_BIN             directory holding muster-coordinator, muster-train,
+#                          muster-agent and muster (default: where muster-train
+#                          is found on PATH; with MUSTER_EXEC: the PATH there)
+#   MUSTER_EXEC            command words put before every muster program, e.g.
+#                          "apptainer exec --nv muster-gpu.sif" (MUSTER_BIN is
+#                          then a path inside the image, or empty)
+#   MUSTER_JOB_DIR         shared directory for this job: token, coordinator
+#                          state, checkpoints, logs (default
+#                          ${SCRATCH:-$SLURM_SUBMIT_DIR}/muster-$SLURM_JOB_ID;
+#                          the same after a requeue, so the job resumes)
+#   MUSTER_PROCS_PER_NODE  trainers per node (default: GPUs on the node, else
+#                          SLURM_NTASKS_PER_NODE, else 1)
+#   MUSTER_PORT            coordinator port (default 29400 + job id mod 3000,
+#                          below Linux's ephemeral ports)
+#   MUSTER_LISTEN          coordinator --listen (default 0.0.0.0:MUSTER_PORT)
+#   MUSTER_IFACE           network interface whose IPv4 address names each node
+#                          (e.g. ib0), for the coordinator and the trainers
+#   MUSTER_HOST_SUFFIX     or: appended to `hostname -s` (e.g. "i" where
+#                          jwb0001i is jwb0001's InfiniBand name)
+#   MUSTER_MIN_MEMBERS     coordinator --min-members (default: nodes x procs);
+#                          below the whole world, the trainers go on when one
+#                          fails for good; at it, without the agent, a failed
+#                          trainer ends the step (srun --kill-on-bad-exit=1)
+#   MUSTER_MAX_MEMBERS     coordinator --max-members (default: nodes x procs)
+#   MUSTER_TRAIN_ARGS      muster-train flags (words; no quoting)
+#   MUSTER_AGENT_ARGS      muster-agent flags before `--`
+#   MUSTER_COORDINATOR_ARGS extra muster-coordinator flags
+#   MUSTER_SRUN_ARGS       extra flags for the training step's srun
+#   MUSTER_REQUEUE         1 (default): requeue the job after the trainers
+#                          stopped at the time-limit warning; 0: just exit 75
+#
+# Signals to the batch shell:
+#   SIGUSR1  (--signal=B:USR1@N before the time limit, or
+#            `scancel --signal=USR1 --batch JOB`): the trainers checkpoint and
+#            stop, then the job requeues itself
+#   SIGUSR2  (`scancel --signal=USR2 --batch JOB`): the same without requeue
+#   SIGTERM  (scancel, preemption, the time limit itself): Slurm sends it to
+#            every task as well; without the agent the batch shell adds
+#            SIGUSR1; Slurm kills what is left after KillWait
+#
+# Exit status of the batch job: 0 training completed; 75 the trainers
+# checkpointed and stopped (requeued after SIGUSR1; otherwise submit again with
+# the same MUSTER_JOB_DIR to resume); 1 an error (the trainers or agent
+# failed, or the coordinator did not start); 2 a bad setting.
+
+# Prints a log line with the time.
+muster_log() { echo "muster-job: $(date '+%H:%M:%S') $*"; }
+
+# This node's name on the network the job uses: MUSTER_IFACE's IPv4
+# address, else the short host name plus MUSTER_HOST_SUFFIX.
+muster_node_address() {
+  if [ -n "${MUSTER_IFACE:-}" ]; then
+    local addr
+    addr="$(ip -4 -o addr show dev "$MUSTER_IFACE" 2>/dev/null |
+      awk '{ split($4, a, "/"); print a[1]; exit }')"
+    if [ -z "$addr" ]; then
+      echo "muster-job: no IPv4 address on interface '$MUSTER_IFACE' on $(hostname -s)" >&2
+      return 1
+    fi
+    echo "$addr"
+  else
+    echo "$(hostname -s)${MUSTER_HOST_SUFFIX:-}"
+  fi
+}
+
+# The path of muster program NAME: under MUSTER_BIN, or bare (found on PATH).
+muster_prog() { echo "${MUSTER_BIN:+$MUSTER_BIN/}$1"; }
+
+# Trainers per node: MUSTER_PROCS_PER_NODE, else the node's GPUs, else
+# Slurm's tasks per node, else 1.
+muster_procs_per_node() {
+  local n="${MUSTER_PROCS_PER_NODE:-}"
+  if [ -z "$n" ] && [ -n "${SLURM_GPUS_ON_NODE:-}" ]; then n="$SLURM_GPUS_ON_NODE"; fi
+  if [ -z "$n" ] && [ -n "${SLURM_NTASKS_PER_NODE:-}" ]; then n="${SLURM_NTASKS_PER_NODE%%(*}"; fi
+  echo "${n:-1}"
+}
+
+# Starts the coordinator in a session of its own, so that a SIGTERM to the
+# whole job (scancel, preemption) does not stop it while the trainers are
+# still writing their last checkpoint. A guard shell stops it when the batch
+# shell ends, however it ends. Sets MUSTER_GUARD_PID.
+muster_start_coordinator() {
+  local listen="$1" shell_pid="$$"
+  local -a coord=("${MUSTER_EXEC_ARGS[@]}" "$(muster_prog muster-coordinator)" --listen "$listen"
+    --state-dir "$MUSTER_JOB_DIR/state" --token-file "$MUSTER_JOB_DIR/token"
+    --min-members "$MUSTER_MIN_MEMBERS" --max-members "$MUSTER_MAX_MEMBERS")
+  local -a extra=()
+  read -ra extra <<< "${MUSTER_COORDINATOR_ARGS:-}"
+  # shellcheck disable=SC2016  # the guard's script expands its own variables
+  setsid bash -c '
+    shell_pid="$1"; shift
+    "$@" &
+    coordinator=$!
+    trap "kill -TERM $coordinator 2>/dev/null" TERM
+    while kill -0 "$shell_pid" 2>/dev/null && kill -0 "$coordinator" 2>/dev/null; do
+      sleep 1 &
+      wait $!
+    done
+    kill -TERM "$coordinator" 2>/dev/null
+    wait "$coordinator"
+  ' muster-coordinator-guard "$shell_pid" "${coord[@]}" "${extra[@]}" \
+    >> "$MUSTER_JOB_DIR/coordinator.log" 2>&1 < /dev/null &
+  MUSTER_GUARD_PID=$!
+}
+
+# Stops the coordinator (SIGTERM, then waits for it to finish).
+muster_stop_coordinator() {
+  [ -n "${MUSTER_GUARD_PID:-}" ] || return 0
+  kill -TERM "$MUSTER_GUARD_PID" 2>/dev/null || true
+  wait "$MUSTER_GUARD_PID" 2>/dev/null || true
+  MUSTER_GUARD_PID=""
+}
+
+# Waits until the coordinator answers `muster status` (60 s at most).
+muster_wait_coordinator() {
+  local target="$1"
+  for _ in $(seq 120); do
+    if "${MUSTER_EXEC_ARGS[@]}" "$(muster_prog muster)" --coordinator "$target" \
+        --token-file "$MUSTER_JOB_DIR/token" \
+        --timeout 2s status > /dev/null 2>&1; then
+      return 0
+    fi
+    kill -0 "$MUSTER_GUARD_PID" 2>/dev/null || break
+    sleep 0.5
+  done
+  muster_log "the coordinator did not come up at $target; its log ($MUSTER_JOB_DIR/coordinator.log):"
+  tail -n 20 "$MUSTER_JOB_DIR/coordinator.log" >&2
+  return 1
+}
+
+# A signal to the batch shell: remember why the job stops and pass SIGNAL
+# (if any) to the training step once it runs.
+muster_on_signal() {  # REASON SIGNAL MESSAGE
+  MUSTER_INTERRUPTED=1
+  MUSTER_STOP_REASON="$1"
+  muster_log "$3"
+  if [ -n "$2" ] && [ -n "$MUSTER_STEP_PID" ]; then
+    kill -"$2" "$MUSTER_STEP_PID" 2>/dev/null || true
+  fi
+}
+
+# Installs the batch shell's signal handlers (see the top of this file).
+muster_trap_signals() {  # MODE
+  MUSTER_STOP_REASON=""
+  MUSTER_INTERRUPTED=0
+  MUSTER_STEP_PID=""
+  # SIGUSR1 (Slurm's warning before the time limit, --signal=B:USR1@...) goes
+  # to the trainers (srun passes it to every task; muster-agent to its
+  # trainers); they checkpoint at the next step boundary and exit 75, and the
+  # job requeues itself.
+  trap 'muster_on_signal warning USR1 "SIGUSR1: the trainers checkpoint and stop"' USR1
+  # SIGUSR2 (scancel --signal=USR2 --batch): the same without requeue.
+  trap 'muster_on_signal stopped USR1 "SIGUSR2: the trainers checkpoint and stop; no requeue"' USR2
+  # SIGTERM reaches the batch shell when the whole job ends (scancel,
+  # preemption, the time limit), and Slurm sends it to every task too, but to
+  # each node at its own moment; trainers that see SIGTERM on some ranks only
+  # leave instead of stopping. Without the agent the batch shell therefore
+  # also sends SIGUSR1, which stops every rank. Not to agents: one that got
+  # SIGUSR1 first takes Slurm's SIGTERM as a second signal and kills its
+  # trainers. SIGTERM itself is not passed on again for the same reason.
+  if [ "$1" = direct ]; then
+    trap 'muster_on_signal terminated USR1 "SIGTERM: the trainers checkpoint and stop"' TERM
+  else
+    trap 'muster_on_signal terminated "" "SIGTERM: the trainers checkpoint and stop"' TERM
+  fi
+}
+
+# The job: mode "agent" (one muster-agent per node) or "direct" (one
+# muster-train per slot, started by srun).
+muster_job_run() {
+  local mode="$1"
+  if [ -z "${SLURM_JOB_ID:-}" ]; then
+    echo "muster-job: not inside a Slurm job (submit with sbatch)" >&2
+    return 2
+  fi
+  muster_trap_signals "$mode"
+  MUSTER_EXEC_ARGS=()
+  read -ra MUSTER_EXEC_ARGS <<< "${MUSTER_EXEC:-}"
+  if [ ${#MUSTER_EXEC_ARGS[@]} = 0 ]; then
+    # The programs are on this file system: find and check them here.
+    if [ -z "${MUSTER_BIN:-}" ]; then
+      MUSTER_BIN="$(dirname "$(command -v muster-train 2>/dev/null || echo /nonexistent/x)")"
+    fi
+    local tool tools=(muster-coordinator muster-train muster)
+    [ "$mode" = agent ] && tools+=(muster-agent)
+    for tool in "${tools[@]}"; do
+      if [ ! -x "$MUSTER_BIN/$tool" ]; then
+        echo "muster-job: $MUSTER_BIN/$tool not found; set MUSTER_BIN or load the module" >&2
+        return 2
+      fi
+    done
+  fi
+
+  local nodes procs world restarts
+  nodes="${SLURM_JOB_NUM_NODES:-1}"
+  procs="$(muster_procs_per_node)"
+  world=$((nodes * procs))
+  restarts="${SLURM_RESTART_COUNT:-0}"
+  : "${MUSTER_JOB_DIR:=${SCRATCH:-${SLURM_SUBMIT_DIR:-$PWD}}/muster-$SLURM_JOB_ID}"
+  : "${MUSTER_PORT:=$((29400 + SLURM_JOB_ID % 3000))}"
+  : "${MUSTER_MIN_MEMBERS:=$world}"
+  : "${MUSTER_MAX_MEMBERS:=$world}"
+  export MUSTER_BIN MUSTER_JOB_DIR
+  mkdir -p "$MUSTER_JOB_DIR/state" "$MUSTER_JOB_DIR/checkpoints" "$MUSTER_JOB_DIR/logs"
+
+  # The job token: 0600, kept across requeues of this job.
+  if [ ! -s "$MUSTER_JOB_DIR/token" ]; then
+    (umask 077 && head -c 32 /dev/urandom | base64 > "$MUSTER_JOB_DIR/token")
+  fi
+  chmod 0600 "$MUSTER_JOB_DIR/token"
+
+  local host target
+  host="$(muster_node_address)" || return 1
+  target="$host:$MUSTER_PORT"
+  muster_log "job $SLURM_JOB_ID run $((restarts + 1)) (SLURM_RESTART_COUNT=$restarts):" \
+    "$nodes nodes x $procs trainers ($mode), coordinator $target, job dir $MUSTER_JOB_DIR"
+
+  muster_start_coordinator "${MUSTER_LISTEN:-0.0.0.0:$MUSTER_PORT}"
+  # From here on the coordinator must be stopped however the script ends.
+  trap 'muster_stop_coordinator' EXIT
+  muster_wait_coordinator "$target" || return 1
+
+  local -a train=("$(muster_prog muster-train)" --coordinator "$target"
+    --token-file "$MUSTER_JOB_DIR/token" --checkpoint-dir "$MUSTER_JOB_DIR/checkpoints"
+    --log-dir "$MUSTER_JOB_DIR/logs")
+  # Without the agent, when the job cannot go on without every trainer
+  # (MUSTER_MIN_MEMBERS is the whole world, the default), a trainer that fails
+  # ends the step instead of leaving the others waiting for members until the
+  # time limit. Exit 75 is no failure here: a trainer exits 75 only after the
+  # checkpoint is committed, and the others then exit 75 on SIGTERM too. Not
+  # with the agent: an agent that already passed on SIGUSR1 takes srun's
+  # SIGTERM as a second signal and kills its trainers.
+  local kill_on_bad_exit=0
+  if [ "$mode" = direct ] && [ "$MUSTER_MIN_MEMBERS" -ge "$world" ]; then kill_on_bad_exit=1; fi
+  local -a user_args=() agent_args=() srun_args=() wrapper=() step=()
+  read -ra user_args <<< "${MUSTER_TRAIN_ARGS:-}"
+  read -ra agent_args <<< "${MUSTER_AGENT_ARGS:-}"
+  read -ra srun_args <<< "${MUSTER_SRUN_ARGS:-}"
+  train+=("${user_args[@]}")
+  if [ -n "${MUSTER_IFACE:-}${MUSTER_HOST_SUFFIX:-}" ]; then
+    wrapper=(bash "$MUSTER_JOB_LIB" with-address)
+  fi
+  if [ "$mode" = agent ]; then
+    # One agent per node, holding the CPUs of all its trainers.
+    local -a cpus=()
+    if [ -n "${SLURM_CPUS_PER_TASK:-}" ]; then
+      cpus=(--cpus-per-task="$((procs * SLURM_CPUS_PER_TASK))")
+    fi
+    step=(srun --nodes="$nodes" --ntasks="$nodes" --ntasks-per-node=1 "${cpus[@]}"
+      --kill-on-bad-exit="$kill_on_bad_exit" "${srun_args[@]}" "${wrapper[@]}"
+      "${MUSTER_EXEC_ARGS[@]}" "$(muster_prog muster-agent)" --nproc-per-node="$procs"
+      "${agent_args[@]}" -- "${train[@]}")
+  else
+    step=(srun --nodes="$nodes" --ntasks="$world" --ntasks-per-node="$procs"
+      --kill-on-bad-exit="$kill_on_bad_exit" "${srun_args[@]}" "${wrapper[@]}"
+      "${MUSTER_EXEC_ARGS[@]}" "${train[@]}")
+  fi
+
+  local rc=0 got
+  if [ -n "$MUSTER_STOP_REASON" ]; then
+    muster_log "told to stop before the trainers started"
+    rc=75
+  else
+    "${step[@]}" &
+    MUSTER_STEP_PID=$!
+  fi
+  # `wait` returns early when a trapped signal arrives; wait again until the
+  # step itself has ended (127: its status was already collected).
+  while [ -n "$MUSTER_STEP_PID" ]; do
+    MUSTER_INTERRUPTED=0
+    got=0
+    wait "$MUSTER_STEP_PID" || got=$?
+    [ "$got" = 127 ] && break
+    rc="$got"
+    [ "$MUSTER_INTERRUPTED" = 1 ] || break
+  done
+  trap - USR1 USR2 TERM
+  muster_stop_coordinator
+  trap - EXIT
+
+  case "$rc" in
+    0)
+      muster_log "training completed (checkpoints in $MUSTER_JOB_DIR/checkpoints)"
+      return 0 ;;
+    75)
+      if [ "$MUSTER_STOP_REASON" != terminated ] && [ "$MUSTER_STOP_REASON" != stopped ] &&
+          [ "${MUSTER_REQUEUE:-1}" = 1 ]; then
+        muster_log "the trainers checkpointed and stopped; requeueing job $SLURM_JOB_ID"
+        scontrol requeue "$SLURM_JOB_ID" ||
+          muster_log "scontrol requeue failed; resubmit with MUSTER_JOB_DIR=$MUSTER_JOB_DIR to resume"
+      else
+        muster_log "the trainers checkpointed and stopped (exit 75); start again with" \
+          "MUSTER_JOB_DIR=$MUSTER_JOB_DIR to resume"
+      fi
+      return 75 ;;
+    *)
+      muster_log "the training step failed (exit $rc)"
+      return 1 ;;
+  esac
+}
+
+# Executed (not sourced): the per-task wrapper.
+if [ "${BASH_SOURCE[0]}" = "$0" ]; then
+  case "${1:-}" in
+    with-address)
+      shift
+      address="$(muster_node_address)" || exit 1
+      exec "$@" --address="$address" ;;
+    *)
+      echo "usage: muster-job.sh with-address CMD [ARGS...] (or source it)" >&2
+      exit 2 ;;
+  esac
+fi
