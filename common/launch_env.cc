@@ -56,38 +56,40 @@ absl::StatusOr<LaunchIdentity> ResolveLaunchIdentity(const LaunchFlags& flags,
   LaunchIdentity id;
   id.node = hostname;
   id.source = "local";
-  if (Has(getenv, "SLURM_PROCID") || Has(getenv, "SLURM_LOCALID")) {
-    id.source = "slurm";
-    MUSTER_ASSIGN_OR_RETURN(id.local_rank, IntEnv(getenv, "SLURM_LOCALID", 0));
-    MUSTER_ASSIGN_OR_RETURN(id.rank, IntEnv(getenv, "SLURM_PROCID", -1));
-    MUSTER_ASSIGN_OR_RETURN(id.world_size, IntEnv(getenv, "SLURM_NTASKS", -1));
-    MUSTER_ASSIGN_OR_RETURN(const int node_index, IntEnv(getenv, "SLURM_NODEID", 0));
-    if (Has(getenv, "SLURMD_NODENAME")) {
-      id.node = getenv("SLURMD_NODENAME");
-    } else {
-      id.node = absl::StrCat("node", node_index);
-    }
-    if (Has(getenv, "SLURM_TASKS_PER_NODE")) {
-      MUSTER_ASSIGN_OR_RETURN(id.local_world_size,
-                              TasksOnNode(getenv("SLURM_TASKS_PER_NODE"), node_index));
-    }
+  // A launcher started inside a Slurm allocation (mpirun, torchrun) sees the
+  // allocation's SLURM_* variables too, so its own variables come first; the
+  // node is then Slurm's name for it, or the host name.
+  const std::string slurm_node = Has(getenv, "SLURMD_NODENAME") ? getenv("SLURMD_NODENAME") : "";
+  if (Has(getenv, "OMPI_COMM_WORLD_RANK")) {
+    id.source = "openmpi";
+    if (!slurm_node.empty()) id.node = slurm_node;
+    MUSTER_ASSIGN_OR_RETURN(id.local_rank, IntEnv(getenv, "OMPI_COMM_WORLD_LOCAL_RANK", 0));
+    MUSTER_ASSIGN_OR_RETURN(id.rank, IntEnv(getenv, "OMPI_COMM_WORLD_RANK", -1));
+    MUSTER_ASSIGN_OR_RETURN(id.world_size, IntEnv(getenv, "OMPI_COMM_WORLD_SIZE", -1));
+    MUSTER_ASSIGN_OR_RETURN(id.local_world_size,
+                            IntEnv(getenv, "OMPI_COMM_WORLD_LOCAL_SIZE", 1));
   } else if (Has(getenv, "LOCAL_RANK") && Has(getenv, "RANK")) {
     id.source = "torchrun";
+    if (!slurm_node.empty()) id.node = slurm_node;
     MUSTER_ASSIGN_OR_RETURN(id.local_rank, IntEnv(getenv, "LOCAL_RANK", 0));
     MUSTER_ASSIGN_OR_RETURN(id.rank, IntEnv(getenv, "RANK", -1));
     MUSTER_ASSIGN_OR_RETURN(id.world_size, IntEnv(getenv, "WORLD_SIZE", -1));
     MUSTER_ASSIGN_OR_RETURN(id.local_world_size, IntEnv(getenv, "LOCAL_WORLD_SIZE", 1));
     if (Has(getenv, "GROUP_RANK")) {
       MUSTER_ASSIGN_OR_RETURN(const int group, IntEnv(getenv, "GROUP_RANK", 0));
-      id.node = absl::StrCat(hostname, "-", group);
+      id.node = absl::StrCat(id.node, "-", group);
     }
-  } else if (Has(getenv, "OMPI_COMM_WORLD_RANK")) {
-    id.source = "openmpi";
-    MUSTER_ASSIGN_OR_RETURN(id.local_rank, IntEnv(getenv, "OMPI_COMM_WORLD_LOCAL_RANK", 0));
-    MUSTER_ASSIGN_OR_RETURN(id.rank, IntEnv(getenv, "OMPI_COMM_WORLD_RANK", -1));
-    MUSTER_ASSIGN_OR_RETURN(id.world_size, IntEnv(getenv, "OMPI_COMM_WORLD_SIZE", -1));
-    MUSTER_ASSIGN_OR_RETURN(id.local_world_size,
-                            IntEnv(getenv, "OMPI_COMM_WORLD_LOCAL_SIZE", 1));
+  } else if (Has(getenv, "SLURM_PROCID") || Has(getenv, "SLURM_LOCALID")) {
+    id.source = "slurm";
+    MUSTER_ASSIGN_OR_RETURN(id.local_rank, IntEnv(getenv, "SLURM_LOCALID", 0));
+    MUSTER_ASSIGN_OR_RETURN(id.rank, IntEnv(getenv, "SLURM_PROCID", -1));
+    MUSTER_ASSIGN_OR_RETURN(id.world_size, IntEnv(getenv, "SLURM_NTASKS", -1));
+    MUSTER_ASSIGN_OR_RETURN(const int node_index, IntEnv(getenv, "SLURM_NODEID", 0));
+    id.node = slurm_node.empty() ? absl::StrCat("node", node_index) : slurm_node;
+    if (Has(getenv, "SLURM_TASKS_PER_NODE")) {
+      MUSTER_ASSIGN_OR_RETURN(id.local_world_size,
+                              TasksOnNode(getenv("SLURM_TASKS_PER_NODE"), node_index));
+    }
   }
   // muster-agent sets these for its children; they beat the launcher's own
   // variables (under `srun muster-agent` SLURM_LOCALID is the agent's).

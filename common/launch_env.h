@@ -2,9 +2,12 @@
 // environment. Pure parsing (the environment is passed in), no side effects.
 //
 // Precedence: explicit flags, then muster-agent's MUSTER_NODE_ID /
-// MUSTER_LOCAL_RANK / MUSTER_LOCAL_WORLD_SIZE, then Slurm (SLURM_*), then torchrun
-// (RANK/LOCAL_RANK/WORLD_SIZE/LOCAL_WORLD_SIZE/GROUP_RANK), then OpenMPI
-// (OMPI_COMM_WORLD_*), then a single local process on this host.
+// MUSTER_LOCAL_RANK / MUSTER_LOCAL_WORLD_SIZE, then OpenMPI
+// (OMPI_COMM_WORLD_*), then torchrun (RANK/LOCAL_RANK/WORLD_SIZE/
+// LOCAL_WORLD_SIZE/GROUP_RANK), then Slurm (SLURM_*), then a single local
+// process on this host. mpirun and torchrun come before Slurm because inside
+// an allocation they inherit its SLURM_* variables; their node is then
+// SLURMD_NODENAME.
 #ifndef MUSTER_COMMON_LAUNCH_ENV_H_
 #define MUSTER_COMMON_LAUNCH_ENV_H_
 

@@ -184,12 +184,6 @@ int Run() {
   o.state_tls.key = absl::GetFlag(FLAGS_state_tls_key);
   o.stop_requested = &g_stop;
   o.leave_requested = &g_leave;
-  struct sigaction sa = {};
-  sa.sa_handler = OnStopSignal;
-  sigemptyset(&sa.sa_mask);
-  sigaction(SIGUSR1, &sa, nullptr);
-  sa.sa_handler = OnLeaveSignal;
-  sigaction(SIGTERM, &sa, nullptr);
   auto result = RunTraining(o);
   if (!result.ok()) {
     std::cerr << "muster-train: " << result.status() << "\n";
@@ -217,6 +211,14 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "muster-train --coordinator HOST:PORT [--token-file F] --model mlp|cnn|resnet18 "
       "--dataset fashion-mnist|synthetic --batch-size N --steps N|--epochs N [options]");
+  // First of all, so that a signal during start-up (loading LibTorch and
+  // the data takes a while) is not fatal but acted on at the first step.
+  struct sigaction sa = {};
+  sa.sa_handler = OnStopSignal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGUSR1, &sa, nullptr);
+  sa.sa_handler = OnLeaveSignal;
+  sigaction(SIGTERM, &sa, nullptr);
   muster::DashesToUnderscores(argc, argv);
   absl::ParseCommandLine(argc, argv);
   return Run();

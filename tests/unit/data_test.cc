@@ -147,6 +147,17 @@ TEST(LaunchEnvTest, SlurmTorchrunOpenMpiAndFlags) {
   EXPECT_EQ(id->member_id(), "override/0");
   EXPECT_EQ(id->local_world_size, 4);
 
+  // mpirun inside a Slurm allocation: every rank inherits the allocation's
+  // SLURM_PROCID=0 and SLURM_LOCALID=0; OpenMPI's variables tell them apart.
+  env = {{"SLURM_PROCID", "0"}, {"SLURM_LOCALID", "0"}, {"SLURMD_NODENAME", "jwc007"},
+         {"OMPI_COMM_WORLD_RANK", "3"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+         {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}, {"OMPI_COMM_WORLD_SIZE", "4"}};
+  id = ResolveLaunchIdentity({}, get, "h");
+  ASSERT_TRUE(id.ok());
+  EXPECT_EQ(id->source, "openmpi");
+  EXPECT_EQ(id->member_id(), "jwc007/1");
+  EXPECT_EQ(id->rank, 3);
+
   // Under `srun muster-agent`, the agent's variables beat Slurm's.
   env = {{"SLURM_PROCID", "1"}, {"SLURM_LOCALID", "0"}, {"SLURMD_NODENAME", "jwc042"},
          {"MUSTER_LOCAL_RANK", "3"}, {"MUSTER_LOCAL_WORLD_SIZE", "4"},

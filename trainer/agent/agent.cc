@@ -103,10 +103,13 @@ int RunAgent(const AgentOptions& o) {
     siginfo_t info;
     const int sig = ::sigtimedwait(&handled, &info, &ts);
     if (sig == SIGTERM || sig == SIGINT || sig == SIGUSR1 || sig == SIGHUP) {
-      if (sup.stopping() && (sig == SIGTERM || sig == SIGINT)) {
-        MUSTER_LOG(WARNING) << "muster-agent: second " << ::strsignal(sig)
-                            << ": killing the trainers";
+      if (sup.stopping() && sig == SIGINT) {
+        MUSTER_LOG(WARNING) << "muster-agent: second interrupt: killing the trainers";
         forward(SIGKILL);
+      } else if (sup.stopping()) {
+        // Already stopping (Slurm sends SIGTERM after its warning signal,
+        // for instance): the trainers are checkpointing; --stop-grace bounds it.
+        MUSTER_LOG(INFO) << "muster-agent: " << ::strsignal(sig) << " while stopping: ignored";
       } else {
         MUSTER_LOG(INFO) << "muster-agent: " << ::strsignal(sig)
                          << ": forwarding to the trainers; no more restarts";

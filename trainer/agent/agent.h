@@ -5,8 +5,9 @@
 // trainer takes its identity from them before any launcher variable). A
 // trainer that dies is restarted as the Supervisor decides. SIGTERM, SIGINT,
 // SIGUSR1 and SIGHUP are forwarded to every trainer and stop restarts; a
-// second SIGTERM or SIGINT, or `stop_grace` after the first, kills the
-// trainers. Children die with the agent (PR_SET_PDEATHSIG), and before it
+// second SIGINT (Ctrl-C twice), or `stop_grace` after the first signal, kills
+// the trainers. Further signals while stopping are ignored: a batch system
+// that sends SIGTERM after its warning signal must not cut a checkpoint short. Children die with the agent (PR_SET_PDEATHSIG), and before it
 // returns the agent kills what is left of its process group, so nothing
 // outlives it.
 //
