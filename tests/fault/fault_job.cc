@@ -142,6 +142,16 @@ bool FaultJob::WaitForStep(int64_t step, absl::Duration timeout) const {
   return false;
 }
 
+bool FaultJob::WaitForWorld(int size, absl::Duration timeout) const {
+  const absl::Time end = absl::Now() + timeout;
+  while (absl::Now() < end) {
+    const auto steps = Steps();
+    if (!steps.empty() && steps.back().world == size) return true;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return false;
+}
+
 int FaultJob::WaitAgents(absl::Duration timeout, const std::vector<int>& allowed) {
   int failed = 0;
   const absl::Time end = absl::Now() + timeout;

@@ -65,6 +65,8 @@ class FaultJob {
   int64_t LastStep() const;
   // Waits until rank 0 has completed `step`. False on timeout.
   bool WaitForStep(int64_t step, absl::Duration timeout) const;
+  // Waits until rank 0 has completed a step in a world of `size`.
+  bool WaitForWorld(int size, absl::Duration timeout) const;
   // Waits for every started agent; returns how many did not exit 0, not
   // counting `allowed` (nodes whose agent the scenario killed).
   int WaitAgents(absl::Duration timeout, const std::vector<int>& allowed = {});

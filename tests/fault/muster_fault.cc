@@ -276,8 +276,8 @@ Trial Churn(Context& c) {
   // Node 2 joins and leaves (SIGTERM to its agent) twice.
   for (int round = 0; round < 2; ++round) {
     job.StartAgent(2);
-    const int64_t joined = job.LastStep();
-    if (!job.WaitForStep(joined + c.Uniform(60, 120), absl::Seconds(120))) break;
+    if (!job.WaitForWorld(6, absl::Seconds(60))) return {false, 0, 0, 0, "node2 did not join"};
+    if (!job.WaitForStep(job.LastStep() + c.Uniform(30, 90), absl::Seconds(120))) break;
     ::kill(job.agent(2), SIGTERM);
     if (job.WaitAgent(2) != 0) return {false, 0, 0, 0, "a leaving agent failed"};
     job.WaitForStep(job.LastStep() + 40, absl::Seconds(60));

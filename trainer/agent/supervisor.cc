@@ -1,5 +1,6 @@
 #include "trainer/agent/supervisor.h"
 
+#include <signal.h>
 #include <string.h>
 
 #include <algorithm>
@@ -23,6 +24,12 @@ bool Supervisor::Ended(int slot, ProcessEnd end, absl::Time now) {
   s.last = end;
   s.ended = true;
   const bool clean = !end.signaled && (end.code == 0 || end.code == kExitStoppedBySignal);
+  // A trainer still starting up when the agent forwarded a stop signal dies
+  // of it; it had not joined, so nothing was lost.
+  const bool stopped_early = stopping_ && end.signaled &&
+                             (end.code == SIGTERM || end.code == SIGINT || end.code == SIGHUP ||
+                              end.code == SIGUSR1);
+  if (stopped_early) s.last = ProcessEnd{false, 0};
   if (clean || stopping_) {
     s.state = State::kDone;
     return false;

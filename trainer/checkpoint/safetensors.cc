@@ -130,7 +130,14 @@ absl::StatusOr<SafetensorsFile> ParseSafetensors(std::string bytes, const std::s
         return absl::DataLossError(field("shape has a negative or non-integer dimension"));
       }
       t.shape.push_back(d.get<int64_t>());
-      n *= static_cast<uint64_t>(t.shape.back());
+      // Checked: a wrapped product would let a huge shape pass with few bytes.
+      if (__builtin_mul_overflow(n, static_cast<uint64_t>(t.shape.back()), &n)) {
+        return absl::DataLossError(field("shape's element count overflows 64 bits"));
+      }
+    }
+    uint64_t need = 0;
+    if (__builtin_mul_overflow(n, es, &need)) {
+      return absl::DataLossError(field("shape's byte size overflows 64 bits"));
     }
     const nlohmann::json& off = v["data_offsets"];
     if (!off[0].is_number_unsigned() || !off[1].is_number_unsigned()) {
@@ -142,9 +149,9 @@ absl::StatusOr<SafetensorsFile> ParseSafetensors(std::string bytes, const std::s
                                                     ") are past the end of the data (", data_size,
                                                     " bytes)").c_str()));
     }
-    if (end - begin != n * es) {
+    if (end - begin != need) {
       return absl::DataLossError(field(absl::StrCat("data_offsets hold ", end - begin,
-                                                    " bytes but the shape needs ", n * es).c_str()));
+                                                    " bytes but the shape needs ", need).c_str()));
     }
     t.data = f.bytes.data() + data_start + begin;
     t.size = end - begin;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <limits>
 #include <mutex>
@@ -21,6 +22,7 @@ namespace {
 
 constexpr size_t kChunkBytes = size_t{1} << 20;
 constexpr int64_t kNobody = std::numeric_limits<int64_t>::max();
+constexpr std::chrono::milliseconds kCancelPoll(50);
 
 struct Snapshot {
   int64_t step = -1;
@@ -97,9 +99,16 @@ class StateServerImpl final : public StateServer, public v1::State::Service {
       auto it = waiting_.insert(want);
       UpdateEarliest();
       const auto deadline = absl::ToChronoTime(absl::Now() + wait);
-      cv_.wait_until(lock, deadline, [&] {
+      auto ready = [&] {
         return shut_down_ || ctx->IsCancelled() || (latest_ && latest_->step >= want);
-      });
+      };
+      // Nothing notifies cv_ when the caller goes away (it cancels, or its
+      // deadline passes), so look again every kCancelPoll: a call nobody
+      // waits for must not hold its thread, and keep Wanted() true, until
+      // `wait` ends (up to 49 days).
+      while (!ready() && std::chrono::system_clock::now() < deadline) {
+        cv_.wait_until(lock, std::min(deadline, std::chrono::system_clock::now() + kCancelPoll));
+      }
       waiting_.erase(it);
       UpdateEarliest();
       if (shut_down_) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "trainer is stopping");

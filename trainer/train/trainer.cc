@@ -7,6 +7,9 @@
 #include <algorithm>
 #include <cmath>
 #include <iostream>
+#include <condition_variable>
+#include <cstdlib>
+#include <functional>
 #include <mutex>
 #include <thread>
 
@@ -112,7 +115,46 @@ std::string FormatEta(double seconds) {
   return absl::StrFormat("%d:%02d", s / 60, s % 60);
 }
 
+// Ends the process (exit 70) if it lives past `deadline`, or 10 s past the
+// moment `superseded` first returns true; destroyed in time, it does nothing.
+class BuildWatchdog {
+ public:
+  BuildWatchdog(absl::Time deadline, std::function<bool()> superseded)
+      : thread_([this, deadline, superseded = std::move(superseded)] {
+          absl::Time superseded_at = absl::InfiniteFuture();
+          std::unique_lock<std::mutex> lock(mu_);
+          while (!done_) {
+            cv_.wait_for(lock, std::chrono::milliseconds(100));
+            if (done_) return;
+            const absl::Time now = absl::Now();
+            if (superseded_at == absl::InfiniteFuture() && superseded()) superseded_at = now;
+            if (now > deadline || now > superseded_at + absl::Seconds(10)) {
+              MUSTER_LOG(ERROR) << "building the communicator hangs ("
+                                << (now > deadline ? "past its deadline"
+                                                   : "a newer world exists")
+                                << "); exiting so that this trainer is restarted";
+              std::_Exit(70);
+            }
+          }
+        }) {}
+  ~BuildWatchdog() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      done_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::thread thread_;
+};
+
 }  // namespace
+
 
 TrainResult::TrainResult() = default;
 TrainResult::~TrainResult() = default;
@@ -238,8 +280,18 @@ absl::StatusOr<TrainResult> RunTraining(const TrainOptions& o) {
     rank = world.rank;
     w = world.world_size;
     store = NewCoordinatorStore(client.get(), world.generation);
-    MUSTER_ASSIGN_OR_RETURN(comm, BuildCommunicator(world, store.get(), o.comm,
-                                                    absl::Now() + absl::Seconds(120)));
+    {
+      // Gloo's connect can block past its timeout when a peer vanished in
+      // the middle of it, and nothing can wake it. Rather than hang, this
+      // trainer gives up as a process: its agent restarts it and it takes a
+      // live peer's state (crash-only). Bound: the build's deadline, or 10 s
+      // after a newer world is known.
+      const absl::Time deadline = absl::Now() + absl::Seconds(120);
+      BuildWatchdog watchdog(deadline + absl::Seconds(5), [&, generation = world.generation] {
+        return client->latest_generation() > generation;
+      });
+      MUSTER_ASSIGN_OR_RETURN(comm, BuildCommunicator(world, store.get(), o.comm, deadline));
+    }
     {
       std::lock_guard<std::mutex> lock(comm_mu);
       live_comm = comm.get();
@@ -267,55 +319,77 @@ absl::StatusOr<TrainResult> RunTraining(const TrainOptions& o) {
     }
     return absl::OkStatus();
   };
-  MUSTER_RETURN_IF_ERROR(enter());
-  if (resume_step > 0 && rank == 0 && !o.quiet) {
-    std::cout << "muster: resumed from the checkpoint of step " << resume_step << std::endl;
-  }
   // After a failure (abort) or a membership change at a step boundary: a new
   // world, a new communicator, the newest state from a live peer.
   int regroups = 0;
   bool left = false;  // drained while regrouping: this trainer is done
   std::unique_ptr<Checkpointer> checkpointer;  // created below, when configured
+  // Entering a world can fail because the world moved on while its
+  // communicator was being built (another join, a peer that died): then the
+  // next world is the one to enter.
+  auto world_moved_on = [](const absl::Status& s) {
+    return absl::IsAborted(s) || absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s) ||
+           absl::IsCancelled(s);
+  };
   auto regroup = [&](const std::string& why) -> absl::Status {
     const absl::Time start = absl::Now();
     optimizer->zero_grad();  // the step in flight, if any, is dropped
-    {
-      std::lock_guard<std::mutex> lock(comm_mu);
-      live_comm = nullptr;
+    for (;;) {
+      {
+        std::lock_guard<std::mutex> lock(comm_mu);
+        live_comm = nullptr;
+      }
+      sync.SetCommunicator(nullptr);
+      comm.reset();
+      store.reset();
+      absl::StatusOr<WorldInfo> next =
+          client->Rendezvous(world.generation, step, absl::Now() + absl::Seconds(600));
+      if (absl::IsAborted(next.status())) {
+        // This incarnation was declared failed (it hung past the heartbeat
+        // timeout, e.g. SIGSTOP): rejoin as a new one; a live peer's state
+        // replaces ours.
+        MUSTER_LOG(WARNING) << "fenced (" << next.status().message()
+                            << "); rejoining as a new incarnation";
+        if (checkpointer) checkpointer->Wait();
+        MUSTER_RETURN_IF_ERROR(connect());
+        next = client->Rendezvous(0, step, absl::Now() + absl::Seconds(600));
+      }
+      if (absl::IsFailedPrecondition(next.status())) {
+        // Drained (the leave notice may still be on its way), or the job is
+        // over: there is no world for this trainer. Leave.
+        MUSTER_LOG(WARNING) << "no new world for this trainer: " << next.status().message();
+        told_to_leave = true;
+        client->Leave(/*finished=*/false, step).IgnoreError();
+        left = true;
+        return absl::OkStatus();
+      }
+      if (!next.ok()) return next.status();
+      world = *next;
+      const absl::Status entered = enter();
+      if (entered.ok()) break;
+      if (!world_moved_on(entered)) return entered;
+      MUSTER_LOG(WARNING) << "generation " << world.generation << " did not start (" << entered
+                          << "); joining the next one";
     }
-    sync.SetCommunicator(nullptr);
-    comm.reset();
-    store.reset();
-    absl::StatusOr<WorldInfo> next =
-        client->Rendezvous(world.generation, step, absl::Now() + absl::Seconds(600));
-    if (absl::IsAborted(next.status())) {
-      // This incarnation was declared failed (it hung past the heartbeat
-      // timeout, e.g. SIGSTOP): rejoin as a new one; a live peer's state
-      // replaces ours.
-      MUSTER_LOG(WARNING) << "fenced (" << next.status().message()
-                          << "); rejoining as a new incarnation";
-      if (checkpointer) checkpointer->Wait();
-      MUSTER_RETURN_IF_ERROR(connect());
-      next = client->Rendezvous(0, step, absl::Now() + absl::Seconds(600));
-    }
-    if (absl::IsFailedPrecondition(next.status())) {
-      // Drained (the leave notice may still be on its way), or the job is
-      // over: there is no world for this trainer. Leave.
-      MUSTER_LOG(WARNING) << "no new world for this trainer: " << next.status().message();
-      told_to_leave = true;
-      client->Leave(/*finished=*/false, step).IgnoreError();
-      left = true;
-      return absl::OkStatus();
-    }
-    if (!next.ok()) return next.status();
-    world = *next;
-    MUSTER_RETURN_IF_ERROR(enter());
     ++regroups;
     MUSTER_LOG(WARNING) << "regrouped into generation " << world.generation << " (world " << w
                         << ", rank " << rank << ", step " << step << ") after " << why << " in "
                         << absl::FormatDuration(absl::Now() - start);
     return absl::OkStatus();
   };
+  if (const absl::Status entered = enter(); !entered.ok()) {
+    if (!world_moved_on(entered)) return entered;
+    MUSTER_RETURN_IF_ERROR(regroup(std::string(entered.message())));
+    if (left) {  // drained before it began
+      TrainResult r;
+      r.left = true;
+      r.steps = step;
+      return r;
+    }
+  }
+  if (resume_step > 0 && rank == 0 && !o.quiet) {
+    std::cout << "muster: resumed from the checkpoint of step " << resume_step << std::endl;
+  }
   DistributedSampler sampler(train->size(), o.seed);
   const int64_t end_offset = o.steps > 0 ? INT64_MAX : int64_t{o.epochs} * train->size();
   const int64_t total_steps =
