@@ -8,6 +8,12 @@
 #include "coordinator/coordinator.h"
 
 namespace muster {
+namespace {
+
+// The largest after_generation a coordinator that lost its state adopts.
+constexpr uint64_t kMaxAdoptedGeneration = uint64_t{1} << 62;
+
+}  // namespace
 
 void Coordinator::Rendezvous(const MemberKey& key, uint64_t after_generation, int64_t step,
                              absl::Duration timeout, RendezvousCallback done) {
@@ -28,6 +34,12 @@ void Coordinator::Rendezvous(const MemberKey& key, uint64_t after_generation, in
       s = absl::InvalidArgumentError(absl::StrCat(
           "after_generation ", after_generation, " is newer than the current generation ",
           generation_));
+    } else if (after_generation > kMaxAdoptedGeneration) {
+      // Adopting it would leave the counter no room: the next world's
+      // generation_ + 1 could wrap around to 0.
+      s = absl::InvalidArgumentError(absl::StrCat(
+          "after_generation ", after_generation, " is beyond any generation (at most ",
+          kMaxAdoptedGeneration, ")"));
     } else {
       // The coordinator lost its state; keep generation numbers increasing.
       generation_ = after_generation;

@@ -307,6 +307,21 @@ TEST_F(CoordinatorTest, RendezvousDeadline) {
   EXPECT_EQ(a.world->status().code(), absl::StatusCode::kDeadlineExceeded);
 }
 
+// Found by tests/fuzz/coordinator_fuzz: adopting 2^64-1 made the next world
+// generation 0.
+TEST_F(CoordinatorTest, AfterGenerationCannotWrapTheCounter) {
+  Start(1, 1);
+  Member& a = Add("a", "n");
+  Rendezvous(a, ~uint64_t{0});
+  ASSERT_TRUE(a.world.has_value());
+  EXPECT_EQ(a.world->status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(c_->GetStatus().generation, 0u);
+  Rendezvous(a, uint64_t{1} << 62);  // still adopted: a world after it forms
+  ASSERT_TRUE(a.world.has_value());
+  ASSERT_TRUE(a.world->ok()) << a.world->status();
+  EXPECT_EQ((*a.world)->world->generation, (uint64_t{1} << 62) + 1);
+}
+
 TEST_F(CoordinatorTest, RestartKeepsGenerationWhenAllReattach) {
   const std::string path = ::testing::TempDir() + "/restart" + std::to_string(getpid()) + ".db";
   ::unlink(path.c_str());

@@ -68,6 +68,10 @@ TEST(SafetensorsTest, DamagedFilesNameTheFileAndTheField) {
       {File(R"({"w":{"dtype":"Q7","shape":[2],"data_offsets":[0,8]}})", "12345678"), "unknown dtype"},
       {File(R"({"w":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", "12345678"), "negative"},
       {File(R"({"w":{"dtype":"F32","shape":[2]}})", "12345678"), "data_offsets"},
+      // 2^62 x 4 elements of 4 bytes wrap to 0 bytes in 64 bits (found by
+      // tests/fuzz/safetensors_fuzz).
+      {File(R"({"w":{"dtype":"F32","shape":[4611686018427387904,4],"data_offsets":[0,0]}})", ""),
+       "overflows"},
   };
   for (const Case& c : cases) {
     auto r = ParseSafetensors(c.bytes, "/ckpt/model.safetensors");
