@@ -27,6 +27,7 @@
 #include "trainer/elastic/state_server.h"
 #include "trainer/elastic/state_sync.h"
 #include "trainer/models/models.h"
+#include "trainer/train/build_watchdog.h"
 #include "trainer/train/event_writer.h"
 
 namespace muster {
@@ -114,44 +115,6 @@ std::string FormatEta(double seconds) {
   const int64_t s = static_cast<int64_t>(std::max(0.0, seconds));
   return absl::StrFormat("%d:%02d", s / 60, s % 60);
 }
-
-// Ends the process (exit 70) if it lives past `deadline`, or 10 s past the
-// moment `superseded` first returns true; destroyed in time, it does nothing.
-class BuildWatchdog {
- public:
-  BuildWatchdog(absl::Time deadline, std::function<bool()> superseded)
-      : thread_([this, deadline, superseded = std::move(superseded)] {
-          absl::Time superseded_at = absl::InfiniteFuture();
-          std::unique_lock<std::mutex> lock(mu_);
-          while (!done_) {
-            cv_.wait_for(lock, std::chrono::milliseconds(100));
-            if (done_) return;
-            const absl::Time now = absl::Now();
-            if (superseded_at == absl::InfiniteFuture() && superseded()) superseded_at = now;
-            if (now > deadline || now > superseded_at + absl::Seconds(10)) {
-              MUSTER_LOG(ERROR) << "building the communicator hangs ("
-                                << (now > deadline ? "past its deadline"
-                                                   : "a newer world exists")
-                                << "); exiting so that this trainer is restarted";
-              std::_Exit(70);
-            }
-          }
-        }) {}
-  ~BuildWatchdog() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      done_ = true;
-    }
-    cv_.notify_all();
-    thread_.join();
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool done_ = false;
-  std::thread thread_;
-};
 
 }  // namespace
 

@@ -1,0 +1,42 @@
+#include "trainer/train/build_watchdog.h"
+
+#include <chrono>
+#include <cstdlib>
+
+#include "absl/time/clock.h"
+#include "common/logging.h"
+
+namespace muster {
+
+BuildWatchdog::BuildWatchdog(absl::Time deadline, std::function<bool()> superseded,
+                             absl::Duration superseded_grace)
+    : thread_(&BuildWatchdog::Watch, this, deadline, std::move(superseded), superseded_grace) {}
+
+BuildWatchdog::~BuildWatchdog() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    done_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void BuildWatchdog::Watch(absl::Time deadline, std::function<bool()> superseded,
+                          absl::Duration grace) {
+  absl::Time superseded_at = absl::InfiniteFuture();
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!done_) {
+    cv_.wait_for(lock, std::chrono::milliseconds(100));
+    if (done_) return;
+    const absl::Time now = absl::Now();
+    if (superseded_at == absl::InfiniteFuture() && superseded()) superseded_at = now;
+    if (now > deadline || now > superseded_at + grace) {
+      MUSTER_LOG(ERROR) << "building the communicator hangs ("
+                        << (now > deadline ? "past its deadline" : "a newer world exists")
+                        << "); exiting so that this trainer is restarted";
+      std::_Exit(kExitCode);
+    }
+  }
+}
+
+}  // namespace muster

@@ -1,0 +1,45 @@
+// BuildWatchdog: ends the process if building a communicator hangs.
+//
+// Gloo's connect can block past its own timeout when a peer vanishes in the
+// middle of it, and nothing wakes it. A trainer stuck there would hold up
+// its whole world, so it gives up as a process instead (crash-only): its
+// agent restarts it and it takes a live peer's state.
+//
+// Construct it before the build and destroy it after; meanwhile a thread
+// checks every 100 ms. If the build outlives `deadline`, or 10 s past the
+// first moment `superseded()` returned true (a newer world exists), it logs
+// why and calls std::_Exit(kExitCode). `superseded` runs on that thread.
+#ifndef MUSTER_TRAINER_TRAIN_BUILD_WATCHDOG_H_
+#define MUSTER_TRAINER_TRAIN_BUILD_WATCHDOG_H_
+
+#include <condition_variable>
+#include <functional>
+#include <mutex>
+#include <thread>
+
+#include "absl/time/time.h"
+
+namespace muster {
+
+class BuildWatchdog {
+ public:
+  static constexpr int kExitCode = 70;  // sysexits.h EX_SOFTWARE
+
+  BuildWatchdog(absl::Time deadline, std::function<bool()> superseded,
+                absl::Duration superseded_grace = absl::Seconds(10));
+  ~BuildWatchdog();
+  BuildWatchdog(const BuildWatchdog&) = delete;
+  BuildWatchdog& operator=(const BuildWatchdog&) = delete;
+
+ private:
+  void Watch(absl::Time deadline, std::function<bool()> superseded, absl::Duration grace);
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::thread thread_;
+};
+
+}  // namespace muster
+
+#endif  // MUSTER_TRAINER_TRAIN_BUILD_WATCHDOG_H_
