@@ -11,7 +11,7 @@
 #   tests/container/recipe_test.sh BUILD_DIR
 #
 # BUILD_DIR stands for build-debian/ in %files: a build against Debian's
-# LibTorch without the CUDA paths, which is what deploy/dev test --container
+# LibTorch without the CUDA paths, which is what deploy/dev test
 # makes:
 #   MUSTER_TORCH=debian BUILD_DIR=build-debian deploy/dev build -DMUSTER_WITH_CUDA=OFF
 #
