@@ -239,6 +239,14 @@ absl::Status Coordinator::Leave(const MemberKey& key, LeaveReason reason, int64_
     if (all_done && job_state_ != JobState::kShuttingDown) {
       job_state_ = JobState::kFinished;
       Record("finished", absl::StrCat("job finished at generation ", generation_));
+      // Members still waiting for a world (one that rejoined after a
+      // partition, say) will not get one: tell them now.
+      for (RendezvousWaiter& w : waiters_) {
+        actions.Add([done = std::move(w.done)] {
+          done(absl::FailedPreconditionError("the job has finished"));
+        });
+      }
+      waiters_.clear();
       // A restart on this state dir (a requeued job) must not wait for the
       // finished members: keep the generation counter, forget the world.
       World done;

@@ -296,6 +296,7 @@ Trial Networked(Context& c, bool partition) {
     return {false, 0, 0, 0, "skipped"};
   }
   FaultJobOptions o;
+  o.steps = 2000;  // the job must outlast the fault, or node 1 has nothing to rejoin
   o.netns = lab.namespaces();
   o.addresses = lab.addresses();
   o.coordinator_host = lab.bridge_address();

@@ -307,6 +307,23 @@ TEST_F(CoordinatorTest, RendezvousDeadline) {
   EXPECT_EQ(a.world->status().code(), absl::StatusCode::kDeadlineExceeded);
 }
 
+// Found by muster-fault's partition scenario: a member that rejoined while
+// the others finished waited for a world that would never form.
+TEST_F(CoordinatorTest, FinishingTheJobAnswersMembersWaitingForAWorld) {
+  Start(1, 4);
+  Member& a = Add("a", "n");
+  Rendezvous(a, 0);
+  Advance(absl::Milliseconds(1100));  // past last call
+  ASSERT_TRUE(a.world.has_value() && a.world->ok());
+  Member& b = Add("b", "m");
+  Rendezvous(b, 0);  // waits for the next generation (last call)
+  ASSERT_FALSE(b.world.has_value());
+  ASSERT_TRUE(c_->Leave(a.key, LeaveReason::kFinished, 100).ok());
+  ASSERT_TRUE(b.world.has_value());
+  EXPECT_EQ(b.world->status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(b.world->status().message(), "the job has finished");
+}
+
 // Found by tests/fuzz/coordinator_fuzz: adopting 2^64-1 made the next world
 // generation 0.
 TEST_F(CoordinatorTest, AfterGenerationCannotWrapTheCounter) {
