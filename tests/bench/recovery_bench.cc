@@ -28,6 +28,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "tests/bench/job_logs.h"
 #include "tests/bench/process_stats.h"
 
 ABSL_FLAG(int, trials, 5, "recovery: kills to measure");
@@ -37,45 +38,6 @@ ABSL_DECLARE_FLAG(int, nodes);
 
 namespace muster {
 namespace {
-
-std::string Slurp(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-struct StepRecord {
-  int64_t step;
-  double time;
-  int world;
-};
-
-std::vector<StepRecord> ReadSteps(const std::string& path) {
-  std::vector<StepRecord> out;
-  std::istringstream in(Slurp(path));
-  std::string line;
-  const std::regex re(R"re("step": ([0-9]+), "time": ([0-9.]+).*"world_size": ([0-9]+))re");
-  std::smatch m;
-  while (std::getline(in, line)) {
-    if (std::regex_search(line, m, re)) {
-      out.push_back({std::stoll(m[1]), std::stod(m[2]), std::stoi(m[3])});
-    }
-  }
-  return out;
-}
-
-// The pid the agent's log last reported for trainer `slot` (-1: none yet).
-pid_t TrainerPid(const std::string& agent_log, int slot) {
-  const std::string log = Slurp(agent_log);
-  const std::regex re(absl::StrCat("trainer ", slot, " started[^\\n]*pid ([0-9]+)"));
-  pid_t pid = -1;
-  for (auto it = std::sregex_iterator(log.begin(), log.end(), re); it != std::sregex_iterator();
-       ++it) {
-    pid = std::stoi((*it)[1]);
-  }
-  return pid;
-}
 
 std::string Checksum(const std::string& json) {
   std::smatch m;
@@ -123,12 +85,12 @@ Trial RunTrial(int index, std::mt19937_64& rng) {
   const std::string metrics = dir + "/rank0/metrics.jsonl";
   const absl::Time deadline = absl::Now() + absl::Seconds(120);
   while (absl::Now() < deadline) {
-    const auto recs = ReadSteps(metrics);
+    const auto recs = ReadStepRecords(metrics);
     if (!recs.empty() && recs.back().step >= kill_step && recs.back().world == world) break;
     absl::SleepFor(absl::Milliseconds(2));
   }
   const std::string victim_log = absl::StrCat(dir, "/agent", victim / per_node, ".log");
-  const pid_t pid = TrainerPid(victim_log, victim % per_node);
+  const pid_t pid = LastTrainerPid(victim_log, victim % per_node);
   const double kill_time = absl::ToUnixMicros(absl::Now()) / 1e6;
   if (pid > 0) ::kill(pid, SIGKILL);
   int failures = 0;
@@ -144,7 +106,7 @@ Trial RunTrial(int index, std::mt19937_64& rng) {
   }
   bool shrunk = false, regrown = false;
   int64_t last_full_step = 0;
-  for (const StepRecord& r : ReadSteps(metrics)) {
+  for (const StepRecord& r : ReadStepRecords(metrics)) {
     if (!shrunk && r.world == world) last_full_step = r.step;
     if (r.time < kill_time) continue;
     if (!shrunk && r.world < world) {
@@ -162,7 +124,7 @@ Trial RunTrial(int index, std::mt19937_64& rng) {
   t.params_equal = true;
   for (int i = 0; i < world; ++i) {
     const std::string sum =
-        Checksum(Slurp(absl::StrCat(dir, "/node", i / per_node, "-", i % per_node, ".json")));
+        Checksum(ReadWholeFile(absl::StrCat(dir, "/node", i / per_node, "-", i % per_node, ".json")));
     if (i == 0) first = sum;
     if (sum.empty() || sum != first) t.params_equal = false;
   }

@@ -13,20 +13,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "tests/bench/job_logs.h"
 #include "tests/bench/process_stats.h"
 
 namespace muster {
-namespace {
-
-std::string Slurp(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-}  // namespace
-
 double UnixNow() { return absl::ToUnixMicros(absl::Now()) / 1e6; }
 
 FaultJob::FaultJob(std::string dir, FaultJobOptions options)
@@ -102,30 +92,11 @@ void FaultJob::StartAll() {
 }
 
 pid_t FaultJob::TrainerPid(int node, int slot) const {
-  const std::string log = Slurp(absl::StrCat(dir_, "/agent", node, ".log"));
-  const std::regex re(absl::StrCat("trainer ", slot, " started[^\\n]*pid ([0-9]+)"));
-  pid_t pid = -1;
-  for (auto it = std::sregex_iterator(log.begin(), log.end(), re); it != std::sregex_iterator();
-       ++it) {
-    pid = std::stoi((*it)[1]);
-  }
-  return pid;
+  return LastTrainerPid(absl::StrCat(dir_, "/agent", node, ".log"), slot);
 }
 
 std::vector<StepRecord> FaultJob::Steps() const {
-  std::vector<StepRecord> out;
-  std::istringstream in(Slurp(dir_ + "/rank0/metrics.jsonl"));
-  std::string line;
-  const std::regex re(
-      R"re("step": ([0-9]+), "time": ([0-9.]+).*"generation": ([0-9]+).*"world_size": ([0-9]+))re");
-  std::smatch m;
-  while (std::getline(in, line)) {
-    if (std::regex_search(line, m, re)) {
-      out.push_back({std::stoll(m[1]), std::stod(m[2]), std::stoi(m[4]),
-                     static_cast<uint64_t>(std::stoull(m[3]))});
-    }
-  }
-  return out;
+  return ReadStepRecords(dir_ + "/rank0/metrics.jsonl");
 }
 
 int64_t FaultJob::LastStep() const {
@@ -232,7 +203,7 @@ bool FaultJob::ParamsEqual(int expected, int last_node) const {
   const std::regex re("\"parameter_checksum\": ([-0-9.eE]+)");
   for (int n = 0; n <= (last_node < 0 ? options_.nodes - 1 : last_node); ++n) {
     for (int s = 0; s < options_.per_node; ++s) {
-      const std::string json = Slurp(absl::StrCat(dir_, "/node", n, "-", s, ".json"));
+      const std::string json = ReadWholeFile(absl::StrCat(dir_, "/node", n, "-", s, ".json"));
       std::smatch m;
       if (!std::regex_search(json, m, re)) continue;
       if (seen++ == 0) first = m[1];
@@ -243,8 +214,8 @@ bool FaultJob::ParamsEqual(int expected, int last_node) const {
 }
 
 std::string FaultJob::Logs() const {
-  std::string all = Slurp(dir_ + "/coordinator.log");
-  for (int n = 0; n < options_.nodes; ++n) all += Slurp(absl::StrCat(dir_, "/agent", n, ".log"));
+  std::string all = ReadWholeFile(dir_ + "/coordinator.log");
+  for (int n = 0; n < options_.nodes; ++n) all += ReadWholeFile(absl::StrCat(dir_, "/agent", n, ".log"));
   return all;
 }
 

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/time/time.h"
+#include "tests/bench/job_logs.h"
 
 namespace muster {
 
@@ -33,12 +34,6 @@ struct FaultJobOptions {
   std::vector<std::string> extra_train_flags;
 };
 
-struct StepRecord {
-  int64_t step = 0;
-  double time = 0;
-  int world = 0;
-  uint64_t generation = 0;
-};
 
 struct CheckpointCheck {
   int committed = 0;
