@@ -166,9 +166,10 @@ muster_trap_signals() {  # MODE
   # preemption, the time limit), and Slurm sends it to every task too, but to
   # each node at its own moment; trainers that see SIGTERM on some ranks only
   # leave instead of stopping. Without the agent the batch shell therefore
-  # also sends SIGUSR1, which stops every rank. Not to agents: one that got
-  # SIGUSR1 first takes Slurm's SIGTERM as a second signal and kills its
-  # trainers. SIGTERM itself is not passed on again for the same reason.
+  # also sends SIGUSR1, which stops every rank. Agents get Slurm's SIGTERM
+  # themselves and forward it (an agent ignores further signals once it is
+  # stopping); sending them SIGUSR1 as well is a possible improvement that the
+  # tests do not cover yet. SIGTERM itself is not passed on again.
   if [ "$1" = direct ]; then
     trap 'muster_on_signal terminated USR1 "SIGTERM: the trainers checkpoint and stop"' TERM
   else
@@ -239,8 +240,7 @@ muster_job_run() {
   # ends the step instead of leaving the others waiting for members until the
   # time limit. Exit 75 is no failure here: a trainer exits 75 only after the
   # checkpoint is committed, and the others then exit 75 on SIGTERM too. Not
-  # with the agent: an agent that already passed on SIGUSR1 takes srun's
-  # SIGTERM as a second signal and kills its trainers.
+  # with the agent: it restarts a failed trainer itself.
   local kill_on_bad_exit=0
   if [ "$mode" = direct ] && [ "$MUSTER_MIN_MEMBERS" -ge "$world" ]; then kill_on_bad_exit=1; fi
   local -a user_args=() agent_args=() srun_args=() wrapper=() step=()
