@@ -38,7 +38,7 @@ int RunAllreduceBench() {
   std::ofstream(token_file) << "bench-token";
   std::system(("chmod 600 " + token_file).c_str());
   const std::string target = "127.0.0.1:" + std::to_string(FreeLoopbackPort());
-  const pid_t coordinator = SpawnProcess(
+  const pid_t coordinator = SpawnLogged(
       {SelfDir() + "/muster-coordinator", "--listen=" + target, "--token-file=" + token_file,
        absl::StrCat("--min-members=", world), absl::StrCat("--max-members=", world),
        "--last-call=0s"},

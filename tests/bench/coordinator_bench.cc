@@ -148,7 +148,7 @@ int RunCoordinatorBench() {
   std::system(("chmod 600 " + token_file).c_str());
   const int port = FreeLoopbackPort();
   const std::string target = "127.0.0.1:" + std::to_string(port);
-  const pid_t coordinator = SpawnProcess(
+  const pid_t coordinator = SpawnLogged(
       {SelfDir() + "/muster-coordinator", "--listen=" + target, "--state-dir=" + dir + "/state",
        "--token-file=" + token_file, absl::StrCat("--min-members=", n),
        absl::StrCat("--max-members=", n), "--last-call=0s", "--heartbeat-timeout=60s",

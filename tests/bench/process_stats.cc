@@ -14,23 +14,6 @@
 
 namespace muster {
 
-pid_t SpawnProcess(const std::vector<std::string>& argv, const std::string& log) {
-  pid_t pid = ::fork();
-  if (pid == 0) {
-    int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-    if (fd >= 0) {
-      ::dup2(fd, 1);
-      ::dup2(fd, 2);
-    }
-    std::vector<char*> args;
-    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    ::execv(args[0], args.data());
-    ::_exit(127);
-  }
-  return pid;
-}
-
 void StopProcess(pid_t pid, int grace_ms) {
   if (pid <= 0) return;
   ::kill(pid, SIGTERM);
@@ -78,18 +61,6 @@ std::string SelfDir() {
   if (n <= 0) return ".";
   std::string path(buf, n);
   return path.substr(0, path.rfind('/'));
-}
-
-int FreeLoopbackPort() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return ntohs(addr.sin_port);
 }
 
 double Percentile(std::vector<double>& v, double p) {

@@ -1,4 +1,5 @@
 // Child processes for benchmarks, and their CPU and memory from /proc.
+// Starting them, free ports and reading their files: subprocess.h.
 #ifndef MUSTER_TESTS_BENCH_PROCESS_STATS_H_
 #define MUSTER_TESTS_BENCH_PROCESS_STATS_H_
 
@@ -7,10 +8,10 @@
 #include <string>
 #include <vector>
 
+#include "tests/integration/subprocess.h"
+
 namespace muster {
 
-// Starts `argv` with stdout/stderr appended to `log`; returns its pid.
-pid_t SpawnProcess(const std::vector<std::string>& argv, const std::string& log);
 // SIGTERM, then SIGKILL after `grace_ms`; reaps it.
 void StopProcess(pid_t pid, int grace_ms = 2000);
 // User + system CPU seconds the process has used.
@@ -19,8 +20,6 @@ double ProcessCpuSeconds(pid_t pid);
 double ProcessRssMb(pid_t pid);
 // The directory holding this executable.
 std::string SelfDir();
-// A free TCP port on 127.0.0.1.
-int FreeLoopbackPort();
 // Percentile p (0..100) of `v` (sorted in place); 0 when empty.
 double Percentile(std::vector<double>& v, double p);
 

@@ -28,7 +28,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
-#include "tests/bench/job_logs.h"
 #include "tests/bench/process_stats.h"
 
 ABSL_FLAG(int, trials, 5, "recovery: kills to measure");
@@ -38,12 +37,6 @@ ABSL_DECLARE_FLAG(int, nodes);
 
 namespace muster {
 namespace {
-
-std::string Checksum(const std::string& json) {
-  std::smatch m;
-  if (std::regex_search(json, m, std::regex("\"parameter_checksum\": ([-0-9.eE]+)"))) return m[1];
-  return "";
-}
 
 struct Trial {
   bool ok = false;
@@ -59,7 +52,7 @@ Trial RunTrial(int index, std::mt19937_64& rng) {
   const std::string dir = absl::StrCat("/tmp/muster-bench-recovery-", ::getpid(), "-", index);
   std::system(("rm -rf " + dir + " && mkdir -p " + dir).c_str());
   const std::string target = "127.0.0.1:" + std::to_string(FreeLoopbackPort());
-  const pid_t coordinator = SpawnProcess(
+  const pid_t coordinator = SpawnLogged(
       {SelfDir() + "/muster-coordinator", "--listen=" + target, "--no-auth",
        absl::StrCat("--min-members=", world - 1), absl::StrCat("--max-members=", world),
        "--last-call=200ms"},
@@ -74,7 +67,7 @@ Trial RunTrial(int index, std::mt19937_64& rng) {
         absl::StrCat("--job=rb", ::getpid(), "-", index, "-", n),
         absl::StrCat("--summary-json=", dir, "/{node}-{local_rank}.json")};
     if (n == 0) argv.push_back("--log-dir=" + dir + "/rank0");
-    agents.push_back(SpawnProcess(argv, absl::StrCat(dir, "/agent", n, ".log")));
+    agents.push_back(SpawnLogged(argv, absl::StrCat(dir, "/agent", n, ".log")));
   }
   Trial t;
   // A random victim other than rank 0 (node0's trainer 0), at a random step.
@@ -124,7 +117,8 @@ Trial RunTrial(int index, std::mt19937_64& rng) {
   t.params_equal = true;
   for (int i = 0; i < world; ++i) {
     const std::string sum =
-        Checksum(ReadWholeFile(absl::StrCat(dir, "/node", i / per_node, "-", i % per_node, ".json")));
+        JsonNumber(ReadText(absl::StrCat(dir, "/node", i / per_node, "-", i % per_node, ".json")),
+                   "parameter_checksum");
     if (i == 0) first = sum;
     if (sum.empty() || sum != first) t.params_equal = false;
   }

@@ -28,11 +28,8 @@ namespace muster {
 namespace {
 
 double Field(const std::string& json, const std::string& name) {
-  std::smatch m;
-  if (std::regex_search(json, m, std::regex("\"" + name + "\": ([-0-9.eE]+)"))) {
-    return std::stod(m[1]);
-  }
-  return 0;
+  const std::string v = JsonNumber(json, name);
+  return v.empty() ? 0 : std::stod(v);
 }
 
 int RunOnce(bool overlap) {
@@ -40,7 +37,7 @@ int RunOnce(bool overlap) {
   const std::string dir = absl::StrCat("/tmp/muster-bench-train-", ::getpid(), overlap ? "-o" : "-n");
   std::system(("mkdir -p " + dir).c_str());
   const std::string target = "127.0.0.1:" + std::to_string(FreeLoopbackPort());
-  const pid_t coordinator = SpawnProcess(
+  const pid_t coordinator = SpawnLogged(
       {SelfDir() + "/muster-coordinator", "--listen=" + target, "--no-auth",
        absl::StrCat("--min-members=", world), absl::StrCat("--max-members=", world),
        "--last-call=0s"},
@@ -48,7 +45,7 @@ int RunOnce(bool overlap) {
   std::vector<pid_t> trainers;
   const int per_node = world / nodes;
   for (int i = 0; i < world; ++i) {
-    trainers.push_back(SpawnProcess(
+    trainers.push_back(SpawnLogged(
         {SelfDir() + "/muster-train", "--coordinator=" + target,
          absl::StrCat("--node-id=node", i / per_node), absl::StrCat("--local-rank=", i % per_node),
          "--model=" + absl::GetFlag(FLAGS_model), "--batch-size=64",

@@ -13,7 +13,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
-#include "tests/bench/job_logs.h"
 #include "tests/bench/process_stats.h"
 
 namespace muster {
@@ -42,7 +41,7 @@ void FaultJob::StartCoordinator() {
   const std::string listen =
       options_.coordinator_host == "127.0.0.1" ? target_
                                                : "0.0.0.0:" + target_.substr(target_.rfind(':') + 1);
-  coordinator_ = SpawnProcess(
+  coordinator_ = SpawnLogged(
       {SelfDir() + "/muster-coordinator", "--listen=" + listen, "--no-auth",
        "--state-dir=" + dir_ + "/state", absl::StrCat("--min-members=", options_.min_members),
        absl::StrCat("--max-members=", options_.nodes * options_.per_node + 2),
@@ -82,7 +81,7 @@ void FaultJob::StartAgent(int n) {
   }
   if (n == 0) argv.push_back("--log-dir=" + dir_ + "/rank0");
   argv.insert(argv.end(), options_.extra_train_flags.begin(), options_.extra_train_flags.end());
-  agents_[n] = SpawnProcess(argv, absl::StrCat(dir_, "/agent", n, ".log"));
+  agents_[n] = SpawnLogged(argv, absl::StrCat(dir_, "/agent", n, ".log"));
   agent_done_[n] = false;
 }
 
@@ -147,14 +146,10 @@ int FaultJob::WaitAgents(absl::Duration timeout, const std::vector<int>& allowed
 }
 
 int FaultJob::Cli(const std::string& args, std::string* out) const {
-  const std::string cmd =
-      absl::StrCat(SelfDir(), "/muster --coordinator ", target_, " --timeout 5s ", args, " 2>&1");
-  FILE* p = ::popen(cmd.c_str(), "r");
-  char buf[1024];
-  out->clear();
-  while (std::fgets(buf, sizeof(buf), p) != nullptr) *out += buf;
-  const int status = ::pclose(p);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  int code = -1;
+  *out = RunShell(absl::StrCat(SelfDir(), "/muster --coordinator ", target_, " --timeout 5s ", args),
+                  &code);
+  return code;
 }
 
 CheckpointCheck FaultJob::VerifyCheckpoints() const {
@@ -200,22 +195,21 @@ int FaultJob::WaitAgent(int n) {
 bool FaultJob::ParamsEqual(int expected, int last_node) const {
   int seen = 0;
   std::string first;
-  const std::regex re("\"parameter_checksum\": ([-0-9.eE]+)");
   for (int n = 0; n <= (last_node < 0 ? options_.nodes - 1 : last_node); ++n) {
     for (int s = 0; s < options_.per_node; ++s) {
-      const std::string json = ReadWholeFile(absl::StrCat(dir_, "/node", n, "-", s, ".json"));
-      std::smatch m;
-      if (!std::regex_search(json, m, re)) continue;
-      if (seen++ == 0) first = m[1];
-      if (m[1] != first) return false;
+      const std::string sum = JsonNumber(
+          ReadText(absl::StrCat(dir_, "/node", n, "-", s, ".json")), "parameter_checksum");
+      if (sum.empty()) continue;
+      if (seen++ == 0) first = sum;
+      if (sum != first) return false;
     }
   }
   return seen >= expected;
 }
 
 std::string FaultJob::Logs() const {
-  std::string all = ReadWholeFile(dir_ + "/coordinator.log");
-  for (int n = 0; n < options_.nodes; ++n) all += ReadWholeFile(absl::StrCat(dir_, "/agent", n, ".log"));
+  std::string all = ReadText(dir_ + "/coordinator.log");
+  for (int n = 0; n < options_.nodes; ++n) all += ReadText(absl::StrCat(dir_, "/agent", n, ".log"));
   return all;
 }
 

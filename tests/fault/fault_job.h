@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "absl/time/time.h"
-#include "tests/bench/job_logs.h"
+#include "tests/integration/subprocess.h"
 
 namespace muster {
 

@@ -17,18 +17,12 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "coordinator/server.h"
+#include "tests/integration/subprocess.h"
 
 namespace muster {
 namespace {
 
 const std::string kBin = MUSTER_BIN_DIR;
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
 
 class CommProcessTest : public ::testing::Test {
  protected:
@@ -77,7 +71,7 @@ class CommProcessTest : public ::testing::Test {
   bool WaitFor(int index, const std::string& text, absl::Duration timeout) {
     const absl::Time end = absl::Now() + timeout;
     while (absl::Now() < end) {
-      if (ReadFile(Report(index)).find(text) != std::string::npos) return true;
+      if (ReadText(Report(index)).find(text) != std::string::npos) return true;
       absl::SleepFor(absl::Milliseconds(20));
     }
     return false;
@@ -111,8 +105,8 @@ class CommProcessTest : public ::testing::Test {
     const int victim = w - 1;
     ASSERT_EQ(::kill(pids[victim], sig), 0);
     for (int i = 0; i < victim; ++i) {
-      ASSERT_TRUE(WaitFor(i, "error code=", absl::Seconds(20))) << ReadFile(Report(i));
-      const std::string report = ReadFile(Report(i));
+      ASSERT_TRUE(WaitFor(i, "error code=", absl::Seconds(20))) << ReadText(Report(i));
+      const std::string report = ReadText(Report(i));
       const size_t at = report.find("return_after_notice_ms=");
       ASSERT_NE(at, std::string::npos);
       double ms = 0;
@@ -124,13 +118,13 @@ class CommProcessTest : public ::testing::Test {
     std::system(("mv " + Report(victim) + " " + Report(victim) + ".old").c_str());
     const pid_t replacement = Spawn(victim, split[victim], local[victim], backend, true);
     for (int i = 0; i < victim; ++i) {
-      EXPECT_EQ(Reap(pids[i], absl::Seconds(60)), 0) << ReadFile(Report(i));
-      const std::string report = ReadFile(Report(i));
+      EXPECT_EQ(Reap(pids[i], absl::Seconds(60)), 0) << ReadText(Report(i));
+      const std::string report = ReadText(Report(i));
       EXPECT_NE(report.find("ready generation=2"), std::string::npos) << report;
       EXPECT_NE(report.find("rebuilt_done exit=0"), std::string::npos) << report;
       EXPECT_EQ(report.find("check_failed"), std::string::npos) << report;
     }
-    EXPECT_EQ(Reap(replacement, absl::Seconds(60)), 0) << ReadFile(Report(victim));
+    EXPECT_EQ(Reap(replacement, absl::Seconds(60)), 0) << ReadText(Report(victim));
   }
 
   std::unique_ptr<CoordinatorServer> server_;
@@ -144,8 +138,8 @@ TEST_F(CommProcessTest, HierarchicalAcrossProcessesMatchesReference) {
   std::vector<pid_t> pids;
   for (int i = 0; i < 6; ++i) pids.push_back(Spawn(i, split[i], i % 3, "hier", false));
   for (int i = 0; i < 6; ++i) {
-    EXPECT_EQ(Reap(pids[i], absl::Seconds(60)), 0) << ReadFile(Report(i));
-    EXPECT_NE(ReadFile(Report(i)).find("check_ok bytes=1048576"), std::string::npos);
+    EXPECT_EQ(Reap(pids[i], absl::Seconds(60)), 0) << ReadText(Report(i));
+    EXPECT_NE(ReadText(Report(i)).find("check_ok bytes=1048576"), std::string::npos);
   }
 }
 

@@ -32,12 +32,7 @@ struct Output {
 
 Output RunCommand(const std::string& cmd) {
   Output o;
-  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) o.out.append(buf.data(), n);
-  int status = ::pclose(p);
-  o.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  o.out = RunShell(cmd, &o.exit_code);
   return o;
 }
 

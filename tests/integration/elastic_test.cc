@@ -23,18 +23,6 @@ namespace {
 
 const std::string kBin = MUSTER_BIN_DIR;
 
-std::string Read(const std::string& path) { return ReadText(path); }
-pid_t Spawn(const std::vector<std::string>& argv, const std::string& log) {
-  return SpawnLogged(argv, log);
-}
-int Wait(pid_t pid) { return WaitExit(pid); }
-
-std::string Field(const std::string& json, const std::string& name) {
-  std::smatch m;
-  if (std::regex_search(json, m, std::regex("\"" + name + "\": ([-0-9.eE]+)"))) return m[1];
-  return "";
-}
-
 class ElasticTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -45,34 +33,34 @@ class ElasticTest : public ::testing::Test {
            ::testing::UnitTest::GetInstance()->current_test_info()->name();
     std::system(("rm -rf " + dir_ + " && mkdir -p " + dir_).c_str());
     target_ = absl::StrCat("127.0.0.1:", FreeLoopbackPort());
-    coordinator_ = Spawn({kBin + "/muster-coordinator", "--listen=" + target_, "--no-auth",
-                          absl::StrCat("--min-members=", MinMembers()),
-                          absl::StrCat("--max-members=", MaxMembers()),
-                          "--last-call=200ms",
-                          "--heartbeat-interval=200ms", "--heartbeat-timeout=2s",
-                          "--keep-last=0"},
-                         dir_ + "/coordinator.log");
+    coordinator_ = SpawnLogged({kBin + "/muster-coordinator", "--listen=" + target_, "--no-auth",
+                                absl::StrCat("--min-members=", MinMembers()),
+                                absl::StrCat("--max-members=", MaxMembers()),
+                                "--last-call=200ms",
+                                "--heartbeat-interval=200ms", "--heartbeat-timeout=2s",
+                                "--keep-last=0"},
+                               dir_ + "/coordinator.log");
   }
   void TearDown() override {
     if (coordinator_ > 0) {
       ::kill(coordinator_, SIGTERM);
-      Wait(coordinator_);
+      WaitExit(coordinator_);
     }
   }
 
   pid_t Trainer(int local, const std::string& tag, const std::string& node = "n") {
-    return Spawn({kBin + "/muster-train", "--coordinator=" + target_, "--node-id=" + node,
-                  absl::StrCat("--local-rank=", local), "--model=mlp", "--steps=250",
-                  "--batch-size=32", "--log-every=10", "--threads=1", "--backend=auto",
-                  absl::StrCat("--job=el", ::getpid()),
-                  absl::StrCat("--summary-json=", dir_, "/", tag, ".json")},
-                 absl::StrCat(dir_, "/", tag, ".log"));
+    return SpawnLogged({kBin + "/muster-train", "--coordinator=" + target_, "--node-id=" + node,
+                        absl::StrCat("--local-rank=", local), "--model=mlp", "--steps=250",
+                        "--batch-size=32", "--log-every=10", "--threads=1", "--backend=auto",
+                        absl::StrCat("--job=el", ::getpid()),
+                        absl::StrCat("--summary-json=", dir_, "/", tag, ".json")},
+                       absl::StrCat(dir_, "/", tag, ".log"));
   }
 
   bool WaitForLine(const std::string& tag, const std::string& text, absl::Duration timeout) {
     const absl::Time end = absl::Now() + timeout;
     while (absl::Now() < end) {
-      if (Read(dir_ + "/" + tag + ".log").find(text) != std::string::npos) return true;
+      if (ReadText(dir_ + "/" + tag + ".log").find(text) != std::string::npos) return true;
       absl::SleepFor(absl::Milliseconds(20));
     }
     return false;
@@ -87,20 +75,20 @@ class ElasticTest : public ::testing::Test {
 
 TEST_F(ElasticTest, AHungTrainerIsFencedThenRejoinsAsANewIncarnation) {
   std::vector<pid_t> pids = {Trainer(0, "h0"), Trainer(1, "h1"), Trainer(2, "h2")};
-  ASSERT_TRUE(WaitForLine("h0", "step 30/", absl::Seconds(60))) << Read(dir_ + "/h0.log");
+  ASSERT_TRUE(WaitForLine("h0", "step 30/", absl::Seconds(60))) << ReadText(dir_ + "/h0.log");
   ASSERT_EQ(::kill(pids[2], SIGSTOP), 0);
   // Past the 2 s heartbeat timeout the others go on without it.
-  ASSERT_TRUE(WaitForLine("h0", "world 2 on 1 nodes", absl::Seconds(30))) << Read(dir_ + "/h0.log");
+  ASSERT_TRUE(WaitForLine("h0", "world 2 on 1 nodes", absl::Seconds(30))) << ReadText(dir_ + "/h0.log");
   ASSERT_EQ(::kill(pids[2], SIGCONT), 0);
   for (int i = 0; i < 3; ++i) {
-    EXPECT_EQ(Wait(pids[i]), 0) << Read(absl::StrCat(dir_, "/h", i, ".log"));
+    EXPECT_EQ(WaitExit(pids[i]), 0) << ReadText(absl::StrCat(dir_, "/h", i, ".log"));
   }
-  EXPECT_NE(Read(dir_ + "/h2.log").find("rejoining as a new incarnation"), std::string::npos)
-      << Read(dir_ + "/h2.log");
-  const std::string s0 = Read(dir_ + "/h0.json"), s2 = Read(dir_ + "/h2.json");
-  EXPECT_EQ(Field(s0, "world_size"), "3") << s0;
-  EXPECT_EQ(Field(s0, "parameter_checksum"), Field(s2, "parameter_checksum"));
-  EXPECT_EQ(Field(s0, "parameter_checksum"), Field(Read(dir_ + "/h1.json"), "parameter_checksum"));
+  EXPECT_NE(ReadText(dir_ + "/h2.log").find("rejoining as a new incarnation"), std::string::npos)
+      << ReadText(dir_ + "/h2.log");
+  const std::string s0 = ReadText(dir_ + "/h0.json"), s2 = ReadText(dir_ + "/h2.json");
+  EXPECT_EQ(JsonNumber(s0, "world_size"), "3") << s0;
+  EXPECT_EQ(JsonNumber(s0, "parameter_checksum"), JsonNumber(s2, "parameter_checksum"));
+  EXPECT_EQ(JsonNumber(s0, "parameter_checksum"), JsonNumber(ReadText(dir_ + "/h1.json"), "parameter_checksum"));
 }
 
 class ElasticScaleDownTest : public ElasticTest {
@@ -110,58 +98,54 @@ class ElasticScaleDownTest : public ElasticTest {
 
 TEST_F(ElasticScaleDownTest, SigtermAndDrainLeaveGracefullyAndTheRestGoesOn) {
   std::vector<pid_t> pids = {Trainer(0, "a", "n"), Trainer(1, "b", "n"), Trainer(0, "c", "z")};
-  ASSERT_TRUE(WaitForLine("a", "step 30/", absl::Seconds(60))) << Read(dir_ + "/a.log");
+  ASSERT_TRUE(WaitForLine("a", "step 30/", absl::Seconds(60))) << ReadText(dir_ + "/a.log");
   // SIGTERM to one trainer: it leaves at a step boundary, nothing aborts.
   ASSERT_EQ(::kill(pids[1], SIGTERM), 0);
-  EXPECT_EQ(Wait(pids[1]), 0) << Read(dir_ + "/b.log");
-  EXPECT_NE(Read(dir_ + "/b.log").find("left the job"), std::string::npos);
-  ASSERT_TRUE(WaitForLine("a", "world 2 on 2 nodes", absl::Seconds(30))) << Read(dir_ + "/a.log");
+  EXPECT_EQ(WaitExit(pids[1]), 0) << ReadText(dir_ + "/b.log");
+  EXPECT_NE(ReadText(dir_ + "/b.log").find("left the job"), std::string::npos);
+  ASSERT_TRUE(WaitForLine("a", "world 2 on 2 nodes", absl::Seconds(30))) << ReadText(dir_ + "/a.log");
   // Drain node z: its trainer leaves too; the last one finishes alone.
   int code = -1;
-  FILE* p = ::popen((kBin + "/muster --coordinator " + target_ + " drain z 2>&1").c_str(), "r");
-  char buf[256];
-  std::string out;
-  while (std::fgets(buf, sizeof(buf), p) != nullptr) out += buf;
-  code = ::pclose(p);
+  const std::string out = RunShell(kBin + "/muster --coordinator " + target_ + " drain z", &code);
   EXPECT_EQ(code, 0) << out;
-  EXPECT_EQ(Wait(pids[2]), 0) << Read(dir_ + "/c.log");
-  EXPECT_NE(Read(dir_ + "/c.log").find("left the job"), std::string::npos) << Read(dir_ + "/c.log");
-  EXPECT_EQ(Wait(pids[0]), 0) << Read(dir_ + "/a.log");
-  const std::string s0 = Read(dir_ + "/a.json");
-  EXPECT_EQ(Field(s0, "steps"), "250") << s0;
-  EXPECT_EQ(Field(s0, "world_size"), "1") << s0;
-  const std::string log = Read(dir_ + "/a.log");
+  EXPECT_EQ(WaitExit(pids[2]), 0) << ReadText(dir_ + "/c.log");
+  EXPECT_NE(ReadText(dir_ + "/c.log").find("left the job"), std::string::npos) << ReadText(dir_ + "/c.log");
+  EXPECT_EQ(WaitExit(pids[0]), 0) << ReadText(dir_ + "/a.log");
+  const std::string s0 = ReadText(dir_ + "/a.json");
+  EXPECT_EQ(JsonNumber(s0, "steps"), "250") << s0;
+  EXPECT_EQ(JsonNumber(s0, "world_size"), "1") << s0;
+  const std::string log = ReadText(dir_ + "/a.log");
   EXPECT_EQ(log.find("dropped"), std::string::npos) << "a graceful leave must not abort a step\n"
                                                     << log;
 }
 
 TEST_F(ElasticTest, SurvivorsKeepTrainingAndAReplacementPullsTheirState) {
   std::vector<pid_t> pids = {Trainer(0, "t0"), Trainer(1, "t1"), Trainer(2, "t2")};
-  ASSERT_TRUE(WaitForLine("t0", "step 30/", absl::Seconds(60))) << Read(dir_ + "/t0.log");
+  ASSERT_TRUE(WaitForLine("t0", "step 30/", absl::Seconds(60))) << ReadText(dir_ + "/t0.log");
   ASSERT_EQ(::kill(pids[2], SIGKILL), 0);
-  Wait(pids[2]);
+  WaitExit(pids[2]);
   // The survivors regroup into a world of two and go on.
-  ASSERT_TRUE(WaitForLine("t0", "world 2 on 1 nodes", absl::Seconds(30))) << Read(dir_ + "/t0.log");
+  ASSERT_TRUE(WaitForLine("t0", "world 2 on 1 nodes", absl::Seconds(30))) << ReadText(dir_ + "/t0.log");
   // A replacement (same slot, new process) joins at a step boundary.
   const pid_t replacement = Trainer(2, "t2b");
-  EXPECT_EQ(Wait(pids[0]), 0) << Read(dir_ + "/t0.log");
-  EXPECT_EQ(Wait(pids[1]), 0) << Read(dir_ + "/t1.log");
-  EXPECT_EQ(Wait(replacement), 0) << Read(dir_ + "/t2b.log");
-  const std::string s0 = Read(dir_ + "/t0.json"), s1 = Read(dir_ + "/t1.json"),
-                    s2 = Read(dir_ + "/t2b.json");
-  EXPECT_EQ(Field(s0, "steps"), "250") << s0;
-  EXPECT_GE(std::stoi(Field(s0, "regroups")), 2) << s0;  // the failure, then the join
-  EXPECT_EQ(Field(s0, "world_size"), "3") << s0;
+  EXPECT_EQ(WaitExit(pids[0]), 0) << ReadText(dir_ + "/t0.log");
+  EXPECT_EQ(WaitExit(pids[1]), 0) << ReadText(dir_ + "/t1.log");
+  EXPECT_EQ(WaitExit(replacement), 0) << ReadText(dir_ + "/t2b.log");
+  const std::string s0 = ReadText(dir_ + "/t0.json"), s1 = ReadText(dir_ + "/t1.json"),
+                    s2 = ReadText(dir_ + "/t2b.json");
+  EXPECT_EQ(JsonNumber(s0, "steps"), "250") << s0;
+  EXPECT_GE(std::stoi(JsonNumber(s0, "regroups")), 2) << s0;  // the failure, then the join
+  EXPECT_EQ(JsonNumber(s0, "world_size"), "3") << s0;
   // Bit-identical parameters everywhere, the replacement included.
-  EXPECT_EQ(Field(s0, "parameter_checksum"), Field(s1, "parameter_checksum"));
-  EXPECT_EQ(Field(s0, "parameter_checksum"), Field(s2, "parameter_checksum"));
+  EXPECT_EQ(JsonNumber(s0, "parameter_checksum"), JsonNumber(s1, "parameter_checksum"));
+  EXPECT_EQ(JsonNumber(s0, "parameter_checksum"), JsonNumber(s2, "parameter_checksum"));
   // The replacement entered at the survivors' step, not at zero.
-  const std::string log0 = Read(dir_ + "/t0.log");
+  const std::string log0 = ReadText(dir_ + "/t0.log");
   std::smatch m;
   ASSERT_TRUE(std::regex_search(log0, m, std::regex("world 3 on 1 nodes[^\\n]*step ([1-9][0-9]*)")))
       << log0;
   EXPECT_GT(std::stoi(m[1]), 30);
-  EXPECT_EQ(Field(s2, "steps"), "250") << s2;
+  EXPECT_EQ(JsonNumber(s2, "steps"), "250") << s2;
 }
 
 // Agent-launched jobs: two nodes, each a muster-agent with two trainers.
@@ -170,46 +154,35 @@ class AgentTest : public ElasticTest {
   int MaxMembers() const override { return 4; }
 
   pid_t Agent(const std::string& node, int steps = 400) {
-    return Spawn({kBin + "/muster-agent", "--nproc-per-node=2", "--restart-backoff=100ms",
-                  "--max-restarts=2", "--node-id=" + node, "--", kBin + "/muster-train",
-                  "--coordinator=" + target_, "--model=mlp", absl::StrCat("--steps=", steps),
-                  "--batch-size=32", "--log-every=10", "--threads=1", "--backend=auto",
-                  absl::StrCat("--job=ag", ::getpid(), node),
-                  "--summary-json=" + dir_ + "/{node}{local_rank}.json"},
-                 absl::StrCat(dir_, "/", node, ".log"));
+    return SpawnLogged({kBin + "/muster-agent", "--nproc-per-node=2", "--restart-backoff=100ms",
+                        "--max-restarts=2", "--node-id=" + node, "--", kBin + "/muster-train",
+                        "--coordinator=" + target_, "--model=mlp", absl::StrCat("--steps=", steps),
+                        "--batch-size=32", "--log-every=10", "--threads=1", "--backend=auto",
+                        absl::StrCat("--job=ag", ::getpid(), node),
+                        "--summary-json=" + dir_ + "/{node}{local_rank}.json"},
+                       absl::StrCat(dir_, "/", node, ".log"));
   }
 
   // The pid of trainer `slot` as the agent of `node` last started it.
   pid_t TrainerPid(const std::string& node, int slot) {
-    const std::string log = Read(absl::StrCat(dir_, "/", node, ".log"));
-    std::regex re(absl::StrCat("trainer ", slot, " started[^\\n]*pid ([0-9]+)"));
-    pid_t pid = -1;
-    for (auto it = std::sregex_iterator(log.begin(), log.end(), re); it != std::sregex_iterator();
-         ++it) {
-      pid = std::stoi((*it)[1]);
-    }
-    return pid;
+    return LastTrainerPid(absl::StrCat(dir_, "/", node, ".log"), slot);
   }
 
-  // Steps in the order a log printed them ("step N/M").
-  // The parameter checksums of the trainers that finished, by member.
-  std::vector<std::string> Checksums(const std::vector<std::string>& members) {
-    std::vector<std::string> out;
-    for (const std::string& m : members) {
-      out.push_back(Field(Read(dir_ + "/" + m + ".json"), "parameter_checksum"));
-    }
-    return out;
-  }
+  // Every member's summary holds the same parameter checksum.
   void ExpectEqualParameters(const std::vector<std::string>& members) {
-    const std::vector<std::string> sums = Checksums(members);
+    std::vector<std::string> sums;
+    for (const std::string& m : members) {
+      sums.push_back(JsonNumber(ReadText(dir_ + "/" + m + ".json"), "parameter_checksum"));
+    }
     EXPECT_FALSE(sums[0].empty()) << "no summary of " << members[0];
     for (size_t i = 1; i < sums.size(); ++i) {
       EXPECT_EQ(sums[i], sums[0]) << members[i] << " differs from " << members[0];
     }
   }
 
+  // Steps in the order a log printed them ("step N/M").
   std::vector<int> Steps(const std::string& node) {
-    const std::string log = Read(absl::StrCat(dir_, "/", node, ".log"));
+    const std::string log = ReadText(absl::StrCat(dir_, "/", node, ".log"));
     std::vector<int> out;
     std::regex re("\\bstep ([0-9]+)/");
     for (auto it = std::sregex_iterator(log.begin(), log.end(), re); it != std::sregex_iterator();
@@ -227,17 +200,17 @@ bool Gone(pid_t pid) {
 
 TEST_F(AgentTest, TheAgentRestartsAKilledTrainerAndItRejoins) {
   const pid_t a = Agent("a"), b = Agent("b");
-  ASSERT_TRUE(WaitForLine("a", "step 60/", absl::Seconds(60))) << Read(dir_ + "/a.log");
+  ASSERT_TRUE(WaitForLine("a", "step 60/", absl::Seconds(60))) << ReadText(dir_ + "/a.log");
   const pid_t victim = TrainerPid("b", 1);
-  ASSERT_GT(victim, 0) << Read(dir_ + "/b.log");
+  ASSERT_GT(victim, 0) << ReadText(dir_ + "/b.log");
   ASSERT_EQ(::kill(victim, SIGKILL), 0);
-  EXPECT_EQ(Wait(a), 0) << Read(dir_ + "/a.log");
-  EXPECT_EQ(Wait(b), 0) << Read(dir_ + "/b.log");
-  const std::string log_b = Read(dir_ + "/b.log");
+  EXPECT_EQ(WaitExit(a), 0) << ReadText(dir_ + "/a.log");
+  EXPECT_EQ(WaitExit(b), 0) << ReadText(dir_ + "/b.log");
+  const std::string log_b = ReadText(dir_ + "/b.log");
   EXPECT_NE(log_b.find("trainer 1 started (restart 1)"), std::string::npos) << log_b;
   EXPECT_NE(log_b.find("trainer 1: exit 0, 1 restarts"), std::string::npos) << log_b;
   // The survivors regrouped to 3, then back to 4 with the restarted trainer.
-  const std::string log_a = Read(dir_ + "/a.log");
+  const std::string log_a = ReadText(dir_ + "/a.log");
   EXPECT_NE(log_a.find("(world 3, rank"), std::string::npos) << log_a;
   EXPECT_NE(log_a.find("world 4 on 2 nodes"), std::string::npos) << log_a;
   // The loss curve is continuous: rank 0's steps never go back.
@@ -250,19 +223,19 @@ TEST_F(AgentTest, TheAgentRestartsAKilledTrainerAndItRejoins) {
 
 TEST_F(AgentTest, KillingANodeTakesItsTrainersAndTheOtherNodeFinishes) {
   const pid_t a = Agent("a"), b = Agent("b");
-  ASSERT_TRUE(WaitForLine("a", "step 60/", absl::Seconds(60))) << Read(dir_ + "/a.log");
+  ASSERT_TRUE(WaitForLine("a", "step 60/", absl::Seconds(60))) << ReadText(dir_ + "/a.log");
   const pid_t t0 = TrainerPid("b", 0), t1 = TrainerPid("b", 1);
   ASSERT_GT(t0, 0);
   ASSERT_GT(t1, 0);
   ASSERT_EQ(::kill(b, SIGKILL), 0);
-  EXPECT_EQ(Wait(b), 128 + SIGKILL);
+  EXPECT_EQ(WaitExit(b), 128 + SIGKILL);
   // PR_SET_PDEATHSIG: the node's trainers die with their agent.
   const absl::Time end = absl::Now() + absl::Seconds(5);
   while ((!Gone(t0) || !Gone(t1)) && absl::Now() < end) absl::SleepFor(absl::Milliseconds(20));
   EXPECT_TRUE(Gone(t0));
   EXPECT_TRUE(Gone(t1));
-  EXPECT_EQ(Wait(a), 0) << Read(dir_ + "/a.log");
-  const std::string log_a = Read(dir_ + "/a.log");
+  EXPECT_EQ(WaitExit(a), 0) << ReadText(dir_ + "/a.log");
+  const std::string log_a = ReadText(dir_ + "/a.log");
   EXPECT_NE(log_a.find("(world 2, rank"), std::string::npos) << log_a;
   ASSERT_FALSE(Steps("a").empty());
   EXPECT_EQ(Steps("a").back(), 400);
@@ -271,11 +244,11 @@ TEST_F(AgentTest, KillingANodeTakesItsTrainersAndTheOtherNodeFinishes) {
 
 TEST_F(AgentTest, AJobScalesUpFromTwoToFourTrainersMidRun) {
   const pid_t a = Agent("a", 500);
-  ASSERT_TRUE(WaitForLine("a", "step 40/", absl::Seconds(60))) << Read(dir_ + "/a.log");
+  ASSERT_TRUE(WaitForLine("a", "step 40/", absl::Seconds(60))) << ReadText(dir_ + "/a.log");
   const pid_t b = Agent("b", 500);
-  EXPECT_EQ(Wait(a), 0) << Read(dir_ + "/a.log");
-  EXPECT_EQ(Wait(b), 0) << Read(dir_ + "/b.log");
-  const std::string log_a = Read(dir_ + "/a.log");
+  EXPECT_EQ(WaitExit(a), 0) << ReadText(dir_ + "/a.log");
+  EXPECT_EQ(WaitExit(b), 0) << ReadText(dir_ + "/b.log");
+  const std::string log_a = ReadText(dir_ + "/a.log");
   // A join enters at a step boundary: nothing is dropped.
   EXPECT_NE(log_a.find("world 4 on 2 nodes"), std::string::npos) << log_a;
   EXPECT_EQ(log_a.find("dropped"), std::string::npos) << log_a;
@@ -287,40 +260,34 @@ TEST_F(AgentTest, AJobScalesUpFromTwoToFourTrainersMidRun) {
   ExpectEqualParameters({"a0", "a1", "b0", "b1"});
 }
 
-std::string RunCommand(const std::string& command) {
-  FILE* p = ::popen((command + " 2>&1").c_str(), "r");
-  char buf[512];
-  std::string out;
-  while (std::fgets(buf, sizeof(buf), p) != nullptr) out += buf;
-  const int status = ::pclose(p);
-  return absl::StrCat(WIFEXITED(status) ? WEXITSTATUS(status) : -1, " ", out);
-}
-
 TEST_F(ElasticTest, PullWeightsDuringTrainingMatchesTheCheckpointOfThatStep) {
   auto trainer = [&](int local, const std::string& tag) {
-    return Spawn({kBin + "/muster-train", "--coordinator=" + target_, "--node-id=n",
-                  absl::StrCat("--local-rank=", local), "--model=mlp", "--steps=300",
-                  "--batch-size=32", "--log-every=10", "--threads=1",
-                  absl::StrCat("--job=pw", ::getpid()), "--checkpoint-dir=" + dir_ + "/ckpt",
-                  "--checkpoint-every=20"},
-                 absl::StrCat(dir_, "/", tag, ".log"));
+    return SpawnLogged({kBin + "/muster-train", "--coordinator=" + target_, "--node-id=n",
+                        absl::StrCat("--local-rank=", local), "--model=mlp", "--steps=300",
+                        "--batch-size=32", "--log-every=10", "--threads=1",
+                        absl::StrCat("--job=pw", ::getpid()), "--checkpoint-dir=" + dir_ + "/ckpt",
+                        "--checkpoint-every=20"},
+                       absl::StrCat(dir_, "/", tag, ".log"));
   };
   const pid_t a = trainer(0, "a"), b = trainer(1, "b");
-  ASSERT_TRUE(WaitForLine("a", "step 20/", absl::Seconds(60))) << Read(dir_ + "/a.log");
+  ASSERT_TRUE(WaitForLine("a", "step 20/", absl::Seconds(60))) << ReadText(dir_ + "/a.log");
   const std::string muster = kBin + "/muster --coordinator " + target_;
-  const std::string out = RunCommand(muster + " pull-weights --at-step 200 --out " + dir_ + "/pulled.safetensors");
-  EXPECT_EQ(out.substr(0, 2), "0 ") << out;
+  int code = -1;
+  const std::string out =
+      RunShell(muster + " pull-weights --at-step 200 --out " + dir_ + "/pulled.safetensors", &code);
+  EXPECT_EQ(code, 0) << out;
   EXPECT_NE(out.find("after step 200 from n/"), std::string::npos) << out;
   // Errors name what is wrong.
-  const std::string no_out = RunCommand(muster + " pull-weights");
-  EXPECT_EQ(no_out.substr(0, 2), "2 ") << no_out;
+  const std::string no_out = RunShell(muster + " pull-weights", &code);
+  EXPECT_EQ(code, 2) << no_out;
   EXPECT_NE(no_out.find("--out"), std::string::npos) << no_out;
-  const std::string bad_member = RunCommand(muster + " pull-weights --member nobody/0 --out /tmp/x");
+  const std::string bad_member =
+      RunShell(muster + " pull-weights --member nobody/0 --out /tmp/x", &code);
   EXPECT_NE(bad_member.find("nobody/0 is unknown"), std::string::npos) << bad_member;
-  EXPECT_EQ(Wait(a), 0) << Read(dir_ + "/a.log");
-  EXPECT_EQ(Wait(b), 0) << Read(dir_ + "/b.log");
-  auto pulled = ParseSafetensors(Read(dir_ + "/pulled.safetensors"), "pulled");
-  auto saved = ParseSafetensors(Read(dir_ + "/ckpt/step-200/model.safetensors"), "checkpoint");
+  EXPECT_EQ(WaitExit(a), 0) << ReadText(dir_ + "/a.log");
+  EXPECT_EQ(WaitExit(b), 0) << ReadText(dir_ + "/b.log");
+  auto pulled = ParseSafetensors(ReadText(dir_ + "/pulled.safetensors"), "pulled");
+  auto saved = ParseSafetensors(ReadText(dir_ + "/ckpt/step-200/model.safetensors"), "checkpoint");
   ASSERT_TRUE(pulled.ok()) << pulled.status();
   ASSERT_TRUE(saved.ok()) << saved.status();
   EXPECT_EQ(pulled->metadata["step"], "200");
@@ -341,12 +308,12 @@ TEST_F(ElasticTest, ElasticLrScalesOrKeepsTheLearningRate) {
     // A job of its own: a finished job's coordinator takes no new members.
     const std::string target = absl::StrCat("127.0.0.1:", FreeLoopbackPort());
     const pid_t coordinator =
-        Spawn({kBin + "/muster-coordinator", "--listen=" + target, "--no-auth",
-               "--min-members=2", "--max-members=3", "--last-call=200ms"},
-              dir_ + "/coordinator-" + policy + ".log");
+        SpawnLogged({kBin + "/muster-coordinator", "--listen=" + target, "--no-auth",
+                     "--min-members=2", "--max-members=3", "--last-call=200ms"},
+                    dir_ + "/coordinator-" + policy + ".log");
     std::vector<pid_t> pids;
     for (int i = 0; i < 3; ++i) {
-      pids.push_back(Spawn(
+      pids.push_back(SpawnLogged(
           {kBin + "/muster-train", "--coordinator=" + target, "--node-id=n",
            absl::StrCat("--local-rank=", i), "--model=mlp", "--steps=200", "--batch-size=32",
            "--log-every=1", "--quiet", "--threads=1", "--warmup-steps=0",
@@ -356,18 +323,18 @@ TEST_F(ElasticTest, ElasticLrScalesOrKeepsTheLearningRate) {
     }
     const std::string metrics = dir_ + "/" + policy + "/metrics.jsonl";
     const absl::Time end = absl::Now() + absl::Seconds(60);
-    while (absl::Now() < end && Read(metrics).find("\"step\": 30,") == std::string::npos) {
+    while (absl::Now() < end && ReadText(metrics).find("\"step\": 30,") == std::string::npos) {
       absl::SleepFor(absl::Milliseconds(10));
     }
     ::kill(pids[2], SIGKILL);
-    Wait(pids[2]);
-    EXPECT_EQ(Wait(pids[0]), 0) << Read(dir_ + "/" + policy + "0.log");
-    EXPECT_EQ(Wait(pids[1]), 0);
+    WaitExit(pids[2]);
+    EXPECT_EQ(WaitExit(pids[0]), 0) << ReadText(dir_ + "/" + policy + "0.log");
+    EXPECT_EQ(WaitExit(pids[1]), 0);
     ::kill(coordinator, SIGTERM);
-    Wait(coordinator);
+    WaitExit(coordinator);
     // The last step in the world of 3 and the first in the world of 2.
     double before = 0, after = 0;
-    std::istringstream in(Read(metrics));
+    std::istringstream in(ReadText(metrics));
     std::string line;
     const std::regex re(R"re("lr": ([0-9.eE-]+).*"world_size": ([0-9]+))re");
     std::smatch m;

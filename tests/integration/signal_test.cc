@@ -23,23 +23,6 @@ namespace {
 
 const std::string kBin = MUSTER_BIN_DIR;
 
-std::string Read(const std::string& path) { return ReadText(path); }
-pid_t Spawn(const std::vector<std::string>& argv, const std::string& log) {
-  return SpawnLogged(argv, log);
-}
-int Wait(pid_t pid) { return WaitExit(pid); }
-
-std::string Shell(const std::string& cmd, int* code) {
-  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
-  std::string out;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
-  const int status = ::pclose(p);
-  *code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return out;
-}
-
 TEST(SignalTest, Sigusr1CheckpointsStopsAndTheNextStartResumes) {
   if (::access("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz", R_OK) != 0) {
     GTEST_SKIP() << "dataset-fashion-mnist is not installed";
@@ -48,49 +31,49 @@ TEST(SignalTest, Sigusr1CheckpointsStopsAndTheNextStartResumes) {
   std::system(("rm -rf " + dir + " && mkdir -p " + dir).c_str());
   const int port = FreeLoopbackPort();
   const std::string target = absl::StrCat("127.0.0.1:", port);
-  const pid_t coordinator = Spawn({kBin + "/muster-coordinator", "--listen=" + target,
-                                   "--no-auth", "--state-dir=" + dir + "/state",
-                                   "--min-members=2", "--max-members=2"},
-                                  dir + "/coordinator.log");
+  const pid_t coordinator = SpawnLogged({kBin + "/muster-coordinator", "--listen=" + target,
+                                         "--no-auth", "--state-dir=" + dir + "/state",
+                                         "--min-members=2", "--max-members=2"},
+                                        dir + "/coordinator.log");
   auto trainers = [&](const std::string& tag) {
     std::vector<pid_t> pids;
     for (int i = 0; i < 2; ++i) {
-      pids.push_back(Spawn({kBin + "/muster-train", "--coordinator=" + target, "--node-id=n",
-                            absl::StrCat("--local-rank=", i), "--model=mlp", "--steps=300",
-                            "--batch-size=32", "--log-every=10", "--threads=1",
-                            "--checkpoint-dir=" + dir + "/ckpt", "--checkpoint-every=1000",
-                            absl::StrCat("--job=sig", ::getpid())},
-                           absl::StrCat(dir, "/", tag, i, ".log")));
+      pids.push_back(SpawnLogged({kBin + "/muster-train", "--coordinator=" + target, "--node-id=n",
+                                  absl::StrCat("--local-rank=", i), "--model=mlp", "--steps=300",
+                                  "--batch-size=32", "--log-every=10", "--threads=1",
+                                  "--checkpoint-dir=" + dir + "/ckpt", "--checkpoint-every=1000",
+                                  absl::StrCat("--job=sig", ::getpid())},
+                                 absl::StrCat(dir, "/", tag, i, ".log")));
     }
     return pids;
   };
   std::vector<pid_t> first = trainers("first");
   // Wait until rank 0 trains, then warn one trainer.
   const absl::Time end = absl::Now() + absl::Seconds(60);
-  while (Read(dir + "/first0.log").find("step 20/") == std::string::npos && absl::Now() < end) {
+  while (ReadText(dir + "/first0.log").find("step 20/") == std::string::npos && absl::Now() < end) {
     absl::SleepFor(absl::Milliseconds(50));
   }
   ASSERT_EQ(::kill(first[1], SIGUSR1), 0);
-  EXPECT_EQ(Wait(first[0]), 75) << Read(dir + "/first0.log");
-  EXPECT_EQ(Wait(first[1]), 75) << Read(dir + "/first1.log");
-  const std::string log0 = Read(dir + "/first0.log");
+  EXPECT_EQ(WaitExit(first[0]), 75) << ReadText(dir + "/first0.log");
+  EXPECT_EQ(WaitExit(first[1]), 75) << ReadText(dir + "/first1.log");
+  const std::string log0 = ReadText(dir + "/first0.log");
   EXPECT_NE(log0.find("stopping at step"), std::string::npos) << log0;
 
   int code = 0;
   const std::string listing =
-      Shell(kBin + "/muster --coordinator " + target + " checkpoints --verify", &code);
+      RunShell(kBin + "/muster --coordinator " + target + " checkpoints --verify", &code);
   EXPECT_EQ(code, 0) << listing;
   EXPECT_NE(listing.find("committed"), std::string::npos) << listing;
   EXPECT_NE(listing.find("ok   step"), std::string::npos) << listing;
 
   std::vector<pid_t> second = trainers("second");
-  EXPECT_EQ(Wait(second[0]), 0) << Read(dir + "/second0.log");
-  EXPECT_EQ(Wait(second[1]), 0) << Read(dir + "/second1.log");
-  const std::string log = Read(dir + "/second0.log");
+  EXPECT_EQ(WaitExit(second[0]), 0) << ReadText(dir + "/second0.log");
+  EXPECT_EQ(WaitExit(second[1]), 0) << ReadText(dir + "/second1.log");
+  const std::string log = ReadText(dir + "/second0.log");
   EXPECT_NE(log.find("resumed from the checkpoint of step"), std::string::npos) << log;
   EXPECT_NE(log.find("done: 300 steps"), std::string::npos) << log;
   ::kill(coordinator, SIGTERM);
-  Wait(coordinator);
+  WaitExit(coordinator);
 }
 
 }  // namespace
@@ -106,19 +89,19 @@ TEST(SignalTest, KillDuringACheckpointWriteNeverCommitsIt) {
   std::system(("rm -rf " + dir + " && mkdir -p " + dir).c_str());
   const int port = FreeLoopbackPort();
   const std::string target = absl::StrCat("127.0.0.1:", port);
-  const pid_t coordinator = Spawn({kBin + "/muster-coordinator", "--listen=" + target,
-                                   "--no-auth", "--state-dir=" + dir + "/state",
-                                   "--min-members=2", "--max-members=2"},
-                                  dir + "/coordinator.log");
+  const pid_t coordinator = SpawnLogged({kBin + "/muster-coordinator", "--listen=" + target,
+                                         "--no-auth", "--state-dir=" + dir + "/state",
+                                         "--min-members=2", "--max-members=2"},
+                                        dir + "/coordinator.log");
   std::vector<pid_t> pids;
   for (int i = 0; i < 2; ++i) {
     // ResNet-18's 11M parameters and momentum make a ~90 MB checkpoint.
-    pids.push_back(Spawn({kBin + "/muster-train", "--coordinator=" + target, "--node-id=n",
-                          absl::StrCat("--local-rank=", i), "--model=resnet18",
-                          "--dataset=synthetic", "--synthetic-size=8", "--steps=1000",
-                          "--batch-size=4", "--threads=1", "--checkpoint-dir=" + dir + "/ckpt",
-                          "--checkpoint-every=2", absl::StrCat("--job=kw", ::getpid())},
-                         absl::StrCat(dir, "/t", i, ".log")));
+    pids.push_back(SpawnLogged({kBin + "/muster-train", "--coordinator=" + target, "--node-id=n",
+                                absl::StrCat("--local-rank=", i), "--model=resnet18",
+                                "--dataset=synthetic", "--synthetic-size=8", "--steps=1000",
+                                "--batch-size=4", "--threads=1", "--checkpoint-dir=" + dir + "/ckpt",
+                                "--checkpoint-every=2", absl::StrCat("--job=kw", ::getpid())},
+                               absl::StrCat(dir, "/t", i, ".log")));
   }
   // Wait for a committed checkpoint, then for the next one to be mid-write.
   const absl::Time end = absl::Now() + absl::Seconds(120);
@@ -131,11 +114,11 @@ TEST(SignalTest, KillDuringACheckpointWriteNeverCommitsIt) {
   }
   ASSERT_FALSE(victim.empty()) << "no checkpoint write was caught in time";
   ::kill(pids[0], SIGKILL);
-  Wait(pids[0]);
+  WaitExit(pids[0]);
   ::kill(pids[1], SIGKILL);
-  Wait(pids[1]);
+  WaitExit(pids[1]);
   int code = 0;
-  const std::string listing = Shell(kBin + "/muster --coordinator " + target + " checkpoints", &code);
+  const std::string listing = RunShell(kBin + "/muster --coordinator " + target + " checkpoints", &code);
   EXPECT_EQ(code, 0) << listing;
   const std::string step = victim.substr(5);
   EXPECT_EQ(listing.find(absl::StrCat("  ", step, "  ")), std::string::npos)
@@ -143,7 +126,7 @@ TEST(SignalTest, KillDuringACheckpointWriteNeverCommitsIt) {
   EXPECT_NE(listing.find("committed"), std::string::npos) << listing;
   std::cout << "killed during the write of " << victim << "; catalog:\n" << listing;
   ::kill(coordinator, SIGTERM);
-  Wait(coordinator);
+  WaitExit(coordinator);
 }
 
 }  // namespace

@@ -1,4 +1,6 @@
-// Helpers for tests that run muster's binaries as processes.
+// Helpers for tests and benchmarks that run muster's binaries as processes
+// and read what they leave behind (logs, summaries, rank 0's metrics).
+// Header-only; thread-compatible.
 #ifndef MUSTER_TESTS_INTEGRATION_SUBPROCESS_H_
 #define MUSTER_TESTS_INTEGRATION_SUBPROCESS_H_
 
@@ -7,8 +9,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <array>
+#include <cstdint>
 #include <cstdio>
 #include <fstream>
+#include <regex>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -57,6 +62,63 @@ inline int WaitExit(pid_t pid) {
   int status = 0;
   ::waitpid(pid, &status, 0);
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+// Runs `command` with sh, stderr into stdout: its output, and its exit code
+// in `*code` (-1 if it did not exit).
+inline std::string RunShell(const std::string& command, int* code) {
+  FILE* p = ::popen((command + " 2>&1").c_str(), "r");
+  std::string out;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
+  const int status = ::pclose(p);
+  *code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return out;
+}
+
+// The number after "name": in a JSON text (muster-train --summary-json), as
+// written; "" when absent.
+inline std::string JsonNumber(const std::string& json, const std::string& name) {
+  std::smatch m;
+  if (std::regex_search(json, m, std::regex("\"" + name + "\": ([-0-9.eE]+)"))) return m[1];
+  return "";
+}
+
+// The pid a muster-agent's log last reported for trainer `slot` (-1: none).
+inline pid_t LastTrainerPid(const std::string& agent_log, int slot) {
+  const std::string log = ReadText(agent_log);
+  const std::regex re("trainer " + std::to_string(slot) + " started[^\\n]*pid ([0-9]+)");
+  pid_t pid = -1;
+  for (auto it = std::sregex_iterator(log.begin(), log.end(), re); it != std::sregex_iterator();
+       ++it) {
+    pid = std::stoi((*it)[1]);
+  }
+  return pid;
+}
+
+// One logged step of rank 0 (muster-train --log-dir, --log-every 1).
+struct StepRecord {
+  int64_t step = 0;
+  double time = 0;  // Unix seconds
+  int world = 0;
+  uint64_t generation = 0;
+};
+
+inline std::vector<StepRecord> ReadStepRecords(const std::string& metrics_jsonl) {
+  std::vector<StepRecord> out;
+  std::istringstream in(ReadText(metrics_jsonl));
+  std::string line;
+  const std::regex re(
+      R"re("step": ([0-9]+), "time": ([0-9.]+).*"generation": ([0-9]+).*"world_size": ([0-9]+))re");
+  std::smatch m;
+  while (std::getline(in, line)) {
+    if (std::regex_search(line, m, re)) {
+      out.push_back({std::stoll(m[1]), std::stod(m[2]), std::stoi(m[4]),
+                     static_cast<uint64_t>(std::stoull(m[3]))});
+    }
+  }
+  return out;
 }
 
 }  // namespace muster
