@@ -168,7 +168,7 @@ absl::StatusOr<TrainResult> RunTraining(const TrainOptions& o) {
   };
   // The state service, advertised at join.
   std::unique_ptr<StateServer> state_server;
-  std::string state_address = o.client.state_address;
+  ClientOptions client_options = o.client;
   if (!o.state_listen.empty()) {
     MUSTER_ASSIGN_OR_RETURN(state_server, StateServer::Start({o.state_listen, o.client.token,
                                                               o.state_tls, o.client.member_id}));
@@ -178,27 +178,19 @@ absl::StatusOr<TrainResult> RunTraining(const TrainOptions& o) {
       ::gethostname(name, sizeof(name) - 1);
       host = name;
     }
-    state_address = absl::StrCat(host, ":", state_server->port());
+    client_options.state_address = absl::StrCat(host, ":", state_server->port());
   }
-  // Joins as a new incarnation (a fresh process, or one that was fenced).
+  // Joins with `incarnation` (0: a new one, for a fresh process or one that
+  // was fenced).
   std::unique_ptr<CoordinatorClient> client;
-  auto connect = [&]() -> absl::Status {
-    ClientOptions co = o.client;
-    co.state_address = state_address;
-    co.incarnation = 0;  // a new one
+  auto connect = [&](uint64_t incarnation) -> absl::Status {
+    ClientOptions co = client_options;
+    co.incarnation = incarnation;
     MUSTER_ASSIGN_OR_RETURN(client, CoordinatorClient::Create(co));
     MUSTER_RETURN_IF_ERROR(client->Join(0, absl::Now() + absl::Seconds(120)));
     return client->StartSession(on_notice);
   };
-  if (o.client.incarnation != 0) {
-    ClientOptions co = o.client;
-    co.state_address = state_address;
-    MUSTER_ASSIGN_OR_RETURN(client, CoordinatorClient::Create(co));
-    MUSTER_RETURN_IF_ERROR(client->Join(0, absl::Now() + absl::Seconds(120)));
-    MUSTER_RETURN_IF_ERROR(client->StartSession(on_notice));
-  } else {
-    MUSTER_RETURN_IF_ERROR(connect());
-  }
+  MUSTER_RETURN_IF_ERROR(connect(o.client.incarnation));
   // The optimizer exists before the world: a joining member receives the
   // optimizer state of a live peer.
   auto optimizer = MakeOptimizer(o, params, o.lr);
@@ -314,7 +306,7 @@ absl::StatusOr<TrainResult> RunTraining(const TrainOptions& o) {
         MUSTER_LOG(WARNING) << "fenced (" << next.status().message()
                             << "); rejoining as a new incarnation";
         if (checkpointer) checkpointer->Wait();
-        MUSTER_RETURN_IF_ERROR(connect());
+        MUSTER_RETURN_IF_ERROR(connect(/*incarnation=*/0));
         next = client->Rendezvous(0, step, absl::Now() + absl::Seconds(600));
       }
       if (absl::IsFailedPrecondition(next.status())) {
