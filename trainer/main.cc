@@ -19,6 +19,7 @@
 #include "common/launch_env.h"
 #include "common/logging.h"
 #include "common/token.h"
+#include "muster/signals.h"
 #include "trainer/train/trainer.h"
 
 ABSL_FLAG(std::string, coordinator, "", "host:port of the coordinator (or $MUSTER_COORDINATOR)");
@@ -73,11 +74,6 @@ namespace {
 // Exit code after a signal (SIGUSR1/SIGTERM) made every rank checkpoint and
 // stop: "try again" (sysexits.h EX_TEMPFAIL); a requeued job resumes.
 constexpr int kExitStoppedBySignal = 75;
-
-std::atomic<bool> g_stop{false};
-std::atomic<bool> g_leave{false};
-void OnStopSignal(int) { g_stop = true; }
-void OnLeaveSignal(int) { g_leave = true; }
 
 std::string Env(const char* name) {
   const char* v = std::getenv(name);
@@ -182,8 +178,7 @@ int Run() {
   o.state_listen = absl::GetFlag(FLAGS_state_listen);
   o.state_tls.cert = absl::GetFlag(FLAGS_state_tls_cert);
   o.state_tls.key = absl::GetFlag(FLAGS_state_tls_key);
-  o.stop_requested = &g_stop;
-  o.leave_requested = &g_leave;
+  o.handle_signals = true;  // the library's handlers, installed first thing in main
   auto result = RunTraining(o);
   if (!result.ok()) {
     std::cerr << "muster-train: " << result.status() << "\n";
@@ -213,12 +208,7 @@ int main(int argc, char** argv) {
       "--dataset fashion-mnist|synthetic --batch-size N --steps N|--epochs N [options]");
   // First of all, so that a signal during start-up (loading LibTorch and
   // the data takes a while) is not fatal but acted on at the first step.
-  struct sigaction sa = {};
-  sa.sa_handler = OnStopSignal;
-  sigemptyset(&sa.sa_mask);
-  sigaction(SIGUSR1, &sa, nullptr);
-  sa.sa_handler = OnLeaveSignal;
-  sigaction(SIGTERM, &sa, nullptr);
+  muster::InstallSignalHandlers();
   muster::DashesToUnderscores(argc, argv);
   absl::ParseCommandLine(argc, argv);
   return Run();

@@ -83,8 +83,19 @@ int RunAgent(const AgentOptions& o) {
   std::map<pid_t, int> running;  // pid -> slot
   auto start = [&](int slot) {
     const pid_t pid = StartTrainer(o, slot, sup.restarts(slot));
-    running[pid] = slot;
     sup.Started(slot, absl::Now());
+    if (pid < 0) {
+      // No process (fork failed: EAGAIN, ENOMEM): never keep -1 as a pid,
+      // which kill() would read as "every process we may signal". It counts
+      // as a trainer that ended at once, restarted with backoff.
+      const int err = errno;
+      const bool restart = sup.Ended(slot, ProcessEnd{false, kExitForkFailed}, absl::Now());
+      MUSTER_LOG(WARNING) << "muster-agent: node " << o.node_id << ": trainer " << slot
+                          << " not started: fork: " << std::strerror(err)
+                          << (restart ? "; trying again" : "; giving up");
+      return;
+    }
+    running[pid] = slot;
     MUSTER_LOG(INFO) << "muster-agent: node " << o.node_id << ": trainer " << slot << " started"
                      << (sup.restarts(slot) > 0 ? absl::StrCat(" (restart ", sup.restarts(slot), ")")
                                                 : std::string())
@@ -94,7 +105,9 @@ int RunAgent(const AgentOptions& o) {
 
   absl::Time kill_at = absl::InfiniteFuture();
   auto forward = [&](int sig) {
-    for (const auto& [pid, slot] : running) ::kill(pid, sig);
+    for (const auto& [pid, slot] : running) {
+      if (pid > 0) ::kill(pid, sig);
+    }
   };
   while (sup.Active()) {
     const absl::Time now = absl::Now();

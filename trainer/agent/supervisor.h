@@ -21,6 +21,9 @@ namespace muster {
 
 // Exit codes shared by muster-train and muster-agent.
 inline constexpr int kExitBadFlags = 2;
+// A trainer that could not be started (fork failed) ends as if with this code
+// (the shell's "command not found/not executable" family).
+inline constexpr int kExitForkFailed = 127;
 inline constexpr int kExitStoppedBySignal = 75;  // sysexits.h EX_TEMPFAIL
 
 struct SupervisorOptions {

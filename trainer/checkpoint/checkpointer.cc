@@ -9,6 +9,7 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
@@ -24,11 +25,14 @@ std::string BaseName(const std::string& path) { return path.substr(path.rfind('/
 
 }  // namespace
 
-Checkpointer::Checkpointer(std::string dir, torch::nn::Module& model,
-                           torch::optim::Optimizer& optimizer, FileSystem* fs)
-    : dir_(std::move(dir)), model_(model), optimizer_(optimizer), fs_(fs) {
+Checkpointer::Checkpointer(std::string dir, TrainingState state, FileSystem* fs)
+    : dir_(std::move(dir)), state_(std::move(state)), fs_(fs) {
   writer_ = std::thread([this] { WriterLoop(); });
 }
+
+Checkpointer::Checkpointer(std::string dir, torch::nn::Module& model,
+                           torch::optim::Optimizer& optimizer, FileSystem* fs)
+    : Checkpointer(std::move(dir), TrainingState{&model, &optimizer, {}, {}}, fs) {}
 
 Checkpointer::~Checkpointer() {
   {
@@ -52,9 +56,9 @@ absl::Status Checkpointer::Snapshot(const CheckpointMeta& meta, Done done) {
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [this] { return !busy_; });
   torch::NoGradGuard no_grad;
-  const std::vector<std::pair<std::string, std::vector<std::pair<std::string, torch::Tensor>>>> files = {
-      {"model.safetensors", ModelTensors(model_)},
-      {"optimizer.safetensors", OptimizerTensors(model_, optimizer_)}};
+  std::vector<std::pair<std::string, NamedTensors>> files = {
+      {"model.safetensors", state_.Model()}, {"optimizer.safetensors", state_.Optimizer()}};
+  if (state_.has_extra()) files.emplace_back("extra.safetensors", state_.Extra());
   // Lay out each file image: the safetensors prefix, then the tensors.
   std::vector<std::string> prefixes;
   images_.clear();
@@ -169,6 +173,7 @@ absl::StatusOr<std::vector<FileReport>> Checkpointer::Write(const CheckpointMeta
                              {"sample_offset", meta.sample_offset},
                              {"generation", meta.generation},
                              {"world_size", meta.world_size},
+                             {"lr_world_size", meta.lr_world_size},
                              {"model", meta.model},
                              {"optimizer", meta.optimizer},
                              {"rng_state", meta.rng_state}};
@@ -191,18 +196,22 @@ absl::StatusOr<std::vector<FileReport>> Checkpointer::Write(const CheckpointMeta
 
 namespace {
 
-absl::Status CheckAgainst(const SafetensorsFile& file, const std::string& path,
-                          const std::string& name, const torch::Tensor& target) {
+// The tensor `name` of `file`, checked against the dtype and shape of the
+// state tensor it will be copied into.
+absl::StatusOr<const TensorData*> Find(const SafetensorsFile& file, const std::string& path,
+                                       const std::string& name, const torch::Tensor& like) {
   auto it = file.tensors.find(name);
   if (it == file.tensors.end()) {
     return absl::DataLossError(absl::StrCat(path, ": tensor ", name, " is missing"));
   }
-  MUSTER_ASSIGN_OR_RETURN(std::string dtype, DtypeName(target.scalar_type()));
-  if (it->second.dtype != dtype || it->second.shape != target.sizes().vec()) {
+  MUSTER_ASSIGN_OR_RETURN(std::string dtype, DtypeName(like.scalar_type()));
+  if (it->second.dtype != dtype || it->second.shape != like.sizes().vec()) {
     return absl::DataLossError(absl::StrCat(path, ": tensor ", name, " is ", it->second.dtype,
-                                            " with another shape than the model's ", dtype));
+                                            " [", absl::StrJoin(it->second.shape, ","),
+                                            "] where the state holds ", dtype, " [",
+                                            absl::StrJoin(like.sizes().vec(), ","), "]"));
   }
-  return absl::OkStatus();
+  return &it->second;
 }
 
 void CopyInto(const TensorData& d, torch::Tensor target) {
@@ -211,11 +220,103 @@ void CopyInto(const TensorData& d, torch::Tensor target) {
   target.copy_(src);
 }
 
+// A new tensor like `like` holding `d` (already checked by Find).
+torch::Tensor Copy(const TensorData& d, const torch::Tensor& like) {
+  torch::Tensor t = torch::empty_like(like);
+  CopyInto(d, t);
+  return t;
+}
+
+struct PlannedState {
+  torch::Tensor param;
+  std::unique_ptr<torch::optim::OptimizerParamState> state;
+};
+
+template <typename AdamState>
+absl::StatusOr<std::unique_ptr<torch::optim::OptimizerParamState>> AdamFrom(
+    const SafetensorsFile& o, const std::string& path, const std::string& base,
+    const torch::Tensor& p) {
+  MUSTER_ASSIGN_OR_RETURN(const TensorData* step,
+                          Find(o, path, base + ".step", torch::tensor(int64_t{0})));
+  MUSTER_ASSIGN_OR_RETURN(const TensorData* ea, Find(o, path, base + ".exp_avg", p));
+  MUSTER_ASSIGN_OR_RETURN(const TensorData* eas, Find(o, path, base + ".exp_avg_sq", p));
+  auto s = std::make_unique<AdamState>();
+  int64_t steps = 0;
+  std::memcpy(&steps, step->data, sizeof(steps));
+  s->step(steps);
+  s->exp_avg(Copy(*ea, p));
+  s->exp_avg_sq(Copy(*eas, p));
+  if (o.tensors.count(base + ".max_exp_avg_sq") > 0) {
+    MUSTER_ASSIGN_OR_RETURN(const TensorData* mx, Find(o, path, base + ".max_exp_avg_sq", p));
+    s->max_exp_avg_sq(Copy(*mx, p));
+  }
+  return std::unique_ptr<torch::optim::OptimizerParamState>(std::move(s));
+}
+
+// The optimizer state in `o`, checked and built aside: nothing changes yet.
+absl::StatusOr<std::vector<PlannedState>> PlanOptimizer(const TrainingState& state,
+                                                        const SafetensorsFile& o,
+                                                        const std::string& path) {
+  std::vector<PlannedState> out;
+  if (state.optimizer == nullptr) return out;
+  const auto& options = state.optimizer->param_groups().at(0).options();
+  const bool adamw = dynamic_cast<const torch::optim::AdamWOptions*>(&options) != nullptr;
+  const bool adam = dynamic_cast<const torch::optim::AdamOptions*>(&options) != nullptr;
+  for (const auto& p : state.model->named_parameters()) {
+    const std::string base = p.key();
+    if (adamw || adam) {
+      if (o.tensors.count(base + ".exp_avg") == 0) continue;  // never stepped
+      auto s = adamw ? AdamFrom<torch::optim::AdamWParamState>(o, path, base, p.value())
+                     : AdamFrom<torch::optim::AdamParamState>(o, path, base, p.value());
+      if (!s.ok()) return s.status();
+      out.push_back({p.value(), std::move(*s)});
+    } else if (o.tensors.count(base + ".momentum_buffer") > 0) {
+      MUSTER_ASSIGN_OR_RETURN(const TensorData* mb,
+                              Find(o, path, base + ".momentum_buffer", p.value()));
+      auto s = std::make_unique<torch::optim::SGDParamState>();
+      s->momentum_buffer(Copy(*mb, p.value()));
+      out.push_back({p.value(), std::move(s)});
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<CheckpointMeta> ParseManifest(const nlohmann::json& manifest,
+                                             const std::string& path) {
+  CheckpointMeta meta;
+  for (const char* field : {"step", "epoch", "sample_offset", "generation", "world_size"}) {
+    if (!manifest.contains(field) || !manifest[field].is_number_integer()) {
+      return absl::DataLossError(
+          absl::StrCat(path, ": field ", field, " is missing or not an integer"));
+    }
+  }
+  meta.step = manifest["step"].get<int64_t>();
+  meta.epoch = manifest["epoch"].get<int64_t>();
+  meta.sample_offset = manifest["sample_offset"].get<int64_t>();
+  meta.generation = manifest["generation"].get<uint64_t>();
+  meta.world_size = manifest["world_size"].get<int>();
+  meta.lr_world_size = manifest.value("lr_world_size", meta.world_size);
+  meta.model = manifest.value("model", "");
+  meta.optimizer = manifest.value("optimizer", "");
+  meta.rng_state = manifest.value("rng_state", "");
+  return meta;
+}
+
+void RestoreRng(const std::string& hex, const std::string& path) {
+  if (hex.empty()) return;
+  std::string raw = absl::HexStringToBytes(hex);
+  try {
+    at::Generator gen = at::detail::getDefaultCPUGenerator();
+    gen.set_state(BytesTensor(raw));
+  } catch (const std::exception& e) {
+    MUSTER_LOG(WARNING) << path << ": RNG state not restored: " << e.what();
+  }
+}
+
 }  // namespace
 
 absl::StatusOr<CheckpointMeta> LoadCheckpoint(const std::vector<FileReport>& files,
-                                              torch::nn::Module& model,
-                                              torch::optim::Optimizer& optimizer, FileSystem* fs) {
+                                              const TrainingState& state, FileSystem* fs) {
   std::map<std::string, SafetensorsFile> tensors;
   nlohmann::json manifest;
   std::string manifest_path;
@@ -237,74 +338,54 @@ absl::StatusOr<CheckpointMeta> LoadCheckpoint(const std::vector<FileReport>& fil
     }
   }
   if (manifest_path.empty()) return absl::DataLossError("checkpoint has no manifest.json");
-  for (const char* key : {"model.safetensors", "optimizer.safetensors"}) {
+  std::vector<std::string> wanted = {"model.safetensors", "optimizer.safetensors"};
+  if (state.has_extra()) wanted.push_back("extra.safetensors");
+  for (const std::string& key : wanted) {
     if (tensors.count(key) == 0) return absl::DataLossError(absl::StrCat("checkpoint has no ", key));
   }
-  CheckpointMeta meta;
-  for (const char* field : {"step", "epoch", "sample_offset", "generation", "world_size"}) {
-    if (!manifest.contains(field) || !manifest[field].is_number_integer()) {
-      return absl::DataLossError(absl::StrCat(manifest_path, ": field ", field, " is missing or not an integer"));
-    }
-  }
-  meta.step = manifest["step"].get<int64_t>();
-  meta.epoch = manifest["epoch"].get<int64_t>();
-  meta.sample_offset = manifest["sample_offset"].get<int64_t>();
-  meta.generation = manifest["generation"].get<uint64_t>();
-  meta.world_size = manifest["world_size"].get<int>();
-  meta.model = manifest.value("model", "");
-  meta.optimizer = manifest.value("optimizer", "");
-  meta.rng_state = manifest.value("rng_state", "");
+  MUSTER_ASSIGN_OR_RETURN(CheckpointMeta meta, ParseManifest(manifest, manifest_path));
+  const std::string dir = manifest_path.substr(0, manifest_path.rfind('/'));
 
   // Check everything before changing anything.
-  const SafetensorsFile& m = tensors["model.safetensors"];
-  const std::string mpath = manifest_path.substr(0, manifest_path.rfind('/')) + "/model.safetensors";
-  for (const auto& [name, t] : ModelTensors(model)) MUSTER_RETURN_IF_ERROR(CheckAgainst(m, mpath, name, t));
-  const SafetensorsFile& o = tensors["optimizer.safetensors"];
-  torch::NoGradGuard no_grad;
-  for (const auto& [name, t] : ModelTensors(model)) CopyInto(m.tensors.at(name), t);
-  for (const auto& p : model.named_parameters()) {
-    const std::string base = p.key();
-    auto make = [&](const std::string& field) -> const TensorData* {
-      auto it = o.tensors.find(base + "." + field);
-      return it == o.tensors.end() ? nullptr : &it->second;
-    };
-    auto tensor_of = [&](const TensorData* d) {
-      torch::Tensor t = torch::empty(d->shape, p.value().options());
-      CopyInto(*d, t);
-      return t;
-    };
-    if (const TensorData* mb = make("momentum_buffer")) {
-      auto s = std::make_unique<torch::optim::SGDParamState>();
-      s->momentum_buffer(tensor_of(mb));
-      PutOptimizerState(optimizer, p.value(), std::move(s));
-    } else if (const TensorData* ea = make("exp_avg")) {
-      auto s = std::make_unique<torch::optim::AdamWParamState>();
-      const TensorData* step = make("step");
-      const TensorData* eas = make("exp_avg_sq");
-      if (step == nullptr || eas == nullptr || step->size != 8) {
-        return absl::DataLossError(absl::StrCat("optimizer.safetensors: incomplete AdamW state of ", base));
+  std::vector<std::pair<const TensorData*, torch::Tensor>> copies;
+  for (const auto& [name, t] : state.Model()) {
+    MUSTER_ASSIGN_OR_RETURN(const TensorData* d,
+                            Find(tensors["model.safetensors"], dir + "/model.safetensors", name, t));
+    copies.emplace_back(d, t);
+  }
+  MUSTER_ASSIGN_OR_RETURN(std::vector<PlannedState> optimizer_states,
+                          PlanOptimizer(state, tensors["optimizer.safetensors"],
+                                        dir + "/optimizer.safetensors"));
+  std::map<std::string, std::string> blobs;
+  if (state.has_extra()) {
+    const SafetensorsFile& e = tensors["extra.safetensors"];
+    const std::string path = dir + "/extra.safetensors";
+    for (const auto& [name, t] : state.tensors) {
+      MUSTER_ASSIGN_OR_RETURN(const TensorData* d, Find(e, path, "tensor." + name, t));
+      copies.emplace_back(d, t);
+    }
+    for (const Blob& b : state.blobs) {
+      auto it = e.tensors.find("blob." + b.name);
+      if (it == e.tensors.end() || it->second.dtype != "U8") {
+        return absl::DataLossError(absl::StrCat(path, ": blob ", b.name, " is missing"));
       }
-      int64_t steps = 0;
-      std::memcpy(&steps, step->data, 8);
-      s->step(steps);
-      s->exp_avg(tensor_of(ea));
-      s->exp_avg_sq(tensor_of(eas));
-      if (const TensorData* mx = make("max_exp_avg_sq")) s->max_exp_avg_sq(tensor_of(mx));
-      PutOptimizerState(optimizer, p.value(), std::move(s));
+      blobs[b.name] = std::string(it->second.data, it->second.size);
     }
   }
-  if (!meta.rng_state.empty()) {
-    std::string raw = absl::HexStringToBytes(meta.rng_state);
-    torch::Tensor rng = torch::empty({static_cast<int64_t>(raw.size())}, torch::kUInt8);
-    std::memcpy(rng.data_ptr(), raw.data(), raw.size());
-    try {
-      at::Generator gen = at::detail::getDefaultCPUGenerator();
-      gen.set_state(rng);
-    } catch (const std::exception& e) {
-      MUSTER_LOG(WARNING) << manifest_path << ": RNG state not restored: " << e.what();
-    }
+  torch::NoGradGuard no_grad;
+  for (auto& [d, t] : copies) CopyInto(*d, t);
+  for (PlannedState& p : optimizer_states) {
+    PutOptimizerState(*state.optimizer, p.param, std::move(p.state));
   }
+  MUSTER_RETURN_IF_ERROR(state.LoadBlobs(blobs));
+  RestoreRng(meta.rng_state, manifest_path);
   return meta;
+}
+
+absl::StatusOr<CheckpointMeta> LoadCheckpoint(const std::vector<FileReport>& files,
+                                              torch::nn::Module& model,
+                                              torch::optim::Optimizer& optimizer, FileSystem* fs) {
+  return LoadCheckpoint(files, TrainingState{&model, &optimizer, {}, {}}, fs);
 }
 
 }  // namespace muster

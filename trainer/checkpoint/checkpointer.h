@@ -3,7 +3,8 @@
 //
 // A checkpoint of step S is the directory DIR/step-<S>/ holding
 // model.safetensors (parameters "param.<name>" and buffers "buffer.<name>"),
-// optimizer.safetensors ("<param name>.<field>", e.g. "fc1.weight.momentum_buffer")
+// optimizer.safetensors ("<param name>.<field>", e.g. "fc1.weight.momentum_buffer"),
+// extra.safetensors when the state has extras ("tensor.<name>", "blob.<name>")
 // and manifest.json (step, epoch, sample offset, generation, world size,
 // model and optimizer names, RNG state, and every file's bytes and xxh3).
 // Every file is written under a temporary name, fsynced, renamed, and the
@@ -32,6 +33,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/file_system.h"
+#include "trainer/checkpoint/training_state.h"
 
 namespace muster {
 
@@ -41,6 +43,7 @@ struct CheckpointMeta {
   int64_t sample_offset = 0;
   uint64_t generation = 0;
   int world_size = 0;
+  int lr_world_size = 0;  // the world size the learning rate is scaled for
   std::string model;
   std::string optimizer;  // "sgd" or "adamw"
   std::string rng_state;  // hex of the CPU generator's state
@@ -62,7 +65,8 @@ class Checkpointer {
  public:
   using Done = std::function<void(absl::StatusOr<std::vector<FileReport>>, CheckpointTiming)>;
 
-  // `model` and `optimizer` must outlive the checkpointer.
+  // What `state` points to must outlive the checkpointer.
+  Checkpointer(std::string dir, TrainingState state, FileSystem* fs = DefaultFileSystem());
   Checkpointer(std::string dir, torch::nn::Module& model, torch::optim::Optimizer& optimizer,
                FileSystem* fs = DefaultFileSystem());
   ~Checkpointer();
@@ -76,6 +80,7 @@ class Checkpointer {
 
   // The directory of step `step`.
   std::string StepDir(int64_t step) const;
+  const TrainingState& state() const { return state_; }
 
  private:
   // One file, laid out in the arena exactly as it will be on disk.
@@ -88,8 +93,7 @@ class Checkpointer {
   absl::StatusOr<std::vector<FileReport>> Write(const CheckpointMeta& meta, uint64_t* bytes);
 
   const std::string dir_;
-  torch::nn::Module& model_;
-  torch::optim::Optimizer& optimizer_;
+  const TrainingState state_;
   FileSystem* const fs_;
 
   std::mutex mu_;
@@ -110,9 +114,13 @@ class Checkpointer {
 };
 
 // Verifies `files` (path -> expected xxh3) of a checkpoint and loads it into
-// `model` and `optimizer`. Errors: DATA_LOSS naming the file and what is
-// wrong (checksum, header, missing tensor, shape or dtype mismatch),
-// NOT_FOUND for a missing file. Nothing is changed unless everything checks.
+// `state`. Errors: DATA_LOSS naming the file and what is wrong (checksum,
+// header, missing tensor, shape or dtype mismatch, a blob its load rejects),
+// NOT_FOUND for a missing file. Every tensor is checked before any is
+// changed; blobs are loaded last, after every tensor was written.
+absl::StatusOr<CheckpointMeta> LoadCheckpoint(const std::vector<FileReport>& files,
+                                              const TrainingState& state,
+                                              FileSystem* fs = DefaultFileSystem());
 absl::StatusOr<CheckpointMeta> LoadCheckpoint(const std::vector<FileReport>& files,
                                               torch::nn::Module& model,
                                               torch::optim::Optimizer& optimizer,

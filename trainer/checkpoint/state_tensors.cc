@@ -25,6 +25,24 @@ typename Map::key_type StateKey(const Map&, const torch::Tensor& p) {
     return static_cast<Key>(p.unsafeGetTensorImpl());
   }
 }
+// Adam and AdamW keep the same fields in distinct types.
+template <typename AdamState>
+void AppendAdamState(const std::string& key, const AdamState& a, NamedTensors* out) {
+  out->emplace_back(key + ".step", torch::tensor(a.step(), torch::kInt64));
+  out->emplace_back(key + ".exp_avg", a.exp_avg());
+  out->emplace_back(key + ".exp_avg_sq", a.exp_avg_sq());
+  if (a.max_exp_avg_sq().defined()) out->emplace_back(key + ".max_exp_avg_sq", a.max_exp_avg_sq());
+}
+
+template <typename AdamState>
+std::unique_ptr<AdamState> ZeroAdamState(const torch::Tensor& p) {
+  auto s = std::make_unique<AdamState>();
+  s->step(0);
+  s->exp_avg(torch::zeros_like(p));
+  s->exp_avg_sq(torch::zeros_like(p));
+  return s;
+}
+
 }  // namespace
 
 // Every tensor of the model's state, named.
@@ -46,12 +64,9 @@ NamedTensors OptimizerTensors(
     if (auto* s = dynamic_cast<torch::optim::SGDParamState*>(it->second.get())) {
       if (s->momentum_buffer().defined()) out.emplace_back(p.key() + ".momentum_buffer", s->momentum_buffer());
     } else if (auto* a = dynamic_cast<torch::optim::AdamWParamState*>(it->second.get())) {
-      out.emplace_back(p.key() + ".step", torch::tensor(a->step(), torch::kInt64));
-      out.emplace_back(p.key() + ".exp_avg", a->exp_avg());
-      out.emplace_back(p.key() + ".exp_avg_sq", a->exp_avg_sq());
-      if (a->max_exp_avg_sq().defined()) {
-        out.emplace_back(p.key() + ".max_exp_avg_sq", a->max_exp_avg_sq());
-      }
+      AppendAdamState(p.key(), *a, &out);
+    } else if (auto* adam = dynamic_cast<torch::optim::AdamParamState*>(it->second.get())) {
+      AppendAdamState(p.key(), *adam, &out);
     }
   }
   return out;
@@ -61,16 +76,15 @@ void EnsureOptimizerState(torch::nn::Module& model, torch::optim::Optimizer& opt
   auto& state = optimizer.state();
   for (auto& group : optimizer.param_groups()) {
     const bool adamw = dynamic_cast<torch::optim::AdamWOptions*>(&group.options()) != nullptr;
+    const bool adam = dynamic_cast<torch::optim::AdamOptions*>(&group.options()) != nullptr;
     auto* sgd = dynamic_cast<torch::optim::SGDOptions*>(&group.options());
     for (const torch::Tensor& p : group.params()) {
       auto key = StateKey(state, p);
       if (state.find(key) != state.end()) continue;
       if (adamw) {
-        auto s = std::make_unique<torch::optim::AdamWParamState>();
-        s->step(0);
-        s->exp_avg(torch::zeros_like(p));
-        s->exp_avg_sq(torch::zeros_like(p));
-        state[key] = std::move(s);
+        state[key] = ZeroAdamState<torch::optim::AdamWParamState>(p);
+      } else if (adam) {
+        state[key] = ZeroAdamState<torch::optim::AdamParamState>(p);
       } else if (sgd != nullptr && sgd->momentum() != 0) {
         auto s = std::make_unique<torch::optim::SGDParamState>();
         s->momentum_buffer(torch::zeros_like(p));
@@ -94,9 +108,12 @@ void ApplyOptimizerSteps(torch::nn::Module& model, torch::optim::Optimizer& opti
     auto it = state.find(StateKey(state, p.value()));
     if (it == state.end()) continue;
     auto* a = dynamic_cast<torch::optim::AdamWParamState*>(it->second.get());
-    if (a == nullptr) continue;
+    auto* adam = dynamic_cast<torch::optim::AdamParamState*>(it->second.get());
+    if (a == nullptr && adam == nullptr) continue;
     for (const auto& [name, t] : tensors) {
-      if (name == p.key() + ".step") a->step(t.item<int64_t>());
+      if (name != p.key() + ".step") continue;
+      if (a != nullptr) a->step(t.item<int64_t>());
+      if (adam != nullptr) adam->step(t.item<int64_t>());
     }
   }
 }

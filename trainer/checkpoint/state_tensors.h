@@ -21,18 +21,18 @@ using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
 
 // "param.<name>" for parameters, "buffer.<name>" for buffers.
 NamedTensors ModelTensors(torch::nn::Module& model);
-// "<param>.<field>": SGD momentum_buffer; AdamW step (int64 scalar), exp_avg,
+// "<param>.<field>": SGD momentum_buffer; Adam/AdamW step (int64 scalar), exp_avg,
 // exp_avg_sq, max_exp_avg_sq.
 NamedTensors OptimizerTensors(torch::nn::Module& model, torch::optim::Optimizer& optimizer);
 // Gives every parameter optimizer state equal to what a first step would
-// start from (zero momentum; AdamW step 0 and zero moments), where it has
+// start from (zero momentum; Adam/AdamW step 0 and zero moments), where it has
 // none, so that every rank holds the same set of state tensors.
 void EnsureOptimizerState(torch::nn::Module& model, torch::optim::Optimizer& optimizer);
 // Installs `state` as the optimizer state of `param` (LibTorch keys it by
 // the parameter's TensorImpl, as a pointer in 2.x and as a string in 1.13).
 void PutOptimizerState(torch::optim::Optimizer& optimizer, const torch::Tensor& param,
                        std::unique_ptr<torch::optim::OptimizerParamState> state);
-// OptimizerTensors hands out AdamW's integer step as a fresh tensor; this
+// OptimizerTensors hands out Adam/AdamW's integer step as a fresh tensor; this
 // writes such "<param>.step" tensors back into the optimizer's state.
 void ApplyOptimizerSteps(torch::nn::Module& model, torch::optim::Optimizer& optimizer,
                          const NamedTensors& tensors);

@@ -7,6 +7,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "muster/backend.h"
 #include "trainer/client/world_info.h"
 #include "trainer/comm/communicator.h"
 #include "trainer/comm/gloo/gloo_communicator.h"
@@ -15,13 +16,6 @@
 
 namespace muster {
 
-enum class Backend {
-  kAuto,  // shm on one node, gloo with one rank per node, hier otherwise (nccl on GPUs)
-  kGloo,  // flat Gloo over TCP
-  kShm,   // shared memory (one node only)
-  kHier,  // shm inside nodes + Gloo across
-  kNccl,  // flat NCCL (GPU)
-};
 
 // Parses "auto", "gloo", "shm", "hier", "nccl". INVALID_ARGUMENT otherwise.
 absl::StatusOr<Backend> ParseBackend(const std::string& name);

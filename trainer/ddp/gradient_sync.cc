@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -86,6 +87,7 @@ void GradientSync::Begin(bool sync, const std::array<float, kControlWords>& cont
     b.status = absl::OkStatus();
   }
   queue_.clear();
+  next_launch_ = 0;
   comm_seconds_ = 0;
   got_gradient_.assign(params_.size(), 0);
 }
@@ -105,7 +107,13 @@ void GradientSync::OnGradient(size_t k, const torch::Tensor& grad) {
   std::lock_guard<std::mutex> lock(mu_);
   got_gradient_[k] = 1;
   if (++b.ready == static_cast<int>(b.params.size()) && options_.overlap) {
-    Launch(bucket_of_[k]);
+    // Buckets go out in index order, as DDP's reducer launches them: with a
+    // data-dependent graph ranks can fill them in different orders, and
+    // every rank must reduce the same bucket in the same collective.
+    while (next_launch_ < buckets_.size() &&
+           buckets_[next_launch_].ready == static_cast<int>(buckets_[next_launch_].params.size())) {
+      Launch(next_launch_++);
+    }
   }
 }
 
@@ -201,25 +209,35 @@ absl::Status GradientSync::Finish(absl::Time deadline) {
 absl::Status BroadcastTensors(const std::vector<torch::Tensor>& tensors, Communicator* comm,
                               int root, absl::Time deadline) {
   torch::NoGradGuard no_grad;
-  for (torch::ScalarType type : {torch::kFloat32, torch::kInt64}) {
-    std::vector<torch::Tensor> group;
-    for (const torch::Tensor& t : tensors) {
-      if (t.scalar_type() == type) group.push_back(t);
+  // Any dtype: the tensors' bytes back to back, each padded to 8, travel as
+  // 64-bit words (a broadcast copies; it never does arithmetic on them).
+  std::vector<torch::Tensor> host;
+  size_t words = 0;
+  for (const torch::Tensor& t : tensors) {
+    host.push_back(t.detach().contiguous().cpu());
+    words += (static_cast<size_t>(host.back().numel()) * host.back().element_size() + 7) / 8;
+  }
+  if (words == 0) return absl::OkStatus();
+  std::vector<int64_t> flat(words, 0);
+  char* out = reinterpret_cast<char*>(flat.data());
+  for (const torch::Tensor& t : host) {
+    const size_t bytes = static_cast<size_t>(t.numel()) * t.element_size();
+    if (bytes > 0) std::memcpy(out, t.data_ptr(), bytes);
+    out += (bytes + 7) / 8 * 8;
+  }
+  if (absl::Status s = comm->Broadcast(flat.data(), words, DataType::kInt64, root, deadline);
+      !s.ok()) {
+    return s;
+  }
+  const char* in = reinterpret_cast<const char*>(flat.data());
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const size_t bytes = static_cast<size_t>(host[i].numel()) * host[i].element_size();
+    if (bytes > 0) {
+      torch::Tensor src = torch::from_blob(const_cast<char*>(in), host[i].sizes(),
+                                           torch::TensorOptions().dtype(host[i].scalar_type()));
+      tensors[i].detach().copy_(src);
     }
-    if (group.empty()) continue;
-    std::vector<torch::Tensor> flat_parts;
-    for (const torch::Tensor& t : group) flat_parts.push_back(t.reshape({-1}).cpu());
-    torch::Tensor flat = torch::cat(flat_parts).contiguous();
-    const DataType dt = type == torch::kFloat32 ? DataType::kFloat32 : DataType::kInt64;
-    if (absl::Status s = comm->Broadcast(flat.data_ptr(), flat.numel(), dt, root, deadline);
-        !s.ok()) {
-      return s;
-    }
-    int64_t offset = 0;
-    for (const torch::Tensor& t : group) {
-      t.copy_(flat.narrow(0, offset, t.numel()).view(t.sizes()));
-      offset += t.numel();
-    }
+    in += (bytes + 7) / 8 * 8;
   }
   return absl::OkStatus();
 }

@@ -104,13 +104,15 @@ class GradientSync {
   std::vector<char> got_gradient_;  // per param, this step; guarded by mu_
   absl::Time deadline_ = absl::InfiniteFuture();
   std::deque<size_t> queue_;      // buckets to reduce, guarded by mu_
+  size_t next_launch_ = 0;        // buckets below it are launched; guarded by mu_
   bool stop_ = false;             // guarded by mu_
   double comm_seconds_ = 0;       // guarded by mu_
   std::thread comm_thread_;
 };
 
-// Copies rank `root`'s parameters and buffers to every rank (float and
-// integer tensors; one flat broadcast per type).
+// Copies rank `root`'s tensors (any dtype, any device) to every rank, in
+// place, in one flat broadcast. Every rank passes tensors of the same
+// dtypes and shapes in the same order.
 absl::Status BroadcastTensors(const std::vector<torch::Tensor>& tensors, Communicator* comm,
                               int root, absl::Time deadline);
 

@@ -1,41 +1,103 @@
 #include "trainer/elastic/state_sync.h"
 
 #include <torch/torch.h>
+#include <xxhash.h>
 
+#include <map>
+#include <string>
+
+#include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "trainer/checkpoint/state_tensors.h"
 #include "trainer/ddp/gradient_sync.h"
 
 namespace muster {
+namespace {
 
-absl::Status CheckSameState(Communicator* comm, torch::nn::Module& model, absl::Time deadline) {
-  std::vector<torch::Tensor> state;
-  for (auto& [name, t] : ModelTensors(model)) state.push_back(t);
-  // Equal on every rank exactly when the variance of the checksums is zero.
-  double c[2] = {TensorChecksum(state), 0};
-  c[1] = c[0] * c[0];
-  MUSTER_RETURN_IF_ERROR(comm->AllReduce(c, 2, DataType::kFloat64, ReduceOp::kAverage, deadline));
-  if (c[1] - c[0] * c[0] > 1e-9 * std::max(1.0, c[1])) {
-    return absl::DataLossError("the ranks' parameters differ after the state transfer");
+std::vector<torch::Tensor> Tensors(const NamedTensors& named) {
+  std::vector<torch::Tensor> out;
+  for (const auto& [name, t] : named) out.push_back(t);
+  return out;
+}
+
+// The model, optimizer and extra tensors, in one order on every rank.
+std::vector<torch::Tensor> StateTensors(const TrainingState& state) {
+  std::vector<torch::Tensor> out = Tensors(state.Model());
+  for (const torch::Tensor& t : Tensors(state.Optimizer())) out.push_back(t);
+  for (const auto& [name, t] : state.tensors) out.push_back(t);
+  return out;
+}
+
+}  // namespace
+
+uint64_t StateDigest(const TrainingState& state, const std::vector<int64_t>& counters) {
+  torch::NoGradGuard no_grad;
+  XXH3_state_t* h = XXH3_createState();
+  XXH3_64bits_reset(h);
+  XXH3_64bits_update(h, counters.data(), counters.size() * sizeof(int64_t));
+  for (const torch::Tensor& t : StateTensors(state)) {
+    torch::Tensor c = t.detach().contiguous().cpu();
+    XXH3_64bits_update(h, c.data_ptr(), static_cast<size_t>(c.numel()) * c.element_size());
+  }
+  for (const Blob& b : state.blobs) {
+    const std::string bytes = b.save();
+    XXH3_64bits_update(h, bytes.data(), bytes.size());
+  }
+  const uint64_t digest = XXH3_64bits_digest(h);
+  XXH3_freeState(h);
+  return digest;
+}
+
+absl::Status CheckSameDigest(uint64_t digest, Communicator* comm, absl::Time deadline) {
+  // Eight byte-sized pieces x and their squares, summed exactly in float64:
+  // all ranks agree iff n * sum(x^2) == sum(x)^2 for every piece
+  // (Cauchy-Schwarz), and every rank computes the same verdict.
+  double sums[17];
+  for (int i = 0; i < 8; ++i) {
+    const double x = static_cast<double>((digest >> (8 * i)) & 0xff);
+    sums[i] = x;
+    sums[8 + i] = x * x;
+  }
+  sums[16] = 1;
+  MUSTER_RETURN_IF_ERROR(comm->AllReduce(sums, 17, DataType::kFloat64, ReduceOp::kSum, deadline));
+  for (int i = 0; i < 8; ++i) {
+    if (sums[16] * sums[8 + i] != sums[i] * sums[i]) {
+      return absl::DataLossError("the ranks' training state differs after the state transfer");
+    }
   }
   return absl::OkStatus();
 }
 
-absl::Status SyncStateFrom(int source, Communicator* comm, torch::nn::Module& model,
-                           torch::optim::Optimizer& optimizer, std::vector<int64_t>* counters,
-                           absl::Time deadline) {
-  MUSTER_RETURN_IF_ERROR(comm->Broadcast(counters->data(), counters->size(), DataType::kInt64,
-                                         source, deadline));
+absl::Status SyncStateFrom(int source, Communicator* comm, const TrainingState& state,
+                           std::vector<int64_t>* counters, absl::Time deadline) {
+  // The source's blob sizes ride with the counters.
+  std::vector<std::string> blobs;
+  for (const Blob& b : state.blobs) blobs.push_back(b.save());
+  std::vector<int64_t> head = *counters;
+  for (const std::string& b : blobs) head.push_back(static_cast<int64_t>(b.size()));
+  MUSTER_RETURN_IF_ERROR(comm->Broadcast(head.data(), head.size(), DataType::kInt64, source,
+                                         deadline));
+  std::copy(head.begin(), head.begin() + counters->size(), counters->begin());
   // Every rank must hold the same set of optimizer tensors before the
-  // broadcast (a newcomer has none yet).
-  EnsureOptimizerState(model, optimizer);
-  std::vector<torch::Tensor> state;
-  for (auto& [name, t] : ModelTensors(model)) state.push_back(t);
-  const NamedTensors optimizer_tensors = OptimizerTensors(model, optimizer);
-  for (auto& [name, t] : optimizer_tensors) state.push_back(t);
-  MUSTER_RETURN_IF_ERROR(BroadcastTensors(state, comm, source, deadline));
-  ApplyOptimizerSteps(model, optimizer, optimizer_tensors);
-  return CheckSameState(comm, model, deadline);
+  // broadcast (a newcomer has none yet): TrainingState::Optimizer sees to it.
+  const NamedTensors optimizer_tensors = state.Optimizer();
+  std::vector<torch::Tensor> tensors = Tensors(state.Model());
+  for (const auto& [name, t] : optimizer_tensors) tensors.push_back(t);  // step tensors: read back below
+  for (const auto& [name, t] : state.tensors) tensors.push_back(t);
+  std::map<std::string, std::string> received;
+  for (size_t i = 0; i < state.blobs.size(); ++i) {
+    const size_t size = static_cast<size_t>(head[counters->size() + i]);
+    blobs[i].resize(size);  // the source's size; its bytes arrive below
+    tensors.push_back(BytesTensor(blobs[i]));
+  }
+  MUSTER_RETURN_IF_ERROR(BroadcastTensors(tensors, comm, source, deadline));
+  for (size_t i = 0; i < state.blobs.size(); ++i) {
+    received[state.blobs[i].name] = TensorBytes(tensors[tensors.size() - state.blobs.size() + i]);
+  }
+  if (state.optimizer != nullptr) {
+    ApplyOptimizerSteps(*state.model, *state.optimizer, optimizer_tensors);
+  }
+  MUSTER_RETURN_IF_ERROR(state.LoadBlobs(received));
+  return CheckSameDigest(StateDigest(state, *counters), comm, deadline);
 }
 
 }  // namespace muster

@@ -1,121 +1,514 @@
-// The implementation behind include/muster/muster.h.
+// The elastic engine behind include/muster/muster.h: one Distributed per
+// trainer, composed of an ElasticWorld (membership, communicator), a
+// GradientSync (bucketed all-reduce carrying the control words), a
+// StepPolicy decision per step, a CatalogCheckpointer and a
+// ProgressReporter. muster-train is a client of this file like any user.
+#include <signal.h>
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdlib>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/launch_env.h"
+#include "common/logging.h"
 #include "common/status_macros.h"
 #include "common/token.h"
 #include "muster/muster.h"
-#include "trainer/client/coordinator_client.h"
-#include "trainer/comm/factory.h"
+#include "trainer/checkpoint/training_state.h"
 #include "trainer/data/sampler.h"
 #include "trainer/ddp/gradient_sync.h"
+#include "trainer/elastic/catalog_checkpointer.h"
+#include "trainer/elastic/elastic_world.h"
+#include "trainer/elastic/progress_reporter.h"
+#include "trainer/elastic/state_server.h"
+#include "trainer/elastic/state_sync.h"
+#include "trainer/elastic/step_policy.h"
 
 namespace muster {
 namespace {
 
-constexpr absl::Duration kTimeout = absl::Seconds(120);
+std::atomic<bool> g_stop_signal{false};
+std::atomic<bool> g_leave_signal{false};
+void OnStopSignal(int) { g_stop_signal = true; }
+void OnLeaveSignal(int) { g_leave_signal = true; }
 
 std::string Env(const char* name) {
   const char* v = std::getenv(name);
   return v == nullptr ? "" : v;
 }
 
-class DistributedImpl : public Distributed {
- public:
-  int rank() const override { return world_.rank; }
-  int world_size() const override { return world_.world_size; }
-  int64_t epoch() const override { return epoch_; }
+std::string HostName() {
+  char host[256] = "localhost";
+  ::gethostname(host, sizeof(host) - 1);
+  return host;
+}
 
-  std::vector<int64_t> NextBatch(int64_t dataset_size, int batch_per_rank,
-                                 uint64_t seed) override {
-    if (!sampler_ || sampler_->size() != dataset_size || seed_ != seed) {
-      sampler_ = std::make_unique<DistributedSampler>(dataset_size, seed);
-      seed_ = seed;
-    }
-    SampledBatch b = sampler_->Next(offset_, world_.world_size, world_.rank, batch_per_rank);
-    offset_ += b.global_batch;
-    epoch_ = b.epoch;
-    client_->SetStep(++step_);
-    return b.indices;
-  }
-
-  void BeforeBackward(bool sync) override { sync_->Begin(sync); }
-
-  absl::Status AfterBackward() override { return sync_->Finish(absl::Now() + kTimeout); }
-
-  absl::StatusOr<std::vector<double>> Average(std::vector<double> values) override {
-    MUSTER_RETURN_IF_ERROR(comm_->AllReduce(values.data(), values.size(), DataType::kFloat64,
-                                            ReduceOp::kAverage, absl::Now() + kTimeout));
-    return values;
-  }
-
-  absl::Status Finish() override { return client_->Leave(/*finished=*/true, step_); }
-
-  ~DistributedImpl() override {
-    sync_.reset();
-    comm_.reset();
-  }
-
-  WorldInfo world_;
-  std::unique_ptr<CoordinatorClient> client_;
-  std::unique_ptr<Store> store_;
-  std::unique_ptr<Communicator> comm_;
-  std::unique_ptr<GradientSync> sync_;
-  std::unique_ptr<DistributedSampler> sampler_;
-  uint64_t seed_ = 0;
-  int64_t offset_ = 0, epoch_ = 0, step_ = 0;
-};
-
-}  // namespace
-
-absl::StatusOr<std::unique_ptr<Distributed>> Distributed::Start(torch::nn::Module& model,
-                                                                const Options& options) {
+absl::StatusOr<ClientOptions> ClientOptionsFrom(const Options& o) {
   ClientOptions co;
-  co.target = options.coordinator.empty() ? Env("MUSTER_COORDINATOR") : options.coordinator;
+  co.target = o.coordinator.empty() ? Env("MUSTER_COORDINATOR") : o.coordinator;
   if (co.target.empty()) {
     return absl::InvalidArgumentError(
         "no coordinator: set Options::coordinator or $MUSTER_COORDINATOR");
   }
-  MUSTER_ASSIGN_OR_RETURN(co.token, ResolveToken(options.token_file));
-  char host[256] = "localhost";
-  ::gethostname(host, sizeof(host) - 1);
+  if (!o.token.empty()) {
+    co.token = o.token;
+  } else {
+    MUSTER_ASSIGN_OR_RETURN(co.token, ResolveToken(o.token_file));
+  }
+  co.tls.ca = o.tls_ca;
   MUSTER_ASSIGN_OR_RETURN(LaunchIdentity id,
-                          ResolveLaunchIdentity({options.node_id, options.local_rank},
+                          ResolveLaunchIdentity({o.node_id, o.local_rank},
                                                 [](const char* n) { return std::getenv(n); },
-                                                host));
+                                                HostName()));
   co.member_id = id.member_id();
   co.node = id.node;
   co.local_rank = static_cast<uint32_t>(id.local_rank);
-  MUSTER_ASSIGN_OR_RETURN(Backend backend, ParseBackend(options.backend));
+  co.incarnation = o.incarnation;
+  return co;
+}
 
-  auto d = std::make_unique<DistributedImpl>();
-  MUSTER_ASSIGN_OR_RETURN(d->client_, CoordinatorClient::Create(co));
-  MUSTER_RETURN_IF_ERROR(d->client_->Join(0, absl::Now() + kTimeout));
-  DistributedImpl* raw = d.get();
-  MUSTER_RETURN_IF_ERROR(d->client_->StartSession([raw](const SessionNotice& n) {
-    if (n.kind == SessionNotice::Kind::kRegroup && !n.abort) return;
-    if (raw->comm_) raw->comm_->Abort(absl::AbortedError(n.reason));
-  }));
-  MUSTER_ASSIGN_OR_RETURN(d->world_, d->client_->Rendezvous(0, 0, absl::Now() + absl::Seconds(600)));
-  d->store_ = NewCoordinatorStore(d->client_.get(), d->world_.generation);
+CommOptions CommOptionsFrom(const Options& o, int local_rank) {
   CommOptions comm;
-  comm.backend = backend;
-  comm.job = !options.job.empty() ? options.job
-             : !Env("SLURM_JOB_ID").empty() ? Env("SLURM_JOB_ID") : "muster";
-  MUSTER_ASSIGN_OR_RETURN(d->comm_, BuildCommunicator(d->world_, d->store_.get(), comm,
-                                                      absl::Now() + kTimeout));
-  std::vector<torch::Tensor> state = model.parameters();
-  for (const torch::Tensor& b : model.buffers()) state.push_back(b);
-  MUSTER_RETURN_IF_ERROR(BroadcastTensors(state, d->comm_.get(), 0, absl::Now() + kTimeout));
+  comm.backend = o.backend;
+  comm.job = !o.job.empty() ? o.job : !Env("SLURM_JOB_ID").empty() ? Env("SLURM_JOB_ID") : "muster";
+  comm.gloo.hostname = o.address;
+  comm.cuda = o.cuda;
+  comm.cuda_device = local_rank;
+  return comm;
+}
+
+class Engine : public Distributed {
+ public:
+  Engine(const Options& o, TrainingState state)
+      : options_(o),
+        state_(std::move(state)),
+        sampler_(o.dataset_size, o.seed),
+        timeout_(absl::Seconds(o.collective_timeout_s)) {}
+  ~Engine() override;
+
+  absl::Status Begin();
+
+  bool ShouldStop() override;
+  const std::vector<int64_t>& Batch() const override { return batch_.indices; }
+  void BeforeBackward(bool sync) override;
+  absl::Status AfterBackward() override;
+  absl::StatusOr<std::vector<double>> AllReduceSum(std::vector<double> values) override;
+  void RecordLoss(double loss) override { reporter_->RecordLoss(loss); }
+  void LogScalars(const std::map<std::string, double>& values) override {
+    reporter_->Scalars(step_, values);
+  }
+  absl::StatusOr<Outcome> Finish() override;
+
+  Progress progress() const override;
+  bool finished() const override { return outcome_ == Outcome::kFinished && error_.ok(); }
+  int regroups() const override { return world_ ? world_->regroups() : 0; }
+  int checkpoints_committed() const override {
+    return checkpointer_ ? checkpointer_->committed() : 0;
+  }
+  int64_t resumed_from_step() const override { return resumed_from_; }
+  double comm_overlap_pct() const override {
+    return comm_total_ > 0 ? 100.0 * hidden_total_ / comm_total_ : 0;
+  }
+
+ private:
+  absl::Status StartServices(ClientOptions* client);
+  absl::Status ResumeFromCheckpoint();
+  absl::Status EnterWorld(Communicator* comm, const WorldInfo& world);
+  absl::Status Regroup(const std::string& why);
+  absl::Status AtBoundary();
+  absl::Status Stop();
+  void PublishState();
+  void PrepareStep();
+  bool Done() const;
+  void DropGradients();
+  CheckpointPoint Point() const;
+
+  // Constant after construction.
+  const Options options_;
+  const TrainingState state_;
+  DistributedSampler sampler_;
+  const absl::Duration timeout_;
+  const std::atomic<bool>* stop_flag_ = nullptr;
+  const std::atomic<bool>* leave_flag_ = nullptr;
+  // Training thread only.
+  std::unique_ptr<StateServer> state_server_;
+  std::unique_ptr<ElasticWorld> world_;
+  std::unique_ptr<GradientSync> sync_;
+  std::unique_ptr<CatalogCheckpointer> checkpointer_;
+  std::unique_ptr<ProgressReporter> reporter_;
+  // The counters every rank holds alike between steps.
+  int64_t step_ = 0, offset_ = 0;
+  int lr_world_ = 0;
+  int64_t resumed_from_ = -1;
+  // The step in flight and the boundary after it.
+  SampledBatch batch_;
+  ControlWords sent_;
+  bool armed_ = false;       // BeforeBackward called for this step
+  bool at_boundary_ = false; // a committed step waits for AtBoundary
+  StepDecision decision_ = StepDecision::kContinue;
+  double lr_ = 0;
+  absl::Status error_;
+  std::optional<Outcome> outcome_;
+  double comm_total_ = 0, hidden_total_ = 0;
+};
+
+Engine::~Engine() {
+  sync_.reset();
+  if (world_) world_->Detach();
+}
+
+absl::Status Engine::StartServices(ClientOptions* client) {
+  if (options_.state_listen.empty()) return absl::OkStatus();
+  MUSTER_ASSIGN_OR_RETURN(state_server_,
+                          StateServer::Start({options_.state_listen, client->token,
+                                              {options_.state_tls_cert, options_.state_tls_key, ""},
+                                              client->member_id}));
+  const std::string host = options_.address.empty() ? HostName() : options_.address;
+  client->state_address = absl::StrCat(host, ":", state_server_->port());
+  return absl::OkStatus();
+}
+
+absl::Status Engine::Begin() {
+  if (options_.handle_signals) InstallSignalHandlers();
+  stop_flag_ = options_.stop_requested != nullptr ? options_.stop_requested
+               : options_.handle_signals          ? &g_stop_signal
+                                                  : nullptr;
+  leave_flag_ = options_.leave_requested != nullptr ? options_.leave_requested
+                : options_.handle_signals           ? &g_leave_signal
+                                                    : nullptr;
+  MUSTER_ASSIGN_OR_RETURN(ClientOptions client, ClientOptionsFrom(options_));
+  MUSTER_RETURN_IF_ERROR(StartServices(&client));
+  ElasticWorldOptions wo;
+  wo.comm = CommOptionsFrom(options_, static_cast<int>(client.local_rank));
+  wo.client = std::move(client);
+  wo.build_timeout = timeout_;
+  MUSTER_ASSIGN_OR_RETURN(world_, ElasticWorld::Connect(std::move(wo)));
   GradientSyncOptions so;
-  so.bucket_bytes = static_cast<size_t>(options.bucket_mb * (1 << 20));
-  d->sync_ = std::make_unique<GradientSync>(model.parameters(), d->comm_.get(), so);
-  return std::unique_ptr<Distributed>(std::move(d));
+  so.bucket_bytes = static_cast<size_t>(options_.bucket_mb * (1 << 20));
+  so.overlap = options_.overlap;
+  so.timeout = timeout_;
+  sync_ = std::make_unique<GradientSync>(state_.model->parameters(), nullptr, so);
+  MUSTER_RETURN_IF_ERROR(ResumeFromCheckpoint());
+  MUSTER_RETURN_IF_ERROR(world_->EnterFirst(
+      step_, [this](Communicator* c, const WorldInfo& w) { return EnterWorld(c, w); }));
+  if (world_->left()) outcome_ = Outcome::kLeft;  // drained before it began
+  ProgressOptions po;
+  po.print = !options_.quiet;
+  po.log_every = options_.log_every;
+  po.log_dir = options_.log_dir;
+  po.model_name = options_.model_name;
+  po.batch_per_rank = options_.batch_per_rank;
+  MUSTER_ASSIGN_OR_RETURN(reporter_, ProgressReporter::Create(po, world_->world().rank));
+  if (outcome_) return absl::OkStatus();
+  reporter_->WorldEntered(progress(), world_->comm()->name(), world_->world().node_count);
+  if (resumed_from_ > 0 && world_->world().rank == 0 && !options_.quiet) {
+    std::cout << "muster: resumed from the checkpoint of step " << resumed_from_ << std::endl;
+  }
+  return absl::OkStatus();
+}
+
+// A fresh start resumes from the newest committed checkpoint that verifies
+// (locally: the state transfer on entering the world makes all ranks agree).
+absl::Status Engine::ResumeFromCheckpoint() {
+  if (options_.checkpoint_dir.empty()) return absl::OkStatus();
+  CatalogCheckpointerOptions co;
+  co.dir = options_.checkpoint_dir;
+  co.every_steps = options_.checkpoint_every;
+  co.interval_seconds = options_.checkpoint_interval_s;
+  co.model_name = options_.model_name;
+  co.optimizer_name = options_.optimizer_name;
+  co.fs = options_.checkpoint_fs;
+  checkpointer_ = std::make_unique<CatalogCheckpointer>(co, state_);
+  if (!options_.resume) return absl::OkStatus();
+  absl::StatusOr<CheckpointMeta> meta = checkpointer_->Resume(world_->client());
+  if (absl::IsNotFound(meta.status())) return absl::OkStatus();
+  MUSTER_RETURN_IF_ERROR(meta.status());
+  step_ = meta->step;
+  offset_ = meta->sample_offset;
+  lr_world_ = meta->lr_world_size;
+  resumed_from_ = meta->step;
+  return absl::OkStatus();
+}
+
+// Every rank of a new world: take the state of the member furthest ahead.
+absl::Status Engine::EnterWorld(Communicator* comm, const WorldInfo& world) {
+  const bool scale = options_.elastic_lr == ElasticLr::kScale;
+  if (lr_world_ == 0 || scale) lr_world_ = world.world_size;
+  std::vector<int64_t> counters = {step_, offset_, lr_world_};
+  MUSTER_RETURN_IF_ERROR(SyncStateFrom(world.state_source_rank, comm, state_, &counters,
+                                       absl::Now() + timeout_));
+  step_ = counters[0];
+  offset_ = counters[1];
+  lr_world_ = scale ? world.world_size : static_cast<int>(counters[2]);
+  sync_->SetCommunicator(comm);
+  world_->client()->SetStep(step_);
+  return absl::OkStatus();
+}
+
+absl::Status Engine::Regroup(const std::string& why) {
+  sync_->SetCommunicator(nullptr);
+  MUSTER_RETURN_IF_ERROR(world_->Regroup(
+      why, step_, [this](Communicator* c, const WorldInfo& w) { return EnterWorld(c, w); },
+      [this] {
+        if (checkpointer_) checkpointer_->Wait();
+      }));
+  if (world_->left()) {
+    outcome_ = Outcome::kLeft;
+    if (!options_.quiet) std::cout << "muster: left the job after step " << step_ << std::endl;
+    return absl::OkStatus();
+  }
+  reporter_->WorldEntered(progress(), world_->comm()->name(), world_->world().node_count);
+  return absl::OkStatus();
+}
+
+Progress Engine::progress() const {
+  Progress p;
+  p.step = step_;
+  p.sample_offset = offset_;
+  p.epoch = options_.dataset_size > 0 ? offset_ / options_.dataset_size : 0;
+  if (world_) {
+    p.rank = world_->world().rank;
+    p.world_size = world_->world().world_size;
+    p.generation = world_->world().generation;
+  }
+  p.global_batch = int64_t{options_.batch_per_rank} * std::max(1, p.world_size);
+  p.lr_world_size = lr_world_;
+  if (options_.steps > 0) {
+    p.total_steps = options_.steps;
+  } else {
+    const int64_t left = std::max<int64_t>(0, options_.epochs * options_.dataset_size - offset_);
+    p.total_steps = step_ + (left + p.global_batch - 1) / p.global_batch;
+  }
+  return p;
+}
+
+// The schedule follows the global sample count (or the step count), which
+// every rank holds alike: all ranks leave the loop after the same step,
+// whatever world sizes they went through.
+bool Engine::Done() const {
+  if (options_.steps > 0) return step_ >= options_.steps;
+  return offset_ >= options_.epochs * options_.dataset_size;
+}
+
+void Engine::PrepareStep() {
+  const Progress p = progress();
+  batch_ = sampler_.Next(offset_, p.world_size, p.rank, options_.batch_per_rank);
+  if (options_.lr_schedule && state_.optimizer != nullptr) {
+    lr_ = options_.lr_schedule(p);
+    for (auto& group : state_.optimizer->param_groups()) group.options().set_lr(lr_);
+  } else if (state_.optimizer != nullptr) {
+    lr_ = state_.optimizer->param_groups().at(0).options().get_lr();
+  }
+  armed_ = false;
+}
+
+bool Engine::ShouldStop() {
+  if (!error_.ok() || outcome_) return true;
+  if (at_boundary_) {
+    at_boundary_ = false;
+    if (absl::Status s = AtBoundary(); !s.ok()) error_ = s;
+    if (!error_.ok() || outcome_) return true;
+  }
+  if (Done()) {
+    outcome_ = Outcome::kFinished;
+    return true;
+  }
+  PrepareStep();
+  return false;
+}
+
+void Engine::BeforeBackward(bool sync) {
+  if (!armed_ || sync) {
+    sent_.stop = (stop_flag_ != nullptr && stop_flag_->load()) ||
+                 (options_.stop_after_step > 0 && step_ + 1 >= options_.stop_after_step);
+    sent_.leave = world_->told_to_leave() || (leave_flag_ != nullptr && leave_flag_->load());
+    sent_.newer_world = world_->newer_world_known();
+  }
+  sync_->Begin(sync, sent_.ToArray());
+  armed_ = true;
+}
+
+void Engine::DropGradients() {
+  if (state_.optimizer != nullptr) {
+    state_.optimizer->zero_grad();
+  } else {
+    state_.model->zero_grad();
+  }
+}
+
+absl::Status Engine::AfterBackward() {
+  if (!error_.ok()) return error_;
+  if (!armed_) {
+    return absl::FailedPreconditionError("AfterBackward without BeforeBackward in this step");
+  }
+  armed_ = false;
+  const absl::Time backward_end = absl::Now();
+  if (absl::Status s = sync_->Finish(absl::Now() + timeout_); !s.ok()) {
+    // A peer failed or hung: drop this step and regroup with the others.
+    MUSTER_LOG(WARNING) << "step " << step_ + 1 << " dropped: " << s;
+    DropGradients();
+    if (absl::Status r = Regroup(std::string(s.message())); !r.ok()) {
+      error_ = r;
+      return r;
+    }
+    return absl::AbortedError(absl::StrCat("step ", step_ + 1, " dropped: ", s.message()));
+  }
+  const double comm_s = sync_->last_stats().comm_seconds;
+  comm_total_ += comm_s;
+  hidden_total_ += std::max(0.0, comm_s - absl::ToDoubleSeconds(absl::Now() - backward_end));
+  decision_ = DecideAfterStep(sync_->control(), world_->world().world_size, sent_,
+                              world_->told_to_leave());
+  ++step_;
+  offset_ += batch_.global_batch;
+  world_->client()->SetStep(step_);
+  at_boundary_ = true;
+  return absl::OkStatus();
+}
+
+CheckpointPoint Engine::Point() const {
+  const Progress p = progress();
+  CheckpointPoint at;
+  at.generation = p.generation;
+  at.rank = p.rank;
+  at.world_size = p.world_size;
+  at.lr_world_size = lr_world_;
+  at.step = step_;
+  at.epoch = batch_.epoch;
+  at.sample_offset = offset_;
+  return at;
+}
+
+// Some rank was told to stop, or every rank got SIGTERM (the whole job is
+// preempted): every rank saw it in this step's all-reduce. Checkpoint and stop.
+absl::Status Engine::Stop() {
+  if (checkpointer_) {
+    MUSTER_RETURN_IF_ERROR(checkpointer_->Take(world_->client(), Point()));
+    checkpointer_->Wait();
+    // Nobody leaves before rank 0 reported: a departure would abort the
+    // checkpoint before it commits.
+    MUSTER_RETURN_IF_ERROR(world_->comm()->Barrier(absl::Now() + timeout_));
+  }
+  if (world_->world().rank == 0 && !options_.quiet) {
+    std::cout << "muster: stopping at step " << step_
+              << (checkpointer_ ? " after checkpointing" : "") << std::endl;
+  }
+  world_->Detach();
+  outcome_ = Outcome::kStopped;
+  return absl::OkStatus();
+}
+
+absl::Status Engine::AtBoundary() {
+  reporter_->StepDone(progress(), lr_);
+  switch (decision_) {
+    case StepDecision::kStop:
+      return Stop();
+    case StepDecision::kLeave:
+      // This trainer leaves after this step; the others regroup without it.
+      world_->Leave(/*finished=*/false, step_).IgnoreError();
+      if (checkpointer_) checkpointer_->Wait();
+      if (!options_.quiet) std::cout << "muster: left the job after step " << step_ << std::endl;
+      outcome_ = Outcome::kLeft;
+      return absl::OkStatus();
+    case StepDecision::kRegroup:
+      // Every rank stops after this same step and enters the new generation.
+      MUSTER_RETURN_IF_ERROR(Regroup("a membership change at a step boundary"));
+      if (outcome_) return absl::OkStatus();
+      break;
+    case StepDecision::kContinue:
+      break;
+  }
+  if (checkpointer_ && checkpointer_->Due(step_)) {
+    MUSTER_RETURN_IF_ERROR(checkpointer_->Take(world_->client(), Point()));
+  }
+  PublishState();
+  return absl::OkStatus();
+}
+
+// Someone pulls the state after this step (muster pull-weights).
+void Engine::PublishState() {
+  if (!state_server_ || !state_server_->Wanted(step_)) return;
+  absl::StatusOr<std::string> image =
+      EncodeSafetensors(state_.Model(), {{"format", "muster"},
+                                         {"step", std::to_string(step_)},
+                                         {"member", world_->client()->member_id()}});
+  if (!image.ok()) {
+    MUSTER_LOG(WARNING) << "state of step " << step_ << " not published: " << image.status();
+    return;
+  }
+  state_server_->Publish(step_, world_->world().generation, std::move(*image));
+}
+
+absl::StatusOr<std::vector<double>> Engine::AllReduceSum(std::vector<double> values) {
+  if (!error_.ok()) return error_;
+  if (outcome_ && *outcome_ != Outcome::kFinished) {
+    return absl::FailedPreconditionError("this member is no longer in a world");
+  }
+  absl::Status s = world_->comm()->AllReduce(values.data(), values.size(), DataType::kFloat64,
+                                             ReduceOp::kSum, absl::Now() + timeout_);
+  if (s.ok()) return values;
+  if (absl::Status r = Regroup(std::string(s.message())); !r.ok()) {
+    error_ = r;
+    return r;
+  }
+  return absl::AbortedError(absl::StrCat("all-reduce failed, regrouped: ", s.message()));
+}
+
+absl::StatusOr<Distributed::Outcome> Engine::Finish() {
+  if (checkpointer_) checkpointer_->Wait();
+  if (!error_.ok()) return error_;
+  if (!outcome_) {  // the loop ended before ShouldStop said so: leave
+    world_->Leave(/*finished=*/false, step_).IgnoreError();
+    outcome_ = Outcome::kLeft;
+  } else if (*outcome_ == Outcome::kFinished) {
+    world_->Leave(/*finished=*/true, step_).IgnoreError();
+  }
+  world_->Detach();
+  return *outcome_;
+}
+
+}  // namespace
+
+absl::Status Options::Validate() const {
+  auto bad = [](const std::string& what) { return absl::InvalidArgumentError("Options::" + what); };
+  if (dataset_size <= 0) return bad("dataset_size must be positive");
+  if (batch_per_rank <= 0) return bad("batch_per_rank must be positive");
+  if (steps < 0) return bad("steps must not be negative");
+  if (steps == 0 && epochs <= 0) return bad("epochs must be positive when steps is 0");
+  if (!(bucket_mb > 0)) return bad("bucket_mb must be positive");
+  if (!(collective_timeout_s > 0)) return bad("collective_timeout_s must be positive");
+  if (checkpoint_every < 0) return bad("checkpoint_every must not be negative");
+  if (checkpoint_interval_s < 0) return bad("checkpoint_interval_s must not be negative");
+  if (log_every < 1) return bad("log_every must be at least 1");
+  if (local_rank < -1) return bad("local_rank must be -1 (from the launcher) or a rank");
+  if (stop_after_step < 0) return bad("stop_after_step must not be negative");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<Distributed>> Distributed::Start(const Options& options,
+                                                                State state) {
+  MUSTER_RETURN_IF_ERROR(options.Validate());
+  MUSTER_ASSIGN_OR_RETURN(TrainingState ts, TrainingState::From(state));
+  auto engine = std::make_unique<Engine>(options, std::move(ts));
+  MUSTER_RETURN_IF_ERROR(engine->Begin());
+  return std::unique_ptr<Distributed>(std::move(engine));
+}
+
+int Distributed::ExitCode(const absl::StatusOr<Outcome>& outcome) {
+  if (!outcome.ok()) return 1;
+  return *outcome == Outcome::kStopped ? 75 : 0;
+}
+
+void InstallSignalHandlers() {
+  struct sigaction sa = {};
+  sigemptyset(&sa.sa_mask);
+  sa.sa_handler = OnStopSignal;
+  sigaction(SIGUSR1, &sa, nullptr);
+  sa.sa_handler = OnLeaveSignal;
+  sigaction(SIGTERM, &sa, nullptr);
 }
 
 }  // namespace muster

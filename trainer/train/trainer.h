@@ -1,7 +1,8 @@
-// RunTraining: one trainer process's whole job — join the coordinator,
-// rendezvous, connect the communicator, broadcast rank 0's parameters, train
-// with bucketed overlapped gradient all-reduce on a distributed sampler,
-// evaluate, log, and leave as finished.
+// RunTraining: muster-train's job, as a client of the public library
+// (include/muster/muster.h): build the chosen model, data set and optimizer,
+// hand them to muster::Distributed, run the loop, evaluate, and report.
+// Everything elastic (joins, regroups, checkpoints, signals, state
+// transfer) happens inside the library.
 #ifndef MUSTER_TRAINER_TRAIN_TRAINER_H_
 #define MUSTER_TRAINER_TRAIN_TRAINER_H_
 
@@ -69,6 +70,9 @@ struct TrainOptions {
   const std::atomic<bool>* stop_requested = nullptr;
   // Behave as if stop_requested were set after this step (drills and tests).
   int64_t stop_after_step = 0;
+  // Use the library's SIGUSR1/SIGTERM handlers (muster::InstallSignalHandlers)
+  // when stop_requested/leave_requested are null (a process; not threads).
+  bool handle_signals = false;
   // Set by SIGTERM: this trainer leaves at the next step boundary and the
   // others go on without it — unless every rank got it (a whole job being
   // preempted), which is a stop with a checkpoint like stop_requested.

@@ -1,0 +1,52 @@
+// TrainingState: everything a trainer holds that must be the same on every
+// rank and survive a restart — the model, the optimizer's state, the user's
+// extra tensors and blobs. Checkpoints write it, state transfers broadcast
+// it, and both name its tensors the same way:
+//   "param.<name>", "buffer.<name>"   the model (ModelTensors)
+//   "<param>.<field>"                 the optimizer (OptimizerTensors)
+//   "tensor.<name>", "blob.<name>"    extras (ExtraTensors; a blob is a U8 vector)
+//
+// Thread-safety: none of its own; used by the training thread, or by the
+// checkpoint writer while the training thread waits for its snapshot.
+#ifndef MUSTER_TRAINER_CHECKPOINT_TRAINING_STATE_H_
+#define MUSTER_TRAINER_CHECKPOINT_TRAINING_STATE_H_
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "muster/muster.h"
+#include "trainer/checkpoint/state_tensors.h"
+
+namespace muster {
+
+struct TrainingState {
+  torch::nn::Module* model = nullptr;            // never null once validated
+  torch::optim::Optimizer* optimizer = nullptr;  // may be null
+  NamedTensors tensors;                          // extra tensors, by user name
+  std::vector<Blob> blobs;
+
+  // From the public State. INVALID_ARGUMENT naming what is wrong: no model,
+  // an optimizer whose state muster cannot carry, duplicate or empty names,
+  // an undefined tensor, a blob without save or load.
+  static absl::StatusOr<TrainingState> From(const State& state);
+
+  NamedTensors Model() const { return ModelTensors(*model); }
+  // Gives every parameter its optimizer state first (see EnsureOptimizerState).
+  NamedTensors Optimizer() const;
+  // The extra tensors and the blobs' current bytes.
+  NamedTensors Extra() const;
+  bool has_extra() const { return !tensors.empty() || !blobs.empty(); }
+  // Hands the blobs' bytes (by blob name) to their load functions. An absent
+  // name is an error (DATA_LOSS), as is an error from load.
+  absl::Status LoadBlobs(const std::map<std::string, std::string>& bytes) const;
+};
+
+// A blob's bytes as a U8 tensor, and back.
+torch::Tensor BytesTensor(const std::string& bytes);
+std::string TensorBytes(const torch::Tensor& t);
+
+}  // namespace muster
+
+#endif  // MUSTER_TRAINER_CHECKPOINT_TRAINING_STATE_H_

@@ -1,0 +1,143 @@
+#include "trainer/elastic/elastic_world.h"
+
+#include "absl/time/clock.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "trainer/train/build_watchdog.h"
+
+namespace muster {
+namespace {
+
+// Entering a world can fail because the world moved on while its
+// communicator was being built (another join, a peer that died): then the
+// next world is the one to enter.
+bool WorldMovedOn(const absl::Status& s) {
+  return absl::IsAborted(s) || absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s) ||
+         absl::IsCancelled(s);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ElasticWorld>> ElasticWorld::Connect(ElasticWorldOptions options) {
+  std::unique_ptr<ElasticWorld> w(new ElasticWorld(std::move(options)));
+  MUSTER_RETURN_IF_ERROR(w->Join(w->options_.client.incarnation));
+  return w;
+}
+
+ElasticWorld::~ElasticWorld() { Detach(); }
+
+absl::Status ElasticWorld::Join(uint64_t incarnation) {
+  ClientOptions co = options_.client;
+  co.incarnation = incarnation;
+  MUSTER_ASSIGN_OR_RETURN(client_, CoordinatorClient::Create(co));
+  MUSTER_RETURN_IF_ERROR(client_->Join(0, absl::Now() + options_.join_timeout));
+  return client_->StartSession([this](const SessionNotice& n) { OnNotice(n); });
+}
+
+void ElasticWorld::OnNotice(const SessionNotice& n) {
+  if (n.kind == SessionNotice::Kind::kRegroup && n.leave) told_to_leave_ = true;
+  if (n.kind == SessionNotice::Kind::kRegroup && !n.abort) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  // Abort only the world the notice is about: a failure forms a newer
+  // generation; a pause names the current one. A late notice about a world
+  // this trainer already left behind changes nothing.
+  const bool about_us = n.kind != SessionNotice::Kind::kRegroup ||
+                        n.generation > live_generation_ ||
+                        (n.paused && n.generation == live_generation_);
+  if (!about_us) return;
+  MUSTER_LOG(WARNING) << "coordinator: " << n.reason;
+  if (live_comm_ != nullptr) live_comm_->Abort(absl::AbortedError(n.reason));
+}
+
+void ElasticWorld::Detach() {
+  std::lock_guard<std::mutex> lock(mu_);
+  live_comm_ = nullptr;
+}
+
+absl::Status ElasticWorld::Enter(const EnterFn& enter) {
+  store_ = NewCoordinatorStore(client_.get(), world_.generation);
+  std::unique_ptr<Communicator> comm;
+  {
+    // Gloo's connect can block past its timeout when a peer vanished in the
+    // middle of it, and nothing can wake it. Rather than hang, this trainer
+    // gives up as a process: its agent restarts it and it takes a live
+    // peer's state (crash-only). Bound: the build's deadline, or 10 s after
+    // a newer world is known.
+    const absl::Time deadline = absl::Now() + options_.build_timeout;
+    BuildWatchdog watchdog(deadline + absl::Seconds(5), [this, generation = world_.generation] {
+      return client_->latest_generation() > generation;
+    });
+    MUSTER_ASSIGN_OR_RETURN(comm, BuildCommunicator(world_, store_.get(), options_.comm, deadline));
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    comm_ = std::move(comm);
+    live_comm_ = comm_.get();
+    live_generation_ = world_.generation;
+  }
+  return enter(comm_.get(), world_);
+}
+
+absl::Status ElasticWorld::EnterFirst(int64_t step, const EnterFn& enter) {
+  MUSTER_ASSIGN_OR_RETURN(world_,
+                          client_->Rendezvous(0, step, absl::Now() + options_.rendezvous_timeout));
+  const absl::Status entered = Enter(enter);
+  if (entered.ok() || !WorldMovedOn(entered)) return entered;
+  return Regroup(std::string(entered.message()), step, enter, [] {});
+}
+
+absl::StatusOr<WorldInfo> ElasticWorld::NextWorld(int64_t step,
+                                                  const std::function<void()>& before_rejoin) {
+  absl::StatusOr<WorldInfo> next =
+      client_->Rendezvous(world_.generation, step, absl::Now() + options_.rendezvous_timeout);
+  if (absl::IsAborted(next.status())) {
+    // This incarnation was declared failed (it hung past the heartbeat
+    // timeout, e.g. SIGSTOP): rejoin as a new one; a live peer's state
+    // replaces ours.
+    MUSTER_LOG(WARNING) << "fenced (" << next.status().message()
+                        << "); rejoining as a new incarnation";
+    before_rejoin();
+    MUSTER_RETURN_IF_ERROR(Join(/*incarnation=*/0));
+    next = client_->Rendezvous(0, step, absl::Now() + options_.rendezvous_timeout);
+  }
+  return next;
+}
+
+absl::Status ElasticWorld::Regroup(const std::string& why, int64_t step, const EnterFn& enter,
+                                   const std::function<void()>& before_rejoin) {
+  const absl::Time start = absl::Now();
+  for (;;) {
+    Detach();
+    comm_.reset();
+    store_.reset();
+    absl::StatusOr<WorldInfo> next = NextWorld(step, before_rejoin);
+    if (absl::IsFailedPrecondition(next.status())) {
+      // Drained (the leave notice may still be on its way), or the job is
+      // over: there is no world for this trainer. Leave.
+      MUSTER_LOG(WARNING) << "no new world for this trainer: " << next.status().message();
+      told_to_leave_ = true;
+      client_->Leave(/*finished=*/false, step).IgnoreError();
+      left_ = true;
+      return absl::OkStatus();
+    }
+    if (!next.ok()) return next.status();
+    world_ = *next;
+    const absl::Status entered = Enter(enter);
+    if (entered.ok()) break;
+    if (!WorldMovedOn(entered)) return entered;
+    MUSTER_LOG(WARNING) << "generation " << world_.generation << " did not start (" << entered
+                        << "); joining the next one";
+  }
+  ++regroups_;
+  MUSTER_LOG(WARNING) << "regrouped into generation " << world_.generation << " (world "
+                      << world_.world_size << ", rank " << world_.rank << ", step " << step
+                      << ") after " << why << " in " << absl::FormatDuration(absl::Now() - start);
+  return absl::OkStatus();
+}
+
+absl::Status ElasticWorld::Leave(bool finished, int64_t step) {
+  Detach();
+  return client_->Leave(finished, step);
+}
+
+}  // namespace muster

@@ -1,0 +1,110 @@
+// ElasticWorld: this trainer's place in the job — its coordinator client and
+// session, the current world (generation, rank, size) and that world's
+// store and communicator — and the moves between worlds: join, enter,
+// regroup after a failure or at an agreed step boundary, rejoin after being
+// fenced, leave.
+//
+// Lifecycle (one instance per trainer process or rank thread):
+//
+//   Connect ──> EnterFirst ──> [training: comm()] ──> Leave
+//                   │               │    ^
+//                   │     failure / │    │ entered
+//                   │     boundary  v    │
+//                   └──────────> Regroup ┘ ──(drained, job over)──> left()
+//
+// Entering a world builds its communicator and then calls the `enter`
+// function given to EnterFirst/Regroup (the state transfer); a world that
+// moves on while it is entered (another join, a peer that died) is
+// followed to the next one.
+//
+// Thread-safety: every method except the session callback belongs to the
+// training thread. The session thread aborts the live communicator (under
+// mu_) when the coordinator announces a failure of this world.
+#ifndef MUSTER_TRAINER_ELASTIC_ELASTIC_WORLD_H_
+#define MUSTER_TRAINER_ELASTIC_ELASTIC_WORLD_H_
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "trainer/client/coordinator_client.h"
+#include "trainer/comm/factory.h"
+
+namespace muster {
+
+struct ElasticWorldOptions {
+  ClientOptions client;
+  CommOptions comm;
+  absl::Duration join_timeout = absl::Seconds(120);
+  absl::Duration rendezvous_timeout = absl::Seconds(600);
+  absl::Duration build_timeout = absl::Seconds(120);
+};
+
+class ElasticWorld {
+ public:
+  // Called after a world's communicator is built: make the state identical
+  // (every rank calls it with the same world). Errors abort the entry.
+  using EnterFn = std::function<absl::Status(Communicator* comm, const WorldInfo& world)>;
+
+  // Creates the client, joins and starts the session. Errors: the client's
+  // (INVALID_ARGUMENT for bad TLS files, UNAVAILABLE, ...).
+  static absl::StatusOr<std::unique_ptr<ElasticWorld>> Connect(ElasticWorldOptions options);
+  ~ElasticWorld();
+  ElasticWorld(const ElasticWorld&) = delete;
+  ElasticWorld& operator=(const ElasticWorld&) = delete;
+
+  // Waits for the first world and enters it. `step`: what this member holds
+  // (the coordinator names the member furthest ahead as the state source).
+  absl::Status EnterFirst(int64_t step, const EnterFn& enter);
+  // Leaves the current world (its communicator is dropped) and enters the
+  // next one; after a drain or the end of the job there is none: left()
+  // becomes true and OK is returned. `before_rejoin` runs before a fenced
+  // member rejoins as a new incarnation (the client is replaced).
+  absl::Status Regroup(const std::string& why, int64_t step, const EnterFn& enter,
+                       const std::function<void()>& before_rejoin);
+  // Leaves the job (finished: the job is over for this member).
+  absl::Status Leave(bool finished, int64_t step);
+  // Drops the communicator; session notices no longer abort anything.
+  void Detach();
+
+  CoordinatorClient* client() const { return client_.get(); }
+  Communicator* comm() const { return comm_.get(); }
+  const WorldInfo& world() const { return world_; }
+  bool left() const { return left_; }
+  // The coordinator told this member to leave (a drain).
+  bool told_to_leave() const { return told_to_leave_.load(); }
+  // A newer generation than the current one was announced.
+  bool newer_world_known() const { return client_->latest_generation() > world_.generation; }
+  int regroups() const { return regroups_; }
+
+ private:
+  explicit ElasticWorld(ElasticWorldOptions options) : options_(std::move(options)) {}
+  absl::Status Join(uint64_t incarnation);
+  void OnNotice(const SessionNotice& notice);
+  absl::Status Enter(const EnterFn& enter);
+  absl::StatusOr<WorldInfo> NextWorld(int64_t step, const std::function<void()>& before_rejoin);
+
+  // Constant after construction.
+  const ElasticWorldOptions options_;
+  // Training thread only.
+  std::unique_ptr<CoordinatorClient> client_;
+  std::unique_ptr<Store> store_;
+  std::unique_ptr<Communicator> comm_;
+  WorldInfo world_;
+  bool left_ = false;
+  int regroups_ = 0;
+  std::atomic<bool> told_to_leave_{false};
+  // Guarded by mu_: what the session thread may abort.
+  std::mutex mu_;
+  Communicator* live_comm_ = nullptr;
+  uint64_t live_generation_ = 0;
+};
+
+}  // namespace muster
+
+#endif  // MUSTER_TRAINER_ELASTIC_ELASTIC_WORLD_H_

@@ -1,0 +1,93 @@
+#include "trainer/elastic/progress_reporter.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <iostream>
+
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "common/status_macros.h"
+
+namespace muster {
+namespace {
+
+std::string FormatEta(double seconds) {
+  const int64_t s = static_cast<int64_t>(std::max(0.0, seconds));
+  return absl::StrFormat("%d:%02d", s / 60, s % 60);
+}
+
+double Now() { return absl::ToUnixMicros(absl::Now()) / 1e6; }
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ProgressReporter>> ProgressReporter::Create(
+    ProgressOptions options, int rank) {
+  std::unique_ptr<ProgressReporter> r(new ProgressReporter(std::move(options)));
+  if (rank == 0 && !r->options_.log_dir.empty()) {
+    ::mkdir(r->options_.log_dir.c_str(), 0755);
+    MUSTER_ASSIGN_OR_RETURN(r->jsonl_,
+                            JsonLinesWriter::Create(r->options_.log_dir + "/metrics.jsonl"));
+    MUSTER_ASSIGN_OR_RETURN(r->events_, EventWriter::Create(r->options_.log_dir));
+  }
+  return r;
+}
+
+void ProgressReporter::WorldEntered(const Progress& p, const std::string& backend,
+                                    int node_count) const {
+  if (p.rank != 0 || !options_.print) return;
+  std::cout << absl::StrFormat(
+                   "muster: generation %d, world %d on %d nodes, backend %s, model %s, batch %d "
+                   "per rank (%d global), step %d",
+                   p.generation, p.world_size, node_count, backend, options_.model_name,
+                   options_.batch_per_rank, p.global_batch, p.step)
+            << std::endl;
+}
+
+void ProgressReporter::RecordLoss(double loss) {
+  last_loss_ = loss;
+  loss_sum_ += loss;
+  ++loss_count_;
+}
+
+void ProgressReporter::StepDone(const Progress& p, double lr) {
+  interval_samples_ += p.global_batch;
+  if (p.step % options_.log_every != 0 && p.step != p.total_steps) return;
+  const double secs = absl::ToDoubleSeconds(absl::Now() - interval_start_);
+  const double sps = interval_samples_ / std::max(secs, 1e-9);
+  const double mean_loss = loss_sum_ / std::max<int64_t>(1, loss_count_);
+  const double eta = (p.total_steps - p.step) * p.global_batch / std::max(sps, 1e-9);
+  if (p.rank == 0 && options_.print) {
+    std::cout << absl::StrFormat("step %d/%d  epoch %d  loss %.4f  lr %.4f  %.0f samples/s  ETA %s",
+                                 p.step, p.total_steps, p.epoch, mean_loss, lr, sps,
+                                 FormatEta(eta))
+              << std::endl;
+  }
+  const double now = Now();
+  if (jsonl_) {
+    jsonl_->Write(p.step, now, {{"loss", mean_loss}, {"lr", lr}, {"samples_per_s", sps},
+                                {"epoch", static_cast<double>(p.epoch)},
+                                {"world_size", static_cast<double>(p.world_size)},
+                                {"generation", static_cast<double>(p.generation)}});
+  }
+  if (events_) {
+    events_->Scalar("train/loss", static_cast<float>(mean_loss), p.step, now);
+    events_->Scalar("train/samples_per_s", static_cast<float>(sps), p.step, now);
+    events_->Flush();
+  }
+  interval_start_ = absl::Now();
+  interval_samples_ = 0;
+  loss_sum_ = 0;
+  loss_count_ = 0;
+}
+
+void ProgressReporter::Scalars(int64_t step, const std::map<std::string, double>& values) {
+  const double now = Now();
+  if (jsonl_) jsonl_->Write(step, now, values);
+  if (events_) {
+    for (const auto& [name, v] : values) events_->Scalar(name, static_cast<float>(v), step, now);
+    events_->Flush();
+  }
+}
+
+}  // namespace muster

@@ -1,0 +1,59 @@
+// ProgressReporter: what rank 0 shows of a run — a progress line on stdout
+// every `log_every` steps (step, epoch, loss, learning rate, samples/s,
+// ETA), the same figures in JSON lines (LOG_DIR/metrics.jsonl) and
+// TensorBoard event files (LOG_DIR/events.out.tfevents.*), and a line for
+// every world entered. Other ranks keep only the loss average.
+//
+// Thread-safety: training thread only.
+#ifndef MUSTER_TRAINER_ELASTIC_PROGRESS_REPORTER_H_
+#define MUSTER_TRAINER_ELASTIC_PROGRESS_REPORTER_H_
+
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "muster/muster.h"
+#include "trainer/train/event_writer.h"
+
+namespace muster {
+
+struct ProgressOptions {
+  bool print = true;        // progress lines on stdout (rank 0)
+  int64_t log_every = 20;
+  std::string log_dir;      // "" = no files
+  std::string model_name;   // for the world line
+  int batch_per_rank = 0;
+};
+
+class ProgressReporter {
+ public:
+  // Files are written by the member that is rank 0 of its first world.
+  // Errors: the log directory or its files cannot be created.
+  static absl::StatusOr<std::unique_ptr<ProgressReporter>> Create(ProgressOptions options,
+                                                                  int rank);
+
+  // A world was entered.
+  void WorldEntered(const Progress& p, const std::string& backend, int node_count) const;
+  void RecordLoss(double loss);
+  // After a committed step: the progress line and the metrics, when due.
+  void StepDone(const Progress& p, double lr);
+  void Scalars(int64_t step, const std::map<std::string, double>& values);
+  double last_loss() const { return last_loss_; }
+
+ private:
+  explicit ProgressReporter(ProgressOptions options) : options_(std::move(options)) {}
+
+  const ProgressOptions options_;
+  std::unique_ptr<JsonLinesWriter> jsonl_;
+  std::unique_ptr<EventWriter> events_;
+  absl::Time interval_start_ = absl::Now();
+  int64_t interval_samples_ = 0;
+  double loss_sum_ = 0, last_loss_ = 0;
+  int64_t loss_count_ = 0;
+};
+
+}  // namespace muster
+
+#endif  // MUSTER_TRAINER_ELASTIC_PROGRESS_REPORTER_H_

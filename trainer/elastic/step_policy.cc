@@ -1,0 +1,22 @@
+#include "trainer/elastic/step_policy.h"
+
+#include <cmath>
+
+namespace muster {
+
+std::array<float, 3> ControlWords::ToArray() const {
+  return {stop ? 1.0f : 0.0f, leave ? 1.0f : 0.0f, newer_world ? 1.0f : 0.0f};
+}
+
+StepDecision DecideAfterStep(const std::array<float, 3>& averages, int world,
+                             const ControlWords& mine, bool drained) {
+  const int stopping = static_cast<int>(std::lround(averages[0] * world));
+  const int leaving = static_cast<int>(std::lround(averages[1] * world));
+  const int heard_newer = static_cast<int>(std::lround(averages[2] * world));
+  if (stopping > 0 || (leaving == world && !drained)) return StepDecision::kStop;
+  if (mine.leave && leaving > 0) return StepDecision::kLeave;
+  if (leaving > 0 || heard_newer > 0) return StepDecision::kRegroup;
+  return StepDecision::kContinue;
+}
+
+}  // namespace muster

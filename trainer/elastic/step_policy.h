@@ -1,0 +1,42 @@
+// StepPolicy: what every rank does at a step boundary, decided from the
+// control words that rode the step's gradient all-reduce. Every rank sees
+// the same sums, so every rank takes the same decision after the same step,
+// with no extra round trip.
+//
+//   words in:  stop    (this rank got SIGUSR1, or stop_after_step was reached)
+//              leave   (this rank got SIGTERM, or the coordinator drains it)
+//              newer   (this rank heard of a newer generation: a join or leave)
+//
+//   kStop      some rank is told to stop, or every rank is leaving at once
+//              (a whole job preempted): checkpoint, then end with kStopped
+//   kLeave     this rank leaves; the others regroup without it
+//   kRegroup   someone leaves or a newer world exists: all enter it
+//   kContinue  nothing to do
+//
+// Pure: no state, no I/O; thread-safe.
+#ifndef MUSTER_TRAINER_ELASTIC_STEP_POLICY_H_
+#define MUSTER_TRAINER_ELASTIC_STEP_POLICY_H_
+
+#include <array>
+
+namespace muster {
+
+enum class StepDecision { kContinue, kStop, kLeave, kRegroup };
+
+// This rank's words, as GradientSync carries them (0 or 1 each).
+struct ControlWords {
+  bool stop = false;
+  bool leave = false;
+  bool newer_world = false;
+  std::array<float, 3> ToArray() const;
+};
+
+// `averages`: GradientSync::control() after a successful step; `world`: its
+// size; `mine`: what this rank sent; `drained`: the coordinator told this
+// rank to leave (not a signal).
+StepDecision DecideAfterStep(const std::array<float, 3>& averages, int world,
+                             const ControlWords& mine, bool drained);
+
+}  // namespace muster
+
+#endif  // MUSTER_TRAINER_ELASTIC_STEP_POLICY_H_
