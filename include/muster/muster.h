@@ -130,7 +130,7 @@ struct Options {
   // ---- Communication ----
   Backend backend = Backend::kAuto;
   std::string address;       // the address other nodes reach this one at (default: host name)
-  std::string job;           // names shared memory; default $SLURM_JOB_ID or "muster"
+  std::string job;           // names shared memory; default $MUSTER_JOB, $SLURM_JOB_ID or "muster"
   bool cuda = false;         // tensors and collectives on this process's GPU
   double bucket_mb = 25;     // gradient bucket size
   bool overlap = true;       // reduce buckets during backward
@@ -237,6 +237,11 @@ class Distributed {
   virtual int checkpoints_committed() const = 0;    // by this rank's reports
   virtual int64_t resumed_from_step() const = 0;    // -1: started fresh
   virtual double comm_overlap_pct() const = 0;      // all-reduce time hidden behind backward
+  // XXH3-64 of the whole registered state (model, optimizer, extra tensors,
+  // blobs) and the step and sample counters: equal on two ranks exactly
+  // when they hold bit-identical state (what the library checks after every
+  // state transfer). Between steps.
+  virtual uint64_t StateDigest() const = 0;
 };
 
 }  // namespace muster

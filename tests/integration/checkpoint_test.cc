@@ -16,6 +16,8 @@
 #include "common/file_system.h"
 #include "tests/integration/coordinator_fixture.h"
 #include "tests/integration/faulty_file_system.h"
+#include "trainer/checkpoint/checkpointer.h"
+#include "trainer/checkpoint/safetensors.h"
 #include "trainer/data/dataset.h"
 #include "trainer/models/models.h"
 #include "trainer/train/trainer.h"
@@ -211,6 +213,51 @@ TEST_F(CheckpointTest, AnIndependentPythonReaderSeesTheSameTensors) {
     ++i;
   }
   EXPECT_EQ(i, sums.size());
+}
+
+}  // namespace
+}  // namespace muster
+
+namespace muster {
+namespace {
+
+// Writes `tensors` as a checkpoint file of `dir` and returns its report.
+FileReport WriteFile(const std::string& path, const NamedTensors& tensors) {
+  std::string bytes = EncodeSafetensors(tensors, {}).value();
+  std::ofstream(path, std::ios::binary) << bytes;
+  return {path, bytes.size(), Xxh3Hex(bytes.data(), bytes.size())};
+}
+
+TEST(LoadCheckpointTest, AnOptimizerStateThatDoesNotFitChangesNothing) {
+  torch::manual_seed(3);
+  torch::nn::Linear model(4, 2);
+  torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(0.1));
+  const std::string dir = ::testing::TempDir() + "/misfit" + std::to_string(::getpid());
+  std::system(("rm -rf " + dir + " && mkdir -p " + dir).c_str());
+  // A model file that fits, and AdamW moments of the wrong dtype (float64).
+  NamedTensors saved_model;
+  for (const auto& [name, t] : ModelTensors(*model)) saved_model.emplace_back(name, t + 1);
+  NamedTensors saved_optimizer;
+  for (const auto& p : model->named_parameters()) {
+    saved_optimizer.emplace_back(p.key() + ".step", torch::tensor(int64_t{5}));
+    saved_optimizer.emplace_back(p.key() + ".exp_avg", torch::ones_like(p.value(), torch::kFloat64));
+    saved_optimizer.emplace_back(p.key() + ".exp_avg_sq", torch::ones_like(p.value()));
+  }
+  const std::string manifest =
+      R"({"step": 7, "epoch": 0, "sample_offset": 70, "generation": 1, "world_size": 1})";
+  std::ofstream(dir + "/manifest.json") << manifest;
+  std::vector<FileReport> files = {
+      WriteFile(dir + "/model.safetensors", saved_model),
+      WriteFile(dir + "/optimizer.safetensors", saved_optimizer),
+      {dir + "/manifest.json", manifest.size(), Xxh3Hex(manifest.data(), manifest.size())}};
+  const torch::Tensor before = model->weight.detach().clone();
+  absl::StatusOr<CheckpointMeta> loaded =
+      LoadCheckpoint(files, TrainingState{model.ptr().get(), &optimizer, {}, {}});
+  EXPECT_TRUE(absl::IsDataLoss(loaded.status())) << loaded.status();
+  EXPECT_NE(loaded.status().message().find("exp_avg"), std::string::npos) << loaded.status();
+  // Nothing changed: the model keeps its weights, the optimizer has no state.
+  EXPECT_TRUE(torch::equal(model->weight, before));
+  EXPECT_TRUE(optimizer.state().empty());
 }
 
 }  // namespace

@@ -74,7 +74,10 @@ absl::StatusOr<ClientOptions> ClientOptionsFrom(const Options& o) {
 CommOptions CommOptionsFrom(const Options& o, int local_rank) {
   CommOptions comm;
   comm.backend = o.backend;
-  comm.job = !o.job.empty() ? o.job : !Env("SLURM_JOB_ID").empty() ? Env("SLURM_JOB_ID") : "muster";
+  comm.job = !o.job.empty()                 ? o.job
+             : !Env("MUSTER_JOB").empty()   ? Env("MUSTER_JOB")
+             : !Env("SLURM_JOB_ID").empty() ? Env("SLURM_JOB_ID")
+                                            : "muster";
   comm.gloo.hostname = o.address;
   comm.cuda = o.cuda;
   comm.cuda_device = local_rank;
@@ -110,6 +113,9 @@ class Engine : public Distributed {
     return checkpointer_ ? checkpointer_->committed() : 0;
   }
   int64_t resumed_from_step() const override { return resumed_from_; }
+  uint64_t StateDigest() const override {
+    return muster::StateDigest(state_, {step_, offset_});
+  }
   double comm_overlap_pct() const override {
     return comm_total_ > 0 ? 100.0 * hidden_total_ / comm_total_ : 0;
   }

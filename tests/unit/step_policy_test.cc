@@ -1,0 +1,51 @@
+// StepPolicy: the decision every rank takes after a step from the averaged
+// control words (stop, leave, newer world).
+#include "trainer/elastic/step_policy.h"
+
+#include <gtest/gtest.h>
+
+namespace muster {
+namespace {
+
+std::array<float, 3> Averages(int stop, int leave, int newer, int world) {
+  return {static_cast<float>(stop) / world, static_cast<float>(leave) / world,
+          static_cast<float>(newer) / world};
+}
+
+TEST(StepPolicyTest, NothingAskedContinues) {
+  EXPECT_EQ(DecideAfterStep(Averages(0, 0, 0, 4), 4, {}, false), StepDecision::kContinue);
+}
+
+TEST(StepPolicyTest, OneRankToldToStopStopsEveryRank) {
+  EXPECT_EQ(DecideAfterStep(Averages(1, 0, 0, 4), 4, {}, false), StepDecision::kStop);
+  EXPECT_EQ(DecideAfterStep(Averages(1, 1, 1, 3), 3, {true, false, false}, false),
+            StepDecision::kStop);
+}
+
+TEST(StepPolicyTest, EveryRankLeavingAtOnceIsAPreemptionAndStops) {
+  EXPECT_EQ(DecideAfterStep(Averages(0, 4, 0, 4), 4, {false, true, false}, false),
+            StepDecision::kStop);
+}
+
+TEST(StepPolicyTest, EveryRankDrainedLeavesInsteadOfStopping) {
+  EXPECT_EQ(DecideAfterStep(Averages(0, 2, 0, 2), 2, {false, true, false}, true),
+            StepDecision::kLeave);
+}
+
+TEST(StepPolicyTest, TheLeavingRankLeavesAndTheOthersRegroup) {
+  const auto words = Averages(0, 1, 0, 4);
+  EXPECT_EQ(DecideAfterStep(words, 4, {false, true, false}, false), StepDecision::kLeave);
+  EXPECT_EQ(DecideAfterStep(words, 4, {}, false), StepDecision::kRegroup);
+}
+
+TEST(StepPolicyTest, ANewerWorldHeardByOneRankRegroupsAll) {
+  EXPECT_EQ(DecideAfterStep(Averages(0, 0, 1, 5), 5, {}, false), StepDecision::kRegroup);
+}
+
+TEST(StepPolicyTest, ControlWordsAreOnesAndZeros) {
+  const ControlWords w{true, false, true};
+  EXPECT_EQ(w.ToArray(), (std::array<float, 3>{1, 0, 1}));
+}
+
+}  // namespace
+}  // namespace muster
