@@ -4,7 +4,7 @@
 // counter of optimizer updates kept as bytes. muster moves all of it to
 // joiners, checkpoints it and restores it.
 //
-//   char_lm [--text FILE] [--epochs N | --steps N] [--batch N]
+//   char_lm [--node-id ID] [--text FILE] [--epochs N | --steps N] [--batch N]
 //           [--checkpoint-dir D --checkpoint-every N] [--log-dir D]
 //           [--record DIR] [--summary FILE] [--pace-ms N]
 //
@@ -78,6 +78,7 @@ int main(int argc, char** argv) {
   options.log_dir = get("--log-dir", "");
   options.log_every = 10;
   options.model_name = "char-gru";
+  options.node_id = get("--node-id", "");  // default: from muster-agent, Slurm, ..., the host name
   options.lr_schedule = [](const muster::Progress& p) {  // warm-up, then cosine to 10%
     const double peak = 3e-3, t = std::min(1.0, p.step / std::max(1.0, p.total_steps - 1.0));
     return p.step < 10 ? peak * (p.step + 1) / 10 : peak * (0.1 + 0.45 * (1 + std::cos(M_PI * t)));

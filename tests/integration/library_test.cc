@@ -130,6 +130,14 @@ TEST_F(LibraryTest, AKilledTrainerIsReplacedAndEveryRankEndsBitIdentical) {
   ASSERT_TRUE(WaitForLine("a.log", "world 4 on 2 nodes", absl::Seconds(60)))
       << ReadText(dir_ + "/a.log");
   ASSERT_TRUE(WaitForLine("a.log", "step 20/", absl::Seconds(60))) << ReadText(dir_ + "/a.log");
+  // Heartbeats carry each member's real step: `muster status` shows it.
+  int code = -1;
+  const std::string status =
+      RunShell(kBin + "/muster --coordinator=" + target_ + " status --json", &code);
+  ASSERT_EQ(code, 0) << status;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(status, m, std::regex("\"step\": \"([0-9]+)\""))) << status;
+  EXPECT_GT(std::stoi(m[1]), 0) << status;  // a heartbeat interval behind, never 0
   const pid_t victim = LastTrainerPid(dir_ + "/b.log", 1);
   ASSERT_GT(victim, 0) << ReadText(dir_ + "/b.log");
   ASSERT_EQ(::kill(victim, SIGKILL), 0);
