@@ -382,10 +382,4 @@ absl::StatusOr<CheckpointMeta> LoadCheckpoint(const std::vector<FileReport>& fil
   return meta;
 }
 
-absl::StatusOr<CheckpointMeta> LoadCheckpoint(const std::vector<FileReport>& files,
-                                              torch::nn::Module& model,
-                                              torch::optim::Optimizer& optimizer, FileSystem* fs) {
-  return LoadCheckpoint(files, TrainingState{&model, &optimizer, {}, {}}, fs);
-}
-
 }  // namespace muster

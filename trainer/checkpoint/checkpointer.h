@@ -121,10 +121,6 @@ class Checkpointer {
 absl::StatusOr<CheckpointMeta> LoadCheckpoint(const std::vector<FileReport>& files,
                                               const TrainingState& state,
                                               FileSystem* fs = DefaultFileSystem());
-absl::StatusOr<CheckpointMeta> LoadCheckpoint(const std::vector<FileReport>& files,
-                                              torch::nn::Module& model,
-                                              torch::optim::Optimizer& optimizer,
-                                              FileSystem* fs = DefaultFileSystem());
 
 }  // namespace muster
 

@@ -242,13 +242,4 @@ absl::Status BroadcastTensors(const std::vector<torch::Tensor>& tensors, Communi
   return absl::OkStatus();
 }
 
-double TensorChecksum(const std::vector<torch::Tensor>& tensors) {
-  torch::NoGradGuard no_grad;
-  double sum = 0;
-  for (const torch::Tensor& t : tensors) {
-    sum += t.to(torch::kFloat64).abs().sum().item<double>();
-  }
-  return sum;
-}
-
 }  // namespace muster

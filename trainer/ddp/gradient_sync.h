@@ -116,10 +116,6 @@ class GradientSync {
 absl::Status BroadcastTensors(const std::vector<torch::Tensor>& tensors, Communicator* comm,
                               int root, absl::Time deadline);
 
-// Sum of |x| over the tensors, all-reduced: equal on every rank exactly
-// when the tensors are (checked after start and after every regroup).
-double TensorChecksum(const std::vector<torch::Tensor>& tensors);
-
 }  // namespace muster
 
 #endif  // MUSTER_TRAINER_DDP_GRADIENT_SYNC_H_

@@ -56,30 +56,23 @@ bool CatalogCheckpointer::Due(int64_t step) const {
           absl::Now() - last_ >= absl::Seconds(options_.interval_seconds));
 }
 
-absl::Status CatalogCheckpointer::Take(CoordinatorClient* client, const CheckpointPoint& at) {
+absl::Status CatalogCheckpointer::Take(CoordinatorClient* client, int rank, CheckpointMeta meta) {
   last_ = absl::Now();
   absl::StatusOr<uint64_t> id =
-      client->BeginCheckpoint(at.generation, at.step, absl::Now() + kCallTimeout);
+      client->BeginCheckpoint(meta.generation, meta.step, absl::Now() + kCallTimeout);
   if (!id.ok()) {
-    MUSTER_LOG(WARNING) << "checkpoint of step " << at.step << " not started: " << id.status();
+    MUSTER_LOG(WARNING) << "checkpoint of step " << meta.step << " not started: " << id.status();
     return absl::OkStatus();
   }
-  if (at.rank != 0) {
+  if (rank != 0) {
     absl::Status s = client->ReportShard(*id, {}, absl::Now() + kCallTimeout).status();
     if (!s.ok()) MUSTER_LOG(WARNING) << "checkpoint report failed: " << s;
     return absl::OkStatus();
   }
-  CheckpointMeta meta;
-  meta.step = at.step;
-  meta.epoch = at.epoch;
-  meta.sample_offset = at.sample_offset;
-  meta.generation = at.generation;
-  meta.world_size = at.world_size;
-  meta.lr_world_size = at.lr_world_size;
   meta.model = options_.model_name;
   meta.optimizer = options_.optimizer_name;
   const uint64_t cid = *id;
-  const int64_t step = at.step;
+  const int64_t step = meta.step;
   return checkpointer_.Snapshot(
       meta, [client, cid, step, fs = fs_, dir = options_.dir, committed = committed_](
                 absl::StatusOr<std::vector<FileReport>> files, CheckpointTiming timing) {

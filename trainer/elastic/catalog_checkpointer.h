@@ -41,17 +41,6 @@ struct CatalogCheckpointerOptions {
   FileSystem* fs = nullptr;       // default: the real file system
 };
 
-// Where training stands when a checkpoint is taken.
-struct CheckpointPoint {
-  uint64_t generation = 0;
-  int rank = 0;
-  int world_size = 0;
-  int lr_world_size = 0;
-  int64_t step = 0;
-  int64_t epoch = 0;
-  int64_t sample_offset = 0;
-};
-
 class CatalogCheckpointer {
  public:
   CatalogCheckpointer(CatalogCheckpointerOptions options, TrainingState state);
@@ -61,9 +50,10 @@ class CatalogCheckpointer {
   absl::StatusOr<CheckpointMeta> Resume(CoordinatorClient* client);
   // Whether the schedule asks for a checkpoint after `step`.
   bool Due(int64_t step) const;
-  // Checkpoints the state after `at.step` (see the top). Errors only for a
+  // Checkpoints the state after `meta.step` as rank `rank` (see the top);
+  // the model and optimizer names come from the options. Errors only for a
   // snapshot that could not be taken (host memory).
-  absl::Status Take(CoordinatorClient* client, const CheckpointPoint& at);
+  absl::Status Take(CoordinatorClient* client, int rank, CheckpointMeta meta);
   // Waits until no write is running.
   void Wait() { checkpointer_.Wait(); }
   int committed() const { return committed_->load(); }

@@ -19,10 +19,12 @@ std::vector<torch::Tensor> Tensors(const NamedTensors& named) {
   return out;
 }
 
-// The model, optimizer and extra tensors, in one order on every rank.
-std::vector<torch::Tensor> StateTensors(const TrainingState& state) {
+// The model, `optimizer` (the state's optimizer tensors) and extra tensors,
+// in one order on every rank.
+std::vector<torch::Tensor> StateTensors(const TrainingState& state,
+                                        const NamedTensors& optimizer) {
   std::vector<torch::Tensor> out = Tensors(state.Model());
-  for (const torch::Tensor& t : Tensors(state.Optimizer())) out.push_back(t);
+  for (const torch::Tensor& t : Tensors(optimizer)) out.push_back(t);
   for (const auto& [name, t] : state.tensors) out.push_back(t);
   return out;
 }
@@ -34,7 +36,7 @@ uint64_t StateDigest(const TrainingState& state, const std::vector<int64_t>& cou
   XXH3_state_t* h = XXH3_createState();
   XXH3_64bits_reset(h);
   XXH3_64bits_update(h, counters.data(), counters.size() * sizeof(int64_t));
-  for (const torch::Tensor& t : StateTensors(state)) {
+  for (const torch::Tensor& t : StateTensors(state, state.Optimizer())) {
     torch::Tensor c = t.detach().contiguous().cpu();
     XXH3_64bits_update(h, c.data_ptr(), static_cast<size_t>(c.numel()) * c.element_size());
   }
@@ -79,10 +81,8 @@ absl::Status SyncStateFrom(int source, Communicator* comm, const TrainingState& 
   std::copy(head.begin(), head.begin() + counters->size(), counters->begin());
   // Every rank must hold the same set of optimizer tensors before the
   // broadcast (a newcomer has none yet): TrainingState::Optimizer sees to it.
-  const NamedTensors optimizer_tensors = state.Optimizer();
-  std::vector<torch::Tensor> tensors = Tensors(state.Model());
-  for (const auto& [name, t] : optimizer_tensors) tensors.push_back(t);  // step tensors: read back below
-  for (const auto& [name, t] : state.tensors) tensors.push_back(t);
+  const NamedTensors optimizer_tensors = state.Optimizer();  // step tensors: read back below
+  std::vector<torch::Tensor> tensors = StateTensors(state, optimizer_tensors);
   std::map<std::string, std::string> received;
   for (size_t i = 0; i < state.blobs.size(); ++i) {
     const size_t size = static_cast<size_t>(head[counters->size() + i]);

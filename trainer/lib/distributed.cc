@@ -131,7 +131,7 @@ class Engine : public Distributed {
   void PrepareStep();
   bool Done() const;
   void DropGradients();
-  CheckpointPoint Point() const;
+  CheckpointMeta Point() const;
 
   // Constant after construction.
   const Options options_;
@@ -375,24 +375,23 @@ absl::Status Engine::AfterBackward() {
   return absl::OkStatus();
 }
 
-CheckpointPoint Engine::Point() const {
-  const Progress p = progress();
-  CheckpointPoint at;
-  at.generation = p.generation;
-  at.rank = p.rank;
-  at.world_size = p.world_size;
-  at.lr_world_size = lr_world_;
-  at.step = step_;
-  at.epoch = batch_.epoch;
-  at.sample_offset = offset_;
-  return at;
+// What a checkpoint after the last committed step records.
+CheckpointMeta Engine::Point() const {
+  CheckpointMeta meta;
+  meta.generation = world_->world().generation;
+  meta.world_size = world_->world().world_size;
+  meta.lr_world_size = lr_world_;
+  meta.step = step_;
+  meta.epoch = batch_.epoch;
+  meta.sample_offset = offset_;
+  return meta;
 }
 
 // Some rank was told to stop, or every rank got SIGTERM (the whole job is
 // preempted): every rank saw it in this step's all-reduce. Checkpoint and stop.
 absl::Status Engine::Stop() {
   if (checkpointer_) {
-    MUSTER_RETURN_IF_ERROR(checkpointer_->Take(world_->client(), Point()));
+    MUSTER_RETURN_IF_ERROR(checkpointer_->Take(world_->client(), world_->world().rank, Point()));
     checkpointer_->Wait();
     // Nobody leaves before rank 0 reported: a departure would abort the
     // checkpoint before it commits.
@@ -428,7 +427,7 @@ absl::Status Engine::AtBoundary() {
       break;
   }
   if (checkpointer_ && checkpointer_->Due(step_)) {
-    MUSTER_RETURN_IF_ERROR(checkpointer_->Take(world_->client(), Point()));
+    MUSTER_RETURN_IF_ERROR(checkpointer_->Take(world_->client(), world_->world().rank, Point()));
   }
   PublishState();
   return absl::OkStatus();
