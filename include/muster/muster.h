@@ -22,7 +22,7 @@
 //     optimizer.zero_grad();
 //     d.BeforeBackward();
 //     loss.backward();
-//     if (!d.AfterBackward().ok()) continue;    // a peer failed: step dropped, world regrouped
+//     if (!d.AfterBackward().ok()) continue;    // a peer failed, the step could not be salvaged
 //     optimizer.step();
 //   }
 //   return muster::Distributed::ExitCode(d.Finish());
@@ -34,8 +34,13 @@
 //   * AfterBackward() all-reduces the gradients (bucketed, overlapped with
 //     backward). When a peer fails it aborts, regroups with the survivors
 //     (new communicator, state from the member furthest ahead, verified by a
-//     checksum) and returns ABORTED: the step is dropped, and its examples
-//     come again in the next step, resharded over the new world.
+//     checksum) and salvages the step: the survivors reduce the gradients
+//     they still hold in the new world, so the step is the average over
+//     their shares of the global batch, and the dead ranks' examples go back
+//     to the sampler to lead the next step. It returns OK: no work is lost.
+//     Only when nothing can be salvaged (Options::salvage off, or no
+//     survivor holds a gradient of the step) it returns ABORTED: the step is
+//     dropped and its examples come again, resharded over the new world.
 //   * ShouldStop() acts at the step boundary all ranks agreed on through the
 //     all-reduce: a stop signal (SIGUSR1/SIGTERM to every rank, Slurm's
 //     warning) checkpoints and stops; a drain or SIGTERM to one rank makes it
@@ -135,6 +140,10 @@ struct Options {
   double bucket_mb = 25;     // gradient bucket size
   bool overlap = true;       // reduce buckets during backward
   double collective_timeout_s = 120;
+  // A peer that fails during a step's all-reduce: the survivors reduce the
+  // gradients they hold in the regrouped world and take the step (the dead
+  // ranks' examples come again); false drops the step.
+  bool salvage = true;
 
   // ---- Data: a distributed sampler over indices [0, dataset_size) ----
   int64_t dataset_size = 0;  // required
@@ -206,9 +215,12 @@ class Distributed {
   // DDP's no_sync); the next synchronised backward reduces the sum.
   virtual void BeforeBackward(bool sync = true) = 0;
   // After the step's last loss.backward(), before optimizer.step(): every
-  // gradient is the average over the world, and the step counts. ABORTED:
-  // a peer failed; the step is dropped (do not call optimizer.step()) and
-  // the world has regrouped. Other errors end the run (ShouldStop is true).
+  // gradient is the average over the world, and the step counts. When a peer
+  // failed, the world has regrouped and the step was salvaged (see the top
+  // of this file): the gradients are the average over the ranks whose shares
+  // were reduced, and Batch() is this rank's examples if its share counted,
+  // else empty. ABORTED: nothing could be salvaged; the step is dropped (do
+  // not call optimizer.step()). Other errors end the run (ShouldStop is true).
   virtual absl::Status AfterBackward() = 0;
 
   // Sums `values` over the world (evaluation, metrics). ABORTED: a peer

@@ -260,5 +260,37 @@ TEST(LoadCheckpointTest, AnOptimizerStateThatDoesNotFitChangesNothing) {
   EXPECT_TRUE(optimizer.state().empty());
 }
 
+// A checkpoint taken right after a salvaged step records the examples it
+// returned to the sampler; a resume trains on them first.
+TEST(LoadCheckpointTest, ReturnedExamplesRoundTripAndBadOnesAreNamed) {
+  torch::nn::Linear model(4, 2);
+  const std::string dir = ::testing::TempDir() + "/returned" + std::to_string(::getpid());
+  auto load = [&](const std::string& extra) {
+    std::system(("rm -rf " + dir + " && mkdir -p " + dir).c_str());
+    const std::string manifest =
+        R"({"step": 7, "epoch": 1, "sample_offset": 70, "generation": 2, "world_size": 3)" +
+        extra + "}";
+    std::ofstream(dir + "/manifest.json") << manifest;
+    std::vector<FileReport> files = {
+        WriteFile(dir + "/model.safetensors", ModelTensors(*model)),
+        WriteFile(dir + "/optimizer.safetensors", {}),
+        {dir + "/manifest.json", manifest.size(), Xxh3Hex(manifest.data(), manifest.size())}};
+    return LoadCheckpoint(files, TrainingState{model.ptr().get(), nullptr, {}, {}});
+  };
+  absl::StatusOr<CheckpointMeta> meta =
+      load(R"(, "returned_epoch": 1, "returned_examples": [12, 5, 40])");
+  ASSERT_TRUE(meta.ok()) << meta.status();
+  EXPECT_EQ(meta->returned_epoch, 1);
+  EXPECT_EQ(meta->returned_examples, (std::vector<int64_t>{12, 5, 40}));
+  meta = load("");
+  ASSERT_TRUE(meta.ok()) << meta.status();
+  EXPECT_TRUE(meta->returned_examples.empty());
+  meta = load(R"(, "returned_epoch": 1, "returned_examples": [12, "x"])");
+  EXPECT_TRUE(absl::IsDataLoss(meta.status())) << meta.status();
+  EXPECT_NE(meta.status().message().find("returned_examples"), std::string::npos) << meta.status();
+  meta = load(R"(, "returned_examples": [3])");
+  EXPECT_TRUE(absl::IsDataLoss(meta.status())) << meta.status();
+}
+
 }  // namespace
 }  // namespace muster

@@ -55,12 +55,13 @@ class LibraryTest : public ::testing::Test {
   void TearDown() override { StopCoordinator(); }
 
   // A coordinator on `state` (kept across restarts, like a requeued job).
-  void StartCoordinator(int min_members, int max_members, const std::string& state) {
+  void StartCoordinator(int min_members, int max_members, const std::string& state,
+                        const std::string& last_call = "300ms") {
     target_ = absl::StrCat("127.0.0.1:", FreeLoopbackPort());
     coordinator_ = SpawnLogged(
         {kBin + "/muster-coordinator", "--listen=" + target_, "--no-auth",
          "--state-dir=" + dir_ + "/" + state, absl::StrCat("--min-members=", min_members),
-         absl::StrCat("--max-members=", max_members), "--last-call=300ms",
+         absl::StrCat("--max-members=", max_members), "--last-call=" + last_call,
          "--heartbeat-interval=200ms", "--heartbeat-timeout=2s"},
         absl::StrCat(dir_, "/coordinator-", state, ".log"));
   }
@@ -117,6 +118,28 @@ class LibraryTest : public ::testing::Test {
     EXPECT_EQ(last.size(), n) << "processes that ended at step " << by_step.rbegin()->first;
     for (const std::string& d : last) EXPECT_EQ(d, last[0]) << "state differs between ranks";
     return last[0];
+  }
+
+  // Every example of every epoch exactly once, summed over all the `record`
+  // files of the processes (a data set of at least `at_least` examples).
+  void ExpectEveryExampleOncePerEpoch(const std::string& record, int epochs, int at_least) {
+    std::map<std::pair<int, int>, int> seen;
+    int examples = 0;
+    for (const std::string& f : ListFiles(dir_ + "/" + record)) {
+      std::istringstream in(ReadText(f));
+      int epoch = 0, index = 0;
+      while (in >> epoch >> index) {
+        ++seen[{epoch, index}];
+        examples = std::max(examples, index + 1);
+      }
+    }
+    ASSERT_GE(examples, at_least);
+    for (int e = 0; e < epochs; ++e) {
+      for (int i = 0; i < examples; ++i) {
+        EXPECT_EQ((seen[{e, i}]), 1) << "epoch " << e << " example " << i;
+      }
+    }
+    EXPECT_EQ(seen.size(), static_cast<size_t>(epochs * examples)) << "an example past the end";
   }
 
   std::string dir_, target_;
@@ -221,26 +244,84 @@ TEST_F(LibraryTest, EveryExampleIsSeenOncePerEpochThroughWorldsOfThreeTwoAndFour
   for (pid_t p : {first[0], first[1], joined[0], joined[1]}) EXPECT_EQ(WaitExit(p), 0);
   EXPECT_NE(ReadText(dir_ + "/t0.log").find("world 4 on 1 nodes"), std::string::npos)
       << ReadText(dir_ + "/t0.log");
-  // Every example of every epoch exactly once, summed over all processes.
-  std::map<std::pair<int, int>, int> seen;
-  int examples = 0;
-  for (const std::string& f : ListFiles(dir_ + "/record")) {
-    std::istringstream in(ReadText(f));
-    int epoch = 0, index = 0;
-    while (in >> epoch >> index) {
-      ++seen[{epoch, index}];
-      examples = std::max(examples, index + 1);
-    }
-  }
-  ASSERT_GT(examples, 100);
-  for (int e = 0; e < epochs; ++e) {
-    for (int i = 0; i < examples; ++i) {
-      EXPECT_EQ((seen[{e, i}]), 1) << "epoch " << e << " example " << i;
-    }
-  }
-  EXPECT_EQ(seen.size(), static_cast<size_t>(epochs * examples)) << "an example past the end";
+  ExpectEveryExampleOncePerEpoch("record", epochs, /*at_least=*/100);
   // The four that finished left at the same step with the same state.
   CommonFinalDigest("summary", 4);
+}
+
+// Step salvage. Four members, each its own node, train salvage_member (an
+// MLP with Adam, in several gradient buckets). In the drill, the last rank
+// SIGKILLs itself inside step 7; the reference is the same job whose last
+// rank leaves after step 6, so that step 7 is taken by a world of 3 on the
+// same examples. The survivors must end bit-identical to the reference.
+class SalvageTest : public LibraryTest, public ::testing::WithParamInterface<int> {
+ protected:
+  static constexpr int kEpochs = 2;
+  // Runs the job; `last` are the extra flags of the fourth member. Returns
+  // the survivors' summaries (JSON).
+  std::vector<std::string> RunJob(const std::string& tag, const std::vector<std::string>& last,
+                                  const std::vector<std::string>& common) {
+    StartCoordinator(/*min_members=*/3, /*max_members=*/4, tag, /*last_call=*/"10s");
+    setenv("MUSTER_COORDINATOR", target_.c_str(), 1);
+    std::system(("mkdir -p " + dir_ + "/" + tag + "-summary " + dir_ + "/" + tag + "-record").c_str());
+    std::vector<pid_t> pids;
+    for (int i = 0; i < 4; ++i) {
+      std::vector<std::string> argv = {kBin + "/salvage_member", "--node-id", absl::StrCat("n", i),
+                                       "--epochs", std::to_string(kEpochs), "--record",
+                                       dir_ + "/" + tag + "-record", "--summary",
+                                       dir_ + "/" + tag + "-summary/{pid}.json"};
+      argv.insert(argv.end(), common.begin(), common.end());
+      if (i == 3) argv.insert(argv.end(), last.begin(), last.end());
+      pids.push_back(SpawnLogged(argv, absl::StrCat(dir_, "/", tag, "-n", i, ".log")));
+    }
+    for (int i = 0; i < 3; ++i) {
+      EXPECT_EQ(WaitExit(pids[i]), 0) << ReadText(absl::StrCat(dir_, "/", tag, "-n", i, ".log"));
+    }
+    last_exit_ = WaitExit(pids[3]);
+    StopCoordinator();
+    std::vector<std::string> out;
+    for (const std::string& f : ListFiles(dir_ + "/" + tag + "-summary")) {
+      const std::string json = ReadText(f);
+      if (JsonNumber(json, "world_size") == "3") out.push_back(json);
+    }
+    EXPECT_EQ(out.size(), 3u) << tag << ": survivors that ended in a world of 3";
+    return out;
+  }
+  int last_exit_ = 0;
+};
+
+TEST_P(SalvageTest, ASalvagedStepEndsBitIdenticalToTheStepTakenWithoutTheDeadRank) {
+  const std::vector<std::string> common = {"--accumulate", std::to_string(GetParam())};
+  const std::vector<std::string> reference =
+      RunJob("reference", {"--leave-after-step", "6"}, common);
+  const std::vector<std::string> salvaged = RunJob("salvaged", {"--die-at-step", "7"}, common);
+  EXPECT_EQ(last_exit_, 128 + SIGKILL);
+  ASSERT_EQ(reference.size(), 3u);
+  ASSERT_EQ(salvaged.size(), 3u);
+  const std::string digest = JsonString(reference[0], "digest");
+  for (const std::string& json : reference) EXPECT_EQ(JsonString(json, "digest"), digest) << json;
+  for (const std::string& json : salvaged) {
+    EXPECT_EQ(JsonNumber(json, "dropped"), "0") << "no step was lost: " << json;
+    EXPECT_EQ(JsonNumber(json, "steps"), JsonNumber(reference[0], "steps")) << json;
+    EXPECT_EQ(JsonString(json, "digest"), digest) << "salvaged state differs: " << json;
+  }
+  const std::string log = ReadText(dir_ + "/salvaged-n0.log");
+  EXPECT_NE(log.find("step 7 salvaged"), std::string::npos) << log;
+  EXPECT_NE(log.find("3 of 4 shares reduced, 1 returned to the sampler"), std::string::npos) << log;
+  // The dead rank's examples of step 7 were trained on later in the epoch.
+  ExpectEveryExampleOncePerEpoch("salvaged-record", kEpochs, /*at_least=*/200);
+}
+
+INSTANTIATE_TEST_SUITE_P(Accumulate, SalvageTest, ::testing::Values(1, 2),
+                         [](const auto& info) { return absl::StrCat("micro_batches_", info.param); });
+
+TEST_F(SalvageTest, WithSalvageOffTheStepIsDroppedAndItsExamplesComeAgain) {
+  const std::vector<std::string> dropped =
+      RunJob("dropped", {"--die-at-step", "7"}, {"--salvage", "0"});
+  for (const std::string& json : dropped) EXPECT_EQ(JsonNumber(json, "dropped"), "1") << json;
+  const std::string log = ReadText(dir_ + "/dropped-n0.log");
+  EXPECT_EQ(log.find("salvaged"), std::string::npos) << log;
+  ExpectEveryExampleOncePerEpoch("dropped-record", kEpochs, /*at_least=*/200);
 }
 
 }  // namespace

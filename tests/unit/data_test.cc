@@ -1,5 +1,6 @@
 #include <zlib.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <map>
@@ -67,6 +68,81 @@ TEST(SamplerTest, GlobalBatchDoesNotDependOnTheSplit) {
   EXPECT_EQ(one, four);
   EXPECT_NE(s.Permutation(0), s.Permutation(1));  // reshuffled per epoch
   EXPECT_EQ(s.Next(500, 2, 0, 8).epoch, 1);
+}
+
+// The global batch of a step: every rank's share, in rank order.
+std::vector<int64_t> GlobalBatch(DistributedSampler& s, const SamplerPosition& at, int world,
+                                 int batch) {
+  std::vector<int64_t> out;
+  for (int r = 0; r < world; ++r) {
+    auto b = s.Next(at, world, r, batch).indices;
+    out.insert(out.end(), b.begin(), b.end());
+  }
+  return out;
+}
+
+TEST(SamplerTest, ASalvagedStepThatLostTheLastShareContinuesLikeTheSmallerWorld) {
+  DistributedSampler s(300, 5);
+  SamplerPosition at{40, 0, {}};
+  // Step at world 4 whose rank 3 died: ranks 0-2 trained, rank 3's share is returned.
+  const SampledBatch step = s.Next(at, 4, 0, 8);
+  SamplerPosition salvaged = s.Advance(at, step, 4, 8, {3});
+  EXPECT_EQ(salvaged.offset, 72);
+  EXPECT_EQ(salvaged.returned, s.Next(at, 4, 3, 8).indices);
+  // The reference: world 3 from that step on.
+  SamplerPosition reference{40, 0, {}};
+  reference.offset += s.Next(reference, 3, 0, 8).global_batch;
+  for (int k = 0; k < 5; ++k) {
+    ASSERT_EQ(GlobalBatch(s, salvaged, 3, 8), GlobalBatch(s, reference, 3, 8)) << "step " << k;
+    salvaged = s.Advance(salvaged, s.Next(salvaged, 3, 0, 8), 3, 8, {});
+    reference = s.Advance(reference, s.Next(reference, 3, 0, 8), 3, 8, {});
+  }
+  EXPECT_EQ(salvaged, reference);
+}
+
+TEST(SamplerTest, ReturnedExamplesKeepExactlyOncePerEpochThroughLossesAndResizes) {
+  DistributedSampler s(997, 13);
+  std::map<int64_t, std::multiset<int64_t>> seen;  // epoch -> examples trained on
+  SamplerPosition at;
+  int world = 5;
+  uint32_t rng = 1;
+  for (int step = 0; !s.Done(at, 3); ++step) {
+    rng = rng * 1103515245u + 12345u;
+    std::vector<int> lost;
+    if (rng % 7 == 0) lost = {static_cast<int>((rng >> 8) % world)};  // one share lost
+    if (rng % 11 == 0 && world > 1) lost = {0, world - 1};           // two lost
+    const SampledBatch any = s.Next(at, world, 0, 16);
+    for (int r = 0; r < world; ++r) {
+      if (std::find(lost.begin(), lost.end(), r) != lost.end()) continue;
+      const SampledBatch b = s.Next(at, world, r, 16);
+      seen[b.epoch].insert(b.indices.begin(), b.indices.end());
+    }
+    at = s.Advance(at, any, world, 16, lost);
+    if (!lost.empty()) world = std::max(1, world - 1);  // then the world shrinks...
+    if (step % 9 == 8) world = std::min(6, world + 2);   // ...and grows again
+  }
+  ASSERT_EQ(seen.size(), 3u);
+  for (const auto& [epoch, examples] : seen) {
+    EXPECT_EQ(examples.size(), 997u) << "epoch " << epoch;
+    EXPECT_EQ(std::set<int64_t>(examples.begin(), examples.end()).size(), 997u) << "epoch " << epoch;
+  }
+  EXPECT_EQ(s.Remaining(at, 3), 0);
+}
+
+TEST(SamplerTest, ReturnedExamplesOfAnEpochFinishItBeforeTheNextBegins) {
+  DistributedSampler s(100, 2);
+  SamplerPosition at{96, 0, {}};  // the last, short step of epoch 0
+  const SampledBatch last = s.Next(at, 2, 0, 8);
+  EXPECT_EQ(last.global_batch, 4);
+  at = s.Advance(at, last, 2, 8, {1});
+  EXPECT_EQ(at.offset, 100);
+  EXPECT_FALSE(s.Done(at, 1));  // two examples of epoch 0 still untrained
+  const SampledBatch next = s.Next(at, 2, 0, 8);
+  EXPECT_EQ(next.epoch, 0);
+  EXPECT_EQ(next.global_batch, 2);  // no example of epoch 1 joins them
+  EXPECT_EQ(next.from_permutation, 0);
+  at = s.Advance(at, next, 2, 8, {});
+  EXPECT_TRUE(s.Done(at, 1));
 }
 
 std::string WriteGz(const std::string& name, const std::string& bytes) {

@@ -177,6 +177,10 @@ absl::StatusOr<std::vector<FileReport>> Checkpointer::Write(const CheckpointMeta
                              {"model", meta.model},
                              {"optimizer", meta.optimizer},
                              {"rng_state", meta.rng_state}};
+  if (!meta.returned_examples.empty()) {
+    manifest["returned_epoch"] = meta.returned_epoch;
+    manifest["returned_examples"] = meta.returned_examples;
+  }
   for (const FileReport& f : files) {
     manifest["files"][BaseName(f.path)] = {{"bytes", f.bytes}, {"xxh3", f.xxh3}};
   }
@@ -299,6 +303,22 @@ absl::StatusOr<CheckpointMeta> ParseManifest(const nlohmann::json& manifest,
   meta.model = manifest.value("model", "");
   meta.optimizer = manifest.value("optimizer", "");
   meta.rng_state = manifest.value("rng_state", "");
+  if (manifest.contains("returned_examples")) {
+    const nlohmann::json& r = manifest["returned_examples"];
+    if (!r.is_array() || !manifest.contains("returned_epoch") ||
+        !manifest["returned_epoch"].is_number_integer()) {
+      return absl::DataLossError(absl::StrCat(
+          path, ": returned_examples must be an array with an integer returned_epoch"));
+    }
+    for (const nlohmann::json& i : r) {
+      if (!i.is_number_integer() || i.get<int64_t>() < 0) {
+        return absl::DataLossError(
+            absl::StrCat(path, ": returned_examples holds ", i.dump(), ", not an example index"));
+      }
+      meta.returned_examples.push_back(i.get<int64_t>());
+    }
+    meta.returned_epoch = manifest["returned_epoch"].get<int64_t>();
+  }
   return meta;
 }
 

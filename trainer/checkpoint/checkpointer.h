@@ -44,6 +44,10 @@ struct CheckpointMeta {
   uint64_t generation = 0;
   int world_size = 0;
   int lr_world_size = 0;  // the world size the learning rate is scaled for
+  // Examples a salvaged step handed back to the sampler (see sampler.h),
+  // trained on next; of epoch `returned_epoch`.
+  int64_t returned_epoch = 0;
+  std::vector<int64_t> returned_examples;
   std::string model;
   std::string optimizer;  // "sgd" or "adamw"
   std::string rng_state;  // hex of the CPU generator's state

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/status_macros.h"
 
 namespace muster {
 namespace {
@@ -69,13 +70,16 @@ void GradientSync::SetCommunicator(Communicator* comm) {
   comm_ = comm;
 }
 
-void GradientSync::Begin(bool sync, const std::array<float, kControlWords>& control) {
-  if (!buckets_.empty()) {
-    torch::Tensor& last = buckets_.back().buffer;
-    for (int i = 0; i < kControlWords; ++i) {
-      last.narrow(0, last.numel() - kControlWords + i, 1).fill_(control[i]);
-    }
+void GradientSync::SetControl(const std::array<float, kControlWords>& control) {
+  if (buckets_.empty()) return;
+  torch::Tensor& last = buckets_.back().buffer;
+  for (int i = 0; i < kControlWords; ++i) {
+    last.narrow(0, last.numel() - kControlWords + i, 1).fill_(control[i]);
   }
+}
+
+void GradientSync::Begin(bool sync, const std::array<float, kControlWords>& control) {
+  SetControl(control);
   control_ = {};
   std::lock_guard<std::mutex> lock(mu_);
   syncing_ = sync;
@@ -185,6 +189,11 @@ absl::Status GradientSync::Finish(absl::Time deadline) {
     if (!b.status.ok()) return b.status;
   }
   lock.unlock();
+  Install();
+  return absl::OkStatus();
+}
+
+void GradientSync::Install() {
   if (!buckets_.empty()) {
     const torch::Tensor& last = buckets_.back().buffer;
     for (int i = 0; i < kControlWords; ++i) {
@@ -203,6 +212,47 @@ absl::Status GradientSync::Finish(absl::Time deadline) {
       }
     }
   }
+}
+
+absl::Status GradientSync::Resync(Communicator* comm, bool contribute, int contributors,
+                                  const std::array<float, kControlWords>& control,
+                                  absl::Time deadline) {
+  if (contributors <= 0 || contributors > comm->size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("salvage with ", contributors, " contributors of ", comm->size()));
+  }
+  {
+    torch::NoGradGuard no_grad;
+    for (Bucket& b : buckets_) {
+      for (size_t j = 0; j < b.params.size(); ++j) {
+        const torch::Tensor& p = params_[b.params[j]];
+        torch::Tensor slot = b.buffer.narrow(0, b.offsets[j], p.numel());
+        if (contribute && p.grad().defined()) {
+          slot.copy_(p.grad().reshape({-1}));
+        } else {
+          slot.zero_();
+        }
+      }
+    }
+  }
+  SetControl(control);
+  // All contribute: the very reduction of a step, so that a salvaged step
+  // equals one taken in this world. Otherwise sum, then divide.
+  const bool all = contributors == comm->size();
+  for (Bucket& b : buckets_) {
+    MUSTER_RETURN_IF_ERROR(comm->AllReduce(b.buffer.data_ptr(), b.buffer.numel(),
+                                           DataType::kFloat32,
+                                           all ? ReduceOp::kAverage : ReduceOp::kSum, deadline));
+  }
+  if (!all && !buckets_.empty()) {
+    for (size_t i = 0; i < buckets_.size(); ++i) {
+      torch::Tensor& buffer = buckets_[i].buffer;
+      const int64_t words = i + 1 == buckets_.size() ? kControlWords : 0;
+      buffer.narrow(0, 0, buffer.numel() - words).div_(contributors);
+      buffer.narrow(0, buffer.numel() - words, words).div_(comm->size());
+    }
+  }
+  Install();
   return absl::OkStatus();
 }
 

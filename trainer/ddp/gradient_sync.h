@@ -72,6 +72,19 @@ class GradientSync {
   absl::Status Finish(absl::Time deadline);
   const StepCommStats& last_stats() const { return stats_; }
 
+  // Step salvage, after Finish failed and the world regrouped: reduces over
+  // `comm` (the new world) the gradients the parameters still hold — their
+  // .grad, this rank's local sum with any no_sync steps — or zeros when
+  // `contribute` is false, bucket by bucket in index order as a step does,
+  // with `control` in the control words. `contributors` of comm->size()
+  // ranks contribute: the gradients become their average and control() the
+  // world's average. When every rank contributes, this is bit for bit the
+  // reduction a synchronised step in that world performs. Runs on the
+  // calling thread; nothing may be in flight. Errors: the communicator's,
+  // INVALID_ARGUMENT for no contributors; the .grad are then unchanged.
+  absl::Status Resync(Communicator* comm, bool contribute, int contributors,
+                      const std::array<float, kControlWords>& control, absl::Time deadline);
+
   size_t bucket_count() const { return buckets_.size(); }
 
  private:
@@ -86,6 +99,9 @@ class GradientSync {
   };
 
   void OnGradient(size_t param, const torch::Tensor& grad);
+  void SetControl(const std::array<float, kControlWords>& control);
+  // Reads the control words and writes the bucket buffers into the .grad.
+  void Install();
   void Launch(size_t bucket);  // requires mu_
   void CommLoop();
 

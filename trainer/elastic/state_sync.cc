@@ -71,7 +71,15 @@ absl::Status CheckSameDigest(uint64_t digest, Communicator* comm, absl::Time dea
 
 absl::Status SyncStateFrom(int source, Communicator* comm, const TrainingState& state,
                            std::vector<int64_t>* counters, absl::Time deadline) {
-  // The source's blob sizes ride with the counters.
+  // The source's counter count first (the counters may differ in length:
+  // they end with the sampler's returned examples), then the counters with
+  // the source's blob sizes.
+  int64_t count = static_cast<int64_t>(counters->size());
+  MUSTER_RETURN_IF_ERROR(comm->Broadcast(&count, 1, DataType::kInt64, source, deadline));
+  if (count < 0 || count > (int64_t{1} << 30)) {
+    return absl::DataLossError(absl::StrCat("state source sent ", count, " counters"));
+  }
+  counters->resize(static_cast<size_t>(count), 0);
   std::vector<std::string> blobs;
   for (const Blob& b : state.blobs) blobs.push_back(b.save());
   std::vector<int64_t> head = *counters;

@@ -19,8 +19,8 @@
 
 namespace muster {
 
-// Broadcasts `source`'s `counters` (e.g. step and sample offset; the same
-// count on every rank) and state to every rank, then checks that all ranks
+// Broadcasts `source`'s `counters` (e.g. step and sample offset; every rank
+// ends with the source's count) and state to every rank, then checks that all ranks
 // hold identical state. Errors: the communicator's; DATA_LOSS when the
 // ranks still differ or a blob's load rejects the source's bytes.
 absl::Status SyncStateFrom(int source, Communicator* comm, const TrainingState& state,

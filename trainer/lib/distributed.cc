@@ -27,6 +27,7 @@
 #include "trainer/elastic/state_server.h"
 #include "trainer/elastic/state_sync.h"
 #include "trainer/elastic/step_policy.h"
+#include "trainer/elastic/step_salvage.h"
 
 namespace muster {
 namespace {
@@ -114,7 +115,7 @@ class Engine : public Distributed {
   }
   int64_t resumed_from_step() const override { return resumed_from_; }
   uint64_t StateDigest() const override {
-    return muster::StateDigest(state_, {step_, offset_});
+    return muster::StateDigest(state_, Counters());
   }
   double comm_overlap_pct() const override {
     return comm_total_ > 0 ? 100.0 * hidden_total_ / comm_total_ : 0;
@@ -124,11 +125,17 @@ class Engine : public Distributed {
   absl::Status StartServices(ClientOptions* client);
   absl::Status ResumeFromCheckpoint();
   absl::Status EnterWorld(Communicator* comm, const WorldInfo& world);
+  absl::Status Salvage(Communicator* comm, const WorldInfo& world);
+  absl::Status CatchUp();
   absl::Status Regroup(const std::string& why);
+  std::vector<int64_t> Counters() const;
+  void SetCounters(const std::vector<int64_t>& counters);
+  ControlWords CurrentControl() const;
   absl::Status AtBoundary();
   absl::Status Stop();
   void PublishState();
   void PrepareStep();
+  void SetLearningRate(const Progress& p);
   bool Done() const;
   void DropGradients();
   CheckpointMeta Point() const;
@@ -147,7 +154,8 @@ class Engine : public Distributed {
   std::unique_ptr<CatalogCheckpointer> checkpointer_;
   std::unique_ptr<ProgressReporter> reporter_;
   // The counters every rank holds alike between steps.
-  int64_t step_ = 0, offset_ = 0;
+  int64_t step_ = 0;
+  SamplerPosition at_;
   int lr_world_ = 0;
   int64_t resumed_from_ = -1;
   // The step in flight and the boundary after it.
@@ -157,6 +165,17 @@ class Engine : public Distributed {
   bool at_boundary_ = false; // a committed step waits for AtBoundary
   StepDecision decision_ = StepDecision::kContinue;
   double lr_ = 0;
+  // A step whose all-reduce failed, kept for salvage while regrouping.
+  struct PendingStep {
+    bool valid = false;
+    int64_t step = 0;
+    SamplerPosition at;
+    uint64_t generation = 0;
+    int world = 0, rank = 0;
+  } pending_;
+  bool in_step_ = false;      // regrouping from inside AfterBackward
+  bool salvaged_ = false;     // the regroup salvaged the step in flight
+  int catch_up_source_ = -1;  // at the boundary, ranks outside the step take its state from here
   absl::Status error_;
   std::optional<Outcome> outcome_;
   double comm_total_ = 0, hidden_total_ = 0;
@@ -233,8 +252,15 @@ absl::Status Engine::ResumeFromCheckpoint() {
   absl::StatusOr<CheckpointMeta> meta = checkpointer_->Resume(world_->client());
   if (absl::IsNotFound(meta.status())) return absl::OkStatus();
   MUSTER_RETURN_IF_ERROR(meta.status());
+  for (int64_t i : meta->returned_examples) {
+    if (i >= options_.dataset_size) {
+      return absl::DataLossError(absl::StrCat("the checkpoint of step ", meta->step,
+                                              " returns example ", i, " of a data set of ",
+                                              options_.dataset_size));
+    }
+  }
   step_ = meta->step;
-  offset_ = meta->sample_offset;
+  at_ = {meta->sample_offset, meta->returned_epoch, meta->returned_examples};
   lr_world_ = meta->lr_world_size;
   resumed_from_ = meta->step;
   return absl::OkStatus();
@@ -244,15 +270,81 @@ absl::Status Engine::ResumeFromCheckpoint() {
 absl::Status Engine::EnterWorld(Communicator* comm, const WorldInfo& world) {
   const bool scale = options_.elastic_lr == ElasticLr::kScale;
   if (lr_world_ == 0 || scale) lr_world_ = world.world_size;
-  std::vector<int64_t> counters = {step_, offset_, lr_world_};
+  std::vector<int64_t> counters = Counters();
   MUSTER_RETURN_IF_ERROR(SyncStateFrom(world.state_source_rank, comm, state_, &counters,
                                        absl::Now() + timeout_));
-  step_ = counters[0];
-  offset_ = counters[1];
-  lr_world_ = scale ? world.world_size : static_cast<int>(counters[2]);
+  SetCounters(counters);
+  if (scale) lr_world_ = world.world_size;
   sync_->SetCommunicator(comm);
   world_->client()->SetStep(step_);
+  return Salvage(comm, world);
+}
+
+// Every rank of a new world, after the state transfer: the survivors of a
+// failed step reduce the gradients they still hold and take the step, its
+// lost shares' examples returned to the sampler. Ranks outside the step
+// (joiners) add zeros, then take the state after it from a rank in it.
+absl::Status Engine::Salvage(Communicator* comm, const WorldInfo& world) {
+  SalvageClaim claim;
+  claim.contributes = options_.salvage && pending_.valid && pending_.step == step_ &&
+                      pending_.at == at_;
+  claim.generation = pending_.generation;
+  claim.world = pending_.world;
+  claim.rank = pending_.rank;
+  claim.in_step = in_step_;
+  const absl::Time deadline = absl::Now() + timeout_;
+  MUSTER_ASSIGN_OR_RETURN(SalvagePlan plan, AgreeOnSalvage(claim, comm, deadline));
+  if (!plan.salvage()) return absl::OkStatus();
+  const ControlWords words = CurrentControl();
+  MUSTER_RETURN_IF_ERROR(
+      sync_->Resync(comm, claim.contributes, plan.contributors, words.ToArray(), deadline));
+  decision_ = DecideAfterStep(sync_->control(), world.world_size, words, world_->told_to_leave());
+  if (!in_step_) {  // the step's counters and state come from a rank in it
+    at_boundary_ = true;
+    catch_up_source_ = plan.first_stepper;
+    return CatchUp();
+  }
+  // The step is now one of this world: its rate too (a world change may scale it).
+  SetLearningRate(progress());
+  const SampledBatch taken = sampler_.Next(at_, plan.old_world, 0, options_.batch_per_rank);
+  at_ = sampler_.Advance(at_, taken, plan.old_world, options_.batch_per_rank, plan.lost);
+  ++step_;
+  world_->client()->SetStep(step_);
+  if (!claim.contributes) batch_.indices.clear();  // this rank's examples did not count
+  salvaged_ = true;
+  if (plan.steppers < world.world_size) catch_up_source_ = plan.first_stepper;
+  MUSTER_LOG(WARNING) << "step " << step_ << " salvaged in generation " << world.generation
+                      << ": " << plan.contributors << " of " << plan.old_world
+                      << " shares reduced, " << plan.lost.size() << " returned to the sampler";
   return absl::OkStatus();
+}
+
+// After a salvaged step that some ranks were not in: every rank takes the
+// state of a rank that took the step (its optimizer has run by now).
+absl::Status Engine::CatchUp() {
+  const int source = catch_up_source_;
+  catch_up_source_ = -1;
+  std::vector<int64_t> counters = Counters();
+  MUSTER_RETURN_IF_ERROR(
+      SyncStateFrom(source, world_->comm(), state_, &counters, absl::Now() + timeout_));
+  SetCounters(counters);
+  world_->client()->SetStep(step_);
+  return absl::OkStatus();
+}
+
+// step, sample offset, LR world size, then the sampler's returned examples.
+std::vector<int64_t> Engine::Counters() const {
+  std::vector<int64_t> c = {step_, at_.offset, lr_world_, at_.returned_epoch};
+  c.insert(c.end(), at_.returned.begin(), at_.returned.end());
+  return c;
+}
+
+void Engine::SetCounters(const std::vector<int64_t>& c) {
+  step_ = c.at(0);
+  at_.offset = c.at(1);
+  lr_world_ = static_cast<int>(c.at(2));
+  at_.returned_epoch = c.at(3);
+  at_.returned.assign(c.begin() + 4, c.end());
 }
 
 absl::Status Engine::Regroup(const std::string& why) {
@@ -274,8 +366,10 @@ absl::Status Engine::Regroup(const std::string& why) {
 Progress Engine::progress() const {
   Progress p;
   p.step = step_;
-  p.sample_offset = offset_;
-  p.epoch = options_.dataset_size > 0 ? offset_ / options_.dataset_size : 0;
+  p.sample_offset = at_.offset;
+  p.epoch = !at_.returned.empty()        ? at_.returned_epoch
+            : options_.dataset_size > 0 ? at_.offset / options_.dataset_size
+                                        : 0;
   if (world_) {
     p.rank = world_->world().rank;
     p.world_size = world_->world().world_size;
@@ -286,7 +380,7 @@ Progress Engine::progress() const {
   if (options_.steps > 0) {
     p.total_steps = options_.steps;
   } else {
-    const int64_t left = std::max<int64_t>(0, options_.epochs * options_.dataset_size - offset_);
+    const int64_t left = sampler_.Remaining(at_, options_.epochs);
     p.total_steps = step_ + (left + p.global_batch - 1) / p.global_batch;
   }
   return p;
@@ -297,24 +391,28 @@ Progress Engine::progress() const {
 // whatever world sizes they went through.
 bool Engine::Done() const {
   if (options_.steps > 0) return step_ >= options_.steps;
-  return offset_ >= options_.epochs * options_.dataset_size;
+  return sampler_.Done(at_, options_.epochs);
 }
 
 void Engine::PrepareStep() {
   const Progress p = progress();
-  batch_ = sampler_.Next(offset_, p.world_size, p.rank, options_.batch_per_rank);
+  batch_ = sampler_.Next(at_, p.world_size, p.rank, options_.batch_per_rank);
+  SetLearningRate(p);
+  armed_ = false;
+}
+
+void Engine::SetLearningRate(const Progress& p) {
   if (options_.lr_schedule && state_.optimizer != nullptr) {
     lr_ = options_.lr_schedule(p);
     for (auto& group : state_.optimizer->param_groups()) group.options().set_lr(lr_);
   } else if (state_.optimizer != nullptr) {
     lr_ = state_.optimizer->param_groups().at(0).options().get_lr();
   }
-  armed_ = false;
 }
 
 bool Engine::ShouldStop() {
   if (!error_.ok() || outcome_) return true;
-  if (at_boundary_) {
+  while (at_boundary_) {  // a regroup at the boundary may salvage a step: its boundary follows
     at_boundary_ = false;
     if (absl::Status s = AtBoundary(); !s.ok()) error_ = s;
     if (!error_.ok() || outcome_) return true;
@@ -328,14 +426,18 @@ bool Engine::ShouldStop() {
 }
 
 void Engine::BeforeBackward(bool sync) {
-  if (!armed_ || sync) {
-    sent_.stop = (stop_flag_ != nullptr && stop_flag_->load()) ||
-                 (options_.stop_after_step > 0 && step_ + 1 >= options_.stop_after_step);
-    sent_.leave = world_->told_to_leave() || (leave_flag_ != nullptr && leave_flag_->load());
-    sent_.newer_world = world_->newer_world_known();
-  }
+  if (!armed_ || sync) sent_ = CurrentControl();
   sync_->Begin(sync, sent_.ToArray());
   armed_ = true;
+}
+
+ControlWords Engine::CurrentControl() const {
+  ControlWords w;
+  w.stop = (stop_flag_ != nullptr && stop_flag_->load()) ||
+           (options_.stop_after_step > 0 && step_ + 1 >= options_.stop_after_step);
+  w.leave = world_->told_to_leave() || (leave_flag_ != nullptr && leave_flag_->load());
+  w.newer_world = world_->newer_world_known();
+  return w;
 }
 
 void Engine::DropGradients() {
@@ -354,13 +456,25 @@ absl::Status Engine::AfterBackward() {
   armed_ = false;
   const absl::Time backward_end = absl::Now();
   if (absl::Status s = sync_->Finish(absl::Now() + timeout_); !s.ok()) {
-    // A peer failed or hung: drop this step and regroup with the others.
-    MUSTER_LOG(WARNING) << "step " << step_ + 1 << " dropped: " << s;
-    DropGradients();
-    if (absl::Status r = Regroup(std::string(s.message())); !r.ok()) {
+    // A peer failed or hung: regroup with the others, keeping this rank's
+    // gradients for the new world to salvage the step (Salvage).
+    MUSTER_LOG(WARNING) << "step " << step_ + 1 << " failed: " << s;
+    const WorldInfo& w = world_->world();
+    pending_ = {true, step_, at_, w.generation, w.world_size, w.rank};
+    in_step_ = true;
+    const absl::Status r = Regroup(std::string(s.message()));
+    in_step_ = false;
+    pending_.valid = false;
+    if (!r.ok()) {
       error_ = r;
       return r;
     }
+    if (salvaged_) {
+      salvaged_ = false;
+      at_boundary_ = true;
+      return absl::OkStatus();
+    }
+    DropGradients();
     return absl::AbortedError(absl::StrCat("step ", step_ + 1, " dropped: ", s.message()));
   }
   const double comm_s = sync_->last_stats().comm_seconds;
@@ -369,7 +483,7 @@ absl::Status Engine::AfterBackward() {
   decision_ = DecideAfterStep(sync_->control(), world_->world().world_size, sent_,
                               world_->told_to_leave());
   ++step_;
-  offset_ += batch_.global_batch;
+  at_ = sampler_.Advance(at_, batch_, world_->world().world_size, options_.batch_per_rank, {});
   world_->client()->SetStep(step_);
   at_boundary_ = true;
   return absl::OkStatus();
@@ -383,7 +497,9 @@ CheckpointMeta Engine::Point() const {
   meta.lr_world_size = lr_world_;
   meta.step = step_;
   meta.epoch = batch_.epoch;
-  meta.sample_offset = offset_;
+  meta.sample_offset = at_.offset;
+  meta.returned_epoch = at_.returned_epoch;
+  meta.returned_examples = at_.returned;
   return meta;
 }
 
@@ -407,6 +523,12 @@ absl::Status Engine::Stop() {
 }
 
 absl::Status Engine::AtBoundary() {
+  if (catch_up_source_ >= 0) {
+    if (absl::Status s = CatchUp(); !s.ok()) {
+      MUSTER_RETURN_IF_ERROR(Regroup(std::string(s.message())));
+      if (outcome_) return absl::OkStatus();
+    }
+  }
   reporter_->StepDone(progress(), lr_);
   switch (decision_) {
     case StepDecision::kStop:

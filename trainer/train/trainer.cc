@@ -84,6 +84,7 @@ Options LibraryOptions(const TrainOptions& o, int64_t dataset_size) {
   lib.cuda = o.comm.cuda;
   lib.bucket_mb = static_cast<double>(o.bucket_bytes) / (1 << 20);
   lib.overlap = o.overlap;
+  lib.salvage = o.salvage;
   lib.dataset_size = dataset_size;
   lib.batch_per_rank = o.batch_size;
   lib.seed = o.seed;

@@ -1,0 +1,111 @@
+// A small libmuster trainer for the step-salvage tests: an MLP with Adam on
+// synthetic examples, written against the public API only, with drills a
+// test can place at an exact step.
+//
+//   salvage_member --node-id ID (--steps N | --epochs N) [--dataset N]
+//                  [--batch N] [--accumulate N] [--salvage 0|1]
+//                  [--die-at-step K] [--leave-after-step K]
+//                  [--record DIR] [--summary FILE]
+//
+// --die-at-step K: SIGKILL itself after the forward pass of step K, while
+// the others are inside that step's all-reduce. --leave-after-step K: ask to
+// leave; the world goes on without this member from step K + 1.
+// --accumulate N: N micro-batches per step, the first N - 1 without sync.
+// --record DIR writes DIR/<pid>.txt, "epoch index" per example of every
+// step that counted; --summary FILE ({pid} replaced) the final state.
+#include <muster/muster.h>
+#include <signal.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <fstream>
+#include <iostream>
+#include <map>
+
+namespace {
+
+std::string Replace(std::string s, const std::string& from, const std::string& to) {
+  const size_t at = s.find(from);
+  return at == std::string::npos ? s : s.replace(at, from.size(), to);
+}
+
+// Example i: 16 features and 4 targets, a fixed function of i.
+std::pair<torch::Tensor, torch::Tensor> Examples(const std::vector<int64_t>& indices) {
+  const torch::Tensor i = torch::tensor(indices, torch::kFloat32).unsqueeze(1) + 1;
+  return {torch::sin(i * (torch::arange(16) + 1) * 0.37), torch::cos(i * (torch::arange(4) + 1) * 0.11)};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::map<std::string, std::string> flag;
+  for (int i = 1; i + 1 < argc; i += 2) flag[argv[i]] = argv[i + 1];
+  auto get = [&](const char* name, int64_t fallback) {
+    return flag.count(name) ? std::stoll(flag[name]) : fallback;
+  };
+  torch::set_num_threads(1);
+  torch::manual_seed(0);
+  torch::nn::Sequential model(torch::nn::Linear(16, 32), torch::nn::Tanh(),
+                              torch::nn::Linear(32, 32), torch::nn::Tanh(), torch::nn::Linear(32, 4));
+  torch::optim::Adam optimizer(model->parameters(), torch::optim::AdamOptions(1e-2));
+
+  std::atomic<bool> leave{false};
+  muster::Options options;
+  options.node_id = flag["--node-id"];
+  options.dataset_size = get("--dataset", 200);
+  options.batch_per_rank = static_cast<int>(get("--batch", 4));
+  options.steps = get("--steps", 0);
+  options.epochs = get("--epochs", 1);
+  options.bucket_mb = 0.002;  // a few buckets: the salvage reduces each of them
+  options.salvage = get("--salvage", 1) != 0;
+  options.leave_requested = &leave;
+  options.lr_schedule = [](const muster::Progress& p) {  // scaled with the world, decaying
+    return 1e-2 * p.lr_world_size / 4.0 * (1.0 - 0.5 * p.step / std::max<double>(1, p.total_steps));
+  };
+  options.state_listen = "";
+  options.quiet = true;
+  muster::State state;
+  state.model = model.ptr().get();
+  state.optimizer = &optimizer;
+  auto job = muster::Distributed::Start(options, state);
+  if (!job.ok()) {
+    std::cerr << "salvage_member: " << job.status() << "\n";
+    return 1;
+  }
+  muster::Distributed& d = **job;
+  const int64_t accumulate = get("--accumulate", 1);
+  std::ofstream record;
+  if (flag.count("--record")) record.open(flag["--record"] + "/" + std::to_string(::getpid()) + ".txt");
+  int dropped = 0;
+  while (!d.ShouldStop()) {
+    const int64_t epoch = d.epoch(), step = d.step() + 1;
+    if (step == get("--leave-after-step", -1)) leave = true;
+    const std::vector<int64_t> batch = d.Batch();
+    optimizer.zero_grad();
+    for (int64_t m = 0; m < accumulate; ++m) {
+      std::vector<int64_t> micro;
+      for (size_t k = static_cast<size_t>(m); k < batch.size(); k += accumulate) micro.push_back(batch[k]);
+      auto [x, y] = Examples(micro);
+      torch::Tensor loss = torch::mse_loss(model->forward(x), y, torch::Reduction::Sum);
+      if (step == get("--die-at-step", -1) && m + 1 == accumulate) ::raise(SIGKILL);
+      d.BeforeBackward(/*sync=*/m + 1 == accumulate);
+      loss.backward();
+    }
+    if (!d.AfterBackward().ok()) {
+      ++dropped;
+      continue;
+    }
+    optimizer.step();
+    for (int64_t i : d.Batch()) record << epoch << " " << i << "\n";
+    record.flush();
+  }
+  if (flag.count("--summary")) {
+    std::ofstream(Replace(flag["--summary"], "{pid}", std::to_string(::getpid())))
+        << "{\"rank\": " << d.rank() << ", \"world_size\": " << d.world_size()
+        << ", \"steps\": " << d.step() << ", \"digest\": \"" << std::hex << d.StateDigest()
+        << std::dec << "\", \"dropped\": " << dropped << ", \"regroups\": " << d.regroups() << "}\n";
+  }
+  return muster::Distributed::ExitCode(d.Finish());
+}
