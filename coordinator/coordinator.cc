@@ -409,8 +409,11 @@ StatusSnapshot Coordinator::GetStatus() {
   s.job_state = job_state_;
   s.generation = generation_;
   s.world_size = world_live_ ? world_.size() : 0;
+  const bool full = world_live_ && world_.size() >= options_.rules.max_members;
   for (const auto& [id, info] : membership_.members()) {
-    s.members.push_back(MemberRow{info, world_live_ ? world_.RankOf(id) : -1});
+    const int rank = world_live_ ? world_.RankOf(id) : -1;
+    s.members.push_back(
+        MemberRow{info, rank, full && rank < 0 && info.state == MemberState::kWaiting});
   }
   s.committed_checkpoints = catalog_.committed_count();
   const CheckpointRecord* latest = catalog_.LatestCommitted();

@@ -94,7 +94,8 @@ struct RendezvousResult {
 
 struct MemberRow {
   MemberInfo info;
-  int rank = -1;  // in the current world
+  int rank = -1;       // in the current world
+  bool spare = false;  // waiting outside a live world that is full
 };
 
 struct StatusSnapshot {

@@ -108,17 +108,19 @@ void Coordinator::Evaluate(bool urgent, bool abort, const std::string& reason,
     return;
   }
   std::vector<Candidate> candidates = Candidates();
-  bool changed = !world_live_ || candidates.size() != world_.size();
+  const uint32_t n = static_cast<uint32_t>(candidates.size());
+  // Changed: the world that would form now is not the live one. Members
+  // waiting beyond max_members (spares) change nothing while every incumbent
+  // is alive: they take a place when one frees up.
+  bool changed = !world_live_;
   if (!changed) {
-    for (const Candidate& c : candidates) {
-      const int rank = world_.RankOf(c.member.id);
-      if (rank < 0 || world_.members[rank].member.incarnation != c.member.incarnation) {
-        changed = true;
-        break;
-      }
+    const World next = AssignWorld(generation_ + 1, candidates, UsableWorldSize(n, options_.rules));
+    changed = next.size() != world_.size();
+    for (size_t i = 0; !changed && i < next.members.size(); ++i) {
+      const int rank = world_.RankOf(next.members[i].member.id);
+      changed = rank < 0 || world_.members[rank].member.incarnation != next.members[i].member.incarnation;
     }
   }
-  const uint32_t n = static_cast<uint32_t>(candidates.size());
   switch (timer_.Decide(n, changed, urgent, clock_->Now())) {
     case FormDecision::kNothing:
     case FormDecision::kWait:

@@ -290,7 +290,7 @@ grpc::ServerUnaryReactor* CoordinatorService::GetStatus(grpc::CallbackServerCont
     ToProto(row.info.key, m->mutable_member());
     m->set_node(row.info.node);
     m->set_local_rank(row.info.local_rank);
-    m->set_state(MemberStateName(row.info.state));
+    m->set_state(row.spare ? "spare" : MemberStateName(row.info.state));
     m->set_rank(row.rank);
     m->set_step(row.info.step);
     m->set_heartbeat_age_ms(absl::ToInt64Milliseconds(s.now - row.info.last_seen));

@@ -195,10 +195,12 @@ int Run() {
     std::ofstream(path) << absl::StrFormat(
         "{\"rank\": %d, \"world_size\": %d, \"steps\": %d, \"steps_per_s\": %.4f, "
         "\"samples_per_s\": %.2f, \"comm_overlap_pct\": %.2f, \"test_accuracy\": %.4f, "
-        "\"test_loss\": %.4f, \"regroups\": %d, \"parameter_checksum\": %.17g}\n",
+        "\"test_loss\": %.4f, \"regroups\": %d, \"steps_salvaged\": %d, \"steps_dropped\": %d, "
+        "\"parameter_checksum\": %.17g}\n",
         result->rank, result->world_size, result->steps, result->steps_per_second,
         result->samples_per_second, result->comm_overlap_pct, result->test_accuracy,
-        result->test_loss, result->regroups, result->parameter_checksum);
+        result->test_loss, result->regroups, result->steps_salvaged, result->steps_dropped,
+        result->parameter_checksum);
   }
   if (result->stopped) return kExitStoppedBySignal;
   return 0;

@@ -246,6 +246,8 @@ class Distributed {
   // True when training is over (not stopped, not left): evaluate now.
   virtual bool finished() const = 0;
   virtual int regroups() const = 0;                 // worlds entered after the first
+  virtual int steps_salvaged() const = 0;           // failed steps taken in the regrouped world
+  virtual int steps_dropped() const = 0;            // failed steps dropped (AfterBackward ABORTED)
   virtual int checkpoints_committed() const = 0;    // by this rank's reports
   virtual int64_t resumed_from_step() const = 0;    // -1: started fresh
   virtual double comm_overlap_pct() const = 0;      // all-reduce time hidden behind backward

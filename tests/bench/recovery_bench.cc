@@ -1,13 +1,16 @@
 // muster-bench recovery: a job of W trainers on M nodes (one muster-agent per
-// node) on loopback against a real coordinator. In each trial a random
-// trainer other than rank 0 is SIGKILLed at a random step; its agent restarts
-// it. Rank 0 logs every step with its wall time and world size; from that:
-//   survivors_resume: from the kill to the survivors' first completed step in
-//                     the smaller world;
-//   full_world:       from the kill to the first step with the restarted
-//                     trainer back;
-//   lost_steps:       the step in flight at the kill plus completed steps the
-//                     smaller world did again (1: nothing completed was lost);
+// node) on loopback against a real coordinator, with --spares S warm spare
+// trainers (on node 0's agent). In each trial a random trainer other than
+// rank 0 is SIGKILLed at a random step; its agent restarts it. Rank 0 logs
+// every step with its wall time, world size and generation; from that:
+//   survivors_resume: from the kill to the first completed step of the next
+//                     generation (the smaller world, or the full one when a
+//                     spare took the dead trainer's place);
+//   full_world:       from the kill to the first step of a later generation
+//                     with W trainers again;
+//   lost_steps:       steps dropped (the step in flight at the kill, unless it
+//                     was salvaged) plus completed steps the smaller world did
+//                     again (0: no work lost);
 //   params_equal:     every trainer, the restarted one included, ends with
 //                     the same parameter checksum.
 // Prints:
@@ -32,6 +35,7 @@
 
 ABSL_FLAG(int, trials, 5, "recovery: kills to measure");
 ABSL_FLAG(uint64_t, seed, 1, "recovery: seed of the victim and kill step choice");
+ABSL_FLAG(int, spares, 0, "recovery: warm spare trainers (muster-agent --spares on node 0)");
 ABSL_DECLARE_FLAG(int, world);
 ABSL_DECLARE_FLAG(int, nodes);
 
@@ -44,6 +48,23 @@ struct Trial {
   int lost_steps = 0;
   bool params_equal = false;
 };
+
+// (node index, agent slot) of every member of the live world but rank 0,
+// from `muster status --json` (which trainers are spares depends on who
+// joined first).
+std::vector<std::pair<int, int>> WorldMembers(const std::string& target) {
+  int code = -1;
+  const std::string json =
+      RunShell(SelfDir() + "/muster --coordinator=" + target + " status --json", &code);
+  std::vector<std::pair<int, int>> out;
+  const std::regex member(
+      R"re("member_id": "node([0-9]+)/([0-9]+)"[^}]*\}[^}]*"state": "active",\s*"rank": ([0-9]+))re");
+  for (auto it = std::sregex_iterator(json.begin(), json.end(), member);
+       it != std::sregex_iterator(); ++it) {
+    if (std::stoi((*it)[3]) > 0) out.emplace_back(std::stoi((*it)[1]), std::stoi((*it)[2]));
+  }
+  return out;
+}
 
 Trial RunTrial(int index, std::mt19937_64& rng) {
   const int world = absl::GetFlag(FLAGS_world), nodes = absl::GetFlag(FLAGS_nodes);
@@ -61,6 +82,7 @@ Trial RunTrial(int index, std::mt19937_64& rng) {
   for (int n = 0; n < nodes; ++n) {
     std::vector<std::string> argv = {
         SelfDir() + "/muster-agent", absl::StrCat("--nproc-per-node=", per_node),
+        absl::StrCat("--spares=", n == 0 ? absl::GetFlag(FLAGS_spares) : 0),
         absl::StrCat("--node-id=node", n), "--", SelfDir() + "/muster-train",
         "--coordinator=" + target, "--model=mlp", "--batch-size=32",
         absl::StrCat("--steps=", steps), "--log-every=1", "--quiet", "--threads=1",
@@ -70,10 +92,8 @@ Trial RunTrial(int index, std::mt19937_64& rng) {
     agents.push_back(SpawnLogged(argv, absl::StrCat(dir, "/agent", n, ".log")));
   }
   Trial t;
-  // A random victim other than rank 0 (node0's trainer 0), at a random step.
-  std::uniform_int_distribution<int> pick(1, world - 1);
+  // A random step, then a random member of the world other than rank 0.
   std::uniform_int_distribution<int> at(40, 160);
-  const int victim = pick(rng);
   const int64_t kill_step = at(rng);
   const std::string metrics = dir + "/rank0/metrics.jsonl";
   const absl::Time deadline = absl::Now() + absl::Seconds(120);
@@ -82,8 +102,13 @@ Trial RunTrial(int index, std::mt19937_64& rng) {
     if (!recs.empty() && recs.back().step >= kill_step && recs.back().world == world) break;
     absl::SleepFor(absl::Milliseconds(2));
   }
-  const std::string victim_log = absl::StrCat(dir, "/agent", victim / per_node, ".log");
-  const pid_t pid = LastTrainerPid(victim_log, victim % per_node);
+  const std::vector<std::pair<int, int>> members = WorldMembers(target);
+  if (members.empty()) {
+    std::cerr << "muster-bench recovery: trial " << index << ": no world in muster status\n";
+    return t;
+  }
+  const auto [node, slot] = members[std::uniform_int_distribution<size_t>(0, members.size() - 1)(rng)];
+  const pid_t pid = LastTrainerPid(absl::StrCat(dir, "/agent", node, ".log"), slot);
   const double kill_time = absl::ToUnixMicros(absl::Now()) / 1e6;
   if (pid > 0) ::kill(pid, SIGKILL);
   int failures = 0;
@@ -97,35 +122,48 @@ Trial RunTrial(int index, std::mt19937_64& rng) {
     std::cerr << "muster-bench recovery: trial " << index << " failed; see " << dir << "\n";
     return t;
   }
-  bool shrunk = false, regrown = false;
-  int64_t last_full_step = 0;
+  bool resumed = false, regrown = false;
+  int64_t last_step = 0;
+  uint64_t generation = 0;  // of the world at the kill
   for (const StepRecord& r : ReadStepRecords(metrics)) {
-    if (!shrunk && r.world == world) last_full_step = r.step;
-    if (r.time < kill_time) continue;
-    if (!shrunk && r.world < world) {
-      shrunk = true;
-      t.survivors_resume_s = r.time - kill_time;
-      // The step in flight at the kill, plus any completed step done again.
-      t.lost_steps = static_cast<int>(last_full_step - r.step + 2);
+    if (r.time < kill_time) {
+      last_step = r.step;
+      generation = r.generation;
+      continue;
     }
-    if (shrunk && !regrown && r.world == world) {
+    if (!resumed && r.generation > generation) {
+      resumed = true;
+      t.survivors_resume_s = r.time - kill_time;
+      // Completed steps done again (a state source behind the others).
+      t.lost_steps = static_cast<int>(std::max<int64_t>(0, last_step + 1 - r.step));
+    }
+    if (resumed && !regrown && r.world == world) {
       regrown = true;
       t.full_world_s = r.time - kill_time;
     }
   }
+  // The step in flight at the kill, if rank 0 dropped it.
+  const std::string dropped = JsonNumber(ReadText(dir + "/node0-0.json"), "steps_dropped");
+  t.lost_steps += dropped.empty() ? 1 : std::stoi(dropped);
+  // The trainers that finished in the full world (a spare left over ends
+  // outside it) hold the same parameters.
   std::string first;
+  int finished = 0;
   t.params_equal = true;
-  for (int i = 0; i < world; ++i) {
-    const std::string sum =
-        JsonNumber(ReadText(absl::StrCat(dir, "/node", i / per_node, "-", i % per_node, ".json")),
-                   "parameter_checksum");
-    if (i == 0) first = sum;
-    if (sum.empty() || sum != first) t.params_equal = false;
+  for (int n = 0; n < nodes; ++n) {
+    for (int s = 0; s < per_node + (n == 0 ? absl::GetFlag(FLAGS_spares) : 0); ++s) {
+      const std::string json = ReadText(absl::StrCat(dir, "/node", n, "-", s, ".json"));
+      if (JsonNumber(json, "world_size") != std::to_string(world)) continue;
+      const std::string sum = JsonNumber(json, "parameter_checksum");
+      if (finished++ == 0) first = sum;
+      if (sum.empty() || sum != first) t.params_equal = false;
+    }
   }
-  t.ok = shrunk && regrown;
+  if (finished != world) t.params_equal = false;
+  t.ok = resumed && regrown;
   if (!t.ok) {
     std::cerr << "muster-bench recovery: trial " << index << ": no "
-              << (shrunk ? "full world again" : "smaller world") << " after the kill; see " << dir
+              << (resumed ? "full world again" : "new generation") << " after the kill; see " << dir
               << "\n";
   } else if (t.params_equal) {
     std::system(("rm -rf " + dir).c_str());

@@ -207,6 +207,11 @@ bool FaultJob::ParamsEqual(int expected, int last_node) const {
   return seen >= expected;
 }
 
+int FaultJob::DroppedSteps() const {
+  const std::string n = JsonNumber(ReadText(dir_ + "/node0-0.json"), "steps_dropped");
+  return n.empty() ? 0 : std::stoi(n);
+}
+
 std::string FaultJob::Logs() const {
   std::string all = ReadText(dir_ + "/coordinator.log");
   for (int n = 0; n < options_.nodes; ++n) all += ReadText(absl::StrCat(dir_, "/agent", n, ".log"));
@@ -228,7 +233,7 @@ double StallAfter(const std::vector<StepRecord>& steps, double fault_time) {
   return any ? worst : 0;
 }
 
-int LostSteps(const std::vector<StepRecord>& steps, double fault_time) {
+int LostSteps(const std::vector<StepRecord>& steps, double fault_time, int dropped) {
   const StepRecord* last = nullptr;  // the last step before the fault
   for (const StepRecord& r : steps) {
     if (r.time <= fault_time) last = &r;
@@ -243,12 +248,11 @@ int LostSteps(const std::vector<StepRecord>& steps, double fault_time) {
     if (regrouped == nullptr && r.generation != last->generation) regrouped = &r;
   }
   if (regrouped != nullptr && regrouped->world < last->world) {
-    // A failure: the step in flight was dropped, plus any completed step
-    // the smaller world did again.
-    return static_cast<int>(std::max<int64_t>(0, last_old - regrouped->step + 1) + 1);
+    // A failure: any completed step the smaller world did again.
+    return static_cast<int>(std::max<int64_t>(0, last_old - regrouped->step + 1)) + dropped;
   }
-  if (lowest_after == INT64_MAX) return 0;
-  return static_cast<int>(std::max<int64_t>(0, last->step - lowest_after + 1));
+  if (lowest_after == INT64_MAX) return dropped;
+  return static_cast<int>(std::max<int64_t>(0, last->step - lowest_after + 1)) + dropped;
 }
 
 }  // namespace muster

@@ -72,6 +72,8 @@ class FaultJob {
   // True when every trainer of nodes 0..last_node (-1: all) that finished
   // wrote the same parameter checksum and at least `expected` of them did.
   bool ParamsEqual(int expected, int last_node = -1) const;
+  // The steps rank 0 (node 0, slot 0) dropped, from its summary.
+  int DroppedSteps() const;
   // Waits for node `n`'s agent; its exit code (128 + signal if killed).
   int WaitAgent(int n);
   // Everything the job logged: coordinator and agents (with their trainers).
@@ -92,10 +94,10 @@ class FaultJob {
 // for a step completion after it (from the fault, or from the previous step
 // if that came later). 0 if no step completed after the fault.
 double StallAfter(const std::vector<StepRecord>& steps, double fault_time);
-// Steps done twice or dropped because of the fault: the step in flight when
-// training stalled (if the generation changed) plus completed steps the job
-// went back over.
-int LostSteps(const std::vector<StepRecord>& steps, double fault_time);
+// Steps done twice or dropped because of the fault: `dropped` (the steps
+// rank 0 dropped: the one in flight at a failure, unless it was salvaged)
+// plus completed steps the job went back over.
+int LostSteps(const std::vector<StepRecord>& steps, double fault_time, int dropped);
 
 // Now, as Unix seconds (the clock of metrics.jsonl).
 double UnixNow();

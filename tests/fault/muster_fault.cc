@@ -12,7 +12,7 @@
 //   lost_steps_max=.. committed_ckpt_lost=..
 // recovered: how long rank 0's training stalled after the fault (the longest
 // wait for a step from the fault on). Scenarios: kill-trainer, kill-node,
-// hang-trainer, kill-coordinator, kill-during-checkpoint, corrupt-checkpoint,
+// salvage (kill-trainer that must lose no step), hang-trainer, kill-coordinator, kill-during-checkpoint, corrupt-checkpoint,
 // disk-full, slow-network, partition, churn; "all" runs each.
 #include <signal.h>
 #include <sys/mount.h>
@@ -70,6 +70,7 @@ struct Judge {
   std::string explained_by;   // regex over the job's logs ("" = nothing needed)
   std::set<int64_t> damaged;  // checkpoints hurt on purpose
   std::vector<int> killed_agents;  // nodes whose agent the scenario killed
+  int max_lost_steps = -1;         // >= 0: more lost steps is a failure
 };
 
 Trial Finish(FaultJob& job, const Judge& j) {
@@ -81,12 +82,15 @@ Trial Finish(FaultJob& job, const Judge& j) {
   }
   const auto steps = job.Steps();
   t.recovered_s = StallAfter(steps, j.fault_time);
-  t.lost_steps = LostSteps(steps, j.fault_time);
+  t.lost_steps = LostSteps(steps, j.fault_time, job.DroppedSteps());
   const std::string logs = job.Logs();
   if (failed > 0) t.problem = absl::StrCat(failed, " agents failed");
   else if (!job.ParamsEqual(j.expected_trainers, j.nodes_to_compare)) t.problem = "parameters differ";
   else if (t.committed_lost > 0) t.problem = absl::StrCat(t.committed_lost, " committed checkpoints do not verify");
   else if (check.committed == 0) t.problem = "no committed checkpoint";
+  else if (j.max_lost_steps >= 0 && t.lost_steps > j.max_lost_steps) {
+    t.problem = absl::StrCat(t.lost_steps, " steps lost (at most ", j.max_lost_steps, " allowed)");
+  }
   else if (!j.explained_by.empty() && !std::regex_search(logs, std::regex(j.explained_by))) {
     t.problem = "the logs do not explain the fault (no /" + j.explained_by + "/)";
   }
@@ -127,6 +131,21 @@ Trial KillTrainer(Context& c) {
   j.fault_time = UnixNow();
   ::kill(job.TrainerPid(node, slot), SIGKILL);
   j.explained_by = absl::StrCat("member node", node, "/", slot, " failed");
+  return Finish(job, j);
+}
+
+// A trainer killed in the middle of training: the step in flight is salvaged
+// by the survivors, so no step is lost.
+Trial SalvageStep(Context& c) {
+  FaultJob job(c.dir, {});
+  job.StartAll();
+  if (!job.WaitForStep(c.Uniform(40, 160), absl::Seconds(120))) return {false, 0, 0, 0, "no progress"};
+  const auto [node, slot] = Victim(c);
+  Judge j;
+  j.fault_time = UnixNow();
+  ::kill(job.TrainerPid(node, slot), SIGKILL);
+  j.explained_by = "step [0-9]+ salvaged in generation";
+  j.max_lost_steps = 0;
   return Finish(job, j);
 }
 
@@ -321,6 +340,7 @@ Trial Networked(Context& c, bool partition) {
 const std::map<std::string, std::function<Trial(Context&)>>& Scenarios() {
   static const auto* s = new std::map<std::string, std::function<Trial(Context&)>>{
       {"kill-trainer", KillTrainer},
+      {"salvage", SalvageStep},
       {"kill-node", KillNode},
       {"hang-trainer", HangTrainer},
       {"kill-coordinator", KillCoordinator},

@@ -82,10 +82,10 @@ class LibraryTest : public ::testing::Test {
   }
 
   pid_t Agent(const std::string& node, const std::string& summary,
-              const std::vector<std::string>& more) {
+              const std::vector<std::string>& more, const std::string& spares = "0") {
     std::vector<std::string> argv = {kBin + "/muster-agent", "--nproc-per-node=2",
-                                     "--restart-backoff=100ms", "--max-restarts=2",
-                                     "--node-id=" + node, "--"};
+                                     "--spares=" + spares, "--restart-backoff=100ms",
+                                     "--max-restarts=2", "--node-id=" + node, "--"};
     for (const std::string& a : LmArgs(summary, more)) argv.push_back(a);
     setenv("MUSTER_COORDINATOR", target_.c_str(), 1);
     return SpawnLogged(argv, absl::StrCat(dir_, "/", node, ".log"));
@@ -208,6 +208,57 @@ TEST_F(LibraryTest, Sigusr1CheckpointsExits75AndTheRestartEndsAsAnUninterruptedR
   EXPECT_NE(ReadText(dir_ + "/a2.log").find("resumed from the checkpoint of step"),
             std::string::npos);
   EXPECT_EQ(CommonFinalDigest("summary", 4), reference);
+}
+
+// member id -> state, from `muster status --json`.
+std::map<std::string, std::string> MemberStates(const std::string& target) {
+  int code = -1;
+  const std::string json =
+      RunShell(kBin + "/muster --coordinator=" + target + " status --json", &code);
+  std::map<std::string, std::string> out;
+  const std::regex member(R"re("member_id": "([^"]+)"[^}]*\}[^}]*"state": "([a-z]+)")re");
+  for (auto it = std::sregex_iterator(json.begin(), json.end(), member);
+       it != std::sregex_iterator(); ++it) {
+    out[(*it)[1]] = (*it)[2];
+  }
+  return out;
+}
+
+// Hot spares: node a keeps one spare trainer. A trainer of the world is
+// SIGKILLed: the spare takes its place in the very next generation (the
+// world never shrinks), and the killed trainer's restart is the new spare.
+TEST_F(LibraryTest, ASpareTakesTheKilledTrainersPlaceAndItsRestartIsTheNextSpare) {
+  StartCoordinator(/*min_members=*/3, /*max_members=*/4, "state");
+  const std::vector<std::string> run = {"--epochs", "14"};
+  const pid_t a = Agent("a", "summary", run, /*spares=*/"1"), b = Agent("b", "summary", run);
+  ASSERT_TRUE(WaitForLine("a.log", "step 20/", absl::Seconds(60))) << ReadText(dir_ + "/a.log");
+  std::map<std::string, std::string> states = MemberStates(target_);
+  std::string spare, victim;
+  for (const auto& [id, state] : states) {
+    if (state == "spare") spare = id;
+    if (state == "active" && id != "a/0") victim = id;
+  }
+  ASSERT_FALSE(spare.empty()) << "no spare among " << states.size() << " members";
+  ASSERT_FALSE(victim.empty());
+  const std::string node = victim.substr(0, victim.find('/'));
+  const pid_t pid = LastTrainerPid(dir_ + "/" + node + ".log", std::stoi(victim.substr(2)));
+  ASSERT_GT(pid, 0);
+  ASSERT_EQ(::kill(pid, SIGKILL), 0);
+  // The pool is refilled: the restarted trainer waits as the spare.
+  const absl::Time end = absl::Now() + absl::Seconds(30);
+  while (absl::Now() < end && MemberStates(target_)[victim] != "spare") {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  EXPECT_EQ(MemberStates(target_)[victim], "spare");
+  EXPECT_EQ(MemberStates(target_)[spare], "active");
+  EXPECT_EQ(WaitExit(a), 0) << ReadText(dir_ + "/a.log");
+  EXPECT_EQ(WaitExit(b), 0) << ReadText(dir_ + "/b.log");
+  const std::string logs = ReadText(dir_ + "/a.log") + ReadText(dir_ + "/b.log");
+  EXPECT_EQ(logs.find("(world 3,"), std::string::npos) << "the world shrank: " << logs;
+  EXPECT_NE(logs.find("salvaged"), std::string::npos) << logs;
+  EXPECT_NE(logs.find("no world for this trainer: the job has finished"), std::string::npos);
+  // The spare took the full state: four ranks end bit-identical.
+  CommonFinalDigest("summary", 4);
 }
 
 // Agent-less trainers: three start, one leaves on SIGTERM, two join.

@@ -146,6 +146,38 @@ TEST_F(CoordinatorTest, StreamBreakRegroupsSurvivorsAtOnce) {
   EXPECT_EQ(d.world->status().code(), absl::StatusCode::kAborted);
 }
 
+// A member waiting while the world is full is a spare: it changes nothing
+// (no new generation) until a member fails, and then it takes the place in
+// that very generation.
+TEST_F(CoordinatorTest, ASpareWaitsOutsideAFullWorldAndReplacesAFailedMember) {
+  Start(2, 2, absl::Seconds(100));
+  Member& a = Add("a", "n0");
+  Member& b = Add("b", "n1");
+  Rendezvous(a, 0, 5);
+  Rendezvous(b, 0, 5);
+  ASSERT_TRUE(a.world && a.world->ok());
+  Member& s = Add("s", "n0");
+  Rendezvous(s, 0);
+  EXPECT_FALSE(s.world.has_value());
+  EXPECT_TRUE(a.sink->events.empty()) << "a spare must not start a new generation";
+  EXPECT_EQ(c_->GetStatus().generation, 1u);
+  const StatusSnapshot status = c_->GetStatus();
+  for (const MemberRow& row : status.members) {
+    EXPECT_EQ(row.spare, row.info.key.id == "s") << row.info.key.id;
+  }
+  c_->SessionClosed(b.session, "connection reset");
+  ASSERT_EQ(a.sink->events.size(), 1u);
+  EXPECT_EQ(a.sink->events[0].generation, 2u);
+  Rendezvous(a, 1, 7);
+  ASSERT_TRUE(a.world && a.world->ok());
+  ASSERT_TRUE(s.world && s.world->ok());
+  const World& w = *(*a.world)->world;
+  EXPECT_EQ(w.generation, 2u);
+  EXPECT_EQ(w.size(), 2u);
+  EXPECT_GE(w.RankOf("s"), 0);
+  EXPECT_EQ(w.state_source_rank, static_cast<uint32_t>(w.RankOf("a")));
+}
+
 TEST_F(CoordinatorTest, HeartbeatTimeoutFailsHungMember) {
   Start(1, 2, absl::Seconds(100));
   Member& a = Add("a", "n");

@@ -43,7 +43,7 @@ pid_t StartTrainer(const AgentOptions& o, int slot, int restarts) {
   ::sigprocmask(SIG_SETMASK, &none, nullptr);
   ::setenv("MUSTER_NODE_ID", o.node_id.c_str(), 1);
   ::setenv("MUSTER_LOCAL_RANK", std::to_string(slot).c_str(), 1);
-  ::setenv("MUSTER_LOCAL_WORLD_SIZE", std::to_string(o.nproc).c_str(), 1);
+  ::setenv("MUSTER_LOCAL_WORLD_SIZE", std::to_string(o.nproc + o.spares).c_str(), 1);
   ::setenv("MUSTER_RESTART_COUNT", std::to_string(restarts).c_str(), 1);
   std::vector<char*> argv;
   for (const std::string& a : o.command) argv.push_back(const_cast<char*>(a.c_str()));
@@ -101,7 +101,8 @@ int RunAgent(const AgentOptions& o) {
                                                 : std::string())
                      << ", pid " << pid;
   };
-  for (int slot = 0; slot < o.nproc; ++slot) start(slot);
+  const int slots = o.nproc + o.spares;
+  for (int slot = 0; slot < slots; ++slot) start(slot);
 
   absl::Time kill_at = absl::InfiniteFuture();
   auto forward = [&](int sig) {
@@ -161,7 +162,7 @@ int RunAgent(const AgentOptions& o) {
       forward(SIGKILL);
       kill_at = absl::InfiniteFuture();
     }
-    for (int slot = 0; slot < o.nproc; ++slot) {
+    for (int slot = 0; slot < slots; ++slot) {
       if (sup.state(slot) == Supervisor::State::kPending && sup.RestartAt(slot) <= absl::Now()) {
         start(slot);
       }

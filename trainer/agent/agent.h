@@ -1,9 +1,13 @@
 // Agent: runs one node's trainers as child processes and keeps them running.
 //
-// The agent starts `nproc` copies of `command`, each with MUSTER_NODE_ID,
+// The agent starts `nproc` + `spares` copies of `command`, each with MUSTER_NODE_ID,
 // MUSTER_LOCAL_RANK, MUSTER_LOCAL_WORLD_SIZE and MUSTER_RESTART_COUNT set (the
 // trainer takes its identity from them before any launcher variable). A
-// trainer that dies is restarted as the Supervisor decides. SIGTERM, SIGINT,
+// trainer that dies is restarted as the Supervisor decides. Spares are
+// trainers like the others, started at once (LibTorch loaded, model built,
+// data read): the coordinator keeps them out of a full world, and when a
+// member fails one of them takes its place in the next generation; the dead
+// trainer's restart is then the spare, which refills the pool. SIGTERM, SIGINT,
 // SIGUSR1 and SIGHUP are forwarded to every trainer and stop restarts; a
 // second SIGINT (Ctrl-C twice), or `stop_grace` after the first signal, kills
 // the trainers. Further signals while stopping are ignored: a batch system
@@ -27,6 +31,7 @@ namespace muster {
 struct AgentOptions {
   std::string node_id;
   int nproc = 1;
+  int spares = 0;  // extra trainers waiting for a place (slots nproc..nproc+spares-1)
   SupervisorOptions supervisor;
   absl::Duration stop_grace = absl::Seconds(60);
   std::vector<std::string> command;  // argv of the trainer

@@ -3,6 +3,7 @@
 //   muster-agent --nproc-per-node N [--max-restarts K] -- muster-train ARGS...
 #include <unistd.h>
 
+#include <algorithm>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -16,6 +17,9 @@
 #include "trainer/agent/agent.h"
 
 ABSL_FLAG(int, nproc_per_node, 1, "trainers to run on this node (one per GPU or CPU slot)");
+ABSL_FLAG(int, spares, 0,
+          "extra trainers kept warm on this node: they wait outside a full world and take the "
+          "place of a member that fails in the next generation");
 ABSL_FLAG(int, max_restarts, 3, "restarts per trainer before the agent gives up on it");
 ABSL_FLAG(absl::Duration, restart_backoff, absl::Milliseconds(250),
           "delay before the first restart; doubles per restart of the same trainer");
@@ -35,7 +39,8 @@ int main(int argc, char** argv) {
   muster::AgentOptions o;
   for (size_t i = 1; i < rest.size(); ++i) o.command.emplace_back(rest[i]);
   o.nproc = absl::GetFlag(FLAGS_nproc_per_node);
-  o.supervisor.slots = o.nproc;
+  o.spares = absl::GetFlag(FLAGS_spares);
+  o.supervisor.slots = o.nproc + std::max(0, o.spares);
   o.supervisor.max_restarts = absl::GetFlag(FLAGS_max_restarts);
   o.supervisor.backoff_initial = absl::GetFlag(FLAGS_restart_backoff);
   o.supervisor.backoff_max = absl::GetFlag(FLAGS_max_restart_backoff);
@@ -47,6 +52,10 @@ int main(int argc, char** argv) {
   }
   if (o.nproc < 1 || o.nproc > 1024) {
     std::cerr << "muster-agent: --nproc-per-node must be in 1..1024, not " << o.nproc << "\n";
+    return muster::kExitBadFlags;
+  }
+  if (o.spares < 0 || o.spares > 1024) {
+    std::cerr << "muster-agent: --spares must be in 0..1024, not " << o.spares << "\n";
     return muster::kExitBadFlags;
   }
   if (o.supervisor.max_restarts < 0 || o.supervisor.backoff_initial < absl::ZeroDuration() ||

@@ -1,5 +1,7 @@
 #include "trainer/elastic/elastic_world.h"
 
+#include <algorithm>
+
 #include "absl/time/clock.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
@@ -78,9 +80,37 @@ absl::Status ElasticWorld::Enter(const EnterFn& enter) {
   return enter(comm_.get(), world_);
 }
 
+// The first world: while the job runs without a place for this member (a
+// world exists: the heartbeats name its generation), keep waiting as a spare.
+absl::StatusOr<WorldInfo> ElasticWorld::FirstWorld(int64_t step) {
+  const absl::Time give_up = absl::Now() + options_.rendezvous_timeout;
+  for (;;) {
+    const absl::Time slice = std::min(give_up, absl::Now() + options_.spare_poll);
+    absl::StatusOr<WorldInfo> w = client_->Rendezvous(0, step, slice);
+    if (!absl::IsDeadlineExceeded(w.status())) return w;
+    if (options_.interrupted && options_.interrupted()) {
+      return absl::CancelledError("a stop or leave signal while waiting for a place");
+    }
+    const bool spare = client_->latest_generation() > 0;
+    if (!spare && absl::Now() >= give_up) return w;
+  }
+}
+
+void ElasticWorld::NoPlace(const std::string& why, int64_t step) {
+  MUSTER_LOG(WARNING) << "no world for this trainer: " << why;
+  told_to_leave_ = true;
+  client_->Leave(/*finished=*/false, step).IgnoreError();
+  left_ = true;
+}
+
 absl::Status ElasticWorld::EnterFirst(int64_t step, const EnterFn& enter) {
-  MUSTER_ASSIGN_OR_RETURN(world_,
-                          client_->Rendezvous(0, step, absl::Now() + options_.rendezvous_timeout));
+  absl::StatusOr<WorldInfo> first = FirstWorld(step);
+  if (absl::IsFailedPrecondition(first.status()) || absl::IsCancelled(first.status())) {
+    NoPlace(std::string(first.status().message()), step);  // the job finished, or drained us
+    return absl::OkStatus();
+  }
+  MUSTER_RETURN_IF_ERROR(first.status());
+  world_ = *first;
   const absl::Status entered = Enter(enter);
   if (entered.ok() || !WorldMovedOn(entered)) return entered;
   return Regroup(std::string(entered.message()), step, enter, [] {});
@@ -114,10 +144,7 @@ absl::Status ElasticWorld::Regroup(const std::string& why, int64_t step, const E
     if (absl::IsFailedPrecondition(next.status())) {
       // Drained (the leave notice may still be on its way), or the job is
       // over: there is no world for this trainer. Leave.
-      MUSTER_LOG(WARNING) << "no new world for this trainer: " << next.status().message();
-      told_to_leave_ = true;
-      client_->Leave(/*finished=*/false, step).IgnoreError();
-      left_ = true;
+      NoPlace(std::string(next.status().message()), step);
       return absl::OkStatus();
     }
     if (!next.ok()) return next.status();

@@ -43,6 +43,11 @@ struct ElasticWorldOptions {
   absl::Duration join_timeout = absl::Seconds(120);
   absl::Duration rendezvous_timeout = absl::Seconds(600);
   absl::Duration build_timeout = absl::Seconds(120);
+  // While waiting for a place in a job that runs (a spare: the world is
+  // full), the rendezvous is renewed every `spare_poll` for as long as the
+  // job runs, and `interrupted` (a stop or leave signal) ends the wait.
+  absl::Duration spare_poll = absl::Seconds(2);
+  std::function<bool()> interrupted;
 };
 
 class ElasticWorld {
@@ -60,6 +65,11 @@ class ElasticWorld {
 
   // Waits for the first world and enters it. `step`: what this member holds
   // (the coordinator names the member furthest ahead as the state source).
+  // A member the running job has no place for yet waits as a spare until a
+  // place frees up (a failure, a departure). When the job finishes or drains
+  // this member first, or `interrupted` says so, left() becomes true and OK
+  // is returned. Errors: DEADLINE_EXCEEDED when no world formed at all in
+  // the rendezvous timeout, and those of entering.
   absl::Status EnterFirst(int64_t step, const EnterFn& enter);
   // Leaves the current world (its communicator is dropped) and enters the
   // next one; after a drain or the end of the job there is none: left()
@@ -88,6 +98,8 @@ class ElasticWorld {
   void OnNotice(const SessionNotice& notice);
   absl::Status Enter(const EnterFn& enter);
   absl::StatusOr<WorldInfo> NextWorld(int64_t step, const std::function<void()>& before_rejoin);
+  absl::StatusOr<WorldInfo> FirstWorld(int64_t step);
+  void NoPlace(const std::string& why, int64_t step);
 
   // Constant after construction.
   const ElasticWorldOptions options_;

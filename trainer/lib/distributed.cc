@@ -110,6 +110,8 @@ class Engine : public Distributed {
   Progress progress() const override;
   bool finished() const override { return outcome_ == Outcome::kFinished && error_.ok(); }
   int regroups() const override { return world_ ? world_->regroups() : 0; }
+  int steps_salvaged() const override { return salvaged_count_; }
+  int steps_dropped() const override { return dropped_count_; }
   int checkpoints_committed() const override {
     return checkpointer_ ? checkpointer_->committed() : 0;
   }
@@ -176,6 +178,7 @@ class Engine : public Distributed {
   bool in_step_ = false;      // regrouping from inside AfterBackward
   bool salvaged_ = false;     // the regroup salvaged the step in flight
   int catch_up_source_ = -1;  // at the boundary, ranks outside the step take its state from here
+  int salvaged_count_ = 0, dropped_count_ = 0;
   absl::Status error_;
   std::optional<Outcome> outcome_;
   double comm_total_ = 0, hidden_total_ = 0;
@@ -211,6 +214,10 @@ absl::Status Engine::Begin() {
   wo.comm = CommOptionsFrom(options_, static_cast<int>(client.local_rank));
   wo.client = std::move(client);
   wo.build_timeout = timeout_;
+  wo.interrupted = [this] {
+    return (stop_flag_ != nullptr && stop_flag_->load()) ||
+           (leave_flag_ != nullptr && leave_flag_->load());
+  };
   MUSTER_ASSIGN_OR_RETURN(world_, ElasticWorld::Connect(std::move(wo)));
   GradientSyncOptions so;
   so.bucket_bytes = static_cast<size_t>(options_.bucket_mb * (1 << 20));
@@ -471,10 +478,12 @@ absl::Status Engine::AfterBackward() {
     }
     if (salvaged_) {
       salvaged_ = false;
+      ++salvaged_count_;
       at_boundary_ = true;
       return absl::OkStatus();
     }
     DropGradients();
+    ++dropped_count_;
     return absl::AbortedError(absl::StrCat("step ", step_ + 1, " dropped: ", s.message()));
   }
   const double comm_s = sync_->last_stats().comm_seconds;

@@ -205,6 +205,8 @@ void Summarize(Net& model, Distributed& dist, double elapsed, int64_t first_step
   result->samples_per_second = result->steps_per_second * p.global_batch;
   result->comm_overlap_pct = dist.comm_overlap_pct();
   result->regroups = dist.regroups();
+  result->steps_salvaged = dist.steps_salvaged();
+  result->steps_dropped = dist.steps_dropped();
   result->resumed_from_step = dist.resumed_from_step();
   torch::NoGradGuard no_grad;
   for (const torch::Tensor& t : model.parameters()) {

@@ -102,6 +102,8 @@ struct TrainResult {
   int64_t resumed_from_step = -1;  // the checkpoint restored at start (-1: none)
   int checkpoints_committed = 0;
   int regroups = 0;               // generations entered after the first
+  int steps_salvaged = 0;         // failed steps taken in the regrouped world
+  int steps_dropped = 0;          // failed steps dropped
   double parameter_checksum = 0;  // sum of |x| over the final parameters
   std::vector<at::Tensor> parameters;  // final, in registration order
 };
