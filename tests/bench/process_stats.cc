@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <regex>
 #include <sstream>
 
 namespace muster {
@@ -70,6 +71,20 @@ double Percentile(std::vector<double>& v, double p) {
   const size_t lo = static_cast<size_t>(std::floor(rank));
   const size_t hi = std::min(lo + 1, v.size() - 1);
   return v[lo] + (v[hi] - v[lo]) * (rank - lo);
+}
+
+std::vector<std::pair<int, int>> WorldMembers(const std::string& target) {
+  int code = -1;
+  const std::string json =
+      RunShell(SelfDir() + "/muster --coordinator=" + target + " status --json", &code);
+  std::vector<std::pair<int, int>> out;
+  const std::regex member(
+      R"re("member_id": "node([0-9]+)/([0-9]+)"[^}]*\}[^}]*"state": "active",\s*"rank": ([0-9]+))re");
+  for (auto it = std::sregex_iterator(json.begin(), json.end(), member);
+       it != std::sregex_iterator(); ++it) {
+    if (std::stoi((*it)[3]) > 0) out.emplace_back(std::stoi((*it)[1]), std::stoi((*it)[2]));
+  }
+  return out;
 }
 
 }  // namespace muster

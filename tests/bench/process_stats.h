@@ -22,6 +22,10 @@ double ProcessRssMb(pid_t pid);
 std::string SelfDir();
 // Percentile p (0..100) of `v` (sorted in place); 0 when empty.
 double Percentile(std::vector<double>& v, double p);
+// (node index, agent slot) of every member of the live world but rank 0,
+// for members named "node<N>/<slot>", from `muster status --json` against
+// `target` (which trainers are spares depends on who joined first).
+std::vector<std::pair<int, int>> WorldMembers(const std::string& target);
 
 }  // namespace muster
 

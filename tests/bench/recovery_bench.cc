@@ -49,23 +49,6 @@ struct Trial {
   bool params_equal = false;
 };
 
-// (node index, agent slot) of every member of the live world but rank 0,
-// from `muster status --json` (which trainers are spares depends on who
-// joined first).
-std::vector<std::pair<int, int>> WorldMembers(const std::string& target) {
-  int code = -1;
-  const std::string json =
-      RunShell(SelfDir() + "/muster --coordinator=" + target + " status --json", &code);
-  std::vector<std::pair<int, int>> out;
-  const std::regex member(
-      R"re("member_id": "node([0-9]+)/([0-9]+)"[^}]*\}[^}]*"state": "active",\s*"rank": ([0-9]+))re");
-  for (auto it = std::sregex_iterator(json.begin(), json.end(), member);
-       it != std::sregex_iterator(); ++it) {
-    if (std::stoi((*it)[3]) > 0) out.emplace_back(std::stoi((*it)[1]), std::stoi((*it)[2]));
-  }
-  return out;
-}
-
 Trial RunTrial(int index, std::mt19937_64& rng) {
   const int world = absl::GetFlag(FLAGS_world), nodes = absl::GetFlag(FLAGS_nodes);
   const int per_node = world / nodes;

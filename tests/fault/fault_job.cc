@@ -44,7 +44,8 @@ void FaultJob::StartCoordinator() {
   coordinator_ = SpawnLogged(
       {SelfDir() + "/muster-coordinator", "--listen=" + listen, "--no-auth",
        "--state-dir=" + dir_ + "/state", absl::StrCat("--min-members=", options_.min_members),
-       absl::StrCat("--max-members=", options_.nodes * options_.per_node + 2),
+       absl::StrCat("--max-members=",
+                   options_.nodes * options_.per_node + (options_.spares > 0 ? 0 : 2)),
        "--last-call=200ms", "--heartbeat-interval=200ms", "--heartbeat-timeout=2s",
        "--reattach-grace=10s", "--keep-last=0"},
       dir_ + "/coordinator.log");
@@ -68,6 +69,7 @@ void FaultJob::StartAgent(int n) {
   }
   const std::vector<std::string> rest = {
       SelfDir() + "/muster-agent", absl::StrCat("--nproc-per-node=", options_.per_node),
+      absl::StrCat("--spares=", n == 0 ? options_.spares : 0),
       absl::StrCat("--node-id=node", n), "--max-restarts=5", "--",
       SelfDir() + "/muster-train", "--coordinator=" + target_, "--model=mlp",
       "--batch-size=32", absl::StrCat("--steps=", options_.steps), "--log-every=1", "--quiet",
@@ -196,10 +198,10 @@ bool FaultJob::ParamsEqual(int expected, int last_node) const {
   int seen = 0;
   std::string first;
   for (int n = 0; n <= (last_node < 0 ? options_.nodes - 1 : last_node); ++n) {
-    for (int s = 0; s < options_.per_node; ++s) {
-      const std::string sum = JsonNumber(
-          ReadText(absl::StrCat(dir_, "/node", n, "-", s, ".json")), "parameter_checksum");
-      if (sum.empty()) continue;
+    for (int s = 0; s < options_.per_node + (n == 0 ? options_.spares : 0); ++s) {
+      const std::string json = ReadText(absl::StrCat(dir_, "/node", n, "-", s, ".json"));
+      const std::string sum = JsonNumber(json, "parameter_checksum");
+      if (sum.empty() || JsonNumber(json, "world_size") == "0") continue;  // a spare left over
       if (seen++ == 0) first = sum;
       if (sum != first) return false;
     }

@@ -32,6 +32,7 @@ struct FaultJobOptions {
   std::vector<std::string> addresses;    // per node: --address of its trainers
   std::string coordinator_host = "127.0.0.1";
   std::vector<std::string> extra_train_flags;
+  int spares = 0;  // muster-agent --spares on node 0 (the world is then exactly nodes x per_node)
 };
 
 
@@ -55,6 +56,7 @@ class FaultJob {
   pid_t agent(int node) const { return agents_[node]; }
   // The pid the node's agent last reported for `slot` (-1 if none yet).
   pid_t TrainerPid(int node, int slot) const;
+  const std::string& target() const { return target_; }
   // Rank 0's steps so far.
   std::vector<StepRecord> Steps() const;
   int64_t LastStep() const;

@@ -12,7 +12,8 @@
 //   lost_steps_max=.. committed_ckpt_lost=..
 // recovered: how long rank 0's training stalled after the fault (the longest
 // wait for a step from the fault on). Scenarios: kill-trainer, kill-node,
-// salvage (kill-trainer that must lose no step), hang-trainer, kill-coordinator, kill-during-checkpoint, corrupt-checkpoint,
+// salvage (kill-trainer that must lose no step), spare (the same with a spare
+// trainer: the world never shrinks), hang-trainer, kill-coordinator, kill-during-checkpoint, corrupt-checkpoint,
 // disk-full, slow-network, partition, churn; "all" runs each.
 #include <signal.h>
 #include <sys/mount.h>
@@ -122,31 +123,40 @@ bool WaitForCheckpointWrite(const FaultJob& job, int64_t after_step, int every) 
   return false;
 }
 
-Trial KillTrainer(Context& c) {
-  FaultJob job(c.dir, {});
+// A trainer of the world (not rank 0) SIGKILLed in the middle of training;
+// its agent restarts it. `zero_lost`: the step in flight must be salvaged
+// (no step lost). With `spares`, a spare must take its place at once: rank
+// 0 never trains in a smaller world.
+Trial KillTrainer(Context& c, bool zero_lost, int spares) {
+  FaultJobOptions o;
+  o.spares = spares;
+  FaultJob job(c.dir, o);
   job.StartAll();
   if (!job.WaitForStep(c.Uniform(40, 160), absl::Seconds(120))) return {false, 0, 0, 0, "no progress"};
-  const auto [node, slot] = Victim(c);
+  std::pair<int, int> victim = Victim(c);
+  if (spares > 0) {  // which trainers are spares depends on who joined first
+    const std::vector<std::pair<int, int>> members = WorldMembers(job.target());
+    if (members.empty()) return {false, 0, 0, 0, "no world in muster status"};
+    victim = members[c.Uniform(0, static_cast<int>(members.size()) - 1)];
+  }
+  const auto [node, slot] = victim;
   Judge j;
   j.fault_time = UnixNow();
   ::kill(job.TrainerPid(node, slot), SIGKILL);
-  j.explained_by = absl::StrCat("member node", node, "/", slot, " failed");
-  return Finish(job, j);
-}
-
-// A trainer killed in the middle of training: the step in flight is salvaged
-// by the survivors, so no step is lost.
-Trial SalvageStep(Context& c) {
-  FaultJob job(c.dir, {});
-  job.StartAll();
-  if (!job.WaitForStep(c.Uniform(40, 160), absl::Seconds(120))) return {false, 0, 0, 0, "no progress"};
-  const auto [node, slot] = Victim(c);
-  Judge j;
-  j.fault_time = UnixNow();
-  ::kill(job.TrainerPid(node, slot), SIGKILL);
-  j.explained_by = "step [0-9]+ salvaged in generation";
-  j.max_lost_steps = 0;
-  return Finish(job, j);
+  j.explained_by = zero_lost ? "step [0-9]+ salvaged in generation"
+                             : absl::StrCat("member node", node, "/", slot, " failed");
+  if (zero_lost) j.max_lost_steps = 0;
+  Trial t = Finish(job, j);
+  if (t.survived && spares > 0) {
+    for (const StepRecord& r : job.Steps()) {
+      if (r.time > j.fault_time && r.world < 4) {
+        t.survived = false;
+        t.problem = absl::StrCat("the world shrank to ", r.world, " at step ", r.step);
+        break;
+      }
+    }
+  }
+  return t;
 }
 
 Trial KillNode(Context& c) {
@@ -339,8 +349,9 @@ Trial Networked(Context& c, bool partition) {
 
 const std::map<std::string, std::function<Trial(Context&)>>& Scenarios() {
   static const auto* s = new std::map<std::string, std::function<Trial(Context&)>>{
-      {"kill-trainer", KillTrainer},
-      {"salvage", SalvageStep},
+      {"kill-trainer", [](Context& c) { return KillTrainer(c, false, 0); }},
+      {"salvage", [](Context& c) { return KillTrainer(c, true, 0); }},
+      {"spare", [](Context& c) { return KillTrainer(c, true, 1); }},
       {"kill-node", KillNode},
       {"hang-trainer", HangTrainer},
       {"kill-coordinator", KillCoordinator},
