@@ -44,6 +44,9 @@ ABSL_FLAG(double, weight_decay, 0.0, "weight decay");
 ABSL_FLAG(int64_t, warmup_steps, 50, "linear warm-up steps, then cosine decay to 10%");
 ABSL_FLAG(double, bucket_mb, 25, "gradient bucket size in MiB");
 ABSL_FLAG(bool, overlap, true, "all-reduce buckets during backward (false: after it)");
+ABSL_FLAG(int32_t, compute_ms, 0,
+          "benchmarks: every step also spends this long as if computing (an accelerator's step "
+          "time on a small CPU machine, so that a smaller world is not faster)");
 ABSL_FLAG(bool, salvage, true,
           "when a peer fails during a step's all-reduce, reduce the survivors' gradients in the "
           "regrouped world and take the step (false: drop it)");
@@ -146,6 +149,7 @@ int Run() {
   o.bucket_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_bucket_mb) * (1 << 20));
   o.overlap = absl::GetFlag(FLAGS_overlap);
   o.salvage = absl::GetFlag(FLAGS_salvage);
+  o.compute_ms = std::max(0, absl::GetFlag(FLAGS_compute_ms));
   o.eval_every = absl::GetFlag(FLAGS_eval_every);
   o.log_every = std::max<int64_t>(1, absl::GetFlag(FLAGS_log_every));
   o.log_dir = absl::GetFlag(FLAGS_log_dir);

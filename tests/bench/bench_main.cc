@@ -3,7 +3,8 @@
 //   muster-bench coordinator --members N --seconds S
 //   muster-bench checkpoint --state-mb 800 [--dir D]
 //   muster-bench train --model mlp|cnn --world W --nodes M --steps N
-//   muster-bench recovery --world 4 --nodes 2 --trials N
+//   muster-bench recovery --world 4 --nodes 2 [--spares 1] --trials N
+//   muster-bench ettr --mtbf S --minutes M [--world 4 --nodes 2 --spares 1]
 //   muster-bench allreduce --world W --nodes M --backend gloo|shm|hier --sizes 4K,1M,...
 #include <cstring>
 #include <iostream>
@@ -24,6 +25,7 @@ int RunAllreduceBench();
 int RunCommWorker();
 int RunTrainBench();
 int RunRecoveryBench();
+int RunEttrBench();
 int RunCheckpointBench();
 }  // namespace muster
 
@@ -37,9 +39,10 @@ int main(int argc, char** argv) {
   if (what == "comm-worker") return muster::RunCommWorker();
   if (what == "train") return muster::RunTrainBench();
   if (what == "recovery") return muster::RunRecoveryBench();
+  if (what == "ettr") return muster::RunEttrBench();
 #ifdef MUSTER_BENCH_TORCH
   if (what == "checkpoint") return muster::RunCheckpointBench();
 #endif
-  std::cerr << "muster-bench: unknown benchmark '" << what << "' (coordinator, allreduce, train, recovery, checkpoint)\n";
+  std::cerr << "muster-bench: unknown benchmark '" << what << "' (coordinator, allreduce, train, recovery, ettr, checkpoint)\n";
   return 2;
 }

@@ -484,6 +484,8 @@ absl::Status Engine::AfterBackward() {
     }
     DropGradients();
     ++dropped_count_;
+    MUSTER_LOG(WARNING) << "step " << step_ + 1 << " dropped in generation "
+                        << world_->world().generation;
     return absl::AbortedError(absl::StrCat("step ", step_ + 1, " dropped: ", s.message()));
   }
   const double comm_s = sync_->last_stats().comm_seconds;

@@ -180,6 +180,7 @@ absl::Status TrainLoop(const TrainOptions& o, Net& model, torch::optim::Optimize
     optimizer.zero_grad();
     dist.BeforeBackward();
     loss.backward();
+    if (o.compute_ms > 0) absl::SleepFor(absl::Milliseconds(o.compute_ms));
     if (absl::Status s = dist.AfterBackward(); !s.ok()) {
       if (absl::IsAborted(s)) continue;  // dropped; the world regrouped
       return s;

@@ -47,7 +47,8 @@ struct TrainOptions {
   int64_t warmup_steps = 50;
   size_t bucket_bytes = 25u << 20;
   bool overlap = true;
-  bool salvage = true;  // salvage a step a peer failed in (false: drop it)
+  bool salvage = true;
+  int compute_ms = 0;   // time each step also spends as if computing (benchmarks)  // salvage a step a peer failed in (false: drop it)
   int64_t eval_every = 0;  // 0: at the end only
   int64_t log_every = 20;
   std::string log_dir;     // JSON lines + TensorBoard (rank 0); "" = none

@@ -1,0 +1,286 @@
+// muster-bench ettr --mtbf S --minutes M: effective training time under a
+// storm of failures. A real job on this machine (coordinator, one
+// muster-agent per node, --spares on node 0, MLP trainers checkpointing every
+// 40 steps) runs for M minutes while failures arrive as a Poisson process of
+// mean S seconds, their kind drawn evenly (seeded):
+//   trainer   SIGKILL of a random trainer of the world; its agent restarts it;
+//   node      SIGKILL of a random node's agent, which takes its trainers
+//             along; the node comes back (a new agent) after 2 s;
+//   hang      SIGSTOP of a random trainer of the world, SIGCONT after 4 s
+//             (fenced at the heartbeat timeout, it rejoins).
+// Each step also spends --compute-ms as if computing: on a 2-core machine a
+// smaller world would otherwise step faster than the full one (fewer
+// processes share the cores), which no accelerator cluster does. Then
+// SIGUSR1 stops the job with a checkpoint. The same job without
+// failures (for min(M, 2) minutes) is the reference. Prints
+//   ettr mtbf_s=.. minutes=.. failures=.. ettr=.. steps_committed_pct=..
+//        world_full_pct=.. lost_steps=..
+// ettr: committed steps per second of the stormy run over the reference's
+// (both from the first world to the stop signal); lost_steps: steps dropped
+// (a failure no salvage could rescue) plus steps done again; world_full_pct:
+// the share of that time the world had all its members (from the
+// coordinator's regroup log).
+#include <dirent.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <iostream>
+#include <random>
+#include <regex>
+#include <set>
+
+#include "absl/flags/declare.h"
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/civil_time.h"
+#include "absl/time/clock.h"
+#include "tests/bench/process_stats.h"
+
+ABSL_FLAG(double, mtbf, 30, "ettr: mean seconds between failures");
+ABSL_FLAG(double, minutes, 10, "ettr: minutes of training under failures");
+ABSL_FLAG(int, compute_ms, 40,
+          "ettr: per-step compute time the trainers add (muster-train --compute-ms), so that "
+          "on this small machine a smaller world does not step faster than the full one");
+ABSL_DECLARE_FLAG(int, world);
+ABSL_DECLARE_FLAG(int, nodes);
+ABSL_DECLARE_FLAG(int, spares);
+ABSL_DECLARE_FLAG(uint64_t, seed);
+
+namespace muster {
+namespace {
+
+struct Run {
+  double seconds = 0;  // first world to the stop signal
+  int64_t steps = 0;   // committed
+  int failures = 0;
+  int dropped = 0;
+  double full_pct = 0;
+};
+
+class Job {
+ public:
+  explicit Job(const std::string& dir) : dir_(dir) {
+    std::system(("rm -rf " + dir_ + " && mkdir -p " + dir_).c_str());
+    target_ = "127.0.0.1:" + std::to_string(FreeLoopbackPort());
+    coordinator_ = SpawnLogged({SelfDir() + "/muster-coordinator", "--listen=" + target_,
+                                "--no-auth", "--state-dir=" + dir_ + "/state", "--min-members=2",
+                                absl::StrCat("--max-members=", absl::GetFlag(FLAGS_world)),
+                                "--last-call=200ms", "--heartbeat-interval=500ms",
+                                "--heartbeat-timeout=2s"},
+                               dir_ + "/coordinator.log");
+    agents_.assign(absl::GetFlag(FLAGS_nodes), -1);
+    for (int n = 0; n < static_cast<int>(agents_.size()); ++n) StartAgent(n);
+  }
+  ~Job() {
+    for (pid_t a : agents_) {
+      if (a > 0) StopProcess(a);
+    }
+    StopProcess(coordinator_);
+  }
+
+  void StartAgent(int n) {
+    const int per_node = absl::GetFlag(FLAGS_world) / absl::GetFlag(FLAGS_nodes);
+    agents_[n] = SpawnLogged(
+        {SelfDir() + "/muster-agent", absl::StrCat("--nproc-per-node=", per_node),
+         absl::StrCat("--spares=", n == 0 ? absl::GetFlag(FLAGS_spares) : 0),
+         "--max-restarts=1000", absl::StrCat("--node-id=node", n), "--",
+         SelfDir() + "/muster-train", "--coordinator=" + target_, "--model=mlp",
+         "--batch-size=32", "--steps=100000000", "--log-every=100", "--quiet", "--threads=1",
+         absl::StrCat("--compute-ms=", absl::GetFlag(FLAGS_compute_ms)),
+         absl::StrCat("--job=ettr", ::getpid(), "-", n), "--checkpoint-dir=" + dir_ + "/ckpt",
+         "--checkpoint-every=40", absl::StrCat("--summary-json=", dir_, "/{node}-{local_rank}.json")},
+        absl::StrCat(dir_, "/agent", n, "-", ++starts_, ".log"));
+  }
+
+  // Kill, hang or take down something, as `kind` says.
+  void Inject(int kind, std::mt19937_64& rng) {
+    const std::vector<std::pair<int, int>> members = WorldMembers(target_);
+    if (kind == 1 || members.empty()) {
+      const int n = std::uniform_int_distribution<int>(0, static_cast<int>(agents_.size()) - 1)(rng);
+      ::kill(agents_[n], SIGKILL);
+      ::waitpid(agents_[n], nullptr, 0);
+      downs_.push_back({absl::Now() + absl::Seconds(2), n, -1});
+      return;
+    }
+    const auto [node, slot] =
+        members[std::uniform_int_distribution<size_t>(0, members.size() - 1)(rng)];
+    const pid_t pid = TrainerPid(node, slot);
+    if (pid <= 0) return;
+    if (kind == 0) {
+      ::kill(pid, SIGKILL);
+    } else {
+      ::kill(pid, SIGSTOP);
+      downs_.push_back({absl::Now() + absl::Seconds(4), -1, pid});
+    }
+  }
+  // Brings back what Inject took down, when it is due.
+  void Heal(bool all) {
+    for (auto it = downs_.begin(); it != downs_.end();) {
+      if (!all && absl::Now() < it->at) {
+        ++it;
+        continue;
+      }
+      if (it->node >= 0) StartAgent(it->node);
+      if (it->pid > 0) ::kill(it->pid, SIGCONT);
+      it = downs_.erase(it);
+    }
+  }
+  // SIGUSR1 to every agent (checkpoint and stop); waits for them.
+  void Stop() {
+    Heal(true);
+    for (pid_t a : agents_) ::kill(a, SIGUSR1);
+    for (pid_t& a : agents_) {
+      ::waitpid(a, nullptr, 0);
+      a = -1;
+    }
+  }
+
+  pid_t TrainerPid(int node, int slot) const {
+    pid_t pid = -1;
+    for (int i = 1; i <= starts_; ++i) {
+      const pid_t p = LastTrainerPid(absl::StrCat(dir_, "/agent", node, "-", i, ".log"), slot);
+      if (p > 0) pid = p;
+    }
+    return pid;
+  }
+  std::string AgentLogs() const {
+    std::string all;
+    for (int n = 0; n < static_cast<int>(agents_.size()); ++n) {
+      for (int i = 1; i <= starts_; ++i) all += ReadText(absl::StrCat(dir_, "/agent", n, "-", i, ".log"));
+    }
+    return all;
+  }
+  const std::string& dir() const { return dir_; }
+
+ private:
+  struct Down {
+    absl::Time at;
+    int node;
+    pid_t pid;
+  };
+  std::string dir_, target_;
+  pid_t coordinator_ = -1;
+  std::vector<pid_t> agents_;
+  std::vector<Down> downs_;
+  int starts_ = 0;
+};
+
+// Seconds of the day of a log line's "I hh:mm:ss.mmm" stamp.
+double LogTime(const std::string& hms) {
+  return std::stoi(hms.substr(0, 2)) * 3600.0 + std::stoi(hms.substr(3, 2)) * 60.0 +
+         std::stod(hms.substr(6));
+}
+
+// From the coordinator's log: the first world's time, the share of time
+// until `end` (seconds of the day) with `world` members.
+std::pair<double, double> WorldTimeline(const std::string& log, double end, int world) {
+  const std::regex line(R"re(^. ([0-9:.]+) \S+\] (regroup: generation [0-9]+: ([0-9]+) members|pause:))re");
+  double first = -1, last = 0, full = 0;
+  int size = 0;
+  std::istringstream in(log);
+  std::string text;
+  std::smatch m;
+  while (std::getline(in, text)) {
+    if (!std::regex_search(text, m, line)) continue;
+    double t = LogTime(m[1]);
+    if (first >= 0 && t < last) t += 86400;  // past midnight
+    if (first >= 0 && end < first) end += 86400;
+    if (first >= 0 && t > end) break;  // the stop itself
+    if (first < 0) first = t;
+    if (size == world) full += t - last;
+    last = t;
+    size = m[3].matched ? std::stoi(m[3]) : 0;
+  }
+  if (first < 0) return {0, 0};
+  if (end < first) end += 86400;
+  if (size == world) full += end - last;
+  return {first, end > first ? 100.0 * full / (end - first) : 0};
+}
+
+Run RunJob(const std::string& dir, double minutes, double mtbf, std::mt19937_64& rng) {
+  Run r;
+  Job job(dir);
+  std::exponential_distribution<double> gap(mtbf > 0 ? 1.0 / mtbf : 1.0);
+  const absl::Time end = absl::Now() + absl::Seconds(minutes * 60);
+  absl::Time next = mtbf > 0 ? absl::Now() + absl::Seconds(gap(rng)) : absl::InfiniteFuture();
+  while (absl::Now() < end) {
+    if (absl::Now() >= next) {
+      job.Inject(std::uniform_int_distribution<int>(0, 2)(rng), rng);
+      ++r.failures;
+      next = absl::Now() + absl::Seconds(gap(rng));
+    }
+    job.Heal(false);
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  const double stop_time = absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch());
+  job.Stop();
+  // The committed step: the largest step any trainer ended at.
+  if (DIR* d = ::opendir(dir.c_str())) {
+    while (dirent* e = ::readdir(d)) {
+      const std::string name = e->d_name;
+      if (name.size() < 5 || name.substr(name.size() - 5) != ".json") continue;
+      const std::string steps = JsonNumber(ReadText(dir + "/" + name), "steps");
+      if (!steps.empty()) r.steps = std::max<int64_t>(r.steps, std::stoll(steps));
+    }
+    ::closedir(d);
+  }
+  // Steps dropped: distinct (step, generation) over every trainer's log.
+  std::set<std::string> dropped;
+  const std::string logs = job.AgentLogs();
+  const std::regex drop(R"(step ([0-9]+) dropped in generation ([0-9]+))");
+  for (auto it = std::sregex_iterator(logs.begin(), logs.end(), drop); it != std::sregex_iterator(); ++it) {
+    dropped.insert((*it)[1].str() + "/" + (*it)[2].str());
+  }
+  r.dropped = static_cast<int>(dropped.size());
+  // The stop signal in the log's clock (UTC time of day).
+  const absl::CivilSecond cs = absl::ToCivilSecond(
+      absl::FromUnixSeconds(static_cast<int64_t>(stop_time)), absl::UTCTimeZone());
+  const double stop_of_day = cs.hour() * 3600.0 + cs.minute() * 60.0 + cs.second() +
+                             (stop_time - std::floor(stop_time));
+  const auto [first, full] = WorldTimeline(ReadText(dir + "/coordinator.log"), stop_of_day,
+                                           absl::GetFlag(FLAGS_world));
+  double seconds = stop_of_day - first;
+  if (seconds < 0) seconds += 86400;
+  r.seconds = seconds;
+  r.full_pct = full;
+  return r;
+}
+
+}  // namespace
+
+int RunEttrBench() {
+  const double minutes = absl::GetFlag(FLAGS_minutes), mtbf = absl::GetFlag(FLAGS_mtbf);
+  if (!(minutes > 0) || !(mtbf > 0) || absl::GetFlag(FLAGS_world) % absl::GetFlag(FLAGS_nodes) != 0) {
+    std::cerr << "muster-bench ettr: --minutes and --mtbf must be positive, --world a multiple "
+                 "of --nodes\n";
+    return 2;
+  }
+  std::mt19937_64 rng(absl::GetFlag(FLAGS_seed));
+  const std::string base = absl::StrCat("/tmp/muster-bench-ettr-", ::getpid());
+  const Run reference = RunJob(base + "-reference", std::min(minutes, 2.0), 0, rng);
+  const Run storm = RunJob(base + "-storm", minutes, mtbf, rng);
+  if (reference.steps == 0 || reference.seconds <= 0 || storm.seconds <= 0) {
+    std::cerr << "muster-bench ettr: a run made no progress; see " << base << "-*\n";
+    return 1;
+  }
+  const double ettr = (storm.steps / storm.seconds) / (reference.steps / reference.seconds);
+  std::cout << absl::StrFormat(
+                   "ettr mtbf_s=%g minutes=%g failures=%d ettr=%.3f steps_committed_pct=%.2f "
+                   "world_full_pct=%.1f lost_steps=%d",
+                   mtbf, minutes, storm.failures, ettr,
+                   100.0 * storm.steps / std::max<int64_t>(1, storm.steps + storm.dropped),
+                   storm.full_pct, storm.dropped)
+            << std::endl;
+  std::cerr << absl::StrFormat("reference: %lld steps in %.1f s; storm: %lld steps in %.1f s\n",
+                               static_cast<long long>(reference.steps), reference.seconds,
+                               static_cast<long long>(storm.steps), storm.seconds);
+  if (std::getenv("MUSTER_BENCH_KEEP") == nullptr) {
+    std::system(("rm -rf " + base + "-reference " + base + "-storm").c_str());
+  }
+  return 0;
+}
+
+}  // namespace muster
