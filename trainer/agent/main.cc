@@ -50,8 +50,10 @@ int main(int argc, char** argv) {
                  "muster-agent --nproc-per-node 2 -- muster-train --coordinator HOST:PORT\n";
     return muster::kExitBadFlags;
   }
-  if (o.nproc < 1 || o.nproc > 1024) {
-    std::cerr << "muster-agent: --nproc-per-node must be in 1..1024, not " << o.nproc << "\n";
+  if (o.nproc < 0 || o.nproc > 1024 || (o.nproc == 0 && o.spares < 1)) {
+    std::cerr << "muster-agent: --nproc-per-node must be in 1..1024 (0 only for a node of "
+                 "spares, with --spares), not "
+              << o.nproc << "\n";
     return muster::kExitBadFlags;
   }
   if (o.spares < 0 || o.spares > 1024) {
