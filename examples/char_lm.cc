@@ -110,7 +110,7 @@ int main(int argc, char** argv) {
     optimizer.zero_grad();
     d.BeforeBackward();
     loss.backward();
-    if (!d.AfterBackward().ok()) continue;  // a peer failed: dropped, regrouped
+    if (!d.AfterBackward().ok()) continue;  // a peer failed and the step could not be salvaged
     optimizer.step();
     {
       torch::NoGradGuard no_grad;
