@@ -46,7 +46,7 @@ SampledBatch DistributedSampler::Next(const SamplerPosition& at, int world, int 
   // Returned examples of an earlier epoch finish that epoch on their own.
   const bool earlier = !at.returned.empty() && at.returned_epoch < epoch;
   b.from_permutation = earlier ? 0 : std::min<int64_t>(capacity - b.from_returned, size_ - pos);
-  b.epoch = at.returned.empty() ? epoch : at.returned_epoch;
+  b.epoch = Epoch(at);
   b.global_batch = b.from_returned + b.from_permutation;
   const auto [start, count] = Share(b.global_batch, world, rank);
   // The share, split between the returned examples and the permutation.

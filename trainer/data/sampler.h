@@ -67,6 +67,12 @@ class DistributedSampler {
   SamplerPosition Advance(const SamplerPosition& at, const SampledBatch& batch, int world,
                           int batch_per_rank, const std::vector<int>& lost);
 
+  // The epoch the next global batch at `at` belongs to: the returned
+  // examples' while there are any, else the offset's.
+  int64_t Epoch(const SamplerPosition& at) const {
+    if (!at.returned.empty()) return at.returned_epoch;
+    return size_ > 0 ? at.offset / size_ : 0;
+  }
   // True when `epochs` epochs are consumed: the offset is past them and
   // nothing is returned.
   bool Done(const SamplerPosition& at, int64_t epochs) const {

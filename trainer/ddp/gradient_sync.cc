@@ -165,17 +165,8 @@ absl::Status GradientSync::Finish(absl::Time deadline) {
     Bucket& b = buckets_[i];
     if (b.launched) continue;
     if (b.ready < static_cast<int>(b.params.size())) {
-      torch::NoGradGuard no_grad;
       for (size_t j = 0; j < b.params.size(); ++j) {
-        const size_t k = b.params[j];
-        if (got_gradient_[k]) continue;
-        torch::Tensor slot = b.buffer.narrow(0, b.offsets[j], params_[k].numel());
-        const torch::Tensor& g = params_[k].grad();
-        if (g.defined()) {
-          slot.copy_(g.reshape({-1}));
-        } else {
-          slot.zero_();
-        }
+        if (!got_gradient_[b.params[j]]) FillFromGrad(b, j, /*use_grad=*/true);
       }
     }
     Launch(i);
@@ -191,6 +182,17 @@ absl::Status GradientSync::Finish(absl::Time deadline) {
   lock.unlock();
   Install();
   return absl::OkStatus();
+}
+
+void GradientSync::FillFromGrad(Bucket& b, size_t j, bool use_grad) {
+  torch::NoGradGuard no_grad;
+  const torch::Tensor& p = params_[b.params[j]];
+  torch::Tensor slot = b.buffer.narrow(0, b.offsets[j], p.numel());
+  if (use_grad && p.grad().defined()) {
+    slot.copy_(p.grad().reshape({-1}));
+  } else {
+    slot.zero_();
+  }
 }
 
 void GradientSync::Install() {
@@ -221,19 +223,8 @@ absl::Status GradientSync::Resync(Communicator* comm, bool contribute, int contr
     return absl::InvalidArgumentError(
         absl::StrCat("salvage with ", contributors, " contributors of ", comm->size()));
   }
-  {
-    torch::NoGradGuard no_grad;
-    for (Bucket& b : buckets_) {
-      for (size_t j = 0; j < b.params.size(); ++j) {
-        const torch::Tensor& p = params_[b.params[j]];
-        torch::Tensor slot = b.buffer.narrow(0, b.offsets[j], p.numel());
-        if (contribute && p.grad().defined()) {
-          slot.copy_(p.grad().reshape({-1}));
-        } else {
-          slot.zero_();
-        }
-      }
-    }
+  for (Bucket& b : buckets_) {
+    for (size_t j = 0; j < b.params.size(); ++j) FillFromGrad(b, j, contribute);
   }
   SetControl(control);
   // All contribute: the very reduction of a step, so that a salvaged step

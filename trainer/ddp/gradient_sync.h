@@ -100,6 +100,9 @@ class GradientSync {
 
   void OnGradient(size_t param, const torch::Tensor& grad);
   void SetControl(const std::array<float, kControlWords>& control);
+  // Puts slot `j` of `b` to its parameter's .grad (`use_grad` and defined),
+  // else to zeros.
+  void FillFromGrad(Bucket& b, size_t j, bool use_grad);
   // Reads the control words and writes the bucket buffers into the .grad.
   void Install();
   void Launch(size_t bucket);  // requires mu_

@@ -174,8 +174,7 @@ class Engine : public Distributed {
     SamplerPosition at;
     uint64_t generation = 0;
     int world = 0, rank = 0;
-  } pending_;
-  bool in_step_ = false;      // regrouping from inside AfterBackward
+  } pending_;  // valid: regrouping from inside AfterBackward
   bool salvaged_ = false;     // the regroup salvaged the step in flight
   int catch_up_source_ = -1;  // at the boundary, ranks outside the step take its state from here
   int salvaged_count_ = 0, dropped_count_ = 0;
@@ -298,7 +297,7 @@ absl::Status Engine::Salvage(Communicator* comm, const WorldInfo& world) {
   claim.generation = pending_.generation;
   claim.world = pending_.world;
   claim.rank = pending_.rank;
-  claim.in_step = in_step_;
+  claim.in_step = pending_.valid;
   const absl::Time deadline = absl::Now() + timeout_;
   MUSTER_ASSIGN_OR_RETURN(SalvagePlan plan, AgreeOnSalvage(claim, comm, deadline));
   if (!plan.salvage()) return absl::OkStatus();
@@ -306,7 +305,7 @@ absl::Status Engine::Salvage(Communicator* comm, const WorldInfo& world) {
   MUSTER_RETURN_IF_ERROR(
       sync_->Resync(comm, claim.contributes, plan.contributors, words.ToArray(), deadline));
   decision_ = DecideAfterStep(sync_->control(), world.world_size, words, world_->told_to_leave());
-  if (!in_step_) {  // the step's counters and state come from a rank in it
+  if (!pending_.valid) {  // the step's counters and state come from a rank in it
     at_boundary_ = true;
     catch_up_source_ = plan.first_stepper;
     return CatchUp();
@@ -374,9 +373,7 @@ Progress Engine::progress() const {
   Progress p;
   p.step = step_;
   p.sample_offset = at_.offset;
-  p.epoch = !at_.returned.empty()        ? at_.returned_epoch
-            : options_.dataset_size > 0 ? at_.offset / options_.dataset_size
-                                        : 0;
+  p.epoch = sampler_.Epoch(at_);
   if (world_) {
     p.rank = world_->world().rank;
     p.world_size = world_->world().world_size;
@@ -468,9 +465,7 @@ absl::Status Engine::AfterBackward() {
     MUSTER_LOG(WARNING) << "step " << step_ + 1 << " failed: " << s;
     const WorldInfo& w = world_->world();
     pending_ = {true, step_, at_, w.generation, w.world_size, w.rank};
-    in_step_ = true;
     const absl::Status r = Regroup(std::string(s.message()));
-    in_step_ = false;
     pending_.valid = false;
     if (!r.ok()) {
       error_ = r;
