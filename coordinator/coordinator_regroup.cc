@@ -112,15 +112,18 @@ void Coordinator::Evaluate(bool urgent, bool abort, const std::string& reason,
   // Changed: the world that would form now is not the live one. Members
   // waiting beyond max_members (spares) change nothing while every incumbent
   // is alive: they take a place when one frees up.
-  bool changed = !world_live_;
-  if (!changed) {
-    const World next = AssignWorld(generation_ + 1, candidates, UsableWorldSize(n, options_.rules));
-    changed = next.size() != world_.size();
-    for (size_t i = 0; !changed && i < next.members.size(); ++i) {
-      const int rank = world_.RankOf(next.members[i].member.id);
-      changed = rank < 0 || world_.members[rank].member.incarnation != next.members[i].member.incarnation;
-    }
+  // AssignWorld puts incumbents first, so the world is unchanged exactly
+  // when every member of it is an incumbent candidate of the same
+  // incarnation and the usable size is its size.
+  bool changed = !world_live_ || UsableWorldSize(n, options_.rules) != world_.size();
+  uint32_t incumbents = 0;
+  for (size_t i = 0; !changed && i < candidates.size(); ++i) {
+    if (!candidates[i].incumbent) continue;
+    const int rank = world_.RankOf(candidates[i].member.id);
+    changed = rank < 0 || world_.members[rank].member.incarnation != candidates[i].member.incarnation;
+    ++incumbents;
   }
+  changed = changed || incumbents != world_.size();
   switch (timer_.Decide(n, changed, urgent, clock_->Now())) {
     case FormDecision::kNothing:
     case FormDecision::kWait:
