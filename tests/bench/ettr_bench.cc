@@ -35,7 +35,6 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/time/civil_time.h"
 #include "absl/time/clock.h"
 #include "tests/bench/process_stats.h"
 
@@ -215,7 +214,8 @@ Run RunJob(const std::string& dir, double minutes, double mtbf, std::mt19937_64&
     job.Heal(false);
     absl::SleepFor(absl::Milliseconds(50));
   }
-  const double stop_time = absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch());
+  // The stop signal in the log's clock: the UTC time of day.
+  const double stop_of_day = std::fmod(absl::ToUnixMicros(absl::Now()) / 1e6, 86400.0);
   job.Stop();
   // The committed step: the largest step any trainer ended at.
   if (DIR* d = ::opendir(dir.c_str())) {
@@ -235,11 +235,6 @@ Run RunJob(const std::string& dir, double minutes, double mtbf, std::mt19937_64&
     dropped.insert((*it)[1].str() + "/" + (*it)[2].str());
   }
   r.dropped = static_cast<int>(dropped.size());
-  // The stop signal in the log's clock (UTC time of day).
-  const absl::CivilSecond cs = absl::ToCivilSecond(
-      absl::FromUnixSeconds(static_cast<int64_t>(stop_time)), absl::UTCTimeZone());
-  const double stop_of_day = cs.hour() * 3600.0 + cs.minute() * 60.0 + cs.second() +
-                             (stop_time - std::floor(stop_time));
   const auto [first, full] = WorldTimeline(ReadText(dir + "/coordinator.log"), stop_of_day,
                                            absl::GetFlag(FLAGS_world));
   double seconds = stop_of_day - first;

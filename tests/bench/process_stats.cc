@@ -78,11 +78,11 @@ std::vector<std::pair<int, int>> WorldMembers(const std::string& target) {
   const std::string json =
       RunShell(SelfDir() + "/muster --coordinator=" + target + " status --json", &code);
   std::vector<std::pair<int, int>> out;
-  const std::regex member(
-      R"re("member_id": "node([0-9]+)/([0-9]+)"[^}]*\}[^}]*"state": "active",\s*"rank": ([0-9]+))re");
-  for (auto it = std::sregex_iterator(json.begin(), json.end(), member);
-       it != std::sregex_iterator(); ++it) {
-    if (std::stoi((*it)[3]) > 0) out.emplace_back(std::stoi((*it)[1]), std::stoi((*it)[2]));
+  const std::regex name("node([0-9]+)/([0-9]+)");
+  std::smatch m;
+  for (const StatusMember& member : StatusMembers(json)) {
+    if (member.state != "active" || member.rank <= 0) continue;
+    if (std::regex_match(member.id, m, name)) out.emplace_back(std::stoi(m[1]), std::stoi(m[2]));
   }
   return out;
 }

@@ -216,11 +216,7 @@ std::map<std::string, std::string> MemberStates(const std::string& target) {
   const std::string json =
       RunShell(kBin + "/muster --coordinator=" + target + " status --json", &code);
   std::map<std::string, std::string> out;
-  const std::regex member(R"re("member_id": "([^"]+)"[^}]*\}[^}]*"state": "([a-z]+)")re");
-  for (auto it = std::sregex_iterator(json.begin(), json.end(), member);
-       it != std::sregex_iterator(); ++it) {
-    out[(*it)[1]] = (*it)[2];
-  }
+  for (const StatusMember& m : StatusMembers(json)) out[m.id] = m.state;
   return out;
 }
 

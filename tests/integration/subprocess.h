@@ -85,6 +85,24 @@ inline std::string JsonNumber(const std::string& json, const std::string& name) 
   return "";
 }
 
+// One member of `muster status --json`: its id, state ("active", "spare",
+// ...) and rank in the live world (-1: none).
+struct StatusMember {
+  std::string id, state;
+  int rank = -1;
+};
+
+inline std::vector<StatusMember> StatusMembers(const std::string& status_json) {
+  std::vector<StatusMember> out;
+  const std::regex member(
+      R"re("member_id": "([^"]+)"[^}]*\}[^}]*"state": "([a-z]+)",\s*"rank": (-?[0-9]+))re");
+  for (auto it = std::sregex_iterator(status_json.begin(), status_json.end(), member);
+       it != std::sregex_iterator(); ++it) {
+    out.push_back({(*it)[1], (*it)[2], std::stoi((*it)[3])});
+  }
+  return out;
+}
+
 // The pid a muster-agent's log last reported for trainer `slot` (-1: none).
 inline pid_t LastTrainerPid(const std::string& agent_log, int slot) {
   const std::string log = ReadText(agent_log);
