@@ -98,6 +98,8 @@ absl::StatusOr<LaunchIdentity> ResolveLaunchIdentity(const LaunchFlags& flags,
     MUSTER_ASSIGN_OR_RETURN(id.local_rank, IntEnv(getenv, "MUSTER_LOCAL_RANK", 0));
     MUSTER_ASSIGN_OR_RETURN(id.local_world_size, IntEnv(getenv, "MUSTER_LOCAL_WORLD_SIZE", 1));
     if (Has(getenv, "MUSTER_NODE_ID")) id.node = getenv("MUSTER_NODE_ID");
+    MUSTER_ASSIGN_OR_RETURN(const int spare, IntEnv(getenv, "MUSTER_SPARE", 0));
+    id.spare = spare != 0;
   }
   if (!flags.node_id.empty()) {
     id.node = flags.node_id;

@@ -24,6 +24,7 @@ struct LaunchIdentity {
   int local_world_size = 1;  // trainers on this node, if the launcher says
   int rank = -1;             // launcher's global rank (-1: unknown)
   int world_size = -1;       // launcher's world size (-1: unknown)
+  bool spare = false;        // muster-agent started it as a hot spare (MUSTER_SPARE=1)
   std::string source;        // "flags", "slurm", "torchrun", "openmpi", "muster-agent",
                              // "local"
 

@@ -159,8 +159,10 @@ absl::StatusOr<JoinResult> Coordinator::Join(const JoinSpec& spec) {
     }
     DropWaiters(spec.key.id, absl::AbortedError("replaced by a new incarnation"), &actions);
   }
+  const bool spare = world_live_ && rank < 0 && world_.size() >= options_.rules.max_members;
   Record("join", absl::StrCat(spec.key.id, " incarnation ", spec.key.incarnation, " on ",
-                              spec.node, " local rank ", spec.local_rank));
+                              spec.node, " local rank ", spec.local_rank,
+                              spare ? " (a spare: the world is full)" : ""));
   if (world_live_ && rank >= 0 && job_state_ != JobState::kFinished) {
     // A new incarnation of a member of the current world: the old one is gone.
     ++counters_.failures;

@@ -94,6 +94,7 @@ std::vector<Candidate> Coordinator::Candidates() {
     c.state_address = info.state_address;
     c.step = info.step;
     c.incumbent = incumbent;
+    c.spare = info.spare;
     c.joined = info.joined;
     out.push_back(std::move(c));
   }
@@ -117,6 +118,8 @@ void Coordinator::Evaluate(bool urgent, bool abort, const std::string& reason,
   // incarnation and the usable size is its size.
   bool changed = !world_live_ || UsableWorldSize(n, options_.rules) != world_.size();
   uint32_t incumbents = 0;
+  uint32_t preferred = 0;
+  for (const Candidate& c : candidates) preferred += c.incumbent || !c.spare ? 1 : 0;
   for (size_t i = 0; !changed && i < candidates.size(); ++i) {
     if (!candidates[i].incumbent) continue;
     const int rank = world_.RankOf(candidates[i].member.id);
@@ -124,7 +127,7 @@ void Coordinator::Evaluate(bool urgent, bool abort, const std::string& reason,
     ++incumbents;
   }
   changed = changed || incumbents != world_.size();
-  switch (timer_.Decide(n, changed, urgent, clock_->Now())) {
+  switch (timer_.Decide(n, preferred, changed, urgent, clock_->Now())) {
     case FormDecision::kNothing:
     case FormDecision::kWait:
       return;
@@ -219,6 +222,14 @@ void Coordinator::Form(std::vector<Candidate> candidates, uint32_t size, bool ab
   Record("regroup", absl::StrCat("generation ", generation_, ": ", world_.size(),
                                  " members on ", world_.node_count, " nodes (", reason,
                                  abort ? ", abort" : ", at step boundary", ")"));
+  if (old_live && old.size() >= options_.rules.max_members) {
+    // The old world was full: its newcomers waited as spares.
+    for (const Assignment& a : world_.members) {
+      if (old.RankOf(a.member.id) >= 0) continue;
+      Record("spare", absl::StrCat(a.member.id, " takes rank ", a.rank, " in generation ",
+                                   generation_));
+    }
+  }
   CompleteIfAllArrived(actions);
 }
 

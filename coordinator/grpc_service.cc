@@ -101,6 +101,7 @@ grpc::ServerUnaryReactor* CoordinatorService::Join(grpc::CallbackServerContext* 
   spec.key = ToKey(req->member());
   spec.node = req->node();
   spec.local_rank = req->local_rank();
+  spec.spare = req->spare();
   spec.state_address = req->state_address();
   spec.step = req->step();
   absl::StatusOr<JoinResult> result = coordinator_->Join(spec);

@@ -40,6 +40,7 @@ absl::StatusOr<JoinOutcome> Membership::Join(const JoinSpec& spec, absl::Time no
       old.node = spec.node;
       old.local_rank = spec.local_rank;
       old.state_address = spec.state_address;
+      old.spare = spec.spare;
       old.step = std::max(old.step, spec.step);
       old.last_seen = now;
       return JoinOutcome::kReattached;
@@ -60,6 +61,7 @@ absl::StatusOr<JoinOutcome> Membership::Join(const JoinSpec& spec, absl::Time no
   info.node = spec.node;
   info.local_rank = spec.local_rank;
   info.state_address = spec.state_address;
+  info.spare = spec.spare;
   info.step = spec.step;
   info.joined = now;
   info.last_seen = now;

@@ -24,6 +24,7 @@ struct MemberInfo {
   std::string node;
   uint32_t local_rank = 0;
   std::string state_address;
+  bool spare = false;     // started as a hot spare: taken after the others
   MemberState state = MemberState::kWaiting;
   int64_t step = 0;
   absl::Time joined;
@@ -38,6 +39,7 @@ struct JoinSpec {
   uint32_t local_rank = 0;
   std::string state_address;
   int64_t step = 0;
+  bool spare = false;
 };
 
 enum class JoinOutcome {

@@ -39,8 +39,8 @@ World AssignWorld(uint64_t generation, std::vector<Candidate> candidates,
   std::stable_sort(candidates.begin(), candidates.end(),
                    [](const Candidate& a, const Candidate& b) {
                      if (a.incumbent != b.incumbent) return a.incumbent;
-                     return std::tie(a.joined, a.member.id) <
-                            std::tie(b.joined, b.member.id);
+                     return std::tie(a.spare, a.joined, a.member.id) <
+                            std::tie(b.spare, b.joined, b.member.id);
                    });
   if (candidates.size() > size) candidates.resize(size);
   std::sort(candidates.begin(), candidates.end(),
@@ -88,8 +88,8 @@ void ChooseStateSource(World* world) {
   }
 }
 
-FormDecision RendezvousTimer::Decide(uint32_t candidates, bool changed, bool urgent,
-                                     absl::Time now) {
+FormDecision RendezvousTimer::Decide(uint32_t candidates, uint32_t preferred, bool changed,
+                                     bool urgent, absl::Time now) {
   if (!changed) {
     form_at_.reset();
     return FormDecision::kNothing;
@@ -98,7 +98,7 @@ FormDecision RendezvousTimer::Decide(uint32_t candidates, bool changed, bool urg
     form_at_.reset();
     return FormDecision::kNotEnough;
   }
-  if (urgent || candidates >= rules_.max_members) return FormDecision::kNow;
+  if (urgent || preferred >= rules_.max_members) return FormDecision::kNow;
   if (!form_at_) form_at_ = now + rules_.last_call;
   return now >= *form_at_ ? FormDecision::kNow : FormDecision::kWait;
 }

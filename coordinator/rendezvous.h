@@ -42,6 +42,7 @@ struct Candidate {
   std::string state_address;
   int64_t step = 0;
   bool incumbent = false;  // part of the current world
+  bool spare = false;      // started as a hot spare: taken after the others
   absl::Time joined;
 };
 
@@ -71,10 +72,13 @@ class RendezvousTimer {
  public:
   explicit RendezvousTimer(const RendezvousRules& rules) : rules_(rules) {}
 
-  // `candidates`: how many members could take part; `changed`: whether they
-  // differ from the current world; `urgent`: form without last call (a
-  // failure or a leave).
-  FormDecision Decide(uint32_t candidates, bool changed, bool urgent, absl::Time now);
+  // `candidates`: how many members could take part, `preferred` how many of
+  // them are not spares (incumbents count as preferred); `changed`: whether
+  // they differ from the current world; `urgent`: form without last call (a
+  // failure or a leave). Reaching max_members forms at once only with
+  // preferred candidates: spares fill what is left when last call ends.
+  FormDecision Decide(uint32_t candidates, uint32_t preferred, bool changed, bool urgent,
+                      absl::Time now);
   // Forgets the running window (after a world formed).
   void Reset() { form_at_.reset(); }
   std::optional<absl::Time> deadline() const { return form_at_; }

@@ -114,6 +114,7 @@ int Run() {
   o.client.member_id = id->member_id();
   o.client.node = id->node;
   o.client.local_rank = static_cast<uint32_t>(id->local_rank);
+  o.client.spare = id->spare;
   o.local_world_size = id->local_world_size;
   auto backend = ParseBackend(absl::GetFlag(FLAGS_backend));
   if (!backend.ok()) {

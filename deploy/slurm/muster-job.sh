@@ -28,11 +28,17 @@
 #                          (e.g. ib0), for the coordinator and the trainers
 #   MUSTER_HOST_SUFFIX     or: appended to `hostname -s` (e.g. "i" where
 #                          jwb0001i is jwb0001's InfiniBand name)
+#   MUSTER_SPARE_NODES     agent mode: the last N nodes of the allocation run
+#                          only hot spares (muster-agent --nproc-per-node 0
+#                          --spares procs): warm trainers that wait outside the
+#                          full world and take the place of a failed one in
+#                          the next generation (default 0; see docs/elastic.md)
 #   MUSTER_MIN_MEMBERS     coordinator --min-members (default: nodes x procs);
 #                          below the whole world, the trainers go on when one
 #                          fails for good; at it, without the agent, a failed
 #                          trainer ends the step (srun --kill-on-bad-exit=1)
 #   MUSTER_MAX_MEMBERS     coordinator --max-members (default: nodes x procs)
+#                          (with spare nodes, "nodes" counts the others only)
 #   MUSTER_TRAIN_ARGS      muster-train flags (words; no quoting)
 #   MUSTER_AGENT_ARGS      muster-agent flags before `--`
 #   MUSTER_COORDINATOR_ARGS extra muster-coordinator flags
@@ -203,10 +209,19 @@ muster_job_run() {
     done
   fi
 
-  local nodes procs world restarts
+  local nodes procs world restarts spare_nodes="${MUSTER_SPARE_NODES:-0}"
   nodes="${SLURM_JOB_NUM_NODES:-1}"
   procs="$(muster_procs_per_node)"
-  world=$((nodes * procs))
+  if ! [[ "$spare_nodes" =~ ^[0-9]+$ ]] || [ "$spare_nodes" -ge "$nodes" ]; then
+    echo "muster-job: MUSTER_SPARE_NODES must be a whole number below the job's $nodes" \
+      "nodes, not '$spare_nodes'" >&2
+    return 2
+  fi
+  if [ "$spare_nodes" -gt 0 ] && [ "$mode" != agent ]; then
+    echo "muster-job: MUSTER_SPARE_NODES needs train.sbatch (muster-agent starts the spares)" >&2
+    return 2
+  fi
+  world=$(((nodes - spare_nodes) * procs))
   restarts="${SLURM_RESTART_COUNT:-0}"
   : "${MUSTER_JOB_DIR:=${SCRATCH:-${SLURM_SUBMIT_DIR:-$PWD}}/muster-$SLURM_JOB_ID}"
   : "${MUSTER_PORT:=$((29400 + SLURM_JOB_ID % 3000))}"
@@ -226,6 +241,10 @@ muster_job_run() {
   target="$host:$MUSTER_PORT"
   muster_log "job $SLURM_JOB_ID run $((restarts + 1)) (SLURM_RESTART_COUNT=$restarts):" \
     "$nodes nodes x $procs trainers ($mode), coordinator $target, job dir $MUSTER_JOB_DIR"
+  if [ "$spare_nodes" -gt 0 ]; then
+    muster_log "the last $spare_nodes nodes run spares only: a world of $world," \
+      "$((spare_nodes * procs)) spares"
+  fi
 
   muster_start_coordinator "${MUSTER_LISTEN:-0.0.0.0:$MUSTER_PORT}"
   # From here on the coordinator must be stopped however the script ends.
@@ -257,9 +276,11 @@ muster_job_run() {
     if [ -n "${SLURM_CPUS_PER_TASK:-}" ]; then
       cpus=(--cpus-per-task="$((procs * SLURM_CPUS_PER_TASK))")
     fi
+    # Each node's task decides its role from SLURM_NODEID (see agent-role).
     step=(srun --nodes="$nodes" --ntasks="$nodes" --ntasks-per-node=1 "${cpus[@]}"
       --kill-on-bad-exit="$kill_on_bad_exit" "${srun_args[@]}" "${wrapper[@]}"
-      "${MUSTER_EXEC_ARGS[@]}" "$(muster_prog muster-agent)" --nproc-per-node="$procs"
+      bash "$MUSTER_JOB_LIB" agent-role "$((nodes - spare_nodes))" "$procs"
+      "${MUSTER_EXEC_ARGS[@]}" "$(muster_prog muster-agent)"
       "${agent_args[@]}" -- "${train[@]}")
   else
     step=(srun --nodes="$nodes" --ntasks="$world" --ntasks-per-node="$procs"
@@ -310,15 +331,37 @@ muster_job_run() {
   esac
 }
 
-# Executed (not sourced): the per-task wrapper.
+# Executes CMD ARGS... with the agent's role flags put right after the word
+# that names muster-agent (words before it, e.g. "apptainer exec IMAGE", stay
+# first): nodes 0..FIRST_SPARE-1 run PROCS trainers, later nodes PROCS spares.
+muster_agent_role() {  # FIRST_SPARE PROCS CMD ARGS...
+  local first_spare="$1" procs="$2" i
+  shift 2
+  local -a words=("$@") role=(--nproc-per-node="$procs")
+  if [ "${SLURM_NODEID:-0}" -ge "$first_spare" ]; then
+    role=(--nproc-per-node=0 --spares="$procs")
+  fi
+  for i in "${!words[@]}"; do
+    if [ "$(basename "${words[$i]}")" = muster-agent ]; then
+      exec "${words[@]:0:$((i + 1))}" "${role[@]}" "${words[@]:$((i + 1))}"
+    fi
+  done
+  echo "muster-job: agent-role: no muster-agent in '$*'" >&2
+  exit 2
+}
+
+# Executed (not sourced): the per-task wrappers.
 if [ "${BASH_SOURCE[0]}" = "$0" ]; then
   case "${1:-}" in
     with-address)
       shift
       address="$(muster_node_address)" || exit 1
       exec "$@" --address="$address" ;;
+    agent-role)
+      shift
+      muster_agent_role "$@" ;;
     *)
-      echo "usage: muster-job.sh with-address CMD [ARGS...] (or source it)" >&2
+      echo "usage: muster-job.sh with-address|agent-role ... CMD [ARGS...] (or source it)" >&2
       exit 2 ;;
   esac
 fi

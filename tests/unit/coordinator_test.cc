@@ -6,6 +6,9 @@
 
 #include <gtest/gtest.h>
 
+#include "absl/strings/match.h"
+#include "absl/strings/str_join.h"
+
 #include "common/fake_clock.h"
 
 namespace muster {
@@ -52,12 +55,14 @@ class CoordinatorTest : public ::testing::Test {
     c_ = std::move(Coordinator::Create(o, store)).value();
   }
 
-  Member& Add(const std::string& id, const std::string& node, uint64_t inc = 1) {
+  Member& Add(const std::string& id, const std::string& node, uint64_t inc = 1,
+              bool spare = false) {
     auto m = std::make_unique<Member>();
     m->key = {id, inc};
     JoinSpec spec;
     spec.key = m->key;
     spec.node = node;
+    spec.spare = spare;
     EXPECT_TRUE(c_->Join(spec).ok());
     m->session = *c_->OpenSession(m->key, m->sink);
     members_.push_back(std::move(m));
@@ -176,6 +181,43 @@ TEST_F(CoordinatorTest, ASpareWaitsOutsideAFullWorldAndReplacesAFailedMember) {
   EXPECT_EQ(w.size(), 2u);
   EXPECT_GE(w.RankOf("s"), 0);
   EXPECT_EQ(w.state_source_rank, static_cast<uint32_t>(w.RankOf("a")));
+  // The events say that s waited as a spare and which place it took.
+  std::vector<std::string> spare_events;
+  for (const JobEvent& e : c_->RecentEvents(100)) {
+    if (e.kind == "spare" || absl::StrContains(e.detail, "spare")) spare_events.push_back(e.detail);
+  }
+  ASSERT_EQ(spare_events.size(), 2u) << absl::StrJoin(spare_events, "\n");
+  EXPECT_EQ(spare_events[0], "s incarnation 1 on n0 local rank 0 (a spare: the world is full)");
+  EXPECT_EQ(spare_events[1], absl::StrCat("s takes rank ", w.RankOf("s"), " in generation 2"));
+}
+
+// Members started as spares (a spare node's agent) that arrive first do not
+// take the places of the trainers meant for the world: the world forms when
+// those are there, and the spares wait outside it.
+TEST_F(CoordinatorTest, MembersStartedAsSparesWaitForTheOthersToFormTheWorld) {
+  Start(2, 2, absl::Seconds(100));
+  Member& s0 = Add("s0", "spares", 1, /*spare=*/true);
+  Member& s1 = Add("s1", "spares", 1, /*spare=*/true);
+  Rendezvous(s0, 0);
+  Rendezvous(s1, 0);
+  Member& a = Add("a", "n0");
+  Rendezvous(a, 0);
+  EXPECT_FALSE(a.world.has_value()) << "two spares and one trainer must not form a world";
+  Member& b = Add("b", "n0");
+  Rendezvous(b, 0);
+  ASSERT_TRUE(a.world && a.world->ok());
+  const World& w = *(*a.world)->world;
+  EXPECT_GE(w.RankOf("a"), 0);
+  EXPECT_GE(w.RankOf("b"), 0);
+  EXPECT_FALSE(s0.world.has_value());
+  for (const MemberRow& row : c_->GetStatus().members) {
+    EXPECT_EQ(row.spare, row.info.key.id[0] == 's') << row.info.key.id;
+  }
+  // Without enough other members, last call ends with the spares in.
+  c_->SessionClosed(b.session, "connection reset");
+  Rendezvous(a, 1);
+  ASSERT_TRUE(s0.world && s0.world->ok());
+  EXPECT_GE((*s0.world)->world->RankOf("s0"), 0);
 }
 
 TEST_F(CoordinatorTest, HeartbeatTimeoutFailsHungMember) {

@@ -243,6 +243,11 @@ TEST(LaunchEnvTest, SlurmTorchrunOpenMpiAndFlags) {
   EXPECT_EQ(id->source, "muster-agent");
   EXPECT_EQ(id->member_id(), "jwc042/3");
   EXPECT_EQ(id->local_world_size, 4);
+  EXPECT_FALSE(id->spare);
+  env["MUSTER_SPARE"] = "1";
+  id = ResolveLaunchIdentity({}, get, "h");
+  ASSERT_TRUE(id.ok());
+  EXPECT_TRUE(id->spare);
 
   env = {{"SLURM_PROCID", "x"}};
   auto bad = ResolveLaunchIdentity({}, get, "h");

@@ -69,6 +69,26 @@ TEST(AssignWorldTest, KeepsIncumbentsThenEarliestJoinersWhenCapped) {
   EXPECT_EQ(w.RankOf("new1"), -1);
 }
 
+TEST(AssignWorldTest, TakesSparesOnlyForPlacesNoOtherCandidateFills) {
+  std::vector<Candidate> c = {C("spare0", "s", 0, false, 0, 1), C("a", "n", 0, false, 0, 2),
+                              C("spare1", "s", 1, false, 0, 3), C("b", "n", 1, false, 0, 4)};
+  c[0].spare = c[2].spare = true;
+  World w = AssignWorld(1, c, 2);
+  EXPECT_GE(w.RankOf("a"), 0);
+  EXPECT_GE(w.RankOf("b"), 0);
+  c[3].incumbent = false;
+  c.pop_back();  // b is gone: the earliest spare takes its place
+  w = AssignWorld(2, c, 2);
+  EXPECT_GE(w.RankOf("a"), 0);
+  EXPECT_GE(w.RankOf("spare0"), 0);
+  c[0].incumbent = true;  // an incumbent spare keeps its place
+  c.push_back(C("b", "n", 1, false, 0, 9));
+  w = AssignWorld(3, c, 2);
+  EXPECT_GE(w.RankOf("spare0"), 0);
+  EXPECT_GE(w.RankOf("a"), 0);
+  EXPECT_EQ(w.RankOf("b"), -1);
+}
+
 TEST(AssignWorldTest, StateSourceIsHighestStepLowestRank) {
   World w = AssignWorld(1, {C("a", "n", 0, false, 10), C("b", "n", 1, false, 12),
                             C("c", "n", 2, false, 12)},
@@ -77,22 +97,43 @@ TEST(AssignWorldTest, StateSourceIsHighestStepLowestRank) {
   EXPECT_EQ(w.state_step, 12);
 }
 
-TEST(RendezvousTimerTest, LastCallThenForm) {
+// 2..4 members, one second of last call.
+RendezvousRules TimerRules() {
   RendezvousRules r;
   r.min_members = 2;
   r.max_members = 4;
   r.last_call = absl::Seconds(1);
-  RendezvousTimer t(r);
+  return r;
+}
+
+TEST(RendezvousTimerTest, LastCallThenForm) {
+  RendezvousTimer t(TimerRules());
   const absl::Time t0 = absl::FromUnixSeconds(100);
-  EXPECT_EQ(t.Decide(1, true, false, t0), FormDecision::kNotEnough);
-  EXPECT_EQ(t.Decide(2, true, false, t0), FormDecision::kWait);
+  EXPECT_EQ(t.Decide(1, 1, true, false, t0), FormDecision::kNotEnough);
+  EXPECT_EQ(t.Decide(2, 2, true, false, t0), FormDecision::kWait);
   EXPECT_EQ(*t.deadline(), t0 + absl::Seconds(1));
-  EXPECT_EQ(t.Decide(3, true, false, t0 + absl::Milliseconds(500)), FormDecision::kWait);
-  EXPECT_EQ(t.Decide(3, true, false, t0 + absl::Seconds(1)), FormDecision::kNow);
+  EXPECT_EQ(t.Decide(3, 3, true, false, t0 + absl::Milliseconds(500)), FormDecision::kWait);
+  EXPECT_EQ(t.Decide(3, 3, true, false, t0 + absl::Seconds(1)), FormDecision::kNow);
   t.Reset();
-  EXPECT_EQ(t.Decide(4, true, false, t0), FormDecision::kNow);  // max reached
-  EXPECT_EQ(t.Decide(2, true, true, t0), FormDecision::kNow);   // urgent
-  EXPECT_EQ(t.Decide(2, false, true, t0), FormDecision::kNothing);
+  EXPECT_EQ(t.Decide(4, 4, true, false, t0), FormDecision::kNow);  // max reached
+  EXPECT_EQ(t.Decide(2, 2, true, true, t0), FormDecision::kNow);   // urgent
+  EXPECT_EQ(t.Decide(2, 2, false, true, t0), FormDecision::kNothing);
+}
+
+// Spares fill a world only when last call ends: four candidates of which two
+// are spares wait for more preferred members; urgency (a failure) forms at
+// once.
+TEST(RendezvousTimerTest, SparesDoNotCutLastCallShort) {
+  RendezvousTimer t(TimerRules());
+  const absl::Time t0 = absl::FromUnixSeconds(100);
+  EXPECT_EQ(t.Decide(4, 2, true, false, t0), FormDecision::kWait);
+  EXPECT_EQ(t.Decide(5, 3, true, false, t0 + absl::Milliseconds(500)), FormDecision::kWait);
+  EXPECT_EQ(t.Decide(5, 4, true, false, t0 + absl::Milliseconds(600)), FormDecision::kNow);
+  t.Reset();
+  EXPECT_EQ(t.Decide(4, 2, true, false, t0), FormDecision::kWait);
+  EXPECT_EQ(t.Decide(4, 2, true, false, t0 + absl::Seconds(1)), FormDecision::kNow);
+  t.Reset();
+  EXPECT_EQ(t.Decide(4, 1, true, true, t0), FormDecision::kNow);
 }
 
 }  // namespace

@@ -45,6 +45,7 @@ pid_t StartTrainer(const AgentOptions& o, int slot, int restarts) {
   ::setenv("MUSTER_LOCAL_RANK", std::to_string(slot).c_str(), 1);
   ::setenv("MUSTER_LOCAL_WORLD_SIZE", std::to_string(o.nproc + o.spares).c_str(), 1);
   ::setenv("MUSTER_RESTART_COUNT", std::to_string(restarts).c_str(), 1);
+  ::setenv("MUSTER_SPARE", slot >= o.nproc ? "1" : "0", 1);
   std::vector<char*> argv;
   for (const std::string& a : o.command) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);

@@ -1,13 +1,16 @@
 // Agent: runs one node's trainers as child processes and keeps them running.
 //
 // The agent starts `nproc` + `spares` copies of `command`, each with MUSTER_NODE_ID,
-// MUSTER_LOCAL_RANK, MUSTER_LOCAL_WORLD_SIZE and MUSTER_RESTART_COUNT set (the
-// trainer takes its identity from them before any launcher variable). A
+// MUSTER_LOCAL_RANK, MUSTER_LOCAL_WORLD_SIZE, MUSTER_RESTART_COUNT and
+// MUSTER_SPARE (1 for local ranks nproc and up) set (the trainer takes its
+// identity from them before any launcher variable). A
 // trainer that dies is restarted as the Supervisor decides. Spares are
 // trainers like the others, started at once (LibTorch loaded, model built,
 // data read): the coordinator keeps them out of a full world, and when a
 // member fails one of them takes its place in the next generation; the dead
-// trainer's restart is then the spare, which refills the pool. SIGTERM, SIGINT,
+// trainer's restart then waits outside the full world, which refills the
+// pool. MUSTER_SPARE=1 makes the coordinator take a spare only after every
+// other candidate, so a world forms from the trainers meant for it. SIGTERM, SIGINT,
 // SIGUSR1 and SIGHUP are forwarded to every trainer and stop restarts; a
 // second SIGINT (Ctrl-C twice), or `stop_grace` after the first signal, kills
 // the trainers. Further signals while stopping are ignored: a batch system

@@ -108,6 +108,7 @@ absl::Status CoordinatorClient::Join(int64_t step, absl::Time deadline) {
     *req.mutable_member() = Ref(options_);
     req.set_node(options_.node);
     req.set_local_rank(options_.local_rank);
+    req.set_spare(options_.spare);
     req.set_state_address(options_.state_address);
     req.set_step(step);
     v1::JoinResponse resp;

@@ -40,6 +40,7 @@ struct ClientOptions {
   uint64_t incarnation = 0;  // 0: pick a random one
   std::string node;
   uint32_t local_rank = 0;
+  bool spare = false;  // started as a hot spare (JoinRequest.spare)
   std::string state_address;
   BackoffOptions backoff;
 };

@@ -68,6 +68,7 @@ absl::StatusOr<ClientOptions> ClientOptionsFrom(const Options& o) {
   co.member_id = id.member_id();
   co.node = id.node;
   co.local_rank = static_cast<uint32_t>(id.local_rank);
+  co.spare = id.spare;
   co.incarnation = o.incarnation;
   return co;
 }
