@@ -16,9 +16,9 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
 #include "common/flag_names.h"
-#include "common/launch_env.h"
 #include "common/logging.h"
-#include "common/token.h"
+#include "common/status_macros.h"
+#include "muster/options.h"
 #include "muster/signals.h"
 #include "trainer/train/trainer.h"
 
@@ -77,138 +77,135 @@ ABSL_FLAG(bool, resume, true, "resume from the newest committed checkpoint");
 
 namespace {
 
+using muster::TrainOptions;
+
 // Exit code after a signal (SIGUSR1/SIGTERM) made every rank checkpoint and
 // stop: "try again" (sysexits.h EX_TEMPFAIL); a requeued job resumes.
 constexpr int kExitStoppedBySignal = 75;
+constexpr int kExitBadFlags = 2;
 
-std::string Env(const char* name) {
-  const char* v = std::getenv(name);
-  return v == nullptr ? "" : v;
-}
-
-int Run() {
-  using namespace muster;  // NOLINT
-  TrainOptions o;
-  o.client.target = absl::GetFlag(FLAGS_coordinator);
-  if (o.client.target.empty()) o.client.target = Env("MUSTER_COORDINATOR");
-  if (o.client.target.empty()) {
-    std::cerr << "muster-train: no coordinator: pass --coordinator HOST:PORT or set "
-                 "MUSTER_COORDINATOR\n";
-    return 2;
+// The library's options from the flags: the job, communication, data
+// schedule, checkpoints and output.
+absl::StatusOr<muster::Options> LibraryOptionsFromFlags() {
+  muster::Options lib;
+  lib.coordinator = absl::GetFlag(FLAGS_coordinator);
+  if (lib.coordinator.empty() && std::getenv("MUSTER_COORDINATOR") == nullptr) {
+    return absl::InvalidArgumentError(
+        "no coordinator: pass --coordinator HOST:PORT or set MUSTER_COORDINATOR");
   }
-  auto token = ResolveToken(absl::GetFlag(FLAGS_token_file));
-  if (!token.ok()) {
-    std::cerr << "muster-train: " << token.status() << "\n";
-    return 2;
-  }
-  o.client.token = *token;
-  o.client.tls.ca = absl::GetFlag(FLAGS_tls_ca);
-  char host[256] = "localhost";
-  ::gethostname(host, sizeof(host) - 1);
-  LaunchFlags lf{absl::GetFlag(FLAGS_node_id), absl::GetFlag(FLAGS_local_rank)};
-  auto id = ResolveLaunchIdentity(lf, [](const char* n) { return std::getenv(n); }, host);
-  if (!id.ok()) {
-    std::cerr << "muster-train: " << id.status() << "\n";
-    return 2;
-  }
-  o.client.member_id = id->member_id();
-  o.client.node = id->node;
-  o.client.local_rank = static_cast<uint32_t>(id->local_rank);
-  o.client.spare = id->spare;
-  o.local_world_size = id->local_world_size;
-  auto backend = ParseBackend(absl::GetFlag(FLAGS_backend));
-  if (!backend.ok()) {
-    std::cerr << "muster-train: " << backend.status() << "\n";
-    return 2;
-  }
-  o.comm.backend = *backend;
-  o.comm.job = absl::GetFlag(FLAGS_job);
-  if (o.comm.job.empty()) o.comm.job = Env("SLURM_JOB_ID").empty() ? "muster" : Env("SLURM_JOB_ID");
-  o.comm.gloo.hostname = absl::GetFlag(FLAGS_address);
+  lib.token_file = absl::GetFlag(FLAGS_token_file);
+  lib.tls_ca = absl::GetFlag(FLAGS_tls_ca);
+  lib.node_id = absl::GetFlag(FLAGS_node_id);
+  lib.local_rank = absl::GetFlag(FLAGS_local_rank);
+  MUSTER_ASSIGN_OR_RETURN(lib.backend, muster::ParseBackend(absl::GetFlag(FLAGS_backend)));
+  lib.address = absl::GetFlag(FLAGS_address);
+  lib.job = absl::GetFlag(FLAGS_job);
   const std::string device = absl::GetFlag(FLAGS_device);
   if (device != "cpu" && device != "cuda") {
-    std::cerr << "muster-train: --device must be cpu or cuda\n";
-    return 2;
+    return absl::InvalidArgumentError("--device must be cpu or cuda, not '" + device + "'");
   }
-  o.comm.cuda = device == "cuda";
-  o.comm.cuda_device = id->local_rank;
+  lib.cuda = device == "cuda";
+  lib.bucket_mb = absl::GetFlag(FLAGS_bucket_mb);
+  lib.overlap = absl::GetFlag(FLAGS_overlap);
+  lib.salvage = absl::GetFlag(FLAGS_salvage);
+  lib.batch_per_rank = absl::GetFlag(FLAGS_batch_size);
+  lib.seed = absl::GetFlag(FLAGS_seed);
+  lib.steps = absl::GetFlag(FLAGS_steps);
+  lib.epochs = absl::GetFlag(FLAGS_epochs);
+  const std::string elastic_lr = absl::GetFlag(FLAGS_elastic_lr);
+  if (elastic_lr != "scale" && elastic_lr != "keep") {
+    return absl::InvalidArgumentError("--elastic-lr must be scale or keep, not '" +
+                                      elastic_lr + "'");
+  }
+  lib.elastic_lr = elastic_lr == "keep" ? muster::ElasticLr::kKeep : muster::ElasticLr::kScale;
+  lib.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
+  lib.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
+  lib.checkpoint_interval_s = absl::GetFlag(FLAGS_checkpoint_interval);
+  lib.resume = absl::GetFlag(FLAGS_resume);
+  lib.state_listen = absl::GetFlag(FLAGS_state_listen);
+  lib.state_tls_cert = absl::GetFlag(FLAGS_state_tls_cert);
+  lib.state_tls_key = absl::GetFlag(FLAGS_state_tls_key);
+  lib.handle_signals = true;  // the library's handlers, installed first thing in main
+  lib.quiet = absl::GetFlag(FLAGS_quiet);
+  lib.log_every = std::max<int64_t>(1, absl::GetFlag(FLAGS_log_every));
+  lib.log_dir = absl::GetFlag(FLAGS_log_dir);
+  if (lib.batch_per_rank < 1 || lib.epochs < 0 || lib.steps < 0 || !(lib.bucket_mb > 0)) {
+    return absl::InvalidArgumentError(
+        "--batch-size and --bucket-mb must be positive, --steps and --epochs not negative");
+  }
+  return lib;
+}
+
+// The run from the flags. INVALID_ARGUMENT names the bad flag.
+absl::StatusOr<TrainOptions> OptionsFromFlags() {
+  TrainOptions o;
+  MUSTER_ASSIGN_OR_RETURN(o.library, LibraryOptionsFromFlags());
   o.model = absl::GetFlag(FLAGS_model);
   o.dataset = absl::GetFlag(FLAGS_dataset);
   o.data_dir = absl::GetFlag(FLAGS_data_dir);
   o.synthetic_size = absl::GetFlag(FLAGS_synthetic_size);
   o.synthetic_channels = absl::GetFlag(FLAGS_synthetic_channels);
-  o.batch_size = absl::GetFlag(FLAGS_batch_size);
-  o.steps = absl::GetFlag(FLAGS_steps);
-  o.epochs = absl::GetFlag(FLAGS_epochs);
   o.lr = absl::GetFlag(FLAGS_lr);
   o.lr_scaling = absl::GetFlag(FLAGS_lr_scaling);
-  o.elastic_lr = absl::GetFlag(FLAGS_elastic_lr);
   o.optimizer = absl::GetFlag(FLAGS_optimizer);
   o.momentum = absl::GetFlag(FLAGS_momentum);
   o.weight_decay = absl::GetFlag(FLAGS_weight_decay);
   o.warmup_steps = absl::GetFlag(FLAGS_warmup_steps);
-  o.bucket_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_bucket_mb) * (1 << 20));
-  o.overlap = absl::GetFlag(FLAGS_overlap);
-  o.salvage = absl::GetFlag(FLAGS_salvage);
   o.compute_ms = std::max(0, absl::GetFlag(FLAGS_compute_ms));
   o.eval_every = absl::GetFlag(FLAGS_eval_every);
-  o.log_every = std::max<int64_t>(1, absl::GetFlag(FLAGS_log_every));
-  o.log_dir = absl::GetFlag(FLAGS_log_dir);
-  o.seed = absl::GetFlag(FLAGS_seed);
   o.threads = absl::GetFlag(FLAGS_threads);
-  if (o.batch_size < 1 || o.epochs < 0 || o.steps < 0 || o.lr <= 0 || o.bucket_bytes == 0) {
-    std::cerr << "muster-train: --batch-size, --lr and --bucket-mb must be positive\n";
-    return 2;
-  }
+  if (!(o.lr > 0)) return absl::InvalidArgumentError("--lr must be positive");
   if (o.optimizer != "sgd" && o.optimizer != "adamw") {
-    std::cerr << "muster-train: --optimizer must be sgd or adamw\n";
-    return 2;
-  }
-  if (o.elastic_lr != "scale" && o.elastic_lr != "keep") {
-    std::cerr << "muster-train: --elastic-lr must be scale or keep, not '" << o.elastic_lr
-              << "'\n";
-    return 2;
+    return absl::InvalidArgumentError("--optimizer must be sgd or adamw, not '" + o.optimizer +
+                                      "'");
   }
   if (o.lr_scaling != "linear" && o.lr_scaling != "none") {
-    std::cerr << "muster-train: --lr-scaling must be linear or none\n";
-    return 2;
+    return absl::InvalidArgumentError("--lr-scaling must be linear or none, not '" +
+                                      o.lr_scaling + "'");
   }
-  MUSTER_LOG(INFO) << "member " << o.client.member_id << " (identity from " << id->source
-                   << "), coordinator " << o.client.target << ", model " << o.model
-                   << ", dataset " << o.dataset << ", batch " << o.batch_size << ", lr " << o.lr
-                   << " (" << o.lr_scaling << "), optimizer " << o.optimizer << ", bucket "
-                   << absl::GetFlag(FLAGS_bucket_mb) << " MiB, backend "
-                   << absl::GetFlag(FLAGS_backend) << ", device " << device;
-  o.quiet = absl::GetFlag(FLAGS_quiet);
-  o.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
-  o.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
-  o.checkpoint_interval_s = absl::GetFlag(FLAGS_checkpoint_interval);
-  o.resume = absl::GetFlag(FLAGS_resume);
-  o.state_listen = absl::GetFlag(FLAGS_state_listen);
-  o.state_tls.cert = absl::GetFlag(FLAGS_state_tls_cert);
-  o.state_tls.key = absl::GetFlag(FLAGS_state_tls_key);
-  o.handle_signals = true;  // the library's handlers, installed first thing in main
-  auto result = RunTraining(o);
+  return o;
+}
+
+// --summary-json: this trainer's final figures, one file per trainer.
+void WriteSummary(const muster::Placement& place, const muster::TrainResult& r) {
+  const std::string path = absl::StrReplaceAll(
+      absl::GetFlag(FLAGS_summary_json),
+      {{"{node}", place.node}, {"{local_rank}", std::to_string(place.local_rank)}});
+  if (path.empty()) return;
+  std::ofstream(path) << absl::StrFormat(
+      "{\"rank\": %d, \"world_size\": %d, \"steps\": %d, \"steps_per_s\": %.4f, "
+      "\"samples_per_s\": %.2f, \"comm_overlap_pct\": %.2f, \"test_accuracy\": %.4f, "
+      "\"test_loss\": %.4f, \"regroups\": %d, \"steps_salvaged\": %d, \"steps_dropped\": %d, "
+      "\"parameter_checksum\": %.17g}\n",
+      r.rank, r.world_size, r.steps, r.steps_per_second, r.samples_per_second,
+      r.comm_overlap_pct, r.test_accuracy, r.test_loss, r.regroups, r.steps_salvaged,
+      r.steps_dropped, r.parameter_checksum);
+}
+
+int Run() {
+  absl::StatusOr<TrainOptions> o = OptionsFromFlags();
+  absl::StatusOr<muster::Placement> place =
+      o.ok() ? muster::ResolvePlacement(o->library) : o.status();
+  if (!place.ok()) {
+    std::cerr << "muster-train: " << place.status().message() << "\n";
+    return kExitBadFlags;
+  }
+  MUSTER_LOG(INFO) << "member " << place->member_id << " (identity from " << place->source
+                   << (place->spare ? ", a spare" : "") << "), coordinator "
+                   << (o->library.coordinator.empty() ? std::getenv("MUSTER_COORDINATOR")
+                                                      : o->library.coordinator)
+                   << ", model " << o->model << ", dataset " << o->dataset << ", batch "
+                   << o->library.batch_per_rank << ", lr " << o->lr << " (" << o->lr_scaling
+                   << "), optimizer " << o->optimizer << ", bucket " << o->library.bucket_mb
+                   << " MiB, backend " << absl::GetFlag(FLAGS_backend) << ", device "
+                   << absl::GetFlag(FLAGS_device);
+  absl::StatusOr<muster::TrainResult> result = muster::RunTraining(*o);
   if (!result.ok()) {
     std::cerr << "muster-train: " << result.status() << "\n";
     return 1;
   }
-  if (const std::string path = absl::StrReplaceAll(
-          absl::GetFlag(FLAGS_summary_json),
-          {{"{node}", id->node}, {"{local_rank}", std::to_string(id->local_rank)}});
-      !path.empty()) {
-    std::ofstream(path) << absl::StrFormat(
-        "{\"rank\": %d, \"world_size\": %d, \"steps\": %d, \"steps_per_s\": %.4f, "
-        "\"samples_per_s\": %.2f, \"comm_overlap_pct\": %.2f, \"test_accuracy\": %.4f, "
-        "\"test_loss\": %.4f, \"regroups\": %d, \"steps_salvaged\": %d, \"steps_dropped\": %d, "
-        "\"parameter_checksum\": %.17g}\n",
-        result->rank, result->world_size, result->steps, result->steps_per_second,
-        result->samples_per_second, result->comm_overlap_pct, result->test_accuracy,
-        result->test_loss, result->regroups, result->steps_salvaged, result->steps_dropped,
-        result->parameter_checksum);
-  }
-  if (result->stopped) return kExitStoppedBySignal;
-  return 0;
+  WriteSummary(*place, *result);
+  return result->stopped ? kExitStoppedBySignal : 0;
 }
 
 }  // namespace

@@ -3,6 +3,10 @@
 #ifndef MUSTER_BACKEND_H_
 #define MUSTER_BACKEND_H_
 
+#include <string>
+
+#include "absl/status/statusor.h"
+
 namespace muster {
 
 enum class Backend {
@@ -12,6 +16,9 @@ enum class Backend {
   kHier,  // shm inside nodes + Gloo across
   kNccl,  // flat NCCL (GPU)
 };
+
+// "auto", "gloo", "shm", "hier" or "nccl". INVALID_ARGUMENT names the others.
+absl::StatusOr<Backend> ParseBackend(const std::string& name);
 
 }  // namespace muster
 

@@ -75,11 +75,10 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "muster/backend.h"
+#include "muster/options.h"
 #include "muster/signals.h"
 
 namespace muster {
-
-class FileSystem;  // common/file_system.h: the seam tests use to inject faults
 
 // Bytes of your own state (counters, RNG, a data loader's position). `save`
 // is called at checkpoints and state transfers; `load` receives what a save
@@ -101,92 +100,6 @@ struct State {
   // Extra tensors (an EMA copy, running statistics), restored in place.
   std::vector<std::pair<std::string, torch::Tensor>> tensors;
   std::vector<Blob> blobs;
-};
-
-// Where the job stands; the same on every rank between steps.
-struct Progress {
-  int64_t step = 0;           // committed steps so far
-  int64_t total_steps = 0;    // step + the steps left at this world size
-  int64_t epoch = 0;          // epoch of the next global batch
-  int64_t sample_offset = 0;  // global samples consumed by all committed steps
-  int64_t global_batch = 0;   // samples per step at this world size
-  int rank = 0;
-  int world_size = 0;
-  uint64_t generation = 0;
-  // The world size the learning rate is scaled for: the current one with
-  // ElasticLr::kScale, the first world's with kKeep.
-  int lr_world_size = 0;
-};
-
-// After a regroup the learning rate follows the new world (kScale) or keeps
-// the one of the world training started in (kKeep).
-enum class ElasticLr { kScale, kKeep };
-
-struct Options {
-  // ---- The job ----
-  std::string coordinator;  // host:port; default $MUSTER_COORDINATOR
-  std::string token_file;   // default $MUSTER_TOKEN_FILE; none: no token
-  std::string token;        // the token itself (wins over token_file)
-  std::string tls_ca;       // PEM CA of a TLS coordinator
-  std::string node_id;      // default: from Slurm/torchrun/OpenMPI, else the host name
-  int local_rank = -1;      // default: from the launcher, else 0
-  uint64_t incarnation = 0; // 0: a fresh one
-
-  // ---- Communication ----
-  Backend backend = Backend::kAuto;
-  std::string address;       // the address other nodes reach this one at (default: host name)
-  std::string job;           // names shared memory; default $MUSTER_JOB, $SLURM_JOB_ID or "muster"
-  bool cuda = false;         // tensors and collectives on this process's GPU
-  double bucket_mb = 25;     // gradient bucket size
-  bool overlap = true;       // reduce buckets during backward
-  double collective_timeout_s = 120;
-  // A peer that fails during a step's all-reduce: the survivors reduce the
-  // gradients they hold in the regrouped world and take the step (the dead
-  // ranks' examples come again); false drops the step.
-  bool salvage = true;
-
-  // ---- Data: a distributed sampler over indices [0, dataset_size) ----
-  int64_t dataset_size = 0;  // required
-  int batch_per_rank = 0;    // required
-  uint64_t seed = 1;         // per-epoch permutation seed
-  int64_t steps = 0;         // > 0: stop after this many steps
-  int64_t epochs = 1;        // with steps == 0: stop after epochs * dataset_size samples
-
-  // ---- Learning rate ----
-  // Called before every step; its result is set on every parameter group.
-  // Null: the optimizer's own rate is left alone.
-  std::function<double(const Progress&)> lr_schedule;
-  ElasticLr elastic_lr = ElasticLr::kScale;
-
-  // ---- Checkpoints (empty dir: none) ----
-  std::string checkpoint_dir;        // shared by all nodes
-  int64_t checkpoint_every = 0;      // steps; 0 = not by steps
-  double checkpoint_interval_s = 0;  // seconds; 0 = not by time
-  bool resume = true;                // restore the newest committed checkpoint at start
-  std::string model_name;            // recorded in checkpoints and logs
-  std::string optimizer_name;
-  FileSystem* checkpoint_fs = nullptr;  // default: the real file system
-
-  // ---- The state service (muster pull-weights); "" = none ----
-  std::string state_listen = "0.0.0.0:0";
-  std::string state_tls_cert, state_tls_key;
-
-  // ---- Stopping ----
-  // Installs SIGUSR1 (stop: checkpoint, exit 75) and SIGTERM (leave; every
-  // rank at once: like SIGUSR1) handlers at Start. Off when the program has
-  // its own, or when ranks run as threads.
-  bool handle_signals = true;
-  const std::atomic<bool>* stop_requested = nullptr;   // set: stop at the next boundary
-  const std::atomic<bool>* leave_requested = nullptr;  // set: leave at the next boundary
-  int64_t stop_after_step = 0;  // behave as if stopped after this step (drills, tests)
-
-  // ---- Output, from rank 0 ----
-  bool quiet = false;       // no progress lines on stdout
-  int64_t log_every = 20;   // a progress line every N steps
-  std::string log_dir;      // JSON lines (metrics.jsonl) and TensorBoard events; "" = none
-
-  // INVALID_ARGUMENT naming the first bad field.
-  absl::Status Validate() const;
 };
 
 class Distributed {

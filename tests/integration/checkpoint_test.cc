@@ -29,18 +29,18 @@ const std::string kSourceDir = MUSTER_SOURCE_DIR;
 
 TrainOptions Base(int port) {
   TrainOptions o;
-  o.client.target = "127.0.0.1:" + std::to_string(port);
+  o.library.coordinator = "127.0.0.1:" + std::to_string(port);
   o.model = "mlp";
-  o.batch_size = 16;
-  o.steps = 30;
+  o.library.batch_per_rank = 16;
+  o.library.steps = 30;
   o.lr = 0.05;
   o.lr_scaling = "none";
   o.warmup_steps = 5;
   o.threads = 1;
-  o.quiet = true;
-  o.comm.backend = Backend::kShm;
-  o.comm.job = "ckpt" + std::to_string(::getpid());
-  o.local_world_size = 2;
+  o.library.quiet = true;
+  o.library.handle_signals = false;  // ranks are threads
+  o.library.backend = Backend::kShm;
+  o.library.job = "ckpt" + std::to_string(::getpid());
   return o;
 }
 
@@ -50,9 +50,8 @@ std::vector<TrainResult> RunJob(int world, const TrainOptions& base) {
   for (int i = 0; i < world; ++i) {
     threads.emplace_back([&, i] {
       TrainOptions o = base;
-      o.client.node = "node0";
-      o.client.local_rank = static_cast<uint32_t>(i);
-      o.client.member_id = "node0/" + std::to_string(i);
+      o.library.node_id = "node0";
+      o.library.local_rank = i;
       auto r = RunTraining(o);
       ASSERT_TRUE(r.ok()) << r.status();
       out[r->rank] = std::move(*r);
@@ -84,7 +83,7 @@ void Restart(std::unique_ptr<InProcessCoordinator>* coord, const std::string& st
              TrainOptions* o) {
   coord->reset();
   *coord = InProcessCoordinator::Start(2, 3, state);
-  o->client.target = "127.0.0.1:" + std::to_string((*coord)->port());
+  o->library.coordinator = "127.0.0.1:" + std::to_string((*coord)->port());
 }
 
 class CheckpointTest : public ::testing::Test {
@@ -104,16 +103,16 @@ TEST_F(CheckpointTest, InterruptedAndResumedRunIsBitwiseIdentical) {
   const std::string state = TempDir("exact-state");
   auto coord = InProcessCoordinator::Start(2, 3, state);
   TrainOptions o = Base(coord->port());
-  o.checkpoint_dir = TempDir("exact");
-  o.checkpoint_every = 10;
-  o.stop_after_step = 20;
+  o.library.checkpoint_dir = TempDir("exact");
+  o.library.checkpoint_every = 10;
+  o.library.stop_after_step = 20;
   auto first = RunJob(2, o);
   ASSERT_TRUE(first[0].stopped);
   EXPECT_EQ(first[0].steps, 20);
-  EXPECT_TRUE(Exists(o.checkpoint_dir + "/step-20/manifest.json"));
+  EXPECT_TRUE(Exists(o.library.checkpoint_dir + "/step-20/manifest.json"));
 
   Restart(&coord, state, &o);
-  o.stop_after_step = 0;
+  o.library.stop_after_step = 0;
   auto resumed = RunJob(2, o);
   EXPECT_EQ(resumed[0].resumed_from_step, 20);
   EXPECT_EQ(resumed[0].steps, 30);
@@ -127,12 +126,12 @@ TEST_F(CheckpointTest, DamagedNewestCheckpointFallsBackToThePreviousOne) {
   const std::string state = TempDir("damaged-state");
   auto coord = InProcessCoordinator::Start(2, 3, state);
   TrainOptions o = Base(coord->port());
-  o.checkpoint_dir = TempDir("damaged");
-  o.checkpoint_every = 10;
-  o.stop_after_step = 20;
+  o.library.checkpoint_dir = TempDir("damaged");
+  o.library.checkpoint_every = 10;
+  o.library.stop_after_step = 20;
   RunJob(2, o);
   // Flip one byte in the newest checkpoint's data.
-  const std::string victim = o.checkpoint_dir + "/step-20/model.safetensors";
+  const std::string victim = o.library.checkpoint_dir + "/step-20/model.safetensors";
   std::fstream f(victim, std::ios::in | std::ios::out | std::ios::binary);
   f.seekg(-5, std::ios::end);
   char c;
@@ -141,7 +140,7 @@ TEST_F(CheckpointTest, DamagedNewestCheckpointFallsBackToThePreviousOne) {
   f.put(static_cast<char>(c ^ 0x40));
   f.close();
   Restart(&coord, state, &o);
-  o.stop_after_step = 0;
+  o.library.stop_after_step = 0;
   auto resumed = RunJob(2, o);
   EXPECT_EQ(resumed[0].resumed_from_step, 10);
   EXPECT_EQ(resumed[0].steps, 30);
@@ -153,21 +152,21 @@ TEST_F(CheckpointTest, FullDiskAbortsThatCheckpointAndTrainingContinues) {
   const std::string state = TempDir("enospc-state");
   auto coord = InProcessCoordinator::Start(2, 3, state);
   TrainOptions o = Base(coord->port());
-  o.checkpoint_dir = TempDir("enospc");
-  o.checkpoint_every = 10;
+  o.library.checkpoint_dir = TempDir("enospc");
+  o.library.checkpoint_every = 10;
   FaultyFileSystem fs("step-20/model", ENOSPC, 4096);
-  o.checkpoint_fs = &fs;
+  o.library.checkpoint_fs = &fs;
   auto r = RunJob(2, o);
   EXPECT_EQ(r[0].steps, 30);
   EXPECT_GE(fs.failures(), 1);
   EXPECT_EQ(r[0].checkpoints_committed, 2);  // steps 10 and 30
-  EXPECT_TRUE(Exists(o.checkpoint_dir + "/step-10/manifest.json"));
-  EXPECT_FALSE(Exists(o.checkpoint_dir + "/step-20"));
-  EXPECT_TRUE(Exists(o.checkpoint_dir + "/step-30/manifest.json"));
+  EXPECT_TRUE(Exists(o.library.checkpoint_dir + "/step-10/manifest.json"));
+  EXPECT_FALSE(Exists(o.library.checkpoint_dir + "/step-20"));
+  EXPECT_TRUE(Exists(o.library.checkpoint_dir + "/step-30/manifest.json"));
   // The next start resumes from 30 (the aborted 20 was never committed).
   Restart(&coord, state, &o);
-  o.checkpoint_fs = nullptr;
-  o.steps = 35;
+  o.library.checkpoint_fs = nullptr;
+  o.library.steps = 35;
   auto resumed = RunJob(2, o);
   EXPECT_EQ(resumed[0].resumed_from_step, 30);
 }
@@ -175,11 +174,11 @@ TEST_F(CheckpointTest, FullDiskAbortsThatCheckpointAndTrainingContinues) {
 TEST_F(CheckpointTest, RetentionKeepsTheLastK) {
   auto coord = InProcessCoordinator::Start(2, /*keep_last=*/2);
   TrainOptions o = Base(coord->port());
-  o.checkpoint_dir = TempDir("retention");
-  o.checkpoint_every = 5;
-  o.steps = 25;
+  o.library.checkpoint_dir = TempDir("retention");
+  o.library.checkpoint_every = 5;
+  o.library.steps = 25;
   RunJob(2, o);
-  auto names = DefaultFileSystem()->ListDir(o.checkpoint_dir);
+  auto names = DefaultFileSystem()->ListDir(o.library.checkpoint_dir);
   ASSERT_TRUE(names.ok());
   std::sort(names->begin(), names->end());
   EXPECT_EQ(*names, (std::vector<std::string>{"step-20", "step-25"}));
@@ -191,12 +190,12 @@ TEST_F(CheckpointTest, AnIndependentPythonReaderSeesTheSameTensors) {
   }
   auto coord = InProcessCoordinator::Start(2);
   TrainOptions o = Base(coord->port());
-  o.checkpoint_dir = TempDir("interop");
-  o.checkpoint_every = 10;
-  o.stop_after_step = 10;
+  o.library.checkpoint_dir = TempDir("interop");
+  o.library.checkpoint_every = 10;
+  o.library.stop_after_step = 10;
   auto r = RunJob(2, o);
   const std::string cmd = "/usr/bin/python3 " + kSourceDir + "/tests/integration/read_safetensors.py " +
-                          o.checkpoint_dir + "/step-10/model.safetensors";
+                          o.library.checkpoint_dir + "/step-10/model.safetensors";
   FILE* p = ::popen(cmd.c_str(), "r");
   std::map<std::string, double> sums;
   char name[256], dtype[16], shape[64];

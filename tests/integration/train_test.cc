@@ -21,24 +21,23 @@ std::vector<TrainResult> Train(int world, int nodes, int batch, size_t bucket_by
   for (int i = 0; i < world; ++i) {
     threads.emplace_back([&, i] {
       TrainOptions o;
-      o.client.target = "127.0.0.1:" + std::to_string(server->port());
-      o.client.node = "node" + std::to_string(i * nodes / world);
-      o.client.local_rank = static_cast<uint32_t>(i);
-      o.client.member_id = o.client.node + "/" + std::to_string(i);
-      o.local_world_size = world / nodes;
-      o.comm.backend = backend;
-      o.comm.job = "eq" + std::to_string(::getpid());
-      o.comm.gloo.hostname = "127.0.0.1";
+      o.library.coordinator = "127.0.0.1:" + std::to_string(server->port());
+      o.library.node_id = "node" + std::to_string(i * nodes / world);
+      o.library.local_rank = i;
+      o.library.backend = backend;
+      o.library.job = "eq" + std::to_string(::getpid());
+      o.library.address = "127.0.0.1";
       o.model = model;
-      o.batch_size = batch;
-      o.steps = 20;
+      o.library.batch_per_rank = batch;
+      o.library.steps = 20;
       o.lr = 0.05;
       o.lr_scaling = "none";
       o.warmup_steps = 0;
-      o.bucket_bytes = bucket_bytes;
-      o.overlap = overlap;
+      o.library.bucket_mb = static_cast<double>(bucket_bytes) / (1 << 20);
+      o.library.overlap = overlap;
       o.threads = 1;
-      o.quiet = true;
+      o.library.quiet = true;
+      o.library.handle_signals = false;  // ranks are threads
       auto r = RunTraining(o);
       ASSERT_TRUE(r.ok()) << r.status();
       results[r->rank] = std::move(*r);

@@ -16,10 +16,6 @@
 
 namespace muster {
 
-
-// Parses "auto", "gloo", "shm", "hier", "nccl". INVALID_ARGUMENT otherwise.
-absl::StatusOr<Backend> ParseBackend(const std::string& name);
-
 struct CommOptions {
   Backend backend = Backend::kAuto;
   std::string job = "job";

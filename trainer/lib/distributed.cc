@@ -61,14 +61,11 @@ absl::StatusOr<ClientOptions> ClientOptionsFrom(const Options& o) {
     MUSTER_ASSIGN_OR_RETURN(co.token, ResolveToken(o.token_file));
   }
   co.tls.ca = o.tls_ca;
-  MUSTER_ASSIGN_OR_RETURN(LaunchIdentity id,
-                          ResolveLaunchIdentity({o.node_id, o.local_rank},
-                                                [](const char* n) { return std::getenv(n); },
-                                                HostName()));
-  co.member_id = id.member_id();
-  co.node = id.node;
-  co.local_rank = static_cast<uint32_t>(id.local_rank);
-  co.spare = id.spare;
+  MUSTER_ASSIGN_OR_RETURN(Placement place, ResolvePlacement(o));
+  co.member_id = place.member_id;
+  co.node = place.node;
+  co.local_rank = static_cast<uint32_t>(place.local_rank);
+  co.spare = place.spare;
   co.incarnation = o.incarnation;
   return co;
 }
@@ -605,6 +602,21 @@ absl::StatusOr<Distributed::Outcome> Engine::Finish() {
 }
 
 }  // namespace
+
+absl::StatusOr<Placement> ResolvePlacement(const Options& o) {
+  MUSTER_ASSIGN_OR_RETURN(LaunchIdentity id,
+                          ResolveLaunchIdentity({o.node_id, o.local_rank},
+                                                [](const char* n) { return std::getenv(n); },
+                                                HostName()));
+  Placement p;
+  p.member_id = id.member_id();
+  p.node = id.node;
+  p.local_rank = id.local_rank;
+  p.local_world_size = id.local_world_size;
+  p.spare = id.spare;
+  p.source = id.source;
+  return p;
+}
 
 absl::Status Options::Validate() const {
   auto bad = [](const std::string& what) { return absl::InvalidArgumentError("Options::" + what); };

@@ -70,45 +70,14 @@ double ScheduledLr(const TrainOptions& o, const Progress& p) {
   return peak * (0.1 + 0.9 * 0.5 * (1.0 + std::cos(M_PI * t)));
 }
 
+// The library's options with what this program knows once its data and
+// optimizer are built.
 Options LibraryOptions(const TrainOptions& o, int64_t dataset_size) {
-  Options lib;
-  lib.coordinator = o.client.target;
-  lib.token = o.client.token;
-  lib.tls_ca = o.client.tls.ca;
-  lib.node_id = o.client.node;
-  lib.local_rank = static_cast<int>(o.client.local_rank);
-  lib.incarnation = o.client.incarnation;
-  lib.backend = o.comm.backend;
-  lib.address = o.comm.gloo.hostname;
-  lib.job = o.comm.job;
-  lib.cuda = o.comm.cuda;
-  lib.bucket_mb = static_cast<double>(o.bucket_bytes) / (1 << 20);
-  lib.overlap = o.overlap;
-  lib.salvage = o.salvage;
+  Options lib = o.library;
   lib.dataset_size = dataset_size;
-  lib.batch_per_rank = o.batch_size;
-  lib.seed = o.seed;
-  lib.steps = o.steps;
-  lib.epochs = o.epochs;
   lib.lr_schedule = [o](const Progress& p) { return ScheduledLr(o, p); };
-  lib.elastic_lr = o.elastic_lr == "keep" ? ElasticLr::kKeep : ElasticLr::kScale;
-  lib.checkpoint_dir = o.checkpoint_dir;
-  lib.checkpoint_every = o.checkpoint_every;
-  lib.checkpoint_interval_s = o.checkpoint_interval_s;
-  lib.resume = o.resume;
   lib.model_name = o.model;
   lib.optimizer_name = o.optimizer;
-  lib.checkpoint_fs = o.checkpoint_fs;
-  lib.state_listen = o.state_listen;
-  lib.state_tls_cert = o.state_tls.cert;
-  lib.state_tls_key = o.state_tls.key;
-  lib.handle_signals = o.handle_signals;
-  lib.stop_requested = o.stop_requested;
-  lib.leave_requested = o.leave_requested;
-  lib.stop_after_step = o.stop_after_step;
-  lib.quiet = o.quiet;
-  lib.log_every = o.log_every;
-  lib.log_dir = o.log_dir;
   return lib;
 }
 
@@ -163,7 +132,7 @@ std::shared_ptr<Net> SeededModel(const TrainOptions& o, const Dataset& train,
   // tests): seed and initialise in one piece.
   static std::mutex init_mu;
   std::lock_guard<std::mutex> lock(init_mu);
-  torch::manual_seed(o.seed);
+  torch::manual_seed(o.library.seed);
   auto model = MakeModel(o.model, {train.channels(), train.height(), train.width(), 10});
   *status = model.status();
   return model.ok() ? *model : nullptr;
@@ -189,7 +158,8 @@ absl::Status TrainLoop(const TrainOptions& o, Net& model, torch::optim::Optimize
     dist.RecordLoss(loss.item<double>());
     if (o.eval_every > 0 && dist.step() % o.eval_every == 0 &&
         dist.step() < dist.progress().total_steps) {
-      MUSTER_RETURN_IF_ERROR(EvaluateAndLog(model, test, dist, device, !o.quiet).status());
+      MUSTER_RETURN_IF_ERROR(
+          EvaluateAndLog(model, test, dist, device, !o.library.quiet).status());
     }
   }
   return absl::OkStatus();
@@ -226,10 +196,12 @@ TrainResult::TrainResult(const TrainResult&) = default;
 TrainResult& TrainResult::operator=(const TrainResult&) = default;
 
 absl::StatusOr<TrainResult> RunTraining(const TrainOptions& o) {
-  const torch::Device device = o.comm.cuda ? torch::Device(torch::kCUDA, o.comm.cuda_device)
-                                           : torch::Device(torch::kCPU);
+  MUSTER_ASSIGN_OR_RETURN(const Placement place, ResolvePlacement(o.library));
+  const torch::Device device = o.library.cuda ? torch::Device(torch::kCUDA, place.local_rank)
+                                              : torch::Device(torch::kCPU);
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  torch::set_num_threads(o.threads > 0 ? o.threads : std::max(1, cores / o.local_world_size));
+  torch::set_num_threads(o.threads > 0 ? o.threads
+                                       : std::max(1, cores / place.local_world_size));
   MUSTER_ASSIGN_OR_RETURN(std::unique_ptr<Dataset> train, LoadData(o, /*train=*/true));
   MUSTER_ASSIGN_OR_RETURN(std::unique_ptr<Dataset> test, LoadData(o, /*train=*/false));
   absl::Status made;
@@ -259,13 +231,14 @@ absl::StatusOr<TrainResult> RunTraining(const TrainOptions& o) {
   result.checkpoints_committed = dist->checkpoints_committed();
   result.stopped = outcome == Distributed::Outcome::kStopped;
   result.left = outcome == Distributed::Outcome::kLeft;
-  if (outcome == Distributed::Outcome::kFinished && result.rank == 0 && !o.quiet) {
+  if (outcome == Distributed::Outcome::kFinished && result.rank == 0 && !o.library.quiet) {
     std::cout << absl::StrFormat(
                      "done: %d steps in %.1f s (%.0f samples/s); test loss %.4f, test accuracy "
                      "%.2f%%%s",
                      result.steps, elapsed, result.samples_per_second, result.test_loss,
                      100 * result.test_accuracy,
-                     o.log_dir.empty() ? "" : absl::StrCat("; logs in ", o.log_dir))
+                     o.library.log_dir.empty() ? ""
+                                               : absl::StrCat("; logs in ", o.library.log_dir))
               << std::endl;
   }
   return result;
