@@ -2,10 +2,14 @@
 
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/status_macros.h"
+#include "tests/integration/comm_world.h"
 
 namespace muster {
 
@@ -70,6 +74,19 @@ absl::Status CommHarness::Run(const CommOptions& options,
   for (int i = 0; i < n; ++i) threads.emplace_back([&, i] { body(ranks[i]); });
   for (auto& t : threads) t.join();
   return absl::OkStatus();
+}
+
+}  // namespace muster
+
+namespace muster {
+
+absl::Status RunCommWorld(int world, const std::string& backend,
+                          const std::function<void(int rank, Communicator* comm)>& body) {
+  CommHarness h(NodeSplit(world, 0), absl::StrCat(backend, "world", ::getpid()));
+  CommOptions o;
+  MUSTER_ASSIGN_OR_RETURN(o.backend, ParseBackend(backend));
+  o.gloo.hostname = "127.0.0.1";
+  return h.Run(o, [&](RankContext& rc) { body(rc.world.rank, rc.comm.get()); });
 }
 
 }  // namespace muster

@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <regex>
@@ -196,6 +197,62 @@ class AgentTest : public ElasticTest {
 bool Gone(pid_t pid) {
   const std::string stat = ReadText(absl::StrCat("/proc/", pid, "/stat"));
   return stat.empty() || stat.find(") Z ") != std::string::npos;
+}
+
+// Tasks (processes and threads) whose real user id is `uid`: what
+// RLIMIT_NPROC counts.
+int TasksOfUser(uid_t uid) {
+  int n = 0;
+  const std::string want = absl::StrCat("Uid:\t", uid, "\t");
+  std::string out;
+  int code = 0;
+  out = RunShell("cat /proc/[0-9]*/task/[0-9]*/status 2>/dev/null | grep '^Uid:'", &code);
+  std::istringstream lines(out);
+  for (std::string line; std::getline(lines, line);) n += line.rfind(want, 0) == 0 ? 1 : 0;
+  return n;
+}
+
+// A fork that fails (EAGAIN at the user's process limit) is retried with
+// backoff and never kept as pid -1, which kill() reads as "every process this
+// user may signal". The agent runs as nobody with RLIMIT_NPROC at the
+// number of nobody's tasks, so its forks fail; its SIGTERM to "the
+// trainers" must then reach no other process of that user.
+TEST(AgentForkTest, AFailedForkIsRetriedAndTheAgentSignalsNoOtherProcessOfItsUser) {
+  if (::geteuid() != 0 || ::access("/usr/bin/setpriv", X_OK) != 0) {
+    GTEST_SKIP() << "needs root and setpriv to run processes as nobody";
+  }
+  const std::string dir = ::testing::TempDir();
+  const std::vector<std::string> as_nobody = {"/usr/bin/setpriv", "--reuid=65534",
+                                              "--regid=65534", "--clear-groups"};
+  std::vector<std::string> canary_argv = as_nobody;
+  canary_argv.insert(canary_argv.end(), {"/bin/sleep", "120"});
+  const pid_t canary = SpawnLogged(canary_argv, dir + "/canary.log");
+  absl::SleepFor(absl::Milliseconds(200));  // setpriv has become nobody's sleep
+  // Room for the agent itself only.
+  const int limit = TasksOfUser(65534) + 1;
+  std::vector<std::string> agent_argv = as_nobody;
+  agent_argv.insert(agent_argv.end(),
+                    {"/bin/bash", "-c", absl::StrCat("ulimit -u ", limit, R"( && exec "$0" "$@")"),
+                     kBin + "/muster-agent", "--nproc-per-node=1", "--max-restarts=50",
+                     "--restart-backoff=100ms", "--node-id=n", "--", "/bin/sleep", "120"});
+  const std::string log = dir + "/agent-fork.log";
+  std::remove(log.c_str());
+  const pid_t agent = SpawnLogged(agent_argv, log);
+  const absl::Time end = absl::Now() + absl::Seconds(20);
+  while (ReadText(log).find("not started: fork") == std::string::npos && absl::Now() < end) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  ASSERT_NE(ReadText(log).find("trainer 0 not started: fork: Resource temporarily unavailable; "
+                               "trying again"),
+            std::string::npos)
+      << ReadText(log);
+  ASSERT_EQ(::kill(agent, SIGTERM), 0);
+  WaitExit(agent);
+  absl::SleepFor(absl::Milliseconds(200));
+  EXPECT_FALSE(Gone(canary)) << "the agent's signal reached another process of its user\n"
+                             << ReadText(log);
+  ::kill(canary, SIGKILL);
+  WaitExit(canary);
 }
 
 TEST_F(AgentTest, TheAgentRestartsAKilledTrainerAndItRejoins) {
