@@ -44,20 +44,47 @@ std::string Replace(std::string s, const std::string& from, const std::string& t
   return at == std::string::npos ? s : s.replace(at, from.size(), to);
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  std::map<std::string, std::string> flag;
-  for (int i = 1; i + 1 < argc; i += 2) flag[argv[i]] = argv[i + 1];
-  auto get = [&](const char* name, const std::string& fallback) {
-    return flag.count(name) ? flag[name] : fallback;
-  };
-  std::ifstream in(get("--text", MUSTER_EXAMPLE_TEXT));
+// The text file as 7-bit character codes.
+torch::Tensor ReadChars(const std::string& path) {
+  std::ifstream in(path);
   std::stringstream buffer;
   buffer << in.rdbuf();
   const std::string text = buffer.str();
   torch::Tensor chars = torch::empty({static_cast<int64_t>(text.size())}, torch::kInt64);
   for (size_t i = 0; i < text.size(); ++i) chars[i] = static_cast<int64_t>(text[i] & 0x7f);
+  return chars;
+}
+
+using Flags = std::map<std::string, std::string>;
+std::string Get(const Flags& flag, const char* name, const std::string& fallback) {
+  return flag.count(name) ? flag.at(name) : fallback;
+}
+
+muster::Options OptionsFrom(const Flags& flag, int64_t examples) {
+  muster::Options options;
+  options.dataset_size = examples;
+  options.batch_per_rank = std::stoi(Get(flag, "--batch", "8"));
+  options.epochs = std::stoll(Get(flag, "--epochs", "2"));
+  options.steps = std::stoll(Get(flag, "--steps", "0"));
+  options.checkpoint_dir = Get(flag, "--checkpoint-dir", "");
+  options.checkpoint_every = std::stoll(Get(flag, "--checkpoint-every", "0"));
+  options.log_dir = Get(flag, "--log-dir", "");
+  options.log_every = 10;
+  options.model_name = "char-gru";
+  options.node_id = Get(flag, "--node-id", "");  // default: from muster-agent, Slurm, ..., the host name
+  options.lr_schedule = [](const muster::Progress& p) {  // warm-up, then cosine to 10%
+    const double peak = 3e-3, t = std::min(1.0, p.step / std::max(1.0, p.total_steps - 1.0));
+    return p.step < 10 ? peak * (p.step + 1) / 10 : peak * (0.1 + 0.45 * (1 + std::cos(M_PI * t)));
+  };
+  return options;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Flags flag;
+  for (int i = 1; i + 1 < argc; i += 2) flag[argv[i]] = argv[i + 1];
+  const torch::Tensor chars = ReadChars(Get(flag, "--text", MUSTER_EXAMPLE_TEXT));
   const int64_t examples = (chars.size(0) - 1) / kContext;  // example i: window i
 
   torch::set_num_threads(1);  // bit-identical runs: one reduction order
@@ -68,21 +95,6 @@ int main(int argc, char** argv) {
   for (const auto& p : model->named_parameters()) ema.emplace_back(p.key(), p.value().detach().clone());
   int64_t updates = 0;
 
-  muster::Options options;
-  options.dataset_size = examples;
-  options.batch_per_rank = std::stoi(get("--batch", "8"));
-  options.epochs = std::stoll(get("--epochs", "2"));
-  options.steps = std::stoll(get("--steps", "0"));
-  options.checkpoint_dir = get("--checkpoint-dir", "");
-  options.checkpoint_every = std::stoll(get("--checkpoint-every", "0"));
-  options.log_dir = get("--log-dir", "");
-  options.log_every = 10;
-  options.model_name = "char-gru";
-  options.node_id = get("--node-id", "");  // default: from muster-agent, Slurm, ..., the host name
-  options.lr_schedule = [](const muster::Progress& p) {  // warm-up, then cosine to 10%
-    const double peak = 3e-3, t = std::min(1.0, p.step / std::max(1.0, p.total_steps - 1.0));
-    return p.step < 10 ? peak * (p.step + 1) / 10 : peak * (0.1 + 0.45 * (1 + std::cos(M_PI * t)));
-  };
   muster::State state;
   state.model = model.get();
   state.optimizer = &optimizer;
@@ -92,7 +104,7 @@ int main(int argc, char** argv) {
                     updates = std::stoll(v);
                     return absl::OkStatus();
                   }}};
-  auto job = muster::Distributed::Start(options, state);
+  auto job = muster::Distributed::Start(OptionsFrom(flag, examples), state);
   if (!job.ok()) {
     std::cerr << "char_lm: " << job.status() << "\n";
     return 1;
@@ -121,7 +133,7 @@ int main(int argc, char** argv) {
     if (x.size(0) > 0) d.RecordLoss(loss.item<double>());  // the last batch of an epoch may leave a rank none
     for (int64_t i : d.Batch()) record << epoch << " " << i << "\n";
     record.flush();
-    std::this_thread::sleep_for(std::chrono::milliseconds(std::stoi(get("--pace-ms", "0"))));
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::stoi(Get(flag, "--pace-ms", "0"))));
   }
   if (flag.count("--summary")) {
     std::string path = Replace(Replace(flag["--summary"], "{rank}", std::to_string(d.rank())),

@@ -54,6 +54,15 @@
 // (ranks disagree on the state after a transfer), INVALID_ARGUMENT (bad
 // options, named).
 //
+// One case ends the process instead of returning an error: a communicator
+// build that hangs (Gloo's connect can block past its own timeout when a
+// peer vanishes in the middle of it, and no call can wake it). After the
+// build's deadline, or 10 s after a newer world is known, the library logs
+// why and exits with 70 (sysexits EX_SOFTWARE), crash-only: under
+// muster-agent the trainer is restarted and takes a live peer's state, where
+// a stuck process would hold up its whole world. Run under muster-agent (or
+// a launcher that restarts) when a peer may vanish.
+//
 // Thread-safety: a Distributed belongs to the thread that runs the training
 // loop; no method may be called concurrently. Internally a session thread
 // talks to the coordinator and a communication thread reduces gradients.

@@ -49,62 +49,65 @@ struct Trial {
   bool params_equal = false;
 };
 
-Trial RunTrial(int index, std::mt19937_64& rng) {
-  const int world = absl::GetFlag(FLAGS_world), nodes = absl::GetFlag(FLAGS_nodes);
-  const int per_node = world / nodes;
+// A trial's job: coordinator, one agent per node (node 0 with the spares),
+// rank 0 logging every step.
+struct TrialJob {
+  std::string dir, target;
+  pid_t coordinator = -1;
+  std::vector<pid_t> agents;
+};
+
+TrialJob StartTrialJob(int index, int world, int nodes) {
   const int64_t steps = 600;
-  const std::string dir = absl::StrCat("/tmp/muster-bench-recovery-", ::getpid(), "-", index);
-  std::system(("rm -rf " + dir + " && mkdir -p " + dir).c_str());
-  const std::string target = "127.0.0.1:" + std::to_string(FreeLoopbackPort());
-  const pid_t coordinator = SpawnLogged(
-      {SelfDir() + "/muster-coordinator", "--listen=" + target, "--no-auth",
+  TrialJob job;
+  job.dir = absl::StrCat("/tmp/muster-bench-recovery-", ::getpid(), "-", index);
+  std::system(("rm -rf " + job.dir + " && mkdir -p " + job.dir).c_str());
+  job.target = "127.0.0.1:" + std::to_string(FreeLoopbackPort());
+  job.coordinator = SpawnLogged(
+      {SelfDir() + "/muster-coordinator", "--listen=" + job.target, "--no-auth",
        absl::StrCat("--min-members=", world - 1), absl::StrCat("--max-members=", world),
        "--last-call=200ms"},
-      dir + "/coordinator.log");
-  std::vector<pid_t> agents;
+      job.dir + "/coordinator.log");
   for (int n = 0; n < nodes; ++n) {
     std::vector<std::string> argv = {
-        SelfDir() + "/muster-agent", absl::StrCat("--nproc-per-node=", per_node),
+        SelfDir() + "/muster-agent", absl::StrCat("--nproc-per-node=", world / nodes),
         absl::StrCat("--spares=", n == 0 ? absl::GetFlag(FLAGS_spares) : 0),
         absl::StrCat("--node-id=node", n), "--", SelfDir() + "/muster-train",
-        "--coordinator=" + target, "--model=mlp", "--batch-size=32",
+        "--coordinator=" + job.target, "--model=mlp", "--batch-size=32",
         absl::StrCat("--steps=", steps), "--log-every=1", "--quiet", "--threads=1",
         absl::StrCat("--job=rb", ::getpid(), "-", index, "-", n),
-        absl::StrCat("--summary-json=", dir, "/{node}-{local_rank}.json")};
-    if (n == 0) argv.push_back("--log-dir=" + dir + "/rank0");
-    agents.push_back(SpawnLogged(argv, absl::StrCat(dir, "/agent", n, ".log")));
+        absl::StrCat("--summary-json=", job.dir, "/{node}-{local_rank}.json")};
+    if (n == 0) argv.push_back("--log-dir=" + job.dir + "/rank0");
+    job.agents.push_back(SpawnLogged(argv, absl::StrCat(job.dir, "/agent", n, ".log")));
   }
-  Trial t;
-  // A random step, then a random member of the world other than rank 0.
+  return job;
+}
+
+// Waits for a random step of the full world, then SIGKILLs a random member
+// of it: its pid (<= 0: none found) and the time of the kill.
+std::pair<pid_t, double> KillAtRandom(const TrialJob& job, int world, std::mt19937_64& rng) {
   std::uniform_int_distribution<int> at(40, 160);
   const int64_t kill_step = at(rng);
-  const std::string metrics = dir + "/rank0/metrics.jsonl";
+  const std::string metrics = job.dir + "/rank0/metrics.jsonl";
   const absl::Time deadline = absl::Now() + absl::Seconds(120);
   while (absl::Now() < deadline) {
     const auto recs = ReadStepRecords(metrics);
     if (!recs.empty() && recs.back().step >= kill_step && recs.back().world == world) break;
     absl::SleepFor(absl::Milliseconds(2));
   }
-  const std::vector<std::pair<int, int>> members = WorldMembers(target);
-  if (members.empty()) {
-    std::cerr << "muster-bench recovery: trial " << index << ": no world in muster status\n";
-    return t;
-  }
-  const auto [node, slot] = members[std::uniform_int_distribution<size_t>(0, members.size() - 1)(rng)];
-  const pid_t pid = LastTrainerPid(absl::StrCat(dir, "/agent", node, ".log"), slot);
+  const std::vector<std::pair<int, int>> members = WorldMembers(job.target);
+  if (members.empty()) return {-1, 0};
+  const auto [node, slot] =
+      members[std::uniform_int_distribution<size_t>(0, members.size() - 1)(rng)];
+  const pid_t pid = LastTrainerPid(absl::StrCat(job.dir, "/agent", node, ".log"), slot);
   const double kill_time = absl::ToUnixMicros(absl::Now()) / 1e6;
   if (pid > 0) ::kill(pid, SIGKILL);
-  int failures = 0;
-  for (pid_t a : agents) {
-    int status = 0;
-    ::waitpid(a, &status, 0);
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) ++failures;
-  }
-  StopProcess(coordinator);
-  if (pid <= 0 || failures > 0) {
-    std::cerr << "muster-bench recovery: trial " << index << " failed; see " << dir << "\n";
-    return t;
-  }
+  return {pid, kill_time};
+}
+
+// From rank 0's step records: when the survivors resumed, when the world
+// was full again, and the completed steps done again.
+void ScoreRecovery(const std::string& metrics, double kill_time, int world, Trial* t) {
   bool resumed = false, regrown = false;
   int64_t last_step = 0;
   uint64_t generation = 0;  // of the world at the kill
@@ -116,40 +119,64 @@ Trial RunTrial(int index, std::mt19937_64& rng) {
     }
     if (!resumed && r.generation > generation) {
       resumed = true;
-      t.survivors_resume_s = r.time - kill_time;
+      t->survivors_resume_s = r.time - kill_time;
       // Completed steps done again (a state source behind the others).
-      t.lost_steps = static_cast<int>(std::max<int64_t>(0, last_step + 1 - r.step));
+      t->lost_steps = static_cast<int>(std::max<int64_t>(0, last_step + 1 - r.step));
     }
     if (resumed && !regrown && r.world == world) {
       regrown = true;
-      t.full_world_s = r.time - kill_time;
+      t->full_world_s = r.time - kill_time;
     }
   }
-  // The step in flight at the kill, if rank 0 dropped it.
-  const std::string dropped = JsonNumber(ReadText(dir + "/node0-0.json"), "steps_dropped");
-  t.lost_steps += dropped.empty() ? 1 : std::stoi(dropped);
-  // The trainers that finished in the full world (a spare left over ends
-  // outside it) hold the same parameters.
+  t->ok = resumed && regrown;
+}
+
+// The trainers that finished in the full world (a spare left over ends
+// outside it) hold the same parameters.
+bool ParametersEqual(const std::string& dir, int world, int nodes) {
   std::string first;
   int finished = 0;
-  t.params_equal = true;
+  bool equal = true;
   for (int n = 0; n < nodes; ++n) {
-    for (int s = 0; s < per_node + (n == 0 ? absl::GetFlag(FLAGS_spares) : 0); ++s) {
+    for (int s = 0; s < world / nodes + (n == 0 ? absl::GetFlag(FLAGS_spares) : 0); ++s) {
       const std::string json = ReadText(absl::StrCat(dir, "/node", n, "-", s, ".json"));
       if (JsonNumber(json, "world_size") != std::to_string(world)) continue;
       const std::string sum = JsonNumber(json, "parameter_checksum");
       if (finished++ == 0) first = sum;
-      if (sum.empty() || sum != first) t.params_equal = false;
+      if (sum.empty() || sum != first) equal = false;
     }
   }
-  if (finished != world) t.params_equal = false;
-  t.ok = resumed && regrown;
+  return equal && finished == world;
+}
+
+Trial RunTrial(int index, std::mt19937_64& rng) {
+  const int world = absl::GetFlag(FLAGS_world), nodes = absl::GetFlag(FLAGS_nodes);
+  const TrialJob job = StartTrialJob(index, world, nodes);
+  const auto [pid, kill_time] = KillAtRandom(job, world, rng);
+  int failures = 0;
+  for (pid_t a : job.agents) {
+    if (pid <= 0) ::kill(a, SIGTERM);
+    int status = 0;
+    ::waitpid(a, &status, 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) ++failures;
+  }
+  StopProcess(job.coordinator);
+  Trial t;
+  if (pid <= 0 || failures > 0) {
+    std::cerr << "muster-bench recovery: trial " << index << " failed"
+              << (pid <= 0 ? " (no world member to kill)" : "") << "; see " << job.dir << "\n";
+    return t;
+  }
+  ScoreRecovery(job.dir + "/rank0/metrics.jsonl", kill_time, world, &t);
+  // The step in flight at the kill, if rank 0 dropped it.
+  const std::string dropped = JsonNumber(ReadText(job.dir + "/node0-0.json"), "steps_dropped");
+  t.lost_steps += dropped.empty() ? 1 : std::stoi(dropped);
+  t.params_equal = ParametersEqual(job.dir, world, nodes);
   if (!t.ok) {
-    std::cerr << "muster-bench recovery: trial " << index << ": no "
-              << (resumed ? "full world again" : "new generation") << " after the kill; see " << dir
-              << "\n";
+    std::cerr << "muster-bench recovery: trial " << index << ": no full world again after the "
+              << "kill; see " << job.dir << "\n";
   } else if (t.params_equal) {
-    std::system(("rm -rf " + dir).c_str());
+    std::system(("rm -rf " + job.dir).c_str());
   }
   return t;
 }

@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -70,6 +71,128 @@ void KillRestOfProcessGroup() {
   ::closedir(proc);
 }
 
+// The agent's loop: its trainers by pid, the supervisor's decisions, and
+// the deadline after which a stopping agent kills what is left.
+class AgentLoop {
+ public:
+  explicit AgentLoop(const AgentOptions& o) : o_(o), sup_(o.supervisor) {}
+
+  int Run();
+
+ private:
+  int slots() const { return o_.nproc + o_.spares; }
+  void Start(int slot);
+  // Sends `sig` to every running trainer (never to pid -1 or 0).
+  void Forward(int sig);
+  void OnSignal(int sig);
+  // Collects every trainer that ended (SIGCHLD may coalesce).
+  void Reap();
+
+  const AgentOptions& o_;
+  Supervisor sup_;
+  std::map<pid_t, int> running_;  // pid -> slot
+  absl::Time kill_at_ = absl::InfiniteFuture();
+};
+
+void AgentLoop::Start(int slot) {
+  const pid_t pid = StartTrainer(o_, slot, sup_.restarts(slot));
+  sup_.Started(slot, absl::Now());
+  if (pid < 0) {
+    // No process (fork failed: EAGAIN, ENOMEM): never keep -1 as a pid,
+    // which kill() would read as "every process we may signal". It counts
+    // as a trainer that ended at once, restarted with backoff.
+    const int err = errno;
+    const bool restart = sup_.Ended(slot, ProcessEnd{false, kExitForkFailed}, absl::Now());
+    MUSTER_LOG(WARNING) << "muster-agent: node " << o_.node_id << ": trainer " << slot
+                        << " not started: fork: " << std::strerror(err)
+                        << (restart ? "; trying again" : "; giving up");
+    return;
+  }
+  running_[pid] = slot;
+  MUSTER_LOG(INFO) << "muster-agent: node " << o_.node_id << ": trainer " << slot << " started"
+                   << (sup_.restarts(slot) > 0
+                           ? absl::StrCat(" (restart ", sup_.restarts(slot), ")")
+                           : std::string())
+                   << ", pid " << pid;
+}
+
+void AgentLoop::Forward(int sig) {
+  for (const auto& [pid, slot] : running_) {
+    if (pid > 0) ::kill(pid, sig);
+  }
+}
+
+void AgentLoop::OnSignal(int sig) {
+  if (sup_.stopping() && sig == SIGINT) {
+    MUSTER_LOG(WARNING) << "muster-agent: second interrupt: killing the trainers";
+    Forward(SIGKILL);
+  } else if (sup_.stopping()) {
+    // Already stopping (Slurm sends SIGTERM after its warning signal, for
+    // instance): the trainers are checkpointing; --stop-grace bounds it.
+    MUSTER_LOG(INFO) << "muster-agent: " << ::strsignal(sig) << " while stopping: ignored";
+  } else {
+    MUSTER_LOG(INFO) << "muster-agent: " << ::strsignal(sig)
+                     << ": forwarding to the trainers; no more restarts";
+    sup_.Stop();
+    Forward(sig);
+    kill_at_ = absl::Now() + o_.stop_grace;
+  }
+}
+
+void AgentLoop::Reap() {
+  for (;;) {
+    int status = 0;
+    const pid_t pid = ::waitpid(-1, &status, WNOHANG);
+    if (pid <= 0) return;
+    auto it = running_.find(pid);
+    if (it == running_.end()) continue;
+    const int slot = it->second;
+    running_.erase(it);
+    ProcessEnd end{WIFSIGNALED(status),
+                   WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status)};
+    const bool restart = sup_.Ended(slot, end, absl::Now());
+    const bool gave_up = sup_.state(slot) == Supervisor::State::kGaveUp;
+    LogMessage(restart || gave_up ? LogLevel::kWarning : LogLevel::kInfo, __FILE__, __LINE__)
+            .stream()
+        << "muster-agent: node " << o_.node_id << ": trainer " << slot << " (pid " << pid
+        << ") " << end.Describe()
+        << (restart   ? absl::StrCat("; restarting in ",
+                                     absl::FormatDuration(sup_.RestartAt(slot) - absl::Now()))
+            : gave_up ? absl::StrCat("; giving up after ", sup_.restarts(slot), " restarts")
+                      : std::string());
+  }
+}
+
+int AgentLoop::Run() {
+  const sigset_t handled = HandledSignals();
+  for (int slot = 0; slot < slots(); ++slot) Start(slot);
+  while (sup_.Active()) {
+    const absl::Time now = absl::Now();
+    const absl::Time wake = std::min({sup_.NextRestart(), kill_at_, now + absl::Seconds(1)});
+    const timespec ts = absl::ToTimespec(std::max(absl::ZeroDuration(), wake - now));
+    siginfo_t info;
+    const int sig = ::sigtimedwait(&handled, &info, &ts);
+    if (sig == SIGTERM || sig == SIGINT || sig == SIGUSR1 || sig == SIGHUP) OnSignal(sig);
+    Reap();
+    if (absl::Now() >= kill_at_ && !running_.empty()) {
+      MUSTER_LOG(WARNING) << "muster-agent: trainers still running "
+                          << absl::FormatDuration(o_.stop_grace) << " after the signal; killing";
+      Forward(SIGKILL);
+      kill_at_ = absl::InfiniteFuture();
+    }
+    for (int slot = 0; slot < slots(); ++slot) {
+      if (sup_.state(slot) == Supervisor::State::kPending && sup_.RestartAt(slot) <= absl::Now()) {
+        Start(slot);
+      }
+    }
+  }
+  KillRestOfProcessGroup();
+  const int code = sup_.ExitCode();
+  LogMessage(code == 0 ? LogLevel::kInfo : LogLevel::kWarning, __FILE__, __LINE__).stream()
+      << "muster-agent: node " << o_.node_id << " done, exit " << code << ": " << sup_.Summary();
+  return code;
+}
+
 }  // namespace
 
 int RunAgent(const AgentOptions& o) {
@@ -79,101 +202,7 @@ int RunAgent(const AgentOptions& o) {
   ::prctl(PR_SET_PDEATHSIG, SIGTERM);
   const sigset_t handled = HandledSignals();
   ::sigprocmask(SIG_BLOCK, &handled, nullptr);
-
-  Supervisor sup(o.supervisor);
-  std::map<pid_t, int> running;  // pid -> slot
-  auto start = [&](int slot) {
-    const pid_t pid = StartTrainer(o, slot, sup.restarts(slot));
-    sup.Started(slot, absl::Now());
-    if (pid < 0) {
-      // No process (fork failed: EAGAIN, ENOMEM): never keep -1 as a pid,
-      // which kill() would read as "every process we may signal". It counts
-      // as a trainer that ended at once, restarted with backoff.
-      const int err = errno;
-      const bool restart = sup.Ended(slot, ProcessEnd{false, kExitForkFailed}, absl::Now());
-      MUSTER_LOG(WARNING) << "muster-agent: node " << o.node_id << ": trainer " << slot
-                          << " not started: fork: " << std::strerror(err)
-                          << (restart ? "; trying again" : "; giving up");
-      return;
-    }
-    running[pid] = slot;
-    MUSTER_LOG(INFO) << "muster-agent: node " << o.node_id << ": trainer " << slot << " started"
-                     << (sup.restarts(slot) > 0 ? absl::StrCat(" (restart ", sup.restarts(slot), ")")
-                                                : std::string())
-                     << ", pid " << pid;
-  };
-  const int slots = o.nproc + o.spares;
-  for (int slot = 0; slot < slots; ++slot) start(slot);
-
-  absl::Time kill_at = absl::InfiniteFuture();
-  auto forward = [&](int sig) {
-    for (const auto& [pid, slot] : running) {
-      if (pid > 0) ::kill(pid, sig);
-    }
-  };
-  while (sup.Active()) {
-    const absl::Time now = absl::Now();
-    const absl::Time wake = std::min({sup.NextRestart(), kill_at, now + absl::Seconds(1)});
-    const timespec ts = absl::ToTimespec(std::max(absl::ZeroDuration(), wake - now));
-    siginfo_t info;
-    const int sig = ::sigtimedwait(&handled, &info, &ts);
-    if (sig == SIGTERM || sig == SIGINT || sig == SIGUSR1 || sig == SIGHUP) {
-      if (sup.stopping() && sig == SIGINT) {
-        MUSTER_LOG(WARNING) << "muster-agent: second interrupt: killing the trainers";
-        forward(SIGKILL);
-      } else if (sup.stopping()) {
-        // Already stopping (Slurm sends SIGTERM after its warning signal,
-        // for instance): the trainers are checkpointing; --stop-grace bounds it.
-        MUSTER_LOG(INFO) << "muster-agent: " << ::strsignal(sig) << " while stopping: ignored";
-      } else {
-        MUSTER_LOG(INFO) << "muster-agent: " << ::strsignal(sig)
-                         << ": forwarding to the trainers; no more restarts";
-        sup.Stop();
-        forward(sig);
-        kill_at = absl::Now() + o.stop_grace;
-      }
-    }
-    // Reap whatever ended (SIGCHLD may coalesce).
-    for (;;) {
-      int status = 0;
-      const pid_t pid = ::waitpid(-1, &status, WNOHANG);
-      if (pid <= 0) break;
-      auto it = running.find(pid);
-      if (it == running.end()) continue;
-      const int slot = it->second;
-      running.erase(it);
-      ProcessEnd end{WIFSIGNALED(status),
-                     WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status)};
-      const bool restart = sup.Ended(slot, end, absl::Now());
-      LogMessage(restart || sup.state(slot) == Supervisor::State::kGaveUp ? LogLevel::kWarning
-                                                                          : LogLevel::kInfo,
-                 __FILE__, __LINE__)
-              .stream()
-          << "muster-agent: node " << o.node_id << ": trainer " << slot << " (pid " << pid
-          << ") " << end.Describe()
-          << (restart ? absl::StrCat("; restarting in ",
-                                     absl::FormatDuration(sup.RestartAt(slot) - absl::Now()))
-              : sup.state(slot) == Supervisor::State::kGaveUp
-                  ? absl::StrCat("; giving up after ", sup.restarts(slot), " restarts")
-                  : std::string());
-    }
-    if (absl::Now() >= kill_at && !running.empty()) {
-      MUSTER_LOG(WARNING) << "muster-agent: trainers still running "
-                          << absl::FormatDuration(o.stop_grace) << " after the signal; killing";
-      forward(SIGKILL);
-      kill_at = absl::InfiniteFuture();
-    }
-    for (int slot = 0; slot < slots; ++slot) {
-      if (sup.state(slot) == Supervisor::State::kPending && sup.RestartAt(slot) <= absl::Now()) {
-        start(slot);
-      }
-    }
-  }
-  KillRestOfProcessGroup();
-  const int code = sup.ExitCode();
-  LogMessage(code == 0 ? LogLevel::kInfo : LogLevel::kWarning, __FILE__, __LINE__).stream()
-      << "muster-agent: node " << o.node_id << " done, exit " << code << ": " << sup.Summary();
-  return code;
+  return AgentLoop(o).Run();
 }
 
 }  // namespace muster
