@@ -73,6 +73,7 @@ World AssignWorld(uint64_t generation, std::vector<Candidate> candidates,
     a.step = c.step;
     world.members.push_back(std::move(a));
   }
+  world.Index();
   ChooseStateSource(&world);
   return world;
 }

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/time/time.h"
 
 namespace muster {
@@ -55,8 +56,15 @@ struct World {
   int64_t state_step = 0;
 
   uint32_t size() const { return static_cast<uint32_t>(members.size()); }
-  // Rank of `id` in this world, or -1.
+  // Rank of `id` in this world, or -1. O(1) once Index() ran after the last
+  // change to `members` (AssignWorld and the state store do); a linear scan
+  // otherwise.
   int RankOf(const std::string& id) const;
+  // Builds the id -> rank index RankOf uses.
+  void Index();
+
+ private:
+  absl::flat_hash_map<std::string, uint32_t> rank_of_;
 };
 
 // What happened to the job; kept in the event log.
