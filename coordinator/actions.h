@@ -15,6 +15,10 @@ namespace muster {
 class Actions {
  public:
   Actions() = default;
+  // `gate` runs after the lock is released and before the first action,
+  // when there are actions: the coordinator waits there until its
+  // decisions are durable (see persister.h).
+  explicit Actions(std::function<void()> gate) : gate_(std::move(gate)) {}
   Actions(const Actions&) = delete;
   Actions& operator=(const Actions&) = delete;
   ~Actions() { Run(); }
@@ -22,12 +26,15 @@ class Actions {
   void Add(std::function<void()> fn) { fns_.push_back(std::move(fn)); }
   // Runs and forgets every action, in the order they were added.
   void Run() {
+    if (fns_.empty()) return;
+    if (gate_) gate_();
     std::vector<std::function<void()>> fns;
     fns.swap(fns_);
     for (auto& fn : fns) fn();
   }
 
  private:
+  std::function<void()> gate_;
   std::vector<std::function<void()>> fns_;
 };
 

@@ -33,13 +33,14 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(CoordinatorOpti
 
 Coordinator::Coordinator(CoordinatorOptions options, StateStore* store)
     : options_(std::move(options)),
-      store_(store),
       clock_(options_.clock),
       started_(clock_->Now()),
+      store_(store),
+      persister_(&store_),
       membership_(options_.limits),
       timer_(options_.rules),
       kv_(options_.limits),
-      catalog_(store, options_.catalog, options_.limits) {}
+      catalog_(&store_, options_.catalog, options_.limits) {}
 
 Coordinator::~Coordinator() {
   absl::MutexLock lock(&mu_);
@@ -49,7 +50,7 @@ Coordinator::~Coordinator() {
 absl::Status Coordinator::Load() {
   absl::MutexLock lock(&mu_);
   MUSTER_RETURN_IF_ERROR(catalog_.Load());
-  MUSTER_ASSIGN_OR_RETURN(World world, store_->LoadWorld());
+  MUSTER_ASSIGN_OR_RETURN(World world, store_.LoadWorld());
   generation_ = world.generation;
   if (world.generation > 0 && !world.members.empty()) {
     world_ = std::move(world);
@@ -77,13 +78,22 @@ void Coordinator::Record(const std::string& kind, const std::string& detail) {
   unflushed_events_.push_back(JobEvent{clock_->Now(), kind, detail});
 }
 
+Actions Coordinator::Gated() {
+  return Actions([this] { AwaitDurable(); });
+}
+
+void Coordinator::AwaitDurable() {
+  const absl::Status s = persister_.Wait(persister_.last_ticket());
+  if (s.ok() || store_failed_.exchange(true)) return;
+  // A generation that is not on disk must not be handed out as if it were;
+  // crash-only: stop the job loudly (its checkpoints are safe), and let the
+  // coordinator be restarted on a working state dir.
+  Shutdown(absl::StrCat("the state store cannot be written: ", s.message()));
+}
+
 void Coordinator::FlushEvents() {
   if (unflushed_events_.empty()) return;
-  absl::Status s = store_->AppendEvents(unflushed_events_);
-  if (!s.ok()) {
-    MUSTER_LOG(WARNING) << "event log write failed (will retry): " << s;
-    return;
-  }
+  persister_.AppendEvents(std::move(unflushed_events_));
   unflushed_events_.clear();
 }
 
@@ -127,7 +137,7 @@ bool Coordinator::shutting_down() {
 // ---------------------------------------------------------------- members
 
 absl::StatusOr<JoinResult> Coordinator::Join(const JoinSpec& spec) {
-  Actions actions;
+  Actions actions = Gated();
   absl::MutexLock lock(&mu_);
   MUSTER_RETURN_IF_ERROR(CheckServing());
   MemberInfo fenced;
@@ -176,7 +186,7 @@ absl::StatusOr<JoinResult> Coordinator::Join(const JoinSpec& spec) {
 
 absl::StatusOr<uint64_t> Coordinator::OpenSession(const MemberKey& key,
                                                   std::shared_ptr<SessionSink> sink) {
-  Actions actions;
+  Actions actions = Gated();
   absl::MutexLock lock(&mu_);
   MUSTER_RETURN_IF_ERROR(CheckServing());
   MUSTER_ASSIGN_OR_RETURN(MemberInfo * info, membership_.Live(key));
@@ -208,7 +218,7 @@ absl::StatusOr<uint64_t> Coordinator::Heartbeat(uint64_t session, int64_t step) 
 }
 
 void Coordinator::SessionClosed(uint64_t session, const std::string& why) {
-  Actions actions;
+  Actions actions = Gated();
   absl::MutexLock lock(&mu_);
   auto it = sessions_.find(session);
   if (it == sessions_.end()) return;
@@ -222,7 +232,7 @@ void Coordinator::SessionClosed(uint64_t session, const std::string& why) {
 }
 
 absl::Status Coordinator::Leave(const MemberKey& key, LeaveReason reason, int64_t step) {
-  Actions actions;
+  Actions actions = Gated();
   absl::MutexLock lock(&mu_);
   MUSTER_ASSIGN_OR_RETURN(MemberInfo * info, membership_.Live(key));
   if (step >= 0) info->step = step;
@@ -253,8 +263,7 @@ absl::Status Coordinator::Leave(const MemberKey& key, LeaveReason reason, int64_
       // finished members: keep the generation counter, forget the world.
       World done;
       done.generation = generation_;
-      absl::Status saved = store_->SaveWorld(done);
-      if (!saved.ok()) MUSTER_LOG(WARNING) << "cannot persist the finished job: " << saved;
+      persister_.SaveWorld(std::move(done));
     }
     return absl::OkStatus();
   }
@@ -269,7 +278,7 @@ absl::Status Coordinator::Leave(const MemberKey& key, LeaveReason reason, int64_
 }
 
 absl::StatusOr<uint32_t> Coordinator::Drain(const std::string& node) {
-  Actions actions;
+  Actions actions = Gated();
   absl::MutexLock lock(&mu_);
   MUSTER_RETURN_IF_ERROR(CheckServing());
   MUSTER_RETURN_IF_ERROR(CheckName("node", node, options_.limits.max_id_bytes));
@@ -295,7 +304,7 @@ absl::StatusOr<uint32_t> Coordinator::Drain(const std::string& node) {
 
 absl::Status Coordinator::KvSet(uint64_t generation, const std::string& key,
                                 std::string value) {
-  Actions actions;
+  Actions actions = Gated();
   absl::MutexLock lock(&mu_);
   MUSTER_RETURN_IF_ERROR(CheckGeneration(generation));
   return kv_.Set(key, std::move(value), &actions);
@@ -303,7 +312,7 @@ absl::Status Coordinator::KvSet(uint64_t generation, const std::string& key,
 
 void Coordinator::KvGet(uint64_t generation, std::vector<std::string> keys,
                         absl::Duration wait, KvCallback done) {
-  Actions actions;
+  Actions actions = Gated();
   absl::MutexLock lock(&mu_);
   absl::Status s = CheckGeneration(generation);
   if (!s.ok()) {
@@ -321,7 +330,7 @@ void Coordinator::KvGet(uint64_t generation, std::vector<std::string> keys,
 
 absl::StatusOr<int64_t> Coordinator::KvAdd(uint64_t generation, const std::string& key,
                                            int64_t delta) {
-  Actions actions;
+  Actions actions = Gated();
   absl::MutexLock lock(&mu_);
   MUSTER_RETURN_IF_ERROR(CheckGeneration(generation));
   return kv_.Add(key, delta, &actions);
@@ -330,7 +339,7 @@ absl::StatusOr<int64_t> Coordinator::KvAdd(uint64_t generation, const std::strin
 absl::StatusOr<CasResult> Coordinator::KvCompareAndSet(
     uint64_t generation, const std::string& key, const std::optional<std::string>& expected,
     std::string desired) {
-  Actions actions;
+  Actions actions = Gated();
   absl::MutexLock lock(&mu_);
   MUSTER_RETURN_IF_ERROR(CheckGeneration(generation));
   return kv_.CompareAndSet(key, expected, std::move(desired), &actions);
@@ -338,7 +347,7 @@ absl::StatusOr<CasResult> Coordinator::KvCompareAndSet(
 
 void Coordinator::Barrier(uint64_t generation, const MemberKey& key, const std::string& name,
                           absl::Duration timeout, DoneCallback done) {
-  Actions actions;
+  Actions actions = Gated();
   absl::MutexLock lock(&mu_);
   absl::Status s = CheckGeneration(generation);
   if (s.ok()) s = CheckName("name", name, options_.limits.max_id_bytes);
@@ -438,14 +447,17 @@ CoordinatorCounters Coordinator::Counters() {
 }
 
 std::vector<JobEvent> Coordinator::RecentEvents(size_t limit) {
-  absl::MutexLock lock(&mu_);
-  FlushEvents();
-  auto events = store_->LoadEvents(limit);
+  {
+    absl::MutexLock lock(&mu_);
+    FlushEvents();
+  }
+  persister_.Flush().IgnoreError();
+  auto events = store_.LoadEvents(limit);
   return events.ok() ? *events : std::vector<JobEvent>();
 }
 
 void Coordinator::Shutdown(const std::string& reason) {
-  Actions actions;
+  Actions actions = Gated();
   absl::MutexLock lock(&mu_);
   if (job_state_ == JobState::kShuttingDown) return;
   job_state_ = JobState::kShuttingDown;
@@ -472,7 +484,7 @@ void Coordinator::Shutdown(const std::string& reason) {
 }
 
 void Coordinator::Tick() {
-  Actions actions;
+  Actions actions = Gated();
   absl::MutexLock lock(&mu_);
   if (job_state_ == JobState::kShuttingDown) return;
   const absl::Time now = clock_->Now();

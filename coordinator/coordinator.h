@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <atomic>
 #include <list>
 #include <map>
 #include <memory>
@@ -36,6 +37,7 @@
 #include "coordinator/kv_store.h"
 #include "coordinator/limits.h"
 #include "coordinator/membership.h"
+#include "coordinator/persister.h"
 #include "coordinator/rendezvous.h"
 #include "coordinator/state_store.h"
 #include "coordinator/types.h"
@@ -247,11 +249,20 @@ class Coordinator {
   absl::Duration CapWait(absl::Duration d) const;
   void FlushEvents() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // Actions that run once every decision queued so far is durable.
+  Actions Gated();
+  // After the lock: waits for the persister; a failed write shuts down.
+  void AwaitDurable();
+
   // Constant after construction.
   const CoordinatorOptions options_;
-  StateStore* const store_;
   Clock* const clock_;
   const absl::Time started_;
+  // The store, one caller at a time (the persister's thread and the
+  // catalog), and its one writer: no world or event is written under mu_.
+  SerializedStateStore store_;
+  Persister persister_;
+  std::atomic<bool> store_failed_{false};
 
   absl::Mutex mu_;
   JobState job_state_ ABSL_GUARDED_BY(mu_) = JobState::kWaiting;

@@ -17,7 +17,7 @@ constexpr uint64_t kMaxAdoptedGeneration = uint64_t{1} << 62;
 
 void Coordinator::Rendezvous(const MemberKey& key, uint64_t after_generation, int64_t step,
                              absl::Duration timeout, RendezvousCallback done) {
-  Actions actions;
+  Actions actions = Gated();
   absl::MutexLock lock(&mu_);
   absl::Status s = CheckServing();
   absl::StatusOr<MemberInfo*> live = membership_.Live(key);
@@ -173,11 +173,8 @@ void Coordinator::Pause(const std::string& reason, Actions* actions) {
 void Coordinator::Form(std::vector<Candidate> candidates, uint32_t size, bool abort,
                        const std::string& reason, Actions* actions) {
   World next = AssignWorld(generation_ + 1, std::move(candidates), size);
-  absl::Status saved = store_->SaveWorld(next);
-  if (!saved.ok()) {
-    MUSTER_LOG(ERROR) << "cannot persist generation " << next.generation << ": " << saved;
-    return;
-  }
+  // Durable before anyone hears of it: every caller's actions wait for it.
+  persister_.SaveWorld(next);
   const World old = world_;
   const bool old_live = world_live_;
   ResetGenerationState(reason, actions);
@@ -243,8 +240,7 @@ void Coordinator::CompleteIfAllArrived(Actions* actions) {
   for (Assignment& a : world_.members) a.step = arrived_[a.member.id];
   ChooseStateSource(&world_);
   world_complete_ = true;
-  absl::Status saved = store_->SaveWorld(world_);
-  if (!saved.ok()) MUSTER_LOG(WARNING) << "cannot persist arrival steps: " << saved;
+  persister_.SaveWorld(world_);
   auto shared = std::make_shared<const World>(world_);
   for (auto it = waiters_.begin(); it != waiters_.end();) {
     const int rank = world_.RankOf(it->member.id);

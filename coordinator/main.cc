@@ -44,6 +44,9 @@ ABSL_FLAG(std::string, keep_best, "",
           "also keep the best checkpoint by this metric: val_loss (smaller) or val_acc "
           "(larger); any other name counts as smaller-is-better");
 ABSL_FLAG(bool, verbose, false, "debug logging");
+ABSL_FLAG(absl::Duration, state_sync_delay, absl::ZeroDuration(),
+          "benchmarks: every fsync of the state file also waits this long, as on a slow shared "
+          "file system");
 
 namespace {
 
@@ -53,6 +56,7 @@ int Run() {
   ServerOptions options;
   options.listen = absl::GetFlag(FLAGS_listen);
   options.state_dir = absl::GetFlag(FLAGS_state_dir);
+  options.state_sync_delay = absl::GetFlag(FLAGS_state_sync_delay);
   options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   options.tls = {absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key),
                  absl::GetFlag(FLAGS_tls_ca)};

@@ -22,7 +22,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     }
     db = options.state_dir + "/coordinator.db";
   }
-  MUSTER_ASSIGN_OR_RETURN(s->store_, OpenSqliteStateStore(db));
+  MUSTER_ASSIGN_OR_RETURN(s->store_, OpenSqliteStateStore(db, options.state_sync_delay));
   MUSTER_ASSIGN_OR_RETURN(s->coordinator_,
                           Coordinator::Create(options.coordinator, s->store_.get()));
   MUSTER_ASSIGN_OR_RETURN(s->metrics_, Metrics::Create(options.metrics_listen));

@@ -29,6 +29,8 @@ struct ServerOptions {
   std::string listen = "127.0.0.1:0";
   // Directory of the SQLite state file; "" keeps state in memory only.
   std::string state_dir;
+  // Benchmarks: every fsync of the state file also waits this long.
+  absl::Duration state_sync_delay = absl::ZeroDuration();
   // Empty: no authentication.
   std::string token;
   TlsFiles tls;

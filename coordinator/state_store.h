@@ -3,8 +3,9 @@
 // catalog and the event log.
 //
 // Every Save call is durable when it returns OK. Implementations must be
-// safe to call from one thread at a time (Coordinator serialises calls under
-// its mutex).
+// safe to call from one thread at a time (the coordinator serialises calls
+// through SerializedStateStore, coordinator/persister.h, and writes worlds
+// and events from the Persister's thread, outside its mutex).
 #ifndef MUSTER_COORDINATOR_STATE_STORE_H_
 #define MUSTER_COORDINATOR_STATE_STORE_H_
 
@@ -14,6 +15,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "coordinator/checkpoint_record.h"
 #include "coordinator/types.h"
 
@@ -42,9 +44,12 @@ class StateStore {
 
 // Opens (creating if needed) the SQLite database `path` in WAL mode with
 // synchronous commits; ":memory:" gives a private in-memory database.
-// Errors: UNAVAILABLE when the file cannot be opened, FAILED_PRECONDITION
-// when it holds an unknown schema version.
-absl::StatusOr<std::unique_ptr<StateStore>> OpenSqliteStateStore(const std::string& path);
+// `sync_delay` > 0 (benchmarks, tests) makes every fsync of the database
+// wait that long first, as on a slow shared file system (one delay for the
+// whole process). Errors: UNAVAILABLE when the file cannot be opened,
+// FAILED_PRECONDITION when it holds an unknown schema version.
+absl::StatusOr<std::unique_ptr<StateStore>> OpenSqliteStateStore(
+    const std::string& path, absl::Duration sync_delay = absl::ZeroDuration());
 
 }  // namespace muster
 

@@ -5,6 +5,8 @@
 //   coordinator_rss_mb=.. coordinator_cpu_pct=..
 // rendezvous_s: from the last Join to every member holding the world
 // (min_members = max_members = N); "-" when skipped (--rendezvous=false).
+// With --state-sync-delay and --churn-per-second the heartbeats are
+// measured while the coordinator writes events to a slow disk.
 #include <grpcpp/grpcpp.h>
 
 #include <atomic>
@@ -29,6 +31,12 @@ ABSL_FLAG(int, members, 1000, "simulated members");
 ABSL_FLAG(int, seconds, 10, "heartbeat measurement window");
 ABSL_FLAG(int, channels, 8, "client connections the members share");
 ABSL_FLAG(bool, rendezvous, true, "also measure the rendezvous of all members");
+ABSL_FLAG(absl::Duration, state_sync_delay, absl::ZeroDuration(),
+          "every fsync of the coordinator's state file also waits this long (a slow shared "
+          "file system)");
+ABSL_FLAG(int, churn_per_second, 0,
+          "during the heartbeat window, this many extra members per second join and leave "
+          "(each join and leave is an event the coordinator writes)");
 
 namespace muster {
 namespace {
@@ -125,6 +133,33 @@ class SimSession : public grpc::ClientBidiReactor<v1::SessionRequest, v1::Sessio
   absl::Notification finished_;
 };
 
+// --churn-per-second: extra members join and leave at that rate while
+// `*on`; counts the completed pairs in `*done`.
+void Churn(v1::Coordinator::Stub* stub, const std::atomic<bool>* on, std::atomic<int>* done) {
+  const int rate = absl::GetFlag(FLAGS_churn_per_second);
+  if (rate <= 0) return;
+  const absl::Time t0 = absl::Now();
+  for (int k = 0; *on; ++k) {
+    absl::SleepFor(t0 + absl::Seconds(k) / rate - absl::Now());
+    v1::MemberRef ref;
+    ref.set_member_id(absl::StrCat("churn/", k));
+    ref.set_incarnation(1 + k);
+    grpc::ClientContext join_ctx, leave_ctx;
+    AttachToken(&join_ctx, kToken);
+    AttachToken(&leave_ctx, kToken);
+    v1::JoinRequest join;
+    *join.mutable_member() = ref;
+    join.set_node("churn");
+    v1::JoinResponse joined;
+    if (!stub->Join(&join_ctx, join, &joined).ok()) continue;
+    v1::LeaveRequest leave;
+    *leave.mutable_member() = ref;
+    leave.set_reason(v1::LeaveRequest::GRACEFUL);
+    v1::LeaveResponse left;
+    if (stub->Leave(&leave_ctx, leave, &left).ok()) ++*done;
+  }
+}
+
 struct PendingRendezvous {
   grpc::ClientContext ctx;
   v1::RendezvousRequest req;
@@ -152,7 +187,8 @@ int RunCoordinatorBench() {
       {SelfDir() + "/muster-coordinator", "--listen=" + target, "--state-dir=" + dir + "/state",
        "--token-file=" + token_file, absl::StrCat("--min-members=", n),
        absl::StrCat("--max-members=", n), "--last-call=0s", "--heartbeat-timeout=60s",
-       "--join-timeout=600s"},
+       "--join-timeout=600s",
+       "--state-sync-delay=" + absl::FormatDuration(absl::GetFlag(FLAGS_state_sync_delay))},
       dir + "/coordinator.log");
 
   const int nch = std::max(1, absl::GetFlag(FLAGS_channels));
@@ -263,7 +299,12 @@ int RunCoordinatorBench() {
   samples.Record(true);
   const double cpu0 = ProcessCpuSeconds(coordinator);
   const absl::Time w0 = absl::Now();
+  std::atomic<bool> churning{true};
+  std::atomic<int> churned{0};
+  std::thread churn([&] { Churn(stubs[0].get(), &churning, &churned); });
   beat_for(absl::Seconds(seconds));
+  churning = false;
+  churn.join();
   const double cpu_pct =
       100.0 * (ProcessCpuSeconds(coordinator) - cpu0) / absl::ToDoubleSeconds(absl::Now() - w0);
   samples.Record(false);
@@ -278,10 +319,14 @@ int RunCoordinatorBench() {
   std::system(("rm -rf " + dir).c_str());
   std::cout << absl::StrFormat(
                    "coordinator members=%d hb_p50_ms=%.2f hb_p99_ms=%.2f rendezvous_s=%s "
-                   "coordinator_rss_mb=%.1f coordinator_cpu_pct=%.1f",
-                   n, p50, p99, rendezvous, rss, cpu_pct)
+                   "coordinator_rss_mb=%.1f coordinator_cpu_pct=%.1f fsync_delay_ms=%.0f "
+                   "churn_per_s=%d",
+                   n, p50, p99, rendezvous, rss, cpu_pct,
+                   absl::ToDoubleMilliseconds(absl::GetFlag(FLAGS_state_sync_delay)),
+                   absl::GetFlag(FLAGS_churn_per_second))
             << std::endl;
-  std::cerr << "(" << count << " heartbeats measured over " << seconds << " s)\n";
+  std::cerr << "(" << count << " heartbeats measured over " << seconds << " s; " << churned
+            << " members joined and left)\n";
   return 0;
 }
 

@@ -4,10 +4,14 @@
 
 #include <unistd.h>
 
+#include <thread>
+
 #include <gtest/gtest.h>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
 
 #include "common/fake_clock.h"
 
@@ -218,6 +222,40 @@ TEST_F(CoordinatorTest, MembersStartedAsSparesWaitForTheOthersToFormTheWorld) {
   Rendezvous(a, 1);
   ASSERT_TRUE(s0.world && s0.world->ok());
   EXPECT_GE((*s0.world)->world->RankOf("s0"), 0);
+}
+
+// The state file's fsyncs take 300 ms (a slow shared file system). A world
+// is written outside the coordinator's lock: heartbeats meanwhile are
+// answered at once, and the members hear of the world only once it is on
+// disk (a restarted coordinator could otherwise hand out its generation
+// again).
+TEST_F(CoordinatorTest, HeartbeatsDoNotWaitForASlowWriteAndAWorldIsAnnouncedOnlyWhenDurable) {
+  const std::string path = absl::StrCat(::testing::TempDir(), "/slow", ::getpid(), ".db");
+  std::remove(path.c_str());
+  stores_.push_back(std::move(OpenSqliteStateStore(path, absl::Milliseconds(300))).value());
+  Start(2, 2, absl::Seconds(1), stores_.back().get());
+  Member& a = Add("a", "n0");
+  Member& b = Add("b", "n0");
+  Rendezvous(a, 0);
+  auto reader = OpenSqliteStateStore(path);
+  ASSERT_TRUE(reader.ok());
+  uint64_t durable_when_answered = 0;
+  std::thread former([&] {
+    c_->Rendezvous(b.key, 0, 0, absl::Seconds(30), [&](absl::StatusOr<RendezvousResult> r) {
+      ASSERT_TRUE(r.ok()) << r.status();
+      durable_when_answered = (*reader)->LoadWorld()->generation;
+      b.world = r;
+    });
+  });
+  absl::SleepFor(absl::Milliseconds(50));  // the world is formed; its write is in its fsyncs
+  const absl::Time t0 = absl::Now();
+  ASSERT_TRUE(c_->Heartbeat(a.session, 1).ok());
+  const absl::Duration heartbeat = absl::Now() - t0;
+  former.join();
+  EXPECT_LT(heartbeat, absl::Milliseconds(100)) << "a heartbeat waited for the disk";
+  ASSERT_TRUE(b.world && b.world->ok());
+  EXPECT_EQ((*b.world)->world->generation, 1u);
+  EXPECT_EQ(durable_when_answered, 1u) << "the world was announced before it was on disk";
 }
 
 TEST_F(CoordinatorTest, HeartbeatTimeoutFailsHungMember) {

@@ -1,0 +1,135 @@
+#include "coordinator/persister.h"
+
+#include <iterator>
+#include <utility>
+
+#include "common/logging.h"
+
+namespace muster {
+
+absl::Status SerializedStateStore::SaveWorld(const World& world) {
+  absl::MutexLock lock(&mu_);
+  return store_->SaveWorld(world);
+}
+absl::StatusOr<World> SerializedStateStore::LoadWorld() {
+  absl::MutexLock lock(&mu_);
+  return store_->LoadWorld();
+}
+absl::Status SerializedStateStore::SaveCheckpoint(const CheckpointRecord& record) {
+  absl::MutexLock lock(&mu_);
+  return store_->SaveCheckpoint(record);
+}
+absl::StatusOr<std::vector<CheckpointRecord>> SerializedStateStore::LoadCheckpoints() {
+  absl::MutexLock lock(&mu_);
+  return store_->LoadCheckpoints();
+}
+absl::Status SerializedStateStore::AppendEvents(const std::vector<JobEvent>& events) {
+  absl::MutexLock lock(&mu_);
+  return store_->AppendEvents(events);
+}
+absl::StatusOr<std::vector<JobEvent>> SerializedStateStore::LoadEvents(size_t limit) {
+  absl::MutexLock lock(&mu_);
+  return store_->LoadEvents(limit);
+}
+
+Persister::Persister(StateStore* store) : store_(store), thread_([this] { Loop(); }) {}
+
+Persister::~Persister() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  thread_.join();
+}
+
+uint64_t Persister::SaveWorld(World world) {
+  absl::MutexLock lock(&mu_);
+  world_ = std::move(world);
+  return ++queued_;
+}
+
+void Persister::AppendEvents(std::vector<JobEvent> events) {
+  if (events.empty()) return;
+  absl::MutexLock lock(&mu_);
+  for (JobEvent& e : events) events_.push_back(std::move(e));
+  ++events_queued_;
+}
+
+uint64_t Persister::last_ticket() {
+  absl::MutexLock lock(&mu_);
+  return queued_;
+}
+
+absl::Status Persister::Wait(uint64_t ticket) {
+  absl::MutexLock lock(&mu_);
+  auto done = [this, ticket]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    return durable_ >= ticket || !error_.ok();
+  };
+  mu_.Await(absl::Condition(&done));
+  return durable_ >= ticket ? absl::OkStatus() : error_;
+}
+
+absl::Status Persister::Flush() {
+  absl::MutexLock lock(&mu_);
+  const uint64_t worlds = queued_, events = events_queued_;
+  auto done = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    return (durable_ >= worlds && events_written_ >= events && !writing_) || !error_.ok();
+  };
+  mu_.Await(absl::Condition(&done));
+  return error_;
+}
+
+uint64_t Persister::groups_written() {
+  absl::MutexLock lock(&mu_);
+  return groups_;
+}
+
+void Persister::Loop() {
+  for (;;) {
+    std::optional<World> world;
+    std::vector<JobEvent> events;
+    uint64_t ticket = 0, batches = 0;
+    {
+      absl::MutexLock lock(&mu_);
+      auto work = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+        return stop_ || (world_.has_value() && error_.ok()) || !events_.empty();
+      };
+      mu_.Await(absl::Condition(&work));
+      if (!world_.has_value() && events_.empty()) return;  // stopping, nothing left
+      if (error_.ok()) world.swap(world_);
+      world_.reset();
+      events.swap(events_);
+      ticket = queued_;
+      batches = events_queued_;
+      writing_ = true;
+    }
+    // The group, outside the lock: the last world, then the events.
+    absl::Status world_saved = world ? store_->SaveWorld(*world) : absl::OkStatus();
+    absl::Status events_saved = events.empty() ? absl::OkStatus() : store_->AppendEvents(events);
+    if (!events_saved.ok()) {
+      MUSTER_LOG(WARNING) << "event log write failed (will retry): " << events_saved;
+    }
+    absl::MutexLock lock(&mu_);
+    writing_ = false;
+    ++groups_;
+    if (!world_saved.ok() && error_.ok()) {
+      MUSTER_LOG(ERROR) << "cannot persist generation " << world->generation << ": "
+                        << world_saved;
+      error_ = world_saved;
+    }
+    // The group's world was the newest queued when the group was taken, so
+    // every ticket up to it is now on disk.
+    if (world_saved.ok() && world) durable_ = ticket;
+    if (events_saved.ok()) {
+      events_written_ = batches;
+    } else {
+      // Put them back ahead of newer ones, for the next group.
+      events.insert(events.end(), std::make_move_iterator(events_.begin()),
+                    std::make_move_iterator(events_.end()));
+      events_.swap(events);
+      if (stop_) return;  // no endless retry on the way out
+    }
+  }
+}
+
+}  // namespace muster

@@ -1,0 +1,53 @@
+// Persister over a real SQLite file whose fsyncs are slow (the state
+// store's slow-sync VFS): worlds queued during a write go out together, the
+// newest wins, and a waiter hears only once its world is on disk.
+#include "coordinator/persister.h"
+
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+
+namespace muster {
+namespace {
+
+World WorldOf(uint64_t generation) {
+  World w;
+  w.generation = generation;
+  Assignment a;
+  a.member = {"m", generation};
+  w.members.push_back(a);
+  w.Index();
+  return w;
+}
+
+TEST(PersisterTest, WorldsQueuedDuringASlowWriteGoInOneGroupAndTheNewestWins) {
+  const std::string path = absl::StrCat(::testing::TempDir(), "/persister", ::getpid(), ".db");
+  std::remove(path.c_str());
+  auto store = OpenSqliteStateStore(path, absl::Milliseconds(100));
+  ASSERT_TRUE(store.ok()) << store.status();
+  SerializedStateStore serialized(store->get());
+  Persister p(&serialized);
+  const uint64_t first = p.SaveWorld(WorldOf(1));
+  absl::SleepFor(absl::Milliseconds(30));  // the writer is inside the first write's fsyncs
+  uint64_t last = 0;
+  for (uint64_t g = 2; g <= 6; ++g) last = p.SaveWorld(WorldOf(g));
+  p.AppendEvents({JobEvent{absl::Now(), "test", "an event"}});
+  ASSERT_TRUE(p.Wait(first).ok());
+  ASSERT_TRUE(p.Wait(last).ok());
+  EXPECT_LE(p.groups_written(), 2u) << "five worlds queued during a write take one more group";
+  // What another connection reads: the newest world, and the event.
+  auto reader = OpenSqliteStateStore(path);
+  ASSERT_TRUE(reader.ok());
+  EXPECT_EQ((*reader)->LoadWorld()->generation, 6u);
+  ASSERT_TRUE(p.Flush().ok());
+  auto events = (*reader)->LoadEvents(10);
+  ASSERT_TRUE(events.ok());
+  ASSERT_EQ(events->size(), 1u);
+  EXPECT_EQ((*events)[0].detail, "an event");
+}
+
+}  // namespace
+}  // namespace muster
