@@ -39,7 +39,11 @@ absl::Status CheckpointCatalog::Load() {
 }
 
 absl::Status CheckpointCatalog::Save(CheckpointRecord record) {
-  MUSTER_RETURN_IF_ERROR(store_->SaveCheckpoint(record));
+  if (writer_) {
+    writer_(record);
+  } else {
+    MUSTER_RETURN_IF_ERROR(store_->SaveCheckpoint(record));
+  }
   const uint64_t id = record.id;
   records_[id] = std::move(record);
   return absl::OkStatus();

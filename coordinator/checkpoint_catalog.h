@@ -7,12 +7,16 @@
 // `keep_last` committed (plus the best by a metric, if asked) and retires the
 // rest. Every change is written to the StateStore before it is visible; when
 // the write fails, the catalog is unchanged and the call fails UNAVAILABLE.
+// With a writer (set_writer) a change is handed to it instead and visible at
+// once; the coordinator's writer queues it on the Persister and answers the
+// caller only once it is durable (see persister.h).
 //
 // Not thread-safe: owned by Coordinator and used under its mutex.
 #ifndef MUSTER_COORDINATOR_CHECKPOINT_CATALOG_H_
 #define MUSTER_COORDINATOR_CHECKPOINT_CATALOG_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -49,6 +53,11 @@ class CheckpointCatalog {
 
   // Reads every record from the store.
   absl::Status Load();
+  // Changes go to `writer` (which must make them durable) instead of the
+  // store.
+  void set_writer(std::function<void(const CheckpointRecord&)> writer) {
+    writer_ = std::move(writer);
+  }
 
   // Starts (or joins) the checkpoint of `step` in `generation` whose world is
   // `members`. Every member naming the same generation and step gets the
@@ -83,6 +92,7 @@ class CheckpointCatalog {
   absl::Status ApplyRetention();
 
   StateStore* store_;
+  std::function<void(const CheckpointRecord&)> writer_;
   CatalogOptions options_;
   Limits limits_;
   std::map<uint64_t, CheckpointRecord> records_;

@@ -40,7 +40,9 @@ Coordinator::Coordinator(CoordinatorOptions options, StateStore* store)
       membership_(options_.limits),
       timer_(options_.rules),
       kv_(options_.limits),
-      catalog_(&store_, options_.catalog, options_.limits) {}
+      catalog_(&store_, options_.catalog, options_.limits) {
+  catalog_.set_writer([this](const CheckpointRecord& r) { persister_.SaveCheckpoint(r); });
+}
 
 Coordinator::~Coordinator() {
   absl::MutexLock lock(&mu_);
@@ -368,6 +370,13 @@ void Coordinator::Barrier(uint64_t generation, const MemberKey& key, const std::
 
 absl::StatusOr<uint64_t> Coordinator::BeginCheckpoint(uint64_t generation,
                                                       const MemberKey& key, int64_t step) {
+  absl::StatusOr<uint64_t> id = DecideBeginCheckpoint(generation, key, step);
+  if (id.ok()) AwaitDurable();
+  return id;
+}
+
+absl::StatusOr<uint64_t> Coordinator::DecideBeginCheckpoint(uint64_t generation,
+                                                            const MemberKey& key, int64_t step) {
   absl::MutexLock lock(&mu_);
   MUSTER_RETURN_IF_ERROR(CheckServing());
   MUSTER_RETURN_IF_ERROR(CheckGeneration(generation));
@@ -383,6 +392,13 @@ absl::StatusOr<uint64_t> Coordinator::BeginCheckpoint(uint64_t generation,
 
 absl::StatusOr<bool> Coordinator::ReportShard(uint64_t id, const MemberKey& key,
                                               ShardReport report) {
+  absl::StatusOr<bool> committed = DecideReportShard(id, key, std::move(report));
+  if (committed.ok()) AwaitDurable();  // "committed" is said only once it is on disk
+  return committed;
+}
+
+absl::StatusOr<bool> Coordinator::DecideReportShard(uint64_t id, const MemberKey& key,
+                                                    ShardReport report) {
   absl::MutexLock lock(&mu_);
   MUSTER_RETURN_IF_ERROR(CheckServing());
   MUSTER_RETURN_IF_ERROR(membership_.Live(key).status());
@@ -400,10 +416,13 @@ absl::StatusOr<bool> Coordinator::ReportShard(uint64_t id, const MemberKey& key,
 
 absl::Status Coordinator::AbortCheckpoint(uint64_t id, const MemberKey& key,
                                           const std::string& reason) {
-  absl::MutexLock lock(&mu_);
-  MUSTER_RETURN_IF_ERROR(membership_.Live(key).status());
-  MUSTER_RETURN_IF_ERROR(catalog_.Abort(id, absl::StrCat(key.id, ": ", reason)));
-  Record("checkpoint", absl::StrCat("checkpoint ", id, " aborted by ", key.id, ": ", reason));
+  {
+    absl::MutexLock lock(&mu_);
+    MUSTER_RETURN_IF_ERROR(membership_.Live(key).status());
+    MUSTER_RETURN_IF_ERROR(catalog_.Abort(id, absl::StrCat(key.id, ": ", reason)));
+    Record("checkpoint", absl::StrCat("checkpoint ", id, " aborted by ", key.id, ": ", reason));
+  }
+  AwaitDurable();
   return absl::OkStatus();
 }
 

@@ -249,6 +249,11 @@ class Coordinator {
   absl::Duration CapWait(absl::Duration d) const;
   void FlushEvents() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // The catalog changes, under the lock; the public calls then wait until
+  // they are durable.
+  absl::StatusOr<uint64_t> DecideBeginCheckpoint(uint64_t generation, const MemberKey& key,
+                                                 int64_t step);
+  absl::StatusOr<bool> DecideReportShard(uint64_t id, const MemberKey& key, ShardReport report);
   // Actions that run once every decision queued so far is durable.
   Actions Gated();
   // After the lock: waits for the persister; a failed write shuts down.

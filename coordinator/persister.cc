@@ -48,6 +48,13 @@ uint64_t Persister::SaveWorld(World world) {
   return ++queued_;
 }
 
+uint64_t Persister::SaveCheckpoint(CheckpointRecord record) {
+  absl::MutexLock lock(&mu_);
+  const uint64_t id = record.id;
+  records_[id] = std::move(record);
+  return ++queued_;
+}
+
 void Persister::AppendEvents(std::vector<JobEvent> events) {
   if (events.empty()) return;
   absl::MutexLock lock(&mu_);
@@ -87,24 +94,34 @@ uint64_t Persister::groups_written() {
 void Persister::Loop() {
   for (;;) {
     std::optional<World> world;
+    std::map<uint64_t, CheckpointRecord> records;
     std::vector<JobEvent> events;
     uint64_t ticket = 0, batches = 0;
     {
       absl::MutexLock lock(&mu_);
       auto work = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-        return stop_ || (world_.has_value() && error_.ok()) || !events_.empty();
+        return stop_ || ((world_.has_value() || !records_.empty()) && error_.ok()) ||
+               !events_.empty();
       };
       mu_.Await(absl::Condition(&work));
-      if (!world_.has_value() && events_.empty()) return;  // stopping, nothing left
-      if (error_.ok()) world.swap(world_);
+      if (!world_.has_value() && records_.empty() && events_.empty()) return;  // stopping
+      if (error_.ok()) {
+        world.swap(world_);
+        records.swap(records_);
+      }
       world_.reset();
+      records_.clear();
       events.swap(events_);
       ticket = queued_;
       batches = events_queued_;
       writing_ = true;
     }
-    // The group, outside the lock: the last world, then the events.
+    // The group, outside the lock: the last world, the records, then the
+    // events.
     absl::Status world_saved = world ? store_->SaveWorld(*world) : absl::OkStatus();
+    for (auto it = records.begin(); world_saved.ok() && it != records.end(); ++it) {
+      world_saved = store_->SaveCheckpoint(it->second);
+    }
     absl::Status events_saved = events.empty() ? absl::OkStatus() : store_->AppendEvents(events);
     if (!events_saved.ok()) {
       MUSTER_LOG(WARNING) << "event log write failed (will retry): " << events_saved;
@@ -113,13 +130,11 @@ void Persister::Loop() {
     writing_ = false;
     ++groups_;
     if (!world_saved.ok() && error_.ok()) {
-      MUSTER_LOG(ERROR) << "cannot persist generation " << world->generation << ": "
-                        << world_saved;
+      MUSTER_LOG(ERROR) << "cannot persist the coordinator's state: " << world_saved;
       error_ = world_saved;
     }
-    // The group's world was the newest queued when the group was taken, so
-    // every ticket up to it is now on disk.
-    if (world_saved.ok() && world) durable_ = ticket;
+    // The group held everything queued up to `ticket`.
+    if (world_saved.ok()) durable_ = std::max(durable_, ticket);
     if (events_saved.ok()) {
       events_written_ = batches;
     } else {

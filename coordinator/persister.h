@@ -3,8 +3,8 @@
 // write outside it, one writer, group commit).
 //
 // The coordinator decides under its mutex and queues what must survive a
-// restart: the world of a new generation (or its arrival steps) and the
-// events. A thread writes them in the order they were queued, in groups:
+// restart: the world of a new generation (or its arrival steps), checkpoint
+// records and the events. A thread writes them in the order they were queued, in groups:
 // what was queued while one group was being written goes into the next, and
 // of several worlds in a group only the last is written (each replaces the
 // one before). Waiters learn when everything queued before their ticket is
@@ -12,7 +12,7 @@
 // coordinator restarted on the state dir can never hand out the same
 // generation number for another world.
 //
-// A failed world write is sticky (like LevelDB's background error): later
+// A failed world or record write is sticky (like LevelDB's background error): later
 // writes are not attempted, and Wait returns the error, which the
 // coordinator turns into a shutdown with the reason. A failed event write is
 // retried with the next group.
@@ -22,6 +22,7 @@
 #define MUSTER_COORDINATOR_PERSISTER_H_
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <thread>
 #include <vector>
@@ -61,12 +62,15 @@ class Persister {
 
   // Queues `world` (replacing any queued one); returns its ticket.
   uint64_t SaveWorld(World world);
+  // Queues a checkpoint record (replacing a queued one of the same id);
+  // returns its ticket.
+  uint64_t SaveCheckpoint(CheckpointRecord record);
   // Queues events; they carry no ticket (nothing waits for them).
   void AppendEvents(std::vector<JobEvent> events);
-  // The ticket of the last world queued (0: none).
+  // The ticket of the last world or record queued (0: none).
   uint64_t last_ticket();
-  // Blocks until the world of `ticket` and every one before it is durable,
-  // or a world write failed (that error, sticky).
+  // Blocks until the write of `ticket` and every one before it is durable,
+  // or a world or record write failed (that error, sticky).
   absl::Status Wait(uint64_t ticket);
   // Blocks until everything queued so far, events included, is written.
   absl::Status Flush();
@@ -80,7 +84,8 @@ class Persister {
   StateStore* const store_;
   absl::Mutex mu_;
   std::optional<World> world_ ABSL_GUARDED_BY(mu_);  // the newest queued world
-  uint64_t queued_ ABSL_GUARDED_BY(mu_) = 0;         // ticket of the newest queued world
+  std::map<uint64_t, CheckpointRecord> records_ ABSL_GUARDED_BY(mu_);  // by id, newest
+  uint64_t queued_ ABSL_GUARDED_BY(mu_) = 0;         // ticket of the newest queued write
   uint64_t durable_ ABSL_GUARDED_BY(mu_) = 0;        // every ticket up to it is on disk
   std::vector<JobEvent> events_ ABSL_GUARDED_BY(mu_);
   uint64_t events_queued_ ABSL_GUARDED_BY(mu_) = 0;   // event batches queued

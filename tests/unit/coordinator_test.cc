@@ -258,6 +258,39 @@ TEST_F(CoordinatorTest, HeartbeatsDoNotWaitForASlowWriteAndAWorldIsAnnouncedOnly
   EXPECT_EQ(durable_when_answered, 1u) << "the world was announced before it was on disk";
 }
 
+// "Committed" is said only once the record is on disk, and the catalog's
+// slow writes do not hold up heartbeats either.
+TEST_F(CoordinatorTest, ACheckpointIsReportedCommittedOnlyOnceItIsDurable) {
+  const std::string path = absl::StrCat(::testing::TempDir(), "/slowckpt", ::getpid(), ".db");
+  std::remove(path.c_str());
+  stores_.push_back(std::move(OpenSqliteStateStore(path, absl::Milliseconds(200))).value());
+  Start(2, 2, absl::Seconds(1), stores_.back().get());
+  Member& a = Add("a", "n0");
+  Member& b = Add("b", "n0");
+  Rendezvous(a, 0);
+  Rendezvous(b, 0);
+  ASSERT_TRUE(a.world && a.world->ok());
+  const uint64_t id = *c_->BeginCheckpoint(1, a.key, 10);
+  ASSERT_EQ(*c_->BeginCheckpoint(1, b.key, 10), id);
+  ASSERT_FALSE(*c_->ReportShard(id, a.key, {}));
+  absl::Duration heartbeat;
+  std::thread beat([&] {
+    absl::SleepFor(absl::Milliseconds(50));
+    const absl::Time t0 = absl::Now();
+    EXPECT_TRUE(c_->Heartbeat(a.session, 10).ok());
+    heartbeat = absl::Now() - t0;
+  });
+  ASSERT_TRUE(*c_->ReportShard(id, b.key, {}));
+  beat.join();
+  auto reader = OpenSqliteStateStore(path);
+  ASSERT_TRUE(reader.ok());
+  auto records = (*reader)->LoadCheckpoints();
+  ASSERT_TRUE(records.ok());
+  ASSERT_EQ(records->size(), 1u);
+  EXPECT_EQ((*records)[0].state, CheckpointState::kCommitted);
+  EXPECT_LT(heartbeat, absl::Milliseconds(100)) << "a heartbeat waited for the disk";
+}
+
 TEST_F(CoordinatorTest, HeartbeatTimeoutFailsHungMember) {
   Start(1, 2, absl::Seconds(100));
   Member& a = Add("a", "n");
