@@ -1,5 +1,7 @@
 #include "coordinator/kv_store.h"
 
+#include <algorithm>
+#include <iterator>
 #include <limits>
 #include <utility>
 
@@ -16,6 +18,7 @@ void KvStore::Reset(const std::string& reason, Actions* actions) {
     actions->Add([done = std::move(w.done), reason] { done(absl::AbortedError(reason)); });
   }
   waiters_.clear();
+  waiting_on_.clear();
 }
 
 absl::Status KvStore::CheckKey(const std::string& key) const {
@@ -43,7 +46,7 @@ absl::Status KvStore::Store(const std::string& key, std::string value, Actions* 
   }
   bytes_ = bytes_ - old_bytes + new_bytes;
   values_[key] = std::move(value);
-  Notify(actions);
+  Notify(key, actions);
   return absl::OkStatus();
 }
 
@@ -77,7 +80,27 @@ void KvStore::Wait(std::vector<std::string> keys, absl::Time deadline, GetCallba
     actions->Add([done = std::move(done), now = std::move(now)] { done(now); });
     return;
   }
-  waiters_.push_back(Waiter{std::move(keys), deadline, std::move(done)});
+  waiters_.push_back(Waiter{std::move(keys), deadline, std::move(done), ""});
+  File(std::prev(waiters_.end()));
+}
+
+bool KvStore::File(WaiterList::iterator w) {
+  for (const std::string& key : w->keys) {
+    if (values_.count(key) == 0) {
+      w->missing = key;
+      waiting_on_[key].push_back(w);
+      return true;
+    }
+  }
+  return false;
+}
+
+void KvStore::Unfile(WaiterList::iterator w) {
+  auto bucket = waiting_on_.find(w->missing);
+  if (bucket == waiting_on_.end()) return;
+  std::vector<WaiterList::iterator>& ws = bucket->second;
+  ws.erase(std::remove(ws.begin(), ws.end(), w), ws.end());
+  if (ws.empty()) waiting_on_.erase(bucket);
 }
 
 absl::StatusOr<int64_t> KvStore::Add(const std::string& key, int64_t delta,
@@ -117,15 +140,16 @@ absl::StatusOr<CasResult> KvStore::CompareAndSet(const std::string& key,
   return result;
 }
 
-void KvStore::Notify(Actions* actions) {
-  for (auto it = waiters_.begin(); it != waiters_.end();) {
-    absl::StatusOr<std::vector<std::string>> values = Get(it->keys);
-    if (values.ok()) {
-      actions->Add([done = std::move(it->done), values = std::move(values)] { done(values); });
-      it = waiters_.erase(it);
-    } else {
-      ++it;
-    }
+void KvStore::Notify(const std::string& key, Actions* actions) {
+  auto bucket = waiting_on_.find(key);
+  if (bucket == waiting_on_.end()) return;
+  std::vector<WaiterList::iterator> ws = std::move(bucket->second);
+  waiting_on_.erase(bucket);
+  for (WaiterList::iterator w : ws) {
+    if (File(w)) continue;  // still misses another key
+    absl::StatusOr<std::vector<std::string>> values = Get(w->keys);
+    actions->Add([done = std::move(w->done), values = std::move(values)] { done(values); });
+    waiters_.erase(w);
   }
 }
 
@@ -142,6 +166,7 @@ void KvStore::Expire(absl::Time now, Actions* actions) {
       actions->Add([done = std::move(it->done), missing] {
         done(absl::DeadlineExceededError(absl::StrCat("timed out waiting for key ", missing)));
       });
+      Unfile(it);
       it = waiters_.erase(it);
     } else {
       ++it;

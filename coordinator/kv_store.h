@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -77,16 +78,25 @@ class KvStore {
     std::vector<std::string> keys;
     absl::Time deadline;
     GetCallback done;
+    std::string missing;  // the key it is filed under in waiting_on_
   };
+  using WaiterList = std::list<Waiter>;
 
   absl::Status CheckKey(const std::string& key) const;
   absl::Status Store(const std::string& key, std::string value, Actions* actions);
-  void Notify(Actions* actions);
+  // Completes the waiters filed under `key`, or files them under the next
+  // key they miss.
+  void Notify(const std::string& key, Actions* actions);
+  // Files `w` under its first missing key; false when it misses none.
+  bool File(WaiterList::iterator w);
+  void Unfile(WaiterList::iterator w);
 
   Limits limits_;
   std::map<std::string, std::string> values_;
   size_t bytes_ = 0;
-  std::list<Waiter> waiters_;
+  WaiterList waiters_;
+  // Waiters by the first key they miss: a Set looks only at its key's.
+  absl::flat_hash_map<std::string, std::vector<WaiterList::iterator>> waiting_on_;
 };
 
 }  // namespace muster

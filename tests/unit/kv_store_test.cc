@@ -54,6 +54,62 @@ TEST(KvStoreTest, WaitCompletesOnSetOrDeadlineOrReset) {
   EXPECT_EQ(kv.waiter_count(), 0u);
 }
 
+// A full mesh's bootstrap: every rank waits for every other rank's key. A
+// Set completes exactly the waiters that now hold all their keys (waiters
+// are filed under the key they miss, so a Set looks only at its own key's),
+// whatever order the keys arrive in, and an expired waiter is gone for good.
+TEST(KvStoreTest, ManyWaitersCompleteExactlyWhenTheirLastKeyArrives) {
+  constexpr int kRanks = 50;
+  KvStore kv{Limits{}};
+  std::vector<int> completed(kRanks, 0);
+  int expired = 0;
+  {
+    Actions actions;
+    for (int r = 0; r < kRanks; ++r) {
+      std::vector<std::string> keys;
+      for (int p = kRanks - 1; p >= 0; --p) {
+        if (p != r) keys.push_back("rank/" + std::to_string(p));
+      }
+      kv.Wait(keys, kT0 + absl::Seconds(10),
+              [&, r](absl::StatusOr<std::vector<std::string>> v) {
+                ASSERT_TRUE(v.ok()) << v.status();
+                ASSERT_EQ(v->size(), static_cast<size_t>(kRanks - 1));
+                ++completed[r];
+              },
+              &actions);
+    }
+    kv.Wait({"rank/0", "never"}, kT0 + absl::Seconds(1),
+            [&](absl::StatusOr<std::vector<std::string>> v) {
+              EXPECT_EQ(v.status().code(), absl::StatusCode::kDeadlineExceeded);
+              ++expired;
+            },
+            &actions);
+  }
+  EXPECT_EQ(kv.waiter_count(), static_cast<size_t>(kRanks + 1));
+  for (int r = 0; r < kRanks; ++r) {
+    Actions actions;
+    ASSERT_TRUE(kv.Set("rank/" + std::to_string(r), std::to_string(r), &actions).ok());
+    actions.Run();
+    // A rank's wait completes once every other rank's key is set: the last
+    // rank's at the second-to-last Set, everyone else's at the last.
+    for (int q = 0; q < kRanks; ++q) {
+      const bool want = r == kRanks - 1 || (r == kRanks - 2 && q == kRanks - 1);
+      EXPECT_EQ(completed[q], want ? 1 : 0) << "after rank " << r << ", waiter " << q;
+    }
+  }
+  {
+    Actions actions;
+    kv.Expire(kT0 + absl::Seconds(2), &actions);
+  }
+  EXPECT_EQ(expired, 1);
+  {
+    Actions actions;
+    ASSERT_TRUE(kv.Set("never", "late", &actions).ok());
+  }
+  EXPECT_EQ(expired, 1);
+  EXPECT_EQ(kv.waiter_count(), 0u);
+}
+
 TEST(KvStoreTest, AddAndCompareAndSet) {
   KvStore kv{Limits{}};
   Actions actions;
