@@ -2,6 +2,7 @@
 // protos/muster/v1/coordinator.proto.
 #include <pthread.h>
 #include <signal.h>
+#include <sys/resource.h>
 
 #include <cstdlib>
 #include <iostream>
@@ -97,6 +98,17 @@ int Run() {
                    << " keep_last=" << c.catalog.keep_last << " keep_best="
                    << (c.catalog.keep_best_metric.empty() ? "-" : c.catalog.keep_best_metric)
                    << " metrics=" << (options.metrics_listen.empty() ? "-" : options.metrics_listen);
+
+  // Each member holds a connection: take every file descriptor the hard
+  // limit allows (the usual soft limit of 1024 is a few hundred trainers).
+  if (rlimit nofile; ::getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur < nofile.rlim_max) {
+    const rlim_t soft = nofile.rlim_cur;
+    nofile.rlim_cur = nofile.rlim_max;
+    if (::setrlimit(RLIMIT_NOFILE, &nofile) == 0) {
+      MUSTER_LOG(INFO) << "open files: soft limit raised from " << soft << " to "
+                       << nofile.rlim_max;
+    }
+  }
 
   // Signals are taken by one thread with sigwait; block them everywhere else.
   sigset_t signals;

@@ -38,6 +38,10 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(64 << 20);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  // One coordinator per port: with SO_REUSEPORT (gRPC's default) a second
+  // coordinator on the same port would bind too, and joins would split
+  // between two jobs' worth of state.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);
   s->server_ = builder.BuildAndStart();
   if (s->server_ == nullptr || s->port_ == 0) {
@@ -59,9 +63,13 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
 }
 
 CoordinatorServer::~CoordinatorServer() {
-  Stop("coordinator destroyed");
-  Wait();
-  if (stopper_.joinable()) stopper_.join();
+  // A Start that failed part way has no stopper (and maybe no coordinator):
+  // nothing runs that would need stopping.
+  if (stopper_.joinable()) {
+    Stop("coordinator destroyed");
+    Wait();
+    stopper_.join();
+  }
   if (ticker_.joinable()) ticker_.join();
 }
 

@@ -183,3 +183,63 @@ TEST_F(ProcessTest, SigkillAndRestartKeepsCommittedCheckpointsAndGeneration) {
 
 }  // namespace
 }  // namespace muster
+
+namespace muster {
+namespace {
+
+// Start-up failures end the process with one clear line and a non-zero
+// exit: no crash (a failed start used to stop a coordinator that was never
+// built: SIGSEGV), no hang (or wait for a server that never ran: forever,
+// with SIGTERM blocked).
+TEST_F(ProcessTest, EveryFailedStartExitsNonZeroWithOneClearLine) {
+  const std::string garbled = dir_ + "/garbled";
+  RunCommand("mkdir -p " + garbled + " && head -c 8192 /dev/urandom > " + garbled +
+             "/coordinator.db");
+  struct Case {
+    std::string flags, says;
+  };
+  const std::vector<Case> cases = {
+      {"--min-members=0 --no-auth", "min_members must be at least 1"},
+      {"--state-dir=" + garbled + " --no-auth", garbled + "/coordinator.db"},
+      {"--listen=no-such-host.invalid:1 --no-auth", "cannot listen on no-such-host.invalid:1"},
+      {"--tls-cert=" + dir_ + "/missing.pem --tls-key=" + dir_ + "/missing.key --no-auth",
+       "cannot read TLS key file " + dir_ + "/missing.key"},
+  };
+  for (const Case& c : cases) {
+    const Output o = RunCommand("timeout -s KILL 20 " + kBin + "/muster-coordinator --listen=" +
+                                target_ + " " + c.flags);
+    EXPECT_TRUE(o.exit_code == 1 || o.exit_code == 2) << c.flags << " -> exit " << o.exit_code
+                                                       << "\n" << o.out;
+    EXPECT_NE(o.out.find(c.says), std::string::npos) << c.flags << "\n" << o.out;
+  }
+}
+
+// gRPC binds with SO_REUSEPORT by default, so a second coordinator on the
+// same port used to start too, and joins split between the two.
+TEST_F(ProcessTest, ASecondCoordinatorOnTheSamePortFailsToStart) {
+  StartCoordinator();
+  const Output o = RunCommand("timeout -s KILL 20 " + kBin + "/muster-coordinator --listen=" +
+                              target_ + " --no-auth");
+  EXPECT_EQ(o.exit_code, 1) << o.out;
+  EXPECT_NE(o.out.find("cannot listen on " + target_), std::string::npos) << o.out;
+  EXPECT_EQ(Cli("status").exit_code, 0) << "the first coordinator must still serve";
+}
+
+// Every member holds a connection; the soft limit on open files is raised
+// to the hard one at start.
+TEST_F(ProcessTest, TheOpenFileLimitIsRaisedToTheHardLimit) {
+  if (RunCommand("command -v prlimit").exit_code != 0) GTEST_SKIP() << "no prlimit";
+  pid_ = SpawnLogged({"/usr/bin/prlimit", "--nofile=256:4096", kBin + "/muster-coordinator",
+                      "--listen=" + target_, "--no-auth"},
+                     dir_ + "/limits.log");
+  std::string limits;
+  for (int i = 0; i < 100 && Cli("status").exit_code != 0; ++i) ::usleep(100'000);
+  std::ifstream in("/proc/" + std::to_string(pid_) + "/limits");
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("Max open files", 0) == 0) limits = line;
+  }
+  EXPECT_NE(limits.find("4096                 4096"), std::string::npos) << limits;
+}
+
+}  // namespace
+}  // namespace muster
