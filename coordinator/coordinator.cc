@@ -416,6 +416,7 @@ absl::StatusOr<bool> Coordinator::DecideReportShard(uint64_t id, const MemberKey
 
 absl::Status Coordinator::AbortCheckpoint(uint64_t id, const MemberKey& key,
                                           const std::string& reason) {
+  MUSTER_RETURN_IF_ERROR(CheckOptional("reason", reason, options_.limits.max_reason_bytes));
   {
     absl::MutexLock lock(&mu_);
     MUSTER_RETURN_IF_ERROR(membership_.Live(key).status());

@@ -1,5 +1,6 @@
 #include "coordinator/grpc_service.h"
 
+#include <cmath>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -248,6 +249,11 @@ grpc::ServerUnaryReactor* CoordinatorService::ReportShard(grpc::CallbackServerCo
   }
   report.metric_name = req->metric_name();
   report.metric_value = req->metric_value();
+  if (!std::isfinite(report.metric_value)) {
+    return Reply(ctx, "ReportShard", start,
+                 absl::InvalidArgumentError(absl::StrCat("metric_value is not a finite number (",
+                                                         report.metric_value, ")")));
+  }
   absl::StatusOr<bool> committed =
       coordinator_->ReportShard(req->checkpoint_id(), ToKey(req->member()), std::move(report));
   if (committed.ok()) resp->set_committed(*committed);
@@ -304,6 +310,9 @@ grpc::ServerUnaryReactor* CoordinatorService::Shutdown(grpc::CallbackServerConte
                                                        const v1::ShutdownRequest* req,
                                                        v1::ShutdownResponse* /*resp*/) {
   MUSTER_AUTHORIZE("Shutdown");
+  if (absl::Status bad = CheckOptional("reason", req->reason(), 1024); !bad.ok()) {
+    return Reply(ctx, "Shutdown", start, bad);
+  }
   coordinator_->Shutdown(req->reason().empty() ? "shutdown requested"
                                                : req->reason().substr(0, 1024));
   grpc::ServerUnaryReactor* reactor = Reply(ctx, "Shutdown", start, absl::OkStatus());

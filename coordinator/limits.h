@@ -30,7 +30,8 @@ struct Limits {
 // INVALID_ARGUMENT when `value` is empty or longer than `max` bytes; the
 // message names `field`.
 absl::Status CheckName(absl::string_view field, absl::string_view value, size_t max);
-// Like CheckName but empty is allowed.
+// Like CheckName but empty is allowed. Both reject control characters
+// (bytes below 0x20 and 0x7f), which would forge log lines.
 absl::Status CheckOptional(absl::string_view field, absl::string_view value, size_t max);
 
 }  // namespace muster

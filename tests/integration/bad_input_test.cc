@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <functional>
+#include <limits>
 
 #include "coordinator/server.h"
 #include "rpc/credentials.h"
@@ -80,6 +81,12 @@ std::vector<BadCase> Cases() {
                    grpc::StatusCode::INVALID_ARGUMENT});
   cases.push_back({"join oversized node", Rpc(&Stub::Join, join("x", 1, std::string(300, 'n'))),
                    grpc::StatusCode::INVALID_ARGUMENT});
+  // A newline or an escape sequence in a name would forge log lines.
+  cases.push_back({"join id with a newline",
+                   Rpc(&Stub::Join, join("x\nI 12:00:00.000 coordinator.cc:1] fake", 1, "n")),
+                   grpc::StatusCode::INVALID_ARGUMENT});
+  cases.push_back({"join node with an ANSI escape",
+                   Rpc(&Stub::Join, join("x", 1, "\x1b[2Jn")), grpc::StatusCode::INVALID_ARGUMENT});
 
   v1::RendezvousRequest rv;
   *rv.mutable_member() = Ref("ghost", 1);
@@ -154,6 +161,22 @@ std::vector<BadCase> Cases() {
   abort.set_checkpoint_id(777);
   cases.push_back({"abort unknown checkpoint", Rpc(&Stub::AbortCheckpoint, abort),
                    grpc::StatusCode::NOT_FOUND});
+  // Free text that is stored is bounded (it went into the event log whole).
+  abort.set_reason(std::string(4096, 'r'));
+  cases.push_back({"abort with a 4 KiB reason", Rpc(&Stub::AbortCheckpoint, abort),
+                   grpc::StatusCode::INVALID_ARGUMENT});
+  abort.set_reason("disk full\nI 12:00:00.000 coordinator.cc:1] checkpoint 1 committed");
+  cases.push_back({"abort with a newline in its reason", Rpc(&Stub::AbortCheckpoint, abort),
+                   grpc::StatusCode::INVALID_ARGUMENT});
+  // A NaN metric used to fail the store's NOT NULL constraint as
+  // UNAVAILABLE, which clients retry forever.
+  report.set_metric_name("val_loss");
+  report.set_metric_value(std::numeric_limits<double>::quiet_NaN());
+  cases.push_back({"report a NaN metric", Rpc(&Stub::ReportShard, report),
+                   grpc::StatusCode::INVALID_ARGUMENT});
+  report.set_metric_value(std::numeric_limits<double>::infinity());
+  cases.push_back({"report an infinite metric", Rpc(&Stub::ReportShard, report),
+                   grpc::StatusCode::INVALID_ARGUMENT});
   return cases;
 }
 
