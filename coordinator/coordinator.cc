@@ -419,6 +419,7 @@ absl::Status Coordinator::AbortCheckpoint(uint64_t id, const MemberKey& key,
   MUSTER_RETURN_IF_ERROR(CheckOptional("reason", reason, options_.limits.max_reason_bytes));
   {
     absl::MutexLock lock(&mu_);
+    MUSTER_RETURN_IF_ERROR(CheckServing());
     MUSTER_RETURN_IF_ERROR(membership_.Live(key).status());
     MUSTER_RETURN_IF_ERROR(catalog_.Abort(id, absl::StrCat(key.id, ": ", reason)));
     Record("checkpoint", absl::StrCat("checkpoint ", id, " aborted by ", key.id, ": ", reason));
@@ -477,9 +478,18 @@ std::vector<JobEvent> Coordinator::RecentEvents(size_t limit) {
 }
 
 void Coordinator::Shutdown(const std::string& reason) {
+  if (StopServing(reason)) {
+    // Everything decided is on disk when Shutdown returns, and nothing is
+    // written after it: a successor may open the same state at once.
+    persister_.Flush().IgnoreError();
+    persister_.Close();
+  }
+}
+
+bool Coordinator::StopServing(const std::string& reason) {
   Actions actions = Gated();
   absl::MutexLock lock(&mu_);
-  if (job_state_ == JobState::kShuttingDown) return;
+  if (job_state_ == JobState::kShuttingDown) return false;
   job_state_ = JobState::kShuttingDown;
   Record("shutdown", reason);
   MemberEvent stop;
@@ -501,6 +511,7 @@ void Coordinator::Shutdown(const std::string& reason) {
   kv_.Reset(std::string(down.message()), &actions);
   barriers_.Reset(std::string(down.message()), &actions);
   FlushEvents();
+  return true;
 }
 
 void Coordinator::Tick() {

@@ -194,7 +194,8 @@ class Coordinator {
   std::vector<JobEvent> RecentEvents(size_t limit);
 
   // Stops every member and fails every pending call; later calls fail
-  // FAILED_PRECONDITION. Idempotent.
+  // FAILED_PRECONDITION. Returns once everything decided is on disk; the
+  // state file is not written after it. Idempotent.
   void Shutdown(const std::string& reason);
   bool shutting_down();
 
@@ -254,6 +255,8 @@ class Coordinator {
   absl::StatusOr<uint64_t> DecideBeginCheckpoint(uint64_t generation, const MemberKey& key,
                                                  int64_t step);
   absl::StatusOr<bool> DecideReportShard(uint64_t id, const MemberKey& key, ShardReport report);
+  // Shutdown's decisions under the lock; false when already shutting down.
+  bool StopServing(const std::string& reason);
   // Actions that run once every decision queued so far is durable.
   Actions Gated();
   // After the lock: waits for the persister; a failed write shuts down.

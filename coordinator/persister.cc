@@ -42,14 +42,21 @@ Persister::~Persister() {
   thread_.join();
 }
 
+void Persister::Close() {
+  absl::MutexLock lock(&mu_);
+  closed_ = true;
+}
+
 uint64_t Persister::SaveWorld(World world) {
   absl::MutexLock lock(&mu_);
+  if (closed_) return 0;
   world_ = std::move(world);
   return ++queued_;
 }
 
 uint64_t Persister::SaveCheckpoint(CheckpointRecord record) {
   absl::MutexLock lock(&mu_);
+  if (closed_) return 0;
   const uint64_t id = record.id;
   records_[id] = std::move(record);
   return ++queued_;
@@ -58,6 +65,7 @@ uint64_t Persister::SaveCheckpoint(CheckpointRecord record) {
 void Persister::AppendEvents(std::vector<JobEvent> events) {
   if (events.empty()) return;
   absl::MutexLock lock(&mu_);
+  if (closed_) return;
   for (JobEvent& e : events) events_.push_back(std::move(e));
   ++events_queued_;
 }

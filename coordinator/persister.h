@@ -75,6 +75,10 @@ class Persister {
   // Blocks until everything queued so far, events included, is written.
   absl::Status Flush();
 
+  // After Close nothing more is queued (Save* return ticket 0, which is
+  // always durable); what was queued before is still written.
+  void Close();
+
   // Groups written so far (tests, metrics).
   uint64_t groups_written();
 
@@ -93,6 +97,7 @@ class Persister {
   absl::Status error_ ABSL_GUARDED_BY(mu_);
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t groups_ ABSL_GUARDED_BY(mu_) = 0;
   std::thread thread_;
 };
