@@ -232,6 +232,7 @@ TEST_F(CoordinatorTest, MembersStartedAsSparesWaitForTheOthersToFormTheWorld) {
 TEST_F(CoordinatorTest, HeartbeatsDoNotWaitForASlowWriteAndAWorldIsAnnouncedOnlyWhenDurable) {
   const std::string path = absl::StrCat(::testing::TempDir(), "/slow", ::getpid(), ".db");
   std::remove(path.c_str());
+  OpenSqliteStateStore(path).value();  // the schema, at full speed
   stores_.push_back(std::move(OpenSqliteStateStore(path, absl::Milliseconds(300))).value());
   Start(2, 2, absl::Seconds(1), stores_.back().get());
   Member& a = Add("a", "n0");
@@ -263,6 +264,7 @@ TEST_F(CoordinatorTest, HeartbeatsDoNotWaitForASlowWriteAndAWorldIsAnnouncedOnly
 TEST_F(CoordinatorTest, ACheckpointIsReportedCommittedOnlyOnceItIsDurable) {
   const std::string path = absl::StrCat(::testing::TempDir(), "/slowckpt", ::getpid(), ".db");
   std::remove(path.c_str());
+  OpenSqliteStateStore(path).value();  // the schema, at full speed
   stores_.push_back(std::move(OpenSqliteStateStore(path, absl::Milliseconds(200))).value());
   Start(2, 2, absl::Seconds(1), stores_.back().get());
   Member& a = Add("a", "n0");

@@ -26,6 +26,7 @@ World WorldOf(uint64_t generation) {
 TEST(PersisterTest, WorldsQueuedDuringASlowWriteGoInOneGroupAndTheNewestWins) {
   const std::string path = absl::StrCat(::testing::TempDir(), "/persister", ::getpid(), ".db");
   std::remove(path.c_str());
+  OpenSqliteStateStore(path).value();  // the schema, at full speed
   auto store = OpenSqliteStateStore(path, absl::Milliseconds(100));
   ASSERT_TRUE(store.ok()) << store.status();
   SerializedStateStore serialized(store->get());
