@@ -59,6 +59,17 @@ class CoordinatorTest : public ::testing::Test {
     c_ = std::move(Coordinator::Create(o, store)).value();
   }
 
+  // Starts a 2..2 coordinator on a fresh SQLite file whose fsyncs take
+  // `sync_delay` (its schema is created at full speed); returns the path.
+  std::string StartOnSlowDisk(const std::string& name, absl::Duration sync_delay) {
+    const std::string path = absl::StrCat(::testing::TempDir(), "/", name, ::getpid(), ".db");
+    std::remove(path.c_str());
+    OpenSqliteStateStore(path).value();
+    stores_.push_back(std::move(OpenSqliteStateStore(path, sync_delay)).value());
+    Start(2, 2, absl::Seconds(1), stores_.back().get());
+    return path;
+  }
+
   Member& Add(const std::string& id, const std::string& node, uint64_t inc = 1,
               bool spare = false) {
     auto m = std::make_unique<Member>();
@@ -230,11 +241,7 @@ TEST_F(CoordinatorTest, MembersStartedAsSparesWaitForTheOthersToFormTheWorld) {
 // disk (a restarted coordinator could otherwise hand out its generation
 // again).
 TEST_F(CoordinatorTest, HeartbeatsDoNotWaitForASlowWriteAndAWorldIsAnnouncedOnlyWhenDurable) {
-  const std::string path = absl::StrCat(::testing::TempDir(), "/slow", ::getpid(), ".db");
-  std::remove(path.c_str());
-  OpenSqliteStateStore(path).value();  // the schema, at full speed
-  stores_.push_back(std::move(OpenSqliteStateStore(path, absl::Milliseconds(300))).value());
-  Start(2, 2, absl::Seconds(1), stores_.back().get());
+  const std::string path = StartOnSlowDisk("slow", absl::Milliseconds(300));
   Member& a = Add("a", "n0");
   Member& b = Add("b", "n0");
   Rendezvous(a, 0);
@@ -262,11 +269,7 @@ TEST_F(CoordinatorTest, HeartbeatsDoNotWaitForASlowWriteAndAWorldIsAnnouncedOnly
 // "Committed" is said only once the record is on disk, and the catalog's
 // slow writes do not hold up heartbeats either.
 TEST_F(CoordinatorTest, ACheckpointIsReportedCommittedOnlyOnceItIsDurable) {
-  const std::string path = absl::StrCat(::testing::TempDir(), "/slowckpt", ::getpid(), ".db");
-  std::remove(path.c_str());
-  OpenSqliteStateStore(path).value();  // the schema, at full speed
-  stores_.push_back(std::move(OpenSqliteStateStore(path, absl::Milliseconds(200))).value());
-  Start(2, 2, absl::Seconds(1), stores_.back().get());
+  const std::string path = StartOnSlowDisk("slowckpt", absl::Milliseconds(200));
   Member& a = Add("a", "n0");
   Member& b = Add("b", "n0");
   Rendezvous(a, 0);
