@@ -47,6 +47,13 @@ ABSL_FLAG(bool, overlap, true, "all-reduce buckets during backward (false: after
 ABSL_FLAG(int32_t, compute_ms, 0,
           "benchmarks: every step also spends this long as if computing (an accelerator's step "
           "time on a small CPU machine, so that a smaller world is not faster)");
+ABSL_FLAG(bool, time_steps, false,
+          "time every step but its batch loading: the library's work at the step boundary, "
+          "forward, backward, all-reduce and the optimizer step done on the device (synchronises "
+          "the GPU once per step); the summary's step_ms_p50 and step_ms_mean");
+ABSL_FLAG(bool, deterministic, false,
+          "deterministic cuDNN convolutions (slower): a resumed GPU run ends bit for bit as an "
+          "uninterrupted one");
 ABSL_FLAG(bool, salvage, true,
           "when a peer fails during a step's all-reduce, reduce the survivors' gradients in the "
           "regrouped world and take the step (false: drop it)");
@@ -152,6 +159,8 @@ absl::StatusOr<TrainOptions> OptionsFromFlags() {
   o.weight_decay = absl::GetFlag(FLAGS_weight_decay);
   o.warmup_steps = absl::GetFlag(FLAGS_warmup_steps);
   o.compute_ms = std::max(0, absl::GetFlag(FLAGS_compute_ms));
+  o.time_steps = absl::GetFlag(FLAGS_time_steps);
+  o.deterministic = absl::GetFlag(FLAGS_deterministic);
   o.eval_every = absl::GetFlag(FLAGS_eval_every);
   o.threads = absl::GetFlag(FLAGS_threads);
   if (!(o.lr > 0)) return absl::InvalidArgumentError("--lr must be positive");
@@ -176,10 +185,10 @@ void WriteSummary(const muster::Placement& place, const muster::TrainResult& r) 
       "{\"rank\": %d, \"world_size\": %d, \"steps\": %d, \"steps_per_s\": %.4f, "
       "\"samples_per_s\": %.2f, \"comm_overlap_pct\": %.2f, \"test_accuracy\": %.4f, "
       "\"test_loss\": %.4f, \"regroups\": %d, \"steps_salvaged\": %d, \"steps_dropped\": %d, "
-      "\"parameter_checksum\": %.17g}\n",
+      "\"step_ms_p50\": %.3f, \"step_ms_mean\": %.3f, \"parameter_checksum\": %.17g}\n",
       r.rank, r.world_size, r.steps, r.steps_per_second, r.samples_per_second,
       r.comm_overlap_pct, r.test_accuracy, r.test_loss, r.regroups, r.steps_salvaged,
-      r.steps_dropped, r.parameter_checksum);
+      r.steps_dropped, r.step_ms_p50, r.step_ms_mean, r.parameter_checksum);
 }
 
 int Run() {

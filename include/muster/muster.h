@@ -111,6 +111,13 @@ struct State {
   std::vector<Blob> blobs;
 };
 
+// The device this process trains on: with options.cuda, GPU
+// (local rank modulo the GPUs this process sees: a task bound to one GPU
+// sees it as device 0); else the CPU. Put the model there before Start.
+// Errors: FAILED_PRECONDITION for cuda without a usable GPU, and
+// ResolvePlacement's.
+absl::StatusOr<torch::Device> TrainingDevice(const Options& options);
+
 class Distributed {
  public:
   enum class Outcome {

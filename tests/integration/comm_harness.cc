@@ -62,6 +62,7 @@ absl::Status CommHarness::Run(const CommOptions& options,
       rc.store = NewCoordinatorStore(rc.client.get(), rc.world.generation);
       CommOptions o = options;
       o.job = job_;
+      o.check_buffers = true;  // every buffer handed over must be in the declared memory
       o.gloo.hostname = "127.0.0.1";
       auto comm = BuildCommunicator(rc.world, rc.store.get(), o, deadline);
       if (!comm.ok()) return fail(comm.status());

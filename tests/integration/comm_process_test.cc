@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 
@@ -18,11 +19,17 @@
 #include "absl/time/clock.h"
 #include "coordinator/server.h"
 #include "tests/integration/subprocess.h"
+#ifdef MUSTER_HAVE_CUDA
+#include "trainer/comm/nccl/nccl_communicator.h"
+#endif
 
 namespace muster {
 namespace {
 
-const std::string kBin = MUSTER_BIN_DIR;
+// The programs: where they were built, or $MUSTER_BIN_DIR (a packed copy on
+// a GPU machine, deploy/gpu/pack).
+const std::string kBin =
+    std::getenv("MUSTER_BIN_DIR") != nullptr ? std::getenv("MUSTER_BIN_DIR") : MUSTER_BIN_DIR;
 
 class CommProcessTest : public ::testing::Test {
  protected:
@@ -46,7 +53,8 @@ class CommProcessTest : public ::testing::Test {
     }
   }
 
-  pid_t Spawn(int index, int node, int local, const std::string& backend, bool abort_test) {
+  pid_t Spawn(int index, int node, int local, const std::string& backend, bool abort_test,
+              const std::vector<std::string>& extra = {}) {
     std::vector<std::string> argv = {
         kBin + "/muster-bench", "comm-worker",
         absl::StrCat("--coordinator=127.0.0.1:", server_->port()),
@@ -54,6 +62,7 @@ class CommProcessTest : public ::testing::Test {
         absl::StrCat("--local-rank=", local), "--backend=" + backend, "--sizes=4K,1M,4100",
         absl::StrCat("--job=proc", ::getpid()), "--report=" + Report(index)};
     argv.push_back(abort_test ? "--abort-test" : "--check");
+    argv.insert(argv.end(), extra.begin(), extra.end());
     const pid_t pid = ::fork();
     if (pid == 0) {
       std::vector<char*> args;
@@ -91,14 +100,15 @@ class CommProcessTest : public ::testing::Test {
     return -1;
   }
 
-  void KillMidCollective(const std::string& backend, const std::vector<int>& split, int sig) {
+  void KillMidCollective(const std::string& backend, const std::vector<int>& split, int sig,
+                         const std::vector<std::string>& extra = {}) {
     const int w = static_cast<int>(split.size());
     Start(w);
     std::vector<int> local(w);
     std::vector<pid_t> pids;
     for (int i = 0; i < w; ++i) {
       local[i] = static_cast<int>(std::count(split.begin(), split.begin() + i, split[i]));
-      pids.push_back(Spawn(i, split[i], local[i], backend, /*abort_test=*/true));
+      pids.push_back(Spawn(i, split[i], local[i], backend, /*abort_test=*/true, extra));
     }
     for (int i = 0; i < w; ++i) ASSERT_TRUE(WaitFor(i, "ready", absl::Seconds(30))) << i;
     absl::SleepFor(absl::Milliseconds(300));  // inside the all-reduce loop
@@ -116,7 +126,7 @@ class CommProcessTest : public ::testing::Test {
     }
     // A replacement (same member id, new incarnation) joins; all rebuild.
     std::system(("mv " + Report(victim) + " " + Report(victim) + ".old").c_str());
-    const pid_t replacement = Spawn(victim, split[victim], local[victim], backend, true);
+    const pid_t replacement = Spawn(victim, split[victim], local[victim], backend, true, extra);
     for (int i = 0; i < victim; ++i) {
       EXPECT_EQ(Reap(pids[i], absl::Seconds(60)), 0) << ReadText(Report(i));
       const std::string report = ReadText(Report(i));
@@ -139,8 +149,60 @@ TEST_F(CommProcessTest, HierarchicalAcrossProcessesMatchesReference) {
   for (int i = 0; i < 6; ++i) pids.push_back(Spawn(i, split[i], i % 3, "hier", false));
   for (int i = 0; i < 6; ++i) {
     EXPECT_EQ(Reap(pids[i], absl::Seconds(60)), 0) << ReadText(Report(i));
-    EXPECT_NE(ReadText(Report(i)).find("check_ok bytes=1048576"), std::string::npos);
+    EXPECT_NE(ReadText(Report(i)).find("check_ok dtype=float32 bytes=1048576"),
+              std::string::npos);
   }
+}
+
+// ---- On a GPU (skipped without one): NCCL, and NCCL inside nodes with Gloo
+// between them from pinned host buffers, two trainers sharing the GPU as
+// two "nodes".
+
+bool HaveGpu() {
+#ifdef MUSTER_HAVE_CUDA
+  return CudaDeviceCount() > 0;
+#else
+  return false;
+#endif
+}
+
+const std::vector<std::string> kGpuCheck = {"--device=cuda", "--dtypes=float32,bfloat16,float16",
+                                            "--sizes=4,4100,4K,1M,16M,64M"};
+
+// A worker's report after kGpuCheck on `backend`: every dtype up to the
+// largest size checked, nothing wrong.
+void ExpectGpuChecksPassed(const std::string& report, const std::string& backend) {
+  EXPECT_NE(report.find("backend=" + backend), std::string::npos) << report;
+  for (const char* dtype : {"float32", "bfloat16", "float16"}) {
+    EXPECT_NE(report.find(absl::StrCat("check_ok dtype=", dtype, " bytes=67108864")),
+              std::string::npos)
+        << report;
+  }
+  EXPECT_EQ(report.find("check_failed"), std::string::npos) << report;
+}
+
+TEST_F(CommProcessTest, NcclWorldOfOneOnTheGpu) {
+  if (!HaveGpu()) GTEST_SKIP() << "no GPU";
+  Start(1);
+  const pid_t pid = Spawn(0, 0, 0, "nccl", false, kGpuCheck);
+  EXPECT_EQ(Reap(pid, absl::Seconds(120)), 0) << ReadText(Report(0));
+  ExpectGpuChecksPassed(ReadText(Report(0)), "nccl");
+}
+
+TEST_F(CommProcessTest, NcclInsideNodesGlooAcrossOnTheGpu) {
+  if (!HaveGpu()) GTEST_SKIP() << "no GPU";
+  Start(2);
+  std::vector<pid_t> pids = {Spawn(0, 0, 0, "hier", false, kGpuCheck),
+                             Spawn(1, 1, 0, "hier", false, kGpuCheck)};
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(Reap(pids[i], absl::Seconds(120)), 0) << ReadText(Report(i));
+    ExpectGpuChecksPassed(ReadText(Report(i)), "hier(nccl+gloo)");
+  }
+}
+
+TEST_F(CommProcessTest, NcclInsideNodesGlooAcrossSurvivesSigkillOnTheGpu) {
+  if (!HaveGpu()) GTEST_SKIP() << "no GPU";
+  KillMidCollective("hier", {0, 1, 2}, SIGKILL, {"--device=cuda"});
 }
 
 TEST_F(CommProcessTest, ShmSurvivesSigkill) { KillMidCollective("shm", {0, 0, 0}, SIGKILL); }

@@ -1,6 +1,9 @@
 // GradientSync and BroadcastTensors over a real communicator (ranks as
-// threads, real LibTorch autograd hooks).
+// threads, real LibTorch autograd hooks). Every communicator here checks that
+// the buffers it is handed lie in the memory it declares (checked.h).
 #include "trainer/ddp/gradient_sync.h"
+
+#include <sys/mman.h>
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -9,6 +12,7 @@
 
 #include "absl/time/clock.h"
 #include "tests/integration/comm_world.h"
+#include "trainer/ddp/device_comm.h"
 
 namespace muster {
 namespace {
@@ -68,6 +72,43 @@ TEST(BroadcastTensorsTest, EveryDtypeArrivesBitForBit) {
       EXPECT_EQ(mine[i].scalar_type(), dtypes[i]);
       EXPECT_TRUE(torch::equal(mine[i], want[i])) << "rank " << rank << " dtype " << dtypes[i];
     }
+  }).ok());
+}
+
+// The contract check itself: a buffer outside the communicator's memory (a
+// page this process cannot read, as a GPU's memory is under unified
+// addressing) is refused with a message naming it, before any peer is
+// involved, and the communicator keeps working.
+TEST(MemoryCheckTest, RefusesABufferOutsideTheCommunicatorsMemory) {
+  void* unreadable = ::mmap(nullptr, 4096, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(unreadable, MAP_FAILED);
+  ASSERT_TRUE(RunCommWorld(2, "shm", [&](int rank, Communicator* comm) {
+    EXPECT_TRUE(comm->memory().is_host());
+    absl::Status s = comm->AllReduce(unreadable, 16, DataType::kFloat32, ReduceOp::kSum,
+                                     absl::Now() + absl::Seconds(30));
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_NE(s.message().find("not in host memory"), absl::string_view::npos) << s;
+    std::vector<float> ok(16, static_cast<float>(rank + 1));
+    ASSERT_TRUE(comm->AllReduce(ok.data(), ok.size(), DataType::kFloat32, ReduceOp::kSum,
+                                absl::Now() + absl::Seconds(30))
+                    .ok());
+    EXPECT_EQ(ok[0], 3.0f);
+  }).ok());
+  ::munmap(unreadable, 4096);
+}
+
+// Tensors reach a communicator in its memory: a host communicator
+// all-reduces a CPU float64 tensor in place, and a dtype no collective
+// reduces is refused by name.
+TEST(DeviceCommTest, AllReduceTensorReducesInPlaceInTheCommunicatorsMemory) {
+  ASSERT_TRUE(RunCommWorld(2, "gloo", [&](int rank, Communicator* comm) {
+    EXPECT_EQ(CommDevice(*comm), torch::Device(torch::kCPU));
+    torch::Tensor t = torch::full({5}, rank + 1.0, torch::kFloat64);
+    ASSERT_TRUE(AllReduceTensor(comm, t, ReduceOp::kAverage, absl::Now() + absl::Seconds(30)).ok());
+    EXPECT_TRUE(torch::equal(t, torch::full({5}, 1.5, torch::kFloat64)));
+    torch::Tensor b = torch::ones({3}, torch::kBool);
+    EXPECT_EQ(AllReduceTensor(comm, b, ReduceOp::kSum, absl::Now() + absl::Seconds(30)).code(),
+              absl::StatusCode::kInvalidArgument);
   }).ok());
 }
 

@@ -4,10 +4,12 @@
 #include <torch/torch.h>
 
 #include <cstring>
+#include <optional>
 #include <map>
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
@@ -46,15 +48,19 @@ Checkpointer::~Checkpointer() {
 
 std::string Checkpointer::StepDir(int64_t step) const { return absl::StrCat(dir_, "/step-", step); }
 
+void Checkpointer::BeforeUpdate() { copier_.BeforeUpdate(); }
+
 void Checkpointer::Wait() {
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [this] { return !busy_; });
 }
 
 absl::Status Checkpointer::Snapshot(const CheckpointMeta& meta, Done done) {
-  const absl::Time start = absl::Now();
+  const absl::Time asked = absl::Now();
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [this] { return !busy_; });
+  const absl::Time start = absl::Now();
+  backlog_seconds_ = absl::ToDoubleSeconds(start - asked);
   torch::NoGradGuard no_grad;
   std::vector<std::pair<std::string, NamedTensors>> files = {
       {"model.safetensors", state_.Model()}, {"optimizer.safetensors", state_.Optimizer()}};
@@ -77,28 +83,51 @@ absl::Status Checkpointer::Snapshot(const CheckpointMeta& meta, Done done) {
     images_.push_back(image);
     prefixes.push_back(std::move(prefix));
   }
+  // Where each tensor goes in the arena, and whether the next forward pass
+  // may change it (buffers, extras: copied first, see DeviceCopier).
+  struct Placed {
+    char* at;
+    torch::Tensor tensor;
+    bool early;
+  };
+  std::vector<Placed> placed;
+  std::optional<torch::Device> device;
   if (arena_capacity_ < total) {  // grows once, then reused
     void* p = nullptr;
     if (::posix_memalign(&p, kDirectAlignment, total) != 0) {
       return absl::ResourceExhaustedError(absl::StrCat("cannot allocate ", total,
                                                        " bytes of checkpoint buffers"));
     }
+    copier_.Unpin();
     arena_.reset(static_cast<char*>(p));
     arena_capacity_ = total;
+    arena_pinned_ = false;
   }
   for (size_t f = 0; f < files.size(); ++f) {
     char* out = arena_.get() + images_[f].offset;
     std::memcpy(out, prefixes[f].data(), prefixes[f].size());
     out += prefixes[f].size();
+    const bool extra = files[f].first == "extra.safetensors";
     for (const auto& [tname, tensor] : files[f].second) {
-      torch::Tensor t = tensor.detach();
-      if (!t.device().is_cpu()) t = t.cpu();
-      t = t.contiguous();
-      const size_t bytes = static_cast<size_t>(t.numel()) * t.element_size();
-      std::memcpy(out, t.data_ptr(), bytes);
-      out += bytes;
+      torch::Tensor t = tensor.detach().contiguous();
+      if (t.is_cuda() && !device) device = t.device();
+      placed.push_back({out, t, extra || absl::StartsWith(tname, "buffer.")});
+      out += static_cast<size_t>(t.numel()) * t.element_size();
     }
   }
+  if (device && !arena_pinned_) {
+    copier_.Pin(arena_.get(), arena_capacity_);
+    arena_pinned_ = true;
+  }
+  copier_.Begin(device.value_or(torch::Device(torch::kCPU)));
+  for (const Placed& p : placed) {
+    if (p.early) copier_.Copy(p.at, p.tensor);
+  }
+  copier_.MarkEarly();
+  for (const Placed& p : placed) {
+    if (!p.early) copier_.Copy(p.at, p.tensor);
+  }
+  copier_.End();
   meta_ = meta;
   if (meta_.rng_state.empty()) {
     torch::Tensor rng = at::detail::getDefaultCPUGenerator().get_state();
@@ -123,8 +152,11 @@ void Checkpointer::WriterLoop() {
     Done done = std::move(done_);
     CheckpointTiming timing;
     timing.blocking_seconds = blocking_seconds_;
+    timing.backlog_seconds = backlog_seconds_;
     lock.unlock();
     const absl::Time start = absl::Now();
+    timing.copy_seconds = copier_.WaitCopied();
+    timing.device_bytes = copier_.device_bytes();
     absl::StatusOr<std::vector<FileReport>> files = Write(meta, &timing.bytes);
     timing.write_seconds = absl::ToDoubleSeconds(absl::Now() - start);
     if (!files.ok()) {

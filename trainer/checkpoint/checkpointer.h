@@ -12,7 +12,11 @@
 //
 // Snapshot() blocks only while the state is copied into host buffers that
 // are reused from one checkpoint to the next; writing and checksumming run
-// on a background thread. A new snapshot waits for the previous write.
+// on a background thread. A new snapshot waits for the previous write. On the
+// GPU, Snapshot only queues the copies: they run on a side stream into the
+// same buffers, pinned (DeviceCopier), while training goes on; call
+// BeforeUpdate() before every optimizer update so that the update waits (on
+// the GPU) until the parameters it changes are copied.
 //
 // Thread-safety: Snapshot/Wait from the training thread; the callback runs on
 // the writer thread.
@@ -33,6 +37,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/file_system.h"
+#include "trainer/checkpoint/device_copy.h"
 #include "trainer/checkpoint/training_state.h"
 
 namespace muster {
@@ -60,9 +65,12 @@ struct FileReport {
 };
 
 struct CheckpointTiming {
-  double blocking_seconds = 0;  // Snapshot() until it returned
+  double blocking_seconds = 0;  // Snapshot() taking the state, until it returned
+  double backlog_seconds = 0;   // Snapshot() first waiting for the previous write
+  double copy_seconds = 0;      // GPU time of the device-to-host copies (0 on the CPU)
   double write_seconds = 0;     // background write of all files
   uint64_t bytes = 0;
+  uint64_t device_bytes = 0;  // of them, copied from the GPU
 };
 
 class Checkpointer {
@@ -81,6 +89,9 @@ class Checkpointer {
   absl::Status Snapshot(const CheckpointMeta& meta, Done done);
   // Waits until no write is running.
   void Wait();
+  // Before an optimizer update: on the GPU, the training stream waits for
+  // the pending snapshot's copies (the host does not block). Cheap otherwise.
+  void BeforeUpdate();
 
   // The directory of step `step`.
   std::string StepDir(int64_t step) const;
@@ -108,11 +119,14 @@ class Checkpointer {
   CheckpointMeta meta_;
   Done done_;
   double blocking_seconds_ = 0;
+  double backlog_seconds_ = 0;
   // Host copies, reused across checkpoints: the images of the model and the
   // optimizer files, page-aligned so that they go to disk without another
   // copy (O_DIRECT) where the file system allows it.
   std::unique_ptr<char, void (*)(void*)> arena_{nullptr, &std::free};
   size_t arena_capacity_ = 0;
+  bool arena_pinned_ = false;
+  DeviceCopier copier_;
   std::vector<Image> images_;
   std::thread writer_;
 };

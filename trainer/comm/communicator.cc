@@ -26,6 +26,10 @@ const char* DataTypeName(DataType type) {
   return "unknown";
 }
 
+std::string MemorySpace::ToString() const {
+  return is_host() ? "host" : absl::StrCat("cuda:", device);
+}
+
 std::vector<size_t> EvenSplit(size_t count, size_t parts) {
   std::vector<size_t> out(parts, parts == 0 ? 0 : count / parts);
   for (size_t i = 0; parts > 0 && i < count % parts; ++i) ++out[i];

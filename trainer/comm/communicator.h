@@ -3,7 +3,10 @@
 // node (shm/), NCCL on GPUs (nccl/), and Hierarchical, which composes an
 // intra-node and an inter-node communicator.
 //
-// Buffers are host memory for the CPU backends and device memory for NCCL.
+// Buffers live where memory() says: host memory for Gloo and shared memory,
+// device memory of one GPU for NCCL and for the compositions built on it.
+// Handing a communicator a buffer elsewhere is a bug; NewMemoryChecked
+// (checked.h) catches it.
 // Every call takes a deadline and returns a Status; nothing blocks forever:
 //   OK                   done; the buffer holds the result on every rank;
 //   DEADLINE_EXCEEDED    the deadline passed (a hung peer);
@@ -34,6 +37,19 @@
 namespace muster {
 
 enum class DataType { kFloat32, kFloat16, kBFloat16, kFloat64, kInt64 };
+
+// Where a communicator's buffers must live.
+struct MemorySpace {
+  enum class Kind { kHost, kCuda };
+  Kind kind = Kind::kHost;
+  int device = -1;  // the CUDA device, for kCuda
+
+  static MemorySpace Host() { return {}; }
+  static MemorySpace Cuda(int device) { return {Kind::kCuda, device}; }
+  bool is_host() const { return kind == Kind::kHost; }
+  bool operator==(const MemorySpace& o) const { return kind == o.kind && device == o.device; }
+  std::string ToString() const;  // "host", "cuda:0"
+};
 enum class ReduceOp { kSum, kAverage };
 
 size_t DataTypeSize(DataType type);
@@ -51,6 +67,8 @@ class Communicator {
   virtual int size() const = 0;
   // Backend name for logs ("gloo", "shm", "nccl", "hier(shm+gloo)").
   virtual std::string name() const = 0;
+  // Where every buffer handed to this communicator must live.
+  virtual MemorySpace memory() const { return MemorySpace::Host(); }
 
   // In place: every rank ends with the element-wise sum (or average) of
   // `count` elements over all ranks.

@@ -1,6 +1,7 @@
 #include "trainer/comm/factory.h"
 
 #include "absl/strings/str_cat.h"
+#include "trainer/comm/checked.h"
 #include "trainer/comm/shm/shm_communicator.h"
 #ifdef MUSTER_HAVE_CUDA
 #include "trainer/comm/nccl/nccl_communicator.h"
@@ -29,20 +30,62 @@ Topology TopologyOf(const WorldInfo& world) {
 
 namespace {
 
+ShmOptions ShmOptionsFor(const WorldInfo& world, const CommOptions& options) {
+  ShmOptions shm;
+  shm.job = options.job;
+  shm.generation = world.generation;
+  shm.node = world.self().node;
+  shm.slot_bytes = options.shm_slot_bytes;
+  return shm;
+}
+
+// This node's communicator: shared memory, or NCCL on the GPU.
+absl::StatusOr<std::unique_ptr<Communicator>> BuildIntra(const WorldInfo& world, Store* store,
+                                                         const CommOptions& options,
+                                                         absl::Time deadline) {
+  const int node = world.node_rank();
+  if (options.cuda) {
+#ifdef MUSTER_HAVE_CUDA
+    auto s = NewPrefixStore(store, absl::StrCat("nccl/node", node));
+    return NewNcclCommunicator(s.get(), world.local_rank(), world.local_world_size(),
+                               options.cuda_device, deadline, options.cuda_stream);
+#else
+    return absl::InvalidArgumentError("this build has no CUDA/NCCL support");
+#endif
+  }
+  auto intra_store = NewPrefixStore(store, absl::StrCat("shm/node", node));
+  return NewShmCommunicator(intra_store.get(), world.local_rank(), world.local_world_size(),
+                            ShmOptionsFor(world, options), deadline);
+}
+
+// An inter-node group's communicator: Gloo, staged through pinned host
+// buffers when the buffers are on the GPU.
+absl::StatusOr<std::unique_ptr<Communicator>> BuildInter(Store* store, int rank, int size,
+                                                         const CommOptions& options,
+                                                         absl::Time deadline) {
+  auto c = NewGlooCommunicator(store, rank, size, options.gloo, deadline);
+  if (!c.ok() || !options.cuda) return c;
+#ifdef MUSTER_HAVE_CUDA
+  return NewCudaStagedCommunicator(std::move(*c), options.cuda_device, options.cuda_stream);
+#else
+  return absl::InvalidArgumentError("this build has no CUDA/NCCL support");
+#endif
+}
+
+std::unique_ptr<BufferOps> BufferOpsFor(const CommOptions& options) {
+#ifdef MUSTER_HAVE_CUDA
+  if (options.cuda) return NewCudaBufferOps(options.cuda_device, options.cuda_stream);
+#endif
+  return NewHostBufferOps();
+}
+
 absl::StatusOr<std::unique_ptr<Communicator>> BuildHier(const WorldInfo& world, Store* store,
                                                         const CommOptions& options,
                                                         absl::Time deadline) {
   const Topology topology = TopologyOf(world);
   HierarchyPlan plan = PlanHierarchy(topology);
   const int node = world.node_rank();
-  auto intra_store = NewPrefixStore(store, absl::StrCat("shm/node", node));
-  ShmOptions shm;
-  shm.job = options.job;
-  shm.generation = world.generation;
-  shm.node = world.self().node;
-  shm.slot_bytes = options.shm_slot_bytes;
-  auto intra = NewShmCommunicator(intra_store.get(), world.local_rank(),
-                                  world.local_world_size(), shm, deadline);
+  auto intra = BuildIntra(world, store, options, deadline);
   if (!intra.ok()) return intra.status();
   std::vector<InterGroup> mine;
   std::vector<std::unique_ptr<Communicator>> inter;
@@ -55,8 +98,8 @@ absl::StatusOr<std::unique_ptr<Communicator>> BuildHier(const WorldInfo& world, 
       continue;
     }
     auto group_store = NewPrefixStore(store, absl::StrCat("hier/", g.first_segment));
-    auto c = NewGlooCommunicator(group_store.get(), static_cast<int>(it - g.members.begin()),
-                                 static_cast<int>(g.members.size()), options.gloo, deadline);
+    auto c = BuildInter(group_store.get(), static_cast<int>(it - g.members.begin()),
+                        static_cast<int>(g.members.size()), options, deadline);
     if (!c.ok()) {
       (*intra)->Abort(c.status());
       return c.status();
@@ -64,21 +107,20 @@ absl::StatusOr<std::unique_ptr<Communicator>> BuildHier(const WorldInfo& world, 
     inter.push_back(std::move(*c));
   }
   return NewHierarchicalCommunicator(world.rank, world.world_size, std::move(plan), node,
-                                     std::move(*intra), std::move(mine), std::move(inter));
+                                     std::move(*intra), std::move(mine), std::move(inter),
+                                     BufferOpsFor(options));
 }
 
-}  // namespace
-
-absl::StatusOr<std::unique_ptr<Communicator>> BuildCommunicator(const WorldInfo& world,
-                                                                Store* store,
-                                                                const CommOptions& options,
-                                                                absl::Time deadline) {
+absl::StatusOr<std::unique_ptr<Communicator>> BuildUnchecked(const WorldInfo& world,
+                                                             Store* store,
+                                                             const CommOptions& options,
+                                                             absl::Time deadline) {
   Backend backend = options.backend;
   bool one_per_node = true;
   for (const PeerInfo& p : world.peers) one_per_node &= p.local_world_size == 1;
   if (backend == Backend::kAuto) {
     if (options.cuda) {
-      backend = Backend::kNccl;
+      backend = Backend::kNccl;  // NCCL's own transports across nodes
     } else if (world.node_count <= 1) {
       backend = Backend::kShm;
     } else {
@@ -97,20 +139,19 @@ absl::StatusOr<std::unique_ptr<Communicator>> BuildCommunicator(const WorldInfo&
             " nodes (use hier or gloo)"));
       }
       auto s = NewPrefixStore(store, "shm/node0");
-      ShmOptions shm;
-      shm.job = options.job;
-      shm.generation = world.generation;
-      shm.node = world.self().node;
-      shm.slot_bytes = options.shm_slot_bytes;
-      return NewShmCommunicator(s.get(), world.rank, world.world_size, shm, deadline);
+      return NewShmCommunicator(s.get(), world.rank, world.world_size, ShmOptionsFor(world, options),
+                                deadline);
     }
     case Backend::kHier:
       return BuildHier(world, store, options, deadline);
     case Backend::kNccl: {
 #ifdef MUSTER_HAVE_CUDA
+      if (!options.cuda) {
+        return absl::InvalidArgumentError("the nccl backend needs the GPU (--device cuda)");
+      }
       auto s = NewPrefixStore(store, "nccl/world");
       return NewNcclCommunicator(s.get(), world.rank, world.world_size, options.cuda_device,
-                                 deadline);
+                                 deadline, options.cuda_stream);
 #else
       return absl::InvalidArgumentError("this build has no CUDA/NCCL support");
 #endif
@@ -119,6 +160,17 @@ absl::StatusOr<std::unique_ptr<Communicator>> BuildCommunicator(const WorldInfo&
       break;
   }
   return absl::InternalError("unreachable backend");
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Communicator>> BuildCommunicator(const WorldInfo& world,
+                                                                Store* store,
+                                                                const CommOptions& options,
+                                                                absl::Time deadline) {
+  auto comm = BuildUnchecked(world, store, options, deadline);
+  if (!comm.ok() || !options.check_buffers) return comm;
+  return NewMemoryChecked(std::move(*comm));
 }
 
 }  // namespace muster

@@ -2,6 +2,7 @@
 #ifndef MUSTER_TRAINER_COMM_FACTORY_H_
 #define MUSTER_TRAINER_COMM_FACTORY_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -23,15 +24,24 @@ struct CommOptions {
   size_t shm_slot_bytes = 2 << 20;
   bool cuda = false;     // buffers live on the GPU
   int cuda_device = 0;
+  // cuda: the cudaStream_t whose work a collective follows (LibTorch's
+  // current stream on the calling thread); null: the legacy default stream.
+  std::function<void*()> cuda_stream;
+  // Wrap the communicator in NewMemoryChecked (tests; $MUSTER_CHECK_BUFFERS).
+  bool check_buffers = false;
 };
 
 // The node/local-rank layout of `world`.
 Topology TopologyOf(const WorldInfo& world);
 
 // Connects this rank's communicator for `world`, bootstrapping through
-// `store` (the generation's KV). Errors: INVALID_ARGUMENT (backend does not
-// fit the world, e.g. shm across nodes, nccl without CUDA), and the
-// backends' errors.
+// `store` (the generation's KV). With `cuda`, auto picks NCCL for the whole
+// world, and hier is NCCL inside each node with Gloo between nodes from
+// pinned host buffers ("hier(nccl+gloo)", for nodes without NCCL's
+// transports, or trainers sharing one GPU as separate nodes); gloo and shm
+// stay on host memory.
+// Errors: INVALID_ARGUMENT (backend does not fit the world, e.g. shm across
+// nodes, nccl without CUDA), and the backends' errors.
 absl::StatusOr<std::unique_ptr<Communicator>> BuildCommunicator(const WorldInfo& world,
                                                                 Store* store,
                                                                 const CommOptions& options,

@@ -62,14 +62,15 @@ class Hierarchical : public Communicator {
  public:
   Hierarchical(int rank, int size, HierarchyPlan plan, int node,
                std::unique_ptr<Communicator> intra, std::vector<InterGroup> groups,
-               std::vector<std::unique_ptr<Communicator>> inter)
+               std::vector<std::unique_ptr<Communicator>> inter, std::unique_ptr<BufferOps> ops)
       : rank_(rank),
         size_(size),
         plan_(std::move(plan)),
         node_(node),
         intra_(std::move(intra)),
         groups_(std::move(groups)),
-        inter_(std::move(inter)) {}
+        inter_(std::move(inter)),
+        ops_(std::move(ops)) {}
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -80,6 +81,7 @@ class Hierarchical : public Communicator {
     }
     return absl::StrCat("hier(", intra_->name(), "+", inter, ")");
   }
+  MemorySpace memory() const override { return intra_->memory(); }
 
   absl::Status AllReduce(void* data, size_t count, DataType type, ReduceOp op,
                          absl::Time deadline) override {
@@ -110,7 +112,12 @@ class Hierarchical : public Communicator {
           return s;
         }
       }
-      if (op == ReduceOp::kAverage) DivideBy(type, base + lo * es, n, size_);
+      if (op == ReduceOp::kAverage) {
+        if (absl::Status s = ops_->Divide(type, base + lo * es, n, size_); !s.ok()) {
+          Abort(s);
+          return s;
+        }
+      }
     }
     return intra_->AllGather(data, local_counts, type, deadline);
   }
@@ -134,8 +141,11 @@ class Hierarchical : public Communicator {
       total += counts[r];
     }
     char* base = static_cast<char*>(data);
-    std::memset(base, 0, offset * es);
-    std::memset(base + (offset + counts[rank_]) * es, 0, (total - offset - counts[rank_]) * es);
+    absl::Status s = ops_->Zero(base, offset * es);
+    if (s.ok()) {
+      s = ops_->Zero(base + (offset + counts[rank_]) * es, (total - offset - counts[rank_]) * es);
+    }
+    if (!s.ok()) return s;
     return AllReduce(data, total, type, ReduceOp::kSum, deadline);
   }
 
@@ -144,13 +154,24 @@ class Hierarchical : public Communicator {
     if (root < 0 || root >= size_) {
       return absl::InvalidArgumentError(absl::StrCat("root ", root, " is not a rank of ", size_));
     }
-    if (rank_ != root) std::memset(data, 0, count * DataTypeSize(type));
+    if (rank_ != root) {
+      if (absl::Status s = ops_->Zero(data, count * DataTypeSize(type)); !s.ok()) return s;
+    }
     return AllReduce(data, count, type, ReduceOp::kSum, deadline);
   }
 
+  // Everyone on this node arrived, then every node's owners, then the node
+  // learns it: no buffer needed on any memory.
   absl::Status Barrier(absl::Time deadline) override {
-    float one = 1;
-    return AllReduce(&one, 1, DataType::kFloat32, ReduceOp::kSum, deadline);
+    if (absl::Status s = intra_->Barrier(deadline); !s.ok()) return s;
+    for (auto& c : inter_) {
+      if (c == nullptr) continue;
+      if (absl::Status s = c->Barrier(deadline); !s.ok()) {
+        intra_->Abort(s);
+        return s;
+      }
+    }
+    return intra_->Barrier(deadline);
   }
 
   void Abort(const absl::Status& why) override {
@@ -168,15 +189,31 @@ class Hierarchical : public Communicator {
   std::unique_ptr<Communicator> intra_;
   const std::vector<InterGroup> groups_;
   std::vector<std::unique_ptr<Communicator>> inter_;
+  std::unique_ptr<BufferOps> ops_;
+};
+
+class HostBufferOps : public BufferOps {
+ public:
+  absl::Status Zero(void* data, size_t bytes) override {
+    if (bytes > 0) std::memset(data, 0, bytes);
+    return absl::OkStatus();
+  }
+  absl::Status Divide(DataType type, void* data, size_t count, int divisor) override {
+    DivideBy(type, data, count, divisor);
+    return absl::OkStatus();
+  }
 };
 
 }  // namespace
 
+std::unique_ptr<BufferOps> NewHostBufferOps() { return std::make_unique<HostBufferOps>(); }
+
 std::unique_ptr<Communicator> NewHierarchicalCommunicator(
     int rank, int size, HierarchyPlan plan, int node, std::unique_ptr<Communicator> intra,
-    std::vector<InterGroup> my_groups, std::vector<std::unique_ptr<Communicator>> inter) {
+    std::vector<InterGroup> my_groups, std::vector<std::unique_ptr<Communicator>> inter,
+    std::unique_ptr<BufferOps> ops) {
   return std::make_unique<Hierarchical>(rank, size, std::move(plan), node, std::move(intra),
-                                        std::move(my_groups), std::move(inter));
+                                        std::move(my_groups), std::move(inter), std::move(ops));
 }
 
 }  // namespace muster

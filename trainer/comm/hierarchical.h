@@ -9,6 +9,11 @@
 // inter-node communicator. With equal nodes this is the classic scheme (one
 // inter-node group per local rank); nodes with fewer ranks simply own more
 // segments. One rank per node degenerates to the flat inter-node all-reduce.
+//
+// The composition works on whatever memory its communicators take (they
+// all take the same: host memory, or one GPU's memory, with the inter-node
+// communicators staged through pinned host buffers); the few element-wise
+// operations it does itself go through BufferOps for that memory.
 #ifndef MUSTER_TRAINER_COMM_HIERARCHICAL_H_
 #define MUSTER_TRAINER_COMM_HIERARCHICAL_H_
 
@@ -47,12 +52,25 @@ struct HierarchyPlan {
 // Pure: the plan for `topology`.
 HierarchyPlan PlanHierarchy(const Topology& topology);
 
+// Element-wise work the composition does on its buffers.
+class BufferOps {
+ public:
+  virtual ~BufferOps() = default;
+  virtual absl::Status Zero(void* data, size_t bytes) = 0;
+  // data[i] /= divisor (integer division for kInt64).
+  virtual absl::Status Divide(DataType type, void* data, size_t count, int divisor) = 0;
+};
+
+// BufferOps on host memory.
+std::unique_ptr<BufferOps> NewHostBufferOps();
+
 // Composes `intra` (this node's ranks) and the inter-node communicators of
 // the groups this rank belongs to (`inter[i]` for `my_groups[i]`, ordered by
 // first segment; nullptr for a group of one). Takes ownership.
 std::unique_ptr<Communicator> NewHierarchicalCommunicator(
     int rank, int size, HierarchyPlan plan, int node, std::unique_ptr<Communicator> intra,
-    std::vector<InterGroup> my_groups, std::vector<std::unique_ptr<Communicator>> inter);
+    std::vector<InterGroup> my_groups, std::vector<std::unique_ptr<Communicator>> inter,
+    std::unique_ptr<BufferOps> ops = NewHostBufferOps());
 
 }  // namespace muster
 

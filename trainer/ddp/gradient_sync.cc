@@ -79,10 +79,13 @@ void GradientSync::SetControl(const std::array<float, kControlWords>& control) {
 }
 
 void GradientSync::Begin(bool sync, const std::array<float, kControlWords>& control) {
-  SetControl(control);
-  control_ = {};
   std::lock_guard<std::mutex> lock(mu_);
-  syncing_ = sync;
+  // A world of one has nothing to reduce: its gradients are the average.
+  solo_ = sync && comm_ != nullptr && comm_->size() == 1;
+  syncing_ = sync && !solo_;
+  local_control_ = control;
+  control_ = {};
+  if (syncing_) SetControl(control);
   deadline_ = absl::Now() + options_.timeout;
   for (Bucket& b : buckets_) {
     b.ready = 0;
@@ -99,6 +102,7 @@ void GradientSync::Begin(bool sync, const std::array<float, kControlWords>& cont
 void GradientSync::OnGradient(size_t k, const torch::Tensor& grad) {
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (solo_) got_gradient_[k] = 1;
     if (!syncing_) return;
   }
   Bucket& b = buckets_[bucket_of_[k]];
@@ -125,6 +129,7 @@ void GradientSync::Launch(size_t bucket) {
   Bucket& b = buckets_[bucket];
   if (b.launched) return;
   b.launched = true;
+  b.filled = StreamMark::Record(b.buffer.device());
   queue_.push_back(bucket);
   cv_.notify_all();
 }
@@ -141,10 +146,10 @@ void GradientSync::CommLoop() {
     Bucket& b = buckets_[bucket];
     lock.unlock();
     const absl::Time start = absl::Now();
+    b.filled.WaitOnCurrentStream();
     absl::Status s = comm == nullptr
                          ? absl::FailedPreconditionError("no communicator")
-                         : comm->AllReduce(b.buffer.data_ptr(), b.buffer.numel(),
-                                           DataType::kFloat32, ReduceOp::kAverage, deadline);
+                         : AllReduceTensor(comm, b.buffer, ReduceOp::kAverage, deadline);
     const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
     lock.lock();
     comm_seconds_ += seconds;
@@ -157,6 +162,19 @@ void GradientSync::CommLoop() {
 absl::Status GradientSync::Finish(absl::Time deadline) {
   const absl::Time start = absl::Now();
   std::unique_lock<std::mutex> lock(mu_);
+  if (solo_) {
+    // As Install would leave them: a parameter without a gradient this
+    // step and none accumulated gets zeros.
+    torch::NoGradGuard no_grad;
+    for (size_t k = 0; k < params_.size(); ++k) {
+      if (!got_gradient_[k] && !params_[k].grad().defined()) {
+        params_[k].mutable_grad() = torch::zeros_like(params_[k]);
+      }
+    }
+    control_ = local_control_;
+    stats_ = StepCommStats{};
+    return absl::OkStatus();
+  }
   if (!syncing_) return absl::OkStatus();
   deadline_ = std::min(deadline_, deadline);
   // A parameter whose hook did not run this step (unused in the forward
@@ -197,10 +215,11 @@ void GradientSync::FillFromGrad(Bucket& b, size_t j, bool use_grad) {
 
 void GradientSync::Install() {
   if (!buckets_.empty()) {
+    // One copy (one device synchronisation) for all the words.
     const torch::Tensor& last = buckets_.back().buffer;
-    for (int i = 0; i < kControlWords; ++i) {
-      control_[i] = last.narrow(0, last.numel() - kControlWords + i, 1).item<float>();
-    }
+    const torch::Tensor words =
+        last.narrow(0, last.numel() - kControlWords, kControlWords).to(torch::kCPU);
+    for (int i = 0; i < kControlWords; ++i) control_[i] = words[i].item<float>();
   }
   torch::NoGradGuard no_grad;
   for (Bucket& b : buckets_) {
@@ -231,9 +250,8 @@ absl::Status GradientSync::Resync(Communicator* comm, bool contribute, int contr
   // equals one taken in this world. Otherwise sum, then divide.
   const bool all = contributors == comm->size();
   for (Bucket& b : buckets_) {
-    MUSTER_RETURN_IF_ERROR(comm->AllReduce(b.buffer.data_ptr(), b.buffer.numel(),
-                                           DataType::kFloat32,
-                                           all ? ReduceOp::kAverage : ReduceOp::kSum, deadline));
+    MUSTER_RETURN_IF_ERROR(
+        AllReduceTensor(comm, b.buffer, all ? ReduceOp::kAverage : ReduceOp::kSum, deadline));
   }
   if (!all && !buckets_.empty()) {
     for (size_t i = 0; i < buckets_.size(); ++i) {
@@ -244,42 +262,6 @@ absl::Status GradientSync::Resync(Communicator* comm, bool contribute, int contr
     }
   }
   Install();
-  return absl::OkStatus();
-}
-
-absl::Status BroadcastTensors(const std::vector<torch::Tensor>& tensors, Communicator* comm,
-                              int root, absl::Time deadline) {
-  torch::NoGradGuard no_grad;
-  // Any dtype: the tensors' bytes back to back, each padded to 8, travel as
-  // 64-bit words (a broadcast copies; it never does arithmetic on them).
-  std::vector<torch::Tensor> host;
-  size_t words = 0;
-  for (const torch::Tensor& t : tensors) {
-    host.push_back(t.detach().contiguous().cpu());
-    words += (static_cast<size_t>(host.back().numel()) * host.back().element_size() + 7) / 8;
-  }
-  if (words == 0) return absl::OkStatus();
-  std::vector<int64_t> flat(words, 0);
-  char* out = reinterpret_cast<char*>(flat.data());
-  for (const torch::Tensor& t : host) {
-    const size_t bytes = static_cast<size_t>(t.numel()) * t.element_size();
-    if (bytes > 0) std::memcpy(out, t.data_ptr(), bytes);
-    out += (bytes + 7) / 8 * 8;
-  }
-  if (absl::Status s = comm->Broadcast(flat.data(), words, DataType::kInt64, root, deadline);
-      !s.ok()) {
-    return s;
-  }
-  const char* in = reinterpret_cast<const char*>(flat.data());
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    const size_t bytes = static_cast<size_t>(host[i].numel()) * host[i].element_size();
-    if (bytes > 0) {
-      torch::Tensor src = torch::from_blob(const_cast<char*>(in), host[i].sizes(),
-                                           torch::TensorOptions().dtype(host[i].scalar_type()));
-      tensors[i].detach().copy_(src);
-    }
-    in += (bytes + 7) / 8 * 8;
-  }
   return absl::OkStatus();
 }
 

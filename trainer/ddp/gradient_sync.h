@@ -4,11 +4,16 @@
 // produces their gradients), into buckets of about `bucket_bytes`. A hook on
 // every parameter copies its gradient into its bucket's flat buffer; when a
 // bucket is complete it is handed to a communication thread that all-reduces
-// it (average over the world) while backward goes on. Finish() waits for
+// it (average over the world) while backward goes on. On the GPU the
+// buffers live on the parameters' device; a bucket's all-reduce follows the
+// stream that filled it (a StreamMark recorded at launch), and a
+// communicator on host memory gets staged copies (device_comm.h). Finish() waits for
 // every bucket and writes the averaged gradients into the parameters' .grad.
 // Inside a no-sync step (gradient accumulation) the hooks do nothing and
 // gradients accumulate locally; the next synchronised step reduces the
-// accumulated sum.
+// accumulated sum. In a world of one there is nothing to reduce: a step
+// leaves the gradients where autograd put them (the same values, bit for
+// bit) and the control words are this rank's own.
 //
 // Thread-safety: Begin/Finish/BroadcastFrom are called by the training
 // thread; hooks run on the autograd thread(s); the communication thread is
@@ -29,6 +34,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "trainer/comm/communicator.h"
+#include "trainer/ddp/device_comm.h"
 
 namespace muster {
 
@@ -94,6 +100,7 @@ class GradientSync {
     std::vector<int64_t> offsets;  // element offset of each param
     int ready = 0;
     bool launched = false;
+    StreamMark filled;             // the launcher's stream has written the buffer
     bool done = false;
     absl::Status status;
   };
@@ -120,6 +127,8 @@ class GradientSync {
   std::condition_variable cv_;
   Communicator* comm_ = nullptr;  // guarded by mu_
   bool syncing_ = false;          // guarded by mu_
+  bool solo_ = false;             // a synchronised step in a world of one; guarded by mu_
+  std::array<float, kControlWords> local_control_{};
   std::vector<char> got_gradient_;  // per param, this step; guarded by mu_
   absl::Time deadline_ = absl::InfiniteFuture();
   std::deque<size_t> queue_;      // buckets to reduce, guarded by mu_
@@ -128,12 +137,6 @@ class GradientSync {
   double comm_seconds_ = 0;       // guarded by mu_
   std::thread comm_thread_;
 };
-
-// Copies rank `root`'s tensors (any dtype, any device) to every rank, in
-// place, in one flat broadcast. Every rank passes tensors of the same
-// dtypes and shapes in the same order.
-absl::Status BroadcastTensors(const std::vector<torch::Tensor>& tensors, Communicator* comm,
-                              int root, absl::Time deadline);
 
 }  // namespace muster
 

@@ -56,6 +56,8 @@ class CatalogCheckpointer {
   absl::Status Take(CoordinatorClient* client, int rank, CheckpointMeta meta);
   // Waits until no write is running.
   void Wait() { checkpointer_.Wait(); }
+  // Before an optimizer update (Checkpointer::BeforeUpdate).
+  void BeforeUpdate() { checkpointer_.BeforeUpdate(); }
   int committed() const { return committed_->load(); }
 
  private:

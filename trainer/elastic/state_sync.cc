@@ -8,7 +8,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "trainer/ddp/gradient_sync.h"
+#include "trainer/comm/values.h"
+#include "trainer/ddp/device_comm.h"
 
 namespace muster {
 namespace {
@@ -60,7 +61,8 @@ absl::Status CheckSameDigest(uint64_t digest, Communicator* comm, absl::Time dea
     sums[8 + i] = x * x;
   }
   sums[16] = 1;
-  MUSTER_RETURN_IF_ERROR(comm->AllReduce(sums, 17, DataType::kFloat64, ReduceOp::kSum, deadline));
+  MUSTER_RETURN_IF_ERROR(
+      AllReduceValues(comm, sums, 17, DataType::kFloat64, ReduceOp::kSum, deadline));
   for (int i = 0; i < 8; ++i) {
     if (sums[16] * sums[8 + i] != sums[i] * sums[i]) {
       return absl::DataLossError("the ranks' training state differs after the state transfer");
@@ -75,7 +77,7 @@ absl::Status SyncStateFrom(int source, Communicator* comm, const TrainingState& 
   // they end with the sampler's returned examples), then the counters with
   // the source's blob sizes.
   int64_t count = static_cast<int64_t>(counters->size());
-  MUSTER_RETURN_IF_ERROR(comm->Broadcast(&count, 1, DataType::kInt64, source, deadline));
+  MUSTER_RETURN_IF_ERROR(BroadcastValues(comm, &count, 1, DataType::kInt64, source, deadline));
   if (count < 0 || count > (int64_t{1} << 30)) {
     return absl::DataLossError(absl::StrCat("state source sent ", count, " counters"));
   }
@@ -84,8 +86,8 @@ absl::Status SyncStateFrom(int source, Communicator* comm, const TrainingState& 
   for (const Blob& b : state.blobs) blobs.push_back(b.save());
   std::vector<int64_t> head = *counters;
   for (const std::string& b : blobs) head.push_back(static_cast<int64_t>(b.size()));
-  MUSTER_RETURN_IF_ERROR(comm->Broadcast(head.data(), head.size(), DataType::kInt64, source,
-                                         deadline));
+  MUSTER_RETURN_IF_ERROR(BroadcastValues(comm, head.data(), head.size(), DataType::kInt64,
+                                         source, deadline));
   std::copy(head.begin(), head.begin() + counters->size(), counters->begin());
   // Every rank must hold the same set of optimizer tensors before the
   // broadcast (a newcomer has none yet): TrainingState::Optimizer sees to it.

@@ -4,6 +4,7 @@
 
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "trainer/comm/values.h"
 
 namespace muster {
 
@@ -24,7 +25,8 @@ absl::StatusOr<SalvagePlan> AgreeOnSalvage(const SalvageClaim& mine, Communicato
   }
   if (mine.in_step) head[5 + comm->rank()] = 1;
   MUSTER_RETURN_IF_ERROR(
-      comm->AllReduce(head.data(), head.size(), DataType::kFloat64, ReduceOp::kSum, deadline));
+      AllReduceValues(comm, head.data(), head.size(), DataType::kFloat64, ReduceOp::kSum,
+                      deadline));
   SalvagePlan plan;
   for (int r = 0; r < world; ++r) {
     if (head[5 + r] == 0) continue;
@@ -41,8 +43,8 @@ absl::StatusOr<SalvagePlan> AgreeOnSalvage(const SalvageClaim& mine, Communicato
   plan.old_world = static_cast<int>(std::lround(head[3] / n));
   std::vector<double> shares(static_cast<size_t>(plan.old_world), 0.0);
   if (mine.contributes && mine.rank >= 0 && mine.rank < plan.old_world) shares[mine.rank] = 1;
-  MUSTER_RETURN_IF_ERROR(comm->AllReduce(shares.data(), shares.size(), DataType::kFloat64,
-                                         ReduceOp::kSum, deadline));
+  MUSTER_RETURN_IF_ERROR(AllReduceValues(comm, shares.data(), shares.size(),
+                                         DataType::kFloat64, ReduceOp::kSum, deadline));
   for (int r = 0; r < plan.old_world; ++r) {
     if (shares[r] == 0) plan.lost.push_back(r);
   }

@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <optional>
@@ -20,6 +21,8 @@
 #include "muster/muster.h"
 #include "trainer/checkpoint/training_state.h"
 #include "trainer/data/sampler.h"
+#include "trainer/comm/values.h"
+#include "trainer/ddp/device_comm.h"
 #include "trainer/ddp/gradient_sync.h"
 #include "trainer/elastic/catalog_checkpointer.h"
 #include "trainer/elastic/elastic_world.h"
@@ -79,7 +82,11 @@ CommOptions CommOptionsFrom(const Options& o, int local_rank) {
                                             : "muster";
   comm.gloo.hostname = o.address;
   comm.cuda = o.cuda;
-  comm.cuda_device = local_rank;
+  if (o.cuda) {
+    comm.cuda_device = std::max(0, CudaDeviceForLocalRank(local_rank));
+    comm.cuda_stream = CurrentCudaStream(comm.cuda_device);
+  }
+  comm.check_buffers = Env("MUSTER_CHECK_BUFFERS") == "1";
   return comm;
 }
 
@@ -456,6 +463,9 @@ absl::Status Engine::AfterBackward() {
     return absl::FailedPreconditionError("AfterBackward without BeforeBackward in this step");
   }
   armed_ = false;
+  // The optimizer update that follows must not change what a checkpoint's
+  // copies still read (on the GPU they run beside training).
+  if (checkpointer_) checkpointer_->BeforeUpdate();
   const absl::Time backward_end = absl::Now();
   if (absl::Status s = sync_->Finish(absl::Now() + timeout_); !s.ok()) {
     // A peer failed or hung: regroup with the others, keeping this rank's
@@ -578,8 +588,8 @@ absl::StatusOr<std::vector<double>> Engine::AllReduceSum(std::vector<double> val
   if (outcome_ && *outcome_ != Outcome::kFinished) {
     return absl::FailedPreconditionError("this member is no longer in a world");
   }
-  absl::Status s = world_->comm()->AllReduce(values.data(), values.size(), DataType::kFloat64,
-                                             ReduceOp::kSum, absl::Now() + timeout_);
+  absl::Status s = AllReduceValues(world_->comm(), values.data(), values.size(),
+                                   DataType::kFloat64, ReduceOp::kSum, absl::Now() + timeout_);
   if (s.ok()) return values;
   if (absl::Status r = Regroup(std::string(s.message())); !r.ok()) {
     error_ = r;
@@ -632,6 +642,16 @@ absl::Status Options::Validate() const {
   if (local_rank < -1) return bad("local_rank must be -1 (from the launcher) or a rank");
   if (stop_after_step < 0) return bad("stop_after_step must not be negative");
   return absl::OkStatus();
+}
+
+absl::StatusOr<torch::Device> TrainingDevice(const Options& options) {
+  if (!options.cuda) return torch::Device(torch::kCPU);
+  MUSTER_ASSIGN_OR_RETURN(const Placement place, ResolvePlacement(options));
+  const int device = CudaDeviceForLocalRank(place.local_rank);
+  if (device < 0) {
+    return absl::FailedPreconditionError("cuda was asked for, but this process sees no GPU");
+  }
+  return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(device));
 }
 
 absl::StatusOr<std::unique_ptr<Distributed>> Distributed::Start(const Options& options,

@@ -1,5 +1,6 @@
 #include "trainer/train/trainer.h"
 
+#include <torch/cuda.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -141,10 +142,16 @@ std::shared_ptr<Net> SeededModel(const TrainOptions& o, const Dataset& train,
 // The loop a user writes: the library decides when it ends.
 absl::Status TrainLoop(const TrainOptions& o, Net& model, torch::optim::Optimizer& optimizer,
                        const Dataset& train, const Dataset& test, Distributed& dist,
-                       const torch::Device& device) {
+                       const torch::Device& device, std::vector<double>* step_ms) {
   model.train();
-  while (!dist.ShouldStop()) {
+  while (true) {
+    // With time_steps: everything but loading the batch, the library's work
+    // at the step boundary included.
+    absl::Time started = absl::Now();
+    if (dist.ShouldStop()) break;
+    const absl::Time loading = absl::Now();
     auto [x, y] = Batch(train, dist.Batch(), device);
+    started += absl::Now() - loading;
     torch::Tensor loss = torch::cross_entropy_loss(model.forward(x), y);
     optimizer.zero_grad();
     dist.BeforeBackward();
@@ -155,6 +162,11 @@ absl::Status TrainLoop(const TrainOptions& o, Net& model, torch::optim::Optimize
       return s;
     }
     optimizer.step();
+    if (o.time_steps) {
+      // The step's GPU work included, as a PyTorch loop timed the same way.
+      if (device.is_cuda()) torch::cuda::synchronize(device.index());
+      step_ms->push_back(absl::ToDoubleMilliseconds(absl::Now() - started));
+    }
     dist.RecordLoss(loss.item<double>());
     if (o.eval_every > 0 && dist.step() % o.eval_every == 0 &&
         dist.step() < dist.progress().total_steps) {
@@ -197,8 +209,9 @@ TrainResult& TrainResult::operator=(const TrainResult&) = default;
 
 absl::StatusOr<TrainResult> RunTraining(const TrainOptions& o) {
   MUSTER_ASSIGN_OR_RETURN(const Placement place, ResolvePlacement(o.library));
-  const torch::Device device = o.library.cuda ? torch::Device(torch::kCUDA, place.local_rank)
-                                              : torch::Device(torch::kCPU);
+  MUSTER_ASSIGN_OR_RETURN(const torch::Device device, TrainingDevice(o.library));
+  // cuDNN's fastest convolution backward sums in a nondeterministic order.
+  if (o.deterministic) at::globalContext().setDeterministicCuDNN(true);
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   torch::set_num_threads(o.threads > 0 ? o.threads
                                        : std::max(1, cores / place.local_world_size));
@@ -217,7 +230,9 @@ absl::StatusOr<TrainResult> RunTraining(const TrainOptions& o) {
                           Distributed::Start(LibraryOptions(o, train->size()), state));
   const absl::Time start = absl::Now();
   const int64_t first_step = dist->step();
-  MUSTER_RETURN_IF_ERROR(TrainLoop(o, *model, *optimizer, *train, *test, *dist, device));
+  std::vector<double> step_ms;
+  MUSTER_RETURN_IF_ERROR(
+      TrainLoop(o, *model, *optimizer, *train, *test, *dist, device, &step_ms));
   const double elapsed = absl::ToDoubleSeconds(absl::Now() - start);
   TrainResult result;
   if (dist->finished()) {
@@ -227,6 +242,16 @@ absl::StatusOr<TrainResult> RunTraining(const TrainOptions& o) {
     result.test_accuracy = ev.accuracy;
   }
   Summarize(*model, *dist, elapsed, first_step, &result);
+  if (!step_ms.empty()) {
+    // The mean of the steady state: the first steps warm up caches, the
+    // allocator and the libraries' kernel choices.
+    const size_t warm = step_ms.size() > 40 ? 20 : 0;
+    for (size_t i = warm; i < step_ms.size(); ++i) {
+      result.step_ms_mean += step_ms[i] / static_cast<double>(step_ms.size() - warm);
+    }
+    std::sort(step_ms.begin(), step_ms.end());
+    result.step_ms_p50 = step_ms[step_ms.size() / 2];
+  }
   MUSTER_ASSIGN_OR_RETURN(Distributed::Outcome outcome, dist->Finish());
   result.checkpoints_committed = dist->checkpoints_committed();
   result.stopped = outcome == Distributed::Outcome::kStopped;

@@ -37,9 +37,16 @@ absl::StatusOr<ncclDataType_t> NcclType(DataType type) {
 
 class NcclCommunicator : public Communicator {
  public:
-  NcclCommunicator(ncclComm_t comm, cudaStream_t stream, cudaEvent_t event, int rank, int size,
-                   int device)
-      : comm_(comm), stream_(stream), event_(event), rank_(rank), size_(size), device_(device) {}
+  NcclCommunicator(ncclComm_t comm, cudaStream_t stream, cudaEvent_t ready, cudaEvent_t event,
+                   int rank, int size, int device, CallerStreamFn caller_stream)
+      : comm_(comm),
+        stream_(stream),
+        ready_(ready),
+        event_(event),
+        rank_(rank),
+        size_(size),
+        device_(device),
+        caller_stream_(std::move(caller_stream)) {}
 
   ~NcclCommunicator() override {
     cudaSetDevice(device_);
@@ -50,6 +57,7 @@ class NcclCommunicator : public Communicator {
     } else {
       ncclCommDestroy(comm_);
     }
+    cudaEventDestroy(ready_);
     cudaEventDestroy(event_);
     cudaStreamDestroy(stream_);
     if (scratch_ != nullptr) cudaFree(scratch_);
@@ -58,6 +66,7 @@ class NcclCommunicator : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string name() const override { return "nccl"; }
+  MemorySpace memory() const override { return MemorySpace::Cuda(device_); }
 
   absl::Status AllReduce(void* data, size_t count, DataType type, ReduceOp op,
                          absl::Time deadline) override {
@@ -158,57 +167,79 @@ class NcclCommunicator : public Communicator {
     return absl::AbortedError(absl::StrCat("nccl communicator aborted: ", why_));
   }
 
-  // Enqueues with `enqueue` and watches the stream until done.
+  // Marks the communicator broken after a failure of `what`; aborts NCCL.
+  absl::Status Break(absl::Status why) {
+    broken_ = true;
+    if (!aborted_comm_) ncclCommAbort(comm_);
+    aborted_comm_ = true;
+    return why;
+  }
+
+  // The reason to stop watching, if any: an asynchronous NCCL error, Abort()
+  // or the deadline.
+  absl::Status Watch(absl::Time deadline) {
+    ncclResult_t async = ncclSuccess;
+    ncclCommGetAsyncError(comm_, &async);
+    if (async != ncclSuccess && async != ncclInProgress) return Break(NcclError("nccl", async));
+    if (abort_requested_) return Break(BrokenStatus());
+    if (absl::Now() >= deadline) {
+      return Break(absl::DeadlineExceededError("nccl collective passed its deadline"));
+    }
+    return absl::OkStatus();
+  }
+
+  // Enqueues with `enqueue` after the caller's stream and watches the
+  // communicator's stream until done.
   absl::Status Launch(absl::Time deadline, const std::function<ncclResult_t()>& enqueue) {
     if (broken_ || abort_requested_) {
       broken_ = true;
       return BrokenStatus();
     }
     cudaSetDevice(device_);
-    ncclResult_t r = enqueue();
-    if (r != ncclSuccess && r != ncclInProgress) {
-      broken_ = true;
-      return NcclError("nccl enqueue", r);
+    cudaStream_t caller =
+        caller_stream_ ? static_cast<cudaStream_t>(caller_stream_()) : cudaStream_t{nullptr};
+    if (cudaError_t e = cudaEventRecord(ready_, caller); e != cudaSuccess) {
+      return Break(CudaError("cudaEventRecord", e));
     }
+    if (cudaError_t e = cudaStreamWaitEvent(stream_, ready_, 0); e != cudaSuccess) {
+      return Break(CudaError("cudaStreamWaitEvent", e));
+    }
+    ncclResult_t r = enqueue();
+    if (r != ncclSuccess && r != ncclInProgress) return Break(NcclError("nccl enqueue", r));
+    // A non-blocking communicator may still be enqueueing: no stream
+    // operation until it reports success.
+    for (int i = 0; r == ncclInProgress; ++i) {
+      ncclCommGetAsyncError(comm_, &r);
+      if (r == ncclInProgress) {
+        if (absl::Status s = Watch(deadline); !s.ok()) return s;
+        if (i > 1000) ::usleep(50);
+      }
+    }
+    if (r != ncclSuccess) return Break(NcclError("nccl enqueue", r));
     if (cudaError_t e = cudaEventRecord(event_, stream_); e != cudaSuccess) {
-      broken_ = true;
-      return CudaError("cudaEventRecord", e);
+      return Break(CudaError("cudaEventRecord", e));
+    }
+    // Whatever the caller queues next on its stream reads the result.
+    if (cudaError_t e = cudaStreamWaitEvent(caller, event_, 0); e != cudaSuccess) {
+      return Break(CudaError("cudaStreamWaitEvent", e));
     }
     for (int i = 0;; ++i) {
       const cudaError_t q = cudaEventQuery(event_);
       if (q == cudaSuccess) return absl::OkStatus();
-      if (q != cudaErrorNotReady) {
-        broken_ = true;
-        ncclCommAbort(comm_);
-        aborted_comm_ = true;
-        return CudaError("cuda stream", q);
-      }
-      ncclResult_t async = ncclSuccess;
-      ncclCommGetAsyncError(comm_, &async);
-      if (async != ncclSuccess && async != ncclInProgress) {
-        broken_ = true;
-        ncclCommAbort(comm_);
-        aborted_comm_ = true;
-        return NcclError("nccl", async);
-      }
-      if (abort_requested_ || absl::Now() >= deadline) {
-        const bool timed_out = !abort_requested_;
-        broken_ = true;
-        ncclCommAbort(comm_);
-        aborted_comm_ = true;
-        if (timed_out) return absl::DeadlineExceededError("nccl collective passed its deadline");
-        return BrokenStatus();
-      }
+      if (q != cudaErrorNotReady) return Break(CudaError("cuda stream", q));
+      if (absl::Status s = Watch(deadline); !s.ok()) return s;
       if (i > 1000) ::usleep(50);
     }
   }
 
   ncclComm_t comm_;
   cudaStream_t stream_;
-  cudaEvent_t event_;
+  cudaEvent_t ready_;  // the caller's stream reached the collective
+  cudaEvent_t event_;  // the collective is done
   const int rank_;
   const int size_;
   const int device_;
+  const CallerStreamFn caller_stream_;
   void* scratch_ = nullptr;
   bool broken_ = false;
   bool aborted_comm_ = false;
@@ -225,9 +256,26 @@ int CudaDeviceCount() {
   return n;
 }
 
-absl::StatusOr<std::unique_ptr<Communicator>> NewNcclCommunicator(Store* store, int rank,
-                                                                  int size, int device,
-                                                                  absl::Time deadline) {
+bool IsCudaDeviceMemory(const void* data, size_t bytes, int device) {
+  cudaPointerAttributes a{};
+  if (cudaPointerGetAttributes(&a, data) != cudaSuccess) {
+    cudaGetLastError();  // not an error to keep
+    return false;
+  }
+  if (a.type != cudaMemoryTypeDevice || (device >= 0 && a.device != device)) return false;
+  if (bytes <= 1) return true;
+  cudaPointerAttributes last{};
+  const void* end = static_cast<const char*>(data) + bytes - 1;
+  if (cudaPointerGetAttributes(&last, end) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return last.type == cudaMemoryTypeDevice && (device < 0 || last.device == device);
+}
+
+absl::StatusOr<std::unique_ptr<Communicator>> NewNcclCommunicator(
+    Store* store, int rank, int size, int device, absl::Time deadline,
+    CallerStreamFn caller_stream) {
   if (CudaDeviceCount() <= device) {
     return absl::FailedPreconditionError(absl::StrCat("no CUDA device ", device));
   }
@@ -257,9 +305,15 @@ absl::StatusOr<std::unique_ptr<Communicator>> NewNcclCommunicator(Store* store, 
       e != cudaSuccess) {
     return CudaError("cudaStreamCreate", e);
   }
-  cudaEvent_t event;
+  cudaEvent_t ready, event;
+  if (cudaError_t e = cudaEventCreateWithFlags(&ready, cudaEventDisableTiming);
+      e != cudaSuccess) {
+    cudaStreamDestroy(stream);
+    return CudaError("cudaEventCreate", e);
+  }
   if (cudaError_t e = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
       e != cudaSuccess) {
+    cudaEventDestroy(ready);
     cudaStreamDestroy(stream);
     return CudaError("cudaEventCreate", e);
   }
@@ -277,6 +331,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> NewNcclCommunicator(Store* store, 
     }
     if (absl::Now() >= deadline) {
       ncclCommAbort(comm);
+      cudaEventDestroy(ready);
       cudaEventDestroy(event);
       cudaStreamDestroy(stream);
       return absl::DeadlineExceededError("NCCL init did not complete before the deadline");
@@ -285,12 +340,14 @@ absl::StatusOr<std::unique_ptr<Communicator>> NewNcclCommunicator(Store* store, 
     r = ncclInProgress;
   }
   if (r != ncclSuccess && r != ncclInProgress) {
+    cudaEventDestroy(ready);
     cudaEventDestroy(event);
     cudaStreamDestroy(stream);
     return NcclError("ncclCommInitRankConfig", r);
   }
-  return std::unique_ptr<Communicator>(
-      new NcclCommunicator(comm, stream, event, rank, size, device));
+  return std::unique_ptr<Communicator>(new NcclCommunicator(comm, stream, ready, event, rank,
+                                                            size, device,
+                                                            std::move(caller_stream)));
 }
 
 }  // namespace muster

@@ -5,28 +5,61 @@
 // work is done, the deadline passes or Abort() is called, and then calls
 // ncclCommAbort so that a dead or hung peer never hangs this rank.
 //
+// Ordering: a collective first waits (on the GPU, through an event) for the
+// work already queued on the caller's stream, which is what wrote the
+// buffer, and the caller's stream then waits for the collective. The
+// caller's stream comes from `caller_stream` (LibTorch's current stream on
+// the calling thread); without one it is CUDA's legacy default stream.
+//
 // Buffers are device pointers on `device`. Data types: float32, float16,
 // bfloat16, float64, int64.
 #ifndef MUSTER_TRAINER_COMM_NCCL_NCCL_COMMUNICATOR_H_
 #define MUSTER_TRAINER_COMM_NCCL_NCCL_COMMUNICATOR_H_
 
+#include <functional>
 #include <memory>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "trainer/comm/communicator.h"
+#include "trainer/comm/hierarchical.h"
 #include "trainer/comm/store.h"
 
 namespace muster {
 
+// The cudaStream_t whose queued work a collective follows; null: the legacy
+// default stream.
+using CallerStreamFn = std::function<void*()>;
+
 // Errors: FAILED_PRECONDITION (no usable GPU), DEADLINE_EXCEEDED (peers did
 // not join in time), UNAVAILABLE/ABORTED (NCCL errors).
-absl::StatusOr<std::unique_ptr<Communicator>> NewNcclCommunicator(Store* store, int rank,
-                                                                  int size, int device,
-                                                                  absl::Time deadline);
+absl::StatusOr<std::unique_ptr<Communicator>> NewNcclCommunicator(
+    Store* store, int rank, int size, int device, absl::Time deadline,
+    CallerStreamFn caller_stream = nullptr);
+
+// A communicator on device memory of `device` over `host`, a communicator on
+// host memory (Gloo across nodes): each collective copies the buffer into a
+// pinned host buffer, kept and reused, runs `host`'s collective and copies
+// the result back, ordered after the caller's stream as NCCL is.
+std::unique_ptr<Communicator> NewCudaStagedCommunicator(std::unique_ptr<Communicator> host,
+                                                        int device,
+                                                        CallerStreamFn caller_stream = nullptr);
+
+// Zero and divide on device memory of `device`, queued on the caller's
+// stream (for the hierarchical composition on GPUs).
+std::unique_ptr<BufferOps> NewCudaBufferOps(int device, CallerStreamFn caller_stream = nullptr);
+
+// Copies `bytes` of host memory at `host` to a new buffer on `device`, runs
+// `op` on it and copies the result back (small values; synchronous).
+absl::Status WithCudaCopy(int device, void* host, size_t bytes,
+                          const std::function<absl::Status(void*)>& op);
 
 // Number of CUDA devices this process can use (0 without a driver or GPU).
 int CudaDeviceCount();
+
+// Whether [data, data + bytes) is memory of CUDA device `device` (any
+// device when negative).
+bool IsCudaDeviceMemory(const void* data, size_t bytes, int device);
 
 }  // namespace muster
 

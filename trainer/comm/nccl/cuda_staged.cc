@@ -1,0 +1,213 @@
+// The GPU side of the hierarchical composition: a host communicator behind
+// pinned staging buffers, and the memory operations on device buffers.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <functional>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "trainer/comm/hierarchical.h"
+#include "trainer/comm/nccl/cuda_kernels.h"
+#include "trainer/comm/nccl/nccl_communicator.h"
+
+namespace muster {
+namespace {
+
+absl::Status CudaFailure(const char* what, cudaError_t e) {
+  return absl::UnavailableError(absl::StrCat(what, ": ", cudaGetErrorString(e)));
+}
+
+cudaStream_t CallerStream(const CallerStreamFn& fn) {
+  return fn ? static_cast<cudaStream_t>(fn()) : cudaStream_t{nullptr};
+}
+
+class CudaStaged : public Communicator {
+ public:
+  CudaStaged(std::unique_ptr<Communicator> host, int device, CallerStreamFn caller_stream)
+      : host_(std::move(host)), device_(device), caller_stream_(std::move(caller_stream)) {}
+
+  ~CudaStaged() override {
+    cudaSetDevice(device_);
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+    if (ready_ != nullptr) cudaEventDestroy(ready_);
+    if (done_ != nullptr) cudaEventDestroy(done_);
+    if (pinned_ != nullptr) cudaFreeHost(pinned_);
+  }
+
+  int rank() const override { return host_->rank(); }
+  int size() const override { return host_->size(); }
+  std::string name() const override { return host_->name(); }
+  MemorySpace memory() const override { return MemorySpace::Cuda(device_); }
+
+  absl::Status AllReduce(void* data, size_t count, DataType type, ReduceOp op,
+                         absl::Time deadline) override {
+    return Staged(data, count * DataTypeSize(type), [&](void* host) {
+      return host_->AllReduce(host, count, type, op, deadline);
+    });
+  }
+
+  absl::Status ReduceScatter(void* data, const std::vector<size_t>& counts, DataType type,
+                             ReduceOp op, absl::Time deadline) override {
+    if (absl::Status s = CheckCounts(counts, size()); !s.ok()) return s;
+    return Staged(data, Total(counts) * DataTypeSize(type), [&](void* host) {
+      return host_->ReduceScatter(host, counts, type, op, deadline);
+    });
+  }
+
+  absl::Status AllGather(void* data, const std::vector<size_t>& counts, DataType type,
+                         absl::Time deadline) override {
+    if (absl::Status s = CheckCounts(counts, size()); !s.ok()) return s;
+    return Staged(data, Total(counts) * DataTypeSize(type), [&](void* host) {
+      return host_->AllGather(host, counts, type, deadline);
+    });
+  }
+
+  absl::Status Broadcast(void* data, size_t count, DataType type, int root,
+                         absl::Time deadline) override {
+    return Staged(data, count * DataTypeSize(type), [&](void* host) {
+      return host_->Broadcast(host, count, type, root, deadline);
+    });
+  }
+
+  absl::Status Barrier(absl::Time deadline) override { return host_->Barrier(deadline); }
+  void Abort(const absl::Status& why) override { host_->Abort(why); }
+
+ private:
+  static size_t Total(const std::vector<size_t>& counts) {
+    size_t n = 0;
+    for (size_t c : counts) n += c;
+    return n;
+  }
+
+  absl::Status Prepare(size_t bytes) {
+    if (cudaError_t e = cudaSetDevice(device_); e != cudaSuccess) {
+      return CudaFailure("cudaSetDevice", e);
+    }
+    if (stream_ == nullptr) {
+      if (cudaError_t e = cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking);
+          e != cudaSuccess) {
+        return CudaFailure("cudaStreamCreate", e);
+      }
+      cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming);
+      cudaEventCreateWithFlags(&done_, cudaEventDisableTiming);
+    }
+    if (bytes > capacity_) {
+      const size_t want = std::max(bytes, capacity_ * 2);
+      if (pinned_ != nullptr) cudaFreeHost(pinned_);
+      pinned_ = nullptr;
+      capacity_ = 0;
+      if (cudaError_t e = cudaHostAlloc(&pinned_, want, cudaHostAllocDefault); e != cudaSuccess) {
+        return CudaFailure("cudaHostAlloc", e);
+      }
+      capacity_ = want;
+    }
+    return absl::OkStatus();
+  }
+
+  // Device -> pinned host after the caller's stream, `op` on the host copy,
+  // pinned host -> device; the caller's stream then follows the copy back.
+  absl::Status Staged(void* data, size_t bytes, const std::function<absl::Status(void*)>& op) {
+    if (absl::Status s = Prepare(bytes); !s.ok()) {
+      host_->Abort(s);
+      return s;
+    }
+    const cudaStream_t caller = CallerStream(caller_stream_);
+    cudaEventRecord(ready_, caller);
+    cudaStreamWaitEvent(stream_, ready_, 0);
+    cudaMemcpyAsync(pinned_, data, bytes, cudaMemcpyDeviceToHost, stream_);
+    if (cudaError_t e = cudaStreamSynchronize(stream_); e != cudaSuccess) {
+      const absl::Status s = CudaFailure("copy to the staging buffer", e);
+      host_->Abort(s);
+      return s;
+    }
+    if (absl::Status s = op(pinned_); !s.ok()) return s;
+    cudaMemcpyAsync(data, pinned_, bytes, cudaMemcpyHostToDevice, stream_);
+    cudaEventRecord(done_, stream_);
+    cudaStreamWaitEvent(caller, done_, 0);
+    if (cudaError_t e = cudaStreamSynchronize(stream_); e != cudaSuccess) {
+      const absl::Status s = CudaFailure("copy from the staging buffer", e);
+      host_->Abort(s);
+      return s;
+    }
+    return absl::OkStatus();
+  }
+
+  std::unique_ptr<Communicator> host_;
+  const int device_;
+  const CallerStreamFn caller_stream_;
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t ready_ = nullptr;
+  cudaEvent_t done_ = nullptr;
+  void* pinned_ = nullptr;
+  size_t capacity_ = 0;
+};
+
+// Zero and divide on device memory, queued on the caller's stream, which
+// every collective of the composition follows.
+class CudaBufferOps : public BufferOps {
+ public:
+  CudaBufferOps(int device, CallerStreamFn caller_stream)
+      : device_(device), caller_stream_(std::move(caller_stream)) {}
+
+  absl::Status Zero(void* data, size_t bytes) override {
+    if (bytes == 0) return absl::OkStatus();
+    cudaSetDevice(device_);
+    if (cudaError_t e = cudaMemsetAsync(data, 0, bytes, CallerStream(caller_stream_));
+        e != cudaSuccess) {
+      return CudaFailure("cudaMemsetAsync", e);
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Divide(DataType type, void* data, size_t count, int divisor) override {
+    cudaSetDevice(device_);
+    if (cudaError_t e = CudaDivideBy(static_cast<int>(type), data, count, divisor,
+                                     CallerStream(caller_stream_));
+        e != cudaSuccess) {
+      return CudaFailure("divide kernel", e);
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  const int device_;
+  const CallerStreamFn caller_stream_;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> NewCudaStagedCommunicator(std::unique_ptr<Communicator> host,
+                                                        int device,
+                                                        CallerStreamFn caller_stream) {
+  return std::make_unique<CudaStaged>(std::move(host), device, std::move(caller_stream));
+}
+
+absl::Status WithCudaCopy(int device, void* host, size_t bytes,
+                          const std::function<absl::Status(void*)>& op) {
+  if (cudaError_t e = cudaSetDevice(device); e != cudaSuccess) {
+    return CudaFailure("cudaSetDevice", e);
+  }
+  void* buffer = nullptr;
+  if (cudaError_t e = cudaMalloc(&buffer, bytes); e != cudaSuccess) {
+    return CudaFailure("cudaMalloc", e);
+  }
+  absl::Status s;
+  if (cudaError_t e = cudaMemcpy(buffer, host, bytes, cudaMemcpyHostToDevice); e != cudaSuccess) {
+    s = CudaFailure("cudaMemcpy", e);
+  }
+  if (s.ok()) s = op(buffer);
+  if (s.ok()) {
+    if (cudaError_t e = cudaMemcpy(host, buffer, bytes, cudaMemcpyDeviceToHost); e != cudaSuccess) {
+      s = CudaFailure("cudaMemcpy", e);
+    }
+  }
+  cudaFree(buffer);
+  return s;
+}
+
+std::unique_ptr<BufferOps> NewCudaBufferOps(int device, CallerStreamFn caller_stream) {
+  return std::make_unique<CudaBufferOps>(device, std::move(caller_stream));
+}
+
+}  // namespace muster

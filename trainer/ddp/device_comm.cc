@@ -1,0 +1,135 @@
+#include "trainer/ddp/device_comm.h"
+
+#include <torch/torch.h>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#ifdef MUSTER_TORCH_CUDA
+#include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+namespace muster {
+namespace {
+
+absl::StatusOr<DataType> DataTypeOf(torch::ScalarType t) {
+  switch (t) {
+    case torch::kFloat: return DataType::kFloat32;
+    case torch::kHalf: return DataType::kFloat16;
+    case torch::kBFloat16: return DataType::kBFloat16;
+    case torch::kDouble: return DataType::kFloat64;
+    case torch::kLong: return DataType::kInt64;
+    default: break;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("no collective reduces tensors of type ", c10::toString(t)));
+}
+
+}  // namespace
+
+torch::Device CommDevice(const Communicator& comm) {
+  const MemorySpace m = comm.memory();
+  if (m.is_host()) return torch::Device(torch::kCPU);
+  return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(m.device));
+}
+
+absl::Status AllReduceTensor(Communicator* comm, const torch::Tensor& tensor, ReduceOp op,
+                             absl::Time deadline) {
+  auto type = DataTypeOf(tensor.scalar_type());
+  if (!type.ok()) return type.status();
+  if (!tensor.is_contiguous()) {
+    return absl::InvalidArgumentError("all-reduce of a tensor that is not contiguous");
+  }
+  const torch::Device device = CommDevice(*comm);
+  if (tensor.device() == device) {
+    return comm->AllReduce(tensor.data_ptr(), static_cast<size_t>(tensor.numel()), *type, op,
+                           deadline);
+  }
+  torch::NoGradGuard no_grad;
+  torch::Tensor staged = tensor.to(device);
+  absl::Status s = comm->AllReduce(staged.data_ptr(), static_cast<size_t>(staged.numel()), *type,
+                                   op, deadline);
+  if (s.ok()) tensor.copy_(staged);
+  return s;
+}
+
+absl::Status BroadcastTensors(const std::vector<torch::Tensor>& tensors, Communicator* comm,
+                              int root, absl::Time deadline) {
+  torch::NoGradGuard no_grad;
+  // Any dtype: the tensors' bytes back to back, each padded to 8, travel as
+  // 64-bit words (a broadcast copies; it never does arithmetic on them).
+  const torch::Device device = CommDevice(*comm);
+  std::vector<torch::Tensor> pieces;
+  std::vector<int64_t> offsets;
+  int64_t bytes = 0;
+  for (const torch::Tensor& t : tensors) {
+    torch::Tensor raw = t.detach().contiguous().reshape({-1}).view(torch::kUInt8).to(device);
+    offsets.push_back(bytes);
+    pieces.push_back(raw);
+    const int64_t pad = (8 - raw.numel() % 8) % 8;
+    if (pad > 0) pieces.push_back(torch::zeros({pad}, raw.options()));
+    bytes += raw.numel() + pad;
+  }
+  if (bytes == 0) return absl::OkStatus();
+  torch::Tensor flat = torch::cat(pieces);
+  if (absl::Status s = comm->Broadcast(flat.data_ptr(), static_cast<size_t>(bytes / 8),
+                                       DataType::kInt64, root, deadline);
+      !s.ok()) {
+    return s;
+  }
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const torch::Tensor& t = tensors[i];
+    const int64_t n = t.numel() * static_cast<int64_t>(t.element_size());
+    if (n == 0) continue;
+    t.detach().copy_(flat.narrow(0, offsets[i], n).view(t.scalar_type()).view(t.sizes()));
+  }
+  return absl::OkStatus();
+}
+
+std::function<void*()> CurrentCudaStream(int device) {
+#ifdef MUSTER_TORCH_CUDA
+  return [device]() -> void* {
+    return c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device)).stream();
+  };
+#else
+  (void)device;
+  return nullptr;
+#endif
+}
+
+int CudaDeviceForLocalRank(int local_rank) {
+#ifdef MUSTER_TORCH_CUDA
+  const int n = static_cast<int>(c10::cuda::device_count());
+  if (n <= 0) return -1;
+  return local_rank % n;
+#else
+  (void)local_rank;
+  return -1;
+#endif
+}
+
+StreamMark StreamMark::Record(const torch::Device& device) {
+  StreamMark mark;
+#ifdef MUSTER_TORCH_CUDA
+  if (device.is_cuda()) {
+    auto event = std::make_shared<at::cuda::CUDAEvent>();
+    event->record(c10::cuda::getCurrentCUDAStream(device.index()));
+    mark.event_ = event;
+    mark.device_ = device.index();
+  }
+#else
+  (void)device;
+#endif
+  return mark;
+}
+
+void StreamMark::WaitOnCurrentStream() const {
+#ifdef MUSTER_TORCH_CUDA
+  if (event_ == nullptr) return;
+  static_cast<at::cuda::CUDAEvent*>(event_.get())
+      ->block(c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device_)));
+#endif
+}
+
+}  // namespace muster
