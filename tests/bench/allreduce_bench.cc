@@ -1,7 +1,7 @@
 // muster-bench allreduce: W worker processes (M nodes of W/M ranks, all on
 // this machine's loopback) against a real coordinator process. Prints one
 // line per size:
-//   allreduce backend=B world=W nodes=M bytes=N median_s=T algbw_GBps=X busbw_GBps=Y
+//   allreduce backend=B device=D world=W nodes=M bytes=N median_s=T algbw_GBps=X busbw_GBps=Y
 // with busbw = algbw * 2(W-1)/W and medians over repeats.
 #include <sys/wait.h>
 #include <unistd.h>
@@ -22,6 +22,7 @@ ABSL_FLAG(int, world, 2, "ranks");
 ABSL_DECLARE_FLAG(std::string, backend);
 ABSL_DECLARE_FLAG(std::string, sizes);
 ABSL_DECLARE_FLAG(int, nodes);
+ABSL_DECLARE_FLAG(std::string, device);
 
 namespace muster {
 
@@ -51,6 +52,7 @@ int RunAllreduceBench() {
         "--token-file=" + token_file, absl::StrCat("--member=rank", i),
         absl::StrCat("--node=node", i / per_node), absl::StrCat("--local-rank=", i % per_node),
         "--backend=" + absl::GetFlag(FLAGS_backend), "--sizes=" + absl::GetFlag(FLAGS_sizes),
+        "--device=" + absl::GetFlag(FLAGS_device),
         absl::StrCat("--nodes=", nodes), absl::StrCat("--job=bench", ::getpid()),
         "--report=" + dir + "/report"};
     // Rank 0's stdout is ours; the others log to files.

@@ -1,13 +1,20 @@
-// muster-bench checkpoint --state-mb N: the asynchronous checkpointer on N MB
-// of training state (parameters + SGD momentum, float32) under a synthetic,
-// memory-bound training step. Prints
-//   checkpoint state_mb=.. blocking_s=.. write_s=.. write_MBps=.. dd_direct_MBps=..
-//   step_overhead_pct=..
+// muster-bench checkpoint --state-mb N [--device cuda]: the asynchronous
+// checkpointer on N MB of training state (parameters + SGD momentum,
+// float32) under a synthetic, memory-bound training step. Prints
+//   checkpoint device=.. state_mb=.. blocking_s=.. backlog_s=.. write_s=..
+//   write_MBps=.. dd_direct_MBps=.. step_overhead_pct=.. [d2h_GBps=..
+//   pinned_memcpy_GBps=..]
+// backlog_s: a snapshot's wait for the previous checkpoint's write, when
+// checkpoints come faster than the disk takes them.
+// On the GPU the state lives in device memory; d2h_GBps is the snapshot's
+// device-to-host rate (its side-stream copies), pinned_memcpy_GBps a plain
+// cudaMemcpy of the same bytes into pinned memory.
 // blocking_s: the step's pause while state is copied to host buffers (median
 // of the checkpoints after the first, which allocates them); write_s: the
 // background write; step_overhead_pct: steady-state step time with a
 // checkpoint every 50 steps vs none; dd_direct_MBps: `dd oflag=direct` into the
 // same directory, for comparison.
+#include <torch/cuda.h>
 #include <torch/torch.h>
 #include <unistd.h>
 
@@ -27,6 +34,7 @@
 
 ABSL_DECLARE_FLAG(int, state_mb);
 ABSL_DECLARE_FLAG(std::string, dir);
+ABSL_DECLARE_FLAG(std::string, device);
 
 namespace muster {
 namespace {
@@ -59,16 +67,38 @@ double DdDirectMBps(const std::string& dir) {
 
 class BigState : public torch::nn::Module {
  public:
-  explicit BigState(int64_t floats) {
+  BigState(int64_t floats, const torch::Device& device) {
     const int64_t chunk = 25'000'000;  // 100 MB tensors
     for (int i = 0; floats > 0; ++i) {
-      params_.push_back(register_parameter(absl::StrCat("w", i),
-                                           torch::zeros({std::min(chunk, floats)})));
+      params_.push_back(register_parameter(
+          absl::StrCat("w", i), torch::zeros({std::min(chunk, floats)}, torch::Device(device))));
       floats -= chunk;
     }
   }
   std::vector<torch::Tensor> params_;
 };
+
+void Synchronize(const torch::Device& device) {
+  if (device.is_cuda()) torch::cuda::synchronize(device.index());
+}
+
+// A plain copy of `bytes` from the GPU into pinned host memory: GB/s, the
+// best of 5.
+double PinnedMemcpyGBps(size_t bytes, const torch::Device& device) {
+  torch::Tensor src = torch::ones({static_cast<int64_t>(bytes)},
+                                  torch::TensorOptions().dtype(torch::kUInt8).device(device));
+  torch::Tensor dst = torch::empty({static_cast<int64_t>(bytes)},
+                                   torch::TensorOptions().dtype(torch::kUInt8).pinned_memory(true));
+  double best = 0;
+  for (int i = 0; i < 5; ++i) {
+    Synchronize(device);
+    const absl::Time t0 = absl::Now();
+    dst.copy_(src);
+    Synchronize(device);
+    best = std::max(best, bytes / absl::ToDoubleSeconds(absl::Now() - t0) / 1e9);
+  }
+  return best;
+}
 
 }  // namespace
 
@@ -78,22 +108,28 @@ int RunCheckpointBench() {
   if (dir.empty()) dir = absl::StrCat("/var/tmp/muster-bench-checkpoint-", ::getpid());
   DefaultFileSystem()->CreateDir(dir).IgnoreError();
   torch::set_num_threads(1);
+  const torch::Device device(absl::GetFlag(FLAGS_device));
   // Half the state is parameters, half SGD momentum.
-  BigState model(int64_t{state_mb} * 1'000'000 / 4 / 2);
+  BigState model(int64_t{state_mb} * 1'000'000 / 4 / 2, device);
   torch::optim::SGD optimizer(model.parameters(), torch::optim::SGDOptions(1e-9).momentum(0.9));
   for (auto& p : model.parameters()) p.mutable_grad() = torch::ones_like(p);
-  auto step = [&] { optimizer.step(); };
+  Checkpointer ckpt(dir, model, optimizer);
+  auto step = [&] {
+    ckpt.BeforeUpdate();
+    optimizer.step();
+  };
   step();  // creates the momentum buffers
 
   const int kSteps = 100, kEvery = 50;
+  Synchronize(device);
   absl::Time t0 = absl::Now();
   for (int i = 0; i < kSteps; ++i) step();
+  Synchronize(device);
   const double base = absl::ToDoubleSeconds(absl::Now() - t0) / kSteps;
 
-  Checkpointer ckpt(dir, model, optimizer);
   std::mutex mu;
-  std::vector<double> blocking, writing;
-  uint64_t bytes = 0;
+  std::vector<double> blocking, backlog, writing, copying;
+  uint64_t bytes = 0, device_bytes = 0;
   auto done = [&](absl::StatusOr<std::vector<FileReport>> files, CheckpointTiming t) {
     std::lock_guard<std::mutex> lock(mu);
     if (!files.ok()) {
@@ -101,8 +137,11 @@ int RunCheckpointBench() {
       return;
     }
     blocking.push_back(t.blocking_seconds);
+    backlog.push_back(t.backlog_seconds);
     writing.push_back(t.write_seconds);
+    copying.push_back(t.copy_seconds);
     bytes = t.bytes;
+    device_bytes = t.device_bytes;
   };
   // Warm-up checkpoint: allocates the reused host buffers.
   CheckpointMeta meta;
@@ -113,7 +152,9 @@ int RunCheckpointBench() {
   {
     std::lock_guard<std::mutex> lock(mu);
     blocking.clear();
+    backlog.clear();
     writing.clear();
+    copying.clear();
   }
   const int kRounds = 4;
   t0 = absl::Now();
@@ -125,13 +166,21 @@ int RunCheckpointBench() {
     }
   }
   ckpt.Wait();
+  Synchronize(device);
   const double with = absl::ToDoubleSeconds(absl::Now() - t0) / (kRounds * kEvery);
   const double write_s = Median(writing);
+  std::string gpu;
+  if (device.is_cuda()) {
+    gpu = absl::StrFormat(" d2h_GBps=%.2f pinned_memcpy_GBps=%.2f",
+                          device_bytes / std::max(Median(copying), 1e-9) / 1e9,
+                          PinnedMemcpyGBps(device_bytes, device));
+  }
   std::cout << absl::StrFormat(
-                   "checkpoint state_mb=%d blocking_s=%.3f write_s=%.3f write_MBps=%.0f "
-                   "dd_direct_MBps=%.0f step_s=%.4f step_overhead_pct=%.1f",
-                   state_mb, Median(blocking), write_s, bytes / std::max(write_s, 1e-9) / 1e6,
-                   DdDirectMBps(dir), base, 100.0 * (with / base - 1.0))
+                   "checkpoint device=%s state_mb=%d blocking_s=%.4f backlog_s=%.3f write_s=%.3f "
+                   "write_MBps=%.0f dd_direct_MBps=%.0f step_s=%.4f step_overhead_pct=%.1f%s",
+                   device.str(), state_mb, Median(blocking), Median(backlog), write_s,
+                   bytes / std::max(write_s, 1e-9) / 1e6, DdDirectMBps(dir), base,
+                   100.0 * (with / base - 1.0), gpu)
             << std::endl;
   DefaultFileSystem()->RemoveAll(dir).IgnoreError();
   return 0;

@@ -5,6 +5,8 @@
 // It joins the coordinator like a trainer (session, rendezvous), builds the
 // communicator for its world through the coordinator's KV, and writes what it
 // saw to --report (one line per event) and, on rank 0, timing lines to stdout.
+#include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <mutex>
@@ -20,6 +22,13 @@
 #include "tests/bench/process_stats.h"
 #include "trainer/client/coordinator_client.h"
 #include "trainer/comm/factory.h"
+#include "trainer/comm/reduce.h"
+#include "trainer/comm/values.h"
+#ifdef MUSTER_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include "trainer/comm/nccl/nccl_communicator.h"
+#endif
 
 ABSL_FLAG(std::string, coordinator, "", "host:port");
 ABSL_FLAG(std::string, token_file, "", "job token file");
@@ -33,6 +42,9 @@ ABSL_FLAG(bool, check, false, "verify results against the reference sum");
 ABSL_FLAG(bool, abort_test, false, "loop until a collective fails, then rebuild");
 ABSL_FLAG(std::string, report, "", "file to append event lines to");
 ABSL_FLAG(int, nodes, 1, "node count (for the output line)");
+ABSL_FLAG(std::string, device, "cpu",
+          "allreduce, comm-worker, recovery: cpu, or cuda (buffers and training on the GPU)");
+ABSL_FLAG(std::string, dtypes, "float32", "--check: float32, bfloat16, float16 (comma list)");
 
 namespace muster {
 namespace {
@@ -59,6 +71,80 @@ absl::StatusOr<std::vector<size_t>> ParseSizes(const std::string& spec) {
   return out;
 }
 
+absl::StatusOr<DataType> ParseDataType(absl::string_view name) {
+  if (name == "float32") return DataType::kFloat32;
+  if (name == "bfloat16") return DataType::kBFloat16;
+  if (name == "float16") return DataType::kFloat16;
+  return absl::InvalidArgumentError(absl::StrCat("unknown dtype '", name, "'"));
+}
+
+// A collective's buffer: float values held as `type`, in host memory or on
+// the GPU (--device cuda).
+class TestBuffer {
+ public:
+  TestBuffer(DataType type, size_t count, bool cuda)
+      : type_(type), count_(count), bytes_(std::max<size_t>(1, count) * DataTypeSize(type)),
+        host_(bytes_) {
+#ifdef MUSTER_HAVE_CUDA
+    if (cuda && cudaMalloc(&device_, bytes_) != cudaSuccess) device_ = nullptr;
+#else
+    (void)cuda;
+#endif
+  }
+  ~TestBuffer() {
+#ifdef MUSTER_HAVE_CUDA
+    if (device_ != nullptr) cudaFree(device_);
+#endif
+  }
+  TestBuffer(const TestBuffer&) = delete;
+  TestBuffer& operator=(const TestBuffer&) = delete;
+
+  void* data() { return device_ != nullptr ? device_ : host_.data(); }
+  size_t count() const { return count_; }
+  DataType type() const { return type_; }
+
+  void Store(const std::vector<float>& values) {
+    for (size_t i = 0; i < count_; ++i) {
+      char* at = host_.data() + i * DataTypeSize(type_);
+      if (type_ == DataType::kFloat32) {
+        std::memcpy(at, &values[i], 4);
+      } else {
+        const uint16_t h = type_ == DataType::kFloat16 ? FloatToHalf(values[i])
+                                                       : FloatToBFloat16(values[i]);
+        std::memcpy(at, &h, 2);
+      }
+    }
+#ifdef MUSTER_HAVE_CUDA
+    if (device_ != nullptr) cudaMemcpy(device_, host_.data(), bytes_, cudaMemcpyHostToDevice);
+#endif
+  }
+
+  std::vector<float> Load() {
+#ifdef MUSTER_HAVE_CUDA
+    if (device_ != nullptr) cudaMemcpy(host_.data(), device_, bytes_, cudaMemcpyDeviceToHost);
+#endif
+    std::vector<float> out(count_);
+    for (size_t i = 0; i < count_; ++i) {
+      const char* at = host_.data() + i * DataTypeSize(type_);
+      if (type_ == DataType::kFloat32) {
+        std::memcpy(&out[i], at, 4);
+      } else {
+        uint16_t h;
+        std::memcpy(&h, at, 2);
+        out[i] = type_ == DataType::kFloat16 ? HalfToFloat(h) : BFloat16ToFloat(h);
+      }
+    }
+    return out;
+  }
+
+ private:
+  const DataType type_;
+  const size_t count_;
+  const size_t bytes_;
+  std::vector<char> host_;
+  void* device_ = nullptr;
+};
+
 // The live communicator, so the session thread can abort it.
 struct Current {
   std::mutex mu;
@@ -66,19 +152,61 @@ struct Current {
   absl::Time notice = absl::InfinitePast();
 };
 
-absl::Status Fill(Communicator& comm, std::vector<float>& data, int rank) {
-  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<float>(rank + 1 + (i % 5));
-  (void)comm;
-  return absl::OkStatus();
+// Rank r's value at i: small integers, so that sums of up to 8 ranks are
+// exact in float16 and bfloat16 too.
+float Value(int rank, size_t i) { return static_cast<float>(rank + 1 + (i % 5)); }
+
+void Fill(TestBuffer& buffer, int rank) {
+  std::vector<float> values(buffer.count());
+  for (size_t i = 0; i < values.size(); ++i) values[i] = Value(rank, i);
+  buffer.Store(values);
 }
 
-bool Verify(const std::vector<float>& data, int world) {
+// After an all-reduce (sum): the sum of every rank's values.
+bool VerifySum(TestBuffer& buffer, int world) {
+  const std::vector<float> data = buffer.Load();
   for (size_t i = 0; i < data.size(); ++i) {
     float expected = 0;
-    for (int r = 0; r < world; ++r) expected += static_cast<float>(r + 1 + (i % 5));
+    for (int r = 0; r < world; ++r) expected += Value(r, i);
     if (data[i] != expected) return false;
   }
   return true;
+}
+
+// After a broadcast from `root`: root's values.
+bool VerifyRoot(TestBuffer& buffer, int root) {
+  const std::vector<float> data = buffer.Load();
+  for (size_t i = 0; i < data.size(); ++i) {
+    if (data[i] != Value(root, i)) return false;
+  }
+  return true;
+}
+
+// --check: all-reduce and broadcast of every size in every dtype; one
+// report line each. Returns false on any mismatch.
+bool CheckCollectives(Communicator& comm, const std::vector<size_t>& sizes, bool cuda) {
+  bool all_ok = true;
+  const int rank = comm.rank(), w = comm.size();
+  for (absl::string_view name : absl::StrSplit(absl::GetFlag(FLAGS_dtypes), ',')) {
+    const DataType type = ParseDataType(name).value_or(DataType::kFloat32);
+    for (size_t bytes : sizes) {
+      TestBuffer buffer(type, bytes / DataTypeSize(type), cuda);
+      Fill(buffer, rank);
+      absl::Status s = comm.AllReduce(buffer.data(), buffer.count(), type, ReduceOp::kSum,
+                                      absl::Now() + absl::Seconds(60));
+      bool ok = s.ok() && VerifySum(buffer, w);
+      Fill(buffer, rank);
+      if (ok) {
+        s = comm.Broadcast(buffer.data(), buffer.count(), type, w - 1,
+                           absl::Now() + absl::Seconds(60));
+        ok = s.ok() && VerifyRoot(buffer, w - 1);
+      }
+      Report(absl::StrCat(ok ? "check_ok" : "check_failed", " dtype=", name, " bytes=", bytes,
+                          " ", s.ToString()));
+      all_ok &= ok;
+    }
+  }
+  return all_ok;
 }
 
 }  // namespace
@@ -99,6 +227,17 @@ int RunCommWorker() {
     std::cerr << "comm-worker: " << (backend.ok() ? sizes.status() : backend.status()) << "\n";
     return 2;
   }
+  for (absl::string_view name : absl::StrSplit(absl::GetFlag(FLAGS_dtypes), ',')) {
+    if (auto t = ParseDataType(name); !t.ok()) {
+      std::cerr << "comm-worker: " << t.status() << "\n";
+      return 2;
+    }
+  }
+  const bool cuda = absl::GetFlag(FLAGS_device) == "cuda";
+  if (!cuda && absl::GetFlag(FLAGS_device) != "cpu") {
+    std::cerr << "comm-worker: --device must be cpu or cuda\n";
+    return 2;
+  }
   auto client_or = CoordinatorClient::Create(co);
   if (!client_or.ok()) return 2;
   std::unique_ptr<CoordinatorClient> client = std::move(*client_or);
@@ -115,6 +254,22 @@ int RunCommWorker() {
   options.backend = *backend;
   options.job = absl::GetFlag(FLAGS_job);
   options.gloo.hostname = "127.0.0.1";
+  options.check_buffers = std::getenv("MUSTER_CHECK_BUFFERS") != nullptr &&
+                          std::string(std::getenv("MUSTER_CHECK_BUFFERS")) == "1";
+  if (cuda) {
+#ifdef MUSTER_HAVE_CUDA
+    const int gpus = CudaDeviceCount();
+    if (gpus == 0) {
+      std::cerr << "comm-worker: --device cuda, but no GPU is visible\n";
+      return 2;
+    }
+    options.cuda = true;
+    options.cuda_device = absl::GetFlag(FLAGS_local_rank) % gpus;
+#else
+    std::cerr << "comm-worker: this build has no CUDA support\n";
+    return 2;
+#endif
+  }
   uint64_t after = 0;
   bool rebuilt = false;
   while (true) {
@@ -139,11 +294,11 @@ int RunCommWorker() {
     int exit_code = 0;
     if (absl::GetFlag(FLAGS_abort_test) && !rebuilt && world->generation == 1) {
       // Run until a collective fails (a peer was killed or stopped).
-      std::vector<float> data(1 << 20);
+      TestBuffer data(DataType::kFloat32, 1 << 20, cuda);
       absl::Status s;
       while (s.ok()) {
-        Fill(**comm, data, rank).IgnoreError();
-        s = (*comm)->AllReduce(data.data(), data.size(), DataType::kFloat32, ReduceOp::kSum,
+        Fill(data, rank);
+        s = (*comm)->AllReduce(data.data(), data.count(), DataType::kFloat32, ReduceOp::kSum,
                                absl::Now() + absl::Seconds(60));
       }
       const absl::Time failed = absl::Now();
@@ -168,34 +323,26 @@ int RunCommWorker() {
       continue;
     }
     if (absl::GetFlag(FLAGS_check) || rebuilt || absl::GetFlag(FLAGS_abort_test)) {
-      for (size_t bytes : *sizes) {
-        std::vector<float> data(bytes / sizeof(float));
-        Fill(**comm, data, rank).IgnoreError();
-        absl::Status s = (*comm)->AllReduce(data.data(), data.size(), DataType::kFloat32,
-                                            ReduceOp::kSum, absl::Now() + absl::Seconds(60));
-        const bool ok = s.ok() && Verify(data, w);
-        Report(absl::StrCat(ok ? "check_ok" : "check_failed", " bytes=", bytes, " ",
-                            s.ToString()));
-        if (!ok) exit_code = 6;
-      }
+      if (!CheckCollectives(**comm, *sizes, cuda)) exit_code = 6;
     } else {
       // Timing: median over repeats of a barrier-separated all-reduce.
       for (size_t bytes : *sizes) {
-        std::vector<float> data(std::max<size_t>(1, bytes / sizeof(float)), 1.0f);
+        TestBuffer data(DataType::kFloat32, std::max<size_t>(1, bytes / sizeof(float)), cuda);
+        Fill(data, rank);
         const int reps = static_cast<int>(std::clamp<size_t>((512u << 20) / std::max<size_t>(bytes, 1), 5, 50));
         std::vector<double> times;
         for (int i = 0; i < reps + 2; ++i) {
           if (!(*comm)->Barrier(absl::Now() + absl::Seconds(60)).ok()) return 7;
           const absl::Time t0 = absl::Now();
-          if (!(*comm)->AllReduce(data.data(), data.size(), DataType::kFloat32, ReduceOp::kSum,
+          if (!(*comm)->AllReduce(data.data(), data.count(), DataType::kFloat32, ReduceOp::kSum,
                                   absl::Now() + absl::Seconds(120)).ok()) {
             return 7;
           }
           if (i >= 2) times.push_back(absl::ToDoubleSeconds(absl::Now() - t0));
         }
         // Average each repeat over the ranks, then take the median repeat.
-        if (!(*comm)->AllReduce(times.data(), times.size(), DataType::kFloat64, ReduceOp::kSum,
-                                absl::Now() + absl::Seconds(60)).ok()) {
+        if (!AllReduceValues(comm->get(), times.data(), times.size(), DataType::kFloat64,
+                             ReduceOp::kSum, absl::Now() + absl::Seconds(60)).ok()) {
           return 7;
         }
         for (double& t : times) t /= w;  // mean over ranks of each repeat
@@ -203,9 +350,10 @@ int RunCommWorker() {
         const double algbw = bytes / median / 1e9;
         if (rank == 0) {
           std::cout << absl::StrFormat(
-                           "allreduce backend=%s world=%d nodes=%d bytes=%d median_s=%.6f "
-                           "algbw_GBps=%.3f busbw_GBps=%.3f",
-                           absl::GetFlag(FLAGS_backend), w, absl::GetFlag(FLAGS_nodes), bytes,
+                           "allreduce backend=%s device=%s world=%d nodes=%d bytes=%d "
+                           "median_s=%.6f algbw_GBps=%.3f busbw_GBps=%.3f",
+                           absl::GetFlag(FLAGS_backend), absl::GetFlag(FLAGS_device), w,
+                           absl::GetFlag(FLAGS_nodes), bytes,
                            median, algbw, algbw * 2.0 * (w - 1) / w)
                     << std::endl;
         }

@@ -36,8 +36,16 @@
 ABSL_FLAG(int, trials, 5, "recovery: kills to measure");
 ABSL_FLAG(uint64_t, seed, 1, "recovery: seed of the victim and kill step choice");
 ABSL_FLAG(int, spares, 0, "recovery: warm spare trainers (muster-agent --spares on node 0)");
+ABSL_FLAG(bool, spare_node, false,
+          "recovery: the spares run on a node of their own (an agent with --nproc-per-node 0, "
+          "as MUSTER_SPARE_NODES does on Slurm) instead of on node 0");
 ABSL_DECLARE_FLAG(int, world);
 ABSL_DECLARE_FLAG(int, nodes);
+ABSL_DECLARE_FLAG(std::string, device);
+ABSL_FLAG(int64_t, job_steps, 600, "recovery: steps of each trial's job");
+ABSL_FLAG(std::vector<std::string>, trainer_flags, {},
+          "recovery: more muster-train flags, comma-separated (e.g. "
+          "--dataset=synthetic,--compute-ms=10 where Fashion-MNIST is not installed)");
 
 namespace muster {
 namespace {
@@ -49,7 +57,8 @@ struct Trial {
   bool params_equal = false;
 };
 
-// A trial's job: coordinator, one agent per node (node 0 with the spares),
+// A trial's job: coordinator, one agent per node (node 0 or a node of their
+// own with the spares),
 // rank 0 logging every step.
 struct TrialJob {
   std::string dir, target;
@@ -57,8 +66,19 @@ struct TrialJob {
   std::vector<pid_t> agents;
 };
 
+// Agents: one per node, and one more for the spares with --spare_node.
+int AgentCount(int nodes) { return nodes + (absl::GetFlag(FLAGS_spare_node) ? 1 : 0); }
+
+// Trainers agent `n` starts, and how many of them are spares.
+std::pair<int, int> SlotsOf(int n, int world, int nodes) {
+  const int spares = absl::GetFlag(FLAGS_spares);
+  if (n == nodes) return {0, spares};  // the spare node
+  const int here = n == 0 && !absl::GetFlag(FLAGS_spare_node) ? spares : 0;
+  return {world / nodes, here};
+}
+
 TrialJob StartTrialJob(int index, int world, int nodes) {
-  const int64_t steps = 600;
+  const int64_t steps = absl::GetFlag(FLAGS_job_steps);
   TrialJob job;
   job.dir = absl::StrCat("/tmp/muster-bench-recovery-", ::getpid(), "-", index);
   std::system(("rm -rf " + job.dir + " && mkdir -p " + job.dir).c_str());
@@ -68,16 +88,22 @@ TrialJob StartTrialJob(int index, int world, int nodes) {
        absl::StrCat("--min-members=", world - 1), absl::StrCat("--max-members=", world),
        "--last-call=200ms"},
       job.dir + "/coordinator.log");
-  for (int n = 0; n < nodes; ++n) {
+  for (int n = 0; n < AgentCount(nodes); ++n) {
+    const auto [trainers, spares] = SlotsOf(n, world, nodes);
     std::vector<std::string> argv = {
-        SelfDir() + "/muster-agent", absl::StrCat("--nproc-per-node=", world / nodes),
-        absl::StrCat("--spares=", n == 0 ? absl::GetFlag(FLAGS_spares) : 0),
+        SelfDir() + "/muster-agent", absl::StrCat("--nproc-per-node=", trainers),
+        absl::StrCat("--spares=", spares),
         absl::StrCat("--node-id=node", n), "--", SelfDir() + "/muster-train",
         "--coordinator=" + job.target, "--model=mlp", "--batch-size=32",
         absl::StrCat("--steps=", steps), "--log-every=1", "--quiet", "--threads=1",
         absl::StrCat("--job=rb", ::getpid(), "-", index, "-", n),
         absl::StrCat("--summary-json=", job.dir, "/{node}-{local_rank}.json")};
     if (n == 0) argv.push_back("--log-dir=" + job.dir + "/rank0");
+    for (const std::string& f : absl::GetFlag(FLAGS_trainer_flags)) argv.push_back(f);
+    if (absl::GetFlag(FLAGS_device) == "cuda") {
+      // NCCL inside each node, Gloo across: with one GPU, one trainer per node.
+      argv.insert(argv.end(), {"--device=cuda", "--backend=hier"});
+    }
     job.agents.push_back(SpawnLogged(argv, absl::StrCat(job.dir, "/agent", n, ".log")));
   }
   return job;
@@ -137,8 +163,9 @@ bool ParametersEqual(const std::string& dir, int world, int nodes) {
   std::string first;
   int finished = 0;
   bool equal = true;
-  for (int n = 0; n < nodes; ++n) {
-    for (int s = 0; s < world / nodes + (n == 0 ? absl::GetFlag(FLAGS_spares) : 0); ++s) {
+  for (int n = 0; n < AgentCount(nodes); ++n) {
+    const auto [trainers, spares] = SlotsOf(n, world, nodes);
+    for (int s = 0; s < trainers + spares; ++s) {
       const std::string json = ReadText(absl::StrCat(dir, "/node", n, "-", s, ".json"));
       if (JsonNumber(json, "world_size") != std::to_string(world)) continue;
       const std::string sum = JsonNumber(json, "parameter_checksum");
