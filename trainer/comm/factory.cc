@@ -72,7 +72,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> BuildInter(Store* store, int rank,
 #endif
 }
 
-std::unique_ptr<BufferOps> BufferOpsFor(const CommOptions& options) {
+std::unique_ptr<BufferOps> BufferOpsFor([[maybe_unused]] const CommOptions& options) {
 #ifdef MUSTER_HAVE_CUDA
   if (options.cuda) return NewCudaBufferOps(options.cuda_device, options.cuda_stream);
 #endif
