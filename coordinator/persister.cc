@@ -124,11 +124,16 @@ void Persister::Loop() {
       batches = events_queued_;
       writing_ = true;
     }
-    // The group, outside the lock: the last world, the records, then the
-    // events.
+    // The group, outside the lock: the last world and the records, made
+    // known as durable at once (callers waiting for them go on), then the
+    // events, which nobody waits for.
     absl::Status world_saved = world ? store_->SaveWorld(*world) : absl::OkStatus();
     for (auto it = records.begin(); world_saved.ok() && it != records.end(); ++it) {
       world_saved = store_->SaveCheckpoint(it->second);
+    }
+    if (world_saved.ok()) {
+      absl::MutexLock lock(&mu_);
+      durable_ = std::max(durable_, ticket);
     }
     absl::Status events_saved = events.empty() ? absl::OkStatus() : store_->AppendEvents(events);
     if (!events_saved.ok()) {
@@ -141,8 +146,6 @@ void Persister::Loop() {
       MUSTER_LOG(ERROR) << "cannot persist the coordinator's state: " << world_saved;
       error_ = world_saved;
     }
-    // The group held everything queued up to `ticket`.
-    if (world_saved.ok()) durable_ = std::max(durable_, ticket);
     if (events_saved.ok()) {
       events_written_ = batches;
     } else {
