@@ -1,11 +1,13 @@
 // muster-bench WHAT [flags]: benchmarks that print one line of figures.
 //
 //   muster-bench coordinator --members N --seconds S
-//   muster-bench checkpoint --state-mb 800 [--dir D]
+//   muster-bench checkpoint --state-mb 800 [--dir D] [--device cuda]
 //   muster-bench train --model mlp|cnn --world W --nodes M --steps N
-//   muster-bench recovery --world 4 --nodes 2 [--spares 1] --trials N
-//   muster-bench ettr --mtbf S --minutes M [--world 4 --nodes 2 --spares 1]
-//   muster-bench allreduce --world W --nodes M --backend gloo|shm|hier --sizes 4K,1M,...
+//   muster-bench recovery --world 4 --nodes 2 [--spares 1 [--spare_node]] --trials N
+//                         [--device cuda] [--job_steps N] [--trainer_flags F,F]
+//   muster-bench ettr --mtbf S --minutes M --world 4 --nodes 2 --spares 1
+//   muster-bench allreduce --world W --nodes M --backend gloo|shm|hier|nccl
+//                          --sizes 4K,1M,... [--device cuda]
 #include <cstring>
 #include <iostream>
 #include <string>

@@ -13,8 +13,10 @@
 // processes share the cores), which no accelerator cluster does. Then
 // SIGUSR1 stops the job with a checkpoint. The same job without
 // failures (for min(M, 2) minutes) is the reference. Prints
-//   ettr mtbf_s=.. minutes=.. failures=.. ettr=.. steps_committed_pct=..
-//        world_full_pct=.. lost_steps=..
+//   ettr mtbf_s=.. minutes=.. world=.. nodes=.. spares=.. failures=.. ettr=..
+//        steps_committed_pct=.. world_full_pct=.. lost_steps=..
+// The job's shape comes from --world, --nodes and --spares (defaults 2, 1, 0:
+// the job is --world 4 --nodes 2 --spares 1), and the line says it.
 // ettr: committed steps per second of the stormy run over the reference's
 // (both from the first world to the stop signal); lost_steps: steps dropped
 // (a failure no salvage could rescue) plus steps done again; world_full_pct:
@@ -263,9 +265,10 @@ int RunEttrBench() {
   }
   const double ettr = (storm.steps / storm.seconds) / (reference.steps / reference.seconds);
   std::cout << absl::StrFormat(
-                   "ettr mtbf_s=%g minutes=%g failures=%d ettr=%.3f steps_committed_pct=%.2f "
-                   "world_full_pct=%.1f lost_steps=%d",
-                   mtbf, minutes, storm.failures, ettr,
+                   "ettr mtbf_s=%g minutes=%g world=%d nodes=%d spares=%d failures=%d ettr=%.3f "
+                   "steps_committed_pct=%.2f world_full_pct=%.1f lost_steps=%d",
+                   mtbf, minutes, absl::GetFlag(FLAGS_world), absl::GetFlag(FLAGS_nodes),
+                   absl::GetFlag(FLAGS_spares), storm.failures, ettr,
                    100.0 * storm.steps / std::max<int64_t>(1, storm.steps + storm.dropped),
                    storm.full_pct, storm.dropped)
             << std::endl;
