@@ -271,9 +271,15 @@ int Run(const std::vector<char*>& args) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  muster::ListOwnFlagsInHelp();
   absl::SetProgramUsageMessage(
-      "muster --coordinator HOST:PORT [--token-file F] "
-      "status|checkpoints|drain NODE|pull-weights --out FILE [--at-step N]|shutdown [--json] [--all]");
+      "muster --coordinator HOST:PORT [--token-file F] COMMAND [--json]\n"
+      "COMMAND is one of\n"
+      "  status                 the world, its members and recent events\n"
+      "  checkpoints [--all] [--verify]   the checkpoint catalog (--verify re-reads the files)\n"
+      "  drain NODE             the node's trainers leave at the next step boundary\n"
+      "  pull-weights --out FILE [--at-step N]   a trainer's weights as safetensors\n"
+      "  shutdown               stop the job");
   muster::DashesToUnderscores(argc, argv);
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   return Run(args);

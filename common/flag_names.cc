@@ -2,6 +2,9 @@
 
 #include <cstring>
 
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
+
 namespace muster {
 
 void DashesToUnderscores(int argc, char** argv) {
@@ -13,6 +16,15 @@ void DashesToUnderscores(int argc, char** argv) {
       if (*p == '-') *p = '_';
     }
   }
+}
+
+void ListOwnFlagsInHelp() {
+  absl::FlagsUsageConfig config;
+  config.contains_help_flags = [](absl::string_view file) {
+    return !absl::StrContains(file, "absl/");
+  };
+  config.contains_helpshort_flags = config.contains_help_flags;
+  absl::SetFlagsUsageConfig(config);
 }
 
 }  // namespace muster

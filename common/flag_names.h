@@ -9,6 +9,12 @@ namespace muster {
 // first bare "--" into --a_b[=value]. Values are left alone.
 void DashesToUnderscores(int argc, char** argv);
 
+// --help and --helpshort list the program's own flags: every flag defined
+// outside Abseil, grouped by the file that defines it, with its default.
+// (Abseil's default looks only in a file named after the program, and ours
+// live in main.cc.) Call before absl::ParseCommandLine.
+void ListOwnFlagsInHelp();
+
 }  // namespace muster
 
 #endif  // MUSTER_COMMON_FLAG_NAMES_H_

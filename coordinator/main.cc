@@ -135,6 +135,7 @@ int Run() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  muster::ListOwnFlagsInHelp();
   absl::SetProgramUsageMessage(
       "muster-coordinator --listen HOST:PORT --state-dir DIR --token-file FILE [options]\n"
       "The control plane of a muster job: rendezvous, membership, KV, checkpoint catalog.");

@@ -220,6 +220,7 @@ int Run() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  muster::ListOwnFlagsInHelp();
   absl::SetProgramUsageMessage(
       "muster-train --coordinator HOST:PORT [--token-file F] --model mlp|cnn|resnet18 "
       "--dataset fashion-mnist|synthetic --batch-size N --steps N|--epochs N [options]");

@@ -32,7 +32,15 @@ int RunCheckpointBench();
 }  // namespace muster
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("muster-bench coordinator --members N --seconds S");
+  muster::ListOwnFlagsInHelp();
+  absl::SetProgramUsageMessage(
+      "muster-bench WHAT [flags]: one line of figures per case. WHAT is one of\n"
+      "  coordinator --members N --seconds S [--channels C] [--state-sync-delay D]\n"
+      "  allreduce --world W --nodes M --backend gloo|shm|hier|nccl --sizes 4K,1M [--device cuda]\n"
+      "  train --model mlp|cnn --world W --nodes M --steps N\n"
+      "  recovery --world 4 --nodes 2 [--spares 1 [--spare-node]] --trials N [--device cuda]\n"
+      "  ettr --mtbf S --minutes M --world 4 --nodes 2 --spares 1\n"
+      "  checkpoint --state-mb N [--dir D] [--device cuda]");
   muster::DashesToUnderscores(argc, argv);
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   const std::string what = args.size() > 1 ? args[1] : "";

@@ -406,6 +406,7 @@ int RunScenario(const std::string& name, const std::function<Trial(Context&)>& r
 }  // namespace muster
 
 int main(int argc, char** argv) {
+  muster::ListOwnFlagsInHelp();
   absl::SetProgramUsageMessage("muster-fault SCENARIO|all --trials N [--seed S]");
   muster::DashesToUnderscores(argc, argv);
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);

@@ -31,6 +31,7 @@ ABSL_FLAG(std::string, node_id, "",
           "host name)");
 
 int main(int argc, char** argv) {
+  muster::ListOwnFlagsInHelp();
   absl::SetProgramUsageMessage(
       "muster-agent --nproc-per-node N [--max-restarts K] -- muster-train ARGS...");
   muster::DashesToUnderscores(argc, argv);
