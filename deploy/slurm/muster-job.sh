@@ -228,7 +228,10 @@ muster_job_run() {
   : "${MUSTER_MIN_MEMBERS:=$world}"
   : "${MUSTER_MAX_MEMBERS:=$world}"
   export MUSTER_BIN MUSTER_JOB_DIR
-  mkdir -p "$MUSTER_JOB_DIR/state" "$MUSTER_JOB_DIR/checkpoints" "$MUSTER_JOB_DIR/logs"
+  # Private: the state, checkpoints (the model) and logs stay the job owner's
+  # on a shared scratch file system.
+  (umask 077 && mkdir -p "$MUSTER_JOB_DIR/state" "$MUSTER_JOB_DIR/checkpoints" "$MUSTER_JOB_DIR/logs")
+  chmod 0700 "$MUSTER_JOB_DIR"
 
   # The job token: 0600, kept across requeues of this job.
   if [ ! -s "$MUSTER_JOB_DIR/token" ]; then

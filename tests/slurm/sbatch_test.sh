@@ -2,7 +2,8 @@
 # Submits deploy/slurm/train.sbatch (MODE agent: one muster-agent per node) or
 # train-direct.sbatch (MODE direct: srun starts the trainers) to the local
 # cluster as 2 nodes x 2 trainers, and checks that the job completes with
-# exit 0 and that rank 0 printed its final test accuracy.
+# exit 0, that rank 0 printed its final test accuracy, and that the job
+# directory is private (0700).
 #   sbatch_test.sh SOURCE_DIR BIN_DIR agent|direct
 set -euo pipefail
 MODE="${3:?agent|direct}"
@@ -30,4 +31,5 @@ members="$(grep -oE 'member node[12]/[01] \(identity from [a-z-]+\)' "$WORK/out.
 [ "$members" = 4 ] || fail "want 4 distinct members node1/0..node2/1, saw $members"
 [ -f "$WORK/job/checkpoints/step-60/manifest.json" ] || fail "no checkpoint of step 60"
 grep -q "training completed" "$WORK/out.log" || fail "no completion line from the batch script"
+[ "$(stat -c %a "$WORK/job")" = 700 ] || fail "job dir mode $(stat -c %a "$WORK/job"), want 700"
 log "PASS: $SCRIPT on 2 nodes x 2 trainers completed"
