@@ -56,6 +56,16 @@ class StateServerTest : public ::testing::Test {
   std::unique_ptr<v1::State::Stub> stub_;
 };
 
+// Without a job token the weights are not served to the network: a wildcard
+// host becomes loopback; a token or an explicit host keeps the address.
+TEST(StateListenAddressTest, WithoutATokenAWildcardBecomesLoopback) {
+  EXPECT_EQ(StateListenAddress("0.0.0.0:0", ""), "127.0.0.1:0");
+  EXPECT_EQ(StateListenAddress("[::]:7000", ""), "127.0.0.1:7000");
+  EXPECT_EQ(StateListenAddress(":7000", ""), "127.0.0.1:7000");
+  EXPECT_EQ(StateListenAddress("0.0.0.0:0", "secret"), "0.0.0.0:0");
+  EXPECT_EQ(StateListenAddress("10.1.2.3:7000", ""), "10.1.2.3:7000");
+}
+
 TEST_F(StateServerTest, NoOrWrongTokenIsRefused) {
   std::string bytes;
   int64_t step = -1;

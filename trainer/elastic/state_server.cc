@@ -161,6 +161,16 @@ class StateServerImpl final : public StateServer, public v1::State::Service {
 
 }  // namespace
 
+std::string StateListenAddress(const std::string& listen, const std::string& token) {
+  if (!token.empty()) return listen;
+  const size_t colon = listen.rfind(':');
+  const std::string host = colon == std::string::npos ? "" : listen.substr(0, colon);
+  if (host.empty() || host == "0.0.0.0" || host == "[::]" || host == "::") {
+    return "127.0.0.1" + (colon == std::string::npos ? ":0" : listen.substr(colon));
+  }
+  return listen;
+}
+
 absl::StatusOr<std::unique_ptr<StateServer>> StateServer::Start(StateServerOptions options) {
   auto server = std::make_unique<StateServerImpl>(std::move(options));
   if (absl::Status s = server->Listen(); !s.ok()) return s;

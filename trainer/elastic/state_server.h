@@ -28,6 +28,12 @@ struct StateServerOptions {
   std::string member_id;             // named in every answer
 };
 
+// Where the state service listens: `listen` as given, except that without
+// a job token (nobody can be told apart) a wildcard host (0.0.0.0, [::] or
+// none) becomes 127.0.0.1, so that the weights are not served to the
+// network. An explicit address is kept.
+std::string StateListenAddress(const std::string& listen, const std::string& token);
+
 class StateServer {
  public:
   // Errors: INVALID_ARGUMENT (bad TLS files), UNAVAILABLE (cannot bind).

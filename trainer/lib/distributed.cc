@@ -195,11 +195,18 @@ Engine::~Engine() {
 
 absl::Status Engine::StartServices(ClientOptions* client) {
   if (options_.state_listen.empty()) return absl::OkStatus();
+  const std::string listen = StateListenAddress(options_.state_listen, client->token);
+  if (listen != options_.state_listen) {
+    MUSTER_LOG(WARNING) << "no job token: the state service listens on " << listen
+                        << " only (give a token to serve the weights to other hosts)";
+  }
   MUSTER_ASSIGN_OR_RETURN(state_server_,
-                          StateServer::Start({options_.state_listen, client->token,
+                          StateServer::Start({listen, client->token,
                                               {options_.state_tls_cert, options_.state_tls_key, ""},
                                               client->member_id}));
-  const std::string host = options_.address.empty() ? HostName() : options_.address;
+  const std::string host = listen.rfind("127.0.0.1:", 0) == 0 ? "127.0.0.1"
+                           : options_.address.empty()        ? HostName()
+                                                             : options_.address;
   client->state_address = absl::StrCat(host, ":", state_server_->port());
   return absl::OkStatus();
 }
