@@ -4,8 +4,8 @@
 #include <torch/torch.h>
 
 #include <cstring>
-#include <optional>
 #include <map>
+#include <optional>
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/escaping.h"

@@ -54,12 +54,12 @@ class MemoryChecked : public Communicator {
   }
   absl::Status ReduceScatter(void* data, const std::vector<size_t>& counts, DataType type,
                              ReduceOp op, absl::Time deadline) override {
-    if (absl::Status s = Check("ReduceScatter", data, Total(counts), type); !s.ok()) return s;
+    if (absl::Status s = Check("ReduceScatter", data, TotalCount(counts), type); !s.ok()) return s;
     return inner_->ReduceScatter(data, counts, type, op, deadline);
   }
   absl::Status AllGather(void* data, const std::vector<size_t>& counts, DataType type,
                          absl::Time deadline) override {
-    if (absl::Status s = Check("AllGather", data, Total(counts), type); !s.ok()) return s;
+    if (absl::Status s = Check("AllGather", data, TotalCount(counts), type); !s.ok()) return s;
     return inner_->AllGather(data, counts, type, deadline);
   }
   absl::Status Broadcast(void* data, size_t count, DataType type, int root,
@@ -71,12 +71,6 @@ class MemoryChecked : public Communicator {
   void Abort(const absl::Status& why) override { inner_->Abort(why); }
 
  private:
-  static size_t Total(const std::vector<size_t>& counts) {
-    size_t n = 0;
-    for (size_t c : counts) n += c;
-    return n;
-  }
-
   absl::Status Check(const char* call, const void* data, size_t count, DataType type) const {
     if (count == 0) return absl::OkStatus();
     absl::Status s = CheckBufferIn(inner_->memory(), data, count * DataTypeSize(type));

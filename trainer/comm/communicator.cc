@@ -45,4 +45,10 @@ absl::Status CheckCounts(const std::vector<size_t>& counts, int size) {
   return absl::OkStatus();
 }
 
+size_t TotalCount(const std::vector<size_t>& counts) {
+  size_t total = 0;
+  for (size_t c : counts) total += c;
+  return total;
+}
+
 }  // namespace muster

@@ -47,7 +47,6 @@ struct MemorySpace {
   static MemorySpace Host() { return {}; }
   static MemorySpace Cuda(int device) { return {Kind::kCuda, device}; }
   bool is_host() const { return kind == Kind::kHost; }
-  bool operator==(const MemorySpace& o) const { return kind == o.kind && device == o.device; }
   std::string ToString() const;  // "host", "cuda:0"
 };
 enum class ReduceOp { kSum, kAverage };
@@ -100,6 +99,9 @@ class Communicator {
 
 // Validates `counts` for a communicator of `size` ranks.
 absl::Status CheckCounts(const std::vector<size_t>& counts, int size);
+
+// The elements of a segmented buffer: the sum of `counts`.
+size_t TotalCount(const std::vector<size_t>& counts);
 
 }  // namespace muster
 

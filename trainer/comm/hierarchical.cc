@@ -125,9 +125,7 @@ class Hierarchical : public Communicator {
   absl::Status ReduceScatter(void* data, const std::vector<size_t>& counts, DataType type,
                              ReduceOp op, absl::Time deadline) override {
     if (absl::Status s = CheckCounts(counts, size_); !s.ok()) return s;
-    size_t total = 0;
-    for (size_t c : counts) total += c;
-    return AllReduce(data, total, type, op, deadline);  // every segment ends reduced
+    return AllReduce(data, TotalCount(counts), type, op, deadline);  // every segment ends reduced
   }
 
   absl::Status AllGather(void* data, const std::vector<size_t>& counts, DataType type,

@@ -168,8 +168,7 @@ class GlooCommunicator : public Communicator {
   absl::Status ReduceScatter(void* data, const std::vector<size_t>& counts, DataType type,
                              ReduceOp op, absl::Time deadline) override {
     if (absl::Status s = CheckCounts(counts, size_); !s.ok()) return s;
-    size_t total = 0;
-    for (size_t c : counts) total += c;
+    const size_t total = TotalCount(counts);
     // Gloo 0.5 has no reduce-scatter in its options API: an all-reduce leaves
     // every segment reduced, which is what ReduceScatter promises for ours.
     return AllReduce(data, total, type, op, deadline);
@@ -185,8 +184,7 @@ class GlooCommunicator : public Communicator {
     auto own = std::make_shared<std::vector<char>>(
         static_cast<char*>(data) + offset * es,
         static_cast<char*>(data) + (offset + counts[rank_]) * es);
-    size_t total = 0;
-    for (size_t c : counts) total += c;
+    const size_t total = TotalCount(counts);
     if (absl::Status b = Check(); !b.ok()) return b;
     auto ctx = worker_->context;
     char* stage = worker_->Stage(data, total * es);

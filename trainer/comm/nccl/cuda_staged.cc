@@ -50,7 +50,7 @@ class CudaStaged : public Communicator {
   absl::Status ReduceScatter(void* data, const std::vector<size_t>& counts, DataType type,
                              ReduceOp op, absl::Time deadline) override {
     if (absl::Status s = CheckCounts(counts, size()); !s.ok()) return s;
-    return Staged(data, Total(counts) * DataTypeSize(type), [&](void* host) {
+    return Staged(data, TotalCount(counts) * DataTypeSize(type), [&](void* host) {
       return host_->ReduceScatter(host, counts, type, op, deadline);
     });
   }
@@ -58,7 +58,7 @@ class CudaStaged : public Communicator {
   absl::Status AllGather(void* data, const std::vector<size_t>& counts, DataType type,
                          absl::Time deadline) override {
     if (absl::Status s = CheckCounts(counts, size()); !s.ok()) return s;
-    return Staged(data, Total(counts) * DataTypeSize(type), [&](void* host) {
+    return Staged(data, TotalCount(counts) * DataTypeSize(type), [&](void* host) {
       return host_->AllGather(host, counts, type, deadline);
     });
   }
@@ -74,12 +74,6 @@ class CudaStaged : public Communicator {
   void Abort(const absl::Status& why) override { host_->Abort(why); }
 
  private:
-  static size_t Total(const std::vector<size_t>& counts) {
-    size_t n = 0;
-    for (size_t c : counts) n += c;
-    return n;
-  }
-
   absl::Status Prepare(size_t bytes) {
     if (cudaError_t e = cudaSetDevice(device_); e != cudaSuccess) {
       return CudaFailure("cudaSetDevice", e);

@@ -167,7 +167,7 @@ class NcclCommunicator : public Communicator {
     return absl::AbortedError(absl::StrCat("nccl communicator aborted: ", why_));
   }
 
-  // Marks the communicator broken after a failure of `what`; aborts NCCL.
+  // Marks the communicator broken and aborts NCCL (once); returns `why`.
   absl::Status Break(absl::Status why) {
     broken_ = true;
     if (!aborted_comm_) ncclCommAbort(comm_);
