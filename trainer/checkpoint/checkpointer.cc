@@ -55,34 +55,22 @@ void Checkpointer::Wait() {
   cv_.wait(lock, [this] { return !busy_; });
 }
 
-absl::Status Checkpointer::Snapshot(const CheckpointMeta& meta, Done done) {
-  const absl::Time asked = absl::Now();
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [this] { return !busy_; });
-  const absl::Time start = absl::Now();
-  backlog_seconds_ = absl::ToDoubleSeconds(start - asked);
-  torch::NoGradGuard no_grad;
-  std::vector<std::pair<std::string, NamedTensors>> files = {
-      {"model.safetensors", state_.Model()}, {"optimizer.safetensors", state_.Optimizer()}};
-  if (state_.has_extra()) files.emplace_back("extra.safetensors", state_.Extra());
-  // Lay out each file image: the safetensors prefix, then the tensors.
-  std::vector<std::string> prefixes;
-  images_.clear();
-  size_t total = 0;
-  for (const auto& [name, tensors] : files) {
-    std::vector<TensorRef> refs;
-    size_t data = 0;
-    for (const auto& [tname, t] : tensors) {
-      MUSTER_ASSIGN_OR_RETURN(std::string dtype, DtypeName(t.scalar_type()));
-      refs.push_back({tname, dtype, t.sizes().vec(), nullptr});
-      data += static_cast<size_t>(t.numel()) * t.element_size();
-    }
-    MUSTER_ASSIGN_OR_RETURN(std::string prefix, SafetensorsPrefix(refs, {{"format", "muster"}}));
-    Image image{name, total, prefix.size() + data};
-    total += (image.size + kDirectAlignment - 1) / kDirectAlignment * kDirectAlignment;
-    images_.push_back(image);
-    prefixes.push_back(std::move(prefix));
+absl::Status Checkpointer::EnsureArena(size_t total) {
+  if (arena_capacity_ >= total) return absl::OkStatus();  // grows once, then reused
+  void* p = nullptr;
+  if (::posix_memalign(&p, kDirectAlignment, total) != 0) {
+    return absl::ResourceExhaustedError(absl::StrCat("cannot allocate ", total,
+                                                     " bytes of checkpoint buffers"));
   }
+  copier_.Unpin();
+  arena_.reset(static_cast<char*>(p));
+  arena_capacity_ = total;
+  arena_pinned_ = false;
+  return absl::OkStatus();
+}
+
+void Checkpointer::CopyIntoArena(const FileTensors& files,
+                                 const std::vector<std::string>& prefixes) {
   // Where each tensor goes in the arena, and whether the next forward pass
   // may change it (buffers, extras: copied first, see DeviceCopier).
   struct Placed {
@@ -92,17 +80,6 @@ absl::Status Checkpointer::Snapshot(const CheckpointMeta& meta, Done done) {
   };
   std::vector<Placed> placed;
   std::optional<torch::Device> device;
-  if (arena_capacity_ < total) {  // grows once, then reused
-    void* p = nullptr;
-    if (::posix_memalign(&p, kDirectAlignment, total) != 0) {
-      return absl::ResourceExhaustedError(absl::StrCat("cannot allocate ", total,
-                                                       " bytes of checkpoint buffers"));
-    }
-    copier_.Unpin();
-    arena_.reset(static_cast<char*>(p));
-    arena_capacity_ = total;
-    arena_pinned_ = false;
-  }
   for (size_t f = 0; f < files.size(); ++f) {
     char* out = arena_.get() + images_[f].offset;
     std::memcpy(out, prefixes[f].data(), prefixes[f].size());
@@ -128,6 +105,38 @@ absl::Status Checkpointer::Snapshot(const CheckpointMeta& meta, Done done) {
     if (!p.early) copier_.Copy(p.at, p.tensor);
   }
   copier_.End();
+}
+
+absl::Status Checkpointer::Snapshot(const CheckpointMeta& meta, Done done) {
+  const absl::Time asked = absl::Now();
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [this] { return !busy_; });
+  const absl::Time start = absl::Now();
+  backlog_seconds_ = absl::ToDoubleSeconds(start - asked);
+  torch::NoGradGuard no_grad;
+  FileTensors files = {
+      {"model.safetensors", state_.Model()}, {"optimizer.safetensors", state_.Optimizer()}};
+  if (state_.has_extra()) files.emplace_back("extra.safetensors", state_.Extra());
+  // Lay out each file image: the safetensors prefix, then the tensors.
+  std::vector<std::string> prefixes;
+  images_.clear();
+  size_t total = 0;
+  for (const auto& [name, tensors] : files) {
+    std::vector<TensorRef> refs;
+    size_t data = 0;
+    for (const auto& [tname, t] : tensors) {
+      MUSTER_ASSIGN_OR_RETURN(std::string dtype, DtypeName(t.scalar_type()));
+      refs.push_back({tname, dtype, t.sizes().vec(), nullptr});
+      data += static_cast<size_t>(t.numel()) * t.element_size();
+    }
+    MUSTER_ASSIGN_OR_RETURN(std::string prefix, SafetensorsPrefix(refs, {{"format", "muster"}}));
+    Image image{name, total, prefix.size() + data};
+    total += (image.size + kDirectAlignment - 1) / kDirectAlignment * kDirectAlignment;
+    images_.push_back(image);
+    prefixes.push_back(std::move(prefix));
+  }
+  MUSTER_RETURN_IF_ERROR(EnsureArena(total));
+  CopyIntoArena(files, prefixes);
   meta_ = meta;
   if (meta_.rng_state.empty()) {
     torch::Tensor rng = at::detail::getDefaultCPUGenerator().get_state();

@@ -104,6 +104,13 @@ class Checkpointer {
     size_t offset = 0;  // in the arena; aligned for direct I/O
     size_t size = 0;    // exact file size
   };
+  // Each file's name and tensors, in file order.
+  using FileTensors = std::vector<std::pair<std::string, NamedTensors>>;
+  // Grows the arena to `total` bytes (unpinning the old one).
+  absl::Status EnsureArena(size_t total);
+  // Writes each file's prefix into its image and queues its tensors' copies
+  // behind it (DeviceCopier: at once on the CPU, on a side stream from GPUs).
+  void CopyIntoArena(const FileTensors& files, const std::vector<std::string>& prefixes);
   void WriterLoop();
   absl::StatusOr<std::vector<FileReport>> Write(const CheckpointMeta& meta, uint64_t* bytes);
 
