@@ -435,6 +435,12 @@ std::vector<CheckpointRecord> Coordinator::ListCheckpoints(bool all) {
 
 // ---------------------------------------------------------------- status
 
+std::shared_ptr<const World> Coordinator::CurrentWorld() {
+  absl::MutexLock lock(&mu_);
+  if (world_.generation == 0) return nullptr;
+  return Published();
+}
+
 StatusSnapshot Coordinator::GetStatus() {
   absl::MutexLock lock(&mu_);
   StatusSnapshot s;

@@ -189,6 +189,10 @@ class Coordinator {
   absl::Status AbortCheckpoint(uint64_t id, const MemberKey& key, const std::string& reason);
   std::vector<CheckpointRecord> ListCheckpoints(bool all);
 
+  // The newest world formed (its members may still be arriving), shared
+  // and immutable; nullptr before the first.
+  std::shared_ptr<const World> CurrentWorld();
+
   StatusSnapshot GetStatus();
   CoordinatorCounters Counters();
   std::vector<JobEvent> RecentEvents(size_t limit);
@@ -232,7 +236,12 @@ class Coordinator {
   void Pause(const std::string& reason, Actions* actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ResetGenerationState(const std::string& reason, Actions* actions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // True when a Rendezvous call cannot change the decision to wait (see the
+  // definition); Evaluate is then skipped.
+  bool StillWaiting() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Arrive(const std::string& id, int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // world_ as a shared immutable copy, made once per change.
+  std::shared_ptr<const World> Published() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CompleteIfAllArrived(Actions* actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FailMember(MemberInfo* info, const std::string& reason, Actions* actions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -283,6 +292,8 @@ class Coordinator {
   // Members of world_ that have called Rendezvous for it, with their step.
   std::map<std::string, int64_t> arrived_ ABSL_GUARDED_BY(mu_);
   bool world_complete_ ABSL_GUARDED_BY(mu_) = false;
+  // Published()'s copy of world_.
+  std::shared_ptr<const World> published_ ABSL_GUARDED_BY(mu_);
   absl::Time recover_deadline_ ABSL_GUARDED_BY(mu_);
   std::list<RendezvousWaiter> waiters_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, Session> sessions_ ABSL_GUARDED_BY(mu_);

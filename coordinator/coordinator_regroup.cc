@@ -60,7 +60,7 @@ void Coordinator::Rendezvous(const MemberKey& key, uint64_t after_generation, in
                               rank >= 0 &&
                               world_.members[rank].member.incarnation == key.incarnation;
   if (in_newer_world && world_complete_) {
-    RendezvousResult result{std::make_shared<const World>(world_), static_cast<uint32_t>(rank)};
+    RendezvousResult result{Published(), static_cast<uint32_t>(rank)};
     actions.Add([done = std::move(done), result] { done(result); });
     return;
   }
@@ -72,8 +72,23 @@ void Coordinator::Rendezvous(const MemberKey& key, uint64_t after_generation, in
     return;
   }
   if (info->state != MemberState::kActive) info->state = MemberState::kWaiting;
+  if (StillWaiting()) return;
   Evaluate(/*urgent=*/false, /*abort=*/false,
            absl::StrCat("member ", key.id, " is waiting to join"), &actions);
+}
+
+bool Coordinator::StillWaiting() {
+  // Without a live world every candidate is a waiter, so the waiters bound
+  // the candidates. While they cannot reach min_members, or cannot fill the
+  // world before a last call already under way ends, one more waiter
+  // changes no decision: skip the full evaluation, which is linear in the
+  // members (N arrivals would cost N^2). Tick evaluates when the last call
+  // ends.
+  if (world_live_ || job_state_ != JobState::kWaiting) return false;
+  const size_t bound = waiters_.size();
+  if (bound < options_.rules.min_members) return true;
+  return bound < options_.rules.max_members && timer_.deadline().has_value() &&
+         clock_->Now() < *timer_.deadline();
 }
 
 std::vector<Candidate> Coordinator::Candidates() {
@@ -232,16 +247,24 @@ void Coordinator::Form(std::vector<Candidate> candidates, uint32_t size, bool ab
 
 void Coordinator::Arrive(const std::string& id, int64_t step) { arrived_[id] = step; }
 
+std::shared_ptr<const World> Coordinator::Published() {
+  if (published_ == nullptr || published_->generation != world_.generation) {
+    published_ = std::make_shared<const World>(world_);
+  }
+  return published_;
+}
+
 void Coordinator::CompleteIfAllArrived(Actions* actions) {
   if (!world_live_ || world_complete_) return;
-  for (const Assignment& a : world_.members) {
-    if (arrived_.count(a.member.id) == 0) return;
-  }
+  // arrived_ holds members of world_ only (Arrive's callers check), so its
+  // size says whether all arrived without a scan per arrival.
+  if (arrived_.size() < world_.size()) return;
   for (Assignment& a : world_.members) a.step = arrived_[a.member.id];
   ChooseStateSource(&world_);
   world_complete_ = true;
   persister_.SaveWorld(world_);
-  auto shared = std::make_shared<const World>(world_);
+  published_.reset();
+  std::shared_ptr<const World> shared = Published();
   for (auto it = waiters_.begin(); it != waiters_.end();) {
     const int rank = world_.RankOf(it->member.id);
     if (rank >= 0 && it->after_generation < generation_ &&

@@ -1,5 +1,6 @@
 #include "coordinator/grpc_service.h"
 
+#include <algorithm>
 #include <cmath>
 #include <utility>
 
@@ -19,22 +20,41 @@ void ToProto(const MemberKey& key, v1::MemberRef* out) {
   out->set_incarnation(key.incarnation);
 }
 
+void ToProto(const Assignment& a, v1::Assignment* m) {
+  ToProto(a.member, m->mutable_member());
+  m->set_node(a.node);
+  m->set_rank(a.rank);
+  m->set_node_rank(a.node_rank);
+  m->set_local_rank(a.local_rank);
+  m->set_local_world_size(a.local_world_size);
+  m->set_state_address(a.state_address);
+  m->set_step(a.step);
+}
+
+// The world's summary: a fixed number of fields, whatever its size.
 void ToProto(const World& world, v1::World* out) {
   out->set_generation(world.generation);
   out->set_world_size(world.size());
   out->set_node_count(world.node_count);
   out->set_state_source_rank(world.state_source_rank);
   out->set_state_step(world.state_step);
-  for (const Assignment& a : world.members) {
-    v1::Assignment* m = out->add_members();
-    ToProto(a.member, m->mutable_member());
-    m->set_node(a.node);
-    m->set_rank(a.rank);
-    m->set_node_rank(a.node_rank);
-    m->set_local_rank(a.local_rank);
-    m->set_local_world_size(a.local_world_size);
-    m->set_state_address(a.state_address);
-    m->set_step(a.step);
+  if (world.state_source_rank < world.size()) {
+    ToProto(world.members[world.state_source_rank], out->mutable_state_source());
+  }
+  for (uint32_t size : world.node_sizes()) out->add_node_sizes(size);
+  out->set_digest(world.digest());
+}
+
+// What one member receives: the summary, itself and its node (ranks of a
+// node are contiguous).
+void ToProto(const World& world, uint32_t rank, v1::RendezvousResponse* out) {
+  ToProto(world, out->mutable_world());
+  out->set_rank(rank);
+  const Assignment& self = world.members[rank];
+  ToProto(self, out->mutable_self());
+  const uint32_t first = rank - self.local_rank;
+  for (uint32_t r = first; r < first + self.local_world_size && r < world.size(); ++r) {
+    ToProto(world.members[r], out->add_node_members());
   }
 }
 
@@ -131,13 +151,43 @@ grpc::ServerUnaryReactor* CoordinatorService::Rendezvous(grpc::CallbackServerCon
   coordinator_->Rendezvous(
       ToKey(req->member()), req->after_generation(), req->step(), Millis(req->timeout_ms()),
       [resp, finish](absl::StatusOr<RendezvousResult> result) {
-        if (result.ok()) {
-          ToProto(*result->world, resp->mutable_world());
-          resp->set_rank(result->rank);
-        }
+        if (result.ok()) ToProto(*result->world, result->rank, resp);
         finish(result.status());
       });
   return reactor;
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::GetWorld(grpc::CallbackServerContext* ctx,
+                                                       const v1::GetWorldRequest* req,
+                                                       v1::GetWorldResponse* resp) {
+  MUSTER_AUTHORIZE("GetWorld");
+  constexpr uint32_t kDefaultPage = 1'000, kMaxPage = 10'000;
+  const std::shared_ptr<const World> world = coordinator_->CurrentWorld();
+  if (world == nullptr) {
+    return Reply(ctx, "GetWorld", start, absl::NotFoundError("no world has formed yet"));
+  }
+  if (req->generation() != 0 && req->generation() != world->generation) {
+    return Reply(ctx, "GetWorld", start,
+                 absl::NotFoundError(absl::StrCat("generation ", req->generation(),
+                                                  " is not the current one (",
+                                                  world->generation, ")")));
+  }
+  if (req->start_rank() > world->size()) {
+    return Reply(ctx, "GetWorld", start,
+                 absl::InvalidArgumentError(absl::StrCat("start_rank ", req->start_rank(),
+                                                         " is beyond the world's ",
+                                                         world->size(), " members")));
+  }
+  const uint32_t page =
+      req->max_members() == 0 ? kDefaultPage : std::min(req->max_members(), kMaxPage);
+  const uint32_t end = world->size() - req->start_rank() < page ? world->size()
+                                                                 : req->start_rank() + page;
+  ToProto(*world, resp->mutable_world());
+  for (uint32_t r = req->start_rank(); r < end; ++r) {
+    ToProto(world->members[r], resp->add_members());
+  }
+  resp->set_next_rank(end);
+  return Reply(ctx, "GetWorld", start, absl::OkStatus());
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::Leave(grpc::CallbackServerContext* ctx,

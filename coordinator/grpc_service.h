@@ -29,6 +29,9 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
   grpc::ServerUnaryReactor* Rendezvous(grpc::CallbackServerContext* ctx,
                                        const v1::RendezvousRequest* req,
                                        v1::RendezvousResponse* resp) override;
+  grpc::ServerUnaryReactor* GetWorld(grpc::CallbackServerContext* ctx,
+                                     const v1::GetWorldRequest* req,
+                                     v1::GetWorldResponse* resp) override;
   grpc::ServerUnaryReactor* Leave(grpc::CallbackServerContext* ctx, const v1::LeaveRequest* req,
                                   v1::LeaveResponse* resp) override;
   grpc::ServerUnaryReactor* Drain(grpc::CallbackServerContext* ctx, const v1::DrainRequest* req,

@@ -60,11 +60,18 @@ struct World {
   // change to `members` (AssignWorld and the state store do); a linear scan
   // otherwise.
   int RankOf(const std::string& id) const;
-  // Builds the id -> rank index RankOf uses.
+  // Builds the id -> rank index RankOf uses, the digest and the node sizes.
   void Index();
+  // XXH3-64 of every member's id, incarnation, node and rank, in rank
+  // order (as of the last Index()).
+  uint64_t digest() const { return digest_; }
+  // The distinct numbers of members per node, ascending (as of Index()).
+  const std::vector<uint32_t>& node_sizes() const { return node_sizes_; }
 
  private:
   absl::flat_hash_map<std::string, uint32_t> rank_of_;
+  uint64_t digest_ = 0;
+  std::vector<uint32_t> node_sizes_;
 };
 
 // What happened to the job; kept in the event log.

@@ -39,18 +39,29 @@ void CheckWorld(const v1::RendezvousRequest& req, const v1::RendezvousResponse& 
                       req.ShortDebugString(), "\nanswer: ", resp.ShortDebugString()));
   };
   if (w.generation() <= req.after_generation()) fail("generation not after after_generation");
-  if (w.world_size() != static_cast<uint32_t>(w.members_size())) fail("world_size");
   if (resp.rank() >= w.world_size()) fail("rank out of range");
-  const v1::MemberRef& me = w.members(static_cast<int>(resp.rank())).member();
-  if (me.member_id() != req.member().member_id() ||
-      me.incarnation() != req.member().incarnation()) {
+  const v1::Assignment& self = resp.self();
+  if (self.rank() != resp.rank()) fail("self is not at the answered rank");
+  if (self.member().member_id() != req.member().member_id() ||
+      self.member().incarnation() != req.member().incarnation()) {
     fail("the caller is not at its rank");
   }
   if (w.state_source_rank() >= w.world_size()) fail("state_source_rank out of range");
-  for (int i = 0; i < w.members_size(); ++i) {
-    const v1::Assignment& a = w.members(i);
-    if (a.rank() != static_cast<uint32_t>(i)) fail("members not in rank order");
-    if (a.local_rank() >= a.local_world_size()) fail("local_rank >= local_world_size");
+  if (w.state_source().rank() != w.state_source_rank()) fail("state_source's rank");
+  if (w.node_count() == 0 || w.node_count() > w.world_size()) fail("node_count");
+  if (w.node_sizes_size() == 0) fail("no node_sizes");
+  if (self.local_world_size() != static_cast<uint32_t>(resp.node_members_size())) {
+    fail("node_members is not the caller's node");
+  }
+  for (int i = 0; i < resp.node_members_size(); ++i) {
+    const v1::Assignment& a = resp.node_members(i);
+    if (a.local_rank() != static_cast<uint32_t>(i)) fail("node_members not in local rank order");
+    if (a.node() != self.node() || a.node_rank() != self.node_rank()) {
+      fail("node_members on another node");
+    }
+    if (a.rank() != self.rank() - self.local_rank() + a.local_rank()) {
+      fail("ranks of a node are not contiguous");
+    }
     if (a.node_rank() >= w.node_count()) fail("node_rank >= node_count");
   }
 }

@@ -132,21 +132,31 @@ INSTANTIATE_TEST_SUITE_P(
     [](const ::testing::TestParamInfo<Case>& info) { return Name(info.param); });
 
 TEST(HierarchyPlanTest, UnevenNodesOwnMoreSegments) {
-  Topology t;
-  t.node_of = {0, 0, 0, 1};
-  t.local_rank_of = {0, 1, 2, 0};
-  HierarchyPlan plan = PlanHierarchy(t);
+  // Nodes of 3 and 1 members: three segments, each with its own owners.
+  HierarchyPlan plan = PlanHierarchy({3, 1});
   EXPECT_EQ(plan.segments, 3);
   ASSERT_EQ(plan.groups.size(), 3u);
-  EXPECT_EQ(plan.groups[1].members, (std::vector<int>{1, 3}));
-  EXPECT_EQ(plan.owned_begin[1], (std::vector<int>{0, 3}));
-  Topology even;
-  even.node_of = {0, 0, 1, 1};
-  even.local_rank_of = {0, 1, 0, 1};
-  HierarchyPlan p2 = PlanHierarchy(even);
-  ASSERT_EQ(p2.groups.size(), 2u);
-  EXPECT_EQ(p2.groups[0].members, (std::vector<int>{0, 2}));
-  EXPECT_EQ(p2.groups[1].members, (std::vector<int>{1, 3}));
+  EXPECT_EQ(plan.owned_begin.at(1), (std::vector<int>{0, 3}));
+  EXPECT_EQ(plan.owned_begin.at(3), (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(plan.Owner(3, 1), 1);
+  EXPECT_EQ(plan.Owner(1, 1), 0);
+  // Two nodes of two: one group per local rank.
+  HierarchyPlan even = PlanHierarchy({2, 2});
+  ASSERT_EQ(even.groups.size(), 2u);
+  EXPECT_EQ(even.Owner(2, even.groups[0].first_segment), 0);
+  EXPECT_EQ(even.Owner(2, even.groups[1].first_segment), 1);
+}
+
+TEST(HierarchyPlanTest, SegmentsWithTheSameOwnersShareAGroup) {
+  // Nodes of 4 and 2: the node of 2 owns two segments per member, so the
+  // owners change at every segment on the node of 4: four groups.
+  EXPECT_EQ(PlanHierarchy({4, 2}).groups.size(), 4u);
+  // Only nodes of 1: one segment, one group of every node.
+  HierarchyPlan flat = PlanHierarchy({1});
+  EXPECT_EQ(flat.segments, 1);
+  ASSERT_EQ(flat.groups.size(), 1u);
+  // Repeats and order do not change the plan.
+  EXPECT_EQ(PlanHierarchy({2, 3, 2, 3}).owned_begin, PlanHierarchy({3, 2}).owned_begin);
 }
 
 TEST(CommFactoryTest, ShmAcrossNodesIsRefused) {

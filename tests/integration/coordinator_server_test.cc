@@ -67,15 +67,78 @@ TEST_F(ServerTest, DozensOfMembersRendezvousIntoOneWorld) {
   }
   auto results = RendezvousAll(ms, 0);
   std::set<uint32_t> ranks;
-  for (const auto& r : results) {
+  std::set<uint64_t> digests;
+  for (size_t i = 0; i < results.size(); ++i) {
+    const auto& r = results[i];
     ASSERT_TRUE(r.ok()) << r.status();
     EXPECT_EQ(r->world().generation(), 1u);
     EXPECT_EQ(r->world().world_size(), static_cast<uint32_t>(kMembers));
     EXPECT_EQ(r->world().node_count(), 4u);
+    EXPECT_EQ(r->world().node_sizes().size(), 1);
+    EXPECT_EQ(r->world().node_sizes(0), 8u);
     ranks.insert(r->rank());
+    digests.insert(r->world().digest());
+    // Each member hears of itself and its node, not of the whole world.
+    EXPECT_EQ(r->self().member().member_id(), "m" + std::to_string(i));
+    EXPECT_EQ(r->self().rank(), r->rank());
+    ASSERT_EQ(r->node_members_size(), 8);
+    for (int l = 0; l < 8; ++l) {
+      EXPECT_EQ(r->node_members(l).node(), r->self().node());
+      EXPECT_EQ(r->node_members(l).local_rank(), static_cast<uint32_t>(l));
+    }
+    EXPECT_EQ(r->world().state_source().rank(), r->world().state_source_rank());
   }
   EXPECT_EQ(ranks.size(), static_cast<size_t>(kMembers));
+  EXPECT_EQ(digests.size(), 1u);
   EXPECT_GT(ms[0]->acks(), 0);
+}
+
+TEST_F(ServerTest, GetWorldPagesThroughTheMembership) {
+  constexpr int kMembers = 10;
+  Start(kMembers, kMembers);
+  std::vector<std::unique_ptr<TestMember>> owned;
+  std::vector<TestMember*> ms;
+  for (int i = 0; i < kMembers; ++i) {
+    owned.push_back(NewMember("m" + std::to_string(i), "node" + std::to_string(i % 3)));
+    ms.push_back(owned.back().get());
+  }
+  v1::GetWorldResponse none;
+  EXPECT_EQ(ms[0]->stub()->GetWorld(ms[0]->Context().get(), v1::GetWorldRequest(), &none)
+                .error_code(),
+            grpc::StatusCode::NOT_FOUND);
+  auto results = RendezvousAll(ms, 0);
+  ASSERT_TRUE(results[0].ok()) << results[0].status();
+  const v1::World& world = results[0]->world();
+  std::vector<v1::Assignment> all;
+  uint32_t next = 0;
+  while (next < world.world_size()) {
+    v1::GetWorldRequest req;
+    req.set_start_rank(next);
+    req.set_max_members(4);
+    v1::GetWorldResponse page;
+    grpc::Status s = ms[0]->stub()->GetWorld(ms[0]->Context().get(), req, &page);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    EXPECT_EQ(page.world().digest(), world.digest());
+    ASSERT_LE(page.members_size(), 4);
+    ASSERT_GT(page.next_rank(), next);
+    for (const v1::Assignment& a : page.members()) all.push_back(a);
+    next = page.next_rank();
+  }
+  ASSERT_EQ(all.size(), world.world_size());
+  for (size_t r = 0; r < all.size(); ++r) EXPECT_EQ(all[r].rank(), r);
+  for (const auto& r : results) {
+    ASSERT_TRUE(r.ok());
+    EXPECT_EQ(all[r->rank()].member().member_id(), r->self().member().member_id());
+  }
+  v1::GetWorldRequest stale;
+  stale.set_generation(world.generation() + 1);
+  v1::GetWorldResponse unused;
+  EXPECT_EQ(ms[0]->stub()->GetWorld(ms[0]->Context().get(), stale, &unused).error_code(),
+            grpc::StatusCode::NOT_FOUND);
+  v1::GetWorldRequest beyond;
+  beyond.set_start_rank(world.world_size() + 1);
+  EXPECT_EQ(ms[0]->stub()->GetWorld(ms[0]->Context().get(), beyond, &unused).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
 }
 
 TEST_F(ServerTest, LastCallCollectsLateJoiners) {

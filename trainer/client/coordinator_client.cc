@@ -30,6 +30,20 @@ v1::MemberRef Ref(const ClientOptions& o) {
   return r;
 }
 
+PeerInfo FromProto(const v1::Assignment& a) {
+  PeerInfo p;
+  p.member_id = a.member().member_id();
+  p.incarnation = a.member().incarnation();
+  p.node = a.node();
+  p.state_address = a.state_address();
+  p.rank = static_cast<int>(a.rank());
+  p.node_rank = static_cast<int>(a.node_rank());
+  p.local_rank = static_cast<int>(a.local_rank());
+  p.local_world_size = static_cast<int>(a.local_world_size());
+  p.step = a.step();
+  return p;
+}
+
 WorldInfo FromProto(const v1::RendezvousResponse& resp) {
   WorldInfo w;
   const v1::World& pw = resp.world();
@@ -39,20 +53,36 @@ WorldInfo FromProto(const v1::RendezvousResponse& resp) {
   w.node_count = static_cast<int>(pw.node_count());
   w.state_source_rank = static_cast<int>(pw.state_source_rank());
   w.state_step = pw.state_step();
-  for (const v1::Assignment& a : pw.members()) {
-    PeerInfo p;
-    p.member_id = a.member().member_id();
-    p.incarnation = a.member().incarnation();
-    p.node = a.node();
-    p.state_address = a.state_address();
-    p.rank = static_cast<int>(a.rank());
-    p.node_rank = static_cast<int>(a.node_rank());
-    p.local_rank = static_cast<int>(a.local_rank());
-    p.local_world_size = static_cast<int>(a.local_world_size());
-    p.step = a.step();
-    w.peers.push_back(std::move(p));
-  }
+  w.state_source = FromProto(pw.state_source());
+  w.self = FromProto(resp.self());
+  for (const v1::Assignment& a : resp.node_members()) w.node_peers.push_back(FromProto(a));
+  for (uint32_t size : pw.node_sizes()) w.node_sizes.push_back(static_cast<int>(size));
+  w.digest = pw.digest();
   return w;
+}
+
+// The answer is what the communicators are built from: refuse one that does
+// not hold together rather than build from it.
+absl::Status CheckWorld(const WorldInfo& w, const std::string& me) {
+  const auto bad = [&](const std::string& what) {
+    return absl::InternalError(absl::StrCat("the coordinator's world for generation ",
+                                            w.generation, " is inconsistent: ", what));
+  };
+  if (w.rank < 0 || w.rank >= w.world_size || w.self.rank != w.rank) {
+    return bad(absl::StrCat("rank ", w.rank, " of ", w.world_size));
+  }
+  if (w.self.member_id != me) return bad(absl::StrCat("it assigns rank ", w.rank, " to ", w.self.member_id));
+  if (w.local_world_size() < 1 ||
+      static_cast<int>(w.node_peers.size()) != w.local_world_size() ||
+      w.local_rank() >= w.local_world_size() ||
+      w.node_peers[w.local_rank()].member_id != me) {
+    return bad(absl::StrCat(w.node_peers.size(), " node members for local rank ",
+                            w.local_rank(), " of ", w.local_world_size()));
+  }
+  if (w.node_sizes.empty() || w.node_count < 1 || w.node_count > w.world_size) {
+    return bad(absl::StrCat(w.node_count, " nodes"));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -233,6 +263,7 @@ absl::StatusOr<WorldInfo> CoordinatorClient::Rendezvous(uint64_t after, int64_t 
     return FromGrpcStatus(impl_->stub->Rendezvous(&ctx, req, &resp));
   }));
   WorldInfo w = FromProto(resp);
+  MUSTER_RETURN_IF_ERROR(CheckWorld(w, options_.member_id));
   if (w.generation > latest_generation_) latest_generation_ = w.generation;
   return w;
 }

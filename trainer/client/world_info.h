@@ -21,19 +21,29 @@ struct PeerInfo {
   int64_t step = 0;
 };
 
+// What the coordinator tells each member: a fixed-size summary of the world
+// plus this member's own node. The full membership is not sent to members
+// (CoordinatorClient::GetWorld pages through it on request).
 struct WorldInfo {
   uint64_t generation = 0;
-  int rank = 0;        // this member
+  int rank = 0;  // this member
   int world_size = 0;
   int node_count = 0;
   int state_source_rank = 0;
   int64_t state_step = 0;
-  std::vector<PeerInfo> peers;  // by rank
+  PeerInfo state_source;
+  // This member's assignment.
+  PeerInfo self;
+  // The members of this member's node, itself included, by local rank.
+  std::vector<PeerInfo> node_peers;
+  // The distinct numbers of members per node, ascending.
+  std::vector<int> node_sizes;
+  // Digest of the whole membership; equal for every member of the world.
+  uint64_t digest = 0;
 
-  const PeerInfo& self() const { return peers[rank]; }
-  int node_rank() const { return self().node_rank; }
-  int local_rank() const { return self().local_rank; }
-  int local_world_size() const { return self().local_world_size; }
+  int node_rank() const { return self.node_rank; }
+  int local_rank() const { return self.local_rank; }
+  int local_world_size() const { return self.local_world_size; }
 };
 
 }  // namespace muster

@@ -19,22 +19,13 @@ absl::StatusOr<Backend> ParseBackend(const std::string& name) {
       absl::StrCat("unknown backend '", name, "' (auto, gloo, shm, hier, nccl)"));
 }
 
-Topology TopologyOf(const WorldInfo& world) {
-  Topology t;
-  for (const PeerInfo& p : world.peers) {
-    t.node_of.push_back(p.node_rank);
-    t.local_rank_of.push_back(p.local_rank);
-  }
-  return t;
-}
-
 namespace {
 
 ShmOptions ShmOptionsFor(const WorldInfo& world, const CommOptions& options) {
   ShmOptions shm;
   shm.job = options.job;
   shm.generation = world.generation;
-  shm.node = world.self().node;
+  shm.node = world.self.node;
   shm.slot_bytes = options.shm_slot_bytes;
   return shm;
 }
@@ -82,31 +73,29 @@ std::unique_ptr<BufferOps> BufferOpsFor([[maybe_unused]] const CommOptions& opti
 absl::StatusOr<std::unique_ptr<Communicator>> BuildHier(const WorldInfo& world, Store* store,
                                                         const CommOptions& options,
                                                         absl::Time deadline) {
-  const Topology topology = TopologyOf(world);
-  HierarchyPlan plan = PlanHierarchy(topology);
-  const int node = world.node_rank();
+  HierarchyPlan plan = PlanHierarchy(world.node_sizes);
   auto intra = BuildIntra(world, store, options, deadline);
   if (!intra.ok()) return intra.status();
   std::vector<InterGroup> mine;
   std::vector<std::unique_ptr<Communicator>> inter;
   for (const InterGroup& g : plan.groups) {
-    auto it = std::find(g.members.begin(), g.members.end(), world.rank);
-    if (it == g.members.end()) continue;
+    if (plan.Owner(world.local_world_size(), g.first_segment) != world.local_rank()) continue;
     mine.push_back(g);
-    if (g.members.size() == 1) {
+    if (world.node_count == 1) {
       inter.push_back(nullptr);
       continue;
     }
     auto group_store = NewPrefixStore(store, absl::StrCat("hier/", g.first_segment));
-    auto c = BuildInter(group_store.get(), static_cast<int>(it - g.members.begin()),
-                        static_cast<int>(g.members.size()), options, deadline);
+    auto c = BuildInter(group_store.get(), world.node_rank(), world.node_count, options,
+                        deadline);
     if (!c.ok()) {
       (*intra)->Abort(c.status());
       return c.status();
     }
     inter.push_back(std::move(*c));
   }
-  return NewHierarchicalCommunicator(world.rank, world.world_size, std::move(plan), node,
+  return NewHierarchicalCommunicator(world.rank, world.world_size, std::move(plan),
+                                     world.local_world_size(),
                                      std::move(*intra), std::move(mine), std::move(inter),
                                      BufferOpsFor(options));
 }
@@ -116,8 +105,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> BuildUnchecked(const WorldInfo& wo
                                                              const CommOptions& options,
                                                              absl::Time deadline) {
   Backend backend = options.backend;
-  bool one_per_node = true;
-  for (const PeerInfo& p : world.peers) one_per_node &= p.local_world_size == 1;
+  const bool one_per_node = world.node_count == world.world_size;
   if (backend == Backend::kAuto) {
     if (options.cuda) {
       backend = Backend::kNccl;  // NCCL's own transports across nodes

@@ -31,9 +31,6 @@ struct CommOptions {
   bool check_buffers = false;
 };
 
-// The node/local-rank layout of `world`.
-Topology TopologyOf(const WorldInfo& world);
-
 // Connects this rank's communicator for `world`, bootstrapping through
 // `store` (the generation's KV). With `cuda`, auto picks NCCL for the whole
 // world, and hier is NCCL inside each node with Gloo between nodes from

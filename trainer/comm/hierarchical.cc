@@ -9,48 +9,29 @@
 
 namespace muster {
 
-int Topology::nodes() const {
-  int n = 0;
-  for (int k : node_of) n = std::max(n, k + 1);
-  return n;
+int HierarchyPlan::Owner(int node_size, int segment) const {
+  const std::vector<int>& b = owned_begin.at(node_size);
+  return static_cast<int>(std::upper_bound(b.begin(), b.end(), segment) - b.begin()) - 1;
 }
 
-int Topology::local_size(int node) const {
-  return static_cast<int>(std::count(node_of.begin(), node_of.end(), node));
-}
-
-std::vector<int> Topology::ranks_of(int node) const {
-  std::vector<int> out;
-  for (size_t r = 0; r < node_of.size(); ++r) {
-    if (node_of[r] == node) out.push_back(static_cast<int>(r));
-  }
-  std::sort(out.begin(), out.end(),
-            [&](int a, int b) { return local_rank_of[a] < local_rank_of[b]; });
-  return out;
-}
-
-HierarchyPlan PlanHierarchy(const Topology& topology) {
+HierarchyPlan PlanHierarchy(const std::vector<int>& node_sizes) {
   HierarchyPlan plan;
-  const int nodes = topology.nodes();
-  for (int k = 0; k < nodes; ++k) plan.segments = std::max(plan.segments, topology.local_size(k));
+  for (int l_count : node_sizes) plan.segments = std::max(plan.segments, l_count);
   const int s_count = plan.segments;
-  plan.owned_begin.resize(nodes);
-  for (int k = 0; k < nodes; ++k) {
-    const int l_count = topology.local_size(k);
-    for (int l = 0; l <= l_count; ++l) plan.owned_begin[k].push_back(l * s_count / l_count);
+  for (int l_count : node_sizes) {
+    std::vector<int>& begin = plan.owned_begin[l_count];
+    if (!begin.empty()) continue;
+    for (int l = 0; l <= l_count; ++l) begin.push_back(l * s_count / l_count);
   }
-  auto owner = [&](int k, int s) {
-    const auto& b = plan.owned_begin[k];
-    const int l = static_cast<int>(std::upper_bound(b.begin(), b.end(), s) - b.begin()) - 1;
-    return topology.ranks_of(k)[l];
-  };
   for (int s = 0; s < s_count; ++s) {
-    std::vector<int> members;
-    for (int k = 0; k < nodes; ++k) members.push_back(owner(k, s));
-    if (!plan.groups.empty() && plan.groups.back().members == members) {
+    bool same_owners = s > 0;
+    for (const auto& [l_count, begin] : plan.owned_begin) {
+      same_owners = same_owners && plan.Owner(l_count, s) == plan.Owner(l_count, s - 1);
+    }
+    if (same_owners) {
       plan.groups.back().last_segment = s + 1;
     } else {
-      plan.groups.push_back(InterGroup{s, s + 1, members});
+      plan.groups.push_back(InterGroup{s, s + 1});
     }
   }
   return plan;
@@ -60,13 +41,13 @@ namespace {
 
 class Hierarchical : public Communicator {
  public:
-  Hierarchical(int rank, int size, HierarchyPlan plan, int node,
+  Hierarchical(int rank, int size, HierarchyPlan plan, int local_size,
                std::unique_ptr<Communicator> intra, std::vector<InterGroup> groups,
                std::vector<std::unique_ptr<Communicator>> inter, std::unique_ptr<BufferOps> ops)
       : rank_(rank),
         size_(size),
         plan_(std::move(plan)),
-        node_(node),
+        local_size_(local_size),
         intra_(std::move(intra)),
         groups_(std::move(groups)),
         inter_(std::move(inter)),
@@ -89,7 +70,7 @@ class Hierarchical : public Communicator {
     const std::vector<size_t> seg = EvenSplit(count, plan_.segments);
     std::vector<size_t> seg_offset(seg.size() + 1, 0);
     for (size_t s = 0; s < seg.size(); ++s) seg_offset[s + 1] = seg_offset[s] + seg[s];
-    const std::vector<int>& begin = plan_.owned_begin[node_];
+    const std::vector<int>& begin = plan_.owned_begin.at(local_size_);
     std::vector<size_t> local_counts;
     for (size_t l = 0; l + 1 < begin.size(); ++l) {
       local_counts.push_back(seg_offset[begin[l + 1]] - seg_offset[begin[l]]);
@@ -183,7 +164,7 @@ class Hierarchical : public Communicator {
   const int rank_;
   const int size_;
   const HierarchyPlan plan_;
-  const int node_;
+  const int local_size_;
   std::unique_ptr<Communicator> intra_;
   const std::vector<InterGroup> groups_;
   std::vector<std::unique_ptr<Communicator>> inter_;
@@ -207,10 +188,10 @@ class HostBufferOps : public BufferOps {
 std::unique_ptr<BufferOps> NewHostBufferOps() { return std::make_unique<HostBufferOps>(); }
 
 std::unique_ptr<Communicator> NewHierarchicalCommunicator(
-    int rank, int size, HierarchyPlan plan, int node, std::unique_ptr<Communicator> intra,
+    int rank, int size, HierarchyPlan plan, int local_size, std::unique_ptr<Communicator> intra,
     std::vector<InterGroup> my_groups, std::vector<std::unique_ptr<Communicator>> inter,
     std::unique_ptr<BufferOps> ops) {
-  return std::make_unique<Hierarchical>(rank, size, std::move(plan), node, std::move(intra),
+  return std::make_unique<Hierarchical>(rank, size, std::move(plan), local_size, std::move(intra),
                                         std::move(my_groups), std::move(inter), std::move(ops));
 }
 

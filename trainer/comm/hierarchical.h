@@ -17,6 +17,7 @@
 #ifndef MUSTER_TRAINER_COMM_HIERARCHICAL_H_
 #define MUSTER_TRAINER_COMM_HIERARCHICAL_H_
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -25,32 +26,29 @@
 
 namespace muster {
 
-// Where the ranks are: node and local rank of every global rank.
-struct Topology {
-  std::vector<int> node_of;        // by global rank; nodes numbered 0..N-1
-  std::vector<int> local_rank_of;  // by global rank
-  int nodes() const;
-  int local_size(int node) const;
-  // Global ranks of `node`, by local rank.
-  std::vector<int> ranks_of(int node) const;
-};
-
-// One inter-node group: the owners of segments [first, last).
+// One inter-node group: segments [first_segment, last_segment), reduced
+// across nodes among their owners, one per node. Every node has an owner of
+// every segment, so a group has one member per node, at the node's rank.
 struct InterGroup {
   int first_segment = 0;
   int last_segment = 0;
-  std::vector<int> members;  // global ranks, by node
 };
 
 struct HierarchyPlan {
   int segments = 0;
-  // Segments owned by local rank l of node k: [owned_begin[k][l], owned_begin[k][l+1]).
-  std::vector<std::vector<int>> owned_begin;
+  // On a node of L members, local rank l owns the segments
+  // [owned_begin.at(L)[l], owned_begin.at(L)[l + 1]).
+  std::map<int, std::vector<int>> owned_begin;
   std::vector<InterGroup> groups;  // all groups, by first segment
+
+  // Local rank that owns `segment` on a node of `node_size` members.
+  int Owner(int node_size, int segment) const;
 };
 
-// Pure: the plan for `topology`.
-HierarchyPlan PlanHierarchy(const Topology& topology);
+// Pure: the plan for a world whose nodes hold `node_sizes` members (any
+// order, repeats allowed: only the distinct sizes matter, so every member
+// can plan from the world's summary without knowing every node).
+HierarchyPlan PlanHierarchy(const std::vector<int>& node_sizes);
 
 // Element-wise work the composition does on its buffers.
 class BufferOps {
@@ -64,11 +62,12 @@ class BufferOps {
 // BufferOps on host memory.
 std::unique_ptr<BufferOps> NewHostBufferOps();
 
-// Composes `intra` (this node's ranks) and the inter-node communicators of
-// the groups this rank belongs to (`inter[i]` for `my_groups[i]`, ordered by
-// first segment; nullptr for a group of one). Takes ownership.
+// Composes `intra` (this node's `local_size` ranks) and the inter-node
+// communicators of the groups this rank belongs to (`inter[i]` for
+// `my_groups[i]`, ordered by first segment; nullptr for a group of one).
+// Takes ownership.
 std::unique_ptr<Communicator> NewHierarchicalCommunicator(
-    int rank, int size, HierarchyPlan plan, int node, std::unique_ptr<Communicator> intra,
+    int rank, int size, HierarchyPlan plan, int local_size, std::unique_ptr<Communicator> intra,
     std::vector<InterGroup> my_groups, std::vector<std::unique_ptr<Communicator>> inter,
     std::unique_ptr<BufferOps> ops = NewHostBufferOps());
 
