@@ -187,11 +187,16 @@ absl::StatusOr<JoinResult> Coordinator::Join(const JoinSpec& spec) {
 }
 
 absl::StatusOr<uint64_t> Coordinator::OpenSession(const MemberKey& key,
-                                                  std::shared_ptr<SessionSink> sink) {
+                                                  std::shared_ptr<SessionSink> sink,
+                                                  const std::string& node) {
   Actions actions = Gated();
   absl::MutexLock lock(&mu_);
   MUSTER_RETURN_IF_ERROR(CheckServing());
   MUSTER_ASSIGN_OR_RETURN(MemberInfo * info, membership_.Live(key));
+  if (!node.empty() && info->node != node) {
+    return absl::InvalidArgumentError(absl::StrCat("member ", key.id, " joined on node ",
+                                                   info->node, ", not on ", node));
+  }
   if (info->session != 0) {
     auto it = sessions_.find(info->session);
     if (it != sessions_.end()) {
@@ -216,6 +221,23 @@ absl::StatusOr<uint64_t> Coordinator::Heartbeat(uint64_t session, int64_t step) 
   MUSTER_ASSIGN_OR_RETURN(MemberInfo * info, membership_.Live(it->second.member));
   info->last_seen = clock_->Now();
   if (step >= 0) info->step = step;
+  return generation_;
+}
+
+uint64_t Coordinator::Heartbeats(const std::vector<uint64_t>& sessions,
+                                 const std::vector<int64_t>& steps, std::vector<bool>* ok) {
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = clock_->Now();
+  ok->assign(sessions.size(), false);
+  for (size_t i = 0; i < sessions.size(); ++i) {
+    auto it = sessions_.find(sessions[i]);
+    if (it == sessions_.end()) continue;
+    absl::StatusOr<MemberInfo*> info = membership_.Live(it->second.member);
+    if (!info.ok()) continue;
+    (*info)->last_seen = now;
+    if (steps[i] >= 0) (*info)->step = steps[i];
+    (*ok)[i] = true;
+  }
   return generation_;
 }
 
@@ -525,13 +547,19 @@ void Coordinator::Tick() {
   absl::MutexLock lock(&mu_);
   if (job_state_ == JobState::kShuttingDown) return;
   const absl::Time now = clock_->Now();
-  for (const std::string& id : membership_.Expired(now, options_.heartbeat_timeout)) {
-    MemberInfo* info = membership_.Find(id);
-    FailMember(info,
-               absl::StrCat("no heartbeat for ",
-                            absl::FormatDuration(now - info->last_seen), " (timeout ",
-                            absl::FormatDuration(options_.heartbeat_timeout), ")"),
-               &actions);
+  // The scans below visit every member; at 100,000 members they would take
+  // a good part of a core at the tick's rate. A timeout of seconds loses
+  // nothing by a scan every twentieth of it (at most 100 ms).
+  if (now >= next_expiry_scan_) {
+    next_expiry_scan_ = now + std::min(absl::Milliseconds(100), options_.heartbeat_timeout / 20);
+    for (const std::string& id : membership_.Expired(now, options_.heartbeat_timeout)) {
+      MemberInfo* info = membership_.Find(id);
+      FailMember(info,
+                 absl::StrCat("no heartbeat for ",
+                              absl::FormatDuration(now - info->last_seen), " (timeout ",
+                              absl::FormatDuration(options_.heartbeat_timeout), ")"),
+                 &actions);
+    }
   }
   for (auto it = waiters_.begin(); it != waiters_.end();) {
     if (it->deadline <= now) {
@@ -554,7 +582,10 @@ void Coordinator::Tick() {
   } else if (timer_.deadline() && now >= *timer_.deadline()) {
     Evaluate(/*urgent=*/false, /*abort=*/false, "new members joined", &actions);
   }
-  membership_.PruneEnded(/*keep=*/10'000);
+  if (now >= next_prune_) {
+    next_prune_ = now + absl::Seconds(1);
+    membership_.PruneEnded(/*keep=*/10'000);
+  }
   FlushEvents();
 }
 

@@ -142,11 +142,19 @@ class Coordinator {
   absl::StatusOr<JoinResult> Join(const JoinSpec& spec);
 
   // Attaches the member's session; a previous session of the same member is
-  // closed. Returns the session id. Errors: as Membership::Live.
-  absl::StatusOr<uint64_t> OpenSession(const MemberKey& key, std::shared_ptr<SessionSink> sink);
+  // closed. Returns the session id. `node` non-empty (a node session): the
+  // member must have joined on that node. Errors: as Membership::Live;
+  // INVALID_ARGUMENT (another node).
+  absl::StatusOr<uint64_t> OpenSession(const MemberKey& key, std::shared_ptr<SessionSink> sink,
+                                       const std::string& node = "");
   // Records a heartbeat on `session`; returns the current generation.
   // Errors: NOT_FOUND (no such session), ABORTED (the member was fenced).
   absl::StatusOr<uint64_t> Heartbeat(uint64_t session, int64_t step);
+  // Heartbeat for many sessions (a node session's members) under one lock:
+  // `steps[i]` for `sessions[i]`. Sets `ok[i]` to whether Heartbeat would
+  // have succeeded; returns the current generation.
+  uint64_t Heartbeats(const std::vector<uint64_t>& sessions, const std::vector<int64_t>& steps,
+                      std::vector<bool>* ok);
   // The transport lost the session: its member fails at once.
   void SessionClosed(uint64_t session, const std::string& why);
 
@@ -303,6 +311,9 @@ class Coordinator {
   CheckpointCatalog catalog_ ABSL_GUARDED_BY(mu_);
   std::vector<JobEvent> unflushed_events_ ABSL_GUARDED_BY(mu_);
   CoordinatorCounters counters_ ABSL_GUARDED_BY(mu_);
+  // Tick's scans over every member run at most this often.
+  absl::Time next_expiry_scan_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  absl::Time next_prune_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 };
 
 }  // namespace muster

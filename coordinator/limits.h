@@ -20,7 +20,7 @@ struct Limits {
   size_t max_keys_per_get = 64;
   size_t max_keys_per_generation = 100'000;
   size_t max_kv_bytes_per_generation = 256u << 20;
-  size_t max_members = 100'000;       // tracked members, all states
+  size_t max_members = 200'000;       // tracked members, all states
   size_t max_files_per_report = 64;
   size_t max_path_bytes = 4096;
   size_t max_reason_bytes = 1024;

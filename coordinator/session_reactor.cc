@@ -1,13 +1,45 @@
 #include "coordinator/session_reactor.h"
 
+#include <atomic>
 #include <deque>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "coordinator/limits.h"
 #include "rpc/status.h"
 
 namespace muster {
+
+namespace {
+
+v1::SessionEvent ToProto(const MemberEvent& event) {
+  v1::SessionEvent msg;
+  if (event.kind == MemberEvent::Kind::kStop) {
+    msg.mutable_stop()->set_reason(event.reason);
+  } else {
+    v1::RegroupEvent* r = msg.mutable_regroup();
+    r->set_generation(event.generation);
+    r->set_abort(event.abort);
+    r->set_leave(event.leave);
+    r->set_reason(event.reason);
+    r->set_paused(event.paused);
+  }
+  return msg;
+}
+
+// `text` cut to `max` bytes, control characters (which would forge log
+// lines) replaced by '?'.
+std::string Printable(const std::string& text, size_t max) {
+  std::string out = text.substr(0, max);
+  for (char& c : out) {
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = '?';
+  }
+  return out;
+}
+
+}  // namespace
 
 // The writing half of a session: a queue of events written one at a time.
 // Thread-safe. After Close, nothing more is queued and the stream is
@@ -16,20 +48,7 @@ class SessionOutbox : public SessionSink {
  public:
   explicit SessionOutbox(SessionReactor* reactor) : reactor_(reactor) {}
 
-  void Push(const MemberEvent& event) override {
-    v1::SessionEvent msg;
-    if (event.kind == MemberEvent::Kind::kStop) {
-      msg.mutable_stop()->set_reason(event.reason);
-    } else {
-      v1::RegroupEvent* r = msg.mutable_regroup();
-      r->set_generation(event.generation);
-      r->set_abort(event.abort);
-      r->set_leave(event.leave);
-      r->set_reason(event.reason);
-      r->set_paused(event.paused);
-    }
-    Write(std::move(msg));
-  }
+  void Push(const MemberEvent& event) override { Write(ToProto(event)); }
 
   void Write(v1::SessionEvent msg) {
     const v1::SessionEvent* first = nullptr;
@@ -99,6 +118,37 @@ class SessionOutbox : public SessionSink {
   absl::Status close_status_ ABSL_GUARDED_BY(mu_);
 };
 
+// One member's session inside a node session: its events go out on the
+// node's stream, tagged with its id; closing it tells the node and leaves
+// the stream open for the others.
+class NodeMemberSink : public SessionSink {
+ public:
+  NodeMemberSink(std::shared_ptr<SessionOutbox> outbox, MemberKey member)
+      : outbox_(std::move(outbox)), member_(std::move(member)) {}
+
+  void Push(const MemberEvent& event) override {
+    if (closed_) return;
+    v1::SessionEvent msg = ToProto(event);
+    msg.set_member_id(member_.id);
+    outbox_->Write(std::move(msg));
+  }
+
+  void Close(const absl::Status& status) override {
+    if (closed_.exchange(true)) return;
+    v1::SessionEvent msg;
+    msg.set_member_id(member_.id);
+    msg.mutable_closed()->set_code(static_cast<int>(status.code()));
+    msg.mutable_closed()->set_message(std::string(status.message()));
+    msg.mutable_closed()->set_incarnation(member_.incarnation);
+    outbox_->Write(std::move(msg));
+  }
+
+ private:
+  const std::shared_ptr<SessionOutbox> outbox_;
+  const MemberKey member_;
+  std::atomic<bool> closed_{false};
+};
+
 SessionReactor::SessionReactor(Coordinator* coordinator, Metrics* metrics,
                                const absl::Status& auth)
     : coordinator_(coordinator),
@@ -116,14 +166,19 @@ SessionReactor::~SessionReactor() = default;
 void SessionReactor::CloseSession(const std::string& why) {
   if (session_ != 0) coordinator_->SessionClosed(session_, why);
   session_ = 0;
+  for (const auto& [id, attached] : attached_) {
+    coordinator_->SessionClosed(attached.session, absl::StrCat("node session of ", node_, " ", why));
+  }
+  attached_.clear();
 }
 
 bool SessionReactor::Handle() {
   const absl::Time start = absl::Now();
-  if (session_ == 0) {
+  if (session_ == 0 && node_.empty()) {
+    if (request_.has_node_hello()) return OpenNode();
     if (!request_.has_hello()) {
       outbox_->Close(absl::FailedPreconditionError(
-          "the first message of a session must be hello"));
+          "the first message of a session must be hello or node_hello"));
       return false;
     }
     MemberKey key{request_.hello().member_id(), request_.hello().incarnation()};
@@ -135,6 +190,7 @@ bool SessionReactor::Handle() {
     session_ = *id;
     return true;
   }
+  if (!node_.empty()) return HandleNode(start);
   if (!request_.has_heartbeat()) {
     CloseSession("protocol error: a second hello");
     outbox_->Close(absl::InvalidArgumentError("only heartbeats may follow hello"));
@@ -146,12 +202,78 @@ bool SessionReactor::Handle() {
     outbox_->Close(generation.status());
     return false;
   }
+  Acknowledge(*generation, start);
+  return true;
+}
+
+void SessionReactor::Acknowledge(uint64_t generation, absl::Time start) {
   v1::SessionEvent ack;
   ack.mutable_ack()->set_sequence(request_.heartbeat().sequence());
-  ack.mutable_ack()->set_current_generation(*generation);
+  ack.mutable_ack()->set_current_generation(generation);
   outbox_->Write(std::move(ack));
   if (metrics_ != nullptr) metrics_->ObserveHeartbeat(absl::Now() - start);
+}
+
+bool SessionReactor::OpenNode() {
+  const std::string& node = request_.node_hello().node();
+  if (absl::Status s = CheckName("node", node, coordinator_->options().limits.max_id_bytes);
+      !s.ok()) {
+    outbox_->Close(s);
+    return false;
+  }
+  node_ = node;
   return true;
+}
+
+bool SessionReactor::HandleNode(absl::Time start) {
+  switch (request_.body_case()) {
+    case v1::SessionRequest::kAttach: {
+      const MemberKey key{request_.attach().member_id(), request_.attach().incarnation()};
+      auto sink = std::make_shared<NodeMemberSink>(outbox_, key);
+      absl::StatusOr<uint64_t> id = coordinator_->OpenSession(key, sink, node_);
+      if (!id.ok()) {
+        sink->Close(id.status());
+        return true;
+      }
+      attached_[key.id] = Attached{key.incarnation, *id};
+      return true;
+    }
+    case v1::SessionRequest::kDetach: {
+      auto it = attached_.find(request_.detach().member().member_id());
+      if (it != attached_.end() &&
+          it->second.incarnation == request_.detach().member().incarnation()) {
+        coordinator_->SessionClosed(
+            it->second.session,
+            Printable(request_.detach().reason(), coordinator_->options().limits.max_reason_bytes));
+        attached_.erase(it);
+      }
+      return true;
+    }
+    case v1::SessionRequest::kHeartbeat: {
+      std::vector<uint64_t> sessions;
+      std::vector<int64_t> steps;
+      std::vector<std::string> ids;
+      for (const v1::MemberStep& m : request_.heartbeat().members()) {
+        auto it = attached_.find(m.member_id());
+        if (it == attached_.end()) continue;
+        sessions.push_back(it->second.session);
+        steps.push_back(m.step());
+        ids.push_back(m.member_id());
+      }
+      std::vector<bool> ok;
+      const uint64_t generation = coordinator_->Heartbeats(sessions, steps, &ok);
+      for (size_t i = 0; i < ok.size(); ++i) {
+        if (!ok[i]) attached_.erase(ids[i]);  // closed by the coordinator; the node hears of it
+      }
+      Acknowledge(generation, start);
+      return true;
+    }
+    default:
+      CloseSession("protocol error");
+      outbox_->Close(absl::InvalidArgumentError(
+          "a node session takes attach, detach and heartbeat after node_hello"));
+      return false;
+  }
 }
 
 void SessionReactor::OnReadDone(bool ok) {

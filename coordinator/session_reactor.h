@@ -1,8 +1,10 @@
-// SessionReactor: the server side of one member's Session stream (gRPC
-// callback API). Reads hello and heartbeats and hands them to the
-// Coordinator; writes acknowledgements and the events the Coordinator
-// pushes, one at a time, in order. A broken or finished stream is reported
-// to the Coordinator (which fails the member at once).
+// SessionReactor: the server side of one Session stream (gRPC callback
+// API): a member's own session (hello, heartbeats), or a node session that
+// carries the sessions of a node's members (node_hello, attach, detach, one
+// heartbeat for all). Hands them to the Coordinator; writes
+// acknowledgements and the events the Coordinator pushes, one at a time, in
+// order. A broken or finished stream is reported to the Coordinator, which
+// fails its member, or every member attached to it, at once.
 //
 // The reactor deletes itself when gRPC calls OnDone. The sink it registers
 // with the Coordinator may outlive it and ignores calls after Close.
@@ -14,7 +16,9 @@
 #include <memory>
 #include <string>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
+#include "absl/time/time.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/metrics.h"
 #include "muster/v1/coordinator.grpc.pb.h"
@@ -37,7 +41,15 @@ class SessionReactor
   ~SessionReactor() override;
   // Handles one request; returns false when the stream was closed.
   bool Handle();
+  bool OpenNode();
+  bool HandleNode(absl::Time start);
+  void Acknowledge(uint64_t generation, absl::Time start);
   void CloseSession(const std::string& why);
+
+  struct Attached {
+    uint64_t incarnation = 0;
+    uint64_t session = 0;
+  };
 
   Coordinator* const coordinator_;
   Metrics* const metrics_;
@@ -46,6 +58,9 @@ class SessionReactor
   // Touched only from OnReadDone, which gRPC never runs concurrently with
   // itself.
   uint64_t session_ = 0;
+  // A node session: the node's name and its attached members by id.
+  std::string node_;
+  absl::flat_hash_map<std::string, Attached> attached_;
 };
 
 }  // namespace muster

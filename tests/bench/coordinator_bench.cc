@@ -1,16 +1,23 @@
-// muster-bench coordinator: N simulated members (a session stream each, one
-// heartbeat per second) against a real muster-coordinator process on
-// loopback. Prints
-//   coordinator members=N hb_p50_ms=.. hb_p99_ms=.. rendezvous_s=..
-//   coordinator_rss_mb=.. coordinator_cpu_pct=..
-// rendezvous_s: from the last Join to every member holding the world
-// (min_members = max_members = N); "-" when skipped (--rendezvous=false).
-// With --state-sync-delay and --churn-per-second the heartbeats are
-// measured while the coordinator writes events to a slow disk.
+// muster-bench coordinator: N simulated members against a real
+// muster-coordinator process on loopback. With --per-node K > 1 the members
+// are grouped into node sessions of K members each (as muster-agent holds
+// them); K = 1 gives each member its own session (trainers without an
+// agent). Every session heartbeats once per second. Prints
+//   coordinator members=N sessions=S hb_p50_ms=.. hb_p99_ms=.. rendezvous_s=..
+//   regroup_s=.. rss_mb=.. cpu_pct=..
+// rendezvous_s: from the last Join to every member holding its assignment
+// (min_members = N - 1, max_members = N, so the world forms once all N are
+// there). regroup_s (--regroup): one member is killed (its session broken,
+// or detached by its node session); from then to every survivor holding
+// its assignment in the new world. "-" when not measured. With
+// --state-sync-delay and --churn-per-second the heartbeats are measured
+// while the coordinator writes events to a slow disk.
 #include <grpcpp/grpcpp.h>
 
 #include <atomic>
+#include <deque>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -28,9 +35,14 @@
 #include "tests/bench/process_stats.h"
 
 ABSL_FLAG(int, members, 1000, "simulated members");
+ABSL_FLAG(int, per_node, 1,
+          "members per session: 1 = one session per member; K > 1 = node sessions of K "
+          "members each, as muster-agent holds them");
 ABSL_FLAG(int, seconds, 10, "heartbeat measurement window");
-ABSL_FLAG(int, channels, 8, "client connections the members share");
+ABSL_FLAG(int, channels, 8, "client connections the sessions share");
 ABSL_FLAG(bool, rendezvous, true, "also measure the rendezvous of all members");
+ABSL_FLAG(bool, regroup, false,
+          "after the heartbeat window, kill one member and measure the regroup");
 ABSL_FLAG(absl::Duration, state_sync_delay, absl::ZeroDuration(),
           "every fsync of the coordinator's state file also waits this long (a slow shared "
           "file system)");
@@ -43,7 +55,7 @@ namespace {
 
 constexpr char kToken[] = "bench-token";
 
-// Latencies from all members. Thread-safe.
+// Latencies from all sessions. Thread-safe.
 class Samples {
  public:
   void Add(double ms) {
@@ -65,39 +77,89 @@ class Samples {
   std::vector<double> v_ ABSL_GUARDED_BY(mu_);
 };
 
-// One member's session: hello, then heartbeats on demand; acks are timed.
+// One session: a member's own (one member) or a node's (several). Writes
+// go out one at a time from a queue; acks are timed; a regroup event calls
+// `on_regroup` with the member's index.
 class SimSession : public grpc::ClientBidiReactor<v1::SessionRequest, v1::SessionEvent> {
  public:
-  SimSession(v1::Coordinator::Stub* stub, const v1::MemberRef& ref, Samples* samples)
-      : samples_(samples) {
+  SimSession(v1::Coordinator::Stub* stub, const std::string& node,
+             std::vector<std::pair<int, v1::MemberRef>> members, Samples* samples,
+             std::function<void(int)> on_regroup)
+      : members_(std::move(members)), samples_(samples), on_regroup_(std::move(on_regroup)) {
     AttachToken(&ctx_, kToken);
     stub->async()->Session(&ctx_, this);
-    hello_.mutable_hello()->CopyFrom(ref);
+    const bool node_session = members_.size() > 1;
+    for (const auto& [index, ref] : members_) {
+      v1::SessionRequest msg;
+      if (node_session) {
+        *msg.mutable_attach() = ref;
+      } else {
+        *msg.mutable_hello() = ref;
+      }
+      queue_.push_back(std::move(msg));
+    }
+    if (node_session) {
+      v1::SessionRequest hello;
+      hello.mutable_node_hello()->set_node(node);
+      queue_.push_front(std::move(hello));
+    }
     writing_ = true;
-    StartWrite(&hello_);
+    StartWrite(&queue_.front());
     StartRead(&event_);
     StartCall();
   }
 
-  // Sends a heartbeat unless the previous write is still in flight.
+  // Queues a heartbeat unless the previous one is unanswered.
   void Heartbeat() {
-    {
-      absl::MutexLock lock(&mu_);
-      if (writing_ || done_) return;
-      writing_ = true;
-      hb_.mutable_heartbeat()->set_sequence(++seq_);
-      sent_ = absl::Now();
+    v1::SessionRequest hb;
+    hb.mutable_heartbeat()->set_sequence(0);
+    if (members_.size() > 1) {
+      for (const auto& [index, ref] : members_) {
+        if (index == killed_) continue;
+        v1::MemberStep* m = hb.mutable_heartbeat()->add_members();
+        m->set_member_id(ref.member_id());
+        m->set_step(1);
+      }
     }
-    StartWrite(&hb_);
+    absl::MutexLock lock(&mu_);
+    if (beat_pending_ || done_) return;
+    beat_pending_ = true;
+    hb.mutable_heartbeat()->set_sequence(++seq_);
+    sent_ = absl::Now();
+    SendLocked(std::move(hb));
+  }
+
+  // Ends member `index`'s process: a member session is cancelled, a node
+  // session detaches it.
+  void Kill(int index) {
+    killed_ = index;
+    if (members_.size() == 1) {
+      ctx_.TryCancel();
+      return;
+    }
+    v1::SessionRequest msg;
+    for (const auto& [i, ref] : members_) {
+      if (i == index) *msg.mutable_detach()->mutable_member() = ref;
+    }
+    msg.mutable_detach()->set_reason("killed by the benchmark");
+    absl::MutexLock lock(&mu_);
+    SendLocked(std::move(msg));
   }
 
   void Stop() { ctx_.TryCancel(); }
   void WaitDone() { finished_.WaitForNotification(); }
+  int closed() const { return closed_.load(); }
 
-  void OnWriteDone(bool /*ok*/) override {
+  void OnWriteDone(bool ok) override {
     absl::MutexLock lock(&mu_);
-    writing_ = false;
+    queue_.pop_front();
+    if (!ok || queue_.empty()) {
+      writing_ = false;
+      return;
+    }
+    StartWrite(&queue_.front());
   }
+
   void OnReadDone(bool ok) override {
     if (!ok) return;
     if (event_.has_ack()) {
@@ -107,11 +169,19 @@ class SimSession : public grpc::ClientBidiReactor<v1::SessionRequest, v1::Sessio
         absl::MutexLock lock(&mu_);
         match = event_.ack().sequence() == seq_;
         sent = sent_;
+        beat_pending_ = false;
       }
       if (match) samples_->Add(absl::ToDoubleMilliseconds(absl::Now() - sent));
+    } else if (event_.has_regroup() && !event_.regroup().leave()) {
+      for (const auto& [index, ref] : members_) {
+        if (members_.size() == 1 || ref.member_id() == event_.member_id()) on_regroup_(index);
+      }
+    } else if (event_.has_closed()) {
+      ++closed_;
     }
     StartRead(&event_);
   }
+
   void OnDone(const grpc::Status& /*s*/) override {
     {
       absl::MutexLock lock(&mu_);
@@ -121,12 +191,26 @@ class SimSession : public grpc::ClientBidiReactor<v1::SessionRequest, v1::Sessio
   }
 
  private:
+  void SendLocked(v1::SessionRequest msg) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    queue_.push_back(std::move(msg));
+    if (writing_) return;
+    writing_ = true;
+    StartWrite(&queue_.front());
+  }
+
+  const std::vector<std::pair<int, v1::MemberRef>> members_;
   Samples* const samples_;
+  const std::function<void(int)> on_regroup_;
+  std::atomic<int> killed_{-1};
+  std::atomic<int> closed_{0};
   grpc::ClientContext ctx_;
-  v1::SessionRequest hello_, hb_;
   v1::SessionEvent event_;
   absl::Mutex mu_;
+  // The front is being written; a std::deque keeps it in place while more
+  // are queued behind it.
+  std::deque<v1::SessionRequest> queue_ ABSL_GUARDED_BY(mu_);
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool beat_pending_ ABSL_GUARDED_BY(mu_) = false;
   bool done_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t seq_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time sent_ ABSL_GUARDED_BY(mu_);
@@ -160,169 +244,254 @@ void Churn(v1::Coordinator::Stub* stub, const std::atomic<bool>* on, std::atomic
   }
 }
 
-struct PendingRendezvous {
-  grpc::ClientContext ctx;
-  v1::RendezvousRequest req;
-  v1::RendezvousResponse resp;
+// The simulated job: the coordinator process, the members and their
+// sessions.
+class CoordinatorBench {
+ public:
+  CoordinatorBench(int members, int per_node)
+      : n_(members), per_node_(per_node), dir_(absl::StrCat("/tmp/muster-bench-coordinator-",
+                                                           ::getpid())) {
+    for (int i = 0; i < n_; ++i) {
+      refs_.emplace_back();
+      refs_[i].set_member_id(absl::StrCat(Node(i), "/", i % per_node_));
+      refs_[i].set_incarnation(1000 + i);
+    }
+  }
+
+  ~CoordinatorBench() {
+    for (auto& s : sessions_) s->Stop();
+    for (auto& s : sessions_) s->WaitDone();
+    if (coordinator_ > 0) StopProcess(coordinator_);
+    std::system(("rm -rf " + dir_).c_str());
+  }
+
+  absl::Status Start() {
+    std::system(("mkdir -p " + dir_).c_str());
+    const std::string token_file = dir_ + "/token";
+    std::ofstream(token_file) << kToken;
+    std::system(("chmod 600 " + token_file).c_str());
+    const std::string target = absl::StrCat("127.0.0.1:", FreeLoopbackPort());
+    coordinator_ = SpawnLogged(
+        {SelfDir() + "/muster-coordinator", "--listen=" + target,
+         "--state-dir=" + dir_ + "/state", "--token-file=" + token_file,
+         absl::StrCat("--min-members=", std::max(1, n_ - 1)),
+         absl::StrCat("--max-members=", n_), "--last-call=600s", "--heartbeat-timeout=60s",
+         "--join-timeout=600s",
+         "--state-sync-delay=" + absl::FormatDuration(absl::GetFlag(FLAGS_state_sync_delay))},
+        dir_ + "/coordinator.log");
+    for (int i = 0; i < std::max(1, absl::GetFlag(FLAGS_channels)); ++i) {
+      grpc::ChannelArguments args;
+      args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+      args.SetInt("muster.bench_channel", i);
+      args.SetMaxReceiveMessageSize(-1);
+      stubs_.push_back(v1::Coordinator::NewStub(
+          grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args)));
+    }
+    for (int i = 0; i < 200; ++i) {
+      grpc::ClientContext ctx;
+      AttachToken(&ctx, kToken);
+      ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Milliseconds(200)));
+      v1::GetStatusResponse resp;
+      if (stubs_[0]->GetStatus(&ctx, v1::GetStatusRequest(), &resp).ok()) {
+        return absl::OkStatus();
+      }
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    return absl::UnavailableError("the coordinator did not start (see " + dir_ + ")");
+  }
+
+  // Joins every member from a few threads, then opens the sessions.
+  absl::Status JoinAll() {
+    std::atomic<int> next{0}, errors{0};
+    std::vector<std::thread> joiners;
+    for (int t = 0; t < 8; ++t) {
+      joiners.emplace_back([&] {
+        for (int i = next++; i < n_; i = next++) {
+          grpc::ClientContext ctx;
+          AttachToken(&ctx, kToken);
+          v1::JoinRequest req;
+          *req.mutable_member() = refs_[i];
+          req.set_node(Node(i));
+          req.set_local_rank(i % per_node_);
+          v1::JoinResponse resp;
+          if (!Stub(i)->Join(&ctx, req, &resp).ok()) ++errors;
+        }
+      });
+    }
+    for (auto& t : joiners) t.join();
+    if (errors > 0) return absl::InternalError(absl::StrCat(errors.load(), " joins failed"));
+    for (int first = 0; first < n_; first += per_node_) {
+      std::vector<std::pair<int, v1::MemberRef>> members;
+      for (int i = first; i < std::min(n_, first + per_node_); ++i) {
+        members.emplace_back(i, refs_[i]);
+      }
+      sessions_.push_back(std::make_unique<SimSession>(
+          Stub(first), Node(first), std::move(members), &samples_,
+          [this](int index) { OnRegroup(index); }));
+    }
+    return absl::OkStatus();
+  }
+
+  // Every member in `members` calls Rendezvous(after); returns the seconds
+  // until all hold an assignment in a world of `size`.
+  absl::StatusOr<double> RendezvousAll(const std::vector<int>& members, uint64_t after,
+                                       uint32_t size, absl::Time start) {
+    std::vector<std::unique_ptr<Pending>> pending;
+    std::atomic<int> answered{0}, failed{0};
+    absl::Notification all;
+    const int count = static_cast<int>(members.size());
+    for (int i : members) {
+      pending.push_back(std::make_unique<Pending>());
+      Pending* p = pending.back().get();
+      AttachToken(&p->ctx, kToken);
+      *p->req.mutable_member() = refs_[i];
+      p->req.set_after_generation(after);
+      p->req.set_timeout_ms(600'000);
+      Stub(i)->async()->Rendezvous(&p->ctx, &p->req, &p->resp, [&, p](grpc::Status s) {
+        if (!s.ok() || p->resp.world().world_size() != size) ++failed;
+        if (++answered == count) all.Notify();
+      });
+    }
+    all.WaitForNotification();
+    const double secs = absl::ToDoubleSeconds(absl::Now() - start);
+    if (failed > 0) {
+      return absl::InternalError(absl::StrCat(failed.load(), " rendezvous calls failed"));
+    }
+    return secs;
+  }
+
+  absl::StatusOr<double> Rendezvous() {
+    std::vector<int> all(n_);
+    for (int i = 0; i < n_; ++i) all[i] = i;
+    return RendezvousAll(all, 0, n_, absl::Now());
+  }
+
+  // Heartbeats from every session, once per second each, for `d`.
+  void Beat(absl::Duration d) {
+    const size_t s = sessions_.size();
+    const absl::Time t0 = absl::Now();
+    int64_t sent = 0;
+    while (absl::Now() < t0 + d) {
+      const int64_t due = static_cast<int64_t>(absl::ToDoubleSeconds(absl::Now() - t0) * s);
+      for (; sent < due; ++sent) sessions_[sent % s]->Heartbeat();
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+  }
+
+  // Kills the last member and times the survivors' regroup: each calls
+  // Rendezvous once the coordinator's regroup event reaches it.
+  absl::StatusOr<double> Regroup() {
+    const int victim = n_ - 1;
+    {
+      absl::MutexLock lock(&regroup_mu_);
+      regrouped_.clear();
+      regrouping_ = true;
+    }
+    const absl::Time start = absl::Now();
+    sessions_.back()->Kill(victim);
+    std::vector<int> survivors;
+    {
+      absl::MutexLock lock(&regroup_mu_);
+      auto all_heard = [this] { return regrouped_.size() >= static_cast<size_t>(n_ - 1); };
+      if (!regroup_mu_.AwaitWithTimeout(absl::Condition(&all_heard), absl::Seconds(120))) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            "only ", regrouped_.size(), " of ", n_ - 1, " survivors heard of the regroup"));
+      }
+      survivors = regrouped_;
+      regrouping_ = false;
+    }
+    return RendezvousAll(survivors, 1, n_ - 1, start);
+  }
+
+  int sessions() const { return static_cast<int>(sessions_.size()); }
+  Samples* samples() { return &samples_; }
+  pid_t coordinator() const { return coordinator_; }
+  v1::Coordinator::Stub* Stub(int i) { return stubs_[i % stubs_.size()].get(); }
+
+ private:
+  struct Pending {
+    grpc::ClientContext ctx;
+    v1::RendezvousRequest req;
+    v1::RendezvousResponse resp;
+  };
+
+  std::string Node(int i) const { return absl::StrCat("node", i / per_node_); }
+
+  void OnRegroup(int index) {
+    absl::MutexLock lock(&regroup_mu_);
+    if (regrouping_ && index != n_ - 1) regrouped_.push_back(index);
+  }
+
+  const int n_;
+  const int per_node_;
+  const std::string dir_;
+  pid_t coordinator_ = -1;
+  std::vector<v1::MemberRef> refs_;
+  std::vector<std::unique_ptr<v1::Coordinator::Stub>> stubs_;
+  std::vector<std::unique_ptr<SimSession>> sessions_;
+  Samples samples_;
+  absl::Mutex regroup_mu_;
+  bool regrouping_ ABSL_GUARDED_BY(regroup_mu_) = false;
+  std::vector<int> regrouped_ ABSL_GUARDED_BY(regroup_mu_);
 };
+
+std::string Seconds(const absl::StatusOr<double>& s) {
+  return s.ok() ? absl::StrFormat("%.3f", *s) : "-";
+}
 
 }  // namespace
 
 int RunCoordinatorBench() {
   const int n = absl::GetFlag(FLAGS_members);
+  const int per_node = absl::GetFlag(FLAGS_per_node);
   const int seconds = absl::GetFlag(FLAGS_seconds);
-  const bool do_rendezvous = absl::GetFlag(FLAGS_rendezvous);
-  if (n <= 0 || seconds <= 0) {
-    std::cerr << "muster-bench coordinator: --members and --seconds must be positive\n";
+  if (n < 2 || seconds <= 0 || per_node < 1) {
+    std::cerr << "muster-bench coordinator: --members must be at least 2, --seconds and "
+                 "--per-node positive\n";
     return 2;
   }
-  const std::string dir = "/tmp/muster-bench-coordinator-" + std::to_string(::getpid());
-  std::system(("mkdir -p " + dir).c_str());
-  const std::string token_file = dir + "/token";
-  std::ofstream(token_file) << kToken;
-  std::system(("chmod 600 " + token_file).c_str());
-  const int port = FreeLoopbackPort();
-  const std::string target = "127.0.0.1:" + std::to_string(port);
-  const pid_t coordinator = SpawnLogged(
-      {SelfDir() + "/muster-coordinator", "--listen=" + target, "--state-dir=" + dir + "/state",
-       "--token-file=" + token_file, absl::StrCat("--min-members=", n),
-       absl::StrCat("--max-members=", n), "--last-call=0s", "--heartbeat-timeout=60s",
-       "--join-timeout=600s",
-       "--state-sync-delay=" + absl::FormatDuration(absl::GetFlag(FLAGS_state_sync_delay))},
-      dir + "/coordinator.log");
-
-  const int nch = std::max(1, absl::GetFlag(FLAGS_channels));
-  std::vector<std::unique_ptr<v1::Coordinator::Stub>> stubs;
-  for (int i = 0; i < nch; ++i) {
-    grpc::ChannelArguments args;
-    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-    args.SetInt("muster.bench_channel", i);
-    stubs.push_back(v1::Coordinator::NewStub(
-        grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args)));
-  }
-  // Wait for the coordinator to answer.
-  bool up = false;
-  for (int i = 0; i < 200 && !up; ++i) {
-    grpc::ClientContext ctx;
-    AttachToken(&ctx, kToken);
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Milliseconds(200)));
-    v1::GetStatusResponse resp;
-    up = stubs[0]->GetStatus(&ctx, v1::GetStatusRequest(), &resp).ok();
-    if (!up) absl::SleepFor(absl::Milliseconds(50));
-  }
-  if (!up) {
-    std::cerr << "muster-bench: the coordinator did not start (see " << dir << ")\n";
-    StopProcess(coordinator);
+  CoordinatorBench bench(n, per_node);
+  auto fail = [](const absl::Status& s) {
+    std::cerr << "muster-bench coordinator: " << s << "\n";
     return 1;
-  }
-
-  // Join every member (sync calls from a few threads).
-  std::vector<v1::MemberRef> refs(n);
-  for (int i = 0; i < n; ++i) {
-    refs[i].set_member_id(absl::StrCat("node", i / 8, "/", i % 8));
-    refs[i].set_incarnation(1000 + i);
-  }
-  std::atomic<int> next{0}, join_errors{0};
-  std::vector<std::thread> joiners;
-  for (int t = 0; t < 8; ++t) {
-    joiners.emplace_back([&] {
-      for (int i = next++; i < n; i = next++) {
-        grpc::ClientContext ctx;
-        AttachToken(&ctx, kToken);
-        v1::JoinRequest req;
-        *req.mutable_member() = refs[i];
-        req.set_node(absl::StrCat("node", i / 8));
-        req.set_local_rank(i % 8);
-        v1::JoinResponse resp;
-        if (!stubs[i % nch]->Join(&ctx, req, &resp).ok()) ++join_errors;
-      }
-    });
-  }
-  for (auto& t : joiners) t.join();
-  if (join_errors > 0) {
-    std::cerr << "muster-bench: " << join_errors << " joins failed\n";
-    StopProcess(coordinator);
-    return 1;
-  }
-
-  Samples samples;
-  std::vector<std::unique_ptr<SimSession>> sessions;
-  for (int i = 0; i < n; ++i) {
-    sessions.push_back(std::make_unique<SimSession>(stubs[i % nch].get(), refs[i], &samples));
-  }
-
-  // Rendezvous: every member asks; the world forms at N.
-  std::string rendezvous = "-";
-  if (do_rendezvous) {
-    std::vector<std::unique_ptr<PendingRendezvous>> pending(n);
-    std::atomic<int> answered{0}, failed{0};
-    absl::Notification all;
-    const absl::Time start = absl::Now();
-    for (int i = 0; i < n; ++i) {
-      pending[i] = std::make_unique<PendingRendezvous>();
-      PendingRendezvous* p = pending[i].get();
-      AttachToken(&p->ctx, kToken);
-      *p->req.mutable_member() = refs[i];
-      p->req.set_timeout_ms(600'000);
-      stubs[i % nch]->async()->Rendezvous(&p->ctx, &p->req, &p->resp,
-                                          [&, p](grpc::Status s) {
-                                            if (!s.ok() || p->resp.world().world_size() !=
-                                                               static_cast<uint32_t>(n)) {
-                                              ++failed;
-                                            }
-                                            if (++answered == n) all.Notify();
-                                          });
-    }
-    all.WaitForNotification();
-    const double secs = absl::ToDoubleSeconds(absl::Now() - start);
-    if (failed > 0) {
-      std::cerr << "muster-bench: " << failed << " rendezvous calls failed\n";
-      StopProcess(coordinator);
-      return 1;
-    }
-    rendezvous = absl::StrFormat("%.3f", secs);
-  }
-
-  // Heartbeats: each member once per second, spread evenly over the second.
-  auto beat_for = [&](absl::Duration d) {
-    const absl::Time end = absl::Now() + d;
-    const absl::Time t0 = absl::Now();
-    int64_t sent = 0;
-    while (absl::Now() < end) {
-      const double elapsed = absl::ToDoubleSeconds(absl::Now() - t0);
-      const int64_t due = static_cast<int64_t>(elapsed * n);
-      for (; sent < due; ++sent) sessions[sent % n]->Heartbeat();
-      absl::SleepFor(absl::Milliseconds(1));
-    }
   };
-  beat_for(absl::Seconds(2));  // warm-up
-  samples.Record(true);
-  const double cpu0 = ProcessCpuSeconds(coordinator);
+  if (absl::Status s = bench.Start(); !s.ok()) return fail(s);
+  if (absl::Status s = bench.JoinAll(); !s.ok()) return fail(s);
+  absl::StatusOr<double> rendezvous = absl::UnavailableError("skipped");
+  if (absl::GetFlag(FLAGS_rendezvous) || absl::GetFlag(FLAGS_regroup)) {
+    rendezvous = bench.Rendezvous();
+    if (!rendezvous.ok()) return fail(rendezvous.status());
+  }
+
+  bench.Beat(absl::Seconds(2));  // warm-up
+  bench.samples()->Record(true);
+  const double cpu0 = ProcessCpuSeconds(bench.coordinator());
   const absl::Time w0 = absl::Now();
   std::atomic<bool> churning{true};
   std::atomic<int> churned{0};
-  std::thread churn([&] { Churn(stubs[0].get(), &churning, &churned); });
-  beat_for(absl::Seconds(seconds));
+  std::thread churn([&] { Churn(bench.Stub(0), &churning, &churned); });
+  bench.Beat(absl::Seconds(seconds));
   churning = false;
   churn.join();
-  const double cpu_pct =
-      100.0 * (ProcessCpuSeconds(coordinator) - cpu0) / absl::ToDoubleSeconds(absl::Now() - w0);
-  samples.Record(false);
-  const double rss = ProcessRssMb(coordinator);
-  std::vector<double> hb = samples.Take();
+  const double cpu_pct = 100.0 * (ProcessCpuSeconds(bench.coordinator()) - cpu0) /
+                         absl::ToDoubleSeconds(absl::Now() - w0);
+  bench.samples()->Record(false);
+  const double rss = ProcessRssMb(bench.coordinator());
+  std::vector<double> hb = bench.samples()->Take();
   const size_t count = hb.size();
   const double p50 = Percentile(hb, 50), p99 = Percentile(hb, 99);
 
-  for (auto& s : sessions) s->Stop();
-  for (auto& s : sessions) s->WaitDone();
-  StopProcess(coordinator);
-  std::system(("rm -rf " + dir).c_str());
+  absl::StatusOr<double> regroup = absl::UnavailableError("skipped");
+  if (absl::GetFlag(FLAGS_regroup)) {
+    regroup = bench.Regroup();
+    if (!regroup.ok()) return fail(regroup.status());
+  }
   std::cout << absl::StrFormat(
-                   "coordinator members=%d hb_p50_ms=%.2f hb_p99_ms=%.2f rendezvous_s=%s "
-                   "coordinator_rss_mb=%.1f coordinator_cpu_pct=%.1f fsync_delay_ms=%.0f "
-                   "churn_per_s=%d",
-                   n, p50, p99, rendezvous, rss, cpu_pct,
-                   absl::ToDoubleMilliseconds(absl::GetFlag(FLAGS_state_sync_delay)),
+                   "coordinator members=%d sessions=%d hb_p50_ms=%.2f hb_p99_ms=%.2f "
+                   "rendezvous_s=%s regroup_s=%s rss_mb=%.1f cpu_pct=%.1f "
+                   "fsync_delay_ms=%.0f churn_per_s=%d",
+                   n, bench.sessions(), p50, p99, Seconds(rendezvous), Seconds(regroup), rss,
+                   cpu_pct, absl::ToDoubleMilliseconds(absl::GetFlag(FLAGS_state_sync_delay)),
                    absl::GetFlag(FLAGS_churn_per_second))
             << std::endl;
   std::cerr << "(" << count << " heartbeats measured over " << seconds << " s; " << churned

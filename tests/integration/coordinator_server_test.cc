@@ -18,14 +18,15 @@ constexpr char kToken[] = "integration-token";
 
 class ServerTest : public ::testing::Test {
  protected:
-  void Start(uint32_t min, uint32_t max, absl::Duration last_call = absl::Milliseconds(200)) {
+  void Start(uint32_t min, uint32_t max, absl::Duration last_call = absl::Milliseconds(200),
+             absl::Duration heartbeat_timeout = absl::Milliseconds(800)) {
     ServerOptions o;
     o.token = kToken;
     o.coordinator.rules.min_members = min;
     o.coordinator.rules.max_members = max;
     o.coordinator.rules.last_call = last_call;
     o.coordinator.heartbeat_interval = absl::Milliseconds(100);
-    o.coordinator.heartbeat_timeout = absl::Milliseconds(800);
+    o.coordinator.heartbeat_timeout = heartbeat_timeout;
     o.metrics_listen = "127.0.0.1:0";
     server_ = std::move(CoordinatorServer::Start(o)).value();
     channel_ = *MakeChannel("127.0.0.1:" + std::to_string(server_->port()), {});
@@ -197,6 +198,115 @@ TEST_F(ServerTest, StreamBreakRegroupsSurvivorsWithinMilliseconds) {
   ASSERT_TRUE(rr.ok()) << rr.status();
   EXPECT_EQ(rr->world().world_size(), 4u);
   EXPECT_EQ(rr->world().generation(), 3u);
+}
+
+// A node session: one stream carries the sessions of a node's members.
+class NodeStream {
+ public:
+  NodeStream(TestMember* any, const std::string& node)
+      : ctx_(any->Context(absl::Seconds(60))), stream_(any->stub()->Session(ctx_.get())) {
+    v1::SessionRequest hello;
+    hello.mutable_node_hello()->set_node(node);
+    EXPECT_TRUE(stream_->Write(hello));
+  }
+  void Attach(const v1::MemberRef& ref) {
+    v1::SessionRequest msg;
+    *msg.mutable_attach() = ref;
+    EXPECT_TRUE(stream_->Write(msg));
+  }
+  void Detach(const v1::MemberRef& ref, const std::string& reason) {
+    v1::SessionRequest msg;
+    *msg.mutable_detach()->mutable_member() = ref;
+    msg.mutable_detach()->set_reason(reason);
+    EXPECT_TRUE(stream_->Write(msg));
+  }
+  void Beat(const std::vector<std::string>& ids, uint64_t sequence) {
+    v1::SessionRequest msg;
+    msg.mutable_heartbeat()->set_sequence(sequence);
+    for (const std::string& id : ids) {
+      v1::MemberStep* m = msg.mutable_heartbeat()->add_members();
+      m->set_member_id(id);
+      m->set_step(5);
+    }
+    EXPECT_TRUE(stream_->Write(msg));
+  }
+  // The next event that is not an acknowledgement.
+  v1::SessionEvent NextEvent() {
+    v1::SessionEvent ev;
+    while (stream_->Read(&ev)) {
+      if (!ev.has_ack()) return ev;
+    }
+    return ev;
+  }
+  v1::HeartbeatAck NextAck() {
+    v1::SessionEvent ev;
+    while (stream_->Read(&ev)) {
+      if (ev.has_ack()) return ev.ack();
+    }
+    return v1::HeartbeatAck();
+  }
+  void Break() { ctx_->TryCancel(); }
+
+ private:
+  std::unique_ptr<grpc::ClientContext> ctx_;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::SessionRequest, v1::SessionEvent>> stream_;
+};
+
+TEST_F(ServerTest, ANodeSessionCarriesItsMembersAndFailsThemWhenItBreaks) {
+  // A long heartbeat timeout: every failure below must come from the node
+  // session itself.
+  Start(3, 3, absl::ZeroDuration(), absl::Seconds(30));
+  // Three members on node n0 without sessions of their own; one elsewhere.
+  std::vector<std::unique_ptr<TestMember>> ms;
+  for (int i = 0; i < 3; ++i) {
+    ms.push_back(std::make_unique<TestMember>(channel_, kToken, "m" + std::to_string(i), "n0"));
+    ASSERT_TRUE(ms.back()->Join().ok());
+  }
+  TestMember other(channel_, kToken, "x", "n1");
+  ASSERT_TRUE(other.Join().ok());
+  NodeStream node(ms[0].get(), "n0");
+  for (const auto& m : ms) node.Attach(m->ref());
+  node.Attach(other.ref());
+  v1::SessionEvent refused = node.NextEvent();
+  ASSERT_TRUE(refused.has_closed()) << refused.ShortDebugString();
+  EXPECT_EQ(refused.member_id(), "x");
+  EXPECT_EQ(refused.closed().code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+  // One heartbeat for the node refreshes every member it names.
+  node.Beat({"m0", "m1", "m2"}, 7);
+  EXPECT_EQ(node.NextAck().sequence(), 7u);
+  for (const MemberRow& row : server_->coordinator()->GetStatus().members) {
+    if (row.info.node == "n0") {
+      EXPECT_EQ(row.info.step, 5) << row.info.key.id;
+    }
+  }
+  std::vector<TestMember*> all = {ms[0].get(), ms[1].get(), ms[2].get()};
+  for (const auto& r : RendezvousAll(all, 0)) {
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->node_members_size(), 3);
+  }
+  // A detached member fails at once, with the agent's reason; the others
+  // hear of the regroup on the node's stream, each event tagged.
+  node.Detach(ms[2]->ref(), "exited on signal 9");
+  std::set<std::string> told;
+  for (int i = 0; i < 2; ++i) {
+    v1::SessionEvent ev = node.NextEvent();
+    ASSERT_TRUE(ev.has_regroup()) << ev.ShortDebugString();
+    EXPECT_TRUE(ev.regroup().abort());
+    EXPECT_NE(ev.regroup().reason().find("exited on signal 9"), std::string::npos);
+    told.insert(ev.member_id());
+  }
+  EXPECT_EQ(told, (std::set<std::string>{"m0", "m1"}));
+  // The stream breaks (the node is lost): both remaining members fail.
+  node.Break();
+  for (int i = 0; i < 50; ++i) {
+    int failed = 0;
+    for (const MemberRow& row : server_->coordinator()->GetStatus().members) {
+      failed += row.info.node == "n0" && row.info.state == MemberState::kFailed ? 1 : 0;
+    }
+    if (failed == 3) break;
+    absl::SleepFor(absl::Milliseconds(20));
+    ASSERT_LT(i, 49) << failed << " of 3 members failed";
+  }
 }
 
 TEST_F(ServerTest, BelowMinMembersTheJobPausesAndResumes) {
