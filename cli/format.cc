@@ -90,4 +90,21 @@ std::string FormatCheckpoints(const v1::ListCheckpointsResponse& list) {
   return Table(rows);
 }
 
+std::string FormatWorld(const v1::GetWorldResponse& world) {
+  const v1::World& w = world.world();
+  std::string out = absl::StrFormat(
+      "generation %d: %d members on %d nodes, state source rank %d (step %d), digest %016x\n",
+      w.generation(), w.world_size(), w.node_count(), w.state_source_rank(), w.state_step(),
+      w.digest());
+  std::vector<std::vector<std::string>> rows = {
+      {"RANK", "NODE", "LOCAL", "MEMBER", "INCARNATION", "STEP", "STATE SERVICE"}};
+  for (const v1::Assignment& a : world.members()) {
+    rows.push_back({absl::StrCat(a.rank()), a.node(),
+                    absl::StrCat(a.local_rank(), "/", a.local_world_size()),
+                    a.member().member_id(), absl::StrCat(a.member().incarnation()),
+                    absl::StrCat(a.step()), a.state_address().empty() ? "-" : a.state_address()});
+  }
+  return absl::StrCat(out, Table(rows));
+}
+
 }  // namespace muster

@@ -10,6 +10,8 @@ namespace muster {
 
 std::string FormatStatus(const v1::GetStatusResponse& status);
 std::string FormatCheckpoints(const v1::ListCheckpointsResponse& list);
+// `world` holds every page of GetWorld: the summary and all members.
+std::string FormatWorld(const v1::GetWorldResponse& world);
 
 }  // namespace muster
 

@@ -161,9 +161,36 @@ int PullWeights(const muster::v1::GetStatusResponse& status, const std::string& 
   return 0;
 }
 
+// `muster world`: every page of GetWorld, as one answer.
+int World(Coordinator::Stub& stub, const std::string& token, bool json) {
+  muster::v1::GetWorldResponse all;
+  uint32_t next = 0;
+  do {
+    grpc::ClientContext ctx;
+    muster::AttachToken(&ctx, token);
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::GetFlag(FLAGS_timeout)));
+    muster::v1::GetWorldRequest req;
+    // 0 for the first page (the current world); then that world's
+    // generation, so a regroup between pages fails (NOT_FOUND) instead of
+    // mixing two worlds.
+    req.set_generation(all.world().generation());
+    req.set_start_rank(next);
+    req.set_max_members(10'000);
+    muster::v1::GetWorldResponse page;
+    grpc::Status s = stub.GetWorld(&ctx, req, &page);
+    if (!s.ok()) return Fail("world", s);
+    *all.mutable_world() = page.world();
+    for (muster::v1::Assignment& a : *page.mutable_members()) *all.add_members() = std::move(a);
+    next = page.next_rank();
+    all.set_next_rank(next);
+  } while (next < all.world().world_size());
+  if (json) Print(all); else std::cout << muster::FormatWorld(all);
+  return 0;
+}
+
 int Run(const std::vector<char*>& args) {
   if (args.size() < 2) {
-    std::cerr << "muster: missing command (status, checkpoints, drain NODE, pull-weights --out FILE, shutdown)\n";
+    std::cerr << "muster: missing command (status, world, checkpoints, drain NODE, pull-weights --out FILE, shutdown)\n";
     return 2;
   }
   const std::string command = args[1];
@@ -248,6 +275,7 @@ int Run(const std::vector<char*>& args) {
     else std::cout << "draining " << resp.members_drained() << " members of " << args[2] << "\n";
     return 0;
   }
+  if (command == "world") return World(*stub, *token, json);
   if (command == "pull-weights") {
     muster::v1::GetStatusResponse status;
     grpc::Status s = stub->GetStatus(&ctx, muster::v1::GetStatusRequest(), &status);
@@ -264,7 +292,7 @@ int Run(const std::vector<char*>& args) {
     return 0;
   }
   std::cerr << "muster: unknown command " << command
-            << " (status, checkpoints, drain NODE, pull-weights --out FILE, shutdown)\n";
+            << " (status, world, checkpoints, drain NODE, pull-weights --out FILE, shutdown)\n";
   return 2;
 }
 
@@ -276,6 +304,7 @@ int main(int argc, char** argv) {
       "muster --coordinator HOST:PORT [--token-file F] COMMAND [--json]\n"
       "COMMAND is one of\n"
       "  status                 the world, its members and recent events\n"
+      "  world                  the current world's membership by rank (paged GetWorld)\n"
       "  checkpoints [--all] [--verify]   the checkpoint catalog (--verify re-reads the files)\n"
       "  drain NODE             the node's trainers leave at the next step boundary\n"
       "  pull-weights --out FILE [--at-step N]   a trainer's weights as safetensors\n"

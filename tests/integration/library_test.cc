@@ -161,6 +161,17 @@ TEST_F(LibraryTest, AKilledTrainerIsReplacedAndEveryRankEndsBitIdentical) {
   std::smatch m;
   ASSERT_TRUE(std::regex_search(status, m, std::regex("\"step\": \"([0-9]+)\""))) << status;
   EXPECT_GT(std::stoi(m[1]), 0) << status;  // a heartbeat interval behind, never 0
+  // The full membership on request: every rank once, under one digest.
+  const std::string world =
+      RunShell(kBin + "/muster --coordinator=" + target_ + " world --json", &code);
+  ASSERT_EQ(code, 0) << world;
+  std::set<std::string> ranks;
+  const std::regex rank_field("\"rank\": ([0-9]+)");
+  for (std::sregex_iterator it(world.begin(), world.end(), rank_field), end; it != end; ++it) {
+    ranks.insert((*it)[1]);
+  }
+  EXPECT_EQ(ranks, (std::set<std::string>{"0", "1", "2", "3"})) << world;
+  EXPECT_NE(world.find("\"digest\""), std::string::npos) << world;
   const pid_t victim = LastTrainerPid(dir_ + "/b.log", 1);
   ASSERT_GT(victim, 0) << ReadText(dir_ + "/b.log");
   ASSERT_EQ(::kill(victim, SIGKILL), 0);
