@@ -133,6 +133,33 @@ TEST_F(CoordinatorTest, MaxMembersFormsAtOnce) {
   EXPECT_EQ((*a.world)->world->size(), 2u);
 }
 
+// Waiters that arrive during a last call join the world it forms, without
+// moving its end; the one that fills the world forms it at once.
+TEST_F(CoordinatorTest, WaitersDuringLastCallJoinItsWorld) {
+  Start(2, 4);
+  Member& a = Add("a", "n");
+  Member& b = Add("b", "n");
+  Member& c = Add("c", "n");
+  Rendezvous(a, 0);
+  Rendezvous(b, 0);
+  Advance(absl::Milliseconds(600));
+  Rendezvous(c, 0);
+  EXPECT_FALSE(c.world.has_value());
+  Advance(absl::Milliseconds(400));
+  ASSERT_TRUE(c.world && c.world->ok());
+  EXPECT_EQ((*c.world)->world->size(), 3u);
+  ASSERT_TRUE(a.world && a.world->ok());
+
+  Start(2, 4);
+  std::vector<Member*> ms;
+  for (const char* id : {"p", "q", "r", "s"}) ms.push_back(&Add(id, "n"));
+  for (int i = 0; i < 3; ++i) Rendezvous(*ms[i], 0);
+  EXPECT_FALSE(ms[0]->world.has_value());
+  Rendezvous(*ms[3], 0);
+  ASSERT_TRUE(ms[0]->world && ms[0]->world->ok());
+  EXPECT_EQ((*ms[0]->world)->world->size(), 4u);
+}
+
 TEST_F(CoordinatorTest, StreamBreakRegroupsSurvivorsAtOnce) {
   Start(2, 3, absl::Seconds(100));
   Member& a = Add("a", "n0");

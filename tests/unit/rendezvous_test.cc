@@ -89,6 +89,30 @@ TEST(AssignWorldTest, TakesSparesOnlyForPlacesNoOtherCandidateFills) {
   EXPECT_EQ(w.RankOf("b"), -1);
 }
 
+TEST(AssignWorldTest, SummarisesNodeSizesAndDigestsTheMembership) {
+  World w = AssignWorld(1, {C("a0", "A", 0), C("a1", "A", 1), C("a2", "A", 2), C("b0", "B", 0),
+                            C("c0", "C", 0), C("c1", "C", 1)},
+                        6);
+  EXPECT_EQ(w.node_sizes(), (std::vector<uint32_t>{1, 2, 3}));
+  // The same members give the same digest, whatever order they came in;
+  // another incarnation, node or rank changes it.
+  World same = AssignWorld(1, {C("c1", "C", 1), C("b0", "B", 0), C("a2", "A", 2), C("a0", "A", 0),
+                               C("c0", "C", 0), C("a1", "A", 1)},
+                           6);
+  EXPECT_EQ(same.digest(), w.digest());
+  Candidate other = C("c1", "C", 1);
+  other.member.incarnation = 2;
+  World changed = AssignWorld(1, {C("a0", "A", 0), C("a1", "A", 1), C("a2", "A", 2),
+                                  C("b0", "B", 0), C("c0", "C", 0), other},
+                              6);
+  EXPECT_NE(changed.digest(), w.digest());
+  World moved = AssignWorld(1, {C("a0", "A", 0), C("a1", "A", 1), C("a2", "A", 2),
+                                C("b0", "B", 0), C("c0", "C", 0), C("c1", "D", 0)},
+                            6);
+  EXPECT_NE(moved.digest(), w.digest());
+  EXPECT_EQ(moved.node_sizes(), (std::vector<uint32_t>{1, 3}));
+}
+
 TEST(AssignWorldTest, StateSourceIsHighestStepLowestRank) {
   World w = AssignWorld(1, {C("a", "n", 0, false, 10), C("b", "n", 1, false, 12),
                             C("c", "n", 2, false, 12)},
