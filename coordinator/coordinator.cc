@@ -561,15 +561,21 @@ void Coordinator::Tick() {
                  &actions);
     }
   }
-  for (auto it = waiters_.begin(); it != waiters_.end();) {
-    if (it->deadline <= now) {
-      actions.Add([done = std::move(it->done), gen = generation_] {
-        done(absl::DeadlineExceededError(absl::StrCat(
-            "no world formed in time (current generation ", gen, "); call again")));
-      });
-      it = waiters_.erase(it);
-    } else {
-      ++it;
+  // Rendezvous waiters: scanned only when the earliest deadline passed (a
+  // rendezvous of 100,000 members keeps that many waiting at once).
+  if (now >= first_waiter_deadline_) {
+    first_waiter_deadline_ = absl::InfiniteFuture();
+    for (auto it = waiters_.begin(); it != waiters_.end();) {
+      if (it->deadline <= now) {
+        actions.Add([done = std::move(it->done), gen = generation_] {
+          done(absl::DeadlineExceededError(absl::StrCat(
+              "no world formed in time (current generation ", gen, "); call again")));
+        });
+        it = waiters_.erase(it);
+      } else {
+        first_waiter_deadline_ = std::min(first_waiter_deadline_, it->deadline);
+        ++it;
+      }
     }
   }
   kv_.Expire(now, &actions);

@@ -304,6 +304,9 @@ class Coordinator {
   std::shared_ptr<const World> published_ ABSL_GUARDED_BY(mu_);
   absl::Time recover_deadline_ ABSL_GUARDED_BY(mu_);
   std::list<RendezvousWaiter> waiters_ ABSL_GUARDED_BY(mu_);
+  // No waiter's deadline is earlier (waiters that left early may make it
+  // too early, never too late).
+  absl::Time first_waiter_deadline_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   std::map<uint64_t, Session> sessions_ ABSL_GUARDED_BY(mu_);
   uint64_t next_session_ ABSL_GUARDED_BY(mu_) = 1;
   KvStore kv_ ABSL_GUARDED_BY(mu_);

@@ -1,5 +1,6 @@
 // Coordinator: rendezvous and regrouping — who is in the next world, when it
 // forms, and how members arrive in it.
+#include <algorithm>
 #include <set>
 #include <utility>
 
@@ -66,6 +67,7 @@ void Coordinator::Rendezvous(const MemberKey& key, uint64_t after_generation, in
   }
   waiters_.push_back(
       RendezvousWaiter{key, after_generation, step, clock_->Now() + wait, std::move(done)});
+  first_waiter_deadline_ = std::min(first_waiter_deadline_, waiters_.back().deadline);
   if (in_newer_world) {
     Arrive(key.id, step);
     CompleteIfAllArrived(&actions);
