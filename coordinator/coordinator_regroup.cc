@@ -42,8 +42,13 @@ void Coordinator::Rendezvous(const MemberKey& key, uint64_t after_generation, in
           "after_generation ", after_generation, " is beyond any generation (at most ",
           kMaxAdoptedGeneration, ")"));
     } else {
-      // The coordinator lost its state; keep generation numbers increasing.
+      // The coordinator lost its state; keep generation numbers increasing,
+      // across a restart too: the adopted number is stored (as a world
+      // without members, which a restart starts from without recovering).
       generation_ = after_generation;
+      World adopted;
+      adopted.generation = generation_;
+      persister_.SaveWorld(std::move(adopted));
     }
   }
   if (s.ok() && step < 0) {

@@ -6,6 +6,7 @@
 #include <fuzzer/FuzzedDataProvider.h>
 #include <google/protobuf/stubs/logging.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <iterator>
 #include <limits>
@@ -63,6 +64,24 @@ void CheckWorld(const v1::RendezvousRequest& req, const v1::RendezvousResponse& 
       fail("ranks of a node are not contiguous");
     }
     if (a.node_rank() >= w.node_count()) fail("node_rank >= node_count");
+  }
+}
+
+void CheckWorldPage(const v1::GetWorldRequest& req, const v1::GetWorldResponse& resp) {
+  auto fail = [&](const char* what) {
+    Fail(absl::StrCat("GetWorld answered a bad page (", what, ")\nrequest: ",
+                      req.ShortDebugString(), "\nanswer: ", resp.ShortDebugString()));
+  };
+  const uint32_t limit = req.max_members() == 0 ? 1'000 : std::min(req.max_members(), 10'000u);
+  if (static_cast<uint32_t>(resp.members_size()) > limit) fail("more members than asked");
+  if (resp.next_rank() != req.start_rank() + static_cast<uint32_t>(resp.members_size())) {
+    fail("next_rank");
+  }
+  if (resp.next_rank() > resp.world().world_size()) fail("next_rank beyond the world");
+  for (int i = 0; i < resp.members_size(); ++i) {
+    if (resp.members(i).rank() != req.start_rank() + static_cast<uint32_t>(i)) {
+      fail("members not in rank order");
+    }
   }
 }
 
@@ -354,6 +373,13 @@ class Runner {
                 Fail("GetStatus answered a bad status: " + resp.ShortDebugString());
               }
             });
+        return;
+      }
+      case Op::kGetWorld: {
+        v1::GetWorldRequest r;
+        if (parsed && !Parse(in_, &r)) return;
+        h_->Unary<v1::GetWorldRequest, v1::GetWorldResponse>(
+            "GetWorld", &Stub::async::GetWorld, r, auth, /*blocks=*/false, CheckWorldPage);
         return;
       }
       case Op::kSessionOpen:

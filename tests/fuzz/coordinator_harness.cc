@@ -85,6 +85,7 @@ class CoordinatorHarness::Forwarder final : public v1::Coordinator::CallbackServ
   MUSTER_FUZZ_FORWARD(AbortCheckpoint)
   MUSTER_FUZZ_FORWARD(ListCheckpoints)
   MUSTER_FUZZ_FORWARD(GetStatus)
+  MUSTER_FUZZ_FORWARD(GetWorld)
 #undef MUSTER_FUZZ_FORWARD
 
   grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionEvent>* Session(

@@ -55,6 +55,8 @@ enum class Op : uint8_t {
   // Shuts the coordinator down and starts a new one on the same state store
   // (a coordinator restart; members reattach).
   kRestart,
+  // One page of the membership.
+  kGetWorld,
   kOpCount,
 };
 inline constexpr uint8_t kOpCount = static_cast<uint8_t>(Op::kOpCount);

@@ -516,6 +516,24 @@ TEST_F(CoordinatorTest, AfterGenerationCannotWrapTheCounter) {
   EXPECT_EQ((*a.world)->world->generation, (uint64_t{1} << 62) + 1);
 }
 
+// A generation adopted from a member (the coordinator had lost its state)
+// is stored: a restart before any world formed does not go back below it.
+TEST_F(CoordinatorTest, AnAdoptedGenerationSurvivesARestart) {
+  const std::string path = ::testing::TempDir() + "/adopt" + std::to_string(getpid()) + ".db";
+  ::unlink(path.c_str());
+  auto store = std::move(OpenSqliteStateStore(path)).value();
+  Start(2, 2, absl::Seconds(100), store.get());
+  Member& a = Add("a", "n");
+  Rendezvous(a, 41);
+  EXPECT_FALSE(a.world.has_value());  // one of two: no world
+  EXPECT_EQ(c_->GetStatus().generation, 41u);
+  c_.reset();
+  Start(2, 2, absl::Seconds(100), store.get());
+  EXPECT_EQ(c_->GetStatus().generation, 41u);
+  EXPECT_EQ(c_->GetStatus().job_state, JobState::kWaiting);
+  c_.reset();  // before the store it writes to
+}
+
 TEST_F(CoordinatorTest, RestartKeepsGenerationWhenAllReattach) {
   const std::string path = ::testing::TempDir() + "/restart" + std::to_string(getpid()) + ".db";
   ::unlink(path.c_str());
