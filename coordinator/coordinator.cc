@@ -214,13 +214,18 @@ absl::StatusOr<uint64_t> Coordinator::OpenSession(const MemberKey& key,
   return id;
 }
 
-absl::StatusOr<uint64_t> Coordinator::Heartbeat(uint64_t session, int64_t step) {
-  absl::MutexLock lock(&mu_);
+absl::Status Coordinator::Beat(uint64_t session, int64_t step, absl::Time now) {
   auto it = sessions_.find(session);
   if (it == sessions_.end()) return absl::NotFoundError("no such session");
   MUSTER_ASSIGN_OR_RETURN(MemberInfo * info, membership_.Live(it->second.member));
-  info->last_seen = clock_->Now();
+  info->last_seen = now;
   if (step >= 0) info->step = step;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<uint64_t> Coordinator::Heartbeat(uint64_t session, int64_t step) {
+  absl::MutexLock lock(&mu_);
+  MUSTER_RETURN_IF_ERROR(Beat(session, step, clock_->Now()));
   return generation_;
 }
 
@@ -229,15 +234,7 @@ uint64_t Coordinator::Heartbeats(const std::vector<uint64_t>& sessions,
   absl::MutexLock lock(&mu_);
   const absl::Time now = clock_->Now();
   ok->assign(sessions.size(), false);
-  for (size_t i = 0; i < sessions.size(); ++i) {
-    auto it = sessions_.find(sessions[i]);
-    if (it == sessions_.end()) continue;
-    absl::StatusOr<MemberInfo*> info = membership_.Live(it->second.member);
-    if (!info.ok()) continue;
-    (*info)->last_seen = now;
-    if (steps[i] >= 0) (*info)->step = steps[i];
-    (*ok)[i] = true;
-  }
+  for (size_t i = 0; i < sessions.size(); ++i) (*ok)[i] = Beat(sessions[i], steps[i], now).ok();
   return generation_;
 }
 

@@ -258,6 +258,9 @@ class Coordinator {
   void CheckRecovered(Actions* actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // --- helpers (coordinator.cc) ---
+  // Heartbeat's and Heartbeats' work for one session.
+  absl::Status Beat(uint64_t session, int64_t step, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Record(const std::string& kind, const std::string& detail)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PushTo(const std::string& id, const MemberEvent& event, Actions* actions)

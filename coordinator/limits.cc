@@ -3,6 +3,16 @@
 #include "absl/strings/str_cat.h"
 
 namespace muster {
+namespace {
+
+// Names and reasons end up in logs and the event log: a newline or an
+// escape sequence would forge lines there.
+bool IsControl(char c) {
+  const unsigned char u = static_cast<unsigned char>(c);
+  return u < 0x20 || u == 0x7f;
+}
+
+}  // namespace
 
 absl::Status CheckName(absl::string_view field, absl::string_view value, size_t max) {
   if (value.empty()) {
@@ -16,17 +26,22 @@ absl::Status CheckOptional(absl::string_view field, absl::string_view value, siz
     return absl::InvalidArgumentError(absl::StrCat(
         field, " is ", value.size(), " bytes; the limit is ", max));
   }
-  // Names and reasons end up in logs and the event log: a newline or an
-  // escape sequence would forge lines there.
   for (size_t i = 0; i < value.size(); ++i) {
-    const unsigned char c = static_cast<unsigned char>(value[i]);
-    if (c < 0x20 || c == 0x7f) {
+    if (IsControl(value[i])) {
       return absl::InvalidArgumentError(absl::StrCat(
-          field, " contains control character 0x", absl::Hex(c, absl::kZeroPad2),
-          " at byte ", i));
+          field, " contains control character 0x",
+          absl::Hex(static_cast<unsigned char>(value[i]), absl::kZeroPad2), " at byte ", i));
     }
   }
   return absl::OkStatus();
+}
+
+std::string Printable(absl::string_view value, size_t max) {
+  std::string out(value.substr(0, max));
+  for (char& c : out) {
+    if (IsControl(c)) c = '?';
+  }
+  return out;
 }
 
 }  // namespace muster

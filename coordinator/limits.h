@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
@@ -33,6 +34,10 @@ absl::Status CheckName(absl::string_view field, absl::string_view value, size_t 
 // Like CheckName but empty is allowed. Both reject control characters
 // (bytes below 0x20 and 0x7f), which would forge log lines.
 absl::Status CheckOptional(absl::string_view field, absl::string_view value, size_t max);
+// For text that must be kept even when it fails CheckOptional (a detached
+// member's cause): `value` cut to `max` bytes, each control character
+// replaced by '?'.
+std::string Printable(absl::string_view value, size_t max);
 
 }  // namespace muster
 

@@ -29,16 +29,6 @@ v1::SessionEvent ToProto(const MemberEvent& event) {
   return msg;
 }
 
-// `text` cut to `max` bytes, control characters (which would forge log
-// lines) replaced by '?'.
-std::string Printable(const std::string& text, size_t max) {
-  std::string out = text.substr(0, max);
-  for (char& c : out) {
-    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = '?';
-  }
-  return out;
-}
-
 }  // namespace
 
 // The writing half of a session: a queue of events written one at a time.
@@ -167,7 +157,8 @@ void SessionReactor::CloseSession(const std::string& why) {
   if (session_ != 0) coordinator_->SessionClosed(session_, why);
   session_ = 0;
   for (const auto& [id, attached] : attached_) {
-    coordinator_->SessionClosed(attached.session, absl::StrCat("node session of ", node_, " ", why));
+    coordinator_->SessionClosed(attached.session,
+                                absl::StrCat("node session of ", node_, " ", why));
   }
   attached_.clear();
 }
@@ -242,9 +233,9 @@ bool SessionReactor::HandleNode(absl::Time start) {
       auto it = attached_.find(request_.detach().member().member_id());
       if (it != attached_.end() &&
           it->second.incarnation == request_.detach().member().incarnation()) {
-        coordinator_->SessionClosed(
-            it->second.session,
-            Printable(request_.detach().reason(), coordinator_->options().limits.max_reason_bytes));
+        coordinator_->SessionClosed(it->second.session,
+                                    Printable(request_.detach().reason(),
+                                              coordinator_->options().limits.max_reason_bytes));
         attached_.erase(it);
       }
       return true;

@@ -71,7 +71,9 @@ absl::Status CheckWorld(const WorldInfo& w, const std::string& me) {
   if (w.rank < 0 || w.rank >= w.world_size || w.self.rank != w.rank) {
     return bad(absl::StrCat("rank ", w.rank, " of ", w.world_size));
   }
-  if (w.self.member_id != me) return bad(absl::StrCat("it assigns rank ", w.rank, " to ", w.self.member_id));
+  if (w.self.member_id != me) {
+    return bad(absl::StrCat("it assigns rank ", w.rank, " to ", w.self.member_id));
+  }
   if (w.local_world_size() < 1 ||
       static_cast<int>(w.node_peers.size()) != w.local_world_size() ||
       w.local_rank() >= w.local_world_size() ||
