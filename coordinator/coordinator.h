@@ -34,6 +34,7 @@
 #include "coordinator/actions.h"
 #include "coordinator/barrier.h"
 #include "coordinator/checkpoint_catalog.h"
+#include "coordinator/generation_state.h"
 #include "coordinator/kv_store.h"
 #include "coordinator/limits.h"
 #include "coordinator/membership.h"
@@ -77,9 +78,6 @@ struct CoordinatorOptions {
   Limits limits;
   Clock* clock = RealClock::Get();
 };
-
-enum class JobState { kWaiting, kRunning, kRecovering, kFinished, kShuttingDown };
-const char* JobStateName(JobState state);
 
 enum class LeaveReason { kFinished, kGraceful };
 
@@ -235,29 +233,36 @@ class Coordinator {
   absl::Status Load();
 
   // --- regrouping (coordinator_regroup.cc) ---
-  // Re-evaluates membership: forms a new world, pauses, or waits.
+  // The generation's lifecycle is gen_'s; these decide its transitions and
+  // act on them. Re-evaluates membership: forms a new world, pauses, or
+  // waits.
   void Evaluate(bool urgent, bool abort, const std::string& reason, Actions* actions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::vector<Candidate> Candidates() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Form(std::vector<Candidate> candidates, uint32_t size, bool abort,
             const std::string& reason, Actions* actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Pause(const std::string& reason, Actions* actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void ResetGenerationState(const std::string& reason, Actions* actions)
+  // Fails the KV and barrier waiters of generation `generation`.
+  void ResetGenerationState(uint64_t generation, const std::string& reason, Actions* actions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // True when a Rendezvous call cannot change the decision to wait (see the
   // definition); Evaluate is then skipped.
   bool StillWaiting() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void Arrive(const std::string& id, int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // world_ as a shared immutable copy, made once per change.
-  std::shared_ptr<const World> Published() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void CompleteIfAllArrived(Actions* actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Member `id` of the forming world arrived; true when it was the last.
+  bool Arrive(const std::string& id, int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The forming world just completed: stores it and answers its waiters.
+  void WorldCompleted(Actions* actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FailMember(MemberInfo* info, const std::string& reason, Actions* actions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DropWaiters(const std::string& id, const absl::Status& status, Actions* actions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CheckRecovered(Actions* actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  // --- helpers (coordinator.cc) ---
+  // --- helpers (coordinator.cc; members in coordinator_members.cc, KV,
+  // barriers and the catalog in coordinator_kv.cc) ---
+  // Whether gen_ took a transition; a refusal (a bug in the checks before
+  // it) is logged, and the caller then leaves the rest of its work undone.
+  bool Accepted(const absl::Status& transition);
   // Heartbeat's and Heartbeats' work for one session.
   absl::Status Beat(uint64_t session, int64_t step, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -265,7 +270,6 @@ class Coordinator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PushTo(const std::string& id, const MemberEvent& event, Actions* actions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status CheckGeneration(uint64_t generation) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckServing() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Duration CapWait(absl::Duration d) const;
   void FlushEvents() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -293,19 +297,11 @@ class Coordinator {
   std::atomic<bool> store_failed_{false};
 
   absl::Mutex mu_;
-  JobState job_state_ ABSL_GUARDED_BY(mu_) = JobState::kWaiting;
+  // The generation counter, the current world, its arrivals and the phase
+  // of its lifecycle (generation_state.h).
+  GenerationState gen_ ABSL_GUARDED_BY(mu_);
   Membership membership_ ABSL_GUARDED_BY(mu_);
   RendezvousTimer timer_ ABSL_GUARDED_BY(mu_);
-  uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
-  World world_ ABSL_GUARDED_BY(mu_);
-  // True while world_ is the world members train in (false when paused).
-  bool world_live_ ABSL_GUARDED_BY(mu_) = false;
-  // Members of world_ that have called Rendezvous for it, with their step.
-  std::map<std::string, int64_t> arrived_ ABSL_GUARDED_BY(mu_);
-  bool world_complete_ ABSL_GUARDED_BY(mu_) = false;
-  // Published()'s copy of world_.
-  std::shared_ptr<const World> published_ ABSL_GUARDED_BY(mu_);
-  absl::Time recover_deadline_ ABSL_GUARDED_BY(mu_);
   std::list<RendezvousWaiter> waiters_ ABSL_GUARDED_BY(mu_);
   // No waiter's deadline is earlier (waiters that left early may make it
   // too early, never too late).

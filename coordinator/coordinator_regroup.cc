@@ -1,5 +1,7 @@
 // Coordinator: rendezvous and regrouping — who is in the next world, when it
-// forms, and how members arrive in it.
+// forms, and how members arrive in it. The transitions of the generation's
+// lifecycle (gen_, generation_state.h) are taken here and in Leave, Load,
+// Tick and StopServing.
 #include <algorithm>
 #include <set>
 #include <utility>
@@ -9,12 +11,6 @@
 #include "coordinator/coordinator.h"
 
 namespace muster {
-namespace {
-
-// The largest after_generation a coordinator that lost its state adopts.
-constexpr uint64_t kMaxAdoptedGeneration = uint64_t{1} << 62;
-
-}  // namespace
 
 void Coordinator::Rendezvous(const MemberKey& key, uint64_t after_generation, int64_t step,
                              absl::Duration timeout, RendezvousCallback done) {
@@ -23,31 +19,24 @@ void Coordinator::Rendezvous(const MemberKey& key, uint64_t after_generation, in
   absl::Status s = CheckServing();
   absl::StatusOr<MemberInfo*> live = membership_.Live(key);
   if (s.ok()) s = live.status();
-  if (s.ok() && job_state_ == JobState::kFinished) {
+  if (s.ok() && gen_.phase() == GenerationPhase::kFinished) {
     s = absl::FailedPreconditionError("the job has finished");
   }
   if (s.ok() && (*live)->state == MemberState::kDraining) {
     s = absl::FailedPreconditionError(
         absl::StrCat("member ", key.id, " is drained; it must leave"));
   }
-  if (s.ok() && after_generation > generation_) {
-    if (world_live_) {
-      s = absl::InvalidArgumentError(absl::StrCat(
-          "after_generation ", after_generation, " is newer than the current generation ",
-          generation_));
-    } else if (after_generation > kMaxAdoptedGeneration) {
-      // Adopting it would leave the counter no room: the next world's
-      // generation_ + 1 could wrap around to 0.
-      s = absl::InvalidArgumentError(absl::StrCat(
-          "after_generation ", after_generation, " is beyond any generation (at most ",
-          kMaxAdoptedGeneration, ")"));
-    } else {
-      // The coordinator lost its state; keep generation numbers increasing,
-      // across a restart too: the adopted number is stored (as a world
-      // without members, which a restart starts from without recovering).
-      generation_ = after_generation;
+  if (s.ok() && after_generation > gen_.generation()) {
+    // Newer than the counter: the coordinator lost its state (taken without
+    // a live world, up to GenerationState::kMaxAdoptedGeneration; refused
+    // otherwise).
+    s = gen_.Adopted(after_generation);
+    if (s.ok()) {
+      // Keep generation numbers increasing across a restart too: the
+      // adopted number is stored (as a world without members, which a
+      // restart starts from without recovering).
       World adopted;
-      adopted.generation = generation_;
+      adopted.generation = gen_.generation();
       persister_.SaveWorld(std::move(adopted));
     }
   }
@@ -61,12 +50,13 @@ void Coordinator::Rendezvous(const MemberKey& key, uint64_t after_generation, in
   MemberInfo* info = *live;
   info->step = step;
   const absl::Duration wait = std::min(CapWait(timeout), options_.rules.join_timeout);
-  const int rank = world_.RankOf(key.id);
-  const bool in_newer_world = world_live_ && world_.generation > after_generation &&
+  const World& world = gen_.world();
+  const int rank = world.RankOf(key.id);
+  const bool in_newer_world = gen_.world_live() && world.generation > after_generation &&
                               rank >= 0 &&
-                              world_.members[rank].member.incarnation == key.incarnation;
-  if (in_newer_world && world_complete_) {
-    RendezvousResult result{Published(), static_cast<uint32_t>(rank)};
+                              world.members[rank].member.incarnation == key.incarnation;
+  if (in_newer_world && gen_.complete()) {
+    RendezvousResult result{gen_.Published(), static_cast<uint32_t>(rank)};
     actions.Add([done = std::move(done), result] { done(result); });
     return;
   }
@@ -74,8 +64,7 @@ void Coordinator::Rendezvous(const MemberKey& key, uint64_t after_generation, in
       RendezvousWaiter{key, after_generation, step, clock_->Now() + wait, std::move(done)});
   first_waiter_deadline_ = std::min(first_waiter_deadline_, waiters_.back().deadline);
   if (in_newer_world) {
-    Arrive(key.id, step);
-    CompleteIfAllArrived(&actions);
+    if (Arrive(key.id, step)) WorldCompleted(&actions);
     return;
   }
   if (info->state != MemberState::kActive) info->state = MemberState::kWaiting;
@@ -91,7 +80,7 @@ bool Coordinator::StillWaiting() {
   // changes no decision: skip the full evaluation, which is linear in the
   // members (N arrivals would cost N^2). Tick evaluates when the last call
   // ends.
-  if (world_live_ || job_state_ != JobState::kWaiting) return false;
+  if (gen_.phase() != GenerationPhase::kNoWorld) return false;
   const size_t bound = waiters_.size();
   if (bound < options_.rules.min_members) return true;
   return bound < options_.rules.max_members && timer_.deadline().has_value() &&
@@ -102,9 +91,10 @@ std::vector<Candidate> Coordinator::Candidates() {
   std::set<std::string> waiting;
   for (const RendezvousWaiter& w : waiters_) waiting.insert(w.member.id);
   std::vector<Candidate> out;
+  const bool live = gen_.world_live();
   for (const auto& [id, info] : membership_.members()) {
-    const bool incumbent = world_live_ && info.state == MemberState::kActive &&
-                           world_.RankOf(id) >= 0;
+    const bool incumbent = live && info.state == MemberState::kActive &&
+                           gen_.world().RankOf(id) >= 0;
     const bool waiting_now = (info.state == MemberState::kWaiting ||
                               info.state == MemberState::kActive) &&
                              waiting.count(id) > 0;
@@ -125,11 +115,20 @@ std::vector<Candidate> Coordinator::Candidates() {
 
 void Coordinator::Evaluate(bool urgent, bool abort, const std::string& reason,
                            Actions* actions) {
-  if (job_state_ == JobState::kShuttingDown || job_state_ == JobState::kFinished) return;
-  if (job_state_ == JobState::kRecovering) {
-    CheckRecovered(actions);
-    return;
+  switch (gen_.phase()) {
+    case GenerationPhase::kShuttingDown:
+    case GenerationPhase::kFinished:
+      return;
+    case GenerationPhase::kRecovering:
+      CheckRecovered(actions);
+      return;
+    case GenerationPhase::kNoWorld:
+    case GenerationPhase::kForming:
+    case GenerationPhase::kRunning:
+      break;
   }
+  const World& world = gen_.world();
+  const bool live = gen_.world_live();
   std::vector<Candidate> candidates = Candidates();
   const uint32_t n = static_cast<uint32_t>(candidates.size());
   // Changed: the world that would form now is not the live one. Members
@@ -138,52 +137,50 @@ void Coordinator::Evaluate(bool urgent, bool abort, const std::string& reason,
   // AssignWorld puts incumbents first, so the world is unchanged exactly
   // when every member of it is an incumbent candidate of the same
   // incarnation and the usable size is its size.
-  bool changed = !world_live_ || UsableWorldSize(n, options_.rules) != world_.size();
+  bool changed = !live || UsableWorldSize(n, options_.rules) != world.size();
   uint32_t incumbents = 0;
   uint32_t preferred = 0;
   for (const Candidate& c : candidates) preferred += c.incumbent || !c.spare ? 1 : 0;
   for (size_t i = 0; !changed && i < candidates.size(); ++i) {
     if (!candidates[i].incumbent) continue;
-    const int rank = world_.RankOf(candidates[i].member.id);
-    changed = rank < 0 || world_.members[rank].member.incarnation != candidates[i].member.incarnation;
+    const int rank = world.RankOf(candidates[i].member.id);
+    changed = rank < 0 ||
+              world.members[rank].member.incarnation != candidates[i].member.incarnation;
     ++incumbents;
   }
-  changed = changed || incumbents != world_.size();
+  changed = changed || incumbents != world.size();
   switch (timer_.Decide(n, preferred, changed, urgent, clock_->Now())) {
     case FormDecision::kNothing:
     case FormDecision::kWait:
       return;
     case FormDecision::kNotEnough:
-      if (world_live_) Pause(reason, actions);
+      if (live) Pause(reason, actions);
       return;
     case FormDecision::kNow:
-      Form(std::move(candidates), UsableWorldSize(n, options_.rules), abort || !world_live_,
-           reason, actions);
+      Form(std::move(candidates), UsableWorldSize(n, options_.rules), abort || !live, reason,
+           actions);
       return;
   }
 }
 
-void Coordinator::ResetGenerationState(const std::string& reason, Actions* actions) {
-  kv_.Reset(absl::StrCat("generation ", world_.generation, " is over: ", reason), actions);
-  barriers_.Reset(absl::StrCat("generation ", world_.generation, " is over: ", reason),
-                  actions);
+void Coordinator::ResetGenerationState(uint64_t generation, const std::string& reason,
+                                       Actions* actions) {
+  kv_.Reset(absl::StrCat("generation ", generation, " is over: ", reason), actions);
+  barriers_.Reset(absl::StrCat("generation ", generation, " is over: ", reason), actions);
 }
 
 void Coordinator::Pause(const std::string& reason, Actions* actions) {
-  world_live_ = false;
-  world_complete_ = false;
-  arrived_.clear();
-  job_state_ = JobState::kWaiting;
-  ResetGenerationState(reason, actions);
-  absl::Status s = catalog_.AbortBefore(generation_ + 1, reason);
+  if (!Accepted(gen_.Paused())) return;
+  ResetGenerationState(gen_.world().generation, reason, actions);
+  absl::Status s = catalog_.AbortBefore(gen_.generation() + 1, reason);
   if (!s.ok()) MUSTER_LOG(WARNING) << "aborting pending checkpoints: " << s;
   MemberEvent event;
-  event.generation = generation_;
+  event.generation = gen_.generation();
   event.abort = true;
   event.paused = true;
   event.reason = absl::StrCat(reason, "; fewer than min_members (",
                               options_.rules.min_members, ") remain, waiting for more");
-  for (const Assignment& a : world_.members) {
+  for (const Assignment& a : gen_.world().members) {
     MemberInfo* info = membership_.Find(a.member.id);
     if (info == nullptr || info->key != a.member || !IsAlive(info->state)) continue;
     if (info->state == MemberState::kActive) info->state = MemberState::kWaiting;
@@ -194,29 +191,27 @@ void Coordinator::Pause(const std::string& reason, Actions* actions) {
 
 void Coordinator::Form(std::vector<Candidate> candidates, uint32_t size, bool abort,
                        const std::string& reason, Actions* actions) {
-  World next = AssignWorld(generation_ + 1, std::move(candidates), size);
+  const World old = gen_.world();
+  const bool old_live = gen_.world_live();
+  if (!Accepted(gen_.Formed(AssignWorld(gen_.generation() + 1, std::move(candidates), size)))) {
+    return;
+  }
+  const World& world = gen_.world();
+  const uint64_t generation = gen_.generation();
   // Durable before anyone hears of it: every caller's actions wait for it.
-  persister_.SaveWorld(next);
-  const World old = world_;
-  const bool old_live = world_live_;
-  ResetGenerationState(reason, actions);
-  generation_ = next.generation;
-  world_ = std::move(next);
-  world_live_ = true;
-  world_complete_ = false;
-  arrived_.clear();
-  job_state_ = JobState::kRunning;
+  persister_.SaveWorld(world);
+  ResetGenerationState(old.generation, reason, actions);
   timer_.Reset();
   ++counters_.regroups;
   if (abort) {
-    absl::Status s = catalog_.AbortBefore(generation_, reason);
+    absl::Status s = catalog_.AbortBefore(generation, reason);
     if (!s.ok()) MUSTER_LOG(WARNING) << "aborting pending checkpoints: " << s;
   }
   for (const auto& [id, info] : membership_.members()) {
     if (info.state != MemberState::kActive) continue;
-    if (world_.RankOf(id) < 0) membership_.Find(id)->state = MemberState::kWaiting;
+    if (world.RankOf(id) < 0) membership_.Find(id)->state = MemberState::kWaiting;
   }
-  for (const Assignment& a : world_.members) {
+  for (const Assignment& a : world.members) {
     membership_.Find(a.member.id)->state = MemberState::kActive;
   }
   if (old_live) {
@@ -224,58 +219,52 @@ void Coordinator::Form(std::vector<Candidate> candidates, uint32_t size, bool ab
       const MemberInfo* info = membership_.Find(a.member.id);
       if (info == nullptr || info->key != a.member || !IsAlive(info->state)) continue;
       MemberEvent event;
-      event.generation = generation_;
+      event.generation = generation;
       event.abort = abort;
       event.leave = info->state == MemberState::kDraining;
       event.reason = reason;
       PushTo(a.member.id, event, actions);
     }
   }
-  for (const RendezvousWaiter& w : waiters_) {
-    const int rank = world_.RankOf(w.member.id);
-    if (rank >= 0 && w.after_generation < generation_ &&
-        world_.members[rank].member.incarnation == w.member.incarnation) {
-      Arrive(w.member.id, w.step);
+  // Members already waiting arrive now, newest call first: a member that
+  // waits twice arrives with the step of its later call. Once the world is
+  // complete, every waiter left for it is such an earlier call.
+  bool complete = false;
+  for (auto it = waiters_.rbegin(); it != waiters_.rend() && !complete; ++it) {
+    const int rank = world.RankOf(it->member.id);
+    if (rank >= 0 && it->after_generation < generation &&
+        world.members[rank].member.incarnation == it->member.incarnation &&
+        !gen_.has_arrived(it->member.id)) {
+      complete = Arrive(it->member.id, it->step);
     }
   }
-  Record("regroup", absl::StrCat("generation ", generation_, ": ", world_.size(),
-                                 " members on ", world_.node_count, " nodes (", reason,
+  Record("regroup", absl::StrCat("generation ", generation, ": ", world.size(), " members on ",
+                                 world.node_count, " nodes (", reason,
                                  abort ? ", abort" : ", at step boundary", ")"));
   if (old_live && old.size() >= options_.rules.max_members) {
     // The old world was full: its newcomers waited as spares.
-    for (const Assignment& a : world_.members) {
+    for (const Assignment& a : world.members) {
       if (old.RankOf(a.member.id) >= 0) continue;
       Record("spare", absl::StrCat(a.member.id, " takes rank ", a.rank, " in generation ",
-                                   generation_));
+                                   generation));
     }
   }
-  CompleteIfAllArrived(actions);
+  if (complete) WorldCompleted(actions);
 }
 
-void Coordinator::Arrive(const std::string& id, int64_t step) { arrived_[id] = step; }
-
-std::shared_ptr<const World> Coordinator::Published() {
-  if (published_ == nullptr || published_->generation != world_.generation) {
-    published_ = std::make_shared<const World>(world_);
-  }
-  return published_;
+bool Coordinator::Arrive(const std::string& id, int64_t step) {
+  absl::StatusOr<bool> complete = gen_.Arrived(id, step);
+  return Accepted(complete.status()) && *complete;
 }
 
-void Coordinator::CompleteIfAllArrived(Actions* actions) {
-  if (!world_live_ || world_complete_) return;
-  // arrived_ holds members of world_ only (Arrive's callers check), so its
-  // size says whether all arrived without a scan per arrival.
-  if (arrived_.size() < world_.size()) return;
-  for (Assignment& a : world_.members) a.step = arrived_[a.member.id];
-  ChooseStateSource(&world_);
-  world_complete_ = true;
-  persister_.SaveWorld(world_);
-  published_.reset();
-  std::shared_ptr<const World> shared = Published();
+void Coordinator::WorldCompleted(Actions* actions) {
+  persister_.SaveWorld(gen_.world());
+  std::shared_ptr<const World> shared = gen_.Published();
+  const World& world = *shared;
   for (auto it = waiters_.begin(); it != waiters_.end();) {
-    const int rank = world_.RankOf(it->member.id);
-    if (rank >= 0 && it->after_generation < generation_ &&
-        world_.members[rank].member.incarnation == it->member.incarnation) {
+    const int rank = world.RankOf(it->member.id);
+    if (rank >= 0 && it->after_generation < world.generation &&
+        world.members[rank].member.incarnation == it->member.incarnation) {
       RendezvousResult result{shared, static_cast<uint32_t>(rank)};
       actions->Add([done = std::move(it->done), result] { done(result); });
       it = waiters_.erase(it);
@@ -287,9 +276,10 @@ void Coordinator::CompleteIfAllArrived(Actions* actions) {
 
 void Coordinator::FailMember(MemberInfo* info, const std::string& reason, Actions* actions) {
   const std::string id = info->key.id;
-  const int rank = world_.RankOf(id);
-  const bool in_world = world_live_ && rank >= 0 &&
-                        world_.members[rank].member.incarnation == info->key.incarnation &&
+  const World& world = gen_.world();
+  const int rank = world.RankOf(id);
+  const bool in_world = gen_.world_live() && rank >= 0 &&
+                        world.members[rank].member.incarnation == info->key.incarnation &&
                         info->state == MemberState::kActive;
   info->state = MemberState::kFailed;
   info->reason = reason;
@@ -330,7 +320,7 @@ void Coordinator::CheckRecovered(Actions* actions) {
   // Each stored member is back (same incarnation, session open), replaced (a
   // new incarnation of its id joined: the old process is gone), or pending.
   bool all_back = true;
-  for (const Assignment& a : world_.members) {
+  for (const Assignment& a : gen_.world().members) {
     const MemberInfo* info = membership_.Find(a.member.id);
     if (info == nullptr) return;  // pending
     if (info->key == a.member && IsAlive(info->state) && info->session != 0) continue;
@@ -340,10 +330,10 @@ void Coordinator::CheckRecovered(Actions* actions) {
     }
     return;  // same incarnation, no session yet
   }
-  job_state_ = JobState::kRunning;
+  if (!Accepted(gen_.Recovered())) return;
   if (all_back) {
-    Record("recovered", absl::StrCat("all ", world_.size(), " members of generation ",
-                                     generation_, " are back; training continues"));
+    Record("recovered", absl::StrCat("all ", gen_.world().size(), " members of generation ",
+                                     gen_.generation(), " are back; training continues"));
     return;
   }
   Evaluate(/*urgent=*/true, /*abort=*/true,

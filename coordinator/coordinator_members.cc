@@ -1,0 +1,195 @@
+// Coordinator: members — joining, sessions and heartbeats, leaving and
+// draining.
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "coordinator/coordinator.h"
+
+namespace muster {
+
+absl::StatusOr<JoinResult> Coordinator::Join(const JoinSpec& spec) {
+  Actions actions = Gated();
+  absl::MutexLock lock(&mu_);
+  MUSTER_RETURN_IF_ERROR(CheckServing());
+  MemberInfo fenced;
+  MUSTER_ASSIGN_OR_RETURN(JoinOutcome outcome,
+                          membership_.Join(spec, clock_->Now(), &fenced));
+  MemberInfo* info = membership_.Find(spec.key.id);
+  const World& world = gen_.world();
+  const bool live = gen_.world_live();
+  const int rank = world.RankOf(spec.key.id);
+  const bool in_world = live && rank >= 0 &&
+                        world.members[rank].member.incarnation == spec.key.incarnation;
+  JoinResult result;
+  result.generation = gen_.generation();
+  if (in_world) {
+    result.reattached = true;
+    if (info->state == MemberState::kWaiting) info->state = MemberState::kActive;
+    Record("reattach", absl::StrCat(spec.key.id, " incarnation ", spec.key.incarnation,
+                                    " is back in generation ", gen_.generation()));
+    return result;
+  }
+  result.reattached = outcome == JoinOutcome::kReattached;
+  if (outcome == JoinOutcome::kReplaced) {
+    if (fenced.session != 0) {
+      auto it = sessions_.find(fenced.session);
+      if (it != sessions_.end()) {
+        actions.Add([sink = it->second.sink] {
+          sink->Close(absl::AbortedError("replaced by a new incarnation"));
+        });
+        sessions_.erase(it);
+      }
+    }
+    DropWaiters(spec.key.id, absl::AbortedError("replaced by a new incarnation"), &actions);
+  }
+  const bool spare = live && rank < 0 && world.size() >= options_.rules.max_members;
+  Record("join", absl::StrCat(spec.key.id, " incarnation ", spec.key.incarnation, " on ",
+                              spec.node, " local rank ", spec.local_rank,
+                              spare ? " (a spare: the world is full)" : ""));
+  if (live && rank >= 0 && gen_.phase() != GenerationPhase::kFinished) {
+    // A new incarnation of a member of the current world: the old one is gone.
+    ++counters_.failures;
+    Evaluate(/*urgent=*/true, /*abort=*/true,
+             absl::StrCat("member ", spec.key.id, " restarted as incarnation ",
+                          spec.key.incarnation),
+             &actions);
+  }
+  return result;
+}
+
+absl::StatusOr<uint64_t> Coordinator::OpenSession(const MemberKey& key,
+                                                  std::shared_ptr<SessionSink> sink,
+                                                  const std::string& node) {
+  Actions actions = Gated();
+  absl::MutexLock lock(&mu_);
+  MUSTER_RETURN_IF_ERROR(CheckServing());
+  MUSTER_ASSIGN_OR_RETURN(MemberInfo * info, membership_.Live(key));
+  if (!node.empty() && info->node != node) {
+    return absl::InvalidArgumentError(absl::StrCat("member ", key.id, " joined on node ",
+                                                   info->node, ", not on ", node));
+  }
+  if (info->session != 0) {
+    auto it = sessions_.find(info->session);
+    if (it != sessions_.end()) {
+      actions.Add([old = it->second.sink] {
+        old->Close(absl::AbortedError("superseded by a newer session of the same member"));
+      });
+      sessions_.erase(it);
+    }
+  }
+  const uint64_t id = next_session_++;
+  sessions_[id] = Session{key, std::move(sink)};
+  info->session = id;
+  info->last_seen = clock_->Now();
+  if (gen_.phase() == GenerationPhase::kRecovering) CheckRecovered(&actions);
+  return id;
+}
+
+absl::Status Coordinator::Beat(uint64_t session, int64_t step, absl::Time now) {
+  auto it = sessions_.find(session);
+  if (it == sessions_.end()) return absl::NotFoundError("no such session");
+  MUSTER_ASSIGN_OR_RETURN(MemberInfo * info, membership_.Live(it->second.member));
+  info->last_seen = now;
+  if (step >= 0) info->step = step;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<uint64_t> Coordinator::Heartbeat(uint64_t session, int64_t step) {
+  absl::MutexLock lock(&mu_);
+  MUSTER_RETURN_IF_ERROR(Beat(session, step, clock_->Now()));
+  return gen_.generation();
+}
+
+uint64_t Coordinator::Heartbeats(const std::vector<uint64_t>& sessions,
+                                 const std::vector<int64_t>& steps, std::vector<bool>* ok) {
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = clock_->Now();
+  ok->assign(sessions.size(), false);
+  for (size_t i = 0; i < sessions.size(); ++i) (*ok)[i] = Beat(sessions[i], steps[i], now).ok();
+  return gen_.generation();
+}
+
+void Coordinator::SessionClosed(uint64_t session, const std::string& why) {
+  Actions actions = Gated();
+  absl::MutexLock lock(&mu_);
+  auto it = sessions_.find(session);
+  if (it == sessions_.end()) return;
+  const MemberKey key = it->second.member;
+  sessions_.erase(it);
+  if (gen_.phase() == GenerationPhase::kShuttingDown) return;
+  MemberInfo* info = membership_.Find(key.id);
+  if (info == nullptr || info->key != key || info->session != session) return;
+  info->session = 0;
+  if (IsAlive(info->state)) FailMember(info, absl::StrCat("session closed: ", why), &actions);
+}
+
+absl::Status Coordinator::Leave(const MemberKey& key, LeaveReason reason, int64_t step) {
+  Actions actions = Gated();
+  absl::MutexLock lock(&mu_);
+  MUSTER_ASSIGN_OR_RETURN(MemberInfo * info, membership_.Live(key));
+  if (step >= 0) info->step = step;
+  const bool in_live_world = gen_.world_live() && gen_.world().RankOf(key.id) >= 0 &&
+                             info->state == MemberState::kActive;
+  DropWaiters(key.id, absl::AbortedError("the member left"), &actions);
+  if (reason == LeaveReason::kFinished) {
+    info->state = MemberState::kFinished;
+    info->reason = "finished";
+    Record("finish", absl::StrCat(key.id, " finished at step ", info->step));
+    bool all_done = gen_.world_live() && gen_.phase() != GenerationPhase::kShuttingDown;
+    for (const Assignment& a : gen_.world().members) {
+      const MemberInfo* m = membership_.Find(a.member.id);
+      if (m != nullptr && IsAlive(m->state)) all_done = false;
+    }
+    if (all_done && Accepted(gen_.Finished())) {
+      Record("finished", absl::StrCat("job finished at generation ", gen_.generation()));
+      // Members still waiting for a world (one that rejoined after a
+      // partition, say) will not get one: tell them now.
+      for (RendezvousWaiter& w : waiters_) {
+        actions.Add([done = std::move(w.done)] {
+          done(absl::FailedPreconditionError("the job has finished"));
+        });
+      }
+      waiters_.clear();
+      // A restart on this state dir (a requeued job) must not wait for the
+      // finished members: keep the generation counter, forget the world.
+      World done;
+      done.generation = gen_.generation();
+      persister_.SaveWorld(std::move(done));
+    }
+    return absl::OkStatus();
+  }
+  info->state = MemberState::kLeft;
+  info->reason = "left";
+  Record("leave", absl::StrCat(key.id, " left at step ", info->step));
+  if (in_live_world && gen_.phase() != GenerationPhase::kFinished) {
+    Evaluate(/*urgent=*/true, /*abort=*/false, absl::StrCat("member ", key.id, " left"),
+             &actions);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<uint32_t> Coordinator::Drain(const std::string& node) {
+  Actions actions = Gated();
+  absl::MutexLock lock(&mu_);
+  MUSTER_RETURN_IF_ERROR(CheckServing());
+  MUSTER_RETURN_IF_ERROR(CheckName("node", node, options_.limits.max_id_bytes));
+  uint32_t drained = 0;
+  for (const auto& [id, info] : membership_.members()) {
+    if (info.node != node || !IsAlive(info.state)) continue;
+    MemberInfo* m = membership_.Find(id);
+    m->state = MemberState::kDraining;
+    m->reason = "drained";
+    DropWaiters(id, absl::AbortedError("the member's node is drained"), &actions);
+    ++drained;
+  }
+  if (drained == 0) {
+    return absl::NotFoundError(absl::StrCat("no live member on node ", node));
+  }
+  Record("drain", absl::StrCat("node ", node, ": ", drained, " members leave"));
+  Evaluate(/*urgent=*/true, /*abort=*/false, absl::StrCat("node ", node, " drained"),
+           &actions);
+  return drained;
+}
+
+}  // namespace muster
