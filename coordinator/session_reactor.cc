@@ -1,14 +1,14 @@
 #include "coordinator/session_reactor.h"
 
 #include <atomic>
-#include <deque>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "common/logging.h"
 #include "coordinator/limits.h"
 #include "rpc/status.h"
+#include "rpc/write_queue.h"
 
 namespace muster {
 
@@ -31,81 +31,19 @@ v1::SessionEvent ToProto(const MemberEvent& event) {
 
 }  // namespace
 
-// The writing half of a session: a queue of events written one at a time.
-// Thread-safe. After Close, nothing more is queued and the stream is
-// finished once the queued events are written.
+// The writing half of a session: a SessionSink over the stream's write
+// queue. Thread-safe.
 class SessionOutbox : public SessionSink {
  public:
-  explicit SessionOutbox(SessionReactor* reactor) : reactor_(reactor) {}
+  explicit SessionOutbox(SessionReactor* reactor) : queue_(reactor) {}
 
-  void Push(const MemberEvent& event) override { Write(ToProto(event)); }
-
-  void Write(v1::SessionEvent msg) {
-    const v1::SessionEvent* first = nullptr;
-    {
-      absl::MutexLock lock(&mu_);
-      if (close_pending_) return;
-      queue_.push_back(std::move(msg));
-      if (writing_) return;
-      writing_ = true;
-      first = &queue_.front();
-    }
-    reactor_->StartWrite(first);
-  }
-
-  void Close(const absl::Status& status) override {
-    {
-      absl::MutexLock lock(&mu_);
-      if (close_pending_) return;
-      close_pending_ = true;
-      close_status_ = status;
-      if (writing_) return;  // WriteDone finishes
-      finished_ = true;
-    }
-    reactor_->Finish(ToGrpcStatus(status));
-  }
-
-  void WriteDone(bool ok) {
-    const v1::SessionEvent* next = nullptr;
-    absl::Status finish;
-    bool do_finish = false;
-    {
-      absl::MutexLock lock(&mu_);
-      queue_.pop_front();
-      if (!ok) {
-        queue_.clear();
-        if (!close_pending_) {
-          close_pending_ = true;
-          close_status_ = absl::UnavailableError("write failed");
-        }
-      }
-      if (!queue_.empty()) {
-        next = &queue_.front();
-      } else {
-        writing_ = false;
-        if (close_pending_ && !finished_) {
-          finished_ = true;
-          do_finish = true;
-          finish = close_status_;
-        }
-      }
-    }
-    if (next != nullptr) {
-      reactor_->StartWrite(next);
-    } else if (do_finish) {
-      reactor_->Finish(ToGrpcStatus(finish));
-    }
-  }
+  void Push(const MemberEvent& event) override { queue_.Write(ToProto(event)); }
+  void Close(const absl::Status& status) override { queue_.Close(status); }
+  void Write(v1::SessionEvent msg) { queue_.Write(std::move(msg)); }
+  void WriteDone(bool ok) { queue_.WriteDone(ok); }
 
  private:
-  // Valid until Finish has been called; never used after that.
-  SessionReactor* const reactor_;
-  absl::Mutex mu_;
-  std::deque<v1::SessionEvent> queue_ ABSL_GUARDED_BY(mu_);
-  bool writing_ ABSL_GUARDED_BY(mu_) = false;
-  bool close_pending_ ABSL_GUARDED_BY(mu_) = false;
-  bool finished_ ABSL_GUARDED_BY(mu_) = false;
-  absl::Status close_status_ ABSL_GUARDED_BY(mu_);
+  WriteQueue<v1::SessionRequest, v1::SessionEvent> queue_;
 };
 
 // One member's session inside a node session: its events go out on the
@@ -201,6 +139,8 @@ void SessionReactor::Acknowledge(uint64_t generation, absl::Time start) {
   v1::SessionEvent ack;
   ack.mutable_ack()->set_sequence(request_.heartbeat().sequence());
   ack.mutable_ack()->set_current_generation(generation);
+  ack.mutable_ack()->set_heartbeat_interval_ms(static_cast<uint32_t>(
+      absl::ToInt64Milliseconds(coordinator_->options().heartbeat_interval)));
   outbox_->Write(std::move(ack));
   if (metrics_ != nullptr) metrics_->ObserveHeartbeat(absl::Now() - start);
 }
@@ -213,6 +153,7 @@ bool SessionReactor::OpenNode() {
     return false;
   }
   node_ = node;
+  MUSTER_LOG(INFO) << "node session of " << node_ << " opened";
   return true;
 }
 

@@ -274,7 +274,8 @@ muster_job_run() {
     wrapper=(bash "$MUSTER_JOB_LIB" with-address)
   fi
   if [ "$mode" = agent ]; then
-    # One agent per node, holding the CPUs of all its trainers.
+    # One agent per node, holding the CPUs of all its trainers and the
+    # node's one session with the coordinator (--coordinator).
     local -a cpus=()
     if [ -n "${SLURM_CPUS_PER_TASK:-}" ]; then
       cpus=(--cpus-per-task="$((procs * SLURM_CPUS_PER_TASK))")
@@ -284,6 +285,7 @@ muster_job_run() {
       --kill-on-bad-exit="$kill_on_bad_exit" "${srun_args[@]}" "${wrapper[@]}"
       bash "$MUSTER_JOB_LIB" agent-role "$((nodes - spare_nodes))" "$procs"
       "${MUSTER_EXEC_ARGS[@]}" "$(muster_prog muster-agent)"
+      --coordinator "$target" --token-file "$MUSTER_JOB_DIR/token"
       "${agent_args[@]}" -- "${train[@]}")
   else
     step=(srun --nodes="$nodes" --ntasks="$world" --ntasks-per-node="$procs"

@@ -87,7 +87,8 @@ class Job {
     agents_[n] = SpawnLogged(
         {SelfDir() + "/muster-agent", absl::StrCat("--nproc-per-node=", per_node),
          absl::StrCat("--spares=", n == 0 ? absl::GetFlag(FLAGS_spares) : 0),
-         "--max-restarts=1000", absl::StrCat("--node-id=node", n), "--",
+         "--max-restarts=1000", absl::StrCat("--node-id=node", n), "--coordinator=" + target_,
+         "--",
          SelfDir() + "/muster-train", "--coordinator=" + target_, "--model=mlp",
          "--batch-size=32", "--steps=100000000", "--log-every=100", "--quiet", "--threads=1",
          absl::StrCat("--compute-ms=", absl::GetFlag(FLAGS_compute_ms)),

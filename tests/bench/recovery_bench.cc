@@ -93,7 +93,8 @@ TrialJob StartTrialJob(int index, int world, int nodes) {
     std::vector<std::string> argv = {
         SelfDir() + "/muster-agent", absl::StrCat("--nproc-per-node=", trainers),
         absl::StrCat("--spares=", spares),
-        absl::StrCat("--node-id=node", n), "--", SelfDir() + "/muster-train",
+        absl::StrCat("--node-id=node", n), "--coordinator=" + job.target, "--",
+        SelfDir() + "/muster-train",
         "--coordinator=" + job.target, "--model=mlp", "--batch-size=32",
         absl::StrCat("--steps=", steps), "--log-every=1", "--quiet", "--threads=1",
         absl::StrCat("--job=rb", ::getpid(), "-", index, "-", n),

@@ -70,7 +70,7 @@ void FaultJob::StartAgent(int n) {
   const std::vector<std::string> rest = {
       SelfDir() + "/muster-agent", absl::StrCat("--nproc-per-node=", options_.per_node),
       absl::StrCat("--spares=", n == 0 ? options_.spares : 0),
-      absl::StrCat("--node-id=node", n), "--max-restarts=5", "--",
+      absl::StrCat("--node-id=node", n), "--max-restarts=5", "--coordinator=" + target_, "--",
       SelfDir() + "/muster-train", "--coordinator=" + target_, "--model=mlp",
       "--batch-size=32", absl::StrCat("--steps=", options_.steps), "--log-every=1", "--quiet",
       "--threads=1", absl::StrCat("--job=mf", ::getpid(), "-", n),

@@ -273,7 +273,10 @@ TEST_F(ServerTest, ANodeSessionCarriesItsMembersAndFailsThemWhenItBreaks) {
   EXPECT_EQ(refused.closed().code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
   // One heartbeat for the node refreshes every member it names.
   node.Beat({"m0", "m1", "m2"}, 7);
-  EXPECT_EQ(node.NextAck().sequence(), 7u);
+  const v1::HeartbeatAck ack = node.NextAck();
+  EXPECT_EQ(ack.sequence(), 7u);
+  // The period the node's agent is to keep (the coordinator's).
+  EXPECT_EQ(ack.heartbeat_interval_ms(), 100u);
   for (const MemberRow& row : server_->coordinator()->GetStatus().members) {
     if (row.info.node == "n0") {
       EXPECT_EQ(row.info.step, 5) << row.info.key.id;

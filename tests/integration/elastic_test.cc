@@ -154,14 +154,20 @@ class AgentTest : public ElasticTest {
  protected:
   int MaxMembers() const override { return 4; }
 
-  pid_t Agent(const std::string& node, int steps = 400) {
-    return SpawnLogged({kBin + "/muster-agent", "--nproc-per-node=2", "--restart-backoff=100ms",
-                        "--max-restarts=2", "--node-id=" + node, "--", kBin + "/muster-train",
-                        "--coordinator=" + target_, "--model=mlp", absl::StrCat("--steps=", steps),
-                        "--batch-size=32", "--log-every=10", "--threads=1", "--backend=auto",
-                        absl::StrCat("--job=ag", ::getpid(), node),
-                        "--summary-json=" + dir_ + "/{node}{local_rank}.json"},
-                       absl::StrCat(dir_, "/", node, ".log"));
+  // `node_session`: the agent holds the node's session for its trainers
+  // (--coordinator); otherwise each trainer holds its own.
+  pid_t Agent(const std::string& node, int steps = 400, bool node_session = true) {
+    std::vector<std::string> argv = {kBin + "/muster-agent", "--nproc-per-node=2",
+                                     "--restart-backoff=100ms", "--max-restarts=2",
+                                     "--node-id=" + node};
+    if (node_session) argv.push_back("--coordinator=" + target_);
+    const std::vector<std::string> trainer = {
+        "--", kBin + "/muster-train", "--coordinator=" + target_, "--model=mlp",
+        absl::StrCat("--steps=", steps), "--batch-size=32", "--log-every=10", "--threads=1",
+        "--backend=auto", absl::StrCat("--job=ag", ::getpid(), node),
+        "--summary-json=" + dir_ + "/{node}{local_rank}.json"};
+    argv.insert(argv.end(), trainer.begin(), trainer.end());
+    return SpawnLogged(argv, absl::StrCat(dir_, "/", node, ".log"));
   }
 
   // The pid of trainer `slot` as the agent of `node` last started it.
@@ -266,6 +272,13 @@ TEST_F(AgentTest, TheAgentRestartsAKilledTrainerAndItRejoins) {
   const std::string log_b = ReadText(dir_ + "/b.log");
   EXPECT_NE(log_b.find("trainer 1 started (restart 1)"), std::string::npos) << log_b;
   EXPECT_NE(log_b.find("trainer 1: exit 0, 1 restarts"), std::string::npos) << log_b;
+  // Each agent held one session for its node, and b's reported the kill.
+  const std::string coordinator_log = ReadText(dir_ + "/coordinator.log");
+  EXPECT_NE(coordinator_log.find("node session of a opened"), std::string::npos);
+  EXPECT_NE(coordinator_log.find("node session of b opened"), std::string::npos);
+  EXPECT_TRUE(std::regex_search(coordinator_log,
+                                std::regex("fail: b/1 [^\\n]*reported by muster-agent of node b")))
+      << coordinator_log;
   // The survivors regrouped to 3, then back to 4 with the restarted trainer.
   const std::string log_a = ReadText(dir_ + "/a.log");
   EXPECT_NE(log_a.find("(world 3, rank"), std::string::npos) << log_a;
@@ -299,10 +312,35 @@ TEST_F(AgentTest, KillingANodeTakesItsTrainersAndTheOtherNodeFinishes) {
   ExpectEqualParameters({"a0", "a1"});
 }
 
+// A trainer that stops (SIGSTOP) under an agent drops out of the node's
+// heartbeat; the coordinator's heartbeat timeout fails it as it would
+// without the agent, and once it runs again it rejoins as a new incarnation.
+TEST_F(AgentTest, AStoppedTrainerDropsOutOfTheNodeHeartbeatAndIsFenced) {
+  const pid_t a = Agent("a"), b = Agent("b");
+  ASSERT_TRUE(WaitForLine("a", "step 60/", absl::Seconds(60))) << ReadText(dir_ + "/a.log");
+  const pid_t victim = TrainerPid("b", 1);
+  ASSERT_GT(victim, 0) << ReadText(dir_ + "/b.log");
+  ASSERT_EQ(::kill(victim, SIGSTOP), 0);
+  ASSERT_TRUE(WaitForLine("a", "(world 3, rank", absl::Seconds(30))) << ReadText(dir_ + "/a.log");
+  ASSERT_EQ(::kill(victim, SIGCONT), 0);
+  EXPECT_EQ(WaitExit(a), 0) << ReadText(dir_ + "/a.log");
+  EXPECT_EQ(WaitExit(b), 0) << ReadText(dir_ + "/b.log");
+  const std::string coordinator_log = ReadText(dir_ + "/coordinator.log");
+  EXPECT_TRUE(std::regex_search(coordinator_log, std::regex("fail: b/1 [^\\n]*no heartbeat for")))
+      << coordinator_log;
+  // The same process went on as a new incarnation; the agent restarted nothing.
+  const std::string log_b = ReadText(dir_ + "/b.log");
+  EXPECT_NE(log_b.find("rejoining as a new incarnation"), std::string::npos) << log_b;
+  EXPECT_EQ(log_b.find("trainer 1 started (restart 1)"), std::string::npos) << log_b;
+  EXPECT_NE(ReadText(dir_ + "/a.log").find("world 4 on 2 nodes"), std::string::npos);
+  ExpectEqualParameters({"a0", "a1", "b0", "b1"});
+}
+
+// Node a's agent holds its node's session, node b's trainers hold their own.
 TEST_F(AgentTest, AJobScalesUpFromTwoToFourTrainersMidRun) {
   const pid_t a = Agent("a", 500);
   ASSERT_TRUE(WaitForLine("a", "step 40/", absl::Seconds(60))) << ReadText(dir_ + "/a.log");
-  const pid_t b = Agent("b", 500);
+  const pid_t b = Agent("b", 500, /*node_session=*/false);
   EXPECT_EQ(WaitExit(a), 0) << ReadText(dir_ + "/a.log");
   EXPECT_EQ(WaitExit(b), 0) << ReadText(dir_ + "/b.log");
   const std::string log_a = ReadText(dir_ + "/a.log");

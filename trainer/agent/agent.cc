@@ -12,12 +12,14 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <memory>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/logging.h"
+#include "trainer/agent/node_session.h"
 
 namespace muster {
 namespace {
@@ -31,8 +33,40 @@ sigset_t HandledSignals() {
   return set;
 }
 
+// The environment of trainer `slot`: ours, with its identity (and the node
+// session's address) set. Made before fork: the agent runs gRPC threads,
+// so the child may only make async-signal-safe calls before exec.
+std::vector<std::string> TrainerEnvironment(const AgentOptions& o, int slot, int restarts,
+                                            const std::string& session) {
+  std::map<std::string, std::string> set = {
+      {"MUSTER_NODE_ID", o.node_id},
+      {"MUSTER_LOCAL_RANK", std::to_string(slot)},
+      {"MUSTER_LOCAL_WORLD_SIZE", std::to_string(o.nproc + o.spares)},
+      {"MUSTER_RESTART_COUNT", std::to_string(restarts)},
+      {"MUSTER_SPARE", slot >= o.nproc ? "1" : "0"},
+  };
+  if (!session.empty()) set[kAgentSessionEnv] = session;
+  std::vector<std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string entry = *e;
+    const std::string name = entry.substr(0, entry.find('='));
+    // A session address inherited from an outer agent is not ours to pass.
+    if (set.count(name) == 0 && name != kAgentSessionEnv) env.push_back(entry);
+  }
+  for (const auto& [name, value] : set) env.push_back(name + "=" + value);
+  return env;
+}
+
 // fork + exec of one trainer; the child dies with the agent.
-pid_t StartTrainer(const AgentOptions& o, int slot, int restarts) {
+pid_t StartTrainer(const AgentOptions& o, int slot, int restarts, const std::string& session) {
+  const std::vector<std::string> env_strings = TrainerEnvironment(o, slot, restarts, session);
+  std::vector<char*> env;
+  for (const std::string& e : env_strings) env.push_back(const_cast<char*>(e.c_str()));
+  env.push_back(nullptr);
+  std::vector<char*> argv;
+  for (const std::string& a : o.command) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  const std::string cannot_run = "muster-agent: cannot run " + o.command[0] + "\n";
   const pid_t parent = ::getpid();
   const pid_t pid = ::fork();
   if (pid != 0) return pid;
@@ -42,16 +76,8 @@ pid_t StartTrainer(const AgentOptions& o, int slot, int restarts) {
   sigset_t none;
   sigemptyset(&none);
   ::sigprocmask(SIG_SETMASK, &none, nullptr);
-  ::setenv("MUSTER_NODE_ID", o.node_id.c_str(), 1);
-  ::setenv("MUSTER_LOCAL_RANK", std::to_string(slot).c_str(), 1);
-  ::setenv("MUSTER_LOCAL_WORLD_SIZE", std::to_string(o.nproc + o.spares).c_str(), 1);
-  ::setenv("MUSTER_RESTART_COUNT", std::to_string(restarts).c_str(), 1);
-  ::setenv("MUSTER_SPARE", slot >= o.nproc ? "1" : "0", 1);
-  std::vector<char*> argv;
-  for (const std::string& a : o.command) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  ::execvp(argv[0], argv.data());
-  std::fprintf(stderr, "muster-agent: cannot run %s: %s\n", argv[0], std::strerror(errno));
+  ::execvpe(argv[0], argv.data(), env.data());
+  [[maybe_unused]] ssize_t n = ::write(STDERR_FILENO, cannot_run.data(), cannot_run.size());
   ::_exit(kExitBadFlags);
 }
 
@@ -75,7 +101,8 @@ void KillRestOfProcessGroup() {
 // the deadline after which a stopping agent kills what is left.
 class AgentLoop {
  public:
-  explicit AgentLoop(const AgentOptions& o) : o_(o), sup_(o.supervisor) {}
+  AgentLoop(const AgentOptions& o, NodeSession* session)
+      : o_(o), sup_(o.supervisor), session_(session) {}
 
   int Run();
 
@@ -90,12 +117,14 @@ class AgentLoop {
 
   const AgentOptions& o_;
   Supervisor sup_;
+  NodeSession* const session_;  // nullptr: trainers hold their own sessions
   std::map<pid_t, int> running_;  // pid -> slot
   absl::Time kill_at_ = absl::InfiniteFuture();
 };
 
 void AgentLoop::Start(int slot) {
-  const pid_t pid = StartTrainer(o_, slot, sup_.restarts(slot));
+  const pid_t pid = StartTrainer(o_, slot, sup_.restarts(slot),
+                                 session_ != nullptr ? session_->address() : std::string());
   sup_.Started(slot, absl::Now());
   if (pid < 0) {
     // No process (fork failed: EAGAIN, ENOMEM): never keep -1 as a pid,
@@ -150,6 +179,7 @@ void AgentLoop::Reap() {
     running_.erase(it);
     ProcessEnd end{WIFSIGNALED(status),
                    WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status)};
+    if (session_ != nullptr) session_->ProcessEnded(pid, end.Describe());
     const bool restart = sup_.Ended(slot, end, absl::Now());
     const bool gave_up = sup_.state(slot) == Supervisor::State::kGaveUp;
     LogMessage(restart || gave_up ? LogLevel::kWarning : LogLevel::kInfo, __FILE__, __LINE__)
@@ -202,7 +232,20 @@ int RunAgent(const AgentOptions& o) {
   ::prctl(PR_SET_PDEATHSIG, SIGTERM);
   const sigset_t handled = HandledSignals();
   ::sigprocmask(SIG_BLOCK, &handled, nullptr);
-  return AgentLoop(o).Run();
+  // After the mask: the session's threads inherit it.
+  std::unique_ptr<NodeSession> session;
+  if (!o.node_session.coordinator.empty()) {
+    absl::StatusOr<std::unique_ptr<NodeSession>> started = NodeSession::Start(o.node_session);
+    if (!started.ok()) {
+      MUSTER_LOG(ERROR) << "muster-agent: node " << o.node_id
+                        << ": cannot open the node session: " << started.status();
+      return kExitBadFlags;
+    }
+    session = *std::move(started);
+  }
+  const int code = AgentLoop(o, session.get()).Run();
+  session.reset();
+  return code;
 }
 
 }  // namespace muster

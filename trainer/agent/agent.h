@@ -18,6 +18,10 @@
 // returns the agent kills what is left of its process group, so nothing
 // outlives it.
 //
+// With a coordinator in AgentOptions::node_session, the agent holds the
+// node's one session with the coordinator for its trainers (node_session.h):
+// a trainer whose process ends is reported at once with its exit status.
+//
 // Run() owns the calling process's signal mask and SIGCHLD: call it once,
 // from main, before any other thread exists.
 #ifndef MUSTER_TRAINER_AGENT_AGENT_H_
@@ -27,12 +31,17 @@
 #include <vector>
 
 #include "absl/time/time.h"
+#include "trainer/agent/node_session.h"
 #include "trainer/agent/supervisor.h"
 
 namespace muster {
 
 struct AgentOptions {
   std::string node_id;
+  // With a coordinator: the agent holds one session for the node's trainers
+  // (see node_session.h; node_session.node is set from node_id). Without
+  // one, each trainer holds its own session.
+  NodeSessionOptions node_session;
   int nproc = 1;
   int spares = 0;  // extra trainers waiting for a place (slots nproc..nproc+spares-1)
   SupervisorOptions supervisor;

@@ -1,6 +1,6 @@
 // muster-agent: one per node; starts and restarts that node's trainers.
 //
-//   muster-agent --nproc-per-node N [--max-restarts K] -- muster-train ARGS...
+//   muster-agent --nproc-per-node N [--coordinator HOST:PORT] -- muster-train ARGS...
 #include <unistd.h>
 
 #include <algorithm>
@@ -14,6 +14,7 @@
 #include "absl/time/time.h"
 #include "common/flag_names.h"
 #include "common/launch_env.h"
+#include "common/token.h"
 #include "trainer/agent/agent.h"
 
 ABSL_FLAG(int, nproc_per_node, 1, "trainers to run on this node (one per GPU or CPU slot)");
@@ -26,6 +27,11 @@ ABSL_FLAG(absl::Duration, restart_backoff, absl::Milliseconds(250),
 ABSL_FLAG(absl::Duration, max_restart_backoff, absl::Seconds(30), "cap on the restart delay");
 ABSL_FLAG(absl::Duration, stop_grace, absl::Seconds(60),
           "after forwarding SIGTERM/SIGINT/SIGUSR1, SIGKILL trainers still running this long");
+ABSL_FLAG(std::string, coordinator, "",
+          "host:port of the coordinator (or $MUSTER_COORDINATOR): the agent then holds one "
+          "session for this node's trainers; without it each trainer holds its own");
+ABSL_FLAG(std::string, token_file, "", "job token file (or $MUSTER_TOKEN_FILE)");
+ABSL_FLAG(std::string, tls_ca, "", "CA certificate to verify the coordinator's TLS certificate");
 ABSL_FLAG(std::string, node_id, "",
           "node identity passed to the trainers (default: from Slurm/torchrun/OpenMPI or the "
           "host name)");
@@ -76,5 +82,23 @@ int main(int argc, char** argv) {
     return muster::kExitBadFlags;
   }
   o.node_id = id->node;
+  o.node_session.coordinator = absl::GetFlag(FLAGS_coordinator);
+  if (const char* env = std::getenv("MUSTER_COORDINATOR");
+      o.node_session.coordinator.empty() && env != nullptr) {
+    o.node_session.coordinator = env;
+  }
+  if (!o.node_session.coordinator.empty()) {
+    auto token = muster::ResolveToken(absl::GetFlag(FLAGS_token_file));
+    if (!token.ok()) {
+      std::cerr << "muster-agent: " << token.status() << "\n";
+      return muster::kExitBadFlags;
+    }
+    o.node_session.token = *token;
+    o.node_session.tls.ca = absl::GetFlag(FLAGS_tls_ca);
+    o.node_session.node = o.node_id;
+    if (const char* tmp = std::getenv("TMPDIR"); tmp != nullptr && *tmp != '\0') {
+      o.node_session.runtime_dir = tmp;
+    }
+  }
   return muster::RunAgent(o);
 }

@@ -2,7 +2,10 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <unistd.h>
+
 #include "absl/random/random.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/logging.h"
@@ -10,12 +13,16 @@
 #include "muster/v1/coordinator.grpc.pb.h"
 #include "rpc/credentials.h"
 #include "rpc/status.h"
+#include "trainer/agent/node_session.h"
 
 namespace muster {
 
 struct CoordinatorClient::Impl {
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<v1::Coordinator::Stub> stub;
+  // Where the session stream goes: the agent's stub, or `stub`.
+  std::unique_ptr<v1::Coordinator::Stub> agent_stub;
+  v1::Coordinator::Stub* session_stub = nullptr;
   absl::Mutex mu;
   // The live session's context, so the destructor can cancel it.
   grpc::ClientContext* session_ctx ABSL_GUARDED_BY(mu) = nullptr;
@@ -98,6 +105,17 @@ absl::StatusOr<std::unique_ptr<CoordinatorClient>> CoordinatorClient::Create(
   std::unique_ptr<CoordinatorClient> c(new CoordinatorClient(std::move(options)));
   MUSTER_ASSIGN_OR_RETURN(c->impl_->channel, MakeChannel(c->options_.target, c->options_.tls));
   c->impl_->stub = v1::Coordinator::NewStub(c->impl_->channel);
+  c->impl_->session_stub = c->impl_->stub.get();
+  if (!c->options_.session_via.empty()) {
+    if (!absl::StartsWith(c->options_.session_via, "unix:")) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the agent's session address must be unix:PATH, not ", c->options_.session_via));
+    }
+    // A private Unix socket of the same user: no TLS (the token still goes).
+    c->impl_->agent_stub = v1::Coordinator::NewStub(
+        grpc::CreateChannel(c->options_.session_via, grpc::InsecureChannelCredentials()));
+    c->impl_->session_stub = c->impl_->agent_stub.get();
+  }
   return c;
 }
 
@@ -167,12 +185,15 @@ void CoordinatorClient::SessionLoop(std::function<void(const SessionNotice&)> on
   while (!stopping_) {
     grpc::ClientContext ctx;
     AttachToken(&ctx, options_.token);
+    if (impl_->agent_stub != nullptr) {
+      ctx.AddMetadata(kTrainerPidMetadata, std::to_string(::getpid()));
+    }
     {
       absl::MutexLock lock(&impl_->mu);
       if (stopping_) return;
       impl_->session_ctx = &ctx;
     }
-    auto stream = impl_->stub->Session(&ctx);
+    auto stream = impl_->session_stub->Session(&ctx);
     v1::SessionRequest hello;
     *hello.mutable_hello() = Ref(options_);
     std::atomic<bool> done{false};

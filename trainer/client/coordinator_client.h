@@ -6,7 +6,9 @@
 // restarting or unreachable) are retried with exponential backoff until their
 // deadline; other errors are returned as they are (see the proto for who
 // retries what). The session reconnects by itself after a coordinator
-// restart and re-registers with the same member id and incarnation.
+// restart and re-registers with the same member id and incarnation. Under
+// muster-agent the session stream goes through the agent (session_via);
+// every other call goes to the coordinator.
 //
 // Thread-safe: any method may be called from any thread. Event callbacks run
 // on the session thread and must not block for long.
@@ -42,6 +44,11 @@ struct ClientOptions {
   uint32_t local_rank = 0;
   bool spare = false;  // started as a hot spare (JoinRequest.spare)
   std::string state_address;
+  // "unix:PATH" of the node's muster-agent ($MUSTER_AGENT_SESSION), which
+  // holds one session with the coordinator for the node's trainers: the
+  // session stream goes there instead (same protocol). Empty: this member
+  // holds its own session with the coordinator.
+  std::string session_via;
   BackoffOptions backoff;
 };
 

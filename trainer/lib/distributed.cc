@@ -19,6 +19,7 @@
 #include "common/status_macros.h"
 #include "common/token.h"
 #include "muster/muster.h"
+#include "trainer/agent/node_session.h"
 #include "trainer/checkpoint/training_state.h"
 #include "trainer/data/sampler.h"
 #include "trainer/comm/values.h"
@@ -70,6 +71,7 @@ absl::StatusOr<ClientOptions> ClientOptionsFrom(const Options& o) {
   co.local_rank = static_cast<uint32_t>(place.local_rank);
   co.spare = place.spare;
   co.incarnation = o.incarnation;
+  co.session_via = Env(kAgentSessionEnv);
   return co;
 }
 

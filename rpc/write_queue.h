@@ -1,0 +1,110 @@
+// WriteQueue: the writing half of a server-side bidirectional stream (gRPC's
+// callback API), which allows one write in flight at a time. Messages queued
+// from any thread are written in order, one after the other; Close finishes
+// the stream once what was queued before it has been written.
+//
+// The owning reactor forwards its OnWriteDone to WriteDone. After Close,
+// further Write and Close calls are ignored. A failed write (the peer is
+// gone) drops what is queued and finishes the stream with UNAVAILABLE
+// unless Close already chose a status.
+//
+// Thread-safe. The reactor must outlive every call into the queue that can
+// reach it (gRPC keeps a reactor alive until OnDone, which comes only after
+// Finish, and Finish is called at most once, from here).
+#ifndef MUSTER_RPC_WRITE_QUEUE_H_
+#define MUSTER_RPC_WRITE_QUEUE_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <deque>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "rpc/status.h"
+
+namespace muster {
+
+template <typename Request, typename Response>
+class WriteQueue {
+ public:
+  using Reactor = grpc::ServerBidiReactor<Request, Response>;
+
+  explicit WriteQueue(Reactor* reactor) : reactor_(reactor) {}
+
+  // Queues `msg`; starts writing it when nothing else is being written.
+  void Write(Response msg) {
+    const Response* first = nullptr;
+    {
+      absl::MutexLock lock(&mu_);
+      if (close_pending_) return;
+      queue_.push_back(std::move(msg));
+      if (writing_) return;
+      writing_ = true;
+      first = &queue_.front();
+    }
+    reactor_->StartWrite(first);
+  }
+
+  // Finishes the stream with `status` (OK: a normal end) after the queued
+  // messages.
+  void Close(const absl::Status& status) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (close_pending_) return;
+      close_pending_ = true;
+      close_status_ = status;
+      if (writing_) return;  // WriteDone finishes
+      finished_ = true;
+    }
+    reactor_->Finish(ToGrpcStatus(status));
+  }
+
+  // The reactor's OnWriteDone.
+  void WriteDone(bool ok) {
+    const Response* next = nullptr;
+    absl::Status finish;
+    bool do_finish = false;
+    {
+      absl::MutexLock lock(&mu_);
+      queue_.pop_front();
+      if (!ok) {
+        queue_.clear();
+        if (!close_pending_) {
+          close_pending_ = true;
+          close_status_ = absl::UnavailableError("write failed");
+        }
+      }
+      if (!queue_.empty()) {
+        next = &queue_.front();
+      } else {
+        writing_ = false;
+        if (close_pending_ && !finished_) {
+          finished_ = true;
+          do_finish = true;
+          finish = close_status_;
+        }
+      }
+    }
+    if (next != nullptr) {
+      reactor_->StartWrite(next);
+    } else if (do_finish) {
+      reactor_->Finish(ToGrpcStatus(finish));
+    }
+  }
+
+ private:
+  Reactor* const reactor_;
+  absl::Mutex mu_;
+  // std::deque keeps the front's address while others are added behind it.
+  std::deque<Response> queue_ ABSL_GUARDED_BY(mu_);
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool close_pending_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status close_status_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace muster
+
+#endif  // MUSTER_RPC_WRITE_QUEUE_H_

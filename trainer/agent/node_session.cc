@@ -1,0 +1,451 @@
+#include "trainer/agent/node_session.h"
+
+#include <grpcpp/grpcpp.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <map>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "muster/v1/coordinator.grpc.pb.h"
+#include "rpc/credentials.h"
+#include "rpc/status.h"
+#include "rpc/write_queue.h"
+#include "trainer/agent/supervisor.h"
+
+namespace muster {
+namespace {
+
+using Queue = WriteQueue<v1::SessionRequest, v1::SessionEvent>;
+using Upstream = grpc::ClientReaderWriter<v1::SessionRequest, v1::SessionEvent>;
+
+// How a child that has ended (and is not reaped yet) ended, or "" when it
+// has not ended or is not our child.
+std::string EndedChild(pid_t pid) {
+  if (pid <= 0) return "";
+  siginfo_t info;
+  std::memset(&info, 0, sizeof(info));
+  if (::waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG | WNOWAIT) != 0 ||
+      info.si_pid != pid) {
+    return "";
+  }
+  const bool signaled = info.si_code != CLD_EXITED;
+  return ProcessEnd{signaled, info.si_status}.Describe();
+}
+
+class NodeSessionImpl;
+
+// One trainer's stream to the agent. Deletes itself when gRPC is done with
+// it; the queue it writes through is shared with the relay's table and
+// ignores writes once closed.
+class LocalSession : public grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionEvent> {
+ public:
+  LocalSession(NodeSessionImpl* relay, const absl::Status& auth, pid_t pid);
+  void OnReadDone(bool ok) override;
+  void OnWriteDone(bool ok) override { out_->WriteDone(ok); }
+  void OnDone() override { delete this; }
+
+ private:
+  NodeSessionImpl* const relay_;
+  const pid_t pid_;
+  const std::shared_ptr<Queue> out_;
+  v1::SessionRequest request_;
+  // Touched only from OnReadDone, which gRPC never runs concurrently with
+  // itself.
+  std::string member_;  // "" until hello
+  uint64_t incarnation_ = 0;
+};
+
+class NodeSessionImpl final : public NodeSession,
+                              public v1::Coordinator::CallbackService {
+ public:
+  explicit NodeSessionImpl(NodeSessionOptions o) : o_(std::move(o)) {}
+  ~NodeSessionImpl() override;
+
+  absl::Status Init();
+  std::string address() const override { return "unix:" + socket_; }
+  void ProcessEnded(pid_t pid, const std::string& how) override;
+
+  // --- for LocalSession ---
+  // Attaches a trainer's member; errors close its stream.
+  absl::Status Attach(const v1::MemberRef& member, pid_t pid, std::shared_ptr<Queue> out);
+  // A trainer's heartbeat: records the step, acknowledges it.
+  void LocalBeat(const std::string& member, uint64_t incarnation, const v1::Heartbeat& beat,
+                 Queue* out);
+  // A trainer's stream ended (its read side): detach, unless already gone.
+  void LocalEnded(const std::string& member, uint64_t incarnation, pid_t pid);
+
+  grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionEvent>* Session(
+      grpc::CallbackServerContext* ctx) override;
+
+ private:
+  struct Member {
+    uint64_t incarnation = 0;
+    pid_t pid = 0;
+    std::shared_ptr<Queue> out;
+    int64_t step = 0;
+    absl::Time last_beat;
+  };
+
+  // Connects, relays, and reconnects with backoff until the destructor.
+  void ConnectLoop();
+  // One connection's life; returns how it ended.
+  absl::Status Connection();
+  // Writes queued requests and the periodic heartbeat until the
+  // connection ends.
+  void WriteLoop(Upstream* stream);
+  void Route(v1::SessionEvent event);
+  // Removes `id` from the table and queues its detach. Under mu_.
+  void DetachLocked(const std::string& id, const std::string& reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Send(v1::SessionRequest request) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Constant after Init.
+  const NodeSessionOptions o_;
+  std::string dir_, socket_;
+  std::unique_ptr<grpc::Server> server_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::Coordinator::Stub> stub_;
+  std::thread thread_;
+
+  absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // The live connection's context (to cancel it), and whether it is up.
+  grpc::ClientContext* ctx_ ABSL_GUARDED_BY(mu_) = nullptr;
+  bool connected_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<v1::SessionRequest> outgoing_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, Member> members_ ABSL_GUARDED_BY(mu_);
+  uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Duration interval_ ABSL_GUARDED_BY(mu_) = absl::Seconds(1);
+};
+
+LocalSession::LocalSession(NodeSessionImpl* relay, const absl::Status& auth, pid_t pid)
+    : relay_(relay), pid_(pid), out_(std::make_shared<Queue>(this)) {
+  if (!auth.ok()) {
+    out_->Close(auth);
+    return;
+  }
+  StartRead(&request_);
+}
+
+void LocalSession::OnReadDone(bool ok) {
+  if (!ok) {
+    if (!member_.empty()) relay_->LocalEnded(member_, incarnation_, pid_);
+    out_->Close(absl::OkStatus());
+    return;
+  }
+  if (member_.empty()) {
+    if (!request_.has_hello()) {
+      out_->Close(absl::FailedPreconditionError("the first message of a session must be hello"));
+      return;
+    }
+    if (absl::Status s = relay_->Attach(request_.hello(), pid_, out_); !s.ok()) {
+      out_->Close(s);
+      return;
+    }
+    member_ = request_.hello().member_id();
+    incarnation_ = request_.hello().incarnation();
+  } else if (request_.has_heartbeat()) {
+    relay_->LocalBeat(member_, incarnation_, request_.heartbeat(), out_.get());
+  } else {
+    relay_->LocalEnded(member_, incarnation_, pid_);
+    out_->Close(absl::InvalidArgumentError("only heartbeats may follow hello"));
+    return;
+  }
+  StartRead(&request_);
+}
+
+absl::Status NodeSessionImpl::Init() {
+  if (o_.coordinator.empty() || o_.node.empty()) {
+    return absl::InvalidArgumentError("a node session needs the coordinator and the node");
+  }
+  std::string tmpl = o_.runtime_dir + "/muster-agent.XXXXXX";
+  if (::mkdtemp(tmpl.data()) == nullptr) {  // 0700
+    return absl::InternalError(absl::StrCat("cannot make a directory under ", o_.runtime_dir,
+                                            ": ", std::strerror(errno)));
+  }
+  dir_ = tmpl;
+  socket_ = dir_ + "/session.sock";
+  if (socket_.size() >= sizeof(sockaddr_un{}.sun_path)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the agent's socket path ", socket_, " is too long for a Unix socket; set TMPDIR to a "
+        "shorter directory"));
+  }
+  MUSTER_ASSIGN_OR_RETURN(channel_, MakeChannel(o_.coordinator, o_.tls));
+  stub_ = v1::Coordinator::NewStub(channel_);
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(address(), grpc::InsecureServerCredentials());
+  builder.RegisterService(this);
+  server_ = builder.BuildAndStart();
+  if (server_ == nullptr) {
+    return absl::InternalError(absl::StrCat("cannot serve trainers on ", address()));
+  }
+  thread_ = std::thread([this] { ConnectLoop(); });
+  MUSTER_LOG(INFO) << "muster-agent: node " << o_.node << ": one session with "
+                   << o_.coordinator << " for this node's trainers, which reach it on "
+                   << address();
+  return absl::OkStatus();
+}
+
+NodeSessionImpl::~NodeSessionImpl() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+    if (ctx_ != nullptr) ctx_->TryCancel();
+  }
+  if (thread_.joinable()) thread_.join();
+  if (server_ != nullptr) server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
+  if (!socket_.empty()) ::unlink(socket_.c_str());
+  if (!dir_.empty()) ::rmdir(dir_.c_str());
+}
+
+grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionEvent>* NodeSessionImpl::Session(
+    grpc::CallbackServerContext* ctx) {
+  pid_t pid = 0;
+  auto it = ctx->client_metadata().find(kTrainerPidMetadata);
+  if (it != ctx->client_metadata().end()) {
+    int value = 0;
+    if (absl::SimpleAtoi(absl::string_view(it->second.data(), it->second.size()), &value)) {
+      pid = value;
+    }
+  }
+  return new LocalSession(this, CheckToken(*ctx, o_.token), pid);
+}
+
+void NodeSessionImpl::Send(v1::SessionRequest request) { outgoing_.push_back(std::move(request)); }
+
+absl::Status NodeSessionImpl::Attach(const v1::MemberRef& member, pid_t pid,
+                                     std::shared_ptr<Queue> out) {
+  absl::MutexLock lock(&mu_);
+  if (!connected_) {
+    return absl::UnavailableError(absl::StrCat("muster-agent of node ", o_.node,
+                                               " is not connected to the coordinator yet"));
+  }
+  auto it = members_.find(member.member_id());
+  if (it != members_.end()) {
+    // The coordinator closes the older session; so does the agent.
+    it->second.out->Close(absl::AbortedError("superseded by a newer session of the member"));
+  }
+  members_[member.member_id()] =
+      Member{member.incarnation(), pid, std::move(out), /*step=*/0, absl::Now()};
+  v1::SessionRequest attach;
+  *attach.mutable_attach() = member;
+  Send(std::move(attach));
+  return absl::OkStatus();
+}
+
+void NodeSessionImpl::LocalBeat(const std::string& member, uint64_t incarnation,
+                                const v1::Heartbeat& beat, Queue* out) {
+  v1::SessionEvent ack;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = members_.find(member);
+    if (it != members_.end() && it->second.incarnation == incarnation) {
+      it->second.step = beat.step();
+      it->second.last_beat = absl::Now();
+    }
+    ack.mutable_ack()->set_current_generation(generation_);
+    ack.mutable_ack()->set_heartbeat_interval_ms(
+        static_cast<uint32_t>(absl::ToInt64Milliseconds(interval_)));
+  }
+  ack.mutable_ack()->set_sequence(beat.sequence());
+  out->Write(std::move(ack));
+}
+
+void NodeSessionImpl::LocalEnded(const std::string& member, uint64_t incarnation, pid_t pid) {
+  // A stream that ends because its process died: say how, if it is already
+  // a zombie of ours.
+  const std::string ended = EndedChild(pid);
+  absl::MutexLock lock(&mu_);
+  auto it = members_.find(member);
+  if (it == members_.end() || it->second.incarnation != incarnation) return;
+  DetachLocked(member, ended.empty() ? "its session to muster-agent ended"
+                                     : absl::StrCat("trainer process ", ended));
+}
+
+void NodeSessionImpl::ProcessEnded(pid_t pid, const std::string& how) {
+  absl::MutexLock lock(&mu_);
+  for (const auto& [id, m] : members_) {
+    if (m.pid == pid) {
+      DetachLocked(id, absl::StrCat("trainer process ", how));
+      return;
+    }
+  }
+}
+
+void NodeSessionImpl::DetachLocked(const std::string& id, const std::string& reason) {
+  auto it = members_.find(id);
+  v1::SessionRequest detach;
+  detach.mutable_detach()->mutable_member()->set_member_id(id);
+  detach.mutable_detach()->mutable_member()->set_incarnation(it->second.incarnation);
+  detach.mutable_detach()->set_reason(
+      absl::StrCat(reason, " (reported by muster-agent of node ", o_.node, ")"));
+  it->second.out->Close(absl::AbortedError(reason));
+  members_.erase(it);
+  if (connected_) Send(std::move(detach));
+}
+
+void NodeSessionImpl::Route(v1::SessionEvent event) {
+  std::shared_ptr<Queue> out;
+  absl::Status close;
+  bool closing = false;
+  {
+    absl::MutexLock lock(&mu_);
+    if (event.has_ack()) {
+      generation_ = std::max(generation_, event.ack().current_generation());
+      if (event.ack().heartbeat_interval_ms() > 0) {
+        interval_ = absl::Milliseconds(event.ack().heartbeat_interval_ms());
+      }
+      return;
+    }
+    if (event.has_regroup()) generation_ = std::max(generation_, event.regroup().generation());
+    auto it = members_.find(event.member_id());
+    if (it == members_.end()) return;
+    if (event.has_closed()) {
+      // A newer incarnation may already be attached under the same id.
+      if (event.closed().incarnation() != it->second.incarnation) return;
+      closing = true;
+      close = absl::Status(static_cast<absl::StatusCode>(event.closed().code()),
+                           event.closed().message());
+      out = std::move(it->second.out);
+      members_.erase(it);
+    } else {
+      out = it->second.out;
+    }
+  }
+  if (closing) {
+    out->Close(close);
+    return;
+  }
+  event.clear_member_id();
+  out->Write(std::move(event));
+}
+
+void NodeSessionImpl::ConnectLoop() {
+  Backoff backoff(o_.backoff);
+  for (;;) {
+    const absl::Time started = absl::Now();
+    const absl::Status ended = Connection();
+    std::vector<std::shared_ptr<Queue>> orphans;
+    {
+      absl::MutexLock lock(&mu_);
+      connected_ = false;
+      outgoing_.clear();
+      for (auto& [id, m] : members_) orphans.push_back(std::move(m.out));
+      members_.clear();
+      if (stopping_) break;
+    }
+    // Each trainer rejoins and opens its session again, as after a
+    // coordinator restart.
+    for (const auto& out : orphans) {
+      out->Close(absl::UnavailableError(absl::StrCat(
+          "muster-agent lost its session with the coordinator: ", ended.message())));
+    }
+    if (absl::Now() - started > absl::Seconds(10)) backoff.Reset();
+    MUSTER_LOG(WARNING) << "muster-agent: node " << o_.node << ": session with "
+                        << o_.coordinator << " ended (" << ended << "); reconnecting";
+    const absl::Duration wait = backoff.Next();
+    absl::MutexLock lock(&mu_);
+    mu_.AwaitWithTimeout(absl::Condition(&stopping_), wait);
+    if (stopping_) break;
+  }
+  std::vector<std::shared_ptr<Queue>> rest;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [id, m] : members_) rest.push_back(std::move(m.out));
+    members_.clear();
+  }
+  for (const auto& out : rest) out->Close(absl::UnavailableError("muster-agent is stopping"));
+}
+
+absl::Status NodeSessionImpl::Connection() {
+  grpc::ClientContext ctx;
+  AttachToken(&ctx, o_.token);
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return absl::CancelledError("stopping");
+    ctx_ = &ctx;
+  }
+  std::unique_ptr<Upstream> stream = stub_->Session(&ctx);
+  v1::SessionRequest hello;
+  hello.mutable_node_hello()->set_node(o_.node);
+  v1::SessionRequest first_beat;  // learns the heartbeat period
+  first_beat.mutable_heartbeat();
+  bool ok = stream->Write(hello) && stream->Write(first_beat);
+  v1::SessionEvent event;
+  ok = ok && stream->Read(&event) && event.has_ack();
+  if (ok) {
+    Route(std::move(event));
+    absl::MutexLock lock(&mu_);
+    connected_ = true;
+  }
+  std::thread writer;
+  if (ok) {
+    MUSTER_LOG(INFO) << "muster-agent: node " << o_.node << ": node session open";
+    writer = std::thread([this, s = stream.get()] { WriteLoop(s); });
+    while (stream->Read(&event)) Route(std::move(event));
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    connected_ = false;  // the writer stops
+    ctx_ = nullptr;
+  }
+  if (writer.joinable()) writer.join();
+  return FromGrpcStatus(stream->Finish());
+}
+
+void NodeSessionImpl::WriteLoop(Upstream* stream) {
+  uint64_t sequence = 0;
+  absl::Time next_beat = absl::Now();
+  for (;;) {
+    std::vector<v1::SessionRequest> batch;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this, &next_beat]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return !connected_ || !outgoing_.empty() || absl::Now() >= next_beat;
+      };
+      while (!ready()) mu_.AwaitWithDeadline(absl::Condition(&ready), next_beat);
+      if (!connected_) return;
+      batch.swap(outgoing_);
+      const absl::Time now = absl::Now();
+      if (now >= next_beat) {
+        v1::SessionRequest beat;
+        beat.mutable_heartbeat()->set_sequence(++sequence);
+        for (const auto& [id, m] : members_) {
+          if (now - m.last_beat > 2 * interval_) continue;  // hung or stopped
+          v1::MemberStep* step = beat.mutable_heartbeat()->add_members();
+          step->set_member_id(id);
+          step->set_step(m.step);
+        }
+        batch.push_back(std::move(beat));
+        next_beat = now + interval_;
+      }
+    }
+    for (const v1::SessionRequest& r : batch) {
+      if (!stream->Write(r)) return;
+    }
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<NodeSession>> NodeSession::Start(NodeSessionOptions options) {
+  auto session = std::make_unique<NodeSessionImpl>(std::move(options));
+  MUSTER_RETURN_IF_ERROR(session->Init());
+  return session;
+}
+
+}  // namespace muster

@@ -1,0 +1,86 @@
+// NodeSession: the agent's one session with the coordinator for every
+// trainer on its node (protocol: the node_hello / attach / detach messages
+// of the Session rpc). The coordinator then holds one stream and receives
+// one heartbeat per node instead of one per trainer.
+//
+// Trainers reach it on a Unix socket in a private (0700) directory that the
+// agent passes them as MUSTER_AGENT_SESSION=unix:PATH. There a trainer
+// speaks the same Session rpc as it would to the coordinator: hello, then
+// heartbeats; it receives acknowledgements, regroup and stop events, and
+// the final status of its session. The relay:
+//
+//   trainer hello            -> attach on the node stream (refused with
+//                               UNAVAILABLE while the node stream is down)
+//   trainer heartbeat        -> its step is recorded; acknowledged at once
+//                               with the newest generation the agent heard of
+//   every heartbeat period   -> one node heartbeat naming each member whose
+//                               own heartbeats reached the agent within two
+//                               periods (a hung or stopped trainer drops out
+//                               and the coordinator's heartbeat timeout
+//                               fails it, as for a trainer without agent)
+//   trainer stream ends      -> detach: the member fails at once
+//   trainer process ends     -> detach with its exit status (ProcessEnded)
+//   event for a member       -> written to that trainer's stream
+//   member's session closed  -> that trainer's stream ends with its status
+//   node stream breaks       -> every trainer's stream ends UNAVAILABLE, so
+//                               each rejoins as after a coordinator restart
+//                               and reopens its session here once the agent
+//                               has reconnected (with backoff)
+//
+// The heartbeat period is the coordinator's (HeartbeatAck's
+// heartbeat_interval_ms), learned on every connection.
+//
+// Thread-safety: ProcessEnded may be called from any thread. The object
+// runs a gRPC server and a connection thread of its own; create it after
+// the process has set its signal mask (the threads inherit it).
+#ifndef MUSTER_TRAINER_AGENT_NODE_SESSION_H_
+#define MUSTER_TRAINER_AGENT_NODE_SESSION_H_
+
+#include <sys/types.h>
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "common/backoff.h"
+#include "rpc/tls_files.h"
+
+namespace muster {
+
+struct NodeSessionOptions {
+  std::string coordinator;  // host:port
+  std::string token;        // the job token ("" without one)
+  TlsFiles tls;             // ca (and cert+key for mutual TLS) of the coordinator
+  std::string node;         // this node's identity, as the trainers join with
+  // Directory under which the private socket directory is made.
+  std::string runtime_dir = "/tmp";
+  BackoffOptions backoff;
+};
+
+class NodeSession {
+ public:
+  // Makes the socket directory, starts the local server and the connection
+  // to the coordinator (which keeps retrying in the background). Errors:
+  // INVALID_ARGUMENT (empty coordinator or node, bad TLS files, a socket
+  // path too long for a Unix socket), INTERNAL (the directory or the server
+  // cannot be made).
+  static absl::StatusOr<std::unique_ptr<NodeSession>> Start(NodeSessionOptions options);
+  // Ends every trainer's stream and the node stream, removes the socket.
+  virtual ~NodeSession() = default;
+
+  // What trainers connect to: "unix:/.../session.sock".
+  virtual std::string address() const = 0;
+
+  // The trainer process `pid` has ended; `how` says how ("killed by signal
+  // 9"). Its member, if attached, is detached with that reason.
+  virtual void ProcessEnded(pid_t pid, const std::string& how) = 0;
+};
+
+// The environment variable that hands a trainer its agent's address.
+inline constexpr char kAgentSessionEnv[] = "MUSTER_AGENT_SESSION";
+// The metadata entry in which a trainer names its process id to the agent.
+inline constexpr char kTrainerPidMetadata[] = "muster-trainer-pid";
+
+}  // namespace muster
+
+#endif  // MUSTER_TRAINER_AGENT_NODE_SESSION_H_
