@@ -108,8 +108,10 @@ class NodeSessionImpl final : public NodeSession,
   // connection ends.
   void WriteLoop(Upstream* stream);
   void Route(v1::SessionEvent event);
-  // Removes `id` from the table and queues its detach. Under mu_.
-  void DetachLocked(const std::string& id, const std::string& reason)
+  // Removes `id` from the table and queues its detach; returns its stream,
+  // for the caller to close once mu_ is released (gRPC may run a reactor's
+  // callbacks inline, and they take mu_).
+  std::shared_ptr<Queue> DetachLocked(const std::string& id, const std::string& reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Send(v1::SessionRequest request) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -229,21 +231,25 @@ void NodeSessionImpl::Send(v1::SessionRequest request) { outgoing_.push_back(std
 
 absl::Status NodeSessionImpl::Attach(const v1::MemberRef& member, pid_t pid,
                                      std::shared_ptr<Queue> out) {
-  absl::MutexLock lock(&mu_);
-  if (!connected_) {
-    return absl::UnavailableError(absl::StrCat("muster-agent of node ", o_.node,
-                                               " is not connected to the coordinator yet"));
-  }
-  auto it = members_.find(member.member_id());
-  if (it != members_.end()) {
+  std::shared_ptr<Queue> superseded;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!connected_) {
+      return absl::UnavailableError(absl::StrCat("muster-agent of node ", o_.node,
+                                                 " is not connected to the coordinator yet"));
+    }
+    auto it = members_.find(member.member_id());
     // The coordinator closes the older session; so does the agent.
-    it->second.out->Close(absl::AbortedError("superseded by a newer session of the member"));
+    if (it != members_.end()) superseded = std::move(it->second.out);
+    members_[member.member_id()] =
+        Member{member.incarnation(), pid, std::move(out), /*step=*/0, absl::Now()};
+    v1::SessionRequest attach;
+    *attach.mutable_attach() = member;
+    Send(std::move(attach));
   }
-  members_[member.member_id()] =
-      Member{member.incarnation(), pid, std::move(out), /*step=*/0, absl::Now()};
-  v1::SessionRequest attach;
-  *attach.mutable_attach() = member;
-  Send(std::move(attach));
+  if (superseded != nullptr) {
+    superseded->Close(absl::AbortedError("superseded by a newer session of the member"));
+  }
   return absl::OkStatus();
 }
 
@@ -269,33 +275,43 @@ void NodeSessionImpl::LocalEnded(const std::string& member, uint64_t incarnation
   // A stream that ends because its process died: say how, if it is already
   // a zombie of ours.
   const std::string ended = EndedChild(pid);
-  absl::MutexLock lock(&mu_);
-  auto it = members_.find(member);
-  if (it == members_.end() || it->second.incarnation != incarnation) return;
-  DetachLocked(member, ended.empty() ? "its session to muster-agent ended"
-                                     : absl::StrCat("trainer process ", ended));
+  std::shared_ptr<Queue> out;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = members_.find(member);
+    if (it == members_.end() || it->second.incarnation != incarnation) return;
+    out = DetachLocked(member, ended.empty() ? "its session to muster-agent ended"
+                                             : absl::StrCat("trainer process ", ended));
+  }
+  out->Close(absl::AbortedError("the session ended"));
 }
 
 void NodeSessionImpl::ProcessEnded(pid_t pid, const std::string& how) {
-  absl::MutexLock lock(&mu_);
-  for (const auto& [id, m] : members_) {
-    if (m.pid == pid) {
-      DetachLocked(id, absl::StrCat("trainer process ", how));
-      return;
+  std::shared_ptr<Queue> out;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, m] : members_) {
+      if (m.pid == pid) {
+        out = DetachLocked(id, absl::StrCat("trainer process ", how));
+        break;
+      }
     }
   }
+  if (out != nullptr) out->Close(absl::AbortedError(absl::StrCat("trainer process ", how)));
 }
 
-void NodeSessionImpl::DetachLocked(const std::string& id, const std::string& reason) {
+std::shared_ptr<Queue> NodeSessionImpl::DetachLocked(const std::string& id,
+                                                     const std::string& reason) {
   auto it = members_.find(id);
+  std::shared_ptr<Queue> out = std::move(it->second.out);
   v1::SessionRequest detach;
   detach.mutable_detach()->mutable_member()->set_member_id(id);
   detach.mutable_detach()->mutable_member()->set_incarnation(it->second.incarnation);
   detach.mutable_detach()->set_reason(
       absl::StrCat(reason, " (reported by muster-agent of node ", o_.node, ")"));
-  it->second.out->Close(absl::AbortedError(reason));
   members_.erase(it);
   if (connected_) Send(std::move(detach));
+  return out;
 }
 
 void NodeSessionImpl::Route(v1::SessionEvent event) {
