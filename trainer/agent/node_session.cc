@@ -275,29 +275,31 @@ void NodeSessionImpl::LocalEnded(const std::string& member, uint64_t incarnation
   // A stream that ends because its process died: say how, if it is already
   // a zombie of ours.
   const std::string ended = EndedChild(pid);
+  const std::string reason = ended.empty() ? "its session to muster-agent ended"
+                                           : absl::StrCat("trainer process ", ended);
   std::shared_ptr<Queue> out;
   {
     absl::MutexLock lock(&mu_);
     auto it = members_.find(member);
     if (it == members_.end() || it->second.incarnation != incarnation) return;
-    out = DetachLocked(member, ended.empty() ? "its session to muster-agent ended"
-                                             : absl::StrCat("trainer process ", ended));
+    out = DetachLocked(member, reason);
   }
-  out->Close(absl::AbortedError("the session ended"));
+  out->Close(absl::AbortedError(reason));
 }
 
 void NodeSessionImpl::ProcessEnded(pid_t pid, const std::string& how) {
+  const std::string reason = absl::StrCat("trainer process ", how);
   std::shared_ptr<Queue> out;
   {
     absl::MutexLock lock(&mu_);
     for (const auto& [id, m] : members_) {
       if (m.pid == pid) {
-        out = DetachLocked(id, absl::StrCat("trainer process ", how));
+        out = DetachLocked(id, reason);
         break;
       }
     }
   }
-  if (out != nullptr) out->Close(absl::AbortedError(absl::StrCat("trainer process ", how)));
+  if (out != nullptr) out->Close(absl::AbortedError(reason));
 }
 
 std::shared_ptr<Queue> NodeSessionImpl::DetachLocked(const std::string& id,
@@ -355,36 +357,33 @@ void NodeSessionImpl::ConnectLoop() {
   for (;;) {
     const absl::Time started = absl::Now();
     const absl::Status ended = Connection();
+    // Connection() left connected_ false, so no trainer attaches until the
+    // next connection: the table is emptied once here.
     std::vector<std::shared_ptr<Queue>> orphans;
+    bool stopping = false;
     {
       absl::MutexLock lock(&mu_);
-      connected_ = false;
       outgoing_.clear();
       for (auto& [id, m] : members_) orphans.push_back(std::move(m.out));
       members_.clear();
-      if (stopping_) break;
+      stopping = stopping_;
     }
     // Each trainer rejoins and opens its session again, as after a
     // coordinator restart.
-    for (const auto& out : orphans) {
-      out->Close(absl::UnavailableError(absl::StrCat(
-          "muster-agent lost its session with the coordinator: ", ended.message())));
-    }
+    const absl::Status why =
+        stopping ? absl::UnavailableError("muster-agent is stopping")
+                 : absl::UnavailableError(absl::StrCat(
+                       "muster-agent lost its session with the coordinator: ", ended.message()));
+    for (const auto& out : orphans) out->Close(why);
+    if (stopping) return;
     if (absl::Now() - started > absl::Seconds(10)) backoff.Reset();
     MUSTER_LOG(WARNING) << "muster-agent: node " << o_.node << ": session with "
                         << o_.coordinator << " ended (" << ended << "); reconnecting";
     const absl::Duration wait = backoff.Next();
     absl::MutexLock lock(&mu_);
     mu_.AwaitWithTimeout(absl::Condition(&stopping_), wait);
-    if (stopping_) break;
+    if (stopping_) return;
   }
-  std::vector<std::shared_ptr<Queue>> rest;
-  {
-    absl::MutexLock lock(&mu_);
-    for (auto& [id, m] : members_) rest.push_back(std::move(m.out));
-    members_.clear();
-  }
-  for (const auto& out : rest) out->Close(absl::UnavailableError("muster-agent is stopping"));
 }
 
 absl::Status NodeSessionImpl::Connection() {
