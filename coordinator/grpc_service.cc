@@ -6,57 +6,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "coordinator/proto_convert.h"
 #include "coordinator/session_reactor.h"
 #include "rpc/credentials.h"
 #include "rpc/status.h"
 
 namespace muster {
 namespace {
-
-MemberKey ToKey(const v1::MemberRef& ref) { return MemberKey{ref.member_id(), ref.incarnation()}; }
-
-void ToProto(const MemberKey& key, v1::MemberRef* out) {
-  out->set_member_id(key.id);
-  out->set_incarnation(key.incarnation);
-}
-
-void ToProto(const Assignment& a, v1::Assignment* m) {
-  ToProto(a.member, m->mutable_member());
-  m->set_node(a.node);
-  m->set_rank(a.rank);
-  m->set_node_rank(a.node_rank);
-  m->set_local_rank(a.local_rank);
-  m->set_local_world_size(a.local_world_size);
-  m->set_state_address(a.state_address);
-  m->set_step(a.step);
-}
-
-// The world's summary: a fixed number of fields, whatever its size.
-void ToProto(const World& world, v1::World* out) {
-  out->set_generation(world.generation);
-  out->set_world_size(world.size());
-  out->set_node_count(world.node_count);
-  out->set_state_source_rank(world.state_source_rank);
-  out->set_state_step(world.state_step);
-  if (world.state_source_rank < world.size()) {
-    ToProto(world.members[world.state_source_rank], out->mutable_state_source());
-  }
-  for (uint32_t size : world.node_sizes()) out->add_node_sizes(size);
-  out->set_digest(world.digest());
-}
-
-// What one member receives: the summary, itself and its node (ranks of a
-// node are contiguous).
-void ToProto(const World& world, uint32_t rank, v1::RendezvousResponse* out) {
-  ToProto(world, out->mutable_world());
-  out->set_rank(rank);
-  const Assignment& self = world.members[rank];
-  ToProto(self, out->mutable_self());
-  const uint32_t first = rank - self.local_rank;
-  for (uint32_t r = first; r < first + self.local_world_size && r < world.size(); ++r) {
-    ToProto(world.members[r], out->add_node_members());
-  }
-}
 
 void ToProto(const CheckpointRecord& r, v1::Checkpoint* out) {
   out->set_checkpoint_id(r.id);

@@ -7,6 +7,7 @@
 #include "absl/time/clock.h"
 #include "common/logging.h"
 #include "coordinator/limits.h"
+#include "coordinator/proto_convert.h"
 #include "rpc/status.h"
 #include "rpc/write_queue.h"
 
@@ -200,12 +201,39 @@ bool SessionReactor::HandleNode(absl::Time start) {
       Acknowledge(generation, start);
       return true;
     }
+    case v1::SessionRequest::kRendezvous:
+      Rendezvous(start);
+      return true;
     default:
       CloseSession("protocol error");
       outbox_->Close(absl::InvalidArgumentError(
-          "a node session takes attach, detach and heartbeat after node_hello"));
+          "a node session takes attach, detach, heartbeat and rendezvous after node_hello"));
       return false;
   }
+}
+
+void SessionReactor::Rendezvous(absl::Time start) {
+  const v1::NodeRendezvous& call = request_.rendezvous();
+  const v1::RendezvousRequest& req = call.request();
+  // The answer goes out on the stream whenever the world forms; the outbox
+  // ignores it once the stream has finished.
+  coordinator_->Rendezvous(
+      ToKey(req.member()), req.after_generation(), req.step(),
+      absl::Milliseconds(req.timeout_ms()),
+      [outbox = outbox_, metrics = metrics_, id = req.member().member_id(), n = call.call(),
+       start](absl::StatusOr<RendezvousResult> result) {
+        v1::SessionEvent msg;
+        msg.set_member_id(id);
+        v1::RendezvousAnswer* answer = msg.mutable_rendezvous();
+        answer->set_call(n);
+        answer->set_code(static_cast<int>(result.status().code()));
+        answer->set_message(std::string(result.status().message()));
+        if (result.ok()) ToProto(*result->world, result->rank, answer->mutable_response());
+        if (metrics != nullptr) {
+          metrics->ObserveRpc("NodeRendezvous", result.status().code(), absl::Now() - start);
+        }
+        outbox->Write(std::move(msg));
+      });
 }
 
 void SessionReactor::OnReadDone(bool ok) {

@@ -1,7 +1,7 @@
 // SessionReactor: the server side of one Session stream (gRPC callback
 // API): a member's own session (hello, heartbeats), or a node session that
 // carries the sessions of a node's members (node_hello, attach, detach, one
-// heartbeat for all). Hands them to the Coordinator; writes
+// heartbeat for all, and their Rendezvous calls). Hands them to the Coordinator; writes
 // acknowledgements and the events the Coordinator pushes, one at a time, in
 // order. A broken or finished stream is reported to the Coordinator, which
 // fails its member, or every member attached to it, at once.
@@ -44,6 +44,8 @@ class SessionReactor
   bool OpenNode();
   bool HandleNode(absl::Time start);
   void Acknowledge(uint64_t generation, absl::Time start);
+  // A member's Rendezvous on a node session; answered on the stream.
+  void Rendezvous(absl::Time start);
   void CloseSession(const std::string& why);
 
   struct Attached {

@@ -2,7 +2,9 @@
 // muster-coordinator process on loopback. With --per-node K > 1 the members
 // are grouped into node sessions of K members each (as muster-agent holds
 // them); K = 1 gives each member its own session (trainers without an
-// agent). Every session heartbeats once per second. Prints
+// agent). Every session heartbeats once per second. Members of node
+// sessions call Rendezvous on their node's stream (NodeRendezvous), as
+// muster-agent relays its trainers' calls; the others call the rpc. Prints
 //   coordinator members=N sessions=S hb_p50_ms=.. hb_p99_ms=.. rendezvous_s=..
 //   regroup_s=.. rss_mb=.. cpu_pct=..
 // rendezvous_s: from the last Join to every member holding its assignment
@@ -77,6 +79,20 @@ class Samples {
   std::vector<double> v_ ABSL_GUARDED_BY(mu_);
 };
 
+// The members' Rendezvous calls of one round: counts answers, and those
+// that did not assign the expected world size.
+struct RendezvousRound {
+  RendezvousRound(int count, uint32_t size) : count(count), size(size) {}
+  void Answered(bool ok, uint32_t world_size) {
+    if (!ok || world_size != size) ++failed;
+    if (++answered == count) all.Notify();
+  }
+  const int count;
+  const uint32_t size;
+  std::atomic<int> answered{0}, failed{0};
+  absl::Notification all;
+};
+
 // One session: a member's own (one member) or a node's (several). Writes
 // go out one at a time from a queue; acks are timed; a regroup event calls
 // `on_regroup` with the member's index.
@@ -146,6 +162,22 @@ class SimSession : public grpc::ClientBidiReactor<v1::SessionRequest, v1::Sessio
     SendLocked(std::move(msg));
   }
 
+  // Node sessions: member `index` calls Rendezvous on this stream, as
+  // muster-agent relays its trainers' calls.
+  void Rendezvous(int index, uint64_t after, RendezvousRound* round) {
+    v1::SessionRequest msg;
+    v1::NodeRendezvous* call = msg.mutable_rendezvous();
+    call->set_call(static_cast<uint64_t>(index));
+    for (const auto& [i, ref] : members_) {
+      if (i == index) *call->mutable_request()->mutable_member() = ref;
+    }
+    call->mutable_request()->set_after_generation(after);
+    call->mutable_request()->set_timeout_ms(600'000);
+    absl::MutexLock lock(&mu_);
+    round_ = round;
+    SendLocked(std::move(msg));
+  }
+
   void Stop() { ctx_.TryCancel(); }
   void WaitDone() { finished_.WaitForNotification(); }
   int closed() const { return closed_.load(); }
@@ -178,6 +210,14 @@ class SimSession : public grpc::ClientBidiReactor<v1::SessionRequest, v1::Sessio
       }
     } else if (event_.has_closed()) {
       ++closed_;
+    } else if (event_.has_rendezvous()) {
+      RendezvousRound* round;
+      {
+        absl::MutexLock lock(&mu_);
+        round = round_;
+      }
+      const v1::RendezvousAnswer& a = event_.rendezvous();
+      if (round != nullptr) round->Answered(a.code() == 0, a.response().world().world_size());
     }
     StartRead(&event_);
   }
@@ -212,6 +252,7 @@ class SimSession : public grpc::ClientBidiReactor<v1::SessionRequest, v1::Sessio
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool beat_pending_ ABSL_GUARDED_BY(mu_) = false;
   bool done_ ABSL_GUARDED_BY(mu_) = false;
+  RendezvousRound* round_ ABSL_GUARDED_BY(mu_) = nullptr;
   uint64_t seq_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time sent_ ABSL_GUARDED_BY(mu_);
   absl::Notification finished_;
@@ -333,29 +374,31 @@ class CoordinatorBench {
   }
 
   // Every member in `members` calls Rendezvous(after); returns the seconds
-  // until all hold an assignment in a world of `size`.
+  // until all hold an assignment in a world of `size`. Members of node
+  // sessions call it on their node's stream, the others as an rpc.
   absl::StatusOr<double> RendezvousAll(const std::vector<int>& members, uint64_t after,
                                        uint32_t size, absl::Time start) {
     std::vector<std::unique_ptr<Pending>> pending;
-    std::atomic<int> answered{0}, failed{0};
-    absl::Notification all;
-    const int count = static_cast<int>(members.size());
+    RendezvousRound round(static_cast<int>(members.size()), size);
     for (int i : members) {
+      if (per_node_ > 1) {
+        sessions_[i / per_node_]->Rendezvous(i, after, &round);
+        continue;
+      }
       pending.push_back(std::make_unique<Pending>());
       Pending* p = pending.back().get();
       AttachToken(&p->ctx, kToken);
       *p->req.mutable_member() = refs_[i];
       p->req.set_after_generation(after);
       p->req.set_timeout_ms(600'000);
-      Stub(i)->async()->Rendezvous(&p->ctx, &p->req, &p->resp, [&, p](grpc::Status s) {
-        if (!s.ok() || p->resp.world().world_size() != size) ++failed;
-        if (++answered == count) all.Notify();
+      Stub(i)->async()->Rendezvous(&p->ctx, &p->req, &p->resp, [&round, p](grpc::Status s) {
+        round.Answered(s.ok(), p->resp.world().world_size());
       });
     }
-    all.WaitForNotification();
+    round.all.WaitForNotification();
     const double secs = absl::ToDoubleSeconds(absl::Now() - start);
-    if (failed > 0) {
-      return absl::InternalError(absl::StrCat(failed.load(), " rendezvous calls failed"));
+    if (round.failed > 0) {
+      return absl::InternalError(absl::StrCat(round.failed.load(), " rendezvous calls failed"));
     }
     return secs;
   }

@@ -230,6 +230,14 @@ class NodeStream {
     }
     EXPECT_TRUE(stream_->Write(msg));
   }
+  void Rendezvous(const v1::MemberRef& ref, uint64_t call, uint64_t after) {
+    v1::SessionRequest msg;
+    msg.mutable_rendezvous()->set_call(call);
+    *msg.mutable_rendezvous()->mutable_request()->mutable_member() = ref;
+    msg.mutable_rendezvous()->mutable_request()->set_after_generation(after);
+    msg.mutable_rendezvous()->mutable_request()->set_timeout_ms(10'000);
+    EXPECT_TRUE(stream_->Write(msg));
+  }
   // The next event that is not an acknowledgement.
   v1::SessionEvent NextEvent() {
     v1::SessionEvent ev;
@@ -282,11 +290,35 @@ TEST_F(ServerTest, ANodeSessionCarriesItsMembersAndFailsThemWhenItBreaks) {
       EXPECT_EQ(row.info.step, 5) << row.info.key.id;
     }
   }
-  std::vector<TestMember*> all = {ms[0].get(), ms[1].get(), ms[2].get()};
-  for (const auto& r : RendezvousAll(all, 0)) {
-    ASSERT_TRUE(r.ok()) << r.status();
-    EXPECT_EQ(r->node_members_size(), 3);
+  // The members' Rendezvous calls ride on the node's stream; each answer
+  // echoes its call and is tagged with its member. A member the coordinator
+  // does not know is answered with the rpc's error, and the stream goes on.
+  v1::MemberRef ghost;
+  ghost.set_member_id("ghost");
+  ghost.set_incarnation(1);
+  node.Rendezvous(ghost, 99, 0);
+  v1::SessionEvent unknown = node.NextEvent();
+  ASSERT_TRUE(unknown.has_rendezvous()) << unknown.ShortDebugString();
+  EXPECT_EQ(unknown.rendezvous().call(), 99u);
+  EXPECT_EQ(unknown.member_id(), "ghost");
+  EXPECT_EQ(unknown.rendezvous().code(), static_cast<int>(absl::StatusCode::kNotFound))
+      << unknown.ShortDebugString();
+  for (int i = 0; i < 3; ++i) node.Rendezvous(ms[i]->ref(), 10 + i, 0);
+  std::set<uint32_t> ranks;
+  for (int i = 0; i < 3; ++i) {
+    v1::SessionEvent ev = node.NextEvent();
+    ASSERT_TRUE(ev.has_rendezvous()) << ev.ShortDebugString();
+    const v1::RendezvousAnswer& a = ev.rendezvous();
+    ASSERT_EQ(a.code(), 0) << a.message();
+    ASSERT_GE(a.call(), 10u);
+    ASSERT_LT(a.call(), 13u);
+    EXPECT_EQ(ev.member_id(), ms[a.call() - 10]->ref().member_id());
+    EXPECT_EQ(a.response().self().member().member_id(), ev.member_id());
+    EXPECT_EQ(a.response().world().world_size(), 3u);
+    EXPECT_EQ(a.response().node_members_size(), 3);
+    ranks.insert(a.response().rank());
   }
+  EXPECT_EQ(ranks, (std::set<uint32_t>{0, 1, 2}));
   // A detached member fails at once, with the agent's reason; the others
   // hear of the regroup on the node's stream, each event tagged.
   node.Detach(ms[2]->ref(), "exited on signal 9");

@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <map>
@@ -69,6 +70,30 @@ class LocalSession : public grpc::ServerBidiReactor<v1::SessionRequest, v1::Sess
   uint64_t incarnation_ = 0;
 };
 
+// One trainer's Rendezvous, relayed as a NodeRendezvous on the node stream.
+// Finished exactly once, by whoever takes it out of the relay's table: the
+// answer, the node stream breaking, or the trainer cancelling. Deletes
+// itself when gRPC is done with it.
+class RelayedRendezvous : public grpc::ServerUnaryReactor {
+ public:
+  RelayedRendezvous(NodeSessionImpl* relay, v1::RendezvousResponse* response)
+      : relay_(relay), response_(response) {}
+  void Start(const absl::Status& auth, const v1::RendezvousRequest& request);
+  // The coordinator's answer.
+  void Answer(const v1::RendezvousAnswer& answer);
+  void Fail(const absl::Status& status) { Finish(ToGrpcStatus(status)); }
+  void OnCancel() override;
+  void OnDone() override { delete this; }
+
+ private:
+  NodeSessionImpl* const relay_;
+  v1::RendezvousResponse* const response_;
+  // Set once relayed; with cancelled_, whichever of Start and OnCancel
+  // comes second sees the other's write.
+  std::atomic<uint64_t> call_{0};
+  std::atomic<bool> cancelled_{false};
+};
+
 class NodeSessionImpl final : public NodeSession,
                               public v1::Coordinator::CallbackService {
  public:
@@ -90,6 +115,16 @@ class NodeSessionImpl final : public NodeSession,
 
   grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionEvent>* Session(
       grpc::CallbackServerContext* ctx) override;
+  grpc::ServerUnaryReactor* Rendezvous(grpc::CallbackServerContext* ctx,
+                                       const v1::RendezvousRequest* request,
+                                       v1::RendezvousResponse* response) override;
+
+  // --- for RelayedRendezvous ---
+  // Queues `request` on the node stream under a new call number (0 and
+  // UNAVAILABLE while the stream is down).
+  absl::StatusOr<uint64_t> Relay(RelayedRendezvous* call, const v1::RendezvousRequest& request);
+  // Takes `call` out of the table; false when it was already taken.
+  bool Forget(uint64_t call);
 
  private:
   struct Member {
@@ -130,6 +165,9 @@ class NodeSessionImpl final : public NodeSession,
   bool connected_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<v1::SessionRequest> outgoing_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, Member> members_ ABSL_GUARDED_BY(mu_);
+  // Trainers' Rendezvous calls waiting for their answer, by call number.
+  std::map<uint64_t, RelayedRendezvous*> rendezvous_ ABSL_GUARDED_BY(mu_);
+  uint64_t last_call_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Duration interval_ ABSL_GUARDED_BY(mu_) = absl::Seconds(1);
 };
@@ -168,6 +206,34 @@ void LocalSession::OnReadDone(bool ok) {
     return;
   }
   StartRead(&request_);
+}
+
+void RelayedRendezvous::Start(const absl::Status& auth, const v1::RendezvousRequest& request) {
+  if (!auth.ok()) {
+    Fail(auth);
+    return;
+  }
+  absl::StatusOr<uint64_t> call = relay_->Relay(this, request);
+  if (!call.ok()) {
+    Fail(call.status());
+    return;
+  }
+  call_ = *call;
+  if (cancelled_ && relay_->Forget(*call)) Fail(absl::CancelledError("the trainer cancelled"));
+}
+
+void RelayedRendezvous::Answer(const v1::RendezvousAnswer& answer) {
+  const absl::Status status(static_cast<absl::StatusCode>(answer.code()), answer.message());
+  if (status.ok()) *response_ = answer.response();
+  Fail(status);
+}
+
+void RelayedRendezvous::OnCancel() {
+  // The coordinator's waiter stays until the world forms or its timeout;
+  // the answer then finds no call and is dropped.
+  cancelled_ = true;
+  const uint64_t call = call_;
+  if (call != 0 && relay_->Forget(call)) Fail(absl::CancelledError("the trainer cancelled"));
 }
 
 absl::Status NodeSessionImpl::Init() {
@@ -225,6 +291,35 @@ grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionEvent>* NodeSessionImpl::
     }
   }
   return new LocalSession(this, CheckToken(*ctx, o_.token), pid);
+}
+
+grpc::ServerUnaryReactor* NodeSessionImpl::Rendezvous(grpc::CallbackServerContext* ctx,
+                                                      const v1::RendezvousRequest* request,
+                                                      v1::RendezvousResponse* response) {
+  auto* call = new RelayedRendezvous(this, response);
+  call->Start(CheckToken(*ctx, o_.token), *request);
+  return call;
+}
+
+absl::StatusOr<uint64_t> NodeSessionImpl::Relay(RelayedRendezvous* call,
+                                                const v1::RendezvousRequest& request) {
+  absl::MutexLock lock(&mu_);
+  if (!connected_) {
+    return absl::UnavailableError(absl::StrCat("muster-agent of node ", o_.node,
+                                               " is not connected to the coordinator"));
+  }
+  const uint64_t n = ++last_call_;
+  rendezvous_[n] = call;
+  v1::SessionRequest relayed;
+  relayed.mutable_rendezvous()->set_call(n);
+  *relayed.mutable_rendezvous()->mutable_request() = request;
+  Send(std::move(relayed));
+  return n;
+}
+
+bool NodeSessionImpl::Forget(uint64_t call) {
+  absl::MutexLock lock(&mu_);
+  return rendezvous_.erase(call) > 0;
 }
 
 void NodeSessionImpl::Send(v1::SessionRequest request) { outgoing_.push_back(std::move(request)); }
@@ -320,6 +415,18 @@ void NodeSessionImpl::Route(v1::SessionEvent event) {
   std::shared_ptr<Queue> out;
   absl::Status close;
   bool closing = false;
+  if (event.has_rendezvous()) {
+    RelayedRendezvous* call = nullptr;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = rendezvous_.find(event.rendezvous().call());
+      if (it == rendezvous_.end()) return;  // cancelled meanwhile
+      call = it->second;
+      rendezvous_.erase(it);
+    }
+    call->Answer(event.rendezvous());
+    return;
+  }
   {
     absl::MutexLock lock(&mu_);
     if (event.has_ack()) {
@@ -360,12 +467,15 @@ void NodeSessionImpl::ConnectLoop() {
     // Connection() left connected_ false, so no trainer attaches until the
     // next connection: the table is emptied once here.
     std::vector<std::shared_ptr<Queue>> orphans;
+    std::vector<RelayedRendezvous*> unanswered;
     bool stopping = false;
     {
       absl::MutexLock lock(&mu_);
       outgoing_.clear();
       for (auto& [id, m] : members_) orphans.push_back(std::move(m.out));
       members_.clear();
+      for (const auto& [n, call] : rendezvous_) unanswered.push_back(call);
+      rendezvous_.clear();
       stopping = stopping_;
     }
     // Each trainer rejoins and opens its session again, as after a
@@ -375,6 +485,8 @@ void NodeSessionImpl::ConnectLoop() {
                  : absl::UnavailableError(absl::StrCat(
                        "muster-agent lost its session with the coordinator: ", ended.message()));
     for (const auto& out : orphans) out->Close(why);
+    // A trainer retries UNAVAILABLE until its own deadline.
+    for (RelayedRendezvous* call : unanswered) call->Fail(why);
     if (stopping) return;
     if (absl::Now() - started > absl::Seconds(10)) backoff.Reset();
     MUSTER_LOG(WARNING) << "muster-agent: node " << o_.node << ": session with "

@@ -7,7 +7,8 @@
 // agent passes them as MUSTER_AGENT_SESSION=unix:PATH. There a trainer
 // speaks the same Session rpc as it would to the coordinator: hello, then
 // heartbeats; it receives acknowledgements, regroup and stop events, and
-// the final status of its session. The relay:
+// the final status of its session; its Rendezvous calls go here too. The
+// relay:
 //
 //   trainer hello            -> attach on the node stream (refused with
 //                               UNAVAILABLE while the node stream is down)
@@ -20,6 +21,10 @@
 //                               fails it, as for a trainer without agent)
 //   trainer stream ends      -> detach: the member fails at once
 //   trainer process ends     -> detach with its exit status (ProcessEnded)
+//   trainer Rendezvous call  -> a NodeRendezvous on the node stream; the
+//                               coordinator's RendezvousAnswer finishes the
+//                               call (UNAVAILABLE, which the trainer
+//                               retries, when the node stream breaks first)
 //   event for a member       -> written to that trainer's stream
 //   member's session closed  -> that trainer's stream ends with its status
 //   node stream breaks       -> every trainer's stream ends UNAVAILABLE, so

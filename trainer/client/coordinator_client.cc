@@ -283,7 +283,8 @@ absl::StatusOr<WorldInfo> CoordinatorClient::Rendezvous(uint64_t after, int64_t 
     req.set_step(step);
     req.set_timeout_ms(static_cast<uint32_t>(
         std::max<int64_t>(1, absl::ToInt64Milliseconds(d - absl::Now()))));
-    return FromGrpcStatus(impl_->stub->Rendezvous(&ctx, req, &resp));
+    // Under muster-agent: the agent relays it on the node's stream.
+    return FromGrpcStatus(impl_->session_stub->Rendezvous(&ctx, req, &resp));
   }));
   WorldInfo w = FromProto(resp);
   MUSTER_RETURN_IF_ERROR(CheckWorld(w, options_.member_id));

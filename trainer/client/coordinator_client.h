@@ -7,8 +7,9 @@
 // deadline; other errors are returned as they are (see the proto for who
 // retries what). The session reconnects by itself after a coordinator
 // restart and re-registers with the same member id and incarnation. Under
-// muster-agent the session stream goes through the agent (session_via);
-// every other call goes to the coordinator.
+// muster-agent the session stream and Rendezvous go through the agent
+// (session_via), which carries them on its node's one stream; every other
+// call goes to the coordinator.
 //
 // Thread-safe: any method may be called from any thread. Event callbacks run
 // on the session thread and must not block for long.
@@ -46,8 +47,8 @@ struct ClientOptions {
   std::string state_address;
   // "unix:PATH" of the node's muster-agent ($MUSTER_AGENT_SESSION), which
   // holds one session with the coordinator for the node's trainers: the
-  // session stream goes there instead (same protocol). Empty: this member
-  // holds its own session with the coordinator.
+  // session stream and Rendezvous go there instead (same protocol). Empty:
+  // this member holds its own session with the coordinator.
   std::string session_via;
   BackoffOptions backoff;
 };

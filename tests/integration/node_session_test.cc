@@ -1,0 +1,112 @@
+// muster-agent's node session (trainer/agent/node_session.h) against the
+// real coordinator service over real gRPC: trainers' clients reach the
+// coordinator's session and Rendezvous through the agent's Unix socket.
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "coordinator/server.h"
+#include "trainer/agent/node_session.h"
+#include "trainer/client/coordinator_client.h"
+
+namespace muster {
+namespace {
+
+constexpr char kToken[] = "node-session-token";
+
+class NodeSessionTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ServerOptions o;
+    o.token = kToken;
+    o.coordinator.rules.min_members = 2;
+    o.coordinator.rules.max_members = 2;
+    o.coordinator.heartbeat_interval = absl::Milliseconds(100);
+    o.coordinator.heartbeat_timeout = absl::Seconds(5);
+    server_ = std::move(CoordinatorServer::Start(o)).value();
+    target_ = absl::StrCat("127.0.0.1:", server_->port());
+    NodeSessionOptions n;
+    n.coordinator = target_;
+    n.token = kToken;
+    n.node = "n0";
+    n.runtime_dir = ::testing::TempDir();
+    agent_ = std::move(NodeSession::Start(n)).value();
+  }
+
+  ClientOptions Options(int local_rank) {
+    ClientOptions c;
+    c.target = target_;
+    c.token = kToken;
+    c.member_id = absl::StrCat("n0/", local_rank);
+    c.incarnation = 1 + local_rank;
+    c.node = "n0";
+    c.local_rank = local_rank;
+    c.session_via = agent_->address();
+    return c;
+  }
+
+  std::unique_ptr<CoordinatorServer> server_;
+  std::string target_;
+  std::unique_ptr<NodeSession> agent_;
+};
+
+TEST_F(NodeSessionTest, TrainersRendezvousThroughTheAgentsNodeStream) {
+  // Each trainer joins (straight to the coordinator) and opens its session
+  // at the agent, which attaches it on the node's stream.
+  std::vector<std::unique_ptr<CoordinatorClient>> joined;
+  for (int i = 0; i < 2; ++i) {
+    joined.push_back(std::move(CoordinatorClient::Create(Options(i))).value());
+    ASSERT_TRUE(joined.back()->Join(0, absl::Now() + absl::Seconds(10)).ok());
+    ASSERT_TRUE(joined.back()->StartSession([](const SessionNotice&) {}).ok());
+  }
+  // The same members, with a coordinator address nothing listens on: their
+  // Rendezvous can only arrive through the agent.
+  std::vector<absl::StatusOr<WorldInfo>> worlds(2, absl::UnknownError("not run"));
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 2; ++i) {
+    threads.emplace_back([&, i] {
+      ClientOptions o = Options(i);
+      o.target = "127.0.0.1:1";
+      auto client = std::move(CoordinatorClient::Create(o)).value();
+      worlds[i] = client->Rendezvous(0, 10 * i, absl::Now() + absl::Seconds(20));
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(worlds[i].ok()) << worlds[i].status();
+    EXPECT_EQ(worlds[i]->world_size, 2);
+    EXPECT_EQ(worlds[i]->generation, 1u);
+    EXPECT_EQ(worlds[i]->local_world_size(), 2);
+    EXPECT_EQ(worlds[i]->state_step, 10);  // n0/1 brought step 10
+  }
+  EXPECT_NE(worlds[0]->rank, worlds[1]->rank);
+}
+
+TEST_F(NodeSessionTest, AnUnknownMembersRendezvousEndsWithTheCoordinatorsError) {
+  ClientOptions o = Options(0);
+  o.member_id = "n0/never-joined";
+  auto client = std::move(CoordinatorClient::Create(o)).value();
+  absl::StatusOr<WorldInfo> w = client->Rendezvous(0, 0, absl::Now() + absl::Seconds(10));
+  EXPECT_EQ(w.status().code(), absl::StatusCode::kNotFound) << w.status();
+  EXPECT_NE(w.status().message().find("n0/never-joined"), std::string::npos) << w.status();
+}
+
+TEST_F(NodeSessionTest, ATrainersDeadlineEndsItsRelayedRendezvous) {
+  auto client = std::move(CoordinatorClient::Create(Options(0))).value();
+  ASSERT_TRUE(client->Join(0, absl::Now() + absl::Seconds(10)).ok());
+  ASSERT_TRUE(client->StartSession([](const SessionNotice&) {}).ok());
+  // One of two members: no world forms; the call ends at its deadline, not
+  // the coordinator's join timeout.
+  const absl::Time start = absl::Now();
+  absl::StatusOr<WorldInfo> w = client->Rendezvous(0, 0, absl::Now() + absl::Milliseconds(500));
+  EXPECT_EQ(w.status().code(), absl::StatusCode::kDeadlineExceeded) << w.status();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(4));
+}
+
+}  // namespace
+}  // namespace muster
