@@ -256,7 +256,20 @@ void Coordinator::Tick() {
     next_prune_ = now + absl::Seconds(1);
     membership_.PruneEnded(/*keep=*/10'000);
   }
+  if (options_.pause_timeout > absl::ZeroDuration() && ended_.empty() &&
+      gen_.phase() == GenerationPhase::kNoWorld && now - paused_since_ >= options_.pause_timeout) {
+    ended_ = absl::StrCat("the job stayed below min_members (", options_.rules.min_members,
+                          ") for ", absl::FormatDuration(options_.pause_timeout),
+                          " (--pause-timeout); it resumes from its last committed checkpoint "
+                          "when started again");
+    Record("end", ended_);
+  }
   FlushEvents();
+}
+
+std::string Coordinator::JobEnded() {
+  absl::MutexLock lock(&mu_);
+  return ended_;
 }
 
 }  // namespace muster

@@ -74,6 +74,9 @@ struct CoordinatorOptions {
   // After a coordinator restart, how long the stored world waits for all of
   // its members to come back before the missing ones count as failed.
   absl::Duration reattach_grace = absl::Seconds(30);
+  // A job paused below min_members for this long ends (JobEnded); zero:
+  // it waits for members as long as it runs.
+  absl::Duration pause_timeout = absl::ZeroDuration();
   CatalogOptions catalog;
   Limits limits;
   Clock* clock = RealClock::Get();
@@ -209,9 +212,12 @@ class Coordinator {
   void Shutdown(const std::string& reason);
   bool shutting_down();
 
-  // Enforces heartbeat timeouts, deadlines, last call and the reattach
-  // grace; flushes the event log.
+  // Enforces heartbeat timeouts, deadlines, last call, the reattach grace
+  // and the pause timeout; flushes the event log.
   void Tick();
+  // Why the job ended on its own (the pause timeout passed), or "" while it
+  // has not. Whoever runs the coordinator then shuts it down with it.
+  std::string JobEnded();
 
   // Constant after construction.
   const CoordinatorOptions& options() const { return options_; }
@@ -316,6 +322,10 @@ class Coordinator {
   // Tick's scans over every member run at most this often.
   absl::Time next_expiry_scan_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   absl::Time next_prune_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  // When the job last paused below min_members (InfiniteFuture while it
+  // is not paused), and why it ended.
+  absl::Time paused_since_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
+  std::string ended_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace muster

@@ -171,6 +171,7 @@ void Coordinator::ResetGenerationState(uint64_t generation, const std::string& r
 
 void Coordinator::Pause(const std::string& reason, Actions* actions) {
   if (!Accepted(gen_.Paused())) return;
+  paused_since_ = clock_->Now();
   ResetGenerationState(gen_.world().generation, reason, actions);
   absl::Status s = catalog_.AbortBefore(gen_.generation() + 1, reason);
   if (!s.ok()) MUSTER_LOG(WARNING) << "aborting pending checkpoints: " << s;
@@ -196,6 +197,7 @@ void Coordinator::Form(std::vector<Candidate> candidates, uint32_t size, bool ab
   if (!Accepted(gen_.Formed(AssignWorld(gen_.generation() + 1, std::move(candidates), size)))) {
     return;
   }
+  paused_since_ = absl::InfiniteFuture();
   const World& world = gen_.world();
   const uint64_t generation = gen_.generation();
   // Durable before anyone hears of it: every caller's actions wait for it.

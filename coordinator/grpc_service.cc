@@ -1,11 +1,13 @@
 #include "coordinator/grpc_service.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "coordinator/limits.h"
 #include "coordinator/proto_convert.h"
 #include "coordinator/session_reactor.h"
 #include "rpc/credentials.h"
@@ -56,12 +58,79 @@ grpc::ServerUnaryReactor* CoordinatorService::Reply(grpc::CallbackServerContext*
   return reactor;
 }
 
-std::function<void(const absl::Status&)> CoordinatorService::Later(
-    grpc::ServerUnaryReactor* reactor, const char* method, absl::Time start) {
-  return [this, reactor, method, start](const absl::Status& status) {
-    if (metrics_ != nullptr) metrics_->ObserveRpc(method, status.code(), absl::Now() - start);
-    reactor->Finish(ToGrpcStatus(status));
-  };
+// A blocking call. Finished exactly once: by the coordinator's answer
+// (Answer) or by the client's cancellation (OnCancel), whichever claims it
+// first; gRPC frees the call once it is finished, so a cancelled wait holds
+// nothing of it. The claim is shared with the coordinator's completion,
+// which may run after the reactor is gone.
+class CoordinatorService::Waiting final : public grpc::ServerUnaryReactor {
+ public:
+  using Claim = std::shared_ptr<std::atomic<bool>>;
+
+  // `counted`: the call holds one of its caller's waits.
+  Waiting(CoordinatorService* service, const char* method, absl::Time start, std::string caller,
+          bool counted)
+      : service_(service),
+        method_(method),
+        start_(start),
+        caller_(std::move(caller)),
+        counted_(counted) {}
+
+  const Claim& claim() const { return claim_; }
+  // Finished already (refused); the caller returns it as it is.
+  bool finished() const { return claim_->load(); }
+  // The coordinator's answer: `fill` writes the response, then the call is
+  // finished with `status`. Nothing happens once the call was cancelled.
+  static void Answer(const Claim& claim, Waiting* call, const absl::Status& status,
+                     const std::function<void()>& fill = nullptr) {
+    if (claim->exchange(true)) return;
+    if (status.ok() && fill) fill();
+    call->End(status);
+  }
+  void End(const absl::Status& status) {
+    if (counted_) service_->Released(caller_);
+    if (service_->metrics_ != nullptr) {
+      service_->metrics_->ObserveRpc(method_, status.code(), absl::Now() - start_);
+    }
+    Finish(ToGrpcStatus(status));
+  }
+  void OnCancel() override {
+    if (!claim_->exchange(true)) End(absl::CancelledError("the client cancelled the call"));
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  CoordinatorService* const service_;
+  const char* const method_;
+  const absl::Time start_;
+  const std::string caller_;
+  const bool counted_;
+  const Claim claim_ = std::make_shared<std::atomic<bool>>(false);
+};
+
+CoordinatorService::Waiting* CoordinatorService::StartWaiting(const char* method, absl::Time start,
+                                                              const std::string& caller) {
+  const int cap = coordinator_->options().limits.max_waits_per_caller;
+  {
+    absl::MutexLock lock(&waits_mu_);
+    int& n = waits_[caller];
+    if (n < cap) {
+      ++n;
+      return new Waiting(this, method, start, caller, /*counted=*/true);
+    }
+  }
+  auto* refused = new Waiting(this, method, start, caller, /*counted=*/false);
+  Waiting::Answer(refused->claim(), refused,
+                  absl::ResourceExhaustedError(absl::StrCat(
+                      Printable(caller, 200), " already has ", cap,
+                      " blocking calls waiting (the coordinator's cap per caller)")));
+  return refused;
+}
+
+void CoordinatorService::Released(const std::string& caller) {
+  absl::MutexLock lock(&waits_mu_);
+  auto it = waits_.find(caller);
+  if (it != waits_.end() && --it->second <= 0) waits_.erase(it);
 }
 
 #define MUSTER_AUTHORIZE(method)                                   \
@@ -102,15 +171,15 @@ grpc::ServerUnaryReactor* CoordinatorService::Rendezvous(grpc::CallbackServerCon
                                                          const v1::RendezvousRequest* req,
                                                          v1::RendezvousResponse* resp) {
   MUSTER_AUTHORIZE("Rendezvous");
-  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  auto finish = Later(reactor, "Rendezvous", start);
+  Waiting* call = StartWaiting("Rendezvous", start, "member " + req->member().member_id());
+  if (call->finished()) return call;
   coordinator_->Rendezvous(
       ToKey(req->member()), req->after_generation(), req->step(), Millis(req->timeout_ms()),
-      [resp, finish](absl::StatusOr<RendezvousResult> result) {
-        if (result.ok()) ToProto(*result->world, result->rank, resp);
-        finish(result.status());
+      [resp, call, claim = call->claim()](absl::StatusOr<RendezvousResult> result) {
+        Waiting::Answer(claim, call, result.status(),
+                        [&] { ToProto(*result->world, result->rank, resp); });
       });
-  return reactor;
+  return call;
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::GetWorld(grpc::CallbackServerContext* ctx,
@@ -185,17 +254,17 @@ grpc::ServerUnaryReactor* CoordinatorService::KvGet(grpc::CallbackServerContext*
                                                     const v1::KvGetRequest* req,
                                                     v1::KvGetResponse* resp) {
   MUSTER_AUTHORIZE("KvGet");
-  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  auto finish = Later(reactor, "KvGet", start);
+  Waiting* call = StartWaiting("KvGet", start, "connection " + ctx->peer());
+  if (call->finished()) return call;
   std::vector<std::string> keys(req->keys().begin(), req->keys().end());
   coordinator_->KvGet(req->generation(), std::move(keys), Millis(req->wait_ms()),
-                      [resp, finish](absl::StatusOr<std::vector<std::string>> values) {
-                        if (values.ok()) {
+                      [resp, call, claim = call->claim()](
+                          absl::StatusOr<std::vector<std::string>> values) {
+                        Waiting::Answer(claim, call, values.status(), [&] {
                           for (std::string& v : *values) resp->add_values(std::move(v));
-                        }
-                        finish(values.status());
+                        });
                       });
-  return reactor;
+  return call;
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::KvAdd(grpc::CallbackServerContext* ctx,
@@ -227,12 +296,14 @@ grpc::ServerUnaryReactor* CoordinatorService::Barrier(grpc::CallbackServerContex
                                                       const v1::BarrierRequest* req,
                                                       v1::BarrierResponse* /*resp*/) {
   MUSTER_AUTHORIZE("Barrier");
-  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  auto finish = Later(reactor, "Barrier", start);
+  Waiting* call = StartWaiting("Barrier", start, "member " + req->member().member_id());
+  if (call->finished()) return call;
   coordinator_->Barrier(req->generation(), ToKey(req->member()), req->name(),
                         Millis(req->timeout_ms()),
-                        [finish](absl::Status s) { finish(s); });
-  return reactor;
+                        [call, claim = call->claim()](absl::Status s) {
+                          Waiting::Answer(claim, call, s);
+                        });
+  return call;
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::BeginCheckpoint(

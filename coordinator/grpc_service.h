@@ -9,6 +9,9 @@
 #include <functional>
 #include <string>
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+
 #include "coordinator/coordinator.h"
 #include "coordinator/metrics.h"
 #include "muster/v1/coordinator.grpc.pb.h"
@@ -71,14 +74,21 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
   // Finishes `ctx`'s default reactor with `status` and records metrics.
   grpc::ServerUnaryReactor* Reply(grpc::CallbackServerContext* ctx, const char* method,
                                   absl::Time start, const absl::Status& status);
-  // A completion for blocking calls: finishes `reactor` later.
-  std::function<void(const absl::Status&)> Later(grpc::ServerUnaryReactor* reactor,
-                                                 const char* method, absl::Time start);
+  class Waiting;
+  // A blocking call's reactor, finished at once when the client cancels
+  // (the coordinator's answer, coming later, is then dropped). Finished
+  // already, with RESOURCE_EXHAUSTED, when `caller` has
+  // Limits::max_waits_per_caller calls waiting.
+  Waiting* StartWaiting(const char* method, absl::Time start, const std::string& caller);
+  void Released(const std::string& caller);
 
   Coordinator* const coordinator_;
   Metrics* const metrics_;
   const std::string token_;
   std::function<void()> on_shutdown_;
+  absl::Mutex waits_mu_;
+  // Blocking calls waiting, by caller.
+  absl::flat_hash_map<std::string, int> waits_ ABSL_GUARDED_BY(waits_mu_);
 };
 
 }  // namespace muster

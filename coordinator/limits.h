@@ -26,6 +26,10 @@ struct Limits {
   size_t max_path_bytes = 4096;
   size_t max_reason_bytes = 1024;
   uint32_t max_wait_ms = 600'000;
+  // Blocking calls (Rendezvous, Barrier, KvGet with a wait) one caller may
+  // have waiting at once: per member, or per connection for KvGet, which
+  // names no member.
+  int max_waits_per_caller = 64;
 };
 
 // INVALID_ARGUMENT when `value` is empty or longer than `max` bytes; the

@@ -22,6 +22,9 @@ ABSL_FLAG(std::string, listen, "0.0.0.0:29400", "host:port of the gRPC service")
 ABSL_FLAG(std::string, state_dir, "",
           "directory for coordinator.db (SQLite: generation, catalog, event log); "
           "empty keeps state in memory only");
+ABSL_FLAG(std::string, rebuild_catalog, "",
+          "CHECKPOINT_DIR: before serving, fill an empty checkpoint catalog from the "
+          "step-*/manifest.json files there (after a damaged coordinator.db was moved aside)");
 ABSL_FLAG(std::string, token_file, "",
           "file (mode 0600) holding the job token; default $MUSTER_TOKEN_FILE");
 ABSL_FLAG(bool, no_auth, false, "serve without a job token (only on a private machine)");
@@ -41,6 +44,9 @@ ABSL_FLAG(absl::Duration, heartbeat_timeout, absl::Seconds(5),
           "a member silent this long is declared failed");
 ABSL_FLAG(absl::Duration, reattach_grace, absl::Seconds(30),
           "after a restart, how long the stored generation waits for its members");
+ABSL_FLAG(absl::Duration, pause_timeout, absl::ZeroDuration(),
+          "end the job (exit 3) when it stays below min_members this long after a failure; "
+          "0 waits for members as long as it runs");
 ABSL_FLAG(uint32_t, keep_last, 3, "committed checkpoints kept (0 keeps all)");
 ABSL_FLAG(std::string, keep_best, "",
           "also keep the best checkpoint by this metric: val_loss (smaller) or val_acc "
@@ -59,6 +65,7 @@ int Run() {
   options.listen = absl::GetFlag(FLAGS_listen);
   options.state_dir = absl::GetFlag(FLAGS_state_dir);
   options.state_sync_delay = absl::GetFlag(FLAGS_state_sync_delay);
+  options.rebuild_catalog = absl::GetFlag(FLAGS_rebuild_catalog);
   options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   options.tls = {absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key),
                  absl::GetFlag(FLAGS_tls_ca)};
@@ -82,6 +89,7 @@ int Run() {
   c.heartbeat_interval = absl::GetFlag(FLAGS_heartbeat_interval);
   c.heartbeat_timeout = absl::GetFlag(FLAGS_heartbeat_timeout);
   c.reattach_grace = absl::GetFlag(FLAGS_reattach_grace);
+  c.pause_timeout = absl::GetFlag(FLAGS_pause_timeout);
   c.catalog.keep_last = absl::GetFlag(FLAGS_keep_last);
   c.catalog.keep_best_metric = absl::GetFlag(FLAGS_keep_best);
   c.catalog.keep_best_larger = c.catalog.keep_best_metric == "val_acc";
@@ -96,6 +104,7 @@ int Run() {
                    << " heartbeat_interval=" << absl::FormatDuration(c.heartbeat_interval)
                    << " heartbeat_timeout=" << absl::FormatDuration(c.heartbeat_timeout)
                    << " reattach_grace=" << absl::FormatDuration(c.reattach_grace)
+                   << " pause_timeout=" << absl::FormatDuration(c.pause_timeout)
                    << " keep_last=" << c.catalog.keep_last << " keep_best="
                    << (c.catalog.keep_best_metric.empty() ? "-" : c.catalog.keep_best_metric)
                    << " metrics=" << (options.metrics_listen.empty() ? "-" : options.metrics_listen);
@@ -130,6 +139,10 @@ int Run() {
   }).detach();
   (*server)->Wait();
   MUSTER_LOG(INFO) << "coordinator stopped";
+  if (const std::string ended = (*server)->ended(); !ended.empty()) {
+    std::cerr << "muster-coordinator: " << ended << "\n";
+    return 3;
+  }
   return 0;
 }
 

@@ -2,14 +2,53 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "coordinator/catalog_rebuild.h"
 
 namespace muster {
+namespace {
+
+// --rebuild-catalog: only into an empty catalog, so nothing recorded is
+// overwritten.
+absl::Status FillCatalog(StateStore* store, const std::string& checkpoint_dir) {
+  MUSTER_ASSIGN_OR_RETURN(std::vector<CheckpointRecord> existing, store->LoadCheckpoints());
+  if (!existing.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--rebuild-catalog: the state database already holds ", existing.size(),
+        " checkpoint records; it only fills an empty catalog (move coordinator.db aside)"));
+  }
+  MUSTER_ASSIGN_OR_RETURN(RebuiltCatalog catalog, RebuildCatalog(checkpoint_dir));
+  for (const std::string& why : catalog.skipped) {
+    MUSTER_LOG(WARNING) << "--rebuild-catalog: skipped " << why;
+  }
+  uint64_t generation = 0;
+  for (const CheckpointRecord& r : catalog.records) {
+    MUSTER_RETURN_IF_ERROR(store->SaveCheckpoint(r));
+    generation = std::max(generation, r.generation);
+  }
+  // Generations go on increasing past the checkpoints' own.
+  MUSTER_ASSIGN_OR_RETURN(World world, store->LoadWorld());
+  if (world.generation < generation) {
+    World adopted;
+    adopted.generation = generation;
+    MUSTER_RETURN_IF_ERROR(store->SaveWorld(adopted));
+  }
+  MUSTER_LOG(INFO) << "--rebuild-catalog: " << catalog.records.size()
+                   << " committed checkpoints from the manifests under " << checkpoint_dir
+                   << (catalog.records.empty()
+                           ? std::string()
+                           : absl::StrCat(" (newest step ", catalog.records.back().step, ")"))
+                   << ", " << catalog.skipped.size() << " skipped";
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     ServerOptions options) {
@@ -23,6 +62,9 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     db = options.state_dir + "/coordinator.db";
   }
   MUSTER_ASSIGN_OR_RETURN(s->store_, OpenSqliteStateStore(db, options.state_sync_delay));
+  if (!options.rebuild_catalog.empty()) {
+    MUSTER_RETURN_IF_ERROR(FillCatalog(s->store_.get(), options.rebuild_catalog));
+  }
   MUSTER_ASSIGN_OR_RETURN(s->coordinator_,
                           Coordinator::Create(options.coordinator, s->store_.get()));
   MUSTER_ASSIGN_OR_RETURN(s->metrics_, Metrics::Create(options.metrics_listen));
@@ -77,6 +119,14 @@ void CoordinatorServer::TickLoop() {
   absl::Time next_metrics = absl::InfinitePast();
   while (!stop_requested_.WaitForNotificationWithTimeout(options_.tick)) {
     coordinator_->Tick();
+    if (std::string ended = coordinator_->JobEnded(); !ended.empty()) {
+      {
+        absl::MutexLock lock(&ended_mu_);
+        ended_ = ended;
+      }
+      Stop(ended);
+      return;
+    }
     if (absl::Now() >= next_metrics) {
       metrics_->Update(coordinator_->Counters());
       next_metrics = absl::Now() + absl::Seconds(1);
@@ -85,6 +135,11 @@ void CoordinatorServer::TickLoop() {
 }
 
 void CoordinatorServer::Wait() { stopped_.WaitForNotification(); }
+
+std::string CoordinatorServer::ended() {
+  absl::MutexLock lock(&ended_mu_);
+  return ended_;
+}
 
 void CoordinatorServer::Stop(const std::string& reason) {
   if (!stop_requested_.HasBeenNotified()) {

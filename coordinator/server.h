@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/grpc_service.h"
@@ -29,6 +30,9 @@ struct ServerOptions {
   std::string listen = "127.0.0.1:0";
   // Directory of the SQLite state file; "" keeps state in memory only.
   std::string state_dir;
+  // Non-empty: before serving, fill an empty checkpoint catalog from the
+  // manifests under this checkpoint directory (coordinator/catalog_rebuild.h).
+  std::string rebuild_catalog;
   // Benchmarks: every fsync of the state file also waits this long.
   absl::Duration state_sync_delay = absl::ZeroDuration();
   // Empty: no authentication.
@@ -54,8 +58,10 @@ class CoordinatorServer {
   Coordinator* coordinator() { return coordinator_.get(); }
   Metrics* metrics() { return metrics_.get(); }
 
-  // Blocks until Stop() or a Shutdown rpc.
+  // Blocks until Stop(), a Shutdown rpc, or the job ending on its own.
   void Wait();
+  // Why the job ended on its own (Coordinator::JobEnded), or "".
+  std::string ended();
   // Stops members and the server; idempotent.
   void Stop(const std::string& reason);
 
@@ -65,6 +71,8 @@ class CoordinatorServer {
   void RequestStop();
 
   ServerOptions options_;
+  absl::Mutex ended_mu_;
+  std::string ended_ ABSL_GUARDED_BY(ended_mu_);
   std::unique_ptr<StateStore> store_;
   std::unique_ptr<Coordinator> coordinator_;
   std::unique_ptr<Metrics> metrics_;

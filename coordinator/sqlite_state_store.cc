@@ -5,6 +5,7 @@
 //   checkpoint_files(checkpoint_id, member, path, bytes, checksum)
 //   events(id INTEGER PRIMARY KEY, unix_ms, kind, detail)
 #include <sqlite3.h>
+#include <sys/vfs.h>
 
 #include <algorithm>
 #include <atomic>
@@ -16,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/logging.h"
 #include "common/status_macros.h"
 #include "coordinator/state_store.h"
 
@@ -181,8 +183,11 @@ class SqliteStateStore : public StateStore {
   explicit SqliteStateStore(sqlite3* db) : db_(db) {}
   ~SqliteStateStore() override { sqlite3_close(db_); }
 
-  absl::Status Init() {
-    MUSTER_RETURN_IF_ERROR(Exec("PRAGMA journal_mode=WAL"));
+  // `rollback`: a rollback journal instead of WAL (network file systems).
+  absl::Status Init(bool rollback) {
+    MUSTER_RETURN_IF_ERROR(QuickCheck());
+    MUSTER_RETURN_IF_ERROR(
+        Exec(rollback ? "PRAGMA journal_mode=DELETE" : "PRAGMA journal_mode=WAL"));
     MUSTER_RETURN_IF_ERROR(Exec("PRAGMA synchronous=FULL"));
     MUSTER_RETURN_IF_ERROR(Exec(kSchema));
     std::string version;
@@ -240,7 +245,8 @@ class SqliteStateStore : public StateStore {
                 "SELECT rank, member_id, incarnation, node, state_address, node_rank, "
                 "local_rank, local_world_size, step FROM world_members ORDER BY rank");
     MUSTER_RETURN_IF_ERROR(q.status());
-    while (q.Step() == SQLITE_ROW) {
+    int rc;
+    while ((rc = q.Step()) == SQLITE_ROW) {
       Assignment a;
       a.rank = static_cast<uint32_t>(q.Int(0));
       a.member.id = q.Text(1);
@@ -253,6 +259,7 @@ class SqliteStateStore : public StateStore {
       a.step = q.Int(8);
       world.members.push_back(std::move(a));
     }
+    MUSTER_RETURN_IF_ERROR(ReadEnded(rc, "world_members"));
     world.Index();
     return world;
   }
@@ -303,7 +310,8 @@ class SqliteStateStore : public StateStore {
                 "committed_ms, metric_name, metric_value, reason FROM checkpoints "
                 "ORDER BY id");
     MUSTER_RETURN_IF_ERROR(q.status());
-    while (q.Step() == SQLITE_ROW) {
+    int rc;
+    while ((rc = q.Step()) == SQLITE_ROW) {
       CheckpointRecord r;
       r.id = static_cast<uint64_t>(q.Int(0));
       r.step = q.Int(1);
@@ -325,11 +333,12 @@ class SqliteStateStore : public StateStore {
       r.reason = q.Text(10);
       out.push_back(std::move(r));
     }
+    MUSTER_RETURN_IF_ERROR(ReadEnded(rc, "checkpoints"));
     Statement f(db_,
                 "SELECT checkpoint_id, member, path, bytes, checksum FROM checkpoint_files "
                 "ORDER BY rowid");
     MUSTER_RETURN_IF_ERROR(f.status());
-    while (f.Step() == SQLITE_ROW) {
+    while ((rc = f.Step()) == SQLITE_ROW) {
       const uint64_t id = static_cast<uint64_t>(f.Int(0));
       for (CheckpointRecord& r : out) {
         if (r.id != id) continue;
@@ -338,6 +347,7 @@ class SqliteStateStore : public StateStore {
         break;
       }
     }
+    MUSTER_RETURN_IF_ERROR(ReadEnded(rc, "checkpoint_files"));
     return out;
   }
 
@@ -363,9 +373,11 @@ class SqliteStateStore : public StateStore {
     MUSTER_RETURN_IF_ERROR(q.status());
     q.Bind(1, static_cast<int64_t>(limit));
     std::vector<JobEvent> out;
-    while (q.Step() == SQLITE_ROW) {
+    int rc;
+    while ((rc = q.Step()) == SQLITE_ROW) {
       out.push_back(JobEvent{FromMs(q.Int(0)), q.Text(1), q.Text(2)});
     }
+    MUSTER_RETURN_IF_ERROR(ReadEnded(rc, "events"));
     return out;
   }
 
@@ -407,8 +419,12 @@ class SqliteStateStore : public StateStore {
     MUSTER_RETURN_IF_ERROR(st.status());
     st.Bind(1, key);
     value->clear();
-    if (st.Step() == SQLITE_ROW) *value = st.Text(0);
-    return absl::OkStatus();
+    const int rc = st.Step();
+    if (rc == SQLITE_ROW) {
+      *value = st.Text(0);
+      return absl::OkStatus();
+    }
+    return ReadEnded(rc, "meta");
   }
 
   absl::Status GetMetaInt(const std::string& key, uint64_t* out) {
@@ -421,13 +437,57 @@ class SqliteStateStore : public StateStore {
     return absl::OkStatus();
   }
 
+  // DATA_LOSS naming what SQLite's quick_check (or opening the file at all)
+  // found wrong.
+  absl::Status QuickCheck() {
+    Statement q(db_, "PRAGMA quick_check(5)");
+    if (!q.status().ok()) return absl::DataLossError(sqlite3_errmsg(db_));
+    std::vector<std::string> problems;
+    int rc;
+    while ((rc = q.Step()) == SQLITE_ROW) {
+      if (q.Text(0) != "ok") problems.push_back(q.Text(0));
+    }
+    if (rc != SQLITE_DONE) problems.push_back(sqlite3_errmsg(db_));
+    if (problems.empty()) return absl::OkStatus();
+    return absl::DataLossError(
+        absl::StrCat("quick_check: ", absl::StrJoin(problems, "; ")));
+  }
+
+  // A read that stopped with `rc` read the whole table only when rc is
+  // SQLITE_DONE; anything else (a damaged page) must not pass for the end
+  // of the table.
+  absl::Status ReadEnded(int rc, const char* table) {
+    if (rc == SQLITE_DONE) return absl::OkStatus();
+    return absl::DataLossError(
+        absl::StrCat("reading table ", table, " failed: ", sqlite3_errmsg(db_)));
+  }
+
   sqlite3* db_;
 };
 
 }  // namespace
 
+std::string NetworkFileSystemName(int64_t f_type) {
+  // Magic numbers of statfs(2)'s f_type (linux/magic.h and the file
+  // systems' own sources).
+  switch (static_cast<uint64_t>(f_type) & 0xffffffffu) {
+    case 0x6969: return "nfs";
+    case 0x0bd00bd0: return "lustre";
+    case 0x47504653: return "gpfs";
+    case 0xff534d42: return "cifs";
+    case 0xfe534d42: return "smb2";
+    case 0x00c36400: return "ceph";
+    case 0x19830326: return "beegfs";
+    case 0x65735546: return "fuse";
+    case 0x013111a8: return "ibrix";
+    case 0xaad7aaea: return "panfs";
+    default: return "";
+  }
+}
+
 absl::StatusOr<std::unique_ptr<StateStore>> OpenSqliteStateStore(const std::string& path,
-                                                                  absl::Duration sync_delay) {
+                                                                  absl::Duration sync_delay,
+                                                                  JournalMode journal) {
   const char* vfs = nullptr;
   if (sync_delay > absl::ZeroDuration()) {
     g_sync_delay_us = absl::ToInt64Microseconds(sync_delay);
@@ -446,9 +506,33 @@ absl::StatusOr<std::unique_ptr<StateStore>> OpenSqliteStateStore(const std::stri
   }
   sqlite3_busy_timeout(db, 5000);
   auto store = std::make_unique<SqliteStateStore>(db);
-  absl::Status s = store->Init();
+  // WAL needs memory shared between the processes that open the file, which
+  // network file systems do not give: there the rollback journal, whose
+  // fsyncs and byte-range locks they do.
+  std::string network;
+  if (path != ":memory:") {
+    const std::string dir = path.rfind('/') == std::string::npos
+                                ? std::string(".")
+                                : path.substr(0, std::max<size_t>(1, path.rfind('/')));
+    struct statfs fs;
+    if (::statfs(dir.c_str(), &fs) == 0) network = NetworkFileSystemName(fs.f_type);
+  }
+  const bool rollback =
+      journal == JournalMode::kRollback || (journal == JournalMode::kAuto && !network.empty());
+  absl::Status s = store->Init(rollback);
+  if (absl::IsDataLoss(s)) {
+    return absl::DataLossError(absl::StrCat(
+        "state database ", path, " is damaged (", s.message(),
+        "); move it aside and start again: the checkpoint catalog can be rebuilt from the "
+        "checkpoints' manifest.json files with --rebuild-catalog=CHECKPOINT_DIR"));
+  }
   if (!s.ok()) {
     return absl::Status(s.code(), absl::StrCat("state database ", path, ": ", s.message()));
+  }
+  if (path != ":memory:") {
+    MUSTER_LOG(INFO) << "state database " << path << ": "
+                     << (rollback ? "rollback journal" : "WAL journal")
+                     << (network.empty() ? "" : absl::StrCat(" (on ", network, ")"));
   }
   return std::unique_ptr<StateStore>(std::move(store));
 }

@@ -42,14 +42,26 @@ class StateStore {
   virtual absl::StatusOr<std::vector<JobEvent>> LoadEvents(size_t limit) = 0;
 };
 
-// Opens (creating if needed) the SQLite database `path` in WAL mode with
-// synchronous commits; ":memory:" gives a private in-memory database.
-// `sync_delay` > 0 (benchmarks, tests) makes every fsync of the database
-// wait that long first, as on a slow shared file system (one delay for the
-// whole process). Errors: UNAVAILABLE when the file cannot be opened,
+enum class JournalMode {
+  kAuto,      // WAL on local file systems, the rollback journal on network ones
+  kWal,       // WAL: needs shared memory between the processes (local only)
+  kRollback,  // rollback journal (DELETE) with fsync: safe on NFS, Lustre, GPFS
+};
+
+// The name of a network or cluster file system ("nfs", "lustre", "gpfs",
+// ...) for statfs(2)'s f_type, or "" for a local one.
+std::string NetworkFileSystemName(int64_t f_type);
+
+// Opens (creating if needed) the SQLite database `path` with synchronous
+// commits, after PRAGMA quick_check; ":memory:" gives a private in-memory
+// database. `sync_delay` > 0 (benchmarks, tests) makes every fsync of the
+// database wait that long first, as on a slow shared file system (one delay
+// for the whole process). Errors: UNAVAILABLE when the file cannot be
+// opened, DATA_LOSS naming the file when it is damaged (or not a database),
 // FAILED_PRECONDITION when it holds an unknown schema version.
 absl::StatusOr<std::unique_ptr<StateStore>> OpenSqliteStateStore(
-    const std::string& path, absl::Duration sync_delay = absl::ZeroDuration());
+    const std::string& path, absl::Duration sync_delay = absl::ZeroDuration(),
+    JournalMode journal = JournalMode::kAuto);
 
 }  // namespace muster
 

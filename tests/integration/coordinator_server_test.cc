@@ -4,9 +4,12 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <fstream>
 #include <set>
 #include <thread>
 
+#include "absl/synchronization/notification.h"
+#include "coordinator/limits.h"
 #include "coordinator/server.h"
 #include "rpc/credentials.h"
 #include "tests/integration/test_member.h"
@@ -366,6 +369,63 @@ TEST_F(ServerTest, BelowMinMembersTheJobPausesAndResumes) {
   EXPECT_EQ(rb->world().state_step(), 7);
 }
 
+TEST_F(ServerTest, AJobPausedLongerThanThePauseTimeoutEndsWithItsReason) {
+  ServerOptions o;
+  o.token = kToken;
+  o.coordinator.rules.min_members = 2;
+  o.coordinator.rules.max_members = 2;
+  o.coordinator.rules.last_call = absl::Milliseconds(50);
+  o.coordinator.heartbeat_interval = absl::Milliseconds(100);
+  o.coordinator.pause_timeout = absl::Milliseconds(400);
+  server_ = std::move(CoordinatorServer::Start(o)).value();
+  channel_ = *MakeChannel("127.0.0.1:" + std::to_string(server_->port()), {});
+  auto a = NewMember("a", "n");
+  auto b = NewMember("b", "n");
+  for (const auto& r : RendezvousAll({a.get(), b.get()}, 0)) ASSERT_TRUE(r.ok());
+  b->BreakSession();
+  auto ev = a->WaitRegroup(absl::Seconds(5));
+  ASSERT_TRUE(ev.ok());
+  ASSERT_TRUE(ev->paused());
+  const absl::Time paused = absl::Now();
+  // a waits for a world that cannot form; the job ends instead.
+  absl::StatusOr<v1::RendezvousResponse> ra = a->Rendezvous(1, 0);
+  EXPECT_EQ(ra.status().code(), absl::StatusCode::kFailedPrecondition) << ra.status();
+  EXPECT_NE(ra.status().message().find("--pause-timeout"), std::string::npos) << ra.status();
+  EXPECT_GE(absl::Now() - paused, absl::Milliseconds(300));
+  server_->Wait();
+  EXPECT_NE(server_->ended().find("below min_members (2)"), std::string::npos)
+      << server_->ended();
+}
+
+TEST(ServerRebuildTest, RebuildCatalogFillsAnEmptyCatalogOnly) {
+  const std::string dir = ::testing::TempDir() + "/rebuild-" + std::to_string(::getpid());
+  ASSERT_EQ(std::system(("rm -rf " + dir + " && mkdir -p " + dir + "/ckpt/step-50 " + dir +
+                         "/state")
+                            .c_str()),
+            0);
+  std::ofstream(dir + "/ckpt/step-50/model.safetensors") << "0123456789";
+  std::ofstream(dir + "/ckpt/step-50/manifest.json")
+      << R"({"format": "muster-checkpoint-1", "step": 50, "generation": 9, "world_size": 2,)"
+      << R"( "files": {"model.safetensors": {"bytes": 10, "xxh3": "00000000000000ab"}}})";
+  ServerOptions o;
+  o.listen = "127.0.0.1:0";
+  o.state_dir = dir + "/state";
+  o.rebuild_catalog = dir + "/ckpt";
+  {
+    auto server = CoordinatorServer::Start(o);
+    ASSERT_TRUE(server.ok()) << server.status();
+    std::vector<CheckpointRecord> committed = (*server)->coordinator()->ListCheckpoints(false);
+    ASSERT_EQ(committed.size(), 1u);
+    EXPECT_EQ(committed[0].step, 50);
+    // New generations come after the checkpoints' own.
+    EXPECT_GE((*server)->coordinator()->GetStatus().generation, 9u);
+  }
+  // Never over a catalog that holds records.
+  auto again = CoordinatorServer::Start(o);
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kFailedPrecondition) << again.status();
+  EXPECT_NE(again.status().message().find("move coordinator.db aside"), std::string::npos);
+}
+
 TEST_F(ServerTest, HeartbeatTimeoutFencesAHungMember) {
   Start(2, 3, absl::Seconds(30));
   auto a = NewMember("a", "n");
@@ -408,6 +468,58 @@ TEST_F(ServerTest, JoinDuringTrainingRegroupsWithoutAbort) {
   t.join();
   ASSERT_TRUE(rc.ok());
   EXPECT_EQ(rc->world().generation(), 2u);
+}
+
+TEST_F(ServerTest, CancelledWaitsAreReleasedAtOnceAndEachCallerHasACap) {
+  Start(2, 2);
+  auto a = NewMember("a", "n");
+  auto b = NewMember("b", "n");
+  auto rs = RendezvousAll({a.get(), b.get()}, 0);
+  ASSERT_TRUE(rs[0].ok());
+  v1::KvGetRequest get;
+  get.set_generation(rs[0]->world().generation());
+  get.add_keys("never-set");
+  get.set_wait_ms(60'000);
+  const int cap = Limits().max_waits_per_caller;
+  struct Call {
+    grpc::ClientContext ctx;
+    v1::KvGetResponse resp;
+    absl::Notification done;
+    grpc::Status status;
+  };
+  auto start = [&](Call* c) {
+    AttachToken(&c->ctx, kToken);
+    b->stub()->async()->KvGet(&c->ctx, &get, &c->resp, [c](grpc::Status s) {
+      c->status = s;
+      c->done.Notify();
+    });
+  };
+  // One connection fills its cap; the next wait is refused at once.
+  std::vector<std::unique_ptr<Call>> waiting;
+  for (int i = 0; i < cap; ++i) {
+    waiting.push_back(std::make_unique<Call>());
+    start(waiting.back().get());
+  }
+  absl::SleepFor(absl::Milliseconds(300));
+  Call over;
+  start(&over);
+  ASSERT_TRUE(over.done.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  EXPECT_EQ(over.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+      << over.status.error_message();
+  // The client gives up on all of them: the coordinator lets them go at
+  // once, not when their minute is up, and the connection may wait again.
+  for (auto& c : waiting) c->ctx.TryCancel();
+  for (auto& c : waiting) ASSERT_TRUE(c->done.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  bool accepted = false;
+  for (int i = 0; i < 50 && !accepted; ++i) {
+    Call again;
+    get.set_wait_ms(100);
+    start(&again);
+    ASSERT_TRUE(again.done.WaitForNotificationWithTimeout(absl::Seconds(5)));
+    accepted = again.status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
+    if (!accepted) absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_TRUE(accepted) << "cancelled waits still count against the connection's cap";
 }
 
 TEST_F(ServerTest, KvWaitBarrierAndCatalog) {

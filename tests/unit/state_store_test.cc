@@ -5,6 +5,9 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <string>
+
 namespace muster {
 namespace {
 
@@ -107,6 +110,97 @@ TEST(SqliteStateStoreTest, RejectsUnknownSchemaAndUnreadablePath) {
   EXPECT_EQ(reopened.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(OpenSqliteStateStore("/nonexistent-dir/x.db").status().code(),
             absl::StatusCode::kUnavailable);
+}
+
+// What SQLite itself says the file's journal mode is.
+std::string JournalModeOf(const std::string& path) {
+  sqlite3* db = nullptr;
+  std::string mode;
+  if (sqlite3_open(path.c_str(), &db) == SQLITE_OK) {
+    sqlite3_exec(
+        db, "PRAGMA journal_mode",
+        [](void* out, int, char** values, char**) {
+          *static_cast<std::string*>(out) = values[0];
+          return 0;
+        },
+        &mode, nullptr);
+  }
+  sqlite3_close(db);
+  return mode;
+}
+
+TEST(SqliteStateStoreTest, NetworkFileSystemsGetTheRollbackJournal) {
+  EXPECT_EQ(NetworkFileSystemName(0x6969), "nfs");
+  EXPECT_EQ(NetworkFileSystemName(0x0bd00bd0), "lustre");
+  EXPECT_EQ(NetworkFileSystemName(0x47504653), "gpfs");
+  EXPECT_EQ(NetworkFileSystemName(0xef53), "");      // ext4
+  EXPECT_EQ(NetworkFileSystemName(0x01021994), "");  // tmpfs
+  EXPECT_EQ(NetworkFileSystemName(0x58465342), "");  // xfs
+
+  const std::string path = TempDb("journal");
+  {
+    auto store = OpenSqliteStateStore(path);  // a local file system: WAL
+    ASSERT_TRUE(store.ok()) << store.status();
+    ASSERT_TRUE((*store)->SaveWorld(SampleWorld()).ok());
+  }
+  EXPECT_EQ(JournalModeOf(path), "wal");
+  {
+    // As on NFS: the same file turns to the rollback journal, and keeps its
+    // contents.
+    auto store = OpenSqliteStateStore(path, absl::ZeroDuration(), JournalMode::kRollback);
+    ASSERT_TRUE(store.ok()) << store.status();
+    EXPECT_EQ((*store)->LoadWorld()->members.size(), 3u);
+    ASSERT_TRUE((*store)->SaveWorld(SampleWorld()).ok());
+    EXPECT_NE(::access((path + "-wal").c_str(), F_OK), 0) << "a WAL file next to the database";
+  }
+  EXPECT_EQ(JournalModeOf(path), "delete");
+}
+
+TEST(SqliteStateStoreTest, ADamagedPageIsRefusedNotReadAsAShorterCatalog) {
+  const std::string path = TempDb("damaged");
+  {
+    auto store = OpenSqliteStateStore(path, absl::ZeroDuration(), JournalMode::kRollback);
+    ASSERT_TRUE(store.ok()) << store.status();
+    for (uint64_t id = 1; id <= 200; ++id) {
+      CheckpointRecord r;
+      r.id = id;
+      r.step = static_cast<int64_t>(id) * 100;
+      r.expected = {"m0"};
+      r.reported = {"m0"};
+      r.state = CheckpointState::kCommitted;
+      r.files = {{"m0", "/ckpt/step-" + std::to_string(id) + "/model.safetensors", 1234,
+                  "0123456789abcdef"}};
+      ASSERT_TRUE((*store)->SaveCheckpoint(r).ok());
+    }
+  }
+  // One page in the middle of the file is overwritten.
+  FILE* f = std::fopen(path.c_str(), "r+b");
+  ASSERT_NE(f, nullptr);
+  std::fseek(f, 0, SEEK_END);
+  const long pages = std::ftell(f) / 4096;
+  ASSERT_GT(pages, 6);
+  std::fseek(f, (pages / 2) * 4096, SEEK_SET);
+  const std::string garbage(4096, '\x5a');
+  std::fwrite(garbage.data(), 1, garbage.size(), f);
+  std::fclose(f);
+
+  auto reopened = OpenSqliteStateStore(path);
+  ASSERT_EQ(reopened.status().code(), absl::StatusCode::kDataLoss) << reopened.status();
+  EXPECT_NE(reopened.status().message().find(path), std::string::npos) << reopened.status();
+  EXPECT_NE(reopened.status().message().find("--rebuild-catalog"), std::string::npos)
+      << reopened.status();
+}
+
+TEST(SqliteStateStoreTest, AFileThatIsNotADatabaseIsDamaged) {
+  const std::string path = TempDb("garbled");
+  FILE* f = std::fopen(path.c_str(), "wb");
+  ASSERT_NE(f, nullptr);
+  const std::string text(8192, 'x');
+  std::fwrite(text.data(), 1, text.size(), f);
+  std::fclose(f);
+  auto opened = OpenSqliteStateStore(path);
+  EXPECT_EQ(opened.status().code(), absl::StatusCode::kDataLoss) << opened.status();
+  EXPECT_NE(opened.status().message().find(path), std::string::npos) << opened.status();
 }
 
 }  // namespace
