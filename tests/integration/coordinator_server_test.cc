@@ -22,7 +22,8 @@ constexpr char kToken[] = "integration-token";
 class ServerTest : public ::testing::Test {
  protected:
   void Start(uint32_t min, uint32_t max, absl::Duration last_call = absl::Milliseconds(200),
-             absl::Duration heartbeat_timeout = absl::Milliseconds(800)) {
+             absl::Duration heartbeat_timeout = absl::Milliseconds(800),
+             absl::Duration pause_timeout = absl::ZeroDuration()) {
     ServerOptions o;
     o.token = kToken;
     o.coordinator.rules.min_members = min;
@@ -30,6 +31,7 @@ class ServerTest : public ::testing::Test {
     o.coordinator.rules.last_call = last_call;
     o.coordinator.heartbeat_interval = absl::Milliseconds(100);
     o.coordinator.heartbeat_timeout = heartbeat_timeout;
+    o.coordinator.pause_timeout = pause_timeout;
     o.metrics_listen = "127.0.0.1:0";
     server_ = std::move(CoordinatorServer::Start(o)).value();
     channel_ = *MakeChannel("127.0.0.1:" + std::to_string(server_->port()), {});
@@ -370,15 +372,7 @@ TEST_F(ServerTest, BelowMinMembersTheJobPausesAndResumes) {
 }
 
 TEST_F(ServerTest, AJobPausedLongerThanThePauseTimeoutEndsWithItsReason) {
-  ServerOptions o;
-  o.token = kToken;
-  o.coordinator.rules.min_members = 2;
-  o.coordinator.rules.max_members = 2;
-  o.coordinator.rules.last_call = absl::Milliseconds(50);
-  o.coordinator.heartbeat_interval = absl::Milliseconds(100);
-  o.coordinator.pause_timeout = absl::Milliseconds(400);
-  server_ = std::move(CoordinatorServer::Start(o)).value();
-  channel_ = *MakeChannel("127.0.0.1:" + std::to_string(server_->port()), {});
+  Start(2, 2, absl::Milliseconds(50), absl::Milliseconds(800), absl::Milliseconds(400));
   auto a = NewMember("a", "n");
   auto b = NewMember("b", "n");
   for (const auto& r : RendezvousAll({a.get(), b.get()}, 0)) ASSERT_TRUE(r.ok());
