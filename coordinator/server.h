@@ -44,6 +44,13 @@ struct ServerOptions {
   absl::Duration tick = absl::Milliseconds(20);
   // Largest request accepted.
   int max_message_bytes = 4 << 20;
+  // A connection that has not begun HTTP/2 by then is closed (gRPC's
+  // default is 120 s: idle sockets from anyone who can reach the port would
+  // hold file descriptors that long).
+  absl::Duration handshake_timeout = absl::Seconds(5);
+  // A connection with no call for this long is closed; clients reconnect
+  // when they next call (trainers and agents always hold a session).
+  absl::Duration max_connection_idle = absl::Minutes(5);
 };
 
 class CoordinatorServer {

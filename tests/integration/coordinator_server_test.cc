@@ -1,6 +1,11 @@
 // The real coordinator service over real gRPC on loopback, with many
 // members as threads: rendezvous rounds, last call, joins during training,
 // failures by stream break and by heartbeat timeout, KV waits, catalog.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -418,6 +423,42 @@ TEST(ServerRebuildTest, RebuildCatalogFillsAnEmptyCatalogOnly) {
   auto again = CoordinatorServer::Start(o);
   EXPECT_EQ(again.status().code(), absl::StatusCode::kFailedPrecondition) << again.status();
   EXPECT_NE(again.status().message().find("move coordinator.db aside"), std::string::npos);
+}
+
+TEST(ServerIdleTest, SocketsThatNeverSpeakHttp2AreClosedSoon) {
+  ServerOptions o;
+  o.listen = "127.0.0.1:0";
+  o.token = kToken;
+  o.handshake_timeout = absl::Milliseconds(300);
+  auto server = CoordinatorServer::Start(o);
+  ASSERT_TRUE(server.ok()) << server.status();
+  // Connections from anyone who can reach the port, sending nothing.
+  std::vector<int> fds;
+  for (int i = 0; i < 20; ++i) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>((*server)->port()));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    fds.push_back(fd);
+  }
+  // The coordinator closes each (read sees the end) well before gRPC's
+  // default two minutes.
+  const absl::Time start = absl::Now();
+  for (int fd : fds) {
+    // The server's own HTTP/2 settings come first; then the end.
+    bool closed = false;
+    while (!closed && absl::Now() - start < absl::Seconds(5)) {
+      pollfd p{fd, POLLIN, 0};
+      if (::poll(&p, 1, 100) != 1) continue;
+      char buf[4096];
+      closed = ::recv(fd, buf, sizeof(buf), 0) <= 0;
+    }
+    EXPECT_TRUE(closed) << "connection still open after 5 s";
+    ::close(fd);
+  }
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
 }
 
 TEST_F(ServerTest, HeartbeatTimeoutFencesAHungMember) {

@@ -54,7 +54,9 @@ absl::StatusOr<std::unique_ptr<Communicator>> BuildIntra(const WorldInfo& world,
 absl::StatusOr<std::unique_ptr<Communicator>> BuildInter(Store* store, int rank, int size,
                                                          const CommOptions& options,
                                                          absl::Time deadline) {
-  auto c = NewGlooCommunicator(store, rank, size, options.gloo, deadline);
+  GlooOptions gloo = options.gloo;
+  gloo.single_host = false;  // one rank per node, nodes elsewhere
+  auto c = NewGlooCommunicator(store, rank, size, gloo, deadline);
   if (!c.ok() || !options.cuda) return c;
 #ifdef MUSTER_HAVE_CUDA
   return NewCudaStagedCommunicator(std::move(*c), options.cuda_device, options.cuda_stream);
@@ -118,7 +120,9 @@ absl::StatusOr<std::unique_ptr<Communicator>> BuildUnchecked(const WorldInfo& wo
   switch (backend) {
     case Backend::kGloo: {
       auto s = NewPrefixStore(store, "gloo/world");
-      return NewGlooCommunicator(s.get(), world.rank, world.world_size, options.gloo, deadline);
+      GlooOptions gloo = options.gloo;
+      gloo.single_host = world.node_count <= 1;
+      return NewGlooCommunicator(s.get(), world.rank, world.world_size, gloo, deadline);
     }
     case Backend::kShm: {
       if (world.node_count > 1) {

@@ -1,5 +1,7 @@
 #include "trainer/comm/gloo/gloo_communicator.h"
 
+#include <unistd.h>
+
 #include <gloo/allgatherv.h>
 #include <gloo/allreduce.h>
 #include <gloo/barrier.h>
@@ -20,6 +22,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "common/logging.h"
+#include "trainer/comm/gloo/gloo_address.h"
 #include "trainer/comm/gloo/gloo_store.h"
 #include "trainer/comm/reduce.h"
 
@@ -299,8 +303,19 @@ absl::StatusOr<std::unique_ptr<Communicator>> NewGlooCommunicator(Store* store, 
   auto worker = std::make_shared<Worker>();
   try {
     gloo::transport::tcp::attr attr;
-    attr.hostname = options.hostname;
     attr.iface = options.iface;
+    if (options.iface.empty()) {
+      char host[256] = "";
+      ::gethostname(host, sizeof(host) - 1);
+      absl::StatusOr<GlooAddress> address =
+          ResolveGlooAddress(options.hostname, host, options.single_host);
+      if (!address.ok()) return address.status();
+      static std::once_flag warned;
+      if (!address->warning.empty()) {
+        std::call_once(warned, [&] { MUSTER_LOG(WARNING) << address->warning; });
+      }
+      attr.hostname = address->ip;
+    }
     auto device = gloo::transport::tcp::CreateDevice(attr);
     auto context = std::make_shared<gloo::rendezvous::Context>(rank, size);
     context->setTimeout(Until(deadline));

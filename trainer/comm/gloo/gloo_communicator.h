@@ -26,6 +26,9 @@ struct GlooOptions {
   std::string hostname;
   // Network interface to bind instead of a host name ("" for none).
   std::string iface;
+  // Every rank runs on this host (one node): loopback serves when the name
+  // does not resolve (gloo_address.h).
+  bool single_host = false;
 };
 
 // Connects `size` ranks (full mesh). Errors: DEADLINE_EXCEEDED (a rank did

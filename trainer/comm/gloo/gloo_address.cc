@@ -1,0 +1,71 @@
+#include "trainer/comm/gloo/gloo_address.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include "absl/strings/str_cat.h"
+
+namespace muster {
+namespace {
+
+bool IsLoopback(const sockaddr* a) {
+  if (a->sa_family == AF_INET) {
+    const auto* in = reinterpret_cast<const sockaddr_in*>(a);
+    return (ntohl(in->sin_addr.s_addr) >> 24) == 127;
+  }
+  if (a->sa_family == AF_INET6) {
+    return IN6_IS_ADDR_LOOPBACK(&reinterpret_cast<const sockaddr_in6*>(a)->sin6_addr);
+  }
+  return false;
+}
+
+}  // namespace
+
+absl::StatusOr<GlooAddress> ResolveGlooAddress(const std::string& configured,
+                                               const std::string& host_name, bool single_host) {
+  const std::string name = configured.empty() ? host_name : configured;
+  const char* source = configured.empty() ? "this host's name" : "the configured address";
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  const int rc = name.empty() ? EAI_NONAME : ::getaddrinfo(name.c_str(), nullptr, &hints, &found);
+  if (rc != 0) {
+    if (single_host) return GlooAddress{"127.0.0.1", ""};  // every peer is here
+    return absl::InvalidArgumentError(absl::StrCat(
+        source, " '", name, "' does not resolve (", ::gai_strerror(rc),
+        "), and peers on other nodes must reach this one: set muster-train --address "
+        "(Options::address) to this node's IP address on the job's network, or a name the "
+        "other nodes resolve to it"));
+  }
+  // The first IPv4 address, else the first one.
+  const addrinfo* pick = found;
+  for (const addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    if (a->ai_family == AF_INET) {
+      pick = a;
+      break;
+    }
+  }
+  char ip[INET6_ADDRSTRLEN] = "";
+  const void* raw = pick->ai_family == AF_INET
+                        ? static_cast<const void*>(
+                              &reinterpret_cast<const sockaddr_in*>(pick->ai_addr)->sin_addr)
+                        : static_cast<const void*>(
+                              &reinterpret_cast<const sockaddr_in6*>(pick->ai_addr)->sin6_addr);
+  ::inet_ntop(pick->ai_family, raw, ip, sizeof(ip));
+  GlooAddress out{ip, ""};
+  if (!single_host && IsLoopback(pick->ai_addr)) {
+    // Nodes may share a host (tests, one machine split into nodes), so this
+    // is not refused; on a cluster it is the /etc/hosts trap.
+    out.warning = absl::StrCat(
+        source, " '", name, "' resolves to the loopback address ", ip,
+        ": peers on other hosts cannot reach this rank there; unless every node runs on this "
+        "host, set muster-train --address (Options::address) to this node's IP address");
+  }
+  ::freeaddrinfo(found);
+  return out;
+}
+
+}  // namespace muster
