@@ -107,4 +107,32 @@ std::string FormatWorld(const v1::GetWorldResponse& world) {
   return absl::StrCat(out, Table(rows));
 }
 
+std::string FormatEvents(const v1::ListEventsResponse& events) {
+  std::string out;
+  for (const v1::Event& e : events.events()) {
+    absl::StrAppend(&out,
+                    absl::FormatTime("%Y-%m-%d %H:%M:%E3S", absl::FromUnixMillis(e.unix_ms()),
+                                     absl::UTCTimeZone()),
+                    "  ", absl::StrFormat("%-10s", e.kind()), "  ", e.detail(), "\n");
+  }
+  return out;
+}
+
+absl::StatusOr<int64_t> ParseSince(const std::string& text, absl::Time now) {
+  if (text.empty()) return 0;
+  absl::Duration ago;
+  if (absl::ParseDuration(text, &ago)) {
+    if (ago < absl::ZeroDuration()) {
+      return absl::InvalidArgumentError(absl::StrCat("--since ", text, " is negative"));
+    }
+    return absl::ToUnixMillis(now - ago);
+  }
+  absl::Time t;
+  std::string err;
+  if (absl::ParseTime(absl::RFC3339_full, text, &t, &err)) return absl::ToUnixMillis(t);
+  return absl::InvalidArgumentError(
+      absl::StrCat("--since ", text, ": neither a duration (10m, 2h) nor an RFC 3339 time "
+                   "(2026-11-23T17:00:00Z)"));
+}
+
 }  // namespace muster

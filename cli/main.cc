@@ -1,7 +1,7 @@
 // muster: command line client of a running job.
 //
-//   muster --coordinator HOST:PORT [--token-file F] status|checkpoints|drain NODE|shutdown
-//          [--json] [--all]
+//   muster --coordinator HOST:PORT [--token-file F]
+//          status|world|checkpoints|events|drain NODE|pull-weights|shutdown [--json] [--all]
 //
 // Exit codes: 0 success, 1 the rpc failed (the gRPC status is printed),
 // 2 bad usage.
@@ -36,6 +36,9 @@ ABSL_FLAG(bool, json, false, "print JSON instead of tables");
 ABSL_FLAG(bool, all, false, "checkpoints: include pending, aborted and retired ones");
 ABSL_FLAG(bool, verify, false, "checkpoints: re-read every file and check its xxh3 checksum");
 ABSL_FLAG(absl::Duration, timeout, absl::Seconds(10), "rpc deadline");
+ABSL_FLAG(std::string, since, "",
+          "events: only those since this time: a duration ago (10m, 2h) or an RFC 3339 time");
+ABSL_FLAG(uint32_t, limit, 1000, "events: at most this many, the newest (up to 10,000)");
 ABSL_FLAG(std::string, out, "", "pull-weights: the safetensors file to write");
 ABSL_FLAG(int64_t, at_step, 0,
           "pull-weights: the state after this step (the first step boundary at or after it; "
@@ -282,6 +285,32 @@ int Run(const std::vector<char*>& args) {
     if (!s.ok()) return Fail("status", s);
     return PullWeights(status, *token, tls);
   }
+  if (command == "events") {
+    absl::StatusOr<int64_t> since = muster::ParseSince(absl::GetFlag(FLAGS_since), absl::Now());
+    if (!since.ok()) {
+      std::cerr << "muster: " << since.status().message() << "\n";
+      return 2;
+    }
+    muster::v1::ListEventsRequest req;
+    req.set_since_unix_ms(*since);
+    req.set_limit(absl::GetFlag(FLAGS_limit));
+    muster::v1::ListEventsResponse resp;
+    grpc::Status s = stub->ListEvents(&ctx, req, &resp);
+    if (!s.ok()) return Fail("events", s);
+    if (!json) {
+      std::cout << muster::FormatEvents(resp);
+      return 0;
+    }
+    // JSON lines: one object per event.
+    for (const muster::v1::Event& e : resp.events()) {
+      std::string line;
+      google::protobuf::util::JsonPrintOptions options;
+      options.preserve_proto_field_names = true;
+      (void)google::protobuf::util::MessageToJsonString(e, &line, options);
+      std::cout << line << "\n";
+    }
+    return 0;
+  }
   if (command == "shutdown") {
     muster::v1::ShutdownRequest req;
     req.set_reason("muster shutdown");
@@ -292,7 +321,8 @@ int Run(const std::vector<char*>& args) {
     return 0;
   }
   std::cerr << "muster: unknown command " << command
-            << " (status, world, checkpoints, drain NODE, pull-weights --out FILE, shutdown)\n";
+            << " (status, world, checkpoints, events, drain NODE, pull-weights --out FILE, "
+               "shutdown)\n";
   return 2;
 }
 
@@ -306,6 +336,7 @@ int main(int argc, char** argv) {
       "  status                 the world, its members and recent events\n"
       "  world                  the current world's membership by rank (paged GetWorld)\n"
       "  checkpoints [--all] [--verify]   the checkpoint catalog (--verify re-reads the files)\n"
+      "  events [--since T] [--limit N]   the coordinator's event log (--json: JSON lines)\n"
       "  drain NODE             the node's trainers leave at the next step boundary\n"
       "  pull-weights --out FILE [--at-step N]   a trainer's weights as safetensors\n"
       "  shutdown               stop the job");

@@ -325,6 +325,8 @@ class Coordinator {
   // When the job last paused below min_members (InfiniteFuture while it
   // is not paused), and why it ended.
   absl::Time paused_since_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
+  // When the current world was formed (its regroup's start).
+  absl::Time formed_at_ ABSL_GUARDED_BY(mu_);
   std::string ended_ ABSL_GUARDED_BY(mu_);
 };
 

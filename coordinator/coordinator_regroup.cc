@@ -198,6 +198,7 @@ void Coordinator::Form(std::vector<Candidate> candidates, uint32_t size, bool ab
     return;
   }
   paused_since_ = absl::InfiniteFuture();
+  formed_at_ = clock_->Now();
   const World& world = gen_.world();
   const uint64_t generation = gen_.generation();
   // Durable before anyone hears of it: every caller's actions wait for it.
@@ -263,6 +264,13 @@ void Coordinator::WorldCompleted(Actions* actions) {
   persister_.SaveWorld(gen_.world());
   std::shared_ptr<const World> shared = gen_.Published();
   const World& world = *shared;
+  // How long the regroup took: from the decision to form to the last
+  // member's arrival (not known for a world loaded after a restart).
+  if (formed_at_ != absl::Time()) Record("complete", absl::StrCat("generation ", world.generation, ": all ", world.size(),
+                                  " members in ",
+                                  absl::FormatDuration(absl::Trunc(clock_->Now() - formed_at_,
+                                                                   absl::Milliseconds(1))),
+                                  " after it formed"));
   for (auto it = waiters_.begin(); it != waiters_.end();) {
     const int rank = world.RankOf(it->member.id);
     if (rank >= 0 && it->after_generation < world.generation &&

@@ -383,6 +383,23 @@ grpc::ServerUnaryReactor* CoordinatorService::GetStatus(grpc::CallbackServerCont
   return Reply(ctx, "GetStatus", start, absl::OkStatus());
 }
 
+grpc::ServerUnaryReactor* CoordinatorService::ListEvents(grpc::CallbackServerContext* ctx,
+                                                         const v1::ListEventsRequest* req,
+                                                         v1::ListEventsResponse* resp) {
+  MUSTER_AUTHORIZE("ListEvents");
+  constexpr uint32_t kDefault = 1'000, kMax = 10'000;
+  const uint32_t limit = req->limit() == 0 ? kDefault : std::min(req->limit(), kMax);
+  for (const JobEvent& e : coordinator_->RecentEvents(limit)) {
+    const int64_t ms = absl::ToUnixMillis(e.time);
+    if (ms < req->since_unix_ms()) continue;
+    v1::Event* out = resp->add_events();
+    out->set_unix_ms(ms);
+    out->set_kind(e.kind);
+    out->set_detail(e.detail);
+  }
+  return Reply(ctx, "ListEvents", start, absl::OkStatus());
+}
+
 grpc::ServerUnaryReactor* CoordinatorService::Shutdown(grpc::CallbackServerContext* ctx,
                                                        const v1::ShutdownRequest* req,
                                                        v1::ShutdownResponse* /*resp*/) {

@@ -66,6 +66,9 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
   grpc::ServerUnaryReactor* GetStatus(grpc::CallbackServerContext* ctx,
                                       const v1::GetStatusRequest* req,
                                       v1::GetStatusResponse* resp) override;
+  grpc::ServerUnaryReactor* ListEvents(grpc::CallbackServerContext* ctx,
+                                       const v1::ListEventsRequest* req,
+                                       v1::ListEventsResponse* resp) override;
   grpc::ServerUnaryReactor* Shutdown(grpc::CallbackServerContext* ctx,
                                      const v1::ShutdownRequest* req,
                                      v1::ShutdownResponse* resp) override;

@@ -42,6 +42,13 @@
 #   MUSTER_TRAIN_ARGS      muster-train flags (words; no quoting)
 #   MUSTER_AGENT_ARGS      muster-agent flags before `--`
 #   MUSTER_COORDINATOR_ARGS extra muster-coordinator flags
+#   MUSTER_COORDINATOR_RESTARTS how often a coordinator that died is restarted
+#                          on the same state (default 5)
+#   MUSTER_TLS             1 (default): the coordinator serves TLS with a
+#                          certificate made for this run (job dir tls/, 0700,
+#                          the key 0600), which every client pins as its CA;
+#                          0: plain text (the token then crosses the network
+#                          readable)
 #   MUSTER_SRUN_ARGS       extra flags for the training step's srun
 #   MUSTER_REQUEUE         1 (default): requeue the job after the trainers
 #                          stopped at the time-limit warning; 0: just exit 75
@@ -80,6 +87,36 @@ muster_node_address() {
   fi
 }
 
+# A self-signed certificate for the coordinator at HOST (a name, or an IPv4
+# address with MUSTER_IFACE), made fresh for each run (the coordinator may
+# land on another node after a requeue). Sets MUSTER_TLS_SERVER_ARGS and
+# MUSTER_TLS_CLIENT_ARGS (empty with MUSTER_TLS=0).
+muster_make_tls() {
+  local host="$1" dir="$MUSTER_JOB_DIR/tls" san
+  MUSTER_TLS_SERVER_ARGS=()
+  MUSTER_TLS_CLIENT_ARGS=()
+  if [ "${MUSTER_TLS:-1}" = 0 ]; then
+    muster_log "MUSTER_TLS=0: the coordinator serves plain text"
+    return 0
+  fi
+  if ! command -v openssl > /dev/null; then
+    echo "muster-job: openssl is needed for the coordinator's certificate (or set MUSTER_TLS=0)" >&2
+    return 1
+  fi
+  if [[ "$host" =~ ^[0-9]+\.[0-9]+\.[0-9]+\.[0-9]+$ ]]; then san="IP:$host"; else san="DNS:$host"; fi
+  (umask 077 && mkdir -p "$dir" && rm -f "$dir/key.pem" "$dir/cert.pem" &&
+    openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 30 \
+      -subj "/CN=muster-${SLURM_JOB_ID:-job}" -addext "subjectAltName=$san" \
+      -keyout "$dir/key.pem" -out "$dir/cert.pem" > /dev/null 2>&1) || {
+    echo "muster-job: could not make the coordinator's certificate in $dir" >&2
+    return 1
+  }
+  chmod 0700 "$dir"
+  chmod 0600 "$dir/key.pem"
+  MUSTER_TLS_SERVER_ARGS=(--tls-cert "$dir/cert.pem" --tls-key "$dir/key.pem")
+  MUSTER_TLS_CLIENT_ARGS=(--tls-ca "$dir/cert.pem")
+}
+
 # The path of muster program NAME: under MUSTER_BIN, or bare (found on PATH).
 muster_prog() { echo "${MUSTER_BIN:+$MUSTER_BIN/}$1"; }
 
@@ -95,27 +132,51 @@ muster_procs_per_node() {
 # Starts the coordinator in a session of its own, so that a SIGTERM to the
 # whole job (scancel, preemption) does not stop it while the trainers are
 # still writing their last checkpoint. A guard shell stops it when the batch
-# shell ends, however it ends. Sets MUSTER_GUARD_PID.
+# shell ends, however it ends, and restarts it on the same state dir and port
+# when it dies otherwise (a crash, the OOM killer): up to
+# MUSTER_COORDINATOR_RESTARTS times (default 5), one second apart. Exit 0 (a
+# shutdown) and 3 (the job ended: --pause-timeout) are not restarted. The
+# trainers and agents reconnect and re-register on their own
+# (docs/coordinator.md, "Restart"). Sets MUSTER_GUARD_PID.
 muster_start_coordinator() {
   local listen="$1" shell_pid="$$"
   local -a coord=("${MUSTER_EXEC_ARGS[@]}" "$(muster_prog muster-coordinator)" --listen "$listen"
     --state-dir "$MUSTER_JOB_DIR/state" --token-file "$MUSTER_JOB_DIR/token"
-    --min-members "$MUSTER_MIN_MEMBERS" --max-members "$MUSTER_MAX_MEMBERS")
+    --min-members "$MUSTER_MIN_MEMBERS" --max-members "$MUSTER_MAX_MEMBERS"
+    "${MUSTER_TLS_SERVER_ARGS[@]}")
   local -a extra=()
   read -ra extra <<< "${MUSTER_COORDINATOR_ARGS:-}"
   # shellcheck disable=SC2016  # the guard's script expands its own variables
   setsid bash -c '
-    shell_pid="$1"; shift
-    "$@" &
-    coordinator=$!
-    trap "kill -TERM $coordinator 2>/dev/null" TERM
-    while kill -0 "$shell_pid" 2>/dev/null && kill -0 "$coordinator" 2>/dev/null; do
+    shell_pid="$1"; restarts="$2"; shift 2
+    stopping=0 n=0 coordinator=""
+    stop() { stopping=1; [ -z "$coordinator" ] || kill -TERM "$coordinator" 2>/dev/null; }
+    trap stop TERM
+    while :; do
+      "$@" &
+      coordinator=$!
+      while [ "$stopping" = 0 ] && kill -0 "$shell_pid" 2>/dev/null &&
+          kill -0 "$coordinator" 2>/dev/null; do
+        sleep 1 &
+        wait $!
+      done
+      kill -0 "$shell_pid" 2>/dev/null || stop
+      wait "$coordinator"; rc=$?
+      while kill -0 "$coordinator" 2>/dev/null; do wait "$coordinator"; rc=$?; done
+      if [ "$stopping" = 1 ] || [ "$rc" = 0 ] || [ "$rc" = 3 ]; then exit "$rc"; fi
+      if [ "$n" -ge "$restarts" ]; then
+        echo "muster-coordinator-guard: the coordinator exited ($rc) after $n restarts; giving up"
+        exit "$rc"
+      fi
+      n=$((n + 1))
+      echo "muster-coordinator-guard: $(date +%H:%M:%S) the coordinator exited ($rc);" \
+        "restart $n of $restarts on the same state"
       sleep 1 &
       wait $!
+      [ "$stopping" = 0 ] || exit "$rc"
     done
-    kill -TERM "$coordinator" 2>/dev/null
-    wait "$coordinator"
-  ' muster-coordinator-guard "$shell_pid" "${coord[@]}" "${extra[@]}" \
+  ' muster-coordinator-guard "$shell_pid" "${MUSTER_COORDINATOR_RESTARTS:-5}" \
+    "${coord[@]}" "${extra[@]}" \
     >> "$MUSTER_JOB_DIR/coordinator.log" 2>&1 < /dev/null &
   MUSTER_GUARD_PID=$!
 }
@@ -133,7 +194,7 @@ muster_wait_coordinator() {
   local target="$1"
   for _ in $(seq 120); do
     if "${MUSTER_EXEC_ARGS[@]}" "$(muster_prog muster)" --coordinator "$target" \
-        --token-file "$MUSTER_JOB_DIR/token" \
+        --token-file "$MUSTER_JOB_DIR/token" "${MUSTER_TLS_CLIENT_ARGS[@]}" \
         --timeout 2s status > /dev/null 2>&1; then
       return 0
     fi
@@ -242,6 +303,7 @@ muster_job_run() {
   local host target
   host="$(muster_node_address)" || return 1
   target="$host:$MUSTER_PORT"
+  muster_make_tls "$host" || return 1
   muster_log "job $SLURM_JOB_ID run $((restarts + 1)) (SLURM_RESTART_COUNT=$restarts):" \
     "$nodes nodes x $procs trainers ($mode), coordinator $target, job dir $MUSTER_JOB_DIR"
   if [ "$spare_nodes" -gt 0 ]; then
@@ -255,8 +317,8 @@ muster_job_run() {
   muster_wait_coordinator "$target" || return 1
 
   local -a train=("$(muster_prog muster-train)" --coordinator "$target"
-    --token-file "$MUSTER_JOB_DIR/token" --checkpoint-dir "$MUSTER_JOB_DIR/checkpoints"
-    --log-dir "$MUSTER_JOB_DIR/logs")
+    --token-file "$MUSTER_JOB_DIR/token" "${MUSTER_TLS_CLIENT_ARGS[@]}"
+    --checkpoint-dir "$MUSTER_JOB_DIR/checkpoints" --log-dir "$MUSTER_JOB_DIR/logs")
   # Without the agent, when the job cannot go on without every trainer
   # (MUSTER_MIN_MEMBERS is the whole world, the default), a trainer that fails
   # ends the step instead of leaving the others waiting for members until the
@@ -285,7 +347,7 @@ muster_job_run() {
       --kill-on-bad-exit="$kill_on_bad_exit" "${srun_args[@]}" "${wrapper[@]}"
       bash "$MUSTER_JOB_LIB" agent-role "$((nodes - spare_nodes))" "$procs"
       "${MUSTER_EXEC_ARGS[@]}" "$(muster_prog muster-agent)"
-      --coordinator "$target" --token-file "$MUSTER_JOB_DIR/token"
+      --coordinator "$target" --token-file "$MUSTER_JOB_DIR/token" "${MUSTER_TLS_CLIENT_ARGS[@]}"
       "${agent_args[@]}" -- "${train[@]}")
   else
     step=(srun --nodes="$nodes" --ntasks="$world" --ntasks-per-node="$procs"

@@ -115,6 +115,28 @@ TEST_F(ProcessTest, StatusNeedsTheToken) {
   EXPECT_NE(bad.out.find("unknown command"), std::string::npos);
 }
 
+TEST_F(ProcessTest, EventsListsTheLogAsTextOrJsonLines) {
+  StartCoordinator();
+  auto a = Member("a", 1);
+  ASSERT_TRUE(a->Join().ok());
+  Output text = Cli("events");
+  EXPECT_EQ(text.exit_code, 0) << text.out;
+  EXPECT_NE(text.out.find("start "), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("join "), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("a incarnation 1"), std::string::npos) << text.out;
+  Output json = Cli("events --json --since 10m");
+  EXPECT_EQ(json.exit_code, 0) << json.out;
+  EXPECT_NE(json.out.find("{\"unix_ms\":"), std::string::npos) << json.out;
+  EXPECT_NE(json.out.find("\"kind\":\"join\""), std::string::npos) << json.out;
+  // Nothing is newer than a time in the future.
+  Output none = Cli("events --since 2100-01-01T00:00:00Z");
+  EXPECT_EQ(none.exit_code, 0) << none.out;
+  EXPECT_EQ(none.out.find("join"), std::string::npos) << none.out;
+  Output bad = Cli("events --since yesterday");
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_NE(bad.out.find("--since yesterday"), std::string::npos) << bad.out;
+}
+
 TEST_F(ProcessTest, SigkillAndRestartKeepsCommittedCheckpointsAndGeneration) {
   StartCoordinator();
   auto a = Member("a", 11);

@@ -2,8 +2,9 @@
 # Submits deploy/slurm/train.sbatch (MODE agent: one muster-agent per node) or
 # train-direct.sbatch (MODE direct: srun starts the trainers) to the local
 # cluster as 2 nodes x 2 trainers, and checks that the job completes with
-# exit 0, that rank 0 printed its final test accuracy, and that the job
-# directory is private (0700).
+# exit 0, that rank 0 printed its final test accuracy, that the job
+# directory is private (0700), and that the coordinator served TLS with the
+# job's own certificate (its key 0600), which every client pinned.
 #   sbatch_test.sh SOURCE_DIR BIN_DIR agent|direct
 set -euo pipefail
 MODE="${3:?agent|direct}"
@@ -32,4 +33,8 @@ members="$(grep -oE 'member node[12]/[01] \(identity from [a-z-]+\)' "$WORK/out.
 [ -f "$WORK/job/checkpoints/step-60/manifest.json" ] || fail "no checkpoint of step 60"
 grep -q "training completed" "$WORK/out.log" || fail "no completion line from the batch script"
 [ "$(stat -c %a "$WORK/job")" = 700 ] || fail "job dir mode $(stat -c %a "$WORK/job"), want 700"
+grep -q "listening on port [0-9]* (TLS)" "$WORK/job/coordinator.log" ||
+  fail "the coordinator did not serve TLS"
+[ "$(stat -c %a "$WORK/job/tls/key.pem")" = 600 ] ||
+  fail "certificate key mode $(stat -c %a "$WORK/job/tls/key.pem"), want 600"
 log "PASS: $SCRIPT on 2 nodes x 2 trainers completed"

@@ -23,7 +23,8 @@ target="$(sed -n 's/.*, coordinator \([^,]*\), job dir.*/\1/p' "$WORK/out.log" |
 
 # Prints "ID STATE RANK" per member of `muster status --json`.
 members() {
-  "$BIN/muster" --coordinator "$target" --token-file "$WORK/job/token" --json status |
+  "$BIN/muster" --coordinator "$target" --token-file "$WORK/job/token" \
+    --tls-ca "$WORK/job/tls/cert.pem" --json status |
     python3 -c '
 import json, sys
 for m in json.load(sys.stdin).get("members", []):
