@@ -32,6 +32,9 @@ ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain: serve TLS");
 ABSL_FLAG(std::string, tls_key, "", "PEM private key for --tls-cert");
 ABSL_FLAG(std::string, tls_ca, "", "PEM CA: require and verify client certificates (mTLS)");
 ABSL_FLAG(std::string, metrics_listen, "", "host:port serving Prometheus text at /metrics");
+ABSL_FLAG(std::string, http_listen, "",
+          "host:port of the status page and /api/status (the job token required: a login "
+          "form or Authorization: Bearer)");
 ABSL_FLAG(uint32_t, min_members, 1, "members needed to form a world; below it the job pauses");
 ABSL_FLAG(uint32_t, max_members, 1024, "largest world");
 ABSL_FLAG(absl::Duration, last_call, absl::Milliseconds(500),
@@ -67,6 +70,7 @@ int Run() {
   options.state_sync_delay = absl::GetFlag(FLAGS_state_sync_delay);
   options.rebuild_catalog = absl::GetFlag(FLAGS_rebuild_catalog);
   options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  options.http_listen = absl::GetFlag(FLAGS_http_listen);
   options.tls = {absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key),
                  absl::GetFlag(FLAGS_tls_ca)};
   auto token = muster::ResolveToken(absl::GetFlag(FLAGS_token_file));
@@ -107,7 +111,8 @@ int Run() {
                    << " pause_timeout=" << absl::FormatDuration(c.pause_timeout)
                    << " keep_last=" << c.catalog.keep_last << " keep_best="
                    << (c.catalog.keep_best_metric.empty() ? "-" : c.catalog.keep_best_metric)
-                   << " metrics=" << (options.metrics_listen.empty() ? "-" : options.metrics_listen);
+                   << " metrics=" << (options.metrics_listen.empty() ? "-" : options.metrics_listen)
+                   << " http=" << (options.http_listen.empty() ? "-" : options.http_listen);
 
   // Each member holds a connection: take every file descriptor the hard
   // limit allows (the usual soft limit of 1024 is a few hundred trainers).

@@ -68,6 +68,10 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   MUSTER_ASSIGN_OR_RETURN(s->coordinator_,
                           Coordinator::Create(options.coordinator, s->store_.get()));
   MUSTER_ASSIGN_OR_RETURN(s->metrics_, Metrics::Create(options.metrics_listen));
+  if (!options.http_listen.empty()) {
+    MUSTER_ASSIGN_OR_RETURN(s->status_page_, StatusPage::Start(options.http_listen, options.token,
+                                                               s->coordinator_.get()));
+  }
   CoordinatorServer* self = s.get();
   s->service_ = std::make_unique<CoordinatorService>(
       s->coordinator_.get(), s->metrics_.get(), options.token,

@@ -20,6 +20,7 @@
 #include "coordinator/coordinator.h"
 #include "coordinator/grpc_service.h"
 #include "coordinator/metrics.h"
+#include "coordinator/status_page.h"
 #include "coordinator/state_store.h"
 #include "rpc/credentials.h"
 
@@ -40,6 +41,8 @@ struct ServerOptions {
   TlsFiles tls;
   // host:port for /metrics; "" serves none.
   std::string metrics_listen;
+  // host:port of the status page (status_page.h); "" serves none.
+  std::string http_listen;
   CoordinatorOptions coordinator;
   absl::Duration tick = absl::Milliseconds(20);
   // Largest request accepted.
@@ -62,6 +65,8 @@ class CoordinatorServer {
 
   int port() const { return port_; }
   int metrics_port() const { return metrics_->port(); }
+  // The status page's port; 0 without one.
+  int http_port() const { return status_page_ == nullptr ? 0 : status_page_->port(); }
   Coordinator* coordinator() { return coordinator_.get(); }
   Metrics* metrics() { return metrics_.get(); }
 
@@ -83,6 +88,7 @@ class CoordinatorServer {
   std::unique_ptr<StateStore> store_;
   std::unique_ptr<Coordinator> coordinator_;
   std::unique_ptr<Metrics> metrics_;
+  std::unique_ptr<StatusPage> status_page_;
   std::unique_ptr<CoordinatorService> service_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;

@@ -13,8 +13,15 @@
 // or detached by its node session); from then to every survivor holding
 // its assignment in the new world. "-" when not measured. With
 // --state-sync-delay and --churn-per-second the heartbeats are measured
-// while the coordinator writes events to a slow disk.
+// while the coordinator writes events to a slow disk. With --api-requests R
+// the coordinator also serves its status page, and R requests for
+// /api/status are timed during the heartbeat window (api_p50_ms,
+// api_p99_ms).
 #include <grpcpp/grpcpp.h>
+#include <unistd.h>
+#include <sys/socket.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
 
 #include <atomic>
 #include <deque>
@@ -48,6 +55,9 @@ ABSL_FLAG(bool, regroup, false,
 ABSL_FLAG(absl::Duration, state_sync_delay, absl::ZeroDuration(),
           "every fsync of the coordinator's state file also waits this long (a slow shared "
           "file system)");
+ABSL_FLAG(int, api_requests, 0,
+          "also serve the status page and time this many GET /api/status (api_p50_ms, "
+          "api_p99_ms) while the sessions heartbeat");
 ABSL_FLAG(int, churn_per_second, 0,
           "during the heartbeat window, this many extra members per second join and leave "
           "(each join and leave is an event the coordinator writes)");
@@ -318,7 +328,10 @@ class CoordinatorBench {
          absl::StrCat("--min-members=", std::max(1, n_ - 1)),
          absl::StrCat("--max-members=", n_), "--last-call=600s", "--heartbeat-timeout=60s",
          "--join-timeout=600s",
-         "--state-sync-delay=" + absl::FormatDuration(absl::GetFlag(FLAGS_state_sync_delay))},
+         "--state-sync-delay=" + absl::FormatDuration(absl::GetFlag(FLAGS_state_sync_delay)),
+         absl::GetFlag(FLAGS_api_requests) > 0
+             ? absl::StrCat("--http-listen=127.0.0.1:", http_port_ = FreeLoopbackPort())
+             : std::string("--http-listen=")},
         dir_ + "/coordinator.log");
     for (int i = 0; i < std::max(1, absl::GetFlag(FLAGS_channels)); ++i) {
       grpc::ChannelArguments args;
@@ -446,6 +459,35 @@ class CoordinatorBench {
     return RendezvousAll(survivors, 1, n_ - 1, start);
   }
 
+  // Times `n` GET /api/status in a row (milliseconds each, to the last
+  // byte of the answer).
+  absl::StatusOr<std::vector<double>> ApiLatencies(int n) {
+    const std::string request = absl::StrCat(
+        "GET /api/status HTTP/1.0\r\nAuthorization: Bearer ", kToken, "\r\n\r\n");
+    std::vector<double> ms;
+    for (int i = 0; i < n; ++i) {
+      const absl::Time t0 = absl::Now();
+      const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+      sockaddr_in addr{};
+      addr.sin_family = AF_INET;
+      addr.sin_port = htons(static_cast<uint16_t>(http_port_));
+      addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      std::string answer;
+      if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+          ::send(fd, request.data(), request.size(), 0) ==
+              static_cast<ssize_t>(request.size())) {
+        char buf[1 << 16];
+        for (ssize_t got; (got = ::recv(fd, buf, sizeof(buf), 0)) > 0;) answer.append(buf, got);
+      }
+      ::close(fd);
+      if (answer.rfind("HTTP/1.1 200", 0) != 0) {
+        return absl::InternalError(absl::StrCat("GET /api/status: ", answer.substr(0, 200)));
+      }
+      ms.push_back(absl::ToDoubleMilliseconds(absl::Now() - t0));
+    }
+    return ms;
+  }
+
   int sessions() const { return static_cast<int>(sessions_.size()); }
   Samples* samples() { return &samples_; }
   pid_t coordinator() const { return coordinator_; }
@@ -468,6 +510,7 @@ class CoordinatorBench {
   const int n_;
   const int per_node_;
   const std::string dir_;
+  int http_port_ = 0;
   pid_t coordinator_ = -1;
   std::vector<v1::MemberRef> refs_;
   std::vector<std::unique_ptr<v1::Coordinator::Stub>> stubs_;
@@ -513,9 +556,17 @@ int RunCoordinatorBench() {
   std::atomic<bool> churning{true};
   std::atomic<int> churned{0};
   std::thread churn([&] { Churn(bench.Stub(0), &churning, &churned); });
+  absl::StatusOr<std::vector<double>> api = absl::UnavailableError("skipped");
+  std::thread api_client([&] {
+    if (absl::GetFlag(FLAGS_api_requests) > 0) {
+      api = bench.ApiLatencies(absl::GetFlag(FLAGS_api_requests));
+    }
+  });
   bench.Beat(absl::Seconds(seconds));
   churning = false;
   churn.join();
+  api_client.join();
+  if (absl::GetFlag(FLAGS_api_requests) > 0 && !api.ok()) return fail(api.status());
   const double cpu_pct = 100.0 * (ProcessCpuSeconds(bench.coordinator()) - cpu0) /
                          absl::ToDoubleSeconds(absl::Now() - w0);
   bench.samples()->Record(false);
@@ -536,6 +587,9 @@ int RunCoordinatorBench() {
                    n, bench.sessions(), p50, p99, Seconds(rendezvous), Seconds(regroup), rss,
                    cpu_pct, absl::ToDoubleMilliseconds(absl::GetFlag(FLAGS_state_sync_delay)),
                    absl::GetFlag(FLAGS_churn_per_second))
+            << (api.ok() ? absl::StrFormat(" api_p50_ms=%.2f api_p99_ms=%.2f",
+                                           Percentile(*api, 50), Percentile(*api, 99))
+                         : std::string())
             << std::endl;
   std::cerr << "(" << count << " heartbeats measured over " << seconds << " s; " << churned
             << " members joined and left)\n";

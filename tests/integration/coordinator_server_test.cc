@@ -17,6 +17,7 @@
 #include "coordinator/limits.h"
 #include "coordinator/server.h"
 #include "rpc/credentials.h"
+#include "tests/integration/subprocess.h"
 #include "tests/integration/test_member.h"
 
 namespace muster {
@@ -459,6 +460,89 @@ TEST(ServerIdleTest, SocketsThatNeverSpeakHttp2AreClosedSoon) {
     ::close(fd);
   }
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+}
+
+// One HTTP/1.0 exchange with the status page on loopback: the whole answer.
+std::string Http(int port, const std::string& request) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::string answer;
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+      ::send(fd, request.data(), request.size(), 0) == static_cast<ssize_t>(request.size())) {
+    char buf[65536];
+    for (ssize_t n; (n = ::recv(fd, buf, sizeof(buf), 0)) > 0;) answer.append(buf, n);
+  }
+  ::close(fd);
+  return answer;
+}
+
+TEST_F(ServerTest, TheStatusPageNeedsTheTokenAndNeverPutsItInAUrl) {
+  ServerOptions o;
+  o.listen = "127.0.0.1:0";
+  o.token = kToken;
+  o.http_listen = "127.0.0.1:" + std::to_string(FreeLoopbackPort());
+  o.coordinator.rules.min_members = 2;
+  o.coordinator.rules.max_members = 2;
+  server_ = std::move(CoordinatorServer::Start(o)).value();
+  channel_ = *MakeChannel("127.0.0.1:" + std::to_string(server_->port()), {});
+  const int port = server_->http_port();
+  ASSERT_GT(port, 0);
+  auto a = NewMember("a", "n0");
+  auto b = NewMember("b", "n1");
+  for (const auto& r : RendezvousAll({a.get(), b.get()}, 0)) ASSERT_TRUE(r.ok());
+
+  // Without the token: 401 for the data, the login form for the page.
+  std::string r = Http(port, "GET /api/status HTTP/1.0\r\n\r\n");
+  EXPECT_EQ(r.rfind("HTTP/1.1 401", 0), 0u) << r;
+  EXPECT_EQ(r.find("\"members\""), std::string::npos) << r;
+  r = Http(port, "GET / HTTP/1.0\r\n\r\n");
+  EXPECT_EQ(r.rfind("HTTP/1.1 303", 0), 0u) << r;
+  EXPECT_NE(r.find("Location: /login"), std::string::npos) << r;
+  r = Http(port, "GET /api/status HTTP/1.0\r\nAuthorization: Bearer wrong\r\n\r\n");
+  EXPECT_EQ(r.rfind("HTTP/1.1 401", 0), 0u) << r;
+
+  // With it: the world's members, the events, the catalog.
+  r = Http(port, std::string("GET /api/status HTTP/1.0\r\nAuthorization: Bearer ") + kToken +
+                     "\r\n\r\n");
+  EXPECT_EQ(r.rfind("HTTP/1.1 200", 0), 0u) << r;
+  EXPECT_NE(r.find("\"id\":\"a\""), std::string::npos) << r;
+  EXPECT_NE(r.find("\"state\":\"active\""), std::string::npos) << r;
+  EXPECT_NE(r.find("\"kind\":\"complete\""), std::string::npos) << r;
+  EXPECT_NE(r.find("\"world_size\":2"), std::string::npos) << r;
+
+  // The login form posts the token in the body; the session is a cookie.
+  r = Http(port, "GET /login HTTP/1.0\r\n\r\n");
+  EXPECT_NE(r.find("method=\"post\""), std::string::npos) << r;
+  const std::string wrong = "token=nope";
+  r = Http(port, "POST /login HTTP/1.0\r\nContent-Type: application/x-www-form-urlencoded\r\n"
+                 "Content-Length: " + std::to_string(wrong.size()) + "\r\n\r\n" + wrong);
+  EXPECT_EQ(r.rfind("HTTP/1.1 401", 0), 0u) << r;
+  EXPECT_EQ(r.find("Set-Cookie"), std::string::npos) << r;
+  const std::string right = std::string("token=") + kToken;
+  r = Http(port, "POST /login HTTP/1.0\r\nContent-Type: application/x-www-form-urlencoded\r\n"
+                 "Content-Length: " + std::to_string(right.size()) + "\r\n\r\n" + right);
+  EXPECT_EQ(r.rfind("HTTP/1.1 303", 0), 0u) << r;
+  EXPECT_NE(r.find("Location: /\r\n"), std::string::npos) << r;
+  EXPECT_EQ(r.find(kToken), std::string::npos) << "the token came back: " << r;
+  const size_t at = r.find("Set-Cookie: muster_session=");
+  ASSERT_NE(at, std::string::npos) << r;
+  EXPECT_NE(r.find("HttpOnly", at), std::string::npos);
+  EXPECT_NE(r.find("SameSite=Strict", at), std::string::npos);
+  const size_t start = at + std::string("Set-Cookie: ").size();
+  const std::string cookie = r.substr(start, r.find(';', start) - start);
+  r = Http(port, "GET / HTTP/1.0\r\nCookie: " + cookie + "\r\n\r\n");
+  EXPECT_EQ(r.rfind("HTTP/1.1 200", 0), 0u) << r;
+  EXPECT_NE(r.find("<title>muster</title>"), std::string::npos) << r;
+  r = Http(port, "GET /api/status HTTP/1.0\r\nCookie: " + cookie + "\r\n\r\n");
+  EXPECT_EQ(r.rfind("HTTP/1.1 200", 0), 0u) << r;
+  // Logging out ends the session.
+  r = Http(port, "POST /logout HTTP/1.0\r\nCookie: " + cookie + "\r\nContent-Length: 0\r\n\r\n");
+  EXPECT_EQ(r.rfind("HTTP/1.1 303", 0), 0u) << r;
+  r = Http(port, "GET /api/status HTTP/1.0\r\nCookie: " + cookie + "\r\n\r\n");
+  EXPECT_EQ(r.rfind("HTTP/1.1 401", 0), 0u) << r;
 }
 
 TEST_F(ServerTest, HeartbeatTimeoutFencesAHungMember) {
