@@ -203,7 +203,7 @@ Trial RunTrial(int index, std::mt19937_64& rng) {
   if (!t.ok) {
     std::cerr << "muster-bench recovery: trial " << index << ": no full world again after the "
               << "kill; see " << job.dir << "\n";
-  } else if (t.params_equal) {
+  } else if (t.params_equal && std::getenv("MUSTER_KEEP") == nullptr) {
     std::system(("rm -rf " + job.dir).c_str());
   }
   return t;
