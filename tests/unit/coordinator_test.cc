@@ -43,6 +43,9 @@ class CoordinatorTest : public ::testing::Test {
  protected:
   void Start(uint32_t min, uint32_t max, absl::Duration last_call = absl::Seconds(1),
              StateStore* store = nullptr) {
+    // A coordinator of an earlier Start writes to its store from its own
+    // thread until it is destroyed: destroy it before the store it uses.
+    c_.reset();
     if (store == nullptr) {
       store_ = std::move(OpenSqliteStateStore(":memory:")).value();
       store = store_.get();
