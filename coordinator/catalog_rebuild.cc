@@ -1,12 +1,9 @@
 #include "coordinator/catalog_rebuild.h"
 
-#include <dirent.h>
 #include <sys/stat.h>
 #include <xxhash.h>
 
 #include <algorithm>
-#include <fstream>
-#include <sstream>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -14,25 +11,25 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "common/file_system.h"
 #include "nlohmann/json.hpp"
 
 namespace muster {
 namespace {
 
 // Larger manifests are not ours.
-constexpr std::streamsize kMaxManifestBytes = 16 << 20;
+constexpr uint64_t kMaxManifestBytes = 16 << 20;
 
 // The record of DIR/step-S, or why it cannot be one.
-absl::StatusOr<CheckpointRecord> FromStepDir(const std::string& dir) {
+absl::StatusOr<CheckpointRecord> FromStepDir(FileSystem* fs, const std::string& dir) {
   const std::string path = dir + "/manifest.json";
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError("no manifest.json");
-  std::string text(static_cast<size_t>(kMaxManifestBytes) + 1, '\0');
-  in.read(text.data(), kMaxManifestBytes + 1);
-  text.resize(static_cast<size_t>(in.gcount()));
-  if (text.size() > static_cast<size_t>(kMaxManifestBytes)) {
+  absl::StatusOr<std::string> read = fs->ReadFile(path, kMaxManifestBytes);
+  if (absl::IsNotFound(read.status())) return absl::NotFoundError("no manifest.json");
+  if (absl::IsResourceExhausted(read.status())) {
     return absl::InvalidArgumentError("manifest.json is larger than 16 MiB");
   }
+  if (!read.ok()) return read.status();
+  const std::string& text = *read;
   const nlohmann::json m = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (m.is_discarded() || !m.is_object()) {
     return absl::DataLossError("manifest.json is not a JSON object");
@@ -87,23 +84,23 @@ absl::StatusOr<CheckpointRecord> FromStepDir(const std::string& dir) {
 }  // namespace
 
 absl::StatusOr<RebuiltCatalog> RebuildCatalog(const std::string& checkpoint_dir) {
-  DIR* d = ::opendir(checkpoint_dir.c_str());
-  if (d == nullptr) {
-    return absl::NotFoundError(absl::StrCat("cannot read checkpoint directory ", checkpoint_dir));
+  FileSystem* fs = DefaultFileSystem();
+  absl::StatusOr<std::vector<std::string>> names = fs->ListDir(checkpoint_dir);
+  if (!names.ok()) {
+    return absl::NotFoundError(absl::StrCat("cannot read checkpoint directory ", checkpoint_dir,
+                                            ": ", names.status().message()));
   }
   std::vector<std::pair<int64_t, std::string>> steps;
-  while (const dirent* e = ::readdir(d)) {
-    const std::string name = e->d_name;
+  for (const std::string& name : *names) {
     int64_t step = 0;
     if (absl::StartsWith(name, "step-") && absl::SimpleAtoi(name.substr(5), &step)) {
       steps.emplace_back(step, name);
     }
   }
-  ::closedir(d);
   std::sort(steps.begin(), steps.end());
   RebuiltCatalog out;
   for (const auto& [step, name] : steps) {
-    absl::StatusOr<CheckpointRecord> r = FromStepDir(checkpoint_dir + "/" + name);
+    absl::StatusOr<CheckpointRecord> r = FromStepDir(fs, checkpoint_dir + "/" + name);
     if (!r.ok()) {
       out.skipped.push_back(absl::StrCat(name, ": ", r.status().message()));
       continue;

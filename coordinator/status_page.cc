@@ -13,6 +13,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/logging.h"
@@ -28,13 +29,13 @@ constexpr size_t kMaxSessions = 64;
 constexpr absl::Duration kSessionLife = absl::Hours(12);
 constexpr size_t kEvents = 300;
 
-void Send(mg_connection* conn, int code, const char* reason, const std::string& type,
-          const std::string& body, const std::string& extra_headers = "") {
+void Send(mg_connection* conn, int code, const char* reason, const char* type,
+          absl::string_view body, const std::string& extra_headers = "") {
   mg_printf(conn,
             "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n"
             "Cache-Control: no-store\r\nX-Content-Type-Options: nosniff\r\n"
             "X-Frame-Options: DENY\r\nReferrer-Policy: no-referrer\r\n%s\r\n",
-            code, reason, type.c_str(), body.size(), extra_headers.c_str());
+            code, reason, type, body.size(), extra_headers.c_str());
   mg_write(conn, body.data(), body.size());
 }
 
@@ -99,7 +100,7 @@ class StatusPageImpl final : public StatusPage, public CivetHandler {
   bool handleGet(CivetServer* /*server*/, mg_connection* conn) override {
     const std::string uri = mg_get_request_info(conn)->local_uri;
     if (uri == "/login") {
-      Send(conn, 200, "OK", "text/html; charset=utf-8", std::string(web::kLoginHtml));
+      Send(conn, 200, "OK", "text/html; charset=utf-8", web::kLoginHtml);
       return true;
     }
     const bool authorized = Authorized(conn);
@@ -118,15 +119,15 @@ class StatusPageImpl final : public StatusPage, public CivetHandler {
         Redirect(conn, "/login");
         return true;
       }
-      Send(conn, 200, "OK", "text/html; charset=utf-8", std::string(web::kIndexHtml));
+      Send(conn, 200, "OK", "text/html; charset=utf-8", web::kIndexHtml);
       return true;
     }
     if (uri == "/app.js") {
-      Send(conn, 200, "OK", "text/javascript; charset=utf-8", std::string(web::kAppJs));
+      Send(conn, 200, "OK", "text/javascript; charset=utf-8", web::kAppJs);
       return true;
     }
     if (uri == "/style.css") {
-      Send(conn, 200, "OK", "text/css; charset=utf-8", std::string(web::kStyleCss));
+      Send(conn, 200, "OK", "text/css; charset=utf-8", web::kStyleCss);
       return true;
     }
     Send(conn, 404, "Not Found", "text/plain", "not found\n");

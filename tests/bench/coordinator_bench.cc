@@ -18,10 +18,6 @@
 // /api/status are timed during the heartbeat window (api_p50_ms,
 // api_p99_ms).
 #include <grpcpp/grpcpp.h>
-#include <unistd.h>
-#include <sys/socket.h>
-#include <netinet/in.h>
-#include <arpa/inet.h>
 
 #include <atomic>
 #include <deque>
@@ -467,19 +463,7 @@ class CoordinatorBench {
     std::vector<double> ms;
     for (int i = 0; i < n; ++i) {
       const absl::Time t0 = absl::Now();
-      const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-      sockaddr_in addr{};
-      addr.sin_family = AF_INET;
-      addr.sin_port = htons(static_cast<uint16_t>(http_port_));
-      addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-      std::string answer;
-      if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-          ::send(fd, request.data(), request.size(), 0) ==
-              static_cast<ssize_t>(request.size())) {
-        char buf[1 << 16];
-        for (ssize_t got; (got = ::recv(fd, buf, sizeof(buf), 0)) > 0;) answer.append(buf, got);
-      }
-      ::close(fd);
+      const std::string answer = HttpExchange(http_port_, request);
       if (answer.rfind("HTTP/1.1 200", 0) != 0) {
         return absl::InternalError(absl::StrCat("GET /api/status: ", answer.substr(0, 200)));
       }

@@ -1,12 +1,10 @@
 // The real coordinator service over real gRPC on loopback, with many
 // members as threads: rendezvous rounds, last call, joins during training,
 // failures by stream break and by heartbeat timeout, KV waits, catalog.
-#include <arpa/inet.h>
-#include <netinet/in.h>
+#include <gtest/gtest.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
-#include <gtest/gtest.h>
 
 #include <atomic>
 #include <fstream>
@@ -436,12 +434,8 @@ TEST(ServerIdleTest, SocketsThatNeverSpeakHttp2AreClosedSoon) {
   // Connections from anyone who can reach the port, sending nothing.
   std::vector<int> fds;
   for (int i = 0; i < 20; ++i) {
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons(static_cast<uint16_t>((*server)->port()));
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    const int fd = ConnectLoopback((*server)->port());
+    ASSERT_GE(fd, 0);
     fds.push_back(fd);
   }
   // The coordinator closes each (read sees the end) well before gRPC's
@@ -462,23 +456,6 @@ TEST(ServerIdleTest, SocketsThatNeverSpeakHttp2AreClosedSoon) {
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
 }
 
-// One HTTP/1.0 exchange with the status page on loopback: the whole answer.
-std::string Http(int port, const std::string& request) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  std::string answer;
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-      ::send(fd, request.data(), request.size(), 0) == static_cast<ssize_t>(request.size())) {
-    char buf[65536];
-    for (ssize_t n; (n = ::recv(fd, buf, sizeof(buf), 0)) > 0;) answer.append(buf, n);
-  }
-  ::close(fd);
-  return answer;
-}
-
 TEST_F(ServerTest, TheStatusPageNeedsTheTokenAndNeverPutsItInAUrl) {
   ServerOptions o;
   o.listen = "127.0.0.1:0";
@@ -495,17 +472,17 @@ TEST_F(ServerTest, TheStatusPageNeedsTheTokenAndNeverPutsItInAUrl) {
   for (const auto& r : RendezvousAll({a.get(), b.get()}, 0)) ASSERT_TRUE(r.ok());
 
   // Without the token: 401 for the data, the login form for the page.
-  std::string r = Http(port, "GET /api/status HTTP/1.0\r\n\r\n");
+  std::string r = HttpExchange(port, "GET /api/status HTTP/1.0\r\n\r\n");
   EXPECT_EQ(r.rfind("HTTP/1.1 401", 0), 0u) << r;
   EXPECT_EQ(r.find("\"members\""), std::string::npos) << r;
-  r = Http(port, "GET / HTTP/1.0\r\n\r\n");
+  r = HttpExchange(port, "GET / HTTP/1.0\r\n\r\n");
   EXPECT_EQ(r.rfind("HTTP/1.1 303", 0), 0u) << r;
   EXPECT_NE(r.find("Location: /login"), std::string::npos) << r;
-  r = Http(port, "GET /api/status HTTP/1.0\r\nAuthorization: Bearer wrong\r\n\r\n");
+  r = HttpExchange(port, "GET /api/status HTTP/1.0\r\nAuthorization: Bearer wrong\r\n\r\n");
   EXPECT_EQ(r.rfind("HTTP/1.1 401", 0), 0u) << r;
 
   // With it: the world's members, the events, the catalog.
-  r = Http(port, std::string("GET /api/status HTTP/1.0\r\nAuthorization: Bearer ") + kToken +
+  r = HttpExchange(port, std::string("GET /api/status HTTP/1.0\r\nAuthorization: Bearer ") + kToken +
                      "\r\n\r\n");
   EXPECT_EQ(r.rfind("HTTP/1.1 200", 0), 0u) << r;
   EXPECT_NE(r.find("\"id\":\"a\""), std::string::npos) << r;
@@ -514,15 +491,15 @@ TEST_F(ServerTest, TheStatusPageNeedsTheTokenAndNeverPutsItInAUrl) {
   EXPECT_NE(r.find("\"world_size\":2"), std::string::npos) << r;
 
   // The login form posts the token in the body; the session is a cookie.
-  r = Http(port, "GET /login HTTP/1.0\r\n\r\n");
+  r = HttpExchange(port, "GET /login HTTP/1.0\r\n\r\n");
   EXPECT_NE(r.find("method=\"post\""), std::string::npos) << r;
   const std::string wrong = "token=nope";
-  r = Http(port, "POST /login HTTP/1.0\r\nContent-Type: application/x-www-form-urlencoded\r\n"
+  r = HttpExchange(port, "POST /login HTTP/1.0\r\nContent-Type: application/x-www-form-urlencoded\r\n"
                  "Content-Length: " + std::to_string(wrong.size()) + "\r\n\r\n" + wrong);
   EXPECT_EQ(r.rfind("HTTP/1.1 401", 0), 0u) << r;
   EXPECT_EQ(r.find("Set-Cookie"), std::string::npos) << r;
   const std::string right = std::string("token=") + kToken;
-  r = Http(port, "POST /login HTTP/1.0\r\nContent-Type: application/x-www-form-urlencoded\r\n"
+  r = HttpExchange(port, "POST /login HTTP/1.0\r\nContent-Type: application/x-www-form-urlencoded\r\n"
                  "Content-Length: " + std::to_string(right.size()) + "\r\n\r\n" + right);
   EXPECT_EQ(r.rfind("HTTP/1.1 303", 0), 0u) << r;
   EXPECT_NE(r.find("Location: /\r\n"), std::string::npos) << r;
@@ -533,15 +510,15 @@ TEST_F(ServerTest, TheStatusPageNeedsTheTokenAndNeverPutsItInAUrl) {
   EXPECT_NE(r.find("SameSite=Strict", at), std::string::npos);
   const size_t start = at + std::string("Set-Cookie: ").size();
   const std::string cookie = r.substr(start, r.find(';', start) - start);
-  r = Http(port, "GET / HTTP/1.0\r\nCookie: " + cookie + "\r\n\r\n");
+  r = HttpExchange(port, "GET / HTTP/1.0\r\nCookie: " + cookie + "\r\n\r\n");
   EXPECT_EQ(r.rfind("HTTP/1.1 200", 0), 0u) << r;
   EXPECT_NE(r.find("<title>muster</title>"), std::string::npos) << r;
-  r = Http(port, "GET /api/status HTTP/1.0\r\nCookie: " + cookie + "\r\n\r\n");
+  r = HttpExchange(port, "GET /api/status HTTP/1.0\r\nCookie: " + cookie + "\r\n\r\n");
   EXPECT_EQ(r.rfind("HTTP/1.1 200", 0), 0u) << r;
   // Logging out ends the session.
-  r = Http(port, "POST /logout HTTP/1.0\r\nCookie: " + cookie + "\r\nContent-Length: 0\r\n\r\n");
+  r = HttpExchange(port, "POST /logout HTTP/1.0\r\nCookie: " + cookie + "\r\nContent-Length: 0\r\n\r\n");
   EXPECT_EQ(r.rfind("HTTP/1.1 303", 0), 0u) << r;
-  r = Http(port, "GET /api/status HTTP/1.0\r\nCookie: " + cookie + "\r\n\r\n");
+  r = HttpExchange(port, "GET /api/status HTTP/1.0\r\nCookie: " + cookie + "\r\n\r\n");
   EXPECT_EQ(r.rfind("HTTP/1.1 401", 0), 0u) << r;
 }
 

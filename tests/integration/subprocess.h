@@ -33,6 +33,34 @@ inline int FreeLoopbackPort() {
   return ntohs(addr.sin_port);
 }
 
+// A TCP connection to 127.0.0.1:`port`; -1 when it cannot be made.
+inline int ConnectLoopback(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (fd >= 0 && ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
+    return fd;
+  }
+  if (fd >= 0) ::close(fd);
+  return -1;
+}
+
+// One HTTP/1.0 exchange on 127.0.0.1:`port`: sends `request`, returns all
+// that comes back until the server closes ("" when nothing could be sent).
+inline std::string HttpExchange(int port, const std::string& request) {
+  const int fd = ConnectLoopback(port);
+  if (fd < 0) return "";
+  std::string answer;
+  if (::send(fd, request.data(), request.size(), 0) == static_cast<ssize_t>(request.size())) {
+    char buf[1 << 16];
+    for (ssize_t n; (n = ::recv(fd, buf, sizeof(buf), 0)) > 0;) answer.append(buf, n);
+  }
+  ::close(fd);
+  return answer;
+}
+
 // The whole file ("" when missing).
 inline std::string ReadText(const std::string& path) {
   std::ifstream in(path);
