@@ -120,9 +120,9 @@ class NodeSessionImpl final : public NodeSession,
                                        v1::RendezvousResponse* response) override;
 
   // --- for RelayedRendezvous ---
-  // Queues `request` on the node stream under a new call number (0 and
-  // UNAVAILABLE while the stream is down).
-  absl::StatusOr<uint64_t> Relay(RelayedRendezvous* call, const v1::RendezvousRequest& request);
+  // Queues `request` on the node stream under a new call number; while the
+  // stream is down the call waits for the next connection.
+  uint64_t Relay(RelayedRendezvous* call, const v1::RendezvousRequest& request);
   // Takes `call` out of the table; false when it was already taken.
   bool Forget(uint64_t call);
 
@@ -133,6 +133,16 @@ class NodeSessionImpl final : public NodeSession,
     std::shared_ptr<Queue> out;
     int64_t step = 0;
     absl::Time last_beat;
+    // Whether its attach went out on the current connection; a member that
+    // attached while the node stream was down waits for the next one.
+    bool attached = false;
+  };
+  struct Call {
+    RelayedRendezvous* call = nullptr;
+    // Relayed on the current connection, or waiting for the next one with
+    // its request.
+    bool sent = false;
+    v1::SessionRequest parked;
   };
 
   // Connects, relays, and reconnects with backoff until the destructor.
@@ -149,6 +159,8 @@ class NodeSessionImpl final : public NodeSession,
   std::shared_ptr<Queue> DetachLocked(const std::string& id, const std::string& reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Send(v1::SessionRequest request) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // On a new connection: the attaches and calls that waited for it.
+  void SendParkedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Constant after Init.
   const NodeSessionOptions o_;
@@ -166,7 +178,7 @@ class NodeSessionImpl final : public NodeSession,
   std::vector<v1::SessionRequest> outgoing_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, Member> members_ ABSL_GUARDED_BY(mu_);
   // Trainers' Rendezvous calls waiting for their answer, by call number.
-  std::map<uint64_t, RelayedRendezvous*> rendezvous_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, Call> rendezvous_ ABSL_GUARDED_BY(mu_);
   uint64_t last_call_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Duration interval_ ABSL_GUARDED_BY(mu_) = absl::Seconds(1);
@@ -213,13 +225,9 @@ void RelayedRendezvous::Start(const absl::Status& auth, const v1::RendezvousRequ
     Fail(auth);
     return;
   }
-  absl::StatusOr<uint64_t> call = relay_->Relay(this, request);
-  if (!call.ok()) {
-    Fail(call.status());
-    return;
-  }
-  call_ = *call;
-  if (cancelled_ && relay_->Forget(*call)) Fail(absl::CancelledError("the trainer cancelled"));
+  const uint64_t call = relay_->Relay(this, request);
+  call_ = call;
+  if (cancelled_ && relay_->Forget(call)) Fail(absl::CancelledError("the trainer cancelled"));
 }
 
 void RelayedRendezvous::Answer(const v1::RendezvousAnswer& answer) {
@@ -301,19 +309,20 @@ grpc::ServerUnaryReactor* NodeSessionImpl::Rendezvous(grpc::CallbackServerContex
   return call;
 }
 
-absl::StatusOr<uint64_t> NodeSessionImpl::Relay(RelayedRendezvous* call,
-                                                const v1::RendezvousRequest& request) {
+uint64_t NodeSessionImpl::Relay(RelayedRendezvous* call, const v1::RendezvousRequest& request) {
   absl::MutexLock lock(&mu_);
-  if (!connected_) {
-    return absl::UnavailableError(absl::StrCat("muster-agent of node ", o_.node,
-                                               " is not connected to the coordinator"));
-  }
   const uint64_t n = ++last_call_;
-  rendezvous_[n] = call;
   v1::SessionRequest relayed;
   relayed.mutable_rendezvous()->set_call(n);
   *relayed.mutable_rendezvous()->mutable_request() = request;
-  Send(std::move(relayed));
+  Call& entry = rendezvous_[n];
+  entry.call = call;
+  if (connected_) {
+    entry.sent = true;
+    Send(std::move(relayed));
+  } else {
+    entry.parked = std::move(relayed);
+  }
   return n;
 }
 
@@ -324,23 +333,43 @@ bool NodeSessionImpl::Forget(uint64_t call) {
 
 void NodeSessionImpl::Send(v1::SessionRequest request) { outgoing_.push_back(std::move(request)); }
 
+void NodeSessionImpl::SendParkedLocked() {
+  // Attaches first: the coordinator then knows each session before the
+  // calls of its member.
+  for (auto& [id, m] : members_) {
+    if (m.attached) continue;
+    m.attached = true;
+    v1::SessionRequest attach;
+    attach.mutable_attach()->set_member_id(id);
+    attach.mutable_attach()->set_incarnation(m.incarnation);
+    Send(std::move(attach));
+  }
+  for (auto& [n, c] : rendezvous_) {
+    if (c.sent) continue;
+    c.sent = true;
+    Send(std::move(c.parked));
+    c.parked.Clear();
+  }
+}
+
 absl::Status NodeSessionImpl::Attach(const v1::MemberRef& member, pid_t pid,
                                      std::shared_ptr<Queue> out) {
   std::shared_ptr<Queue> superseded;
   {
     absl::MutexLock lock(&mu_);
-    if (!connected_) {
-      return absl::UnavailableError(absl::StrCat("muster-agent of node ", o_.node,
-                                                 " is not connected to the coordinator yet"));
-    }
     auto it = members_.find(member.member_id());
     // The coordinator closes the older session; so does the agent.
     if (it != members_.end()) superseded = std::move(it->second.out);
-    members_[member.member_id()] =
-        Member{member.incarnation(), pid, std::move(out), /*step=*/0, absl::Now()};
-    v1::SessionRequest attach;
-    *attach.mutable_attach() = member;
-    Send(std::move(attach));
+    // In the node heartbeat from its own first heartbeat on, which carries
+    // its step.
+    members_[member.member_id()] = Member{member.incarnation(), pid, std::move(out),
+                                          /*step=*/0, absl::InfinitePast(),
+                                          /*attached=*/connected_};
+    if (connected_) {
+      v1::SessionRequest attach;
+      *attach.mutable_attach() = member;
+      Send(std::move(attach));
+    }
   }
   if (superseded != nullptr) {
     superseded->Close(absl::AbortedError("superseded by a newer session of the member"));
@@ -406,8 +435,9 @@ std::shared_ptr<Queue> NodeSessionImpl::DetachLocked(const std::string& id,
   detach.mutable_detach()->mutable_member()->set_incarnation(it->second.incarnation);
   detach.mutable_detach()->set_reason(
       absl::StrCat(reason, " (reported by muster-agent of node ", o_.node, ")"));
+  const bool attached = it->second.attached;
   members_.erase(it);
-  if (connected_) Send(std::move(detach));
+  if (connected_ && attached) Send(std::move(detach));
   return out;
 }
 
@@ -421,7 +451,7 @@ void NodeSessionImpl::Route(v1::SessionEvent event) {
       absl::MutexLock lock(&mu_);
       auto it = rendezvous_.find(event.rendezvous().call());
       if (it == rendezvous_.end()) return;  // cancelled meanwhile
-      call = it->second;
+      call = it->second.call;
       rendezvous_.erase(it);
     }
     call->Answer(event.rendezvous());
@@ -464,19 +494,32 @@ void NodeSessionImpl::ConnectLoop() {
   for (;;) {
     const absl::Time started = absl::Now();
     const absl::Status ended = Connection();
-    // Connection() left connected_ false, so no trainer attaches until the
-    // next connection: the table is emptied once here.
+    // Connection() left connected_ false: what went out on the ended
+    // connection is dropped here once; what arrived since waits for the
+    // next one (all of it, when stopping).
     std::vector<std::shared_ptr<Queue>> orphans;
     std::vector<RelayedRendezvous*> unanswered;
     bool stopping = false;
     {
       absl::MutexLock lock(&mu_);
-      outgoing_.clear();
-      for (auto& [id, m] : members_) orphans.push_back(std::move(m.out));
-      members_.clear();
-      for (const auto& [n, call] : rendezvous_) unanswered.push_back(call);
-      rendezvous_.clear();
       stopping = stopping_;
+      outgoing_.clear();
+      for (auto it = members_.begin(); it != members_.end();) {
+        if (!it->second.attached && !stopping) {
+          ++it;
+          continue;
+        }
+        orphans.push_back(std::move(it->second.out));
+        it = members_.erase(it);
+      }
+      for (auto it = rendezvous_.begin(); it != rendezvous_.end();) {
+        if (!it->second.sent && !stopping) {
+          ++it;
+          continue;
+        }
+        unanswered.push_back(it->second.call);
+        it = rendezvous_.erase(it);
+      }
     }
     // Each trainer rejoins and opens its session again, as after a
     // coordinator restart.
@@ -493,8 +536,9 @@ void NodeSessionImpl::ConnectLoop() {
                         << o_.coordinator << " ended (" << ended << "); reconnecting";
     const absl::Duration wait = backoff.Next();
     absl::MutexLock lock(&mu_);
+    // Stopping: the next Connection() ends at once and the waiting calls
+    // are finished above.
     mu_.AwaitWithTimeout(absl::Condition(&stopping_), wait);
-    if (stopping_) return;
   }
 }
 
@@ -518,6 +562,7 @@ absl::Status NodeSessionImpl::Connection() {
     Route(std::move(event));
     absl::MutexLock lock(&mu_);
     connected_ = true;
+    SendParkedLocked();
   }
   std::thread writer;
   if (ok) {
@@ -552,7 +597,7 @@ void NodeSessionImpl::WriteLoop(Upstream* stream) {
         v1::SessionRequest beat;
         beat.mutable_heartbeat()->set_sequence(++sequence);
         for (const auto& [id, m] : members_) {
-          if (now - m.last_beat > 2 * interval_) continue;  // hung or stopped
+          if (!m.attached || now - m.last_beat > 2 * interval_) continue;  // hung or stopped
           v1::MemberStep* step = beat.mutable_heartbeat()->add_members();
           step->set_member_id(id);
           step->set_step(m.step);

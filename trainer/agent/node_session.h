@@ -10,8 +10,8 @@
 // the final status of its session; its Rendezvous calls go here too. The
 // relay:
 //
-//   trainer hello            -> attach on the node stream (refused with
-//                               UNAVAILABLE while the node stream is down)
+//   trainer hello            -> attach on the node stream (held while the
+//                               node stream is down, sent once it is up)
 //   trainer heartbeat        -> its step is recorded; acknowledged at once
 //                               with the newest generation the agent heard of
 //   every heartbeat period   -> one node heartbeat naming each member whose
@@ -21,16 +21,20 @@
 //                               fails it, as for a trainer without agent)
 //   trainer stream ends      -> detach: the member fails at once
 //   trainer process ends     -> detach with its exit status (ProcessEnded)
-//   trainer Rendezvous call  -> a NodeRendezvous on the node stream; the
-//                               coordinator's RendezvousAnswer finishes the
-//                               call (UNAVAILABLE, which the trainer
-//                               retries, when the node stream breaks first)
+//   trainer Rendezvous call  -> a NodeRendezvous on the node stream (held
+//                               while it is down); the coordinator's
+//                               RendezvousAnswer finishes the call
+//                               (UNAVAILABLE, which the trainer retries,
+//                               when the node stream breaks after sending)
 //   event for a member       -> written to that trainer's stream
 //   member's session closed  -> that trainer's stream ends with its status
-//   node stream breaks       -> every trainer's stream ends UNAVAILABLE, so
-//                               each rejoins as after a coordinator restart
-//                               and reopens its session here once the agent
-//                               has reconnected (with backoff)
+//   node stream breaks       -> every attached trainer's stream ends
+//                               UNAVAILABLE; each reopens its session here,
+//                               where it waits until the agent has
+//                               reconnected (with backoff), and reattaches
+//                               (joining first only when a restarted
+//                               coordinator has forgotten it): a trainer's
+//                               retries never add to the agent's backoff
 //
 // The heartbeat period is the coordinator's (HeartbeatAck's
 // heartbeat_interval_ms), learned on every connection.
@@ -59,7 +63,10 @@ struct NodeSessionOptions {
   std::string node;         // this node's identity, as the trainers join with
   // Directory under which the private socket directory is made.
   std::string runtime_dir = "/tmp";
-  BackoffOptions backoff;
+  // Between connection attempts. One stream per node: a short cap keeps a
+  // coordinator restart from costing the job more than about a second past
+  // its outage, at one attempt per node and second at most.
+  BackoffOptions backoff{absl::Milliseconds(50), absl::Seconds(1)};
 };
 
 class NodeSession {
