@@ -61,6 +61,15 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const std::string& ta
   MUSTER_ASSIGN_OR_RETURN(auto creds, MakeChannelCredentials(tls));
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);
+  // gRPC's own reconnect backoff (1 s, growing by 1.6 up to 120 s) would
+  // hold every client of a restarted coordinator for seconds after it
+  // listens again, whatever the callers' retry loops do. Reconnect from
+  // 100 ms up to 1 s (jittered by gRPC) instead: the callers' loops back
+  // off on their own, and a node's trainers reach the coordinator through
+  // the agent's one channel.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   return grpc::CreateCustomChannel(target, creds, args);
 }
 

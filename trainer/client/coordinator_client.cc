@@ -142,7 +142,16 @@ absl::Status CoordinatorClient::Retry(absl::Time deadline,
       return absl::DeadlineExceededError(
           absl::StrCat("coordinator unreachable until the deadline: ", s.message()));
     }
-    absl::SleepFor(wait);
+    // Not connected (the coordinator is down or restarting): the channel
+    // reconnects on its own schedule (rpc/credentials.cc) and the call goes
+    // again as soon as it has, instead of at the end of a backoff that grew
+    // with the outage. Connected: the coordinator itself answered
+    // UNAVAILABLE, so back off in full.
+    if (impl_->channel->GetState(/*try_to_connect=*/true) != GRPC_CHANNEL_READY) {
+      impl_->channel->WaitForConnected(absl::ToChronoTime(absl::Now() + wait));
+    } else {
+      absl::SleepFor(wait);
+    }
   }
 }
 
@@ -201,8 +210,12 @@ void CoordinatorClient::SessionLoop(std::function<void(const SessionNotice&)> on
     bool write_ok = stream->Write(hello);
     std::thread beater([&] {
       uint64_t seq = 0;
+      // The first heartbeat follows hello at once: the step is then known
+      // from the session's start (a muster-agent reports a member from it).
+      bool first = true;
       while (!done && !stopping_ && write_ok) {
-        absl::SleepFor(absl::Milliseconds(heartbeat_ms_.load()));
+        if (!first) absl::SleepFor(absl::Milliseconds(heartbeat_ms_.load()));
+        first = false;
         if (done || stopping_) break;
         v1::SessionRequest hb;
         hb.mutable_heartbeat()->set_step(step_);
@@ -261,6 +274,12 @@ void CoordinatorClient::SessionLoop(std::function<void(const SessionNotice&)> on
     // The coordinator went away (restart): reconnect and re-register.
     MUSTER_LOG(WARNING) << "session lost (" << s << "); reconnecting";
     absl::SleepFor(backoff.Next());
+    // Under muster-agent, UNAVAILABLE is the agent's node stream breaking.
+    // The next session waits at the agent until it has reconnected, and a
+    // coordinator restarted on its state still knows the member: it
+    // reattaches without joining again. (One that forgot it ends the
+    // session with NOT_FOUND, and the member joins before the next.)
+    if (impl_->agent_stub != nullptr && absl::IsUnavailable(s)) continue;
     absl::Status rejoin = Join(step_, absl::Now() + absl::Seconds(30));
     if (absl::IsAborted(rejoin)) {
       SessionNotice n;

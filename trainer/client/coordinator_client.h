@@ -8,8 +8,10 @@
 // retries what). The session reconnects by itself after a coordinator
 // restart and re-registers with the same member id and incarnation. Under
 // muster-agent the session stream and Rendezvous go through the agent
-// (session_via), which carries them on its node's one stream; every other
-// call goes to the coordinator.
+// (session_via), which carries them on its node's one stream and holds them
+// while that stream is down; every other call goes to the coordinator.
+// There a lost session is reopened at once and re-registers only when the
+// coordinator answers that it does not know the member.
 //
 // Thread-safe: any method may be called from any thread. Event callbacks run
 // on the session thread and must not block for long.
