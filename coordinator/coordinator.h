@@ -144,8 +144,9 @@ class Coordinator {
 
   // Attaches the member's session; a previous session of the same member is
   // closed. Returns the session id. `node` non-empty (a node session): the
-  // member must have joined on that node. Errors: as Membership::Live;
-  // INVALID_ARGUMENT (another node).
+  // member must have joined on that node. While recovering after a restart,
+  // a member of the stored world may attach without joining again. Errors:
+  // as Membership::Live; INVALID_ARGUMENT (another node).
   absl::StatusOr<uint64_t> OpenSession(const MemberKey& key, std::shared_ptr<SessionSink> sink,
                                        const std::string& node = "");
   // Records a heartbeat on `session`; returns the current generation.
@@ -263,6 +264,12 @@ class Coordinator {
   void DropWaiters(const std::string& id, const absl::Status& status, Actions* actions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CheckRecovered(Actions* actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // While recovering: `key`, unknown since the restart but a member of the
+  // stored world (on `node`, when not empty), joins as that world recorded
+  // it (a session that reopens needs no Join first). False when it is not
+  // such a member.
+  bool ReattachFromWorld(const MemberKey& key, const std::string& node)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // --- helpers (coordinator.cc; members in coordinator_members.cc, KV,
   // barriers and the catalog in coordinator_kv.cc) ---

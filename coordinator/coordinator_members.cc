@@ -64,6 +64,7 @@ absl::StatusOr<uint64_t> Coordinator::OpenSession(const MemberKey& key,
   Actions actions = Gated();
   absl::MutexLock lock(&mu_);
   MUSTER_RETURN_IF_ERROR(CheckServing());
+  if (membership_.Find(key.id) == nullptr) ReattachFromWorld(key, node);
   MUSTER_ASSIGN_OR_RETURN(MemberInfo * info, membership_.Live(key));
   if (!node.empty() && info->node != node) {
     return absl::InvalidArgumentError(absl::StrCat("member ", key.id, " joined on node ",
@@ -84,6 +85,28 @@ absl::StatusOr<uint64_t> Coordinator::OpenSession(const MemberKey& key,
   info->last_seen = clock_->Now();
   if (gen_.phase() == GenerationPhase::kRecovering) CheckRecovered(&actions);
   return id;
+}
+
+bool Coordinator::ReattachFromWorld(const MemberKey& key, const std::string& node) {
+  if (gen_.phase() != GenerationPhase::kRecovering) return false;
+  const World& world = gen_.world();
+  const int rank = world.RankOf(key.id);
+  if (rank < 0 || world.members[rank].member.incarnation != key.incarnation) return false;
+  const Assignment& a = world.members[rank];
+  if (!node.empty() && a.node != node) return false;
+  JoinSpec spec;
+  spec.key = key;
+  spec.node = a.node;
+  spec.local_rank = a.local_rank;
+  spec.state_address = a.state_address;
+  spec.step = a.step;
+  MemberInfo unused;
+  if (!membership_.Join(spec, clock_->Now(), &unused).ok()) return false;
+  membership_.Find(key.id)->state = MemberState::kActive;
+  Record("reattach", absl::StrCat(key.id, " incarnation ", key.incarnation,
+                                  " is back in generation ", gen_.generation(),
+                                  " (its session reopened)"));
+  return true;
 }
 
 absl::Status Coordinator::Beat(uint64_t session, int64_t step, absl::Time now) {

@@ -568,6 +568,38 @@ TEST_F(CoordinatorTest, RestartKeepsGenerationWhenAllReattach) {
   EXPECT_TRUE(c_->KvSet(1, "k", "v").ok());  // generation 1 is still live
 }
 
+// A muster-agent reopens its trainers' sessions after a restart without
+// joining them again: a member of the stored world may attach as it was; a
+// stranger, or another incarnation, is still told to join.
+TEST_F(CoordinatorTest, AfterARestartTheStoredWorldsMembersReattachByOpeningASession) {
+  const std::string path = ::testing::TempDir() + "/reopen" + std::to_string(getpid()) + ".db";
+  ::unlink(path.c_str());
+  stores_.push_back(std::move(OpenSqliteStateStore(path)).value());
+  StateStore* store = stores_.back().get();
+  Start(1, 2, absl::Seconds(100), store);
+  Member& a = Add("a", "n");
+  Member& b = Add("b", "m");
+  Rendezvous(a, 0, 5);
+  Rendezvous(b, 0, 5);
+  c_.reset();
+  Start(1, 2, absl::Seconds(100), store);
+  ASSERT_EQ(c_->GetStatus().job_state, JobState::kRecovering);
+  auto sink = std::make_shared<RecordingSink>();
+  EXPECT_EQ(c_->OpenSession({"c", 1}, sink).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(c_->OpenSession({"a", 2}, sink).status().code(), absl::StatusCode::kNotFound);
+  // A node session from another node is no way back either.
+  EXPECT_EQ(c_->OpenSession({"a", 1}, sink, "m").status().code(), absl::StatusCode::kNotFound);
+  ASSERT_TRUE(c_->OpenSession({"a", 1}, sink, "n").ok());
+  EXPECT_EQ(c_->GetStatus().job_state, JobState::kRecovering);
+  ASSERT_TRUE(c_->OpenSession({"b", 1}, std::make_shared<RecordingSink>(), "m").ok());
+  const StatusSnapshot s = c_->GetStatus();
+  EXPECT_EQ(s.job_state, JobState::kRunning);
+  EXPECT_EQ(s.generation, 1u);
+  EXPECT_EQ(s.world_size, 2u);
+  for (const MemberRow& row : s.members) EXPECT_EQ(row.info.state, MemberState::kActive);
+  EXPECT_TRUE(sink->events.empty());
+}
+
 TEST_F(CoordinatorTest, RestartGraceExpiresWithoutAMember) {
   const std::string path = ::testing::TempDir() + "/grace" + std::to_string(getpid()) + ".db";
   ::unlink(path.c_str());
