@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <iostream>
@@ -41,7 +42,7 @@
 
 ABSL_FLAG(int, trials, 2, "trials per scenario");
 ABSL_FLAG(uint64_t, seed, 1, "seed of the random fault moments and victims");
-ABSL_FLAG(std::string, dir, "/tmp", "where trial directories go (kept when a trial fails)");
+ABSL_FLAG(std::string, dir, "/tmp", "where trial directories go (kept when a trial fails, or always with MUSTER_KEEP set)");
 
 namespace muster {
 namespace {
@@ -382,7 +383,7 @@ int RunScenario(const std::string& name, const std::function<Trial(Context&)>& r
                                  t.recovered_s, t.lost_steps);
     ckpt_lost += t.committed_lost;
     if (!t.survived) continue;
-    std::system(("rm -rf " + c.dir).c_str());
+    if (std::getenv("MUSTER_KEEP") == nullptr) std::system(("rm -rf " + c.dir).c_str());
     ++survived;
     recovered.push_back(t.recovered_s);
     lost_max = std::max(lost_max, t.lost_steps);

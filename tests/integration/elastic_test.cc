@@ -34,6 +34,10 @@ class ElasticTest : public ::testing::Test {
            ::testing::UnitTest::GetInstance()->current_test_info()->name();
     std::system(("rm -rf " + dir_ + " && mkdir -p " + dir_).c_str());
     target_ = absl::StrCat("127.0.0.1:", FreeLoopbackPort());
+    StartCoordinator();
+  }
+  // Without a state dir: a restarted coordinator knows no member.
+  void StartCoordinator() {
     coordinator_ = SpawnLogged({kBin + "/muster-coordinator", "--listen=" + target_, "--no-auth",
                                 absl::StrCat("--min-members=", MinMembers()),
                                 absl::StrCat("--max-members=", MaxMembers()),
@@ -67,6 +71,16 @@ class ElasticTest : public ::testing::Test {
     return false;
   }
 
+  // Until the log of `tag` shows a step of at least `step`.
+  bool WaitForStep(const std::string& tag, int step, absl::Duration timeout) {
+    const absl::Time end = absl::Now() + timeout;
+    while (absl::Now() < end) {
+      if (LatestLoggedStep(ReadText(dir_ + "/" + tag + ".log")) >= step) return true;
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    return false;
+  }
+
   virtual int MinMembers() const { return 2; }
   virtual int MaxMembers() const { return 3; }
 
@@ -76,7 +90,7 @@ class ElasticTest : public ::testing::Test {
 
 TEST_F(ElasticTest, AHungTrainerIsFencedThenRejoinsAsANewIncarnation) {
   std::vector<pid_t> pids = {Trainer(0, "h0"), Trainer(1, "h1"), Trainer(2, "h2")};
-  ASSERT_TRUE(WaitForLine("h0", "step 30/", absl::Seconds(60))) << ReadText(dir_ + "/h0.log");
+  ASSERT_TRUE(WaitForStep("h0", 30, absl::Seconds(60))) << ReadText(dir_ + "/h0.log");
   ASSERT_EQ(::kill(pids[2], SIGSTOP), 0);
   // Past the 2 s heartbeat timeout the others go on without it.
   ASSERT_TRUE(WaitForLine("h0", "world 2 on 1 nodes", absl::Seconds(30))) << ReadText(dir_ + "/h0.log");
@@ -99,7 +113,7 @@ class ElasticScaleDownTest : public ElasticTest {
 
 TEST_F(ElasticScaleDownTest, SigtermAndDrainLeaveGracefullyAndTheRestGoesOn) {
   std::vector<pid_t> pids = {Trainer(0, "a", "n"), Trainer(1, "b", "n"), Trainer(0, "c", "z")};
-  ASSERT_TRUE(WaitForLine("a", "step 30/", absl::Seconds(60))) << ReadText(dir_ + "/a.log");
+  ASSERT_TRUE(WaitForStep("a", 30, absl::Seconds(60))) << ReadText(dir_ + "/a.log");
   // SIGTERM to one trainer: it leaves at a step boundary, nothing aborts.
   ASSERT_EQ(::kill(pids[1], SIGTERM), 0);
   EXPECT_EQ(WaitExit(pids[1]), 0) << ReadText(dir_ + "/b.log");
@@ -122,7 +136,7 @@ TEST_F(ElasticScaleDownTest, SigtermAndDrainLeaveGracefullyAndTheRestGoesOn) {
 
 TEST_F(ElasticTest, SurvivorsKeepTrainingAndAReplacementPullsTheirState) {
   std::vector<pid_t> pids = {Trainer(0, "t0"), Trainer(1, "t1"), Trainer(2, "t2")};
-  ASSERT_TRUE(WaitForLine("t0", "step 30/", absl::Seconds(60))) << ReadText(dir_ + "/t0.log");
+  ASSERT_TRUE(WaitForStep("t0", 30, absl::Seconds(60))) << ReadText(dir_ + "/t0.log");
   ASSERT_EQ(::kill(pids[2], SIGKILL), 0);
   WaitExit(pids[2]);
   // The survivors regroup into a world of two and go on.
@@ -263,7 +277,10 @@ TEST(AgentForkTest, AFailedForkIsRetriedAndTheAgentSignalsNoOtherProcessOfItsUse
 
 TEST_F(AgentTest, TheAgentRestartsAKilledTrainerAndItRejoins) {
   const pid_t a = Agent("a"), b = Agent("b");
-  ASSERT_TRUE(WaitForLine("a", "step 60/", absl::Seconds(60))) << ReadText(dir_ + "/a.log");
+  // Either node may form a world of its own first: wait for the full one.
+  ASSERT_TRUE(WaitForLine("a", "world 4 on 2 nodes", absl::Seconds(60)))
+      << ReadText(dir_ + "/a.log");
+  ASSERT_TRUE(WaitForStep("a", 60, absl::Seconds(60))) << ReadText(dir_ + "/a.log");
   const pid_t victim = TrainerPid("b", 1);
   ASSERT_GT(victim, 0) << ReadText(dir_ + "/b.log");
   ASSERT_EQ(::kill(victim, SIGKILL), 0);
@@ -293,7 +310,10 @@ TEST_F(AgentTest, TheAgentRestartsAKilledTrainerAndItRejoins) {
 
 TEST_F(AgentTest, KillingANodeTakesItsTrainersAndTheOtherNodeFinishes) {
   const pid_t a = Agent("a"), b = Agent("b");
-  ASSERT_TRUE(WaitForLine("a", "step 60/", absl::Seconds(60))) << ReadText(dir_ + "/a.log");
+  // Either node may form a world of its own first: wait for the full one.
+  ASSERT_TRUE(WaitForLine("a", "world 4 on 2 nodes", absl::Seconds(60)))
+      << ReadText(dir_ + "/a.log");
+  ASSERT_TRUE(WaitForStep("a", 60, absl::Seconds(60))) << ReadText(dir_ + "/a.log");
   const pid_t t0 = TrainerPid("b", 0), t1 = TrainerPid("b", 1);
   ASSERT_GT(t0, 0);
   ASSERT_GT(t1, 0);
@@ -317,7 +337,10 @@ TEST_F(AgentTest, KillingANodeTakesItsTrainersAndTheOtherNodeFinishes) {
 // without the agent, and once it runs again it rejoins as a new incarnation.
 TEST_F(AgentTest, AStoppedTrainerDropsOutOfTheNodeHeartbeatAndIsFenced) {
   const pid_t a = Agent("a"), b = Agent("b");
-  ASSERT_TRUE(WaitForLine("a", "step 60/", absl::Seconds(60))) << ReadText(dir_ + "/a.log");
+  // Either node may form a world of its own first: wait for the full one.
+  ASSERT_TRUE(WaitForLine("a", "world 4 on 2 nodes", absl::Seconds(60)))
+      << ReadText(dir_ + "/a.log");
+  ASSERT_TRUE(WaitForStep("a", 60, absl::Seconds(60))) << ReadText(dir_ + "/a.log");
   const pid_t victim = TrainerPid("b", 1);
   ASSERT_GT(victim, 0) << ReadText(dir_ + "/b.log");
   ASSERT_EQ(::kill(victim, SIGSTOP), 0);
@@ -339,7 +362,7 @@ TEST_F(AgentTest, AStoppedTrainerDropsOutOfTheNodeHeartbeatAndIsFenced) {
 // Node a's agent holds its node's session, node b's trainers hold their own.
 TEST_F(AgentTest, AJobScalesUpFromTwoToFourTrainersMidRun) {
   const pid_t a = Agent("a", 500);
-  ASSERT_TRUE(WaitForLine("a", "step 40/", absl::Seconds(60))) << ReadText(dir_ + "/a.log");
+  ASSERT_TRUE(WaitForStep("a", 40, absl::Seconds(60))) << ReadText(dir_ + "/a.log");
   const pid_t b = Agent("b", 500, /*node_session=*/false);
   EXPECT_EQ(WaitExit(a), 0) << ReadText(dir_ + "/a.log");
   EXPECT_EQ(WaitExit(b), 0) << ReadText(dir_ + "/b.log");
@@ -355,6 +378,33 @@ TEST_F(AgentTest, AJobScalesUpFromTwoToFourTrainersMidRun) {
   ExpectEqualParameters({"a0", "a1", "b0", "b1"});
 }
 
+// A coordinator killed and restarted without state: the agents reconnect,
+// their trainers' sessions wait for them there, find themselves unknown
+// (NOT_FOUND), join again and the job goes on to its end.
+TEST_F(AgentTest, TrainersJoinACoordinatorRestartedWithoutStateAndFinish) {
+  const pid_t a = Agent("a"), b = Agent("b");
+  ASSERT_TRUE(WaitForLine("a", "world 4 on 2 nodes", absl::Seconds(60)))
+      << ReadText(dir_ + "/a.log");
+  ASSERT_TRUE(WaitForStep("a", 60, absl::Seconds(60))) << ReadText(dir_ + "/a.log");
+  ASSERT_EQ(::kill(coordinator_, SIGKILL), 0);
+  WaitExit(coordinator_);
+  absl::SleepFor(absl::Milliseconds(300));
+  StartCoordinator();
+  EXPECT_EQ(WaitExit(a), 0) << ReadText(dir_ + "/a.log");
+  EXPECT_EQ(WaitExit(b), 0) << ReadText(dir_ + "/b.log");
+  const std::string coordinator_log = ReadText(dir_ + "/coordinator.log");
+  // The restarted coordinator's joins: after its own start line.
+  const size_t restart = coordinator_log.rfind("coordinator started");
+  ASSERT_NE(restart, std::string::npos) << coordinator_log;
+  for (const char* member : {"a/0", "a/1", "b/0", "b/1"}) {
+    EXPECT_NE(coordinator_log.find(absl::StrCat("join: ", member), restart), std::string::npos)
+        << member << "\n" << coordinator_log;
+  }
+  ASSERT_FALSE(Steps("a").empty());
+  EXPECT_EQ(Steps("a").back(), 400);
+  ExpectEqualParameters({"a0", "a1", "b0", "b1"});
+}
+
 TEST_F(ElasticTest, PullWeightsDuringTrainingMatchesTheCheckpointOfThatStep) {
   auto trainer = [&](int local, const std::string& tag) {
     return SpawnLogged({kBin + "/muster-train", "--coordinator=" + target_, "--node-id=n",
@@ -365,7 +415,7 @@ TEST_F(ElasticTest, PullWeightsDuringTrainingMatchesTheCheckpointOfThatStep) {
                        absl::StrCat(dir_, "/", tag, ".log"));
   };
   const pid_t a = trainer(0, "a"), b = trainer(1, "b");
-  ASSERT_TRUE(WaitForLine("a", "step 20/", absl::Seconds(60))) << ReadText(dir_ + "/a.log");
+  ASSERT_TRUE(WaitForStep("a", 20, absl::Seconds(60))) << ReadText(dir_ + "/a.log");
   const std::string muster = kBin + "/muster --coordinator " + target_;
   int code = -1;
   const std::string out =

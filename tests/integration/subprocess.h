@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <cstdio>
@@ -114,19 +115,22 @@ inline std::string JsonNumber(const std::string& json, const std::string& name) 
 }
 
 // One member of `muster status --json`: its id, state ("active", "spare",
-// ...) and rank in the live world (-1: none).
+// ...), rank in the live world (-1: none) and last heartbeat's step.
 struct StatusMember {
   std::string id, state;
   int rank = -1;
+  int64_t step = 0;
 };
 
 inline std::vector<StatusMember> StatusMembers(const std::string& status_json) {
   std::vector<StatusMember> out;
   const std::regex member(
-      R"re("member_id": "([^"]+)"[^}]*\}[^}]*"state": "([a-z]+)",\s*"rank": (-?[0-9]+))re");
+      R"re("member_id": "([^"]+)"[^}]*\}[^}]*"state": "([a-z]+)",\s*"rank": (-?[0-9]+))re"
+      R"re((?:,\s*"step": "(-?[0-9]+)")?)re");
   for (auto it = std::sregex_iterator(status_json.begin(), status_json.end(), member);
        it != std::sregex_iterator(); ++it) {
-    out.push_back({(*it)[1], (*it)[2], std::stoi((*it)[3])});
+    const std::string step = (*it)[4];
+    out.push_back({(*it)[1], (*it)[2], std::stoi((*it)[3]), step.empty() ? 0 : std::stoll(step)});
   }
   return out;
 }
@@ -141,6 +145,18 @@ inline pid_t LastTrainerPid(const std::string& agent_log, int slot) {
     pid = std::stoi((*it)[1]);
   }
   return pid;
+}
+
+// The highest "step N/" a log printed (-1: none): a rank that joined late
+// starts at the world's step, so a particular line may never appear.
+inline int LatestLoggedStep(const std::string& log) {
+  const std::regex re("\\bstep ([0-9]+)/");
+  int latest = -1;
+  for (auto it = std::sregex_iterator(log.begin(), log.end(), re); it != std::sregex_iterator();
+       ++it) {
+    latest = std::max(latest, std::stoi((*it)[1]));
+  }
+  return latest;
 }
 
 // One logged step of rank 0 (muster-train --log-dir, --log-every 1).
