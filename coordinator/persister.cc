@@ -32,6 +32,27 @@ absl::StatusOr<std::vector<JobEvent>> SerializedStateStore::LoadEvents(size_t li
   return store_->LoadEvents(limit);
 }
 
+absl::StatusOr<Lease> SerializedStateStore::ReadLease() {
+  absl::MutexLock lock(&mu_);
+  return store_->ReadLease();
+}
+
+absl::StatusOr<Lease> SerializedStateStore::TakeLease(const Lease& seen,
+                                                      const std::string& holder) {
+  absl::MutexLock lock(&mu_);
+  return store_->TakeLease(seen, holder);
+}
+
+absl::Status SerializedStateStore::RenewLease(uint64_t epoch) {
+  absl::MutexLock lock(&mu_);
+  return store_->RenewLease(epoch);
+}
+
+absl::Status SerializedStateStore::ReleaseLease(uint64_t epoch) {
+  absl::MutexLock lock(&mu_);
+  return store_->ReleaseLease(epoch);
+}
+
 Persister::Persister(StateStore* store) : store_(store), thread_([this] { Loop(); }) {}
 
 Persister::~Persister() {
@@ -136,7 +157,9 @@ void Persister::Loop() {
       durable_ = std::max(durable_, ticket);
     }
     absl::Status events_saved = events.empty() ? absl::OkStatus() : store_->AppendEvents(events);
-    if (!events_saved.ok()) {
+    if (absl::IsAborted(events_saved)) {
+      MUSTER_LOG(WARNING) << "event log write refused, dropped: " << events_saved;
+    } else if (!events_saved.ok()) {
       MUSTER_LOG(WARNING) << "event log write failed (will retry): " << events_saved;
     }
     absl::MutexLock lock(&mu_);
@@ -146,7 +169,9 @@ void Persister::Loop() {
       MUSTER_LOG(ERROR) << "cannot persist the coordinator's state: " << world_saved;
       error_ = world_saved;
     }
-    if (events_saved.ok()) {
+    if (events_saved.ok() || absl::IsAborted(events_saved)) {
+      // ABORTED: fenced by a coordinator that took the lease over; these
+      // events are this one's and can never be written.
       events_written_ = batches;
     } else {
       // Put them back ahead of newer ones, for the next group.

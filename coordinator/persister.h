@@ -46,6 +46,10 @@ class SerializedStateStore : public StateStore {
   absl::StatusOr<std::vector<CheckpointRecord>> LoadCheckpoints() override;
   absl::Status AppendEvents(const std::vector<JobEvent>& events) override;
   absl::StatusOr<std::vector<JobEvent>> LoadEvents(size_t limit) override;
+  absl::StatusOr<Lease> ReadLease() override;
+  absl::StatusOr<Lease> TakeLease(const Lease& seen, const std::string& holder) override;
+  absl::Status RenewLease(uint64_t epoch) override;
+  absl::Status ReleaseLease(uint64_t epoch) override;
 
  private:
   StateStore* const store_;

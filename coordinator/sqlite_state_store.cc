@@ -13,10 +13,12 @@
 #include <thread>
 #include <utility>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "coordinator/state_store.h"
@@ -127,6 +129,9 @@ CREATE INDEX IF NOT EXISTS checkpoint_files_id ON checkpoint_files(checkpoint_id
 CREATE TABLE IF NOT EXISTS events(
   id INTEGER PRIMARY KEY AUTOINCREMENT, unix_ms INTEGER NOT NULL,
   kind TEXT NOT NULL, detail TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS lease(
+  id INTEGER PRIMARY KEY CHECK(id = 1), epoch INTEGER NOT NULL, holder TEXT NOT NULL,
+  beats INTEGER NOT NULL);
 )sql";
 
 // One prepared statement; finalized on destruction.
@@ -204,6 +209,7 @@ class SqliteStateStore : public StateStore {
   }
 
   absl::Status SaveWorld(const World& world) override {
+    absl::MutexLock lock(&mu_);
     return InTransaction([&]() -> absl::Status {
       MUSTER_RETURN_IF_ERROR(Exec("DELETE FROM world_members"));
       Statement ins(db_,
@@ -232,6 +238,7 @@ class SqliteStateStore : public StateStore {
   }
 
   absl::StatusOr<World> LoadWorld() override {
+    absl::MutexLock lock(&mu_);
     World world;
     MUSTER_RETURN_IF_ERROR(GetMetaInt("generation", &world.generation));
     uint64_t v = 0;
@@ -265,6 +272,7 @@ class SqliteStateStore : public StateStore {
   }
 
   absl::Status SaveCheckpoint(const CheckpointRecord& r) override {
+    absl::MutexLock lock(&mu_);
     return InTransaction([&]() -> absl::Status {
       Statement up(db_,
                    "INSERT OR REPLACE INTO checkpoints(id, step, generation, expected, "
@@ -304,6 +312,7 @@ class SqliteStateStore : public StateStore {
   }
 
   absl::StatusOr<std::vector<CheckpointRecord>> LoadCheckpoints() override {
+    absl::MutexLock lock(&mu_);
     std::vector<CheckpointRecord> out;
     Statement q(db_,
                 "SELECT id, step, generation, expected, reported, state, created_ms, "
@@ -353,6 +362,7 @@ class SqliteStateStore : public StateStore {
 
   absl::Status AppendEvents(const std::vector<JobEvent>& events) override {
     if (events.empty()) return absl::OkStatus();
+    absl::MutexLock lock(&mu_);
     return InTransaction([&]() -> absl::Status {
       Statement ins(db_, "INSERT INTO events(unix_ms, kind, detail) VALUES(?,?,?)");
       MUSTER_RETURN_IF_ERROR(ins.status());
@@ -366,7 +376,56 @@ class SqliteStateStore : public StateStore {
     });
   }
 
+  absl::StatusOr<Lease> ReadLease() override {
+    absl::MutexLock lock(&mu_);
+    return ReadLeaseLocked();
+  }
+
+  absl::StatusOr<Lease> TakeLease(const Lease& seen, const std::string& holder) override {
+    absl::MutexLock lock(&mu_);
+    Lease taken;
+    absl::Status s = InTransaction([&]() -> absl::Status {
+      MUSTER_ASSIGN_OR_RETURN(Lease now, ReadLeaseLocked());
+      if (now.epoch != seen.epoch || now.beats != seen.beats) {
+        return absl::AbortedError(absl::StrCat("the lease moved on meanwhile: epoch ", now.epoch,
+                                               ", held by ", now.holder));
+      }
+      Statement up(db_,
+                   "INSERT OR REPLACE INTO lease(id, epoch, holder, beats) VALUES(1, ?, ?, 0)");
+      MUSTER_RETURN_IF_ERROR(up.status());
+      taken = Lease{seen.epoch + 1, holder, 0};
+      up.Bind(1, static_cast<int64_t>(taken.epoch));
+      up.Bind(2, holder);
+      return up.Run();
+    });
+    MUSTER_RETURN_IF_ERROR(s);
+    fence_epoch_ = taken.epoch;
+    return taken;
+  }
+
+  absl::Status RenewLease(uint64_t epoch) override {
+    absl::MutexLock lock(&mu_);
+    return InTransaction([&]() -> absl::Status {
+      Statement up(db_, "UPDATE lease SET beats = beats + 1 WHERE id = 1 AND epoch = ?");
+      MUSTER_RETURN_IF_ERROR(up.status());
+      up.Bind(1, static_cast<int64_t>(epoch));
+      MUSTER_RETURN_IF_ERROR(up.Run());
+      if (sqlite3_changes(db_) == 1) return absl::OkStatus();
+      MUSTER_ASSIGN_OR_RETURN(Lease now, ReadLeaseLocked());
+      return LostLease(epoch, now);
+    });
+  }
+
+  absl::Status ReleaseLease(uint64_t epoch) override {
+    absl::MutexLock lock(&mu_);
+    Statement up(db_, "UPDATE lease SET holder = '' WHERE id = 1 AND epoch = ?");
+    MUSTER_RETURN_IF_ERROR(up.status());
+    up.Bind(1, static_cast<int64_t>(epoch));
+    return up.Run();
+  }
+
   absl::StatusOr<std::vector<JobEvent>> LoadEvents(size_t limit) override {
+    absl::MutexLock lock(&mu_);
     Statement q(db_,
                 "SELECT unix_ms, kind, detail FROM (SELECT id, unix_ms, kind, detail "
                 "FROM events ORDER BY id DESC LIMIT ?) ORDER BY id");
@@ -393,10 +452,41 @@ class SqliteStateStore : public StateStore {
     return absl::OkStatus();
   }
 
+  absl::StatusOr<Lease> ReadLeaseLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    Statement q(db_, "SELECT epoch, holder, beats FROM lease WHERE id = 1");
+    MUSTER_RETURN_IF_ERROR(q.status());
+    Lease lease;
+    const int rc = q.Step();
+    if (rc == SQLITE_ROW) {
+      lease.epoch = static_cast<uint64_t>(q.Int(0));
+      lease.holder = q.Text(1);
+      lease.beats = static_cast<uint64_t>(q.Int(2));
+      return lease;
+    }
+    MUSTER_RETURN_IF_ERROR(ReadEnded(rc, "lease"));
+    return lease;
+  }
+  static absl::Status LostLease(uint64_t mine, const Lease& now) {
+    return absl::AbortedError(absl::StrCat("this coordinator's lease (epoch ", mine,
+                                           ") was taken over: epoch ", now.epoch,
+                                           " is held by ", now.holder));
+  }
+  // Runs `fn` in one write transaction; once a lease was taken, only while
+  // this coordinator still holds it (checked under the write lock, so no
+  // write of an older epoch commits after a takeover).
   template <typename Fn>
-  absl::Status InTransaction(Fn fn) {
+  absl::Status InTransaction(Fn fn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     MUSTER_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE"));
-    absl::Status s = fn();
+    absl::Status s = absl::OkStatus();
+    if (fence_epoch_ != 0) {
+      absl::StatusOr<Lease> now = ReadLeaseLocked();
+      if (!now.ok()) {
+        s = now.status();
+      } else if (now->epoch != fence_epoch_) {
+        s = LostLease(fence_epoch_, *now);
+      }
+    }
+    if (s.ok()) s = fn();
     if (!s.ok()) {
       Exec("ROLLBACK").IgnoreError();
       return s;
@@ -463,6 +553,11 @@ class SqliteStateStore : public StateStore {
   }
 
   sqlite3* db_;
+  // Every public call takes it: the coordinator's writer thread and the
+  // server's lease renewal share one connection.
+  absl::Mutex mu_;
+  // The epoch this store was fenced to by TakeLease (0: not fenced).
+  uint64_t fence_epoch_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace

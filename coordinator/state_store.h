@@ -21,6 +21,14 @@
 
 namespace muster {
 
+// The coordinators' lease on a state dir (docs/failover.md): which one may
+// write the state, in which epoch, and where it serves.
+struct Lease {
+  uint64_t epoch = 0;  // 0: never taken
+  std::string holder;  // the holder's advertised host:port
+  uint64_t beats = 0;  // renewals in this epoch
+};
+
 class StateStore {
  public:
   virtual ~StateStore() = default;
@@ -40,6 +48,20 @@ class StateStore {
   virtual absl::Status AppendEvents(const std::vector<JobEvent>& events) = 0;
   // The newest `limit` events, oldest first.
   virtual absl::StatusOr<std::vector<JobEvent>> LoadEvents(size_t limit) = 0;
+
+  // The lease as stored.
+  virtual absl::StatusOr<Lease> ReadLease() = 0;
+  // Takes the lease for `holder` in epoch seen.epoch + 1, provided it is
+  // still `seen` (ABORTED when another coordinator renewed or took it
+  // meanwhile). From then on this store is fenced: each write commits only
+  // while the lease is still in that epoch, and fails ABORTED otherwise.
+  virtual absl::StatusOr<Lease> TakeLease(const Lease& seen, const std::string& holder) = 0;
+  // One more beat of the lease taken in `epoch`; ABORTED naming the new
+  // holder when it has moved on.
+  virtual absl::Status RenewLease(uint64_t epoch) = 0;
+  // Gives up the lease of `epoch` (a coordinator that stops): the next
+  // coordinator takes it at once. A no-op when it has moved on.
+  virtual absl::Status ReleaseLease(uint64_t epoch) = 0;
 };
 
 enum class JournalMode {

@@ -1,0 +1,111 @@
+// The lease on a state dir (coordinator/lease.h, StateStore's lease calls):
+// two coordinators as two connections to one real SQLite file; time is
+// what the test passes to Poll.
+#include "coordinator/lease.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <memory>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "coordinator/state_store.h"
+
+namespace muster {
+namespace {
+
+class LeaseTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    path_ = absl::StrCat(::testing::TempDir(), "/lease", ::getpid(), "_",
+                         ::testing::UnitTest::GetInstance()->current_test_info()->name(), ".db");
+    ::unlink(path_.c_str());
+    a_ = std::move(OpenSqliteStateStore(path_)).value();
+    b_ = std::move(OpenSqliteStateStore(path_)).value();
+  }
+  void TearDown() override { ::unlink(path_.c_str()); }
+
+  std::string path_;
+  std::unique_ptr<StateStore> a_, b_;
+  const absl::Time t0_ = absl::FromUnixSeconds(1000);
+  const absl::Duration timeout_ = absl::Seconds(3);
+};
+
+TEST_F(LeaseTest, TheFirstCoordinatorTakesItAtOnceAndAStandbyWaitsWhileItBeats) {
+  LeaseClaim primary(a_.get(), "node0:29400", timeout_);
+  absl::StatusOr<std::optional<Lease>> held = primary.Poll(t0_);
+  ASSERT_TRUE(held.ok()) << held.status();
+  ASSERT_TRUE(held->has_value());
+  EXPECT_EQ((*held)->epoch, 1u);
+
+  LeaseClaim standby(b_.get(), "node1:29400", timeout_);
+  for (int i = 0; i < 10; ++i) {
+    // The holder beats every second; the standby never sees them stop.
+    ASSERT_TRUE(a_->RenewLease(1).ok());
+    absl::StatusOr<std::optional<Lease>> got = standby.Poll(t0_ + absl::Seconds(i));
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_FALSE(got->has_value()) << "taken at " << i << " s";
+  }
+  EXPECT_EQ(standby.seen().holder, "node0:29400");
+  EXPECT_EQ(b_->ReadLease()->epoch, 1u);
+}
+
+TEST_F(LeaseTest, BeatsThatStopLetTheStandbyTakeOverAndFenceTheOldHolder) {
+  LeaseClaim primary(a_.get(), "node0:29400", timeout_);
+  ASSERT_TRUE(primary.Poll(t0_).ok());
+  ASSERT_TRUE(a_->SaveCheckpoint(CheckpointRecord{}).ok());  // writes while it holds it
+
+  LeaseClaim standby(b_.get(), "node1:29400", timeout_);
+  EXPECT_FALSE(standby.Poll(t0_)->has_value());
+  EXPECT_FALSE(standby.Poll(t0_ + timeout_ - absl::Milliseconds(1))->has_value());
+  absl::StatusOr<std::optional<Lease>> taken = standby.Poll(t0_ + timeout_);
+  ASSERT_TRUE(taken.ok()) << taken.status();
+  ASSERT_TRUE(taken->has_value());
+  EXPECT_EQ((*taken)->epoch, 2u);
+  EXPECT_EQ((*taken)->holder, "node1:29400");
+
+  // The old holder wakes up: it can neither renew nor write anything.
+  const absl::Status renew = a_->RenewLease(1);
+  EXPECT_EQ(renew.code(), absl::StatusCode::kAborted) << renew;
+  EXPECT_NE(renew.message().find("node1:29400"), std::string::npos) << renew;
+  CheckpointRecord late;
+  late.id = 7;
+  late.step = 700;
+  EXPECT_EQ(a_->SaveCheckpoint(late).code(), absl::StatusCode::kAborted);
+  World world;
+  world.generation = 99;
+  EXPECT_EQ(a_->SaveWorld(world).code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(a_->AppendEvents({JobEvent{t0_, "late", "from the old holder"}}).code(),
+            absl::StatusCode::kAborted);
+  // Nothing of it reached the state; the new holder writes.
+  EXPECT_EQ(b_->LoadCheckpoints()->size(), 1u);
+  EXPECT_EQ(b_->LoadWorld()->generation, 0u);
+  EXPECT_TRUE(b_->SaveCheckpoint(late).ok());
+  EXPECT_TRUE(b_->RenewLease(2).ok());
+}
+
+TEST_F(LeaseTest, AReleasedLeaseOrOnesOwnIsTakenAtOnce) {
+  LeaseClaim first(a_.get(), "node0:29400", timeout_);
+  ASSERT_TRUE(first.Poll(t0_)->has_value());
+  ASSERT_TRUE(a_->ReleaseLease(1).ok());
+  LeaseClaim next(b_.get(), "node1:29400", timeout_);
+  absl::StatusOr<std::optional<Lease>> taken = next.Poll(t0_);
+  ASSERT_TRUE(taken.ok() && taken->has_value());
+  EXPECT_EQ((*taken)->epoch, 2u);
+  // Releasing an epoch that moved on changes nothing.
+  ASSERT_TRUE(a_->ReleaseLease(1).ok());
+  EXPECT_EQ(b_->ReadLease()->holder, "node1:29400");
+
+  // node1 restarted (same address): no wait, a new epoch.
+  auto restarted = std::move(OpenSqliteStateStore(path_)).value();
+  LeaseClaim again(restarted.get(), "node1:29400", timeout_);
+  taken = again.Poll(t0_);
+  ASSERT_TRUE(taken.ok() && taken->has_value());
+  EXPECT_EQ((*taken)->epoch, 3u);
+  EXPECT_EQ(b_->RenewLease(2).code(), absl::StatusCode::kAborted);
+}
+
+}  // namespace
+}  // namespace muster
