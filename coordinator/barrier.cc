@@ -26,9 +26,13 @@ void Barriers::Arrive(const std::string& name, const std::string& member,
 }
 
 void Barriers::Reset(const std::string& reason, Actions* actions) {
+  Reset(absl::AbortedError(reason), actions);
+}
+
+void Barriers::Reset(const absl::Status& status, Actions* actions) {
   for (auto& [name, b] : barriers_) {
     for (Waiter& w : b.waiters) {
-      actions->Add([done = std::move(w.done), reason] { done(absl::AbortedError(reason)); });
+      actions->Add([done = std::move(w.done), status] { done(status); });
     }
   }
   barriers_.clear();

@@ -31,6 +31,8 @@ class Barriers {
               absl::Time deadline, Callback done, Actions* actions);
 
   void Reset(const std::string& reason, Actions* actions);
+  // The same, failing the waiters with `status`.
+  void Reset(const absl::Status& status, Actions* actions);
   void Expire(absl::Time now, Actions* actions);
 
   size_t waiter_count() const;

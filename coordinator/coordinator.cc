@@ -75,16 +75,25 @@ void Coordinator::Record(const std::string& kind, const std::string& detail) {
 }
 
 Actions Coordinator::Gated() {
-  return Actions([this] { AwaitDurable(); });
+  return Actions([this] { AwaitDurable().IgnoreError(); });
 }
 
-void Coordinator::AwaitDurable() {
+absl::Status Coordinator::AwaitDurable() {
   const absl::Status s = persister_.Wait(persister_.last_ticket());
-  if (s.ok() || store_failed_.exchange(true)) return;
+  if (s.ok()) return s;
+  const absl::Status not_durable =
+      absl::UnavailableError(absl::StrCat("not on disk: ", s.message()));
+  if (store_failed_.exchange(true)) return not_durable;
+  if (absl::IsAborted(s)) {
+    // Fenced: another coordinator holds the lease, and the members are its.
+    Abandon(std::string(s.message()));
+    return not_durable;
+  }
   // A generation that is not on disk must not be handed out as if it were;
   // crash-only: stop the job loudly (its checkpoints are safe), and let the
   // coordinator be restarted on a working state dir.
   Shutdown(absl::StrCat("the state store cannot be written: ", s.message()));
+  return not_durable;
 }
 
 void Coordinator::FlushEvents() {
@@ -103,6 +112,12 @@ void Coordinator::PushTo(const std::string& id, const MemberEvent& event, Action
 
 absl::Status Coordinator::CheckServing() const {
   if (gen_.phase() == GenerationPhase::kShuttingDown) {
+    // Abandoned: the members belong to the coordinator that took over,
+    // and retry there.
+    if (!abandoned_.empty()) {
+      return absl::UnavailableError(
+          absl::StrCat("this coordinator stopped serving (", abandoned_, "); reconnect"));
+    }
     return absl::FailedPreconditionError("the coordinator is shutting down");
   }
   return absl::OkStatus();
@@ -178,29 +193,44 @@ void Coordinator::Shutdown(const std::string& reason) {
   }
 }
 
-bool Coordinator::StopServing(const std::string& reason) {
+void Coordinator::Abandon(const std::string& reason) { StopServing(reason, false); }
+
+bool Coordinator::StopServing(const std::string& reason, bool tell_members) {
   Actions actions = Gated();
   absl::MutexLock lock(&mu_);
   if (!gen_.ShuttingDown()) return false;
-  Record("shutdown", reason);
+  Record(tell_members ? "shutdown" : "abandon", reason);
+  if (!tell_members) abandoned_ = reason;
   MemberEvent stop;
   stop.kind = MemberEvent::Kind::kStop;
   stop.reason = reason;
+  const absl::Status down =
+      tell_members ? absl::FailedPreconditionError(
+                         absl::StrCat("the coordinator is shutting down: ", reason))
+                   : absl::UnavailableError(absl::StrCat("this coordinator stopped serving (",
+                                                         reason, "); reconnect"));
   for (auto& [id, session] : sessions_) {
-    actions.Add([sink = session.sink, stop] {
+    actions.Add([sink = session.sink, stop, tell_members, down] {
+      if (!tell_members) {
+        sink->Close(down);
+        return;
+      }
       sink->Push(stop);
       sink->Close(absl::OkStatus());
     });
   }
   sessions_.clear();
-  const absl::Status down = absl::FailedPreconditionError(
-      absl::StrCat("the coordinator is shutting down: ", reason));
   for (RendezvousWaiter& w : waiters_) {
     actions.Add([done = std::move(w.done), down] { done(down); });
   }
   waiters_.clear();
-  kv_.Reset(std::string(down.message()), &actions);
-  barriers_.Reset(std::string(down.message()), &actions);
+  if (tell_members) {
+    kv_.Reset(std::string(down.message()), &actions);
+    barriers_.Reset(std::string(down.message()), &actions);
+  } else {
+    kv_.Reset(down, &actions);
+    barriers_.Reset(down, &actions);
+  }
   FlushEvents();
   return true;
 }

@@ -211,6 +211,11 @@ class Coordinator {
   // FAILED_PRECONDITION. Returns once everything decided is on disk; the
   // state file is not written after it. Idempotent.
   void Shutdown(const std::string& reason);
+  // Stops serving because another coordinator took the lease over
+  // (docs/failover.md): members are not stopped; every session and pending
+  // call ends UNAVAILABLE, so clients go to the new holder. Nothing more is
+  // written. Idempotent, and a no-op after Shutdown.
+  void Abandon(const std::string& reason);
   bool shutting_down();
 
   // Enforces heartbeat timeouts, deadlines, last call, the reattach grace
@@ -292,12 +297,16 @@ class Coordinator {
   absl::StatusOr<uint64_t> DecideBeginCheckpoint(uint64_t generation, const MemberKey& key,
                                                  int64_t step);
   absl::StatusOr<bool> DecideReportShard(uint64_t id, const MemberKey& key, ShardReport report);
-  // Shutdown's decisions under the lock; false when already shutting down.
-  bool StopServing(const std::string& reason);
+  // Shutdown's and Abandon's decisions under the lock (`tell_members`:
+  // stop them; else end their sessions and calls UNAVAILABLE); false when
+  // already shutting down.
+  bool StopServing(const std::string& reason, bool tell_members = true);
   // Actions that run once every decision queued so far is durable.
   Actions Gated();
-  // After the lock: waits for the persister; a failed write shuts down.
-  void AwaitDurable();
+  // After the lock: waits for the persister; a failed write shuts down
+  // (or abandons, when fenced) and is returned as UNAVAILABLE: what waited
+  // for it is not on disk, and a retry may reach a coordinator that works.
+  absl::Status AwaitDurable();
 
   // Constant after construction.
   const CoordinatorOptions options_;
@@ -313,6 +322,8 @@ class Coordinator {
   // The generation counter, the current world, its arrivals and the phase
   // of its lifecycle (generation_state.h).
   GenerationState gen_ ABSL_GUARDED_BY(mu_);
+  // Why Abandon stopped this coordinator ("" unless it did).
+  std::string abandoned_ ABSL_GUARDED_BY(mu_);
   Membership membership_ ABSL_GUARDED_BY(mu_);
   RendezvousTimer timer_ ABSL_GUARDED_BY(mu_);
   std::list<RendezvousWaiter> waiters_ ABSL_GUARDED_BY(mu_);

@@ -76,7 +76,7 @@ void Coordinator::Barrier(uint64_t generation, const MemberKey& key, const std::
 absl::StatusOr<uint64_t> Coordinator::BeginCheckpoint(uint64_t generation,
                                                       const MemberKey& key, int64_t step) {
   absl::StatusOr<uint64_t> id = DecideBeginCheckpoint(generation, key, step);
-  if (id.ok()) AwaitDurable();
+  if (id.ok()) MUSTER_RETURN_IF_ERROR(AwaitDurable());
   return id;
 }
 
@@ -99,7 +99,8 @@ absl::StatusOr<uint64_t> Coordinator::DecideBeginCheckpoint(uint64_t generation,
 absl::StatusOr<bool> Coordinator::ReportShard(uint64_t id, const MemberKey& key,
                                               ShardReport report) {
   absl::StatusOr<bool> committed = DecideReportShard(id, key, std::move(report));
-  if (committed.ok()) AwaitDurable();  // "committed" is said only once it is on disk
+  // "committed" is said only once it is on disk.
+  if (committed.ok()) MUSTER_RETURN_IF_ERROR(AwaitDurable());
   return committed;
 }
 
@@ -130,8 +131,7 @@ absl::Status Coordinator::AbortCheckpoint(uint64_t id, const MemberKey& key,
     MUSTER_RETURN_IF_ERROR(catalog_.Abort(id, absl::StrCat(key.id, ": ", reason)));
     Record("checkpoint", absl::StrCat("checkpoint ", id, " aborted by ", key.id, ": ", reason));
   }
-  AwaitDurable();
-  return absl::OkStatus();
+  return AwaitDurable();
 }
 
 std::vector<CheckpointRecord> Coordinator::ListCheckpoints(bool all) {

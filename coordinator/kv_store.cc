@@ -12,10 +12,14 @@
 namespace muster {
 
 void KvStore::Reset(const std::string& reason, Actions* actions) {
+  Reset(absl::AbortedError(reason), actions);
+}
+
+void KvStore::Reset(const absl::Status& status, Actions* actions) {
   values_.clear();
   bytes_ = 0;
   for (Waiter& w : waiters_) {
-    actions->Add([done = std::move(w.done), reason] { done(absl::AbortedError(reason)); });
+    actions->Add([done = std::move(w.done), status] { done(status); });
   }
   waiters_.clear();
   waiting_on_.clear();

@@ -40,6 +40,8 @@ class KvStore {
 
   // Drops every key and fails every waiter with ABORTED naming `reason`.
   void Reset(const std::string& reason, Actions* actions);
+  // The same, failing the waiters with `status`.
+  void Reset(const absl::Status& status, Actions* actions);
 
   // Stores `value` under `key` and completes waiters that now have all
   // their keys. Errors: INVALID_ARGUMENT (key empty or too long, value too

@@ -10,9 +10,9 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/flag_names.h"
 #include "common/logging.h"
 #include "common/token.h"
@@ -54,6 +54,15 @@ ABSL_FLAG(uint32_t, keep_last, 3, "committed checkpoints kept (0 keeps all)");
 ABSL_FLAG(std::string, keep_best, "",
           "also keep the best checkpoint by this metric: val_loss (smaller) or val_acc "
           "(larger); any other name counts as smaller-is-better");
+ABSL_FLAG(std::string, advertise, "",
+          "host:port clients reach this coordinator at (default: --listen, a wildcard host "
+          "replaced by this host's name); the lease's holder and the address file's content");
+ABSL_FLAG(std::string, address_file, "",
+          "write the advertised address here (atomically) once this coordinator holds the "
+          "lease and listens; clients given --coordinator file:PATH follow it");
+ABSL_FLAG(absl::Duration, lease_timeout, absl::Seconds(3),
+          "with --state-dir: a standby takes the lease over once its holder's beats stopped "
+          "this long");
 ABSL_FLAG(bool, verbose, false, "debug logging");
 ABSL_FLAG(absl::Duration, state_sync_delay, absl::ZeroDuration(),
           "benchmarks: every fsync of the state file also waits this long, as on a slow shared "
@@ -69,6 +78,9 @@ int Run() {
   options.state_dir = absl::GetFlag(FLAGS_state_dir);
   options.state_sync_delay = absl::GetFlag(FLAGS_state_sync_delay);
   options.rebuild_catalog = absl::GetFlag(FLAGS_rebuild_catalog);
+  options.advertise = absl::GetFlag(FLAGS_advertise);
+  options.address_file = absl::GetFlag(FLAGS_address_file);
+  options.lease_timeout = absl::GetFlag(FLAGS_lease_timeout);
   options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   options.http_listen = absl::GetFlag(FLAGS_http_listen);
   options.tls = {absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key),
@@ -132,18 +144,49 @@ int Run() {
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
+  // The signal thread runs from here on: a standby waiting for the lease
+  // inside Start stops on SIGTERM too.
+  struct Stopper {
+    absl::Mutex mu;
+    int signal ABSL_GUARDED_BY(mu) = 0;
+    muster::CoordinatorServer* server ABSL_GUARDED_BY(mu) = nullptr;
+  };
+  static Stopper stopper;  // the detached thread may outlive Run
+  std::thread([signals]() mutable {
+    int sig = 0;
+    sigwait(&signals, &sig);
+    absl::MutexLock lock(&stopper.mu);
+    stopper.signal = sig;
+    if (stopper.server != nullptr) stopper.server->Stop(absl::StrCat("signal ", sig));
+  }).detach();
+  options.cancelled = [] {
+    absl::MutexLock lock(&stopper.mu);
+    return stopper.signal != 0;
+  };
   auto server = muster::CoordinatorServer::Start(std::move(options));
+  if (absl::IsCancelled(server.status())) {
+    MUSTER_LOG(INFO) << "standby stopped by a signal before taking the lease over";
+    return 0;
+  }
   if (!server.ok()) {
     std::cerr << "muster-coordinator: " << server.status() << "\n";
     return 1;
   }
-  std::thread([signals, s = server->get()]() mutable {
-    int sig = 0;
-    sigwait(&signals, &sig);
-    s->Stop(absl::StrCat("signal ", sig));
-  }).detach();
+  {
+    absl::MutexLock lock(&stopper.mu);
+    stopper.server = server->get();
+    if (stopper.signal != 0) stopper.server->Stop(absl::StrCat("signal ", stopper.signal));
+  }
   (*server)->Wait();
+  {
+    absl::MutexLock lock(&stopper.mu);
+    stopper.server = nullptr;
+  }
   MUSTER_LOG(INFO) << "coordinator stopped";
+  if (const std::string lost = (*server)->lost_lease(); !lost.empty()) {
+    std::cerr << "muster-coordinator: " << lost << "\n";
+    return 4;
+  }
   if (const std::string ended = (*server)->ended(); !ended.empty()) {
     std::cerr << "muster-coordinator: " << ended << "\n";
     return 3;

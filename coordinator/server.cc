@@ -1,15 +1,19 @@
 #include "coordinator/server.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "coordinator/catalog_rebuild.h"
+#include "coordinator/lease.h"
 
 namespace muster {
 namespace {
@@ -48,6 +52,61 @@ absl::Status FillCatalog(StateStore* store, const std::string& checkpoint_dir) {
   return absl::OkStatus();
 }
 
+// `listen` as clients reach it: a wildcard host becomes this host's name.
+std::string Advertised(const std::string& listen) {
+  const size_t colon = listen.rfind(':');
+  const std::string host = colon == std::string::npos ? "" : listen.substr(0, colon);
+  if (host != "0.0.0.0" && host != "[::]" && !host.empty()) return listen;
+  char name[256] = {};
+  ::gethostname(name, sizeof(name) - 1);
+  return absl::StrCat(name, listen.substr(colon == std::string::npos ? listen.size() : colon));
+}
+
+// Writes `text` to `path` atomically: a reader sees the old or the new file.
+absl::Status WriteAtomically(const std::string& path, const std::string& text) {
+  const std::string tmp = absl::StrCat(path, ".tmp.", ::getpid());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    return absl::UnavailableError(absl::StrCat("cannot write ", tmp, ": ", std::strerror(errno)));
+  }
+  const bool written = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size()) &&
+                       ::fsync(fd) == 0;
+  ::close(fd);
+  if (!written || ::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    return absl::UnavailableError(absl::StrCat("cannot write ", path, ": ", std::strerror(err)));
+  }
+  return absl::OkStatus();
+}
+
+// Blocks until this coordinator holds the lease on `store`, or `cancelled`.
+absl::StatusOr<Lease> HoldLease(StateStore* store, const std::string& holder,
+                                const ServerOptions& options) {
+  LeaseClaim claim(store, holder, options.lease_timeout);
+  bool told = false;
+  for (;;) {
+    MUSTER_ASSIGN_OR_RETURN(std::optional<Lease> lease, claim.Poll(absl::Now()));
+    if (lease.has_value()) {
+      MUSTER_LOG(INFO) << "lease of " << options.state_dir << ": epoch " << lease->epoch
+                       << ", held by " << holder;
+      return *lease;
+    }
+    if (!told) {
+      told = true;
+      MUSTER_LOG(INFO) << "standby: the lease of " << options.state_dir << " is held by "
+                       << claim.seen().holder << " (epoch " << claim.seen().epoch
+                       << "); taking over once its beats stop for "
+                       << absl::FormatDuration(options.lease_timeout);
+    }
+    if (options.cancelled && options.cancelled()) {
+      return absl::CancelledError("stopped while waiting for the lease as a standby");
+    }
+    absl::SleepFor(std::clamp(options.lease_timeout / 20, absl::Milliseconds(10),
+                              absl::Milliseconds(100)));
+  }
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
@@ -62,6 +121,17 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     db = options.state_dir + "/coordinator.db";
   }
   MUSTER_ASSIGN_OR_RETURN(s->store_, OpenSqliteStateStore(db, options.state_sync_delay));
+  std::string advertised = options.advertise.empty() ? Advertised(options.listen)
+                                                     : options.advertise;
+  if (!options.state_dir.empty()) {
+    // Port 0 is not an address yet: such a coordinator never counts as
+    // the restart of another (the pid tells processes apart).
+    const std::string holder = absl::EndsWith(advertised, ":0")
+                                   ? absl::StrCat(advertised, "#", ::getpid())
+                                   : advertised;
+    MUSTER_ASSIGN_OR_RETURN(Lease lease, HoldLease(s->store_.get(), holder, options));
+    s->epoch_ = lease.epoch;
+  }
   if (!options.rebuild_catalog.empty()) {
     MUSTER_RETURN_IF_ERROR(FillCatalog(s->store_.get(), options.rebuild_catalog));
   }
@@ -101,13 +171,31 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   if (s->server_ == nullptr || s->port_ == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen));
   }
+  if (absl::EndsWith(advertised, ":0")) {
+    advertised = absl::StrCat(advertised.substr(0, advertised.size() - 1), s->port_);
+  }
+  if (!options.address_file.empty()) {
+    MUSTER_RETURN_IF_ERROR(WriteAtomically(options.address_file, advertised + "\n"));
+  }
   s->options_ = std::move(options);
   s->ticker_ = std::thread([self] { self->TickLoop(); });
   // Stops the server off the rpc threads once a stop is requested.
   s->stopper_ = std::thread([self] {
     self->stop_requested_.WaitForNotification();
-    self->coordinator_->Shutdown("coordinator stopping");
-    self->server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+    if (self->lost_lease().empty()) {
+      self->coordinator_->Shutdown("coordinator stopping");
+      self->server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+      if (self->epoch_ != 0) {
+        if (absl::Status s = self->store_->ReleaseLease(self->epoch_); !s.ok()) {
+          MUSTER_LOG(WARNING) << "could not release the lease: " << s;
+        }
+      }
+    } else {
+      // Members are not stopped: their sessions and calls end UNAVAILABLE,
+      // and they go to the coordinator that took over.
+      self->coordinator_->Abandon(self->lost_lease());
+      self->server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Milliseconds(200)));
+    }
     self->stopped_.Notify();
   });
   MUSTER_LOG(INFO) << "coordinator listening on port " << s->port_
@@ -129,7 +217,23 @@ CoordinatorServer::~CoordinatorServer() {
 
 void CoordinatorServer::TickLoop() {
   absl::Time next_metrics = absl::InfinitePast();
+  absl::Time next_beat = absl::Now() + options_.lease_timeout / 4;
   while (!stop_requested_.WaitForNotificationWithTimeout(options_.tick)) {
+    if (epoch_ != 0 && absl::Now() >= next_beat) {
+      next_beat = absl::Now() + options_.lease_timeout / 4;
+      const absl::Status beat = store_->RenewLease(epoch_);
+      if (absl::IsAborted(beat)) {
+        MUSTER_LOG(ERROR) << "stopping: " << beat.message();
+        {
+          absl::MutexLock lock(&ended_mu_);
+          lost_lease_ = std::string(beat.message());
+        }
+        RequestStop();
+        return;
+      }
+      // The file system may come back; a standby takes over if it does not.
+      if (!beat.ok()) MUSTER_LOG(WARNING) << "could not renew the lease: " << beat;
+    }
     coordinator_->Tick();
     if (std::string ended = coordinator_->JobEnded(); !ended.empty()) {
       {
@@ -147,6 +251,11 @@ void CoordinatorServer::TickLoop() {
 }
 
 void CoordinatorServer::Wait() { stopped_.WaitForNotification(); }
+
+std::string CoordinatorServer::lost_lease() {
+  absl::MutexLock lock(&ended_mu_);
+  return lost_lease_;
+}
 
 std::string CoordinatorServer::ended() {
   absl::MutexLock lock(&ended_mu_);

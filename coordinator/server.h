@@ -9,6 +9,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <mutex>
@@ -54,6 +55,20 @@ struct ServerOptions {
   // A connection with no call for this long is closed; clients reconnect
   // when they next call (trainers and agents always hold a session).
   absl::Duration max_connection_idle = absl::Minutes(5);
+
+  // Failover (docs/failover.md), with a state dir only. This coordinator's
+  // host:port as clients reach it: the lease's holder and what the address
+  // file says. "" means `listen`, with a wildcard host replaced by this
+  // host's name.
+  std::string advertise;
+  // Written atomically (host:port and a newline) once this coordinator
+  // holds the lease and listens; clients given file:PATH read it.
+  std::string address_file;
+  // The holder's beats stopped this long: a standby takes over.
+  absl::Duration lease_timeout = absl::Seconds(3);
+  // Polled while waiting for the lease as a standby: true ends the wait
+  // (Start then fails CANCELLED).
+  std::function<bool()> cancelled;
 };
 
 class CoordinatorServer {
@@ -74,6 +89,10 @@ class CoordinatorServer {
   void Wait();
   // Why the job ended on its own (Coordinator::JobEnded), or "".
   std::string ended();
+  // Why this coordinator gave up serving because another took the lease
+  // over, or "". It then stopped without telling the members anything:
+  // they move to the new holder.
+  std::string lost_lease();
   // Stops members and the server; idempotent.
   void Stop(const std::string& reason);
 
@@ -85,6 +104,9 @@ class CoordinatorServer {
   ServerOptions options_;
   absl::Mutex ended_mu_;
   std::string ended_ ABSL_GUARDED_BY(ended_mu_);
+  std::string lost_lease_ ABSL_GUARDED_BY(ended_mu_);
+  // The lease's epoch held (0: no state dir, no lease).
+  uint64_t epoch_ = 0;
   std::unique_ptr<StateStore> store_;
   std::unique_ptr<Coordinator> coordinator_;
   std::unique_ptr<Metrics> metrics_;

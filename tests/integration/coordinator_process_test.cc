@@ -10,7 +10,9 @@
 #include <array>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -94,6 +96,43 @@ class ProcessTest : public ::testing::Test {
     return std::make_unique<TestMember>(ch, "process-test-token", id, "node0", inc);
   }
 
+  // Members a and b join, rendezvous, and commit one checkpoint per step.
+  void CommitCheckpoints(TestMember* a, TestMember* b, const std::vector<int64_t>& steps) {
+    for (auto* m : {a, b}) {
+      ASSERT_TRUE(m->Join().ok());
+      ASSERT_TRUE(m->OpenSession().ok());
+    }
+    absl::StatusOr<v1::RendezvousResponse> rb;
+    std::thread t([&] { rb = b->Rendezvous(0, 0); });
+    auto ra = a->Rendezvous(0, 0);
+    t.join();
+    ASSERT_TRUE(ra.ok() && rb.ok());
+    const uint64_t gen = ra->world().generation();
+    for (int64_t step : steps) {
+      uint64_t id = 0;
+      for (auto* m : {a, b}) {
+        v1::BeginCheckpointRequest begin;
+        begin.set_generation(gen);
+        begin.set_step(step);
+        *begin.mutable_member() = m->ref();
+        v1::BeginCheckpointResponse br;
+        ASSERT_TRUE(m->stub()->BeginCheckpoint(m->Context().get(), begin, &br).ok());
+        id = br.checkpoint_id();
+      }
+      for (auto* m : {a, b}) {
+        v1::ReportShardRequest rep;
+        rep.set_checkpoint_id(id);
+        *rep.mutable_member() = m->ref();
+        auto* f = rep.add_files();
+        f->set_path(absl::StrCat("/ckpt/", step, "/", m->ref().member_id(), ".safetensors"));
+        f->set_bytes(4096);
+        f->set_checksum("0123456789abcdef");
+        v1::ReportShardResponse rr;
+        ASSERT_TRUE(m->stub()->ReportShard(m->Context().get(), rep, &rr).ok());
+      }
+    }
+  }
+
   std::string dir_, token_file_, target_;
   int port_ = 0;
   pid_t pid_ = -1;
@@ -141,39 +180,8 @@ TEST_F(ProcessTest, SigkillAndRestartKeepsCommittedCheckpointsAndGeneration) {
   StartCoordinator();
   auto a = Member("a", 11);
   auto b = Member("b", 22);
-  for (auto* m : {a.get(), b.get()}) {
-    ASSERT_TRUE(m->Join().ok());
-    ASSERT_TRUE(m->OpenSession().ok());
-  }
-  absl::StatusOr<v1::RendezvousResponse> rb;
-  std::thread t([&] { rb = b->Rendezvous(0, 0); });
-  auto ra = a->Rendezvous(0, 0);
-  t.join();
-  ASSERT_TRUE(ra.ok() && rb.ok());
-  const uint64_t gen = ra->world().generation();
-  for (int64_t step : {100, 200}) {
-    uint64_t id = 0;
-    for (auto* m : {a.get(), b.get()}) {
-      v1::BeginCheckpointRequest begin;
-      begin.set_generation(gen);
-      begin.set_step(step);
-      *begin.mutable_member() = m->ref();
-      v1::BeginCheckpointResponse br;
-      ASSERT_TRUE(m->stub()->BeginCheckpoint(m->Context().get(), begin, &br).ok());
-      id = br.checkpoint_id();
-    }
-    for (auto* m : {a.get(), b.get()}) {
-      v1::ReportShardRequest rep;
-      rep.set_checkpoint_id(id);
-      *rep.mutable_member() = m->ref();
-      auto* f = rep.add_files();
-      f->set_path(absl::StrCat("/ckpt/", step, "/", m->ref().member_id(), ".safetensors"));
-      f->set_bytes(4096);
-      f->set_checksum("0123456789abcdef");
-      v1::ReportShardResponse rr;
-      ASSERT_TRUE(m->stub()->ReportShard(m->Context().get(), rep, &rr).ok());
-    }
-  }
+  CommitCheckpoints(a.get(), b.get(), {100, 200});
+  if (HasFatalFailure()) return;
   Output before = Cli("checkpoints --json");
   ASSERT_EQ(before.exit_code, 0) << before.out;
   ASSERT_NE(before.out.find("\"step\": \"200\""), std::string::npos) << before.out;
@@ -201,6 +209,61 @@ TEST_F(ProcessTest, SigkillAndRestartKeepsCommittedCheckpointsAndGeneration) {
   }
   EXPECT_NE(status.out.find("\"job_state\": \"running\""), std::string::npos) << status.out;
   EXPECT_NE(status.out.find("\"generation\": \"1\""), std::string::npos) << status.out;
+}
+
+// Failover: a second coordinator on the same state dir waits as a standby
+// while the primary's lease beats; when the primary hangs (its node lost),
+// the standby takes the lease over, serves the same catalog and rewrites
+// the address file clients follow. The old primary, woken up, commits
+// nothing and exits 4.
+TEST_F(ProcessTest, AStandbyTakesOverFromAHungPrimaryWhichThenCommitsNothing) {
+  const std::string address_file = dir_ + "/coordinator.address";
+  auto coordinator = [&](const std::string& listen, const std::string& log) {
+    return SpawnLogged({kBin + "/muster-coordinator", "--listen=" + listen,
+                        "--state-dir=" + dir_ + "/state", "--token-file=" + token_file_,
+                        "--address-file=" + address_file, "--lease-timeout=1s",
+                        "--min-members=2", "--max-members=2"},
+                       dir_ + "/" + log);
+  };
+  auto wait_for = [](const std::function<bool()>& done) {
+    for (int i = 0; i < 200 && !done(); ++i) ::usleep(100'000);
+    return done();
+  };
+  const pid_t primary = coordinator(target_, "primary.log");
+  ASSERT_TRUE(wait_for([&] { return ReadText(address_file) == target_ + "\n"; }))
+      << ReadText(dir_ + "/primary.log");
+  auto a = Member("a", 11);
+  auto b = Member("b", 22);
+  CommitCheckpoints(a.get(), b.get(), {100});
+  if (HasFatalFailure()) return;
+  const std::string cli = kBin + "/muster --coordinator file:" + address_file +
+                          " --token-file " + token_file_ + " ";
+  const Output before = RunCommand(cli + "checkpoints --json");
+  ASSERT_NE(before.out.find("\"step\": \"100\""), std::string::npos) << before.out;
+
+  const std::string standby_target = absl::StrCat("127.0.0.1:", FreeLoopbackPort());
+  const pid_t standby = coordinator(standby_target, "standby.log");
+  ASSERT_TRUE(wait_for([&] {
+    return ReadText(dir_ + "/standby.log").find("standby: the lease") != std::string::npos;
+  })) << ReadText(dir_ + "/standby.log");
+  ::usleep(1'500'000);  // longer than the lease timeout: a beating primary keeps it
+  EXPECT_EQ(ReadText(address_file), target_ + "\n");
+
+  ASSERT_EQ(::kill(primary, SIGSTOP), 0);
+  ASSERT_TRUE(wait_for([&] { return ReadText(address_file) == standby_target + "\n"; }))
+      << ReadText(dir_ + "/standby.log");
+  const Output after = RunCommand(cli + "checkpoints --json");
+  EXPECT_EQ(after.out, before.out);
+  EXPECT_NE(RunCommand(cli + "status --json").out.find("\"job_state\": \"recovering\""),
+            std::string::npos);
+
+  ASSERT_EQ(::kill(primary, SIGCONT), 0);
+  EXPECT_EQ(WaitExit(primary), 4) << ReadText(dir_ + "/primary.log");
+  EXPECT_NE(ReadText(dir_ + "/primary.log").find("was taken over: epoch 2"), std::string::npos)
+      << ReadText(dir_ + "/primary.log");
+  EXPECT_EQ(RunCommand(cli + "checkpoints --json").out, before.out);
+  ASSERT_EQ(::kill(standby, SIGTERM), 0);
+  EXPECT_EQ(WaitExit(standby), 0) << ReadText(dir_ + "/standby.log");
 }
 
 }  // namespace
