@@ -23,6 +23,7 @@
 #include "common/token.h"
 #include "muster/v1/coordinator.grpc.pb.h"
 #include "muster/v1/state.grpc.pb.h"
+#include "rpc/coordinator_channel.h"
 #include "rpc/credentials.h"
 #include "rpc/status.h"
 #include "trainer/checkpoint/safetensors.h"
@@ -213,7 +214,13 @@ int Run(const std::vector<char*>& args) {
   }
   muster::TlsFiles tls{absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key),
                        absl::GetFlag(FLAGS_tls_ca)};
-  auto channel = muster::MakeChannel(target, tls);
+  // file:PATH: the address file the coordinator holding the lease wrote.
+  const absl::StatusOr<std::string> address = muster::ResolveCoordinator(target);
+  if (!address.ok()) {
+    std::cerr << "muster: " << address.status() << "\n";
+    return 2;
+  }
+  auto channel = muster::MakeChannel(*address, tls);
   if (!channel.ok()) {
     std::cerr << "muster: " << channel.status() << "\n";
     return 2;

@@ -70,6 +70,16 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const std::string& ta
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  // A coordinator that hangs (or whose node is cut off) leaves its TCP
+  // connection looking alive; calls in flight would wait out their
+  // deadlines. While a call is in flight, ping every 5 s and drop the
+  // connection when a ping goes 3 s unanswered: the call fails UNAVAILABLE
+  // and is retried, at the address a failover wrote (docs/failover.md).
+  // The coordinator accepts pings every second (server.cc).
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 5000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 3000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 0);
+  args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   return grpc::CreateCustomChannel(target, creds, args);
 }
 

@@ -22,6 +22,7 @@
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "muster/v1/coordinator.grpc.pb.h"
+#include "rpc/coordinator_channel.h"
 #include "rpc/credentials.h"
 #include "rpc/status.h"
 #include "rpc/write_queue.h"
@@ -166,8 +167,7 @@ class NodeSessionImpl final : public NodeSession,
   const NodeSessionOptions o_;
   std::string dir_, socket_;
   std::unique_ptr<grpc::Server> server_;
-  std::shared_ptr<grpc::Channel> channel_;
-  std::unique_ptr<v1::Coordinator::Stub> stub_;
+  std::unique_ptr<CoordinatorChannel> coordinator_;
   std::thread thread_;
 
   absl::Mutex mu_;
@@ -181,6 +181,8 @@ class NodeSessionImpl final : public NodeSession,
   std::map<uint64_t, Call> rendezvous_ ABSL_GUARDED_BY(mu_);
   uint64_t last_call_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
+  // When the coordinator last sent anything on the live connection.
+  absl::Time last_heard_ ABSL_GUARDED_BY(mu_);
   absl::Duration interval_ ABSL_GUARDED_BY(mu_) = absl::Seconds(1);
 };
 
@@ -260,8 +262,7 @@ absl::Status NodeSessionImpl::Init() {
         "the agent's socket path ", socket_, " is too long for a Unix socket; set TMPDIR to a "
         "shorter directory"));
   }
-  MUSTER_ASSIGN_OR_RETURN(channel_, MakeChannel(o_.coordinator, o_.tls));
-  stub_ = v1::Coordinator::NewStub(channel_);
+  MUSTER_ASSIGN_OR_RETURN(coordinator_, CoordinatorChannel::Create(o_.coordinator, o_.tls));
   grpc::ServerBuilder builder;
   builder.AddListeningPort(address(), grpc::InsecureServerCredentials());
   builder.RegisterService(this);
@@ -445,6 +446,10 @@ void NodeSessionImpl::Route(v1::SessionEvent event) {
   std::shared_ptr<Queue> out;
   absl::Status close;
   bool closing = false;
+  {
+    absl::MutexLock lock(&mu_);
+    last_heard_ = absl::Now();
+  }
   if (event.has_rendezvous()) {
     RelayedRendezvous* call = nullptr;
     {
@@ -550,7 +555,28 @@ absl::Status NodeSessionImpl::Connection() {
     if (stopping_) return absl::CancelledError("stopping");
     ctx_ = &ctx;
   }
-  std::unique_ptr<Upstream> stream = stub_->Session(&ctx);
+  if (coordinator_->Refresh()) {
+    MUSTER_LOG(INFO) << "muster-agent: node " << o_.node << ": coordinator now at "
+                     << coordinator_->address();
+  }
+  std::unique_ptr<v1::Coordinator::Stub> stub = v1::Coordinator::NewStub(coordinator_->get());
+  std::unique_ptr<Upstream> stream = stub->Session(&ctx);
+  // A coordinator that hangs may still accept the TCP connection and then
+  // never answer: give up on the handshake after three heartbeat periods
+  // and a second, as the write loop does on an open stream.
+  bool handshaken = false;
+  std::thread handshake_watch([this, &ctx, &handshaken] {
+    absl::MutexLock lock(&mu_);
+    const absl::Duration limit = 3 * interval_ + absl::Seconds(1);
+    auto done = [this, &handshaken]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return handshaken || stopping_;
+    };
+    if (!mu_.AwaitWithTimeout(absl::Condition(&done), limit)) {
+      MUSTER_LOG(WARNING) << "muster-agent: node " << o_.node << ": no answer from "
+                          << coordinator_->address() << " in " << absl::FormatDuration(limit);
+      ctx.TryCancel();
+    }
+  });
   v1::SessionRequest hello;
   hello.mutable_node_hello()->set_node(o_.node);
   v1::SessionRequest first_beat;  // learns the heartbeat period
@@ -558,6 +584,11 @@ absl::Status NodeSessionImpl::Connection() {
   bool ok = stream->Write(hello) && stream->Write(first_beat);
   v1::SessionEvent event;
   ok = ok && stream->Read(&event) && event.has_ack();
+  {
+    absl::MutexLock lock(&mu_);
+    handshaken = true;
+  }
+  handshake_watch.join();
   if (ok) {
     Route(std::move(event));
     absl::MutexLock lock(&mu_);
@@ -593,6 +624,17 @@ void NodeSessionImpl::WriteLoop(Upstream* stream) {
       if (!connected_) return;
       batch.swap(outgoing_);
       const absl::Time now = absl::Now();
+      // Every node heartbeat is acknowledged: a coordinator that has said
+      // nothing for three periods is hung, or its node is cut off. Its
+      // connection may look alive for minutes; drop it and reconnect (to
+      // whoever holds the lease by then).
+      if (now - last_heard_ > 3 * interval_ + absl::Seconds(1)) {
+        MUSTER_LOG(WARNING) << "muster-agent: node " << o_.node << ": no word from the "
+                            << "coordinator for " << absl::FormatDuration(now - last_heard_)
+                            << "; reconnecting";
+        if (ctx_ != nullptr) ctx_->TryCancel();
+        return;
+      }
       if (now >= next_beat) {
         v1::SessionRequest beat;
         beat.mutable_heartbeat()->set_sequence(++sequence);

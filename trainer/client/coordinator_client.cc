@@ -11,6 +11,7 @@
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "muster/v1/coordinator.grpc.pb.h"
+#include "rpc/coordinator_channel.h"
 #include "rpc/credentials.h"
 #include "rpc/status.h"
 #include "trainer/agent/node_session.h"
@@ -18,14 +19,31 @@
 namespace muster {
 
 struct CoordinatorClient::Impl {
-  std::shared_ptr<grpc::Channel> channel;
-  std::unique_ptr<v1::Coordinator::Stub> stub;
-  // Where the session stream goes: the agent's stub, or `stub`.
-  std::unique_ptr<v1::Coordinator::Stub> agent_stub;
-  v1::Coordinator::Stub* session_stub = nullptr;
+  std::unique_ptr<CoordinatorChannel> coordinator;
+  // Under muster-agent: where the session stream and Rendezvous go.
+  std::shared_ptr<v1::Coordinator::Stub> agent_stub;
   absl::Mutex mu;
+  // The stub of coordinator's channel as of the last Refresh.
+  std::shared_ptr<v1::Coordinator::Stub> stub ABSL_GUARDED_BY(mu);
   // The live session's context, so the destructor can cancel it.
   grpc::ClientContext* session_ctx ABSL_GUARDED_BY(mu) = nullptr;
+
+  std::shared_ptr<v1::Coordinator::Stub> Stub() {
+    absl::MutexLock lock(&mu);
+    return stub;
+  }
+  // Where the session stream and Rendezvous go: the agent, or the
+  // coordinator.
+  std::shared_ptr<v1::Coordinator::Stub> SessionStub() {
+    return agent_stub != nullptr ? agent_stub : Stub();
+  }
+  // Follows a coordinator that moved (an address file target).
+  void Refresh() {
+    if (!coordinator->Refresh()) return;
+    MUSTER_LOG(INFO) << "coordinator now at " << coordinator->address();
+    absl::MutexLock lock(&mu);
+    stub = v1::Coordinator::NewStub(coordinator->get());
+  }
 };
 
 namespace {
@@ -103,9 +121,12 @@ absl::StatusOr<std::unique_ptr<CoordinatorClient>> CoordinatorClient::Create(
     options.incarnation = absl::Uniform<uint64_t>(gen, 1, UINT64_MAX);
   }
   std::unique_ptr<CoordinatorClient> c(new CoordinatorClient(std::move(options)));
-  MUSTER_ASSIGN_OR_RETURN(c->impl_->channel, MakeChannel(c->options_.target, c->options_.tls));
-  c->impl_->stub = v1::Coordinator::NewStub(c->impl_->channel);
-  c->impl_->session_stub = c->impl_->stub.get();
+  MUSTER_ASSIGN_OR_RETURN(c->impl_->coordinator,
+                          CoordinatorChannel::Create(c->options_.target, c->options_.tls));
+  {
+    absl::MutexLock lock(&c->impl_->mu);
+    c->impl_->stub = v1::Coordinator::NewStub(c->impl_->coordinator->get());
+  }
   if (!c->options_.session_via.empty()) {
     if (!absl::StartsWith(c->options_.session_via, "unix:")) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -114,7 +135,6 @@ absl::StatusOr<std::unique_ptr<CoordinatorClient>> CoordinatorClient::Create(
     // A private Unix socket of the same user: no TLS (the token still goes).
     c->impl_->agent_stub = v1::Coordinator::NewStub(
         grpc::CreateChannel(c->options_.session_via, grpc::InsecureChannelCredentials()));
-    c->impl_->session_stub = c->impl_->agent_stub.get();
   }
   return c;
 }
@@ -135,6 +155,7 @@ absl::Status CoordinatorClient::Retry(absl::Time deadline,
                                       const std::function<absl::Status(absl::Time)>& call) {
   Backoff backoff(options_.backoff);
   while (true) {
+    impl_->Refresh();  // the coordinator may have moved meanwhile
     absl::Status s = call(deadline);
     if (!absl::IsUnavailable(s)) return s;
     const absl::Duration wait = backoff.Next();
@@ -147,8 +168,10 @@ absl::Status CoordinatorClient::Retry(absl::Time deadline,
     // again as soon as it has, instead of at the end of a backoff that grew
     // with the outage. Connected: the coordinator itself answered
     // UNAVAILABLE, so back off in full.
-    if (impl_->channel->GetState(/*try_to_connect=*/true) != GRPC_CHANNEL_READY) {
-      impl_->channel->WaitForConnected(absl::ToChronoTime(absl::Now() + wait));
+    impl_->Refresh();
+    std::shared_ptr<grpc::Channel> channel = impl_->coordinator->get();
+    if (channel->GetState(/*try_to_connect=*/true) != GRPC_CHANNEL_READY) {
+      channel->WaitForConnected(absl::ToChronoTime(absl::Now() + wait));
     } else {
       absl::SleepFor(wait);
     }
@@ -171,7 +194,7 @@ absl::Status CoordinatorClient::Join(int64_t step, absl::Time deadline) {
     req.set_state_address(options_.state_address);
     req.set_step(step);
     v1::JoinResponse resp;
-    absl::Status s = FromGrpcStatus(impl_->stub->Join(&ctx, req, &resp));
+    absl::Status s = FromGrpcStatus(impl_->Stub()->Join(&ctx, req, &resp));
     if (s.ok()) {
       heartbeat_ms_ = std::max<int64_t>(10, resp.heartbeat_interval_ms());
       if (resp.current_generation() > latest_generation_) {
@@ -202,10 +225,13 @@ void CoordinatorClient::SessionLoop(std::function<void(const SessionNotice&)> on
       if (stopping_) return;
       impl_->session_ctx = &ctx;
     }
-    auto stream = impl_->session_stub->Session(&ctx);
+    // The stub (and its channel) must outlive the stream.
+    const std::shared_ptr<v1::Coordinator::Stub> stub = impl_->SessionStub();
+    auto stream = stub->Session(&ctx);
     v1::SessionRequest hello;
     *hello.mutable_hello() = Ref(options_);
     std::atomic<bool> done{false};
+    std::atomic<int64_t> heard_ms{absl::ToUnixMillis(absl::Now())};
     absl::Mutex write_mu;
     bool write_ok = stream->Write(hello);
     std::thread beater([&] {
@@ -217,6 +243,16 @@ void CoordinatorClient::SessionLoop(std::function<void(const SessionNotice&)> on
         if (!first) absl::SleepFor(absl::Milliseconds(heartbeat_ms_.load()));
         first = false;
         if (done || stopping_) break;
+        // Every heartbeat is acknowledged: silence for three periods is a
+        // hung coordinator (or one cut off) behind a connection that may
+        // look alive for minutes. Reconnect, to whoever holds the lease.
+        const int64_t silent = absl::ToUnixMillis(absl::Now()) - heard_ms.load();
+        if (silent > 3 * heartbeat_ms_.load() + 1000) {
+          MUSTER_LOG(WARNING) << "no word from the coordinator for " << silent
+                              << " ms; reconnecting";
+          ctx.TryCancel();
+          break;
+        }
         v1::SessionRequest hb;
         hb.mutable_heartbeat()->set_step(step_);
         hb.mutable_heartbeat()->set_sequence(++seq);
@@ -228,6 +264,7 @@ void CoordinatorClient::SessionLoop(std::function<void(const SessionNotice&)> on
     bool got_any = false;
     while (stream->Read(&ev)) {
       got_any = true;
+      heard_ms = absl::ToUnixMillis(absl::Now());
       backoff.Reset();
       SessionNotice n;
       if (ev.has_ack()) {
@@ -274,6 +311,7 @@ void CoordinatorClient::SessionLoop(std::function<void(const SessionNotice&)> on
     // The coordinator went away (restart): reconnect and re-register.
     MUSTER_LOG(WARNING) << "session lost (" << s << "); reconnecting";
     absl::SleepFor(backoff.Next());
+    impl_->Refresh();
     // Under muster-agent, UNAVAILABLE is the agent's node stream breaking.
     // The next session waits at the agent until it has reconnected, and a
     // coordinator restarted on its state still knows the member: it
@@ -303,7 +341,7 @@ absl::StatusOr<WorldInfo> CoordinatorClient::Rendezvous(uint64_t after, int64_t 
     req.set_timeout_ms(static_cast<uint32_t>(
         std::max<int64_t>(1, absl::ToInt64Milliseconds(d - absl::Now()))));
     // Under muster-agent: the agent relays it on the node's stream.
-    return FromGrpcStatus(impl_->session_stub->Rendezvous(&ctx, req, &resp));
+    return FromGrpcStatus(impl_->SessionStub()->Rendezvous(&ctx, req, &resp));
   }));
   WorldInfo w = FromProto(resp);
   MUSTER_RETURN_IF_ERROR(CheckWorld(w, options_.member_id));
@@ -319,7 +357,7 @@ absl::Status CoordinatorClient::Leave(bool finished, int64_t step) {
     req.set_reason(finished ? v1::LeaveRequest::FINISHED : v1::LeaveRequest::GRACEFUL);
     req.set_step(step);
     v1::LeaveResponse resp;
-    return FromGrpcStatus(impl_->stub->Leave(&ctx, req, &resp));
+    return FromGrpcStatus(impl_->Stub()->Leave(&ctx, req, &resp));
   });
 }
 
@@ -332,7 +370,7 @@ absl::Status CoordinatorClient::KvSet(uint64_t generation, const std::string& ke
     req.set_key(key);
     req.set_value(value);
     v1::KvSetResponse resp;
-    return FromGrpcStatus(impl_->stub->KvSet(&ctx, req, &resp));
+    return FromGrpcStatus(impl_->Stub()->KvSet(&ctx, req, &resp));
   });
 }
 
@@ -346,7 +384,7 @@ absl::StatusOr<std::vector<std::string>> CoordinatorClient::KvWait(
     for (const std::string& k : keys) req.add_keys(k);
     req.set_wait_ms(static_cast<uint32_t>(
         std::clamp<int64_t>(absl::ToInt64Milliseconds(d - absl::Now()), 1, 600'000)));
-    return FromGrpcStatus(impl_->stub->KvGet(&ctx, req, &resp));
+    return FromGrpcStatus(impl_->Stub()->KvGet(&ctx, req, &resp));
   }));
   return std::vector<std::string>(resp.values().begin(), resp.values().end());
 }
@@ -360,7 +398,7 @@ absl::StatusOr<int64_t> CoordinatorClient::KvAdd(uint64_t generation, const std:
     req.set_generation(generation);
     req.set_key(key);
     req.set_delta(delta);
-    return FromGrpcStatus(impl_->stub->KvAdd(&ctx, req, &resp));
+    return FromGrpcStatus(impl_->Stub()->KvAdd(&ctx, req, &resp));
   }));
   return resp.value();
 }
@@ -376,7 +414,7 @@ absl::Status CoordinatorClient::Barrier(uint64_t generation, const std::string& 
     req.set_timeout_ms(static_cast<uint32_t>(
         std::clamp<int64_t>(absl::ToInt64Milliseconds(d - absl::Now()), 1, 600'000)));
     v1::BarrierResponse resp;
-    return FromGrpcStatus(impl_->stub->Barrier(&ctx, req, &resp));
+    return FromGrpcStatus(impl_->Stub()->Barrier(&ctx, req, &resp));
   });
 }
 
@@ -389,7 +427,7 @@ absl::StatusOr<uint64_t> CoordinatorClient::BeginCheckpoint(uint64_t generation,
     req.set_generation(generation);
     *req.mutable_member() = Ref(options_);
     req.set_step(step);
-    return FromGrpcStatus(impl_->stub->BeginCheckpoint(&ctx, req, &resp));
+    return FromGrpcStatus(impl_->Stub()->BeginCheckpoint(&ctx, req, &resp));
   }));
   return resp.checkpoint_id();
 }
@@ -409,7 +447,7 @@ absl::StatusOr<bool> CoordinatorClient::ReportShard(uint64_t id,
       pf->set_bytes(f.bytes);
       pf->set_checksum(f.xxh3);
     }
-    return FromGrpcStatus(impl_->stub->ReportShard(&ctx, req, &resp));
+    return FromGrpcStatus(impl_->Stub()->ReportShard(&ctx, req, &resp));
   }));
   return resp.committed();
 }
@@ -423,7 +461,7 @@ absl::Status CoordinatorClient::AbortCheckpoint(uint64_t id, const std::string& 
     *req.mutable_member() = Ref(options_);
     req.set_reason(reason.substr(0, 1000));
     v1::AbortCheckpointResponse resp;
-    return FromGrpcStatus(impl_->stub->AbortCheckpoint(&ctx, req, &resp));
+    return FromGrpcStatus(impl_->Stub()->AbortCheckpoint(&ctx, req, &resp));
   });
 }
 
@@ -431,7 +469,7 @@ absl::StatusOr<std::vector<CatalogEntry>> CoordinatorClient::ListCommitted(absl:
   v1::ListCheckpointsResponse resp;
   MUSTER_RETURN_IF_ERROR(Retry(deadline, [&](absl::Time d) {
     MUSTER_CONTEXT(ctx, d);
-    return FromGrpcStatus(impl_->stub->ListCheckpoints(&ctx, v1::ListCheckpointsRequest(), &resp));
+    return FromGrpcStatus(impl_->Stub()->ListCheckpoints(&ctx, v1::ListCheckpointsRequest(), &resp));
   }));
   std::vector<CatalogEntry> out;
   for (const v1::Checkpoint& c : resp.checkpoints()) {
