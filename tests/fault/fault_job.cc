@@ -23,6 +23,10 @@ FaultJob::FaultJob(std::string dir, FaultJobOptions options)
   std::system(("rm -rf " + dir_ + " && mkdir -p " + dir_).c_str());
   if (options_.checkpoint_dir.empty()) options_.checkpoint_dir = dir_ + "/ckpt";
   target_ = absl::StrCat(options_.coordinator_host, ":", FreeLoopbackPort());
+  client_target_ = options_.standby ? "file:" + dir_ + "/coordinator.address" : target_;
+  if (options_.standby) {
+    standby_target_ = absl::StrCat(options_.coordinator_host, ":", FreeLoopbackPort());
+  }
   agents_.assign(options_.nodes, -1);
   agent_done_.assign(options_.nodes, false);
 }
@@ -35,20 +39,47 @@ FaultJob::~FaultJob() {
     }
   }
   if (coordinator_ > 0) StopProcess(coordinator_);
+  if (standby_ > 0) StopProcess(standby_);
+}
+
+int FaultJob::WaitCoordinator(pid_t pid, absl::Duration timeout) {
+  int status = 0;
+  pid_t got = 0;
+  const absl::Time end = absl::Now() + timeout;
+  while ((got = ::waitpid(pid, &status, WNOHANG)) == 0 && absl::Now() < end) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  if (got != pid) return -1;
+  if (pid == coordinator_) coordinator_ = -1;
+  if (pid == standby_) standby_ = -1;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+std::string FaultJob::AddressFileText() const {
+  return ReadText(dir_ + "/coordinator.address");
 }
 
 void FaultJob::StartCoordinator() {
-  const std::string listen =
-      options_.coordinator_host == "127.0.0.1" ? target_
-                                               : "0.0.0.0:" + target_.substr(target_.rfind(':') + 1);
-  coordinator_ = SpawnLogged(
-      {SelfDir() + "/muster-coordinator", "--listen=" + listen, "--no-auth",
-       "--state-dir=" + dir_ + "/state", absl::StrCat("--min-members=", options_.min_members),
-       absl::StrCat("--max-members=",
-                   options_.nodes * options_.per_node + (options_.spares > 0 ? 0 : 2)),
-       "--last-call=200ms", "--heartbeat-interval=200ms", "--heartbeat-timeout=2s",
-       "--reattach-grace=10s", "--keep-last=0"},
-      dir_ + "/coordinator.log");
+  auto spawn = [this](const std::string& target, const std::string& log) {
+    const std::string port = target.substr(target.rfind(':') + 1);
+    const std::string listen =
+        options_.coordinator_host == "127.0.0.1" ? target : "0.0.0.0:" + port;
+    std::vector<std::string> argv = {
+        SelfDir() + "/muster-coordinator", "--listen=" + listen, "--no-auth",
+        "--state-dir=" + dir_ + "/state", absl::StrCat("--min-members=", options_.min_members),
+        absl::StrCat("--max-members=",
+                     options_.nodes * options_.per_node + (options_.spares > 0 ? 0 : 2)),
+        "--last-call=200ms", "--heartbeat-interval=200ms", "--heartbeat-timeout=2s",
+        "--reattach-grace=10s", "--keep-last=0"};
+    if (options_.standby) {
+      argv.insert(argv.end(), {"--advertise=" + target,
+                               "--address-file=" + dir_ + "/coordinator.address",
+                               "--lease-timeout=2s"});
+    }
+    return SpawnLogged(argv, dir_ + "/" + log);
+  };
+  coordinator_ = spawn(target_, "coordinator.log");
+  if (options_.standby && standby_ <= 0) standby_ = spawn(standby_target_, "standby.log");
   // Ready when the CLI gets an answer.
   const absl::Time end = absl::Now() + absl::Seconds(20);
   std::string out;
@@ -70,8 +101,8 @@ void FaultJob::StartAgent(int n) {
   const std::vector<std::string> rest = {
       SelfDir() + "/muster-agent", absl::StrCat("--nproc-per-node=", options_.per_node),
       absl::StrCat("--spares=", n == 0 ? options_.spares : 0),
-      absl::StrCat("--node-id=node", n), "--max-restarts=5", "--coordinator=" + target_, "--",
-      SelfDir() + "/muster-train", "--coordinator=" + target_, "--model=mlp",
+      absl::StrCat("--node-id=node", n), "--max-restarts=5", "--coordinator=" + client_target_, "--",
+      SelfDir() + "/muster-train", "--coordinator=" + client_target_, "--model=mlp",
       "--batch-size=32", absl::StrCat("--steps=", options_.steps), "--log-every=1", "--quiet",
       "--threads=1", absl::StrCat("--job=mf", ::getpid(), "-", n),
       "--checkpoint-dir=" + options_.checkpoint_dir,
@@ -149,7 +180,8 @@ int FaultJob::WaitAgents(absl::Duration timeout, const std::vector<int>& allowed
 
 int FaultJob::Cli(const std::string& args, std::string* out) const {
   int code = -1;
-  *out = RunShell(absl::StrCat(SelfDir(), "/muster --coordinator ", target_, " --timeout 5s ", args),
+  *out = RunShell(
+      absl::StrCat(SelfDir(), "/muster --coordinator ", client_target_, " --timeout 5s ", args),
                   &code);
   return code;
 }
@@ -215,7 +247,7 @@ int FaultJob::DroppedSteps() const {
 }
 
 std::string FaultJob::Logs() const {
-  std::string all = ReadText(dir_ + "/coordinator.log");
+  std::string all = ReadText(dir_ + "/coordinator.log") + ReadText(dir_ + "/standby.log");
   for (int n = 0; n < options_.nodes; ++n) all += ReadText(absl::StrCat(dir_, "/agent", n, ".log"));
   return all;
 }

@@ -33,6 +33,9 @@ struct FaultJobOptions {
   std::string coordinator_host = "127.0.0.1";
   std::vector<std::string> extra_train_flags;
   int spares = 0;  // muster-agent --spares on node 0 (the world is then exactly nodes x per_node)
+  // A second coordinator on the same state dir (a standby, docs/failover.md);
+  // every client then finds the coordinator through the address file.
+  bool standby = false;
 };
 
 
@@ -48,6 +51,15 @@ class FaultJob {
 
   void StartCoordinator();
   void KillCoordinator();  // SIGKILL
+  pid_t coordinator() const { return coordinator_; }
+  // With options.standby: the standby's pid and address, and the address
+  // file's content ("" before the first coordinator wrote it).
+  pid_t standby() const { return standby_; }
+  const std::string& standby_target() const { return standby_target_; }
+  std::string AddressFileText() const;
+  // Waits for coordinator process `pid` (the first or the standby) to
+  // exit: its exit code (128 + signal; -1 when it did not exit in time).
+  int WaitCoordinator(pid_t pid, absl::Duration timeout);
   void StartAgent(int node);
   void StartAll();
 
@@ -87,7 +99,11 @@ class FaultJob {
   std::string dir_;
   FaultJobOptions options_;
   std::string target_;
+  // What clients are given: target_, or file:<address file>.
+  std::string client_target_;
+  std::string standby_target_;
   pid_t coordinator_ = -1;
+  pid_t standby_ = -1;
   std::vector<pid_t> agents_;
   std::vector<bool> agent_done_;
 };

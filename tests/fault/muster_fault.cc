@@ -13,7 +13,8 @@
 // recovered: how long rank 0's training stalled after the fault (the longest
 // wait for a step from the fault on). Scenarios: kill-trainer, kill-node,
 // salvage (kill-trainer that must lose no step), spare (the same with a spare
-// trainer: the world never shrinks), hang-trainer, kill-coordinator, kill-during-checkpoint, corrupt-checkpoint,
+// trainer: the world never shrinks), hang-trainer, kill-coordinator, failover (the coordinator's
+// node hangs; a standby takes over), kill-during-checkpoint, corrupt-checkpoint,
 // disk-full, slow-network, partition, churn; "all" runs each.
 #include <signal.h>
 #include <sys/mount.h>
@@ -55,6 +56,7 @@ struct Trial {
   int lost_steps = 0;
   int committed_lost = 0;
   std::string problem;  // why it did not survive
+  double takeover_s = -1;  // failover: from the fault to the standby serving
 };
 
 struct Context {
@@ -207,6 +209,40 @@ Trial KillCoordinator(Context& c) {
   return Finish(job, j);
 }
 
+// The coordinator's node hangs (SIGSTOP: no lease beats, no answers, its
+// connections stay open) while a standby watches the same state dir; later
+// the node comes back (SIGCONT) and the old coordinator must stand down.
+Trial Failover(Context& c) {
+  FaultJobOptions o;
+  o.standby = true;
+  FaultJob job(c.dir, o);
+  job.StartAll();
+  const int64_t at = c.Uniform(40, 160);
+  if (!job.WaitForStep(at, absl::Seconds(120))) return {false, 0, 0, 0, "no progress"};
+  // Both started together: either may hold the lease.
+  const bool first_holds = job.AddressFileText() == job.target() + "\n";
+  const pid_t holder = first_holds ? job.coordinator() : job.standby();
+  const std::string next = (first_holds ? job.standby_target() : job.target()) + "\n";
+  Judge j;
+  j.fault_time = UnixNow();
+  ::kill(holder, SIGSTOP);
+  const absl::Time end = absl::Now() + absl::Seconds(30);
+  while (job.AddressFileText() != next && absl::Now() < end) absl::SleepFor(absl::Milliseconds(5));
+  const double takeover = UnixNow() - j.fault_time;
+  absl::SleepFor(absl::Milliseconds(c.Uniform(500, 2000)));
+  ::kill(holder, SIGCONT);
+  if (job.AddressFileText() != next) return {false, 0, 0, 0, "the standby did not take over"};
+  const int code = job.WaitCoordinator(holder, absl::Seconds(20));
+  j.explained_by = "lease \\(epoch 1\\) was taken over: epoch 2";
+  Trial t = Finish(job, j);
+  t.takeover_s = takeover;
+  if (t.survived && code != 4) {
+    t.survived = false;
+    t.problem = absl::StrCat("the old coordinator exited ", code, ", not 4 (lease lost)");
+  }
+  return t;
+}
+
 Trial KillDuringCheckpoint(Context& c) {
   FaultJob job(c.dir, {});
   job.StartAll();
@@ -356,6 +392,7 @@ const std::map<std::string, std::function<Trial(Context&)>>& Scenarios() {
       {"kill-node", KillNode},
       {"hang-trainer", HangTrainer},
       {"kill-coordinator", KillCoordinator},
+      {"failover", Failover},
       {"kill-during-checkpoint", KillDuringCheckpoint},
       {"corrupt-checkpoint", CorruptCheckpoint},
       {"disk-full", DiskFull},
@@ -371,6 +408,7 @@ int RunScenario(const std::string& name, const std::function<Trial(Context&)>& r
   std::mt19937_64 rng(absl::GetFlag(FLAGS_seed) * 1000003 + std::hash<std::string>()(name));
   std::vector<double> recovered;
   int survived = 0, lost_max = 0, ckpt_lost = 0, skipped = 0;
+  std::vector<double> takeovers;
   for (int i = 0; i < trials; ++i) {
     Context c{i, &rng, absl::StrCat(absl::GetFlag(FLAGS_dir), "/muster-fault-", name, "-", ::getpid(), "-", i)};
     const Trial t = run(c);
@@ -378,9 +416,13 @@ int RunScenario(const std::string& name, const std::function<Trial(Context&)>& r
       ++skipped;
       break;
     }
-    std::cerr << absl::StrFormat("muster-fault: %s trial %d: %s, recovered %.3f s, lost %d steps\n",
+    std::cerr << absl::StrFormat("muster-fault: %s trial %d: %s, recovered %.3f s, lost %d steps%s\n",
                                  name, i, t.survived ? "survived" : "FAILED: " + t.problem,
-                                 t.recovered_s, t.lost_steps);
+                                 t.recovered_s, t.lost_steps,
+                                 t.takeover_s >= 0
+                                     ? absl::StrFormat(", standby serving after %.3f s", t.takeover_s)
+                                     : "");
+    if (t.takeover_s >= 0) takeovers.push_back(t.takeover_s);
     ckpt_lost += t.committed_lost;
     if (!t.survived) continue;
     if (std::getenv("MUSTER_KEEP") == nullptr) std::system(("rm -rf " + c.dir).c_str());
@@ -399,6 +441,10 @@ int RunScenario(const std::string& name, const std::function<Trial(Context&)>& r
                    name, trials, survived, recovered.empty() ? 0 : Percentile(recovered, 50),
                    sorted.empty() ? 0 : *std::max_element(sorted.begin(), sorted.end()), lost_max,
                    ckpt_lost)
+            << (takeovers.empty()
+                    ? ""
+                    : absl::StrFormat(" takeover_p50_s=%.3f takeover_max_s=%.3f",
+                                      Percentile(takeovers, 50), takeovers.back()))
             << std::endl;
   return survived == trials && ckpt_lost == 0 ? 0 : 1;
 }
