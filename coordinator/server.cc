@@ -86,13 +86,17 @@ absl::StatusOr<Lease> HoldLease(StateStore* store, const std::string& holder,
   LeaseClaim claim(store, holder, options.lease_timeout);
   bool told = false;
   for (;;) {
-    MUSTER_ASSIGN_OR_RETURN(std::optional<Lease> lease, claim.Poll(absl::Now()));
+    absl::StatusOr<std::optional<Lease>> polled = claim.Poll(absl::Now());
+    // A busy or briefly unreachable state file (another coordinator opening
+    // or writing it, a file system hiccup): look again.
+    if (!polled.ok() && !absl::IsUnavailable(polled.status())) return polled.status();
+    const std::optional<Lease> lease = polled.ok() ? *polled : std::nullopt;
     if (lease.has_value()) {
       MUSTER_LOG(INFO) << "lease of " << options.state_dir << ": epoch " << lease->epoch
                        << ", held by " << holder;
       return *lease;
     }
-    if (!told) {
+    if (!told && polled.ok()) {
       told = true;
       MUSTER_LOG(INFO) << "standby: the lease of " << options.state_dir << " is held by "
                        << claim.seen().holder << " (epoch " << claim.seen().epoch

@@ -14,11 +14,13 @@
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "coordinator/state_store.h"
@@ -615,6 +617,15 @@ absl::StatusOr<std::unique_ptr<StateStore>> OpenSqliteStateStore(const std::stri
   const bool rollback =
       journal == JournalMode::kRollback || (journal == JournalMode::kAuto && !network.empty());
   absl::Status s = store->Init(rollback);
+  // Two coordinators opening a new file at once (a primary and its
+  // standby): switching it to WAL takes a lock SQLite does not wait for.
+  // Init is idempotent; try again for a while.
+  for (int i = 0; i < 100 && absl::IsUnavailable(s) &&
+                  absl::StrContains(s.message(), "database is locked");
+       ++i) {
+    absl::SleepFor(absl::Milliseconds(50));
+    s = store->Init(rollback);
+  }
   if (absl::IsDataLoss(s)) {
     return absl::DataLossError(absl::StrCat(
         "state database ", path, " is damaged (", s.message(),

@@ -8,6 +8,7 @@
 
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
@@ -105,6 +106,26 @@ TEST_F(LeaseTest, AReleasedLeaseOrOnesOwnIsTakenAtOnce) {
   ASSERT_TRUE(taken.ok() && taken->has_value());
   EXPECT_EQ((*taken)->epoch, 3u);
   EXPECT_EQ(b_->RenewLease(2).code(), absl::StatusCode::kAborted);
+}
+
+// A primary and its standby start together on a new state dir: both open
+// (and set up) the same new file at once, and both must get a store.
+TEST(LeaseStartTest, TwoCoordinatorsOpeningANewStateFileAtOnceBothSucceed) {
+  for (int round = 0; round < 20; ++round) {
+    const std::string path =
+        absl::StrCat(::testing::TempDir(), "/together", ::getpid(), "_", round, ".db");
+    ::unlink(path.c_str());
+    absl::StatusOr<std::unique_ptr<StateStore>> first, second;
+    std::thread a([&] { first = OpenSqliteStateStore(path); });
+    std::thread b([&] { second = OpenSqliteStateStore(path); });
+    a.join();
+    b.join();
+    ASSERT_TRUE(first.ok()) << "round " << round << ": " << first.status();
+    ASSERT_TRUE(second.ok()) << "round " << round << ": " << second.status();
+    first->reset();
+    second->reset();
+    ::unlink(path.c_str());
+  }
 }
 
 }  // namespace
