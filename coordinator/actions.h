@@ -17,8 +17,11 @@ class Actions {
   Actions() = default;
   // `gate` runs after the lock is released and before the first action,
   // when there are actions: the coordinator waits there until its
-  // decisions are durable (see persister.h).
-  explicit Actions(std::function<void()> gate) : gate_(std::move(gate)) {}
+  // decisions are durable (see persister.h). When it returns false (they
+  // could not be made durable) the actions are dropped: nothing that was
+  // not written is announced. Calls they would have answered end with the
+  // coordinator, which stops serving then (Coordinator::AwaitDurable).
+  explicit Actions(std::function<bool()> gate) : gate_(std::move(gate)) {}
   Actions(const Actions&) = delete;
   Actions& operator=(const Actions&) = delete;
   ~Actions() { Run(); }
@@ -27,14 +30,17 @@ class Actions {
   // Runs and forgets every action, in the order they were added.
   void Run() {
     if (fns_.empty()) return;
-    if (gate_) gate_();
+    if (gate_ && !gate_()) {
+      fns_.clear();
+      return;
+    }
     std::vector<std::function<void()>> fns;
     fns.swap(fns_);
     for (auto& fn : fns) fn();
   }
 
  private:
-  std::function<void()> gate_;
+  std::function<bool()> gate_;
   std::vector<std::function<void()>> fns_;
 };
 

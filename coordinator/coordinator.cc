@@ -75,7 +75,7 @@ void Coordinator::Record(const std::string& kind, const std::string& detail) {
 }
 
 Actions Coordinator::Gated() {
-  return Actions([this] { AwaitDurable().IgnoreError(); });
+  return Actions([this] { return AwaitDurable().ok(); });
 }
 
 absl::Status Coordinator::AwaitDurable() {
@@ -196,7 +196,9 @@ void Coordinator::Shutdown(const std::string& reason) {
 void Coordinator::Abandon(const std::string& reason) { StopServing(reason, false); }
 
 bool Coordinator::StopServing(const std::string& reason, bool tell_members) {
-  Actions actions = Gated();
+  // Not gated: stopping announces nothing that must be on disk first, and
+  // it also runs when the store has failed (from AwaitDurable).
+  Actions actions;
   absl::MutexLock lock(&mu_);
   if (!gen_.ShuttingDown()) return false;
   Record(tell_members ? "shutdown" : "abandon", reason);

@@ -222,7 +222,11 @@ CoordinatorServer::~CoordinatorServer() {
 void CoordinatorServer::TickLoop() {
   absl::Time next_metrics = absl::InfinitePast();
   absl::Time next_beat = absl::Now() + options_.lease_timeout / 4;
+  absl::Time renewed = absl::Now();
   while (!stop_requested_.WaitForNotificationWithTimeout(options_.tick)) {
+    // Renew before the coordinator acts on time (heartbeat timeouts): a
+    // coordinator that was frozen past the lease timeout finds out that it
+    // lost the lease before it fails members that were never gone.
     if (epoch_ != 0 && absl::Now() >= next_beat) {
       next_beat = absl::Now() + options_.lease_timeout / 4;
       const absl::Status beat = store_->RenewLease(epoch_);
@@ -237,7 +241,10 @@ void CoordinatorServer::TickLoop() {
       }
       // The file system may come back; a standby takes over if it does not.
       if (!beat.ok()) MUSTER_LOG(WARNING) << "could not renew the lease: " << beat;
+      if (beat.ok()) renewed = absl::Now();
     }
+    // Not sure of the lease any more: decide nothing on time until it is.
+    if (epoch_ != 0 && absl::Now() - renewed > options_.lease_timeout) continue;
     coordinator_->Tick();
     if (std::string ended = coordinator_->JobEnded(); !ended.empty()) {
       {

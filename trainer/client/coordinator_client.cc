@@ -157,6 +157,9 @@ absl::Status CoordinatorClient::Retry(absl::Time deadline,
   while (true) {
     impl_->Refresh();  // the coordinator may have moved meanwhile
     absl::Status s = call(deadline);
+    // CANCELLED: these calls are never cancelled here, so the server ended
+    // it (a coordinator stopping, or one taken over): as UNAVAILABLE.
+    if (absl::IsCancelled(s) && !stopping_) s = absl::UnavailableError(s.message());
     if (!absl::IsUnavailable(s)) return s;
     const absl::Duration wait = backoff.Next();
     if (absl::Now() + wait >= deadline || stopping_) {
