@@ -168,8 +168,10 @@ CoordinatorCounters Coordinator::Counters() {
   CoordinatorCounters c = counters_;
   c.generation = gen_.generation();
   c.open_sessions = sessions_.size();
+  c.world_size = gen_.world_live() ? gen_.world().size() : 0;
   for (const auto& [id, info] : membership_.members()) {
     ++c.members_by_state[MemberStateName(info.state)];
+    if (info.state == MemberState::kActive) c.step = std::max(c.step, info.step);
   }
   return c;
 }

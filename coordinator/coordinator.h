@@ -19,6 +19,7 @@
 #include <functional>
 #include <atomic>
 #include <list>
+#include <deque>
 #include <map>
 #include <memory>
 #include <optional>
@@ -121,6 +122,17 @@ struct CoordinatorCounters {
   uint64_t checkpoints_committed = 0;
   uint64_t open_sessions = 0;
   std::map<std::string, uint64_t> members_by_state;
+  uint32_t world_size = 0;  // of the live world (0: none)
+  int64_t step = 0;         // the newest step an active member reported
+  // The latest observations, oldest first (at most kRecentObservations of
+  // each), and how many there were in all: a reader observes the ones it
+  // has not seen yet.
+  static constexpr size_t kRecentObservations = 256;
+  std::deque<double> regroup_seconds;     // from forming a world to its last arrival
+  uint64_t regroups_timed = 0;
+  std::deque<double> checkpoint_seconds;  // from begin to commit
+  std::deque<double> checkpoint_bytes;    // every file of the checkpoint
+  uint64_t checkpoints_timed = 0;
 };
 
 class Coordinator {

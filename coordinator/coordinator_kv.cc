@@ -114,6 +114,17 @@ absl::StatusOr<bool> Coordinator::DecideReportShard(uint64_t id, const MemberKey
   if (committed) {
     ++counters_.checkpoints_committed;
     const CheckpointRecord* r = catalog_.LatestCommitted();
+    if (r != nullptr && r->id == id) {
+      uint64_t bytes = 0;
+      for (const ShardFileRecord& f : r->files) bytes += f.bytes;
+      counters_.checkpoint_seconds.push_back(absl::ToDoubleSeconds(r->committed - r->created));
+      counters_.checkpoint_bytes.push_back(static_cast<double>(bytes));
+      if (counters_.checkpoint_seconds.size() > CoordinatorCounters::kRecentObservations) {
+        counters_.checkpoint_seconds.pop_front();
+        counters_.checkpoint_bytes.pop_front();
+      }
+      ++counters_.checkpoints_timed;
+    }
     Record("checkpoint", absl::StrCat("checkpoint ", id, " committed",
                                       r != nullptr ? absl::StrCat(" (latest step ", r->step, ")")
                                                    : std::string()));

@@ -266,11 +266,18 @@ void Coordinator::WorldCompleted(Actions* actions) {
   const World& world = *shared;
   // How long the regroup took: from the decision to form to the last
   // member's arrival (not known for a world loaded after a restart).
-  if (formed_at_ != absl::Time()) Record("complete", absl::StrCat("generation ", world.generation, ": all ", world.size(),
-                                  " members in ",
-                                  absl::FormatDuration(absl::Trunc(clock_->Now() - formed_at_,
-                                                                   absl::Milliseconds(1))),
-                                  " after it formed"));
+  if (formed_at_ != absl::Time()) {
+    const absl::Duration took = clock_->Now() - formed_at_;
+    Record("complete", absl::StrCat("generation ", world.generation, ": all ", world.size(),
+                                    " members in ",
+                                    absl::FormatDuration(absl::Trunc(took, absl::Milliseconds(1))),
+                                    " after it formed"));
+    counters_.regroup_seconds.push_back(absl::ToDoubleSeconds(took));
+    if (counters_.regroup_seconds.size() > CoordinatorCounters::kRecentObservations) {
+      counters_.regroup_seconds.pop_front();
+    }
+    ++counters_.regroups_timed;
+  }
   for (auto it = waiters_.begin(); it != waiters_.end();) {
     const int rank = world.RankOf(it->member.id);
     if (rank >= 0 && it->after_generation < world.generation &&

@@ -7,6 +7,7 @@
 #include <prometheus/registry.h>
 #include <prometheus/text_serializer.h>
 
+#include <algorithm>
 #include <exception>
 
 #include "absl/status/status.h"
@@ -47,6 +48,21 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
                    .Help("Members declared failed").Register(*registry_).Add({});
   checkpoints_ = &BuildCounter().Name("muster_checkpoints_committed_total")
                       .Help("Checkpoints committed").Register(*registry_).Add({});
+  world_size_ = &BuildGauge().Name("muster_world_size").Help("Members of the live world")
+                     .Register(*registry_).Add({});
+  step_ = &BuildGauge().Name("muster_step")
+               .Help("Newest training step a member of the world reported")
+               .Register(*registry_).Add({});
+  const Histogram::BucketBoundaries seconds = {0.01, 0.03, 0.1, 0.3, 1, 3, 10, 30, 100};
+  regroup_duration_ = &BuildHistogram().Name("muster_regroup_duration_seconds")
+                           .Help("From forming a world to its last member's arrival")
+                           .Register(*registry_).Add({}, seconds);
+  checkpoint_duration_ = &BuildHistogram().Name("muster_checkpoint_duration_seconds")
+                              .Help("From a checkpoint's begin to its commit")
+                              .Register(*registry_).Add({}, seconds);
+  checkpoint_bytes_ = &BuildCounter().Name("muster_checkpoint_bytes_total")
+                           .Help("Bytes of the committed checkpoints' files")
+                           .Register(*registry_).Add({});
 }
 
 Metrics::~Metrics() = default;
@@ -89,6 +105,21 @@ void Metrics::Update(const CoordinatorCounters& c) {
   if (c.failures > last_.failures) failures_->Increment(c.failures - last_.failures);
   if (c.checkpoints_committed > last_.checkpoints_committed) {
     checkpoints_->Increment(c.checkpoints_committed - last_.checkpoints_committed);
+  }
+  world_size_->Set(static_cast<double>(c.world_size));
+  step_->Set(static_cast<double>(c.step));
+  // The observations made since the last update (as many as are kept).
+  const size_t new_regroups = std::min<uint64_t>(c.regroups_timed - last_.regroups_timed,
+                                                 c.regroup_seconds.size());
+  for (size_t i = c.regroup_seconds.size() - new_regroups; i < c.regroup_seconds.size(); ++i) {
+    regroup_duration_->Observe(c.regroup_seconds[i]);
+  }
+  const size_t new_checkpoints = std::min<uint64_t>(
+      c.checkpoints_timed - last_.checkpoints_timed, c.checkpoint_seconds.size());
+  for (size_t i = c.checkpoint_seconds.size() - new_checkpoints; i < c.checkpoint_seconds.size();
+       ++i) {
+    checkpoint_duration_->Observe(c.checkpoint_seconds[i]);
+    checkpoint_bytes_->Increment(c.checkpoint_bytes[i]);
   }
   last_ = c;
 }

@@ -57,6 +57,11 @@ class Metrics {
   prometheus::Counter* regroups_;
   prometheus::Counter* failures_;
   prometheus::Counter* checkpoints_;
+  prometheus::Gauge* world_size_;
+  prometheus::Gauge* step_;
+  prometheus::Histogram* regroup_duration_;
+  prometheus::Histogram* checkpoint_duration_;
+  prometheus::Counter* checkpoint_bytes_;
   absl::Mutex mu_;
   CoordinatorCounters last_ ABSL_GUARDED_BY(mu_);
 };

@@ -7,13 +7,17 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstring>
 #include <fstream>
+#include <regex>
 #include <set>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/synchronization/notification.h"
 #include "coordinator/limits.h"
 #include "coordinator/server.h"
+#include "nlohmann/json.hpp"
 #include "rpc/credentials.h"
 #include "tests/integration/subprocess.h"
 #include "tests/integration/test_member.h"
@@ -689,6 +693,79 @@ TEST_F(ServerTest, MetricsEndpointServesPrometheusText) {
   EXPECT_NE(text.find("muster_rpcs_total{code=\"OK\",method=\"Rendezvous\"}"), std::string::npos);
   EXPECT_NE(text.find("muster_members{state=\"active\"} 1"), std::string::npos);
   EXPECT_GT(server_->metrics_port(), 0);
+}
+
+// The metrics the dashboard needs: world size, regroup and checkpoint
+// durations, checkpoint bytes.
+TEST_F(ServerTest, MetricsCarryRegroupAndCheckpointFigures) {
+  Start(1, 1);
+  auto a = NewMember("a", "n");
+  auto world = a->Rendezvous(0, 0);
+  ASSERT_TRUE(world.ok());
+  v1::BeginCheckpointRequest begin;
+  begin.set_generation(world->world().generation());
+  begin.set_step(10);
+  *begin.mutable_member() = a->ref();
+  v1::BeginCheckpointResponse id;
+  ASSERT_TRUE(a->stub()->BeginCheckpoint(a->Context().get(), begin, &id).ok());
+  v1::ReportShardRequest rep;
+  rep.set_checkpoint_id(id.checkpoint_id());
+  *rep.mutable_member() = a->ref();
+  v1::ShardFile* f = rep.add_files();
+  f->set_path("/ckpt/10/rank0.safetensors");
+  f->set_bytes(4096);
+  f->set_checksum("00112233445566ff");
+  v1::ReportShardResponse rr;
+  ASSERT_TRUE(a->stub()->ReportShard(a->Context().get(), rep, &rr).ok());
+  ASSERT_TRUE(rr.committed());
+  server_->metrics()->Update(server_->coordinator()->Counters());
+  server_->metrics()->Update(server_->coordinator()->Counters());  // nothing counted twice
+  const std::string text = server_->metrics()->Render();
+  EXPECT_NE(text.find("muster_world_size 1"), std::string::npos) << text;
+  EXPECT_NE(text.find("muster_regroup_duration_seconds_count 1"), std::string::npos) << text;
+  EXPECT_NE(text.find("muster_checkpoint_duration_seconds_count 1"), std::string::npos) << text;
+  EXPECT_NE(text.find("muster_checkpoint_bytes_total 4096"), std::string::npos) << text;
+}
+
+// deploy/grafana/muster.json queries only metrics the coordinator exports.
+TEST_F(ServerTest, TheGrafanaDashboardQueriesOnlyExportedMetrics) {
+  Start(1, 1);
+  auto a = NewMember("a", "n");
+  ASSERT_TRUE(a->Rendezvous(0, 0).ok());
+  server_->metrics()->Update(server_->coordinator()->Counters());
+  const std::string text = server_->metrics()->Render();
+  std::ifstream in(std::string(MUSTER_SOURCE_DIR) + "/deploy/grafana/muster.json");
+  ASSERT_TRUE(in) << "deploy/grafana/muster.json is missing";
+  const nlohmann::json dashboard = nlohmann::json::parse(in);
+  ASSERT_TRUE(dashboard.contains("panels"));
+  std::set<std::string> queried;
+  int exprs = 0;
+  const std::regex metric("muster_[a-z0-9_]+");
+  for (const auto& panel : dashboard["panels"]) {
+    for (const auto& target : panel["targets"]) {
+      const std::string expr = target["expr"].get<std::string>();
+      ++exprs;
+      for (auto it = std::sregex_iterator(expr.begin(), expr.end(), metric);
+           it != std::sregex_iterator(); ++it) {
+        std::string name = it->str();
+        for (const char* suffix : {"_bucket", "_sum", "_count"}) {
+          if (absl::EndsWith(name, suffix)) name.resize(name.size() - std::strlen(suffix));
+        }
+        queried.insert(name);
+      }
+    }
+  }
+  EXPECT_GE(exprs, 10);
+  // What the issue asks the dashboard to show.
+  for (const char* needed : {"muster_world_size", "muster_generation", "muster_step",
+                             "muster_regroup_duration_seconds", "muster_heartbeat_latency_seconds",
+                             "muster_checkpoint_duration_seconds", "muster_checkpoint_bytes_total"}) {
+    EXPECT_EQ(queried.count(needed), 1u) << needed << " is not on the dashboard";
+  }
+  for (const std::string& name : queried) {
+    EXPECT_NE(text.find("# TYPE " + name + " "), std::string::npos)
+        << name << " is queried but not exported";
+  }
 }
 
 }  // namespace
