@@ -7,8 +7,12 @@
 // 2 bad usage.
 #include <google/protobuf/util/json_util.h>
 
+#include <algorithm>
+#include <atomic>
+#include <csignal>
 #include <cstdlib>
 #include <iostream>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -40,6 +44,9 @@ ABSL_FLAG(absl::Duration, timeout, absl::Seconds(10), "rpc deadline");
 ABSL_FLAG(std::string, since, "",
           "events: only those since this time: a duration ago (10m, 2h) or an RFC 3339 time");
 ABSL_FLAG(uint32_t, limit, 1000, "events: at most this many, the newest (up to 10,000)");
+ABSL_FLAG(bool, watch, false,
+          "status: redraw the table in place every --interval until Ctrl-C");
+ABSL_FLAG(absl::Duration, interval, absl::Seconds(1), "status --watch: the redraw period");
 ABSL_FLAG(std::string, out, "", "pull-weights: the safetensors file to write");
 ABSL_FLAG(int64_t, at_step, 0,
           "pull-weights: the state after this step (the first step boundary at or after it; "
@@ -58,6 +65,66 @@ int Fail(const std::string& what, const grpc::Status& status) {
             << absl::StatusCodeToString(static_cast<absl::StatusCode>(status.error_code()))
             << ": " << status.error_message() << "\n";
   return 1;
+}
+
+std::atomic<bool> g_interrupted{false};
+
+// muster status --watch: the status table and the newest events, redrawn in
+// place every `interval` until SIGINT or SIGTERM; rpc errors are shown in
+// the table's place (the coordinator may be restarting) and the address is
+// looked up again each time (a file: target follows a failover). Exit 0.
+int WatchStatus(const std::string& target, const muster::TlsFiles& tls, const std::string& token,
+                absl::Duration interval) {
+  std::signal(SIGINT, [](int) { g_interrupted = true; });
+  std::signal(SIGTERM, [](int) { g_interrupted = true; });
+  std::string address;
+  std::unique_ptr<Coordinator::Stub> stub;
+  while (!g_interrupted) {
+    std::string body;
+    absl::StatusOr<std::string> now_at = muster::ResolveCoordinator(target);
+    if (now_at.ok() && (*now_at != address || stub == nullptr)) {
+      auto channel = muster::MakeChannel(*now_at, tls);
+      if (channel.ok()) {
+        address = *now_at;
+        stub = Coordinator::NewStub(*channel);
+      }
+    }
+    if (stub == nullptr) {
+      body = absl::StrCat("(", now_at.status().ToString(), ")\n");
+    } else {
+      muster::v1::GetStatusResponse status;
+      grpc::ClientContext ctx;
+      muster::AttachToken(&ctx, token);
+      ctx.set_deadline(absl::ToChronoTime(absl::Now() + std::max(interval, absl::Seconds(2))));
+      const grpc::Status s = stub->GetStatus(&ctx, muster::v1::GetStatusRequest(), &status);
+      if (s.ok()) {
+        body = muster::FormatStatus(status);
+        muster::v1::ListEventsRequest req;
+        req.set_limit(8);
+        muster::v1::ListEventsResponse events;
+        grpc::ClientContext ectx;
+        muster::AttachToken(&ectx, token);
+        ectx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+        if (stub->ListEvents(&ectx, req, &events).ok()) {
+          absl::StrAppend(&body, "\nnewest events:\n", muster::FormatEvents(events));
+        }
+      } else {
+        body = absl::StrCat("(", address, ": ",
+                            absl::StatusCodeToString(static_cast<absl::StatusCode>(s.error_code())),
+                            ": ", s.error_message(), ")\n");
+      }
+    }
+    // Home, clear, redraw: one write, so the terminal never shows half.
+    std::cout << "\033[H\033[2J"
+              << absl::FormatTime("muster status %H:%M:%S", absl::Now(), absl::LocalTimeZone())
+              << "  every " << absl::FormatDuration(interval) << "  (Ctrl-C to quit)\n\n"
+              << body << std::flush;
+    for (absl::Time end = absl::Now() + interval; absl::Now() < end && !g_interrupted;) {
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+  }
+  std::cout << "\n";
+  return 0;
 }
 
 void Print(const google::protobuf::Message& msg) {
@@ -214,6 +281,13 @@ int Run(const std::vector<char*>& args) {
   }
   muster::TlsFiles tls{absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key),
                        absl::GetFlag(FLAGS_tls_ca)};
+  if (command == "status" && absl::GetFlag(FLAGS_watch)) {
+    if (absl::GetFlag(FLAGS_interval) < absl::Milliseconds(100)) {
+      std::cerr << "muster: --interval must be at least 100ms\n";
+      return 2;
+    }
+    return WatchStatus(target, tls, *token, absl::GetFlag(FLAGS_interval));
+  }
   // file:PATH: the address file the coordinator holding the lease wrote.
   const absl::StatusOr<std::string> address = muster::ResolveCoordinator(target);
   if (!address.ok()) {
@@ -340,7 +414,7 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "muster --coordinator HOST:PORT [--token-file F] COMMAND [--json]\n"
       "COMMAND is one of\n"
-      "  status                 the world, its members and recent events\n"
+      "  status [--watch [--interval D]]   the world, its members and recent events\n"
       "  world                  the current world's membership by rank (paged GetWorld)\n"
       "  checkpoints [--all] [--verify]   the checkpoint catalog (--verify re-reads the files)\n"
       "  events [--since T] [--limit N]   the coordinator's event log (--json: JSON lines)\n"

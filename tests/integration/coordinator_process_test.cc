@@ -211,6 +211,46 @@ TEST_F(ProcessTest, SigkillAndRestartKeepsCommittedCheckpointsAndGeneration) {
   EXPECT_NE(status.out.find("\"generation\": \"1\""), std::string::npos) << status.out;
 }
 
+// muster status --watch in a terminal (tmux): the table redraws in place as
+// members come, and Ctrl-C ends it cleanly (exit 0).
+TEST_F(ProcessTest, StatusWatchRedrawsInPlaceAndEndsOnCtrlC) {
+  if (::access("/usr/bin/tmux", X_OK) != 0) GTEST_SKIP() << "tmux is not installed";
+  StartCoordinator();
+  const std::string tmux = absl::StrCat("tmux -L muster-watch-", ::getpid(), " ");
+  const std::string exit_file = dir_ + "/watch.exit";
+  RunCommand(tmux + "new-session -d -s watch -x 150 -y 40 \"" + kBin + "/muster --coordinator " +
+             target_ + " --token-file " + token_file_ +
+             " status --watch --interval 200ms; echo exit=\\$? > " + exit_file + "\"");
+  auto pane = [&] { return RunCommand(tmux + "capture-pane -p -t watch").out; };
+  auto wait_for = [&](const std::string& text) {
+    for (int i = 0; i < 100; ++i) {
+      if (pane().find(text) != std::string::npos) return true;
+      ::usleep(100'000);
+    }
+    return false;
+  };
+  ASSERT_TRUE(wait_for("no members")) << pane();
+  EXPECT_NE(pane().find("job waiting"), std::string::npos) << pane();
+  auto a = Member("watched-a", 11);
+  ASSERT_TRUE(a->Join().ok());
+  ASSERT_TRUE(a->OpenSession().ok());
+  ASSERT_TRUE(wait_for("watched-a")) << pane();
+  // The newest events under the table.
+  ASSERT_TRUE(wait_for("watched-a incarnation 11 on node0")) << pane();
+  // Redrawn in place: one table on the screen, not one per refresh.
+  const std::string screen = pane();
+  size_t headers = 0;
+  for (size_t at = screen.find("muster status"); at != std::string::npos;
+       at = screen.find("muster status", at + 1)) {
+    ++headers;
+  }
+  EXPECT_EQ(headers, 1u) << screen;
+  RunCommand(tmux + "send-keys -t watch C-c");
+  for (int i = 0; i < 50 && ReadText(exit_file).empty(); ++i) ::usleep(100'000);
+  EXPECT_EQ(ReadText(exit_file), "exit=0\n");
+  RunCommand(tmux + "kill-server");
+}
+
 // Failover: a second coordinator on the same state dir waits as a standby
 // while the primary's lease beats; when the primary hangs (its node lost),
 // the standby takes the lease over, serves the same catalog and rewrites
