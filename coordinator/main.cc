@@ -70,10 +70,10 @@ ABSL_FLAG(absl::Duration, state_sync_delay, absl::ZeroDuration(),
 
 namespace {
 
-int Run() {
-  using muster::ServerOptions;
-  if (absl::GetFlag(FLAGS_verbose)) muster::SetMinLogLevel(muster::LogLevel::kDebug);
-  ServerOptions options;
+// The server's options from the flags; false (after saying why on stderr)
+// when the job token is missing or unreadable.
+bool OptionsFromFlags(muster::ServerOptions* out) {
+  muster::ServerOptions& options = *out;
   options.listen = absl::GetFlag(FLAGS_listen);
   options.state_dir = absl::GetFlag(FLAGS_state_dir);
   options.state_sync_delay = absl::GetFlag(FLAGS_state_sync_delay);
@@ -88,12 +88,12 @@ int Run() {
   auto token = muster::ResolveToken(absl::GetFlag(FLAGS_token_file));
   if (!token.ok()) {
     std::cerr << "muster-coordinator: " << token.status() << "\n";
-    return 2;
+    return false;
   }
   if (token->empty() && !absl::GetFlag(FLAGS_no_auth)) {
     std::cerr << "muster-coordinator: no job token: pass --token-file (or set "
                  "MUSTER_TOKEN_FILE), or --no-auth on a private machine\n";
-    return 2;
+    return false;
   }
   options.token = *token;
   muster::CoordinatorOptions& c = options.coordinator;
@@ -109,7 +109,11 @@ int Run() {
   c.catalog.keep_last = absl::GetFlag(FLAGS_keep_last);
   c.catalog.keep_best_metric = absl::GetFlag(FLAGS_keep_best);
   c.catalog.keep_best_larger = c.catalog.keep_best_metric == "val_acc";
+  return true;
+}
 
+void LogOptions(const muster::ServerOptions& options) {
+  const muster::CoordinatorOptions& c = options.coordinator;
   MUSTER_LOG(INFO) << "options: listen=" << options.listen << " state_dir="
                    << (options.state_dir.empty() ? "(memory)" : options.state_dir)
                    << " min_members=" << c.rules.min_members
@@ -124,10 +128,15 @@ int Run() {
                    << " keep_last=" << c.catalog.keep_last << " keep_best="
                    << (c.catalog.keep_best_metric.empty() ? "-" : c.catalog.keep_best_metric)
                    << " metrics=" << (options.metrics_listen.empty() ? "-" : options.metrics_listen)
-                   << " http=" << (options.http_listen.empty() ? "-" : options.http_listen);
+                   << " http=" << (options.http_listen.empty() ? "-" : options.http_listen)
+                   << " lease_timeout=" << absl::FormatDuration(options.lease_timeout)
+                   << " address_file="
+                   << (options.address_file.empty() ? "-" : options.address_file);
+}
 
-  // Each member holds a connection: take every file descriptor the hard
-  // limit allows (the usual soft limit of 1024 is a few hundred trainers).
+// Each member holds a connection: take every file descriptor the hard
+// limit allows (the usual soft limit of 1024 is a few hundred trainers).
+void RaiseOpenFileLimit() {
   if (rlimit nofile; ::getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur < nofile.rlim_max) {
     const rlim_t soft = nofile.rlim_cur;
     nofile.rlim_cur = nofile.rlim_max;
@@ -136,6 +145,14 @@ int Run() {
                        << nofile.rlim_max;
     }
   }
+}
+
+int Run() {
+  if (absl::GetFlag(FLAGS_verbose)) muster::SetMinLogLevel(muster::LogLevel::kDebug);
+  muster::ServerOptions options;
+  if (!OptionsFromFlags(&options)) return 2;
+  LogOptions(options);
+  RaiseOpenFileLimit();
 
   // Signals are taken by one thread with sigwait; block them everywhere else.
   sigset_t signals;
