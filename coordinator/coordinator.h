@@ -287,6 +287,11 @@ class Coordinator {
   // such a member.
   bool ReattachFromWorld(const MemberKey& key, const std::string& node)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Membership::Live, after ReattachFromWorld for a member unknown since a
+  // restart: its first call after a takeover (a checkpoint, a rendezvous)
+  // may come before its session.
+  absl::StatusOr<MemberInfo*> LiveMember(const MemberKey& key)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // --- helpers (coordinator.cc; members in coordinator_members.cc, KV,
   // barriers and the catalog in coordinator_kv.cc) ---

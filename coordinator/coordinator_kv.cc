@@ -57,7 +57,7 @@ void Coordinator::Barrier(uint64_t generation, const MemberKey& key, const std::
   absl::MutexLock lock(&mu_);
   absl::Status s = gen_.CheckGeneration(generation);
   if (s.ok()) s = CheckName("name", name, options_.limits.max_id_bytes);
-  if (s.ok()) s = membership_.Live(key).status();
+  if (s.ok()) s = LiveMember(key).status();
   const World& world = gen_.world();
   if (s.ok() && world.RankOf(key.id) < 0) {
     s = absl::PermissionDeniedError(
@@ -85,7 +85,7 @@ absl::StatusOr<uint64_t> Coordinator::DecideBeginCheckpoint(uint64_t generation,
   absl::MutexLock lock(&mu_);
   MUSTER_RETURN_IF_ERROR(CheckServing());
   MUSTER_RETURN_IF_ERROR(gen_.CheckGeneration(generation));
-  MUSTER_RETURN_IF_ERROR(membership_.Live(key).status());
+  MUSTER_RETURN_IF_ERROR(LiveMember(key).status());
   const World& world = gen_.world();
   if (world.RankOf(key.id) < 0) {
     return absl::PermissionDeniedError(
@@ -108,7 +108,7 @@ absl::StatusOr<bool> Coordinator::DecideReportShard(uint64_t id, const MemberKey
                                                     ShardReport report) {
   absl::MutexLock lock(&mu_);
   MUSTER_RETURN_IF_ERROR(CheckServing());
-  MUSTER_RETURN_IF_ERROR(membership_.Live(key).status());
+  MUSTER_RETURN_IF_ERROR(LiveMember(key).status());
   report.member = key.id;
   MUSTER_ASSIGN_OR_RETURN(bool committed, catalog_.Report(id, report, clock_->Now()));
   if (committed) {
@@ -138,7 +138,7 @@ absl::Status Coordinator::AbortCheckpoint(uint64_t id, const MemberKey& key,
   {
     absl::MutexLock lock(&mu_);
     MUSTER_RETURN_IF_ERROR(CheckServing());
-    MUSTER_RETURN_IF_ERROR(membership_.Live(key).status());
+    MUSTER_RETURN_IF_ERROR(LiveMember(key).status());
     MUSTER_RETURN_IF_ERROR(catalog_.Abort(id, absl::StrCat(key.id, ": ", reason)));
     Record("checkpoint", absl::StrCat("checkpoint ", id, " aborted by ", key.id, ": ", reason));
   }

@@ -87,6 +87,11 @@ absl::StatusOr<uint64_t> Coordinator::OpenSession(const MemberKey& key,
   return id;
 }
 
+absl::StatusOr<MemberInfo*> Coordinator::LiveMember(const MemberKey& key) {
+  if (membership_.Find(key.id) == nullptr) ReattachFromWorld(key, "");
+  return membership_.Live(key);
+}
+
 bool Coordinator::ReattachFromWorld(const MemberKey& key, const std::string& node) {
   if (gen_.phase() != GenerationPhase::kRecovering) return false;
   const World& world = gen_.world();

@@ -17,7 +17,7 @@ void Coordinator::Rendezvous(const MemberKey& key, uint64_t after_generation, in
   Actions actions = Gated();
   absl::MutexLock lock(&mu_);
   absl::Status s = CheckServing();
-  absl::StatusOr<MemberInfo*> live = membership_.Live(key);
+  absl::StatusOr<MemberInfo*> live = LiveMember(key);
   if (s.ok()) s = live.status();
   if (s.ok() && gen_.phase() == GenerationPhase::kFinished) {
     s = absl::FailedPreconditionError("the job has finished");

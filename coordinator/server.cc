@@ -85,11 +85,18 @@ absl::StatusOr<Lease> HoldLease(StateStore* store, const std::string& holder,
                                 const ServerOptions& options) {
   LeaseClaim claim(store, holder, options.lease_timeout);
   bool told = false;
+  std::string last_error;
   for (;;) {
     absl::StatusOr<std::optional<Lease>> polled = claim.Poll(absl::Now());
     // A busy or briefly unreachable state file (another coordinator opening
     // or writing it, a file system hiccup): look again.
     if (!polled.ok() && !absl::IsUnavailable(polled.status())) return polled.status();
+    if (!polled.ok() && polled.status().message() != last_error) {
+      // E.g. "database is locked": a holder that hangs inside a write keeps
+      // SQLite's lock, and nobody can write the state until it is gone.
+      last_error = std::string(polled.status().message());
+      MUSTER_LOG(WARNING) << "standby: cannot take the lease yet: " << polled.status();
+    }
     const std::optional<Lease> lease = polled.ok() ? *polled : std::nullopt;
     if (lease.has_value()) {
       MUSTER_LOG(INFO) << "lease of " << options.state_dir << ": epoch " << lease->epoch

@@ -57,6 +57,7 @@ struct Trial {
   int committed_lost = 0;
   std::string problem;  // why it did not survive
   double takeover_s = -1;  // failover: from the fault to the standby serving
+  bool holder_killed = false;  // failover: the frozen holder had to be killed
 };
 
 struct Context {
@@ -226,17 +227,36 @@ Trial Failover(Context& c) {
   Judge j;
   j.fault_time = UnixNow();
   ::kill(holder, SIGSTOP);
-  const absl::Time end = absl::Now() + absl::Seconds(30);
-  while (job.AddressFileText() != next && absl::Now() < end) absl::SleepFor(absl::Milliseconds(5));
+  auto wait_takeover = [&](absl::Duration limit) {
+    const absl::Time end = absl::Now() + limit;
+    while (job.AddressFileText() != next && absl::Now() < end) {
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    return job.AddressFileText() == next;
+  };
+  // Frozen inside a write, the holder keeps SQLite's lock on the state file
+  // and nobody can take the lease over while it lives (the standby says
+  // "database is locked"): the node is then lost for good (SIGKILL), as a
+  // hung node ends up rebooted, and its locks go with it.
+  bool killed = false;
+  if (!wait_takeover(absl::Seconds(10))) {
+    ::kill(holder, SIGKILL);
+    killed = true;
+  }
+  if (!wait_takeover(absl::Seconds(20))) {
+    ::kill(holder, SIGCONT);
+    return {false, 0, 0, 0, "the standby did not take over"};
+  }
   const double takeover = UnixNow() - j.fault_time;
   absl::SleepFor(absl::Milliseconds(c.Uniform(500, 2000)));
   ::kill(holder, SIGCONT);
-  if (job.AddressFileText() != next) return {false, 0, 0, 0, "the standby did not take over"};
   const int code = job.WaitCoordinator(holder, absl::Seconds(20));
-  j.explained_by = "lease \\(epoch 1\\) was taken over: epoch 2";
+  j.explained_by = killed ? "lease of [^ ]+: epoch 2, held by"
+                          : "lease \\(epoch 1\\) was taken over: epoch 2";
   Trial t = Finish(job, j);
   t.takeover_s = takeover;
-  if (t.survived && code != 4) {
+  t.holder_killed = killed;
+  if (t.survived && !killed && code != 4) {
     t.survived = false;
     t.problem = absl::StrCat("the old coordinator exited ", code, ", not 4 (lease lost)");
   }
@@ -420,7 +440,12 @@ int RunScenario(const std::string& name, const std::function<Trial(Context&)>& r
                                  name, i, t.survived ? "survived" : "FAILED: " + t.problem,
                                  t.recovered_s, t.lost_steps,
                                  t.takeover_s >= 0
-                                     ? absl::StrFormat(", standby serving after %.3f s", t.takeover_s)
+                                     ? absl::StrFormat(", standby serving after %.3f s%s",
+                                                       t.takeover_s,
+                                                       t.holder_killed
+                                                           ? " (the frozen holder held the "
+                                                             "state file's lock: killed)"
+                                                           : "")
                                      : "");
     if (t.takeover_s >= 0) takeovers.push_back(t.takeover_s);
     ckpt_lost += t.committed_lost;

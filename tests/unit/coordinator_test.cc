@@ -600,6 +600,27 @@ TEST_F(CoordinatorTest, AfterARestartTheStoredWorldsMembersReattachByOpeningASes
   EXPECT_TRUE(sink->events.empty());
 }
 
+// After a takeover a member's first call may be a checkpoint, before its
+// session reopened: a member of the stored world is known from it.
+TEST_F(CoordinatorTest, AfterARestartAStoredMembersFirstCallMayComeBeforeItsSession) {
+  const std::string path = ::testing::TempDir() + "/first" + std::to_string(getpid()) + ".db";
+  ::unlink(path.c_str());
+  stores_.push_back(std::move(OpenSqliteStateStore(path)).value());
+  StateStore* store = stores_.back().get();
+  Start(1, 2, absl::Seconds(100), store);
+  Member& a = Add("a", "n");
+  Member& b = Add("b", "n");
+  Rendezvous(a, 0, 5);
+  Rendezvous(b, 0, 5);
+  c_.reset();
+  Start(1, 2, absl::Seconds(100), store);
+  ASSERT_EQ(c_->GetStatus().job_state, JobState::kRecovering);
+  absl::StatusOr<uint64_t> id = c_->BeginCheckpoint(1, {"a", 1}, 160);
+  EXPECT_TRUE(id.ok()) << id.status();
+  EXPECT_EQ(c_->BeginCheckpoint(1, {"stranger", 1}, 160).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
 TEST_F(CoordinatorTest, RestartGraceExpiresWithoutAMember) {
   const std::string path = ::testing::TempDir() + "/grace" + std::to_string(getpid()) + ".db";
   ::unlink(path.c_str());
