@@ -77,42 +77,36 @@ int WatchStatus(const std::string& target, const muster::TlsFiles& tls, const st
                 absl::Duration interval) {
   std::signal(SIGINT, [](int) { g_interrupted = true; });
   std::signal(SIGTERM, [](int) { g_interrupted = true; });
-  std::string address;
-  std::unique_ptr<Coordinator::Stub> stub;
+  absl::StatusOr<std::unique_ptr<muster::CoordinatorChannel>> coordinator =
+      muster::CoordinatorChannel::Create(target, tls);
+  if (!coordinator.ok()) {
+    std::cerr << "muster: " << coordinator.status() << "\n";
+    return 2;
+  }
+  std::unique_ptr<Coordinator::Stub> stub = Coordinator::NewStub((*coordinator)->get());
   while (!g_interrupted) {
     std::string body;
-    absl::StatusOr<std::string> now_at = muster::ResolveCoordinator(target);
-    if (now_at.ok() && (*now_at != address || stub == nullptr)) {
-      auto channel = muster::MakeChannel(*now_at, tls);
-      if (channel.ok()) {
-        address = *now_at;
-        stub = Coordinator::NewStub(*channel);
+    if ((*coordinator)->Refresh()) stub = Coordinator::NewStub((*coordinator)->get());
+    muster::v1::GetStatusResponse status;
+    grpc::ClientContext ctx;
+    muster::AttachToken(&ctx, token);
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + std::max(interval, absl::Seconds(2))));
+    const grpc::Status s = stub->GetStatus(&ctx, muster::v1::GetStatusRequest(), &status);
+    if (s.ok()) {
+      body = muster::FormatStatus(status);
+      muster::v1::ListEventsRequest req;
+      req.set_limit(8);
+      muster::v1::ListEventsResponse events;
+      grpc::ClientContext ectx;
+      muster::AttachToken(&ectx, token);
+      ectx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+      if (stub->ListEvents(&ectx, req, &events).ok()) {
+        absl::StrAppend(&body, "\nnewest events:\n", muster::FormatEvents(events));
       }
-    }
-    if (stub == nullptr) {
-      body = absl::StrCat("(", now_at.status().ToString(), ")\n");
     } else {
-      muster::v1::GetStatusResponse status;
-      grpc::ClientContext ctx;
-      muster::AttachToken(&ctx, token);
-      ctx.set_deadline(absl::ToChronoTime(absl::Now() + std::max(interval, absl::Seconds(2))));
-      const grpc::Status s = stub->GetStatus(&ctx, muster::v1::GetStatusRequest(), &status);
-      if (s.ok()) {
-        body = muster::FormatStatus(status);
-        muster::v1::ListEventsRequest req;
-        req.set_limit(8);
-        muster::v1::ListEventsResponse events;
-        grpc::ClientContext ectx;
-        muster::AttachToken(&ectx, token);
-        ectx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
-        if (stub->ListEvents(&ectx, req, &events).ok()) {
-          absl::StrAppend(&body, "\nnewest events:\n", muster::FormatEvents(events));
-        }
-      } else {
-        body = absl::StrCat("(", address, ": ",
-                            absl::StatusCodeToString(static_cast<absl::StatusCode>(s.error_code())),
-                            ": ", s.error_message(), ")\n");
-      }
+      body = absl::StrCat("(", (*coordinator)->address(), ": ",
+                          absl::StatusCodeToString(static_cast<absl::StatusCode>(s.error_code())),
+                          ": ", s.error_message(), ")\n");
     }
     // Home, clear, redraw: one write, so the terminal never shows half.
     std::cout << "\033[H\033[2J"

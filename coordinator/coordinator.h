@@ -128,6 +128,11 @@ struct CoordinatorCounters {
   // each), and how many there were in all: a reader observes the ones it
   // has not seen yet.
   static constexpr size_t kRecentObservations = 256;
+  // Appends `value` to `recent`, dropping the oldest beyond the bound.
+  static void Keep(std::deque<double>* recent, double value) {
+    recent->push_back(value);
+    if (recent->size() > kRecentObservations) recent->pop_front();
+  }
   std::deque<double> regroup_seconds;     // from forming a world to its last arrival
   uint64_t regroups_timed = 0;
   std::deque<double> checkpoint_seconds;  // from begin to commit

@@ -117,12 +117,9 @@ absl::StatusOr<bool> Coordinator::DecideReportShard(uint64_t id, const MemberKey
     if (r != nullptr && r->id == id) {
       uint64_t bytes = 0;
       for (const ShardFileRecord& f : r->files) bytes += f.bytes;
-      counters_.checkpoint_seconds.push_back(absl::ToDoubleSeconds(r->committed - r->created));
-      counters_.checkpoint_bytes.push_back(static_cast<double>(bytes));
-      if (counters_.checkpoint_seconds.size() > CoordinatorCounters::kRecentObservations) {
-        counters_.checkpoint_seconds.pop_front();
-        counters_.checkpoint_bytes.pop_front();
-      }
+      CoordinatorCounters::Keep(&counters_.checkpoint_seconds,
+                                absl::ToDoubleSeconds(r->committed - r->created));
+      CoordinatorCounters::Keep(&counters_.checkpoint_bytes, static_cast<double>(bytes));
       ++counters_.checkpoints_timed;
     }
     Record("checkpoint", absl::StrCat("checkpoint ", id, " committed",

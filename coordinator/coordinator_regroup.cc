@@ -272,10 +272,7 @@ void Coordinator::WorldCompleted(Actions* actions) {
                                     " members in ",
                                     absl::FormatDuration(absl::Trunc(took, absl::Milliseconds(1))),
                                     " after it formed"));
-    counters_.regroup_seconds.push_back(absl::ToDoubleSeconds(took));
-    if (counters_.regroup_seconds.size() > CoordinatorCounters::kRecentObservations) {
-      counters_.regroup_seconds.pop_front();
-    }
+    CoordinatorCounters::Keep(&counters_.regroup_seconds, absl::ToDoubleSeconds(took));
     ++counters_.regroups_timed;
   }
   for (auto it = waiters_.begin(); it != waiters_.end();) {
