@@ -53,6 +53,17 @@ class ServerTest : public ::testing::Test {
     return m;
   }
 
+  // Members a and b form a world of two; b's session breaks, and a receives
+  // the regroup that leaves the job below min_members (2). Returns a.
+  std::unique_ptr<TestMember> PauseATwoMemberJob(absl::StatusOr<v1::RegroupEvent>* regroup) {
+    auto a = NewMember("a", "n");
+    auto b = NewMember("b", "n");
+    for (const auto& r : RendezvousAll({a.get(), b.get()}, 0)) EXPECT_TRUE(r.ok());
+    b->BreakSession();
+    *regroup = a->WaitRegroup(absl::Seconds(5));
+    return a;
+  }
+
   // Runs Rendezvous on every member concurrently; returns the responses.
   std::vector<absl::StatusOr<v1::RendezvousResponse>> RendezvousAll(
       const std::vector<TestMember*>& ms, uint64_t after) {
@@ -359,11 +370,9 @@ TEST_F(ServerTest, ANodeSessionCarriesItsMembersAndFailsThemWhenItBreaks) {
 
 TEST_F(ServerTest, BelowMinMembersTheJobPausesAndResumes) {
   Start(2, 2);
-  auto a = NewMember("a", "n");
-  auto b = NewMember("b", "n");
-  for (const auto& r : RendezvousAll({a.get(), b.get()}, 0)) ASSERT_TRUE(r.ok());
-  b->BreakSession();
-  auto ev = a->WaitRegroup(absl::Seconds(5));
+  absl::StatusOr<v1::RegroupEvent> ev;
+  auto a = PauseATwoMemberJob(&ev);
+  ASSERT_FALSE(HasFailure());
   ASSERT_TRUE(ev.ok());
   EXPECT_TRUE(ev->abort());
   EXPECT_EQ(ev->generation(), 1u);  // no new world: paused
@@ -381,11 +390,9 @@ TEST_F(ServerTest, BelowMinMembersTheJobPausesAndResumes) {
 
 TEST_F(ServerTest, AJobPausedLongerThanThePauseTimeoutEndsWithItsReason) {
   Start(2, 2, absl::Milliseconds(50), absl::Milliseconds(800), absl::Milliseconds(400));
-  auto a = NewMember("a", "n");
-  auto b = NewMember("b", "n");
-  for (const auto& r : RendezvousAll({a.get(), b.get()}, 0)) ASSERT_TRUE(r.ok());
-  b->BreakSession();
-  auto ev = a->WaitRegroup(absl::Seconds(5));
+  absl::StatusOr<v1::RegroupEvent> ev;
+  auto a = PauseATwoMemberJob(&ev);
+  ASSERT_FALSE(HasFailure());
   ASSERT_TRUE(ev.ok());
   ASSERT_TRUE(ev->paused());
   const absl::Time paused = absl::Now();

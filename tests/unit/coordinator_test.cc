@@ -93,6 +93,24 @@ class CoordinatorTest : public ::testing::Test {
                    [&m](absl::StatusOr<RendezvousResult> r) { m.world = r; });
   }
 
+  // Members a (node n) and b (node `b_node`) form generation 1 at step 5 on
+  // a new state file named after `tag`; then the coordinator restarts on it
+  // (recovering, nobody back yet).
+  void RestartWithAStoredWorld(const std::string& tag, const std::string& b_node) {
+    const std::string path = ::testing::TempDir() + "/" + tag + std::to_string(getpid()) + ".db";
+    ::unlink(path.c_str());
+    stores_.push_back(std::move(OpenSqliteStateStore(path)).value());
+    StateStore* store = stores_.back().get();
+    Start(1, 2, absl::Seconds(100), store);
+    Member& a = Add("a", "n");
+    Member& b = Add("b", b_node);
+    Rendezvous(a, 0, 5);
+    Rendezvous(b, 0, 5);
+    c_.reset();
+    Start(1, 2, absl::Seconds(100), store);
+    ASSERT_EQ(c_->GetStatus().job_state, JobState::kRecovering);
+  }
+
   void Advance(absl::Duration d) {
     clock_.Advance(d);
     c_->Tick();
@@ -572,18 +590,8 @@ TEST_F(CoordinatorTest, RestartKeepsGenerationWhenAllReattach) {
 // joining them again: a member of the stored world may attach as it was; a
 // stranger, or another incarnation, is still told to join.
 TEST_F(CoordinatorTest, AfterARestartTheStoredWorldsMembersReattachByOpeningASession) {
-  const std::string path = ::testing::TempDir() + "/reopen" + std::to_string(getpid()) + ".db";
-  ::unlink(path.c_str());
-  stores_.push_back(std::move(OpenSqliteStateStore(path)).value());
-  StateStore* store = stores_.back().get();
-  Start(1, 2, absl::Seconds(100), store);
-  Member& a = Add("a", "n");
-  Member& b = Add("b", "m");
-  Rendezvous(a, 0, 5);
-  Rendezvous(b, 0, 5);
-  c_.reset();
-  Start(1, 2, absl::Seconds(100), store);
-  ASSERT_EQ(c_->GetStatus().job_state, JobState::kRecovering);
+  RestartWithAStoredWorld("reopen", "m");
+  if (HasFatalFailure()) return;
   auto sink = std::make_shared<RecordingSink>();
   EXPECT_EQ(c_->OpenSession({"c", 1}, sink).status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(c_->OpenSession({"a", 2}, sink).status().code(), absl::StatusCode::kNotFound);
@@ -603,18 +611,8 @@ TEST_F(CoordinatorTest, AfterARestartTheStoredWorldsMembersReattachByOpeningASes
 // After a takeover a member's first call may be a checkpoint, before its
 // session reopened: a member of the stored world is known from it.
 TEST_F(CoordinatorTest, AfterARestartAStoredMembersFirstCallMayComeBeforeItsSession) {
-  const std::string path = ::testing::TempDir() + "/first" + std::to_string(getpid()) + ".db";
-  ::unlink(path.c_str());
-  stores_.push_back(std::move(OpenSqliteStateStore(path)).value());
-  StateStore* store = stores_.back().get();
-  Start(1, 2, absl::Seconds(100), store);
-  Member& a = Add("a", "n");
-  Member& b = Add("b", "n");
-  Rendezvous(a, 0, 5);
-  Rendezvous(b, 0, 5);
-  c_.reset();
-  Start(1, 2, absl::Seconds(100), store);
-  ASSERT_EQ(c_->GetStatus().job_state, JobState::kRecovering);
+  RestartWithAStoredWorld("first", "n");
+  if (HasFatalFailure()) return;
   absl::StatusOr<uint64_t> id = c_->BeginCheckpoint(1, {"a", 1}, 160);
   EXPECT_TRUE(id.ok()) << id.status();
   EXPECT_EQ(c_->BeginCheckpoint(1, {"stranger", 1}, 160).status().code(),
