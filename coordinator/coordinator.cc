@@ -48,6 +48,7 @@ absl::Status Coordinator::Load() {
   MUSTER_ASSIGN_OR_RETURN(World world, store_.LoadWorld());
   MUSTER_RETURN_IF_ERROR(
       gen_.Loaded(std::move(world), clock_->Now() + options_.reattach_grace));
+  announced_generation_ = gen_.generation();
   if (gen_.phase() == GenerationPhase::kRecovering) {
     Record("restart", absl::StrCat("coordinator restarted; waiting up to ",
                                    absl::FormatDuration(options_.reattach_grace), " for the ",
@@ -94,6 +95,12 @@ absl::Status Coordinator::AwaitDurable() {
   // coordinator be restarted on a working state dir.
   Shutdown(absl::StrCat("the state store cannot be written: ", s.message()));
   return not_durable;
+}
+
+void Coordinator::Announce(uint64_t generation) {
+  uint64_t seen = announced_generation_.load();
+  while (seen < generation && !announced_generation_.compare_exchange_weak(seen, generation)) {
+  }
 }
 
 void Coordinator::FlushEvents() {

@@ -166,14 +166,16 @@ class Coordinator {
   // as Membership::Live; INVALID_ARGUMENT (another node).
   absl::StatusOr<uint64_t> OpenSession(const MemberKey& key, std::shared_ptr<SessionSink> sink,
                                        const std::string& node = "");
-  // Records a heartbeat on `session`; returns the current generation.
-  // Errors: NOT_FOUND (no such session), ABORTED (the member was fenced).
+  // Records a heartbeat on `session`; returns the newest generation on
+  // disk (announced_generation_). Errors: NOT_FOUND (no such session),
+  // ABORTED (the member was fenced), as CheckServing.
   absl::StatusOr<uint64_t> Heartbeat(uint64_t session, int64_t step);
   // Heartbeat for many sessions (a node session's members) under one lock:
   // `steps[i]` for `sessions[i]`. Sets `ok[i]` to whether Heartbeat would
-  // have succeeded; returns the current generation.
-  uint64_t Heartbeats(const std::vector<uint64_t>& sessions, const std::vector<int64_t>& steps,
-                      std::vector<bool>* ok);
+  // have succeeded; returns what Heartbeat returns. Errors: as CheckServing
+  // (a coordinator that stopped serving acknowledges no node).
+  absl::StatusOr<uint64_t> Heartbeats(const std::vector<uint64_t>& sessions,
+                                      const std::vector<int64_t>& steps, std::vector<bool>* ok);
   // The transport lost the session: its member fails at once.
   void SessionClosed(uint64_t session, const std::string& why);
 
@@ -344,6 +346,14 @@ class Coordinator {
   // The generation counter, the current world, its arrivals and the phase
   // of its lifecycle (generation_state.h).
   GenerationState gen_ ABSL_GUARDED_BY(mu_);
+  // The newest generation that is on disk, which heartbeat acknowledgements
+  // carry: raised by gated actions only, so members never hear of a
+  // generation that did not become durable (as one decided by a coordinator
+  // whose lease was taken over meanwhile, which the successor never knew;
+  // members told of it would wait for a world after theirs for ever).
+  std::atomic<uint64_t> announced_generation_{0};
+  // Raises announced_generation_ to `generation` (never lowers it).
+  void Announce(uint64_t generation);
   // Why Abandon stopped this coordinator ("" unless it did).
   std::string abandoned_ ABSL_GUARDED_BY(mu_);
   Membership membership_ ABSL_GUARDED_BY(mu_);

@@ -125,17 +125,20 @@ absl::Status Coordinator::Beat(uint64_t session, int64_t step, absl::Time now) {
 
 absl::StatusOr<uint64_t> Coordinator::Heartbeat(uint64_t session, int64_t step) {
   absl::MutexLock lock(&mu_);
+  MUSTER_RETURN_IF_ERROR(CheckServing());
   MUSTER_RETURN_IF_ERROR(Beat(session, step, clock_->Now()));
-  return gen_.generation();
+  return announced_generation_.load();
 }
 
-uint64_t Coordinator::Heartbeats(const std::vector<uint64_t>& sessions,
-                                 const std::vector<int64_t>& steps, std::vector<bool>* ok) {
+absl::StatusOr<uint64_t> Coordinator::Heartbeats(const std::vector<uint64_t>& sessions,
+                                                 const std::vector<int64_t>& steps,
+                                                 std::vector<bool>* ok) {
   absl::MutexLock lock(&mu_);
-  const absl::Time now = clock_->Now();
   ok->assign(sessions.size(), false);
+  MUSTER_RETURN_IF_ERROR(CheckServing());
+  const absl::Time now = clock_->Now();
   for (size_t i = 0; i < sessions.size(); ++i) (*ok)[i] = Beat(sessions[i], steps[i], now).ok();
-  return gen_.generation();
+  return announced_generation_.load();
 }
 
 void Coordinator::SessionClosed(uint64_t session, const std::string& why) {

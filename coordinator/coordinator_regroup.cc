@@ -38,6 +38,7 @@ void Coordinator::Rendezvous(const MemberKey& key, uint64_t after_generation, in
       World adopted;
       adopted.generation = gen_.generation();
       persister_.SaveWorld(std::move(adopted));
+      actions.Add([this, g = gen_.generation()] { Announce(g); });
     }
   }
   if (s.ok() && step < 0) {
@@ -203,6 +204,7 @@ void Coordinator::Form(std::vector<Candidate> candidates, uint32_t size, bool ab
   const uint64_t generation = gen_.generation();
   // Durable before anyone hears of it: every caller's actions wait for it.
   persister_.SaveWorld(world);
+  actions->Add([this, generation] { Announce(generation); });
   ResetGenerationState(old.generation, reason, actions);
   timer_.Reset();
   ++counters_.regroups;

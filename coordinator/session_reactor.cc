@@ -194,11 +194,15 @@ bool SessionReactor::HandleNode(absl::Time start) {
         ids.push_back(m.member_id());
       }
       std::vector<bool> ok;
-      const uint64_t generation = coordinator_->Heartbeats(sessions, steps, &ok);
+      const absl::StatusOr<uint64_t> generation = coordinator_->Heartbeats(sessions, steps, &ok);
+      if (!generation.ok()) {
+        outbox_->Close(generation.status());
+        return false;
+      }
       for (size_t i = 0; i < ok.size(); ++i) {
         if (!ok[i]) attached_.erase(ids[i]);  // closed by the coordinator; the node hears of it
       }
-      Acknowledge(generation, start);
+      Acknowledge(*generation, start);
       return true;
     }
     case v1::SessionRequest::kRendezvous:

@@ -14,6 +14,7 @@
 #include "absl/time/clock.h"
 
 #include "common/fake_clock.h"
+#include "coordinator/lease.h"
 
 namespace muster {
 namespace {
@@ -305,13 +306,60 @@ TEST_F(CoordinatorTest, HeartbeatsDoNotWaitForASlowWriteAndAWorldIsAnnouncedOnly
   });
   absl::SleepFor(absl::Milliseconds(50));  // the world is formed; its write is in its fsyncs
   const absl::Time t0 = absl::Now();
-  ASSERT_TRUE(c_->Heartbeat(a.session, 1).ok());
+  const absl::StatusOr<uint64_t> told = c_->Heartbeat(a.session, 1);
   const absl::Duration heartbeat = absl::Now() - t0;
   former.join();
+  ASSERT_TRUE(told.ok()) << told.status();
   EXPECT_LT(heartbeat, absl::Milliseconds(100)) << "a heartbeat waited for the disk";
+  EXPECT_EQ(*told, 0u) << "a heartbeat named a generation before it was on disk";
+  EXPECT_EQ(*c_->Heartbeat(a.session, 1), 1u);
   ASSERT_TRUE(b.world && b.world->ok());
   EXPECT_EQ((*b.world)->world->generation, 1u);
   EXPECT_EQ(durable_when_answered, 1u) << "the world was announced before it was on disk";
+}
+
+// The lease is taken over; the old coordinator then decides a regroup that
+// cannot become durable. Nobody may hear of that generation: the successor
+// never knew it, and members told of it would wait for a world after their
+// own for ever. A coordinator that stopped serving acknowledges nothing.
+TEST_F(CoordinatorTest, AGenerationDecidedAfterTheLeaseWasTakenIsNeverAcknowledged) {
+  const std::string path = absl::StrCat(::testing::TempDir(), "/fenced", ::getpid(), ".db");
+  ::unlink(path.c_str());
+  stores_.push_back(std::move(OpenSqliteStateStore(path)).value());
+  auto standby_store = std::move(OpenSqliteStateStore(path)).value();
+  const absl::Time t0 = absl::FromUnixSeconds(1000);
+  LeaseClaim primary(stores_.back().get(), "primary:1", absl::Seconds(3));
+  ASSERT_TRUE(primary.Poll(t0)->has_value());
+  Start(1, 3, absl::Seconds(1), stores_.back().get());
+  Member& a = Add("a", "n0");
+  Member& b = Add("b", "n0");
+  Member& c = Add("c", "n1");
+  for (Member* m : {&a, &b, &c}) Rendezvous(*m, 0);
+  ASSERT_TRUE(a.world && a.world->ok());
+  ASSERT_EQ(*c_->Heartbeat(a.session, 1), 1u);
+
+  LeaseClaim standby(standby_store.get(), "standby:1", absl::Seconds(3));
+  ASSERT_FALSE(standby.Poll(t0)->has_value());
+  ASSERT_TRUE(standby.Poll(t0 + absl::Seconds(3))->has_value());
+  c_->SessionClosed(c.session, "stream ended");  // decides generation 2: fenced
+  EXPECT_EQ(c_->GetStatus().job_state, JobState::kShuttingDown);
+
+  const absl::StatusOr<uint64_t> single = c_->Heartbeat(a.session, 2);
+  EXPECT_FALSE(single.ok()) << "acknowledged generation " << *single;
+  std::vector<bool> ok;
+  const absl::StatusOr<uint64_t> node = c_->Heartbeats({b.session}, {2}, &ok);
+  ASSERT_FALSE(node.ok()) << "a node was acknowledged generation " << *node;
+  EXPECT_EQ(node.status().code(), absl::StatusCode::kUnavailable) << node.status();
+  for (Member* m : {&a, &b}) {
+    EXPECT_TRUE(m->sink->closed);
+    EXPECT_EQ(m->sink->close_status.code(), absl::StatusCode::kUnavailable);
+    for (const MemberEvent& e : m->sink->events) {
+      EXPECT_LT(e.generation, 2u) << "told of a generation that is not on disk";
+    }
+  }
+  EXPECT_EQ(standby_store->LoadWorld()->generation, 1u);
+  c_.reset();
+  ::unlink(path.c_str());
 }
 
 // "Committed" is said only once the record is on disk, and the catalog's
