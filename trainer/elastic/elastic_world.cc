@@ -80,20 +80,25 @@ absl::Status ElasticWorld::Enter(const EnterFn& enter) {
   return enter(comm_.get(), world_);
 }
 
-// The first world: while the job runs without a place for this member (a
-// world exists: the heartbeats name its generation), keep waiting as a spare.
-absl::StatusOr<WorldInfo> ElasticWorld::FirstWorld(int64_t step) {
+absl::StatusOr<WorldInfo> ElasticWorld::AwaitWorld(uint64_t after, int64_t step,
+                                                    bool as_spare) {
   const absl::Time give_up = absl::Now() + options_.rendezvous_timeout;
   for (;;) {
     const absl::Time slice = std::min(give_up, absl::Now() + options_.spare_poll);
-    absl::StatusOr<WorldInfo> w = client_->Rendezvous(0, step, slice);
+    absl::StatusOr<WorldInfo> w = client_->Rendezvous(after, step, slice);
     if (!absl::IsDeadlineExceeded(w.status())) return w;
     if (options_.interrupted && options_.interrupted()) {
-      return absl::CancelledError("a stop or leave signal while waiting for a place");
+      return absl::CancelledError("a stop or leave signal while waiting for a world");
     }
-    const bool spare = client_->latest_generation() > 0;
+    const bool spare = as_spare && client_->latest_generation() > 0;
     if (!spare && absl::Now() >= give_up) return w;
   }
+}
+
+// The first world: while the job runs without a place for this member (a
+// world exists: the heartbeats name its generation), keep waiting as a spare.
+absl::StatusOr<WorldInfo> ElasticWorld::FirstWorld(int64_t step) {
+  return AwaitWorld(0, step, /*as_spare=*/true);
 }
 
 void ElasticWorld::NoPlace(const std::string& why, int64_t step) {
@@ -118,8 +123,7 @@ absl::Status ElasticWorld::EnterFirst(int64_t step, const EnterFn& enter) {
 
 absl::StatusOr<WorldInfo> ElasticWorld::NextWorld(int64_t step,
                                                   const std::function<void()>& before_rejoin) {
-  absl::StatusOr<WorldInfo> next =
-      client_->Rendezvous(world_.generation, step, absl::Now() + options_.rendezvous_timeout);
+  absl::StatusOr<WorldInfo> next = AwaitWorld(world_.generation, step, /*as_spare=*/false);
   if (absl::IsAborted(next.status())) {
     // This incarnation was declared failed (it hung past the heartbeat
     // timeout, e.g. SIGSTOP): rejoin as a new one; a live peer's state
@@ -128,7 +132,7 @@ absl::StatusOr<WorldInfo> ElasticWorld::NextWorld(int64_t step,
                         << "); rejoining as a new incarnation";
     before_rejoin();
     MUSTER_RETURN_IF_ERROR(Join(/*incarnation=*/0));
-    next = client_->Rendezvous(0, step, absl::Now() + options_.rendezvous_timeout);
+    next = AwaitWorld(0, step, /*as_spare=*/false);
   }
   return next;
 }
@@ -141,9 +145,11 @@ absl::Status ElasticWorld::Regroup(const std::string& why, int64_t step, const E
     comm_.reset();
     store_.reset();
     absl::StatusOr<WorldInfo> next = NextWorld(step, before_rejoin);
-    if (absl::IsFailedPrecondition(next.status())) {
-      // Drained (the leave notice may still be on its way), or the job is
-      // over: there is no world for this trainer. Leave.
+    if (absl::IsFailedPrecondition(next.status()) || absl::IsCancelled(next.status())) {
+      // Drained (the leave notice may still be on its way), the job is
+      // over, or a stop or leave signal came while the job waited for
+      // members (paused below its minimum): there is no world for this
+      // trainer. Leave.
       NoPlace(std::string(next.status().message()), step);
       return absl::OkStatus();
     }

@@ -99,6 +99,10 @@ class ElasticWorld {
   absl::Status Enter(const EnterFn& enter);
   absl::StatusOr<WorldInfo> NextWorld(int64_t step, const std::function<void()>& before_rejoin);
   absl::StatusOr<WorldInfo> FirstWorld(int64_t step);
+  // Rendezvous in slices of spare_poll, so that `interrupted` ends the wait
+  // (CANCELLED) within one. Past the rendezvous timeout DEADLINE_EXCEEDED,
+  // unless `as_spare` and the job has a world: a spare waits while it runs.
+  absl::StatusOr<WorldInfo> AwaitWorld(uint64_t after, int64_t step, bool as_spare);
   void NoPlace(const std::string& why, int64_t step);
 
   // Constant after construction.
