@@ -405,6 +405,33 @@ TEST_F(AgentTest, TrainersJoinACoordinatorRestartedWithoutStateAndFinish) {
   ExpectEqualParameters({"a0", "a1", "b0", "b1"});
 }
 
+// A job that needs three trainers: a node that leaves pauses the other.
+class AgentPauseTest : public AgentTest {
+ protected:
+  int MinMembers() const override { return 3; }
+};
+
+// Stopping a whole job node by node (as scancel does, in no set order):
+// the trainers of the last node wait, paused below the minimum, when their
+// own SIGTERM comes; they must leave then, not wait for a world until the
+// agent's grace runs out and it kills them.
+TEST_F(AgentPauseTest, TrainersPausedBelowTheMinimumLeaveOnSigterm) {
+  const pid_t a = Agent("a", 100000), b = Agent("b", 100000);
+  ASSERT_TRUE(WaitForLine("a", "world 4 on 2 nodes", absl::Seconds(60)))
+      << ReadText(dir_ + "/a.log");
+  ASSERT_TRUE(WaitForStep("a", 30, absl::Seconds(60))) << ReadText(dir_ + "/a.log");
+  ASSERT_EQ(::kill(b, SIGTERM), 0);
+  EXPECT_EQ(WaitExit(b), 0) << ReadText(dir_ + "/b.log");
+  ASSERT_TRUE(WaitForLine("coordinator", "fewer than min_members (3) remain", absl::Seconds(30)))
+      << ReadText(dir_ + "/coordinator.log");
+  ASSERT_EQ(::kill(a, SIGTERM), 0);
+  EXPECT_EQ(WaitExit(a), 0) << ReadText(dir_ + "/a.log");
+  const std::string log_a = ReadText(dir_ + "/a.log");
+  EXPECT_EQ(log_a.find("still running 1m after the signal"), std::string::npos) << log_a;
+  EXPECT_NE(log_a.find("trainer 0: exit 0"), std::string::npos) << log_a;
+  EXPECT_NE(log_a.find("trainer 1: exit 0"), std::string::npos) << log_a;
+}
+
 TEST_F(ElasticTest, PullWeightsDuringTrainingMatchesTheCheckpointOfThatStep) {
   auto trainer = [&](int local, const std::string& tag) {
     return SpawnLogged({kBin + "/muster-train", "--coordinator=" + target_, "--node-id=n",
