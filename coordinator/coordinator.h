@@ -47,6 +47,12 @@
 namespace muster {
 
 // An event pushed down a member's session.
+// What a heartbeat says of a member's progress (Heartbeat in the proto).
+struct MemberProgress {
+  int64_t step = 0;
+  int64_t samples = 0;
+};
+
 struct MemberEvent {
   enum class Kind { kRegroup, kStop };
   Kind kind = Kind::kRegroup;
@@ -169,13 +175,14 @@ class Coordinator {
   // Records a heartbeat on `session`; returns the newest generation on
   // disk (announced_generation_). Errors: NOT_FOUND (no such session),
   // ABORTED (the member was fenced), as CheckServing.
-  absl::StatusOr<uint64_t> Heartbeat(uint64_t session, int64_t step);
+  absl::StatusOr<uint64_t> Heartbeat(uint64_t session, MemberProgress progress);
   // Heartbeat for many sessions (a node session's members) under one lock:
-  // `steps[i]` for `sessions[i]`. Sets `ok[i]` to whether Heartbeat would
+  // `progress[i]` for `sessions[i]`. Sets `ok[i]` to whether Heartbeat would
   // have succeeded; returns what Heartbeat returns. Errors: as CheckServing
   // (a coordinator that stopped serving acknowledges no node).
   absl::StatusOr<uint64_t> Heartbeats(const std::vector<uint64_t>& sessions,
-                                      const std::vector<int64_t>& steps, std::vector<bool>* ok);
+                                      const std::vector<MemberProgress>& progress,
+                                      std::vector<bool>* ok);
   // The transport lost the session: its member fails at once.
   void SessionClosed(uint64_t session, const std::string& why);
 
@@ -306,7 +313,7 @@ class Coordinator {
   // it) is logged, and the caller then leaves the rest of its work undone.
   bool Accepted(const absl::Status& transition);
   // Heartbeat's and Heartbeats' work for one session.
-  absl::Status Beat(uint64_t session, int64_t step, absl::Time now)
+  absl::Status Beat(uint64_t session, MemberProgress progress, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Record(const std::string& kind, const std::string& detail)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

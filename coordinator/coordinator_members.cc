@@ -114,30 +114,33 @@ bool Coordinator::ReattachFromWorld(const MemberKey& key, const std::string& nod
   return true;
 }
 
-absl::Status Coordinator::Beat(uint64_t session, int64_t step, absl::Time now) {
+absl::Status Coordinator::Beat(uint64_t session, MemberProgress progress, absl::Time now) {
   auto it = sessions_.find(session);
   if (it == sessions_.end()) return absl::NotFoundError("no such session");
   MUSTER_ASSIGN_OR_RETURN(MemberInfo * info, membership_.Live(it->second.member));
   info->last_seen = now;
-  if (step >= 0) info->step = step;
+  if (progress.step >= 0) info->step = progress.step;
+  if (progress.samples > 0) info->samples = progress.samples;
   return absl::OkStatus();
 }
 
-absl::StatusOr<uint64_t> Coordinator::Heartbeat(uint64_t session, int64_t step) {
+absl::StatusOr<uint64_t> Coordinator::Heartbeat(uint64_t session, MemberProgress progress) {
   absl::MutexLock lock(&mu_);
   MUSTER_RETURN_IF_ERROR(CheckServing());
-  MUSTER_RETURN_IF_ERROR(Beat(session, step, clock_->Now()));
+  MUSTER_RETURN_IF_ERROR(Beat(session, progress, clock_->Now()));
   return announced_generation_.load();
 }
 
 absl::StatusOr<uint64_t> Coordinator::Heartbeats(const std::vector<uint64_t>& sessions,
-                                                 const std::vector<int64_t>& steps,
+                                                 const std::vector<MemberProgress>& progress,
                                                  std::vector<bool>* ok) {
   absl::MutexLock lock(&mu_);
   ok->assign(sessions.size(), false);
   MUSTER_RETURN_IF_ERROR(CheckServing());
   const absl::Time now = clock_->Now();
-  for (size_t i = 0; i < sessions.size(); ++i) (*ok)[i] = Beat(sessions[i], steps[i], now).ok();
+  for (size_t i = 0; i < sessions.size(); ++i) {
+    (*ok)[i] = Beat(sessions[i], progress[i], now).ok();
+  }
   return announced_generation_.load();
 }
 

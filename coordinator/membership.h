@@ -27,6 +27,7 @@ struct MemberInfo {
   bool spare = false;     // started as a hot spare: taken after the others
   MemberState state = MemberState::kWaiting;
   int64_t step = 0;
+  int64_t samples = 0;    // Heartbeat.samples: its world's samples so far
   absl::Time joined;
   absl::Time last_seen;   // join, hello or heartbeat
   uint64_t session = 0;   // id of the open session, 0 if none

@@ -127,7 +127,8 @@ bool SessionReactor::Handle() {
     return false;
   }
   absl::StatusOr<uint64_t> generation =
-      coordinator_->Heartbeat(session_, request_.heartbeat().step());
+      coordinator_->Heartbeat(session_, MemberProgress{request_.heartbeat().step(),
+                                                 request_.heartbeat().samples()});
   if (!generation.ok()) {
     outbox_->Close(generation.status());
     return false;
@@ -184,17 +185,17 @@ bool SessionReactor::HandleNode(absl::Time start) {
     }
     case v1::SessionRequest::kHeartbeat: {
       std::vector<uint64_t> sessions;
-      std::vector<int64_t> steps;
+      std::vector<MemberProgress> progress;
       std::vector<std::string> ids;
       for (const v1::MemberStep& m : request_.heartbeat().members()) {
         auto it = attached_.find(m.member_id());
         if (it == attached_.end()) continue;
         sessions.push_back(it->second.session);
-        steps.push_back(m.step());
+        progress.push_back(MemberProgress{m.step(), m.samples()});
         ids.push_back(m.member_id());
       }
       std::vector<bool> ok;
-      const absl::StatusOr<uint64_t> generation = coordinator_->Heartbeats(sessions, steps, &ok);
+      const absl::StatusOr<uint64_t> generation = coordinator_->Heartbeats(sessions, progress, &ok);
       if (!generation.ok()) {
         outbox_->Close(generation.status());
         return false;

@@ -253,6 +253,7 @@ std::string StatusJson(Coordinator* coordinator) {
                        {"state", row.spare ? "spare" : MemberStateName(row.info.state)},
                        {"rank", row.rank},
                        {"step", row.info.step},
+                       {"samples", row.info.samples},
                        {"heartbeat_age_ms", absl::ToInt64Milliseconds(s.now - row.info.last_seen)},
                        {"reason", row.info.reason}});
   }

@@ -3,9 +3,9 @@
 // checkpoint catalog. No build step, no dependencies.
 "use strict";
 
-const history = [];  // {t, generation, size, rate}
+const history = [];  // {t, generation, size, rate, samples_rate}
 const HISTORY = 600;
-let previous = null;  // {t, step}
+let previous = null;  // {t, step, samples}
 
 // The page's colour classes for a member's state.
 function stateClass(s) {
@@ -85,12 +85,15 @@ function polyline(svg, points, key, max) {
 function drawCharts() {
   const world = document.getElementById("chart-world");
   const rate = document.getElementById("chart-rate");
+  const samples = document.getElementById("chart-samples");
   world.replaceChildren();
   rate.replaceChildren();
+  samples.replaceChildren();
   const top = Math.max(...history.map((p) => Math.max(p.generation, p.size)));
   polyline(world, history, "generation", top);
   polyline(world, history, "size", top);
   polyline(rate, history, "rate", Math.max(...history.map((p) => p.rate)));
+  polyline(samples, history, "samples_rate", Math.max(...history.map((p) => p.samples_rate)));
 }
 
 function drawEvents(status) {
@@ -128,15 +131,22 @@ async function poll() {
   }
   const active = status.members.filter((m) => m.state === "active");
   const step = active.reduce((s, m) => Math.max(s, m.step), 0);
+  // Every member reports its world's samples so far: the job's, not its own share.
+  const sampled = active.reduce((s, m) => Math.max(s, m.samples || 0), 0);
   const t = status.now_unix_ms;
-  let rate = 0;
+  let rate = 0, samplesRate = 0;
   if (previous && t > previous.t && step >= previous.step) rate = (step - previous.step) * 1000 / (t - previous.t);
-  previous = { t, step };
-  history.push({ t, generation: status.generation, size: status.world_size, rate });
+  if (previous && t > previous.t && sampled >= previous.sampled) {
+    samplesRate = (sampled - previous.sampled) * 1000 / (t - previous.t);
+  }
+  previous = { t, step, sampled };
+  history.push({ t, generation: status.generation, size: status.world_size, rate,
+                 samples_rate: samplesRate });
   if (history.length > HISTORY) history.shift();
   document.getElementById("summary").textContent =
     `job ${status.job_state} · generation ${status.generation} · world ${status.world_size} ` +
     `(min ${status.min_members}, max ${status.max_members}) · step ${step} · ${rate.toFixed(1)} steps/s · ` +
+    `${samplesRate.toFixed(0)} samples/s · ` +
     `${status.committed_checkpoints} checkpoints` +
     (status.latest_committed_step >= 0 ? ` (latest step ${status.latest_committed_step})` : "") +
     ` · up ${duration(status.uptime_ms)}`;

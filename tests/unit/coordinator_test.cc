@@ -210,7 +210,7 @@ TEST_F(CoordinatorTest, StreamBreakRegroupsSurvivorsAtOnce) {
   EXPECT_EQ(w.state_source_rank, static_cast<uint32_t>(w.RankOf("b")));
   EXPECT_EQ(w.state_step, 8);
   // The failed incarnation is fenced.
-  EXPECT_EQ(c_->Heartbeat(d.session, 1).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(c_->Heartbeat(d.session, {1}).status().code(), absl::StatusCode::kNotFound);
   Rendezvous(d, 0);
   EXPECT_EQ(d.world->status().code(), absl::StatusCode::kAborted);
 }
@@ -306,13 +306,13 @@ TEST_F(CoordinatorTest, HeartbeatsDoNotWaitForASlowWriteAndAWorldIsAnnouncedOnly
   });
   absl::SleepFor(absl::Milliseconds(50));  // the world is formed; its write is in its fsyncs
   const absl::Time t0 = absl::Now();
-  const absl::StatusOr<uint64_t> told = c_->Heartbeat(a.session, 1);
+  const absl::StatusOr<uint64_t> told = c_->Heartbeat(a.session, {1});
   const absl::Duration heartbeat = absl::Now() - t0;
   former.join();
   ASSERT_TRUE(told.ok()) << told.status();
   EXPECT_LT(heartbeat, absl::Milliseconds(100)) << "a heartbeat waited for the disk";
   EXPECT_EQ(*told, 0u) << "a heartbeat named a generation before it was on disk";
-  EXPECT_EQ(*c_->Heartbeat(a.session, 1), 1u);
+  EXPECT_EQ(*c_->Heartbeat(a.session, {1}), 1u);
   ASSERT_TRUE(b.world && b.world->ok());
   EXPECT_EQ((*b.world)->world->generation, 1u);
   EXPECT_EQ(durable_when_answered, 1u) << "the world was announced before it was on disk";
@@ -336,7 +336,7 @@ TEST_F(CoordinatorTest, AGenerationDecidedAfterTheLeaseWasTakenIsNeverAcknowledg
   Member& c = Add("c", "n1");
   for (Member* m : {&a, &b, &c}) Rendezvous(*m, 0);
   ASSERT_TRUE(a.world && a.world->ok());
-  ASSERT_EQ(*c_->Heartbeat(a.session, 1), 1u);
+  ASSERT_EQ(*c_->Heartbeat(a.session, {1}), 1u);
 
   LeaseClaim standby(standby_store.get(), "standby:1", absl::Seconds(3));
   ASSERT_FALSE(standby.Poll(t0)->has_value());
@@ -344,10 +344,10 @@ TEST_F(CoordinatorTest, AGenerationDecidedAfterTheLeaseWasTakenIsNeverAcknowledg
   c_->SessionClosed(c.session, "stream ended");  // decides generation 2: fenced
   EXPECT_EQ(c_->GetStatus().job_state, JobState::kShuttingDown);
 
-  const absl::StatusOr<uint64_t> single = c_->Heartbeat(a.session, 2);
+  const absl::StatusOr<uint64_t> single = c_->Heartbeat(a.session, {2});
   EXPECT_FALSE(single.ok()) << "acknowledged generation " << *single;
   std::vector<bool> ok;
-  const absl::StatusOr<uint64_t> node = c_->Heartbeats({b.session}, {2}, &ok);
+  const absl::StatusOr<uint64_t> node = c_->Heartbeats({b.session}, {MemberProgress{2}}, &ok);
   ASSERT_FALSE(node.ok()) << "a node was acknowledged generation " << *node;
   EXPECT_EQ(node.status().code(), absl::StatusCode::kUnavailable) << node.status();
   for (Member* m : {&a, &b}) {
@@ -378,7 +378,7 @@ TEST_F(CoordinatorTest, ACheckpointIsReportedCommittedOnlyOnceItIsDurable) {
   std::thread beat([&] {
     absl::SleepFor(absl::Milliseconds(50));
     const absl::Time t0 = absl::Now();
-    EXPECT_TRUE(c_->Heartbeat(a.session, 10).ok());
+    EXPECT_TRUE(c_->Heartbeat(a.session, {10}).ok());
     heartbeat = absl::Now() - t0;
   });
   ASSERT_TRUE(*c_->ReportShard(id, b.key, {}));
@@ -401,9 +401,14 @@ TEST_F(CoordinatorTest, HeartbeatTimeoutFailsHungMember) {
   ASSERT_TRUE(a.world->ok());
   for (int i = 0; i < 4; ++i) {
     Advance(absl::Seconds(1));
-    ASSERT_TRUE(c_->Heartbeat(a.session, i).ok());
+    ASSERT_TRUE(c_->Heartbeat(a.session, {i, 64 * i}).ok());
   }
   EXPECT_TRUE(a.sink->events.empty());
+  for (const MemberRow& row : c_->GetStatus().members) {  // what the status page shows
+    if (row.info.key.id != "a") continue;
+    EXPECT_EQ(row.info.step, 3);
+    EXPECT_EQ(row.info.samples, 192);
+  }
   Advance(absl::Milliseconds(1500));  // b silent for 5.5 s
   ASSERT_EQ(a.sink->events.size(), 1u);
   EXPECT_TRUE(a.sink->events[0].abort);
@@ -547,7 +552,7 @@ TEST_F(CoordinatorTest, RendezvousDeadline) {
                  [&a](absl::StatusOr<RendezvousResult> r) { a.world = r; });
   for (int i = 0; i < 2; ++i) {
     Advance(absl::Seconds(1));
-    ASSERT_TRUE(c_->Heartbeat(a.session, 0).ok());
+    ASSERT_TRUE(c_->Heartbeat(a.session, {0}).ok());
   }
   ASSERT_TRUE(a.world.has_value());
   EXPECT_EQ(a.world->status().code(), absl::StatusCode::kDeadlineExceeded);
@@ -681,7 +686,7 @@ TEST_F(CoordinatorTest, RestartGraceExpiresWithoutAMember) {
   Start(1, 2, absl::Seconds(100), store);
   Member& a2 = Add("a", "n");
   Advance(absl::Seconds(5));
-  ASSERT_TRUE(c_->Heartbeat(a2.session, 1).ok());
+  ASSERT_TRUE(c_->Heartbeat(a2.session, {1}).ok());
   Advance(absl::Seconds(5));
   ASSERT_EQ(a2.sink->events.size(), 1u);
   EXPECT_TRUE(a2.sink->events[0].abort);

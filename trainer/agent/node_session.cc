@@ -133,6 +133,7 @@ class NodeSessionImpl final : public NodeSession,
     pid_t pid = 0;
     std::shared_ptr<Queue> out;
     int64_t step = 0;
+    int64_t samples = 0;
     absl::Time last_beat;
     // Whether its attach went out on the current connection; a member that
     // attached while the node stream was down waits for the next one.
@@ -364,7 +365,7 @@ absl::Status NodeSessionImpl::Attach(const v1::MemberRef& member, pid_t pid,
     // In the node heartbeat from its own first heartbeat on, which carries
     // its step.
     members_[member.member_id()] = Member{member.incarnation(), pid, std::move(out),
-                                          /*step=*/0, absl::InfinitePast(),
+                                          /*step=*/0, /*samples=*/0, absl::InfinitePast(),
                                           /*attached=*/connected_};
     if (connected_) {
       v1::SessionRequest attach;
@@ -386,6 +387,7 @@ void NodeSessionImpl::LocalBeat(const std::string& member, uint64_t incarnation,
     auto it = members_.find(member);
     if (it != members_.end() && it->second.incarnation == incarnation) {
       it->second.step = beat.step();
+      it->second.samples = beat.samples();
       it->second.last_beat = absl::Now();
     }
     ack.mutable_ack()->set_current_generation(generation_);
@@ -643,6 +645,7 @@ void NodeSessionImpl::WriteLoop(Upstream* stream) {
           v1::MemberStep* step = beat.mutable_heartbeat()->add_members();
           step->set_member_id(id);
           step->set_step(m.step);
+          step->set_samples(m.samples);
         }
         batch.push_back(std::move(beat));
         next_beat = now + interval_;

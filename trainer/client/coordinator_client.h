@@ -95,7 +95,12 @@ class CoordinatorClient {
   // answer) with the latest SetStep value; `on_notice` receives regroup and
   // stop events and kSessionLost when the coordinator fenced this member.
   absl::Status StartSession(std::function<void(const SessionNotice&)> on_notice);
-  void SetStep(int64_t step) { step_ = step; }
+  // `samples`: the samples every completed step took, over all ranks
+  // (Heartbeat.samples).
+  void SetStep(int64_t step, int64_t samples) {
+    step_ = step;
+    samples_ = samples;
+  }
   // The highest generation any event or acknowledgement mentioned.
   uint64_t latest_generation() const { return latest_generation_.load(); }
 
@@ -135,6 +140,7 @@ class CoordinatorClient {
   ClientOptions options_;
   std::unique_ptr<Impl> impl_;
   std::atomic<int64_t> step_{0};
+  std::atomic<int64_t> samples_{0};
   std::atomic<uint64_t> latest_generation_{0};
   std::atomic<int64_t> heartbeat_ms_{1000};
   std::atomic<bool> stopping_{false};

@@ -296,7 +296,7 @@ absl::Status Engine::EnterWorld(Communicator* comm, const WorldInfo& world) {
   SetCounters(counters);
   if (scale) lr_world_ = world.world_size;
   sync_->SetCommunicator(comm);
-  world_->client()->SetStep(step_);
+  world_->client()->SetStep(step_, at_.offset);
   return Salvage(comm, world);
 }
 
@@ -329,7 +329,7 @@ absl::Status Engine::Salvage(Communicator* comm, const WorldInfo& world) {
   const SampledBatch taken = sampler_.Next(at_, plan.old_world, 0, options_.batch_per_rank);
   at_ = sampler_.Advance(at_, taken, plan.old_world, options_.batch_per_rank, plan.lost);
   ++step_;
-  world_->client()->SetStep(step_);
+  world_->client()->SetStep(step_, at_.offset);
   if (!claim.contributes) batch_.indices.clear();  // this rank's examples did not count
   salvaged_ = true;
   if (plan.steppers < world.world_size) catch_up_source_ = plan.first_stepper;
@@ -348,7 +348,7 @@ absl::Status Engine::CatchUp() {
   MUSTER_RETURN_IF_ERROR(
       SyncStateFrom(source, world_->comm(), state_, &counters, absl::Now() + timeout_));
   SetCounters(counters);
-  world_->client()->SetStep(step_);
+  world_->client()->SetStep(step_, at_.offset);
   return absl::OkStatus();
 }
 
@@ -507,7 +507,7 @@ absl::Status Engine::AfterBackward() {
                               world_->told_to_leave());
   ++step_;
   at_ = sampler_.Advance(at_, batch_, world_->world().world_size, options_.batch_per_rank, {});
-  world_->client()->SetStep(step_);
+  world_->client()->SetStep(step_, at_.offset);
   at_boundary_ = true;
   return absl::OkStatus();
 }
