@@ -29,6 +29,27 @@ TEST(GlooAddressTest, AnUnresolvableNameWithRemotePeersNamesTheNameAndTheFlag) {
   EXPECT_NE(a.status().message().find("the configured address"), std::string::npos);
 }
 
+// A failed connect names the loopback address behind it: this rank's, or a
+// peer's that Gloo's error shows; nothing is added otherwise.
+TEST(GlooAddressTest, AFailedConnectExplainsALoopbackAddress) {
+  const std::string refused =
+      "[./gloo/transport/tcp/pair.cc:799] connect [127.0.1.1]:41923: Connection refused";
+  const GlooAddress own_loopback = *ResolveGlooAddress("127.0.1.1", "vm", /*single_host=*/false);
+  std::string hint = LoopbackHint("Timed out", own_loopback);
+  EXPECT_NE(hint.find("this rank gave its peers the loopback address 127.0.1.1"),
+            std::string::npos)
+      << hint;
+  EXPECT_NE(hint.find("--address"), std::string::npos) << hint;
+  const GlooAddress own_remote{"10.1.2.3", ""};
+  hint = LoopbackHint(refused, own_remote);
+  EXPECT_NE(hint.find("a peer gave a loopback address"), std::string::npos) << hint;
+  EXPECT_NE(hint.find("--address"), std::string::npos) << hint;
+  EXPECT_EQ(LoopbackHint("connect [10.1.2.4]:41923: Connection refused", own_remote), "");
+  // Every rank on one host: loopback is right, and no hint misleads.
+  const GlooAddress one_host = *ResolveGlooAddress("", "no-such-host.invalid", true);
+  EXPECT_EQ(LoopbackHint(refused, one_host), "");
+}
+
 TEST(GlooAddressTest, LoopbackWithRemotePeersIsNumericAndWarned) {
   absl::StatusOr<GlooAddress> a = ResolveGlooAddress("127.0.1.1", "vm", /*single_host=*/false);
   ASSERT_TRUE(a.ok()) << a.status();

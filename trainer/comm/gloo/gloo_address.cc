@@ -5,6 +5,7 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 
 namespace muster {
@@ -66,6 +67,21 @@ absl::StatusOr<GlooAddress> ResolveGlooAddress(const std::string& configured,
   }
   ::freeaddrinfo(found);
   return out;
+}
+
+std::string LoopbackHint(const std::string& error, const GlooAddress& own) {
+  if (!own.warning.empty()) {
+    return absl::StrCat("; this rank gave its peers the loopback address ", own.ip,
+                        ", which peers on other hosts cannot reach: if they run elsewhere, set "
+                        "muster-train --address (Options::address) to this node's IP address");
+  }
+  const bool own_loopback = absl::StartsWith(own.ip, "127.") || own.ip == "::1";
+  const bool peer_loopback = error.find("[127.") != std::string::npos ||
+                             error.find("[::1]") != std::string::npos;
+  if (!peer_loopback || own_loopback) return "";
+  return "; a peer gave a loopback address (its host name resolves to loopback there, as with "
+         "Debian's 127.0.1.1 line in /etc/hosts): set muster-train --address (Options::address) "
+         "on that node to its IP address";
 }
 
 }  // namespace muster

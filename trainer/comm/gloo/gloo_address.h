@@ -23,6 +23,14 @@ struct GlooAddress {
 absl::StatusOr<GlooAddress> ResolveGlooAddress(const std::string& configured,
                                                const std::string& host_name, bool single_host);
 
+// What to add to the error of a Gloo connect that failed (`error`, Gloo's
+// message) when a loopback address is the likely cause, "" otherwise: this
+// rank's own (`own` carries the loopback warning), or a peer's (`error`
+// names an address in 127.0.0.0/8 or ::1 while this rank's is not one). A
+// loopback address with peers on one host is legitimate (nodes that share a
+// machine), so it is explained on failure rather than refused up front.
+std::string LoopbackHint(const std::string& error, const GlooAddress& own);
+
 }  // namespace muster
 
 #endif  // MUSTER_TRAINER_COMM_GLOO_GLOO_ADDRESS_H_

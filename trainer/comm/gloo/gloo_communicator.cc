@@ -301,6 +301,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> NewGlooCommunicator(Store* store, 
   static std::once_flag ignore_sigpipe;
   std::call_once(ignore_sigpipe, [] { ::signal(SIGPIPE, SIG_IGN); });
   auto worker = std::make_shared<Worker>();
+  GlooAddress own;  // with an interface (options.iface): Gloo's own choice
   try {
     gloo::transport::tcp::attr attr;
     attr.iface = options.iface;
@@ -314,6 +315,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> NewGlooCommunicator(Store* store, 
       if (!address->warning.empty()) {
         std::call_once(warned, [&] { MUSTER_LOG(WARNING) << address->warning; });
       }
+      own = *address;
       attr.hostname = address->ip;
     }
     auto device = gloo::transport::tcp::CreateDevice(attr);
@@ -325,7 +327,8 @@ absl::StatusOr<std::unique_ptr<Communicator>> NewGlooCommunicator(Store* store, 
     }
     worker->context = std::move(context);
   } catch (const std::exception& e) {
-    return FromException(e);
+    const absl::Status s = FromException(e);
+    return absl::Status(s.code(), absl::StrCat(s.message(), LoopbackHint(e.what(), own)));
   }
   worker->thread = std::thread([w = worker.get()] { w->Loop(); });
   return std::unique_ptr<Communicator>(new GlooCommunicator(worker, rank, size));
