@@ -44,6 +44,12 @@
 #   MUSTER_COORDINATOR_ARGS extra muster-coordinator flags
 #   MUSTER_COORDINATOR_RESTARTS how often a coordinator that died is restarted
 #                          on the same state (default 5)
+#   MUSTER_STANDBY         1: a standby coordinator runs on the second node (a
+#                          job step beside the training step) on the same
+#                          state dir, and takes over when the first one hangs
+#                          or dies for good (docs/failover.md); every client
+#                          follows the address file in the job dir. Default 0
+#   MUSTER_STANDBY_PORT    the standby's port (default MUSTER_PORT + 1)
 #   MUSTER_TLS             1 (default): the coordinator serves TLS with a
 #                          certificate made for this run (job dir tls/, 0700,
 #                          the key 0600), which every client pins as its CA;
@@ -87,12 +93,12 @@ muster_node_address() {
   fi
 }
 
-# A self-signed certificate for the coordinator at HOST (a name, or an IPv4
-# address with MUSTER_IFACE), made fresh for each run (the coordinator may
-# land on another node after a requeue). Sets MUSTER_TLS_SERVER_ARGS and
-# MUSTER_TLS_CLIENT_ARGS (empty with MUSTER_TLS=0).
-muster_make_tls() {
-  local host="$1" dir="$MUSTER_JOB_DIR/tls" san
+# A self-signed certificate for the coordinators at HOSTS (names, or IPv4
+# addresses with MUSTER_IFACE; two with a standby), made fresh for each run
+# (the coordinator may land on another node after a requeue). Sets
+# MUSTER_TLS_SERVER_ARGS and MUSTER_TLS_CLIENT_ARGS (empty with MUSTER_TLS=0).
+muster_make_tls() {  # HOST...
+  local dir="$MUSTER_JOB_DIR/tls" san="" host
   MUSTER_TLS_SERVER_ARGS=()
   MUSTER_TLS_CLIENT_ARGS=()
   if [ "${MUSTER_TLS:-1}" = 0 ]; then
@@ -103,7 +109,13 @@ muster_make_tls() {
     echo "muster-job: openssl is needed for the coordinator's certificate (or set MUSTER_TLS=0)" >&2
     return 1
   fi
-  if [[ "$host" =~ ^[0-9]+\.[0-9]+\.[0-9]+\.[0-9]+$ ]]; then san="IP:$host"; else san="DNS:$host"; fi
+  for host in "$@"; do
+    if [[ "$host" =~ ^[0-9]+\.[0-9]+\.[0-9]+\.[0-9]+$ ]]; then
+      san="${san:+$san,}IP:$host"
+    else
+      san="${san:+$san,}DNS:$host"
+    fi
+  done
   (umask 077 && mkdir -p "$dir" && rm -f "$dir/key.pem" "$dir/cert.pem" &&
     openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 30 \
       -subj "/CN=muster-${SLURM_JOB_ID:-job}" -addext "subjectAltName=$san" \
@@ -141,9 +153,7 @@ muster_procs_per_node() {
 muster_start_coordinator() {
   local listen="$1" shell_pid="$$"
   local -a coord=("${MUSTER_EXEC_ARGS[@]}" "$(muster_prog muster-coordinator)" --listen "$listen"
-    --state-dir "$MUSTER_JOB_DIR/state" --token-file "$MUSTER_JOB_DIR/token"
-    --min-members "$MUSTER_MIN_MEMBERS" --max-members "$MUSTER_MAX_MEMBERS"
-    "${MUSTER_TLS_SERVER_ARGS[@]}")
+    "${MUSTER_COORDINATOR_COMMON[@]}" "${MUSTER_FAILOVER_ARGS[@]}")
   local -a extra=()
   read -ra extra <<< "${MUSTER_COORDINATOR_ARGS:-}"
   # shellcheck disable=SC2016  # the guard's script expands its own variables
@@ -181,8 +191,39 @@ muster_start_coordinator() {
   MUSTER_GUARD_PID=$!
 }
 
-# Stops the coordinator (SIGTERM, then waits for it to finish).
+# Starts the standby coordinator at HOST:PORT as a job step on the second
+# node (--relative=1), beside the training step (--overlap); its log is
+# standby.log in the job dir. It waits while the first coordinator's lease
+# beats and takes over when they stop (docs/failover.md). Sets
+# MUSTER_STANDBY_PID (the step's srun).
+muster_start_standby() {  # HOST PORT
+  local -a extra=()
+  read -ra extra <<< "${MUSTER_COORDINATOR_ARGS:-}"
+  srun --overlap --nodes=1 --ntasks=1 --relative=1 --kill-on-bad-exit=0 \
+    "${MUSTER_EXEC_ARGS[@]}" "$(muster_prog muster-coordinator)" --listen "0.0.0.0:$2" \
+    "${MUSTER_COORDINATOR_COMMON[@]}" --address-file "$MUSTER_JOB_DIR/coordinator.address" \
+    --advertise "$1:$2" "${extra[@]}" \
+    >> "$MUSTER_JOB_DIR/standby.log" 2>&1 < /dev/null &
+  MUSTER_STANDBY_PID=$!
+}
+
+# The address of the second node of the job (as muster_node_address says
+# there), from a one-task step.
+muster_second_node_address() {
+  # shellcheck disable=SC2153  # MUSTER_JOB_LIB: set by the batch scripts
+  srun --overlap --nodes=1 --ntasks=1 --relative=1 --kill-on-bad-exit=0 \
+    bash "$MUSTER_JOB_LIB" node-address
+}
+
+# Stops the coordinators: the standby first (a lease given back at the
+# primary's shutdown would otherwise pass to it), then the primary (SIGTERM,
+# then waits for it to finish).
 muster_stop_coordinator() {
+  if [ -n "${MUSTER_STANDBY_PID:-}" ]; then
+    kill -TERM "$MUSTER_STANDBY_PID" 2>/dev/null || true
+    wait "$MUSTER_STANDBY_PID" 2>/dev/null || true
+    MUSTER_STANDBY_PID=""
+  fi
   [ -n "${MUSTER_GUARD_PID:-}" ] || return 0
   kill -TERM "$MUSTER_GUARD_PID" 2>/dev/null || true
   wait "$MUSTER_GUARD_PID" 2>/dev/null || true
@@ -300,12 +341,39 @@ muster_job_run() {
   fi
   chmod 0600 "$MUSTER_JOB_DIR/token"
 
-  local host target
+  local host target standby_host="" client_target
   host="$(muster_node_address)" || return 1
   target="$host:$MUSTER_PORT"
-  muster_make_tls "$host" || return 1
+  client_target="$target"
+  MUSTER_FAILOVER_ARGS=()
+  MUSTER_STANDBY_PID=""
+  if [ "${MUSTER_STANDBY:-0}" = 1 ]; then
+    if [ "$nodes" -lt 2 ]; then
+      echo "muster-job: MUSTER_STANDBY=1 needs a second node for the standby; this job has 1" >&2
+      return 2
+    fi
+    : "${MUSTER_STANDBY_PORT:=$((MUSTER_PORT + 1))}"
+    standby_host="$(muster_second_node_address)" || {
+      echo "muster-job: could not learn the second node's address for the standby" >&2
+      return 1
+    }
+    # Whoever holds the lease writes its address here; every client follows it.
+    rm -f "$MUSTER_JOB_DIR/coordinator.address"
+    MUSTER_FAILOVER_ARGS=(--address-file "$MUSTER_JOB_DIR/coordinator.address"
+      --advertise "$target")
+    client_target="file:$MUSTER_JOB_DIR/coordinator.address"
+  fi
+  muster_make_tls "$host" ${standby_host:+"$standby_host"} || return 1
+  MUSTER_COORDINATOR_COMMON=(--state-dir "$MUSTER_JOB_DIR/state"
+    --token-file "$MUSTER_JOB_DIR/token"
+    --min-members "$MUSTER_MIN_MEMBERS" --max-members "$MUSTER_MAX_MEMBERS"
+    "${MUSTER_TLS_SERVER_ARGS[@]}")
   muster_log "job $SLURM_JOB_ID run $((restarts + 1)) (SLURM_RESTART_COUNT=$restarts):" \
     "$nodes nodes x $procs trainers ($mode), coordinator $target, job dir $MUSTER_JOB_DIR"
+  if [ -n "$standby_host" ]; then
+    muster_log "standby coordinator $standby_host:$MUSTER_STANDBY_PORT on the second node;" \
+      "clients follow $MUSTER_JOB_DIR/coordinator.address"
+  fi
   if [ "$spare_nodes" -gt 0 ]; then
     muster_log "the last $spare_nodes nodes run spares only: a world of $world," \
       "$((spare_nodes * procs)) spares"
@@ -314,9 +382,10 @@ muster_job_run() {
   muster_start_coordinator "${MUSTER_LISTEN:-0.0.0.0:$MUSTER_PORT}"
   # From here on the coordinator must be stopped however the script ends.
   trap 'muster_stop_coordinator' EXIT
-  muster_wait_coordinator "$target" || return 1
+  muster_wait_coordinator "$client_target" || return 1
+  if [ -n "$standby_host" ]; then muster_start_standby "$standby_host" "$MUSTER_STANDBY_PORT"; fi
 
-  local -a train=("$(muster_prog muster-train)" --coordinator "$target"
+  local -a train=("$(muster_prog muster-train)" --coordinator "$client_target"
     --token-file "$MUSTER_JOB_DIR/token" "${MUSTER_TLS_CLIENT_ARGS[@]}"
     --checkpoint-dir "$MUSTER_JOB_DIR/checkpoints" --log-dir "$MUSTER_JOB_DIR/logs")
   # Without the agent, when the job cannot go on without every trainer
@@ -347,8 +416,8 @@ muster_job_run() {
       --kill-on-bad-exit="$kill_on_bad_exit" "${srun_args[@]}" "${wrapper[@]}"
       bash "$MUSTER_JOB_LIB" agent-role "$((nodes - spare_nodes))" "$procs"
       "${MUSTER_EXEC_ARGS[@]}" "$(muster_prog muster-agent)"
-      --coordinator "$target" --token-file "$MUSTER_JOB_DIR/token" "${MUSTER_TLS_CLIENT_ARGS[@]}"
-      "${agent_args[@]}" -- "${train[@]}")
+      --coordinator "$client_target" --token-file "$MUSTER_JOB_DIR/token"
+      "${MUSTER_TLS_CLIENT_ARGS[@]}" "${agent_args[@]}" -- "${train[@]}")
   else
     step=(srun --nodes="$nodes" --ntasks="$world" --ntasks-per-node="$procs"
       --kill-on-bad-exit="$kill_on_bad_exit" "${srun_args[@]}" "${wrapper[@]}"
@@ -427,8 +496,11 @@ if [ "${BASH_SOURCE[0]}" = "$0" ]; then
     agent-role)
       shift
       muster_agent_role "$@" ;;
+    node-address)
+      muster_node_address ;;
     *)
-      echo "usage: muster-job.sh with-address|agent-role ... CMD [ARGS...] (or source it)" >&2
+      echo "usage: muster-job.sh with-address|agent-role ... CMD [ARGS...] | node-address" \
+        "(or source it)" >&2
       exit 2 ;;
   esac
 fi
