@@ -125,3 +125,18 @@ train_args() {  # STEPS [more flags]
   echo "--model mlp --dataset fashion-mnist --batch-size 64 --steps $steps --device cpu" \
     "--threads 1 --job $(basename "$WORK") $*"
 }
+
+# The batch script of MODE: train.sbatch (agent) or train-direct.sbatch.
+batch_script() {  # MODE
+  if [ "$1" = direct ]; then echo train-direct.sbatch; else echo train.sbatch; fi
+}
+
+# Fails unless rank 0's "step N/" lines in the job output never go back
+# (nothing was redone from a checkpoint) after EVENT.
+expect_steps_never_went_back() {  # EVENT
+  python3 - "$WORK/out.log" <<'PY' || fail "rank 0's steps went back after $1"
+import re, sys
+steps = [int(m.group(1)) for m in re.finditer(r"^step (\d+)/", open(sys.argv[1]).read(), re.M)]
+sys.exit(0 if steps and steps == sorted(steps) else 1)
+PY
+}

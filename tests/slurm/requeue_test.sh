@@ -12,8 +12,7 @@ MODE="${3:-agent}"
 source "$(dirname "$0")/lib.sh" "$1" "$2"
 ensure_cluster
 
-SCRIPT=train.sbatch
-[ "$MODE" = direct ] && SCRIPT=train-direct.sbatch
+SCRIPT="$(batch_script "$MODE")"
 export MUSTER_AGENT_ARGS="--max-restarts 1 --restart-backoff 1s"
 STEPS=400
 MUSTER_TRAIN_ARGS="$(train_args $STEPS --log-every 25 --checkpoint-every 1000)"

@@ -12,8 +12,7 @@ MODE="${3:?agent|direct}"
 source "$(dirname "$0")/lib.sh" "$1" "$2"
 ensure_cluster
 
-SCRIPT=train.sbatch
-[ "$MODE" = direct ] && SCRIPT=train-direct.sbatch
+SCRIPT="$(batch_script "$MODE")"
 export MUSTER_AGENT_ARGS="--max-restarts 1 --restart-backoff 1s"
 MUSTER_TRAIN_ARGS="$(train_args 100000 --log-every 25)"
 export MUSTER_TRAIN_ARGS
