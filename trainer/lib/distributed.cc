@@ -375,8 +375,18 @@ absl::Status Engine::Regroup(const std::string& why) {
         if (checkpointer_) checkpointer_->Wait();
       }));
   if (world_->left()) {
-    outcome_ = Outcome::kLeft;
-    if (!options_.quiet) std::cout << "muster: left the job after step " << step_ << std::endl;
+    // Told to stop (not to leave) while waiting for a world, as when the
+    // time-limit warning comes in a paused job: there is no world to
+    // checkpoint in, so this is a stop that resumes from the newest committed
+    // checkpoint (exit 75, requeued), not a departure.
+    const bool stopped = stop_flag_ != nullptr && stop_flag_->load() &&
+                         !(leave_flag_ != nullptr && leave_flag_->load());
+    outcome_ = stopped ? Outcome::kStopped : Outcome::kLeft;
+    if (!options_.quiet) {
+      std::cout << (stopped ? "muster: stopped while waiting for a world after step "
+                            : "muster: left the job after step ")
+                << step_ << std::endl;
+    }
     return absl::OkStatus();
   }
   reporter_->WorldEntered(progress(), world_->comm()->name(), world_->world().node_count);
