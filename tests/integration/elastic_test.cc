@@ -432,6 +432,27 @@ TEST_F(AgentPauseTest, TrainersPausedBelowTheMinimumLeaveOnSigterm) {
   EXPECT_NE(log_a.find("trainer 1: exit 0"), std::string::npos) << log_a;
 }
 
+// The time-limit warning (SIGUSR1: checkpoint and stop) in a paused job:
+// there is no world to checkpoint in, so the trainers stop as stopped
+// (exit 75: the job is requeued and resumes from its newest checkpoint),
+// not as if they had left or finished.
+TEST_F(AgentPauseTest, TrainersPausedBelowTheMinimumStopOnSigusr1WithExit75) {
+  const pid_t a = Agent("a", 100000), b = Agent("b", 100000);
+  ASSERT_TRUE(WaitForLine("a", "world 4 on 2 nodes", absl::Seconds(60)))
+      << ReadText(dir_ + "/a.log");
+  ASSERT_TRUE(WaitForStep("a", 30, absl::Seconds(60))) << ReadText(dir_ + "/a.log");
+  ASSERT_EQ(::kill(b, SIGTERM), 0);
+  EXPECT_EQ(WaitExit(b), 0) << ReadText(dir_ + "/b.log");
+  ASSERT_TRUE(WaitForLine("coordinator", "fewer than min_members (3) remain", absl::Seconds(30)))
+      << ReadText(dir_ + "/coordinator.log");
+  ASSERT_EQ(::kill(a, SIGUSR1), 0);
+  EXPECT_EQ(WaitExit(a), 75) << ReadText(dir_ + "/a.log");
+  const std::string log_a = ReadText(dir_ + "/a.log");
+  EXPECT_NE(log_a.find("stopped while waiting for a world"), std::string::npos) << log_a;
+  EXPECT_NE(log_a.find("trainer 0: exit 75"), std::string::npos) << log_a;
+  EXPECT_NE(log_a.find("trainer 1: exit 75"), std::string::npos) << log_a;
+}
+
 TEST_F(ElasticTest, PullWeightsDuringTrainingMatchesTheCheckpointOfThatStep) {
   auto trainer = [&](int local, const std::string& tag) {
     return SpawnLogged({kBin + "/muster-train", "--coordinator=" + target_, "--node-id=n",
