@@ -409,6 +409,22 @@ TEST_F(AgentTest, TrainersJoinACoordinatorRestartedWithoutStateAndFinish) {
 class AgentPauseTest : public AgentTest {
  protected:
   int MinMembers() const override { return 3; }
+
+  // Starts nodes a and b (two trainers each, steps enough to never finish),
+  // lets them train, then sends b's agent SIGTERM: the job pauses below its
+  // minimum with a's trainers waiting for a world. Sets `*a` to a's agent.
+  void PauseWithOnlyNodeALeft(pid_t* a) {
+    *a = Agent("a", 100000);
+    const pid_t b = Agent("b", 100000);
+    ASSERT_TRUE(WaitForLine("a", "world 4 on 2 nodes", absl::Seconds(60)))
+        << ReadText(dir_ + "/a.log");
+    ASSERT_TRUE(WaitForStep("a", 30, absl::Seconds(60))) << ReadText(dir_ + "/a.log");
+    ASSERT_EQ(::kill(b, SIGTERM), 0);
+    EXPECT_EQ(WaitExit(b), 0) << ReadText(dir_ + "/b.log");
+    ASSERT_TRUE(
+        WaitForLine("coordinator", "fewer than min_members (3) remain", absl::Seconds(30)))
+        << ReadText(dir_ + "/coordinator.log");
+  }
 };
 
 // Stopping a whole job node by node (as scancel does, in no set order):
@@ -416,14 +432,8 @@ class AgentPauseTest : public AgentTest {
 // own SIGTERM comes; they must leave then, not wait for a world until the
 // agent's grace runs out and it kills them.
 TEST_F(AgentPauseTest, TrainersPausedBelowTheMinimumLeaveOnSigterm) {
-  const pid_t a = Agent("a", 100000), b = Agent("b", 100000);
-  ASSERT_TRUE(WaitForLine("a", "world 4 on 2 nodes", absl::Seconds(60)))
-      << ReadText(dir_ + "/a.log");
-  ASSERT_TRUE(WaitForStep("a", 30, absl::Seconds(60))) << ReadText(dir_ + "/a.log");
-  ASSERT_EQ(::kill(b, SIGTERM), 0);
-  EXPECT_EQ(WaitExit(b), 0) << ReadText(dir_ + "/b.log");
-  ASSERT_TRUE(WaitForLine("coordinator", "fewer than min_members (3) remain", absl::Seconds(30)))
-      << ReadText(dir_ + "/coordinator.log");
+  pid_t a = -1;
+  ASSERT_NO_FATAL_FAILURE(PauseWithOnlyNodeALeft(&a));
   ASSERT_EQ(::kill(a, SIGTERM), 0);
   EXPECT_EQ(WaitExit(a), 0) << ReadText(dir_ + "/a.log");
   const std::string log_a = ReadText(dir_ + "/a.log");
@@ -437,14 +447,8 @@ TEST_F(AgentPauseTest, TrainersPausedBelowTheMinimumLeaveOnSigterm) {
 // (exit 75: the job is requeued and resumes from its newest checkpoint),
 // not as if they had left or finished.
 TEST_F(AgentPauseTest, TrainersPausedBelowTheMinimumStopOnSigusr1WithExit75) {
-  const pid_t a = Agent("a", 100000), b = Agent("b", 100000);
-  ASSERT_TRUE(WaitForLine("a", "world 4 on 2 nodes", absl::Seconds(60)))
-      << ReadText(dir_ + "/a.log");
-  ASSERT_TRUE(WaitForStep("a", 30, absl::Seconds(60))) << ReadText(dir_ + "/a.log");
-  ASSERT_EQ(::kill(b, SIGTERM), 0);
-  EXPECT_EQ(WaitExit(b), 0) << ReadText(dir_ + "/b.log");
-  ASSERT_TRUE(WaitForLine("coordinator", "fewer than min_members (3) remain", absl::Seconds(30)))
-      << ReadText(dir_ + "/coordinator.log");
+  pid_t a = -1;
+  ASSERT_NO_FATAL_FAILURE(PauseWithOnlyNodeALeft(&a));
   ASSERT_EQ(::kill(a, SIGUSR1), 0);
   EXPECT_EQ(WaitExit(a), 75) << ReadText(dir_ + "/a.log");
   const std::string log_a = ReadText(dir_ + "/a.log");
