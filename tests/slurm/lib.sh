@@ -140,3 +140,10 @@ steps = [int(m.group(1)) for m in re.finditer(r"^step (\d+)/", open(sys.argv[1])
 sys.exit(0 if steps and steps == sorted(steps) else 1)
 PY
 }
+
+# Fails unless the job completed with exit 0 in its first run (no requeue).
+expect_completed_without_requeue() {
+  [ "$(job_field JobState)" = COMPLETED ] || fail "job state $(job_field JobState), want COMPLETED"
+  [ "$(job_field ExitCode)" = 0:0 ] || fail "job exit $(job_field ExitCode), want 0:0"
+  [ "$(job_field Restarts)" = 0 ] || fail "job restarts $(job_field Restarts), want 0 (no requeue)"
+}
