@@ -282,6 +282,9 @@ void Coordinator::Tick() {
       }
     }
   }
+  if (gen_.phase() == GenerationPhase::kForming && now >= arrive_by_) {
+    FenceLateArrivals(&actions);
+  }
   kv_.Expire(now, &actions);
   barriers_.Expire(now, &actions);
   if (gen_.RecoveryExpired(now)) {

@@ -72,6 +72,10 @@ class SessionSink {
   virtual void Push(const MemberEvent& event) = 0;
   // Ends the session with `status` (OK for a normal stop).
   virtual void Close(const absl::Status& status) = 0;
+  // Ends the session of a member fenced as hung (its session lived, its
+  // training did not come to a regroup): as Close, and a node session also
+  // tells the member's agent to end the process, which it then restarts.
+  virtual void CloseHung(const absl::Status& status) { Close(status); }
 };
 
 struct CoordinatorOptions {
@@ -84,6 +88,9 @@ struct CoordinatorOptions {
   // A job paused below min_members for this long ends (JobEnded); zero:
   // it waits for members as long as it runs.
   absl::Duration pause_timeout = absl::ZeroDuration();
+  // How long the members of a world formed after a broken-world report have
+  // to come to its rendezvous when the report names no deadline of its own.
+  absl::Duration regroup_arrival = absl::Seconds(30);
   CatalogOptions catalog;
   Limits limits;
   Clock* clock = RealClock::Get();
@@ -194,6 +201,20 @@ class Coordinator {
   void Rendezvous(const MemberKey& key, uint64_t after_generation, int64_t step,
                   absl::Duration timeout, RendezvousCallback done);
 
+  // A member of the live world reports that the world of
+  // report.generation broke under it (a collective failed). Unless that
+  // world was already regrouped (a newer one formed, or the job paused),
+  // the next world forms now from the same members, with an abort notice
+  // to all of them; a member of it that has not come to its rendezvous
+  // within the report's deadline is fenced as hung (its agent restarts it)
+  // and the world forms again without it. Idempotent per generation: the
+  // first report regroups, later ones change nothing. Callers go on to
+  // Rendezvous(after = report.generation) either way. Errors: ABORTED (an
+  // older generation: already regrouped; nothing changes),
+  // FAILED_PRECONDITION (a generation this coordinator has not formed), as
+  // Membership::Live and CheckServing.
+  absl::Status ReportBroken(const MemberKey& key, const BrokenWorldReport& report);
+
   // Leaves the job. kFinished: no regroup; kGraceful: the others regroup
   // without it (no abort). Errors: as Membership::Live.
   absl::Status Leave(const MemberKey& key, LeaveReason reason, int64_t step);
@@ -292,6 +313,14 @@ class Coordinator {
   void WorldCompleted(Actions* actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FailMember(MemberInfo* info, const std::string& reason, Actions* actions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // FailMember's bookkeeping without the regroup: marks the member failed,
+  // ends its session (`hung`: CloseHung) and its waits. Returns whether it
+  // was an active member of the live world (whose loss needs a regroup).
+  bool Fence(MemberInfo* info, const std::string& reason, bool hung, Actions* actions)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Tick: the forming world's arrival deadline passed; fences its members
+  // that have not arrived and forms the world again without them.
+  void FenceLateArrivals(Actions* actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DropWaiters(const std::string& id, const absl::Status& status, Actions* actions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CheckRecovered(Actions* actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -384,6 +413,10 @@ class Coordinator {
   absl::Time paused_since_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   // When the current world was formed (its regroup's start).
   absl::Time formed_at_ ABSL_GUARDED_BY(mu_);
+  // A world formed after a broken-world report: its members must arrive by
+  // then (InfiniteFuture otherwise; Form resets it).
+  absl::Time arrive_by_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
+  absl::Duration arrival_window_ ABSL_GUARDED_BY(mu_);
   std::string ended_ ABSL_GUARDED_BY(mu_);
 };
 

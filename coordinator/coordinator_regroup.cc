@@ -7,7 +7,9 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/logging.h"
+#include "common/status_macros.h"
 #include "coordinator/coordinator.h"
 
 namespace muster {
@@ -173,6 +175,12 @@ void Coordinator::ResetGenerationState(uint64_t generation, const std::string& r
 void Coordinator::Pause(const std::string& reason, Actions* actions) {
   if (!Accepted(gen_.Paused())) return;
   paused_since_ = clock_->Now();
+  arrive_by_ = absl::InfiniteFuture();
+  // The world is written again (unchanged) so that the pause notices, like
+  // a regroup's, go out only after a write that the lease fences: a
+  // coordinator whose lease was taken over while it was frozen, woken, must
+  // not tell the new holder's members that their world paused.
+  persister_.SaveWorld(gen_.world());
   ResetGenerationState(gen_.world().generation, reason, actions);
   absl::Status s = catalog_.AbortBefore(gen_.generation() + 1, reason);
   if (!s.ok()) MUSTER_LOG(WARNING) << "aborting pending checkpoints: " << s;
@@ -200,6 +208,7 @@ void Coordinator::Form(std::vector<Candidate> candidates, uint32_t size, bool ab
   }
   paused_since_ = absl::InfiniteFuture();
   formed_at_ = clock_->Now();
+  arrive_by_ = absl::InfiniteFuture();
   const World& world = gen_.world();
   const uint64_t generation = gen_.generation();
   // Durable before anyone hears of it: every caller's actions wait for it.
@@ -263,6 +272,7 @@ bool Coordinator::Arrive(const std::string& id, int64_t step) {
 }
 
 void Coordinator::WorldCompleted(Actions* actions) {
+  arrive_by_ = absl::InfiniteFuture();
   persister_.SaveWorld(gen_.world());
   std::shared_ptr<const World> shared = gen_.Published();
   const World& world = *shared;
@@ -292,6 +302,15 @@ void Coordinator::WorldCompleted(Actions* actions) {
 
 void Coordinator::FailMember(MemberInfo* info, const std::string& reason, Actions* actions) {
   const std::string id = info->key.id;
+  if (Fence(info, reason, /*hung=*/false, actions)) {
+    Evaluate(/*urgent=*/true, /*abort=*/true,
+             absl::StrCat("member ", id, " failed: ", reason), actions);
+  }
+}
+
+bool Coordinator::Fence(MemberInfo* info, const std::string& reason, bool hung,
+                        Actions* actions) {
+  const std::string id = info->key.id;
   const World& world = gen_.world();
   const int rank = world.RankOf(id);
   const bool in_world = gen_.world_live() && rank >= 0 &&
@@ -304,9 +323,14 @@ void Coordinator::FailMember(MemberInfo* info, const std::string& reason, Action
   if (info->session != 0) {
     auto it = sessions_.find(info->session);
     if (it != sessions_.end()) {
-      actions->Add([sink = it->second.sink, reason] {
-        sink->Close(absl::AbortedError(absl::StrCat(
-            "declared failed (", reason, "); rejoin with a new incarnation")));
+      actions->Add([sink = it->second.sink, reason, hung] {
+        const absl::Status status = absl::AbortedError(
+            absl::StrCat("declared failed (", reason, "); rejoin with a new incarnation"));
+        if (hung) {
+          sink->CloseHung(status);
+        } else {
+          sink->Close(status);
+        }
       });
       sessions_.erase(it);
     }
@@ -314,10 +338,80 @@ void Coordinator::FailMember(MemberInfo* info, const std::string& reason, Action
   }
   DropWaiters(id, absl::AbortedError(absl::StrCat("member declared failed: ", reason)),
               actions);
-  if (in_world) {
-    Evaluate(/*urgent=*/true, /*abort=*/true,
-             absl::StrCat("member ", id, " failed: ", reason), actions);
+  return in_world;
+}
+
+absl::Status Coordinator::ReportBroken(const MemberKey& key, const BrokenWorldReport& report) {
+  Actions actions = Gated();
+  absl::MutexLock lock(&mu_);
+  MUSTER_RETURN_IF_ERROR(CheckServing());
+  MUSTER_ASSIGN_OR_RETURN(MemberInfo * info, LiveMember(key));
+  const uint64_t g = report.generation;
+  if (g > gen_.generation()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "generation ", g, " was never formed here (current: ", gen_.generation(), ")"));
   }
+  if (g < gen_.world().generation) {
+    return absl::AbortedError(absl::StrCat("generation ", g, " was already regrouped: generation ",
+                                           gen_.world().generation, " is current"));
+  }
+  // A stored world the coordinator is waiting for after a restart: one of
+  // its members says it broke, so waiting for the others to come back to
+  // it is pointless.
+  if (gen_.phase() == GenerationPhase::kRecovering && !Accepted(gen_.Recovered())) {
+    return absl::InternalError("the recovering world could not be ended");
+  }
+  // Paused, finished, or still forming: no live world to regroup.
+  if (gen_.phase() != GenerationPhase::kRunning) return absl::OkStatus();
+  const World& world = gen_.world();
+  const int rank = world.RankOf(key.id);
+  if (rank < 0 || world.members[rank].member.incarnation != key.incarnation ||
+      info->state != MemberState::kActive) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("member ", key.id, " is not in generation ", g));
+  }
+  std::string why = absl::StrCat("rank ", rank, " (", key.id, ") reports that generation ", g,
+                                 " broke: ", report.reason);
+  if (!report.suspect.empty()) absl::StrAppend(&why, "; it suspects ", report.suspect);
+  Record("broken", why);
+  std::vector<Candidate> candidates = Candidates();
+  const uint32_t n = static_cast<uint32_t>(candidates.size());
+  Form(std::move(candidates), UsableWorldSize(n, options_.rules), /*abort=*/true, why, &actions);
+  if (gen_.phase() == GenerationPhase::kForming && gen_.generation() == g + 1) {
+    absl::Duration window =
+        report.deadline > absl::ZeroDuration() ? report.deadline : options_.regroup_arrival;
+    window = std::min(std::max(window, absl::Seconds(1)),
+                      std::max(options_.rules.join_timeout, absl::Seconds(1)));
+    arrival_window_ = window;
+    arrive_by_ = formed_at_ + window;
+  }
+  return absl::OkStatus();
+}
+
+void Coordinator::FenceLateArrivals(Actions* actions) {
+  arrive_by_ = absl::InfiniteFuture();
+  const World world = gen_.world();
+  std::vector<MemberInfo*> late;
+  for (const Assignment& a : world.members) {
+    if (gen_.has_arrived(a.member.id)) continue;
+    MemberInfo* info = membership_.Find(a.member.id);
+    if (info == nullptr || info->key != a.member || !IsAlive(info->state)) continue;
+    late.push_back(info);
+  }
+  if (late.empty()) return;
+  std::vector<std::string> ids;
+  for (MemberInfo* info : late) {
+    ids.push_back(info->key.id);
+    Fence(info,
+          absl::StrCat("hung: did not come to the regroup of generation ", world.generation,
+                       " within ", absl::FormatDuration(arrival_window_),
+                       " while its session lived; its agent restarts it"),
+          /*hung=*/true, actions);
+  }
+  Evaluate(/*urgent=*/true, /*abort=*/true,
+           absl::StrCat("hung member", ids.size() > 1 ? "s " : " ", absl::StrJoin(ids, ", "),
+                        " left out"),
+           actions);
 }
 
 void Coordinator::DropWaiters(const std::string& id, const absl::Status& status,

@@ -43,11 +43,13 @@ absl::Duration Millis(uint32_t ms) { return absl::Milliseconds(ms); }
 }  // namespace
 
 CoordinatorService::CoordinatorService(Coordinator* coordinator, Metrics* metrics,
-                                       std::string token, std::function<void()> on_shutdown)
+                                       std::string token, std::function<void()> on_shutdown,
+                                       uint64_t epoch)
     : coordinator_(coordinator),
       metrics_(metrics),
       token_(std::move(token)),
-      on_shutdown_(std::move(on_shutdown)) {}
+      on_shutdown_(std::move(on_shutdown)),
+      epoch_(epoch) {}
 
 grpc::ServerUnaryReactor* CoordinatorService::Reply(grpc::CallbackServerContext* ctx,
                                                     const char* method, absl::Time start,
@@ -164,7 +166,7 @@ grpc::ServerUnaryReactor* CoordinatorService::Join(grpc::CallbackServerContext* 
 
 grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionEvent>* CoordinatorService::Session(
     grpc::CallbackServerContext* ctx) {
-  return new SessionReactor(coordinator_, metrics_, CheckToken(*ctx, token_));
+  return new SessionReactor(coordinator_, metrics_, CheckToken(*ctx, token_), epoch_);
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::Rendezvous(grpc::CallbackServerContext* ctx,
@@ -173,11 +175,14 @@ grpc::ServerUnaryReactor* CoordinatorService::Rendezvous(grpc::CallbackServerCon
   MUSTER_AUTHORIZE("Rendezvous");
   Waiting* call = StartWaiting("Rendezvous", start, "member " + req->member().member_id());
   if (call->finished()) return call;
+  if (req->has_broken()) ReportBroken(coordinator_, *req);
   coordinator_->Rendezvous(
       ToKey(req->member()), req->after_generation(), req->step(), Millis(req->timeout_ms()),
-      [resp, call, claim = call->claim()](absl::StatusOr<RendezvousResult> result) {
-        Waiting::Answer(claim, call, result.status(),
-                        [&] { ToProto(*result->world, result->rank, resp); });
+      [resp, call, claim = call->claim(), epoch = epoch_](absl::StatusOr<RendezvousResult> result) {
+        Waiting::Answer(claim, call, result.status(), [&] {
+          ToProto(*result->world, result->rank, resp);
+          resp->set_epoch(epoch);
+        });
       });
   return call;
 }

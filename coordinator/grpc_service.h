@@ -22,8 +22,10 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
  public:
   // `coordinator` and `metrics` must outlive the service. `token` empty:
   // no authentication. `on_shutdown` runs (once) after a Shutdown rpc.
+  // `epoch`: the lease epoch this coordinator holds (0: no lease), which
+  // every session event and rendezvous answer carries.
   CoordinatorService(Coordinator* coordinator, Metrics* metrics, std::string token,
-                     std::function<void()> on_shutdown);
+                     std::function<void()> on_shutdown, uint64_t epoch = 0);
 
   grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* ctx, const v1::JoinRequest* req,
                                  v1::JoinResponse* resp) override;
@@ -89,6 +91,7 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
   Metrics* const metrics_;
   const std::string token_;
   std::function<void()> on_shutdown_;
+  const uint64_t epoch_;
   absl::Mutex waits_mu_;
   // Blocking calls waiting, by caller.
   absl::flat_hash_map<std::string, int> waits_ ABSL_GUARDED_BY(waits_mu_);

@@ -45,4 +45,13 @@ void ToProto(const World& world, uint32_t rank, v1::RendezvousResponse* out) {
   }
 }
 
+BrokenWorldReport FromProto(const v1::BrokenWorld& broken) {
+  BrokenWorldReport r;
+  r.generation = broken.generation();
+  r.reason = broken.reason();
+  r.suspect = broken.suspect_member_id();
+  r.deadline = absl::Milliseconds(broken.deadline_ms());
+  return r;
+}
+
 }  // namespace muster

@@ -17,6 +17,7 @@ void ToProto(const Assignment& a, v1::Assignment* out);
 void ToProto(const World& world, v1::World* out);
 // What the member at `rank` receives: the summary, itself and its node.
 void ToProto(const World& world, uint32_t rank, v1::RendezvousResponse* out);
+BrokenWorldReport FromProto(const v1::BrokenWorld& broken);
 
 }  // namespace muster
 

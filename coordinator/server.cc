@@ -156,7 +156,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   CoordinatorServer* self = s.get();
   s->service_ = std::make_unique<CoordinatorService>(
       s->coordinator_.get(), s->metrics_.get(), options.token,
-      [self] { self->RequestStop(); });
+      [self] { self->RequestStop(); }, s->epoch_);
   MUSTER_ASSIGN_OR_RETURN(auto creds, MakeServerCredentials(options.tls));
 
   grpc::ServerBuilder builder;

@@ -36,15 +36,19 @@ v1::SessionEvent ToProto(const MemberEvent& event) {
 // queue. Thread-safe.
 class SessionOutbox : public SessionSink {
  public:
-  explicit SessionOutbox(SessionReactor* reactor) : queue_(reactor) {}
+  SessionOutbox(SessionReactor* reactor, uint64_t epoch) : queue_(reactor), epoch_(epoch) {}
 
-  void Push(const MemberEvent& event) override { queue_.Write(ToProto(event)); }
+  void Push(const MemberEvent& event) override { Write(ToProto(event)); }
   void Close(const absl::Status& status) override { queue_.Close(status); }
-  void Write(v1::SessionEvent msg) { queue_.Write(std::move(msg)); }
+  void Write(v1::SessionEvent msg) {
+    msg.set_epoch(epoch_);
+    queue_.Write(std::move(msg));
+  }
   void WriteDone(bool ok) { queue_.WriteDone(ok); }
 
  private:
   WriteQueue<v1::SessionRequest, v1::SessionEvent> queue_;
+  const uint64_t epoch_;
 };
 
 // One member's session inside a node session: its events go out on the
@@ -62,27 +66,31 @@ class NodeMemberSink : public SessionSink {
     outbox_->Write(std::move(msg));
   }
 
-  void Close(const absl::Status& status) override {
+  void Close(const absl::Status& status) override { End(status, /*end_process=*/false); }
+  void CloseHung(const absl::Status& status) override { End(status, /*end_process=*/true); }
+
+ private:
+  void End(const absl::Status& status, bool end_process) {
     if (closed_.exchange(true)) return;
     v1::SessionEvent msg;
     msg.set_member_id(member_.id);
     msg.mutable_closed()->set_code(static_cast<int>(status.code()));
     msg.mutable_closed()->set_message(std::string(status.message()));
     msg.mutable_closed()->set_incarnation(member_.incarnation);
+    msg.mutable_closed()->set_end_process(end_process);
     outbox_->Write(std::move(msg));
   }
 
- private:
   const std::shared_ptr<SessionOutbox> outbox_;
   const MemberKey member_;
   std::atomic<bool> closed_{false};
 };
 
 SessionReactor::SessionReactor(Coordinator* coordinator, Metrics* metrics,
-                               const absl::Status& auth)
+                               const absl::Status& auth, uint64_t epoch)
     : coordinator_(coordinator),
       metrics_(metrics),
-      outbox_(std::make_shared<SessionOutbox>(this)) {
+      outbox_(std::make_shared<SessionOutbox>(this, epoch)) {
   if (!auth.ok()) {
     outbox_->Close(auth);
     return;
@@ -220,6 +228,7 @@ bool SessionReactor::HandleNode(absl::Time start) {
 void SessionReactor::Rendezvous(absl::Time start) {
   const v1::NodeRendezvous& call = request_.rendezvous();
   const v1::RendezvousRequest& req = call.request();
+  if (req.has_broken()) ReportBroken(coordinator_, req);
   // The answer goes out on the stream whenever the world forms; the outbox
   // ignores it once the stream has finished.
   coordinator_->Rendezvous(
@@ -253,5 +262,14 @@ void SessionReactor::OnReadDone(bool ok) {
 void SessionReactor::OnWriteDone(bool ok) { outbox_->WriteDone(ok); }
 
 void SessionReactor::OnDone() { delete this; }
+
+void ReportBroken(Coordinator* coordinator, const v1::RendezvousRequest& request) {
+  const absl::Status s =
+      coordinator->ReportBroken(ToKey(request.member()), FromProto(request.broken()));
+  if (!s.ok() && !absl::IsAborted(s)) {
+    MUSTER_LOG(INFO) << "broken-world report of " << request.member().member_id()
+                     << " not acted on: " << s;
+  }
+}
 
 }  // namespace muster

@@ -27,11 +27,20 @@ namespace muster {
 
 class SessionOutbox;
 
+// A Rendezvous request (unary or relayed on a node stream) that says its
+// world broke: hands the report to the coordinator, which regroups that
+// world once. The rendezvous that follows answers the member either way,
+// so the report's own refusals (an older generation: already regrouped)
+// are only logged.
+void ReportBroken(Coordinator* coordinator, const v1::RendezvousRequest& request);
+
 class SessionReactor
     : public grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionEvent> {
  public:
-  // `auth` not OK: the stream is finished with it at once.
-  SessionReactor(Coordinator* coordinator, Metrics* metrics, const absl::Status& auth);
+  // `auth` not OK: the stream is finished with it at once. Every event
+  // sent carries `epoch` (SessionEvent.epoch).
+  SessionReactor(Coordinator* coordinator, Metrics* metrics, const absl::Status& auth,
+                 uint64_t epoch = 0);
 
   void OnReadDone(bool ok) override;
   void OnWriteDone(bool ok) override;

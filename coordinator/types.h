@@ -74,6 +74,18 @@ struct World {
   std::vector<uint32_t> node_sizes_;
 };
 
+// A member's report that the world of `generation` broke under it
+// (RendezvousRequest.broken): only the trainers see a broken link between
+// two of them, a collective past its deadline, or a peer stuck in compute.
+struct BrokenWorldReport {
+  uint64_t generation = 0;
+  std::string reason;
+  std::string suspect;  // a member id; "" when the reporter knows none
+  // Members of the regroup must come to its rendezvous within this, or are
+  // fenced as hung. Zero: CoordinatorOptions::regroup_arrival.
+  absl::Duration deadline;
+};
+
 // What happened to the job; kept in the event log.
 struct JobEvent {
   absl::Time time;

@@ -44,6 +44,10 @@ ABSL_FLAG(double, weight_decay, 0.0, "weight decay");
 ABSL_FLAG(int64_t, warmup_steps, 50, "linear warm-up steps, then cosine decay to 10%");
 ABSL_FLAG(double, bucket_mb, 25, "gradient bucket size in MiB");
 ABSL_FLAG(bool, overlap, true, "all-reduce buckets during backward (false: after it)");
+ABSL_FLAG(double, collective_timeout, 0,
+          "seconds a step's all-reduce waits for the slowest peer before the world counts as "
+          "broken and is regrouped without a rank that does not come (0: follow the job, 10x the "
+          "slowest recent step and at least 10 s)");
 ABSL_FLAG(int32_t, compute_ms, 0,
           "benchmarks: every step also spends this long as if computing (an accelerator's step "
           "time on a small CPU machine, so that a smaller world is not faster)");
@@ -114,6 +118,7 @@ absl::StatusOr<muster::Options> LibraryOptionsFromFlags() {
   lib.cuda = device == "cuda";
   lib.bucket_mb = absl::GetFlag(FLAGS_bucket_mb);
   lib.overlap = absl::GetFlag(FLAGS_overlap);
+  lib.collective_timeout_s = absl::GetFlag(FLAGS_collective_timeout);
   lib.salvage = absl::GetFlag(FLAGS_salvage);
   lib.batch_per_rank = absl::GetFlag(FLAGS_batch_size);
   lib.seed = absl::GetFlag(FLAGS_seed);

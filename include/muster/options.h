@@ -55,7 +55,14 @@ struct Options {
   bool cuda = false;         // tensors and collectives on this process's GPU
   double bucket_mb = 25;     // gradient bucket size
   bool overlap = true;       // reduce buckets during backward
-  double collective_timeout_s = 120;
+  // How long a step's all-reduce waits for the slowest peer before the
+  // world counts as broken: reported to the coordinator, which regroups and
+  // leaves out a member that does not come (a rank hung in compute). 0
+  // follows the job: 10x the slowest of the last 20 steps, at least 10 s
+  // (120 s for the first steps). Set it above anything one rank does alone
+  // between steps while the others wait (an evaluation on rank 0 only).
+  // Building a communicator and the state transfer wait at least 120 s.
+  double collective_timeout_s = 0;
   // A peer that fails during a step's all-reduce: the survivors reduce the
   // gradients they hold in the regrouped world and take the step (the dead
   // ranks' examples come again); false drops the step.

@@ -28,8 +28,13 @@ class RecordingSink : public SessionSink {
     closed = true;
     close_status = s;
   }
+  void CloseHung(const absl::Status& s) override {
+    Close(s);
+    hung = true;
+  }
   std::vector<MemberEvent> events;
   bool closed = false;
+  bool hung = false;  // closed as hung: the agent ends the process
   absl::Status close_status;
 };
 
@@ -117,10 +122,47 @@ class CoordinatorTest : public ::testing::Test {
     c_->Tick();
   }
 
+  // Generation 1 of members a, b (node n0) and c (n1) at step 5, under
+  // min_members 2.
+  void WorldOfThree() {
+    Start(2, 3, absl::Seconds(100));
+    Member& a = Add("a", "n0");
+    Member& b = Add("b", "n0");
+    Member& c = Add("c", "n1");
+    for (Member* m : {&a, &b, &c}) Rendezvous(*m, 0, 5);
+    ASSERT_TRUE(a.world && a.world->ok());
+  }
+
+  // A coordinator holding the lease of a new state file named after `tag`
+  // forms generation 1 of members a, b (node n0) and c (n1) under
+  // `min_members`; then a standby on the same file takes the lease over.
+  // Returns the file's path; the standby's store is standby_store_.
+  std::string TakeOverAfterAWorldOfThree(const std::string& tag, uint32_t min_members) {
+    const std::string path = absl::StrCat(::testing::TempDir(), "/", tag, ::getpid(), ".db");
+    ::unlink(path.c_str());
+    stores_.push_back(std::move(OpenSqliteStateStore(path)).value());
+    standby_store_ = std::move(OpenSqliteStateStore(path)).value();
+    const absl::Time t0 = absl::FromUnixSeconds(1000);
+    LeaseClaim primary(stores_.back().get(), "primary:1", absl::Seconds(3));
+    EXPECT_TRUE(primary.Poll(t0)->has_value());
+    Start(min_members, 3, absl::Seconds(1), stores_.back().get());
+    Member& a = Add("a", "n0");
+    Member& b = Add("b", "n0");
+    Member& c = Add("c", "n1");
+    for (Member* m : {&a, &b, &c}) Rendezvous(*m, 0);
+    EXPECT_TRUE(a.world && a.world->ok());
+    EXPECT_EQ(*c_->Heartbeat(a.session, {1}), 1u);
+    LeaseClaim standby(standby_store_.get(), "standby:1", absl::Seconds(3));
+    EXPECT_FALSE(standby.Poll(t0)->has_value());
+    EXPECT_TRUE(standby.Poll(t0 + absl::Seconds(3))->has_value());
+    return path;
+  }
+
   FakeClock clock_;
   std::unique_ptr<StateStore> store_;
   // Stores opened by a test; they outlive the coordinator.
   std::vector<std::unique_ptr<StateStore>> stores_;
+  std::unique_ptr<StateStore> standby_store_;
   std::unique_ptr<Coordinator> c_;
   std::vector<std::unique_ptr<Member>> members_;
 };
@@ -323,24 +365,10 @@ TEST_F(CoordinatorTest, HeartbeatsDoNotWaitForASlowWriteAndAWorldIsAnnouncedOnly
 // never knew it, and members told of it would wait for a world after their
 // own for ever. A coordinator that stopped serving acknowledges nothing.
 TEST_F(CoordinatorTest, AGenerationDecidedAfterTheLeaseWasTakenIsNeverAcknowledged) {
-  const std::string path = absl::StrCat(::testing::TempDir(), "/fenced", ::getpid(), ".db");
-  ::unlink(path.c_str());
-  stores_.push_back(std::move(OpenSqliteStateStore(path)).value());
-  auto standby_store = std::move(OpenSqliteStateStore(path)).value();
-  const absl::Time t0 = absl::FromUnixSeconds(1000);
-  LeaseClaim primary(stores_.back().get(), "primary:1", absl::Seconds(3));
-  ASSERT_TRUE(primary.Poll(t0)->has_value());
-  Start(1, 3, absl::Seconds(1), stores_.back().get());
-  Member& a = Add("a", "n0");
-  Member& b = Add("b", "n0");
-  Member& c = Add("c", "n1");
-  for (Member* m : {&a, &b, &c}) Rendezvous(*m, 0);
-  ASSERT_TRUE(a.world && a.world->ok());
-  ASSERT_EQ(*c_->Heartbeat(a.session, {1}), 1u);
-
-  LeaseClaim standby(standby_store.get(), "standby:1", absl::Seconds(3));
-  ASSERT_FALSE(standby.Poll(t0)->has_value());
-  ASSERT_TRUE(standby.Poll(t0 + absl::Seconds(3))->has_value());
+  const std::string path = TakeOverAfterAWorldOfThree("fenced", /*min_members=*/1);
+  Member& a = *members_[0];
+  Member& b = *members_[1];
+  Member& c = *members_[2];
   c_->SessionClosed(c.session, "stream ended");  // decides generation 2: fenced
   EXPECT_EQ(c_->GetStatus().job_state, JobState::kShuttingDown);
 
@@ -357,9 +385,120 @@ TEST_F(CoordinatorTest, AGenerationDecidedAfterTheLeaseWasTakenIsNeverAcknowledg
       EXPECT_LT(e.generation, 2u) << "told of a generation that is not on disk";
     }
   }
-  EXPECT_EQ(standby_store->LoadWorld()->generation, 1u);
+  EXPECT_EQ(standby_store_->LoadWorld()->generation, 1u);
   c_.reset();
   ::unlink(path.c_str());
+}
+
+// A pause is pushed only after a write the lease fences. A coordinator
+// frozen past the lease timeout, woken, found a node's stream gone and told
+// the remaining members their world paused before it learned that its lease
+// was taken: they aborted and waited for a world the successor, which still
+// ran theirs, never formed (the Slurm standby test, 5 runs in 12).
+TEST_F(CoordinatorTest, APauseDecidedAfterTheLeaseWasTakenIsNeverPushed) {
+  const std::string path = TakeOverAfterAWorldOfThree("fencedpause", /*min_members=*/3);
+  Member& a = *members_[0];
+  Member& b = *members_[1];
+  Member& c = *members_[2];
+  c_->SessionClosed(c.session, "stream ended");  // below min_members: a pause
+  EXPECT_EQ(c_->GetStatus().job_state, JobState::kShuttingDown);
+  for (Member* m : {&a, &b}) {
+    for (const MemberEvent& e : m->sink->events) {
+      EXPECT_FALSE(e.paused) << m->key.id << " was told: " << e.reason;
+    }
+  }
+  c_.reset();
+  ::unlink(path.c_str());
+}
+
+// Only the trainers see a broken link or a collective past its deadline: a
+// member's report regroups its world once, whoever reports first.
+TEST_F(CoordinatorTest, ABrokenWorldReportRegroupsItOnce) {
+  WorldOfThree();
+  Member& a = *members_[0];
+  Member& b = *members_[1];
+  Member& c = *members_[2];
+
+  // Without a report, a member asking for the next world waits: nothing
+  // tells the coordinator that the world broke.
+  Rendezvous(a, 1, 5);
+  Advance(absl::Seconds(2));
+  EXPECT_FALSE(a.world.has_value());
+  EXPECT_EQ(c_->GetStatus().generation, 1u);
+
+  ASSERT_TRUE(c_->ReportBroken(a.key, {1, "gloo: Read error: Connection reset", "c",
+                                       absl::Seconds(5)})
+                  .ok());
+  EXPECT_EQ(c_->GetStatus().generation, 2u);
+  for (Member* m : {&a, &b, &c}) {
+    ASSERT_EQ(m->sink->events.size(), 1u) << m->key.id;
+    const MemberEvent& e = m->sink->events[0];
+    EXPECT_TRUE(e.abort);
+    EXPECT_EQ(e.generation, 2u);
+    EXPECT_TRUE(absl::StrContains(e.reason, "reports that generation 1 broke")) << e.reason;
+    EXPECT_TRUE(absl::StrContains(e.reason, "suspects c")) << e.reason;
+  }
+  // The same world reported again, or an older one: nothing changes.
+  const absl::Status again = c_->ReportBroken(b.key, {1, "deadline", "", absl::Seconds(5)});
+  EXPECT_EQ(again.code(), absl::StatusCode::kAborted) << again;
+  EXPECT_EQ(c_->GetStatus().generation, 2u);
+  EXPECT_EQ(c_->ReportBroken(b.key, {9, "?", "", absl::Seconds(5)}).code(),
+            absl::StatusCode::kFailedPrecondition);
+  Rendezvous(b, 1, 5);
+  Rendezvous(c, 1, 5);
+  for (Member* m : {&a, &b, &c}) {
+    ASSERT_TRUE(m->world && m->world->ok()) << m->key.id;
+    EXPECT_EQ((*m->world)->world->generation, 2u);
+    EXPECT_EQ((*m->world)->world->size(), 3u);
+    EXPECT_EQ(m->sink->events.size(), 1u) << m->key.id;
+  }
+}
+
+// A member whose session lives but which does not come to the regroup that
+// follows a report (its training thread is stuck) is fenced as hung when
+// the report's deadline passes; the others go on without it.
+TEST_F(CoordinatorTest, AMemberThatDoesNotComeToTheRegroupIsFencedAsHung) {
+  WorldOfThree();
+  Member& a = *members_[0];
+  Member& b = *members_[1];
+  Member& c = *members_[2];
+
+  ASSERT_TRUE(c_->ReportBroken(a.key, {1, "gloo collective passed its deadline", "",
+                                       absl::Seconds(2)})
+                  .ok());
+  Rendezvous(a, 1, 5);
+  Rendezvous(b, 1, 5);
+  Advance(absl::Milliseconds(1900));
+  EXPECT_FALSE(a.world.has_value());
+  EXPECT_FALSE(c.sink->closed);
+  Advance(absl::Milliseconds(100));
+  EXPECT_TRUE(c.sink->closed);
+  EXPECT_TRUE(c.sink->hung);
+  EXPECT_EQ(c.sink->close_status.code(), absl::StatusCode::kAborted);
+  EXPECT_TRUE(absl::StrContains(c.sink->close_status.message(), "hung")) << c.sink->close_status;
+  for (Member* m : {&a, &b}) {
+    ASSERT_TRUE(m->world && m->world->ok()) << m->key.id;
+    EXPECT_EQ((*m->world)->world->generation, 3u);
+    EXPECT_EQ((*m->world)->world->size(), 2u);
+    EXPECT_EQ((*m->world)->world->RankOf("c"), -1);
+  }
+  EXPECT_EQ(c_->GetStatus().job_state, JobState::kRunning);
+}
+
+// A failure the coordinator sees itself (a stream that breaks) sets no
+// arrival deadline: a member that is slow to come is waited for.
+TEST_F(CoordinatorTest, AKillRegroupWaitsForSlowMembers) {
+  WorldOfThree();
+  Member& a = *members_[0];
+  Member& b = *members_[1];
+  Member& c = *members_[2];
+  c_->SessionClosed(c.session, "connection reset");
+  Rendezvous(a, 1, 5);
+  Advance(absl::Seconds(4));
+  EXPECT_FALSE(b.sink->closed);
+  Rendezvous(b, 1, 5);
+  ASSERT_TRUE(a.world && a.world->ok());
+  EXPECT_EQ((*a.world)->world->generation, 2u);
 }
 
 // "Committed" is said only once the record is on disk, and the catalog's

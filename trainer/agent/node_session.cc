@@ -1,6 +1,7 @@
 #include "trainer/agent/node_session.h"
 
 #include <grpcpp/grpcpp.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -182,6 +183,9 @@ class NodeSessionImpl final : public NodeSession,
   std::map<uint64_t, Call> rendezvous_ ABSL_GUARDED_BY(mu_);
   uint64_t last_call_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
+  // The newest lease epoch heard (SessionEvent.epoch): events of an older
+  // one come from a coordinator fenced by a takeover and are dropped.
+  uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
   // When the coordinator last sent anything on the live connection.
   absl::Time last_heard_ ABSL_GUARDED_BY(mu_);
   absl::Duration interval_ ABSL_GUARDED_BY(mu_) = absl::Seconds(1);
@@ -391,6 +395,7 @@ void NodeSessionImpl::LocalBeat(const std::string& member, uint64_t incarnation,
       it->second.last_beat = absl::Now();
     }
     ack.mutable_ack()->set_current_generation(generation_);
+    ack.set_epoch(epoch_);
     ack.mutable_ack()->set_heartbeat_interval_ms(
         static_cast<uint32_t>(absl::ToInt64Milliseconds(interval_)));
   }
@@ -448,8 +453,17 @@ void NodeSessionImpl::Route(v1::SessionEvent event) {
   std::shared_ptr<Queue> out;
   absl::Status close;
   bool closing = false;
+  pid_t hung = 0;
   {
     absl::MutexLock lock(&mu_);
+    if (event.epoch() < epoch_) {
+      // Not counted as word from the coordinator either: the liveness
+      // check then drops a stream to a fenced one.
+      MUSTER_LOG(WARNING) << "muster-agent: dropped an event of lease epoch " << event.epoch()
+                          << " (epoch " << epoch_ << " is current)";
+      return;
+    }
+    epoch_ = event.epoch();
     last_heard_ = absl::Now();
   }
   if (event.has_rendezvous()) {
@@ -461,7 +475,9 @@ void NodeSessionImpl::Route(v1::SessionEvent event) {
       call = it->second.call;
       rendezvous_.erase(it);
     }
-    call->Answer(event.rendezvous());
+    v1::RendezvousAnswer answer = event.rendezvous();
+    answer.mutable_response()->set_epoch(event.epoch());
+    call->Answer(answer);
     return;
   }
   {
@@ -482,6 +498,7 @@ void NodeSessionImpl::Route(v1::SessionEvent event) {
       closing = true;
       close = absl::Status(static_cast<absl::StatusCode>(event.closed().code()),
                            event.closed().message());
+      if (event.closed().end_process()) hung = it->second.pid;
       out = std::move(it->second.out);
       members_.erase(it);
     } else {
@@ -489,6 +506,16 @@ void NodeSessionImpl::Route(v1::SessionEvent event) {
     }
   }
   if (closing) {
+    if (hung > 0) {
+      // Its session lived but its training did not come to a regroup: the
+      // process is stuck (a kernel, a driver call, a deadlock). End it; the
+      // supervisor restarts it as a new incarnation, which takes a live
+      // peer's state.
+      MUSTER_LOG(WARNING) << "muster-agent: the coordinator fenced trainer " << event.member_id()
+                          << " (pid " << hung << ") as hung: " << close.message()
+                          << "; killing it so that it restarts";
+      ::kill(hung, SIGKILL);
+    }
     out->Close(close);
     return;
   }

@@ -4,6 +4,8 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+
 #include "absl/random/random.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -267,6 +269,13 @@ void CoordinatorClient::SessionLoop(std::function<void(const SessionNotice&)> on
     v1::SessionEvent ev;
     bool got_any = false;
     while (stream->Read(&ev)) {
+      if (!FromCurrentEpoch(ev.epoch())) {
+        // A coordinator fenced by a takeover, not yet told: it steers
+        // nobody, and its silence will end this stream.
+        MUSTER_LOG(WARNING) << "dropped an event of lease epoch " << ev.epoch()
+                            << " (epoch " << epoch_.load() << " is current)";
+        continue;
+      }
       got_any = true;
       heard_ms = absl::ToUnixMillis(absl::Now());
       backoff.Reset();
@@ -333,8 +342,16 @@ void CoordinatorClient::SessionLoop(std::function<void(const SessionNotice&)> on
   }
 }
 
+bool CoordinatorClient::FromCurrentEpoch(uint64_t epoch) {
+  uint64_t seen = epoch_.load();
+  while (epoch > seen && !epoch_.compare_exchange_weak(seen, epoch)) {
+  }
+  return epoch >= seen;
+}
+
 absl::StatusOr<WorldInfo> CoordinatorClient::Rendezvous(uint64_t after, int64_t step,
-                                                        absl::Time deadline) {
+                                                        absl::Time deadline,
+                                                        const BrokenWorld* broken) {
   v1::RendezvousResponse resp;
   MUSTER_RETURN_IF_ERROR(Retry(deadline, [&](absl::Time d) {
     MUSTER_CONTEXT(ctx, d + absl::Seconds(2));
@@ -344,8 +361,22 @@ absl::StatusOr<WorldInfo> CoordinatorClient::Rendezvous(uint64_t after, int64_t 
     req.set_step(step);
     req.set_timeout_ms(static_cast<uint32_t>(
         std::max<int64_t>(1, absl::ToInt64Milliseconds(d - absl::Now()))));
+    if (broken != nullptr) {
+      v1::BrokenWorld* b = req.mutable_broken();
+      b->set_generation(after);
+      b->set_reason(broken->reason.substr(0, 1000));
+      b->set_suspect_member_id(broken->suspect);
+      b->set_deadline_ms(static_cast<uint32_t>(
+          std::clamp<int64_t>(absl::ToInt64Milliseconds(broken->deadline), 0, 3'600'000)));
+    }
     // Under muster-agent: the agent relays it on the node's stream.
-    return FromGrpcStatus(impl_->SessionStub()->Rendezvous(&ctx, req, &resp));
+    absl::Status s = FromGrpcStatus(impl_->SessionStub()->Rendezvous(&ctx, req, &resp));
+    if (s.ok() && !FromCurrentEpoch(resp.epoch())) {
+      impl_->Refresh();
+      return absl::UnavailableError(absl::StrCat("an answer of lease epoch ", resp.epoch(),
+                                                 " (epoch ", epoch_.load(), " is current)"));
+    }
+    return s;
   }));
   WorldInfo w = FromProto(resp);
   MUSTER_RETURN_IF_ERROR(CheckWorld(w, options_.member_id));

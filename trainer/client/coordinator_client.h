@@ -79,6 +79,15 @@ struct CatalogEntry {
   std::vector<CatalogFile> files;
 };
 
+// Why this member's world broke, as it reports it with its rendezvous: what
+// failed, the member it suspects ("" when none), and its collective timeout
+// (the regroup's members must arrive within it, or are fenced as hung).
+struct BrokenWorld {
+  std::string reason;
+  std::string suspect;
+  absl::Duration deadline;
+};
+
 class CoordinatorClient {
  public:
   // Errors: INVALID_ARGUMENT (bad TLS files).
@@ -105,7 +114,11 @@ class CoordinatorClient {
   uint64_t latest_generation() const { return latest_generation_.load(); }
 
   // Blocks until a world newer than `after` forms with this member in it.
-  absl::StatusOr<WorldInfo> Rendezvous(uint64_t after, int64_t step, absl::Time deadline);
+  // `broken`, when given: this member's world (generation `after`) broke
+  // under it; the coordinator regroups it unless a regroup is under way
+  // (RendezvousRequest.broken).
+  absl::StatusOr<WorldInfo> Rendezvous(uint64_t after, int64_t step, absl::Time deadline,
+                                       const BrokenWorld* broken = nullptr);
   absl::Status Leave(bool finished, int64_t step);
 
   absl::Status KvSet(uint64_t generation, const std::string& key, const std::string& value,
@@ -142,6 +155,11 @@ class CoordinatorClient {
   std::atomic<int64_t> step_{0};
   std::atomic<int64_t> samples_{0};
   std::atomic<uint64_t> latest_generation_{0};
+  // The newest lease epoch any event or answer carried; older ones are
+  // dropped (SessionEvent.epoch). Raises it to `epoch`; false when `epoch`
+  // is older.
+  std::atomic<uint64_t> epoch_{0};
+  bool FromCurrentEpoch(uint64_t epoch);
   std::atomic<int64_t> heartbeat_ms_{1000};
   std::atomic<bool> stopping_{false};
   std::thread session_thread_;

@@ -78,6 +78,11 @@ void GradientSync::SetControl(const std::array<float, kControlWords>& control) {
   }
 }
 
+void GradientSync::SetTimeout(absl::Duration timeout) {
+  std::lock_guard<std::mutex> lock(mu_);
+  options_.timeout = timeout;
+}
+
 void GradientSync::Begin(bool sync, const std::array<float, kControlWords>& control) {
   std::lock_guard<std::mutex> lock(mu_);
   // A world of one has nothing to reduce: its gradients are the average.

@@ -65,6 +65,9 @@ class GradientSync {
   GradientSync& operator=(const GradientSync&) = delete;
 
   void SetCommunicator(Communicator* comm);
+  // The deadline of the next steps' bucket all-reduces (from Begin). Only
+  // between steps.
+  void SetTimeout(absl::Duration timeout);
 
   // Starts a step; `sync` false = accumulate locally (no_sync). `control` is
   // a few small numbers carried by the step's all-reduce (e.g. 1 = "stop

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
@@ -80,12 +81,14 @@ absl::Status ElasticWorld::Enter(const EnterFn& enter) {
   return enter(comm_.get(), world_);
 }
 
-absl::StatusOr<WorldInfo> ElasticWorld::AwaitWorld(uint64_t after, int64_t step,
-                                                    bool as_spare) {
+absl::StatusOr<WorldInfo> ElasticWorld::AwaitWorld(uint64_t after, int64_t step, bool as_spare,
+                                                    const BrokenWorld* broken) {
   const absl::Time give_up = absl::Now() + options_.rendezvous_timeout;
   for (;;) {
     const absl::Time slice = std::min(give_up, absl::Now() + options_.spare_poll);
-    absl::StatusOr<WorldInfo> w = client_->Rendezvous(after, step, slice);
+    // Every renewal carries the report: after a failover it reaches the
+    // coordinator that serves now (reports are idempotent per generation).
+    absl::StatusOr<WorldInfo> w = client_->Rendezvous(after, step, slice, broken);
     if (!absl::IsDeadlineExceeded(w.status())) return w;
     if (options_.interrupted && options_.interrupted()) {
       return absl::CancelledError("a stop or leave signal while waiting for a world");
@@ -118,12 +121,15 @@ absl::Status ElasticWorld::EnterFirst(int64_t step, const EnterFn& enter) {
   world_ = *first;
   const absl::Status entered = Enter(enter);
   if (entered.ok() || !WorldMovedOn(entered)) return entered;
-  return Regroup(std::string(entered.message()), step, enter, [] {});
+  const BrokenWorld broken{std::string(entered.message()), "", options_.build_timeout};
+  return Regroup(std::string(entered.message()), step, enter, [] {}, &broken);
 }
 
 absl::StatusOr<WorldInfo> ElasticWorld::NextWorld(int64_t step,
-                                                  const std::function<void()>& before_rejoin) {
-  absl::StatusOr<WorldInfo> next = AwaitWorld(world_.generation, step, /*as_spare=*/false);
+                                                  const std::function<void()>& before_rejoin,
+                                                  const BrokenWorld* broken) {
+  absl::StatusOr<WorldInfo> next =
+      AwaitWorld(world_.generation, step, /*as_spare=*/false, broken);
   if (absl::IsAborted(next.status())) {
     // This incarnation was declared failed (it hung past the heartbeat
     // timeout, e.g. SIGSTOP): rejoin as a new one; a live peer's state
@@ -138,13 +144,15 @@ absl::StatusOr<WorldInfo> ElasticWorld::NextWorld(int64_t step,
 }
 
 absl::Status ElasticWorld::Regroup(const std::string& why, int64_t step, const EnterFn& enter,
-                                   const std::function<void()>& before_rejoin) {
+                                   const std::function<void()>& before_rejoin,
+                                   const BrokenWorld* broken) {
   const absl::Time start = absl::Now();
+  BrokenWorld failed_entry;
   for (;;) {
     Detach();
     comm_.reset();
     store_.reset();
-    absl::StatusOr<WorldInfo> next = NextWorld(step, before_rejoin);
+    absl::StatusOr<WorldInfo> next = NextWorld(step, before_rejoin, broken);
     if (absl::IsFailedPrecondition(next.status()) || absl::IsCancelled(next.status())) {
       // Drained (the leave notice may still be on its way), the job is
       // over, or a stop or leave signal came while the job waited for
@@ -160,6 +168,11 @@ absl::Status ElasticWorld::Regroup(const std::string& why, int64_t step, const E
     if (!WorldMovedOn(entered)) return entered;
     MUSTER_LOG(WARNING) << "generation " << world_.generation << " did not start (" << entered
                         << "); joining the next one";
+    // Maybe nobody else knows (a peer hung while the world was built).
+    failed_entry = {absl::StrCat("generation ", world_.generation,
+                                 " did not start: ", entered.message()),
+                    "", broken != nullptr ? broken->deadline : options_.build_timeout};
+    broken = &failed_entry;
   }
   ++regroups_;
   MUSTER_LOG(WARNING) << "regrouped into generation " << world_.generation << " (world "

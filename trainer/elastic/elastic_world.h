@@ -73,10 +73,16 @@ class ElasticWorld {
   absl::Status EnterFirst(int64_t step, const EnterFn& enter);
   // Leaves the current world (its communicator is dropped) and enters the
   // next one; after a drain or the end of the job there is none: left()
-  // becomes true and OK is returned. `before_rejoin` runs before a fenced
-  // member rejoins as a new incarnation (the client is replaced).
+  // becomes true and OK is returned. `broken` (null at an agreed step
+  // boundary): the world broke under this member; the rendezvous reports it
+  // so that the coordinator regroups even when it noticed nothing itself (a
+  // broken link, a hung peer, a notice from a coordinator that was fenced).
+  // A world that then fails to start is reported the same way.
+  // `before_rejoin` runs before a fenced member rejoins as a new
+  // incarnation (the client is replaced).
   absl::Status Regroup(const std::string& why, int64_t step, const EnterFn& enter,
-                       const std::function<void()>& before_rejoin);
+                       const std::function<void()>& before_rejoin,
+                       const BrokenWorld* broken = nullptr);
   // Leaves the job (finished: the job is over for this member).
   absl::Status Leave(bool finished, int64_t step);
   // Drops the communicator; session notices no longer abort anything.
@@ -97,12 +103,14 @@ class ElasticWorld {
   absl::Status Join(uint64_t incarnation);
   void OnNotice(const SessionNotice& notice);
   absl::Status Enter(const EnterFn& enter);
-  absl::StatusOr<WorldInfo> NextWorld(int64_t step, const std::function<void()>& before_rejoin);
+  absl::StatusOr<WorldInfo> NextWorld(int64_t step, const std::function<void()>& before_rejoin,
+                                      const BrokenWorld* broken);
   absl::StatusOr<WorldInfo> FirstWorld(int64_t step);
   // Rendezvous in slices of spare_poll, so that `interrupted` ends the wait
   // (CANCELLED) within one. Past the rendezvous timeout DEADLINE_EXCEEDED,
   // unless `as_spare` and the job has a world: a spare waits while it runs.
-  absl::StatusOr<WorldInfo> AwaitWorld(uint64_t after, int64_t step, bool as_spare);
+  absl::StatusOr<WorldInfo> AwaitWorld(uint64_t after, int64_t step, bool as_spare,
+                                       const BrokenWorld* broken = nullptr);
   void NoPlace(const std::string& why, int64_t step);
 
   // Constant after construction.

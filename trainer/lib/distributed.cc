@@ -26,6 +26,7 @@
 #include "trainer/ddp/device_comm.h"
 #include "trainer/ddp/gradient_sync.h"
 #include "trainer/elastic/catalog_checkpointer.h"
+#include "trainer/elastic/collective_deadline.h"
 #include "trainer/elastic/elastic_world.h"
 #include "trainer/elastic/progress_reporter.h"
 #include "trainer/elastic/state_server.h"
@@ -98,7 +99,7 @@ class Engine : public Distributed {
       : options_(o),
         state_(std::move(state)),
         sampler_(o.dataset_size, o.seed),
-        timeout_(absl::Seconds(o.collective_timeout_s)) {}
+        deadline_(CollectiveDeadlineOptions{absl::Seconds(o.collective_timeout_s)}) {}
   ~Engine() override;
 
   absl::Status Begin();
@@ -136,7 +137,9 @@ class Engine : public Distributed {
   absl::Status EnterWorld(Communicator* comm, const WorldInfo& world);
   absl::Status Salvage(Communicator* comm, const WorldInfo& world);
   absl::Status CatchUp();
-  absl::Status Regroup(const std::string& why);
+  // `broken`: the world broke under this rank (a collective failed), which
+  // the rendezvous reports; false at an agreed step boundary.
+  absl::Status Regroup(const std::string& why, bool broken);
   std::vector<int64_t> Counters() const;
   void SetCounters(const std::vector<int64_t>& counters);
   ControlWords CurrentControl() const;
@@ -153,7 +156,6 @@ class Engine : public Distributed {
   const Options options_;
   const TrainingState state_;
   DistributedSampler sampler_;
-  const absl::Duration timeout_;
   const std::atomic<bool>* stop_flag_ = nullptr;
   const std::atomic<bool>* leave_flag_ = nullptr;
   // Training thread only.
@@ -162,6 +164,9 @@ class Engine : public Distributed {
   std::unique_ptr<GradientSync> sync_;
   std::unique_ptr<CatalogCheckpointer> checkpointer_;
   std::unique_ptr<ProgressReporter> reporter_;
+  // How long collectives wait; and when the last step committed.
+  CollectiveDeadline deadline_;
+  absl::Time last_commit_;
   // The counters every rank holds alike between steps.
   int64_t step_ = 0;
   SamplerPosition at_;
@@ -226,7 +231,7 @@ absl::Status Engine::Begin() {
   ElasticWorldOptions wo;
   wo.comm = CommOptionsFrom(options_, static_cast<int>(client.local_rank));
   wo.client = std::move(client);
-  wo.build_timeout = timeout_;
+  wo.build_timeout = deadline_.Long();
   wo.interrupted = [this] {
     return (stop_flag_ != nullptr && stop_flag_->load()) ||
            (leave_flag_ != nullptr && leave_flag_->load());
@@ -235,7 +240,7 @@ absl::Status Engine::Begin() {
   GradientSyncOptions so;
   so.bucket_bytes = static_cast<size_t>(options_.bucket_mb * (1 << 20));
   so.overlap = options_.overlap;
-  so.timeout = timeout_;
+  so.timeout = deadline_.Current();
   sync_ = std::make_unique<GradientSync>(state_.model->parameters(), nullptr, so);
   MUSTER_RETURN_IF_ERROR(ResumeFromCheckpoint());
   MUSTER_RETURN_IF_ERROR(world_->EnterFirst(
@@ -292,7 +297,7 @@ absl::Status Engine::EnterWorld(Communicator* comm, const WorldInfo& world) {
   if (lr_world_ == 0 || scale) lr_world_ = world.world_size;
   std::vector<int64_t> counters = Counters();
   MUSTER_RETURN_IF_ERROR(SyncStateFrom(world.state_source_rank, comm, state_, &counters,
-                                       absl::Now() + timeout_));
+                                       absl::Now() + deadline_.Long()));
   SetCounters(counters);
   if (scale) lr_world_ = world.world_size;
   sync_->SetCommunicator(comm);
@@ -312,7 +317,7 @@ absl::Status Engine::Salvage(Communicator* comm, const WorldInfo& world) {
   claim.world = pending_.world;
   claim.rank = pending_.rank;
   claim.in_step = pending_.valid;
-  const absl::Time deadline = absl::Now() + timeout_;
+  const absl::Time deadline = absl::Now() + deadline_.Long();
   MUSTER_ASSIGN_OR_RETURN(SalvagePlan plan, AgreeOnSalvage(claim, comm, deadline));
   if (!plan.salvage()) return absl::OkStatus();
   const ControlWords words = CurrentControl();
@@ -346,7 +351,7 @@ absl::Status Engine::CatchUp() {
   catch_up_source_ = -1;
   std::vector<int64_t> counters = Counters();
   MUSTER_RETURN_IF_ERROR(
-      SyncStateFrom(source, world_->comm(), state_, &counters, absl::Now() + timeout_));
+      SyncStateFrom(source, world_->comm(), state_, &counters, absl::Now() + deadline_.Long()));
   SetCounters(counters);
   world_->client()->SetStep(step_, at_.offset);
   return absl::OkStatus();
@@ -367,13 +372,16 @@ void Engine::SetCounters(const std::vector<int64_t>& c) {
   at_.returned.assign(c.begin() + 4, c.end());
 }
 
-absl::Status Engine::Regroup(const std::string& why) {
+absl::Status Engine::Regroup(const std::string& why, bool broken) {
   sync_->SetCommunicator(nullptr);
+  deadline_.Forget();
+  const BrokenWorld report{why, "", deadline_.Current()};
   MUSTER_RETURN_IF_ERROR(world_->Regroup(
       why, step_, [this](Communicator* c, const WorldInfo& w) { return EnterWorld(c, w); },
       [this] {
         if (checkpointer_) checkpointer_->Wait();
-      }));
+      },
+      broken ? &report : nullptr));
   if (world_->left()) {
     // Told to stop (not to leave) while waiting for a world, as when the
     // time-limit warning comes in a paused job: there is no world to
@@ -455,6 +463,7 @@ bool Engine::ShouldStop() {
 
 void Engine::BeforeBackward(bool sync) {
   if (!armed_ || sync) sent_ = CurrentControl();
+  if (!armed_) sync_->SetTimeout(deadline_.Current());
   sync_->Begin(sync, sent_.ToArray());
   armed_ = true;
 }
@@ -486,13 +495,13 @@ absl::Status Engine::AfterBackward() {
   // copies still read (on the GPU they run beside training).
   if (checkpointer_) checkpointer_->BeforeUpdate();
   const absl::Time backward_end = absl::Now();
-  if (absl::Status s = sync_->Finish(absl::Now() + timeout_); !s.ok()) {
+  if (absl::Status s = sync_->Finish(absl::Now() + deadline_.Current()); !s.ok()) {
     // A peer failed or hung: regroup with the others, keeping this rank's
     // gradients for the new world to salvage the step (Salvage).
     MUSTER_LOG(WARNING) << "step " << step_ + 1 << " failed: " << s;
     const WorldInfo& w = world_->world();
     pending_ = {true, step_, at_, w.generation, w.world_size, w.rank};
-    const absl::Status r = Regroup(std::string(s.message()));
+    const absl::Status r = Regroup(std::string(s.message()), /*broken=*/true);
     pending_.valid = false;
     if (!r.ok()) {
       error_ = r;
@@ -519,6 +528,9 @@ absl::Status Engine::AfterBackward() {
   at_ = sampler_.Advance(at_, batch_, world_->world().world_size, options_.batch_per_rank, {});
   world_->client()->SetStep(step_, at_.offset);
   at_boundary_ = true;
+  const absl::Time now = absl::Now();
+  if (deadline_.TakeTiming()) deadline_.StepTook(now - last_commit_);
+  last_commit_ = now;
   return absl::OkStatus();
 }
 
@@ -544,7 +556,7 @@ absl::Status Engine::Stop() {
     checkpointer_->Wait();
     // Nobody leaves before rank 0 reported: a departure would abort the
     // checkpoint before it commits.
-    MUSTER_RETURN_IF_ERROR(world_->comm()->Barrier(absl::Now() + timeout_));
+    MUSTER_RETURN_IF_ERROR(world_->comm()->Barrier(absl::Now() + deadline_.Long()));
   }
   if (world_->world().rank == 0 && !options_.quiet) {
     std::cout << "muster: stopping at step " << step_
@@ -558,7 +570,7 @@ absl::Status Engine::Stop() {
 absl::Status Engine::AtBoundary() {
   if (catch_up_source_ >= 0) {
     if (absl::Status s = CatchUp(); !s.ok()) {
-      MUSTER_RETURN_IF_ERROR(Regroup(std::string(s.message())));
+      MUSTER_RETURN_IF_ERROR(Regroup(std::string(s.message()), /*broken=*/true));
       if (outcome_) return absl::OkStatus();
     }
   }
@@ -575,7 +587,7 @@ absl::Status Engine::AtBoundary() {
       return absl::OkStatus();
     case StepDecision::kRegroup:
       // Every rank stops after this same step and enters the new generation.
-      MUSTER_RETURN_IF_ERROR(Regroup("a membership change at a step boundary"));
+      MUSTER_RETURN_IF_ERROR(Regroup("a membership change at a step boundary", /*broken=*/false));
       if (outcome_) return absl::OkStatus();
       break;
     case StepDecision::kContinue:
@@ -608,9 +620,10 @@ absl::StatusOr<std::vector<double>> Engine::AllReduceSum(std::vector<double> val
     return absl::FailedPreconditionError("this member is no longer in a world");
   }
   absl::Status s = AllReduceValues(world_->comm(), values.data(), values.size(),
-                                   DataType::kFloat64, ReduceOp::kSum, absl::Now() + timeout_);
+                                   DataType::kFloat64, ReduceOp::kSum,
+                                   absl::Now() + deadline_.Current());
   if (s.ok()) return values;
-  if (absl::Status r = Regroup(std::string(s.message())); !r.ok()) {
+  if (absl::Status r = Regroup(std::string(s.message()), /*broken=*/true); !r.ok()) {
     error_ = r;
     return r;
   }
@@ -654,7 +667,9 @@ absl::Status Options::Validate() const {
   if (steps < 0) return bad("steps must not be negative");
   if (steps == 0 && epochs <= 0) return bad("epochs must be positive when steps is 0");
   if (!(bucket_mb > 0)) return bad("bucket_mb must be positive");
-  if (!(collective_timeout_s > 0)) return bad("collective_timeout_s must be positive");
+  if (!(collective_timeout_s >= 0)) {
+    return bad("collective_timeout_s must be 0 (follow the job) or positive");
+  }
   if (checkpoint_every < 0) return bad("checkpoint_every must not be negative");
   if (checkpoint_interval_s < 0) return bad("checkpoint_interval_s must not be negative");
   if (log_every < 1) return bad("log_every must be at least 1");
