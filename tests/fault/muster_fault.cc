@@ -15,9 +15,14 @@
 // salvage (kill-trainer that must lose no step), spare (the same with a spare
 // trainer: the world never shrinks), hang-trainer, kill-coordinator, failover (the coordinator's
 // node hangs; a standby takes over), kill-during-checkpoint, corrupt-checkpoint,
-// disk-full, slow-network, partition, churn; "all" runs each.
+// disk-full, slow-network, partition, churn, and two faults only the trainers
+// see: cut-link (one TCP connection between two trainers destroyed) and
+// hang-compute (one trainer's training thread frozen while its session
+// thread lives); "all" runs each.
 #include <signal.h>
 #include <sys/mount.h>
+#include <sys/ptrace.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -43,6 +48,8 @@
 
 ABSL_FLAG(int, trials, 2, "trials per scenario");
 ABSL_FLAG(uint64_t, seed, 1, "seed of the random fault moments and victims");
+ABSL_FLAG(double, collective_timeout, 0,
+          "the trainers' --collective-timeout (0: theirs, which follows the job)");
 ABSL_FLAG(std::string, dir, "/tmp", "where trial directories go (kept when a trial fails, or always with MUSTER_KEEP set)");
 
 namespace muster {
@@ -404,6 +411,131 @@ Trial Networked(Context& c, bool partition) {
   return Finish(job, j);
 }
 
+// The trainers' flags every scenario adds.
+std::vector<std::string> TrainFlags() {
+  const double t = absl::GetFlag(FLAGS_collective_timeout);
+  if (t <= 0) return {};
+  return {absl::StrCat("--collective-timeout=", t)};
+}
+
+// `command`'s standard output ("" if it could not run).
+std::string Output(const std::string& command) {
+  std::string out;
+  FILE* f = ::popen(command.c_str(), "r");
+  if (f == nullptr) return out;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
+  ::pclose(f);
+  return out;
+}
+
+// An established TCP connection between two of `pids`, as `ss -tnpH` shows
+// it from one end: local and peer "addr:port".
+struct Link {
+  std::string local, peer;
+};
+std::vector<Link> TrainerLinks(const std::set<pid_t>& pids) {
+  static const std::regex line(R"(^\s*\d+\s+\d+\s+(\S+):(\d+)\s+(\S+):(\d+)\s.*pid=(\d+),)");
+  std::map<std::string, pid_t> owner;
+  std::vector<std::pair<Link, pid_t>> all;
+  const std::string text = Output("ss -tnpH state established 2>/dev/null");
+  size_t start = 0;
+  while (start < text.size()) {
+    size_t end = text.find('\n', start);
+    if (end == std::string::npos) end = text.size();
+    std::smatch m;
+    const std::string l = text.substr(start, end - start);
+    start = end + 1;
+    if (!std::regex_search(l, m, line)) continue;
+    const pid_t pid = std::stoi(m[5]);
+    if (pids.count(pid) == 0) continue;
+    Link link{m[1].str() + ":" + m[2].str(), m[3].str() + ":" + m[4].str()};
+    owner[link.local] = pid;
+    all.push_back({link, pid});
+  }
+  std::vector<Link> links;
+  for (const auto& [link, pid] : all) {
+    auto it = owner.find(link.peer);
+    if (it != owner.end() && it->second != pid) links.push_back(link);
+  }
+  return links;
+}
+
+// One TCP connection between two trainers of different nodes is destroyed
+// (ss -K: both ends get an error) while every session with the coordinator
+// stays up. Only the two trainers see it; their report regroups the world.
+Trial CutLink(Context& c) {
+  if (::geteuid() != 0) {
+    std::cerr << "muster-fault: cut-link needs root (ss -K: CAP_NET_ADMIN)\n";
+    return {false, 0, 0, 0, "skipped"};
+  }
+  FaultJobOptions o;
+  o.extra_train_flags = TrainFlags();
+  FaultJob job(c.dir, o);
+  job.StartAll();
+  if (!job.WaitForStep(c.Uniform(40, 160), absl::Seconds(120))) return {false, 0, 0, 0, "no progress"};
+  std::set<pid_t> trainers;
+  for (int n = 0; n < 2; ++n) {
+    for (int s = 0; s < 2; ++s) trainers.insert(job.TrainerPid(n, s));
+  }
+  const std::vector<Link> links = TrainerLinks(trainers);
+  if (links.empty()) return {false, 0, 0, 0, "no TCP connection between trainers found"};
+  const Link& cut = links[c.Uniform(0, static_cast<int>(links.size()) - 1)];
+  const size_t lc = cut.local.rfind(':'), pc = cut.peer.rfind(':');
+  Judge j;
+  j.fault_time = UnixNow();
+  const std::string kill = absl::StrCat(
+      "ss -K src ", cut.local.substr(0, lc), " sport = :", cut.local.substr(lc + 1), " dst ",
+      cut.peer.substr(0, pc), " dport = :", cut.peer.substr(pc + 1), " >/dev/null 2>&1");
+  if (std::system(kill.c_str()) != 0) return {false, 0, 0, 0, "ss -K failed: " + kill};
+  j.explained_by = "reports that generation [0-9]+ broke";
+  j.max_lost_steps = 0;  // the step in flight is salvaged
+  return Finish(job, j);
+}
+
+// One trainer's training thread (its main thread) is frozen with ptrace
+// while its other threads, the session's heartbeats among them, go on:
+// nothing inside the trainer knows. The others' collective passes its
+// deadline, they report, and the frozen one, which does not come to the
+// regroup, is fenced; its agent kills and restarts it.
+Trial HangCompute(Context& c) {
+  FaultJobOptions o;
+  o.extra_train_flags = TrainFlags();
+  FaultJob job(c.dir, o);
+  job.StartAll();
+  if (!job.WaitForStep(c.Uniform(40, 160), absl::Seconds(120))) return {false, 0, 0, 0, "no progress"};
+  const auto [node, slot] = Victim(c);
+  const pid_t pid = job.TrainerPid(node, slot);  // its main thread's id
+  if (::ptrace(PTRACE_SEIZE, pid, nullptr, nullptr) != 0) {
+    std::cerr << "muster-fault: hang-compute cannot trace " << pid << ": " << std::strerror(errno)
+              << "\n";
+    return {false, 0, 0, 0, "skipped"};
+  }
+  Judge j;
+  j.fault_time = UnixNow();
+  int status = 0;
+  if (::ptrace(PTRACE_INTERRUPT, pid, nullptr, nullptr) != 0 ||
+      ::waitpid(pid, &status, __WALL) != pid) {
+    return {false, 0, 0, 0, absl::StrCat("cannot stop thread ", pid, ": ", std::strerror(errno))};
+  }
+  // The tracer hears of the tracee's end first; its agent only after that.
+  const absl::Time end = absl::Now() + absl::Seconds(200);
+  bool ended = false;
+  while (!ended && absl::Now() < end) {
+    const pid_t r = ::waitpid(pid, &status, __WALL | WNOHANG);
+    ended = r == pid && (WIFEXITED(status) || WIFSIGNALED(status));
+    if (r < 0) ended = true;
+    if (!ended) absl::SleepFor(absl::Milliseconds(20));
+  }
+  if (!ended) {
+    ::ptrace(PTRACE_DETACH, pid, nullptr, nullptr);
+    return {false, 0, 0, 0, "the frozen trainer was never ended"};
+  }
+  j.explained_by = absl::StrCat("fenced trainer node", node, "/", slot, " .*as hung");
+  return Finish(job, j);
+}
+
 const std::map<std::string, std::function<Trial(Context&)>>& Scenarios() {
   static const auto* s = new std::map<std::string, std::function<Trial(Context&)>>{
       {"kill-trainer", [](Context& c) { return KillTrainer(c, false, 0); }},
@@ -419,6 +551,8 @@ const std::map<std::string, std::function<Trial(Context&)>>& Scenarios() {
       {"slow-network", [](Context& c) { return Networked(c, false); }},
       {"partition", [](Context& c) { return Networked(c, true); }},
       {"churn", Churn},
+      {"cut-link", CutLink},
+      {"hang-compute", HangCompute},
   };
   return *s;
 }
