@@ -76,6 +76,8 @@ void FaultJob::StartCoordinator() {
                                "--address-file=" + dir_ + "/coordinator.address",
                                "--lease-timeout=2s"});
     }
+    argv.insert(argv.end(), options_.extra_coordinator_flags.begin(),
+                options_.extra_coordinator_flags.end());
     return SpawnLogged(argv, dir_ + "/" + log);
   };
   coordinator_ = spawn(target_, "coordinator.log");

@@ -16,9 +16,10 @@
 // trainer: the world never shrinks), hang-trainer, kill-coordinator, failover (the coordinator's
 // node hangs; a standby takes over), kill-during-checkpoint, corrupt-checkpoint,
 // disk-full, slow-network, partition, churn, and two faults only the trainers
-// see: cut-link (one TCP connection between two trainers destroyed) and
+// see: cut-link (one TCP connection between two trainers destroyed),
 // hang-compute (one trainer's training thread frozen while its session
-// thread lives); "all" runs each.
+// thread lives) and failover-stale (the old coordinator's words reach
+// trainers after a takeover); "all" runs each.
 #include <signal.h>
 #include <sys/mount.h>
 #include <sys/ptrace.h>
@@ -108,6 +109,13 @@ Trial Finish(FaultJob& job, const Judge& j) {
   }
   t.survived = t.problem.empty();
   return t;
+}
+
+// The trainers' flags every scenario adds.
+std::vector<std::string> TrainFlags() {
+  const double t = absl::GetFlag(FLAGS_collective_timeout);
+  if (t <= 0) return {};
+  return {absl::StrCat("--collective-timeout=", t)};
 }
 
 // A random trainer other than rank 0 (node 0, slot 0).
@@ -270,6 +278,49 @@ Trial Failover(Context& c) {
   return t;
 }
 
+// The woken old holder's words reach trainers after the standby took over.
+// Heartbeats every second here, so the agents hold their streams to the
+// frozen holder for four seconds (three periods and a second), past the 2 s
+// lease; min_members is the whole world, and a trainer of node 1 is killed
+// while the holder is frozen: woken right after the takeover, the holder
+// finds that member gone and would pause the job for the trainers still
+// connected to it, while the standby runs their world with every member.
+Trial FailoverStale(Context& c) {
+  FaultJobOptions o;
+  o.standby = true;
+  o.min_members = 4;
+  o.extra_coordinator_flags = {"--heartbeat-interval=1s", "--heartbeat-timeout=5s"};
+  o.extra_train_flags = TrainFlags();
+  FaultJob job(c.dir, o);
+  job.StartAll();
+  if (!job.WaitForStep(c.Uniform(40, 160), absl::Seconds(120))) return {false, 0, 0, 0, "no progress"};
+  const bool first_holds = job.AddressFileText() == job.target() + "\n";
+  const pid_t holder = first_holds ? job.coordinator() : job.standby();
+  const std::string next = (first_holds ? job.standby_target() : job.target()) + "\n";
+  Judge j;
+  j.fault_time = UnixNow();
+  ::kill(holder, SIGSTOP);
+  ::kill(job.TrainerPid(1, c.Uniform(0, 1)), SIGKILL);
+  const absl::Time end = absl::Now() + absl::Seconds(10);
+  while (job.AddressFileText() != next && absl::Now() < end) absl::SleepFor(absl::Milliseconds(5));
+  if (job.AddressFileText() != next) {
+    ::kill(holder, SIGKILL);  // frozen inside a write: see Failover
+    return {false, 0, 0, 0, "the standby did not take over within 10 s"};
+  }
+  const double takeover = UnixNow() - j.fault_time;
+  absl::SleepFor(absl::Milliseconds(c.Uniform(0, 300)));
+  ::kill(holder, SIGCONT);
+  const int code = job.WaitCoordinator(holder, absl::Seconds(20));
+  j.explained_by = "lease \\(epoch 1\\) was taken over: epoch 2";
+  Trial t = Finish(job, j);
+  t.takeover_s = takeover;
+  if (t.survived && code != 4) {
+    t.survived = false;
+    t.problem = absl::StrCat("the old coordinator exited ", code, ", not 4 (lease lost)");
+  }
+  return t;
+}
+
 Trial KillDuringCheckpoint(Context& c) {
   FaultJob job(c.dir, {});
   job.StartAll();
@@ -411,13 +462,6 @@ Trial Networked(Context& c, bool partition) {
   return Finish(job, j);
 }
 
-// The trainers' flags every scenario adds.
-std::vector<std::string> TrainFlags() {
-  const double t = absl::GetFlag(FLAGS_collective_timeout);
-  if (t <= 0) return {};
-  return {absl::StrCat("--collective-timeout=", t)};
-}
-
 // `command`'s standard output ("" if it could not run).
 std::string Output(const std::string& command) {
   std::string out;
@@ -553,6 +597,7 @@ const std::map<std::string, std::function<Trial(Context&)>>& Scenarios() {
       {"churn", Churn},
       {"cut-link", CutLink},
       {"hang-compute", HangCompute},
+      {"failover-stale", FailoverStale},
   };
   return *s;
 }

@@ -183,8 +183,11 @@ class NodeSessionImpl final : public NodeSession,
   std::map<uint64_t, Call> rendezvous_ ABSL_GUARDED_BY(mu_);
   uint64_t last_call_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
-  // The newest lease epoch heard (SessionEvent.epoch): events of an older
-  // one come from a coordinator fenced by a takeover and are dropped.
+  // The newest lease epoch heard on the live connection (SessionEvent.epoch):
+  // events of an older one come from a coordinator fenced by a takeover and
+  // are dropped. The trainers rely on this filter. Each connection starts
+  // afresh: it goes where the address file points, and a coordinator
+  // restarted on a new state dir counts epochs from 1 again.
   uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
   // When the coordinator last sent anything on the live connection.
   absl::Time last_heard_ ABSL_GUARDED_BY(mu_);
@@ -395,7 +398,6 @@ void NodeSessionImpl::LocalBeat(const std::string& member, uint64_t incarnation,
       it->second.last_beat = absl::Now();
     }
     ack.mutable_ack()->set_current_generation(generation_);
-    ack.set_epoch(epoch_);
     ack.mutable_ack()->set_heartbeat_interval_ms(
         static_cast<uint32_t>(absl::ToInt64Milliseconds(interval_)));
   }
@@ -475,9 +477,7 @@ void NodeSessionImpl::Route(v1::SessionEvent event) {
       call = it->second.call;
       rendezvous_.erase(it);
     }
-    v1::RendezvousAnswer answer = event.rendezvous();
-    answer.mutable_response()->set_epoch(event.epoch());
-    call->Answer(answer);
+    call->Answer(event.rendezvous());
     return;
   }
   {
@@ -583,6 +583,7 @@ absl::Status NodeSessionImpl::Connection() {
     absl::MutexLock lock(&mu_);
     if (stopping_) return absl::CancelledError("stopping");
     ctx_ = &ctx;
+    epoch_ = 0;
   }
   if (coordinator_->Refresh()) {
     MUSTER_LOG(INFO) << "muster-agent: node " << o_.node << ": coordinator now at "

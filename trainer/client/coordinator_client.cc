@@ -233,6 +233,9 @@ void CoordinatorClient::SessionLoop(std::function<void(const SessionNotice&)> on
     // The stub (and its channel) must outlive the stream.
     const std::shared_ptr<v1::Coordinator::Stub> stub = impl_->SessionStub();
     auto stream = stub->Session(&ctx);
+    // A new stream goes where the address file points now; a coordinator
+    // restarted on a new state dir counts epochs from 1 again.
+    epoch_ = 0;
     v1::SessionRequest hello;
     *hello.mutable_hello() = Ref(options_);
     std::atomic<bool> done{false};
@@ -343,6 +346,7 @@ void CoordinatorClient::SessionLoop(std::function<void(const SessionNotice&)> on
 }
 
 bool CoordinatorClient::FromCurrentEpoch(uint64_t epoch) {
+  if (impl_->agent_stub != nullptr) return true;
   uint64_t seen = epoch_.load();
   while (epoch > seen && !epoch_.compare_exchange_weak(seen, epoch)) {
   }

@@ -155,9 +155,10 @@ class CoordinatorClient {
   std::atomic<int64_t> step_{0};
   std::atomic<int64_t> samples_{0};
   std::atomic<uint64_t> latest_generation_{0};
-  // The newest lease epoch any event or answer carried; older ones are
-  // dropped (SessionEvent.epoch). Raises it to `epoch`; false when `epoch`
-  // is older.
+  // The newest lease epoch any event or answer carried since the session
+  // stream last opened; older ones are dropped (SessionEvent.epoch). Raises
+  // it to `epoch`; false when `epoch` is older. Under muster-agent always
+  // true: the agent filters its node's one connection.
   std::atomic<uint64_t> epoch_{0};
   bool FromCurrentEpoch(uint64_t epoch);
   std::atomic<int64_t> heartbeat_ms_{1000};
