@@ -26,8 +26,15 @@
 //                               RendezvousAnswer finishes the call
 //                               (UNAVAILABLE, which the trainer retries,
 //                               when the node stream breaks after sending)
-//   event for a member       -> written to that trainer's stream
-//   member's session closed  -> that trainer's stream ends with its status
+//   event for a member       -> written to that trainer's stream, unless
+//                               its lease epoch is older than the newest
+//                               heard on this connection (a fenced
+//                               coordinator's: dropped, and not counted as
+//                               word from the coordinator)
+//   member's session closed  -> that trainer's stream ends with its status;
+//                               closed as hung (end_process) -> the trainer
+//                               process is SIGKILLed first, and its agent
+//                               restarts it
 //   node stream breaks       -> every attached trainer's stream ends
 //                               UNAVAILABLE; each reopens its session here,
 //                               where it waits until the agent has
