@@ -7,12 +7,19 @@
 //   node      SIGKILL of a random node's agent, which takes its trainers
 //             along; the node comes back (a new agent) after 2 s;
 //   hang      SIGSTOP of a random trainer of the world, SIGCONT after 4 s
-//             (fenced at the heartbeat timeout, it rejoins).
+//             (fenced at the heartbeat timeout, it rejoins);
+//   link      one TCP connection between two trainers destroyed (ss -K);
+//             the two ends report, the world regroups;
+//   freeze    the training thread of a random trainer of the world frozen
+//             (ptrace) while its heartbeats go on: the others' all-reduce
+//             passes its deadline, the frozen one is fenced at the regroup
+//             and its agent kills and restarts it.
+// link and freeze need root; without it they are not drawn.
 // Each step also spends --compute-ms as if computing: on a 2-core machine a
 // smaller world would otherwise step faster than the full one (fewer
 // processes share the cores), which no accelerator cluster does. Then
 // SIGUSR1 stops the job with a checkpoint. The same job without
-// failures (for min(M, 2) minutes) is the reference. Prints
+// failures (for min(M, 5) minutes) is the reference. Prints
 //   ettr mtbf_s=.. minutes=.. world=.. nodes=.. spares=.. failures=.. ettr=..
 //        steps_committed_pct=.. world_full_pct=.. lost_steps=..
 // The job's shape comes from --world, --nodes and --spares (defaults 2, 1, 0:
@@ -39,12 +46,16 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "tests/bench/process_stats.h"
+#include "tests/bench/trainer_faults.h"
 
 ABSL_FLAG(double, mtbf, 30, "ettr: mean seconds between failures");
 ABSL_FLAG(double, minutes, 10, "ettr: minutes of training under failures");
 ABSL_FLAG(int, compute_ms, 40,
           "ettr: per-step compute time the trainers add (muster-train --compute-ms), so that "
           "on this small machine a smaller world does not step faster than the full one");
+ABSL_FLAG(double, collective_timeout, 0,
+          "ettr: the trainers' --collective-timeout (0: theirs, which follows the job); a frozen "
+          "training thread costs about twice it");
 ABSL_DECLARE_FLAG(int, world);
 ABSL_DECLARE_FLAG(int, nodes);
 ABSL_DECLARE_FLAG(int, spares);
@@ -92,6 +103,7 @@ class Job {
          SelfDir() + "/muster-train", "--coordinator=" + target_, "--model=mlp",
          "--batch-size=32", "--steps=100000000", "--log-every=100", "--quiet", "--threads=1",
          absl::StrCat("--compute-ms=", absl::GetFlag(FLAGS_compute_ms)),
+         absl::StrCat("--collective-timeout=", absl::GetFlag(FLAGS_collective_timeout)),
          absl::StrCat("--job=ettr", ::getpid(), "-", n), "--checkpoint-dir=" + dir_ + "/ckpt",
          "--checkpoint-every=40", absl::StrCat("--summary-json=", dir_, "/{node}-{local_rank}.json")},
         absl::StrCat(dir_, "/agent", n, "-", ++starts_, ".log"));
@@ -113,13 +125,33 @@ class Job {
     if (pid <= 0) return;
     if (kind == 0) {
       ::kill(pid, SIGKILL);
-    } else {
+    } else if (kind == 2) {
       ::kill(pid, SIGSTOP);
       downs_.push_back({absl::Now() + absl::Seconds(4), -1, pid});
+    } else if (kind == 3) {
+      std::set<pid_t> trainers;
+      for (const auto& [n, s] : members) trainers.insert(TrainerPid(n, s));
+      const std::vector<TrainerLink> links = TrainerLinks(trainers);
+      if (!links.empty()) {
+        CutLink(links[std::uniform_int_distribution<size_t>(0, links.size() - 1)(rng)]);
+      }
+    } else if (FreezeMainThread(pid).empty()) {
+      frozen_.push_back(pid);
     }
   }
   // Brings back what Inject took down, when it is due.
   void Heal(bool all) {
+    // A frozen trainer ends when its agent kills it; its tracer collects it.
+    for (auto it = frozen_.begin(); it != frozen_.end();) {
+      if (FrozenEnded(*it)) {
+        it = frozen_.erase(it);
+      } else if (all) {
+        Thaw(*it);
+        it = frozen_.erase(it);
+      } else {
+        ++it;
+      }
+    }
     for (auto it = downs_.begin(); it != downs_.end();) {
       if (!all && absl::Now() < it->at) {
         ++it;
@@ -167,6 +199,7 @@ class Job {
   pid_t coordinator_ = -1;
   std::vector<pid_t> agents_;
   std::vector<Down> downs_;
+  std::vector<pid_t> frozen_;
   int starts_ = 0;
 };
 
@@ -210,7 +243,7 @@ Run RunJob(const std::string& dir, double minutes, double mtbf, std::mt19937_64&
   absl::Time next = mtbf > 0 ? absl::Now() + absl::Seconds(gap(rng)) : absl::InfiniteFuture();
   while (absl::Now() < end) {
     if (absl::Now() >= next) {
-      job.Inject(std::uniform_int_distribution<int>(0, 2)(rng), rng);
+      job.Inject(std::uniform_int_distribution<int>(0, ::geteuid() == 0 ? 4 : 2)(rng), rng);
       ++r.failures;
       next = absl::Now() + absl::Seconds(gap(rng));
     }
@@ -258,7 +291,7 @@ int RunEttrBench() {
   }
   std::mt19937_64 rng(absl::GetFlag(FLAGS_seed));
   const std::string base = absl::StrCat("/tmp/muster-bench-ettr-", ::getpid());
-  const Run reference = RunJob(base + "-reference", std::min(minutes, 2.0), 0, rng);
+  const Run reference = RunJob(base + "-reference", std::min(minutes, 5.0), 0, rng);
   const Run storm = RunJob(base + "-storm", minutes, mtbf, rng);
   if (reference.steps == 0 || reference.seconds <= 0 || storm.seconds <= 0) {
     std::cerr << "muster-bench ettr: a run made no progress; see " << base << "-*\n";

@@ -22,8 +22,6 @@
 // trainers after a takeover); "all" runs each.
 #include <signal.h>
 #include <sys/mount.h>
-#include <sys/ptrace.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -44,6 +42,7 @@
 #include "absl/time/clock.h"
 #include "common/flag_names.h"
 #include "tests/bench/process_stats.h"
+#include "tests/bench/trainer_faults.h"
 #include "tests/fault/fault_job.h"
 #include "tests/fault/net_lab.h"
 
@@ -471,50 +470,6 @@ Trial Networked(Context& c, bool partition) {
   return Finish(job, j);
 }
 
-// `command`'s standard output ("" if it could not run).
-std::string Output(const std::string& command) {
-  std::string out;
-  FILE* f = ::popen(command.c_str(), "r");
-  if (f == nullptr) return out;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
-  ::pclose(f);
-  return out;
-}
-
-// An established TCP connection between two of `pids`, as `ss -tnpH` shows
-// it from one end: local and peer "addr:port".
-struct Link {
-  std::string local, peer;
-};
-std::vector<Link> TrainerLinks(const std::set<pid_t>& pids) {
-  static const std::regex line(R"(^\s*\d+\s+\d+\s+(\S+):(\d+)\s+(\S+):(\d+)\s.*pid=(\d+),)");
-  std::map<std::string, pid_t> owner;
-  std::vector<std::pair<Link, pid_t>> all;
-  const std::string text = Output("ss -tnpH state established 2>/dev/null");
-  size_t start = 0;
-  while (start < text.size()) {
-    size_t end = text.find('\n', start);
-    if (end == std::string::npos) end = text.size();
-    std::smatch m;
-    const std::string l = text.substr(start, end - start);
-    start = end + 1;
-    if (!std::regex_search(l, m, line)) continue;
-    const pid_t pid = std::stoi(m[5]);
-    if (pids.count(pid) == 0) continue;
-    Link link{m[1].str() + ":" + m[2].str(), m[3].str() + ":" + m[4].str()};
-    owner[link.local] = pid;
-    all.push_back({link, pid});
-  }
-  std::vector<Link> links;
-  for (const auto& [link, pid] : all) {
-    auto it = owner.find(link.peer);
-    if (it != owner.end() && it->second != pid) links.push_back(link);
-  }
-  return links;
-}
-
 // One TCP connection between two trainers of different nodes is destroyed
 // (ss -K: both ends get an error) while every session with the coordinator
 // stays up. Only the two trainers see it; their report regroups the world.
@@ -532,16 +487,12 @@ Trial CutLink(Context& c) {
   for (int n = 0; n < 2; ++n) {
     for (int s = 0; s < 2; ++s) trainers.insert(job.TrainerPid(n, s));
   }
-  const std::vector<Link> links = TrainerLinks(trainers);
+  const std::vector<TrainerLink> links = TrainerLinks(trainers);
   if (links.empty()) return {false, 0, 0, 0, "no TCP connection between trainers found"};
-  const Link& cut = links[c.Uniform(0, static_cast<int>(links.size()) - 1)];
-  const size_t lc = cut.local.rfind(':'), pc = cut.peer.rfind(':');
+  const TrainerLink& cut = links[c.Uniform(0, static_cast<int>(links.size()) - 1)];
   Judge j;
   j.fault_time = UnixNow();
-  const std::string kill = absl::StrCat(
-      "ss -K src ", cut.local.substr(0, lc), " sport = :", cut.local.substr(lc + 1), " dst ",
-      cut.peer.substr(0, pc), " dport = :", cut.peer.substr(pc + 1), " >/dev/null 2>&1");
-  if (std::system(kill.c_str()) != 0) return {false, 0, 0, 0, "ss -K failed: " + kill};
+  if (!CutLink(cut)) return {false, 0, 0, 0, "ss -K failed on " + cut.local + " - " + cut.peer};
   j.explained_by = "reports that generation [0-9]+ broke";
   j.max_lost_steps = 0;  // the step in flight is salvaged
   return Finish(job, j);
@@ -560,29 +511,17 @@ Trial HangCompute(Context& c) {
   if (!job.WaitForStep(c.Uniform(40, 160), absl::Seconds(120))) return {false, 0, 0, 0, "no progress"};
   const auto [node, slot] = Victim(c);
   const pid_t pid = job.TrainerPid(node, slot);  // its main thread's id
-  if (::ptrace(PTRACE_SEIZE, pid, nullptr, nullptr) != 0) {
-    std::cerr << "muster-fault: hang-compute cannot trace " << pid << ": " << std::strerror(errno)
-              << "\n";
-    return {false, 0, 0, 0, "skipped"};
-  }
   Judge j;
   j.fault_time = UnixNow();
-  int status = 0;
-  if (::ptrace(PTRACE_INTERRUPT, pid, nullptr, nullptr) != 0 ||
-      ::waitpid(pid, &status, __WALL) != pid) {
-    return {false, 0, 0, 0, absl::StrCat("cannot stop thread ", pid, ": ", std::strerror(errno))};
+  if (const std::string why = FreezeMainThread(pid); !why.empty()) {
+    std::cerr << "muster-fault: hang-compute: " << why << "\n";
+    return {false, 0, 0, 0, "skipped"};
   }
-  // The tracer hears of the tracee's end first; its agent only after that.
   const absl::Time end = absl::Now() + absl::Seconds(200);
   bool ended = false;
-  while (!ended && absl::Now() < end) {
-    const pid_t r = ::waitpid(pid, &status, __WALL | WNOHANG);
-    ended = r == pid && (WIFEXITED(status) || WIFSIGNALED(status));
-    if (r < 0) ended = true;
-    if (!ended) absl::SleepFor(absl::Milliseconds(20));
-  }
+  while (!(ended = FrozenEnded(pid)) && absl::Now() < end) absl::SleepFor(absl::Milliseconds(20));
   if (!ended) {
-    ::ptrace(PTRACE_DETACH, pid, nullptr, nullptr);
+    Thaw(pid);
     return {false, 0, 0, 0, "the frozen trainer was never ended"};
   }
   j.explained_by = absl::StrCat("fenced trainer node", node, "/", slot, " .*as hung");
