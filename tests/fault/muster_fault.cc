@@ -224,11 +224,13 @@ Trial KillCoordinator(Context& c) {
   return Finish(job, j);
 }
 
-// The coordinator's node hangs (SIGSTOP: no lease beats, no answers, its
-// connections stay open) while a standby watches the same state dir; later
-// the node comes back (SIGCONT) and the old coordinator must stand down.
-Trial Failover(Context& c) {
-  FaultJobOptions o;
+// The coordinator holding the lease hangs (SIGSTOP: no lease beats, no
+// answers, its connections stay open) while a standby watches the same state
+// dir; `while_frozen` runs then. Once the standby serves, the old one is
+// woken (SIGCONT) after `wake_ms` and must stand down (exit 4).
+Trial TakeOverFromAFrozenHolder(Context& c, FaultJobOptions o,
+                                const std::function<void(FaultJob&)>& while_frozen,
+                                std::pair<int, int> wake_ms) {
   o.standby = true;
   FaultJob job(c.dir, o);
   job.StartAll();
@@ -241,6 +243,7 @@ Trial Failover(Context& c) {
   Judge j;
   j.fault_time = UnixNow();
   ::kill(holder, SIGSTOP);
+  while_frozen(job);
   auto wait_takeover = [&](absl::Duration limit) {
     const absl::Time end = absl::Now() + limit;
     while (job.AddressFileText() != next && absl::Now() < end) {
@@ -262,7 +265,7 @@ Trial Failover(Context& c) {
     return {false, 0, 0, 0, "the standby did not take over"};
   }
   const double takeover = UnixNow() - j.fault_time;
-  absl::SleepFor(absl::Milliseconds(c.Uniform(500, 2000)));
+  absl::SleepFor(absl::Milliseconds(c.Uniform(wake_ms.first, wake_ms.second)));
   ::kill(holder, SIGCONT);
   const int code = job.WaitCoordinator(holder, absl::Seconds(20));
   j.explained_by = killed ? "lease of [^ ]+: epoch 2, held by"
@@ -277,6 +280,12 @@ Trial Failover(Context& c) {
   return t;
 }
 
+// The coordinator's node hangs at a random step and comes back 0.5–2 s
+// after the standby took over.
+Trial Failover(Context& c) {
+  return TakeOverFromAFrozenHolder(c, {}, [](FaultJob&) {}, {500, 2000});
+}
+
 // The woken old holder's words reach trainers after the standby took over.
 // Heartbeats every second here, so the agents hold their streams to the
 // frozen holder for four seconds (three periods and a second), past the 2 s
@@ -286,47 +295,12 @@ Trial Failover(Context& c) {
 // connected to it, while the standby runs their world with every member.
 Trial FailoverStale(Context& c) {
   FaultJobOptions o;
-  o.standby = true;
   o.min_members = 4;
   o.extra_coordinator_flags = {"--heartbeat-interval=1s", "--heartbeat-timeout=5s"};
   o.extra_train_flags = TrainFlags();
-  FaultJob job(c.dir, o);
-  job.StartAll();
-  if (!job.WaitForStep(c.Uniform(40, 160), absl::Seconds(120))) return {false, 0, 0, 0, "no progress"};
-  const bool first_holds = job.AddressFileText() == job.target() + "\n";
-  const pid_t holder = first_holds ? job.coordinator() : job.standby();
-  const std::string next = (first_holds ? job.standby_target() : job.target()) + "\n";
-  Judge j;
-  j.fault_time = UnixNow();
-  ::kill(holder, SIGSTOP);
-  ::kill(job.TrainerPid(1, c.Uniform(0, 1)), SIGKILL);
-  auto wait_takeover = [&](absl::Duration limit) {
-    const absl::Time end = absl::Now() + limit;
-    while (job.AddressFileText() != next && absl::Now() < end) {
-      absl::SleepFor(absl::Milliseconds(5));
-    }
-    return job.AddressFileText() == next;
-  };
-  bool killed = false;
-  if (!wait_takeover(absl::Seconds(10))) {
-    ::kill(holder, SIGKILL);  // frozen inside a write: see Failover
-    killed = true;
-    if (!wait_takeover(absl::Seconds(20))) return {false, 0, 0, 0, "the standby did not take over"};
-  }
-  const double takeover = UnixNow() - j.fault_time;
-  absl::SleepFor(absl::Milliseconds(c.Uniform(0, 300)));
-  ::kill(holder, SIGCONT);
-  const int code = job.WaitCoordinator(holder, absl::Seconds(20));
-  j.explained_by = killed ? "lease of [^ ]+: epoch 2, held by"
-                          : "lease \\(epoch 1\\) was taken over: epoch 2";
-  Trial t = Finish(job, j);
-  t.takeover_s = takeover;
-  t.holder_killed = killed;
-  if (t.survived && !killed && code != 4) {
-    t.survived = false;
-    t.problem = absl::StrCat("the old coordinator exited ", code, ", not 4 (lease lost)");
-  }
-  return t;
+  return TakeOverFromAFrozenHolder(
+      c, o, [&c](FaultJob& job) { ::kill(job.TrainerPid(1, c.Uniform(0, 1)), SIGKILL); },
+      {0, 300});
 }
 
 Trial KillDuringCheckpoint(Context& c) {
