@@ -90,10 +90,10 @@ namespace {
 
 using muster::TrainOptions;
 
-// Exit code after a signal (SIGUSR1/SIGTERM) made every rank checkpoint and
-// stop: "try again" (sysexits.h EX_TEMPFAIL); a requeued job resumes.
-constexpr int kExitStoppedBySignal = 75;
+// Exit codes: the library's (muster::Distributed::ExitCode, docs/library.md)
+// and 2 for bad flags.
 constexpr int kExitBadFlags = 2;
+constexpr int kExitConfig = 78;  // sysexits EX_CONFIG, as Distributed::kExitConfig
 
 // The library's options from the flags: the job, communication, data
 // schedule, checkpoints and output.
@@ -216,10 +216,10 @@ int Run() {
   absl::StatusOr<muster::TrainResult> result = muster::RunTraining(*o);
   if (!result.ok()) {
     std::cerr << "muster-train: " << result.status() << "\n";
-    return 1;
+    return absl::IsInvalidArgument(result.status()) ? kExitConfig : 1;
   }
   WriteSummary(*place, *result);
-  return result->stopped ? kExitStoppedBySignal : 0;
+  return result->exit_code;
 }
 
 }  // namespace

@@ -461,6 +461,21 @@ muster_job_run() {
           "MUSTER_JOB_DIR=$MUSTER_JOB_DIR to resume"
       fi
       return 75 ;;
+    74)
+      # Stopped, but the checkpoint of the last step did not commit (the
+      # trainers' logs say why and which step a restart resumes from): a
+      # restart still goes on from the newest committed checkpoint.
+      if [ "$MUSTER_STOP_REASON" != terminated ] && [ "$MUSTER_STOP_REASON" != stopped ] &&
+          [ "${MUSTER_REQUEUE:-1}" = 1 ]; then
+        muster_log "the trainers stopped WITHOUT a checkpoint of their last step (exit 74);" \
+          "requeueing job $SLURM_JOB_ID: it repeats the steps after the newest committed checkpoint"
+        scontrol requeue "$SLURM_JOB_ID" ||
+          muster_log "scontrol requeue failed; resubmit with MUSTER_JOB_DIR=$MUSTER_JOB_DIR to resume"
+      else
+        muster_log "the trainers stopped WITHOUT a checkpoint of their last step (exit 74);" \
+          "a start with MUSTER_JOB_DIR=$MUSTER_JOB_DIR repeats the steps after the newest committed one"
+      fi
+      return 74 ;;
     *)
       muster_log "the training step failed (exit $rc)"
       return 1 ;;

@@ -122,9 +122,22 @@ class Distributed {
  public:
   enum class Outcome {
     kFinished,  // trained the configured steps or epochs
-    kStopped,   // stopped by a signal after a committed checkpoint: run again to resume
+    // Stopped (a stop signal or RequestStop) with a committed checkpoint of
+    // the step it stopped at: run again to resume from exactly there.
+    kStopped,
     kLeft,      // left the job early (SIGTERM to this rank, drained)
+    // Stopped, but no checkpoint of that step committed: no checkpoint_dir,
+    // or the checkpoint failed twice (a full or read-only file system, the
+    // coordinator unreachable), or the job was paused. A restart resumes
+    // from the newest committed checkpoint, repeating the steps after it;
+    // the log says, at ERROR, which step that is.
+    kStoppedWithoutCheckpoint,
   };
+  // Process exit codes (ExitCode). 0: finished or left.
+  static constexpr int kExitStopped = 75;                   // sysexits EX_TEMPFAIL: resume later
+  static constexpr int kExitStoppedWithoutCheckpoint = 74;  // sysexits EX_IOERR: steps repeat
+  static constexpr int kExitConfig = 78;  // sysexits EX_CONFIG: bad options or state (INVALID_ARGUMENT)
+  static constexpr int kExitError = 1;    // any other error
 
   // Joins the job and enters the first world with identical state on every
   // rank (see the top of this file). Errors: INVALID_ARGUMENT (options,
@@ -164,8 +177,21 @@ class Distributed {
   // How the loop ended, or the error that ended it. Waits for checkpoint
   // writes; a finished run leaves the job as finished.
   virtual absl::StatusOr<Outcome> Finish() = 0;
-  // 0 finished or left, 75 stopped (sysexits EX_TEMPFAIL: resume later), 1 error.
+  // 0 finished or left; kExitStopped (75), kExitStoppedWithoutCheckpoint
+  // (74); kExitConfig (78) for INVALID_ARGUMENT; kExitError (1) for other
+  // errors. muster-agent restarts a trainer only after kExitError, 70 or a
+  // signal (docs/library.md, "Exit codes").
   static int ExitCode(const absl::StatusOr<Outcome>& outcome);
+
+  // Ask every rank to checkpoint and stop (as SIGUSR1 does), or this rank to
+  // leave (as SIGTERM to one rank does), at the next step boundary. For a
+  // program that owns its signals (Options::handle_signals false).
+  // Async-signal-safe (they set flags); any thread.
+  virtual void RequestStop() = 0;
+  virtual void RequestLeave() = 0;
+  // OK, or the error that will end the run, as soon as it happened (Finish
+  // returns it too).
+  virtual absl::Status status() const = 0;
 
   virtual Progress progress() const = 0;
   int rank() const { return progress().rank; }

@@ -96,8 +96,10 @@ struct Options {
 
   // ---- Stopping ----
   // Installs SIGUSR1 (stop: checkpoint, exit 75) and SIGTERM (leave; every
-  // rank at once: like SIGUSR1) handlers at Start. Off when the program has
-  // its own, or when ranks run as threads.
+  // rank at once: like SIGUSR1) handlers at Start, keeping and calling the
+  // program's own (muster/signals.h). Off: the program owns its signals and
+  // calls Distributed::RequestStop/RequestLeave; also off when ranks run as
+  // threads.
   bool handle_signals = true;
   const std::atomic<bool>* stop_requested = nullptr;   // set: stop at the next boundary
   const std::atomic<bool>* leave_requested = nullptr;  // set: leave at the next boundary

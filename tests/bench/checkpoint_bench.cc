@@ -147,8 +147,7 @@ int RunCheckpointBench() {
   CheckpointMeta meta;
   meta.model = "bench";
   meta.optimizer = "sgd";
-  if (!ckpt.Snapshot(meta, done).ok()) return 1;
-  ckpt.Wait();
+  if (!ckpt.Snapshot(meta, done).ok() || !ckpt.Wait().ok()) return 1;
   {
     std::lock_guard<std::mutex> lock(mu);
     blocking.clear();
@@ -165,7 +164,10 @@ int RunCheckpointBench() {
       if (!ckpt.Snapshot(meta, done).ok()) return 1;
     }
   }
-  ckpt.Wait();
+  if (absl::Status s = ckpt.Wait(); !s.ok()) {
+    std::cerr << "checkpoint failed: " << s << "\n";
+    return 1;
+  }
   Synchronize(device);
   const double with = absl::ToDoubleSeconds(absl::Now() - t0) / (kRounds * kEvery);
   const double write_s = Median(writing);

@@ -443,18 +443,20 @@ TEST_F(AgentPauseTest, TrainersPausedBelowTheMinimumLeaveOnSigterm) {
 }
 
 // The time-limit warning (SIGUSR1: checkpoint and stop) in a paused job:
-// there is no world to checkpoint in, so the trainers stop as stopped
-// (exit 75: the job is requeued and resumes from its newest checkpoint),
-// not as if they had left or finished.
-TEST_F(AgentPauseTest, TrainersPausedBelowTheMinimumStopOnSigusr1WithExit75) {
+// there is no world to checkpoint in, so the trainers stop as stopped, not
+// as if they had left or finished; and as this job has no checkpoint dir,
+// they say that nothing was saved and exit 74, not 75 (which promises a
+// committed checkpoint of the step they stopped at).
+TEST_F(AgentPauseTest, TrainersPausedBelowTheMinimumStopOnSigusr1SayingNothingWasSaved) {
   pid_t a = -1;
   ASSERT_NO_FATAL_FAILURE(PauseWithOnlyNodeALeft(&a));
   ASSERT_EQ(::kill(a, SIGUSR1), 0);
-  EXPECT_EQ(WaitExit(a), 75) << ReadText(dir_ + "/a.log");
+  EXPECT_EQ(WaitExit(a), 74) << ReadText(dir_ + "/a.log");
   const std::string log_a = ReadText(dir_ + "/a.log");
   EXPECT_NE(log_a.find("stopped while waiting for a world"), std::string::npos) << log_a;
-  EXPECT_NE(log_a.find("trainer 0: exit 75"), std::string::npos) << log_a;
-  EXPECT_NE(log_a.find("trainer 1: exit 75"), std::string::npos) << log_a;
+  EXPECT_NE(log_a.find("nothing was saved"), std::string::npos) << log_a;
+  EXPECT_NE(log_a.find("trainer 0: exit 74"), std::string::npos) << log_a;
+  EXPECT_NE(log_a.find("trainer 1: exit 74"), std::string::npos) << log_a;
 }
 
 TEST_F(ElasticTest, PullWeightsDuringTrainingMatchesTheCheckpointOfThatStep) {

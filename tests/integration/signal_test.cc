@@ -76,6 +76,69 @@ TEST(SignalTest, Sigusr1CheckpointsStopsAndTheNextStartResumes) {
   WaitExit(coordinator);
 }
 
+// The checkpoint a stop needs cannot be written (here the checkpoint dir
+// is replaced by a file, which even root cannot write into): the trainers
+// do not exit 75, which promises a committed checkpoint of the step they
+// stopped at. They exit 74 and name the step a restart resumes from, and a
+// restart does resume from exactly that step.
+TEST(SignalTest, AStopWhoseCheckpointFailsSaysSoAndWhereARestartResumes) {
+  const std::string dir = ::testing::TempDir() + "/stopfail" + std::to_string(::getpid());
+  std::system(("rm -rf " + dir + " && mkdir -p " + dir).c_str());
+  const std::string target = absl::StrCat("127.0.0.1:", FreeLoopbackPort());
+  const pid_t coordinator = SpawnLogged({kBin + "/muster-coordinator", "--listen=" + target,
+                                         "--no-auth", "--state-dir=" + dir + "/state",
+                                         "--min-members=2", "--max-members=2"},
+                                        dir + "/coordinator.log");
+  auto trainers = [&](const std::string& tag) {
+    std::vector<pid_t> pids;
+    for (int i = 0; i < 2; ++i) {
+      pids.push_back(SpawnLogged({kBin + "/muster-train", "--coordinator=" + target, "--node-id=n",
+                                  absl::StrCat("--local-rank=", i), "--model=mlp",
+                                  "--dataset=synthetic", "--steps=100000", "--batch-size=16",
+                                  "--log-every=10", "--threads=1", "--checkpoint-dir=" + dir + "/ckpt",
+                                  "--checkpoint-every=20", absl::StrCat("--job=sf", ::getpid())},
+                                 absl::StrCat(dir, "/", tag, i, ".log")));
+    }
+    return pids;
+  };
+  std::vector<pid_t> first = trainers("first");
+  const absl::Time end = absl::Now() + absl::Seconds(90);
+  while (ReadText(dir + "/first0.log").find("step 60/") == std::string::npos && absl::Now() < end) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  ASSERT_EQ(std::system(("mv " + dir + "/ckpt " + dir + "/ckpt.away && touch " + dir + "/ckpt").c_str()),
+            0);
+  ASSERT_EQ(::kill(first[1], SIGUSR1), 0);
+  EXPECT_EQ(WaitExit(first[0]), 74) << ReadText(dir + "/first0.log");
+  EXPECT_EQ(WaitExit(first[1]), 74) << ReadText(dir + "/first1.log");
+  const std::string log0 = ReadText(dir + "/first0.log");
+  // "... without a checkpoint of it (its checkpoint did not commit): a restart
+  // resumes from the checkpoint of step R and repeats N steps"
+  const std::string key = "a restart resumes from the checkpoint of step ";
+  const size_t at = log0.find(key);
+  ASSERT_NE(at, std::string::npos) << log0;
+  const size_t from = at + key.size();
+  const std::string resumes = log0.substr(from, log0.find(' ', from) - from);
+  EXPECT_NE(log0.find("its checkpoint did not commit"), std::string::npos) << log0;
+  EXPECT_EQ(log0.find("after checkpointing"), std::string::npos) << log0;
+
+  ASSERT_EQ(std::system(("rm " + dir + "/ckpt && mv " + dir + "/ckpt.away " + dir + "/ckpt").c_str()),
+            0);
+  std::vector<pid_t> second = trainers("second");
+  const std::string said = absl::StrCat("resumed from the checkpoint of step ", resumes, "\n");
+  const absl::Time end2 = absl::Now() + absl::Seconds(90);
+  while (ReadText(dir + "/second0.log").find("resumed from") == std::string::npos &&
+         absl::Now() < end2) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  EXPECT_NE(ReadText(dir + "/second0.log").find(said), std::string::npos)
+      << said << ReadText(dir + "/second0.log");
+  for (pid_t p : second) ::kill(p, SIGKILL);
+  for (pid_t p : second) WaitExit(p);
+  ::kill(coordinator, SIGTERM);
+  WaitExit(coordinator);
+}
+
 }  // namespace
 }  // namespace muster
 

@@ -61,6 +61,26 @@ TEST(SupervisorTest, StoppedAfterACheckpointExits75) {
   EXPECT_EQ(s.ExitCode(), kExitStoppedBySignal);
 }
 
+// A trainer whose options are wrong (the library's INVALID_ARGUMENT, exit
+// 78) fails the same way every time: the slot gives up at once.
+TEST(SupervisorTest, AConfigurationErrorIsNotRestarted) {
+  Supervisor s = Make(2, 3);
+  EXPECT_FALSE(s.Ended(0, {false, kExitConfig}, kT0));
+  EXPECT_EQ(s.state(0), Supervisor::State::kGaveUp);
+  EXPECT_EQ(s.restarts(0), 0);
+  EXPECT_TRUE(s.Ended(1, {false, 1}, kT0));  // another error is restarted
+}
+
+// A trainer that stopped without a committed checkpoint is done, and the
+// agent says steps were lost (74), even when another stopped after one.
+TEST(SupervisorTest, StoppedWithoutACheckpointIsDoneAndExits74) {
+  Supervisor s = Make(2, 3);
+  EXPECT_FALSE(s.Ended(0, {false, kExitStoppedWithoutCheckpoint}, kT0));
+  EXPECT_EQ(s.state(0), Supervisor::State::kDone);
+  EXPECT_FALSE(s.Ended(1, {false, kExitStoppedBySignal}, kT0));
+  EXPECT_EQ(s.ExitCode(), kExitStoppedWithoutCheckpoint);
+}
+
 TEST(SupervisorTest, NothingRestartsOnceStopping) {
   Supervisor s = Make(2, 3);
   ASSERT_TRUE(s.Ended(0, kKilled, kT0));

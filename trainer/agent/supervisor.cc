@@ -8,6 +8,15 @@
 #include "absl/strings/str_cat.h"
 
 namespace muster {
+namespace {
+
+// A trainer that stopped as asked, with or without a checkpoint.
+bool Stopped(const ProcessEnd& end) {
+  return !end.signaled &&
+         (end.code == kExitStoppedBySignal || end.code == kExitStoppedWithoutCheckpoint);
+}
+
+}  // namespace
 
 std::string ProcessEnd::Describe() const {
   if (signaled) return absl::StrCat("killed by signal ", code, " (", ::strsignal(code), ")");
@@ -23,7 +32,7 @@ bool Supervisor::Ended(int slot, ProcessEnd end, absl::Time now) {
   Slot& s = slots_[slot];
   s.last = end;
   s.ended = true;
-  const bool clean = !end.signaled && (end.code == 0 || end.code == kExitStoppedBySignal);
+  const bool clean = !end.signaled && (end.code == 0 || Stopped(end));
   // A trainer still starting up when the agent forwarded a stop signal dies
   // of it; it had not joined, so nothing was lost.
   const bool stopped_early = stopping_ && end.signaled &&
@@ -34,7 +43,9 @@ bool Supervisor::Ended(int slot, ProcessEnd end, absl::Time now) {
     s.state = State::kDone;
     return false;
   }
-  if ((!end.signaled && end.code == kExitBadFlags) || s.restarts >= options_.max_restarts) {
+  const bool misconfigured =
+      !end.signaled && (end.code == kExitBadFlags || end.code == kExitConfig);
+  if (misconfigured || s.restarts >= options_.max_restarts) {
     s.state = State::kGaveUp;
     return false;
   }
@@ -71,16 +82,17 @@ absl::Time Supervisor::NextRestart() const {
 
 int Supervisor::ExitCode() const {
   int first_error = 0;
-  bool stopped = false;
+  bool stopped = false, lost = false;
   for (const Slot& s : slots_) {
     if (s.state == State::kGaveUp) return 1;
     if (!s.ended) continue;
-    if (!s.last.signaled && s.last.code == kExitStoppedBySignal) stopped = true;
-    if (first_error == 0 && (s.last.signaled || (s.last.code != 0 &&
-                                                 s.last.code != kExitStoppedBySignal))) {
+    stopped |= Stopped(s.last);
+    lost |= !s.last.signaled && s.last.code == kExitStoppedWithoutCheckpoint;
+    if (first_error == 0 && (s.last.signaled || (s.last.code != 0 && !Stopped(s.last)))) {
       first_error = s.last.signaled ? 128 + s.last.code : s.last.code;
     }
   }
+  if (lost) return kExitStoppedWithoutCheckpoint;
   if (stopped) return kExitStoppedBySignal;
   return first_error;
 }

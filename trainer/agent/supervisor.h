@@ -1,9 +1,11 @@
 // Supervisor: what muster-agent does when one of its trainers ends. Pure
 // policy (no processes, no clock of its own), so it is unit-tested directly.
 //
-// A slot is one local rank. A trainer that exits 0 (finished) or 75 (stopped
-// after a checkpoint) is done. Exit 2 means its flags are wrong, so restarting
-// cannot help: the slot gives up at once. Any other end (a signal, a crash, an
+// A slot is one local rank. A trainer that exits 0 (finished), 75 (stopped
+// after a checkpoint) or 74 (stopped without one) is done. Exit 2 (bad
+// flags) or 78 (bad options: the library's INVALID_ARGUMENT) means its
+// configuration is wrong, so restarting cannot help: the slot gives up at
+// once. Any other end (a signal, a crash, an
 // error) is restarted after an exponential backoff, up to `max_restarts` times
 // per slot; after that the slot gives up and the others go on (they are
 // elastic). Once the agent is stopping nothing is restarted.
@@ -25,6 +27,9 @@ inline constexpr int kExitBadFlags = 2;
 // (the shell's "command not found/not executable" family).
 inline constexpr int kExitForkFailed = 127;
 inline constexpr int kExitStoppedBySignal = 75;  // sysexits.h EX_TEMPFAIL
+// Stopped, but no checkpoint of the last step committed (sysexits EX_IOERR).
+inline constexpr int kExitStoppedWithoutCheckpoint = 74;
+inline constexpr int kExitConfig = 78;  // sysexits.h EX_CONFIG
 
 struct SupervisorOptions {
   int slots = 1;
@@ -63,8 +68,9 @@ class Supervisor {
   // The earliest pending restart (InfiniteFuture when none).
   absl::Time NextRestart() const;
 
-  // The agent's exit code: 1 if a slot gave up, else 75 if any trainer
-  // stopped after a checkpoint, else the first non-zero end, else 0.
+  // The agent's exit code: 1 if a slot gave up, else 74 if any trainer
+  // stopped without a checkpoint, else 75 if any stopped after one, else the
+  // first non-zero end, else 0.
   int ExitCode() const;
   // One line per slot: how it ended and how often it was restarted.
   std::string Summary() const;

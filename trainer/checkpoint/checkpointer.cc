@@ -50,9 +50,10 @@ std::string Checkpointer::StepDir(int64_t step) const { return absl::StrCat(dir_
 
 void Checkpointer::BeforeUpdate() { copier_.BeforeUpdate(); }
 
-void Checkpointer::Wait() {
+absl::Status Checkpointer::Wait() {
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [this] { return !busy_; });
+  return last_write_;
 }
 
 absl::Status Checkpointer::EnsureArena(size_t total) {
@@ -174,6 +175,7 @@ void Checkpointer::WriterLoop() {
     }
     if (done) done(files, timing);
     lock.lock();
+    last_write_ = files.status();
     busy_ = false;
     cv_.notify_all();
   }

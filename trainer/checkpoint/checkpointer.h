@@ -87,8 +87,9 @@ class Checkpointer {
   // on the writer thread with the written files or the error (the partial
   // files are then removed). Waits for a previous write first.
   absl::Status Snapshot(const CheckpointMeta& meta, Done done);
-  // Waits until no write is running.
-  void Wait();
+  // Waits until no write is running; the outcome of the last write (OK
+  // when none was asked for): its error, or OK once its files are written.
+  absl::Status Wait();
   // Before an optimizer update: on the GPU, the training stream waits for
   // the pending snapshot's copies (the host does not block). Cheap otherwise.
   void BeforeUpdate();
@@ -123,6 +124,7 @@ class Checkpointer {
   bool busy_ = false;  // guarded by mu_
   bool stop_ = false;  // guarded by mu_
   bool has_job_ = false;
+  absl::Status last_write_;  // guarded by mu_
   CheckpointMeta meta_;
   Done done_;
   double blocking_seconds_ = 0;

@@ -1,6 +1,9 @@
 #include "trainer/elastic/catalog_checkpointer.h"
 
+#include <algorithm>
+
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
@@ -43,7 +46,10 @@ absl::StatusOr<CheckpointMeta> CatalogCheckpointer::Resume(CoordinatorClient* cl
     std::vector<FileReport> files;
     for (const CatalogFile& f : entry.files) files.push_back({f.path, f.bytes, f.xxh3});
     absl::StatusOr<CheckpointMeta> meta = LoadCheckpoint(files, checkpointer_.state(), fs_);
-    if (meta.ok()) return meta;
+    if (meta.ok()) {
+      outcome_->Committed(meta->step);
+      return meta;
+    }
     MUSTER_LOG(WARNING) << "checkpoint of step " << entry.step << " is unusable ("
                         << meta.status() << "); trying the previous one";
   }
@@ -56,39 +62,95 @@ bool CatalogCheckpointer::Due(int64_t step) const {
           absl::Now() - last_ >= absl::Seconds(options_.interval_seconds));
 }
 
-absl::Status CatalogCheckpointer::Take(CoordinatorClient* client, int rank, CheckpointMeta meta) {
+void CatalogCheckpointer::Outcome::Set(absl::Status s) {
+  std::lock_guard<std::mutex> lock(mu);
+  last = std::move(s);
+}
+
+void CatalogCheckpointer::Outcome::Committed(int64_t step) {
+  std::lock_guard<std::mutex> lock(mu);
+  newest_committed = std::max(newest_committed, step);
+}
+
+int CatalogCheckpointer::committed() const {
+  std::lock_guard<std::mutex> lock(outcome_->mu);
+  return outcome_->committed;
+}
+
+int64_t CatalogCheckpointer::newest_committed() const {
+  std::lock_guard<std::mutex> lock(outcome_->mu);
+  return outcome_->newest_committed;
+}
+
+absl::Status CatalogCheckpointer::Wait() {
+  checkpointer_.Wait().IgnoreError();  // the callback has put the write's error in `last`
+  std::lock_guard<std::mutex> lock(outcome_->mu);
+  return outcome_->last;
+}
+
+absl::Status CatalogCheckpointer::Take(CoordinatorClient* client, int rank, CheckpointMeta meta,
+                                       absl::Duration call_timeout) {
   last_ = absl::Now();
+  outcome_->Set(absl::OkStatus());
+  const int64_t step = meta.step;
   absl::StatusOr<uint64_t> id =
-      client->BeginCheckpoint(meta.generation, meta.step, absl::Now() + kCallTimeout);
-  if (!id.ok()) {
-    MUSTER_LOG(WARNING) << "checkpoint of step " << meta.step << " not started: " << id.status();
+      client->BeginCheckpoint(meta.generation, step, absl::Now() + call_timeout);
+  if (absl::IsAlreadyExists(id.status())) {  // committed before (a stop right after a resume)
+    outcome_->Committed(step);
     return absl::OkStatus();
   }
-  if (rank != 0) {
-    absl::Status s = client->ReportShard(*id, {}, absl::Now() + kCallTimeout).status();
-    if (!s.ok()) MUSTER_LOG(WARNING) << "checkpoint report failed: " << s;
-    return absl::OkStatus();
+  absl::Status s = id.status();
+  if (s.ok() && rank != 0) {
+    absl::StatusOr<bool> done = client->ReportShard(*id, {}, absl::Now() + call_timeout);
+    if (done.ok() && *done) outcome_->Committed(step);
+    s = done.status();
   }
+  if (s.ok() && rank == 0) {
+    s = Write(client, *id, std::move(meta), call_timeout);
+    if (!s.ok()) {
+      client->AbortCheckpoint(*id, std::string(s.message()), absl::Now() + call_timeout)
+          .IgnoreError();
+    }
+  }
+  if (!s.ok()) {
+    s = absl::Status(s.code(), absl::StrCat("checkpoint of step ", step, ": ", s.message()));
+  }
+  outcome_->Set(s);
+  return s;
+}
+
+// Rank 0: snapshot, then write and report in the background.
+absl::Status CatalogCheckpointer::Write(CoordinatorClient* client, uint64_t id,
+                                        CheckpointMeta meta, absl::Duration call_timeout) {
   meta.model = options_.model_name;
   meta.optimizer = options_.optimizer_name;
-  const uint64_t cid = *id;
   const int64_t step = meta.step;
   return checkpointer_.Snapshot(
-      meta, [client, cid, step, fs = fs_, dir = options_.dir, committed = committed_](
+      meta, [client, id, step, call_timeout, fs = fs_, dir = options_.dir, outcome = outcome_](
                 absl::StatusOr<std::vector<FileReport>> files, CheckpointTiming timing) {
         if (!files.ok()) {
-          client->AbortCheckpoint(cid, std::string(files.status().message()),
-                                  absl::Now() + kCallTimeout).IgnoreError();
+          client->AbortCheckpoint(id, std::string(files.status().message()),
+                                  absl::Now() + call_timeout).IgnoreError();
+          outcome->Set(absl::Status(files.status().code(),
+                                    absl::StrCat("checkpoint of step ", step, " not written: ",
+                                                 files.status().message())));
           return;
         }
         std::vector<CatalogFile> report;
         for (const FileReport& f : *files) report.push_back({f.path, f.bytes, f.xxh3});
-        absl::StatusOr<bool> done = client->ReportShard(cid, report, absl::Now() + kCallTimeout);
+        absl::StatusOr<bool> done = client->ReportShard(id, report, absl::Now() + call_timeout);
         if (!done.ok()) {
           MUSTER_LOG(WARNING) << "checkpoint of step " << step << " not reported: " << done.status();
+          outcome->Set(absl::Status(done.status().code(),
+                                    absl::StrCat("checkpoint of step ", step, " not reported: ",
+                                                 done.status().message())));
           return;
         }
-        ++*committed;
+        {
+          std::lock_guard<std::mutex> lock(outcome->mu);
+          ++outcome->committed;
+        }
+        if (*done) outcome->Committed(step);
         MUSTER_LOG(INFO) << "checkpoint of step " << step << " written (" << timing.bytes / 1e6
                          << " MB, blocking " << timing.blocking_seconds << " s, write "
                          << timing.write_seconds << " s)";

@@ -11,18 +11,18 @@
 //                                                      checkpoints the catalog retired)
 //
 // The state is replicated, so rank 0 writes it and the others only report.
-// A checkpoint that cannot begin or be written is logged and skipped:
-// training goes on. Resume() restores the newest committed checkpoint whose
+// Take and Wait say what failed; the engine skips a scheduled checkpoint
+// that fails (training goes on) and retries the one a stop needs. Resume() restores the newest committed checkpoint whose
 // files verify, falling back to older ones.
 //
 // Thread-safety: training thread, except the write callback, which runs on
 // the checkpointer's writer thread and touches only the client (thread-safe)
-// and the committed counter (atomic).
+// and the shared Outcome (its own mutex).
 #ifndef MUSTER_TRAINER_ELASTIC_CATALOG_CHECKPOINTER_H_
 #define MUSTER_TRAINER_ELASTIC_CATALOG_CHECKPOINTER_H_
 
-#include <atomic>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -51,22 +51,43 @@ class CatalogCheckpointer {
   // Whether the schedule asks for a checkpoint after `step`.
   bool Due(int64_t step) const;
   // Checkpoints the state after `meta.step` as rank `rank` (see the top);
-  // the model and optimizer names come from the options. Errors only for a
-  // snapshot that could not be taken (host memory).
-  absl::Status Take(CoordinatorClient* client, int rank, CheckpointMeta meta);
-  // Waits until no write is running.
-  void Wait() { checkpointer_.Wait(); }
+  // the model and optimizer names come from the options; each call to the
+  // catalog waits up to `call_timeout`. Errors: this rank's part could not
+  // begin or be reported (the catalog's error), or rank 0's snapshot could
+  // not be taken (host memory). A step the catalog already holds committed
+  // counts as done.
+  absl::Status Take(CoordinatorClient* client, int rank, CheckpointMeta meta,
+                    absl::Duration call_timeout = absl::Seconds(30));
+  // Waits until no write is running. The outcome of this rank's part of the
+  // last Take: OK once it is written (rank 0) and reported, else what failed.
+  absl::Status Wait();
   // Before an optimizer update (Checkpointer::BeforeUpdate).
   void BeforeUpdate() { checkpointer_.BeforeUpdate(); }
-  int committed() const { return committed_->load(); }
+  // Checkpoints this rank wrote and reported (rank 0).
+  int committed() const;
+  // The newest step this process knows to be committed: the one it resumed
+  // from, or one whose commit its report completed; -1 when none.
+  int64_t newest_committed() const;
 
  private:
+  absl::Status Write(CoordinatorClient* client, uint64_t id, CheckpointMeta meta,
+                     absl::Duration call_timeout);
+
+  // What the writer's callback and the training thread share.
+  struct Outcome {
+    mutable std::mutex mu;
+    absl::Status last;            // of the last Take
+    int committed = 0;
+    int64_t newest_committed = -1;
+    void Set(absl::Status s);
+    void Committed(int64_t step);
+  };
+
   const CatalogCheckpointerOptions options_;
   FileSystem* const fs_;
   Checkpointer checkpointer_;
   absl::Time last_ = absl::Now();
-  // Shared with write callbacks.
-  std::shared_ptr<std::atomic<int>> committed_ = std::make_shared<std::atomic<int>>(0);
+  const std::shared_ptr<Outcome> outcome_ = std::make_shared<Outcome>();
 };
 
 }  // namespace muster

@@ -3,7 +3,6 @@
 // GradientSync (bucketed all-reduce carrying the control words), a
 // StepPolicy decision per step, a CatalogCheckpointer and a
 // ProgressReporter. muster-train is a client of this file like any user.
-#include <signal.h>
 #include <torch/torch.h>
 #include <unistd.h>
 
@@ -33,14 +32,10 @@
 #include "trainer/elastic/state_sync.h"
 #include "trainer/elastic/step_policy.h"
 #include "trainer/elastic/step_salvage.h"
+#include "trainer/lib/signals.h"
 
 namespace muster {
 namespace {
-
-std::atomic<bool> g_stop_signal{false};
-std::atomic<bool> g_leave_signal{false};
-void OnStopSignal(int) { g_stop_signal = true; }
-void OnLeaveSignal(int) { g_leave_signal = true; }
 
 std::string Env(const char* name) {
   const char* v = std::getenv(name);
@@ -114,6 +109,9 @@ class Engine : public Distributed {
     reporter_->Scalars(step_, values);
   }
   absl::StatusOr<Outcome> Finish() override;
+  void RequestStop() override { stop_asked_ = true; }
+  void RequestLeave() override { leave_asked_ = true; }
+  absl::Status status() const override { return error_; }
 
   Progress progress() const override;
   bool finished() const override { return outcome_ == Outcome::kFinished && error_.ok(); }
@@ -143,8 +141,17 @@ class Engine : public Distributed {
   std::vector<int64_t> Counters() const;
   void SetCounters(const std::vector<int64_t>& counters);
   ControlWords CurrentControl() const;
+  bool StopAsked() const {
+    return stop_asked_.load() || (stop_flag_ != nullptr && stop_flag_->load());
+  }
+  bool LeaveAsked() const {
+    return leave_asked_.load() || (leave_flag_ != nullptr && leave_flag_->load());
+  }
   absl::Status AtBoundary();
   absl::Status Stop();
+  absl::StatusOr<bool> CheckpointToStop();
+  void SayStopped(const std::string& how) const;
+  int64_t NewestCommitted() const;
   void PublishState();
   void PrepareStep();
   void SetLearningRate(const Progress& p);
@@ -158,6 +165,9 @@ class Engine : public Distributed {
   DistributedSampler sampler_;
   const std::atomic<bool>* stop_flag_ = nullptr;
   const std::atomic<bool>* leave_flag_ = nullptr;
+  // RequestStop, RequestLeave: any thread, signal handlers too.
+  std::atomic<bool> stop_asked_{false};
+  std::atomic<bool> leave_asked_{false};
   // Training thread only.
   std::unique_ptr<StateServer> state_server_;
   std::unique_ptr<ElasticWorld> world_;
@@ -221,10 +231,10 @@ absl::Status Engine::StartServices(ClientOptions* client) {
 absl::Status Engine::Begin() {
   if (options_.handle_signals) InstallSignalHandlers();
   stop_flag_ = options_.stop_requested != nullptr ? options_.stop_requested
-               : options_.handle_signals          ? &g_stop_signal
+               : options_.handle_signals          ? &StopSignalled()
                                                   : nullptr;
   leave_flag_ = options_.leave_requested != nullptr ? options_.leave_requested
-                : options_.handle_signals           ? &g_leave_signal
+                : options_.handle_signals           ? &LeaveSignalled()
                                                     : nullptr;
   MUSTER_ASSIGN_OR_RETURN(ClientOptions client, ClientOptionsFrom(options_));
   MUSTER_RETURN_IF_ERROR(StartServices(&client));
@@ -232,10 +242,7 @@ absl::Status Engine::Begin() {
   wo.comm = CommOptionsFrom(options_, static_cast<int>(client.local_rank));
   wo.client = std::move(client);
   wo.build_timeout = deadline_.Long();
-  wo.interrupted = [this] {
-    return (stop_flag_ != nullptr && stop_flag_->load()) ||
-           (leave_flag_ != nullptr && leave_flag_->load());
-  };
+  wo.interrupted = [this] { return StopAsked() || LeaveAsked(); };
   MUSTER_ASSIGN_OR_RETURN(world_, ElasticWorld::Connect(std::move(wo)));
   GradientSyncOptions so;
   so.bucket_bytes = static_cast<size_t>(options_.bucket_mb * (1 << 20));
@@ -378,8 +385,8 @@ absl::Status Engine::Regroup(const std::string& why, bool broken) {
   const BrokenWorld report{why, "", deadline_.Current()};
   MUSTER_RETURN_IF_ERROR(world_->Regroup(
       why, step_, [this](Communicator* c, const WorldInfo& w) { return EnterWorld(c, w); },
-      [this] {
-        if (checkpointer_) checkpointer_->Wait();
+      [this] {  // a scheduled checkpoint that failed was logged; training goes on
+        if (checkpointer_) checkpointer_->Wait().IgnoreError();
       },
       broken ? &report : nullptr));
   if (world_->left()) {
@@ -387,14 +394,15 @@ absl::Status Engine::Regroup(const std::string& why, bool broken) {
     // time-limit warning comes in a paused job: there is no world to
     // checkpoint in, so this is a stop that resumes from the newest committed
     // checkpoint (exit 75, requeued), not a departure.
-    const bool stopped = stop_flag_ != nullptr && stop_flag_->load() &&
-                         !(leave_flag_ != nullptr && leave_flag_->load());
-    outcome_ = stopped ? Outcome::kStopped : Outcome::kLeft;
-    if (!options_.quiet) {
-      std::cout << (stopped ? "muster: stopped while waiting for a world after step "
-                            : "muster: left the job after step ")
-                << step_ << std::endl;
+    const bool stopped = StopAsked() && !LeaveAsked();
+    if (!stopped) {
+      outcome_ = Outcome::kLeft;
+      if (!options_.quiet) std::cout << "muster: left the job after step " << step_ << std::endl;
+      return absl::OkStatus();
     }
+    const bool saved = checkpointer_ && checkpointer_->newest_committed() == step_;
+    outcome_ = saved ? Outcome::kStopped : Outcome::kStoppedWithoutCheckpoint;
+    SayStopped("stopped while waiting for a world after step ");
     return absl::OkStatus();
   }
   reporter_->WorldEntered(progress(), world_->comm()->name(), world_->world().node_count);
@@ -470,9 +478,8 @@ void Engine::BeforeBackward(bool sync) {
 
 ControlWords Engine::CurrentControl() const {
   ControlWords w;
-  w.stop = (stop_flag_ != nullptr && stop_flag_->load()) ||
-           (options_.stop_after_step > 0 && step_ + 1 >= options_.stop_after_step);
-  w.leave = world_->told_to_leave() || (leave_flag_ != nullptr && leave_flag_->load());
+  w.stop = StopAsked() || (options_.stop_after_step > 0 && step_ + 1 >= options_.stop_after_step);
+  w.leave = world_->told_to_leave() || LeaveAsked();
   w.newer_world = world_->newer_world_known();
   return w;
 }
@@ -549,22 +556,71 @@ CheckpointMeta Engine::Point() const {
 }
 
 // Some rank was told to stop, or every rank got SIGTERM (the whole job is
-// preempted): every rank saw it in this step's all-reduce. Checkpoint and stop.
+// preempted): every rank saw it in this step's all-reduce. Checkpoint and
+// stop: kStopped once the checkpoint of this step is committed (a restart
+// resumes from it), else kStoppedWithoutCheckpoint.
 absl::Status Engine::Stop() {
-  if (checkpointer_) {
-    MUSTER_RETURN_IF_ERROR(checkpointer_->Take(world_->client(), world_->world().rank, Point()));
-    checkpointer_->Wait();
-    // Nobody leaves before rank 0 reported: a departure would abort the
-    // checkpoint before it commits.
-    MUSTER_RETURN_IF_ERROR(world_->comm()->Barrier(absl::Now() + deadline_.Long()));
-  }
-  if (world_->world().rank == 0 && !options_.quiet) {
-    std::cout << "muster: stopping at step " << step_
-              << (checkpointer_ ? " after checkpointing" : "") << std::endl;
-  }
+  const int rank = world_->world().rank;
+  MUSTER_ASSIGN_OR_RETURN(const bool committed, CheckpointToStop());
   world_->Detach();
-  outcome_ = Outcome::kStopped;
+  outcome_ = committed ? Outcome::kStopped : Outcome::kStoppedWithoutCheckpoint;
+  if (rank == 0) SayStopped("stopping at step ");
   return absl::OkStatus();
+}
+
+// Whether the checkpoint of this step committed, as every rank agrees. A
+// failed attempt (the catalog unreachable, a full or read-only file system)
+// is tried once more.
+absl::StatusOr<bool> Engine::CheckpointToStop() {
+  if (!checkpointer_) return false;
+  constexpr int kAttempts = 2;
+  for (int attempt = 1; attempt <= kAttempts; ++attempt) {
+    absl::Status s = checkpointer_->Take(world_->client(), world_->world().rank, Point(),
+                                         absl::Seconds(20));
+    if (absl::Status written = checkpointer_->Wait(); s.ok()) s = written;
+    // Each rank's report counts, and nobody leaves before every rank
+    // reported (a departure would abort the checkpoint before it commits):
+    // the ranks sum their failures, which is also a barrier.
+    int64_t failed = s.ok() ? 0 : 1;
+    MUSTER_RETURN_IF_ERROR(AllReduceValues(world_->comm(), &failed, 1, DataType::kInt64,
+                                           ReduceOp::kSum, absl::Now() + deadline_.Long()));
+    if (failed == 0) return true;
+    MUSTER_LOG(WARNING) << "the checkpoint to stop at step " << step_ << " did not commit (try "
+                        << attempt << " of " << kAttempts << "): "
+                        << (s.ok() ? absl::StrCat(failed, " rank(s) failed") : s.ToString());
+  }
+  return false;
+}
+
+// The step of the newest committed checkpoint, as the catalog says (this
+// rank's own reports need not have seen the last commit), else as this rank
+// knows; 0 when none.
+int64_t Engine::NewestCommitted() const {
+  if (!checkpointer_) return 0;
+  absl::StatusOr<std::vector<CatalogEntry>> committed =
+      world_->client()->ListCommitted(absl::Now() + absl::Seconds(5));
+  if (committed.ok()) return committed->empty() ? 0 : committed->front().step;
+  return std::max<int64_t>(0, checkpointer_->newest_committed());
+}
+
+// The stop's last word, from one rank: what a restart resumes from.
+void Engine::SayStopped(const std::string& how) const {
+  if (outcome_ == Outcome::kStopped) {
+    if (!options_.quiet) std::cout << "muster: " << how << step_ << " after checkpointing" << std::endl;
+    return;
+  }
+  const int64_t from = NewestCommitted();
+  const std::string why = checkpointer_ ? "its checkpoint did not commit"
+                                        : "no checkpoint dir is set, nothing was saved";
+  MUSTER_LOG(ERROR) << how << step_ << " without a checkpoint of it (" << why
+                    << "): a restart resumes from "
+                    << (from > 0 ? absl::StrCat("the checkpoint of step ", from)
+                                 : std::string("the start"))
+                    << " and repeats " << step_ - from << " steps";
+  if (!options_.quiet) {
+    std::cout << "muster: " << how << step_ << " without a checkpoint (" << why
+              << "); a restart resumes from step " << from << std::endl;
+  }
 }
 
 absl::Status Engine::AtBoundary() {
@@ -581,7 +637,7 @@ absl::Status Engine::AtBoundary() {
     case StepDecision::kLeave:
       // This trainer leaves after this step; the others regroup without it.
       world_->Leave(/*finished=*/false, step_).IgnoreError();
-      if (checkpointer_) checkpointer_->Wait();
+      if (checkpointer_) checkpointer_->Wait().IgnoreError();  // logged when it failed
       if (!options_.quiet) std::cout << "muster: left the job after step " << step_ << std::endl;
       outcome_ = Outcome::kLeft;
       return absl::OkStatus();
@@ -594,7 +650,11 @@ absl::Status Engine::AtBoundary() {
       break;
   }
   if (checkpointer_ && checkpointer_->Due(step_)) {
-    MUSTER_RETURN_IF_ERROR(checkpointer_->Take(world_->client(), world_->world().rank, Point()));
+    // A scheduled checkpoint that fails is skipped: training goes on.
+    if (absl::Status s = checkpointer_->Take(world_->client(), world_->world().rank, Point());
+        !s.ok()) {
+      MUSTER_LOG(WARNING) << s << "; skipped";
+    }
   }
   PublishState();
   return absl::OkStatus();
@@ -631,7 +691,7 @@ absl::StatusOr<std::vector<double>> Engine::AllReduceSum(std::vector<double> val
 }
 
 absl::StatusOr<Distributed::Outcome> Engine::Finish() {
-  if (checkpointer_) checkpointer_->Wait();
+  if (checkpointer_) checkpointer_->Wait().IgnoreError();  // logged when it failed
   if (!error_.ok()) return error_;
   if (!outcome_) {  // the loop ended before ShouldStop said so: leave
     world_->Leave(/*finished=*/false, step_).IgnoreError();
@@ -698,17 +758,15 @@ absl::StatusOr<std::unique_ptr<Distributed>> Distributed::Start(const Options& o
 }
 
 int Distributed::ExitCode(const absl::StatusOr<Outcome>& outcome) {
-  if (!outcome.ok()) return 1;
-  return *outcome == Outcome::kStopped ? 75 : 0;
+  if (!outcome.ok()) return absl::IsInvalidArgument(outcome.status()) ? kExitConfig : kExitError;
+  switch (*outcome) {
+    case Outcome::kStopped: return kExitStopped;
+    case Outcome::kStoppedWithoutCheckpoint: return kExitStoppedWithoutCheckpoint;
+    case Outcome::kFinished:
+    case Outcome::kLeft: return 0;
+  }
+  return kExitError;
 }
 
-void InstallSignalHandlers() {
-  struct sigaction sa = {};
-  sigemptyset(&sa.sa_mask);
-  sa.sa_handler = OnStopSignal;
-  sigaction(SIGUSR1, &sa, nullptr);
-  sa.sa_handler = OnLeaveSignal;
-  sigaction(SIGTERM, &sa, nullptr);
-}
 
 }  // namespace muster

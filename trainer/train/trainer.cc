@@ -255,6 +255,7 @@ absl::StatusOr<TrainResult> RunTraining(const TrainOptions& o) {
   MUSTER_ASSIGN_OR_RETURN(Distributed::Outcome outcome, dist->Finish());
   result.checkpoints_committed = dist->checkpoints_committed();
   result.stopped = outcome == Distributed::Outcome::kStopped;
+  result.exit_code = Distributed::ExitCode(outcome);
   result.left = outcome == Distributed::Outcome::kLeft;
   if (outcome == Distributed::Outcome::kFinished && result.rank == 0 && !o.library.quiet) {
     std::cout << absl::StrFormat(

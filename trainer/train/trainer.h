@@ -70,6 +70,7 @@ struct TrainResult {
   double step_ms_p50 = 0;       // with time_steps: median step time
   double step_ms_mean = 0;      // with time_steps: mean step time after the first 20
   bool stopped = false;         // stopped by a signal after checkpointing
+  int exit_code = 0;            // Distributed::ExitCode of how the run ended
   bool left = false;            // left the job early (SIGTERM, drain)
   int64_t resumed_from_step = -1;  // the checkpoint restored at start (-1: none)
   int checkpoints_committed = 0;
