@@ -84,6 +84,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "muster/backend.h"
+#include "muster/optimizer_codec.h"
 #include "muster/options.h"
 #include "muster/signals.h"
 
@@ -91,7 +92,10 @@ namespace muster {
 
 // Bytes of your own state (counters, RNG, a data loader's position). `save`
 // is called at checkpoints and state transfers; `load` receives what a save
-// on the source rank returned and reports a bad value as an error.
+// on the source rank returned and reports a bad value as an error. Equal
+// states must save equal bytes on every rank: the ranks' state digests
+// include them (so no pointers, no torch::save of an optimizer, whose bytes
+// hold addresses). A digest that differs names the entries that differ.
 struct Blob {
   std::string name;
   std::function<std::string()> save;
@@ -102,10 +106,12 @@ struct Blob {
 // start. Pointers must outlive the Distributed.
 struct State {
   torch::nn::Module* model = nullptr;  // required: parameters and buffers
-  // Optional: its per-parameter state (SGD momentum, Adam and AdamW moments
-  // and step counts) travels with the model. Other optimizers: register their
-  // state as tensors or blobs.
+  // Optional: its per-parameter state travels with the model, parameter
+  // groups of any number and options included. muster knows LibTorch's
+  // SGD, Adam, AdamW, RMSprop, Adagrad and LBFGS (muster/optimizer_codec.h);
+  // for another optimizer, give its codec as optimizer_codec.
   torch::optim::Optimizer* optimizer = nullptr;
+  std::shared_ptr<const OptimizerCodec> optimizer_codec;
   // Extra tensors (an EMA copy, running statistics), restored in place.
   std::vector<std::pair<std::string, torch::Tensor>> tensors;
   std::vector<Blob> blobs;

@@ -13,6 +13,7 @@
 #include <sstream>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "common/file_system.h"
 #include "tests/integration/coordinator_fixture.h"
 #include "tests/integration/faulty_file_system.h"
@@ -251,13 +252,131 @@ TEST(LoadCheckpointTest, AnOptimizerStateThatDoesNotFitChangesNothing) {
       {dir + "/manifest.json", manifest.size(), Xxh3Hex(manifest.data(), manifest.size())}};
   const torch::Tensor before = model->weight.detach().clone();
   absl::StatusOr<CheckpointMeta> loaded =
-      LoadCheckpoint(files, TrainingState{model.ptr().get(), &optimizer, {}, {}});
+      LoadCheckpoint(files, TrainingState::Of(model.ptr().get(), &optimizer));
   EXPECT_TRUE(absl::IsDataLoss(loaded.status())) << loaded.status();
   EXPECT_NE(loaded.status().message().find("exp_avg"), std::string::npos) << loaded.status();
   // Nothing changed: the model keeps its weights, the optimizer has no state.
   EXPECT_TRUE(torch::equal(model->weight, before));
   EXPECT_TRUE(optimizer.state().empty());
 }
+
+// Every optimizer LibTorch ships, with two parameter groups of their own
+// options (LBFGS takes one): its state, created lazily by the first steps,
+// goes through a checkpoint into a fresh model and optimizer, and both then
+// train on bit for bit alike.
+class OptimizerStateTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  static torch::nn::Sequential Model(int seed) {
+    torch::manual_seed(seed);
+    return torch::nn::Sequential(torch::nn::Linear(4, 8), torch::nn::ReLU(),
+                                 torch::nn::Linear(8, 2));
+  }
+  static std::unique_ptr<torch::optim::Optimizer> Optimizer(const std::string& kind,
+                                                            torch::nn::Sequential& m) {
+    using namespace torch::optim;  // NOLINT
+    auto groups = [&](auto options) {
+      auto fast = options;
+      fast.lr(options.lr() * 10);
+      std::vector<OptimizerParamGroup> g;
+      g.emplace_back(m[0]->parameters(), std::make_unique<decltype(options)>(options));
+      g.emplace_back(m[2]->parameters(), std::make_unique<decltype(options)>(fast));
+      return g;
+    };
+    if (kind == "sgd") {
+      const auto o = SGDOptions(0.01).momentum(0.9);
+      return std::make_unique<SGD>(groups(o), o);
+    }
+    if (kind == "adam") {
+      const auto o = AdamOptions(1e-3).amsgrad(true);
+      return std::make_unique<Adam>(groups(o), o);
+    }
+    if (kind == "adamw") {
+      const auto o = AdamWOptions(1e-3);
+      return std::make_unique<AdamW>(groups(o), o);
+    }
+    if (kind == "rmsprop") {
+      const auto o = RMSpropOptions(1e-3).momentum(0.5).centered(true);
+      return std::make_unique<RMSprop>(groups(o), o);
+    }
+    if (kind == "adagrad") {
+      const auto o = AdagradOptions(0.05);
+      return std::make_unique<Adagrad>(groups(o), o);
+    }
+    return std::make_unique<LBFGS>(m->parameters(), LBFGSOptions(0.5).history_size(4).max_iter(3));
+  }
+  static void Step(torch::nn::Sequential& m, torch::optim::Optimizer& o, int i) {
+    torch::manual_seed(100 + i);
+    const torch::Tensor x = torch::randn({16, 4}), y = torch::randn({16, 2});
+    auto closure = [&] {
+      o.zero_grad();
+      torch::Tensor loss = torch::mse_loss(m->forward(x), y);
+      loss.backward();
+      return loss;
+    };
+    o.step(closure);
+  }
+};
+
+TEST_P(OptimizerStateTest, ItsStateCheckpointsAndTheResumedRunIsBitIdentical) {
+  const std::string dir = absl::StrCat(::testing::TempDir(), "/optstate", ::getpid(), GetParam());
+  std::system(("rm -rf " + dir + " && mkdir -p " + dir).c_str());
+  torch::nn::Sequential a = Model(1);
+  auto oa = Optimizer(GetParam(), a);
+  for (int i = 0; i < 3; ++i) Step(a, *oa, i);
+  std::vector<FileReport> files;
+  {
+    Checkpointer writer(dir, TrainingState::Of(a.ptr().get(), oa.get()));
+    CheckpointMeta meta;
+    meta.step = 3;
+    ASSERT_TRUE(writer
+                    .Snapshot(meta, [&](absl::StatusOr<std::vector<FileReport>> f,
+                                        CheckpointTiming) { files = f.value(); })
+                    .ok());
+    ASSERT_TRUE(writer.Wait().ok());
+  }
+  torch::nn::Sequential b = Model(2);
+  auto ob = Optimizer(GetParam(), b);
+  const TrainingState sb = TrainingState::Of(b.ptr().get(), ob.get());
+  absl::StatusOr<CheckpointMeta> loaded = LoadCheckpoint(files, sb);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  const NamedTensors state_a = TrainingState::Of(a.ptr().get(), oa.get()).Optimizer();
+  const NamedTensors state_b = sb.Optimizer();
+  ASSERT_FALSE(state_a.empty());
+  ASSERT_EQ(state_a.size(), state_b.size());
+  for (size_t i = 0; i < state_a.size(); ++i) {
+    EXPECT_EQ(state_a[i].first, state_b[i].first);
+    EXPECT_TRUE(torch::equal(state_a[i].second, state_b[i].second)) << state_a[i].first;
+  }
+  for (int i = 3; i < 6; ++i) {
+    Step(a, *oa, i);
+    Step(b, *ob, i);
+  }
+  const auto pa = a->parameters(), pb = b->parameters();
+  for (size_t i = 0; i < pa.size(); ++i) EXPECT_TRUE(torch::equal(pa[i], pb[i])) << "parameter " << i;
+  // Each group kept its own rate.
+  if (GetParam() != "lbfgs") {
+    EXPECT_DOUBLE_EQ(ob->param_groups()[1].options().get_lr(),
+                     10 * ob->param_groups()[0].options().get_lr());
+  }
+}
+
+// A joiner's optimizer gets the codec's Initial state before the transfer;
+// it must not change what the first steps compute.
+TEST_P(OptimizerStateTest, TheInitialStateTrainsAsNoStateDoes) {
+  torch::nn::Sequential a = Model(1), b = Model(1);
+  auto oa = Optimizer(GetParam(), a), ob = Optimizer(GetParam(), b);
+  const TrainingState sb = TrainingState::Of(b.ptr().get(), ob.get());
+  EXPECT_FALSE(sb.Optimizer().empty() && GetParam() != "sgd");  // gives every parameter its state
+  for (int i = 0; i < 3; ++i) {
+    Step(a, *oa, i);
+    Step(b, *ob, i);
+  }
+  const auto pa = a->parameters(), pb = b->parameters();
+  for (size_t i = 0; i < pa.size(); ++i) EXPECT_TRUE(torch::equal(pa[i], pb[i])) << "parameter " << i;
+}
+
+INSTANTIATE_TEST_SUITE_P(LibTorch, OptimizerStateTest,
+                         ::testing::Values("sgd", "adam", "adamw", "rmsprop", "adagrad", "lbfgs"));
 
 // A checkpoint taken right after a salvaged step records the examples it
 // returned to the sampler; a resume trains on them first.
@@ -274,7 +393,7 @@ TEST(LoadCheckpointTest, ReturnedExamplesRoundTripAndBadOnesAreNamed) {
         WriteFile(dir + "/model.safetensors", ModelTensors(*model)),
         WriteFile(dir + "/optimizer.safetensors", {}),
         {dir + "/manifest.json", manifest.size(), Xxh3Hex(manifest.data(), manifest.size())}};
-    return LoadCheckpoint(files, TrainingState{model.ptr().get(), nullptr, {}, {}});
+    return LoadCheckpoint(files, TrainingState::Of(model.ptr().get(), nullptr));
   };
   absl::StatusOr<CheckpointMeta> meta =
       load(R"(, "returned_epoch": 1, "returned_examples": [12, 5, 40])");

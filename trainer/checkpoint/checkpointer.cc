@@ -3,6 +3,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <optional>
@@ -34,7 +35,7 @@ Checkpointer::Checkpointer(std::string dir, TrainingState state, FileSystem* fs)
 
 Checkpointer::Checkpointer(std::string dir, torch::nn::Module& model,
                            torch::optim::Optimizer& optimizer, FileSystem* fs)
-    : Checkpointer(std::move(dir), TrainingState{&model, &optimizer, {}, {}}, fs) {}
+    : Checkpointer(std::move(dir), TrainingState::Of(&model, &optimizer), fs) {}
 
 Checkpointer::~Checkpointer() {
   {
@@ -279,25 +280,30 @@ struct PlannedState {
   std::unique_ptr<torch::optim::OptimizerParamState> state;
 };
 
-template <typename AdamState>
-absl::StatusOr<std::unique_ptr<torch::optim::OptimizerParamState>> AdamFrom(
-    const SafetensorsFile& o, const std::string& path, const std::string& base,
-    const torch::Tensor& p) {
-  MUSTER_ASSIGN_OR_RETURN(const TensorData* step,
-                          Find(o, path, base + ".step", torch::tensor(int64_t{0})));
-  MUSTER_ASSIGN_OR_RETURN(const TensorData* ea, Find(o, path, base + ".exp_avg", p));
-  MUSTER_ASSIGN_OR_RETURN(const TensorData* eas, Find(o, path, base + ".exp_avg_sq", p));
-  auto s = std::make_unique<AdamState>();
-  int64_t steps = 0;
-  std::memcpy(&steps, step->data, sizeof(steps));
-  s->step(steps);
-  s->exp_avg(Copy(*ea, p));
-  s->exp_avg_sq(Copy(*eas, p));
-  if (o.tensors.count(base + ".max_exp_avg_sq") > 0) {
-    MUSTER_ASSIGN_OR_RETURN(const TensorData* mx, Find(o, path, base + ".max_exp_avg_sq", p));
-    s->max_exp_avg_sq(Copy(*mx, p));
+// One parameter's optimizer state from `o`, built aside from the codec's
+// Initial (which gives the fields' names, shapes and dtypes); null when the
+// file holds none of its fields (a parameter never stepped).
+absl::StatusOr<std::unique_ptr<torch::optim::OptimizerParamState>> StateFrom(
+    const TrainingState& state, const torch::optim::OptimizerParamGroup& group,
+    const torch::Tensor& param, const std::string& base, const SafetensorsFile& o,
+    const std::string& path) {
+  std::unique_ptr<torch::optim::OptimizerParamState> s =
+      state.codec->Initial(param, group, *state.optimizer);
+  if (s == nullptr) return s;
+  const OptimizerCodec::Fields like = state.codec->Save(*s, group.options());
+  const bool any = std::any_of(like.begin(), like.end(), [&](const auto& f) {
+    return o.tensors.count(base + "." + f.first) > 0;
+  });
+  if (!any) return std::unique_ptr<torch::optim::OptimizerParamState>();
+  std::map<std::string, torch::Tensor> fields;
+  for (const auto& [field, t] : like) {
+    MUSTER_ASSIGN_OR_RETURN(const TensorData* d, Find(o, path, base + "." + field, t));
+    fields[field] = Copy(*d, t);
   }
-  return std::unique_ptr<torch::optim::OptimizerParamState>(std::move(s));
+  if (absl::Status l = state.codec->Load(fields, group.options(), s.get()); !l.ok()) {
+    return absl::DataLossError(absl::StrCat(path, ": ", base, ": ", l.message()));
+  }
+  return s;
 }
 
 // The optimizer state in `o`, checked and built aside: nothing changes yet.
@@ -306,23 +312,15 @@ absl::StatusOr<std::vector<PlannedState>> PlanOptimizer(const TrainingState& sta
                                                         const std::string& path) {
   std::vector<PlannedState> out;
   if (state.optimizer == nullptr) return out;
-  const auto& options = state.optimizer->param_groups().at(0).options();
-  const bool adamw = dynamic_cast<const torch::optim::AdamWOptions*>(&options) != nullptr;
-  const bool adam = dynamic_cast<const torch::optim::AdamOptions*>(&options) != nullptr;
+  torch::NoGradGuard no_grad;
   for (const auto& p : state.model->named_parameters()) {
-    const std::string base = p.key();
-    if (adamw || adam) {
-      if (o.tensors.count(base + ".exp_avg") == 0) continue;  // never stepped
-      auto s = adamw ? AdamFrom<torch::optim::AdamWParamState>(o, path, base, p.value())
-                     : AdamFrom<torch::optim::AdamParamState>(o, path, base, p.value());
-      if (!s.ok()) return s.status();
-      out.push_back({p.value(), std::move(*s)});
-    } else if (o.tensors.count(base + ".momentum_buffer") > 0) {
-      MUSTER_ASSIGN_OR_RETURN(const TensorData* mb,
-                              Find(o, path, base + ".momentum_buffer", p.value()));
-      auto s = std::make_unique<torch::optim::SGDParamState>();
-      s->momentum_buffer(Copy(*mb, p.value()));
-      out.push_back({p.value(), std::move(s)});
+    for (const auto& group : state.optimizer->param_groups()) {
+      const bool in_group = std::any_of(group.params().begin(), group.params().end(),
+                                        [&](const torch::Tensor& q) { return q.is_same(p.value()); });
+      if (!in_group) continue;
+      MUSTER_ASSIGN_OR_RETURN(auto s, StateFrom(state, group, p.value(), p.key(), o, path));
+      if (s != nullptr) out.push_back({p.value(), std::move(s)});
+      break;
     }
   }
   return out;

@@ -25,24 +25,6 @@ typename Map::key_type StateKey(const Map&, const torch::Tensor& p) {
     return static_cast<Key>(p.unsafeGetTensorImpl());
   }
 }
-// Adam and AdamW keep the same fields in distinct types.
-template <typename AdamState>
-void AppendAdamState(const std::string& key, const AdamState& a, NamedTensors* out) {
-  out->emplace_back(key + ".step", torch::tensor(a.step(), torch::kInt64));
-  out->emplace_back(key + ".exp_avg", a.exp_avg());
-  out->emplace_back(key + ".exp_avg_sq", a.exp_avg_sq());
-  if (a.max_exp_avg_sq().defined()) out->emplace_back(key + ".max_exp_avg_sq", a.max_exp_avg_sq());
-}
-
-template <typename AdamState>
-std::unique_ptr<AdamState> ZeroAdamState(const torch::Tensor& p) {
-  auto s = std::make_unique<AdamState>();
-  s->step(0);
-  s->exp_avg(torch::zeros_like(p));
-  s->exp_avg_sq(torch::zeros_like(p));
-  return s;
-}
-
 }  // namespace
 
 // Every tensor of the model's state, named.
@@ -54,45 +36,31 @@ NamedTensors ModelTensors(torch::nn::Module& model) {
 }
 
 // Every tensor of the optimizer's state, named "<param>.<field>".
-NamedTensors OptimizerTensors(
-    torch::nn::Module& model, torch::optim::Optimizer& optimizer) {
-  std::vector<std::pair<std::string, torch::Tensor>> out;
+NamedTensors OptimizerTensors(torch::nn::Module& model, torch::optim::Optimizer& optimizer,
+                              const OptimizerCodec& codec) {
+  NamedTensors out;
   auto& state = optimizer.state();
   for (const auto& p : model.named_parameters()) {
     auto it = state.find(StateKey(state, p.value()));
-    if (it == state.end()) continue;
-    if (auto* s = dynamic_cast<torch::optim::SGDParamState*>(it->second.get())) {
-      if (s->momentum_buffer().defined()) out.emplace_back(p.key() + ".momentum_buffer", s->momentum_buffer());
-    } else if (auto* a = dynamic_cast<torch::optim::AdamWParamState*>(it->second.get())) {
-      AppendAdamState(p.key(), *a, &out);
-    } else if (auto* adam = dynamic_cast<torch::optim::AdamParamState*>(it->second.get())) {
-      AppendAdamState(p.key(), *adam, &out);
+    const torch::optim::OptimizerOptions* options = GroupOptionsOf(optimizer, p.value());
+    if (it == state.end() || options == nullptr) continue;
+    for (auto& [field, t] : codec.Save(*it->second, *options)) {
+      out.emplace_back(p.key() + "." + field, t);
     }
   }
   return out;
 }
-void EnsureOptimizerState(torch::nn::Module& model, torch::optim::Optimizer& optimizer) {
+
+void EnsureOptimizerState(torch::optim::Optimizer& optimizer, const OptimizerCodec& codec) {
   torch::NoGradGuard no_grad;
   auto& state = optimizer.state();
   for (auto& group : optimizer.param_groups()) {
-    const bool adamw = dynamic_cast<torch::optim::AdamWOptions*>(&group.options()) != nullptr;
-    const bool adam = dynamic_cast<torch::optim::AdamOptions*>(&group.options()) != nullptr;
-    auto* sgd = dynamic_cast<torch::optim::SGDOptions*>(&group.options());
     for (const torch::Tensor& p : group.params()) {
       auto key = StateKey(state, p);
       if (state.find(key) != state.end()) continue;
-      if (adamw) {
-        state[key] = ZeroAdamState<torch::optim::AdamWParamState>(p);
-      } else if (adam) {
-        state[key] = ZeroAdamState<torch::optim::AdamParamState>(p);
-      } else if (sgd != nullptr && sgd->momentum() != 0) {
-        auto s = std::make_unique<torch::optim::SGDParamState>();
-        s->momentum_buffer(torch::zeros_like(p));
-        state[key] = std::move(s);
-      }
+      if (auto s = codec.Initial(p, group, optimizer)) state[key] = std::move(s);
     }
   }
-  (void)model;
 }
 
 void PutOptimizerState(torch::optim::Optimizer& optimizer, const torch::Tensor& param,
@@ -101,21 +69,35 @@ void PutOptimizerState(torch::optim::Optimizer& optimizer, const torch::Tensor& 
   map[StateKey(map, param)] = std::move(state);
 }
 
-void ApplyOptimizerSteps(torch::nn::Module& model, torch::optim::Optimizer& optimizer,
-                         const NamedTensors& tensors) {
+const torch::optim::OptimizerOptions* GroupOptionsOf(const torch::optim::Optimizer& optimizer,
+                                                      const torch::Tensor& param) {
+  for (const auto& group : optimizer.param_groups()) {
+    for (const torch::Tensor& p : group.params()) {
+      if (p.is_same(param)) return &group.options();
+    }
+  }
+  return nullptr;
+}
+
+absl::Status LoadOptimizerTensors(torch::nn::Module& model, torch::optim::Optimizer& optimizer,
+                                  const OptimizerCodec& codec, const NamedTensors& tensors) {
   auto& state = optimizer.state();
   for (const auto& p : model.named_parameters()) {
     auto it = state.find(StateKey(state, p.value()));
-    if (it == state.end()) continue;
-    auto* a = dynamic_cast<torch::optim::AdamWParamState*>(it->second.get());
-    auto* adam = dynamic_cast<torch::optim::AdamParamState*>(it->second.get());
-    if (a == nullptr && adam == nullptr) continue;
+    const torch::optim::OptimizerOptions* options = GroupOptionsOf(optimizer, p.value());
+    if (it == state.end() || options == nullptr) continue;
+    const std::string prefix = p.key() + ".";
+    std::map<std::string, torch::Tensor> fields;
     for (const auto& [name, t] : tensors) {
-      if (name != p.key() + ".step") continue;
-      if (a != nullptr) a->step(t.item<int64_t>());
-      if (adam != nullptr) adam->step(t.item<int64_t>());
+      if (name.rfind(prefix, 0) != 0) continue;
+      const std::string field = name.substr(prefix.size());
+      if (field.find('.') == std::string::npos) fields[field] = t;
+    }
+    if (absl::Status s = codec.Load(fields, *options, it->second.get()); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat(p.key(), ": ", s.message()));
     }
   }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::string> DtypeName(torch::ScalarType t) {

@@ -8,6 +8,7 @@
 #include <torch/optim/optimizer.h>
 
 #include "absl/status/statusor.h"
+#include "muster/optimizer_codec.h"
 
 #include <map>
 #include <memory>
@@ -21,21 +22,25 @@ using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
 
 // "param.<name>" for parameters, "buffer.<name>" for buffers.
 NamedTensors ModelTensors(torch::nn::Module& model);
-// "<param>.<field>": SGD momentum_buffer; Adam/AdamW step (int64 scalar), exp_avg,
-// exp_avg_sq, max_exp_avg_sq.
-NamedTensors OptimizerTensors(torch::nn::Module& model, torch::optim::Optimizer& optimizer);
-// Gives every parameter optimizer state equal to what a first step would
-// start from (zero momentum; Adam/AdamW step 0 and zero moments), where it has
-// none, so that every rank holds the same set of state tensors.
-void EnsureOptimizerState(torch::nn::Module& model, torch::optim::Optimizer& optimizer);
+// "<param>.<field>": the fields `codec` saves of each parameter's state
+// (optimizer_codecs.h names LibTorch's).
+NamedTensors OptimizerTensors(torch::nn::Module& model, torch::optim::Optimizer& optimizer,
+                              const OptimizerCodec& codec);
+// Gives every parameter without optimizer state the codec's Initial, so
+// that every rank holds the same set of state tensors.
+void EnsureOptimizerState(torch::optim::Optimizer& optimizer, const OptimizerCodec& codec);
 // Installs `state` as the optimizer state of `param` (LibTorch keys it by
 // the parameter's TensorImpl, as a pointer in 2.x and as a string in 1.13).
 void PutOptimizerState(torch::optim::Optimizer& optimizer, const torch::Tensor& param,
                        std::unique_ptr<torch::optim::OptimizerParamState> state);
-// OptimizerTensors hands out Adam/AdamW's integer step as a fresh tensor; this
-// writes such "<param>.step" tensors back into the optimizer's state.
-void ApplyOptimizerSteps(torch::nn::Module& model, torch::optim::Optimizer& optimizer,
-                         const NamedTensors& tensors);
+// The options of the group that holds `param` (null: none does).
+const torch::optim::OptimizerOptions* GroupOptionsOf(const torch::optim::Optimizer& optimizer,
+                                                      const torch::Tensor& param);
+// Loads tensors named as OptimizerTensors names them into each parameter's
+// existing state (after a transfer: scalars such as step counts come as
+// fresh tensors). Errors: the codec's.
+absl::Status LoadOptimizerTensors(torch::nn::Module& model, torch::optim::Optimizer& optimizer,
+                                  const OptimizerCodec& codec, const NamedTensors& tensors);
 
 // The safetensors name of a LibTorch dtype ("F32", "BF16", "I64", ...).
 // Errors: INVALID_ARGUMENT for a dtype safetensors files here do not hold.

@@ -6,35 +6,25 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "trainer/checkpoint/optimizer_codecs.h"
 
 namespace muster {
-namespace {
-
-absl::Status CheckOptimizer(torch::optim::Optimizer& optimizer) {
-  for (auto& group : optimizer.param_groups()) {
-    auto& o = group.options();
-    if (dynamic_cast<torch::optim::SGDOptions*>(&o) == nullptr &&
-        dynamic_cast<torch::optim::AdamOptions*>(&o) == nullptr &&
-        dynamic_cast<torch::optim::AdamWOptions*>(&o) == nullptr) {
-      return absl::InvalidArgumentError(
-          "State::optimizer: muster carries the state of SGD, Adam and AdamW; register another "
-          "optimizer's state as State::tensors or State::blobs and leave State::optimizer null");
-    }
-  }
-  return absl::OkStatus();
-}
-
-}  // namespace
 
 absl::StatusOr<TrainingState> TrainingState::From(const State& state) {
   if (state.model == nullptr) return absl::InvalidArgumentError("State::model is null");
-  if (state.optimizer != nullptr) {
-    if (absl::Status s = CheckOptimizer(*state.optimizer); !s.ok()) return s;
-  }
   std::set<std::string> names;
   TrainingState out;
   out.model = state.model;
   out.optimizer = state.optimizer;
+  if (state.optimizer != nullptr) {
+    out.own_codec = state.optimizer_codec;
+    out.codec = out.own_codec ? out.own_codec.get() : BuiltinOptimizerCodec(*state.optimizer);
+    if (out.codec == nullptr) {
+      return absl::InvalidArgumentError(
+          "State::optimizer: muster knows SGD, Adam, AdamW, RMSprop, Adagrad and LBFGS; for "
+          "another optimizer set State::optimizer_codec (muster/optimizer_codec.h)");
+    }
+  }
   for (const auto& [name, t] : state.tensors) {
     if (name.empty() || !names.insert("tensor." + name).second) {
       return absl::InvalidArgumentError(
@@ -59,10 +49,23 @@ absl::StatusOr<TrainingState> TrainingState::From(const State& state) {
   return out;
 }
 
+TrainingState TrainingState::Of(torch::nn::Module* model, torch::optim::Optimizer* optimizer) {
+  TrainingState out;
+  out.model = model;
+  out.optimizer = optimizer;
+  if (optimizer != nullptr) out.codec = BuiltinOptimizerCodec(*optimizer);
+  return out;
+}
+
 NamedTensors TrainingState::Optimizer() const {
   if (optimizer == nullptr) return {};
-  EnsureOptimizerState(*model, *optimizer);
-  return OptimizerTensors(*model, *optimizer);
+  EnsureOptimizerState(*optimizer, *codec);
+  return OptimizerTensors(*model, *optimizer, *codec);
+}
+
+absl::Status TrainingState::LoadOptimizer(const NamedTensors& tensors) const {
+  if (optimizer == nullptr) return absl::OkStatus();
+  return LoadOptimizerTensors(*model, *optimizer, *codec, tensors);
 }
 
 NamedTensors TrainingState::Extra() const {

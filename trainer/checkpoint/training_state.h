@@ -24,17 +24,24 @@ namespace muster {
 struct TrainingState {
   torch::nn::Module* model = nullptr;            // never null once validated
   torch::optim::Optimizer* optimizer = nullptr;  // may be null
+  const OptimizerCodec* codec = nullptr;         // set with an optimizer
+  std::shared_ptr<const OptimizerCodec> own_codec;  // a user's codec, kept alive
   NamedTensors tensors;                          // extra tensors, by user name
   std::vector<Blob> blobs;
 
   // From the public State. INVALID_ARGUMENT naming what is wrong: no model,
-  // an optimizer whose state muster cannot carry, duplicate or empty names,
+  // an optimizer whose state muster cannot carry (no codec), duplicate or empty names,
   // an undefined tensor, a blob without save or load.
   static absl::StatusOr<TrainingState> From(const State& state);
+  // A model and (optionally) one of LibTorch's optimizers, nothing else.
+  static TrainingState Of(torch::nn::Module* model, torch::optim::Optimizer* optimizer);
 
   NamedTensors Model() const { return ModelTensors(*model); }
   // Gives every parameter its optimizer state first (see EnsureOptimizerState).
   NamedTensors Optimizer() const;
+  // Puts tensors named as Optimizer() names them into the optimizer's state
+  // (after a transfer). Errors: the codec's.
+  absl::Status LoadOptimizer(const NamedTensors& tensors) const;
   // The extra tensors and the blobs' current bytes.
   NamedTensors Extra() const;
   bool has_extra() const { return !tensors.empty() || !blobs.empty(); }

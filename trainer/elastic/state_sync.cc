@@ -7,6 +7,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 #include "trainer/comm/values.h"
 #include "trainer/ddp/device_comm.h"
@@ -50,25 +51,94 @@ uint64_t StateDigest(const TrainingState& state, const std::vector<int64_t>& cou
   return digest;
 }
 
-absl::Status CheckSameDigest(uint64_t digest, Communicator* comm, absl::Time deadline) {
-  // Eight byte-sized pieces x and their squares, summed exactly in float64:
-  // all ranks agree iff n * sum(x^2) == sum(x)^2 for every piece
-  // (Cauchy-Schwarz), and every rank computes the same verdict.
-  double sums[17];
-  for (int i = 0; i < 8; ++i) {
-    const double x = static_cast<double>((digest >> (8 * i)) & 0xff);
-    sums[i] = x;
-    sums[8 + i] = x * x;
-  }
-  sums[16] = 1;
-  MUSTER_RETURN_IF_ERROR(
-      AllReduceValues(comm, sums, 17, DataType::kFloat64, ReduceOp::kSum, deadline));
-  for (int i = 0; i < 8; ++i) {
-    if (sums[16] * sums[8 + i] != sums[i] * sums[i]) {
-      return absl::DataLossError("the ranks' training state differs after the state transfer");
+namespace {
+
+// Whether every rank holds the same 64-bit value in each of `values`:
+// pieces x of 8 bits and their squares, summed exactly in float64; all
+// ranks agree on a piece iff n * sum(x^2) == sum(x)^2 (Cauchy-Schwarz),
+// and every rank computes the same verdict. Every rank passes as many
+// values.
+absl::StatusOr<std::vector<bool>> SameOnEveryRank(const std::vector<uint64_t>& values,
+                                                  Communicator* comm, absl::Time deadline) {
+  const size_t n = values.size();
+  std::vector<double> sums(16 * n + 1, 0);
+  for (size_t v = 0; v < n; ++v) {
+    for (size_t i = 0; i < 8; ++i) {
+      const double x = static_cast<double>((values[v] >> (8 * i)) & 0xff);
+      sums[16 * v + i] = x;
+      sums[16 * v + 8 + i] = x * x;
     }
   }
-  return absl::OkStatus();
+  sums[16 * n] = 1;
+  MUSTER_RETURN_IF_ERROR(AllReduceValues(comm, sums.data(), sums.size(), DataType::kFloat64,
+                                         ReduceOp::kSum, deadline));
+  std::vector<bool> same(n, true);
+  for (size_t v = 0; v < n; ++v) {
+    for (size_t i = 0; i < 8; ++i) {
+      const double s = sums[16 * v + i];
+      if (sums[16 * n] * sums[16 * v + 8 + i] != s * s) same[v] = false;
+    }
+  }
+  return same;
+}
+
+uint64_t TensorHash(const torch::Tensor& t) {
+  torch::Tensor c = t.detach().contiguous().cpu();
+  return XXH3_64bits(c.data_ptr(), static_cast<size_t>(c.numel()) * c.element_size());
+}
+
+// Each registered entry (the counters, every model and optimizer tensor,
+// extra tensor and blob) with its hash, in one order on every rank.
+std::vector<std::pair<std::string, uint64_t>> EntryHashes(const TrainingState& state,
+                                                          const std::vector<int64_t>& counters) {
+  torch::NoGradGuard no_grad;
+  std::vector<std::pair<std::string, uint64_t>> out;
+  out.emplace_back("the step and sample counters",
+                   XXH3_64bits(counters.data(), counters.size() * sizeof(int64_t)));
+  for (const auto& [name, t] : state.Model()) out.emplace_back("model " + name, TensorHash(t));
+  for (const auto& [name, t] : state.Optimizer()) {
+    out.emplace_back("optimizer " + name, TensorHash(t));
+  }
+  for (const auto& [name, t] : state.tensors) out.emplace_back("tensor " + name, TensorHash(t));
+  for (const Blob& b : state.blobs) {
+    const std::string bytes = b.save();
+    out.emplace_back("blob " + b.name, XXH3_64bits(bytes.data(), bytes.size()));
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::Status CheckSameDigest(uint64_t digest, Communicator* comm, absl::Time deadline) {
+  MUSTER_ASSIGN_OR_RETURN(std::vector<bool> same, SameOnEveryRank({digest}, comm, deadline));
+  if (same[0]) return absl::OkStatus();
+  return absl::DataLossError("the ranks' training state differs after the state transfer");
+}
+
+absl::Status CheckSameState(const TrainingState& state, const std::vector<int64_t>& counters,
+                            Communicator* comm, absl::Time deadline) {
+  absl::Status s = CheckSameDigest(StateDigest(state, counters), comm, deadline);
+  if (!absl::IsDataLoss(s)) return s;
+  // Which entries differ: first whether every rank has as many.
+  const auto entries = EntryHashes(state, counters);
+  MUSTER_ASSIGN_OR_RETURN(std::vector<bool> same_count,
+                          SameOnEveryRank({entries.size()}, comm, deadline));
+  if (!same_count[0]) {
+    return absl::DataLossError(
+        "the ranks' training state differs: they register different numbers of entries");
+  }
+  std::vector<uint64_t> hashes;
+  for (const auto& e : entries) hashes.push_back(e.second);
+  MUSTER_ASSIGN_OR_RETURN(std::vector<bool> same, SameOnEveryRank(hashes, comm, deadline));
+  std::vector<std::string> differ;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    if (!same[i]) differ.push_back(entries[i].first);
+  }
+  return absl::DataLossError(absl::StrCat(
+      "the ranks' training state differs after the state transfer, in ",
+      differ.empty() ? std::string("no single entry") : absl::StrJoin(differ, ", "),
+      " (a blob's bytes must be equal for equal states: no addresses, no torch::save of an "
+      "optimizer)"));
 }
 
 absl::Status SyncStateFrom(int source, Communicator* comm, const TrainingState& state,
@@ -103,11 +173,9 @@ absl::Status SyncStateFrom(int source, Communicator* comm, const TrainingState& 
   for (size_t i = 0; i < state.blobs.size(); ++i) {
     received[state.blobs[i].name] = TensorBytes(tensors[tensors.size() - state.blobs.size() + i]);
   }
-  if (state.optimizer != nullptr) {
-    ApplyOptimizerSteps(*state.model, *state.optimizer, optimizer_tensors);
-  }
+  MUSTER_RETURN_IF_ERROR(state.LoadOptimizer(optimizer_tensors));
   MUSTER_RETURN_IF_ERROR(state.LoadBlobs(received));
-  return CheckSameDigest(StateDigest(state, *counters), comm, deadline);
+  return CheckSameState(state, *counters, comm, deadline);
 }
 
 }  // namespace muster

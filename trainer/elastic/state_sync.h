@@ -32,6 +32,10 @@ uint64_t StateDigest(const TrainingState& state, const std::vector<int64_t>& cou
 // All-reduced check that `digest` is the same on every rank: OK, or
 // DATA_LOSS on every rank when any two differ.
 absl::Status CheckSameDigest(uint64_t digest, Communicator* comm, absl::Time deadline);
+// CheckSameDigest of the whole state; when it differs, the DATA_LOSS error
+// names the entries that differ (one more all-reduce of every entry's hash).
+absl::Status CheckSameState(const TrainingState& state, const std::vector<int64_t>& counters,
+                            Communicator* comm, absl::Time deadline);
 
 }  // namespace muster
 
