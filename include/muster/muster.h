@@ -175,6 +175,12 @@ class Distributed {
   // failed and the world regrouped; try again.
   virtual absl::StatusOr<std::vector<double>> AllReduceSum(std::vector<double> values) = 0;
 
+  // The learning rate of each parameter group for the step ShouldStop
+  // prepared, as set by the schedule (Options::lr_schedule,
+  // group_lr_schedule) or the optimizer's own; with no optimizer, the
+  // schedule's rate (empty without one).
+  virtual std::vector<double> learning_rates() const = 0;
+
   // The training loss of the last step, for the progress line and logs.
   virtual void RecordLoss(double loss) = 0;
   // Scalars for rank 0's JSON lines and TensorBoard at the current step.

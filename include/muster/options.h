@@ -63,6 +63,12 @@ struct Options {
   // between steps while the others wait (an evaluation on rank 0 only).
   // Building a communicator and the state transfer wait at least 120 s.
   double collective_timeout_s = 0;
+  // After each step's all-reduce, the model's buffers (BatchNorm's running
+  // statistics and step count, any registered buffer) are broadcast from
+  // rank 0, as DDP's broadcast_buffers does, so that every rank holds the
+  // same state at every step boundary. false: each rank keeps its own (the
+  // ranks' state digests then differ; a regroup still makes them equal).
+  bool broadcast_buffers = true;
   // A peer that fails during a step's all-reduce: the survivors reduce the
   // gradients they hold in the regrouped world and take the step (the dead
   // ranks' examples come again); false drops the step.
@@ -76,9 +82,16 @@ struct Options {
   int64_t epochs = 1;        // with steps == 0: stop after epochs * dataset_size samples
 
   // ---- Learning rate ----
-  // Called before every step; its result is set on every parameter group.
-  // Null: the optimizer's own rate is left alone.
+  // Called before every step with where the job stands: the rate of the
+  // optimizer's first parameter group. Every other group gets it times its
+  // own rate at Start over the first group's, so the groups' ratios hold.
+  // Without State::optimizer the program applies it itself: read it as
+  // Distributed::learning_rates()[0]. Null: the rates are left alone.
   std::function<double(const Progress&)> lr_schedule;
+  // Called before every step for each parameter group (by its index in
+  // param_groups()): that group's rate. Wins over lr_schedule. Needs
+  // State::optimizer (Start refuses it without one).
+  std::function<double(const Progress&, size_t group)> group_lr_schedule;
   ElasticLr elastic_lr = ElasticLr::kScale;
 
   // ---- Checkpoints (empty dir: none) ----

@@ -8,6 +8,7 @@
 #include <dirent.h>
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <map>
 #include <regex>
@@ -200,6 +201,56 @@ TEST_F(LibraryTest, AKilledTrainerIsReplacedAndEveryRankEndsBitIdentical) {
   EXPECT_NE(log_b.find("trainer 1 started (restart 1)"), std::string::npos) << log_b;
   // The replacement took the full state from a live peer: at the end the
   // four ranks hold bit-identical model, AdamW state, extra tensor and blob.
+  CommonFinalDigest("summary", 4);
+}
+
+// examples/tabular as a user writes it: RMSprop with two parameter groups
+// and a per-group step decay, BatchNorm, and LibTorch's data loader through
+// muster::StepSampler; 2 agents x 2 trainers and one SIGKILL. Every rank
+// holds the same state digest at every step (buffers are broadcast, the
+// lazily created RMSprop state travels to the replacement), and each
+// group's rate follows the schedule, the head's 10x the body's.
+TEST_F(LibraryTest, RmspropGroupsBatchNormAndTheDataLoaderStayIdenticalThroughAKill) {
+  StartCoordinator(/*min_members=*/2, /*max_members=*/4, "state");
+  setenv("MUSTER_COORDINATOR", target_.c_str(), 1);
+  auto agent = [&](const std::string& node) {
+    return SpawnLogged({kBin + "/muster-agent", "--nproc-per-node=2", "--restart-backoff=100ms",
+                        "--max-restarts=2", "--node-id=" + node, "--", kBin + "/tabular",
+                        "--steps", "400", "--decay-every", "50", "--pace-ms", "15", "--record",
+                        dir_ + "/record", "--summary", dir_ + "/summary/{pid}.json"},
+                       absl::StrCat(dir_, "/", node, ".log"));
+  };
+  const pid_t a = agent("a"), b = agent("b");
+  ASSERT_TRUE(WaitForLine("a.log", "world 4 on 2 nodes", absl::Seconds(60)))
+      << ReadText(dir_ + "/a.log");
+  ASSERT_TRUE(WaitForStep("a.log", 100, absl::Seconds(60))) << ReadText(dir_ + "/a.log");
+  const pid_t victim = LastTrainerPid(dir_ + "/b.log", 1);
+  ASSERT_GT(victim, 0) << ReadText(dir_ + "/b.log");
+  ASSERT_EQ(::kill(victim, SIGKILL), 0);
+  EXPECT_EQ(WaitExit(a), 0) << ReadText(dir_ + "/a.log");
+  EXPECT_EQ(WaitExit(b), 0) << ReadText(dir_ + "/b.log");
+  EXPECT_NE(ReadText(dir_ + "/b.log").find("trainer 1 started (restart 1)"), std::string::npos);
+  // step -> the digests the ranks recorded after it
+  std::map<int, std::set<std::string>> digests;
+  int lines = 0;
+  for (const std::string& f : ListFiles(dir_ + "/record")) {
+    std::istringstream in(ReadText(f));
+    int step = 0, prepared = 0;
+    std::string digest;
+    double body = 0, head = 0;
+    while (in >> step >> digest >> prepared >> body >> head) {
+      ++lines;
+      digests[step].insert(digest);
+      const double want = 1e-3 * std::pow(0.5, prepared / 50);
+      EXPECT_NEAR(body, want, 1e-12 * want) << "body rate of step " << step;
+      EXPECT_NEAR(head, 10 * want, 1e-11 * want) << "head rate of step " << step;
+    }
+  }
+  EXPECT_GT(lines, 4 * 300);
+  ASSERT_EQ(digests.rbegin()->first, 400);
+  for (const auto& [step, seen] : digests) {
+    EXPECT_EQ(seen.size(), 1u) << "the ranks' state differs after step " << step;
+  }
   CommonFinalDigest("summary", 4);
 }
 

@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <iostream>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
 
@@ -50,7 +52,7 @@ void ProgressReporter::RecordLoss(double loss) {
   ++loss_count_;
 }
 
-void ProgressReporter::StepDone(const Progress& p, double lr) {
+void ProgressReporter::StepDone(const Progress& p, const std::vector<double>& lrs) {
   interval_samples_ += p.global_batch;
   if (p.step % options_.log_every != 0 && p.step != p.total_steps) return;
   const double secs = absl::ToDoubleSeconds(absl::Now() - interval_start_);
@@ -58,17 +60,28 @@ void ProgressReporter::StepDone(const Progress& p, double lr) {
   const double mean_loss = loss_sum_ / std::max<int64_t>(1, loss_count_);
   const double eta = (p.total_steps - p.step) * p.global_batch / std::max(sps, 1e-9);
   if (p.rank == 0 && options_.print) {
-    std::cout << absl::StrFormat("step %d/%d  epoch %d  loss %.4f  lr %.4f  %.0f samples/s  ETA %s",
+    std::string lr = "-";
+    if (!lrs.empty()) {
+      lr = absl::StrJoin(lrs, ",", [](std::string* out, double r) {
+        absl::StrAppend(out, absl::StrFormat("%.4g", r));
+      });
+    }
+    std::cout << absl::StrFormat("step %d/%d  epoch %d  loss %.4f  lr %s  %.0f samples/s  ETA %s",
                                  p.step, p.total_steps, p.epoch, mean_loss, lr, sps,
                                  FormatEta(eta))
               << std::endl;
   }
   const double now = Now();
   if (jsonl_) {
-    jsonl_->Write(p.step, now, {{"loss", mean_loss}, {"lr", lr}, {"samples_per_s", sps},
-                                {"epoch", static_cast<double>(p.epoch)},
-                                {"world_size", static_cast<double>(p.world_size)},
-                                {"generation", static_cast<double>(p.generation)}});
+    std::map<std::string, double> values = {{"loss", mean_loss}, {"samples_per_s", sps},
+                                            {"epoch", static_cast<double>(p.epoch)},
+                                            {"world_size", static_cast<double>(p.world_size)},
+                                            {"generation", static_cast<double>(p.generation)}};
+    // "lr" is the first group's; "lr_group<g>" each further group's.
+    for (size_t g = 0; g < lrs.size(); ++g) {
+      values[g == 0 ? std::string("lr") : absl::StrCat("lr_group", g)] = lrs[g];
+    }
+    jsonl_->Write(p.step, now, values);
   }
   if (events_) {
     events_->Scalar("train/loss", static_cast<float>(mean_loss), p.step, now);

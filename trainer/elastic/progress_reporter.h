@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -38,7 +39,8 @@ class ProgressReporter {
   void WorldEntered(const Progress& p, const std::string& backend, int node_count) const;
   void RecordLoss(double loss);
   // After a committed step: the progress line and the metrics, when due.
-  void StepDone(const Progress& p, double lr);
+  // `lrs`: each parameter group's learning rate (may be empty).
+  void StepDone(const Progress& p, const std::vector<double>& lrs);
   void Scalars(int64_t step, const std::map<std::string, double>& values);
   double last_loss() const { return last_loss_; }
 

@@ -104,6 +104,7 @@ class Engine : public Distributed {
   void BeforeBackward(bool sync) override;
   absl::Status AfterBackward() override;
   absl::StatusOr<std::vector<double>> AllReduceSum(std::vector<double> values) override;
+  std::vector<double> learning_rates() const override { return lrs_; }
   void RecordLoss(double loss) override { reporter_->RecordLoss(loss); }
   void LogScalars(const std::map<std::string, double>& values) override {
     reporter_->Scalars(step_, values);
@@ -155,6 +156,8 @@ class Engine : public Distributed {
   void PublishState();
   void PrepareStep();
   void SetLearningRate(const Progress& p);
+  absl::Status CheckLearningRates();
+  absl::Status BroadcastBuffers();
   bool Done() const;
   void DropGradients();
   CheckpointMeta Point() const;
@@ -188,7 +191,8 @@ class Engine : public Distributed {
   bool armed_ = false;       // BeforeBackward called for this step
   bool at_boundary_ = false; // a committed step waits for AtBoundary
   StepDecision decision_ = StepDecision::kContinue;
-  double lr_ = 0;
+  std::vector<double> base_lr_;  // each group's rate at Start
+  std::vector<double> lrs_;      // each group's rate in this step
   // A step whose all-reduce failed, kept for salvage while regrouping.
   struct PendingStep {
     bool valid = false;
@@ -236,6 +240,7 @@ absl::Status Engine::Begin() {
   leave_flag_ = options_.leave_requested != nullptr ? options_.leave_requested
                 : options_.handle_signals           ? &LeaveSignalled()
                                                     : nullptr;
+  MUSTER_RETURN_IF_ERROR(CheckLearningRates());
   MUSTER_ASSIGN_OR_RETURN(ClientOptions client, ClientOptionsFrom(options_));
   MUSTER_RETURN_IF_ERROR(StartServices(&client));
   ElasticWorldOptions wo;
@@ -446,12 +451,46 @@ void Engine::PrepareStep() {
 }
 
 void Engine::SetLearningRate(const Progress& p) {
-  if (options_.lr_schedule && state_.optimizer != nullptr) {
-    lr_ = options_.lr_schedule(p);
-    for (auto& group : state_.optimizer->param_groups()) group.options().set_lr(lr_);
-  } else if (state_.optimizer != nullptr) {
-    lr_ = state_.optimizer->param_groups().at(0).options().get_lr();
+  if (state_.optimizer == nullptr) {
+    if (options_.lr_schedule) lrs_ = {options_.lr_schedule(p)};
+    return;
   }
+  auto& groups = state_.optimizer->param_groups();
+  lrs_.resize(groups.size());
+  const double first = options_.lr_schedule ? options_.lr_schedule(p) : 0;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    if (options_.group_lr_schedule) {
+      lrs_[g] = options_.group_lr_schedule(p, g);
+    } else if (options_.lr_schedule) {
+      lrs_[g] = g == 0 ? first : first * (base_lr_.at(g) / base_lr_.at(0));
+    } else {
+      lrs_[g] = groups[g].options().get_lr();
+      continue;
+    }
+    groups[g].options().set_lr(lrs_[g]);
+  }
+}
+
+// The learning-rate options against the state: INVALID_ARGUMENT when a
+// schedule cannot apply. Keeps each group's rate at Start.
+absl::Status Engine::CheckLearningRates() {
+  if (state_.optimizer == nullptr) {
+    if (options_.group_lr_schedule) {
+      return absl::InvalidArgumentError(
+          "Options::group_lr_schedule needs State::optimizer: its groups get the rates");
+    }
+    return absl::OkStatus();
+  }
+  for (auto& group : state_.optimizer->param_groups()) {
+    base_lr_.push_back(group.options().get_lr());
+  }
+  if (options_.lr_schedule && !options_.group_lr_schedule && base_lr_.size() > 1 &&
+      base_lr_[0] == 0) {
+    return absl::InvalidArgumentError(
+        "Options::lr_schedule: the first parameter group's rate is 0, so the other groups' "
+        "ratios to it are undefined; set group_lr_schedule instead");
+  }
+  return absl::OkStatus();
 }
 
 bool Engine::ShouldStop() {
@@ -502,7 +541,9 @@ absl::Status Engine::AfterBackward() {
   // copies still read (on the GPU they run beside training).
   if (checkpointer_) checkpointer_->BeforeUpdate();
   const absl::Time backward_end = absl::Now();
-  if (absl::Status s = sync_->Finish(absl::Now() + deadline_.Current()); !s.ok()) {
+  absl::Status s = sync_->Finish(absl::Now() + deadline_.Current());
+  if (s.ok()) s = BroadcastBuffers();
+  if (!s.ok()) {
     // A peer failed or hung: regroup with the others, keeping this rank's
     // gradients for the new world to salvage the step (Salvage).
     MUSTER_LOG(WARNING) << "step " << step_ + 1 << " failed: " << s;
@@ -539,6 +580,17 @@ absl::Status Engine::AfterBackward() {
   if (deadline_.TakeTiming()) deadline_.StepTook(now - last_commit_);
   last_commit_ = now;
   return absl::OkStatus();
+}
+
+// Rank 0's buffers to every rank (Options::broadcast_buffers). Should it
+// fail, the step is salvaged like a failed all-reduce: the survivors then
+// hold the same averaged gradients, and averaging them again changes
+// nothing.
+absl::Status Engine::BroadcastBuffers() {
+  if (!options_.broadcast_buffers) return absl::OkStatus();
+  const std::vector<torch::Tensor> buffers = state_.model->buffers();
+  if (buffers.empty()) return absl::OkStatus();
+  return BroadcastTensors(buffers, world_->comm(), 0, absl::Now() + deadline_.Current());
 }
 
 // What a checkpoint after the last committed step records.
@@ -630,7 +682,7 @@ absl::Status Engine::AtBoundary() {
       if (outcome_) return absl::OkStatus();
     }
   }
-  reporter_->StepDone(progress(), lr_);
+  reporter_->StepDone(progress(), lrs_);
   switch (decision_) {
     case StepDecision::kStop:
       return Stop();
