@@ -47,6 +47,11 @@ struct Options {
   std::string node_id;      // default: from Slurm/torchrun/OpenMPI, else the host name
   int local_rank = -1;      // default: from the launcher, else 0
   uint64_t incarnation = 0; // 0: a fresh one
+  // How long Start tries to reach the coordinator and join (UNAVAILABLE
+  // after), and how long a member waits for a world to form (the job below
+  // its minimum; DEADLINE_EXCEEDED after).
+  double join_timeout_s = 120;
+  double rendezvous_timeout_s = 600;
 
   // ---- Communication ----
   Backend backend = Backend::kAuto;

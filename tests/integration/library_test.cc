@@ -212,10 +212,13 @@ TEST_F(LibraryTest, AKilledTrainerIsReplacedAndEveryRankEndsBitIdentical) {
 // group's rate follows the schedule, the head's 10x the body's.
 TEST_F(LibraryTest, RmspropGroupsBatchNormAndTheDataLoaderStayIdenticalThroughAKill) {
   StartCoordinator(/*min_members=*/2, /*max_members=*/4, "state");
-  setenv("MUSTER_COORDINATOR", target_.c_str(), 1);
+  // The agent hands its coordinator to the program: nothing in the
+  // environment says where it is.
+  unsetenv("MUSTER_COORDINATOR");
   auto agent = [&](const std::string& node) {
     return SpawnLogged({kBin + "/muster-agent", "--nproc-per-node=2", "--restart-backoff=100ms",
-                        "--max-restarts=2", "--node-id=" + node, "--", kBin + "/tabular",
+                        "--max-restarts=2", "--node-id=" + node, "--coordinator=" + target_,
+                        "--", kBin + "/tabular",
                         "--steps", "400", "--decay-every", "50", "--pace-ms", "15", "--record",
                         dir_ + "/record", "--summary", dir_ + "/summary/{pid}.json"},
                        absl::StrCat(dir_, "/", node, ".log"));

@@ -6,7 +6,10 @@
 
 #include <thread>
 
+#include "absl/time/clock.h"
+#include "muster/muster.h"
 #include "tests/integration/coordinator_fixture.h"
+#include "tests/integration/subprocess.h"
 #include "trainer/data/dataset.h"
 #include "trainer/train/trainer.h"
 
@@ -84,6 +87,67 @@ TEST(TrainTest, NoOverlapBaselineGivesTheSameResult) {
   auto a = Train(2, 1, 16, 1u << 20, "cnn", Backend::kShm, /*overlap=*/true);
   auto b = Train(2, 1, 16, 1u << 20, "cnn", Backend::kShm, /*overlap=*/false);
   EXPECT_LT(MaxDiff(a[0].parameters, b[0].parameters), 1e-6);
+}
+
+// Start's contract for a user's program: bad learning-rate options and an
+// optimizer muster cannot carry are refused with INVALID_ARGUMENT naming the
+// field, before anything connects.
+TEST(StartTest, WhatCannotApplyIsRefusedByName) {
+  torch::nn::Linear model(4, 2);
+  Options o;
+  o.coordinator = "127.0.0.1:1";
+  o.dataset_size = 64;
+  o.batch_per_rank = 8;
+  o.handle_signals = false;
+  o.quiet = true;
+  o.group_lr_schedule = [](const Progress&, size_t) { return 0.1; };
+  State no_optimizer;
+  no_optimizer.model = model.ptr().get();
+  auto started = Distributed::Start(o, no_optimizer);
+  ASSERT_TRUE(absl::IsInvalidArgument(started.status())) << started.status();
+  EXPECT_NE(started.status().message().find("group_lr_schedule"), std::string::npos);
+  EXPECT_EQ(Distributed::ExitCode(started.status()), Distributed::kExitConfig);
+
+  // An optimizer of the program's own, without a codec.
+  struct Mine : torch::optim::Optimizer {
+    using Optimizer::Optimizer;
+    torch::Tensor step(LossClosure) override { return {}; }
+  };
+  struct MineOptions : torch::optim::OptimizerCloneableOptions<MineOptions> {
+    double lr = 0.1;
+    double get_lr() const override { return lr; }
+    void set_lr(const double v) override { lr = v; }
+  };
+  Mine mine({torch::optim::OptimizerParamGroup(model->parameters())},
+            std::make_unique<MineOptions>());
+  State with_mine = no_optimizer;
+  with_mine.optimizer = &mine;
+  o.group_lr_schedule = nullptr;
+  started = Distributed::Start(o, with_mine);
+  ASSERT_TRUE(absl::IsInvalidArgument(started.status())) << started.status();
+  EXPECT_NE(started.status().message().find("optimizer_codec"), std::string::npos);
+}
+
+// Options::join_timeout_s bounds how long Start tries an unreachable
+// coordinator (it used to take two minutes whatever the program wanted).
+TEST(StartTest, AnUnreachableCoordinatorFailsStartWithinTheJoinTimeout) {
+  torch::nn::Linear model(4, 2);
+  Options o;
+  o.coordinator = "127.0.0.1:" + std::to_string(FreeLoopbackPort());
+  o.dataset_size = 64;
+  o.batch_per_rank = 8;
+  o.handle_signals = false;
+  o.quiet = true;
+  o.state_listen = "";
+  o.join_timeout_s = 2;
+  State state;
+  state.model = model.ptr().get();
+  const absl::Time start = absl::Now();
+  auto started = Distributed::Start(o, state);
+  EXPECT_FALSE(started.ok());
+  EXPECT_TRUE(absl::IsUnavailable(started.status()) || absl::IsDeadlineExceeded(started.status()))
+      << started.status();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(30)) << started.status();
 }
 
 }  // namespace

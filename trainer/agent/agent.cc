@@ -38,13 +38,14 @@ sigset_t HandledSignals() {
 // so the child may only make async-signal-safe calls before exec.
 std::vector<std::string> TrainerEnvironment(const AgentOptions& o, int slot, int restarts,
                                             const std::string& session) {
-  std::map<std::string, std::string> set = {
+  std::map<std::string, std::string> set = o.trainer_env;
+  set.insert({
       {"MUSTER_NODE_ID", o.node_id},
       {"MUSTER_LOCAL_RANK", std::to_string(slot)},
       {"MUSTER_LOCAL_WORLD_SIZE", std::to_string(o.nproc + o.spares)},
       {"MUSTER_RESTART_COUNT", std::to_string(restarts)},
       {"MUSTER_SPARE", slot >= o.nproc ? "1" : "0"},
-  };
+  });
   if (!session.empty()) set[kAgentSessionEnv] = session;
   std::vector<std::string> env;
   for (char** e = environ; *e != nullptr; ++e) {

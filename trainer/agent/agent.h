@@ -27,6 +27,7 @@
 #ifndef MUSTER_TRAINER_AGENT_AGENT_H_
 #define MUSTER_TRAINER_AGENT_AGENT_H_
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -47,6 +48,11 @@ struct AgentOptions {
   SupervisorOptions supervisor;
   absl::Duration stop_grace = absl::Seconds(60);
   std::vector<std::string> command;  // argv of the trainer
+  // Set in every trainer's environment, as torchrun hands MASTER_ADDR to
+  // its workers: the coordinator and token file the agent was given
+  // (MUSTER_COORDINATOR, MUSTER_TOKEN_FILE), so a program of the user's
+  // finds the job without being told again.
+  std::map<std::string, std::string> trainer_env;
 };
 
 // Runs the trainers until all are done or have given up; returns the agent's

@@ -94,6 +94,10 @@ int main(int argc, char** argv) {
       return muster::kExitBadFlags;
     }
     o.node_session.token = *token;
+    o.trainer_env["MUSTER_COORDINATOR"] = o.node_session.coordinator;
+    if (const std::string file = absl::GetFlag(FLAGS_token_file); !file.empty()) {
+      o.trainer_env["MUSTER_TOKEN_FILE"] = file;
+    }
     o.node_session.tls.ca = absl::GetFlag(FLAGS_tls_ca);
     o.node_session.node = o.node_id;
     if (const char* tmp = std::getenv("TMPDIR"); tmp != nullptr && *tmp != '\0') {

@@ -247,6 +247,8 @@ absl::Status Engine::Begin() {
   wo.comm = CommOptionsFrom(options_, static_cast<int>(client.local_rank));
   wo.client = std::move(client);
   wo.build_timeout = deadline_.Long();
+  wo.join_timeout = absl::Seconds(options_.join_timeout_s);
+  wo.rendezvous_timeout = absl::Seconds(options_.rendezvous_timeout_s);
   wo.interrupted = [this] { return StopAsked() || LeaveAsked(); };
   MUSTER_ASSIGN_OR_RETURN(world_, ElasticWorld::Connect(std::move(wo)));
   GradientSyncOptions so;
@@ -779,6 +781,8 @@ absl::Status Options::Validate() const {
   if (steps < 0) return bad("steps must not be negative");
   if (steps == 0 && epochs <= 0) return bad("epochs must be positive when steps is 0");
   if (!(bucket_mb > 0)) return bad("bucket_mb must be positive");
+  if (!(join_timeout_s > 0)) return bad("join_timeout_s must be positive");
+  if (!(rendezvous_timeout_s > 0)) return bad("rendezvous_timeout_s must be positive");
   if (!(collective_timeout_s >= 0)) {
     return bad("collective_timeout_s must be 0 (follow the job) or positive");
   }
