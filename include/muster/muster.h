@@ -216,7 +216,11 @@ class Distributed {
   virtual int steps_salvaged() const = 0;           // failed steps taken in the regrouped world
   virtual int steps_dropped() const = 0;            // failed steps dropped (AfterBackward ABORTED)
   virtual int checkpoints_committed() const = 0;    // by this rank's reports
-  virtual int64_t resumed_from_step() const = 0;    // -1: started fresh
+  // The step of the state this process started with: the checkpoint it
+  // restored, or a live peer's when that was further ahead (a replacement
+  // in a running job); -1: started fresh.
+  virtual int64_t resumed_from_step() const = 0;
+  virtual bool resumed_from_live_state() const = 0;  // resumed_from_step is a live peer's
   virtual double comm_overlap_pct() const = 0;      // all-reduce time hidden behind backward
   // XXH3-64 of the whole registered state (model, optimizer, extra tensors,
   // blobs) and the step and sample counters: equal on two ranks exactly

@@ -232,7 +232,10 @@ TEST_F(LibraryTest, RmspropGroupsBatchNormAndTheDataLoaderStayIdenticalThroughAK
   ASSERT_EQ(::kill(victim, SIGKILL), 0);
   EXPECT_EQ(WaitExit(a), 0) << ReadText(dir_ + "/a.log");
   EXPECT_EQ(WaitExit(b), 0) << ReadText(dir_ + "/b.log");
-  EXPECT_NE(ReadText(dir_ + "/b.log").find("trainer 1 started (restart 1)"), std::string::npos);
+  const std::string log_b = ReadText(dir_ + "/b.log");
+  EXPECT_NE(log_b.find("trainer 1 started (restart 1)"), std::string::npos) << log_b;
+  // The replacement says where its state came from: a live peer.
+  EXPECT_NE(log_b.find("took the live state of step"), std::string::npos) << log_b;
   // step -> the digests the ranks recorded after it
   std::map<int, std::set<std::string>> digests;
   int lines = 0;

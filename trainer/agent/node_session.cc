@@ -525,6 +525,10 @@ void NodeSessionImpl::Route(v1::SessionEvent event) {
 
 void NodeSessionImpl::ConnectLoop() {
   Backoff backoff(o_.backoff);
+  // While the coordinator stays away, one line at the first failure and
+  // then one every 30 s, with how many tries failed since.
+  int quiet_failures = 0;
+  absl::Time said = absl::InfinitePast();
   for (;;) {
     const absl::Time started = absl::Now();
     const absl::Status ended = Connection();
@@ -565,9 +569,22 @@ void NodeSessionImpl::ConnectLoop() {
     // A trainer retries UNAVAILABLE until its own deadline.
     for (RelayedRendezvous* call : unanswered) call->Fail(why);
     if (stopping) return;
-    if (absl::Now() - started > absl::Seconds(10)) backoff.Reset();
-    MUSTER_LOG(WARNING) << "muster-agent: node " << o_.node << ": session with "
-                        << o_.coordinator << " ended (" << ended << "); reconnecting";
+    if (absl::Now() - started > absl::Seconds(10)) {
+      backoff.Reset();
+      quiet_failures = 0;
+      said = absl::InfinitePast();
+    }
+    if (absl::Now() - said >= absl::Seconds(30)) {
+      MUSTER_LOG(WARNING) << "muster-agent: node " << o_.node << ": session with "
+                          << o_.coordinator << " ended (" << ended << "); reconnecting"
+                          << (quiet_failures > 0
+                                  ? absl::StrCat(" (", quiet_failures, " more tries failed)")
+                                  : std::string());
+      said = absl::Now();
+      quiet_failures = 0;
+    } else {
+      ++quiet_failures;
+    }
     const absl::Duration wait = backoff.Next();
     absl::MutexLock lock(&mu_);
     // Stopping: the next Connection() ends at once and the waiting calls

@@ -123,6 +123,7 @@ class Engine : public Distributed {
     return checkpointer_ ? checkpointer_->committed() : 0;
   }
   int64_t resumed_from_step() const override { return resumed_from_; }
+  bool resumed_from_live_state() const override { return resumed_live_; }
   uint64_t StateDigest() const override {
     return muster::StateDigest(state_, Counters());
   }
@@ -185,6 +186,7 @@ class Engine : public Distributed {
   SamplerPosition at_;
   int lr_world_ = 0;
   int64_t resumed_from_ = -1;
+  bool resumed_live_ = false;  // resumed_from_ is a live peer's step
   // The step in flight and the boundary after it.
   SampledBatch batch_;
   ControlWords sent_;
@@ -259,6 +261,15 @@ absl::Status Engine::Begin() {
   MUSTER_RETURN_IF_ERROR(ResumeFromCheckpoint());
   MUSTER_RETURN_IF_ERROR(world_->EnterFirst(
       step_, [this](Communicator* c, const WorldInfo& w) { return EnterWorld(c, w); }));
+  if (step_ != std::max<int64_t>(resumed_from_, 0)) {  // a live peer was further ahead
+    MUSTER_LOG(INFO) << "took the live state of step " << step_ << " from rank "
+                     << world_->world().state_source_rank
+                     << (resumed_from_ >= 0 ? absl::StrCat(" (the checkpoint restored was of step ",
+                                                           resumed_from_, ")")
+                                            : std::string());
+    resumed_from_ = step_;
+    resumed_live_ = true;
+  }
   if (world_->left()) outcome_ = Outcome::kLeft;  // drained before it began
   ProgressOptions po;
   po.print = !options_.quiet;
@@ -269,7 +280,7 @@ absl::Status Engine::Begin() {
   MUSTER_ASSIGN_OR_RETURN(reporter_, ProgressReporter::Create(po, world_->world().rank));
   if (outcome_) return absl::OkStatus();
   reporter_->WorldEntered(progress(), world_->comm()->name(), world_->world().node_count);
-  if (resumed_from_ > 0 && world_->world().rank == 0 && !options_.quiet) {
+  if (resumed_from_ > 0 && !resumed_live_ && world_->world().rank == 0 && !options_.quiet) {
     std::cout << "muster: resumed from the checkpoint of step " << resumed_from_ << std::endl;
   }
   return absl::OkStatus();

@@ -72,7 +72,7 @@ struct TrainResult {
   bool stopped = false;         // stopped by a signal after checkpointing
   int exit_code = 0;            // Distributed::ExitCode of how the run ended
   bool left = false;            // left the job early (SIGTERM, drain)
-  int64_t resumed_from_step = -1;  // the checkpoint restored at start (-1: none)
+  int64_t resumed_from_step = -1;  // the state it started from: a checkpoint's or a live peer's (-1: fresh)
   int checkpoints_committed = 0;
   int regroups = 0;               // generations entered after the first
   int steps_salvaged = 0;         // failed steps taken in the regrouped world
