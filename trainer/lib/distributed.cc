@@ -8,17 +8,13 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstdlib>
 #include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "common/launch_env.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
-#include "common/token.h"
 #include "muster/muster.h"
-#include "trainer/agent/node_session.h"
 #include "trainer/checkpoint/training_state.h"
 #include "trainer/data/sampler.h"
 #include "trainer/comm/values.h"
@@ -32,61 +28,11 @@
 #include "trainer/elastic/state_sync.h"
 #include "trainer/elastic/step_policy.h"
 #include "trainer/elastic/step_salvage.h"
+#include "trainer/lib/launch_options.h"
 #include "trainer/lib/signals.h"
 
 namespace muster {
 namespace {
-
-std::string Env(const char* name) {
-  const char* v = std::getenv(name);
-  return v == nullptr ? "" : v;
-}
-
-std::string HostName() {
-  char host[256] = "localhost";
-  ::gethostname(host, sizeof(host) - 1);
-  return host;
-}
-
-absl::StatusOr<ClientOptions> ClientOptionsFrom(const Options& o) {
-  ClientOptions co;
-  co.target = o.coordinator.empty() ? Env("MUSTER_COORDINATOR") : o.coordinator;
-  if (co.target.empty()) {
-    return absl::InvalidArgumentError(
-        "no coordinator: set Options::coordinator or $MUSTER_COORDINATOR");
-  }
-  if (!o.token.empty()) {
-    co.token = o.token;
-  } else {
-    MUSTER_ASSIGN_OR_RETURN(co.token, ResolveToken(o.token_file));
-  }
-  co.tls.ca = o.tls_ca;
-  MUSTER_ASSIGN_OR_RETURN(Placement place, ResolvePlacement(o));
-  co.member_id = place.member_id;
-  co.node = place.node;
-  co.local_rank = static_cast<uint32_t>(place.local_rank);
-  co.spare = place.spare;
-  co.incarnation = o.incarnation;
-  co.session_via = Env(kAgentSessionEnv);
-  return co;
-}
-
-CommOptions CommOptionsFrom(const Options& o, int local_rank) {
-  CommOptions comm;
-  comm.backend = o.backend;
-  comm.job = !o.job.empty()                 ? o.job
-             : !Env("MUSTER_JOB").empty()   ? Env("MUSTER_JOB")
-             : !Env("SLURM_JOB_ID").empty() ? Env("SLURM_JOB_ID")
-                                            : "muster";
-  comm.gloo.hostname = o.address;
-  comm.cuda = o.cuda;
-  if (o.cuda) {
-    comm.cuda_device = std::max(0, CudaDeviceForLocalRank(local_rank));
-    comm.cuda_stream = CurrentCudaStream(comm.cuda_device);
-  }
-  comm.check_buffers = Env("MUSTER_CHECK_BUFFERS") == "1";
-  return comm;
-}
 
 class Engine : public Distributed {
  public:
@@ -769,51 +715,6 @@ absl::StatusOr<Distributed::Outcome> Engine::Finish() {
 }
 
 }  // namespace
-
-absl::StatusOr<Placement> ResolvePlacement(const Options& o) {
-  MUSTER_ASSIGN_OR_RETURN(LaunchIdentity id,
-                          ResolveLaunchIdentity({o.node_id, o.local_rank},
-                                                [](const char* n) { return std::getenv(n); },
-                                                HostName()));
-  Placement p;
-  p.member_id = id.member_id();
-  p.node = id.node;
-  p.local_rank = id.local_rank;
-  p.local_world_size = id.local_world_size;
-  p.spare = id.spare;
-  p.source = id.source;
-  return p;
-}
-
-absl::Status Options::Validate() const {
-  auto bad = [](const std::string& what) { return absl::InvalidArgumentError("Options::" + what); };
-  if (dataset_size <= 0) return bad("dataset_size must be positive");
-  if (batch_per_rank <= 0) return bad("batch_per_rank must be positive");
-  if (steps < 0) return bad("steps must not be negative");
-  if (steps == 0 && epochs <= 0) return bad("epochs must be positive when steps is 0");
-  if (!(bucket_mb > 0)) return bad("bucket_mb must be positive");
-  if (!(join_timeout_s > 0)) return bad("join_timeout_s must be positive");
-  if (!(rendezvous_timeout_s > 0)) return bad("rendezvous_timeout_s must be positive");
-  if (!(collective_timeout_s >= 0)) {
-    return bad("collective_timeout_s must be 0 (follow the job) or positive");
-  }
-  if (checkpoint_every < 0) return bad("checkpoint_every must not be negative");
-  if (checkpoint_interval_s < 0) return bad("checkpoint_interval_s must not be negative");
-  if (log_every < 1) return bad("log_every must be at least 1");
-  if (local_rank < -1) return bad("local_rank must be -1 (from the launcher) or a rank");
-  if (stop_after_step < 0) return bad("stop_after_step must not be negative");
-  return absl::OkStatus();
-}
-
-absl::StatusOr<torch::Device> TrainingDevice(const Options& options) {
-  if (!options.cuda) return torch::Device(torch::kCPU);
-  MUSTER_ASSIGN_OR_RETURN(const Placement place, ResolvePlacement(options));
-  const int device = CudaDeviceForLocalRank(place.local_rank);
-  if (device < 0) {
-    return absl::FailedPreconditionError("cuda was asked for, but this process sees no GPU");
-  }
-  return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(device));
-}
 
 absl::StatusOr<std::unique_ptr<Distributed>> Distributed::Start(const Options& options,
                                                                 State state) {
