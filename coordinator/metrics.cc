@@ -63,6 +63,10 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
   checkpoint_bytes_ = &BuildCounter().Name("muster_checkpoint_bytes_total")
                            .Help("Bytes of the committed checkpoints' files")
                            .Register(*registry_).Add({});
+  listener_rebuilds_ = &BuildCounter().Name("muster_listener_rebuilds_total")
+                            .Help("gRPC listeners replaced after they stopped accepting "
+                                  "(out of file descriptors)")
+                            .Register(*registry_).Add({});
 }
 
 Metrics::~Metrics() = default;
@@ -91,6 +95,8 @@ void Metrics::ObserveHeartbeat(absl::Duration latency) {
   heartbeats_->Increment();
   heartbeat_latency_->Observe(absl::ToDoubleSeconds(latency));
 }
+
+void Metrics::CountListenerRebuild() { listener_rebuilds_->Increment(); }
 
 void Metrics::Update(const CoordinatorCounters& c) {
   absl::MutexLock lock(&mu_);

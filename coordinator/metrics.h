@@ -36,6 +36,9 @@ class Metrics {
   void ObserveRpc(const char* method, absl::StatusCode code, absl::Duration latency);
   // One heartbeat handled, with its handling time.
   void ObserveHeartbeat(absl::Duration latency);
+  // One gRPC listener replaced after it stopped accepting
+  // (listener_watchdog.h).
+  void CountListenerRebuild();
   // Copies the coordinator's gauges and counters.
   void Update(const CoordinatorCounters& counters);
   // The Prometheus text exposition of every metric.
@@ -62,6 +65,7 @@ class Metrics {
   prometheus::Histogram* regroup_duration_;
   prometheus::Histogram* checkpoint_duration_;
   prometheus::Counter* checkpoint_bytes_;
+  prometheus::Counter* listener_rebuilds_;
   absl::Mutex mu_;
   CoordinatorCounters last_ ABSL_GUARDED_BY(mu_);
 };

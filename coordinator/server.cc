@@ -14,6 +14,7 @@
 #include "common/status_macros.h"
 #include "coordinator/catalog_rebuild.h"
 #include "coordinator/lease.h"
+#include "coordinator/tcp_table.h"
 
 namespace muster {
 namespace {
@@ -118,6 +119,11 @@ absl::StatusOr<Lease> HoldLease(StateStore* store, const std::string& holder,
   }
 }
 
+// `listen` with its port replaced by `port`.
+std::string WithPort(const std::string& listen, int port) {
+  return absl::StrCat(listen.substr(0, listen.rfind(':')), ":", port);
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
@@ -154,33 +160,14 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
                                                                s->coordinator_.get()));
   }
   CoordinatorServer* self = s.get();
-  s->service_ = std::make_unique<CoordinatorService>(
-      s->coordinator_.get(), s->metrics_.get(), options.token,
-      [self] { self->RequestStop(); }, s->epoch_);
-  MUSTER_ASSIGN_OR_RETURN(auto creds, MakeServerCredentials(options.tls));
-
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort(options.listen, creds, &s->port_);
-  builder.RegisterService(s->service_.get());
-  builder.SetMaxReceiveMessageSize(options.max_message_bytes);
-  builder.SetMaxSendMessageSize(64 << 20);
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-  // One coordinator per port: with SO_REUSEPORT (gRPC's default) a second
-  // coordinator on the same port would bind too, and joins would split
-  // between two jobs' worth of state.
-  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);
-  // Idle connections, authenticated or not, do not hold descriptors for
-  // long (docs/security.md).
-  builder.AddChannelArgument(
-      GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS,
-      static_cast<int>(absl::ToInt64Milliseconds(options.handshake_timeout)));
-  builder.AddChannelArgument(
-      GRPC_ARG_MAX_CONNECTION_IDLE_MS,
-      static_cast<int>(absl::ToInt64Milliseconds(options.max_connection_idle)));
-  s->server_ = builder.BuildAndStart();
-  if (s->server_ == nullptr || s->port_ == 0) {
-    return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen));
+  MUSTER_ASSIGN_OR_RETURN(s->credentials_, MakeServerCredentials(options.tls));
+  s->options_ = options;
+  {
+    absl::MutexLock lock(&s->servers_mu_);
+    s->services_.push_back(s->NewService());
+    MUSTER_ASSIGN_OR_RETURN(auto server,
+                            s->StartGrpc(options.listen, s->services_.back().get(), &s->port_));
+    s->servers_.push_back(std::move(server));
   }
   if (absl::EndsWith(advertised, ":0")) {
     advertised = absl::StrCat(advertised.substr(0, advertised.size() - 1), s->port_);
@@ -188,14 +175,19 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   if (!options.address_file.empty()) {
     MUSTER_RETURN_IF_ERROR(WriteAtomically(options.address_file, advertised + "\n"));
   }
-  s->options_ = std::move(options);
   s->ticker_ = std::thread([self] { self->TickLoop(); });
+  if (options.listener_check > absl::ZeroDuration()) {
+    s->watchdog_ = std::make_unique<ListenerWatchdog>(
+        ListenerWatchdogOptions{s->port_, options.listener_check, options.listener_stuck_after},
+        [self](absl::Duration waited) { return self->RebuildListener(waited); });
+  }
   // Stops the server off the rpc threads once a stop is requested.
   s->stopper_ = std::thread([self] {
     self->stop_requested_.WaitForNotification();
+    if (self->watchdog_ != nullptr) self->watchdog_->Stop();
     if (self->lost_lease().empty()) {
       self->coordinator_->Shutdown("coordinator stopping");
-      self->server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+      self->ShutDownServers(absl::Now() + absl::Seconds(2));
       if (self->epoch_ != 0) {
         if (absl::Status s = self->store_->ReleaseLease(self->epoch_); !s.ok()) {
           MUSTER_LOG(WARNING) << "could not release the lease: " << s;
@@ -205,7 +197,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
       // Members are not stopped: their sessions and calls end UNAVAILABLE,
       // and they go to the coordinator that took over.
       self->coordinator_->Abandon(self->lost_lease());
-      self->server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Milliseconds(200)));
+      self->ShutDownServers(absl::Now() + absl::Milliseconds(200));
     }
     self->stopped_.Notify();
   });
@@ -213,6 +205,68 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
                    << (s->options_.tls.enabled() ? " (TLS)" : " (plain text)")
                    << (s->options_.token.empty() ? ", no token" : ", token required");
   return s;
+}
+
+std::unique_ptr<CoordinatorService> CoordinatorServer::NewService() {
+  return std::make_unique<CoordinatorService>(
+      coordinator_.get(), metrics_.get(), options_.token, [this] { RequestStop(); }, epoch_);
+}
+
+absl::StatusOr<std::unique_ptr<grpc::Server>> CoordinatorServer::StartGrpc(
+    const std::string& listen, CoordinatorService* service, int* port) {
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(listen, credentials_, port);
+  builder.RegisterService(service);
+  builder.SetMaxReceiveMessageSize(options_.max_message_bytes);
+  builder.SetMaxSendMessageSize(64 << 20);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  // One coordinator per port: with SO_REUSEPORT (gRPC's default) a second
+  // coordinator on the same port would bind too, and joins would split
+  // between two jobs' worth of state. (A rebuilt listener binds after the
+  // dead one was shut down: SO_REUSEADDR, which gRPC sets, lets it.)
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);
+  // Idle connections, authenticated or not, do not hold descriptors for
+  // long (docs/security.md).
+  builder.AddChannelArgument(
+      GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS,
+      static_cast<int>(absl::ToInt64Milliseconds(options_.handshake_timeout)));
+  builder.AddChannelArgument(
+      GRPC_ARG_MAX_CONNECTION_IDLE_MS,
+      static_cast<int>(absl::ToInt64Milliseconds(options_.max_connection_idle)));
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || *port == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", listen));
+  }
+  return server;
+}
+
+absl::Status CoordinatorServer::RebuildListener(absl::Duration waited) {
+  MUSTER_LOG(WARNING) << "the listener on port " << port_
+                      << " stopped accepting (a connection waited "
+                      << absl::FormatDuration(waited)
+                      << " in its queue; out of file descriptors?): replacing it, open "
+                         "connections and sessions go on";
+  MUSTER_ASSIGN_OR_RETURN(const int shut, ShutDownListeningSockets(port_));
+  std::unique_ptr<CoordinatorService> service = NewService();
+  int port = 0;
+  MUSTER_ASSIGN_OR_RETURN(std::unique_ptr<grpc::Server> server,
+                          StartGrpc(WithPort(options_.listen, port_), service.get(), &port));
+  absl::MutexLock lock(&servers_mu_);
+  services_.push_back(std::move(service));
+  servers_.push_back(std::move(server));
+  metrics_->CountListenerRebuild();
+  MUSTER_LOG(WARNING) << "listening on port " << port_ << " again (listener rebuilt; "
+                      << shut << " dead listening socket(s) shut down, "
+                      << servers_.size() << " gRPC servers)";
+  return absl::OkStatus();
+}
+
+void CoordinatorServer::ShutDownServers(absl::Time deadline) {
+  absl::MutexLock lock(&servers_mu_);
+  for (const std::unique_ptr<grpc::Server>& server : servers_) {
+    server->Shutdown(absl::ToChronoTime(deadline));
+  }
 }
 
 CoordinatorServer::~CoordinatorServer() {

@@ -1,6 +1,8 @@
 // CoordinatorServer: a running coordinator — state store, Coordinator,
-// gRPC server, metrics endpoint and the ticker thread that enforces
-// timeouts. Used by muster-coordinator's main and by in-process tests.
+// gRPC server, metrics endpoint, the ticker thread that enforces timeouts
+// and the watchdog that replaces a listener that stopped accepting
+// (listener_watchdog.h). Used by muster-coordinator's main and by
+// in-process tests.
 //
 // Thread-safe: Wait() may be called from one thread while another calls
 // Stop() or a client sends Shutdown.
@@ -14,12 +16,14 @@
 #include <string>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/grpc_service.h"
+#include "coordinator/listener_watchdog.h"
 #include "coordinator/metrics.h"
 #include "coordinator/status_page.h"
 #include "coordinator/state_store.h"
@@ -55,6 +59,12 @@ struct ServerOptions {
   // A connection with no call for this long is closed; clients reconnect
   // when they next call (trainers and agents always hold a session).
   absl::Duration max_connection_idle = absl::Minutes(5);
+  // The listener watchdog (coordinator/listener_watchdog.h): how often it
+  // looks at the accept queue, and how long a connection may wait there
+  // before the listener counts as dead and a new one replaces it. A zero
+  // interval runs no watchdog.
+  absl::Duration listener_check = absl::Milliseconds(500);
+  absl::Duration listener_stuck_after = absl::Seconds(1);
 
   // Failover (docs/failover.md), with a state dir only. This coordinator's
   // host:port as clients reach it: the lease's holder and what the address
@@ -100,6 +110,19 @@ class CoordinatorServer {
   CoordinatorServer() = default;
   void TickLoop();
   void RequestStop();
+  // A new service over coordinator_ (each gRPC server needs its own).
+  std::unique_ptr<CoordinatorService> NewService();
+  // Binds `listen` and serves `service` on it; `*port` is the bound port.
+  // Errors: UNAVAILABLE when the port cannot be bound.
+  absl::StatusOr<std::unique_ptr<grpc::Server>> StartGrpc(const std::string& listen,
+                                                          CoordinatorService* service,
+                                                          int* port);
+  // The watchdog's rebuild: shuts the dead listening socket down and starts
+  // one more gRPC server on the same port with a new service. The servers
+  // before it keep their connections, so members' sessions live on.
+  absl::Status RebuildListener(absl::Duration waited);
+  // Shuts every gRPC server down by `deadline` (the watchdog stopped).
+  void ShutDownServers(absl::Time deadline);
 
   ServerOptions options_;
   absl::Mutex ended_mu_;
@@ -111,9 +134,16 @@ class CoordinatorServer {
   std::unique_ptr<Coordinator> coordinator_;
   std::unique_ptr<Metrics> metrics_;
   std::unique_ptr<StatusPage> status_page_;
-  std::unique_ptr<CoordinatorService> service_;
-  std::unique_ptr<grpc::Server> server_;
+  std::shared_ptr<grpc::ServerCredentials> credentials_;
   int port_ = 0;
+  absl::Mutex servers_mu_;
+  // The first server and one more per rebuilt listener, each with its
+  // service (a service outlives its server: declared first). Guarded by
+  // servers_mu_.
+  std::vector<std::unique_ptr<CoordinatorService>> services_ ABSL_GUARDED_BY(servers_mu_);
+  std::vector<std::unique_ptr<grpc::Server>> servers_ ABSL_GUARDED_BY(servers_mu_);
+  // Stopped before the servers shut down.
+  std::unique_ptr<ListenerWatchdog> watchdog_;
   std::once_flag stop_once_;
   absl::Notification stop_requested_;
   absl::Notification stopped_;
