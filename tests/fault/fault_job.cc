@@ -1,6 +1,7 @@
 #include "tests/fault/fault_job.h"
 
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -29,6 +30,12 @@ FaultJob::FaultJob(std::string dir, FaultJobOptions options)
   }
   agents_.assign(options_.nodes, -1);
   agent_done_.assign(options_.nodes, false);
+  if (!options_.token.empty()) {
+    const std::string path = dir_ + "/token";
+    std::ofstream(path) << options_.token << "\n";
+    ::chmod(path.c_str(), 0600);
+    ::setenv("MUSTER_TOKEN_FILE", path.c_str(), /*overwrite=*/1);
+  }
 }
 
 FaultJob::~FaultJob() {
@@ -40,6 +47,7 @@ FaultJob::~FaultJob() {
   }
   if (coordinator_ > 0) StopProcess(coordinator_);
   if (standby_ > 0) StopProcess(standby_);
+  if (!options_.token.empty()) ::unsetenv("MUSTER_TOKEN_FILE");
 }
 
 int FaultJob::WaitCoordinator(pid_t pid, absl::Duration timeout) {
@@ -64,13 +72,18 @@ void FaultJob::StartCoordinator() {
     const std::string port = target.substr(target.rfind(':') + 1);
     const std::string listen =
         options_.coordinator_host == "127.0.0.1" ? target : "0.0.0.0:" + port;
-    std::vector<std::string> argv = {
+    std::vector<std::string> argv;
+    if (options_.coordinator_nofile > 0) {
+      argv = {"/usr/bin/prlimit", absl::StrCat("--nofile=", options_.coordinator_nofile, ":",
+                                               options_.coordinator_nofile)};
+    }
+    argv.insert(argv.end(), {
         SelfDir() + "/muster-coordinator", "--listen=" + listen, "--no-auth",
         "--state-dir=" + dir_ + "/state", absl::StrCat("--min-members=", options_.min_members),
         absl::StrCat("--max-members=",
                      options_.nodes * options_.per_node + (options_.spares > 0 ? 0 : 2)),
         "--last-call=200ms", "--heartbeat-interval=200ms", "--heartbeat-timeout=2s",
-        "--reattach-grace=10s", "--keep-last=0"};
+        "--reattach-grace=10s", "--keep-last=0"});
     if (options_.standby) {
       argv.insert(argv.end(), {"--advertise=" + target,
                                "--address-file=" + dir_ + "/coordinator.address",

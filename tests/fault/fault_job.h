@@ -37,6 +37,12 @@ struct FaultJobOptions {
   // A second coordinator on the same state dir (a standby, docs/failover.md);
   // every client then finds the coordinator through the address file.
   bool standby = false;
+  // > 0: the coordinator runs under `prlimit --nofile=N:N`.
+  int coordinator_nofile = 0;
+  // Non-empty: the job token, written to <dir>/token (0600) and given to
+  // every process of the job, and the CLI, through MUSTER_TOKEN_FILE (set in
+  // this process while the job lives).
+  std::string token;
 };
 
 

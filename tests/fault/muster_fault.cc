@@ -19,7 +19,8 @@
 // see: cut-link (one TCP connection between two trainers destroyed),
 // hang-compute (one trainer's training thread frozen while its session
 // thread lives) and failover-stale (the old coordinator's words reach
-// trainers after a takeover); "all" runs each.
+// trainers after a takeover); fd-flood (idle connections exhaust the
+// coordinator's file descriptors); "all" runs each.
 #include <signal.h>
 #include <sys/mount.h>
 #include <unistd.h>
@@ -65,6 +66,7 @@ struct Trial {
   std::string problem;  // why it did not survive
   double takeover_s = -1;  // failover: from the fault to the standby serving
   bool holder_killed = false;  // failover: the frozen holder had to be killed
+  double served_s = -1;  // fd-flood: from the flood's end to the first served call
 };
 
 struct Context {
@@ -502,6 +504,51 @@ Trial HangCompute(Context& c) {
   return Finish(job, j);
 }
 
+// A client without the token opens 1,100 idle TCP connections to a
+// coordinator whose hard limit is 1,024 open files, holds them 1–4 s and
+// closes them. gRPC 1.51's listener fails accept4 with EMFILE and never
+// polls its socket again; the coordinator must serve a client with the token
+// again, and the members' sessions, on connections opened before, must
+// live through it: no member fails, training goes on.
+Trial FdFlood(Context& c) {
+  constexpr int kFlood = 1100;
+  if (!AllowOpenFiles(kFlood + 200)) {
+    std::cerr << "muster-fault: fd-flood skipped: cannot open " << kFlood << " files\n";
+    return {false, 0, 0, 0, "skipped"};
+  }
+  FaultJobOptions o;
+  o.coordinator_nofile = 1024;
+  o.token = absl::StrCat("fd-flood-", c.index, "-", ::getpid());
+  FaultJob job(c.dir, o);
+  job.StartAll();
+  if (!job.WaitForStep(c.Uniform(40, 160), absl::Seconds(120))) return {false, 0, 0, 0, "no progress"};
+  const int port = std::stoi(job.target().substr(job.target().rfind(':') + 1));
+  Judge j;
+  j.fault_time = UnixNow();
+  std::vector<int> flood;
+  for (int i = 0; i < kFlood; ++i) {
+    if (const int fd = ConnectLoopback(port); fd >= 0) flood.push_back(fd);
+  }
+  absl::SleepFor(absl::Milliseconds(c.Uniform(1000, 4000)));
+  for (int fd : flood) ::close(fd);
+  const double ended = UnixNow();
+  std::string out;
+  const absl::Time limit = absl::Now() + absl::Seconds(60);
+  while (job.Cli("status", &out) != 0 && absl::Now() < limit) absl::SleepFor(absl::Milliseconds(20));
+  const double served = UnixNow() - ended;
+  j.explained_by = "the listener on port [0-9]+ stopped accepting";
+  Trial t = Finish(job, j);
+  t.served_s = served;
+  const std::string logs = job.Logs();
+  if (flood.size() < kFlood) t.problem = absl::StrCat("only ", flood.size(), " connections opened");
+  else if (served >= 60) t.problem = "not served 60 s after the flood";
+  else if (std::regex_search(logs, std::regex("member node[0-9]+/[0-9]+ failed"))) {
+    t.problem = "a member failed during the flood";
+  }
+  t.survived = t.survived && t.problem.empty();
+  return t;
+}
+
 const std::map<std::string, std::function<Trial(Context&)>>& Scenarios() {
   static const auto* s = new std::map<std::string, std::function<Trial(Context&)>>{
       {"kill-trainer", [](Context& c) { return KillTrainer(c, false, 0); }},
@@ -520,8 +567,15 @@ const std::map<std::string, std::function<Trial(Context&)>>& Scenarios() {
       {"cut-link", CutLink},
       {"hang-compute", HangCompute},
       {"failover-stale", FailoverStale},
+      {"fd-flood", FdFlood},
   };
   return *s;
+}
+
+// fd-flood's figures: " served_p50_s=.. served_max_s=..".
+std::string ServedFigures(std::vector<double> served) {
+  const double max = *std::max_element(served.begin(), served.end());
+  return absl::StrFormat(" served_p50_s=%.3f served_max_s=%.3f", Percentile(served, 50), max);
 }
 
 int RunScenario(const std::string& name, const std::function<Trial(Context&)>& run) {
@@ -529,7 +583,7 @@ int RunScenario(const std::string& name, const std::function<Trial(Context&)>& r
   std::mt19937_64 rng(absl::GetFlag(FLAGS_seed) * 1000003 + std::hash<std::string>()(name));
   std::vector<double> recovered;
   int survived = 0, lost_max = 0, ckpt_lost = 0, skipped = 0;
-  std::vector<double> takeovers;
+  std::vector<double> takeovers, served;
   for (int i = 0; i < trials; ++i) {
     Context c{i, &rng, absl::StrCat(absl::GetFlag(FLAGS_dir), "/muster-fault-", name, "-", ::getpid(), "-", i)};
     const Trial t = run(c);
@@ -537,9 +591,13 @@ int RunScenario(const std::string& name, const std::function<Trial(Context&)>& r
       ++skipped;
       break;
     }
-    std::cerr << absl::StrFormat("muster-fault: %s trial %d: %s, recovered %.3f s, lost %d steps%s\n",
+    std::cerr << absl::StrFormat("muster-fault: %s trial %d: %s, recovered %.3f s, lost %d steps%s%s\n",
                                  name, i, t.survived ? "survived" : "FAILED: " + t.problem,
                                  t.recovered_s, t.lost_steps,
+                                 t.served_s >= 0
+                                     ? absl::StrFormat(", served again %.3f s after the flood",
+                                                       t.served_s)
+                                     : "",
                                  t.takeover_s >= 0
                                      ? absl::StrFormat(", standby serving after %.3f s%s",
                                                        t.takeover_s,
@@ -549,6 +607,7 @@ int RunScenario(const std::string& name, const std::function<Trial(Context&)>& r
                                                            : "")
                                      : "");
     if (t.takeover_s >= 0) takeovers.push_back(t.takeover_s);
+    if (t.served_s >= 0) served.push_back(t.served_s);
     ckpt_lost += t.committed_lost;
     if (!t.survived) continue;
     if (std::getenv("MUSTER_KEEP") == nullptr) std::system(("rm -rf " + c.dir).c_str());
@@ -571,6 +630,7 @@ int RunScenario(const std::string& name, const std::function<Trial(Context&)>& r
                     ? ""
                     : absl::StrFormat(" takeover_p50_s=%.3f takeover_max_s=%.3f",
                                       Percentile(takeovers, 50), takeovers.back()))
+            << (served.empty() ? "" : ServedFigures(served))
             << std::endl;
   return survived == trials && ckpt_lost == 0 ? 0 : 1;
 }

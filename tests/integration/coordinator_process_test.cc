@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <fstream>
@@ -18,6 +19,7 @@
 #include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "rpc/credentials.h"
 #include "tests/integration/subprocess.h"
 #include "tests/integration/test_member.h"
@@ -58,21 +60,14 @@ class ProcessTest : public ::testing::Test {
     }
   }
 
-  void StartCoordinator() {
-    pid_ = ::fork();
-    if (pid_ == 0) {
-      int fd = ::open((dir_ + "/coordinator.log").c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-      ::dup2(fd, 1);
-      ::dup2(fd, 2);
-      const std::string bin = kBin + "/muster-coordinator";
-      const std::string listen = "--listen=" + target_;
-      const std::string state = "--state-dir=" + dir_ + "/state";
-      const std::string token = "--token-file=" + token_file_;
-      ::execl(bin.c_str(), bin.c_str(), listen.c_str(), state.c_str(), token.c_str(),
-              "--min-members=2", "--max-members=2", "--reattach-grace=20s",
-              static_cast<char*>(nullptr));
-      ::_exit(127);
-    }
+  // `wrapper`: a command that runs the coordinator (prlimit ...).
+  void StartCoordinator(const std::vector<std::string>& wrapper = {}) {
+    std::vector<std::string> argv = wrapper;
+    argv.insert(argv.end(),
+                {kBin + "/muster-coordinator", "--listen=" + target_,
+                 "--state-dir=" + dir_ + "/state", "--token-file=" + token_file_,
+                 "--min-members=2", "--max-members=2", "--reattach-grace=20s"});
+    pid_ = SpawnLogged(argv, dir_ + "/coordinator.log");
     for (int i = 0; i < 100; ++i) {
       if (Cli("status").exit_code == 0) return;
       ::usleep(100'000);
@@ -384,6 +379,61 @@ TEST_F(ProcessTest, TheOpenFileLimitIsRaisedToTheHardLimit) {
     if (line.rfind("Max open files", 0) == 0) limits = line;
   }
   EXPECT_NE(limits.find("4096                 4096"), std::string::npos) << limits;
+}
+
+// A client without the token opens more idle connections than the
+// coordinator may hold (a hard limit of 1024 open files): gRPC 1.51's
+// listener fails accept4 with EMFILE and never polls its socket again. Once
+// the flood ends the coordinator serves again, and the members' sessions,
+// on connections opened before, lived through it.
+TEST_F(ProcessTest, TheListenerComesBackAfterAFileDescriptorFlood) {
+  constexpr int kFlood = 1100;
+  if (RunCommand("command -v prlimit").exit_code != 0) GTEST_SKIP() << "no prlimit";
+  if (!AllowOpenFiles(kFlood + 200)) GTEST_SKIP() << "this test cannot open " << kFlood << " files";
+  StartCoordinator({"/usr/bin/prlimit", "--nofile=1024:1024"});
+  auto a = Member("a", 1);
+  auto b = Member("b", 2);
+  CommitCheckpoints(a.get(), b.get(), {100});
+  if (HasFatalFailure()) return;
+
+  std::vector<int> flood;
+  for (int i = 0; i < kFlood; ++i) {
+    if (const int fd = ConnectLoopback(port_); fd >= 0) flood.push_back(fd);
+  }
+  EXPECT_EQ(flood.size(), static_cast<size_t>(kFlood));
+  const std::string log = dir_ + "/coordinator.log";
+  const absl::Time out_of_files = absl::Now() + absl::Seconds(10);
+  while (ReadText(log).find("Too many open files") == std::string::npos &&
+         absl::Now() < out_of_files) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  ASSERT_NE(ReadText(log).find("Too many open files"), std::string::npos)
+      << "the flood did not exhaust the coordinator's descriptors";
+  for (int fd : flood) ::close(fd);
+
+  // Served again with the token (the bound is generous: the figure is
+  // muster-fault fd-flood's).
+  Output status;
+  const absl::Time end = absl::Now() + absl::Seconds(30);
+  while ((status = Cli("status --json")).exit_code != 0 && absl::Now() < end) {
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  ASSERT_EQ(status.exit_code, 0) << "not served 30 s after the flood: " << status.out;
+  EXPECT_NE(ReadText(log).find("stopped accepting"), std::string::npos);
+
+  // Nothing was lost: the same world, both members active, their sessions
+  // open and acknowledged, no failure, the checkpoint still committed.
+  EXPECT_NE(status.out.find("\"generation\": \"1\""), std::string::npos) << status.out;
+  const std::vector<StatusMember> members = StatusMembers(status.out);
+  ASSERT_EQ(members.size(), 2u) << status.out;
+  for (const StatusMember& m : members) EXPECT_EQ(m.state, "active") << m.id;
+  const int acks = a->acks();
+  absl::SleepFor(absl::Milliseconds(500));
+  EXPECT_GT(a->acks(), acks) << "a's heartbeats are no longer acknowledged";
+  EXPECT_FALSE(b->WaitSessionEnd(absl::ZeroDuration()).ok()) << "b's session ended";
+  const Output events = Cli("events");
+  EXPECT_EQ(events.out.find("fail"), std::string::npos) << events.out;
+  EXPECT_NE(Cli("checkpoints --json").out.find("\"step\": \"100\""), std::string::npos);
 }
 
 }  // namespace

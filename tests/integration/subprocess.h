@@ -5,6 +5,7 @@
 #define MUSTER_TESTS_INTEGRATION_SUBPROCESS_H_
 
 #include <netinet/in.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -46,6 +47,15 @@ inline int ConnectLoopback(int port) {
   }
   if (fd >= 0) ::close(fd);
   return -1;
+}
+
+// Raises this process's soft limit on open files to at least `n`; false
+// when the hard limit is below it.
+inline bool AllowOpenFiles(rlim_t n) {
+  rlimit nofile{};
+  if (::getrlimit(RLIMIT_NOFILE, &nofile) != 0 || nofile.rlim_max < n) return false;
+  nofile.rlim_cur = std::max(nofile.rlim_cur, n);
+  return ::setrlimit(RLIMIT_NOFILE, &nofile) == 0;
 }
 
 // One HTTP/1.0 exchange on 127.0.0.1:`port`: sends `request`, returns all
