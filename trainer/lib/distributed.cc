@@ -30,6 +30,7 @@
 #include "trainer/elastic/step_salvage.h"
 #include "trainer/lib/launch_options.h"
 #include "trainer/lib/signals.h"
+#include "trainer/lib/step_lifecycle.h"
 
 namespace muster {
 namespace {
@@ -58,10 +59,12 @@ class Engine : public Distributed {
   absl::StatusOr<Outcome> Finish() override;
   void RequestStop() override { stop_asked_ = true; }
   void RequestLeave() override { leave_asked_ = true; }
-  absl::Status status() const override { return error_; }
+  absl::Status status() const override { return life_.status(); }
 
   Progress progress() const override;
-  bool finished() const override { return outcome_ == Outcome::kFinished && error_.ok(); }
+  bool finished() const override {
+    return life_.ended() && life_.outcome() == StepOutcome::kFinished;
+  }
   int regroups() const override { return world_ ? world_->regroups() : 0; }
   int steps_salvaged() const override { return salvaged_count_; }
   int steps_dropped() const override { return dropped_count_; }
@@ -82,7 +85,7 @@ class Engine : public Distributed {
   absl::Status ResumeFromCheckpoint();
   absl::Status EnterWorld(Communicator* comm, const WorldInfo& world);
   absl::Status Salvage(Communicator* comm, const WorldInfo& world);
-  absl::Status CatchUp();
+  absl::Status CatchUp(int source);
   // `broken`: the world broke under this rank (a collective failed), which
   // the rendezvous reports; false at an agreed step boundary.
   absl::Status Regroup(const std::string& why, bool broken);
@@ -136,24 +139,19 @@ class Engine : public Distributed {
   // The step in flight and the boundary after it.
   SampledBatch batch_;
   ControlWords sent_;
-  bool armed_ = false;       // BeforeBackward called for this step
-  bool at_boundary_ = false; // a committed step waits for AtBoundary
+  // Where the step stands (see step_lifecycle.h), its error and outcome.
+  StepLifecycle life_;
   StepDecision decision_ = StepDecision::kContinue;
   std::vector<double> base_lr_;  // each group's rate at Start
   std::vector<double> lrs_;      // each group's rate in this step
   // A step whose all-reduce failed, kept for salvage while regrouping.
   struct PendingStep {
-    bool valid = false;
     int64_t step = 0;
     SamplerPosition at;
     uint64_t generation = 0;
     int world = 0, rank = 0;
-  } pending_;  // valid: regrouping from inside AfterBackward
-  bool salvaged_ = false;     // the regroup salvaged the step in flight
-  int catch_up_source_ = -1;  // at the boundary, ranks outside the step take its state from here
+  } pending_;  // the step of kFailed: regrouping from inside AfterBackward
   int salvaged_count_ = 0, dropped_count_ = 0;
-  absl::Status error_;
-  std::optional<Outcome> outcome_;
   double comm_total_ = 0, hidden_total_ = 0;
 };
 
@@ -216,7 +214,11 @@ absl::Status Engine::Begin() {
     resumed_from_ = step_;
     resumed_live_ = true;
   }
-  if (world_->left()) outcome_ = Outcome::kLeft;  // drained before it began
+  if (world_->left()) {  // drained before it began
+    MUSTER_RETURN_IF_ERROR(life_.End(StepOutcome::kLeft));
+  } else if (life_.state() == StepState::kStarting) {  // else a salvaged step's boundary is due
+    MUSTER_RETURN_IF_ERROR(life_.Ready());
+  }
   ProgressOptions po;
   po.print = !options_.quiet;
   po.log_every = options_.log_every;
@@ -224,7 +226,7 @@ absl::Status Engine::Begin() {
   po.model_name = options_.model_name;
   po.batch_per_rank = options_.batch_per_rank;
   MUSTER_ASSIGN_OR_RETURN(reporter_, ProgressReporter::Create(po, world_->world().rank));
-  if (outcome_) return absl::OkStatus();
+  if (life_.ended()) return absl::OkStatus();
   reporter_->WorldEntered(progress(), world_->comm()->name(), world_->world().node_count);
   if (resumed_from_ > 0 && !resumed_live_ && world_->world().rank == 0 && !options_.quiet) {
     std::cout << "muster: resumed from the checkpoint of step " << resumed_from_ << std::endl;
@@ -281,13 +283,13 @@ absl::Status Engine::EnterWorld(Communicator* comm, const WorldInfo& world) {
 // lost shares' examples returned to the sampler. Ranks outside the step
 // (joiners) add zeros, then take the state after it from a rank in it.
 absl::Status Engine::Salvage(Communicator* comm, const WorldInfo& world) {
+  const bool in_step = life_.state() == StepState::kFailed;
   SalvageClaim claim;
-  claim.contributes = options_.salvage && pending_.valid && pending_.step == step_ &&
-                      pending_.at == at_;
+  claim.contributes = options_.salvage && in_step && pending_.step == step_ && pending_.at == at_;
   claim.generation = pending_.generation;
   claim.world = pending_.world;
   claim.rank = pending_.rank;
-  claim.in_step = pending_.valid;
+  claim.in_step = in_step;
   const absl::Time deadline = absl::Now() + deadline_.Long();
   MUSTER_ASSIGN_OR_RETURN(SalvagePlan plan, AgreeOnSalvage(claim, comm, deadline));
   if (!plan.salvage()) return absl::OkStatus();
@@ -295,10 +297,9 @@ absl::Status Engine::Salvage(Communicator* comm, const WorldInfo& world) {
   MUSTER_RETURN_IF_ERROR(
       sync_->Resync(comm, claim.contributes, plan.contributors, words.ToArray(), deadline));
   decision_ = DecideAfterStep(sync_->control(), world.world_size, words, world_->told_to_leave());
-  if (!pending_.valid) {  // the step's counters and state come from a rank in it
-    at_boundary_ = true;
-    catch_up_source_ = plan.first_stepper;
-    return CatchUp();
+  if (!in_step) {  // the step's counters and state come from a rank in it
+    MUSTER_RETURN_IF_ERROR(life_.StepTaken());
+    return CatchUp(plan.first_stepper);
   }
   // The step is now one of this world: its rate too (a world change may scale it).
   SetLearningRate(progress());
@@ -307,8 +308,8 @@ absl::Status Engine::Salvage(Communicator* comm, const WorldInfo& world) {
   ++step_;
   world_->client()->SetStep(step_, at_.offset);
   if (!claim.contributes) batch_.indices.clear();  // this rank's examples did not count
-  salvaged_ = true;
-  if (plan.steppers < world.world_size) catch_up_source_ = plan.first_stepper;
+  MUSTER_RETURN_IF_ERROR(life_.Salvaged());
+  if (plan.steppers < world.world_size) life_.CatchUpFrom(plan.first_stepper);
   MUSTER_LOG(WARNING) << "step " << step_ << " salvaged in generation " << world.generation
                       << ": " << plan.contributors << " of " << plan.old_world
                       << " shares reduced, " << plan.lost.size() << " returned to the sampler";
@@ -317,9 +318,7 @@ absl::Status Engine::Salvage(Communicator* comm, const WorldInfo& world) {
 
 // After a salvaged step that some ranks were not in: every rank takes the
 // state of a rank that took the step (its optimizer has run by now).
-absl::Status Engine::CatchUp() {
-  const int source = catch_up_source_;
-  catch_up_source_ = -1;
+absl::Status Engine::CatchUp(int source) {
   std::vector<int64_t> counters = Counters();
   MUSTER_RETURN_IF_ERROR(
       SyncStateFrom(source, world_->comm(), state_, &counters, absl::Now() + deadline_.Long()));
@@ -360,12 +359,13 @@ absl::Status Engine::Regroup(const std::string& why, bool broken) {
     // checkpoint (exit 75, requeued), not a departure.
     const bool stopped = StopAsked() && !LeaveAsked();
     if (!stopped) {
-      outcome_ = Outcome::kLeft;
+      MUSTER_RETURN_IF_ERROR(life_.End(StepOutcome::kLeft));
       if (!options_.quiet) std::cout << "muster: left the job after step " << step_ << std::endl;
       return absl::OkStatus();
     }
     const bool saved = checkpointer_ && checkpointer_->newest_committed() == step_;
-    outcome_ = saved ? Outcome::kStopped : Outcome::kStoppedWithoutCheckpoint;
+    MUSTER_RETURN_IF_ERROR(
+        life_.End(saved ? StepOutcome::kStopped : StepOutcome::kStoppedWithoutCheckpoint));
     SayStopped("stopped while waiting for a world after step ");
     return absl::OkStatus();
   }
@@ -406,7 +406,6 @@ void Engine::PrepareStep() {
   const Progress p = progress();
   batch_ = sampler_.Next(at_, p.world_size, p.rank, options_.batch_per_rank);
   SetLearningRate(p);
-  armed_ = false;
 }
 
 void Engine::SetLearningRate(const Progress& p) {
@@ -453,14 +452,21 @@ absl::Status Engine::CheckLearningRates() {
 }
 
 bool Engine::ShouldStop() {
-  if (!error_.ok() || outcome_) return true;
-  while (at_boundary_) {  // a regroup at the boundary may salvage a step: its boundary follows
-    at_boundary_ = false;
-    if (absl::Status s = AtBoundary(); !s.ok()) error_ = s;
-    if (!error_.ok() || outcome_) return true;
+  if (life_.over()) return true;
+  // A regroup at the boundary may salvage a step: its boundary follows.
+  while (life_.state() == StepState::kBoundaryDue) {
+    if (absl::Status s = life_.BeginBoundary(); !s.ok()) life_.Break(s);
+    if (absl::Status s = AtBoundary(); !s.ok()) life_.Break(s);
+    if (life_.over()) return true;
+    if (life_.state() == StepState::kAtBoundary) life_.Break(life_.Settle());
   }
   if (Done()) {
-    outcome_ = Outcome::kFinished;
+    life_.Break(life_.End(StepOutcome::kFinished));
+    return true;
+  }
+  if (absl::Status s = life_.Prepare(); !s.ok()) {
+    life_.Break(absl::FailedPreconditionError(
+        absl::StrCat("ShouldStop before AfterBackward ended the step (", s.message(), ")")));
     return true;
   }
   PrepareStep();
@@ -468,10 +474,15 @@ bool Engine::ShouldStop() {
 }
 
 void Engine::BeforeBackward(bool sync) {
-  if (!armed_ || sync) sent_ = CurrentControl();
-  if (!armed_) sync_->SetTimeout(deadline_.Current());
+  const bool first = life_.state() == StepState::kPrepared;
+  if (absl::Status s = life_.Backward(); !s.ok()) {
+    life_.Break(absl::FailedPreconditionError(
+        absl::StrCat("BeforeBackward outside a step ShouldStop prepared (", s.message(), ")")));
+    return;
+  }
+  if (first || sync) sent_ = CurrentControl();
+  if (first) sync_->SetTimeout(deadline_.Current());
   sync_->Begin(sync, sent_.ToArray());
-  armed_ = true;
 }
 
 ControlWords Engine::CurrentControl() const {
@@ -491,11 +502,10 @@ void Engine::DropGradients() {
 }
 
 absl::Status Engine::AfterBackward() {
-  if (!error_.ok()) return error_;
-  if (!armed_) {
+  if (!life_.status().ok()) return life_.status();
+  if (life_.state() != StepState::kInBackward) {
     return absl::FailedPreconditionError("AfterBackward without BeforeBackward in this step");
   }
-  armed_ = false;
   // The optimizer update that follows must not change what a checkpoint's
   // copies still read (on the GPU they run beside training).
   if (checkpointer_) checkpointer_->BeforeUpdate();
@@ -507,19 +517,17 @@ absl::Status Engine::AfterBackward() {
     // gradients for the new world to salvage the step (Salvage).
     MUSTER_LOG(WARNING) << "step " << step_ + 1 << " failed: " << s;
     const WorldInfo& w = world_->world();
-    pending_ = {true, step_, at_, w.generation, w.world_size, w.rank};
-    const absl::Status r = Regroup(std::string(s.message()), /*broken=*/true);
-    pending_.valid = false;
-    if (!r.ok()) {
-      error_ = r;
+    pending_ = {step_, at_, w.generation, w.world_size, w.rank};
+    MUSTER_RETURN_IF_ERROR(life_.Fail());
+    if (absl::Status r = Regroup(std::string(s.message()), /*broken=*/true); !r.ok()) {
+      life_.Break(r);
       return r;
     }
-    if (salvaged_) {
-      salvaged_ = false;
+    if (life_.state() == StepState::kBoundaryDue) {  // salvaged
       ++salvaged_count_;
-      at_boundary_ = true;
       return absl::OkStatus();
     }
+    if (life_.state() == StepState::kFailed) MUSTER_RETURN_IF_ERROR(life_.Dropped());
     DropGradients();
     ++dropped_count_;
     MUSTER_LOG(WARNING) << "step " << step_ + 1 << " dropped in generation "
@@ -534,7 +542,7 @@ absl::Status Engine::AfterBackward() {
   ++step_;
   at_ = sampler_.Advance(at_, batch_, world_->world().world_size, options_.batch_per_rank, {});
   world_->client()->SetStep(step_, at_.offset);
-  at_boundary_ = true;
+  MUSTER_RETURN_IF_ERROR(life_.Reduced());
   const absl::Time now = absl::Now();
   if (deadline_.TakeTiming()) deadline_.StepTook(now - last_commit_);
   last_commit_ = now;
@@ -574,7 +582,8 @@ absl::Status Engine::Stop() {
   const int rank = world_->world().rank;
   MUSTER_ASSIGN_OR_RETURN(const bool committed, CheckpointToStop());
   world_->Detach();
-  outcome_ = committed ? Outcome::kStopped : Outcome::kStoppedWithoutCheckpoint;
+  MUSTER_RETURN_IF_ERROR(
+      life_.End(committed ? StepOutcome::kStopped : StepOutcome::kStoppedWithoutCheckpoint));
   if (rank == 0) SayStopped("stopping at step ");
   return absl::OkStatus();
 }
@@ -616,7 +625,7 @@ int64_t Engine::NewestCommitted() const {
 
 // The stop's last word, from one rank: what a restart resumes from.
 void Engine::SayStopped(const std::string& how) const {
-  if (outcome_ == Outcome::kStopped) {
+  if (life_.outcome() == StepOutcome::kStopped) {
     if (!options_.quiet) std::cout << "muster: " << how << step_ << " after checkpointing" << std::endl;
     return;
   }
@@ -635,10 +644,10 @@ void Engine::SayStopped(const std::string& how) const {
 }
 
 absl::Status Engine::AtBoundary() {
-  if (catch_up_source_ >= 0) {
-    if (absl::Status s = CatchUp(); !s.ok()) {
+  if (const int source = life_.TakeCatchUp(); source >= 0) {
+    if (absl::Status s = CatchUp(source); !s.ok()) {
       MUSTER_RETURN_IF_ERROR(Regroup(std::string(s.message()), /*broken=*/true));
-      if (outcome_) return absl::OkStatus();
+      if (life_.ended()) return absl::OkStatus();
     }
   }
   reporter_->StepDone(progress(), lrs_);
@@ -650,12 +659,11 @@ absl::Status Engine::AtBoundary() {
       world_->Leave(/*finished=*/false, step_).IgnoreError();
       if (checkpointer_) checkpointer_->Wait().IgnoreError();  // logged when it failed
       if (!options_.quiet) std::cout << "muster: left the job after step " << step_ << std::endl;
-      outcome_ = Outcome::kLeft;
-      return absl::OkStatus();
+      return life_.End(StepOutcome::kLeft);
     case StepDecision::kRegroup:
       // Every rank stops after this same step and enters the new generation.
       MUSTER_RETURN_IF_ERROR(Regroup("a membership change at a step boundary", /*broken=*/false));
-      if (outcome_) return absl::OkStatus();
+      if (life_.ended()) return absl::OkStatus();
       break;
     case StepDecision::kContinue:
       break;
@@ -686,8 +694,8 @@ void Engine::PublishState() {
 }
 
 absl::StatusOr<std::vector<double>> Engine::AllReduceSum(std::vector<double> values) {
-  if (!error_.ok()) return error_;
-  if (outcome_ && *outcome_ != Outcome::kFinished) {
+  if (!life_.status().ok()) return life_.status();
+  if (life_.ended() && life_.outcome() != StepOutcome::kFinished) {
     return absl::FailedPreconditionError("this member is no longer in a world");
   }
   absl::Status s = AllReduceValues(world_->comm(), values.data(), values.size(),
@@ -695,23 +703,30 @@ absl::StatusOr<std::vector<double>> Engine::AllReduceSum(std::vector<double> val
                                    absl::Now() + deadline_.Current());
   if (s.ok()) return values;
   if (absl::Status r = Regroup(std::string(s.message()), /*broken=*/true); !r.ok()) {
-    error_ = r;
+    life_.Break(r);
     return r;
   }
   return absl::AbortedError(absl::StrCat("all-reduce failed, regrouped: ", s.message()));
 }
 
+static_assert(static_cast<int>(StepOutcome::kStopped) ==
+                  static_cast<int>(Distributed::Outcome::kStopped) &&
+              static_cast<int>(StepOutcome::kLeft) == static_cast<int>(Distributed::Outcome::kLeft) &&
+              static_cast<int>(StepOutcome::kStoppedWithoutCheckpoint) ==
+                  static_cast<int>(Distributed::Outcome::kStoppedWithoutCheckpoint),
+              "StepOutcome follows Distributed::Outcome");
+
 absl::StatusOr<Distributed::Outcome> Engine::Finish() {
   if (checkpointer_) checkpointer_->Wait().IgnoreError();  // logged when it failed
-  if (!error_.ok()) return error_;
-  if (!outcome_) {  // the loop ended before ShouldStop said so: leave
+  if (!life_.status().ok()) return life_.status();
+  if (!life_.ended()) {  // the loop ended before ShouldStop said so: leave
     world_->Leave(/*finished=*/false, step_).IgnoreError();
-    outcome_ = Outcome::kLeft;
-  } else if (*outcome_ == Outcome::kFinished) {
+    MUSTER_RETURN_IF_ERROR(life_.End(StepOutcome::kLeft));
+  } else if (life_.outcome() == StepOutcome::kFinished) {
     world_->Leave(/*finished=*/true, step_).IgnoreError();
   }
   world_->Detach();
-  return *outcome_;
+  return static_cast<Outcome>(life_.outcome());
 }
 
 }  // namespace
