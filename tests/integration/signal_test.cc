@@ -23,29 +23,40 @@ namespace {
 
 const std::string kBin = MUSTER_BIN_DIR;
 
+// A coordinator for two trainers on `target`, its state and log in `dir`.
+pid_t TwoMemberCoordinator(const std::string& dir, const std::string& target) {
+  return SpawnLogged({kBin + "/muster-coordinator", "--listen=" + target, "--no-auth",
+                      "--state-dir=" + dir + "/state", "--min-members=2", "--max-members=2"},
+                     dir + "/coordinator.log");
+}
+
+// Two muster-train processes of node n with `flags`; logs <dir>/<tag><rank>.log.
+std::vector<pid_t> TwoTrainers(const std::string& dir, const std::string& target,
+                               const std::string& tag, const std::vector<std::string>& flags) {
+  std::vector<pid_t> pids;
+  for (int i = 0; i < 2; ++i) {
+    std::vector<std::string> argv = {kBin + "/muster-train", "--coordinator=" + target,
+                                     "--node-id=n", absl::StrCat("--local-rank=", i),
+                                     "--log-every=10", "--threads=1",
+                                     "--checkpoint-dir=" + dir + "/ckpt"};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    pids.push_back(SpawnLogged(argv, absl::StrCat(dir, "/", tag, i, ".log")));
+  }
+  return pids;
+}
+
 TEST(SignalTest, Sigusr1CheckpointsStopsAndTheNextStartResumes) {
   if (::access("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz", R_OK) != 0) {
     GTEST_SKIP() << "dataset-fashion-mnist is not installed";
   }
   const std::string dir = ::testing::TempDir() + "/signal" + std::to_string(::getpid());
   std::system(("rm -rf " + dir + " && mkdir -p " + dir).c_str());
-  const int port = FreeLoopbackPort();
-  const std::string target = absl::StrCat("127.0.0.1:", port);
-  const pid_t coordinator = SpawnLogged({kBin + "/muster-coordinator", "--listen=" + target,
-                                         "--no-auth", "--state-dir=" + dir + "/state",
-                                         "--min-members=2", "--max-members=2"},
-                                        dir + "/coordinator.log");
+  const std::string target = absl::StrCat("127.0.0.1:", FreeLoopbackPort());
+  const pid_t coordinator = TwoMemberCoordinator(dir, target);
   auto trainers = [&](const std::string& tag) {
-    std::vector<pid_t> pids;
-    for (int i = 0; i < 2; ++i) {
-      pids.push_back(SpawnLogged({kBin + "/muster-train", "--coordinator=" + target, "--node-id=n",
-                                  absl::StrCat("--local-rank=", i), "--model=mlp", "--steps=300",
-                                  "--batch-size=32", "--log-every=10", "--threads=1",
-                                  "--checkpoint-dir=" + dir + "/ckpt", "--checkpoint-every=1000",
-                                  absl::StrCat("--job=sig", ::getpid())},
-                                 absl::StrCat(dir, "/", tag, i, ".log")));
-    }
-    return pids;
+    return TwoTrainers(dir, target, tag,
+                       {"--model=mlp", "--steps=300", "--batch-size=32", "--checkpoint-every=1000",
+                        absl::StrCat("--job=sig", ::getpid())});
   };
   std::vector<pid_t> first = trainers("first");
   // Wait until rank 0 trains, then warn one trainer.
@@ -85,21 +96,11 @@ TEST(SignalTest, AStopWhoseCheckpointFailsSaysSoAndWhereARestartResumes) {
   const std::string dir = ::testing::TempDir() + "/stopfail" + std::to_string(::getpid());
   std::system(("rm -rf " + dir + " && mkdir -p " + dir).c_str());
   const std::string target = absl::StrCat("127.0.0.1:", FreeLoopbackPort());
-  const pid_t coordinator = SpawnLogged({kBin + "/muster-coordinator", "--listen=" + target,
-                                         "--no-auth", "--state-dir=" + dir + "/state",
-                                         "--min-members=2", "--max-members=2"},
-                                        dir + "/coordinator.log");
+  const pid_t coordinator = TwoMemberCoordinator(dir, target);
   auto trainers = [&](const std::string& tag) {
-    std::vector<pid_t> pids;
-    for (int i = 0; i < 2; ++i) {
-      pids.push_back(SpawnLogged({kBin + "/muster-train", "--coordinator=" + target, "--node-id=n",
-                                  absl::StrCat("--local-rank=", i), "--model=mlp",
-                                  "--dataset=synthetic", "--steps=100000", "--batch-size=16",
-                                  "--log-every=10", "--threads=1", "--checkpoint-dir=" + dir + "/ckpt",
-                                  "--checkpoint-every=20", absl::StrCat("--job=sf", ::getpid())},
-                                 absl::StrCat(dir, "/", tag, i, ".log")));
-    }
-    return pids;
+    return TwoTrainers(dir, target, tag,
+                       {"--model=mlp", "--dataset=synthetic", "--steps=100000", "--batch-size=16",
+                        "--checkpoint-every=20", absl::StrCat("--job=sf", ::getpid())});
   };
   std::vector<pid_t> first = trainers("first");
   const absl::Time end = absl::Now() + absl::Seconds(90);
