@@ -44,6 +44,8 @@ ABSL_FLAG(double, weight_decay, 0.0, "weight decay");
 ABSL_FLAG(int64_t, warmup_steps, 50, "linear warm-up steps, then cosine decay to 10%");
 ABSL_FLAG(double, bucket_mb, 25, "gradient bucket size in MiB");
 ABSL_FLAG(bool, overlap, true, "all-reduce buckets during backward (false: after it)");
+ABSL_FLAG(bool, broadcast_buffers, true,
+          "broadcast the model's buffers (BatchNorm statistics) from rank 0 after each step");
 ABSL_FLAG(double, collective_timeout, 0,
           "seconds a step's all-reduce waits for the slowest peer before the world counts as "
           "broken and is regrouped without a rank that does not come (0: follow the job, 10x the "
@@ -118,6 +120,7 @@ absl::StatusOr<muster::Options> LibraryOptionsFromFlags() {
   lib.cuda = device == "cuda";
   lib.bucket_mb = absl::GetFlag(FLAGS_bucket_mb);
   lib.overlap = absl::GetFlag(FLAGS_overlap);
+  lib.broadcast_buffers = absl::GetFlag(FLAGS_broadcast_buffers);
   lib.collective_timeout_s = absl::GetFlag(FLAGS_collective_timeout);
   lib.salvage = absl::GetFlag(FLAGS_salvage);
   lib.batch_per_rank = absl::GetFlag(FLAGS_batch_size);

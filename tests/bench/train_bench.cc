@@ -18,7 +18,12 @@
 #include "absl/strings/str_format.h"
 #include "tests/bench/process_stats.h"
 
-ABSL_FLAG(std::string, model, "cnn", "mlp or cnn");
+ABSL_FLAG(std::string, model, "cnn", "mlp, cnn or resnet18");
+ABSL_FLAG(std::string, dataset, "fashion-mnist", "fashion-mnist or synthetic");
+ABSL_FLAG(int, batch, 64, "batch per rank");
+ABSL_FLAG(bool, compare_buffers, false,
+          "compare buffer broadcasting on and off (overlapped buckets both times) instead of "
+          "overlap on and off");
 ABSL_FLAG(int64_t, steps, 100, "training steps");
 ABSL_FLAG(double, bucket_mb, 25, "gradient bucket size in MiB");
 ABSL_DECLARE_FLAG(int, world);
@@ -32,7 +37,7 @@ double Field(const std::string& json, const std::string& name) {
   return v.empty() ? 0 : std::stod(v);
 }
 
-int RunOnce(bool overlap) {
+int RunOnce(bool overlap, bool broadcast_buffers) {
   const int world = absl::GetFlag(FLAGS_world), nodes = absl::GetFlag(FLAGS_nodes);
   const std::string dir = absl::StrCat("/tmp/muster-bench-train-", ::getpid(), overlap ? "-o" : "-n");
   std::system(("mkdir -p " + dir).c_str());
@@ -48,7 +53,9 @@ int RunOnce(bool overlap) {
     trainers.push_back(SpawnLogged(
         {SelfDir() + "/muster-train", "--coordinator=" + target,
          absl::StrCat("--node-id=node", i / per_node), absl::StrCat("--local-rank=", i % per_node),
-         "--model=" + absl::GetFlag(FLAGS_model), "--batch-size=64",
+         "--model=" + absl::GetFlag(FLAGS_model), "--dataset=" + absl::GetFlag(FLAGS_dataset),
+         absl::StrCat("--batch-size=", absl::GetFlag(FLAGS_batch)),
+         absl::StrCat("--broadcast-buffers=", broadcast_buffers ? "true" : "false"),
          absl::StrCat("--steps=", absl::GetFlag(FLAGS_steps)), "--lr=0.01",
          absl::StrCat("--overlap=", overlap ? "true" : "false"), "--quiet",
          absl::StrCat("--bucket-mb=", absl::GetFlag(FLAGS_bucket_mb)),
@@ -76,11 +83,13 @@ int RunOnce(bool overlap) {
     overlap_pct += Field(ss.str(), "comm_overlap_pct") / world;
   }
   std::cout << absl::StrFormat(
-                   "train model=%s world=%d nodes=%d batch_per_rank=64 bucket_mb=%g overlap=%s "
-                   "steps_per_s=%.2f samples_per_s=%.0f comm_overlap_pct=%.1f",
-                   absl::GetFlag(FLAGS_model), world, nodes, absl::GetFlag(FLAGS_bucket_mb),
-                   overlap ? "buckets" : "after_backward",
-                   steps_per_s, steps_per_s * 64 * world, overlap_pct)
+                   "train model=%s world=%d nodes=%d batch_per_rank=%d bucket_mb=%g overlap=%s "
+                   "broadcast_buffers=%s steps_per_s=%.2f samples_per_s=%.0f "
+                   "comm_overlap_pct=%.1f",
+                   absl::GetFlag(FLAGS_model), world, nodes, absl::GetFlag(FLAGS_batch),
+                   absl::GetFlag(FLAGS_bucket_mb), overlap ? "buckets" : "after_backward",
+                   broadcast_buffers ? "on" : "off", steps_per_s,
+                   steps_per_s * absl::GetFlag(FLAGS_batch) * world, overlap_pct)
             << std::endl;
   std::system(("rm -rf " + dir).c_str());
   return 0;
@@ -89,8 +98,12 @@ int RunOnce(bool overlap) {
 }  // namespace
 
 int RunTrainBench() {
-  if (int rc = RunOnce(/*overlap=*/true); rc != 0) return rc;
-  return RunOnce(/*overlap=*/false);
+  if (absl::GetFlag(FLAGS_compare_buffers)) {
+    if (int rc = RunOnce(/*overlap=*/true, /*broadcast_buffers=*/true); rc != 0) return rc;
+    return RunOnce(/*overlap=*/true, /*broadcast_buffers=*/false);
+  }
+  if (int rc = RunOnce(/*overlap=*/true, /*broadcast_buffers=*/true); rc != 0) return rc;
+  return RunOnce(/*overlap=*/false, /*broadcast_buffers=*/true);
 }
 
 }  // namespace muster

@@ -34,4 +34,20 @@ run_pair fashion_mnist --steps 30
 grep -h "fashion_mnist: world 2, 30 steps, final loss" "$WORK"/fashion_mnist.*.log
 run_pair char_lm --epochs 1 --batch 4
 grep -h "char_lm: rank 0 of 2" "$WORK"/char_lm.*.log
+# The installed programs find LibTorch by themselves (install RPATH).
+"$WORK/prefix/bin/muster-train" --help > "$WORK/train-help.log" 2>&1 || true  # --help exits 1
+grep -q "muster-train --coordinator HOST:PORT" "$WORK/train-help.log" ||
+  { echo "installed muster-train does not start:"; cat "$WORK/train-help.log"; exit 1; }
+# The installed agent runs the tabular example (muster/data.h, parameter
+# groups), handing it the coordinator it was given.
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+"$WORK/prefix/bin/muster-coordinator" --listen "127.0.0.1:$port" --no-auth \
+  --min-members 2 --max-members 2 > "$WORK/tabular.coordinator.log" 2>&1 &
+coordinator=$!
+unset MUSTER_COORDINATOR
+MUSTER_JOB="install$$" "$WORK/prefix/bin/muster-agent" --nproc-per-node 2 \
+  --coordinator "127.0.0.1:$port" -- "$WORK/build/tabular" --steps 30 > "$WORK/tabular.log" 2>&1 ||
+  { cat "$WORK/tabular.log"; exit 1; }
+kill $coordinator 2>/dev/null || true
+grep -h "tabular: rank 0 of 2, step 30" "$WORK/tabular.log"
 echo "examples built against the installed package and trained on 2 ranks"

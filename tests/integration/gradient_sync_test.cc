@@ -13,6 +13,7 @@
 #include "absl/time/clock.h"
 #include "tests/integration/comm_world.h"
 #include "trainer/ddp/device_comm.h"
+#include "trainer/elastic/state_sync.h"
 
 namespace muster {
 namespace {
@@ -72,6 +73,29 @@ TEST(BroadcastTensorsTest, EveryDtypeArrivesBitForBit) {
       EXPECT_EQ(mine[i].scalar_type(), dtypes[i]);
       EXPECT_TRUE(torch::equal(mine[i], want[i])) << "rank " << rank << " dtype " << dtypes[i];
     }
+  }).ok());
+}
+
+// When the ranks' state differs after a transfer, the error names the
+// registered entries that differ, not only that something does.
+TEST(StateDigestTest, ADifferenceNamesTheEntriesThatDiffer) {
+  ASSERT_TRUE(RunCommWorld(2, "shm", [&](int rank, Communicator* comm) {
+    torch::nn::Linear model(3, 2);
+    {
+      torch::NoGradGuard no_grad;
+      for (torch::Tensor& p : model->parameters()) p.fill_(0.5);
+    }
+    const std::string bytes = rank == 0 ? "seven" : "eight";  // a blob that differs
+    State state;
+    state.model = model.ptr().get();
+    state.blobs = {{"counter", [&] { return bytes; },
+                    [](const std::string&) { return absl::OkStatus(); }}};
+    absl::StatusOr<TrainingState> ts = TrainingState::From(state);
+    ASSERT_TRUE(ts.ok()) << ts.status();
+    const absl::Status s = CheckSameState(*ts, {4, 5}, comm, absl::Now() + absl::Seconds(30));
+    EXPECT_TRUE(absl::IsDataLoss(s)) << s;
+    EXPECT_NE(s.message().find("blob counter"), std::string::npos) << s;
+    EXPECT_EQ(s.message().find("model"), std::string::npos) << "the model is equal: " << s;
   }).ok());
 }
 

@@ -128,6 +128,49 @@ TEST(StartTest, WhatCannotApplyIsRefusedByName) {
   EXPECT_NE(started.status().message().find("optimizer_codec"), std::string::npos);
 }
 
+// Options::lr_schedule keeps the ratio between parameter groups (it used to
+// set one rate on every group), and the rates in effect are what
+// learning_rates() says.
+TEST(StartTest, TheScheduleKeepsEachGroupsRatio) {
+  auto server = InProcessCoordinator::Start(1);
+  torch::nn::Sequential model(torch::nn::Linear(4, 8), torch::nn::Linear(8, 2));
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(model[0]->parameters(),
+                      std::make_unique<torch::optim::AdamWOptions>(1e-3));
+  groups.emplace_back(model[1]->parameters(),
+                      std::make_unique<torch::optim::AdamWOptions>(1e-2));
+  torch::optim::AdamW optimizer(groups, torch::optim::AdamWOptions(1e-3));
+  Options o;
+  o.coordinator = "127.0.0.1:" + std::to_string(server->port());
+  o.job = "ratio" + std::to_string(::getpid());
+  o.dataset_size = 64;
+  o.batch_per_rank = 8;
+  o.steps = 2;
+  o.handle_signals = false;
+  o.quiet = true;
+  o.state_listen = "";
+  o.lr_schedule = [](const Progress& p) { return 5e-4 / (1 + p.step); };
+  State state;
+  state.model = model.ptr().get();
+  state.optimizer = &optimizer;
+  auto job = Distributed::Start(o, state);
+  ASSERT_TRUE(job.ok()) << job.status();
+  Distributed& d = **job;
+  for (int step = 0; !d.ShouldStop(); ++step) {
+    const double first = 5e-4 / (1 + step);
+    ASSERT_EQ(d.learning_rates().size(), 2u);
+    EXPECT_DOUBLE_EQ(d.learning_rates()[0], first);
+    EXPECT_DOUBLE_EQ(d.learning_rates()[1], 10 * first);
+    EXPECT_DOUBLE_EQ(optimizer.param_groups()[1].options().get_lr(), 10 * first);
+    optimizer.zero_grad();
+    d.BeforeBackward();
+    model->forward(torch::ones({8, 4})).sum().backward();
+    ASSERT_TRUE(d.AfterBackward().ok());
+    optimizer.step();
+  }
+  EXPECT_EQ(Distributed::ExitCode(d.Finish()), 0);
+}
+
 // Options::join_timeout_s bounds how long Start tries an unreachable
 // coordinator (it used to take two minutes whatever the program wanted).
 TEST(StartTest, AnUnreachableCoordinatorFailsStartWithinTheJoinTimeout) {
