@@ -66,7 +66,8 @@ struct Options {
   // follows the job: 10x the slowest of the last 20 steps, at least 10 s
   // (120 s for the first steps). Set it above anything one rank does alone
   // between steps while the others wait (an evaluation on rank 0 only).
-  // Building a communicator and the state transfer wait at least 120 s.
+  // Building a communicator, the state transfer and AllReduceSum (an
+  // evaluation, whose ranks may arrive far apart) wait at least 120 s.
   double collective_timeout_s = 0;
   // After each step's all-reduce, the model's buffers (BatchNorm's running
   // statistics and step count, any registered buffer) are broadcast from

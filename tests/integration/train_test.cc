@@ -171,6 +171,48 @@ TEST(StartTest, TheScheduleKeepsEachGroupsRatio) {
   EXPECT_EQ(Distributed::ExitCode(d.Finish()), 0);
 }
 
+// An evaluation between steps may keep one rank far longer than a step
+// takes: AllReduceSum waits for it (it used to take the step's collective
+// timeout, call the late rank hung and regroup, again at every retry).
+TEST(StartTest, AllReduceSumWaitsForARankThatEvaluatesLongerThanAStep) {
+  auto server = InProcessCoordinator::Start(2);
+  std::vector<std::thread> ranks;
+  for (int i = 0; i < 2; ++i) {
+    ranks.emplace_back([&, i] {
+      torch::nn::Linear model(4, 2);
+      Options o;
+      o.coordinator = "127.0.0.1:" + std::to_string(server->port());
+      o.node_id = "n";
+      o.local_rank = i;
+      o.job = "eval" + std::to_string(::getpid());
+      o.dataset_size = 64;
+      o.batch_per_rank = 8;
+      o.steps = 3;
+      o.collective_timeout_s = 0.5;
+      o.handle_signals = false;
+      o.quiet = true;
+      o.state_listen = "";
+      State state;
+      state.model = model.ptr().get();
+      auto job = Distributed::Start(o, state);
+      ASSERT_TRUE(job.ok()) << job.status();
+      Distributed& d = **job;
+      while (!d.ShouldStop()) {
+        d.BeforeBackward();
+        model->forward(torch::ones({8, 4})).sum().backward();
+        ASSERT_TRUE(d.AfterBackward().ok());
+      }
+      if (d.rank() == 1) absl::SleepFor(absl::Seconds(2));  // a longer evaluation
+      absl::StatusOr<std::vector<double>> sum = d.AllReduceSum({1.0});
+      ASSERT_TRUE(sum.ok()) << sum.status();
+      EXPECT_EQ((*sum)[0], 2.0);
+      EXPECT_EQ(d.regroups(), 0);
+      EXPECT_EQ(Distributed::ExitCode(d.Finish()), 0);
+    });
+  }
+  for (std::thread& t : ranks) t.join();
+}
+
 // Options::join_timeout_s bounds how long Start tries an unreachable
 // coordinator (it used to take two minutes whatever the program wanted).
 TEST(StartTest, AnUnreachableCoordinatorFailsStartWithinTheJoinTimeout) {

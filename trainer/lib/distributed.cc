@@ -698,9 +698,11 @@ absl::StatusOr<std::vector<double>> Engine::AllReduceSum(std::vector<double> val
   if (life_.ended() && life_.outcome() != StepOutcome::kFinished) {
     return absl::FailedPreconditionError("this member is no longer in a world");
   }
+  // Between steps (an evaluation): ranks may arrive far apart after work
+  // of their own, so the long deadline, not the step's.
   absl::Status s = AllReduceValues(world_->comm(), values.data(), values.size(),
                                    DataType::kFloat64, ReduceOp::kSum,
-                                   absl::Now() + deadline_.Current());
+                                   absl::Now() + deadline_.Long());
   if (s.ok()) return values;
   if (absl::Status r = Regroup(std::string(s.message()), /*broken=*/true); !r.ok()) {
     life_.Break(r);
