@@ -29,6 +29,7 @@
 #include "trainer/elastic/step_policy.h"
 #include "trainer/elastic/step_salvage.h"
 #include "trainer/lib/launch_options.h"
+#include "trainer/lib/learning_rates.h"
 #include "trainer/lib/signals.h"
 #include "trainer/lib/step_lifecycle.h"
 
@@ -51,7 +52,9 @@ class Engine : public Distributed {
   void BeforeBackward(bool sync) override;
   absl::Status AfterBackward() override;
   absl::StatusOr<std::vector<double>> AllReduceSum(std::vector<double> values) override;
-  std::vector<double> learning_rates() const override { return lrs_; }
+  std::vector<double> learning_rates() const override {
+    return lr_ ? lr_->current() : std::vector<double>();
+  }
   void RecordLoss(double loss) override { reporter_->RecordLoss(loss); }
   void LogScalars(const std::map<std::string, double>& values) override {
     reporter_->Scalars(step_, values);
@@ -105,8 +108,6 @@ class Engine : public Distributed {
   int64_t NewestCommitted() const;
   void PublishState();
   void PrepareStep();
-  void SetLearningRate(const Progress& p);
-  absl::Status CheckLearningRates();
   absl::Status BroadcastBuffers();
   bool Done() const;
   void DropGradients();
@@ -142,8 +143,7 @@ class Engine : public Distributed {
   // Where the step stands (see step_lifecycle.h), its error and outcome.
   StepLifecycle life_;
   StepDecision decision_ = StepDecision::kContinue;
-  std::vector<double> base_lr_;  // each group's rate at Start
-  std::vector<double> lrs_;      // each group's rate in this step
+  std::optional<LearningRates> lr_;  // set by Begin
   // A step whose all-reduce failed, kept for salvage while regrouping.
   struct PendingStep {
     int64_t step = 0;
@@ -186,7 +186,7 @@ absl::Status Engine::Begin() {
   leave_flag_ = options_.leave_requested != nullptr ? options_.leave_requested
                 : options_.handle_signals           ? &LeaveSignalled()
                                                     : nullptr;
-  MUSTER_RETURN_IF_ERROR(CheckLearningRates());
+  MUSTER_ASSIGN_OR_RETURN(lr_, LearningRates::For(options_, state_.optimizer));
   MUSTER_ASSIGN_OR_RETURN(ClientOptions client, ClientOptionsFrom(options_));
   MUSTER_RETURN_IF_ERROR(StartServices(&client));
   ElasticWorldOptions wo;
@@ -302,7 +302,7 @@ absl::Status Engine::Salvage(Communicator* comm, const WorldInfo& world) {
     return CatchUp(plan.first_stepper);
   }
   // The step is now one of this world: its rate too (a world change may scale it).
-  SetLearningRate(progress());
+  lr_->Apply(progress());
   const SampledBatch taken = sampler_.Next(at_, plan.old_world, 0, options_.batch_per_rank);
   at_ = sampler_.Advance(at_, taken, plan.old_world, options_.batch_per_rank, plan.lost);
   ++step_;
@@ -405,50 +405,7 @@ bool Engine::Done() const {
 void Engine::PrepareStep() {
   const Progress p = progress();
   batch_ = sampler_.Next(at_, p.world_size, p.rank, options_.batch_per_rank);
-  SetLearningRate(p);
-}
-
-void Engine::SetLearningRate(const Progress& p) {
-  if (state_.optimizer == nullptr) {
-    if (options_.lr_schedule) lrs_ = {options_.lr_schedule(p)};
-    return;
-  }
-  auto& groups = state_.optimizer->param_groups();
-  lrs_.resize(groups.size());
-  const double first = options_.lr_schedule ? options_.lr_schedule(p) : 0;
-  for (size_t g = 0; g < groups.size(); ++g) {
-    if (options_.group_lr_schedule) {
-      lrs_[g] = options_.group_lr_schedule(p, g);
-    } else if (options_.lr_schedule) {
-      lrs_[g] = g == 0 ? first : first * (base_lr_.at(g) / base_lr_.at(0));
-    } else {
-      lrs_[g] = groups[g].options().get_lr();
-      continue;
-    }
-    groups[g].options().set_lr(lrs_[g]);
-  }
-}
-
-// The learning-rate options against the state: INVALID_ARGUMENT when a
-// schedule cannot apply. Keeps each group's rate at Start.
-absl::Status Engine::CheckLearningRates() {
-  if (state_.optimizer == nullptr) {
-    if (options_.group_lr_schedule) {
-      return absl::InvalidArgumentError(
-          "Options::group_lr_schedule needs State::optimizer: its groups get the rates");
-    }
-    return absl::OkStatus();
-  }
-  for (auto& group : state_.optimizer->param_groups()) {
-    base_lr_.push_back(group.options().get_lr());
-  }
-  if (options_.lr_schedule && !options_.group_lr_schedule && base_lr_.size() > 1 &&
-      base_lr_[0] == 0) {
-    return absl::InvalidArgumentError(
-        "Options::lr_schedule: the first parameter group's rate is 0, so the other groups' "
-        "ratios to it are undefined; set group_lr_schedule instead");
-  }
-  return absl::OkStatus();
+  lr_->Apply(p);
 }
 
 bool Engine::ShouldStop() {
@@ -650,7 +607,7 @@ absl::Status Engine::AtBoundary() {
       if (life_.ended()) return absl::OkStatus();
     }
   }
-  reporter_->StepDone(progress(), lrs_);
+  reporter_->StepDone(progress(), lr_->current());
   switch (decision_) {
     case StepDecision::kStop:
       return Stop();

@@ -1,0 +1,47 @@
+// LearningRates: the schedule of Options (lr_schedule, group_lr_schedule)
+// applied to the optimizer's parameter groups before each step
+// (docs/library.md, "Learning rates").
+#ifndef MUSTER_TRAINER_LIB_LEARNING_RATES_H_
+#define MUSTER_TRAINER_LIB_LEARNING_RATES_H_
+
+#include <torch/optim/optimizer.h>
+
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "muster/options.h"
+
+namespace muster {
+
+class LearningRates {
+ public:
+  // Keeps each group's rate at this point (the base of lr_schedule's
+  // ratios). INVALID_ARGUMENT when a schedule cannot apply: a
+  // group_lr_schedule without an optimizer, or lr_schedule over several
+  // groups whose first rate is 0. `optimizer` may be null; else it must
+  // outlive this object.
+  static absl::StatusOr<LearningRates> For(const Options& options,
+                                           torch::optim::Optimizer* optimizer);
+
+  // Sets the rates of the step at `p` on the optimizer's groups (where a
+  // schedule is set) and returns them: each group's rate in effect; without
+  // an optimizer, lr_schedule's rate (none without one).
+  const std::vector<double>& Apply(const Progress& p);
+  const std::vector<double>& current() const { return rates_; }
+
+ private:
+  LearningRates(const Options& options, torch::optim::Optimizer* optimizer)
+      : lr_schedule_(options.lr_schedule),
+        group_lr_schedule_(options.group_lr_schedule),
+        optimizer_(optimizer) {}
+
+  std::function<double(const Progress&)> lr_schedule_;
+  std::function<double(const Progress&, size_t)> group_lr_schedule_;
+  torch::optim::Optimizer* optimizer_;
+  std::vector<double> base_;   // each group's rate at For
+  std::vector<double> rates_;  // each group's rate in this step
+};
+
+}  // namespace muster
+
+#endif  // MUSTER_TRAINER_LIB_LEARNING_RATES_H_
