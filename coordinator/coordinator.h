@@ -49,8 +49,17 @@ namespace muster {
 // An event pushed down a member's session.
 // What a heartbeat says of a member's progress (Heartbeat in the proto).
 struct MemberProgress {
-  int64_t step = 0;
-  int64_t samples = 0;
+  MemberProgress(int64_t step = 0, int64_t samples = 0,
+                 absl::Duration stalled = absl::ZeroDuration(),
+                 absl::Duration age = absl::ZeroDuration())
+      : step(step), samples(samples), stalled(stalled), age(age) {}
+  int64_t step;
+  int64_t samples;
+  // How long its training thread had made no progress
+  // (Heartbeat.stalled_ms), as of `age` ago (a node session relays its
+  // members' heartbeats).
+  absl::Duration stalled;
+  absl::Duration age;
 };
 
 struct MemberEvent {
@@ -317,6 +326,11 @@ class Coordinator {
   // ends its session (`hung`: CloseHung) and its waits. Returns whether it
   // was an active member of the live world (whose loss needs a regroup).
   bool Fence(MemberInfo* info, const std::string& reason, bool hung, Actions* actions)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A member of `world` whose training thread made no progress for about
+  // `deadline` while its peers waited in a collective is stuck: fenced as
+  // hung (its agent restarts it) before the regroup forms, not waited for.
+  void FenceStuck(const World& world, absl::Duration deadline, Actions* actions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Tick: the forming world's arrival deadline passed; fences its members
   // that have not arrived and forms the world again without them.

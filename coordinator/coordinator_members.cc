@@ -121,6 +121,10 @@ absl::Status Coordinator::Beat(uint64_t session, MemberProgress progress, absl::
   info->last_seen = now;
   if (progress.step >= 0) info->step = progress.step;
   if (progress.samples > 0) info->samples = progress.samples;
+  info->progress_at = now - progress.age;
+  info->stalled_since = progress.stalled > absl::ZeroDuration()
+                            ? info->progress_at - progress.stalled
+                            : absl::InfiniteFuture();
   return absl::OkStatus();
 }
 

@@ -374,18 +374,44 @@ absl::Status Coordinator::ReportBroken(const MemberKey& key, const BrokenWorldRe
                                  " broke: ", report.reason);
   if (!report.suspect.empty()) absl::StrAppend(&why, "; it suspects ", report.suspect);
   Record("broken", why);
+  absl::Duration window =
+      report.deadline > absl::ZeroDuration() ? report.deadline : options_.regroup_arrival;
+  window = std::min(std::max(window, absl::Seconds(1)),
+                    std::max(options_.rules.join_timeout, absl::Seconds(1)));
+  FenceStuck(world, window, &actions);
   std::vector<Candidate> candidates = Candidates();
   const uint32_t n = static_cast<uint32_t>(candidates.size());
   Form(std::move(candidates), UsableWorldSize(n, options_.rules), /*abort=*/true, why, &actions);
   if (gen_.phase() == GenerationPhase::kForming && gen_.generation() == g + 1) {
-    absl::Duration window =
-        report.deadline > absl::ZeroDuration() ? report.deadline : options_.regroup_arrival;
-    window = std::min(std::max(window, absl::Seconds(1)),
-                      std::max(options_.rules.join_timeout, absl::Seconds(1)));
     arrival_window_ = window;
     arrive_by_ = formed_at_ + window;
   }
   return absl::OkStatus();
+}
+
+void Coordinator::FenceStuck(const World& world, absl::Duration deadline, Actions* actions) {
+  // Its peers started waiting about `deadline` ago. A member stuck since
+  // before then has stalled for at least that long, and says so in
+  // heartbeats sent while they waited; a peer's heartbeat from before it
+  // began to wait can say "stalled" too (it was computing), so only
+  // heartbeats from the second half of the wait count. Without one, the
+  // arrival window decides.
+  const absl::Time now = clock_->Now();
+  for (const Assignment& a : world.members) {
+    MemberInfo* info = membership_.Find(a.member.id);
+    if (info == nullptr || info->key != a.member || info->state != MemberState::kActive ||
+        info->progress_at < now - deadline / 2 || info->stalled_since > now - deadline * 0.9) {
+      continue;
+    }
+    Fence(info,
+          absl::StrCat("hung: its training thread made no progress for ",
+                       absl::FormatDuration(absl::Trunc(now - info->stalled_since,
+                                                        absl::Milliseconds(100))),
+                       " (after step ", info->step, ") while its peers' collective deadline (",
+                       absl::FormatDuration(deadline),
+                       ") passed waiting for it; its agent restarts it"),
+          /*hung=*/true, actions);
+  }
 }
 
 void Coordinator::FenceLateArrivals(Actions* actions) {

@@ -28,6 +28,11 @@ struct MemberInfo {
   MemberState state = MemberState::kWaiting;
   int64_t step = 0;
   int64_t samples = 0;    // Heartbeat.samples: its world's samples so far
+  // Since when its training thread has made no progress
+  // (Heartbeat.stalled_ms), as its trainer said at `progress_at`;
+  // InfiniteFuture when it said 0.
+  absl::Time stalled_since = absl::InfiniteFuture();
+  absl::Time progress_at = absl::InfinitePast();
   absl::Time joined;
   absl::Time last_seen;   // join, hello or heartbeat
   uint64_t session = 0;   // id of the open session, 0 if none

@@ -30,6 +30,12 @@ v1::SessionEvent ToProto(const MemberEvent& event) {
   return msg;
 }
 
+MemberProgress Progress(int64_t step, int64_t samples, uint32_t stalled_ms,
+                        uint32_t age_ms = 0) {
+  return MemberProgress{step, samples, absl::Milliseconds(stalled_ms),
+                        absl::Milliseconds(age_ms)};
+}
+
 }  // namespace
 
 // The writing half of a session: a SessionSink over the stream's write
@@ -135,8 +141,9 @@ bool SessionReactor::Handle() {
     return false;
   }
   absl::StatusOr<uint64_t> generation =
-      coordinator_->Heartbeat(session_, MemberProgress{request_.heartbeat().step(),
-                                                 request_.heartbeat().samples()});
+      coordinator_->Heartbeat(session_, Progress(request_.heartbeat().step(),
+                                                 request_.heartbeat().samples(),
+                                                 request_.heartbeat().stalled_ms()));
   if (!generation.ok()) {
     outbox_->Close(generation.status());
     return false;
@@ -199,7 +206,7 @@ bool SessionReactor::HandleNode(absl::Time start) {
         auto it = attached_.find(m.member_id());
         if (it == attached_.end()) continue;
         sessions.push_back(it->second.session);
-        progress.push_back(MemberProgress{m.step(), m.samples()});
+        progress.push_back(Progress(m.step(), m.samples(), m.stalled_ms(), m.beat_age_ms()));
         ids.push_back(m.member_id());
       }
       std::vector<bool> ok;

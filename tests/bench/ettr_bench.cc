@@ -12,7 +12,7 @@
 //             the two ends report, the world regroups;
 //   freeze    the training thread of a random trainer of the world frozen
 //             (ptrace) while its heartbeats go on: the others' all-reduce
-//             passes its deadline, the frozen one is fenced at the regroup
+//             passes its deadline, the frozen one is fenced when they report
 //             and its agent kills and restarts it.
 // link and freeze need root; without it they are not drawn.
 // Each step also spends --compute-ms as if computing: on a 2-core machine a
@@ -55,7 +55,7 @@ ABSL_FLAG(int, compute_ms, 40,
           "on this small machine a smaller world does not step faster than the full one");
 ABSL_FLAG(double, collective_timeout, 0,
           "ettr: the trainers' --collective-timeout (0: theirs, which follows the job); a frozen "
-          "training thread costs about twice it");
+          "training thread costs about that long");
 ABSL_DECLARE_FLAG(int, world);
 ABSL_DECLARE_FLAG(int, nodes);
 ABSL_DECLARE_FLAG(int, spares);

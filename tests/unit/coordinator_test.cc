@@ -485,6 +485,71 @@ TEST_F(CoordinatorTest, AMemberThatDoesNotComeToTheRegroupIsFencedAsHung) {
   EXPECT_EQ(c_->GetStatus().job_state, JobState::kRunning);
 }
 
+// Heartbeats say how long each training thread has made no progress. A
+// member still stalled when its peers' collective deadline passed is stuck:
+// it is left out of the regroup at once, not after a second deadline. A
+// peer whose newest heartbeat is from before it began to wait (it was
+// computing) also said "stalled"; it is not taken for stuck.
+TEST_F(CoordinatorTest, AMemberStalledWhenItsPeersDeadlinePassedIsLeftOutAtOnce) {
+  WorldOfThree();
+  Member& a = *members_[0];
+  Member& b = *members_[1];
+  Member& c = *members_[2];
+  auto beat = [&](Member& m, absl::Duration stalled) {
+    ASSERT_TRUE(c_->Heartbeat(m.session, {5, 0, stalled}).ok()) << m.key.id;
+  };
+  // All three compute step 6; a enters its all-reduce after 50 ms, c
+  // freezes, and b's heartbeats stop reaching the coordinator (its newest
+  // one, from while it computed, says 40 ms without progress).
+  beat(a, absl::Milliseconds(40));
+  beat(b, absl::Milliseconds(40));
+  beat(c, absl::Milliseconds(40));
+  Advance(absl::Milliseconds(10));
+  for (int i = 1; i <= 4; ++i) {
+    Advance(absl::Milliseconds(500));
+    beat(a, absl::ZeroDuration());
+    beat(c, absl::Milliseconds(50 + 500 * i));
+  }
+  ASSERT_TRUE(c_->ReportBroken(a.key, {1, "gloo collective passed its deadline", "",
+                                       absl::Seconds(2)})
+                  .ok());
+  EXPECT_TRUE(c.sink->closed);
+  EXPECT_TRUE(c.sink->hung);
+  EXPECT_TRUE(absl::StrContains(c.sink->close_status.message(), "made no progress for 2s (after step 5)"))
+      << c.sink->close_status;
+  EXPECT_FALSE(b.sink->closed) << b.sink->close_status;
+  Rendezvous(a, 1, 5);
+  Rendezvous(b, 1, 5);
+  for (Member* m : {&a, &b}) {
+    ASSERT_TRUE(m->world && m->world->ok()) << m->key.id;
+    EXPECT_EQ((*m->world)->world->generation, 2u) << "the stuck member was waited for";
+    EXPECT_EQ((*m->world)->world->size(), 2u);
+    EXPECT_EQ((*m->world)->world->RankOf("c"), -1);
+  }
+}
+
+// A member that computes, but not for as long as its peers' deadline, is
+// waited for within the arrival window (a straggler, not a stuck rank).
+TEST_F(CoordinatorTest, AStragglerIsWaitedFor) {
+  WorldOfThree();
+  Member& a = *members_[0];
+  Member& b = *members_[1];
+  Member& c = *members_[2];
+  Advance(absl::Seconds(2));
+  ASSERT_TRUE(c_->Heartbeat(a.session, {5, 0, absl::ZeroDuration()}).ok());
+  ASSERT_TRUE(c_->Heartbeat(b.session, {5, 0, absl::ZeroDuration()}).ok());
+  ASSERT_TRUE(c_->Heartbeat(c.session, {5, 0, absl::Milliseconds(1500)}).ok());
+  ASSERT_TRUE(c_->ReportBroken(a.key, {1, "gloo collective passed its deadline", "",
+                                       absl::Seconds(2)})
+                  .ok());
+  EXPECT_FALSE(c.sink->closed) << c.sink->close_status;
+  Rendezvous(a, 1, 5);
+  Rendezvous(b, 1, 5);
+  Rendezvous(c, 1, 5);
+  ASSERT_TRUE(a.world && a.world->ok());
+  EXPECT_EQ((*a.world)->world->size(), 3u);
+}
+
 // A failure the coordinator sees itself (a stream that breaks) sets no
 // arrival deadline: a member that is slow to come is waited for.
 TEST_F(CoordinatorTest, AKillRegroupWaitsForSlowMembers) {

@@ -135,6 +135,7 @@ class NodeSessionImpl final : public NodeSession,
     std::shared_ptr<Queue> out;
     int64_t step = 0;
     int64_t samples = 0;
+    uint32_t stalled_ms = 0;  // as of last_beat
     absl::Time last_beat;
     // Whether its attach went out on the current connection; a member that
     // attached while the node stream was down waits for the next one.
@@ -372,7 +373,8 @@ absl::Status NodeSessionImpl::Attach(const v1::MemberRef& member, pid_t pid,
     // In the node heartbeat from its own first heartbeat on, which carries
     // its step.
     members_[member.member_id()] = Member{member.incarnation(), pid, std::move(out),
-                                          /*step=*/0, /*samples=*/0, absl::InfinitePast(),
+                                          /*step=*/0, /*samples=*/0, /*stalled_ms=*/0,
+                                          absl::InfinitePast(),
                                           /*attached=*/connected_};
     if (connected_) {
       v1::SessionRequest attach;
@@ -395,6 +397,7 @@ void NodeSessionImpl::LocalBeat(const std::string& member, uint64_t incarnation,
     if (it != members_.end() && it->second.incarnation == incarnation) {
       it->second.step = beat.step();
       it->second.samples = beat.samples();
+      it->second.stalled_ms = beat.stalled_ms();
       it->second.last_beat = absl::Now();
     }
     ack.mutable_ack()->set_current_generation(generation_);
@@ -691,6 +694,9 @@ void NodeSessionImpl::WriteLoop(Upstream* stream) {
           step->set_member_id(id);
           step->set_step(m.step);
           step->set_samples(m.samples);
+          step->set_stalled_ms(m.stalled_ms);
+          step->set_beat_age_ms(
+              static_cast<uint32_t>(absl::ToInt64Milliseconds(now - m.last_beat)));
         }
         batch.push_back(std::move(beat));
         next_beat = now + interval_;

@@ -264,6 +264,7 @@ void CoordinatorClient::SessionLoop(std::function<void(const SessionNotice&)> on
         v1::SessionRequest hb;
         hb.mutable_heartbeat()->set_step(step_);
         hb.mutable_heartbeat()->set_samples(samples_);
+        hb.mutable_heartbeat()->set_stalled_ms(progress_.stalled_ms());
         hb.mutable_heartbeat()->set_sequence(++seq);
         absl::MutexLock lock(&write_mu);
         if (!stream->Write(hb)) break;

@@ -33,6 +33,7 @@
 #include "absl/time/time.h"
 #include "common/backoff.h"
 #include "rpc/tls_files.h"
+#include "trainer/client/training_progress.h"
 #include "trainer/client/world_info.h"
 
 namespace muster {
@@ -110,6 +111,9 @@ class CoordinatorClient {
     step_ = step;
     samples_ = samples;
   }
+  // The training thread's progress, which heartbeats report
+  // (Heartbeat.stalled_ms).
+  TrainingProgress* training_progress() { return &progress_; }
   // The highest generation any event or acknowledgement mentioned.
   uint64_t latest_generation() const { return latest_generation_.load(); }
 
@@ -154,6 +158,7 @@ class CoordinatorClient {
   std::unique_ptr<Impl> impl_;
   std::atomic<int64_t> step_{0};
   std::atomic<int64_t> samples_{0};
+  TrainingProgress progress_;
   std::atomic<uint64_t> latest_generation_{0};
   // The newest lease epoch any event or answer carried since the session
   // stream last opened; older ones are dropped (SessionEvent.epoch). Raises

@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -164,7 +165,7 @@ void GradientSync::CommLoop() {
   }
 }
 
-absl::Status GradientSync::Finish(absl::Time deadline) {
+absl::Status GradientSync::Finish(absl::Time deadline, const std::function<void()>& turn) {
   const absl::Time start = absl::Now();
   std::unique_lock<std::mutex> lock(mu_);
   if (solo_) {
@@ -194,9 +195,12 @@ absl::Status GradientSync::Finish(absl::Time deadline) {
     }
     Launch(i);
   }
-  cv_.wait(lock, [this] {
+  const auto all_done = [this] {
     return std::all_of(buckets_.begin(), buckets_.end(), [](const Bucket& b) { return b.done; });
-  });
+  };
+  while (!cv_.wait_for(lock, std::chrono::milliseconds(100), all_done)) {
+    if (turn) turn();
+  }
   stats_.comm_seconds = comm_seconds_;
   stats_.wait_seconds = absl::ToDoubleSeconds(absl::Now() - start);
   for (const Bucket& b : buckets_) {

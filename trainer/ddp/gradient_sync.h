@@ -26,6 +26,7 @@
 #include <array>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -77,8 +78,9 @@ class GradientSync {
   const std::array<float, kControlWords>& control() const { return control_; }
   // After backward: waits for every bucket and installs averaged gradients.
   // On error (deadline, abort) the gradients are unspecified and the step
-  // must be dropped.
-  absl::Status Finish(absl::Time deadline);
+  // must be dropped. `turn`, when given, is called every 100 ms of the wait
+  // (the heartbeat's proof that this thread is alive: TrainingProgress).
+  absl::Status Finish(absl::Time deadline, const std::function<void()>& turn = nullptr);
   const StepCommStats& last_stats() const { return stats_; }
 
   // Step salvage, after Finish failed and the world regrouped: reduces over

@@ -84,6 +84,10 @@ class Engine : public Distributed {
   }
 
  private:
+  // The training thread's progress, which heartbeats report: entering and
+  // leaving a call is progress; a call's blocking or long work is Busy
+  // (training_progress.h).
+  TrainingProgress* training_progress() const { return world_->client()->training_progress(); }
   absl::Status StartServices(ClientOptions* client);
   absl::Status ResumeFromCheckpoint();
   absl::Status EnterWorld(Communicator* comm, const WorldInfo& world);
@@ -231,6 +235,7 @@ absl::Status Engine::Begin() {
   if (resumed_from_ > 0 && !resumed_live_ && world_->world().rank == 0 && !options_.quiet) {
     std::cout << "muster: resumed from the checkpoint of step " << resumed_from_ << std::endl;
   }
+  training_progress()->Mark();
   return absl::OkStatus();
 }
 
@@ -410,6 +415,8 @@ void Engine::PrepareStep() {
 
 bool Engine::ShouldStop() {
   if (life_.over()) return true;
+  // The boundary's work (a regroup, a checkpoint's copy, a catch-up).
+  TrainingProgress::Busy busy(training_progress());
   // A regroup at the boundary may salvage a step: its boundary follows.
   while (life_.state() == StepState::kBoundaryDue) {
     if (absl::Status s = life_.BeginBoundary(); !s.ok()) life_.Break(s);
@@ -460,6 +467,8 @@ void Engine::DropGradients() {
 
 absl::Status Engine::AfterBackward() {
   if (!life_.status().ok()) return life_.status();
+  TrainingProgress* const progress = training_progress();
+  progress->Mark();
   if (life_.state() != StepState::kInBackward) {
     return absl::FailedPreconditionError("AfterBackward without BeforeBackward in this step");
   }
@@ -467,7 +476,9 @@ absl::Status Engine::AfterBackward() {
   // copies still read (on the GPU they run beside training).
   if (checkpointer_) checkpointer_->BeforeUpdate();
   const absl::Time backward_end = absl::Now();
-  absl::Status s = sync_->Finish(absl::Now() + deadline_.Current());
+  absl::Status s =
+      sync_->Finish(absl::Now() + deadline_.Current(), [progress] { progress->Mark(); });
+  TrainingProgress::Busy busy(progress);  // a broadcast, a regroup
   if (s.ok()) s = BroadcastBuffers();
   if (!s.ok()) {
     // A peer failed or hung: regroup with the others, keeping this rank's
@@ -655,6 +666,7 @@ absl::StatusOr<std::vector<double>> Engine::AllReduceSum(std::vector<double> val
   if (life_.ended() && life_.outcome() != StepOutcome::kFinished) {
     return absl::FailedPreconditionError("this member is no longer in a world");
   }
+  TrainingProgress::Busy busy(training_progress());
   // Between steps (an evaluation): ranks may arrive far apart after work
   // of their own, so the long deadline, not the step's.
   absl::Status s = AllReduceValues(world_->comm(), values.data(), values.size(),
@@ -676,6 +688,8 @@ static_assert(static_cast<int>(StepOutcome::kStopped) ==
               "StepOutcome follows Distributed::Outcome");
 
 absl::StatusOr<Distributed::Outcome> Engine::Finish() {
+  std::optional<TrainingProgress::Busy> busy;
+  if (world_) busy.emplace(training_progress());
   if (checkpointer_) checkpointer_->Wait().IgnoreError();  // logged when it failed
   if (!life_.status().ok()) return life_.status();
   if (!life_.ended()) {  // the loop ended before ShouldStop said so: leave
