@@ -84,23 +84,12 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "muster/backend.h"
+#include "muster/blob.h"
 #include "muster/optimizer_codec.h"
 #include "muster/options.h"
 #include "muster/signals.h"
 
 namespace muster {
-
-// Bytes of your own state (counters, RNG, a data loader's position). `save`
-// is called at checkpoints and state transfers; `load` receives what a save
-// on the source rank returned and reports a bad value as an error. Equal
-// states must save equal bytes on every rank: the ranks' state digests
-// include them (so no pointers, no torch::save of an optimizer, whose bytes
-// hold addresses). A digest that differs names the entries that differ.
-struct Blob {
-  std::string name;
-  std::function<std::string()> save;
-  std::function<absl::Status(const std::string&)> load;
-};
 
 // Everything muster moves to joiners, writes in checkpoints and restores on
 // start. Pointers must outlive the Distributed.

@@ -20,7 +20,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "tests/bench/process_stats.h"
-#include "trainer/client/coordinator_client.h"
+#include "trainer/client/coordinator_store.h"
 #include "trainer/comm/factory.h"
 #include "trainer/comm/reduce.h"
 #include "trainer/comm/values.h"

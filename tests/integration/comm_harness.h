@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "coordinator/server.h"
-#include "trainer/client/coordinator_client.h"
+#include "trainer/client/coordinator_store.h"
 #include "trainer/comm/factory.h"
 
 namespace muster {

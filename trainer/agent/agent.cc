@@ -19,6 +19,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/logging.h"
+#include "rpc/agent_protocol.h"
 #include "trainer/agent/node_session.h"
 
 namespace muster {

@@ -95,11 +95,6 @@ class NodeSession {
   virtual void ProcessEnded(pid_t pid, const std::string& how) = 0;
 };
 
-// The environment variable that hands a trainer its agent's address.
-inline constexpr char kAgentSessionEnv[] = "MUSTER_AGENT_SESSION";
-// The metadata entry in which a trainer names its process id to the agent.
-inline constexpr char kTrainerPidMetadata[] = "muster-trainer-pid";
-
 }  // namespace muster
 
 #endif  // MUSTER_TRAINER_AGENT_NODE_SESSION_H_

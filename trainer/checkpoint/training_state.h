@@ -16,7 +16,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "muster/muster.h"
+#include "muster/blob.h"
+#include "muster/optimizer_codec.h"
 #include "trainer/checkpoint/state_tensors.h"
 
 namespace muster {
@@ -29,10 +30,7 @@ struct TrainingState {
   NamedTensors tensors;                          // extra tensors, by user name
   std::vector<Blob> blobs;
 
-  // From the public State. INVALID_ARGUMENT naming what is wrong: no model,
-  // an optimizer whose state muster cannot carry (no codec), duplicate or empty names,
-  // an undefined tensor, a blob without save or load.
-  static absl::StatusOr<TrainingState> From(const State& state);
+  // (From the public muster::State: trainer/lib/state_from.h.)
   // A model and (optionally) one of LibTorch's optimizers, nothing else.
   static TrainingState Of(torch::nn::Module* model, torch::optim::Optimizer* optimizer);
 

@@ -13,10 +13,10 @@
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "muster/v1/coordinator.grpc.pb.h"
+#include "rpc/agent_protocol.h"
 #include "rpc/coordinator_channel.h"
 #include "rpc/credentials.h"
 #include "rpc/status.h"
-#include "trainer/agent/node_session.h"
 
 namespace muster {
 

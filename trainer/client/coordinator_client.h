@@ -34,7 +34,7 @@
 #include "common/backoff.h"
 #include "rpc/tls_files.h"
 #include "trainer/client/training_progress.h"
-#include "trainer/client/world_info.h"
+#include "trainer/comm/world_info.h"
 
 namespace muster {
 

@@ -9,7 +9,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "muster/backend.h"
-#include "trainer/client/world_info.h"
+#include "trainer/comm/world_info.h"
 #include "trainer/comm/communicator.h"
 #include "trainer/comm/gloo/gloo_communicator.h"
 #include "trainer/comm/hierarchical.h"

@@ -1,7 +1,8 @@
 // Store: the key-value rendezvous that communicators bootstrap through
 // (NCCL unique ids, Gloo addresses, shared-memory segment names). In
 // production it is the coordinator's KV of the current generation; keys are
-// namespaced with a prefix per communicator.
+// namespaced with a prefix per communicator
+// (trainer/client/coordinator_store.h).
 //
 // Implementations are thread-safe.
 #ifndef MUSTER_TRAINER_COMM_STORE_H_
@@ -17,8 +18,6 @@
 
 namespace muster {
 
-class CoordinatorClient;
-
 class Store {
  public:
   virtual ~Store() = default;
@@ -30,9 +29,6 @@ class Store {
   virtual absl::StatusOr<std::vector<std::string>> Wait(const std::vector<std::string>& keys,
                                                         absl::Time deadline) = 0;
 };
-
-// The coordinator's KV of `generation`. `client` must outlive the store.
-std::unique_ptr<Store> NewCoordinatorStore(CoordinatorClient* client, uint64_t generation);
 
 // Keys of `base` under "prefix/". `base` must outlive the returned store.
 std::unique_ptr<Store> NewPrefixStore(Store* base, std::string prefix);

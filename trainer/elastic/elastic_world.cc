@@ -6,7 +6,8 @@
 #include "absl/time/clock.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
-#include "trainer/train/build_watchdog.h"
+#include "trainer/client/coordinator_store.h"
+#include "trainer/elastic/build_watchdog.h"
 
 namespace muster {
 namespace {

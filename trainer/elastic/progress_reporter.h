@@ -15,8 +15,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "muster/muster.h"
-#include "trainer/train/event_writer.h"
+#include "muster/options.h"
+#include "trainer/elastic/event_writer.h"
 
 namespace muster {
 

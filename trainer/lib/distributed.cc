@@ -31,6 +31,7 @@
 #include "trainer/lib/launch_options.h"
 #include "trainer/lib/learning_rates.h"
 #include "trainer/lib/signals.h"
+#include "trainer/lib/state_from.h"
 #include "trainer/lib/step_lifecycle.h"
 
 namespace muster {
@@ -707,7 +708,7 @@ absl::StatusOr<Distributed::Outcome> Engine::Finish() {
 absl::StatusOr<std::unique_ptr<Distributed>> Distributed::Start(const Options& options,
                                                                 State state) {
   MUSTER_RETURN_IF_ERROR(options.Validate());
-  MUSTER_ASSIGN_OR_RETURN(TrainingState ts, TrainingState::From(state));
+  MUSTER_ASSIGN_OR_RETURN(TrainingState ts, TrainingStateFrom(state));
   auto engine = std::make_unique<Engine>(options, std::move(ts));
   MUSTER_RETURN_IF_ERROR(engine->Begin());
   return std::unique_ptr<Distributed>(std::move(engine));

@@ -12,7 +12,7 @@
 #include "common/status_macros.h"
 #include "common/token.h"
 #include "muster/muster.h"
-#include "trainer/agent/node_session.h"
+#include "rpc/agent_protocol.h"
 #include "trainer/ddp/device_comm.h"
 
 namespace muster {

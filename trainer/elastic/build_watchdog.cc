@@ -1,4 +1,4 @@
-#include "trainer/train/build_watchdog.h"
+#include "trainer/elastic/build_watchdog.h"
 
 #include <chrono>
 #include <cstdlib>

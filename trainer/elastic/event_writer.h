@@ -8,8 +8,8 @@
 // summary=5; Summary.value=1; Value: tag=1 string, simple_value=2 float).
 //
 // Not thread-safe: one writer per thread.
-#ifndef MUSTER_TRAINER_TRAIN_EVENT_WRITER_H_
-#define MUSTER_TRAINER_TRAIN_EVENT_WRITER_H_
+#ifndef MUSTER_TRAINER_ELASTIC_EVENT_WRITER_H_
+#define MUSTER_TRAINER_ELASTIC_EVENT_WRITER_H_
 
 #include <cstdint>
 #include <cstdio>
@@ -53,4 +53,4 @@ class JsonLinesWriter {
 
 }  // namespace muster
 
-#endif  // MUSTER_TRAINER_TRAIN_EVENT_WRITER_H_
+#endif  // MUSTER_TRAINER_ELASTIC_EVENT_WRITER_H_

@@ -1,4 +1,4 @@
-#include "trainer/train/event_writer.h"
+#include "trainer/elastic/event_writer.h"
 
 #include <unistd.h>
 

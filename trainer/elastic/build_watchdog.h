@@ -9,8 +9,8 @@
 // checks every 100 ms. If the build outlives `deadline`, or 10 s past the
 // first moment `superseded()` returned true (a newer world exists), it logs
 // why and calls std::_Exit(kExitCode). `superseded` runs on that thread.
-#ifndef MUSTER_TRAINER_TRAIN_BUILD_WATCHDOG_H_
-#define MUSTER_TRAINER_TRAIN_BUILD_WATCHDOG_H_
+#ifndef MUSTER_TRAINER_ELASTIC_BUILD_WATCHDOG_H_
+#define MUSTER_TRAINER_ELASTIC_BUILD_WATCHDOG_H_
 
 #include <condition_variable>
 #include <functional>
@@ -42,4 +42,4 @@ class BuildWatchdog {
 
 }  // namespace muster
 
-#endif  // MUSTER_TRAINER_TRAIN_BUILD_WATCHDOG_H_
+#endif  // MUSTER_TRAINER_ELASTIC_BUILD_WATCHDOG_H_

@@ -1,7 +1,7 @@
 // WorldInfo: a trainer's view of one generation's world, as the coordinator
 // answered it to Rendezvous. A plain copyable value.
-#ifndef MUSTER_TRAINER_CLIENT_WORLD_INFO_H_
-#define MUSTER_TRAINER_CLIENT_WORLD_INFO_H_
+#ifndef MUSTER_TRAINER_COMM_WORLD_INFO_H_
+#define MUSTER_TRAINER_COMM_WORLD_INFO_H_
 
 #include <cstdint>
 #include <string>
@@ -48,4 +48,4 @@ struct WorldInfo {
 
 }  // namespace muster
 
-#endif  // MUSTER_TRAINER_CLIENT_WORLD_INFO_H_
+#endif  // MUSTER_TRAINER_COMM_WORLD_INFO_H_
