@@ -203,20 +203,10 @@ int PullWeights(const muster::v1::GetStatusResponse& status, const std::string& 
     std::cerr << "muster: pull-weights: " << parsed.status() << "\n";
     return 1;
   }
-  // Written beside the target, then renamed: a reader never sees half a file.
-  const std::string tmp = out + ".partial";
-  muster::FileSystem* fs = muster::DefaultFileSystem();
-  auto file = fs->NewWritableFile(tmp);
-  absl::Status w = file.ok() ? (*file)->Append(bytes.data(), bytes.size()) : file.status();
-  if (w.ok()) w = (*file)->Sync();
-  if (w.ok()) w = (*file)->Close();
-  if (!w.ok()) {
-    fs->Remove(tmp).IgnoreError();
-    std::cerr << "muster: pull-weights: writing " << tmp << ": " << w << "\n";
-    return 1;
-  }
-  if (absl::Status r = fs->Rename(tmp, out); !r.ok()) {
-    std::cerr << "muster: pull-weights: " << r << "\n";
+  // A reader never sees half a file, nor a crash one.
+  if (absl::Status w = muster::WriteFileAtomically(muster::DefaultFileSystem(), out, bytes);
+      !w.ok()) {
+    std::cerr << "muster: pull-weights: writing " << out << ": " << w << "\n";
     return 1;
   }
   std::cout << "pulled " << parsed->tensors.size() << " tensors (" << bytes.size()

@@ -153,6 +153,12 @@ class PosixFileSystem : public FileSystem {
     ::closedir(d);
     return out;
   }
+  absl::StatusOr<FileStat> Stat(const std::string& path) override {
+    struct stat st;
+    if (::stat(path.c_str(), &st) != 0) return ErrnoStatus(errno, "stat", path);
+    return FileStat{static_cast<uint64_t>(st.st_size),
+                    absl::TimeFromTimespec(st.st_mtim)};
+  }
 };
 
 }  // namespace
@@ -160,6 +166,23 @@ class PosixFileSystem : public FileSystem {
 FileSystem* DefaultFileSystem() {
   static FileSystem* fs = new PosixFileSystem();
   return fs;
+}
+
+absl::Status WriteFileAtomically(FileSystem* fs, const std::string& path,
+                                 std::string_view bytes) {
+  const std::string tmp = absl::StrCat(path, ".tmp.", ::getpid());
+  absl::StatusOr<std::unique_ptr<WritableFile>> file = fs->NewWritableFile(tmp);
+  absl::Status s = file.status();
+  if (s.ok()) s = (*file)->Append(bytes.data(), bytes.size());
+  if (s.ok()) s = (*file)->Sync();
+  if (s.ok()) s = (*file)->Close();
+  if (s.ok()) s = fs->Rename(tmp, path);
+  if (!s.ok()) {
+    if (file.ok()) fs->Remove(tmp).IgnoreError();
+    return s;
+  }
+  const size_t slash = path.rfind('/');
+  return fs->SyncDir(slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash));
 }
 
 }  // namespace muster

@@ -11,10 +11,12 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 
 namespace muster {
 
@@ -29,6 +31,12 @@ class WritableFile {
   // Cuts the file to `size` bytes (after direct writes rounded up to blocks).
   virtual absl::Status Truncate(uint64_t size) = 0;
   virtual absl::Status Close() = 0;
+};
+
+// What Stat tells of a file.
+struct FileStat {
+  uint64_t bytes = 0;
+  absl::Time modified;
 };
 
 class FileSystem {
@@ -53,10 +61,19 @@ class FileSystem {
   // The whole file; RESOURCE_EXHAUSTED above `max_bytes`.
   virtual absl::StatusOr<std::string> ReadFile(const std::string& path, uint64_t max_bytes) = 0;
   virtual absl::StatusOr<std::vector<std::string>> ListDir(const std::string& dir) = 0;
+  virtual absl::StatusOr<FileStat> Stat(const std::string& path) = 0;
 };
 
 // The real POSIX file system. Never destroyed.
 FileSystem* DefaultFileSystem();
+
+// Writes `bytes` to `path` so that a reader, after a crash too, finds the
+// old file or the whole new one: written beside it (`path`.tmp.<pid>, so
+// that processes writing the same path do not share one), synced, renamed
+// over `path`, and its directory synced. On error the temporary file is
+// removed and `path` is unchanged.
+absl::Status WriteFileAtomically(FileSystem* fs, const std::string& path,
+                                 std::string_view bytes);
 
 // absl::Status for errno `err` from `op` on `path`.
 absl::Status ErrnoStatus(int err, const std::string& op, const std::string& path);

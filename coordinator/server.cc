@@ -1,6 +1,5 @@
 #include "coordinator/server.h"
 
-#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -10,6 +9,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/file_system.h"
+#include "common/host_name.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "coordinator/catalog_rebuild.h"
@@ -58,27 +59,7 @@ std::string Advertised(const std::string& listen) {
   const size_t colon = listen.rfind(':');
   const std::string host = colon == std::string::npos ? "" : listen.substr(0, colon);
   if (host != "0.0.0.0" && host != "[::]" && !host.empty()) return listen;
-  char name[256] = {};
-  ::gethostname(name, sizeof(name) - 1);
-  return absl::StrCat(name, listen.substr(colon == std::string::npos ? listen.size() : colon));
-}
-
-// Writes `text` to `path` atomically: a reader sees the old or the new file.
-absl::Status WriteAtomically(const std::string& path, const std::string& text) {
-  const std::string tmp = absl::StrCat(path, ".tmp.", ::getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    return absl::UnavailableError(absl::StrCat("cannot write ", tmp, ": ", std::strerror(errno)));
-  }
-  const bool written = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size()) &&
-                       ::fsync(fd) == 0;
-  ::close(fd);
-  if (!written || ::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    ::unlink(tmp.c_str());
-    return absl::UnavailableError(absl::StrCat("cannot write ", path, ": ", std::strerror(err)));
-  }
-  return absl::OkStatus();
+  return absl::StrCat(HostName(), listen.substr(colon == std::string::npos ? listen.size() : colon));
 }
 
 // Blocks until this coordinator holds the lease on `store`, or `cancelled`.
@@ -173,7 +154,8 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     advertised = absl::StrCat(advertised.substr(0, advertised.size() - 1), s->port_);
   }
   if (!options.address_file.empty()) {
-    MUSTER_RETURN_IF_ERROR(WriteAtomically(options.address_file, advertised + "\n"));
+    MUSTER_RETURN_IF_ERROR(
+        WriteFileAtomically(DefaultFileSystem(), options.address_file, advertised + "\n"));
   }
   s->ticker_ = std::thread([self] { self->TickLoop(); });
   if (options.listener_check > absl::ZeroDuration()) {

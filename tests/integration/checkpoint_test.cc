@@ -244,7 +244,9 @@ TEST(LoadCheckpointTest, AnOptimizerStateThatDoesNotFitChangesNothing) {
     saved_optimizer.emplace_back(p.key() + ".exp_avg_sq", torch::ones_like(p.value()));
   }
   const std::string manifest =
-      R"({"step": 7, "epoch": 0, "sample_offset": 70, "generation": 1, "world_size": 1})";
+      R"({"format": "muster-checkpoint-1", "step": 7, "epoch": 0, "sample_offset": 70,)"
+      R"( "generation": 1, "world_size": 1, "files": {"model.safetensors": {"bytes": 0,)"
+      R"( "xxh3": ""}}})";
   std::ofstream(dir + "/manifest.json") << manifest;
   std::vector<FileReport> files = {
       WriteFile(dir + "/model.safetensors", saved_model),
@@ -386,7 +388,9 @@ TEST(LoadCheckpointTest, ReturnedExamplesRoundTripAndBadOnesAreNamed) {
   auto load = [&](const std::string& extra) {
     std::system(("rm -rf " + dir + " && mkdir -p " + dir).c_str());
     const std::string manifest =
-        R"({"step": 7, "epoch": 1, "sample_offset": 70, "generation": 2, "world_size": 3)" +
+        R"({"format": "muster-checkpoint-1", "step": 7, "epoch": 1, "sample_offset": 70,)"
+        R"( "generation": 2, "world_size": 3, "files": {"model.safetensors": {"bytes": 0,)"
+        R"( "xxh3": ""}})" +
         extra + "}";
     std::ofstream(dir + "/manifest.json") << manifest;
     std::vector<FileReport> files = {

@@ -42,6 +42,9 @@ class FaultyFileSystem : public FileSystem {
   absl::StatusOr<std::vector<std::string>> ListDir(const std::string& d) override {
     return DefaultFileSystem()->ListDir(d);
   }
+  absl::StatusOr<FileStat> Stat(const std::string& p) override {
+    return DefaultFileSystem()->Stat(p);
+  }
   int failures() const { return failures_.load(); }
 
  private:

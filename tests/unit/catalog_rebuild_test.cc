@@ -82,7 +82,7 @@ TEST_F(CatalogRebuildTest, CompleteCheckpointsBecomeCommittedRecordsAndTheRestAr
   };
   EXPECT_TRUE(skipped("step-300: model.safetensors has 7 bytes, the manifest says 10"));
   EXPECT_TRUE(skipped("step-400: model.safetensors is missing"));
-  EXPECT_TRUE(skipped("step-500: manifest.json is not a JSON object"));
+  EXPECT_TRUE(skipped("step-500: manifest.json: not a JSON object"));
   EXPECT_TRUE(skipped("step-600: no manifest.json"));
   EXPECT_TRUE(skipped("step-700: its manifest says step 70"));
 }

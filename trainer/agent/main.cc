@@ -13,6 +13,7 @@
 #include "absl/flags/usage.h"
 #include "absl/time/time.h"
 #include "common/flag_names.h"
+#include "common/host_name.h"
 #include "common/launch_env.h"
 #include "common/token.h"
 #include "trainer/agent/agent.h"
@@ -73,10 +74,9 @@ int main(int argc, char** argv) {
                  "negative\n";
     return muster::kExitBadFlags;
   }
-  char host[256] = "localhost";
-  ::gethostname(host, sizeof(host) - 1);
   auto id = muster::ResolveLaunchIdentity({absl::GetFlag(FLAGS_node_id), -1},
-                                          [](const char* n) { return std::getenv(n); }, host);
+                                          [](const char* n) { return std::getenv(n); },
+                                          muster::HostName());
   if (!id.ok()) {
     std::cerr << "muster-agent: " << id.status() << "\n";
     return muster::kExitBadFlags;

@@ -7,7 +7,6 @@
 #include <cstring>
 #include <map>
 #include <optional>
-#include <nlohmann/json.hpp>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
@@ -211,31 +210,11 @@ absl::StatusOr<std::vector<FileReport>> Checkpointer::Write(const CheckpointMeta
     files.push_back({path, image.size, sum});
     *bytes += image.size;
   }
-  nlohmann::json manifest = {{"format", "muster-checkpoint-1"},
-                             {"step", meta.step},
-                             {"epoch", meta.epoch},
-                             {"sample_offset", meta.sample_offset},
-                             {"generation", meta.generation},
-                             {"world_size", meta.world_size},
-                             {"lr_world_size", meta.lr_world_size},
-                             {"model", meta.model},
-                             {"optimizer", meta.optimizer},
-                             {"rng_state", meta.rng_state}};
-  if (!meta.returned_examples.empty()) {
-    manifest["returned_epoch"] = meta.returned_epoch;
-    manifest["returned_examples"] = meta.returned_examples;
-  }
-  for (const FileReport& f : files) {
-    manifest["files"][BaseName(f.path)] = {{"bytes", f.bytes}, {"xxh3", f.xxh3}};
-  }
-  const std::string text = manifest.dump(1);
-  const std::string path = dir + "/manifest.json";
-  MUSTER_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> out, fs_->NewWritableFile(path + ".tmp"));
-  MUSTER_RETURN_IF_ERROR(out->Append(text.data(), text.size()));
-  MUSTER_RETURN_IF_ERROR(out->Sync());
-  MUSTER_RETURN_IF_ERROR(out->Close());
-  MUSTER_RETURN_IF_ERROR(fs_->Rename(path + ".tmp", path));
-  MUSTER_RETURN_IF_ERROR(fs_->SyncDir(dir));
+  CheckpointManifest manifest{meta, {}};
+  for (const FileReport& f : files) manifest.files[BaseName(f.path)] = {f.bytes, f.xxh3};
+  const std::string text = EncodeManifest(manifest);
+  const std::string path = absl::StrCat(dir, "/", kManifestName);
+  MUSTER_RETURN_IF_ERROR(WriteFileAtomically(fs_, path, text));
   MUSTER_RETURN_IF_ERROR(fs_->SyncDir(dir_));
   files.push_back({path, text.size(), Xxh3Hex(text.data(), text.size())});
   *bytes += text.size();
@@ -326,43 +305,6 @@ absl::StatusOr<std::vector<PlannedState>> PlanOptimizer(const TrainingState& sta
   return out;
 }
 
-absl::StatusOr<CheckpointMeta> ParseManifest(const nlohmann::json& manifest,
-                                             const std::string& path) {
-  CheckpointMeta meta;
-  for (const char* field : {"step", "epoch", "sample_offset", "generation", "world_size"}) {
-    if (!manifest.contains(field) || !manifest[field].is_number_integer()) {
-      return absl::DataLossError(
-          absl::StrCat(path, ": field ", field, " is missing or not an integer"));
-    }
-  }
-  meta.step = manifest["step"].get<int64_t>();
-  meta.epoch = manifest["epoch"].get<int64_t>();
-  meta.sample_offset = manifest["sample_offset"].get<int64_t>();
-  meta.generation = manifest["generation"].get<uint64_t>();
-  meta.world_size = manifest["world_size"].get<int>();
-  meta.lr_world_size = manifest.value("lr_world_size", meta.world_size);
-  meta.model = manifest.value("model", "");
-  meta.optimizer = manifest.value("optimizer", "");
-  meta.rng_state = manifest.value("rng_state", "");
-  if (manifest.contains("returned_examples")) {
-    const nlohmann::json& r = manifest["returned_examples"];
-    if (!r.is_array() || !manifest.contains("returned_epoch") ||
-        !manifest["returned_epoch"].is_number_integer()) {
-      return absl::DataLossError(absl::StrCat(
-          path, ": returned_examples must be an array with an integer returned_epoch"));
-    }
-    for (const nlohmann::json& i : r) {
-      if (!i.is_number_integer() || i.get<int64_t>() < 0) {
-        return absl::DataLossError(
-            absl::StrCat(path, ": returned_examples holds ", i.dump(), ", not an example index"));
-      }
-      meta.returned_examples.push_back(i.get<int64_t>());
-    }
-    meta.returned_epoch = manifest["returned_epoch"].get<int64_t>();
-  }
-  return meta;
-}
-
 void RestoreRng(const std::string& hex, const std::string& path) {
   if (hex.empty()) return;
   std::string raw = absl::HexStringToBytes(hex);
@@ -379,7 +321,7 @@ void RestoreRng(const std::string& hex, const std::string& path) {
 absl::StatusOr<CheckpointMeta> LoadCheckpoint(const std::vector<FileReport>& files,
                                               const TrainingState& state, FileSystem* fs) {
   std::map<std::string, SafetensorsFile> tensors;
-  nlohmann::json manifest;
+  std::optional<CheckpointManifest> manifest;
   std::string manifest_path;
   for (const FileReport& f : files) {
     MUSTER_ASSIGN_OR_RETURN(std::string bytes, fs->ReadFile(f.path, kMaxFileBytes));
@@ -388,12 +330,9 @@ absl::StatusOr<CheckpointMeta> LoadCheckpoint(const std::vector<FileReport>& fil
       return absl::DataLossError(absl::StrCat(f.path, ": checksum ", sum, " but the catalog says ",
                                               f.xxh3, " (damaged file)"));
     }
-    if (BaseName(f.path) == "manifest.json") {
-      manifest = nlohmann::json::parse(bytes, nullptr, /*allow_exceptions=*/false);
+    if (BaseName(f.path) == kManifestName) {
+      MUSTER_ASSIGN_OR_RETURN(manifest, DecodeManifest(bytes, f.path));
       manifest_path = f.path;
-      if (manifest.is_discarded() || !manifest.is_object()) {
-        return absl::DataLossError(absl::StrCat(f.path, ": not a JSON object"));
-      }
     } else {
       MUSTER_ASSIGN_OR_RETURN(tensors[BaseName(f.path)], ParseSafetensors(std::move(bytes), f.path));
     }
@@ -404,7 +343,7 @@ absl::StatusOr<CheckpointMeta> LoadCheckpoint(const std::vector<FileReport>& fil
   for (const std::string& key : wanted) {
     if (tensors.count(key) == 0) return absl::DataLossError(absl::StrCat("checkpoint has no ", key));
   }
-  MUSTER_ASSIGN_OR_RETURN(CheckpointMeta meta, ParseManifest(manifest, manifest_path));
+  const CheckpointMeta& meta = manifest->meta;
   const std::string dir = manifest_path.substr(0, manifest_path.rfind('/'));
 
   // Check everything before changing anything.

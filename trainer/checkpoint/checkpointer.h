@@ -36,27 +36,12 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/checkpoint_manifest.h"
 #include "common/file_system.h"
 #include "trainer/checkpoint/device_copy.h"
 #include "trainer/checkpoint/training_state.h"
 
 namespace muster {
-
-struct CheckpointMeta {
-  int64_t step = 0;
-  int64_t epoch = 0;
-  int64_t sample_offset = 0;
-  uint64_t generation = 0;
-  int world_size = 0;
-  int lr_world_size = 0;  // the world size the learning rate is scaled for
-  // Examples a salvaged step handed back to the sampler (see sampler.h),
-  // trained on next; of epoch `returned_epoch`.
-  int64_t returned_epoch = 0;
-  std::vector<int64_t> returned_examples;
-  std::string model;
-  std::string optimizer;  // "sgd" or "adamw"
-  std::string rng_state;  // hex of the CPU generator's state
-};
 
 struct FileReport {
   std::string path;

@@ -10,6 +10,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/atomic_max.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "muster/v1/coordinator.grpc.pb.h"
@@ -202,9 +203,7 @@ absl::Status CoordinatorClient::Join(int64_t step, absl::Time deadline) {
     absl::Status s = FromGrpcStatus(impl_->Stub()->Join(&ctx, req, &resp));
     if (s.ok()) {
       heartbeat_ms_ = std::max<int64_t>(10, resp.heartbeat_interval_ms());
-      if (resp.current_generation() > latest_generation_) {
-        latest_generation_ = resp.current_generation();
-      }
+      RaiseTo(latest_generation_, resp.current_generation());
     }
     return s;
   });
@@ -286,7 +285,7 @@ void CoordinatorClient::SessionLoop(std::function<void(const SessionNotice&)> on
       SessionNotice n;
       if (ev.has_ack()) {
         const uint64_t g = ev.ack().current_generation();
-        if (g > latest_generation_) latest_generation_ = g;
+        RaiseTo(latest_generation_, g);
         continue;
       }
       if (ev.has_regroup()) {
@@ -296,7 +295,7 @@ void CoordinatorClient::SessionLoop(std::function<void(const SessionNotice&)> on
         n.leave = ev.regroup().leave();
         n.paused = ev.regroup().paused();
         n.reason = ev.regroup().reason();
-        if (n.generation > latest_generation_) latest_generation_ = n.generation;
+        RaiseTo(latest_generation_, n.generation);
       } else if (ev.has_stop()) {
         n.kind = SessionNotice::Kind::kStop;
         n.reason = ev.stop().reason();
@@ -348,10 +347,7 @@ void CoordinatorClient::SessionLoop(std::function<void(const SessionNotice&)> on
 
 bool CoordinatorClient::FromCurrentEpoch(uint64_t epoch) {
   if (impl_->agent_stub != nullptr) return true;
-  uint64_t seen = epoch_.load();
-  while (epoch > seen && !epoch_.compare_exchange_weak(seen, epoch)) {
-  }
-  return epoch >= seen;
+  return epoch >= RaiseTo(epoch_, epoch);
 }
 
 absl::StatusOr<WorldInfo> CoordinatorClient::Rendezvous(uint64_t after, int64_t step,
@@ -385,7 +381,7 @@ absl::StatusOr<WorldInfo> CoordinatorClient::Rendezvous(uint64_t after, int64_t 
   }));
   WorldInfo w = FromProto(resp);
   MUSTER_RETURN_IF_ERROR(CheckWorld(w, options_.member_id));
-  if (w.generation > latest_generation_) latest_generation_ = w.generation;
+  RaiseTo(latest_generation_, w.generation);
   return w;
 }
 

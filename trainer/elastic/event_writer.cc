@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/host_name.h"
 
 namespace muster {
 namespace {
@@ -72,10 +73,8 @@ uint32_t Crc32c(const void* data, size_t n) {
 }
 
 absl::StatusOr<std::unique_ptr<EventWriter>> EventWriter::Create(const std::string& dir) {
-  char host[256] = "host";
-  ::gethostname(host, sizeof(host) - 1);
   const std::string path =
-      absl::StrCat(dir, "/events.out.tfevents.", std::time(nullptr), ".", host);
+      absl::StrCat(dir, "/events.out.tfevents.", std::time(nullptr), ".", HostName());
   std::FILE* f = std::fopen(path.c_str(), "wb");
   if (f == nullptr) {
     return absl::UnavailableError(absl::StrCat("cannot create ", path, ": ", std::strerror(errno)));

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdlib>
 
+#include "common/host_name.h"
 #include "common/launch_env.h"
 #include "common/status_macros.h"
 #include "common/token.h"
@@ -24,12 +25,6 @@ std::string Env(const char* name) {
 }
 
 }  // namespace
-
-std::string HostName() {
-  char host[256] = "localhost";
-  ::gethostname(host, sizeof(host) - 1);
-  return host;
-}
 
 absl::StatusOr<ClientOptions> ClientOptionsFrom(const Options& o) {
   ClientOptions co;

@@ -22,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "common/host_name.h"
 #include "common/logging.h"
 #include "trainer/comm/gloo/gloo_address.h"
 #include "trainer/comm/gloo/gloo_store.h"
@@ -306,10 +307,8 @@ absl::StatusOr<std::unique_ptr<Communicator>> NewGlooCommunicator(Store* store, 
     gloo::transport::tcp::attr attr;
     attr.iface = options.iface;
     if (options.iface.empty()) {
-      char host[256] = "";
-      ::gethostname(host, sizeof(host) - 1);
       absl::StatusOr<GlooAddress> address =
-          ResolveGlooAddress(options.hostname, host, options.single_host);
+          ResolveGlooAddress(options.hostname, HostName(), options.single_host);
       if (!address.ok()) return address.status();
       static std::once_flag warned;
       if (!address->warning.empty()) {
