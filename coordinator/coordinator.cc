@@ -93,7 +93,8 @@ absl::Status Coordinator::AwaitDurable() {
   // A generation that is not on disk must not be handed out as if it were;
   // crash-only: stop the job loudly (its checkpoints are safe), and let the
   // coordinator be restarted on a working state dir.
-  Shutdown(absl::StrCat("the state store cannot be written: ", s.message()));
+  Shutdown(absl::StrCat("the state store cannot be written: ", s.message()))
+      .IgnoreError();  // it cannot be, as said; logged
   return not_durable;
 }
 
@@ -183,23 +184,28 @@ CoordinatorCounters Coordinator::Counters() {
   return c;
 }
 
-std::vector<JobEvent> Coordinator::RecentEvents(size_t limit) {
+absl::StatusOr<std::vector<JobEvent>> Coordinator::RecentEvents(size_t limit) {
   {
     absl::MutexLock lock(&mu_);
     FlushEvents();
   }
-  persister_.Flush().IgnoreError();
-  auto events = store_.LoadEvents(limit);
-  return events.ok() ? *events : std::vector<JobEvent>();
+  // A failed world write is sticky and says nothing of the event log: the
+  // events written so far are still worth reading.
+  if (absl::Status s = persister_.Flush(absl::Seconds(5));
+      absl::IsDeadlineExceeded(s)) {
+    return s;
+  }
+  return store_.LoadEvents(limit);
 }
 
-void Coordinator::Shutdown(const std::string& reason) {
-  if (StopServing(reason)) {
-    // Everything decided is on disk when Shutdown returns, and nothing is
-    // written after it: a successor may open the same state at once.
-    persister_.Flush().IgnoreError();
-    persister_.Close();
-  }
+absl::Status Coordinator::Shutdown(const std::string& reason) {
+  if (!StopServing(reason)) return absl::OkStatus();
+  // Everything decided is on disk when Shutdown returns, and nothing is
+  // written after it: a successor may open the same state at once.
+  absl::Status flushed = persister_.Flush(absl::Seconds(10));
+  persister_.Close();
+  if (!flushed.ok()) MUSTER_LOG(ERROR) << "shutdown: the state is not all on disk: " << flushed;
+  return flushed;
 }
 
 void Coordinator::Abandon(const std::string& reason) { StopServing(reason, false); }

@@ -261,12 +261,17 @@ class Coordinator {
 
   StatusSnapshot GetStatus();
   CoordinatorCounters Counters();
-  std::vector<JobEvent> RecentEvents(size_t limit);
+  // The newest `limit` events, oldest first, once what is queued is written
+  // (within a few seconds). Errors: the store's, or DEADLINE_EXCEEDED while
+  // the event log cannot be written.
+  absl::StatusOr<std::vector<JobEvent>> RecentEvents(size_t limit);
 
   // Stops every member and fails every pending call; later calls fail
-  // FAILED_PRECONDITION. Returns once everything decided is on disk; the
-  // state file is not written after it. Idempotent.
-  void Shutdown(const std::string& reason);
+  // FAILED_PRECONDITION. Returns once everything decided is on disk, or
+  // with the error that kept it from getting there (a failed write, or
+  // DEADLINE_EXCEEDED after 10 s); the state file is not written after it.
+  // Idempotent (a second call returns OK).
+  absl::Status Shutdown(const std::string& reason);
   // Stops serving because another coordinator took the lease over
   // (docs/failover.md): members are not stopped; every session and pending
   // call ends UNAVAILABLE, so clients go to the new holder. Nothing more is

@@ -394,7 +394,9 @@ grpc::ServerUnaryReactor* CoordinatorService::ListEvents(grpc::CallbackServerCon
   MUSTER_AUTHORIZE("ListEvents");
   constexpr uint32_t kDefault = 1'000, kMax = 10'000;
   const uint32_t limit = req->limit() == 0 ? kDefault : std::min(req->limit(), kMax);
-  for (const JobEvent& e : coordinator_->RecentEvents(limit)) {
+  absl::StatusOr<std::vector<JobEvent>> events = coordinator_->RecentEvents(limit);
+  if (!events.ok()) return Reply(ctx, "ListEvents", start, events.status());
+  for (const JobEvent& e : *events) {
     const int64_t ms = absl::ToUnixMillis(e.time);
     if (ms < req->since_unix_ms()) continue;
     v1::Event* out = resp->add_events();
@@ -412,9 +414,11 @@ grpc::ServerUnaryReactor* CoordinatorService::Shutdown(grpc::CallbackServerConte
   if (absl::Status bad = CheckOptional("reason", req->reason(), 1024); !bad.ok()) {
     return Reply(ctx, "Shutdown", start, bad);
   }
-  coordinator_->Shutdown(req->reason().empty() ? "shutdown requested"
-                                               : req->reason().substr(0, 1024));
-  grpc::ServerUnaryReactor* reactor = Reply(ctx, "Shutdown", start, absl::OkStatus());
+  // The job stops either way; the caller hears whether its state got to
+  // disk (a restart on this state dir then repeats what did not).
+  const absl::Status flushed = coordinator_->Shutdown(
+      req->reason().empty() ? "shutdown requested" : req->reason().substr(0, 1024));
+  grpc::ServerUnaryReactor* reactor = Reply(ctx, "Shutdown", start, flushed);
   if (on_shutdown_) on_shutdown_();
   return reactor;
 }

@@ -3,6 +3,8 @@
 #include <iterator>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
+#include "common/backoff.h"
 #include "common/logging.h"
 
 namespace muster {
@@ -105,13 +107,19 @@ absl::Status Persister::Wait(uint64_t ticket) {
   return durable_ >= ticket ? absl::OkStatus() : error_;
 }
 
-absl::Status Persister::Flush() {
+absl::Status Persister::Flush(absl::Duration timeout) {
   absl::MutexLock lock(&mu_);
   const uint64_t worlds = queued_, events = events_queued_;
   auto done = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
     return (durable_ >= worlds && events_written_ >= events && !writing_) || !error_.ok();
   };
-  mu_.Await(absl::Condition(&done));
+  if (!mu_.AwaitWithTimeout(absl::Condition(&done), timeout)) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "not written within ", absl::FormatDuration(timeout), ": ",
+        durable_ >= worlds ? "" : "the world or checkpoint records, ",
+        events_written_ >= events ? "nothing more" : "the event log",
+        event_error_.ok() ? "" : absl::StrCat(" (", event_error_.message(), ")")));
+  }
   return error_;
 }
 
@@ -121,6 +129,7 @@ uint64_t Persister::groups_written() {
 }
 
 void Persister::Loop() {
+  Backoff backoff({absl::Milliseconds(100), absl::Seconds(5), 2.0});
   for (;;) {
     std::optional<World> world;
     std::map<uint64_t, CheckpointRecord> records;
@@ -173,12 +182,23 @@ void Persister::Loop() {
       // ABORTED: fenced by a coordinator that took the lease over; these
       // events are this one's and can never be written.
       events_written_ = batches;
+      event_error_ = absl::OkStatus();
+      backoff.Reset();
     } else {
-      // Put them back ahead of newer ones, for the next group.
+      // Put them back ahead of newer ones, for the next group, after a
+      // pause that grows while the log keeps failing (a full disk is not
+      // retried in a tight loop); a world or record to write ends the
+      // pause, since callers wait for those.
       events.insert(events.end(), std::make_move_iterator(events_.begin()),
                     std::make_move_iterator(events_.end()));
       events_.swap(events);
+      event_error_ = events_saved;
       if (stop_) return;  // no endless retry on the way out
+      auto more = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+        return stop_ || world_.has_value() || !records_.empty();
+      };
+      mu_.AwaitWithTimeout(absl::Condition(&more), backoff.Next());
+      if (stop_) return;
     }
   }
 }

@@ -76,8 +76,11 @@ class Persister {
   // Blocks until the write of `ticket` and every one before it is durable,
   // or a world or record write failed (that error, sticky).
   absl::Status Wait(uint64_t ticket);
-  // Blocks until everything queued so far, events included, is written.
-  absl::Status Flush();
+  // Blocks until everything queued so far, events included, is written, or
+  // `timeout` passes (DEADLINE_EXCEEDED, naming what is not written; the
+  // writer retries a failing event log with backoff meanwhile). Errors: a
+  // failed world or record write (sticky).
+  absl::Status Flush(absl::Duration timeout = absl::InfiniteDuration());
 
   // After Close nothing more is queued (Save* return ticket 0, which is
   // always durable); what was queued before is still written.
@@ -100,6 +103,7 @@ class Persister {
   uint64_t events_written_ ABSL_GUARDED_BY(mu_) = 0;  // ... and written
   absl::Status error_ ABSL_GUARDED_BY(mu_);
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status event_error_ ABSL_GUARDED_BY(mu_);  // the event log's last failed write
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t groups_ ABSL_GUARDED_BY(mu_) = 0;

@@ -110,83 +110,96 @@ std::string WithPort(const std::string& listen, int port) {
 absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     ServerOptions options) {
   std::unique_ptr<CoordinatorServer> s(new CoordinatorServer());
-  std::string db = ":memory:";
-  if (!options.state_dir.empty()) {
-    if (::mkdir(options.state_dir.c_str(), 0700) != 0 && errno != EEXIST) {
-      return absl::UnavailableError(absl::StrCat("cannot create state dir ", options.state_dir,
-                                                 ": ", std::strerror(errno)));
-    }
-    db = options.state_dir + "/coordinator.db";
+  s->options_ = std::move(options);
+  const ServerOptions& o = s->options_;
+  MUSTER_RETURN_IF_ERROR(s->OpenState());
+  MUSTER_ASSIGN_OR_RETURN(s->coordinator_, Coordinator::Create(o.coordinator, s->store_.get()));
+  MUSTER_ASSIGN_OR_RETURN(s->metrics_, Metrics::Create(o.metrics_listen));
+  if (!o.http_listen.empty()) {
+    MUSTER_ASSIGN_OR_RETURN(s->status_page_,
+                            StatusPage::Start(o.http_listen, o.token, s->coordinator_.get()));
   }
-  MUSTER_ASSIGN_OR_RETURN(s->store_, OpenSqliteStateStore(db, options.state_sync_delay));
-  std::string advertised = options.advertise.empty() ? Advertised(options.listen)
-                                                     : options.advertise;
-  if (!options.state_dir.empty()) {
+  MUSTER_ASSIGN_OR_RETURN(s->credentials_, MakeServerCredentials(o.tls));
+  MUSTER_RETURN_IF_ERROR(s->Listen());
+  CoordinatorServer* self = s.get();
+  s->ticker_ = std::thread([self] { self->TickLoop(); });
+  if (o.listener_check > absl::ZeroDuration()) {
+    s->watchdog_ = std::make_unique<ListenerWatchdog>(
+        ListenerWatchdogOptions{s->port_, o.listener_check, o.listener_stuck_after},
+        [self](absl::Duration waited) { return self->RebuildListener(waited); });
+  }
+  s->stopper_ = std::thread([self] { self->StopWhenAsked(); });
+  MUSTER_LOG(INFO) << "coordinator listening on port " << s->port_
+                   << (o.tls.enabled() ? " (TLS)" : " (plain text)")
+                   << (o.token.empty() ? ", no token" : ", token required");
+  return s;
+}
+
+std::string CoordinatorServer::AdvertisedAddress() const {
+  return options_.advertise.empty() ? Advertised(options_.listen) : options_.advertise;
+}
+
+absl::Status CoordinatorServer::OpenState() {
+  const ServerOptions& o = options_;
+  std::string db = ":memory:";
+  if (!o.state_dir.empty()) {
+    if (::mkdir(o.state_dir.c_str(), 0700) != 0 && errno != EEXIST) {
+      return absl::UnavailableError(
+          absl::StrCat("cannot create state dir ", o.state_dir, ": ", std::strerror(errno)));
+    }
+    db = o.state_dir + "/coordinator.db";
+  }
+  MUSTER_ASSIGN_OR_RETURN(store_, OpenSqliteStateStore(db, o.state_sync_delay));
+  if (!o.state_dir.empty()) {
     // Port 0 is not an address yet: such a coordinator never counts as
     // the restart of another (the pid tells processes apart).
+    const std::string advertised = AdvertisedAddress();
     const std::string holder = absl::EndsWith(advertised, ":0")
                                    ? absl::StrCat(advertised, "#", ::getpid())
                                    : advertised;
-    MUSTER_ASSIGN_OR_RETURN(Lease lease, HoldLease(s->store_.get(), holder, options));
-    s->epoch_ = lease.epoch;
+    MUSTER_ASSIGN_OR_RETURN(Lease lease, HoldLease(store_.get(), holder, o));
+    epoch_ = lease.epoch;
   }
-  if (!options.rebuild_catalog.empty()) {
-    MUSTER_RETURN_IF_ERROR(FillCatalog(s->store_.get(), options.rebuild_catalog));
+  if (!o.rebuild_catalog.empty()) {
+    MUSTER_RETURN_IF_ERROR(FillCatalog(store_.get(), o.rebuild_catalog));
   }
-  MUSTER_ASSIGN_OR_RETURN(s->coordinator_,
-                          Coordinator::Create(options.coordinator, s->store_.get()));
-  MUSTER_ASSIGN_OR_RETURN(s->metrics_, Metrics::Create(options.metrics_listen));
-  if (!options.http_listen.empty()) {
-    MUSTER_ASSIGN_OR_RETURN(s->status_page_, StatusPage::Start(options.http_listen, options.token,
-                                                               s->coordinator_.get()));
-  }
-  CoordinatorServer* self = s.get();
-  MUSTER_ASSIGN_OR_RETURN(s->credentials_, MakeServerCredentials(options.tls));
-  s->options_ = options;
+  return absl::OkStatus();
+}
+
+absl::Status CoordinatorServer::Listen() {
   {
-    absl::MutexLock lock(&s->servers_mu_);
-    s->services_.push_back(s->NewService());
+    absl::MutexLock lock(&servers_mu_);
+    services_.push_back(NewService());
     MUSTER_ASSIGN_OR_RETURN(auto server,
-                            s->StartGrpc(options.listen, s->services_.back().get(), &s->port_));
-    s->servers_.push_back(std::move(server));
+                            StartGrpc(options_.listen, services_.back().get(), &port_));
+    servers_.push_back(std::move(server));
   }
+  if (options_.address_file.empty()) return absl::OkStatus();
+  std::string advertised = AdvertisedAddress();
   if (absl::EndsWith(advertised, ":0")) {
-    advertised = absl::StrCat(advertised.substr(0, advertised.size() - 1), s->port_);
+    advertised = absl::StrCat(advertised.substr(0, advertised.size() - 1), port_);
   }
-  if (!options.address_file.empty()) {
-    MUSTER_RETURN_IF_ERROR(
-        WriteFileAtomically(DefaultFileSystem(), options.address_file, advertised + "\n"));
-  }
-  s->ticker_ = std::thread([self] { self->TickLoop(); });
-  if (options.listener_check > absl::ZeroDuration()) {
-    s->watchdog_ = std::make_unique<ListenerWatchdog>(
-        ListenerWatchdogOptions{s->port_, options.listener_check, options.listener_stuck_after},
-        [self](absl::Duration waited) { return self->RebuildListener(waited); });
-  }
-  // Stops the server off the rpc threads once a stop is requested.
-  s->stopper_ = std::thread([self] {
-    self->stop_requested_.WaitForNotification();
-    if (self->watchdog_ != nullptr) self->watchdog_->Stop();
-    if (self->lost_lease().empty()) {
-      self->coordinator_->Shutdown("coordinator stopping");
-      self->ShutDownServers(absl::Now() + absl::Seconds(2));
-      if (self->epoch_ != 0) {
-        if (absl::Status s = self->store_->ReleaseLease(self->epoch_); !s.ok()) {
-          MUSTER_LOG(WARNING) << "could not release the lease: " << s;
-        }
+  return WriteFileAtomically(DefaultFileSystem(), options_.address_file, advertised + "\n");
+}
+
+void CoordinatorServer::StopWhenAsked() {
+  stop_requested_.WaitForNotification();
+  if (watchdog_ != nullptr) watchdog_->Stop();
+  if (lost_lease().empty()) {
+    coordinator_->Shutdown("coordinator stopping").IgnoreError();  // logged
+    ShutDownServers(absl::Now() + absl::Seconds(2));
+    if (epoch_ != 0) {
+      if (absl::Status s = store_->ReleaseLease(epoch_); !s.ok()) {
+        MUSTER_LOG(WARNING) << "could not release the lease: " << s;
       }
-    } else {
-      // Members are not stopped: their sessions and calls end UNAVAILABLE,
-      // and they go to the coordinator that took over.
-      self->coordinator_->Abandon(self->lost_lease());
-      self->ShutDownServers(absl::Now() + absl::Milliseconds(200));
     }
-    self->stopped_.Notify();
-  });
-  MUSTER_LOG(INFO) << "coordinator listening on port " << s->port_
-                   << (s->options_.tls.enabled() ? " (TLS)" : " (plain text)")
-                   << (s->options_.token.empty() ? ", no token" : ", token required");
-  return s;
+  } else {
+    // Members are not stopped: their sessions and calls end UNAVAILABLE,
+    // and they go to the coordinator that took over.
+    coordinator_->Abandon(lost_lease());
+    ShutDownServers(absl::Now() + absl::Milliseconds(200));
+  }
+  stopped_.Notify();
 }
 
 std::unique_ptr<CoordinatorService> CoordinatorServer::NewService() {
@@ -319,7 +332,7 @@ std::string CoordinatorServer::ended() {
 void CoordinatorServer::Stop(const std::string& reason) {
   if (!stop_requested_.HasBeenNotified()) {
     MUSTER_LOG(INFO) << "stopping: " << reason;
-    coordinator_->Shutdown(reason);
+    coordinator_->Shutdown(reason).IgnoreError();  // logged
   }
   RequestStop();
 }

@@ -109,6 +109,13 @@ class CoordinatorServer {
  private:
   CoordinatorServer() = default;
   void TickLoop();
+  // Start's steps: the state store, its lease and a rebuilt catalog; the
+  // gRPC server and the address file; and, on its own thread, the stop.
+  absl::Status OpenState();
+  absl::Status Listen();
+  void StopWhenAsked();
+  // --advertise, or the listen address with this host's name.
+  std::string AdvertisedAddress() const;
   void RequestStop();
   // A new service over coordinator_ (each gRPC server needs its own).
   std::unique_ptr<CoordinatorService> NewService();

@@ -270,7 +270,15 @@ std::string StatusJson(Coordinator* coordinator) {
                            {"reason", r.reason}});
   }
   nlohmann::json& events = j["events"] = nlohmann::json::array();
-  for (const JobEvent& e : coordinator->RecentEvents(kEvents)) {
+  absl::StatusOr<std::vector<JobEvent>> recent = coordinator->RecentEvents(kEvents);
+  if (!recent.ok()) {
+    // The page still shows the job; the missing log says why it is missing.
+    events.push_back({{"unix_ms", absl::ToUnixMillis(absl::Now())},
+                      {"kind", "error"},
+                      {"detail", absl::StrCat("the event log cannot be read: ",
+                                              recent.status().message())}});
+  }
+  for (const JobEvent& e : recent.ok() ? *recent : std::vector<JobEvent>()) {
     events.push_back(
         {{"unix_ms", absl::ToUnixMillis(e.time)}, {"kind", e.kind}, {"detail", e.detail}});
   }

@@ -187,7 +187,9 @@ void CoordinatorHarness::Restart() {
 }
 
 void CoordinatorHarness::Retire() {
-  instance_->coordinator->Shutdown("fuzz input done");
+  if (absl::Status s = instance_->coordinator->Shutdown("fuzz input done"); !s.ok()) {
+    Fail("shutdown did not get the state to disk: " + s.ToString());
+  }
   for (ClientSession& s : sessions_) FinishSession(&s, Auth::kToken);
   sessions_.clear();
   for (const auto& call : calls_) WaitDone(call.get());

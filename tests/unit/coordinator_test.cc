@@ -289,7 +289,9 @@ TEST_F(CoordinatorTest, ASpareWaitsOutsideAFullWorldAndReplacesAFailedMember) {
   EXPECT_EQ(w.state_source_rank, static_cast<uint32_t>(w.RankOf("a")));
   // The events say that s waited as a spare and which place it took.
   std::vector<std::string> spare_events;
-  for (const JobEvent& e : c_->RecentEvents(100)) {
+  absl::StatusOr<std::vector<JobEvent>> events = c_->RecentEvents(100);
+  ASSERT_TRUE(events.ok()) << events.status();
+  for (const JobEvent& e : *events) {
     if (e.kind == "spare" || absl::StrContains(e.detail, "spare")) spare_events.push_back(e.detail);
   }
   ASSERT_EQ(spare_events.size(), 2u) << absl::StrJoin(spare_events, "\n");
@@ -902,7 +904,8 @@ TEST_F(CoordinatorTest, ShutdownStopsEveryone) {
   Start(2, 4);
   Member& a = Add("a", "n");
   Rendezvous(a, 0);
-  c_->Shutdown("done");
+  EXPECT_TRUE(c_->Shutdown("done").ok());
+  EXPECT_TRUE(c_->Shutdown("again").ok()) << "a second Shutdown is a no-op";
   ASSERT_TRUE(a.world.has_value());
   EXPECT_EQ(a.world->status().code(), absl::StatusCode::kFailedPrecondition);
   ASSERT_FALSE(a.sink->events.empty());

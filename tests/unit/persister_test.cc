@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <gtest/gtest.h>
+#include <sqlite3.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -48,6 +49,34 @@ TEST(PersisterTest, WorldsQueuedDuringASlowWriteGoInOneGroupAndTheNewestWins) {
   ASSERT_TRUE(events.ok());
   ASSERT_EQ(events->size(), 1u);
   EXPECT_EQ((*events)[0].detail, "an event");
+}
+
+// An event log that cannot be written (another process holds the
+// database's write lock) does not hang a Flush with a timeout: it says what
+// is not written. The events are written once the lock is gone.
+TEST(PersisterTest, AFlushWithATimeoutNamesAnEventLogThatCannotBeWritten) {
+  const std::string path = absl::StrCat(::testing::TempDir(), "/locked", ::getpid(), ".db");
+  std::remove(path.c_str());
+  auto store = OpenSqliteStateStore(path);
+  ASSERT_TRUE(store.ok()) << store.status();
+  SerializedStateStore serialized(store->get());
+  Persister p(&serialized);
+  sqlite3* other = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &other), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(other, "BEGIN EXCLUSIVE", nullptr, nullptr, nullptr), SQLITE_OK);
+  p.AppendEvents({JobEvent{absl::Now(), "test", "held up"}});
+  const absl::Time start = absl::Now();
+  const absl::Status s = p.Flush(absl::Milliseconds(300));
+  EXPECT_TRUE(absl::IsDeadlineExceeded(s)) << s;
+  EXPECT_NE(s.message().find("event log"), std::string::npos) << s;
+  EXPECT_LT(absl::Now() - start, absl::Seconds(3));
+  ASSERT_EQ(sqlite3_exec(other, "COMMIT", nullptr, nullptr, nullptr), SQLITE_OK);
+  sqlite3_close(other);
+  EXPECT_TRUE(p.Flush(absl::Seconds(30)).ok());
+  auto events = (*store)->LoadEvents(10);
+  ASSERT_TRUE(events.ok()) << events.status();
+  ASSERT_EQ(events->size(), 1u);
+  EXPECT_EQ((*events)[0].detail, "held up");
 }
 
 }  // namespace
