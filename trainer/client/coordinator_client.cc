@@ -12,6 +12,7 @@
 #include "absl/time/clock.h"
 #include "common/atomic_max.h"
 #include "common/logging.h"
+#include "common/session_liveness.h"
 #include "common/status_macros.h"
 #include "muster/v1/coordinator.grpc.pb.h"
 #include "rpc/agent_protocol.h"
@@ -20,6 +21,18 @@
 #include "rpc/status.h"
 
 namespace muster {
+
+// One session stream, shared by its reader and its heartbeat thread.
+struct CoordinatorClient::OpenSession {
+  explicit OpenSession(
+      std::unique_ptr<grpc::ClientReaderWriter<v1::SessionRequest, v1::SessionEvent>> s)
+      : stream(std::move(s)) {}
+  std::unique_ptr<grpc::ClientReaderWriter<v1::SessionRequest, v1::SessionEvent>> stream;
+  bool write_ok = false;  // hello went out; set before the heartbeats start
+  std::atomic<bool> done{false};
+  std::atomic<int64_t> heard_ms{absl::ToUnixMillis(absl::Now())};
+  absl::Mutex write_mu;  // Write and Finish
+};
 
 struct CoordinatorClient::Impl {
   std::unique_ptr<CoordinatorChannel> coordinator;
@@ -219,104 +232,11 @@ absl::Status CoordinatorClient::StartSession(
 void CoordinatorClient::SessionLoop(std::function<void(const SessionNotice&)> on_notice) {
   Backoff backoff(options_.backoff);
   while (!stopping_) {
-    grpc::ClientContext ctx;
-    AttachToken(&ctx, options_.token);
-    if (impl_->agent_stub != nullptr) {
-      ctx.AddMetadata(kTrainerPidMetadata, std::to_string(::getpid()));
-    }
-    {
-      absl::MutexLock lock(&impl_->mu);
-      if (stopping_) return;
-      impl_->session_ctx = &ctx;
-    }
-    // The stub (and its channel) must outlive the stream.
-    const std::shared_ptr<v1::Coordinator::Stub> stub = impl_->SessionStub();
-    auto stream = stub->Session(&ctx);
-    // A new stream goes where the address file points now; a coordinator
-    // restarted on a new state dir counts epochs from 1 again.
-    epoch_ = 0;
-    v1::SessionRequest hello;
-    *hello.mutable_hello() = Ref(options_);
-    std::atomic<bool> done{false};
-    std::atomic<int64_t> heard_ms{absl::ToUnixMillis(absl::Now())};
-    absl::Mutex write_mu;
-    bool write_ok = stream->Write(hello);
-    std::thread beater([&] {
-      uint64_t seq = 0;
-      // The first heartbeat follows hello at once: the step is then known
-      // from the session's start (a muster-agent reports a member from it).
-      bool first = true;
-      while (!done && !stopping_ && write_ok) {
-        if (!first) absl::SleepFor(absl::Milliseconds(heartbeat_ms_.load()));
-        first = false;
-        if (done || stopping_) break;
-        // Every heartbeat is acknowledged: silence for three periods is a
-        // hung coordinator (or one cut off) behind a connection that may
-        // look alive for minutes. Reconnect, to whoever holds the lease.
-        const int64_t silent = absl::ToUnixMillis(absl::Now()) - heard_ms.load();
-        if (silent > 3 * heartbeat_ms_.load() + 1000) {
-          MUSTER_LOG(WARNING) << "no word from the coordinator for " << silent
-                              << " ms; reconnecting";
-          ctx.TryCancel();
-          break;
-        }
-        v1::SessionRequest hb;
-        hb.mutable_heartbeat()->set_step(step_);
-        hb.mutable_heartbeat()->set_samples(samples_);
-        hb.mutable_heartbeat()->set_stalled_ms(progress_.stalled_ms());
-        hb.mutable_heartbeat()->set_sequence(++seq);
-        absl::MutexLock lock(&write_mu);
-        if (!stream->Write(hb)) break;
-      }
-    });
-    v1::SessionEvent ev;
-    bool got_any = false;
-    while (stream->Read(&ev)) {
-      if (!FromCurrentEpoch(ev.epoch())) {
-        // A coordinator fenced by a takeover, not yet told: it steers
-        // nobody, and its silence will end this stream.
-        MUSTER_LOG(WARNING) << "dropped an event of lease epoch " << ev.epoch()
-                            << " (epoch " << epoch_.load() << " is current)";
-        continue;
-      }
-      got_any = true;
-      heard_ms = absl::ToUnixMillis(absl::Now());
-      backoff.Reset();
-      SessionNotice n;
-      if (ev.has_ack()) {
-        const uint64_t g = ev.ack().current_generation();
-        RaiseTo(latest_generation_, g);
-        continue;
-      }
-      if (ev.has_regroup()) {
-        n.kind = SessionNotice::Kind::kRegroup;
-        n.generation = ev.regroup().generation();
-        n.abort = ev.regroup().abort();
-        n.leave = ev.regroup().leave();
-        n.paused = ev.regroup().paused();
-        n.reason = ev.regroup().reason();
-        RaiseTo(latest_generation_, n.generation);
-      } else if (ev.has_stop()) {
-        n.kind = SessionNotice::Kind::kStop;
-        n.reason = ev.stop().reason();
-      }
-      on_notice(n);
-    }
-    done = true;
-    grpc::Status status;
-    {
-      absl::MutexLock lock(&write_mu);
-      status = stream->Finish();
-    }
-    beater.join();
-    {
-      absl::MutexLock lock(&impl_->mu);
-      impl_->session_ctx = nullptr;
-    }
+    bool heard = false;
+    const absl::Status s = RunSession(on_notice, &backoff, &heard);
     if (stopping_) return;
-    const absl::Status s = FromGrpcStatus(status);
     if (absl::IsAborted(s) || absl::IsFailedPrecondition(s) || absl::IsUnauthenticated(s) ||
-        (status.ok() && got_any)) {
+        (s.ok() && heard)) {
       // Fenced, refused, or stopped by the coordinator: this incarnation is over.
       SessionNotice n;
       n.kind = SessionNotice::Kind::kSessionLost;
@@ -343,6 +263,102 @@ void CoordinatorClient::SessionLoop(std::function<void(const SessionNotice&)> on
       return;
     }
   }
+}
+
+absl::Status CoordinatorClient::RunSession(
+    const std::function<void(const SessionNotice&)>& on_notice, Backoff* backoff, bool* heard) {
+  grpc::ClientContext ctx;
+  AttachToken(&ctx, options_.token);
+  if (impl_->agent_stub != nullptr) {
+    ctx.AddMetadata(kTrainerPidMetadata, std::to_string(::getpid()));
+  }
+  {
+    absl::MutexLock lock(&impl_->mu);
+    if (stopping_) return absl::CancelledError("stopping");
+    impl_->session_ctx = &ctx;
+  }
+  // The stub (and its channel) must outlive the stream.
+  const std::shared_ptr<v1::Coordinator::Stub> stub = impl_->SessionStub();
+  OpenSession session(stub->Session(&ctx));
+  // A new stream goes where the address file points now; a coordinator
+  // restarted on a new state dir counts epochs from 1 again.
+  epoch_ = 0;
+  v1::SessionRequest hello;
+  *hello.mutable_hello() = Ref(options_);
+  session.write_ok = session.stream->Write(hello);
+  std::thread beater([this, &session, &ctx] { Heartbeats(&session, &ctx); });
+  v1::SessionEvent ev;
+  while (session.stream->Read(&ev)) {
+    if (!FromCurrentEpoch(ev.epoch())) {
+      // A coordinator fenced by a takeover, not yet told: it steers
+      // nobody, and its silence will end this stream.
+      MUSTER_LOG(WARNING) << "dropped an event of lease epoch " << ev.epoch() << " (epoch "
+                          << epoch_.load() << " is current)";
+      continue;
+    }
+    *heard = true;
+    session.heard_ms = absl::ToUnixMillis(absl::Now());
+    backoff->Reset();
+    if (std::optional<SessionNotice> n = Notice(ev)) on_notice(*n);
+  }
+  session.done = true;
+  grpc::Status status;
+  {
+    absl::MutexLock lock(&session.write_mu);
+    status = session.stream->Finish();
+  }
+  beater.join();
+  {
+    absl::MutexLock lock(&impl_->mu);
+    impl_->session_ctx = nullptr;
+  }
+  return FromGrpcStatus(status);
+}
+
+void CoordinatorClient::Heartbeats(OpenSession* session, grpc::ClientContext* ctx) {
+  uint64_t seq = 0;
+  // The first heartbeat follows hello at once: the step is then known
+  // from the session's start (a muster-agent reports a member from it).
+  bool first = true;
+  while (!session->done && !stopping_ && session->write_ok) {
+    if (!first) absl::SleepFor(absl::Milliseconds(heartbeat_ms_.load()));
+    first = false;
+    if (session->done || stopping_) break;
+    const int64_t silent = absl::ToUnixMillis(absl::Now()) - session->heard_ms.load();
+    if (silent > absl::ToInt64Milliseconds(SilenceLimit(absl::Milliseconds(heartbeat_ms_.load())))) {
+      MUSTER_LOG(WARNING) << "no word from the coordinator for " << silent << " ms; reconnecting";
+      ctx->TryCancel();
+      break;
+    }
+    v1::SessionRequest hb;
+    hb.mutable_heartbeat()->set_step(step_);
+    hb.mutable_heartbeat()->set_samples(samples_);
+    hb.mutable_heartbeat()->set_stalled_ms(progress_.stalled_ms());
+    hb.mutable_heartbeat()->set_sequence(++seq);
+    absl::MutexLock lock(&session->write_mu);
+    if (!session->stream->Write(hb)) break;
+  }
+}
+
+std::optional<SessionNotice> CoordinatorClient::Notice(const v1::SessionEvent& ev) {
+  if (ev.has_ack()) {
+    RaiseTo(latest_generation_, ev.ack().current_generation());
+    return std::nullopt;
+  }
+  SessionNotice n;
+  if (ev.has_regroup()) {
+    n.kind = SessionNotice::Kind::kRegroup;
+    n.generation = ev.regroup().generation();
+    n.abort = ev.regroup().abort();
+    n.leave = ev.regroup().leave();
+    n.paused = ev.regroup().paused();
+    n.reason = ev.regroup().reason();
+    RaiseTo(latest_generation_, n.generation);
+  } else if (ev.has_stop()) {
+    n.kind = SessionNotice::Kind::kStop;
+    n.reason = ev.stop().reason();
+  }
+  return n;
 }
 
 bool CoordinatorClient::FromCurrentEpoch(uint64_t epoch) {

@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -36,7 +37,15 @@
 #include "trainer/client/training_progress.h"
 #include "trainer/comm/world_info.h"
 
+namespace grpc {
+class ClientContext;
+}  // namespace grpc
+
 namespace muster {
+
+namespace v1 {
+class SessionEvent;
+}  // namespace v1
 
 struct ClientOptions {
   std::string target;  // host:port of the coordinator
@@ -148,7 +157,19 @@ class CoordinatorClient {
 
  private:
   explicit CoordinatorClient(ClientOptions options);
+  struct OpenSession;
+  // Sessions until this incarnation is over or Stop: reconnects (with
+  // backoff) when the coordinator goes away, rejoining if it forgot us.
   void SessionLoop(std::function<void(const SessionNotice&)> on_notice);
+  // One session stream: hello, heartbeats, events to `on_notice` until it
+  // ends; its status. `heard`: an event of the current epoch arrived.
+  absl::Status RunSession(const std::function<void(const SessionNotice&)>& on_notice,
+                          Backoff* backoff, bool* heard);
+  // The session's heartbeat thread; cancels `ctx` when the coordinator is
+  // silent (common/session_liveness.h).
+  void Heartbeats(OpenSession* session, grpc::ClientContext* ctx);
+  // The notice an event carries; none for an acknowledgement.
+  std::optional<SessionNotice> Notice(const v1::SessionEvent& event);
   // Runs `call` until it returns something other than UNAVAILABLE or the
   // deadline passes.
   absl::Status Retry(absl::Time deadline, const std::function<absl::Status(absl::Time)>& call);
