@@ -119,6 +119,31 @@ TEST_F(NodeSessionTest, ATrainersDeadlineEndsItsRelayedRendezvous) {
   EXPECT_LT(absl::Now() - start, absl::Seconds(4));
 }
 
+// While the coordinator stays away the agent retries every few hundred ms,
+// but says so once, then every 30 s with a count: a job whose coordinator
+// is late or down does not bury its log.
+TEST(NodeSessionStartTest, AnAgentThatCannotReachItsCoordinatorSaysSoOnce) {
+  NodeSessionOptions n;
+  n.coordinator = absl::StrCat("127.0.0.1:", FreeLoopbackPort());  // nothing listens
+  n.token = kToken;
+  n.node = "n0";
+  n.runtime_dir = ::testing::TempDir();
+  n.backoff.initial = absl::Milliseconds(20);
+  n.backoff.max = absl::Milliseconds(100);
+  ::testing::internal::CaptureStderr();
+  {
+    auto agent = std::move(NodeSession::Start(n)).value();
+    absl::SleepFor(absl::Milliseconds(1500));  // a dozen tries or more
+  }
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  int lines = 0;
+  for (size_t at = log.find("reconnecting"); at != std::string::npos;
+       at = log.find("reconnecting", at + 1)) {
+    ++lines;
+  }
+  EXPECT_EQ(lines, 1) << log;
+}
+
 // Slurm starts the coordinator and the agents together: an agent may come
 // up first. Its trainers' calls then wait at the agent and go out once the
 // node stream is up, instead of being refused and retried with a backoff of
