@@ -4,13 +4,11 @@
 //   checkpoints(id INTEGER PRIMARY KEY, ...)          the catalog
 //   checkpoint_files(checkpoint_id, member, path, bytes, checksum)
 //   events(id INTEGER PRIMARY KEY, unix_ms, kind, detail)
+//   lease(id = 1, epoch, holder, ...)                 who may write (docs/failover.md)
 #include <sqlite3.h>
 #include <sys/vfs.h>
 
 #include <algorithm>
-#include <atomic>
-#include <chrono>
-#include <thread>
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
@@ -23,95 +21,13 @@
 #include "absl/time/clock.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "coordinator/slow_sync_vfs.h"
 #include "coordinator/state_store.h"
 
 namespace muster {
 namespace {
 
 constexpr int kSchemaVersion = 1;
-
-// ---- A VFS whose fsyncs are slow: the default VFS, with every xSync
-// delayed (a shared file system under load, for benchmarks and tests).
-constexpr char kSlowSyncVfs[] = "muster-slow-sync";
-std::atomic<int64_t> g_sync_delay_us{0};
-
-struct SlowSyncFile {
-  sqlite3_file base;
-  sqlite3_file* real;  // follows this struct in the same allocation
-};
-
-sqlite3_file* Real(sqlite3_file* f) { return reinterpret_cast<SlowSyncFile*>(f)->real; }
-
-int SlowSync(sqlite3_file* f, int flags) {
-  const int64_t us = g_sync_delay_us.load();
-  if (us > 0) std::this_thread::sleep_for(std::chrono::microseconds(us));
-  return Real(f)->pMethods->xSync(Real(f), flags);
-}
-
-const sqlite3_io_methods* SlowSyncMethods(int version) {
-  static sqlite3_io_methods m = [] {
-    sqlite3_io_methods x{};
-    x.xClose = [](sqlite3_file* f) { return Real(f)->pMethods->xClose(Real(f)); };
-    x.xRead = [](sqlite3_file* f, void* b, int n, sqlite3_int64 o) {
-      return Real(f)->pMethods->xRead(Real(f), b, n, o);
-    };
-    x.xWrite = [](sqlite3_file* f, const void* b, int n, sqlite3_int64 o) {
-      return Real(f)->pMethods->xWrite(Real(f), b, n, o);
-    };
-    x.xTruncate = [](sqlite3_file* f, sqlite3_int64 n) {
-      return Real(f)->pMethods->xTruncate(Real(f), n);
-    };
-    x.xSync = SlowSync;
-    x.xFileSize = [](sqlite3_file* f, sqlite3_int64* n) {
-      return Real(f)->pMethods->xFileSize(Real(f), n);
-    };
-    x.xLock = [](sqlite3_file* f, int l) { return Real(f)->pMethods->xLock(Real(f), l); };
-    x.xUnlock = [](sqlite3_file* f, int l) { return Real(f)->pMethods->xUnlock(Real(f), l); };
-    x.xCheckReservedLock = [](sqlite3_file* f, int* r) {
-      return Real(f)->pMethods->xCheckReservedLock(Real(f), r);
-    };
-    x.xFileControl = [](sqlite3_file* f, int op, void* a) {
-      return Real(f)->pMethods->xFileControl(Real(f), op, a);
-    };
-    x.xSectorSize = [](sqlite3_file* f) { return Real(f)->pMethods->xSectorSize(Real(f)); };
-    x.xDeviceCharacteristics = [](sqlite3_file* f) {
-      return Real(f)->pMethods->xDeviceCharacteristics(Real(f));
-    };
-    x.xShmMap = [](sqlite3_file* f, int p, int s, int e, void volatile** m) {
-      return Real(f)->pMethods->xShmMap(Real(f), p, s, e, m);
-    };
-    x.xShmLock = [](sqlite3_file* f, int o, int n, int fl) {
-      return Real(f)->pMethods->xShmLock(Real(f), o, n, fl);
-    };
-    x.xShmBarrier = [](sqlite3_file* f) { Real(f)->pMethods->xShmBarrier(Real(f)); };
-    x.xShmUnmap = [](sqlite3_file* f, int d) { return Real(f)->pMethods->xShmUnmap(Real(f), d); };
-    return x;
-  }();
-  m.iVersion = std::min(version, 2);  // no memory-mapped I/O through the shim
-  return &m;
-}
-
-// Registers the VFS once (thread-safe); its name, for sqlite3_open_v2.
-const char* SlowSyncVfs() {
-  static const bool registered = [] {
-    static sqlite3_vfs vfs = *sqlite3_vfs_find(nullptr);
-    static sqlite3_vfs* const real = sqlite3_vfs_find(nullptr);
-    vfs.zName = kSlowSyncVfs;
-    vfs.szOsFile = static_cast<int>(sizeof(SlowSyncFile)) + real->szOsFile;
-    vfs.xOpen = [](sqlite3_vfs*, sqlite3_filename name, sqlite3_file* f, int flags,
-                   int* out_flags) {
-      auto* file = reinterpret_cast<SlowSyncFile*>(f);
-      file->real = reinterpret_cast<sqlite3_file*>(file + 1);
-      const int rc = real->xOpen(real, name, file->real, flags, out_flags);
-      file->base.pMethods =
-          file->real->pMethods != nullptr ? SlowSyncMethods(file->real->pMethods->iVersion)
-                                          : nullptr;
-      return rc;
-    };
-    return sqlite3_vfs_register(&vfs, /*makeDflt=*/0) == SQLITE_OK;
-  }();
-  return registered ? kSlowSyncVfs : nullptr;
-}
 
 constexpr const char* kSchema = R"sql(
 CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -587,9 +503,7 @@ absl::StatusOr<std::unique_ptr<StateStore>> OpenSqliteStateStore(const std::stri
                                                                   JournalMode journal) {
   const char* vfs = nullptr;
   if (sync_delay > absl::ZeroDuration()) {
-    g_sync_delay_us = absl::ToInt64Microseconds(sync_delay);
-    vfs = SlowSyncVfs();
-    if (vfs == nullptr) return absl::InternalError("cannot register the slow-sync SQLite VFS");
+    MUSTER_ASSIGN_OR_RETURN(vfs, SlowSyncVfs(sync_delay));
   }
   sqlite3* db = nullptr;
   const int rc = sqlite3_open_v2(path.c_str(), &db,

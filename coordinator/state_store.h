@@ -1,6 +1,6 @@
 // StateStore: what the coordinator must not forget across a restart — the
 // current world (and with it the generation counter), the checkpoint
-// catalog and the event log.
+// catalog, the event log and the coordinators' lease.
 //
 // Every Save call is durable when it returns OK. Implementations must be
 // safe to call from one thread at a time (the coordinator serialises calls
@@ -77,8 +77,8 @@ std::string NetworkFileSystemName(int64_t f_type);
 // Opens (creating if needed) the SQLite database `path` with synchronous
 // commits, after PRAGMA quick_check; ":memory:" gives a private in-memory
 // database. `sync_delay` > 0 (benchmarks, tests) makes every fsync of the
-// database wait that long first, as on a slow shared file system (one delay
-// for the whole process). Errors: UNAVAILABLE when the file cannot be
+// database wait that long first, as on a slow shared file system
+// (coordinator/slow_sync_vfs.h). Errors: UNAVAILABLE when the file cannot be
 // opened, DATA_LOSS naming the file when it is damaged (or not a database),
 // FAILED_PRECONDITION when it holds an unknown schema version.
 absl::StatusOr<std::unique_ptr<StateStore>> OpenSqliteStateStore(

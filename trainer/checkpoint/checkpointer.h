@@ -35,6 +35,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "common/checkpoint_manifest.h"
 #include "common/file_system.h"
@@ -106,14 +107,14 @@ class Checkpointer {
 
   std::mutex mu_;
   std::condition_variable cv_;
-  bool busy_ = false;  // guarded by mu_
-  bool stop_ = false;  // guarded by mu_
-  bool has_job_ = false;
-  absl::Status last_write_;  // guarded by mu_
-  CheckpointMeta meta_;
-  Done done_;
-  double blocking_seconds_ = 0;
-  double backlog_seconds_ = 0;
+  bool busy_ ABSL_GUARDED_BY(mu_) = false;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  bool has_job_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status last_write_ ABSL_GUARDED_BY(mu_);
+  CheckpointMeta meta_ ABSL_GUARDED_BY(mu_);
+  Done done_ ABSL_GUARDED_BY(mu_);
+  double blocking_seconds_ ABSL_GUARDED_BY(mu_) = 0;
+  double backlog_seconds_ ABSL_GUARDED_BY(mu_) = 0;
   // Host copies, reused across checkpoints: the images of the model and the
   // optimizer files, page-aligned so that they go to disk without another
   // copy (O_DIRECT) where the file system allows it.

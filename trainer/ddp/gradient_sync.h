@@ -32,6 +32,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "trainer/comm/communicator.h"
@@ -117,7 +118,7 @@ class GradientSync {
   void FillFromGrad(Bucket& b, size_t j, bool use_grad);
   // Reads the control words and writes the bucket buffers into the .grad.
   void Install();
-  void Launch(size_t bucket);  // requires mu_
+  void Launch(size_t bucket) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CommLoop();
 
   std::vector<torch::Tensor> params_;
@@ -130,16 +131,16 @@ class GradientSync {
 
   std::mutex mu_;
   std::condition_variable cv_;
-  Communicator* comm_ = nullptr;  // guarded by mu_
-  bool syncing_ = false;          // guarded by mu_
-  bool solo_ = false;             // a synchronised step in a world of one; guarded by mu_
-  std::array<float, kControlWords> local_control_{};
-  std::vector<char> got_gradient_;  // per param, this step; guarded by mu_
-  absl::Time deadline_ = absl::InfiniteFuture();
-  std::deque<size_t> queue_;      // buckets to reduce, guarded by mu_
-  size_t next_launch_ = 0;        // buckets below it are launched; guarded by mu_
-  bool stop_ = false;             // guarded by mu_
-  double comm_seconds_ = 0;       // guarded by mu_
+  Communicator* comm_ ABSL_GUARDED_BY(mu_) = nullptr;
+  bool syncing_ ABSL_GUARDED_BY(mu_) = false;
+  bool solo_ ABSL_GUARDED_BY(mu_) = false;  // a synchronised step in a world of one
+  std::array<float, kControlWords> local_control_ ABSL_GUARDED_BY(mu_){};
+  std::vector<char> got_gradient_ ABSL_GUARDED_BY(mu_);  // per param, this step
+  absl::Time deadline_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
+  std::deque<size_t> queue_ ABSL_GUARDED_BY(mu_);  // buckets to reduce
+  size_t next_launch_ ABSL_GUARDED_BY(mu_) = 0;    // buckets below it are launched
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  double comm_seconds_ ABSL_GUARDED_BY(mu_) = 0;
   std::thread comm_thread_;
 };
 

@@ -17,6 +17,7 @@
 #include <mutex>
 #include <thread>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/time/time.h"
 
 namespace muster {
@@ -36,7 +37,7 @@ class BuildWatchdog {
 
   std::mutex mu_;
   std::condition_variable cv_;
-  bool done_ = false;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
 

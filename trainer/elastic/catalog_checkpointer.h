@@ -25,6 +25,7 @@
 #include <mutex>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/file_system.h"
@@ -76,9 +77,9 @@ class CatalogCheckpointer {
   // What the writer's callback and the training thread share.
   struct Outcome {
     mutable std::mutex mu;
-    absl::Status last;            // of the last Take
-    int committed = 0;
-    int64_t newest_committed = -1;
+    absl::Status last ABSL_GUARDED_BY(mu);  // of the last Take
+    int committed ABSL_GUARDED_BY(mu) = 0;
+    int64_t newest_committed ABSL_GUARDED_BY(mu) = -1;
     void Set(absl::Status s);
     void Committed(int64_t step);
   };

@@ -29,6 +29,7 @@
 #include <mutex>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -125,8 +126,8 @@ class ElasticWorld {
   std::atomic<bool> told_to_leave_{false};
   // Guarded by mu_: what the session thread may abort.
   std::mutex mu_;
-  Communicator* live_comm_ = nullptr;
-  uint64_t live_generation_ = 0;
+  Communicator* live_comm_ ABSL_GUARDED_BY(mu_) = nullptr;
+  uint64_t live_generation_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace muster
