@@ -414,7 +414,8 @@ TEST(ServerRebuildTest, RebuildCatalogFillsAnEmptyCatalogOnly) {
             0);
   std::ofstream(dir + "/ckpt/step-50/model.safetensors") << "0123456789";
   std::ofstream(dir + "/ckpt/step-50/manifest.json")
-      << R"({"format": "muster-checkpoint-1", "step": 50, "generation": 9, "world_size": 2,)"
+      << R"({"format": "muster-checkpoint-1", "step": 50, "epoch": 0, "sample_offset": 1600,)"
+      << R"( "generation": 9, "world_size": 2,)"
       << R"( "files": {"model.safetensors": {"bytes": 10, "xxh3": "00000000000000ab"}}})";
   ServerOptions o;
   o.listen = "127.0.0.1:0";
