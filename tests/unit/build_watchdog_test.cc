@@ -6,24 +6,33 @@
 #include <cstdlib>
 
 #include "absl/time/clock.h"
+#include "common/fake_clock.h"
 
 namespace muster {
 namespace {
+
+// The watchdog's deadlines run on a FakeClock: the tests move time past
+// them instead of waiting (the watchdog still looks every 100 ms).
 
 // A watchdog destroyed before its deadline has watched (it asked whether a
 // newer world exists) and then ends nothing, even once the deadline passes.
 TEST(BuildWatchdogDeathTest, ABuildThatEndsInTimeChangesNothing) {
   EXPECT_EXIT(
       {
+        FakeClock clock;
         std::atomic<int> asked{0};
         {
-          BuildWatchdog w(absl::Now() + absl::Seconds(1), [&] {
-            ++asked;
-            return false;
-          });
-          absl::SleepFor(absl::Milliseconds(500));
+          BuildWatchdog w(
+              clock.Now() + absl::Seconds(60),
+              [&] {
+                ++asked;
+                return false;
+              },
+              absl::Seconds(10), &clock);
+          while (asked == 0) absl::SleepFor(absl::Milliseconds(10));
         }
-        absl::SleepFor(absl::Milliseconds(1500));  // past the deadline
+        clock.Advance(absl::Hours(1));  // long past the deadline
+        absl::SleepFor(absl::Milliseconds(300));
         std::exit(asked > 0 ? 0 : 3);
       },
       ::testing::ExitedWithCode(0), "");
@@ -32,17 +41,30 @@ TEST(BuildWatchdogDeathTest, ABuildThatEndsInTimeChangesNothing) {
 TEST(BuildWatchdogDeathTest, ExitsPastTheDeadline) {
   EXPECT_EXIT(
       {
-        BuildWatchdog w(absl::Now() + absl::Milliseconds(200), [] { return false; });
-        absl::SleepFor(absl::Seconds(10));
+        FakeClock clock;
+        BuildWatchdog w(clock.Now() + absl::Seconds(120), [] { return false; },
+                        absl::Seconds(10), &clock);
+        clock.Advance(absl::Seconds(121));
+        absl::SleepFor(absl::Seconds(10));  // it exits within 100 ms
       },
       ::testing::ExitedWithCode(BuildWatchdog::kExitCode), "past its deadline");
 }
 
-TEST(BuildWatchdogDeathTest, ExitsSoonAfterANewerWorldIsKnown) {
+TEST(BuildWatchdogDeathTest, ExitsAGraceAfterANewerWorldIsKnown) {
   EXPECT_EXIT(
       {
-        BuildWatchdog w(absl::Now() + absl::Seconds(60), [] { return true; },
-                        absl::Milliseconds(300));
+        FakeClock clock;
+        std::atomic<int> asked{0};
+        BuildWatchdog w(
+            clock.Now() + absl::Hours(1),
+            [&] {
+              ++asked;
+              return true;
+            },
+            absl::Seconds(10), &clock);
+        while (asked == 0) absl::SleepFor(absl::Milliseconds(10));
+        absl::SleepFor(absl::Milliseconds(300));  // a few more looks: not yet
+        clock.Advance(absl::Seconds(11));
         absl::SleepFor(absl::Seconds(10));
       },
       ::testing::ExitedWithCode(BuildWatchdog::kExitCode), "a newer world exists");

@@ -2,7 +2,7 @@
 
 #include <gtest/gtest.h>
 
-#include "absl/time/clock.h"
+#include "common/fake_clock.h"
 
 namespace muster {
 namespace {
@@ -10,27 +10,30 @@ namespace {
 // A heartbeat says 0 before training starts and while muster's own work
 // blocks the thread; otherwise how long since the thread last made progress.
 TEST(TrainingProgressTest, StallsGrowBetweenMarksAndNotWhileBusy) {
-  TrainingProgress p;
-  absl::SleepFor(absl::Milliseconds(20));
+  FakeClock clock;
+  TrainingProgress p(&clock);
+  clock.Advance(absl::Seconds(3));
   EXPECT_EQ(p.stalled_ms(), 0u) << "stalled before the first mark";
 
   p.Mark();
-  absl::SleepFor(absl::Milliseconds(50));
-  EXPECT_GE(p.stalled_ms(), 50u);
-
-  absl::Time left;
+  clock.Advance(absl::Milliseconds(1500));
+  EXPECT_EQ(p.stalled_ms(), 1500u);
   {
     TrainingProgress::Busy busy(&p);
-    absl::SleepFor(absl::Milliseconds(50));
+    clock.Advance(absl::Seconds(30));
     EXPECT_EQ(p.stalled_ms(), 0u) << "a blocking call counted as a stall";
     {
       TrainingProgress::Busy nested(&p);
     }
     EXPECT_EQ(p.stalled_ms(), 0u) << "the inner scope ended the outer one";
-    left = absl::Now();
+    clock.Advance(absl::Seconds(5));
   }
   // Leaving the scope is progress.
-  EXPECT_LE(p.stalled_ms(), absl::ToInt64Milliseconds(absl::Now() - left) + 1);
+  EXPECT_EQ(p.stalled_ms(), 0u);
+  clock.Advance(absl::Milliseconds(250));
+  EXPECT_EQ(p.stalled_ms(), 250u);
+  p.Mark();
+  EXPECT_EQ(p.stalled_ms(), 0u);
 }
 
 }  // namespace

@@ -18,21 +18,23 @@
 #include <cstdint>
 #include <limits>
 
-#include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
 
 namespace muster {
 
 class TrainingProgress {
  public:
+  explicit TrainingProgress(Clock* clock = RealClock::Get()) : clock_(clock) {}
+
   // The thread made progress now (the first Mark starts the count).
-  void Mark() { mark_ms_ = absl::ToUnixMillis(absl::Now()); }
+  void Mark() { mark_ms_ = absl::ToUnixMillis(clock_->Now()); }
   // Milliseconds since the last Mark; 0 before the first and while Busy.
   uint32_t stalled_ms() const {
     const int64_t mark = mark_ms_.load();
     if (mark == 0 || busy_.load() > 0) return 0;
-    return static_cast<uint32_t>(std::clamp<int64_t>(absl::ToUnixMillis(absl::Now()) - mark, 0,
-                                                     std::numeric_limits<uint32_t>::max()));
+    return static_cast<uint32_t>(std::clamp<int64_t>(absl::ToUnixMillis(clock_->Now()) - mark,
+                                                     0, std::numeric_limits<uint32_t>::max()));
   }
 
   class Busy {
@@ -50,6 +52,7 @@ class TrainingProgress {
   };
 
  private:
+  Clock* const clock_;
   std::atomic<int64_t> mark_ms_{0};  // Unix ms
   std::atomic<int> busy_{0};
 };

@@ -3,14 +3,14 @@
 #include <chrono>
 #include <cstdlib>
 
-#include "absl/time/clock.h"
 #include "common/logging.h"
 
 namespace muster {
 
 BuildWatchdog::BuildWatchdog(absl::Time deadline, std::function<bool()> superseded,
-                             absl::Duration superseded_grace)
-    : thread_(&BuildWatchdog::Watch, this, deadline, std::move(superseded), superseded_grace) {}
+                             absl::Duration superseded_grace, Clock* clock)
+    : thread_(&BuildWatchdog::Watch, this, deadline, std::move(superseded), superseded_grace,
+              clock) {}
 
 BuildWatchdog::~BuildWatchdog() {
   {
@@ -22,13 +22,13 @@ BuildWatchdog::~BuildWatchdog() {
 }
 
 void BuildWatchdog::Watch(absl::Time deadline, std::function<bool()> superseded,
-                          absl::Duration grace) {
+                          absl::Duration grace, Clock* clock) {
   absl::Time superseded_at = absl::InfiniteFuture();
   std::unique_lock<std::mutex> lock(mu_);
   while (!done_) {
     cv_.wait_for(lock, std::chrono::milliseconds(100));
     if (done_) return;
-    const absl::Time now = absl::Now();
+    const absl::Time now = clock->Now();
     if (superseded_at == absl::InfiniteFuture() && superseded()) superseded_at = now;
     if (now > deadline || now > superseded_at + grace) {
       MUSTER_LOG(ERROR) << "building the communicator hangs ("

@@ -9,6 +9,8 @@
 // checks every 100 ms. If the build outlives `deadline`, or 10 s past the
 // first moment `superseded()` returned true (a newer world exists), it logs
 // why and calls std::_Exit(kExitCode). `superseded` runs on that thread.
+// Time is `clock`'s (a FakeClock in tests: no test sleeps through a
+// deadline); the checks still come every 100 ms of real time.
 #ifndef MUSTER_TRAINER_ELASTIC_BUILD_WATCHDOG_H_
 #define MUSTER_TRAINER_ELASTIC_BUILD_WATCHDOG_H_
 
@@ -19,6 +21,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
 
 namespace muster {
 
@@ -27,13 +30,15 @@ class BuildWatchdog {
   static constexpr int kExitCode = 70;  // sysexits.h EX_SOFTWARE
 
   BuildWatchdog(absl::Time deadline, std::function<bool()> superseded,
-                absl::Duration superseded_grace = absl::Seconds(10));
+                absl::Duration superseded_grace = absl::Seconds(10),
+                Clock* clock = RealClock::Get());
   ~BuildWatchdog();
   BuildWatchdog(const BuildWatchdog&) = delete;
   BuildWatchdog& operator=(const BuildWatchdog&) = delete;
 
  private:
-  void Watch(absl::Time deadline, std::function<bool()> superseded, absl::Duration grace);
+  void Watch(absl::Time deadline, std::function<bool()> superseded, absl::Duration grace,
+             Clock* clock);
 
   std::mutex mu_;
   std::condition_variable cv_;

@@ -37,7 +37,9 @@ void ApplyRetention(CoordinatorClient* client, FileSystem* fs, const std::string
 CatalogCheckpointer::CatalogCheckpointer(CatalogCheckpointerOptions options, TrainingState state)
     : options_(std::move(options)),
       fs_(options_.fs != nullptr ? options_.fs : DefaultFileSystem()),
-      checkpointer_(options_.dir, std::move(state), fs_) {}
+      checkpointer_(options_.dir, std::move(state), fs_),
+      clock_(options_.clock != nullptr ? options_.clock : RealClock::Get()),
+      last_(clock_->Now()) {}
 
 absl::StatusOr<CheckpointMeta> CatalogCheckpointer::Resume(CoordinatorClient* client) {
   MUSTER_ASSIGN_OR_RETURN(std::vector<CatalogEntry> committed,
@@ -59,7 +61,7 @@ absl::StatusOr<CheckpointMeta> CatalogCheckpointer::Resume(CoordinatorClient* cl
 bool CatalogCheckpointer::Due(int64_t step) const {
   return (options_.every_steps > 0 && step % options_.every_steps == 0) ||
          (options_.interval_seconds > 0 &&
-          absl::Now() - last_ >= absl::Seconds(options_.interval_seconds));
+          clock_->Now() - last_ >= absl::Seconds(options_.interval_seconds));
 }
 
 void CatalogCheckpointer::Outcome::Set(absl::Status s) {
@@ -90,7 +92,7 @@ absl::Status CatalogCheckpointer::Wait() {
 
 absl::Status CatalogCheckpointer::Take(CoordinatorClient* client, int rank, CheckpointMeta meta,
                                        absl::Duration call_timeout) {
-  last_ = absl::Now();
+  last_ = clock_->Now();
   outcome_->Set(absl::OkStatus());
   const int64_t step = meta.step;
   absl::StatusOr<uint64_t> id =

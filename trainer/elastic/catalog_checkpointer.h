@@ -28,6 +28,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
 #include "common/file_system.h"
 #include "trainer/checkpoint/checkpointer.h"
 #include "trainer/client/coordinator_client.h"
@@ -40,6 +41,7 @@ struct CatalogCheckpointerOptions {
   double interval_seconds = 0;    // 0: not by time
   std::string model_name, optimizer_name;  // recorded in the manifest
   FileSystem* fs = nullptr;       // default: the real file system
+  Clock* clock = nullptr;         // default: the real clock (interval_seconds)
 };
 
 class CatalogCheckpointer {
@@ -87,7 +89,8 @@ class CatalogCheckpointer {
   const CatalogCheckpointerOptions options_;
   FileSystem* const fs_;
   Checkpointer checkpointer_;
-  absl::Time last_ = absl::Now();
+  Clock* const clock_;
+  absl::Time last_;  // the last Take, or the start
   const std::shared_ptr<Outcome> outcome_ = std::make_shared<Outcome>();
 };
 
