@@ -333,7 +333,8 @@ void CoordinatorClient::Heartbeats(OpenSession* session, grpc::ClientContext* ct
     v1::SessionRequest hb;
     hb.mutable_heartbeat()->set_step(step_);
     hb.mutable_heartbeat()->set_samples(samples_);
-    hb.mutable_heartbeat()->set_stalled_ms(progress_.stalled_ms());
+    hb.mutable_heartbeat()->set_stalled_ms(
+        options_.progress != nullptr ? options_.progress->stalled_ms() : 0);
     hb.mutable_heartbeat()->set_sequence(++seq);
     absl::MutexLock lock(&session->write_mu);
     if (!session->stream->Write(hb)) break;

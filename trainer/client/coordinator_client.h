@@ -63,6 +63,11 @@ struct ClientOptions {
   // this member holds its own session with the coordinator.
   std::string session_via;
   BackoffOptions backoff;
+  // The training thread's progress, which heartbeats report
+  // (Heartbeat.stalled_ms); null reports none. It outlives the client: a
+  // fenced member replaces its client while the training thread is inside
+  // a call that marks it.
+  const TrainingProgress* progress = nullptr;
 };
 
 // A session event, as the trainer sees it.
@@ -120,9 +125,6 @@ class CoordinatorClient {
     step_ = step;
     samples_ = samples;
   }
-  // The training thread's progress, which heartbeats report
-  // (Heartbeat.stalled_ms).
-  TrainingProgress* training_progress() { return &progress_; }
   // The highest generation any event or acknowledgement mentioned.
   uint64_t latest_generation() const { return latest_generation_.load(); }
 
@@ -179,7 +181,6 @@ class CoordinatorClient {
   std::unique_ptr<Impl> impl_;
   std::atomic<int64_t> step_{0};
   std::atomic<int64_t> samples_{0};
-  TrainingProgress progress_;
   std::atomic<uint64_t> latest_generation_{0};
   // The newest lease epoch any event or answer carried since the session
   // stream last opened; older ones are dropped (SessionEvent.epoch). Raises

@@ -33,6 +33,7 @@ ElasticWorld::~ElasticWorld() { Detach(); }
 absl::Status ElasticWorld::Join(uint64_t incarnation) {
   ClientOptions co = options_.client;
   co.incarnation = incarnation;
+  co.progress = &progress_;
   MUSTER_ASSIGN_OR_RETURN(client_, CoordinatorClient::Create(co));
   MUSTER_RETURN_IF_ERROR(client_->Join(0, absl::Now() + options_.join_timeout));
   return client_->StartSession([this](const SessionNotice& n) { OnNotice(n); });

@@ -90,6 +90,9 @@ class ElasticWorld {
   void Detach();
 
   CoordinatorClient* client() const { return client_.get(); }
+  // The training thread's progress, which this member's heartbeats report
+  // (training_progress.h); the same across rejoins.
+  TrainingProgress* training_progress() { return &progress_; }
   Communicator* comm() const { return comm_.get(); }
   const WorldInfo& world() const { return world_; }
   bool left() const { return left_; }
@@ -116,6 +119,9 @@ class ElasticWorld {
 
   // Constant after construction.
   const ElasticWorldOptions options_;
+  // Marked by the training thread, read by every client's session thread:
+  // declared before client_, so it outlives each.
+  TrainingProgress progress_;
   // Training thread only.
   std::unique_ptr<CoordinatorClient> client_;
   std::unique_ptr<Store> store_;

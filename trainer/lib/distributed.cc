@@ -88,7 +88,7 @@ class Engine : public Distributed {
   // The training thread's progress, which heartbeats report: entering and
   // leaving a call is progress; a call's blocking or long work is Busy
   // (training_progress.h).
-  TrainingProgress* training_progress() const { return world_->client()->training_progress(); }
+  TrainingProgress* training_progress() const { return world_->training_progress(); }
   absl::Status StartServices(ClientOptions* client);
   absl::Status ResumeFromCheckpoint();
   absl::Status EnterWorld(Communicator* comm, const WorldInfo& world);
