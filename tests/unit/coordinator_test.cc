@@ -781,6 +781,28 @@ TEST_F(CoordinatorTest, FinishingTheJobAnswersMembersWaitingForAWorld) {
   EXPECT_EQ(b.world->status().message(), "the job has finished");
 }
 
+// Found by muster-bench recovery: a killed trainer's restart joined while
+// the survivor ran the job's last steps. The generation that took the
+// restart in waited for the survivor, which finished instead of entering
+// it, and the restart waited for that world for ever.
+TEST_F(CoordinatorTest, AMemberThatFinishesEndsTheJobForAWorldWaitingForIt) {
+  Start(1, 2);
+  Member& a = Add("a", "n");
+  Rendezvous(a, 0);
+  Advance(absl::Milliseconds(1100));  // past last call
+  ASSERT_TRUE(a.world.has_value() && a.world->ok());
+  Member& b = Add("b", "m", /*inc=*/2);
+  Rendezvous(b, 0);  // the world is full at 2: generation 2 forms, at a step boundary
+  Advance(absl::Milliseconds(1100));
+  ASSERT_EQ(c_->GetStatus().generation, 2u);
+  ASSERT_FALSE(b.world.has_value()) << "b waits for a to arrive in generation 2";
+  ASSERT_TRUE(c_->Leave(a.key, LeaveReason::kFinished, 600).ok());
+  ASSERT_TRUE(b.world.has_value());
+  EXPECT_EQ(b.world->status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(b.world->status().message(), "the job has finished");
+  EXPECT_EQ(c_->GetStatus().job_state, JobState::kFinished);
+}
+
 // Found by tests/fuzz/coordinator_fuzz: adopting 2^64-1 made the next world
 // generation 0.
 TEST_F(CoordinatorTest, AfterGenerationCannotWrapTheCounter) {
