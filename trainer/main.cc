@@ -50,6 +50,9 @@ ABSL_FLAG(double, collective_timeout, 0,
           "seconds a step's all-reduce waits for the slowest peer before the world counts as "
           "broken and is regrouped without a rank that does not come (0: follow the job, 10x the "
           "slowest recent step and at least 10 s)");
+ABSL_FLAG(double, rendezvous_timeout, 600,
+          "seconds a trainer waits for a world before it gives up (a spare waits as long as the "
+          "job runs)");
 ABSL_FLAG(int32_t, compute_ms, 0,
           "benchmarks: every step also spends this long as if computing (an accelerator's step "
           "time on a small CPU machine, so that a smaller world is not faster)");
@@ -122,6 +125,7 @@ absl::StatusOr<muster::Options> LibraryOptionsFromFlags() {
   lib.overlap = absl::GetFlag(FLAGS_overlap);
   lib.broadcast_buffers = absl::GetFlag(FLAGS_broadcast_buffers);
   lib.collective_timeout_s = absl::GetFlag(FLAGS_collective_timeout);
+  lib.rendezvous_timeout_s = absl::GetFlag(FLAGS_rendezvous_timeout);
   lib.salvage = absl::GetFlag(FLAGS_salvage);
   lib.batch_per_rank = absl::GetFlag(FLAGS_batch_size);
   lib.seed = absl::GetFlag(FLAGS_seed);

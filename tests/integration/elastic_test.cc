@@ -53,13 +53,17 @@ class ElasticTest : public ::testing::Test {
     }
   }
 
-  pid_t Trainer(int local, const std::string& tag, const std::string& node = "n") {
-    return SpawnLogged({kBin + "/muster-train", "--coordinator=" + target_, "--node-id=" + node,
-                        absl::StrCat("--local-rank=", local), "--model=mlp", "--steps=250",
-                        "--batch-size=32", "--log-every=10", "--threads=1", "--backend=auto",
-                        absl::StrCat("--job=el", ::getpid()),
-                        absl::StrCat("--summary-json=", dir_, "/", tag, ".json")},
-                       absl::StrCat(dir_, "/", tag, ".log"));
+  // `extra`: more flags (a flag given twice takes the last value).
+  pid_t Trainer(int local, const std::string& tag, const std::string& node = "n",
+                const std::string& backend = "auto", const std::vector<std::string>& extra = {}) {
+    std::vector<std::string> argv = {
+        kBin + "/muster-train", "--coordinator=" + target_, "--node-id=" + node,
+        absl::StrCat("--local-rank=", local), "--model=mlp", "--steps=250", "--batch-size=32",
+        "--log-every=10", "--threads=1", "--backend=" + backend,
+        absl::StrCat("--job=el", ::getpid()),
+        absl::StrCat("--summary-json=", dir_, "/", tag, ".json")};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    return SpawnLogged(argv, absl::StrCat(dir_, "/", tag, ".log"));
   }
 
   bool WaitForLine(const std::string& tag, const std::string& text, absl::Duration timeout) {
@@ -161,6 +165,46 @@ TEST_F(ElasticTest, SurvivorsKeepTrainingAndAReplacementPullsTheirState) {
       << log0;
   EXPECT_GT(std::stoi(m[1]), 30);
   EXPECT_EQ(JsonNumber(s2, "steps"), "250") << s2;
+}
+
+// CPU seconds a process has used (user and system), from /proc.
+double CpuSeconds(pid_t pid) {
+  const std::string stat = ReadText(absl::StrCat("/proc/", pid, "/stat"));
+  std::istringstream rest(stat.substr(stat.rfind(')') + 2));
+  std::string field;
+  double ticks = 0;
+  for (int i = 3; i <= 15 && rest >> field; ++i) {
+    if (i >= 14) ticks += std::stod(field);  // utime, stime
+  }
+  return ticks / static_cast<double>(::sysconf(_SC_CLK_TCK));
+}
+
+class ElasticFullWorldTest : public ElasticTest {
+ protected:
+  int MinMembers() const override { return 1; }
+  int MaxMembers() const override { return 1; }
+};
+
+// A spare waits for a place as long as the job runs, past its rendezvous
+// timeout too, renewing its wait every 2 s. Found by muster-bench recovery:
+// past the timeout it renewed the wait without pause and spun a core.
+TEST_F(ElasticFullWorldTest, ASparePastItsRendezvousTimeoutWaitsWithoutSpinning) {
+  const pid_t a = Trainer(0, "a", "n", "auto", {"--steps=10000000"});
+  ASSERT_TRUE(WaitForStep("a", 10, absl::Seconds(60))) << ReadText(dir_ + "/a.log");
+  const pid_t b = Trainer(0, "b", "m", "auto", {"--rendezvous-timeout=0.5"});
+  ASSERT_TRUE(WaitForLine("coordinator", "(a spare: the world is full)", absl::Seconds(30)))
+      << ReadText(dir_ + "/b.log");
+  absl::SleepFor(absl::Seconds(2));  // well past its rendezvous timeout
+  const double before = CpuSeconds(b);
+  absl::SleepFor(absl::Seconds(2));
+  const double used = CpuSeconds(b) - before;
+  EXPECT_EQ(::waitpid(b, nullptr, WNOHANG), 0) << "a spare waits while the job runs\n"
+                                              << ReadText(dir_ + "/b.log");
+  EXPECT_LT(used, 0.3) << "the waiting spare used " << used << " s of CPU in 2 s";
+  ::kill(a, SIGTERM);
+  ::kill(b, SIGTERM);
+  WaitExit(a);
+  WaitExit(b);
 }
 
 // Agent-launched jobs: two nodes, each a muster-agent with two trainers.

@@ -87,7 +87,10 @@ absl::StatusOr<WorldInfo> ElasticWorld::AwaitWorld(uint64_t after, int64_t step,
                                                     const BrokenWorld* broken) {
   const absl::Time give_up = absl::Now() + options_.rendezvous_timeout;
   for (;;) {
-    const absl::Time slice = std::min(give_up, absl::Now() + options_.spare_poll);
+    // Past give_up only a spare waits on, a full poll at a time.
+    const absl::Time now = absl::Now();
+    const absl::Time slice = now < give_up ? std::min(give_up, now + options_.spare_poll)
+                                           : now + options_.spare_poll;
     // Every renewal carries the report: after a failover it reaches the
     // coordinator that serves now (reports are idempotent per generation).
     absl::StatusOr<WorldInfo> w = client_->Rendezvous(after, step, slice, broken);
