@@ -315,6 +315,11 @@ class Coordinator {
   void Form(std::vector<Candidate> candidates, uint32_t size, bool abort,
             const std::string& reason, Actions* actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Pause(const std::string& reason, Actions* actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether a member of the live world finished: the world is ending.
+  bool WorldFinishing() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends the job when no member of the live world trains any more (every
+  // one finished, failed, or only waits for a world) and tells the waiters.
+  void FinishIfDone(Actions* actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Fails the KV and barrier waiters of generation `generation`.
   void ResetGenerationState(uint64_t generation, const std::string& reason, Actions* actions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

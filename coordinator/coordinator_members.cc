@@ -175,35 +175,7 @@ absl::Status Coordinator::Leave(const MemberKey& key, LeaveReason reason, int64_
     info->state = MemberState::kFinished;
     info->reason = "finished";
     Record("finish", absl::StrCat(key.id, " finished at step ", info->step));
-    // Done when no other member of the world trains: the ones still alive
-    // that wait for a world (a restart that joined as the job ran its last
-    // steps, say) have no step left to train, and a world that waits for
-    // this member would never form.
-    std::set<std::string> waiting;
-    for (const RendezvousWaiter& w : waiters_) waiting.insert(w.member.id);
-    bool all_done = gen_.world_live() && gen_.phase() != GenerationPhase::kShuttingDown;
-    for (const Assignment& a : gen_.world().members) {
-      const MemberInfo* m = membership_.Find(a.member.id);
-      if (m != nullptr && IsAlive(m->state) && waiting.count(a.member.id) == 0) {
-        all_done = false;
-      }
-    }
-    if (all_done && Accepted(gen_.Finished())) {
-      Record("finished", absl::StrCat("job finished at generation ", gen_.generation()));
-      // Members still waiting for a world (one that rejoined after a
-      // partition, say) will not get one: tell them now.
-      for (RendezvousWaiter& w : waiters_) {
-        actions.Add([done = std::move(w.done)] {
-          done(absl::FailedPreconditionError("the job has finished"));
-        });
-      }
-      waiters_.clear();
-      // A restart on this state dir (a requeued job) must not wait for the
-      // finished members: keep the generation counter, forget the world.
-      World done;
-      done.generation = gen_.generation();
-      persister_.SaveWorld(std::move(done));
-    }
+    FinishIfDone(&actions);
     return absl::OkStatus();
   }
   info->state = MemberState::kLeft;

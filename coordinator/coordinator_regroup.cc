@@ -132,6 +132,14 @@ void Coordinator::Evaluate(bool urgent, bool abort, const std::string& reason,
   }
   const World& world = gen_.world();
   const bool live = gen_.world_live();
+  // A world that began finishing neither pauses nor regroups: its other
+  // members trained the same last step and finish too (a member that fails
+  // now has nothing left to train), and members waiting for a world (a
+  // restart, a spare) have no step left. It ends when none of it trains.
+  if (live && WorldFinishing()) {
+    FinishIfDone(actions);
+    return;
+  }
   std::vector<Candidate> candidates = Candidates();
   const uint32_t n = static_cast<uint32_t>(candidates.size());
   // Changed: the world that would form now is not the live one. Members
@@ -164,6 +172,45 @@ void Coordinator::Evaluate(bool urgent, bool abort, const std::string& reason,
            actions);
       return;
   }
+}
+
+bool Coordinator::WorldFinishing() const {
+  for (const Assignment& a : gen_.world().members) {
+    const MemberInfo* m = membership_.Find(a.member.id);
+    if (m != nullptr && m->key == a.member && m->state == MemberState::kFinished) return true;
+  }
+  return false;
+}
+
+void Coordinator::FinishIfDone(Actions* actions) {
+  // Done when no member of the world trains: the ones still alive that
+  // wait for a world (a restart that joined as the job ran its last steps,
+  // say) have no step left to train, and a world that waits for them would
+  // never form.
+  std::set<std::string> waiting;
+  for (const RendezvousWaiter& w : waiters_) waiting.insert(w.member.id);
+  bool all_done = gen_.world_live() && gen_.phase() != GenerationPhase::kShuttingDown;
+  for (const Assignment& a : gen_.world().members) {
+    const MemberInfo* m = membership_.Find(a.member.id);
+    if (m != nullptr && IsAlive(m->state) && waiting.count(a.member.id) == 0) {
+      all_done = false;
+    }
+  }
+  if (!all_done || !Accepted(gen_.Finished())) return;
+  Record("finished", absl::StrCat("job finished at generation ", gen_.generation()));
+  // Members still waiting for a world (one that rejoined after a
+  // partition, say) will not get one: tell them now.
+  for (RendezvousWaiter& w : waiters_) {
+    actions->Add([done = std::move(w.done)] {
+      done(absl::FailedPreconditionError("the job has finished"));
+    });
+  }
+  waiters_.clear();
+  // A restart on this state dir (a requeued job) must not wait for the
+  // finished members: keep the generation counter, forget the world.
+  World done;
+  done.generation = gen_.generation();
+  persister_.SaveWorld(std::move(done));
 }
 
 void Coordinator::ResetGenerationState(uint64_t generation, const std::string& reason,

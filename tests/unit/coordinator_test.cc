@@ -803,6 +803,48 @@ TEST_F(CoordinatorTest, AMemberThatFinishesEndsTheJobForAWorldWaitingForIt) {
   EXPECT_EQ(c_->GetStatus().job_state, JobState::kFinished);
 }
 
+// Members finish one at a time; a spare that renews its wait in between
+// saw too few members left (the finished ones, below min_members) and the
+// world paused, so the job never finished for the spare: found by
+// LibraryTest.ASpareTakesTheKilledTrainersPlaceAndItsRestartIsTheNextSpare,
+// which hung at its end.
+TEST_F(CoordinatorTest, AWorldThatBeganFinishingNeitherPausesNorRegroupsAndEndsForItsSpare) {
+  Start(3, 3);
+  std::vector<Member*> world;
+  for (const char* id : {"a", "b", "c"}) world.push_back(&Add(id, "n"));
+  for (Member* m : world) Rendezvous(*m, 0);
+  ASSERT_TRUE(world[0]->world.has_value() && world[0]->world->ok());
+  const uint64_t generation = c_->GetStatus().generation;
+  Member& spare = Add("s", "m", /*inc=*/1, /*spare=*/true);
+  Rendezvous(spare, 0);
+  ASSERT_TRUE(c_->Leave(world[0]->key, LeaveReason::kFinished, 100).ok());
+  ASSERT_TRUE(c_->Leave(world[1]->key, LeaveReason::kFinished, 100).ok());
+  Rendezvous(spare, 0);  // it renews its wait: one of the world and a spare remain
+  Advance(absl::Milliseconds(1100));  // past last call
+  EXPECT_FALSE(spare.world.has_value()) << "no world forms for the spare";
+  EXPECT_EQ(c_->GetStatus().generation, generation);
+  EXPECT_EQ(c_->GetStatus().job_state, JobState::kRunning) << "not paused";
+  ASSERT_TRUE(c_->Leave(world[2]->key, LeaveReason::kFinished, 100).ok());
+  EXPECT_EQ(c_->GetStatus().job_state, JobState::kFinished);
+  ASSERT_TRUE(spare.world.has_value());
+  EXPECT_EQ(spare.world->status().message(), "the job has finished");
+}
+
+// A member of a finishing world that fails has nothing left to train: the
+// job ends when the others finished.
+TEST_F(CoordinatorTest, AMemberThatFailsAfterTheOthersFinishedEndsTheJob) {
+  Start(2, 2);
+  Member& a = Add("a", "n");
+  Member& b = Add("b", "n");
+  Rendezvous(a, 0);
+  Rendezvous(b, 0);
+  ASSERT_TRUE(a.world.has_value() && a.world->ok());
+  ASSERT_TRUE(c_->Leave(a.key, LeaveReason::kFinished, 100).ok());
+  EXPECT_EQ(c_->GetStatus().job_state, JobState::kRunning);
+  c_->SessionClosed(b.session, "connection reset");
+  EXPECT_EQ(c_->GetStatus().job_state, JobState::kFinished);
+}
+
 // Found by tests/fuzz/coordinator_fuzz: adopting 2^64-1 made the next world
 // generation 0.
 TEST_F(CoordinatorTest, AfterGenerationCannotWrapTheCounter) {
