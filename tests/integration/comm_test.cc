@@ -3,7 +3,10 @@
 // as threads against an in-process coordinator.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstring>
+#include <map>
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
@@ -157,6 +160,200 @@ TEST(HierarchyPlanTest, SegmentsWithTheSameOwnersShareAGroup) {
   ASSERT_EQ(flat.groups.size(), 1u);
   // Repeats and order do not change the plan.
   EXPECT_EQ(PlanHierarchy({2, 3, 2, 3}).owned_begin, PlanHierarchy({3, 2}).owned_begin);
+}
+
+// A communicator that forwards to another and says when it is destroyed.
+class Watched : public Communicator {
+ public:
+  Watched(std::unique_ptr<Communicator> inner, std::atomic<bool>* destroyed)
+      : inner_(std::move(inner)), destroyed_(destroyed) {}
+  ~Watched() override { *destroyed_ = true; }
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  std::string name() const override { return inner_->name(); }
+  absl::Status AllReduce(void* data, size_t count, DataType type, ReduceOp op,
+                         absl::Time deadline) override {
+    return inner_->AllReduce(data, count, type, op, deadline);
+  }
+  absl::Status ReduceScatter(void* data, const std::vector<size_t>& counts, DataType type,
+                             ReduceOp op, absl::Time deadline) override {
+    return inner_->ReduceScatter(data, counts, type, op, deadline);
+  }
+  absl::Status AllGather(void* data, const std::vector<size_t>& counts, DataType type,
+                         absl::Time deadline) override {
+    return inner_->AllGather(data, counts, type, deadline);
+  }
+  absl::Status Broadcast(void* data, size_t count, DataType type, int root,
+                         absl::Time deadline) override {
+    return inner_->Broadcast(data, count, type, root, deadline);
+  }
+  absl::Status Barrier(absl::Time deadline) override { return inner_->Barrier(deadline); }
+  void Abort(const absl::Status& why) override { inner_->Abort(why); }
+
+ private:
+  std::unique_ptr<Communicator> inner_;
+  std::atomic<bool>* const destroyed_;
+};
+
+// Two nodes of two ranks move on to a next world with the same members.
+// Node 0's ranks may all keep their node-local communicator and keep it;
+// on node 1 one rank has none to keep (its own collective had failed), so
+// both of node 1's ranks build a new one. Either way the next world reduces.
+TEST(NodeCommKeepTest, ANodeKeepsItsCommunicatorOnlyWhenEveryRankOfItMay) {
+  CommHarness h({0, 0, 1, 1}, "keep" + std::to_string(::getpid()));
+  CommOptions o;
+  o.backend = Backend::kHier;
+  o.gloo.hostname = "127.0.0.1";
+  std::vector<int> node_of(4, -1);
+  std::vector<std::atomic<bool>> destroyed(4);
+  ASSERT_TRUE(h.Run(o, [&](RankContext& rc) {
+    const int rank = rc.world.rank;
+    node_of[rank] = rc.world.node_rank();
+    WorldInfo next = rc.world;
+    next.generation += 1;
+    KeptNodeCommunicator kept = KeepNodeCommunicator(std::move(rc.comm), rc.world);
+    ASSERT_NE(kept.comm, nullptr) << "an untouched node-local communicator is handed on";
+    kept.comm = std::make_unique<Watched>(std::move(kept.comm), &destroyed[rank]);
+    if (rc.world.node_rank() == 1 && rc.world.local_rank() == 1) kept = {};
+    auto store = NewPrefixStore(rc.store.get(), "next");
+    auto comm = BuildCommunicator(next, store.get(), o, absl::Now() + absl::Seconds(30), &kept);
+    ASSERT_TRUE(comm.ok()) << comm.status();
+    EXPECT_EQ(kept.comm, nullptr) << "consumed";
+    std::vector<float> data(1000);
+    for (size_t i = 0; i < data.size(); ++i) data[i] = TestValue(rank, i);
+    ASSERT_TRUE((*comm)->AllReduce(data.data(), data.size(), DataType::kFloat32, ReduceOp::kSum,
+                                   absl::Now() + absl::Seconds(30)).ok());
+    for (size_t i = 0; i < data.size(); ++i) {
+      float expected = 0;
+      for (int r = 0; r < 4; ++r) expected += TestValue(r, i);
+      ASSERT_EQ(data[i], expected) << "rank " << rank << " i=" << i;
+    }
+    // Still in use by the next world's communicator, or gone.
+    EXPECT_EQ(destroyed[rank].load(), node_of[rank] == 1) << "rank " << rank;
+  }).ok());
+  for (int r = 0; r < 4; ++r) EXPECT_GE(node_of[r], 0);
+}
+
+// A node-local communicator that can shrink, and records how: Shrink
+// answers one of the smaller size (or `fail`), and adds the excluded ranks
+// to `shrunk`.
+class Shrinkable : public Communicator {
+ public:
+  Shrinkable(int rank, int size, std::vector<int>* shrunk, bool fail = false)
+      : rank_(rank), size_(size), shrunk_(shrunk), fail_(fail) {}
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string name() const override { return "shrinkable"; }
+  absl::Status AllReduce(void*, size_t, DataType, ReduceOp, absl::Time) override {
+    return absl::OkStatus();
+  }
+  absl::Status ReduceScatter(void*, const std::vector<size_t>&, DataType, ReduceOp,
+                             absl::Time) override {
+    return absl::OkStatus();
+  }
+  absl::Status AllGather(void*, const std::vector<size_t>&, DataType, absl::Time) override {
+    return absl::OkStatus();
+  }
+  absl::Status Broadcast(void*, size_t, DataType, int, absl::Time) override {
+    return absl::OkStatus();
+  }
+  absl::Status Barrier(absl::Time) override { return absl::OkStatus(); }
+  void Abort(const absl::Status&) override {}
+  bool CanShrink() const override { return true; }
+  absl::StatusOr<std::unique_ptr<Communicator>> Shrink(const std::vector<int>& excluded,
+                                                       absl::Time) override {
+    *shrunk_ = excluded;
+    if (fail_) return absl::InternalError("shrink failed");
+    const int below = static_cast<int>(
+        std::count_if(excluded.begin(), excluded.end(), [&](int r) { return r < rank_; }));
+    return std::make_unique<Shrinkable>(rank_ - below, size_ - static_cast<int>(excluded.size()),
+                                        shrunk_);
+  }
+
+ private:
+  const int rank_;
+  const int size_;
+  std::vector<int>* const shrunk_;
+  const bool fail_;
+};
+
+// `world` without the member at local rank `gone` of node 0, one generation
+// later, as its rank `self` of the world before sees it.
+WorldInfo WithoutLocal(const WorldInfo& world, int gone) {
+  WorldInfo next = world;
+  next.generation += 1;
+  if (world.node_rank() != 0) return next;
+  next.node_peers.erase(next.node_peers.begin() + gone);
+  for (size_t l = 0; l < next.node_peers.size(); ++l) {
+    next.node_peers[l].local_rank = static_cast<int>(l);
+    next.node_peers[l].local_world_size = static_cast<int>(next.node_peers.size());
+    if (next.node_peers[l].member_id == world.self.member_id) next.self = next.node_peers[l];
+  }
+  return next;
+}
+
+// Node 0 of three ranks loses its local rank 1; node 1, of one, loses
+// nobody. `fail_at`: the local rank of node 0 whose shrink fails (-1: none).
+// What each rank got, by "node/local rank" of the world before: the size of
+// what ReuseNodeCommunicator gave (0: build) and the ranks its Shrink left
+// out.
+struct Reused {
+  int size = -1;
+  std::vector<int> excluded;
+};
+std::map<std::string, Reused> ReuseAfterALoss(int fail_at) {
+  CommHarness h({0, 0, 0, 1}, "shrink" + std::to_string(::getpid()) + std::to_string(fail_at));
+  CommOptions o;
+  o.backend = Backend::kGloo;
+  o.gloo.hostname = "127.0.0.1";
+  std::vector<Reused> by_rank(4);
+  std::vector<std::string> where(4);
+  EXPECT_TRUE(h.Run(o, [&](RankContext& rc) {
+    const int rank = rc.world.rank;
+    const bool node0 = rc.world.node_rank() == 0;
+    where[rank] = absl::StrCat(rc.world.node_rank(), "/", rc.world.local_rank());
+    if (node0 && rc.world.local_rank() == 1) return;  // the member that is gone
+    KeptNodeCommunicator kept;
+    kept.generation = rc.world.generation;
+    kept.members = NodeMembers(rc.world);
+    kept.touched = node0;  // node 0's failure broke its communicator
+    kept.comm = std::make_unique<Shrinkable>(rc.world.local_rank(), rc.world.local_world_size(),
+                                             &by_rank[rank].excluded,
+                                             node0 && rc.world.local_rank() == fail_at);
+    const WorldInfo next = WithoutLocal(rc.world, 1);
+    auto node_store = NewPrefixStore(rc.store.get(), absl::StrCat("next/node", next.node_rank()));
+    auto comm = ReuseNodeCommunicator(&kept, next, node_store.get(),
+                                      absl::Now() + absl::Seconds(30));
+    ASSERT_TRUE(comm.ok()) << comm.status();
+    EXPECT_EQ(kept.comm, nullptr) << "consumed";
+    by_rank[rank].size = *comm == nullptr ? 0 : (*comm)->size();
+    if (*comm != nullptr) {
+      EXPECT_EQ((*comm)->rank(), next.local_rank());
+    }
+  }).ok());
+  std::map<std::string, Reused> out;
+  for (int r = 0; r < 4; ++r) out[where[r]] = by_rank[r];
+  return out;
+}
+
+TEST(NodeCommReuseTest, ANodeThatLostAMemberShrinksAndOneThatLostNobodyKeeps) {
+  std::map<std::string, Reused> got = ReuseAfterALoss(-1);
+  ASSERT_EQ(got.size(), 4u);
+  EXPECT_EQ(got["0/0"].size, 2);
+  EXPECT_EQ(got["0/2"].size, 2);
+  EXPECT_EQ(got["0/0"].excluded, std::vector<int>{1});
+  EXPECT_EQ(got["0/2"].excluded, std::vector<int>{1});
+  EXPECT_EQ(got["1/0"].size, 1);
+  EXPECT_TRUE(got["1/0"].excluded.empty()) << "kept as it was";
+}
+
+TEST(NodeCommReuseTest, AShrinkThatFailsOnOneRankMakesTheWholeNodeBuild) {
+  std::map<std::string, Reused> got = ReuseAfterALoss(2);
+  ASSERT_EQ(got.size(), 4u);
+  EXPECT_EQ(got["0/0"].size, 0);
+  EXPECT_EQ(got["0/2"].size, 0);
+  EXPECT_EQ(got["0/0"].excluded, std::vector<int>{1}) << "it shrank, then dropped what it made";
+  EXPECT_EQ(got["1/0"].size, 1);
 }
 
 TEST(CommFactoryTest, ShmAcrossNodesIsRefused) {

@@ -207,6 +207,47 @@ TEST_F(ElasticFullWorldTest, ASparePastItsRendezvousTimeoutWaitsWithoutSpinning)
   WaitExit(b);
 }
 
+// How many times `text` occurs in `s`.
+int CountOf(const std::string& s, const std::string& text) {
+  int n = 0;
+  for (size_t at = s.find(text); at != std::string::npos; at = s.find(text, at + 1)) ++n;
+  return n;
+}
+
+// Three nodes of one trainer each (hier: shared memory inside a node, Gloo
+// across). A node that lost nobody keeps its node-local communicator
+// through the failure of another node's trainer and through the join of
+// its replacement (node_comm.h); the job ends as one.
+TEST_F(ElasticTest, NodesThatLostNobodyKeepTheirCommunicatorThroughAFailureAndAJoin) {
+  std::vector<pid_t> pids = {Trainer(0, "k0", "n0", "hier"), Trainer(0, "k1", "n1", "hier"),
+                             Trainer(0, "k2", "n2", "hier")};
+  ASSERT_TRUE(WaitForLine("k0", "world 3 on 3 nodes", absl::Seconds(60)))
+      << ReadText(dir_ + "/k0.log");
+  ASSERT_TRUE(WaitForStep("k0", 30, absl::Seconds(60))) << ReadText(dir_ + "/k0.log");
+  ASSERT_EQ(::kill(pids[2], SIGKILL), 0);
+  WaitExit(pids[2]);
+  ASSERT_TRUE(WaitForLine("k0", "world 2 on 2 nodes", absl::Seconds(30)))
+      << ReadText(dir_ + "/k0.log");
+  const pid_t replacement = Trainer(0, "k2b", "n2", "hier");
+  EXPECT_EQ(WaitExit(pids[0]), 0) << ReadText(dir_ + "/k0.log");
+  EXPECT_EQ(WaitExit(pids[1]), 0) << ReadText(dir_ + "/k1.log");
+  EXPECT_EQ(WaitExit(replacement), 0) << ReadText(dir_ + "/k2b.log");
+  for (const char* tag : {"k0", "k1"}) {
+    const std::string log = ReadText(dir_ + "/" + tag + ".log");
+    EXPECT_GE(CountOf(log, "kept this node's communicator (shm of 1 rank) from generation"), 2)
+        << tag << "\n" << log;
+  }
+  EXPECT_EQ(CountOf(ReadText(dir_ + "/k2b.log"), "kept this node's communicator"), 0);
+  const std::string s0 = ReadText(dir_ + "/k0.json");
+  EXPECT_EQ(JsonNumber(s0, "steps"), "250") << s0;
+  EXPECT_EQ(JsonNumber(s0, "world_size"), "3") << s0;
+  for (const char* tag : {"k1", "k2b"}) {
+    EXPECT_EQ(JsonNumber(ReadText(dir_ + "/" + tag + ".json"), "parameter_checksum"),
+              JsonNumber(s0, "parameter_checksum"))
+        << tag;
+  }
+}
+
 // Agent-launched jobs: two nodes, each a muster-agent with two trainers.
 class AgentTest : public ElasticTest {
  protected:
@@ -344,6 +385,8 @@ TEST_F(AgentTest, TheAgentRestartsAKilledTrainerAndItRejoins) {
   const std::string log_a = ReadText(dir_ + "/a.log");
   EXPECT_NE(log_a.find("(world 3, rank"), std::string::npos) << log_a;
   EXPECT_NE(log_a.find("world 4 on 2 nodes"), std::string::npos) << log_a;
+  // Node a lost nobody: at the join its trainers kept their shared memory.
+  EXPECT_GE(CountOf(log_a, "kept this node's communicator (shm of 2 ranks)"), 2) << log_a;
   // The loss curve is continuous: rank 0's steps never go back.
   const std::vector<int> steps = Steps("a");
   ASSERT_FALSE(steps.empty());

@@ -69,6 +69,16 @@ class MemoryChecked : public Communicator {
   }
   absl::Status Barrier(absl::Time deadline) override { return inner_->Barrier(deadline); }
   void Abort(const absl::Status& why) override { inner_->Abort(why); }
+  std::unique_ptr<Communicator> ReleaseNodeCommunicator(bool* touched) override {
+    return inner_->ReleaseNodeCommunicator(touched);
+  }
+  bool CanShrink() const override { return inner_->CanShrink(); }
+  absl::StatusOr<std::unique_ptr<Communicator>> Shrink(const std::vector<int>& excluded,
+                                                       absl::Time deadline) override {
+    auto shrunk = inner_->Shrink(excluded, deadline);
+    if (!shrunk.ok()) return shrunk.status();
+    return NewMemoryChecked(std::move(*shrunk));
+  }
 
  private:
   absl::Status Check(const char* call, const void* data, size_t count, DataType type) const {

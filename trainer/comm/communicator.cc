@@ -26,6 +26,11 @@ const char* DataTypeName(DataType type) {
   return "unknown";
 }
 
+absl::StatusOr<std::unique_ptr<Communicator>> Communicator::Shrink(const std::vector<int>&,
+                                                                  absl::Time) {
+  return absl::UnimplementedError(absl::StrCat(name(), " communicators cannot shrink"));
+}
+
 std::string MemorySpace::ToString() const {
   return is_host() ? "host" : absl::StrCat("cuda:", device);
 }

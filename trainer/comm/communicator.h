@@ -28,10 +28,12 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
 
 namespace muster {
@@ -95,6 +97,31 @@ class Communicator {
   // Breaks the communicator: a blocked or later collective returns ABORTED
   // with `why`. Idempotent; thread-safe.
   virtual void Abort(const absl::Status& why) = 0;
+
+  // A composition's node-local communicator, handed over for the next world
+  // (node_comm.h): one that nothing touched (none of its collectives failed,
+  // nothing aborted it), which the next world may keep as it is, or one that
+  // was touched but CanShrink(), which it may shrink; `*touched` says which.
+  // This communicator then only answers ABORTED. Null when there is none, or
+  // it was touched and cannot shrink. Training thread, with no collective in
+  // flight.
+  virtual std::unique_ptr<Communicator> ReleaseNodeCommunicator(bool* touched) {
+    *touched = false;
+    return nullptr;
+  }
+
+  // Whether Shrink can make the communicator of fewer ranks from this one,
+  // also after a failure or an Abort broke it (NCCL's ncclCommShrink).
+  virtual bool CanShrink() const { return false; }
+
+  // The communicator of this one's ranks but `excluded` (ranks of this
+  // one, ascending), renumbered in order; every remaining rank calls it, the
+  // excluded ones do not. Work still in flight is stopped first. This
+  // communicator is spent afterwards, whatever the outcome.
+  // Errors: UNIMPLEMENTED unless CanShrink(); DEADLINE_EXCEEDED; the
+  // transport's.
+  virtual absl::StatusOr<std::unique_ptr<Communicator>> Shrink(const std::vector<int>& excluded,
+                                                               absl::Time deadline);
 };
 
 // Validates `counts` for a communicator of `size` ranks.

@@ -1,6 +1,7 @@
 #include "trainer/comm/factory.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "trainer/comm/checked.h"
 #include "trainer/comm/shm/shm_communicator.h"
 #ifdef MUSTER_HAVE_CUDA
@@ -30,16 +31,25 @@ ShmOptions ShmOptionsFor(const WorldInfo& world, const CommOptions& options) {
   return shm;
 }
 
-// This node's communicator: shared memory, or NCCL on the GPU.
+// This node's communicator: the previous world's, kept or shrunk
+// (node_comm.h), or a new one: shared memory, or NCCL on the GPU.
 absl::StatusOr<std::unique_ptr<Communicator>> BuildIntra(const WorldInfo& world, Store* store,
                                                          const CommOptions& options,
-                                                         absl::Time deadline) {
+                                                         absl::Time deadline,
+                                                         KeptNodeCommunicator* kept) {
   const int node = world.node_rank();
+  KeptNodeCommunicator none;
+  auto node_store = NewPrefixStore(store, absl::StrCat("node", node));
+  MUSTER_ASSIGN_OR_RETURN(
+      std::unique_ptr<Communicator> same,
+      ReuseNodeCommunicator(kept != nullptr ? kept : &none, world, node_store.get(), deadline));
+  if (same != nullptr) return same;
   if (options.cuda) {
 #ifdef MUSTER_HAVE_CUDA
     auto s = NewPrefixStore(store, absl::StrCat("nccl/node", node));
     return NewNcclCommunicator(s.get(), world.local_rank(), world.local_world_size(),
-                               options.cuda_device, deadline, options.cuda_stream);
+                               options.cuda_device, deadline, options.cuda_stream,
+                               /*shrinkable=*/true);
 #else
     return absl::InvalidArgumentError("this build has no CUDA/NCCL support");
 #endif
@@ -74,9 +84,10 @@ std::unique_ptr<BufferOps> BufferOpsFor([[maybe_unused]] const CommOptions& opti
 
 absl::StatusOr<std::unique_ptr<Communicator>> BuildHier(const WorldInfo& world, Store* store,
                                                         const CommOptions& options,
-                                                        absl::Time deadline) {
+                                                        absl::Time deadline,
+                                                        KeptNodeCommunicator* kept) {
   HierarchyPlan plan = PlanHierarchy(world.node_sizes);
-  auto intra = BuildIntra(world, store, options, deadline);
+  auto intra = BuildIntra(world, store, options, deadline, kept);
   if (!intra.ok()) return intra.status();
   std::vector<InterGroup> mine;
   std::vector<std::unique_ptr<Communicator>> inter;
@@ -105,7 +116,8 @@ absl::StatusOr<std::unique_ptr<Communicator>> BuildHier(const WorldInfo& world, 
 absl::StatusOr<std::unique_ptr<Communicator>> BuildUnchecked(const WorldInfo& world,
                                                              Store* store,
                                                              const CommOptions& options,
-                                                             absl::Time deadline) {
+                                                             absl::Time deadline,
+                                                             KeptNodeCommunicator* kept) {
   Backend backend = options.backend;
   const bool one_per_node = world.node_count == world.world_size;
   if (backend == Backend::kAuto) {
@@ -135,7 +147,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> BuildUnchecked(const WorldInfo& wo
                                 deadline);
     }
     case Backend::kHier:
-      return BuildHier(world, store, options, deadline);
+      return BuildHier(world, store, options, deadline, kept);
     case Backend::kNccl: {
 #ifdef MUSTER_HAVE_CUDA
       if (!options.cuda) {
@@ -156,11 +168,11 @@ absl::StatusOr<std::unique_ptr<Communicator>> BuildUnchecked(const WorldInfo& wo
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Communicator>> BuildCommunicator(const WorldInfo& world,
-                                                                Store* store,
-                                                                const CommOptions& options,
-                                                                absl::Time deadline) {
-  auto comm = BuildUnchecked(world, store, options, deadline);
+absl::StatusOr<std::unique_ptr<Communicator>> BuildCommunicator(
+    const WorldInfo& world, Store* store, const CommOptions& options, absl::Time deadline,
+    KeptNodeCommunicator* kept) {
+  auto comm = BuildUnchecked(world, store, options, deadline, kept);
+  if (kept != nullptr) *kept = {};  // not a hierarchical world: nothing to keep
   if (!comm.ok() || !options.check_buffers) return comm;
   return NewMemoryChecked(std::move(*comm));
 }

@@ -13,6 +13,7 @@
 #include "trainer/comm/communicator.h"
 #include "trainer/comm/gloo/gloo_communicator.h"
 #include "trainer/comm/hierarchical.h"
+#include "trainer/comm/node_comm.h"
 #include "trainer/comm/store.h"
 
 namespace muster {
@@ -37,12 +38,14 @@ struct CommOptions {
 // pinned host buffers ("hier(nccl+gloo)", for nodes without NCCL's
 // transports, or trainers sharing one GPU as separate nodes); gloo and shm
 // stay on host memory.
+// `kept`, when given: what the previous world's communicator left
+// (node_comm.h). A hierarchical communicator keeps it as its node-local one
+// when every rank of the node may; either way it is consumed.
 // Errors: INVALID_ARGUMENT (backend does not fit the world, e.g. shm across
 // nodes, nccl without CUDA), and the backends' errors.
-absl::StatusOr<std::unique_ptr<Communicator>> BuildCommunicator(const WorldInfo& world,
-                                                                Store* store,
-                                                                const CommOptions& options,
-                                                                absl::Time deadline);
+absl::StatusOr<std::unique_ptr<Communicator>> BuildCommunicator(
+    const WorldInfo& world, Store* store, const CommOptions& options, absl::Time deadline,
+    KeptNodeCommunicator* kept = nullptr);
 
 }  // namespace muster
 

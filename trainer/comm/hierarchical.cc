@@ -1,10 +1,13 @@
 #include "trainer/comm/hierarchical.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <map>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "trainer/comm/reduce.h"
 
 namespace muster {
@@ -48,6 +51,7 @@ class Hierarchical : public Communicator {
         size_(size),
         plan_(std::move(plan)),
         local_size_(local_size),
+        memory_(intra->memory()),
         intra_(std::move(intra)),
         groups_(std::move(groups)),
         inter_(std::move(inter)),
@@ -60,12 +64,13 @@ class Hierarchical : public Communicator {
     for (const auto& c : inter_) {
       if (c) inter = c->name();
     }
-    return absl::StrCat("hier(", intra_->name(), "+", inter, ")");
+    return absl::StrCat("hier(", intra_ ? intra_->name() : "released", "+", inter, ")");
   }
-  MemorySpace memory() const override { return intra_->memory(); }
+  MemorySpace memory() const override { return memory_; }
 
   absl::Status AllReduce(void* data, size_t count, DataType type, ReduceOp op,
                          absl::Time deadline) override {
+    if (absl::Status s = Broken(); !s.ok()) return s;
     const size_t es = DataTypeSize(type);
     const std::vector<size_t> seg = EvenSplit(count, plan_.segments);
     std::vector<size_t> seg_offset(seg.size() + 1, 0);
@@ -75,8 +80,8 @@ class Hierarchical : public Communicator {
     for (size_t l = 0; l + 1 < begin.size(); ++l) {
       local_counts.push_back(seg_offset[begin[l + 1]] - seg_offset[begin[l]]);
     }
-    if (absl::Status s = intra_->ReduceScatter(data, local_counts, type, ReduceOp::kSum,
-                                               deadline);
+    if (absl::Status s = Intra(intra_->ReduceScatter(data, local_counts, type, ReduceOp::kSum,
+                                                     deadline));
         !s.ok()) {
       return s;
     }
@@ -89,7 +94,7 @@ class Hierarchical : public Communicator {
         if (absl::Status s = inter_[i]->AllReduce(base + lo * es, n, type, ReduceOp::kSum,
                                                   deadline);
             !s.ok()) {
-          intra_->Abort(s);
+          Abort(s);  // wakes this node's ranks waiting for this shard
           return s;
         }
       }
@@ -100,7 +105,7 @@ class Hierarchical : public Communicator {
         }
       }
     }
-    return intra_->AllGather(data, local_counts, type, deadline);
+    return Intra(intra_->AllGather(data, local_counts, type, deadline));
   }
 
   absl::Status ReduceScatter(void* data, const std::vector<size_t>& counts, DataType type,
@@ -142,29 +147,69 @@ class Hierarchical : public Communicator {
   // Everyone on this node arrived, then every node's owners, then the node
   // learns it: no buffer needed on any memory.
   absl::Status Barrier(absl::Time deadline) override {
-    if (absl::Status s = intra_->Barrier(deadline); !s.ok()) return s;
+    if (absl::Status s = Broken(); !s.ok()) return s;
+    if (absl::Status s = Intra(intra_->Barrier(deadline)); !s.ok()) return s;
     for (auto& c : inter_) {
       if (c == nullptr) continue;
       if (absl::Status s = c->Barrier(deadline); !s.ok()) {
-        intra_->Abort(s);
+        Abort(s);
         return s;
       }
     }
-    return intra_->Barrier(deadline);
+    return Intra(intra_->Barrier(deadline));
   }
 
+  // The node-local communicator is aborted only when it has peers to wake:
+  // one of a single member waits for nobody, so a failure elsewhere leaves
+  // it whole for the next world to keep (ReleaseNodeCommunicator).
   void Abort(const absl::Status& why) override {
-    intra_->Abort(why);
+    {
+      absl::MutexLock lock(&mu_);
+      if (aborted_.ok()) aborted_ = absl::AbortedError(why.message());
+    }
+    if (local_size_ > 1 && intra_ != nullptr) {
+      intra_touched_ = true;
+      intra_->Abort(why);
+    }
     for (auto& c : inter_) {
       if (c) c->Abort(why);
     }
+  }
+
+  // After the world's end (no Abort can come any more: the trainer
+  // detached it). A touched node-local communicator goes on only to shrink.
+  std::unique_ptr<Communicator> ReleaseNodeCommunicator(bool* touched) override {
+    *touched = intra_touched_.load();
+    if (intra_ == nullptr || (*touched && !intra_->CanShrink())) return nullptr;
+    std::unique_ptr<Communicator> node = std::move(intra_);
+    Abort(absl::AbortedError("its node-local communicator went on to the next world"));
+    return node;
   }
 
  private:
   const int rank_;
   const int size_;
   const HierarchyPlan plan_;
+  // OK, or ABORTED once a collective failed or Abort was called.
+  absl::Status Broken() {
+    absl::MutexLock lock(&mu_);
+    return aborted_;
+  }
+  // An error of the node-local communicator breaks it and this one.
+  absl::Status Intra(absl::Status s) {
+    if (s.ok() || absl::IsInvalidArgument(s)) return s;
+    intra_touched_ = true;
+    absl::MutexLock lock(&mu_);
+    if (aborted_.ok()) aborted_ = absl::AbortedError(s.message());
+    return s;
+  }
+
   const int local_size_;
+  const MemorySpace memory_;
+  absl::Mutex mu_;
+  absl::Status aborted_ ABSL_GUARDED_BY(mu_);
+  // The node-local communicator failed or was aborted: it cannot be kept.
+  std::atomic<bool> intra_touched_{false};
   std::unique_ptr<Communicator> intra_;
   const std::vector<InterGroup> groups_;
   std::vector<std::unique_ptr<Communicator>> inter_;

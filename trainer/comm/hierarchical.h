@@ -65,7 +65,11 @@ std::unique_ptr<BufferOps> NewHostBufferOps();
 // Composes `intra` (this node's `local_size` ranks) and the inter-node
 // communicators of the groups this rank belongs to (`inter[i]` for
 // `my_groups[i]`, ordered by first segment; nullptr for a group of one).
-// Takes ownership.
+// Takes ownership. A failure or Abort breaks the composition and its
+// inter-node communicators, and `intra` too where it has peers to wake;
+// an `intra` of one rank, or one no failure reached, is handed on by
+// ReleaseNodeCommunicator for the next world to keep, and one that failed
+// is handed on when it can shrink (node_comm.h).
 std::unique_ptr<Communicator> NewHierarchicalCommunicator(
     int rank, int size, HierarchyPlan plan, int local_size, std::unique_ptr<Communicator> intra,
     std::vector<InterGroup> my_groups, std::vector<std::unique_ptr<Communicator>> inter,

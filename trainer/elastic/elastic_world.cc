@@ -72,7 +72,8 @@ absl::Status ElasticWorld::Enter(const EnterFn& enter) {
     BuildWatchdog watchdog(deadline + absl::Seconds(5), [this, generation = world_.generation] {
       return client_->latest_generation() > generation;
     });
-    MUSTER_ASSIGN_OR_RETURN(comm, BuildCommunicator(world_, store_.get(), options_.comm, deadline));
+    MUSTER_ASSIGN_OR_RETURN(
+        comm, BuildCommunicator(world_, store_.get(), options_.comm, deadline, &kept_));
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -155,7 +156,8 @@ absl::Status ElasticWorld::Regroup(const std::string& why, int64_t step, const E
   BrokenWorld failed_entry;
   for (;;) {
     Detach();
-    comm_.reset();
+    // A node-local communicator no failure touched may go on (node_comm.h).
+    kept_ = KeepNodeCommunicator(std::move(comm_), world_);
     store_.reset();
     absl::StatusOr<WorldInfo> next = NextWorld(step, before_rejoin, broken);
     if (absl::IsFailedPrecondition(next.status()) || absl::IsCancelled(next.status())) {

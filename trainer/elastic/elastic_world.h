@@ -126,6 +126,8 @@ class ElasticWorld {
   std::unique_ptr<CoordinatorClient> client_;
   std::unique_ptr<Store> store_;
   std::unique_ptr<Communicator> comm_;
+  // Between worlds: what the last one's communicator left for the next.
+  KeptNodeCommunicator kept_;
   WorldInfo world_;
   bool left_ = false;
   int regroups_ = 0;

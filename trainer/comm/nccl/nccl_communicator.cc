@@ -4,6 +4,7 @@
 #include <nccl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <functional>
@@ -12,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/status_macros.h"
 
 namespace muster {
 namespace {
@@ -35,24 +37,90 @@ absl::StatusOr<ncclDataType_t> NcclType(DataType type) {
   return absl::InvalidArgumentError("unsupported data type for NCCL");
 }
 
+// ncclCommShrink (2.27.3) and ncclCommRevoke (2.28.7), where the headers
+// this was built with have them and the library loaded is as new.
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 3)
+#define MUSTER_NCCL_SHRINK 1
+#endif
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 7)
+#define MUSTER_NCCL_REVOKE 1
+#endif
+
+bool LoadedAtLeast(int code) {
+  int version = 0;
+  return ncclGetVersion(&version) == ncclSuccess && version >= code;
+}
+
+// The CUDA objects a communicator owns besides NCCL's: its stream, and the
+// events that order it after the caller's stream and the caller's after it.
+struct StreamAndEvents {
+  cudaStream_t stream = nullptr;
+  cudaEvent_t ready = nullptr;
+  cudaEvent_t event = nullptr;
+
+  void Destroy() {
+    if (ready != nullptr) cudaEventDestroy(ready);
+    if (event != nullptr) cudaEventDestroy(event);
+    if (stream != nullptr) cudaStreamDestroy(stream);
+    *this = {};
+  }
+};
+
+absl::StatusOr<StreamAndEvents> CreateStreamAndEvents() {
+  StreamAndEvents out;
+  if (cudaError_t e = cudaStreamCreateWithFlags(&out.stream, cudaStreamNonBlocking);
+      e != cudaSuccess) {
+    return CudaError("cudaStreamCreate", e);
+  }
+  for (cudaEvent_t* ev : {&out.ready, &out.event}) {
+    if (cudaError_t e = cudaEventCreateWithFlags(ev, cudaEventDisableTiming); e != cudaSuccess) {
+      out.Destroy();
+      return CudaError("cudaEventCreate", e);
+    }
+  }
+  return out;
+}
+
+// Waits until the non-blocking `comm` that `r` started (an init or a
+// shrink) is ready; aborts it on an error or at `deadline`.
+absl::Status AwaitReady(ncclComm_t comm, ncclResult_t r, const char* what, absl::Time deadline) {
+  while (r == ncclInProgress || r == ncclSuccess) {
+    ncclResult_t state = ncclSuccess;
+    ncclCommGetAsyncError(comm, &state);
+    if (state == ncclSuccess) return absl::OkStatus();
+    if (state != ncclInProgress) {
+      r = state;
+      break;
+    }
+    if (absl::Now() >= deadline) {
+      ncclCommAbort(comm);
+      return absl::DeadlineExceededError(absl::StrCat(what, " did not complete before the deadline"));
+    }
+    ::usleep(100);
+  }
+  if (comm != nullptr) ncclCommAbort(comm);
+  return NcclError(what, r);
+}
+
 class NcclCommunicator : public Communicator {
  public:
-  NcclCommunicator(ncclComm_t comm, cudaStream_t stream, cudaEvent_t ready, cudaEvent_t event,
-                   int rank, int size, int device, CallerStreamFn caller_stream)
+  NcclCommunicator(ncclComm_t comm, StreamAndEvents cuda, int rank, int size, int device,
+                   CallerStreamFn caller_stream, bool shrinkable)
       : comm_(comm),
-        stream_(stream),
-        ready_(ready),
-        event_(event),
+        stream_(cuda.stream),
+        ready_(cuda.ready),
+        event_(cuda.event),
         rank_(rank),
         size_(size),
         device_(device),
-        caller_stream_(std::move(caller_stream)) {}
+        caller_stream_(std::move(caller_stream)),
+        shrinkable_(shrinkable && size > 1) {}
 
   ~NcclCommunicator() override {
     cudaSetDevice(device_);
     if (aborted_comm_) {
       // ncclCommAbort already freed the communicator.
-    } else if (broken_) {
+    } else if (broken_ || spent_) {
       ncclCommAbort(comm_);
     } else {
       ncclCommDestroy(comm_);
@@ -153,6 +221,17 @@ class NcclCommunicator : public Communicator {
     return AllReduce(scratch_, 1, DataType::kFloat32, ReduceOp::kSum, deadline);
   }
 
+  bool CanShrink() const override {
+#ifdef MUSTER_NCCL_SHRINK
+    return shrinkable_ && !aborted_comm_ && !spent_ && LoadedAtLeast(NCCL_VERSION(2, 27, 3));
+#else
+    return false;
+#endif
+  }
+
+  absl::StatusOr<std::unique_ptr<Communicator>> Shrink(const std::vector<int>& excluded,
+                                                       absl::Time deadline) override;
+
   void Abort(const absl::Status& why) override {
     bool expected = false;
     if (abort_requested_.compare_exchange_strong(expected, true)) {
@@ -167,10 +246,21 @@ class NcclCommunicator : public Communicator {
     return absl::AbortedError(absl::StrCat("nccl communicator aborted: ", why_));
   }
 
-  // Marks the communicator broken and aborts NCCL (once); returns `why`.
+  // Marks the communicator broken and stops its work in flight (once):
+  // ncclCommRevoke where it may shrink and NCCL has it, which leaves the
+  // communicator to shrink from (node_comm.h), else ncclCommAbort. Returns
+  // `why`.
   absl::Status Break(absl::Status why) {
     broken_ = true;
-    if (!aborted_comm_) ncclCommAbort(comm_);
+    if (aborted_comm_ || revoked_) return why;
+#ifdef MUSTER_NCCL_REVOKE
+    if (CanShrink() && LoadedAtLeast(NCCL_VERSION(2, 28, 7))) {
+      const ncclResult_t r = ncclCommRevoke(comm_, NCCL_REVOKE_DEFAULT);
+      revoked_ = r == ncclSuccess || r == ncclInProgress;
+      if (revoked_) return why;
+    }
+#endif
+    ncclCommAbort(comm_);
     aborted_comm_ = true;
     return why;
   }
@@ -240,13 +330,56 @@ class NcclCommunicator : public Communicator {
   const int size_;
   const int device_;
   const CallerStreamFn caller_stream_;
+  // A node-local communicator of several ranks, which a regroup may shrink.
+  const bool shrinkable_;
   void* scratch_ = nullptr;
   bool broken_ = false;
   bool aborted_comm_ = false;
+  bool revoked_ = false;  // by Break: quiescent once NCCL says so
+  bool spent_ = false;    // Shrink made a new one from it
   std::atomic<bool> abort_requested_{false};
   std::mutex why_mu_;
   std::string why_;
 };
+
+absl::StatusOr<std::unique_ptr<Communicator>> NcclCommunicator::Shrink(
+    const std::vector<int>& excluded, absl::Time deadline) {
+#ifndef MUSTER_NCCL_SHRINK
+  return Communicator::Shrink(excluded, deadline);
+#else
+  if (!CanShrink()) return Communicator::Shrink(excluded, deadline);
+  spent_ = true;
+  cudaSetDevice(device_);
+  // A revoked communicator shrinks once its work in flight has stopped.
+  for (ncclResult_t state = ncclInProgress; revoked_ && state == ncclInProgress;) {
+    ncclCommGetAsyncError(comm_, &state);
+    if (state != ncclInProgress) break;
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError("the revoked NCCL communicator did not quiesce");
+    }
+    ::usleep(100);
+  }
+  MUSTER_ASSIGN_OR_RETURN(StreamAndEvents cuda, CreateStreamAndEvents());
+  std::vector<int> gone = excluded;
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  ncclComm_t child = nullptr;
+  // Work a failure or an Abort left in flight is stopped first.
+  const bool unsettled = broken_ || abort_requested_;
+  const ncclResult_t r =
+      ncclCommShrink(comm_, gone.data(), static_cast<int>(gone.size()), &child, &config,
+                     unsettled ? NCCL_SHRINK_ABORT : NCCL_SHRINK_DEFAULT);
+  if (absl::Status s = AwaitReady(child, r, "ncclCommShrink", deadline); !s.ok()) {
+    cuda.Destroy();
+    return s;
+  }
+  const int rank = rank_ - static_cast<int>(std::count_if(gone.begin(), gone.end(),
+                                                          [&](int g) { return g < rank_; }));
+  return std::unique_ptr<Communicator>(new NcclCommunicator(
+      child, cuda, rank, size_ - static_cast<int>(gone.size()), device_, caller_stream_,
+      /*shrinkable=*/true));
+#endif
+}
 
 }  // namespace
 
@@ -275,7 +408,7 @@ bool IsCudaDeviceMemory(const void* data, size_t bytes, int device) {
 
 absl::StatusOr<std::unique_ptr<Communicator>> NewNcclCommunicator(
     Store* store, int rank, int size, int device, absl::Time deadline,
-    CallerStreamFn caller_stream) {
+    CallerStreamFn caller_stream, bool shrinkable) {
   if (CudaDeviceCount() <= device) {
     return absl::FailedPreconditionError(absl::StrCat("no CUDA device ", device));
   }
@@ -300,54 +433,17 @@ absl::StatusOr<std::unique_ptr<Communicator>> NewNcclCommunicator(
     }
     std::memcpy(id.internal, (*v)[0].data(), sizeof(id.internal));
   }
-  cudaStream_t stream;
-  if (cudaError_t e = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
-      e != cudaSuccess) {
-    return CudaError("cudaStreamCreate", e);
-  }
-  cudaEvent_t ready, event;
-  if (cudaError_t e = cudaEventCreateWithFlags(&ready, cudaEventDisableTiming);
-      e != cudaSuccess) {
-    cudaStreamDestroy(stream);
-    return CudaError("cudaEventCreate", e);
-  }
-  if (cudaError_t e = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
-      e != cudaSuccess) {
-    cudaEventDestroy(ready);
-    cudaStreamDestroy(stream);
-    return CudaError("cudaEventCreate", e);
-  }
+  MUSTER_ASSIGN_OR_RETURN(StreamAndEvents cuda, CreateStreamAndEvents());
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
-  ncclComm_t comm;
-  ncclResult_t r = ncclCommInitRankConfig(&comm, size, id, rank, &config);
-  while (r == ncclInProgress || r == ncclSuccess) {
-    ncclResult_t state = ncclSuccess;
-    ncclCommGetAsyncError(comm, &state);
-    if (state == ncclSuccess) break;
-    if (state != ncclInProgress) {
-      r = state;
-      break;
-    }
-    if (absl::Now() >= deadline) {
-      ncclCommAbort(comm);
-      cudaEventDestroy(ready);
-      cudaEventDestroy(event);
-      cudaStreamDestroy(stream);
-      return absl::DeadlineExceededError("NCCL init did not complete before the deadline");
-    }
-    ::usleep(100);
-    r = ncclInProgress;
+  ncclComm_t comm = nullptr;
+  const ncclResult_t r = ncclCommInitRankConfig(&comm, size, id, rank, &config);
+  if (absl::Status s = AwaitReady(comm, r, "ncclCommInitRankConfig", deadline); !s.ok()) {
+    cuda.Destroy();
+    return s;
   }
-  if (r != ncclSuccess && r != ncclInProgress) {
-    cudaEventDestroy(ready);
-    cudaEventDestroy(event);
-    cudaStreamDestroy(stream);
-    return NcclError("ncclCommInitRankConfig", r);
-  }
-  return std::unique_ptr<Communicator>(new NcclCommunicator(comm, stream, ready, event, rank,
-                                                            size, device,
-                                                            std::move(caller_stream)));
+  return std::unique_ptr<Communicator>(
+      new NcclCommunicator(comm, cuda, rank, size, device, std::move(caller_stream), shrinkable));
 }
 
 }  // namespace muster

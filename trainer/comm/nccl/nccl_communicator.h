@@ -5,6 +5,12 @@
 // work is done, the deadline passes or Abort() is called, and then calls
 // ncclCommAbort so that a dead or hung peer never hangs this rank.
 //
+// A `shrinkable` communicator (a node's, of several ranks) is revoked
+// instead (ncclCommRevoke, NCCL >= 2.28.7): its work in flight stops as
+// with an abort, and a regroup that only lost members of the node shrinks
+// it (Communicator::Shrink, ncclCommShrink, NCCL >= 2.27.3) instead of
+// building a new one (node_comm.h). With older NCCL it aborts and builds.
+//
 // Ordering: a collective first waits (on the GPU, through an event) for the
 // work already queued on the caller's stream, which is what wrote the
 // buffer, and the caller's stream then waits for the collective. The
@@ -35,7 +41,7 @@ using CallerStreamFn = std::function<void*()>;
 // not join in time), UNAVAILABLE/ABORTED (NCCL errors).
 absl::StatusOr<std::unique_ptr<Communicator>> NewNcclCommunicator(
     Store* store, int rank, int size, int device, absl::Time deadline,
-    CallerStreamFn caller_stream = nullptr);
+    CallerStreamFn caller_stream = nullptr, bool shrinkable = false);
 
 // A communicator on device memory of `device` over `host`, a communicator on
 // host memory (Gloo across nodes): each collective copies the buffer into a
