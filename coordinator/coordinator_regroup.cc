@@ -160,7 +160,9 @@ void Coordinator::Evaluate(bool urgent, bool abort, const std::string& reason,
     ++incumbents;
   }
   changed = changed || incumbents != world.size();
-  switch (timer_.Decide(n, preferred, changed, urgent, clock_->Now())) {
+  // The job's first world: none formed before (a paused world is kept).
+  const bool first_world = !live && world.members.empty();
+  switch (timer_.Decide(n, preferred, changed, urgent, clock_->Now(), first_world)) {
     case FormDecision::kNothing:
     case FormDecision::kWait:
       return;

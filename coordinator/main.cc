@@ -39,6 +39,8 @@ ABSL_FLAG(uint32_t, min_members, 1, "members needed to form a world; below it th
 ABSL_FLAG(uint32_t, max_members, 1024, "largest world");
 ABSL_FLAG(absl::Duration, last_call, absl::Milliseconds(500),
           "extra wait for late joiners once min_members are there");
+ABSL_FLAG(absl::Duration, spare_delay, absl::Seconds(10),
+          "how long the first world waits for its non-spare members before spares fill it");
 ABSL_FLAG(absl::Duration, join_timeout, absl::Seconds(600),
           "longest a rendezvous call waits before the member retries");
 ABSL_FLAG(uint32_t, world_size_multiple, 1, "world sizes are a multiple of this");
@@ -100,6 +102,7 @@ bool OptionsFromFlags(muster::ServerOptions* out) {
   c.rules.min_members = absl::GetFlag(FLAGS_min_members);
   c.rules.max_members = absl::GetFlag(FLAGS_max_members);
   c.rules.last_call = absl::GetFlag(FLAGS_last_call);
+  c.rules.spare_delay = absl::GetFlag(FLAGS_spare_delay);
   c.rules.join_timeout = absl::GetFlag(FLAGS_join_timeout);
   c.rules.world_size_multiple = absl::GetFlag(FLAGS_world_size_multiple);
   c.heartbeat_interval = absl::GetFlag(FLAGS_heartbeat_interval);
@@ -119,6 +122,7 @@ void LogOptions(const muster::ServerOptions& options) {
                    << " min_members=" << c.rules.min_members
                    << " max_members=" << c.rules.max_members
                    << " last_call=" << absl::FormatDuration(c.rules.last_call)
+                   << " spare_delay=" << absl::FormatDuration(c.rules.spare_delay)
                    << " join_timeout=" << absl::FormatDuration(c.rules.join_timeout)
                    << " world_size_multiple=" << c.rules.world_size_multiple
                    << " heartbeat_interval=" << absl::FormatDuration(c.heartbeat_interval)

@@ -25,6 +25,9 @@ absl::Status RendezvousRules::Validate() const {
   if (last_call < absl::ZeroDuration() || join_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("last_call must be >= 0 and join_timeout > 0");
   }
+  if (spare_delay < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("spare_delay must be >= 0");
+  }
   return absl::OkStatus();
 }
 
@@ -90,17 +93,21 @@ void ChooseStateSource(World* world) {
 }
 
 FormDecision RendezvousTimer::Decide(uint32_t candidates, uint32_t preferred, bool changed,
-                                     bool urgent, absl::Time now) {
+                                     bool urgent, absl::Time now, bool first_world) {
   if (!changed) {
-    form_at_.reset();
+    Reset();
     return FormDecision::kNothing;
   }
   if (UsableWorldSize(candidates, rules_) == 0) {
-    form_at_.reset();
+    Reset();
     return FormDecision::kNotEnough;
   }
   if (urgent || preferred >= rules_.max_members) return FormDecision::kNow;
-  if (!form_at_) form_at_ = now + rules_.last_call;
+  if (!opened_) opened_ = now;
+  form_at_ = *opened_ + rules_.last_call;
+  const bool spares_fill =
+      UsableWorldSize(preferred, rules_) < UsableWorldSize(candidates, rules_);
+  if (first_world && spares_fill) form_at_ = std::max(*form_at_, *opened_ + rules_.spare_delay);
   return now >= *form_at_ ? FormDecision::kNow : FormDecision::kWait;
 }
 

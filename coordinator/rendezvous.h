@@ -26,6 +26,11 @@ struct RendezvousRules {
   uint32_t max_members = 1024;
   // Extra wait once min_members is reached, for more members to join.
   absl::Duration last_call = absl::Milliseconds(500);
+  // How long the job's first world waits for the members meant for it
+  // before spares fill it (they may start sooner): from the first moment it
+  // could form. Later worlds take spares after last call, a failure's at
+  // once.
+  absl::Duration spare_delay = absl::Seconds(10);
   // Longest a Rendezvous call blocks before DEADLINE_EXCEEDED.
   absl::Duration join_timeout = absl::Seconds(600);
   uint32_t world_size_multiple = 1;
@@ -76,16 +81,22 @@ class RendezvousTimer {
   // them are not spares (incumbents count as preferred); `changed`: whether
   // they differ from the current world; `urgent`: form without last call (a
   // failure or a leave). Reaching max_members forms at once only with
-  // preferred candidates: spares fill what is left when last call ends.
+  // preferred candidates: spares fill what is left when last call ends, or
+  // for the job's `first_world`, when spare_delay ends.
   FormDecision Decide(uint32_t candidates, uint32_t preferred, bool changed, bool urgent,
-                      absl::Time now);
+                      absl::Time now, bool first_world = false);
   // Forgets the running window (after a world formed).
-  void Reset() { form_at_.reset(); }
+  void Reset() {
+    opened_.reset();
+    form_at_.reset();
+  }
+  // When the window that runs ends (the last decision's).
   std::optional<absl::Time> deadline() const { return form_at_; }
   const RendezvousRules& rules() const { return rules_; }
 
  private:
   RendezvousRules rules_;
+  std::optional<absl::Time> opened_;
   std::optional<absl::Time> form_at_;
 };
 

@@ -160,5 +160,39 @@ TEST(RendezvousTimerTest, SparesDoNotCutLastCallShort) {
   EXPECT_EQ(t.Decide(4, 1, true, true, t0), FormDecision::kNow);
 }
 
+// The job's first world waits spare_delay for the members meant for it
+// before spares fill it: trainers meant for the world may start later than
+// the spares (found by SlurmSpareNodeReplacesAKilledTrainer under load: a
+// spare node's trainer took a rank, 0.6 s before a node's own trainer
+// joined).
+TEST(RendezvousTimerTest, SparesFillTheFirstWorldOnlyAfterTheSpareDelay) {
+  RendezvousRules rules = TimerRules();
+  rules.spare_delay = absl::Seconds(10);
+  RendezvousTimer t(rules);
+  const absl::Time t0 = absl::FromUnixSeconds(100);
+  // Two candidates, one a spare: the world could form, but only with it.
+  EXPECT_EQ(t.Decide(2, 1, true, false, t0, /*first_world=*/true), FormDecision::kWait);
+  EXPECT_EQ(*t.deadline(), t0 + absl::Seconds(10));
+  EXPECT_EQ(t.Decide(2, 1, true, false, t0 + absl::Seconds(1), true), FormDecision::kWait);
+  // The trainers meant for it arrive: the world forms without the spare.
+  EXPECT_EQ(t.Decide(3, 2, true, false, t0 + absl::Seconds(3), true), FormDecision::kWait);
+  EXPECT_EQ(*t.deadline(), t0 + absl::Seconds(10)) << "a third preferred could still come";
+  EXPECT_EQ(t.Decide(5, 4, true, false, t0 + absl::Seconds(4), true), FormDecision::kNow);
+  // Nobody else comes: the spare fills the place when the delay ends.
+  t.Reset();
+  EXPECT_EQ(t.Decide(2, 1, true, false, t0, true), FormDecision::kWait);
+  EXPECT_EQ(t.Decide(2, 1, true, false, t0 + absl::Seconds(10), true), FormDecision::kNow);
+  // Enough non-spares for every place: last call only.
+  t.Reset();
+  EXPECT_EQ(t.Decide(3, 2, true, false, t0, true), FormDecision::kWait);
+  EXPECT_EQ(t.Decide(2, 2, true, false, t0 + absl::Seconds(1), true), FormDecision::kNow);
+  // A later world takes spares after last call; a failure's at once.
+  t.Reset();
+  EXPECT_EQ(t.Decide(2, 1, true, false, t0, /*first_world=*/false), FormDecision::kWait);
+  EXPECT_EQ(t.Decide(2, 1, true, false, t0 + absl::Seconds(1), false), FormDecision::kNow);
+  t.Reset();
+  EXPECT_EQ(t.Decide(2, 1, true, true, t0, true), FormDecision::kNow);
+}
+
 }  // namespace
 }  // namespace muster
