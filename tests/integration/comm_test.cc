@@ -234,13 +234,17 @@ TEST(NodeCommKeepTest, ANodeKeepsItsCommunicatorOnlyWhenEveryRankOfItMay) {
   for (int r = 0; r < 4; ++r) EXPECT_GE(node_of[r], 0);
 }
 
+// Where a Shrinkable fails, if anywhere.
+enum class ShrinkFault { kNone, kReady, kShrink };
+
 // A node-local communicator that can shrink, and records how: Shrink
-// answers one of the smaller size (or `fail`), and adds the excluded ranks
-// to `shrunk`.
+// answers one of the smaller size and sets `shrunk` to the excluded ranks;
+// `fault` makes ReadyToShrink or Shrink fail.
 class Shrinkable : public Communicator {
  public:
-  Shrinkable(int rank, int size, std::vector<int>* shrunk, bool fail = false)
-      : rank_(rank), size_(size), shrunk_(shrunk), fail_(fail) {}
+  Shrinkable(int rank, int size, std::vector<int>* shrunk,
+             ShrinkFault fault = ShrinkFault::kNone)
+      : rank_(rank), size_(size), shrunk_(shrunk), fault_(fault) {}
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string name() const override { return "shrinkable"; }
@@ -260,10 +264,13 @@ class Shrinkable : public Communicator {
   absl::Status Barrier(absl::Time) override { return absl::OkStatus(); }
   void Abort(const absl::Status&) override {}
   bool CanShrink() const override { return true; }
+  absl::Status ReadyToShrink(absl::Time) override {
+    return fault_ == ShrinkFault::kReady ? absl::InternalError("still busy") : absl::OkStatus();
+  }
   absl::StatusOr<std::unique_ptr<Communicator>> Shrink(const std::vector<int>& excluded,
                                                        absl::Time) override {
     *shrunk_ = excluded;
-    if (fail_) return absl::InternalError("shrink failed");
+    if (fault_ == ShrinkFault::kShrink) return absl::InternalError("shrink failed");
     const int below = static_cast<int>(
         std::count_if(excluded.begin(), excluded.end(), [&](int r) { return r < rank_; }));
     return std::make_unique<Shrinkable>(rank_ - below, size_ - static_cast<int>(excluded.size()),
@@ -274,7 +281,7 @@ class Shrinkable : public Communicator {
   const int rank_;
   const int size_;
   std::vector<int>* const shrunk_;
-  const bool fail_;
+  const ShrinkFault fault_;
 };
 
 // `world` without the member at local rank `gone` of node 0, one generation
@@ -293,7 +300,8 @@ WorldInfo WithoutLocal(const WorldInfo& world, int gone) {
 }
 
 // Node 0 of three ranks loses its local rank 1; node 1, of one, loses
-// nobody. `fail_at`: the local rank of node 0 whose shrink fails (-1: none).
+// nobody. `fail_at`: the local rank of node 0 whose shrink fails with
+// `fault` (-1: none).
 // What each rank got, by "node/local rank" of the world before: the size of
 // what ReuseNodeCommunicator gave (0: build) and the ranks its Shrink left
 // out.
@@ -301,8 +309,10 @@ struct Reused {
   int size = -1;
   std::vector<int> excluded;
 };
-std::map<std::string, Reused> ReuseAfterALoss(int fail_at) {
-  CommHarness h({0, 0, 0, 1}, "shrink" + std::to_string(::getpid()) + std::to_string(fail_at));
+std::map<std::string, Reused> ReuseAfterALoss(int fail_at,
+                                              ShrinkFault fault = ShrinkFault::kShrink) {
+  CommHarness h({0, 0, 0, 1}, absl::StrCat("shrink", ::getpid(), "_", fail_at, "_",
+                                           static_cast<int>(fault)));
   CommOptions o;
   o.backend = Backend::kGloo;
   o.gloo.hostname = "127.0.0.1";
@@ -319,7 +329,9 @@ std::map<std::string, Reused> ReuseAfterALoss(int fail_at) {
     kept.touched = node0;  // node 0's failure broke its communicator
     kept.comm = std::make_unique<Shrinkable>(rc.world.local_rank(), rc.world.local_world_size(),
                                              &by_rank[rank].excluded,
-                                             node0 && rc.world.local_rank() == fail_at);
+                                             node0 && rc.world.local_rank() == fail_at
+                                                 ? fault
+                                                 : ShrinkFault::kNone);
     const WorldInfo next = WithoutLocal(rc.world, 1);
     auto node_store = NewPrefixStore(rc.store.get(), absl::StrCat("next/node", next.node_rank()));
     auto comm = ReuseNodeCommunicator(&kept, next, node_store.get(),
@@ -353,6 +365,18 @@ TEST(NodeCommReuseTest, AShrinkThatFailsOnOneRankMakesTheWholeNodeBuild) {
   EXPECT_EQ(got["0/0"].size, 0);
   EXPECT_EQ(got["0/2"].size, 0);
   EXPECT_EQ(got["0/0"].excluded, std::vector<int>{1}) << "it shrank, then dropped what it made";
+  EXPECT_EQ(got["1/0"].size, 1);
+}
+
+// Shrinking is collective: a rank that cannot get ready says so in the
+// vote, and nobody starts a shrink that would wait for it.
+TEST(NodeCommReuseTest, ARankThatCannotGetReadyToShrinkMakesTheNodeBuildWithoutShrinking) {
+  std::map<std::string, Reused> got = ReuseAfterALoss(0, ShrinkFault::kReady);
+  ASSERT_EQ(got.size(), 4u);
+  EXPECT_EQ(got["0/0"].size, 0);
+  EXPECT_EQ(got["0/2"].size, 0);
+  EXPECT_TRUE(got["0/0"].excluded.empty());
+  EXPECT_TRUE(got["0/2"].excluded.empty()) << "no shrink was started";
   EXPECT_EQ(got["1/0"].size, 1);
 }
 

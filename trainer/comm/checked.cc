@@ -73,6 +73,9 @@ class MemoryChecked : public Communicator {
     return inner_->ReleaseNodeCommunicator(touched);
   }
   bool CanShrink() const override { return inner_->CanShrink(); }
+  absl::Status ReadyToShrink(absl::Time deadline) override {
+    return inner_->ReadyToShrink(deadline);
+  }
   absl::StatusOr<std::unique_ptr<Communicator>> Shrink(const std::vector<int>& excluded,
                                                        absl::Time deadline) override {
     auto shrunk = inner_->Shrink(excluded, deadline);

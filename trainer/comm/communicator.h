@@ -114,10 +114,19 @@ class Communicator {
   // also after a failure or an Abort broke it (NCCL's ncclCommShrink).
   virtual bool CanShrink() const { return false; }
 
+  // What a rank checks on its own before it agrees to shrink (Shrink is
+  // collective: a rank that cannot take part must say so before the others
+  // wait for it): work a failure stopped has settled. Errors: the
+  // transport's; DEADLINE_EXCEEDED.
+  virtual absl::Status ReadyToShrink(absl::Time deadline) {
+    (void)deadline;
+    return absl::OkStatus();
+  }
+
   // The communicator of this one's ranks but `excluded` (ranks of this
-  // one, ascending), renumbered in order; every remaining rank calls it, the
-  // excluded ones do not. Work still in flight is stopped first. This
-  // communicator is spent afterwards, whatever the outcome.
+  // one), renumbered in order; every remaining rank calls it, the excluded
+  // ones do not. Work still in flight is stopped first. This communicator
+  // is spent afterwards, whatever the outcome.
   // Errors: UNIMPLEMENTED unless CanShrink(); DEADLINE_EXCEEDED; the
   // transport's.
   virtual absl::StatusOr<std::unique_ptr<Communicator>> Shrink(const std::vector<int>& excluded,

@@ -109,7 +109,17 @@ absl::StatusOr<std::unique_ptr<Communicator>> ReuseNodeCommunicator(KeptNodeComm
                                                                     absl::Time deadline) {
   KeptNodeCommunicator mine = std::move(*kept);
   *kept = {};
-  const NodeCommChoice choice = ChooseNodeComm(mine, next);
+  NodeCommChoice choice = ChooseNodeComm(mine, next);
+  // A shrink that hangs leaves the other half of the time to build.
+  const absl::Time shrink_by = absl::Now() + (deadline - absl::Now()) / 2;
+  if (choice.plan == NodeCommPlan::kShrink) {
+    // Shrinking is collective: a rank that cannot take part says so first.
+    if (absl::Status s = mine.comm->ReadyToShrink(shrink_by); !s.ok()) {
+      MUSTER_LOG(WARNING) << "this node's communicator (" << mine.comm->name()
+                          << ") cannot shrink: " << s << "; building a new one";
+      choice = NodeCommChoice{NodeCommPlan::kBuild, {}, kAbstain};
+    }
+  }
   MUSTER_ASSIGN_OR_RETURN(const bool all,
                           AgreeOnNode(node_store, next, "reuse", choice.vote, deadline));
   if (!all) return nullptr;
@@ -123,7 +133,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> ReuseNodeCommunicator(KeptNodeComm
   }
   // kShrink: every rank of the node shrinks; if any fails, all build.
   absl::StatusOr<std::unique_ptr<Communicator>> shrunk =
-      mine.comm->Shrink(choice.excluded, deadline);
+      mine.comm->Shrink(choice.excluded, shrink_by);
   mine.comm.reset();  // spent either way
   if (!shrunk.ok()) {
     MUSTER_LOG(WARNING) << "shrinking this node's communicator (" << was << ") without "

@@ -15,8 +15,10 @@
 //
 // Every rank of a node must decide alike, or some would reuse and some wait
 // for a new communicator: they vote through the new world's store and reuse
-// only when all vote the same; a node whose shrink failed on any rank
-// builds. A node of one rank decides alone.
+// only when all vote the same. Shrinking is collective, so a rank that
+// cannot get ready for it (ReadyToShrink) votes to build, and a node whose
+// shrink failed on any rank builds; a shrink gets half of the time left, so
+// that building after it still can. A node of one rank decides alone.
 #ifndef MUSTER_TRAINER_COMM_NODE_COMM_H_
 #define MUSTER_TRAINER_COMM_NODE_COMM_H_
 

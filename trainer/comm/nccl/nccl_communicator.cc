@@ -85,8 +85,11 @@ absl::StatusOr<StreamAndEvents> CreateStreamAndEvents() {
 // shrink) is ready; aborts it on an error or at `deadline`.
 absl::Status AwaitReady(ncclComm_t comm, ncclResult_t r, const char* what, absl::Time deadline) {
   while (r == ncclInProgress || r == ncclSuccess) {
-    ncclResult_t state = ncclSuccess;
-    ncclCommGetAsyncError(comm, &state);
+    ncclResult_t state = ncclInProgress;
+    if (ncclResult_t q = ncclCommGetAsyncError(comm, &state); q != ncclSuccess) {
+      r = q;
+      break;
+    }
     if (state == ncclSuccess) return absl::OkStatus();
     if (state != ncclInProgress) {
       r = state;
@@ -120,7 +123,7 @@ class NcclCommunicator : public Communicator {
     cudaSetDevice(device_);
     if (aborted_comm_) {
       // ncclCommAbort already freed the communicator.
-    } else if (broken_ || spent_) {
+    } else if (broken_ || spent_ || abort_requested_) {
       ncclCommAbort(comm_);
     } else {
       ncclCommDestroy(comm_);
@@ -229,15 +232,15 @@ class NcclCommunicator : public Communicator {
 #endif
   }
 
+  absl::Status ReadyToShrink(absl::Time deadline) override;
   absl::StatusOr<std::unique_ptr<Communicator>> Shrink(const std::vector<int>& excluded,
                                                        absl::Time deadline) override;
 
   void Abort(const absl::Status& why) override {
-    bool expected = false;
-    if (abort_requested_.compare_exchange_strong(expected, true)) {
-      std::lock_guard<std::mutex> lock(why_mu_);
-      why_ = std::string(why.message());
-    }
+    std::lock_guard<std::mutex> lock(why_mu_);
+    if (abort_requested_) return;
+    why_ = std::string(why.message());  // before the flag a collective reads
+    abort_requested_ = true;
   }
 
  private:
@@ -342,41 +345,86 @@ class NcclCommunicator : public Communicator {
   std::string why_;
 };
 
+absl::Status NcclCommunicator::ReadyToShrink(absl::Time deadline) {
+  if (!CanShrink()) return Communicator::ReadyToShrink(deadline);
+  cudaSetDevice(device_);
+  // A revoked communicator reports ncclInProgress until its work in flight
+  // has stopped, then ncclSuccess; NCCL refuses to shrink it before.
+  for (;;) {
+    ncclResult_t state = ncclInProgress;
+    if (ncclResult_t r = ncclCommGetAsyncError(comm_, &state); r != ncclSuccess) {
+      return NcclError("ncclCommGetAsyncError", r);
+    }
+    if (state == ncclSuccess) return absl::OkStatus();
+    if (state != ncclInProgress) return NcclError("the NCCL communicator to shrink", state);
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError("the revoked NCCL communicator did not quiesce");
+    }
+    ::usleep(100);
+  }
+}
+
 absl::StatusOr<std::unique_ptr<Communicator>> NcclCommunicator::Shrink(
     const std::vector<int>& excluded, absl::Time deadline) {
 #ifndef MUSTER_NCCL_SHRINK
   return Communicator::Shrink(excluded, deadline);
 #else
   if (!CanShrink()) return Communicator::Shrink(excluded, deadline);
+  if (excluded.empty() || std::count(excluded.begin(), excluded.end(), rank_) > 0) {
+    return absl::InvalidArgumentError("a shrink leaves out some ranks, never the caller");
+  }
   spent_ = true;
   cudaSetDevice(device_);
-  // A revoked communicator shrinks once its work in flight has stopped.
-  for (ncclResult_t state = ncclInProgress; revoked_ && state == ncclInProgress;) {
-    ncclCommGetAsyncError(comm_, &state);
-    if (state != ncclInProgress) break;
-    if (absl::Now() >= deadline) {
-      return absl::DeadlineExceededError("the revoked NCCL communicator did not quiesce");
-    }
-    ::usleep(100);
-  }
-  MUSTER_ASSIGN_OR_RETURN(StreamAndEvents cuda, CreateStreamAndEvents());
-  std::vector<int> gone = excluded;
+  std::vector<int> gone = excluded;  // NCCL sorts it in place
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
+  config.shrinkShare = 0;  // the parent is aborted next: share nothing with it
+  // NCCL writes `child` from its own thread when the shrink completes, and
+  // reports progress on the parent until then.
   ncclComm_t child = nullptr;
   // Work a failure or an Abort left in flight is stopped first.
   const bool unsettled = broken_ || abort_requested_;
-  const ncclResult_t r =
+  ncclResult_t r =
       ncclCommShrink(comm_, gone.data(), static_cast<int>(gone.size()), &child, &config,
                      unsettled ? NCCL_SHRINK_ABORT : NCCL_SHRINK_DEFAULT);
-  if (absl::Status s = AwaitReady(child, r, "ncclCommShrink", deadline); !s.ok()) {
-    cuda.Destroy();
-    return s;
+  while (r == ncclSuccess || r == ncclInProgress) {
+    ncclResult_t state = ncclInProgress;
+    if (ncclResult_t q = ncclCommGetAsyncError(comm_, &state); q != ncclSuccess) {
+      r = q;
+      break;
+    }
+    if (state != ncclInProgress) {
+      r = state;
+      break;
+    }
+    if (absl::Now() >= deadline) {
+      r = ncclInProgress;
+      break;
+    }
+    ::usleep(100);
+  }
+  if (r != ncclSuccess || child == nullptr) {
+    // Aborting the parent stops its shrink and waits for it; what it made
+    // of the child is aborted too.
+    ncclCommAbort(comm_);
+    aborted_comm_ = true;
+    if (child != nullptr) ncclCommAbort(child);
+    if (r == ncclInProgress) {
+      return absl::DeadlineExceededError("ncclCommShrink did not complete before the deadline");
+    }
+    return r == ncclSuccess ? absl::InternalError("ncclCommShrink made no communicator")
+                            : NcclError("ncclCommShrink", r);
+  }
+  MUSTER_RETURN_IF_ERROR(AwaitReady(child, ncclInProgress, "ncclCommShrink", deadline));
+  absl::StatusOr<StreamAndEvents> cuda = CreateStreamAndEvents();
+  if (!cuda.ok()) {
+    ncclCommAbort(child);
+    return cuda.status();
   }
   const int rank = rank_ - static_cast<int>(std::count_if(gone.begin(), gone.end(),
                                                           [&](int g) { return g < rank_; }));
   return std::unique_ptr<Communicator>(new NcclCommunicator(
-      child, cuda, rank, size_ - static_cast<int>(gone.size()), device_, caller_stream_,
+      child, *cuda, rank, size_ - static_cast<int>(gone.size()), device_, caller_stream_,
       /*shrinkable=*/true));
 #endif
 }
