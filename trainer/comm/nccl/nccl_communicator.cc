@@ -121,12 +121,17 @@ class NcclCommunicator : public Communicator {
 
   ~NcclCommunicator() override {
     cudaSetDevice(device_);
-    if (aborted_comm_) {
-      // ncclCommAbort already freed the communicator.
-    } else if (broken_ || spent_ || abort_requested_) {
-      ncclCommAbort(comm_);
-    } else {
-      ncclCommDestroy(comm_);
+    if (!aborted_comm_) {  // else ncclCommAbort already freed it
+      // ncclCommDestroy refuses a communicator whose state is not
+      // ncclSuccess (and leaves this thread inside an NCCL group): abort it.
+      ncclResult_t state = ncclInProgress;
+      const bool settled =
+          ncclCommGetAsyncError(comm_, &state) == ncclSuccess && state == ncclSuccess;
+      if (broken_ || spent_ || abort_requested_ || !settled) {
+        ncclCommAbort(comm_);
+      } else {
+        ncclCommDestroy(comm_);
+      }
     }
     cudaEventDestroy(ready_);
     cudaEventDestroy(event_);
@@ -353,11 +358,16 @@ absl::Status NcclCommunicator::ReadyToShrink(absl::Time deadline) {
   for (;;) {
     ncclResult_t state = ncclInProgress;
     if (ncclResult_t r = ncclCommGetAsyncError(comm_, &state); r != ncclSuccess) {
+      broken_ = true;
       return NcclError("ncclCommGetAsyncError", r);
     }
     if (state == ncclSuccess) return absl::OkStatus();
-    if (state != ncclInProgress) return NcclError("the NCCL communicator to shrink", state);
+    if (state != ncclInProgress) {
+      broken_ = true;  // aborted, not destroyed, when it is dropped
+      return NcclError("the NCCL communicator to shrink", state);
+    }
     if (absl::Now() >= deadline) {
+      broken_ = true;
       return absl::DeadlineExceededError("the revoked NCCL communicator did not quiesce");
     }
     ::usleep(100);
@@ -378,15 +388,13 @@ absl::StatusOr<std::unique_ptr<Communicator>> NcclCommunicator::Shrink(
   std::vector<int> gone = excluded;  // NCCL sorts it in place
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
-  config.shrinkShare = 0;  // the parent is aborted next: share nothing with it
   // NCCL writes `child` from its own thread when the shrink completes, and
-  // reports progress on the parent until then.
+  // reports progress on the parent until then. NCCL_SHRINK_ABORT stops work
+  // a failure or an Abort left in flight, and never shares resources with
+  // the parent, which is aborted once the child exists.
   ncclComm_t child = nullptr;
-  // Work a failure or an Abort left in flight is stopped first.
-  const bool unsettled = broken_ || abort_requested_;
-  ncclResult_t r =
-      ncclCommShrink(comm_, gone.data(), static_cast<int>(gone.size()), &child, &config,
-                     unsettled ? NCCL_SHRINK_ABORT : NCCL_SHRINK_DEFAULT);
+  ncclResult_t r = ncclCommShrink(comm_, gone.data(), static_cast<int>(gone.size()), &child,
+                                  &config, NCCL_SHRINK_ABORT);
   while (r == ncclSuccess || r == ncclInProgress) {
     ncclResult_t state = ncclInProgress;
     if (ncclResult_t q = ncclCommGetAsyncError(comm_, &state); q != ncclSuccess) {
