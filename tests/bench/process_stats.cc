@@ -26,22 +26,6 @@ void StopProcess(pid_t pid, int grace_ms) {
   ::waitpid(pid, nullptr, 0);
 }
 
-double ProcessCpuSeconds(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  std::string content((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  // Fields after the command name (which may hold spaces) start after ')'.
-  const size_t close = content.rfind(')');
-  if (close == std::string::npos) return 0;
-  std::istringstream rest(content.substr(close + 2));
-  std::string field;
-  double utime = 0, stime = 0;
-  for (int i = 3; i <= 15 && rest >> field; ++i) {
-    if (i == 14) utime = std::stod(field);
-    if (i == 15) stime = std::stod(field);
-  }
-  return (utime + stime) / static_cast<double>(::sysconf(_SC_CLK_TCK));
-}
-
 double ProcessRssMb(pid_t pid) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/status");
   std::string line;

@@ -1,5 +1,5 @@
-// Child processes for benchmarks, and their CPU and memory from /proc.
-// Starting them, free ports and reading their files: subprocess.h.
+// Child processes for benchmarks, and their memory from /proc. Starting
+// them, free ports, reading their files and their CPU time: subprocess.h.
 #ifndef MUSTER_TESTS_BENCH_PROCESS_STATS_H_
 #define MUSTER_TESTS_BENCH_PROCESS_STATS_H_
 
@@ -14,8 +14,6 @@ namespace muster {
 
 // SIGTERM, then SIGKILL after `grace_ms`; reaps it.
 void StopProcess(pid_t pid, int grace_ms = 2000);
-// User + system CPU seconds the process has used.
-double ProcessCpuSeconds(pid_t pid);
 // Resident set size in MiB.
 double ProcessRssMb(pid_t pid);
 // The directory holding this executable.

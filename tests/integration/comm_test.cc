@@ -3,7 +3,6 @@
 // as threads against an in-process coordinator.
 #include <gtest/gtest.h>
 
-#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <map>
@@ -271,10 +270,8 @@ class Shrinkable : public Communicator {
                                                        absl::Time) override {
     *shrunk_ = excluded;
     if (fault_ == ShrinkFault::kShrink) return absl::InternalError("shrink failed");
-    const int below = static_cast<int>(
-        std::count_if(excluded.begin(), excluded.end(), [&](int r) { return r < rank_; }));
-    return std::make_unique<Shrinkable>(rank_ - below, size_ - static_cast<int>(excluded.size()),
-                                        shrunk_);
+    return std::make_unique<Shrinkable>(RankAfterShrink(rank_, excluded),
+                                        size_ - static_cast<int>(excluded.size()), shrunk_);
   }
 
  private:

@@ -234,12 +234,7 @@ TEST_F(ProcessTest, StatusWatchRedrawsInPlaceAndEndsOnCtrlC) {
   ASSERT_TRUE(wait_for("watched-a incarnation 11 on node0")) << pane();
   // Redrawn in place: one table on the screen, not one per refresh.
   const std::string screen = pane();
-  size_t headers = 0;
-  for (size_t at = screen.find("muster status"); at != std::string::npos;
-       at = screen.find("muster status", at + 1)) {
-    ++headers;
-  }
-  EXPECT_EQ(headers, 1u) << screen;
+  EXPECT_EQ(Occurrences(screen, "muster status"), 1) << screen;
   RunCommand(tmux + "send-keys -t watch C-c");
   for (int i = 0; i < 50 && ReadText(exit_file).empty(); ++i) ::usleep(100'000);
   EXPECT_EQ(ReadText(exit_file), "exit=0\n");

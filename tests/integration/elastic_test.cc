@@ -167,18 +167,6 @@ TEST_F(ElasticTest, SurvivorsKeepTrainingAndAReplacementPullsTheirState) {
   EXPECT_EQ(JsonNumber(s2, "steps"), "250") << s2;
 }
 
-// CPU seconds a process has used (user and system), from /proc.
-double CpuSeconds(pid_t pid) {
-  const std::string stat = ReadText(absl::StrCat("/proc/", pid, "/stat"));
-  std::istringstream rest(stat.substr(stat.rfind(')') + 2));
-  std::string field;
-  double ticks = 0;
-  for (int i = 3; i <= 15 && rest >> field; ++i) {
-    if (i >= 14) ticks += std::stod(field);  // utime, stime
-  }
-  return ticks / static_cast<double>(::sysconf(_SC_CLK_TCK));
-}
-
 class ElasticFullWorldTest : public ElasticTest {
  protected:
   int MinMembers() const override { return 1; }
@@ -195,9 +183,9 @@ TEST_F(ElasticFullWorldTest, ASparePastItsRendezvousTimeoutWaitsWithoutSpinning)
   ASSERT_TRUE(WaitForLine("coordinator", "(a spare: the world is full)", absl::Seconds(30)))
       << ReadText(dir_ + "/b.log");
   absl::SleepFor(absl::Seconds(2));  // well past its rendezvous timeout
-  const double before = CpuSeconds(b);
+  const double before = ProcessCpuSeconds(b);
   absl::SleepFor(absl::Seconds(2));
-  const double used = CpuSeconds(b) - before;
+  const double used = ProcessCpuSeconds(b) - before;
   EXPECT_EQ(::waitpid(b, nullptr, WNOHANG), 0) << "a spare waits while the job runs\n"
                                               << ReadText(dir_ + "/b.log");
   EXPECT_LT(used, 0.3) << "the waiting spare used " << used << " s of CPU in 2 s";
@@ -205,13 +193,6 @@ TEST_F(ElasticFullWorldTest, ASparePastItsRendezvousTimeoutWaitsWithoutSpinning)
   ::kill(b, SIGTERM);
   WaitExit(a);
   WaitExit(b);
-}
-
-// How many times `text` occurs in `s`.
-int CountOf(const std::string& s, const std::string& text) {
-  int n = 0;
-  for (size_t at = s.find(text); at != std::string::npos; at = s.find(text, at + 1)) ++n;
-  return n;
 }
 
 // Three nodes of one trainer each (hier: shared memory inside a node, Gloo
@@ -234,10 +215,10 @@ TEST_F(ElasticTest, NodesThatLostNobodyKeepTheirCommunicatorThroughAFailureAndAJ
   EXPECT_EQ(WaitExit(replacement), 0) << ReadText(dir_ + "/k2b.log");
   for (const char* tag : {"k0", "k1"}) {
     const std::string log = ReadText(dir_ + "/" + tag + ".log");
-    EXPECT_GE(CountOf(log, "kept this node's communicator (shm of 1 rank) from generation"), 2)
+    EXPECT_GE(Occurrences(log, "kept this node's communicator (shm of 1 rank) from generation"), 2)
         << tag << "\n" << log;
   }
-  EXPECT_EQ(CountOf(ReadText(dir_ + "/k2b.log"), "kept this node's communicator"), 0);
+  EXPECT_EQ(Occurrences(ReadText(dir_ + "/k2b.log"), "kept this node's communicator"), 0);
   const std::string s0 = ReadText(dir_ + "/k0.json");
   EXPECT_EQ(JsonNumber(s0, "steps"), "250") << s0;
   EXPECT_EQ(JsonNumber(s0, "world_size"), "3") << s0;
@@ -386,7 +367,7 @@ TEST_F(AgentTest, TheAgentRestartsAKilledTrainerAndItRejoins) {
   EXPECT_NE(log_a.find("(world 3, rank"), std::string::npos) << log_a;
   EXPECT_NE(log_a.find("world 4 on 2 nodes"), std::string::npos) << log_a;
   // Node a lost nobody: at the join its trainers kept their shared memory.
-  EXPECT_GE(CountOf(log_a, "kept this node's communicator (shm of 2 ranks)"), 2) << log_a;
+  EXPECT_GE(Occurrences(log_a, "kept this node's communicator (shm of 2 ranks)"), 2) << log_a;
   // The loss curve is continuous: rank 0's steps never go back.
   const std::vector<int> steps = Steps("a");
   ASSERT_FALSE(steps.empty());

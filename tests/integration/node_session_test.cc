@@ -136,12 +136,7 @@ TEST(NodeSessionStartTest, AnAgentThatCannotReachItsCoordinatorSaysSoOnce) {
     absl::SleepFor(absl::Milliseconds(1500));  // a dozen tries or more
   }
   const std::string log = ::testing::internal::GetCapturedStderr();
-  int lines = 0;
-  for (size_t at = log.find("reconnecting"); at != std::string::npos;
-       at = log.find("reconnecting", at + 1)) {
-    ++lines;
-  }
-  EXPECT_EQ(lines, 1) << log;
+  EXPECT_EQ(Occurrences(log, "reconnecting"), 1) << log;
 }
 
 // Slurm starts the coordinator and the agents together: an agent may come

@@ -80,6 +80,28 @@ inline std::string ReadText(const std::string& path) {
   return s.str();
 }
 
+// How many times `text` occurs in `s` (a log line, a header on a screen).
+inline int Occurrences(const std::string& s, const std::string& text) {
+  int n = 0;
+  for (size_t at = s.find(text); at != std::string::npos; at = s.find(text, at + 1)) ++n;
+  return n;
+}
+
+// User + system CPU seconds the process has used, from /proc.
+inline double ProcessCpuSeconds(pid_t pid) {
+  const std::string content = ReadText("/proc/" + std::to_string(pid) + "/stat");
+  // Fields after the command name (which may hold spaces) start after ')'.
+  const size_t close = content.rfind(')');
+  if (close == std::string::npos) return 0;
+  std::istringstream rest(content.substr(close + 2));
+  std::string field;
+  double ticks = 0;
+  for (int i = 3; i <= 15 && rest >> field; ++i) {
+    if (i >= 14) ticks += std::stod(field);  // utime, stime
+  }
+  return ticks / static_cast<double>(::sysconf(_SC_CLK_TCK));
+}
+
 // Starts `argv` with stdout and stderr appended to `log`.
 inline pid_t SpawnLogged(const std::vector<std::string>& argv, const std::string& log) {
   pid_t pid = ::fork();

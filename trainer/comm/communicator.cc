@@ -1,5 +1,7 @@
 #include "trainer/comm/communicator.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 
 namespace muster {
@@ -24,6 +26,11 @@ const char* DataTypeName(DataType type) {
     case DataType::kInt64: return "int64";
   }
   return "unknown";
+}
+
+int RankAfterShrink(int rank, const std::vector<int>& excluded) {
+  return rank - static_cast<int>(std::count_if(excluded.begin(), excluded.end(),
+                                               [rank](int e) { return e < rank; }));
 }
 
 absl::StatusOr<std::unique_ptr<Communicator>> Communicator::Shrink(const std::vector<int>&,

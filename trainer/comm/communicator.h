@@ -118,10 +118,7 @@ class Communicator {
   // collective: a rank that cannot take part must say so before the others
   // wait for it): work a failure stopped has settled. Errors: the
   // transport's; DEADLINE_EXCEEDED.
-  virtual absl::Status ReadyToShrink(absl::Time deadline) {
-    (void)deadline;
-    return absl::OkStatus();
-  }
+  virtual absl::Status ReadyToShrink(absl::Time /*deadline*/) { return absl::OkStatus(); }
 
   // The communicator of this one's ranks but `excluded` (ranks of this
   // one), renumbered in order; every remaining rank calls it, the excluded
@@ -132,6 +129,10 @@ class Communicator {
   virtual absl::StatusOr<std::unique_ptr<Communicator>> Shrink(const std::vector<int>& excluded,
                                                                absl::Time deadline);
 };
+
+// The rank that `rank` has in the communicator Shrink makes without
+// `excluded` (which does not hold it).
+int RankAfterShrink(int rank, const std::vector<int>& excluded);
 
 // Validates `counts` for a communicator of `size` ranks.
 absl::Status CheckCounts(const std::vector<size_t>& counts, int size);

@@ -163,10 +163,7 @@ class Hierarchical : public Communicator {
   // one of a single member waits for nobody, so a failure elsewhere leaves
   // it whole for the next world to keep (ReleaseNodeCommunicator).
   void Abort(const absl::Status& why) override {
-    {
-      absl::MutexLock lock(&mu_);
-      if (aborted_.ok()) aborted_ = absl::AbortedError(why.message());
-    }
+    Break(why);
     if (local_size_ > 1 && intra_ != nullptr) {
       intra_touched_ = true;
       intra_->Abort(why);
@@ -195,12 +192,16 @@ class Hierarchical : public Communicator {
     absl::MutexLock lock(&mu_);
     return aborted_;
   }
+  // Every later collective answers ABORTED with the first reason.
+  void Break(const absl::Status& why) {
+    absl::MutexLock lock(&mu_);
+    if (aborted_.ok()) aborted_ = absl::AbortedError(why.message());
+  }
   // An error of the node-local communicator breaks it and this one.
   absl::Status Intra(absl::Status s) {
     if (s.ok() || absl::IsInvalidArgument(s)) return s;
     intra_touched_ = true;
-    absl::MutexLock lock(&mu_);
-    if (aborted_.ok()) aborted_ = absl::AbortedError(s.message());
+    Break(s);
     return s;
   }
 

@@ -70,10 +70,8 @@ NodeCommChoice ChooseNodeComm(const KeptNodeCommunicator& kept, const WorldInfo&
   std::optional<std::vector<int>> gone = Gone(kept.members, members);
   if (!gone.has_value()) return choice;
   const int rank = comm->rank();
-  const int new_rank =
-      rank - static_cast<int>(std::count_if(gone->begin(), gone->end(),
-                                            [rank](int g) { return g < rank; }));
-  if (std::count(gone->begin(), gone->end(), rank) > 0 || new_rank != next.local_rank()) {
+  if (std::count(gone->begin(), gone->end(), rank) > 0 ||
+      RankAfterShrink(rank, *gone) != next.local_rank()) {
     return choice;
   }
   const std::string of = absl::StrCat(kept.generation, " ", absl::StrJoin(kept.members, ","));

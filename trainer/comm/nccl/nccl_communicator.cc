@@ -429,10 +429,9 @@ absl::StatusOr<std::unique_ptr<Communicator>> NcclCommunicator::Shrink(
     ncclCommAbort(child);
     return cuda.status();
   }
-  const int rank = rank_ - static_cast<int>(std::count_if(gone.begin(), gone.end(),
-                                                          [&](int g) { return g < rank_; }));
   return std::unique_ptr<Communicator>(new NcclCommunicator(
-      child, *cuda, rank, size_ - static_cast<int>(gone.size()), device_, caller_stream_,
+      child, *cuda, RankAfterShrink(rank_, gone), size_ - static_cast<int>(gone.size()),
+      device_, caller_stream_,
       /*shrinkable=*/true));
 #endif
 }
