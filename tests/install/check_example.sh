@@ -12,8 +12,16 @@ test -f "$WORK/prefix/lib/cmake/muster/muster-config.cmake"
 test -f "$WORK/prefix/include/muster/muster.h"
 launcher=()
 command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+# The example names LibTorch as users name an unpacked LibTorch archive: its
+# directory (lib/, include/, share/cmake/Torch), here the wheel's torch/.
+torch_dir="$TORCH_PREFIX"
+if [ -n "$TORCH_PREFIX" ] && [ -d "$TORCH_PREFIX/../../lib" ]; then
+  torch_dir="$(cd "$TORCH_PREFIX/../.." && pwd)"
+fi
 cmake -S "$SRC/examples" -B "$WORK/build" -G Ninja "${launcher[@]}" \
-  -DCMAKE_PREFIX_PATH="$WORK/prefix;$TORCH_PREFIX" > "$WORK/configure.log"
+  -DCMAKE_PREFIX_PATH="$WORK/prefix;$torch_dir" > "$WORK/configure.log"
+grep -q "Torch_DIR:PATH=$torch_dir/share/cmake/Torch" "$WORK/build/CMakeCache.txt" ||
+  { echo "the example did not take LibTorch from $torch_dir:"; grep Torch_DIR "$WORK/build/CMakeCache.txt"; exit 1; }
 cmake --build "$WORK/build" > "$WORK/build.log"
 run_pair() {  # NAME ARGS...: two ranks of an example against a fresh coordinator
   local name="$1"
