@@ -5,12 +5,14 @@
 #include <cmath>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "coordinator/limits.h"
 #include "coordinator/proto_convert.h"
 #include "coordinator/session_reactor.h"
 #include "rpc/credentials.h"
+#include "rpc/peer_address.h"
 #include "rpc/status.h"
 
 namespace muster {
@@ -152,8 +154,15 @@ grpc::ServerUnaryReactor* CoordinatorService::Join(grpc::CallbackServerContext* 
   spec.spare = req->spare();
   spec.state_address = req->state_address();
   spec.step = req->step();
+  // A member that does not know its own address is reached where its call
+  // comes from (JoinRequest.state_address).
+  const std::string observed = PeerHost(ctx->peer());
+  if (absl::StartsWith(spec.state_address, ":") && !observed.empty()) {
+    spec.state_address = JoinHostPort(observed, spec.state_address.substr(1));
+  }
   absl::StatusOr<JoinResult> result = coordinator_->Join(spec);
   if (result.ok()) {
+    resp->set_observed_host(observed);
     resp->set_heartbeat_interval_ms(static_cast<uint32_t>(
         absl::ToInt64Milliseconds(coordinator_->options().heartbeat_interval)));
     resp->set_heartbeat_timeout_ms(static_cast<uint32_t>(

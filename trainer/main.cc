@@ -74,7 +74,7 @@ ABSL_FLAG(std::string, backend, "auto", "auto, gloo, shm, hier or nccl");
 ABSL_FLAG(std::string, device, "cpu", "cpu or cuda");
 ABSL_FLAG(std::string, node_id, "", "node identity (default: from Slurm/torchrun/OpenMPI or the host name)");
 ABSL_FLAG(int, local_rank, -1, "rank on this node (default: from the launcher, else 0)");
-ABSL_FLAG(std::string, address, "", "address other nodes reach this one at (default: host name)");
+ABSL_FLAG(std::string, address, "", "address other nodes reach this one at (default: where the coordinator sees this trainer's connection come from)");
 ABSL_FLAG(std::string, job, "", "job name for shared memory (default: $SLURM_JOB_ID or 'muster')");
 ABSL_FLAG(int, threads, 0, "LibTorch intra-op threads (0: cores / trainers on this node)");
 ABSL_FLAG(std::string, summary_json, "",

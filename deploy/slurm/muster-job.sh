@@ -77,7 +77,11 @@
 muster_log() { echo "muster-job: $(date '+%H:%M:%S') $*"; }
 
 # This node's name on the network the job uses: MUSTER_IFACE's IPv4
-# address, else the short host name plus MUSTER_HOST_SUFFIX.
+# address; else the short host name plus MUSTER_HOST_SUFFIX, when a suffix
+# is set; else the short host name where it resolves to an address other
+# than loopback, and otherwise the address Slurm reaches this node at
+# (its NodeAddr): a host without /etc/hosts, or whose name resolves to
+# 127.0.1.1 as Debian's installer writes it.
 muster_node_address() {
   if [ -n "${MUSTER_IFACE:-}" ]; then
     local addr
@@ -88,8 +92,29 @@ muster_node_address() {
       return 1
     fi
     echo "$addr"
+    return
+  fi
+  local name ip node_addr
+  name="$(hostname -s)"
+  if [ -n "${MUSTER_HOST_SUFFIX:-}" ]; then
+    echo "$name$MUSTER_HOST_SUFFIX"
+    return
+  fi
+  ip="$(getent ahostsv4 "$name" 2>/dev/null | awk '{ print $1; exit }')"
+  if [ -n "$ip" ] && [[ "$ip" != 127.* ]]; then
+    echo "$name"
+    return
+  fi
+  node_addr="$(scontrol show node "${SLURMD_NODENAME:-$name}" -o 2>/dev/null |
+    tr ' ' '\n' | sed -n 's/^NodeAddr=//p')"
+  if [ -n "$node_addr" ]; then
+    echo "$node_addr"
+  elif [ -n "$ip" ]; then
+    echo "$name"  # loopback, and Slurm names nothing better: a one-host job
   else
-    echo "$(hostname -s)${MUSTER_HOST_SUFFIX:-}"
+    echo "muster-job: this node's name '$name' does not resolve and Slurm gives no NodeAddr" \
+      "for it: set MUSTER_IFACE to the interface of the job's network" >&2
+    return 1
   fi
 }
 

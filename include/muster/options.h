@@ -55,7 +55,11 @@ struct Options {
 
   // ---- Communication ----
   Backend backend = Backend::kAuto;
-  std::string address;       // the address other nodes reach this one at (default: host name)
+  // The address other nodes reach this one at. Default: where the
+  // coordinator sees this member's connection come from (loopback when the
+  // whole job runs on the coordinator's host, else this node's address on the
+  // network the coordinator is reached through).
+  std::string address;
   std::string job;           // names shared memory; default $MUSTER_JOB, $SLURM_JOB_ID or "muster"
   bool cuda = false;         // tensors and collectives on this process's GPU
   double bucket_mb = 25;     // gradient bucket size

@@ -3,6 +3,7 @@
 // in their memory; a replacement joins at a step boundary and takes the
 // state of a live peer; everyone ends with bit-identical parameters.
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -38,7 +39,7 @@ class ElasticTest : public ::testing::Test {
   }
   // Without a state dir: a restarted coordinator knows no member.
   void StartCoordinator() {
-    coordinator_ = SpawnLogged({kBin + "/muster-coordinator", "--listen=" + target_, "--no-auth",
+    coordinator_ = SpawnLogged({kBin + "/muster-coordinator", "--listen=" + target_, Auth(),
                                 absl::StrCat("--min-members=", MinMembers()),
                                 absl::StrCat("--max-members=", MaxMembers()),
                                 "--last-call=200ms",
@@ -85,6 +86,8 @@ class ElasticTest : public ::testing::Test {
     return false;
   }
 
+  // The coordinator's flag for its job token.
+  virtual std::string Auth() const { return "--no-auth"; }
   virtual int MinMembers() const { return 2; }
   virtual int MaxMembers() const { return 3; }
 
@@ -227,6 +230,56 @@ TEST_F(ElasticTest, NodesThatLostNobodyKeepTheirCommunicatorThroughAFailureAndAJ
               JsonNumber(s0, "parameter_checksum"))
         << tag;
   }
+}
+
+// Nodes whose host names resolve nowhere (a root without /etc/hosts, as
+// debootstrap makes it) train together without being told an address: each
+// is reached where the coordinator sees it, for Gloo and for its weights.
+class UnresolvableHostTest : public ElasticTest {
+ protected:
+  void SetUp() override {
+    int code = -1;
+    RunShell("unshare --uts true", &code);
+    if (code != 0) GTEST_SKIP() << "needs root for a UTS namespace (unshare --uts)";
+    ElasticTest::SetUp();
+  }
+  std::string Auth() const override {
+    const std::string token_file = dir_ + "/token";
+    std::ofstream(token_file) << "unresolvable-host-token";
+    ::chmod(token_file.c_str(), 0600);
+    return "--token-file=" + token_file;
+  }
+  int MaxMembers() const override { return 2; }
+  // muster-train with host name `host` (and no --node-id: the host name is
+  // the node) in a UTS namespace of its own.
+  pid_t TrainerOn(const std::string& host, const std::string& tag) {
+    return SpawnLogged(
+        {"/usr/bin/unshare", "--uts", "/bin/sh", "-c", "hostname \"$0\" && exec \"$@\"",
+         host, kBin + "/muster-train", "--coordinator=" + target_, "--token-file=" + dir_ + "/token",
+         "--model=mlp", "--steps=200", "--batch-size=32", "--log-every=10", "--threads=1",
+         "--backend=gloo", absl::StrCat("--job=uh", ::getpid()),
+         absl::StrCat("--summary-json=", dir_, "/", tag, ".json")},
+        absl::StrCat(dir_, "/", tag, ".log"));
+  }
+};
+
+TEST_F(UnresolvableHostTest, TwoNodesTrainAndServeWeightsWithoutAnAddress) {
+  const pid_t a = TrainerOn("node-a.invalid", "a"), b = TrainerOn("node-b.invalid", "b");
+  ASSERT_TRUE(WaitForLine("a", "world 2 on 2 nodes", absl::Seconds(60)))
+      << ReadText(dir_ + "/a.log");
+  ASSERT_TRUE(WaitForStep("a", 20, absl::Seconds(60))) << ReadText(dir_ + "/a.log");
+  int code = -1;
+  const std::string out = RunShell(absl::StrCat(kBin, "/muster --coordinator ", target_,
+                                                " --token-file ", dir_, "/token pull-weights --out ",
+                                                dir_, "/pulled.safetensors"),
+                                   &code);
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_EQ(WaitExit(a), 0) << ReadText(dir_ + "/a.log");
+  EXPECT_EQ(WaitExit(b), 0) << ReadText(dir_ + "/b.log");
+  const std::string sa = ReadText(dir_ + "/a.json"), sb = ReadText(dir_ + "/b.json");
+  EXPECT_EQ(JsonNumber(sa, "steps"), "200") << sa;
+  EXPECT_EQ(JsonNumber(sa, "world_size"), "2") << sa;
+  EXPECT_EQ(JsonNumber(sa, "parameter_checksum"), JsonNumber(sb, "parameter_checksum"));
 }
 
 // Agent-launched jobs: two nodes, each a muster-agent with two trainers.

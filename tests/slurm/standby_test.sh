@@ -26,7 +26,15 @@ export MUSTER_TRAIN_ARGS
 submit "$SCRIPT"
 wait_output '^step (75|100|125)/' 120
 address="$WORK/job/coordinator.address"
-[ "$(cat "$address")" = "$(hostname -s):$MUSTER_PORT" ] ||
+# Where the job put its coordinators: each node's address as muster-job.sh
+# finds it (the host name, or Slurm's NodeAddr where the name does not
+# resolve to an address other than loopback).
+first="$(sed -n 's/.*, coordinator \([^ ,]*\), job dir .*/\1/p' "$WORK/out.log" | head -n 1)"
+standby="$(sed -n 's/.* standby coordinator \([^ ]*\) on the second node.*/\1/p' "$WORK/out.log" |
+  head -n 1)"
+[ "${first##*:}" = "$MUSTER_PORT" ] && [ "${standby##*:}" = "$MUSTER_STANDBY_PORT" ] ||
+  fail "the job named its coordinators '$first' and '$standby'"
+[ "$(cat "$address")" = "$first" ] ||
   fail "the address file names '$(cat "$address")', not the first coordinator"
 grep -q "standby: the lease of .* is held by" "$WORK/job/standby.log" ||
   fail "the standby is not waiting: $(cat "$WORK/job/standby.log")"
@@ -37,7 +45,7 @@ primary="$(pgrep -f "^[^ ]*/muster-coordinator --listen 0.0.0.0:$MUSTER_PORT .*$
 kill -STOP "$primary"
 log "stopped the first coordinator (pid $primary)"
 deadline=$(($(date +%s) + 30))
-until [ "$(cat "$address" 2>/dev/null)" = "$(hostname -s):$MUSTER_STANDBY_PORT" ]; do
+until [ "$(cat "$address" 2>/dev/null)" = "$standby" ]; do
   [ "$(date +%s)" -lt "$deadline" ] || { kill -CONT "$primary"; fail "the standby did not take over"; }
   sleep 0.1
 done
@@ -47,7 +55,7 @@ kill -CONT "$primary"
 wait_job_end 200
 
 expect_completed_without_requeue
-grep -q "lease of .*: epoch 2, held by $(hostname -s):$MUSTER_STANDBY_PORT" \
+grep -q "lease of .*: epoch 2, held by $standby" \
   "$WORK/job/standby.log" || fail "the standby's log shows no takeover"
 grep -q "lease (epoch 1) was taken over: epoch 2" "$WORK/job/coordinator.log" ||
   fail "the first coordinator did not stand down"

@@ -217,9 +217,16 @@ absl::Status CoordinatorClient::Join(int64_t step, absl::Time deadline) {
     if (s.ok()) {
       heartbeat_ms_ = std::max<int64_t>(10, resp.heartbeat_interval_ms());
       RaiseTo(latest_generation_, resp.current_generation());
+      absl::MutexLock lock(&observed_mu_);
+      observed_host_ = resp.observed_host();
     }
     return s;
   });
+}
+
+std::string CoordinatorClient::observed_host() const {
+  absl::MutexLock lock(&observed_mu_);
+  return observed_host_;
 }
 
 absl::Status CoordinatorClient::StartSession(

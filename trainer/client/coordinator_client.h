@@ -56,6 +56,8 @@ struct ClientOptions {
   std::string node;
   uint32_t local_rank = 0;
   bool spare = false;  // started as a hot spare (JoinRequest.spare)
+  // host:port of this member's parameter service; ":port" when this member
+  // does not know its address (the coordinator fills in observed_host()).
   std::string state_address;
   // "unix:PATH" of the node's muster-agent ($MUSTER_AGENT_SESSION), which
   // holds one session with the coordinator for the node's trainers: the
@@ -114,6 +116,10 @@ class CoordinatorClient {
 
   // Registers this member (retrying UNAVAILABLE until `deadline`).
   absl::Status Join(int64_t step, absl::Time deadline);
+  // This member's address as the coordinator saw its last Join arrive
+  // (JoinResponse.observed_host): an IP address, "" before a Join or when
+  // the coordinator could not tell. Thread-safe.
+  std::string observed_host() const ABSL_LOCKS_EXCLUDED(observed_mu_);
 
   // Starts the session thread: heartbeats every interval (from Join's
   // answer) with the latest SetStep value; `on_notice` receives regroup and
@@ -189,6 +195,8 @@ class CoordinatorClient {
   std::atomic<uint64_t> epoch_{0};
   bool FromCurrentEpoch(uint64_t epoch);
   std::atomic<int64_t> heartbeat_ms_{1000};
+  mutable absl::Mutex observed_mu_;
+  std::string observed_host_ ABSL_GUARDED_BY(observed_mu_);
   std::atomic<bool> stopping_{false};
   std::thread session_thread_;
 };

@@ -72,8 +72,10 @@ absl::Status ElasticWorld::Enter(const EnterFn& enter) {
     BuildWatchdog watchdog(deadline + absl::Seconds(5), [this, generation = world_.generation] {
       return client_->latest_generation() > generation;
     });
+    CommOptions comm_options = options_.comm;
+    comm_options.gloo.observed_host = client_->observed_host();
     MUSTER_ASSIGN_OR_RETURN(
-        comm, BuildCommunicator(world_, store_.get(), options_.comm, deadline, &kept_));
+        comm, BuildCommunicator(world_, store_.get(), comm_options, deadline, &kept_));
   }
   {
     std::lock_guard<std::mutex> lock(mu_);

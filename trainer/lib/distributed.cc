@@ -176,9 +176,9 @@ absl::Status Engine::StartServices(ClientOptions* client) {
                           StateServer::Start({listen, client->token,
                                               {options_.state_tls_cert, options_.state_tls_key, ""},
                                               client->member_id}));
-  const std::string host = listen.rfind("127.0.0.1:", 0) == 0 ? "127.0.0.1"
-                           : options_.address.empty()        ? HostName()
-                                                             : options_.address;
+  // Without an address of its own, this member is reached where the
+  // coordinator sees it (":port": the coordinator fills in the host).
+  const std::string host = listen.rfind("127.0.0.1:", 0) == 0 ? "127.0.0.1" : options_.address;
   client->state_address = absl::StrCat(host, ":", state_server_->port());
   return absl::OkStatus();
 }

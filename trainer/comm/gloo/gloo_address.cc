@@ -24,10 +24,16 @@ bool IsLoopback(const sockaddr* a) {
 
 }  // namespace
 
-absl::StatusOr<GlooAddress> ResolveGlooAddress(const std::string& configured,
-                                               const std::string& host_name, bool single_host) {
-  const std::string name = configured.empty() ? host_name : configured;
-  const char* source = configured.empty() ? "this host's name" : "the configured address";
+absl::StatusOr<GlooAddress> ResolveGlooAddress(const GlooAddressSources& sources,
+                                               bool single_host) {
+  const bool configured = !sources.configured.empty();
+  const bool observed = !configured && !sources.observed.empty();
+  const std::string name = configured ? sources.configured
+                           : observed ? sources.observed
+                                      : sources.host_name;
+  const char* source = configured ? "the configured address"
+                       : observed ? "the address the coordinator sees this host at"
+                                  : "this host's name";
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -60,10 +66,14 @@ absl::StatusOr<GlooAddress> ResolveGlooAddress(const std::string& configured,
   if (!single_host && IsLoopback(pick->ai_addr)) {
     // Nodes may share a host (tests, one machine split into nodes), so this
     // is not refused; on a cluster it is the /etc/hosts trap.
+    const std::string what =
+        observed ? absl::StrCat("the coordinator sees this host at the loopback address ", ip)
+                 : absl::StrCat(source, " '", name, "' resolves to the loopback address ", ip);
     out.warning = absl::StrCat(
-        source, " '", name, "' resolves to the loopback address ", ip,
+        what,
         ": peers on other hosts cannot reach this rank there; unless every node runs on this "
-        "host, set muster-train --address (Options::address) to this node's IP address");
+        "host, set muster-train --address (Options::address) to this node's IP address",
+        observed ? ", or reach the coordinator at an address on the job's network" : "");
   }
   ::freeaddrinfo(found);
   return out;

@@ -15,13 +15,21 @@ struct GlooAddress {
   std::string warning;  // non-empty: log it (a loopback address with remote peers)
 };
 
-// Resolves `configured` (Options::address / muster-train --address), or
-// this host's name `host_name` when it is empty. `single_host`: every rank
-// of the communicator runs on this host (one node), where loopback serves
-// when the name does not resolve. Errors: INVALID_ARGUMENT naming the name
-// and the flag to set, when it does not resolve and peers are elsewhere.
-absl::StatusOr<GlooAddress> ResolveGlooAddress(const std::string& configured,
-                                               const std::string& host_name, bool single_host);
+// Where a rank's address comes from, first non-empty wins.
+struct GlooAddressSources {
+  std::string configured;  // Options::address / muster-train --address
+  std::string observed;    // this host's IP address as the coordinator sees it
+  std::string host_name;   // this host's name
+};
+
+// Resolves the first source that is set. `single_host`: every rank of the
+// communicator runs on this host (one node), where loopback serves when the
+// name does not resolve. Errors: INVALID_ARGUMENT naming the name and the
+// flag to set, when it does not resolve and peers are elsewhere. A loopback
+// result with peers elsewhere is returned with a warning (nodes may share a
+// host: tests, one machine split into nodes).
+absl::StatusOr<GlooAddress> ResolveGlooAddress(const GlooAddressSources& sources,
+                                               bool single_host);
 
 // What to add to the error of a Gloo connect that failed (`error`, Gloo's
 // message) when a loopback address is the likely cause, "" otherwise: this

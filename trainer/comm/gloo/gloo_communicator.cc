@@ -308,7 +308,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> NewGlooCommunicator(Store* store, 
     attr.iface = options.iface;
     if (options.iface.empty()) {
       absl::StatusOr<GlooAddress> address =
-          ResolveGlooAddress(options.hostname, HostName(), options.single_host);
+          ResolveGlooAddress({options.hostname, options.observed_host, HostName()}, options.single_host);
       if (!address.ok()) return address.status();
       static std::once_flag warned;
       if (!address->warning.empty()) {

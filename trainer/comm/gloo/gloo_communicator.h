@@ -22,8 +22,12 @@ namespace muster {
 
 struct GlooOptions {
   // Address other ranks reach this one at (host name or IP of the node's
-  // fast network); "" lets Gloo resolve this host's name.
+  // fast network: Options::address); "" for observed_host, else this
+  // host's name.
   std::string hostname;
+  // This host's address as the coordinator sees it (an IP address; "" when
+  // unknown): the default when `hostname` is empty.
+  std::string observed_host;
   // Network interface to bind instead of a host name ("" for none).
   std::string iface;
   // Every rank runs on this host (one node): loopback serves when the name

@@ -1,0 +1,28 @@
+// The address a gRPC call arrives from, as a host that peers can dial: what
+// a member that is not told its own address gives its peers (the
+// coordinator sees every member's connection; JoinResponse.observed_host).
+#ifndef MUSTER_RPC_PEER_ADDRESS_H_
+#define MUSTER_RPC_PEER_ADDRESS_H_
+
+#include <string>
+#include "absl/strings/string_view.h"
+
+namespace muster {
+
+// The host of `peer`, as grpc::ServerContext::peer() writes it:
+//   "ipv4:10.1.2.3:41000"        -> "10.1.2.3"
+//   "ipv6:[fd00::7]:41000"       -> "fd00::7" (brackets off; also when
+//                                   percent-encoded, "%5B...%5D")
+//   "ipv6:[::ffff:10.1.2.3]:4"   -> "10.1.2.3" (IPv4 through a dual-stack listener)
+//   "unix:/run/x.sock", "unix-abstract:x"
+//                                -> "127.0.0.1" (a Unix socket's caller is on this host)
+// and "" for anything else (unknown: the caller keeps its own default).
+// Pure; thread-safe.
+std::string PeerHost(absl::string_view peer);
+
+// "host:port" that gRPC and Gloo can dial: an IPv6 host in brackets.
+std::string JoinHostPort(absl::string_view host, absl::string_view port);
+
+}  // namespace muster
+
+#endif  // MUSTER_RPC_PEER_ADDRESS_H_
