@@ -2,14 +2,16 @@
 # Time goes through common/clock.h (docs/coordinator.md, "Time: two clocks"):
 # durations and deadlines on Clock::Now() (monotonic), records on
 # Clock::WallNow(). No source reads the wall clock itself, except
-# common/clock.cc (RealClock) and common/logging.cc (the log lines' stamps);
-# what follows // on a line is not checked. Exits 1 naming each read and
-# what to use instead.
+# common/clock.cc (RealClock) and common/logging.cc (the log lines' stamps),
+# nor hands an absl::Time to a call that compares it with the wall clock
+# (absl's ...WithDeadline, absl::ToChronoTime); what follows // on a line is
+# not checked. Exits 1 naming each one and what to use instead.
 #   clock_test.sh SOURCE_DIR
 set -uo pipefail
 src=$1
 cd "$src" || exit 1
-reads='absl::Now[(][)]|system_clock::now|std::time[(]|time[(](nullptr|NULL)[)]|gettimeofday|CLOCK_REALTIME'
+reads='absl::Now[(][)]|system_clock::now|std::time[(]|time[(](nullptr|NULL)[)]|gettimeofday'
+reads+='|CLOCK_REALTIME|WithDeadline[(]|ToChronoTime[(]'
 # Prints FILE:LINE and a hint for each wall clock read in the files named.
 scan() {
   awk -v re="$reads" '
@@ -19,10 +21,13 @@ scan() {
       sub(/\/\/.*/, "", code)
       if (code !~ re) next
       hint = "Clock::Now() for a duration or deadline, Clock::WallNow() for a record"
-      if (code ~ /system_clock::now/) {
+      if (code ~ /system_clock::now|ToChronoTime/) {
         hint = "SystemDeadline(deadline, clock) where an API takes a wall time point"
       }
-      printf "%s:%d: reads the wall clock; use %s (the injected Clock, else " \
+      if (code ~ /WithDeadline/) {
+        hint = "the ...WithTimeout call with Remaining(deadline, clock)"
+      }
+      printf "%s:%d: wall clock; use %s (the injected Clock, else " \
              "RealClock::Get(); common/clock.h)\n", file, FNR, hint
     }' "$@"
 }
