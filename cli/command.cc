@@ -6,7 +6,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/status/status.h"
-#include "absl/time/clock.h"
+#include "common/clock.h"
 #include "rpc/credentials.h"
 
 namespace muster::cli {
@@ -30,7 +30,8 @@ void Print(const google::protobuf::Message& message) {
 
 void Prepare(grpc::ClientContext* ctx, const std::string& token) {
   AttachToken(ctx, token);
-  ctx->set_deadline(absl::ToChronoTime(absl::Now() + absl::GetFlag(FLAGS_timeout)));
+  ctx->set_deadline(
+      SystemDeadline(RealClock::Get()->Now() + absl::GetFlag(FLAGS_timeout)));
 }
 
 }  // namespace muster::cli

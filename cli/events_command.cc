@@ -5,14 +5,16 @@
 #include <iostream>
 
 #include "absl/flags/flag.h"
-#include "absl/time/clock.h"
 #include "cli/command.h"
 #include "cli/format.h"
+#include "common/clock.h"
 
 namespace muster::cli {
 
 int Events(const Invocation& in) {
-  absl::StatusOr<int64_t> since = ParseSince(absl::GetFlag(FLAGS_since), absl::Now());
+  // Compared with the events' wall-clock times.
+  absl::StatusOr<int64_t> since =
+      ParseSince(absl::GetFlag(FLAGS_since), RealClock::Get()->WallNow());
   if (!since.ok()) {
     std::cerr << "muster: " << since.status().message() << "\n";
     return 2;

@@ -7,8 +7,8 @@
 #include "absl/flags/flag.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
 #include "cli/command.h"
+#include "common/clock.h"
 #include "common/file_system.h"
 #include "common/status_macros.h"
 #include "muster/v1/state.grpc.pb.h"
@@ -44,7 +44,7 @@ absl::StatusOr<Pulled> Receive(v1::State::Stub& stub, const std::string& address
   grpc::ClientContext ctx;
   AttachToken(&ctx, token);
   const absl::Duration timeout = absl::GetFlag(FLAGS_pull_timeout);
-  ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  ctx.set_deadline(SystemDeadline(RealClock::Get()->Now() + timeout));
   v1::PullStateRequest req;
   req.set_at_step(absl::GetFlag(FLAGS_at_step));
   req.set_timeout_ms(static_cast<uint32_t>(absl::ToInt64Milliseconds(timeout)));
@@ -102,7 +102,7 @@ int PullWeights(const Invocation& in) {
     std::cerr << "muster: " << channel.status() << "\n";
     return 2;
   }
-  const absl::Time start = absl::Now();
+  const absl::Time start = RealClock::Get()->Now();
   auto stub = v1::State::NewStub(*channel);
   absl::StatusOr<Pulled> pulled = Receive(*stub, from->state_address(), in.token);
   if (!pulled.ok()) {
@@ -123,7 +123,7 @@ int PullWeights(const Invocation& in) {
   std::cout << "pulled " << parsed->tensors.size() << " tensors (" << pulled->bytes.size()
             << " bytes) after step " << pulled->step << " from " << from->member().member_id()
             << " at " << from->state_address() << " in "
-            << absl::FormatDuration(absl::Now() - start) << " into " << out << "\n";
+            << absl::FormatDuration(RealClock::Get()->Now() - start) << " into " << out << "\n";
   return 0;
 }
 

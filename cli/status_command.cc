@@ -8,6 +8,7 @@
 #include "absl/time/clock.h"
 #include "cli/command.h"
 #include "cli/format.h"
+#include "common/clock.h"
 #include "rpc/coordinator_channel.h"
 #include "rpc/credentials.h"
 
@@ -37,6 +38,7 @@ std::atomic<bool> g_interrupted{false};
 // looked up again each time (a file: target follows a failover). Exit 0.
 int WatchStatus(const std::string& target, const muster::TlsFiles& tls, const std::string& token,
                 absl::Duration interval) {
+  Clock* const clock = RealClock::Get();
   std::signal(SIGINT, [](int) { g_interrupted = true; });
   std::signal(SIGTERM, [](int) { g_interrupted = true; });
   absl::StatusOr<std::unique_ptr<muster::CoordinatorChannel>> coordinator =
@@ -52,7 +54,7 @@ int WatchStatus(const std::string& target, const muster::TlsFiles& tls, const st
     muster::v1::GetStatusResponse status;
     grpc::ClientContext ctx;
     muster::AttachToken(&ctx, token);
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + std::max(interval, absl::Seconds(2))));
+    ctx.set_deadline(SystemDeadline(clock->Now() + std::max(interval, absl::Seconds(2)), clock));
     const grpc::Status s = stub->GetStatus(&ctx, muster::v1::GetStatusRequest(), &status);
     if (s.ok()) {
       body = muster::FormatStatus(status);
@@ -61,7 +63,7 @@ int WatchStatus(const std::string& target, const muster::TlsFiles& tls, const st
       muster::v1::ListEventsResponse events;
       grpc::ClientContext ectx;
       muster::AttachToken(&ectx, token);
-      ectx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+      ectx.set_deadline(SystemDeadline(clock->Now() + absl::Seconds(2), clock));
       if (stub->ListEvents(&ectx, req, &events).ok()) {
         absl::StrAppend(&body, "\nnewest events:\n", muster::FormatEvents(events));
       }
@@ -72,10 +74,10 @@ int WatchStatus(const std::string& target, const muster::TlsFiles& tls, const st
     }
     // Home, clear, redraw: one write, so the terminal never shows half.
     std::cout << "\033[H\033[2J"
-              << absl::FormatTime("muster status %H:%M:%S", absl::Now(), absl::LocalTimeZone())
+              << absl::FormatTime("muster status %H:%M:%S", clock->WallNow(), absl::LocalTimeZone())
               << "  every " << absl::FormatDuration(interval) << "  (Ctrl-C to quit)\n\n"
               << body << std::flush;
-    for (absl::Time end = absl::Now() + interval; absl::Now() < end && !g_interrupted;) {
+    for (absl::Time end = clock->Now() + interval; clock->Now() < end && !g_interrupted;) {
       absl::SleepFor(absl::Milliseconds(20));
     }
   }

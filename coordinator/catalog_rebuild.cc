@@ -9,8 +9,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/time/clock.h"
 #include "common/checkpoint_manifest.h"
+#include "common/clock.h"
 #include "common/file_system.h"
 #include "common/status_macros.h"
 
@@ -55,7 +55,7 @@ absl::StatusOr<CheckpointRecord> FromStepDir(FileSystem* fs, const std::string& 
                                                                          text.size()))});
   r.state = CheckpointState::kCommitted;
   const absl::StatusOr<FileStat> st = fs->Stat(path);
-  r.created = r.committed = st.ok() ? st->modified : absl::Now();
+  r.created = r.committed = st.ok() ? st->modified : RealClock::Get()->WallNow();
   return r;
 }
 

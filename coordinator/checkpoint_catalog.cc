@@ -51,7 +51,7 @@ absl::Status CheckpointCatalog::Save(CheckpointRecord record) {
 
 absl::StatusOr<uint64_t> CheckpointCatalog::Begin(uint64_t generation, int64_t step,
                                                   const std::vector<std::string>& members,
-                                                  absl::Time now) {
+                                                  absl::Time wall_now) {
   if (step < 0) return absl::InvalidArgumentError(absl::StrCat("step is negative (", step, ")"));
   if (members.empty()) return absl::FailedPreconditionError("the generation has no members");
   for (const auto& [id, r] : records_) {
@@ -67,13 +67,13 @@ absl::StatusOr<uint64_t> CheckpointCatalog::Begin(uint64_t generation, int64_t s
   r.step = step;
   r.generation = generation;
   r.expected = members;
-  r.created = now;
+  r.created = wall_now;
   MUSTER_RETURN_IF_ERROR(Save(std::move(r)));
   return next_id_++;
 }
 
 absl::StatusOr<bool> CheckpointCatalog::Report(uint64_t id, const ShardReport& report,
-                                               absl::Time now) {
+                                               absl::Time wall_now) {
   auto it = records_.find(id);
   if (it == records_.end()) return absl::NotFoundError(absl::StrCat("no checkpoint ", id));
   const CheckpointRecord& current = it->second;
@@ -125,7 +125,7 @@ absl::StatusOr<bool> CheckpointCatalog::Report(uint64_t id, const ShardReport& r
   const bool commit = next.reported.size() == next.expected.size();
   if (commit) {
     next.state = CheckpointState::kCommitted;
-    next.committed = now;
+    next.committed = wall_now;
   }
   MUSTER_RETURN_IF_ERROR(Save(std::move(next)));
   if (commit) MUSTER_RETURN_IF_ERROR(ApplyRetention());

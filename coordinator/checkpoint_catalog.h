@@ -61,18 +61,20 @@ class CheckpointCatalog {
 
   // Starts (or joins) the checkpoint of `step` in `generation` whose world is
   // `members`. Every member naming the same generation and step gets the
-  // same id. Errors: INVALID_ARGUMENT (negative step), ALREADY_EXISTS (that
-  // step is already committed), UNAVAILABLE (store write failed).
+  // same id. `wall_now` (Clock::WallNow: a record, stored) becomes its
+  // created time. Errors: INVALID_ARGUMENT (negative step), ALREADY_EXISTS
+  // (that step is already committed), UNAVAILABLE (store write failed).
   absl::StatusOr<uint64_t> Begin(uint64_t generation, int64_t step,
-                                 const std::vector<std::string>& members, absl::Time now);
+                                 const std::vector<std::string>& members, absl::Time wall_now);
 
   // Records one member's files; returns true when this report committed the
-  // checkpoint. Reporting twice replaces the member's files. Errors:
+  // checkpoint, whose committed time is then `wall_now` (Clock::WallNow).
+  // Reporting twice replaces the member's files. Errors:
   // NOT_FOUND (no such id), INVALID_ARGUMENT (bad file fields, too many
   // files), PERMISSION_DENIED (member not in that generation's world),
   // ABORTED (checkpoint aborted), FAILED_PRECONDITION (already committed or
   // retired), UNAVAILABLE (store write failed).
-  absl::StatusOr<bool> Report(uint64_t id, const ShardReport& report, absl::Time now);
+  absl::StatusOr<bool> Report(uint64_t id, const ShardReport& report, absl::Time wall_now);
 
   // Marks a pending checkpoint aborted. Errors: NOT_FOUND,
   // FAILED_PRECONDITION (already committed), UNAVAILABLE.

@@ -31,6 +31,7 @@ struct CheckpointRecord {
   std::vector<std::string> expected;
   std::set<std::string> reported;
   CheckpointState state = CheckpointState::kPending;
+  // Wall-clock times (Clock::WallNow), stored and shown as dates.
   absl::Time created = absl::UnixEpoch();
   absl::Time committed = absl::UnixEpoch();
   std::vector<ShardFileRecord> files;

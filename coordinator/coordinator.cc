@@ -72,7 +72,7 @@ bool Coordinator::Accepted(const absl::Status& transition) {
 
 void Coordinator::Record(const std::string& kind, const std::string& detail) {
   MUSTER_LOG(INFO) << kind << ": " << detail;
-  unflushed_events_.push_back(JobEvent{clock_->Now(), kind, detail});
+  unflushed_events_.push_back(JobEvent{clock_->WallNow(), kind, detail});
 }
 
 Actions Coordinator::Gated() {
@@ -167,6 +167,7 @@ StatusSnapshot Coordinator::GetStatus() {
   s.latest_committed_step = latest != nullptr ? latest->step : -1;
   s.rules = options_.rules;
   s.now = clock_->Now();
+  s.wall_now = clock_->WallNow();
   s.uptime = s.now - started_;
   return s;
 }

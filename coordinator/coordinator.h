@@ -8,7 +8,10 @@
 // operation completes, fails, or its deadline passes. Time comes from the
 // injected Clock and deadlines are enforced by Tick(), which the owner calls
 // periodically (every few tens of milliseconds), so unit tests drive every
-// timeout with a FakeClock.
+// timeout with a FakeClock. Heartbeat expiry, deadlines and every duration
+// use the clock's monotonic Now(), which a wall clock step does not move;
+// only records take its WallNow(): event times and the checkpoints'
+// created and committed times (stored, and shown as dates).
 //
 // Thread-safety: every method may be called from any thread. Callbacks and
 // SessionSink calls run without the coordinator's lock held.
@@ -133,7 +136,11 @@ struct StatusSnapshot {
   int64_t latest_committed_step = -1;
   RendezvousRules rules;
   absl::Duration uptime;
+  // The coordinator clock's two readings at the snapshot: `now`
+  // (monotonic) for ages, as now - members[i].info.last_seen; `wall_now`
+  // for what is shown as a time of day (now_unix_ms).
   absl::Time now;
+  absl::Time wall_now;
 };
 
 // Monotonic counters for metrics.

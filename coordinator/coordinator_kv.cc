@@ -93,7 +93,7 @@ absl::StatusOr<uint64_t> Coordinator::DecideBeginCheckpoint(uint64_t generation,
   }
   std::vector<std::string> members;
   for (const Assignment& a : world.members) members.push_back(a.member.id);
-  return catalog_.Begin(generation, step, members, clock_->Now());
+  return catalog_.Begin(generation, step, members, clock_->WallNow());
 }
 
 absl::StatusOr<bool> Coordinator::ReportShard(uint64_t id, const MemberKey& key,
@@ -110,7 +110,7 @@ absl::StatusOr<bool> Coordinator::DecideReportShard(uint64_t id, const MemberKey
   MUSTER_RETURN_IF_ERROR(CheckServing());
   MUSTER_RETURN_IF_ERROR(LiveMember(key).status());
   report.member = key.id;
-  MUSTER_ASSIGN_OR_RETURN(bool committed, catalog_.Report(id, report, clock_->Now()));
+  MUSTER_ASSIGN_OR_RETURN(bool committed, catalog_.Report(id, report, clock_->WallNow()));
   if (committed) {
     ++counters_.checkpoints_committed;
     const CheckpointRecord* r = catalog_.LatestCommitted();

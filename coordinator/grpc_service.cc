@@ -7,7 +7,6 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
 #include "coordinator/limits.h"
 #include "coordinator/proto_convert.h"
 #include "coordinator/session_reactor.h"
@@ -53,11 +52,15 @@ CoordinatorService::CoordinatorService(Coordinator* coordinator, Metrics* metric
       on_shutdown_(std::move(on_shutdown)),
       epoch_(epoch) {}
 
+absl::Duration CoordinatorService::Elapsed(absl::Time start) const {
+  return coordinator_->options().clock->Now() - start;
+}
+
 grpc::ServerUnaryReactor* CoordinatorService::Reply(grpc::CallbackServerContext* ctx,
                                                     const char* method, absl::Time start,
                                                     const absl::Status& status) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  if (metrics_ != nullptr) metrics_->ObserveRpc(method, status.code(), absl::Now() - start);
+  if (metrics_ != nullptr) metrics_->ObserveRpc(method, status.code(), Elapsed(start));
   reactor->Finish(ToGrpcStatus(status));
   return reactor;
 }
@@ -94,7 +97,7 @@ class CoordinatorService::Waiting final : public grpc::ServerUnaryReactor {
   void End(const absl::Status& status) {
     if (counted_) service_->Released(caller_);
     if (service_->metrics_ != nullptr) {
-      service_->metrics_->ObserveRpc(method_, status.code(), absl::Now() - start_);
+      service_->metrics_->ObserveRpc(method_, status.code(), service_->Elapsed(start_));
     }
     Finish(ToGrpcStatus(status));
   }
@@ -138,7 +141,7 @@ void CoordinatorService::Released(const std::string& caller) {
 }
 
 #define MUSTER_AUTHORIZE(method)                                   \
-  const absl::Time start = absl::Now();                            \
+  const absl::Time start = coordinator_->options().clock->Now();   \
   if (absl::Status auth = CheckToken(*ctx, token_); !auth.ok()) {  \
     return Reply(ctx, method, start, auth);                        \
   }

@@ -77,8 +77,11 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
 
  private:
   // Finishes `ctx`'s default reactor with `status` and records metrics.
+  // `start` is a time of the coordinator's clock (Elapsed).
   grpc::ServerUnaryReactor* Reply(grpc::CallbackServerContext* ctx, const char* method,
                                   absl::Time start, const absl::Status& status);
+  // The coordinator clock's monotonic time since `start`, for metrics.
+  absl::Duration Elapsed(absl::Time start) const;
   class Waiting;
   // A blocking call's reactor, finished at once when the client cancels
   // (the coordinator's answer, coming later, is then dropped). Finished

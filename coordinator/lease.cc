@@ -27,4 +27,10 @@ absl::StatusOr<std::optional<Lease>> LeaseClaim::Poll(absl::Time now) {
   return *taken;
 }
 
+bool LeaseRenewal::BeatDue(absl::Time now) {
+  if (now < next_beat_) return false;
+  next_beat_ = now + timeout_ / 4;
+  return true;
+}
+
 }  // namespace muster

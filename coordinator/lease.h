@@ -10,6 +10,13 @@
 // not moved for `timeout` by its own clock (no clocks of two nodes are
 // compared). The store is then fenced (StateStore::TakeLease): the old
 // holder can commit nothing more, and exits when its next renewal fails.
+// LeaseRenewal is the holder's side: when it beats, and whether it still
+// acts on time.
+//
+// Every time here is the local clock's monotonic Now() (common/clock.h):
+// nothing of it is stored (the lease holds a beat counter), and a wall
+// clock step neither hides a holder that stopped beating nor makes a
+// beating holder doubt its lease.
 //
 // Thread-compatible.
 #ifndef MUSTER_COORDINATOR_LEASE_H_
@@ -44,6 +51,31 @@ class LeaseClaim {
   bool watching_ = false;
   Lease seen_;
   absl::Time still_since_;
+};
+
+// The holder's timing: it beats (StateStore::RenewLease) every quarter of
+// `timeout`, and while no beat succeeded for `timeout` it is not sure of
+// the lease any more (a standby may have taken it over) and must decide
+// nothing on time: a coordinator frozen past the timeout finds out that it
+// lost the lease before it fails members that were never gone.
+class LeaseRenewal {
+ public:
+  // The lease was taken (or last renewed) at `now`.
+  LeaseRenewal(absl::Duration timeout, absl::Time now)
+      : timeout_(timeout), next_beat_(now + timeout / 4), renewed_(now) {}
+
+  // Whether a beat is due at `now`; when it is, the next one falls due a
+  // quarter of the timeout later, whether this one succeeds or not.
+  bool BeatDue(absl::Time now);
+  // A beat succeeded at `now`.
+  void Renewed(absl::Time now) { renewed_ = now; }
+  // Whether, at `now`, a beat succeeded within the timeout.
+  bool Sure(absl::Time now) const { return now - renewed_ <= timeout_; }
+
+ private:
+  const absl::Duration timeout_;
+  absl::Time next_beat_;
+  absl::Time renewed_;
 };
 
 }  // namespace muster

@@ -4,7 +4,7 @@
 #include <utility>
 
 #include "absl/status/statusor.h"
-#include "absl/time/clock.h"
+#include "common/clock.h"
 #include "common/logging.h"
 #include "coordinator/tcp_table.h"
 
@@ -62,7 +62,7 @@ absl::Duration ListenerWatchdog::OldestWait() {
   // No descriptor to look with: no verdict until the next look.
   if (!tables.ok()) return absl::ZeroDuration();
   return ages_.Observe(UnacceptedConnections(ParseTcpTable(*tables), options_.port),
-                       absl::Now());
+                       RealClock::Get()->Now());
 }
 
 }  // namespace muster

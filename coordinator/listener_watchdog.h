@@ -43,7 +43,8 @@ namespace muster {
 // thread-safe.
 class AcceptQueueAges {
  public:
-  // `waiting`: the unaccepted connections seen at `now`. Returns the longest
+  // `waiting`: the unaccepted connections seen at `now` (monotonic,
+  // Clock::Now()). Returns the longest
   // time any of them has been seen waiting (zero for one seen first now).
   // Connections no longer waiting are forgotten.
   absl::Duration Observe(const std::vector<std::string>& waiting, absl::Time now);

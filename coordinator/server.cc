@@ -69,7 +69,7 @@ absl::StatusOr<Lease> HoldLease(StateStore* store, const std::string& holder,
   bool told = false;
   std::string last_error;
   for (;;) {
-    absl::StatusOr<std::optional<Lease>> polled = claim.Poll(absl::Now());
+    absl::StatusOr<std::optional<Lease>> polled = claim.Poll(options.coordinator.clock->Now());
     // A busy or briefly unreachable state file (another coordinator opening
     // or writing it, a file system hiccup): look again.
     if (!polled.ok() && !absl::IsUnavailable(polled.status())) return polled.status();
@@ -187,7 +187,7 @@ void CoordinatorServer::StopWhenAsked() {
   if (watchdog_ != nullptr) watchdog_->Stop();
   if (lost_lease().empty()) {
     coordinator_->Shutdown("coordinator stopping").IgnoreError();  // logged
-    ShutDownServers(absl::Now() + absl::Seconds(2));
+    ShutDownServers(clock()->Now() + absl::Seconds(2));
     if (epoch_ != 0) {
       if (absl::Status s = store_->ReleaseLease(epoch_); !s.ok()) {
         MUSTER_LOG(WARNING) << "could not release the lease: " << s;
@@ -197,7 +197,7 @@ void CoordinatorServer::StopWhenAsked() {
     // Members are not stopped: their sessions and calls end UNAVAILABLE,
     // and they go to the coordinator that took over.
     coordinator_->Abandon(lost_lease());
-    ShutDownServers(absl::Now() + absl::Milliseconds(200));
+    ShutDownServers(clock()->Now() + absl::Milliseconds(200));
   }
   stopped_.Notify();
 }
@@ -260,7 +260,7 @@ absl::Status CoordinatorServer::RebuildListener(absl::Duration waited) {
 void CoordinatorServer::ShutDownServers(absl::Time deadline) {
   absl::MutexLock lock(&servers_mu_);
   for (const std::unique_ptr<grpc::Server>& server : servers_) {
-    server->Shutdown(absl::ToChronoTime(deadline));
+    server->Shutdown(SystemDeadline(deadline, clock()));
   }
 }
 
@@ -277,14 +277,12 @@ CoordinatorServer::~CoordinatorServer() {
 
 void CoordinatorServer::TickLoop() {
   absl::Time next_metrics = absl::InfinitePast();
-  absl::Time next_beat = absl::Now() + options_.lease_timeout / 4;
-  absl::Time renewed = absl::Now();
+  LeaseRenewal lease(options_.lease_timeout, clock()->Now());
   while (!stop_requested_.WaitForNotificationWithTimeout(options_.tick)) {
     // Renew before the coordinator acts on time (heartbeat timeouts): a
     // coordinator that was frozen past the lease timeout finds out that it
     // lost the lease before it fails members that were never gone.
-    if (epoch_ != 0 && absl::Now() >= next_beat) {
-      next_beat = absl::Now() + options_.lease_timeout / 4;
+    if (epoch_ != 0 && lease.BeatDue(clock()->Now())) {
       const absl::Status beat = store_->RenewLease(epoch_);
       if (absl::IsAborted(beat)) {
         MUSTER_LOG(ERROR) << "stopping: " << beat.message();
@@ -297,10 +295,10 @@ void CoordinatorServer::TickLoop() {
       }
       // The file system may come back; a standby takes over if it does not.
       if (!beat.ok()) MUSTER_LOG(WARNING) << "could not renew the lease: " << beat;
-      if (beat.ok()) renewed = absl::Now();
+      if (beat.ok()) lease.Renewed(clock()->Now());
     }
     // Not sure of the lease any more: decide nothing on time until it is.
-    if (epoch_ != 0 && absl::Now() - renewed > options_.lease_timeout) continue;
+    if (epoch_ != 0 && !lease.Sure(clock()->Now())) continue;
     coordinator_->Tick();
     if (std::string ended = coordinator_->JobEnded(); !ended.empty()) {
       {
@@ -310,9 +308,9 @@ void CoordinatorServer::TickLoop() {
       Stop(ended);
       return;
     }
-    if (absl::Now() >= next_metrics) {
+    if (clock()->Now() >= next_metrics) {
       metrics_->Update(coordinator_->Counters());
-      next_metrics = absl::Now() + absl::Seconds(1);
+      next_metrics = clock()->Now() + absl::Seconds(1);
     }
   }
 }

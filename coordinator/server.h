@@ -48,6 +48,10 @@ struct ServerOptions {
   std::string metrics_listen;
   // host:port of the status page (status_page.h); "" serves none.
   std::string http_listen;
+  // coordinator.clock also times the server: the lease's beats and the
+  // standby's wait (coordinator/lease.h), the ticker and shutdown
+  // deadlines. One clock for both, so the lease and the heartbeat expiry
+  // it guards agree on time.
   CoordinatorOptions coordinator;
   absl::Duration tick = absl::Milliseconds(20);
   // Largest request accepted.
@@ -128,8 +132,11 @@ class CoordinatorServer {
   // one more gRPC server on the same port with a new service. The servers
   // before it keep their connections, so members' sessions live on.
   absl::Status RebuildListener(absl::Duration waited);
-  // Shuts every gRPC server down by `deadline` (the watchdog stopped).
+  // Shuts every gRPC server down by `deadline`, a time of clock()->Now()
+  // (the watchdog stopped).
   void ShutDownServers(absl::Time deadline);
+  // options_.coordinator.clock.
+  Clock* clock() const { return options_.coordinator.clock; }
 
   ServerOptions options_;
   absl::Mutex ended_mu_;

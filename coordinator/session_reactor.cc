@@ -4,7 +4,6 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
 #include "common/logging.h"
 #include "coordinator/limits.h"
 #include "coordinator/proto_convert.h"
@@ -117,7 +116,7 @@ void SessionReactor::CloseSession(const std::string& why) {
 }
 
 bool SessionReactor::Handle() {
-  const absl::Time start = absl::Now();
+  const absl::Time start = coordinator_->options().clock->Now();
   if (session_ == 0 && node_.empty()) {
     if (request_.has_node_hello()) return OpenNode();
     if (!request_.has_hello()) {
@@ -159,7 +158,7 @@ void SessionReactor::Acknowledge(uint64_t generation, absl::Time start) {
   ack.mutable_ack()->set_heartbeat_interval_ms(static_cast<uint32_t>(
       absl::ToInt64Milliseconds(coordinator_->options().heartbeat_interval)));
   outbox_->Write(std::move(ack));
-  if (metrics_ != nullptr) metrics_->ObserveHeartbeat(absl::Now() - start);
+  if (metrics_ != nullptr) metrics_->ObserveHeartbeat(coordinator_->options().clock->Now() - start);
 }
 
 bool SessionReactor::OpenNode() {
@@ -241,7 +240,8 @@ void SessionReactor::Rendezvous(absl::Time start) {
   coordinator_->Rendezvous(
       ToKey(req.member()), req.after_generation(), req.step(),
       absl::Milliseconds(req.timeout_ms()),
-      [outbox = outbox_, metrics = metrics_, id = req.member().member_id(), n = call.call(),
+      [outbox = outbox_, metrics = metrics_, clock = coordinator_->options().clock,
+       id = req.member().member_id(), n = call.call(),
        start](absl::StatusOr<RendezvousResult> result) {
         v1::SessionEvent msg;
         msg.set_member_id(id);
@@ -251,7 +251,7 @@ void SessionReactor::Rendezvous(absl::Time start) {
         answer->set_message(std::string(result.status().message()));
         if (result.ok()) ToProto(*result->world, result->rank, answer->mutable_response());
         if (metrics != nullptr) {
-          metrics->ObserveRpc("NodeRendezvous", result.status().code(), absl::Now() - start);
+          metrics->ObserveRpc("NodeRendezvous", result.status().code(), clock->Now() - start);
         }
         outbox->Write(std::move(msg));
       });

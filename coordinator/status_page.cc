@@ -15,7 +15,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
-#include "absl/time/clock.h"
 #include "common/logging.h"
 #include "common/token.h"
 #include "coordinator/web/assets.h"
@@ -195,7 +194,7 @@ class StatusPageImpl final : public StatusPage, public CivetHandler {
     absl::MutexLock lock(&mu_);
     auto it = sessions_.find(id);
     if (it == sessions_.end()) return false;
-    if (absl::Now() > it->second) {
+    if (coordinator_->options().clock->Now() > it->second) {
       sessions_.erase(it);
       return false;
     }
@@ -205,7 +204,7 @@ class StatusPageImpl final : public StatusPage, public CivetHandler {
   std::string NewSession() {
     const std::string id = RandomId();
     if (id.empty()) return id;
-    const absl::Time now = absl::Now();
+    const absl::Time now = coordinator_->options().clock->Now();
     absl::MutexLock lock(&mu_);
     for (auto it = sessions_.begin(); it != sessions_.end();) {
       it = now > it->second ? sessions_.erase(it) : std::next(it);
@@ -241,7 +240,7 @@ std::string StatusJson(Coordinator* coordinator) {
   j["min_members"] = s.rules.min_members;
   j["max_members"] = s.rules.max_members;
   j["uptime_ms"] = absl::ToInt64Milliseconds(s.uptime);
-  j["now_unix_ms"] = absl::ToUnixMillis(s.now);
+  j["now_unix_ms"] = absl::ToUnixMillis(s.wall_now);
   j["committed_checkpoints"] = s.committed_checkpoints;
   j["latest_committed_step"] = s.latest_committed_step;
   nlohmann::json& members = j["members"] = nlohmann::json::array();
@@ -273,7 +272,7 @@ std::string StatusJson(Coordinator* coordinator) {
   absl::StatusOr<std::vector<JobEvent>> recent = coordinator->RecentEvents(kEvents);
   if (!recent.ok()) {
     // The page still shows the job; the missing log says why it is missing.
-    events.push_back({{"unix_ms", absl::ToUnixMillis(absl::Now())},
+    events.push_back({{"unix_ms", absl::ToUnixMillis(s.wall_now)},
                       {"kind", "error"},
                       {"detail", absl::StrCat("the event log cannot be read: ",
                                               recent.status().message())}});

@@ -88,7 +88,7 @@ struct BrokenWorldReport {
 
 // What happened to the job; kept in the event log.
 struct JobEvent {
-  absl::Time time;
+  absl::Time time;     // the wall clock's (Clock::WallNow): a record
   std::string kind;    // "join", "fail", "regroup", "leave", "checkpoint", ...
   std::string detail;  // human-readable
 };

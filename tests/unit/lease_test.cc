@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "common/fake_clock.h"
 #include "coordinator/state_store.h"
 
 namespace muster {
@@ -106,6 +107,47 @@ TEST_F(LeaseTest, AReleasedLeaseOrOnesOwnIsTakenAtOnce) {
   ASSERT_TRUE(taken.ok() && taken->has_value());
   EXPECT_EQ((*taken)->epoch, 3u);
   EXPECT_EQ(b_->RenewLease(2).code(), absl::StatusCode::kAborted);
+}
+
+// The standby times the holder's silence on its monotonic clock (the
+// server polls with Clock::Now()): a wall step forward does not cut the
+// wait short.
+TEST_F(LeaseTest, AWallStepForwardDoesNotLetTheStandbyTakeOverEarly) {
+  FakeClock clock;
+  LeaseClaim primary(a_.get(), "node0:29400", timeout_);
+  ASSERT_TRUE(primary.Poll(clock.Now())->has_value());
+  LeaseClaim standby(b_.get(), "node1:29400", timeout_);
+  EXPECT_FALSE(standby.Poll(clock.Now())->has_value());
+  clock.StepWall(absl::Hours(1));
+  clock.Advance(timeout_ - absl::Milliseconds(1));
+  EXPECT_FALSE(standby.Poll(clock.Now())->has_value()) << "taken over by the wall step";
+  clock.Advance(absl::Milliseconds(1));
+  EXPECT_TRUE(standby.Poll(clock.Now())->has_value());
+}
+
+// The holder's side: it beats every quarter of the timeout and stays sure
+// of its lease while a beat succeeded within the timeout, by its monotonic
+// clock; wall steps either way change neither.
+TEST(LeaseRenewalTest, BeatsEveryQuarterAndAWallStepNeitherExpiresNorExtendsIt) {
+  FakeClock clock;
+  const absl::Duration timeout = absl::Seconds(4);
+  LeaseRenewal lease(timeout, clock.Now());
+  EXPECT_FALSE(lease.BeatDue(clock.Now()));
+  clock.StepWall(absl::Hours(1));
+  EXPECT_FALSE(lease.BeatDue(clock.Now())) << "a wall step made a beat due";
+  EXPECT_TRUE(lease.Sure(clock.Now())) << "a wall step made the holder doubt its lease";
+  clock.Advance(absl::Seconds(1));
+  EXPECT_TRUE(lease.BeatDue(clock.Now()));
+  EXPECT_FALSE(lease.BeatDue(clock.Now())) << "due twice";
+  lease.Renewed(clock.Now());
+  // The beats fail from now on; the wall clock steps back meanwhile.
+  clock.StepWall(-absl::Hours(2));
+  clock.Advance(timeout);
+  EXPECT_TRUE(lease.Sure(clock.Now()));
+  clock.Advance(absl::Milliseconds(1));
+  EXPECT_FALSE(lease.Sure(clock.Now())) << "a wall step back kept an unrenewed lease";
+  lease.Renewed(clock.Now());
+  EXPECT_TRUE(lease.Sure(clock.Now()));
 }
 
 // A primary and its standby start together on a new state dir: both open

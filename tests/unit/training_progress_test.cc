@@ -36,5 +36,18 @@ TEST(TrainingProgressTest, StallsGrowBetweenMarksAndNotWhileBusy) {
   EXPECT_EQ(p.stalled_ms(), 0u);
 }
 
+// A stall is monotonic time: a wall clock step is neither a stall nor
+// progress.
+TEST(TrainingProgressTest, AWallClockStepDoesNotMoveTheStall) {
+  FakeClock clock;
+  TrainingProgress p(&clock);
+  p.Mark();
+  clock.Advance(absl::Milliseconds(400));
+  clock.StepWall(absl::Hours(1));
+  EXPECT_EQ(p.stalled_ms(), 400u);
+  clock.StepWall(-absl::Hours(2));
+  EXPECT_EQ(p.stalled_ms(), 400u);
+}
+
 }  // namespace
 }  // namespace muster

@@ -17,7 +17,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "absl/time/clock.h"
+#include "common/clock.h"
 #include "common/logging.h"
 #include "rpc/agent_protocol.h"
 #include "trainer/agent/node_session.h"
@@ -120,6 +120,8 @@ class AgentLoop {
   const AgentOptions& o_;
   Supervisor sup_;
   NodeSession* const session_;  // nullptr: trainers hold their own sessions
+  // Restarts and the stop grace: monotonic time.
+  Clock* const clock_ = RealClock::Get();
   std::map<pid_t, int> running_;  // pid -> slot
   absl::Time kill_at_ = absl::InfiniteFuture();
 };
@@ -127,13 +129,13 @@ class AgentLoop {
 void AgentLoop::Start(int slot) {
   const pid_t pid = StartTrainer(o_, slot, sup_.restarts(slot),
                                  session_ != nullptr ? session_->address() : std::string());
-  sup_.Started(slot, absl::Now());
+  sup_.Started(slot, clock_->Now());
   if (pid < 0) {
     // No process (fork failed: EAGAIN, ENOMEM): never keep -1 as a pid,
     // which kill() would read as "every process we may signal". It counts
     // as a trainer that ended at once, restarted with backoff.
     const int err = errno;
-    const bool restart = sup_.Ended(slot, ProcessEnd{false, kExitForkFailed}, absl::Now());
+    const bool restart = sup_.Ended(slot, ProcessEnd{false, kExitForkFailed}, clock_->Now());
     MUSTER_LOG(WARNING) << "muster-agent: node " << o_.node_id << ": trainer " << slot
                         << " not started: fork: " << std::strerror(err)
                         << (restart ? "; trying again" : "; giving up");
@@ -166,7 +168,7 @@ void AgentLoop::OnSignal(int sig) {
                      << ": forwarding to the trainers; no more restarts";
     sup_.Stop();
     Forward(sig);
-    kill_at_ = absl::Now() + o_.stop_grace;
+    kill_at_ = clock_->Now() + o_.stop_grace;
   }
 }
 
@@ -182,14 +184,14 @@ void AgentLoop::Reap() {
     ProcessEnd end{WIFSIGNALED(status),
                    WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status)};
     if (session_ != nullptr) session_->ProcessEnded(pid, end.Describe());
-    const bool restart = sup_.Ended(slot, end, absl::Now());
+    const bool restart = sup_.Ended(slot, end, clock_->Now());
     const bool gave_up = sup_.state(slot) == Supervisor::State::kGaveUp;
     LogMessage(restart || gave_up ? LogLevel::kWarning : LogLevel::kInfo, __FILE__, __LINE__)
             .stream()
         << "muster-agent: node " << o_.node_id << ": trainer " << slot << " (pid " << pid
         << ") " << end.Describe()
         << (restart   ? absl::StrCat("; restarting in ",
-                                     absl::FormatDuration(sup_.RestartAt(slot) - absl::Now()))
+                                     absl::FormatDuration(Remaining(sup_.RestartAt(slot), clock_)))
             : gave_up ? absl::StrCat("; giving up after ", sup_.restarts(slot), " restarts")
                       : std::string());
   }
@@ -199,21 +201,22 @@ int AgentLoop::Run() {
   const sigset_t handled = HandledSignals();
   for (int slot = 0; slot < slots(); ++slot) Start(slot);
   while (sup_.Active()) {
-    const absl::Time now = absl::Now();
+    const absl::Time now = clock_->Now();
     const absl::Time wake = std::min({sup_.NextRestart(), kill_at_, now + absl::Seconds(1)});
     const timespec ts = absl::ToTimespec(std::max(absl::ZeroDuration(), wake - now));
     siginfo_t info;
     const int sig = ::sigtimedwait(&handled, &info, &ts);
     if (sig == SIGTERM || sig == SIGINT || sig == SIGUSR1 || sig == SIGHUP) OnSignal(sig);
     Reap();
-    if (absl::Now() >= kill_at_ && !running_.empty()) {
+    if (clock_->Now() >= kill_at_ && !running_.empty()) {
       MUSTER_LOG(WARNING) << "muster-agent: trainers still running "
                           << absl::FormatDuration(o_.stop_grace) << " after the signal; killing";
       Forward(SIGKILL);
       kill_at_ = absl::InfiniteFuture();
     }
     for (int slot = 0; slot < slots(); ++slot) {
-      if (sup_.state(slot) == Supervisor::State::kPending && sup_.RestartAt(slot) <= absl::Now()) {
+      if (sup_.state(slot) == Supervisor::State::kPending &&
+          sup_.RestartAt(slot) <= clock_->Now()) {
         Start(slot);
       }
     }

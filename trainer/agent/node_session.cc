@@ -10,7 +10,6 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "rpc/agent_protocol.h"
@@ -58,7 +57,9 @@ NodeSessionImpl::~NodeSessionImpl() {
     if (ctx_ != nullptr) ctx_->TryCancel();
   }
   if (thread_.joinable()) thread_.join();
-  if (server_ != nullptr) server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
+  if (server_ != nullptr) {
+    server_->Shutdown(SystemDeadline(clock_->Now() + absl::Seconds(1), clock_));
+  }
   if (!socket_.empty()) ::unlink(socket_.c_str());
   if (!dir_.empty()) ::rmdir(dir_.c_str());
 }

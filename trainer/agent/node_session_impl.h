@@ -24,6 +24,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
 #include "muster/v1/coordinator.grpc.pb.h"
 #include "rpc/coordinator_channel.h"
 #include "rpc/status.h"
@@ -154,6 +155,8 @@ class NodeSessionImpl final : public NodeSession,
 
   // Constant after Init.
   const NodeSessionOptions o_;
+  // Every time kept here (beats, silence, backoff) is its monotonic Now().
+  Clock* const clock_ = RealClock::Get();
   std::string dir_, socket_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<CoordinatorChannel> coordinator_;

@@ -7,7 +7,6 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
 #include "trainer/agent/node_session_impl.h"
 #include "trainer/agent/supervisor.h"
 
@@ -148,7 +147,7 @@ void NodeSessionImpl::LocalBeat(const std::string& member, uint64_t incarnation,
       it->second.step = beat.step();
       it->second.samples = beat.samples();
       it->second.stalled_ms = beat.stalled_ms();
-      it->second.last_beat = absl::Now();
+      it->second.last_beat = clock_->Now();
     }
     ack.mutable_ack()->set_current_generation(generation_);
     ack.mutable_ack()->set_heartbeat_interval_ms(

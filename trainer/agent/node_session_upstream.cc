@@ -9,7 +9,6 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
 #include "common/backoff.h"
 #include "common/logging.h"
 #include "common/session_liveness.h"
@@ -54,7 +53,7 @@ void NodeSessionImpl::Route(v1::SessionEvent event) {
       return;
     }
     epoch_ = event.epoch();
-    last_heard_ = absl::Now();
+    last_heard_ = clock_->Now();
   }
   if (event.has_rendezvous()) {
     RelayedRendezvous* call = nullptr;
@@ -118,7 +117,7 @@ void NodeSessionImpl::ConnectLoop() {
   int quiet_failures = 0;
   absl::Time said = absl::InfinitePast();
   for (;;) {
-    const absl::Time started = absl::Now();
+    const absl::Time started = clock_->Now();
     const absl::Status ended = Connection();
     // Connection() left the link down: what went out on the ended
     // connection is dropped here once; what arrived since waits for the
@@ -157,18 +156,18 @@ void NodeSessionImpl::ConnectLoop() {
     // A trainer retries UNAVAILABLE until its own deadline.
     for (RelayedRendezvous* call : unanswered) call->Fail(why);
     if (stopping) return;
-    if (absl::Now() - started > absl::Seconds(10)) {
+    if (clock_->Now() - started > absl::Seconds(10)) {
       backoff.Reset();
       quiet_failures = 0;
       said = absl::InfinitePast();
     }
-    if (absl::Now() - said >= absl::Seconds(30)) {
+    if (clock_->Now() - said >= absl::Seconds(30)) {
       MUSTER_LOG(WARNING) << "muster-agent: node " << o_.node << ": session with "
                           << o_.coordinator << " ended (" << ended << "); reconnecting"
                           << (quiet_failures > 0
                                   ? absl::StrCat(" (", quiet_failures, " more tries failed)")
                                   : std::string());
-      said = absl::Now();
+      said = clock_->Now();
       quiet_failures = 0;
     } else {
       ++quiet_failures;
@@ -248,18 +247,20 @@ absl::Status NodeSessionImpl::Connection() {
 
 void NodeSessionImpl::WriteLoop(Upstream* stream) {
   uint64_t sequence = 0;
-  absl::Time next_beat = absl::Now();
+  absl::Time next_beat = clock_->Now();
   for (;;) {
     std::vector<v1::SessionRequest> batch;
     {
       absl::MutexLock lock(&mu_);
       auto ready = [this, &next_beat]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return !up() || !outgoing_.empty() || absl::Now() >= next_beat;
+        return !up() || !outgoing_.empty() || clock_->Now() >= next_beat;
       };
-      while (!ready()) mu_.AwaitWithDeadline(absl::Condition(&ready), next_beat);
+      while (!ready()) {
+        mu_.AwaitWithTimeout(absl::Condition(&ready), Remaining(next_beat, clock_));
+      }
       if (!up()) return;
       batch.swap(outgoing_);
-      const absl::Time now = absl::Now();
+      const absl::Time now = clock_->Now();
       // A silent coordinator is hung or cut off (common/session_liveness.h).
       if (now - last_heard_ > SilenceLimit(interval_)) {
         MUSTER_LOG(WARNING) << "muster-agent: node " << o_.node << ": no word from the "

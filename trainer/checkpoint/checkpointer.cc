@@ -12,7 +12,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/time/clock.h"
+#include "common/clock.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "trainer/checkpoint/safetensors.h"
@@ -109,10 +109,10 @@ void Checkpointer::CopyIntoArena(const FileTensors& files,
 }
 
 absl::Status Checkpointer::Snapshot(const CheckpointMeta& meta, Done done) {
-  const absl::Time asked = absl::Now();
+  const absl::Time asked = RealClock::Get()->Now();
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [this] { return !busy_; });
-  const absl::Time start = absl::Now();
+  const absl::Time start = RealClock::Get()->Now();
   backlog_seconds_ = absl::ToDoubleSeconds(start - asked);
   torch::NoGradGuard no_grad;
   FileTensors files = {
@@ -147,7 +147,7 @@ absl::Status Checkpointer::Snapshot(const CheckpointMeta& meta, Done done) {
   done_ = std::move(done);
   busy_ = true;
   has_job_ = true;
-  blocking_seconds_ = absl::ToDoubleSeconds(absl::Now() - start);
+  blocking_seconds_ = absl::ToDoubleSeconds(RealClock::Get()->Now() - start);
   cv_.notify_all();
   return absl::OkStatus();
 }
@@ -164,11 +164,11 @@ void Checkpointer::WriterLoop() {
     timing.blocking_seconds = blocking_seconds_;
     timing.backlog_seconds = backlog_seconds_;
     lock.unlock();
-    const absl::Time start = absl::Now();
+    const absl::Time start = RealClock::Get()->Now();
     timing.copy_seconds = copier_.WaitCopied();
     timing.device_bytes = copier_.device_bytes();
     absl::StatusOr<std::vector<FileReport>> files = Write(meta, &timing.bytes);
-    timing.write_seconds = absl::ToDoubleSeconds(absl::Now() - start);
+    timing.write_seconds = absl::ToDoubleSeconds(RealClock::Get()->Now() - start);
     if (!files.ok()) {
       MUSTER_LOG(WARNING) << "checkpoint of step " << meta.step << " failed: " << files.status();
       fs_->RemoveAll(StepDir(meta.step)).IgnoreError();

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/atomic_max.h"
+#include "common/clock.h"
 #include "common/logging.h"
 #include "common/session_liveness.h"
 #include "common/status_macros.h"
@@ -30,7 +31,8 @@ struct CoordinatorClient::OpenSession {
   std::unique_ptr<grpc::ClientReaderWriter<v1::SessionRequest, v1::SessionEvent>> stream;
   bool write_ok = false;  // hello went out; set before the heartbeats start
   std::atomic<bool> done{false};
-  std::atomic<int64_t> heard_ms{absl::ToUnixMillis(absl::Now())};
+  // When the stream last carried an event: monotonic ms (RealClock Now).
+  std::atomic<int64_t> heard_ms{absl::ToUnixMillis(RealClock::Get()->Now())};
   absl::Mutex write_mu;  // Write and Finish
 };
 
@@ -178,7 +180,7 @@ absl::Status CoordinatorClient::Retry(absl::Time deadline,
     if (absl::IsCancelled(s) && !stopping_) s = absl::UnavailableError(s.message());
     if (!absl::IsUnavailable(s)) return s;
     const absl::Duration wait = backoff.Next();
-    if (absl::Now() + wait >= deadline || stopping_) {
+    if (RealClock::Get()->Now() + wait >= deadline || stopping_) {
       return absl::DeadlineExceededError(
           absl::StrCat("coordinator unreachable until the deadline: ", s.message()));
     }
@@ -190,7 +192,7 @@ absl::Status CoordinatorClient::Retry(absl::Time deadline,
     impl_->Refresh();
     std::shared_ptr<grpc::Channel> channel = impl_->coordinator->get();
     if (channel->GetState(/*try_to_connect=*/true) != GRPC_CHANNEL_READY) {
-      channel->WaitForConnected(absl::ToChronoTime(absl::Now() + wait));
+      channel->WaitForConnected(SystemDeadline(RealClock::Get()->Now() + wait));
     } else {
       absl::SleepFor(wait);
     }
@@ -200,11 +202,11 @@ absl::Status CoordinatorClient::Retry(absl::Time deadline,
 #define MUSTER_CONTEXT(ctx, deadline)                                   \
   grpc::ClientContext ctx;                                              \
   AttachToken(&ctx, options_.token);                                    \
-  ctx.set_deadline(absl::ToChronoTime(deadline))
+  ctx.set_deadline(SystemDeadline(deadline))
 
 absl::Status CoordinatorClient::Join(int64_t step, absl::Time deadline) {
   return Retry(deadline, [&](absl::Time d) {
-    MUSTER_CONTEXT(ctx, std::min(d, absl::Now() + absl::Seconds(10)));
+    MUSTER_CONTEXT(ctx, std::min(d, RealClock::Get()->Now() + absl::Seconds(10)));
     v1::JoinRequest req;
     *req.mutable_member() = Ref(options_);
     req.set_node(options_.node);
@@ -261,7 +263,7 @@ void CoordinatorClient::SessionLoop(std::function<void(const SessionNotice&)> on
     // reattaches without joining again. (One that forgot it ends the
     // session with NOT_FOUND, and the member joins before the next.)
     if (impl_->agent_stub != nullptr && absl::IsUnavailable(s)) continue;
-    absl::Status rejoin = Join(step_, absl::Now() + absl::Seconds(30));
+    absl::Status rejoin = Join(step_, RealClock::Get()->Now() + absl::Seconds(30));
     if (absl::IsAborted(rejoin)) {
       SessionNotice n;
       n.kind = SessionNotice::Kind::kSessionLost;
@@ -304,7 +306,7 @@ absl::Status CoordinatorClient::RunSession(
       continue;
     }
     *heard = true;
-    session.heard_ms = absl::ToUnixMillis(absl::Now());
+    session.heard_ms = absl::ToUnixMillis(RealClock::Get()->Now());
     backoff->Reset();
     if (std::optional<SessionNotice> n = Notice(ev)) on_notice(*n);
   }
@@ -331,7 +333,8 @@ void CoordinatorClient::Heartbeats(OpenSession* session, grpc::ClientContext* ct
     if (!first) absl::SleepFor(absl::Milliseconds(heartbeat_ms_.load()));
     first = false;
     if (session->done || stopping_) break;
-    const int64_t silent = absl::ToUnixMillis(absl::Now()) - session->heard_ms.load();
+    const int64_t silent =
+        absl::ToUnixMillis(RealClock::Get()->Now()) - session->heard_ms.load();
     if (silent > absl::ToInt64Milliseconds(SilenceLimit(absl::Milliseconds(heartbeat_ms_.load())))) {
       MUSTER_LOG(WARNING) << "no word from the coordinator for " << silent << " ms; reconnecting";
       ctx->TryCancel();
@@ -385,7 +388,7 @@ absl::StatusOr<WorldInfo> CoordinatorClient::Rendezvous(uint64_t after, int64_t 
     req.set_after_generation(after);
     req.set_step(step);
     req.set_timeout_ms(static_cast<uint32_t>(
-        std::max<int64_t>(1, absl::ToInt64Milliseconds(d - absl::Now()))));
+        std::max<int64_t>(1, absl::ToInt64Milliseconds(Remaining(d)))));
     if (broken != nullptr) {
       v1::BrokenWorld* b = req.mutable_broken();
       b->set_generation(after);
@@ -410,7 +413,7 @@ absl::StatusOr<WorldInfo> CoordinatorClient::Rendezvous(uint64_t after, int64_t 
 }
 
 absl::Status CoordinatorClient::Leave(bool finished, int64_t step) {
-  return Retry(absl::Now() + absl::Seconds(10), [&](absl::Time d) {
+  return Retry(RealClock::Get()->Now() + absl::Seconds(10), [&](absl::Time d) {
     MUSTER_CONTEXT(ctx, d);
     v1::LeaveRequest req;
     *req.mutable_member() = Ref(options_);
@@ -443,7 +446,7 @@ absl::StatusOr<std::vector<std::string>> CoordinatorClient::KvWait(
     req.set_generation(generation);
     for (const std::string& k : keys) req.add_keys(k);
     req.set_wait_ms(static_cast<uint32_t>(
-        std::clamp<int64_t>(absl::ToInt64Milliseconds(d - absl::Now()), 1, 600'000)));
+        std::clamp<int64_t>(absl::ToInt64Milliseconds(Remaining(d)), 1, 600'000)));
     return FromGrpcStatus(impl_->Stub()->KvGet(&ctx, req, &resp));
   }));
   return std::vector<std::string>(resp.values().begin(), resp.values().end());
@@ -472,7 +475,7 @@ absl::Status CoordinatorClient::Barrier(uint64_t generation, const std::string& 
     *req.mutable_member() = Ref(options_);
     req.set_name(name);
     req.set_timeout_ms(static_cast<uint32_t>(
-        std::clamp<int64_t>(absl::ToInt64Milliseconds(d - absl::Now()), 1, 600'000)));
+        std::clamp<int64_t>(absl::ToInt64Milliseconds(Remaining(d)), 1, 600'000)));
     v1::BarrierResponse resp;
     return FromGrpcStatus(impl_->Stub()->Barrier(&ctx, req, &resp));
   });

@@ -2,7 +2,8 @@
 // session stream (heartbeats carrying the step, events pushed down),
 // rendezvous, leave, and the KV store and barriers of a generation.
 //
-// Every call has a deadline. Calls answered UNAVAILABLE (the coordinator is
+// Every call has a deadline, a time of RealClock::Get()->Now(): the
+// monotonic clock (common/clock.h), not the wall clock. Calls answered UNAVAILABLE (the coordinator is
 // restarting or unreachable) are retried with exponential backoff until their
 // deadline; other errors are returned as they are (see the proto for who
 // retries what). The session reconnects by itself after a coordinator

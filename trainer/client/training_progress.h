@@ -53,7 +53,9 @@ class TrainingProgress {
 
  private:
   Clock* const clock_;
-  std::atomic<int64_t> mark_ms_{0};  // Unix ms
+  // clock_->Now() (monotonic: a wall step is no stall) in ms since the
+  // Unix epoch, kept in one atomic; 0: never marked.
+  std::atomic<int64_t> mark_ms_{0};
   std::atomic<int> busy_{0};
 };
 

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/clock.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 
@@ -109,7 +110,8 @@ absl::StatusOr<std::unique_ptr<Communicator>> ReuseNodeCommunicator(KeptNodeComm
   *kept = {};
   NodeCommChoice choice = ChooseNodeComm(mine, next);
   // A shrink that hangs leaves the other half of the time to build.
-  const absl::Time shrink_by = absl::Now() + (deadline - absl::Now()) / 2;
+  Clock* const clock = RealClock::Get();
+  const absl::Time shrink_by = clock->Now() + Remaining(deadline, clock) / 2;
   if (choice.plan == NodeCommPlan::kShrink) {
     // Shrinking is collective: a rank that cannot take part says so first.
     if (absl::Status s = mine.comm->ReadyToShrink(shrink_by); !s.ok()) {

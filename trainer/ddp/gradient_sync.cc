@@ -7,7 +7,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
+#include "common/clock.h"
 #include "common/status_macros.h"
 
 namespace muster {
@@ -92,7 +92,7 @@ void GradientSync::Begin(bool sync, const std::array<float, kControlWords>& cont
   local_control_ = control;
   control_ = {};
   if (syncing_) SetControl(control);
-  deadline_ = absl::Now() + options_.timeout;
+  deadline_ = RealClock::Get()->Now() + options_.timeout;
   for (Bucket& b : buckets_) {
     b.ready = 0;
     b.launched = false;
@@ -151,12 +151,12 @@ void GradientSync::CommLoop() {
     const absl::Time deadline = deadline_;
     Bucket& b = buckets_[bucket];
     lock.unlock();
-    const absl::Time start = absl::Now();
+    const absl::Time start = RealClock::Get()->Now();
     b.filled.WaitOnCurrentStream();
     absl::Status s = comm == nullptr
                          ? absl::FailedPreconditionError("no communicator")
                          : AllReduceTensor(comm, b.buffer, ReduceOp::kAverage, deadline);
-    const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+    const double seconds = absl::ToDoubleSeconds(RealClock::Get()->Now() - start);
     lock.lock();
     comm_seconds_ += seconds;
     b.status = s;
@@ -166,7 +166,7 @@ void GradientSync::CommLoop() {
 }
 
 absl::Status GradientSync::Finish(absl::Time deadline, const std::function<void()>& turn) {
-  const absl::Time start = absl::Now();
+  const absl::Time start = RealClock::Get()->Now();
   std::unique_lock<std::mutex> lock(mu_);
   if (solo_) {
     // As Install would leave them: a parameter without a gradient this
@@ -202,7 +202,7 @@ absl::Status GradientSync::Finish(absl::Time deadline, const std::function<void(
     if (turn) turn();
   }
   stats_.comm_seconds = comm_seconds_;
-  stats_.wait_seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  stats_.wait_seconds = absl::ToDoubleSeconds(RealClock::Get()->Now() - start);
   for (const Bucket& b : buckets_) {
     if (!b.status.ok()) return b.status;
   }

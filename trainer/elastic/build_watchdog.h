@@ -9,8 +9,10 @@
 // checks every 100 ms. If the build outlives `deadline`, or 10 s past the
 // first moment `superseded()` returned true (a newer world exists), it logs
 // why and calls std::_Exit(kExitCode). `superseded` runs on that thread.
-// Time is `clock`'s (a FakeClock in tests: no test sleeps through a
-// deadline); the checks still come every 100 ms of real time.
+// Time is `clock`'s monotonic Now(), and `deadline` must be a time of that
+// same clock (a FakeClock in tests: no test sleeps through a deadline); a
+// wall clock step moves neither. The checks still come every 100 ms of real
+// time.
 #ifndef MUSTER_TRAINER_ELASTIC_BUILD_WATCHDOG_H_
 #define MUSTER_TRAINER_ELASTIC_BUILD_WATCHDOG_H_
 

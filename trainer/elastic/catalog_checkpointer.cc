@@ -4,7 +4,6 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 
@@ -13,11 +12,16 @@ namespace {
 
 constexpr absl::Duration kCallTimeout = absl::Seconds(30);
 
+// A CoordinatorClient call's deadline, `timeout` from now on the client's
+// clock (RealClock's monotonic time; options.clock times only the
+// checkpoint interval).
+absl::Time CallDeadline(absl::Duration timeout) { return RealClock::Get()->Now() + timeout; }
+
 // Removes the step-<S> directories of checkpoints older than `at_step` that
 // the catalog no longer keeps.
 void ApplyRetention(CoordinatorClient* client, FileSystem* fs, const std::string& dir,
                     int64_t at_step) {
-  auto kept = client->ListCommitted(absl::Now() + kCallTimeout);
+  auto kept = client->ListCommitted(CallDeadline(kCallTimeout));
   auto names = fs->ListDir(dir);
   if (!kept.ok() || !names.ok()) {
     MUSTER_LOG(WARNING) << "retention skipped: " << (kept.ok() ? names.status() : kept.status());
@@ -43,7 +47,7 @@ CatalogCheckpointer::CatalogCheckpointer(CatalogCheckpointerOptions options, Tra
 
 absl::StatusOr<CheckpointMeta> CatalogCheckpointer::Resume(CoordinatorClient* client) {
   MUSTER_ASSIGN_OR_RETURN(std::vector<CatalogEntry> committed,
-                          client->ListCommitted(absl::Now() + absl::Seconds(60)));
+                          client->ListCommitted(CallDeadline(absl::Seconds(60))));
   for (const CatalogEntry& entry : committed) {
     std::vector<FileReport> files;
     for (const CatalogFile& f : entry.files) files.push_back({f.path, f.bytes, f.xxh3});
@@ -96,21 +100,21 @@ absl::Status CatalogCheckpointer::Take(CoordinatorClient* client, int rank, Chec
   outcome_->Set(absl::OkStatus());
   const int64_t step = meta.step;
   absl::StatusOr<uint64_t> id =
-      client->BeginCheckpoint(meta.generation, step, absl::Now() + call_timeout);
+      client->BeginCheckpoint(meta.generation, step, CallDeadline(call_timeout));
   if (absl::IsAlreadyExists(id.status())) {  // committed before (a stop right after a resume)
     outcome_->Committed(step);
     return absl::OkStatus();
   }
   absl::Status s = id.status();
   if (s.ok() && rank != 0) {
-    absl::StatusOr<bool> done = client->ReportShard(*id, {}, absl::Now() + call_timeout);
+    absl::StatusOr<bool> done = client->ReportShard(*id, {}, CallDeadline(call_timeout));
     if (done.ok() && *done) outcome_->Committed(step);
     s = done.status();
   }
   if (s.ok() && rank == 0) {
     s = Write(client, *id, std::move(meta), call_timeout);
     if (!s.ok()) {
-      client->AbortCheckpoint(*id, std::string(s.message()), absl::Now() + call_timeout)
+      client->AbortCheckpoint(*id, std::string(s.message()), CallDeadline(call_timeout))
           .IgnoreError();
     }
   }
@@ -132,7 +136,7 @@ absl::Status CatalogCheckpointer::Write(CoordinatorClient* client, uint64_t id,
                 absl::StatusOr<std::vector<FileReport>> files, CheckpointTiming timing) {
         if (!files.ok()) {
           client->AbortCheckpoint(id, std::string(files.status().message()),
-                                  absl::Now() + call_timeout).IgnoreError();
+                                  CallDeadline(call_timeout)).IgnoreError();
           outcome->Set(absl::Status(files.status().code(),
                                     absl::StrCat("checkpoint of step ", step, " not written: ",
                                                  files.status().message())));
@@ -140,7 +144,7 @@ absl::Status CatalogCheckpointer::Write(CoordinatorClient* client, uint64_t id,
         }
         std::vector<CatalogFile> report;
         for (const FileReport& f : *files) report.push_back({f.path, f.bytes, f.xxh3});
-        absl::StatusOr<bool> done = client->ReportShard(id, report, absl::Now() + call_timeout);
+        absl::StatusOr<bool> done = client->ReportShard(id, report, CallDeadline(call_timeout));
         if (!done.ok()) {
           MUSTER_LOG(WARNING) << "checkpoint of step " << step << " not reported: " << done.status();
           outcome->Set(absl::Status(done.status().code(),

@@ -41,7 +41,9 @@ struct CatalogCheckpointerOptions {
   double interval_seconds = 0;    // 0: not by time
   std::string model_name, optimizer_name;  // recorded in the manifest
   FileSystem* fs = nullptr;       // default: the real file system
-  Clock* clock = nullptr;         // default: the real clock (interval_seconds)
+  // Times interval_seconds (monotonic Now()); default: the real clock.
+  // Coordinator calls keep the client's own clock (RealClock).
+  Clock* clock = nullptr;
 };
 
 class CatalogCheckpointer {

@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
+#include "common/clock.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "trainer/client/coordinator_store.h"
@@ -35,7 +35,7 @@ absl::Status ElasticWorld::Join(uint64_t incarnation) {
   co.incarnation = incarnation;
   co.progress = &progress_;
   MUSTER_ASSIGN_OR_RETURN(client_, CoordinatorClient::Create(co));
-  MUSTER_RETURN_IF_ERROR(client_->Join(0, absl::Now() + options_.join_timeout));
+  MUSTER_RETURN_IF_ERROR(client_->Join(0, RealClock::Get()->Now() + options_.join_timeout));
   return client_->StartSession([this](const SessionNotice& n) { OnNotice(n); });
 }
 
@@ -67,11 +67,15 @@ absl::Status ElasticWorld::Enter(const EnterFn& enter) {
     // middle of it, and nothing can wake it. Rather than hang, this trainer
     // gives up as a process: its agent restarts it and it takes a live
     // peer's state (crash-only). Bound: the build's deadline, or 10 s after
-    // a newer world is known.
-    const absl::Time deadline = absl::Now() + options_.build_timeout;
-    BuildWatchdog watchdog(deadline + absl::Seconds(5), [this, generation = world_.generation] {
-      return client_->latest_generation() > generation;
-    });
+    // a newer world is known; the deadline and the watchdog share a clock.
+    Clock* const clock = RealClock::Get();
+    const absl::Time deadline = clock->Now() + options_.build_timeout;
+    BuildWatchdog watchdog(
+        deadline + absl::Seconds(5),
+        [this, generation = world_.generation] {
+          return client_->latest_generation() > generation;
+        },
+        /*superseded_grace=*/absl::Seconds(10), clock);
     CommOptions comm_options = options_.comm;
     comm_options.gloo.observed_host = client_->observed_host();
     MUSTER_ASSIGN_OR_RETURN(
@@ -88,10 +92,10 @@ absl::Status ElasticWorld::Enter(const EnterFn& enter) {
 
 absl::StatusOr<WorldInfo> ElasticWorld::AwaitWorld(uint64_t after, int64_t step, bool as_spare,
                                                     const BrokenWorld* broken) {
-  const absl::Time give_up = absl::Now() + options_.rendezvous_timeout;
+  const absl::Time give_up = RealClock::Get()->Now() + options_.rendezvous_timeout;
   for (;;) {
     // Past give_up only a spare waits on, a full poll at a time.
-    const absl::Time now = absl::Now();
+    const absl::Time now = RealClock::Get()->Now();
     const absl::Time slice = now < give_up ? std::min(give_up, now + options_.spare_poll)
                                            : now + options_.spare_poll;
     // Every renewal carries the report: after a failover it reaches the
@@ -102,7 +106,7 @@ absl::StatusOr<WorldInfo> ElasticWorld::AwaitWorld(uint64_t after, int64_t step,
       return absl::CancelledError("a stop or leave signal while waiting for a world");
     }
     const bool spare = as_spare && client_->latest_generation() > 0;
-    if (!spare && absl::Now() >= give_up) return w;
+    if (!spare && RealClock::Get()->Now() >= give_up) return w;
   }
 }
 
@@ -154,7 +158,7 @@ absl::StatusOr<WorldInfo> ElasticWorld::NextWorld(int64_t step,
 absl::Status ElasticWorld::Regroup(const std::string& why, int64_t step, const EnterFn& enter,
                                    const std::function<void()>& before_rejoin,
                                    const BrokenWorld* broken) {
-  const absl::Time start = absl::Now();
+  const absl::Time start = RealClock::Get()->Now();
   BrokenWorld failed_entry;
   for (;;) {
     Detach();
@@ -186,7 +190,8 @@ absl::Status ElasticWorld::Regroup(const std::string& why, int64_t step, const E
   ++regroups_;
   MUSTER_LOG(WARNING) << "regrouped into generation " << world_.generation << " (world "
                       << world_.world_size << ", rank " << world_.rank << ", step " << step
-                      << ") after " << why << " in " << absl::FormatDuration(absl::Now() - start);
+                      << ") after " << why << " in "
+                      << absl::FormatDuration(RealClock::Get()->Now() - start);
   return absl::OkStatus();
 }
 

@@ -5,10 +5,10 @@
 #include <cerrno>
 #include <cmath>
 #include <cstring>
-#include <ctime>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/clock.h"
 #include "common/host_name.h"
 
 namespace muster {
@@ -73,14 +73,16 @@ uint32_t Crc32c(const void* data, size_t n) {
 }
 
 absl::StatusOr<std::unique_ptr<EventWriter>> EventWriter::Create(const std::string& dir) {
+  // The file name and the header carry the wall clock's time (records).
+  const absl::Time wall = RealClock::Get()->WallNow();
   const std::string path =
-      absl::StrCat(dir, "/events.out.tfevents.", std::time(nullptr), ".", HostName());
+      absl::StrCat(dir, "/events.out.tfevents.", absl::ToUnixSeconds(wall), ".", HostName());
   std::FILE* f = std::fopen(path.c_str(), "wb");
   if (f == nullptr) {
     return absl::UnavailableError(absl::StrCat("cannot create ", path, ": ", std::strerror(errno)));
   }
   std::unique_ptr<EventWriter> w(new EventWriter(f, path));
-  std::string e = EventHeader(static_cast<double>(std::time(nullptr)), 0);
+  std::string e = EventHeader(absl::ToUnixMicros(wall) / 1e6, 0);
   Bytes(&e, 3, "brain.Event:2");
   w->WriteRecord(e);
   return w;

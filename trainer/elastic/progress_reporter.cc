@@ -8,7 +8,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "absl/time/clock.h"
 #include "common/status_macros.h"
 
 namespace muster {
@@ -19,7 +18,8 @@ std::string FormatEta(double seconds) {
   return absl::StrFormat("%d:%02d", s / 60, s % 60);
 }
 
-double Now() { return absl::ToUnixMicros(absl::Now()) / 1e6; }
+// The records' wall_time: seconds since the Unix epoch, wall clock.
+double WallSeconds() { return absl::ToUnixMicros(RealClock::Get()->WallNow()) / 1e6; }
 
 }  // namespace
 
@@ -55,7 +55,7 @@ void ProgressReporter::RecordLoss(double loss) {
 void ProgressReporter::StepDone(const Progress& p, const std::vector<double>& lrs) {
   interval_samples_ += p.global_batch;
   if (p.step % options_.log_every != 0 && p.step != p.total_steps) return;
-  const double secs = absl::ToDoubleSeconds(absl::Now() - interval_start_);
+  const double secs = absl::ToDoubleSeconds(RealClock::Get()->Now() - interval_start_);
   const double sps = interval_samples_ / std::max(secs, 1e-9);
   const double mean_loss = loss_sum_ / std::max<int64_t>(1, loss_count_);
   const double eta = (p.total_steps - p.step) * p.global_batch / std::max(sps, 1e-9);
@@ -71,7 +71,7 @@ void ProgressReporter::StepDone(const Progress& p, const std::vector<double>& lr
                                  FormatEta(eta))
               << std::endl;
   }
-  const double now = Now();
+  const double now = WallSeconds();
   if (jsonl_) {
     std::map<std::string, double> values = {{"loss", mean_loss}, {"samples_per_s", sps},
                                             {"epoch", static_cast<double>(p.epoch)},
@@ -88,14 +88,14 @@ void ProgressReporter::StepDone(const Progress& p, const std::vector<double>& lr
     events_->Scalar("train/samples_per_s", static_cast<float>(sps), p.step, now);
     events_->Flush();
   }
-  interval_start_ = absl::Now();
+  interval_start_ = RealClock::Get()->Now();
   interval_samples_ = 0;
   loss_sum_ = 0;
   loss_count_ = 0;
 }
 
 void ProgressReporter::Scalars(int64_t step, const std::map<std::string, double>& values) {
-  const double now = Now();
+  const double now = WallSeconds();
   if (jsonl_) jsonl_->Write(step, now, values);
   if (events_) {
     for (const auto& [name, v] : values) events_->Scalar(name, static_cast<float>(v), step, now);

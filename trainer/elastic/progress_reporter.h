@@ -2,7 +2,9 @@
 // every `log_every` steps (step, epoch, loss, learning rate, samples/s,
 // ETA), the same figures in JSON lines (LOG_DIR/metrics.jsonl) and
 // TensorBoard event files (LOG_DIR/events.out.tfevents.*), and a line for
-// every world entered. Other ranks keep only the loss average.
+// every world entered. Other ranks keep only the loss average. The files'
+// wall_time is the wall clock's (a record); rates and the ETA are timed on
+// the monotonic clock.
 //
 // Thread-safety: training thread only.
 #ifndef MUSTER_TRAINER_ELASTIC_PROGRESS_REPORTER_H_
@@ -15,6 +17,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
 #include "muster/options.h"
 #include "trainer/elastic/event_writer.h"
 
@@ -50,7 +53,8 @@ class ProgressReporter {
   const ProgressOptions options_;
   std::unique_ptr<JsonLinesWriter> jsonl_;
   std::unique_ptr<EventWriter> events_;
-  absl::Time interval_start_ = absl::Now();
+  // Samples per second and the ETA: monotonic time.
+  absl::Time interval_start_ = RealClock::Get()->Now();
   int64_t interval_samples_ = 0;
   double loss_sum_ = 0, last_loss_ = 0;
   int64_t loss_count_ = 0;

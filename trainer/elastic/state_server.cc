@@ -11,7 +11,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
+#include "common/clock.h"
 #include "common/logging.h"
 #include "muster/v1/state.grpc.pb.h"
 #include "rpc/credentials.h"
@@ -22,7 +22,7 @@ namespace {
 
 constexpr size_t kChunkBytes = size_t{1} << 20;
 constexpr int64_t kNobody = std::numeric_limits<int64_t>::max();
-constexpr std::chrono::milliseconds kCancelPoll(50);
+constexpr absl::Duration kCancelPoll = absl::Milliseconds(50);
 
 struct Snapshot {
   int64_t step = -1;
@@ -76,7 +76,7 @@ class StateServerImpl final : public StateServer, public v1::State::Service {
       shut_down_ = true;
     }
     cv_.notify_all();
-    if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    if (server_) server_->Shutdown(SystemDeadline(RealClock::Get()->Now() + absl::Seconds(2)));
   }
 
   grpc::Status PullState(grpc::ServerContext* ctx, const v1::PullStateRequest* req,
@@ -98,16 +98,17 @@ class StateServerImpl final : public StateServer, public v1::State::Service {
       const int64_t want = std::max(req->at_step(), after + 1);
       auto it = waiting_.insert(want);
       UpdateEarliest();
-      const auto deadline = absl::ToChronoTime(absl::Now() + wait);
+      const absl::Time deadline = RealClock::Get()->Now() + wait;
       auto ready = [&] {
         return shut_down_ || ctx->IsCancelled() || (latest_ && latest_->step >= want);
       };
       // Nothing notifies cv_ when the caller goes away (it cancels, or its
       // deadline passes), so look again every kCancelPoll: a call nobody
       // waits for must not hold its thread, and keep Wanted() true, until
-      // `wait` ends (up to 49 days).
-      while (!ready() && std::chrono::system_clock::now() < deadline) {
-        cv_.wait_until(lock, std::min(deadline, std::chrono::system_clock::now() + kCancelPoll));
+      // `wait` ends (up to 49 days). Monotonic: a wall step changes no wait.
+      for (absl::Duration left = Remaining(deadline); !ready() && left > absl::ZeroDuration();
+           left = Remaining(deadline)) {
+        cv_.wait_for(lock, absl::ToChronoNanoseconds(std::min(left, kCancelPoll)));
       }
       waiting_.erase(it);
       UpdateEarliest();

@@ -11,7 +11,7 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
+#include "common/clock.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "muster/muster.h"
@@ -36,6 +36,10 @@
 
 namespace muster {
 namespace {
+
+// `d` from now on the monotonic clock: a deadline for the communicator and
+// the coordinator client.
+absl::Time FromNow(absl::Duration d) { return RealClock::Get()->Now() + d; }
 
 class Engine : public Distributed {
  public:
@@ -276,7 +280,7 @@ absl::Status Engine::EnterWorld(Communicator* comm, const WorldInfo& world) {
   if (lr_world_ == 0 || scale) lr_world_ = world.world_size;
   std::vector<int64_t> counters = Counters();
   MUSTER_RETURN_IF_ERROR(SyncStateFrom(world.state_source_rank, comm, state_, &counters,
-                                       absl::Now() + deadline_.Long()));
+                                       FromNow(deadline_.Long())));
   SetCounters(counters);
   if (scale) lr_world_ = world.world_size;
   sync_->SetCommunicator(comm);
@@ -296,7 +300,7 @@ absl::Status Engine::Salvage(Communicator* comm, const WorldInfo& world) {
   claim.world = pending_.world;
   claim.rank = pending_.rank;
   claim.in_step = in_step;
-  const absl::Time deadline = absl::Now() + deadline_.Long();
+  const absl::Time deadline = FromNow(deadline_.Long());
   MUSTER_ASSIGN_OR_RETURN(SalvagePlan plan, AgreeOnSalvage(claim, comm, deadline));
   if (!plan.salvage()) return absl::OkStatus();
   const ControlWords words = CurrentControl();
@@ -327,7 +331,7 @@ absl::Status Engine::Salvage(Communicator* comm, const WorldInfo& world) {
 absl::Status Engine::CatchUp(int source) {
   std::vector<int64_t> counters = Counters();
   MUSTER_RETURN_IF_ERROR(
-      SyncStateFrom(source, world_->comm(), state_, &counters, absl::Now() + deadline_.Long()));
+      SyncStateFrom(source, world_->comm(), state_, &counters, FromNow(deadline_.Long())));
   SetCounters(counters);
   world_->client()->SetStep(step_, at_.offset);
   return absl::OkStatus();
@@ -476,9 +480,9 @@ absl::Status Engine::AfterBackward() {
   // The optimizer update that follows must not change what a checkpoint's
   // copies still read (on the GPU they run beside training).
   if (checkpointer_) checkpointer_->BeforeUpdate();
-  const absl::Time backward_end = absl::Now();
+  const absl::Time backward_end = RealClock::Get()->Now();
   absl::Status s =
-      sync_->Finish(absl::Now() + deadline_.Current(), [progress] { progress->Mark(); });
+      sync_->Finish(FromNow(deadline_.Current()), [progress] { progress->Mark(); });
   TrainingProgress::Busy busy(progress);  // a broadcast, a regroup
   if (s.ok()) s = BroadcastBuffers();
   if (!s.ok()) {
@@ -505,14 +509,15 @@ absl::Status Engine::AfterBackward() {
   }
   const double comm_s = sync_->last_stats().comm_seconds;
   comm_total_ += comm_s;
-  hidden_total_ += std::max(0.0, comm_s - absl::ToDoubleSeconds(absl::Now() - backward_end));
+  const double since_backward = absl::ToDoubleSeconds(RealClock::Get()->Now() - backward_end);
+  hidden_total_ += std::max(0.0, comm_s - since_backward);
   decision_ = DecideAfterStep(sync_->control(), world_->world().world_size, sent_,
                               world_->told_to_leave());
   ++step_;
   at_ = sampler_.Advance(at_, batch_, world_->world().world_size, options_.batch_per_rank, {});
   world_->client()->SetStep(step_, at_.offset);
   MUSTER_RETURN_IF_ERROR(life_.Reduced());
-  const absl::Time now = absl::Now();
+  const absl::Time now = RealClock::Get()->Now();
   if (deadline_.TakeTiming()) deadline_.StepTook(now - last_commit_);
   last_commit_ = now;
   return absl::OkStatus();
@@ -526,7 +531,7 @@ absl::Status Engine::BroadcastBuffers() {
   if (!options_.broadcast_buffers) return absl::OkStatus();
   const std::vector<torch::Tensor> buffers = state_.model->buffers();
   if (buffers.empty()) return absl::OkStatus();
-  return BroadcastTensors(buffers, world_->comm(), 0, absl::Now() + deadline_.Current());
+  return BroadcastTensors(buffers, world_->comm(), 0, FromNow(deadline_.Current()));
 }
 
 // What a checkpoint after the last committed step records.
@@ -572,7 +577,7 @@ absl::StatusOr<bool> Engine::CheckpointToStop() {
     // the ranks sum their failures, which is also a barrier.
     int64_t failed = s.ok() ? 0 : 1;
     MUSTER_RETURN_IF_ERROR(AllReduceValues(world_->comm(), &failed, 1, DataType::kInt64,
-                                           ReduceOp::kSum, absl::Now() + deadline_.Long()));
+                                           ReduceOp::kSum, FromNow(deadline_.Long())));
     if (failed == 0) return true;
     MUSTER_LOG(WARNING) << "the checkpoint to stop at step " << step_ << " did not commit (try "
                         << attempt << " of " << kAttempts << "): "
@@ -587,7 +592,7 @@ absl::StatusOr<bool> Engine::CheckpointToStop() {
 int64_t Engine::NewestCommitted() const {
   if (!checkpointer_) return 0;
   absl::StatusOr<std::vector<CatalogEntry>> committed =
-      world_->client()->ListCommitted(absl::Now() + absl::Seconds(5));
+      world_->client()->ListCommitted(FromNow(absl::Seconds(5)));
   if (committed.ok()) return committed->empty() ? 0 : committed->front().step;
   return std::max<int64_t>(0, checkpointer_->newest_committed());
 }
@@ -672,7 +677,7 @@ absl::StatusOr<std::vector<double>> Engine::AllReduceSum(std::vector<double> val
   // of their own, so the long deadline, not the step's.
   absl::Status s = AllReduceValues(world_->comm(), values.data(), values.size(),
                                    DataType::kFloat64, ReduceOp::kSum,
-                                   absl::Now() + deadline_.Long());
+                                   FromNow(deadline_.Long()));
   if (s.ok()) return values;
   if (absl::Status r = Regroup(std::string(s.message()), /*broken=*/true); !r.ok()) {
     life_.Break(r);

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "common/clock.h"
 #include "common/status_macros.h"
 #include "muster/muster.h"
 #include "trainer/data/dataset.h"
@@ -147,11 +148,11 @@ absl::Status TrainLoop(const TrainOptions& o, Net& model, torch::optim::Optimize
   while (true) {
     // With time_steps: everything but loading the batch, the library's work
     // at the step boundary included.
-    absl::Time started = absl::Now();
+    absl::Time started = RealClock::Get()->Now();
     if (dist.ShouldStop()) break;
-    const absl::Time loading = absl::Now();
+    const absl::Time loading = RealClock::Get()->Now();
     auto [x, y] = Batch(train, dist.Batch(), device);
-    started += absl::Now() - loading;
+    started += RealClock::Get()->Now() - loading;
     torch::Tensor loss = torch::cross_entropy_loss(model.forward(x), y);
     optimizer.zero_grad();
     dist.BeforeBackward();
@@ -165,7 +166,7 @@ absl::Status TrainLoop(const TrainOptions& o, Net& model, torch::optim::Optimize
     if (o.time_steps) {
       // The step's GPU work included, as a PyTorch loop timed the same way.
       if (device.is_cuda()) torch::cuda::synchronize(device.index());
-      step_ms->push_back(absl::ToDoubleMilliseconds(absl::Now() - started));
+      step_ms->push_back(absl::ToDoubleMilliseconds(RealClock::Get()->Now() - started));
     }
     dist.RecordLoss(loss.item<double>());
     if (o.eval_every > 0 && dist.step() % o.eval_every == 0 &&
@@ -228,12 +229,12 @@ absl::StatusOr<TrainResult> RunTraining(const TrainOptions& o) {
   state.optimizer = optimizer.get();
   MUSTER_ASSIGN_OR_RETURN(std::unique_ptr<Distributed> dist,
                           Distributed::Start(LibraryOptions(o, train->size()), state));
-  const absl::Time start = absl::Now();
+  const absl::Time start = RealClock::Get()->Now();
   const int64_t first_step = dist->step();
   std::vector<double> step_ms;
   MUSTER_RETURN_IF_ERROR(
       TrainLoop(o, *model, *optimizer, *train, *test, *dist, device, &step_ms));
-  const double elapsed = absl::ToDoubleSeconds(absl::Now() - start);
+  const double elapsed = absl::ToDoubleSeconds(RealClock::Get()->Now() - start);
   TrainResult result;
   if (dist->finished()) {
     MUSTER_ASSIGN_OR_RETURN(Evaluation ev,

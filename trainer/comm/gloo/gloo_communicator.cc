@@ -21,7 +21,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "absl/time/clock.h"
+#include "common/clock.h"
 #include "common/host_name.h"
 #include "common/logging.h"
 #include "trainer/comm/gloo/gloo_address.h"
@@ -38,7 +38,7 @@ constexpr size_t kSegmentBytes = 4 << 20;
 // Gloo's own timeout for one operation: until the caller's deadline (at
 // least 10 ms so Gloo does not treat it as "no timeout").
 std::chrono::milliseconds Until(absl::Time deadline) {
-  const int64_t ms = absl::ToInt64Milliseconds(deadline - absl::Now());
+  const int64_t ms = absl::ToInt64Milliseconds(Remaining(deadline));
   // Bounded above too: Gloo adds it to "now" and must not overflow.
   return std::chrono::milliseconds(std::clamp<int64_t>(ms, 10, int64_t{24} * 3600 * 1000));
 }
@@ -270,7 +270,7 @@ class GlooCommunicator : public Communicator {
     auto finished = [w]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(w->mu) {
       return w->done || !w->broken.ok();
     };
-    w->mu.AwaitWithDeadline(absl::Condition(&finished), deadline);
+    w->mu.AwaitWithTimeout(absl::Condition(&finished), Remaining(deadline));
     if (w->done) {
       if (!w->result.ok()) w->broken = w->result;
       return w->result;

@@ -5,7 +5,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
+#include "common/clock.h"
 
 namespace muster {
 namespace {
@@ -35,7 +35,7 @@ void GlooStore::wait(const std::vector<std::string>& keys) {
 
 void GlooStore::wait(const std::vector<std::string>& keys,
                      const std::chrono::milliseconds& timeout) {
-  const absl::Time d = std::min(deadline_, absl::Now() + absl::FromChrono(timeout));
+  const absl::Time d = std::min(deadline_, RealClock::Get()->Now() + absl::FromChrono(timeout));
   auto values = store_->Wait(keys, d);
   if (!values.ok()) Throw(values.status());
 }

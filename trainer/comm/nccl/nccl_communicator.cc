@@ -12,7 +12,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
+#include "common/clock.h"
 #include "common/status_macros.h"
 
 namespace muster {
@@ -95,7 +95,7 @@ absl::Status AwaitReady(ncclComm_t comm, ncclResult_t r, const char* what, absl:
       r = state;
       break;
     }
-    if (absl::Now() >= deadline) {
+    if (RealClock::Get()->Now() >= deadline) {
       ncclCommAbort(comm);
       return absl::DeadlineExceededError(absl::StrCat(what, " did not complete before the deadline"));
     }
@@ -280,7 +280,7 @@ class NcclCommunicator : public Communicator {
     ncclCommGetAsyncError(comm_, &async);
     if (async != ncclSuccess && async != ncclInProgress) return Break(NcclError("nccl", async));
     if (abort_requested_) return Break(BrokenStatus());
-    if (absl::Now() >= deadline) {
+    if (RealClock::Get()->Now() >= deadline) {
       return Break(absl::DeadlineExceededError("nccl collective passed its deadline"));
     }
     return absl::OkStatus();
@@ -366,7 +366,7 @@ absl::Status NcclCommunicator::ReadyToShrink(absl::Time deadline) {
       broken_ = true;  // aborted, not destroyed, when it is dropped
       return NcclError("the NCCL communicator to shrink", state);
     }
-    if (absl::Now() >= deadline) {
+    if (RealClock::Get()->Now() >= deadline) {
       broken_ = true;
       return absl::DeadlineExceededError("the revoked NCCL communicator did not quiesce");
     }
@@ -405,7 +405,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> NcclCommunicator::Shrink(
       r = state;
       break;
     }
-    if (absl::Now() >= deadline) {
+    if (RealClock::Get()->Now() >= deadline) {
       r = ncclInProgress;
       break;
     }

@@ -18,7 +18,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/time/clock.h"
+#include "common/clock.h"
 #include "common/logging.h"
 #include "trainer/comm/reduce.h"
 #include "trainer/comm/shm/shm_segment.h"
@@ -162,7 +162,7 @@ absl::Status ShmCommunicator::Arrive(absl::Time deadline) {
     // 2 ms to look at the deadline, the abort flag and the peers.
     FutexWait(&h->epoch, epoch, 2000);
     if ((i & 7) != 0) continue;
-    if (absl::Now() >= deadline) {
+    if (RealClock::Get()->Now() >= deadline) {
       Abort(absl::DeadlineExceededError("deadline passed in a shared memory barrier"));
       return absl::DeadlineExceededError(
           "shared memory barrier timed out waiting for local ranks");

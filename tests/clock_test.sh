@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Time goes through common/clock.h (docs/coordinator.md, "Time: two clocks"):
+# durations and deadlines on Clock::Now() (monotonic), records on
+# Clock::WallNow(). No source reads the wall clock itself, except
+# common/clock.cc (RealClock) and common/logging.cc (the log lines' stamps),
+# nor hands an absl::Time to a call that compares it with the wall clock
+# (absl's ...WithDeadline, absl::ToChronoTime); what follows // on a line is
+# not checked. Exits 1 naming each one and what to use instead.
+#   clock_test.sh SOURCE_DIR
+set -uo pipefail
+src=$1
+cd "$src" || exit 1
+reads='absl::Now[(][)]|system_clock::now|std::time[(]|time[(](nullptr|NULL)[)]|gettimeofday'
+reads+='|CLOCK_REALTIME|WithDeadline[(]|ToChronoTime[(]'
+# Prints FILE:LINE and a hint for each wall clock read in the files named.
+scan() {
+  awk -v re="$reads" '
+    FNR == 1 { file = FILENAME }
+    {
+      code = $0
+      sub(/\/\/.*/, "", code)
+      if (code !~ re) next
+      hint = "Clock::Now() for a duration or deadline, Clock::WallNow() for a record"
+      if (code ~ /system_clock::now|ToChronoTime/) {
+        hint = "SystemDeadline(deadline, clock) where an API takes a wall time point"
+      }
+      if (code ~ /WithDeadline/) {
+        hint = "the ...WithTimeout call with Remaining(deadline, clock)"
+      }
+      printf "%s:%d: wall clock; use %s (the injected Clock, else " \
+             "RealClock::Get(); common/clock.h)\n", file, FNR, hint
+    }' "$@"
+}
+files=$(find common rpc coordinator cli trainer include -type f \
+          \( -name '*.h' -o -name '*.cc' -o -name '*.cu' \) 2>/dev/null |
+        grep -vxE 'common/clock\.cc|common/logging\.cc' | sort)
+if [[ -z $files ]]; then
+  echo "no sources under $src: is it the source tree?"
+  exit 1
+fi
+# Sanity: RealClock reads the wall clock, so the pattern must find it there.
+if [[ -z $(scan common/clock.cc 2>/dev/null) ]]; then
+  echo "the pattern finds no wall clock read in common/clock.cc: is the check broken?"
+  exit 1
+fi
+# shellcheck disable=SC2086  # project paths hold no blanks
+found=$(scan $files)
+if [[ -n $found ]]; then
+  echo "$found"
+  exit 1
+fi
