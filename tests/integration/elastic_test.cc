@@ -16,6 +16,7 @@
 #include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/civil_time.h"
 #include "absl/time/clock.h"
 #include "tests/integration/subprocess.h"
 #include "trainer/checkpoint/safetensors.h"
@@ -39,13 +40,16 @@ class ElasticTest : public ::testing::Test {
   }
   // Without a state dir: a restarted coordinator knows no member.
   void StartCoordinator() {
-    coordinator_ = SpawnLogged({kBin + "/muster-coordinator", "--listen=" + target_, Auth(),
-                                absl::StrCat("--min-members=", MinMembers()),
-                                absl::StrCat("--max-members=", MaxMembers()),
-                                "--last-call=200ms",
-                                "--heartbeat-interval=200ms", "--heartbeat-timeout=2s",
-                                "--keep-last=0"},
-                               dir_ + "/coordinator.log");
+    std::vector<std::string> argv = CoordinatorPrefix();
+    for (std::string arg :
+         {kBin + "/muster-coordinator", "--listen=" + target_, Auth(),
+          absl::StrCat("--min-members=", MinMembers()),
+          absl::StrCat("--max-members=", MaxMembers()), std::string("--last-call=200ms"),
+          std::string("--heartbeat-interval=200ms"), std::string("--heartbeat-timeout=2s"),
+          std::string("--keep-last=0")}) {
+      argv.push_back(std::move(arg));
+    }
+    coordinator_ = SpawnLogged(argv, dir_ + "/coordinator.log");
   }
   void TearDown() override {
     if (coordinator_ > 0) {
@@ -57,6 +61,12 @@ class ElasticTest : public ::testing::Test {
   // `extra`: more flags (a flag given twice takes the last value).
   pid_t Trainer(int local, const std::string& tag, const std::string& node = "n",
                 const std::string& backend = "auto", const std::vector<std::string>& extra = {}) {
+    return SpawnLogged(TrainerArgv(local, tag, node, backend, extra),
+                       absl::StrCat(dir_, "/", tag, ".log"));
+  }
+  std::vector<std::string> TrainerArgv(int local, const std::string& tag, const std::string& node,
+                                       const std::string& backend,
+                                       const std::vector<std::string>& extra) {
     std::vector<std::string> argv = {
         kBin + "/muster-train", "--coordinator=" + target_, "--node-id=" + node,
         absl::StrCat("--local-rank=", local), "--model=mlp", "--steps=250", "--batch-size=32",
@@ -64,7 +74,7 @@ class ElasticTest : public ::testing::Test {
         absl::StrCat("--job=el", ::getpid()),
         absl::StrCat("--summary-json=", dir_, "/", tag, ".json")};
     argv.insert(argv.end(), extra.begin(), extra.end());
-    return SpawnLogged(argv, absl::StrCat(dir_, "/", tag, ".log"));
+    return argv;
   }
 
   bool WaitForLine(const std::string& tag, const std::string& text, absl::Duration timeout) {
@@ -86,6 +96,8 @@ class ElasticTest : public ::testing::Test {
     return false;
   }
 
+  // What the coordinator's command line begins with (a wrapper), if anything.
+  virtual std::vector<std::string> CoordinatorPrefix() const { return {}; }
   // The coordinator's flag for its job token.
   virtual std::string Auth() const { return "--no-auth"; }
   virtual int MinMembers() const { return 2; }
@@ -280,6 +292,120 @@ TEST_F(UnresolvableHostTest, TwoNodesTrainAndServeWeightsWithoutAnAddress) {
   EXPECT_EQ(JsonNumber(sa, "steps"), "200") << sa;
   EXPECT_EQ(JsonNumber(sa, "world_size"), "2") << sa;
   EXPECT_EQ(JsonNumber(sa, "parameter_checksum"), JsonNumber(sb, "parameter_checksum"));
+}
+
+// One process's wall clock steps (libfaketime, the monotonic clock left
+// alone, as NTP's step or a VM's resume moves it): timeouts are measured on
+// the monotonic clock, so the step neither hides a stopped trainer nor
+// breaks a healthy world.
+constexpr char kFakeTime[] = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1";
+
+class WallClockStepTest : public ElasticTest {
+ protected:
+  void SetUp() override {
+    if (::access(kFakeTime, R_OK) != 0) GTEST_SKIP() << "libfaketime is not installed (faketime)";
+    ElasticTest::SetUp();
+  }
+  // `argv` with its wall clock offset by what `offset_file` holds ("+0",
+  // "-60s"), read again every second.
+  static std::vector<std::string> Stepped(const std::string& offset_file,
+                                          std::vector<std::string> argv) {
+    std::ofstream(offset_file) << "+0\n";
+    std::vector<std::string> out = {"/usr/bin/env", absl::StrCat("LD_PRELOAD=", kFakeTime),
+                                    "FAKETIME_TIMESTAMP_FILE=" + offset_file,
+                                    "FAKETIME_CACHE_DURATION=1", "DONT_FAKE_MONOTONIC=1"};
+    out.insert(out.end(), argv.begin(), argv.end());
+    return out;
+  }
+  // Steps the clock of the process started with `offset_file`, and waits
+  // until it has read the step.
+  static void Step(const std::string& offset_file, const std::string& offset) {
+    std::ofstream(offset_file) << offset << "\n";
+    absl::SleepFor(absl::Milliseconds(1500));
+  }
+  // How far behind this process's clock the wall time of the log line of
+  // `tag` holding `text` is, in seconds ("I 14:12:26.580 ..." lines).
+  double SecondsBehind(const std::string& tag, const std::string& text) {
+    const std::string log = ReadText(dir_ + "/" + tag + ".log");
+    const size_t at = log.find(text);
+    if (at == std::string::npos) return 0;
+    const size_t line = log.rfind('\n', at) == std::string::npos ? 0 : log.rfind('\n', at) + 1;
+    int h = 0, m = 0;
+    double sec = 0;
+    if (std::sscanf(log.c_str() + line + 2, "%d:%d:%lf", &h, &m, &sec) != 3) return 0;
+    const absl::CivilSecond now = absl::ToCivilSecond(absl::Now(), absl::LocalTimeZone());
+    double behind = (now.hour() * 3600 + now.minute() * 60 + now.second()) -
+                    (h * 3600 + m * 60 + sec);
+    if (behind < -43200) behind += 86400;
+    return behind;
+  }
+};
+
+class CoordinatorClockStepTest : public WallClockStepTest {
+ protected:
+  std::vector<std::string> CoordinatorPrefix() const override {
+    return Stepped(dir_ + "/coordinator.offset", {});
+  }
+};
+
+TEST_F(CoordinatorClockStepTest, AStoppedTrainerIsFoundInTimeAfterTheWallClockSteppedBack) {
+  std::vector<pid_t> pids = {Trainer(0, "s0", "n", "auto", {"--compute-ms=5"}),
+                             Trainer(1, "s1", "n", "auto", {"--compute-ms=5"}),
+                             Trainer(2, "s2", "n", "auto", {"--compute-ms=5"})};
+  ASSERT_TRUE(WaitForStep("s0", 20, absl::Seconds(60))) << ReadText(dir_ + "/s0.log");
+  Step(dir_ + "/coordinator.offset", "-60s");
+  ASSERT_EQ(::kill(pids[2], SIGSTOP), 0);
+  const absl::Time stopped = absl::Now();
+  const bool found = WaitForLine("coordinator", "no heartbeat for", absl::Seconds(20));
+  const absl::Duration took = absl::Now() - stopped;
+  ASSERT_EQ(::kill(pids[2], SIGCONT), 0);
+  ASSERT_TRUE(found) << "the stop was not found in 20 s\n" << ReadText(dir_ + "/coordinator.log");
+  // The heartbeat timeout (2 s) and a second.
+  EXPECT_LE(took, absl::Seconds(3)) << ReadText(dir_ + "/coordinator.log");
+  // The coordinator's wall clock did step: its line is a minute behind.
+  EXPECT_NEAR(SecondsBehind("coordinator", "no heartbeat for"), 60, 5);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(WaitExit(pids[i]), 0) << ReadText(absl::StrCat(dir_, "/s", i, ".log"));
+  }
+}
+
+class TrainerClockStepTest : public WallClockStepTest {
+ protected:
+  int MinMembers() const override { return 4; }
+  int MaxMembers() const override { return 4; }
+};
+
+TEST_F(TrainerClockStepTest, ATrainersWallClockSteppingForwardBreaksNoWorld) {
+  const std::vector<std::string> slow = {"--steps=400", "--compute-ms=10"};
+  // f0, rank 0, writes metrics with their wall time: they show its step.
+  std::vector<std::string> logged = slow;
+  logged.push_back("--log-dir=" + dir_ + "/f0-metrics");
+  const std::string offset = dir_ + "/f0.offset";
+  std::vector<pid_t> pids = {
+      SpawnLogged(Stepped(offset, TrainerArgv(0, "f0", "a", "hier", logged)), dir_ + "/f0.log"),
+      Trainer(1, "f1", "a", "hier", slow), Trainer(0, "f2", "b", "hier", slow),
+      Trainer(1, "f3", "b", "hier", slow)};
+  ASSERT_TRUE(WaitForStep("f0", 30, absl::Seconds(60))) << ReadText(dir_ + "/f0.log");
+  Step(offset, "+60s");
+  const absl::Time stepped = absl::Now();
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(WaitExit(pids[i]), 0) << ReadText(absl::StrCat(dir_, "/f", i, ".log"));
+  }
+  // f0's clock did step: its last record is stamped a minute ahead.
+  const std::string metrics = ReadText(dir_ + "/f0-metrics/metrics.jsonl");
+  const std::string last = metrics.substr(metrics.rfind('{'));
+  const double wall = std::stod(JsonNumber(last, "time"));
+  EXPECT_GT(wall, absl::ToUnixMillis(stepped) / 1000.0 + 50) << last;
+  const std::string coordinator = ReadText(dir_ + "/coordinator.log");
+  EXPECT_EQ(Occurrences(coordinator, "broken-world report"), 0) << coordinator;
+  for (int i = 0; i < 4; ++i) {
+    const std::string log = ReadText(absl::StrCat(dir_, "/f", i, ".log"));
+    EXPECT_EQ(Occurrences(log, "generation 2"), 0) << "f" << i << " regrouped:\n" << log;
+  }
+  const std::string s0 = ReadText(dir_ + "/f0.json");
+  EXPECT_EQ(JsonNumber(s0, "steps"), "400") << s0;
+  EXPECT_EQ(JsonNumber(ReadText(dir_ + "/f1.json"), "parameter_checksum"),
+            JsonNumber(s0, "parameter_checksum"));
 }
 
 // Agent-launched jobs: two nodes, each a muster-agent with two trainers.
