@@ -6,6 +6,7 @@
 #include "absl/status/statusor.h"
 #include "common/clock.h"
 #include "common/logging.h"
+#include "common/monotonic_wait.h"
 #include "coordinator/tcp_table.h"
 
 namespace muster {
@@ -39,7 +40,7 @@ void ListenerWatchdog::Stop() {
 void ListenerWatchdog::Loop() {
   absl::Duration waited = absl::ZeroDuration();
   std::string last_error;
-  while (!stop_.WaitForNotificationWithTimeout(options_.interval)) {
+  while (!SleepUnlessNotified(stop_, options_.interval)) {
     // REBUILDING keeps its verdict until a rebuild succeeds.
     if (waited < options_.stuck_after) waited = OldestWait();
     if (waited < options_.stuck_after) continue;

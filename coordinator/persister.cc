@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/backoff.h"
 #include "common/logging.h"
+#include "common/monotonic_wait.h"
 
 namespace muster {
 
@@ -113,7 +114,7 @@ absl::Status Persister::Flush(absl::Duration timeout) {
   auto done = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
     return (durable_ >= worlds && events_written_ >= events && !writing_) || !error_.ok();
   };
-  if (!mu_.AwaitWithTimeout(absl::Condition(&done), timeout)) {
+  if (!AwaitFor(&mu_, absl::Condition(&done), timeout)) {
     return absl::DeadlineExceededError(absl::StrCat(
         "not written within ", absl::FormatDuration(timeout), ": ",
         durable_ >= worlds ? "" : "the world or checkpoint records, ",
@@ -197,7 +198,7 @@ void Persister::Loop() {
       auto more = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
         return stop_ || world_.has_value() || !records_.empty();
       };
-      mu_.AwaitWithTimeout(absl::Condition(&more), backoff.Next());
+      AwaitFor(&mu_, absl::Condition(&more), backoff.Next());
       if (stop_) return;
     }
   }

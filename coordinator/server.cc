@@ -13,6 +13,7 @@
 #include "common/host_name.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "common/monotonic_wait.h"
 #include "coordinator/catalog_rebuild.h"
 #include "coordinator/lease.h"
 #include "coordinator/tcp_table.h"
@@ -278,7 +279,9 @@ CoordinatorServer::~CoordinatorServer() {
 void CoordinatorServer::TickLoop() {
   absl::Time next_metrics = absl::InfinitePast();
   LeaseRenewal lease(options_.lease_timeout, clock()->Now());
-  while (!stop_requested_.WaitForNotificationWithTimeout(options_.tick)) {
+  // Relative sleeps: absl's timed waits would stall as long as the wall
+  // clock is set back (common/monotonic_wait.h).
+  while (!SleepUnlessNotified(stop_requested_, options_.tick)) {
     // Renew before the coordinator acts on time (heartbeat timeouts): a
     // coordinator that was frozen past the lease timeout finds out that it
     // lost the lease before it fails members that were never gone.

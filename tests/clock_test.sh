@@ -4,14 +4,15 @@
 # Clock::WallNow(). No source reads the wall clock itself, except
 # common/clock.cc (RealClock) and common/logging.cc (the log lines' stamps),
 # nor hands an absl::Time to a call that compares it with the wall clock
-# (absl's ...WithDeadline, absl::ToChronoTime); what follows // on a line is
-# not checked. Exits 1 naming each one and what to use instead.
+# (absl's ...WithDeadline, absl::ToChronoTime), nor waits with absl's
+# ...WithTimeout, which Debian's Abseil turns into a wall clock deadline
+# (common/monotonic_wait.h); what follows // on a line is not checked. Exits 1 naming each one and what to use instead.
 #   clock_test.sh SOURCE_DIR
 set -uo pipefail
 src=$1
 cd "$src" || exit 1
 reads='absl::Now[(][)]|system_clock::now|std::time[(]|time[(](nullptr|NULL)[)]|gettimeofday'
-reads+='|CLOCK_REALTIME|WithDeadline[(]|ToChronoTime[(]'
+reads+='|CLOCK_REALTIME|WithDeadline[(]|WithTimeout[(]|ToChronoTime[(]'
 # Prints FILE:LINE and a hint for each wall clock read in the files named.
 scan() {
   awk -v re="$reads" '
@@ -24,8 +25,9 @@ scan() {
       if (code ~ /system_clock::now|ToChronoTime/) {
         hint = "SystemDeadline(deadline, clock) where an API takes a wall time point"
       }
-      if (code ~ /WithDeadline/) {
-        hint = "the ...WithTimeout call with Remaining(deadline, clock)"
+      if (code ~ /WithDeadline|WithTimeout/) {
+        hint = "AwaitFor, SleepUnlessNotified or MutexPoker (common/monotonic_wait.h: " \
+               "the timed waits of absl stall while the wall clock is set back)"
       }
       printf "%s:%d: wall clock; use %s (the injected Clock, else " \
              "RealClock::Get(); common/clock.h)\n", file, FNR, hint

@@ -300,28 +300,34 @@ TEST_F(UnresolvableHostTest, TwoNodesTrainAndServeWeightsWithoutAnAddress) {
 // breaks a healthy world.
 constexpr char kFakeTime[] = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1";
 
+// `argv` (and the processes it starts) with its wall clock offset by what
+// `offset_file` holds ("+0", "-60s"), read again every second. libfaketime
+// cannot move the kernel's own clock, so a step forward also stands for a
+// real step back to the waits that the kernel times on the wall clock:
+// their deadlines then lie a minute ahead of it.
+std::vector<std::string> Stepped(const std::string& offset_file, std::vector<std::string> argv) {
+  std::ofstream(offset_file) << "+0\n";
+  std::vector<std::string> out = {"/usr/bin/env", absl::StrCat("LD_PRELOAD=", kFakeTime),
+                                  "FAKETIME_TIMESTAMP_FILE=" + offset_file,
+                                  "FAKETIME_CACHE_DURATION=1", "DONT_FAKE_MONOTONIC=1"};
+  out.insert(out.end(), argv.begin(), argv.end());
+  return out;
+}
+
+// Steps the clock of the processes started with `offset_file`, and waits
+// until they have read the step.
+void Step(const std::string& offset_file, const std::string& offset) {
+  std::ofstream(offset_file) << offset << "\n";
+  absl::SleepFor(absl::Milliseconds(1500));
+}
+
+bool HaveFakeTime() { return ::access(kFakeTime, R_OK) == 0; }
+
 class WallClockStepTest : public ElasticTest {
  protected:
   void SetUp() override {
-    if (::access(kFakeTime, R_OK) != 0) GTEST_SKIP() << "libfaketime is not installed (faketime)";
+    if (!HaveFakeTime()) GTEST_SKIP() << "libfaketime is not installed (faketime)";
     ElasticTest::SetUp();
-  }
-  // `argv` with its wall clock offset by what `offset_file` holds ("+0",
-  // "-60s"), read again every second.
-  static std::vector<std::string> Stepped(const std::string& offset_file,
-                                          std::vector<std::string> argv) {
-    std::ofstream(offset_file) << "+0\n";
-    std::vector<std::string> out = {"/usr/bin/env", absl::StrCat("LD_PRELOAD=", kFakeTime),
-                                    "FAKETIME_TIMESTAMP_FILE=" + offset_file,
-                                    "FAKETIME_CACHE_DURATION=1", "DONT_FAKE_MONOTONIC=1"};
-    out.insert(out.end(), argv.begin(), argv.end());
-    return out;
-  }
-  // Steps the clock of the process started with `offset_file`, and waits
-  // until it has read the step.
-  static void Step(const std::string& offset_file, const std::string& offset) {
-    std::ofstream(offset_file) << offset << "\n";
-    absl::SleepFor(absl::Milliseconds(1500));
   }
   // How far behind this process's clock the wall time of the log line of
   // `tag` holding `text` is, in seconds ("I 14:12:26.580 ..." lines).
@@ -364,6 +370,28 @@ TEST_F(CoordinatorClockStepTest, AStoppedTrainerIsFoundInTimeAfterTheWallClockSt
   EXPECT_LE(took, absl::Seconds(3)) << ReadText(dir_ + "/coordinator.log");
   // The coordinator's wall clock did step: its line is a minute behind.
   EXPECT_NEAR(SecondsBehind("coordinator", "no heartbeat for"), 60, 5);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(WaitExit(pids[i]), 0) << ReadText(absl::StrCat(dir_, "/s", i, ".log"));
+  }
+}
+
+// Forward, the coordinator's ticker (heartbeat expiry) must not stall: absl's
+// timed waits end at a wall clock deadline, which would then lie a minute
+// ahead of the kernel's clock (as after a real step back).
+TEST_F(CoordinatorClockStepTest, AStoppedTrainerIsFoundInTimeAfterTheWallClockSteppedForward) {
+  std::vector<pid_t> pids = {Trainer(0, "s0", "n", "auto", {"--compute-ms=5"}),
+                             Trainer(1, "s1", "n", "auto", {"--compute-ms=5"}),
+                             Trainer(2, "s2", "n", "auto", {"--compute-ms=5"})};
+  ASSERT_TRUE(WaitForStep("s0", 20, absl::Seconds(60))) << ReadText(dir_ + "/s0.log");
+  Step(dir_ + "/coordinator.offset", "+60s");
+  ASSERT_EQ(::kill(pids[2], SIGSTOP), 0);
+  const absl::Time stopped = absl::Now();
+  const bool found = WaitForLine("coordinator", "no heartbeat for", absl::Seconds(20));
+  const absl::Duration took = absl::Now() - stopped;
+  ASSERT_EQ(::kill(pids[2], SIGCONT), 0);
+  ASSERT_TRUE(found) << "the stop was not found in 20 s\n" << ReadText(dir_ + "/coordinator.log");
+  EXPECT_LE(took, absl::Seconds(3)) << ReadText(dir_ + "/coordinator.log");
+  EXPECT_NEAR(SecondsBehind("coordinator", "no heartbeat for"), -60, 5);
   for (int i = 0; i < 3; ++i) {
     EXPECT_EQ(WaitExit(pids[i]), 0) << ReadText(absl::StrCat(dir_, "/s", i, ".log"));
   }
@@ -416,6 +444,10 @@ class AgentTest : public ElasticTest {
   // `node_session`: the agent holds the node's session for its trainers
   // (--coordinator); otherwise each trainer holds its own.
   pid_t Agent(const std::string& node, int steps = 400, bool node_session = true) {
+    return SpawnLogged(AgentArgv(node, steps, node_session), absl::StrCat(dir_, "/", node, ".log"));
+  }
+  std::vector<std::string> AgentArgv(const std::string& node, int steps, bool node_session,
+                                     const std::vector<std::string>& extra = {}) {
     std::vector<std::string> argv = {kBin + "/muster-agent", "--nproc-per-node=2",
                                      "--restart-backoff=100ms", "--max-restarts=2",
                                      "--node-id=" + node};
@@ -426,7 +458,8 @@ class AgentTest : public ElasticTest {
         "--backend=auto", absl::StrCat("--job=ag", ::getpid(), node),
         "--summary-json=" + dir_ + "/{node}{local_rank}.json"};
     argv.insert(argv.end(), trainer.begin(), trainer.end());
-    return SpawnLogged(argv, absl::StrCat(dir_, "/", node, ".log"));
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    return argv;
   }
 
   // The pid of trainer `slot` as the agent of `node` last started it.
@@ -518,6 +551,55 @@ TEST(AgentForkTest, AFailedForkIsRetriedAndTheAgentSignalsNoOtherProcessOfItsUse
                              << ReadText(log);
   ::kill(canary, SIGKILL);
   WaitExit(canary);
+}
+
+// A node whose wall clock steps (its agent and trainers) keeps its place:
+// its node session beats on time, and nothing of its world times out.
+class NodeClockStepTest : public AgentTest {
+ protected:
+  void SetUp() override {
+    if (!HaveFakeTime()) GTEST_SKIP() << "libfaketime is not installed (faketime)";
+    AgentTest::SetUp();
+  }
+  int MinMembers() const override { return 4; }
+  // How far ahead of this process's clock node `node`'s agent stamped its
+  // last line, in seconds.
+  double SecondsAhead(const std::string& node) {
+    const std::string log = ReadText(dir_ + "/" + node + ".log");
+    const size_t at = log.rfind("muster-agent: node " + node + " done");
+    const size_t line = log.rfind('\n', at);
+    int h = 0, m = 0;
+    double sec = 0;
+    if (at == std::string::npos ||
+        std::sscanf(log.c_str() + (line == std::string::npos ? 0 : line + 1) + 2, "%d:%d:%lf", &h,
+                    &m, &sec) != 3) {
+      return 0;
+    }
+    const absl::CivilSecond now = absl::ToCivilSecond(absl::Now(), absl::LocalTimeZone());
+    double ahead = (h * 3600 + m * 60 + sec) - (now.hour() * 3600 + now.minute() * 60 + now.second());
+    if (ahead < -43200) ahead += 86400;
+    return ahead;
+  }
+};
+
+TEST_F(NodeClockStepTest, ANodeWhoseWallClockStepsForwardKeepsItsWorld) {
+  const std::string offset = dir_ + "/b.offset";
+  const pid_t a = SpawnLogged(AgentArgv("a", 600, true, {"--compute-ms=10"}), dir_ + "/a.log");
+  const pid_t b =
+      SpawnLogged(Stepped(offset, AgentArgv("b", 600, true, {"--compute-ms=10"})), dir_ + "/b.log");
+  ASSERT_TRUE(WaitForStep("a", 30, absl::Seconds(60))) << ReadText(dir_ + "/a.log");
+  Step(offset, "+60s");
+  EXPECT_EQ(WaitExit(a), 0) << ReadText(dir_ + "/a.log");
+  EXPECT_EQ(WaitExit(b), 0) << ReadText(dir_ + "/b.log");
+  EXPECT_NEAR(SecondsAhead("b"), 60, 5) << "node b's clock did not step\n" << ReadText(dir_ + "/b.log");
+  const std::string coordinator = ReadText(dir_ + "/coordinator.log");
+  EXPECT_EQ(Occurrences(coordinator, "no heartbeat for"), 0) << coordinator;
+  EXPECT_EQ(Occurrences(coordinator, "broken-world report"), 0) << coordinator;
+  for (const char* node : {"a", "b"}) {
+    const std::string log = ReadText(dir_ + "/" + node + ".log");
+    EXPECT_EQ(Occurrences(log, "generation 2"), 0) << node << " regrouped:\n" << log;
+  }
+  ExpectEqualParameters({"a0", "a1", "b0", "b1"});
 }
 
 TEST_F(AgentTest, TheAgentRestartsAKilledTrainerAndItRejoins) {

@@ -12,6 +12,7 @@
 #include "common/backoff.h"
 #include "common/logging.h"
 #include "common/session_liveness.h"
+#include "common/monotonic_wait.h"
 #include "rpc/credentials.h"
 #include "trainer/agent/node_session_impl.h"
 
@@ -177,7 +178,7 @@ void NodeSessionImpl::ConnectLoop() {
     // Stopping: the next Connection() ends at once and the waiting calls
     // are finished above.
     auto halted = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return this->stopping(); };
-    mu_.AwaitWithTimeout(absl::Condition(&halted), wait);
+    AwaitFor(&mu_, absl::Condition(&halted), wait, clock_);
   }
 }
 
@@ -206,7 +207,7 @@ absl::Status NodeSessionImpl::Connection() {
     auto done = [this, &handshaken]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       return handshaken || stopping();
     };
-    if (!mu_.AwaitWithTimeout(absl::Condition(&done), limit)) {
+    if (!AwaitFor(&mu_, absl::Condition(&done), limit, clock_)) {
       MUSTER_LOG(WARNING) << "muster-agent: node " << o_.node << ": no answer from "
                           << coordinator_->address() << " in " << absl::FormatDuration(limit);
       ctx.TryCancel();
@@ -248,6 +249,9 @@ absl::Status NodeSessionImpl::Connection() {
 void NodeSessionImpl::WriteLoop(Upstream* stream) {
   uint64_t sequence = 0;
   absl::Time next_beat = clock_->Now();
+  // The beat's time is checked at least every 10 ms, on the monotonic clock
+  // (an absl timed wait would stall while the wall clock is set back).
+  MutexPoker poker(&mu_, absl::Milliseconds(10));
   for (;;) {
     std::vector<v1::SessionRequest> batch;
     {
@@ -255,9 +259,7 @@ void NodeSessionImpl::WriteLoop(Upstream* stream) {
       auto ready = [this, &next_beat]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
         return !up() || !outgoing_.empty() || clock_->Now() >= next_beat;
       };
-      while (!ready()) {
-        mu_.AwaitWithTimeout(absl::Condition(&ready), Remaining(next_beat, clock_));
-      }
+      mu_.Await(absl::Condition(&ready));
       if (!up()) return;
       batch.swap(outgoing_);
       const absl::Time now = clock_->Now();

@@ -22,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/clock.h"
+#include "common/monotonic_wait.h"
 #include "common/host_name.h"
 #include "common/logging.h"
 #include "trainer/comm/gloo/gloo_address.h"
@@ -114,7 +115,10 @@ struct Worker {
 class GlooCommunicator : public Communicator {
  public:
   GlooCommunicator(std::shared_ptr<Worker> worker, int rank, int size)
-      : worker_(std::move(worker)), rank_(rank), size_(size) {}
+      : worker_(std::move(worker)),
+        rank_(rank),
+        size_(size),
+        poker_(std::make_unique<MutexPoker>(&worker_->mu, absl::Milliseconds(10))) {}
 
   ~GlooCommunicator() override {
     bool idle;
@@ -267,10 +271,12 @@ class GlooCommunicator : public Communicator {
     w->job = std::move(fn);
     w->has_job = true;
     w->done = false;
-    auto finished = [w]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(w->mu) {
-      return w->done || !w->broken.ok();
+    // An untimed wait, its deadline checked on the monotonic clock at least
+    // every 10 ms by poker_ (absl's timed waits follow the wall clock).
+    auto finished = [w, deadline]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(w->mu) {
+      return w->done || !w->broken.ok() || RealClock::Get()->Now() >= deadline;
     };
-    w->mu.AwaitWithTimeout(absl::Condition(&finished), Remaining(deadline));
+    w->mu.Await(absl::Condition(&finished));
     if (w->done) {
       if (!w->result.ok()) w->broken = w->result;
       return w->result;
@@ -286,6 +292,8 @@ class GlooCommunicator : public Communicator {
   std::shared_ptr<Worker> worker_;
   const int rank_;
   const int size_;
+  // Destroyed first: it locks worker_->mu.
+  std::unique_ptr<MutexPoker> poker_;
 };
 
 }  // namespace
