@@ -355,7 +355,7 @@ void Engine::SetCounters(const std::vector<int64_t>& c) {
 absl::Status Engine::Regroup(const std::string& why, bool broken) {
   sync_->SetCommunicator(nullptr);
   deadline_.Forget();
-  const BrokenWorld report{why, "", deadline_.Current()};
+  const BrokenWorld report = BrokenWorld::Because(why, deadline_.Current());
   MUSTER_RETURN_IF_ERROR(world_->Regroup(
       why, step_, [this](Communicator* c, const WorldInfo& w) { return EnterWorld(c, w); },
       [this] {  // a scheduled checkpoint that failed was logged; training goes on
