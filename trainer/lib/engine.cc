@@ -28,6 +28,7 @@
 #include "trainer/elastic/state_sync.h"
 #include "trainer/elastic/step_policy.h"
 #include "trainer/elastic/step_salvage.h"
+#include "trainer/elastic/training_counters.h"
 #include "trainer/lib/launch_options.h"
 #include "trainer/lib/learning_rates.h"
 #include "trainer/lib/signals.h"
@@ -62,7 +63,7 @@ class Engine : public Distributed {
   }
   void RecordLoss(double loss) override { reporter_->RecordLoss(loss); }
   void LogScalars(const std::map<std::string, double>& values) override {
-    reporter_->Scalars(step_, values);
+    reporter_->Scalars(counters_.step, values);
   }
   absl::StatusOr<Outcome> Finish() override;
   void RequestStop() override { stop_asked_ = true; }
@@ -82,7 +83,7 @@ class Engine : public Distributed {
   int64_t resumed_from_step() const override { return resumed_from_; }
   bool resumed_from_live_state() const override { return resumed_live_; }
   uint64_t StateDigest() const override {
-    return muster::StateDigest(state_, Counters());
+    return muster::StateDigest(state_, counters_.ToWords());
   }
   double comm_overlap_pct() const override {
     return comm_total_ > 0 ? 100.0 * hidden_total_ / comm_total_ : 0;
@@ -101,8 +102,6 @@ class Engine : public Distributed {
   // `broken`: the world broke under this rank (a collective failed), which
   // the rendezvous reports; false at an agreed step boundary.
   absl::Status Regroup(const std::string& why, bool broken);
-  std::vector<int64_t> Counters() const;
-  void SetCounters(const std::vector<int64_t>& counters);
   ControlWords CurrentControl() const;
   bool StopAsked() const {
     return stop_asked_.load() || (stop_flag_ != nullptr && stop_flag_->load());
@@ -120,7 +119,7 @@ class Engine : public Distributed {
   absl::Status BroadcastBuffers();
   bool Done() const;
   void DropGradients();
-  CheckpointMeta Point() const;
+  CheckpointMeta CommittedStepMeta() const;
 
   // Constant after construction.
   const Options options_;
@@ -141,9 +140,7 @@ class Engine : public Distributed {
   CollectiveDeadline deadline_;
   absl::Time last_commit_;
   // The counters every rank holds alike between steps.
-  int64_t step_ = 0;
-  SamplerPosition at_;
-  int lr_world_ = 0;
+  TrainingCounters counters_;
   int64_t resumed_from_ = -1;
   bool resumed_live_ = false;  // resumed_from_ is a live peer's step
   // The step in flight and the boundary after it.
@@ -156,7 +153,7 @@ class Engine : public Distributed {
   // A step whose all-reduce failed, kept for salvage while regrouping.
   struct PendingStep {
     int64_t step = 0;
-    SamplerPosition at;
+    SamplerPosition position;
     uint64_t generation = 0;
     int world = 0, rank = 0;
   } pending_;  // the step of kFailed: regrouping from inside AfterBackward
@@ -213,14 +210,14 @@ absl::Status Engine::Begin() {
   sync_ = std::make_unique<GradientSync>(state_.model->parameters(), nullptr, so);
   MUSTER_RETURN_IF_ERROR(ResumeFromCheckpoint());
   MUSTER_RETURN_IF_ERROR(world_->EnterFirst(
-      step_, [this](Communicator* c, const WorldInfo& w) { return EnterWorld(c, w); }));
-  if (step_ != std::max<int64_t>(resumed_from_, 0)) {  // a live peer was further ahead
-    MUSTER_LOG(INFO) << "took the live state of step " << step_ << " from rank "
+      counters_.step, [this](Communicator* c, const WorldInfo& w) { return EnterWorld(c, w); }));
+  if (counters_.step != std::max<int64_t>(resumed_from_, 0)) {  // a live peer was further ahead
+    MUSTER_LOG(INFO) << "took the live state of step " << counters_.step << " from rank "
                      << world_->world().state_source_rank
                      << (resumed_from_ >= 0 ? absl::StrCat(" (the checkpoint restored was of step ",
                                                            resumed_from_, ")")
                                             : std::string());
-    resumed_from_ = step_;
+    resumed_from_ = counters_.step;
     resumed_live_ = true;
   }
   if (world_->left()) {  // drained before it began
@@ -267,9 +264,9 @@ absl::Status Engine::ResumeFromCheckpoint() {
                                               options_.dataset_size));
     }
   }
-  step_ = meta->step;
-  at_ = {meta->sample_offset, meta->returned_epoch, meta->returned_examples};
-  lr_world_ = meta->lr_world_size;
+  counters_.step = meta->step;
+  counters_.position = {meta->sample_offset, meta->returned_epoch, meta->returned_examples};
+  counters_.lr_world_size = meta->lr_world_size;
   resumed_from_ = meta->step;
   return absl::OkStatus();
 }
@@ -277,14 +274,12 @@ absl::Status Engine::ResumeFromCheckpoint() {
 // Every rank of a new world: take the state of the member furthest ahead.
 absl::Status Engine::EnterWorld(Communicator* comm, const WorldInfo& world) {
   const bool scale = options_.elastic_lr == ElasticLr::kScale;
-  if (lr_world_ == 0 || scale) lr_world_ = world.world_size;
-  std::vector<int64_t> counters = Counters();
-  MUSTER_RETURN_IF_ERROR(SyncStateFrom(world.state_source_rank, comm, state_, &counters,
+  if (counters_.lr_world_size == 0 || scale) counters_.lr_world_size = world.world_size;
+  MUSTER_RETURN_IF_ERROR(SyncStateFrom(world.state_source_rank, comm, state_, &counters_,
                                        FromNow(deadline_.Long())));
-  SetCounters(counters);
-  if (scale) lr_world_ = world.world_size;
+  if (scale) counters_.lr_world_size = world.world_size;
   sync_->SetCommunicator(comm);
-  world_->client()->SetStep(step_, at_.offset);
+  world_->client()->SetStep(counters_.step, counters_.position.offset);
   return Salvage(comm, world);
 }
 
@@ -295,7 +290,8 @@ absl::Status Engine::EnterWorld(Communicator* comm, const WorldInfo& world) {
 absl::Status Engine::Salvage(Communicator* comm, const WorldInfo& world) {
   const bool in_step = life_.state() == StepState::kFailed;
   SalvageClaim claim;
-  claim.contributes = options_.salvage && in_step && pending_.step == step_ && pending_.at == at_;
+  claim.contributes = options_.salvage && in_step && pending_.step == counters_.step &&
+                      pending_.position == counters_.position;
   claim.generation = pending_.generation;
   claim.world = pending_.world;
   claim.rank = pending_.rank;
@@ -313,15 +309,17 @@ absl::Status Engine::Salvage(Communicator* comm, const WorldInfo& world) {
   }
   // The step is now one of this world: its rate too (a world change may scale it).
   lr_->Apply(progress());
-  const SampledBatch taken = sampler_.Next(at_, plan.old_world, 0, options_.batch_per_rank);
-  at_ = sampler_.Advance(at_, taken, plan.old_world, options_.batch_per_rank, plan.lost);
-  ++step_;
-  world_->client()->SetStep(step_, at_.offset);
+  const SampledBatch taken =
+      sampler_.Next(counters_.position, plan.old_world, 0, options_.batch_per_rank);
+  counters_.position = sampler_.Advance(counters_.position, taken, plan.old_world,
+                                        options_.batch_per_rank, plan.lost);
+  ++counters_.step;
+  world_->client()->SetStep(counters_.step, counters_.position.offset);
   if (!claim.contributes) batch_.indices.clear();  // this rank's examples did not count
   MUSTER_RETURN_IF_ERROR(life_.Salvaged());
   if (plan.steppers < world.world_size) life_.CatchUpFrom(plan.first_stepper);
-  MUSTER_LOG(WARNING) << "step " << step_ << " salvaged in generation " << world.generation
-                      << ": " << plan.contributors << " of " << plan.old_world
+  MUSTER_LOG(WARNING) << "step " << counters_.step << " salvaged in generation "
+                      << world.generation << ": " << plan.contributors << " of " << plan.old_world
                       << " shares reduced, " << plan.lost.size() << " returned to the sampler";
   return absl::OkStatus();
 }
@@ -329,27 +327,10 @@ absl::Status Engine::Salvage(Communicator* comm, const WorldInfo& world) {
 // After a salvaged step that some ranks were not in: every rank takes the
 // state of a rank that took the step (its optimizer has run by now).
 absl::Status Engine::CatchUp(int source) {
-  std::vector<int64_t> counters = Counters();
   MUSTER_RETURN_IF_ERROR(
-      SyncStateFrom(source, world_->comm(), state_, &counters, FromNow(deadline_.Long())));
-  SetCounters(counters);
-  world_->client()->SetStep(step_, at_.offset);
+      SyncStateFrom(source, world_->comm(), state_, &counters_, FromNow(deadline_.Long())));
+  world_->client()->SetStep(counters_.step, counters_.position.offset);
   return absl::OkStatus();
-}
-
-// step, sample offset, LR world size, then the sampler's returned examples.
-std::vector<int64_t> Engine::Counters() const {
-  std::vector<int64_t> c = {step_, at_.offset, lr_world_, at_.returned_epoch};
-  c.insert(c.end(), at_.returned.begin(), at_.returned.end());
-  return c;
-}
-
-void Engine::SetCounters(const std::vector<int64_t>& c) {
-  step_ = c.at(0);
-  at_.offset = c.at(1);
-  lr_world_ = static_cast<int>(c.at(2));
-  at_.returned_epoch = c.at(3);
-  at_.returned.assign(c.begin() + 4, c.end());
 }
 
 absl::Status Engine::Regroup(const std::string& why, bool broken) {
@@ -357,7 +338,7 @@ absl::Status Engine::Regroup(const std::string& why, bool broken) {
   deadline_.Forget();
   const BrokenWorld report = BrokenWorld::Because(why, deadline_.Current());
   MUSTER_RETURN_IF_ERROR(world_->Regroup(
-      why, step_, [this](Communicator* c, const WorldInfo& w) { return EnterWorld(c, w); },
+      why, counters_.step, [this](Communicator* c, const WorldInfo& w) { return EnterWorld(c, w); },
       [this] {  // a scheduled checkpoint that failed was logged; training goes on
         if (checkpointer_) checkpointer_->Wait().IgnoreError();
       },
@@ -370,10 +351,12 @@ absl::Status Engine::Regroup(const std::string& why, bool broken) {
     const bool stopped = StopAsked() && !LeaveAsked();
     if (!stopped) {
       MUSTER_RETURN_IF_ERROR(life_.End(StepOutcome::kLeft));
-      if (!options_.quiet) std::cout << "muster: left the job after step " << step_ << std::endl;
+      if (!options_.quiet) {
+        std::cout << "muster: left the job after step " << counters_.step << std::endl;
+      }
       return absl::OkStatus();
     }
-    const bool saved = checkpointer_ && checkpointer_->newest_committed() == step_;
+    const bool saved = checkpointer_ && checkpointer_->newest_committed() == counters_.step;
     MUSTER_RETURN_IF_ERROR(
         life_.End(saved ? StepOutcome::kStopped : StepOutcome::kStoppedWithoutCheckpoint));
     SayStopped("stopped while waiting for a world after step ");
@@ -385,21 +368,21 @@ absl::Status Engine::Regroup(const std::string& why, bool broken) {
 
 Progress Engine::progress() const {
   Progress p;
-  p.step = step_;
-  p.sample_offset = at_.offset;
-  p.epoch = sampler_.Epoch(at_);
+  p.step = counters_.step;
+  p.sample_offset = counters_.position.offset;
+  p.epoch = sampler_.Epoch(counters_.position);
   if (world_) {
     p.rank = world_->world().rank;
     p.world_size = world_->world().world_size;
     p.generation = world_->world().generation;
   }
   p.global_batch = int64_t{options_.batch_per_rank} * std::max(1, p.world_size);
-  p.lr_world_size = lr_world_;
+  p.lr_world_size = counters_.lr_world_size;
   if (options_.steps > 0) {
     p.total_steps = options_.steps;
   } else {
-    const int64_t left = sampler_.Remaining(at_, options_.epochs);
-    p.total_steps = step_ + (left + p.global_batch - 1) / p.global_batch;
+    const int64_t left = sampler_.Remaining(counters_.position, options_.epochs);
+    p.total_steps = counters_.step + (left + p.global_batch - 1) / p.global_batch;
   }
   return p;
 }
@@ -408,13 +391,13 @@ Progress Engine::progress() const {
 // every rank holds alike: all ranks leave the loop after the same step,
 // whatever world sizes they went through.
 bool Engine::Done() const {
-  if (options_.steps > 0) return step_ >= options_.steps;
-  return sampler_.Done(at_, options_.epochs);
+  if (options_.steps > 0) return counters_.step >= options_.steps;
+  return sampler_.Done(counters_.position, options_.epochs);
 }
 
 void Engine::PrepareStep() {
   const Progress p = progress();
-  batch_ = sampler_.Next(at_, p.world_size, p.rank, options_.batch_per_rank);
+  batch_ = sampler_.Next(counters_.position, p.world_size, p.rank, options_.batch_per_rank);
   lr_->Apply(p);
 }
 
@@ -456,7 +439,8 @@ void Engine::BeforeBackward(bool sync) {
 
 ControlWords Engine::CurrentControl() const {
   ControlWords w;
-  w.stop = StopAsked() || (options_.stop_after_step > 0 && step_ + 1 >= options_.stop_after_step);
+  w.stop = StopAsked() ||
+           (options_.stop_after_step > 0 && counters_.step + 1 >= options_.stop_after_step);
   w.leave = world_->told_to_leave() || LeaveAsked();
   w.newer_world = world_->newer_world_known();
   return w;
@@ -488,9 +472,9 @@ absl::Status Engine::AfterBackward() {
   if (!s.ok()) {
     // A peer failed or hung: regroup with the others, keeping this rank's
     // gradients for the new world to salvage the step (Salvage).
-    MUSTER_LOG(WARNING) << "step " << step_ + 1 << " failed: " << s;
+    MUSTER_LOG(WARNING) << "step " << counters_.step + 1 << " failed: " << s;
     const WorldInfo& w = world_->world();
-    pending_ = {step_, at_, w.generation, w.world_size, w.rank};
+    pending_ = {counters_.step, counters_.position, w.generation, w.world_size, w.rank};
     MUSTER_RETURN_IF_ERROR(life_.Fail());
     if (absl::Status r = Regroup(std::string(s.message()), /*broken=*/true); !r.ok()) {
       life_.Break(r);
@@ -503,9 +487,10 @@ absl::Status Engine::AfterBackward() {
     if (life_.state() == StepState::kFailed) MUSTER_RETURN_IF_ERROR(life_.Dropped());
     DropGradients();
     ++dropped_count_;
-    MUSTER_LOG(WARNING) << "step " << step_ + 1 << " dropped in generation "
+    MUSTER_LOG(WARNING) << "step " << counters_.step + 1 << " dropped in generation "
                         << world_->world().generation;
-    return absl::AbortedError(absl::StrCat("step ", step_ + 1, " dropped: ", s.message()));
+    return absl::AbortedError(
+        absl::StrCat("step ", counters_.step + 1, " dropped: ", s.message()));
   }
   const double comm_s = sync_->last_stats().comm_seconds;
   comm_total_ += comm_s;
@@ -513,9 +498,10 @@ absl::Status Engine::AfterBackward() {
   hidden_total_ += std::max(0.0, comm_s - since_backward);
   decision_ = DecideAfterStep(sync_->control(), world_->world().world_size, sent_,
                               world_->told_to_leave());
-  ++step_;
-  at_ = sampler_.Advance(at_, batch_, world_->world().world_size, options_.batch_per_rank, {});
-  world_->client()->SetStep(step_, at_.offset);
+  ++counters_.step;
+  counters_.position = sampler_.Advance(counters_.position, batch_, world_->world().world_size,
+                                        options_.batch_per_rank, {});
+  world_->client()->SetStep(counters_.step, counters_.position.offset);
   MUSTER_RETURN_IF_ERROR(life_.Reduced());
   const absl::Time now = RealClock::Get()->Now();
   if (deadline_.TakeTiming()) deadline_.StepTook(now - last_commit_);
@@ -535,16 +521,16 @@ absl::Status Engine::BroadcastBuffers() {
 }
 
 // What a checkpoint after the last committed step records.
-CheckpointMeta Engine::Point() const {
+CheckpointMeta Engine::CommittedStepMeta() const {
   CheckpointMeta meta;
   meta.generation = world_->world().generation;
   meta.world_size = world_->world().world_size;
-  meta.lr_world_size = lr_world_;
-  meta.step = step_;
+  meta.lr_world_size = counters_.lr_world_size;
+  meta.step = counters_.step;
   meta.epoch = batch_.epoch;
-  meta.sample_offset = at_.offset;
-  meta.returned_epoch = at_.returned_epoch;
-  meta.returned_examples = at_.returned;
+  meta.sample_offset = counters_.position.offset;
+  meta.returned_epoch = counters_.position.returned_epoch;
+  meta.returned_examples = counters_.position.returned;
   return meta;
 }
 
@@ -569,8 +555,8 @@ absl::StatusOr<bool> Engine::CheckpointToStop() {
   if (!checkpointer_) return false;
   constexpr int kAttempts = 2;
   for (int attempt = 1; attempt <= kAttempts; ++attempt) {
-    absl::Status s = checkpointer_->Take(world_->client(), world_->world().rank, Point(),
-                                         absl::Seconds(20));
+    absl::Status s = checkpointer_->Take(world_->client(), world_->world().rank,
+                                         CommittedStepMeta(), absl::Seconds(20));
     if (absl::Status written = checkpointer_->Wait(); s.ok()) s = written;
     // Each rank's report counts, and nobody leaves before every rank
     // reported (a departure would abort the checkpoint before it commits):
@@ -579,8 +565,8 @@ absl::StatusOr<bool> Engine::CheckpointToStop() {
     MUSTER_RETURN_IF_ERROR(AllReduceValues(world_->comm(), &failed, 1, DataType::kInt64,
                                            ReduceOp::kSum, FromNow(deadline_.Long())));
     if (failed == 0) return true;
-    MUSTER_LOG(WARNING) << "the checkpoint to stop at step " << step_ << " did not commit (try "
-                        << attempt << " of " << kAttempts << "): "
+    MUSTER_LOG(WARNING) << "the checkpoint to stop at step " << counters_.step
+                        << " did not commit (try " << attempt << " of " << kAttempts << "): "
                         << (s.ok() ? absl::StrCat(failed, " rank(s) failed") : s.ToString());
   }
   return false;
@@ -600,19 +586,21 @@ int64_t Engine::NewestCommitted() const {
 // The stop's last word, from one rank: what a restart resumes from.
 void Engine::SayStopped(const std::string& how) const {
   if (life_.outcome() == StepOutcome::kStopped) {
-    if (!options_.quiet) std::cout << "muster: " << how << step_ << " after checkpointing" << std::endl;
+    if (!options_.quiet) {
+      std::cout << "muster: " << how << counters_.step << " after checkpointing" << std::endl;
+    }
     return;
   }
   const int64_t from = NewestCommitted();
   const std::string why = checkpointer_ ? "its checkpoint did not commit"
                                         : "no checkpoint dir is set, nothing was saved";
-  MUSTER_LOG(ERROR) << how << step_ << " without a checkpoint of it (" << why
+  MUSTER_LOG(ERROR) << how << counters_.step << " without a checkpoint of it (" << why
                     << "): a restart resumes from "
                     << (from > 0 ? absl::StrCat("the checkpoint of step ", from)
                                  : std::string("the start"))
-                    << " and repeats " << step_ - from << " steps";
+                    << " and repeats " << counters_.step - from << " steps";
   if (!options_.quiet) {
-    std::cout << "muster: " << how << step_ << " without a checkpoint (" << why
+    std::cout << "muster: " << how << counters_.step << " without a checkpoint (" << why
               << "); a restart resumes from step " << from << std::endl;
   }
 }
@@ -630,9 +618,11 @@ absl::Status Engine::AtBoundary() {
       return Stop();
     case StepDecision::kLeave:
       // This trainer leaves after this step; the others regroup without it.
-      world_->Leave(/*finished=*/false, step_).IgnoreError();
+      world_->Leave(/*finished=*/false, counters_.step).IgnoreError();
       if (checkpointer_) checkpointer_->Wait().IgnoreError();  // logged when it failed
-      if (!options_.quiet) std::cout << "muster: left the job after step " << step_ << std::endl;
+      if (!options_.quiet) {
+        std::cout << "muster: left the job after step " << counters_.step << std::endl;
+      }
       return life_.End(StepOutcome::kLeft);
     case StepDecision::kRegroup:
       // Every rank stops after this same step and enters the new generation.
@@ -642,9 +632,10 @@ absl::Status Engine::AtBoundary() {
     case StepDecision::kContinue:
       break;
   }
-  if (checkpointer_ && checkpointer_->Due(step_)) {
+  if (checkpointer_ && checkpointer_->Due(counters_.step)) {
     // A scheduled checkpoint that fails is skipped: training goes on.
-    if (absl::Status s = checkpointer_->Take(world_->client(), world_->world().rank, Point());
+    if (absl::Status s =
+            checkpointer_->Take(world_->client(), world_->world().rank, CommittedStepMeta());
         !s.ok()) {
       MUSTER_LOG(WARNING) << s << "; skipped";
     }
@@ -655,16 +646,17 @@ absl::Status Engine::AtBoundary() {
 
 // Someone pulls the state after this step (muster pull-weights).
 void Engine::PublishState() {
-  if (!state_server_ || !state_server_->Wanted(step_)) return;
+  if (!state_server_ || !state_server_->Wanted(counters_.step)) return;
   absl::StatusOr<std::string> image =
       EncodeSafetensors(state_.Model(), {{"format", "muster"},
-                                         {"step", std::to_string(step_)},
+                                         {"step", std::to_string(counters_.step)},
                                          {"member", world_->client()->member_id()}});
   if (!image.ok()) {
-    MUSTER_LOG(WARNING) << "state of step " << step_ << " not published: " << image.status();
+    MUSTER_LOG(WARNING) << "state of step " << counters_.step
+                        << " not published: " << image.status();
     return;
   }
-  state_server_->Publish(step_, world_->world().generation, std::move(*image));
+  state_server_->Publish(counters_.step, world_->world().generation, std::move(*image));
 }
 
 absl::StatusOr<std::vector<double>> Engine::AllReduceSum(std::vector<double> values) {
@@ -699,10 +691,10 @@ absl::StatusOr<Distributed::Outcome> Engine::Finish() {
   if (checkpointer_) checkpointer_->Wait().IgnoreError();  // logged when it failed
   if (!life_.status().ok()) return life_.status();
   if (!life_.ended()) {  // the loop ended before ShouldStop said so: leave
-    world_->Leave(/*finished=*/false, step_).IgnoreError();
+    world_->Leave(/*finished=*/false, counters_.step).IgnoreError();
     MUSTER_RETURN_IF_ERROR(life_.End(StepOutcome::kLeft));
   } else if (life_.outcome() == StepOutcome::kFinished) {
-    world_->Leave(/*finished=*/true, step_).IgnoreError();
+    world_->Leave(/*finished=*/true, counters_.step).IgnoreError();
   }
   world_->Detach();
   return static_cast<Outcome>(life_.outcome());
