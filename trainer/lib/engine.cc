@@ -1,8 +1,10 @@
 // The elastic engine behind include/muster/muster.h: one Distributed per
 // trainer, composed of an ElasticWorld (membership, communicator), a
 // GradientSync (bucketed all-reduce carrying the control words), a
-// StepPolicy decision per step, a CatalogCheckpointer and a
-// ProgressReporter. muster-train is a client of this file like any user.
+// StepPolicy decision per step, WorldChanges (regroups, state transfer,
+// salvage, catch-up and the collective deadline), a CatalogCheckpointer and
+// a ProgressReporter; a StepLifecycle says where the step stands.
+// muster-train is a client of this file like any user.
 #include <torch/torch.h>
 #include <unistd.h>
 
@@ -27,8 +29,8 @@
 #include "trainer/elastic/state_server.h"
 #include "trainer/elastic/state_sync.h"
 #include "trainer/elastic/step_policy.h"
-#include "trainer/elastic/step_salvage.h"
 #include "trainer/elastic/training_counters.h"
+#include "trainer/elastic/world_changes.h"
 #include "trainer/lib/launch_options.h"
 #include "trainer/lib/learning_rates.h"
 #include "trainer/lib/signals.h"
@@ -38,17 +40,23 @@
 namespace muster {
 namespace {
 
-// `d` from now on the monotonic clock: a deadline for the communicator and
-// the coordinator client.
-absl::Time FromNow(absl::Duration d) { return RealClock::Get()->Now() + d; }
+WorldChangesOptions WorldChangesOptionsFrom(const Options& o, Clock* clock) {
+  WorldChangesOptions wo;
+  wo.salvage = o.salvage;
+  wo.scale_lr = o.elastic_lr == ElasticLr::kScale;
+  wo.batch_per_rank = o.batch_per_rank;
+  wo.deadline = CollectiveDeadlineOptions{absl::Seconds(o.collective_timeout_s)};
+  wo.clock = clock;
+  return wo;
+}
 
-class Engine : public Distributed {
+class Engine : public Distributed, private WorldChanges::Trainer {
  public:
   Engine(const Options& o, TrainingState state)
       : options_(o),
         state_(std::move(state)),
         sampler_(o.dataset_size, o.seed),
-        deadline_(CollectiveDeadlineOptions{absl::Seconds(o.collective_timeout_s)}) {}
+        changes_(WorldChangesOptionsFrom(o, clock_), this, &counters_, &sampler_) {}
   ~Engine() override;
 
   absl::Status Begin();
@@ -75,8 +83,8 @@ class Engine : public Distributed {
     return life_.ended() && life_.outcome() == StepOutcome::kFinished;
   }
   int regroups() const override { return world_ ? world_->regroups() : 0; }
-  int steps_salvaged() const override { return salvaged_count_; }
-  int steps_dropped() const override { return dropped_count_; }
+  int steps_salvaged() const override { return changes_.salvaged(); }
+  int steps_dropped() const override { return changes_.dropped(); }
   int checkpoints_committed() const override {
     return checkpointer_ ? checkpointer_->committed() : 0;
   }
@@ -96,13 +104,14 @@ class Engine : public Distributed {
   TrainingProgress* training_progress() const { return world_->training_progress(); }
   absl::Status StartServices(ClientOptions* client);
   absl::Status ResumeFromCheckpoint();
-  absl::Status EnterWorld(Communicator* comm, const WorldInfo& world);
-  absl::Status Salvage(Communicator* comm, const WorldInfo& world);
-  absl::Status CatchUp(int source);
   // `broken`: the world broke under this rank (a collective failed), which
   // the rendezvous reports; false at an agreed step boundary.
   absl::Status Regroup(const std::string& why, bool broken);
-  ControlWords CurrentControl() const;
+  // The regroup found no world for this trainer: it left or stopped.
+  absl::Status EndWithoutWorld();
+  // This step's all-reduce (or broadcast) failed with `failure`: regroup,
+  // then the step is salvaged (OK) or dropped (ABORTED).
+  absl::Status RegroupAfterFailedStep(const absl::Status& failure);
   bool StopAsked() const {
     return stop_asked_.load() || (stop_flag_ != nullptr && stop_flag_->load());
   }
@@ -120,10 +129,38 @@ class Engine : public Distributed {
   bool Done() const;
   void DropGradients();
   CheckpointMeta CommittedStepMeta() const;
+  absl::Time FromNow(absl::Duration d) const { return clock_->Now() + d; }
+
+  // WorldChanges::Trainer: what a change of world asks of the engine.
+  absl::Status EnterFirstWorld(int64_t step, const WorldChanges::EnterFn& enter) override {
+    return world_->EnterFirst(step, enter);
+  }
+  absl::Status EnterNextWorld(const std::string& why, int64_t step,
+                              const WorldChanges::EnterFn& enter,
+                              const BrokenWorld* broken) override;
+  bool told_to_leave() const override { return world_->told_to_leave(); }
+  void ReportCounters(const TrainingCounters& c) override {
+    world_->client()->SetStep(c.step, c.position.offset);
+  }
+  absl::Status TakeState(int source, Communicator* comm, TrainingCounters* counters,
+                         absl::Time deadline) override {
+    return SyncStateFrom(source, comm, state_, counters, deadline);
+  }
+  void UseCommunicator(Communicator* comm) override { sync_->SetCommunicator(comm); }
+  absl::StatusOr<WorldChanges::ControlAverages> ResyncGradients(Communicator* comm,
+                                                                bool contribute,
+                                                                int contributors,
+                                                                const ControlWords& words,
+                                                                absl::Time deadline) override;
+  ControlWords CurrentControl() const override;
+  absl::Status StepTakenByOthers(StepDecision next) override;
+  void BeforeSalvagedStep() override { lr_->Apply(progress()); }
+  absl::Status StepSalvaged(const SalvagedStep& step) override;
 
   // Constant after construction.
   const Options options_;
   const TrainingState state_;
+  Clock* const clock_ = RealClock::Get();
   DistributedSampler sampler_;
   const std::atomic<bool>* stop_flag_ = nullptr;
   const std::atomic<bool>* leave_flag_ = nullptr;
@@ -136,11 +173,10 @@ class Engine : public Distributed {
   std::unique_ptr<GradientSync> sync_;
   std::unique_ptr<CatalogCheckpointer> checkpointer_;
   std::unique_ptr<ProgressReporter> reporter_;
-  // How long collectives wait; and when the last step committed.
-  CollectiveDeadline deadline_;
-  absl::Time last_commit_;
   // The counters every rank holds alike between steps.
   TrainingCounters counters_;
+  // Regroups, the failed step, and how long collectives wait.
+  WorldChanges changes_;
   int64_t resumed_from_ = -1;
   bool resumed_live_ = false;  // resumed_from_ is a live peer's step
   // The step in flight and the boundary after it.
@@ -150,14 +186,6 @@ class Engine : public Distributed {
   StepLifecycle life_;
   StepDecision decision_ = StepDecision::kContinue;
   std::optional<LearningRates> lr_;  // set by Begin
-  // A step whose all-reduce failed, kept for salvage while regrouping.
-  struct PendingStep {
-    int64_t step = 0;
-    SamplerPosition position;
-    uint64_t generation = 0;
-    int world = 0, rank = 0;
-  } pending_;  // the step of kFailed: regrouping from inside AfterBackward
-  int salvaged_count_ = 0, dropped_count_ = 0;
   double comm_total_ = 0, hidden_total_ = 0;
 };
 
@@ -198,7 +226,7 @@ absl::Status Engine::Begin() {
   ElasticWorldOptions wo;
   wo.comm = CommOptionsFrom(options_, static_cast<int>(client.local_rank));
   wo.client = std::move(client);
-  wo.build_timeout = deadline_.Long();
+  wo.build_timeout = changes_.long_timeout();
   wo.join_timeout = absl::Seconds(options_.join_timeout_s);
   wo.rendezvous_timeout = absl::Seconds(options_.rendezvous_timeout_s);
   wo.interrupted = [this] { return StopAsked() || LeaveAsked(); };
@@ -206,11 +234,10 @@ absl::Status Engine::Begin() {
   GradientSyncOptions so;
   so.bucket_bytes = static_cast<size_t>(options_.bucket_mb * (1 << 20));
   so.overlap = options_.overlap;
-  so.timeout = deadline_.Current();
+  so.timeout = changes_.step_timeout();
   sync_ = std::make_unique<GradientSync>(state_.model->parameters(), nullptr, so);
   MUSTER_RETURN_IF_ERROR(ResumeFromCheckpoint());
-  MUSTER_RETURN_IF_ERROR(world_->EnterFirst(
-      counters_.step, [this](Communicator* c, const WorldInfo& w) { return EnterWorld(c, w); }));
+  MUSTER_RETURN_IF_ERROR(changes_.EnterFirst());
   if (counters_.step != std::max<int64_t>(resumed_from_, 0)) {  // a live peer was further ahead
     MUSTER_LOG(INFO) << "took the live state of step " << counters_.step << " from rank "
                      << world_->world().state_source_rank
@@ -271,98 +298,61 @@ absl::Status Engine::ResumeFromCheckpoint() {
   return absl::OkStatus();
 }
 
-// Every rank of a new world: take the state of the member furthest ahead.
-absl::Status Engine::EnterWorld(Communicator* comm, const WorldInfo& world) {
-  const bool scale = options_.elastic_lr == ElasticLr::kScale;
-  if (counters_.lr_world_size == 0 || scale) counters_.lr_world_size = world.world_size;
-  MUSTER_RETURN_IF_ERROR(SyncStateFrom(world.state_source_rank, comm, state_, &counters_,
-                                       FromNow(deadline_.Long())));
-  if (scale) counters_.lr_world_size = world.world_size;
-  sync_->SetCommunicator(comm);
-  world_->client()->SetStep(counters_.step, counters_.position.offset);
-  return Salvage(comm, world);
+absl::Status Engine::EnterNextWorld(const std::string& why, int64_t step,
+                                    const WorldChanges::EnterFn& enter,
+                                    const BrokenWorld* broken) {
+  return world_->Regroup(
+      why, step, enter,
+      [this] {  // a scheduled checkpoint that failed was logged; training goes on
+        if (checkpointer_) checkpointer_->Wait().IgnoreError();
+      },
+      broken);
 }
 
-// Every rank of a new world, after the state transfer: the survivors of a
-// failed step reduce the gradients they still hold and take the step, its
-// lost shares' examples returned to the sampler. Ranks outside the step
-// (joiners) add zeros, then take the state after it from a rank in it.
-absl::Status Engine::Salvage(Communicator* comm, const WorldInfo& world) {
-  const bool in_step = life_.state() == StepState::kFailed;
-  SalvageClaim claim;
-  claim.contributes = options_.salvage && in_step && pending_.step == counters_.step &&
-                      pending_.position == counters_.position;
-  claim.generation = pending_.generation;
-  claim.world = pending_.world;
-  claim.rank = pending_.rank;
-  claim.in_step = in_step;
-  const absl::Time deadline = FromNow(deadline_.Long());
-  MUSTER_ASSIGN_OR_RETURN(SalvagePlan plan, AgreeOnSalvage(claim, comm, deadline));
-  if (!plan.salvage()) return absl::OkStatus();
-  const ControlWords words = CurrentControl();
-  MUSTER_RETURN_IF_ERROR(
-      sync_->Resync(comm, claim.contributes, plan.contributors, words.ToArray(), deadline));
-  decision_ = DecideAfterStep(sync_->control(), world.world_size, words, world_->told_to_leave());
-  if (!in_step) {  // the step's counters and state come from a rank in it
-    MUSTER_RETURN_IF_ERROR(life_.StepTaken());
-    return CatchUp(plan.first_stepper);
-  }
-  // The step is now one of this world: its rate too (a world change may scale it).
-  lr_->Apply(progress());
-  const SampledBatch taken =
-      sampler_.Next(counters_.position, plan.old_world, 0, options_.batch_per_rank);
-  counters_.position = sampler_.Advance(counters_.position, taken, plan.old_world,
-                                        options_.batch_per_rank, plan.lost);
-  ++counters_.step;
-  world_->client()->SetStep(counters_.step, counters_.position.offset);
-  if (!claim.contributes) batch_.indices.clear();  // this rank's examples did not count
+absl::StatusOr<WorldChanges::ControlAverages> Engine::ResyncGradients(
+    Communicator* comm, bool contribute, int contributors, const ControlWords& words,
+    absl::Time deadline) {
+  MUSTER_RETURN_IF_ERROR(sync_->Resync(comm, contribute, contributors, words.ToArray(), deadline));
+  return sync_->control();
+}
+
+absl::Status Engine::StepTakenByOthers(StepDecision next) {
+  decision_ = next;
+  return life_.StepTaken();
+}
+
+absl::Status Engine::StepSalvaged(const SalvagedStep& step) {
+  decision_ = step.next;
+  if (!step.contributed) batch_.indices.clear();  // this rank's examples did not count
   MUSTER_RETURN_IF_ERROR(life_.Salvaged());
-  if (plan.steppers < world.world_size) life_.CatchUpFrom(plan.first_stepper);
-  MUSTER_LOG(WARNING) << "step " << counters_.step << " salvaged in generation "
-                      << world.generation << ": " << plan.contributors << " of " << plan.old_world
-                      << " shares reduced, " << plan.lost.size() << " returned to the sampler";
-  return absl::OkStatus();
-}
-
-// After a salvaged step that some ranks were not in: every rank takes the
-// state of a rank that took the step (its optimizer has run by now).
-absl::Status Engine::CatchUp(int source) {
-  MUSTER_RETURN_IF_ERROR(
-      SyncStateFrom(source, world_->comm(), state_, &counters_, FromNow(deadline_.Long())));
-  world_->client()->SetStep(counters_.step, counters_.position.offset);
+  if (step.catch_up_from >= 0) life_.CatchUpFrom(step.catch_up_from);
   return absl::OkStatus();
 }
 
 absl::Status Engine::Regroup(const std::string& why, bool broken) {
-  sync_->SetCommunicator(nullptr);
-  deadline_.Forget();
-  const BrokenWorld report = BrokenWorld::Because(why, deadline_.Current());
-  MUSTER_RETURN_IF_ERROR(world_->Regroup(
-      why, counters_.step, [this](Communicator* c, const WorldInfo& w) { return EnterWorld(c, w); },
-      [this] {  // a scheduled checkpoint that failed was logged; training goes on
-        if (checkpointer_) checkpointer_->Wait().IgnoreError();
-      },
-      broken ? &report : nullptr));
-  if (world_->left()) {
-    // Told to stop (not to leave) while waiting for a world, as when the
-    // time-limit warning comes in a paused job: there is no world to
-    // checkpoint in, so this is a stop that resumes from the newest committed
-    // checkpoint (exit 75, requeued), not a departure.
-    const bool stopped = StopAsked() && !LeaveAsked();
-    if (!stopped) {
-      MUSTER_RETURN_IF_ERROR(life_.End(StepOutcome::kLeft));
-      if (!options_.quiet) {
-        std::cout << "muster: left the job after step " << counters_.step << std::endl;
-      }
-      return absl::OkStatus();
+  MUSTER_RETURN_IF_ERROR(changes_.Regroup(why, broken));
+  if (world_->left()) return EndWithoutWorld();
+  reporter_->WorldEntered(progress(), world_->comm()->name(), world_->world().node_count);
+  return absl::OkStatus();
+}
+
+absl::Status Engine::EndWithoutWorld() {
+  // Told to stop (not to leave) while waiting for a world, as when the
+  // time-limit warning comes in a paused job: there is no world to
+  // checkpoint in, so this is a stop that resumes from the newest committed
+  // checkpoint (exit 75, requeued), not a departure.
+  const bool stopped = StopAsked() && !LeaveAsked();
+  if (!stopped) {
+    MUSTER_RETURN_IF_ERROR(life_.End(StepOutcome::kLeft));
+    if (!options_.quiet) {
+      std::cout << "muster: left the job after step " << counters_.step << std::endl;
     }
-    const bool saved = checkpointer_ && checkpointer_->newest_committed() == counters_.step;
-    MUSTER_RETURN_IF_ERROR(
-        life_.End(saved ? StepOutcome::kStopped : StepOutcome::kStoppedWithoutCheckpoint));
-    SayStopped("stopped while waiting for a world after step ");
     return absl::OkStatus();
   }
-  reporter_->WorldEntered(progress(), world_->comm()->name(), world_->world().node_count);
+  const bool saved = checkpointer_ && checkpointer_->newest_committed() == counters_.step;
+  MUSTER_RETURN_IF_ERROR(
+      life_.End(saved ? StepOutcome::kStopped : StepOutcome::kStoppedWithoutCheckpoint));
+  SayStopped("stopped while waiting for a world after step ");
   return absl::OkStatus();
 }
 
@@ -433,7 +423,7 @@ void Engine::BeforeBackward(bool sync) {
     return;
   }
   if (first || sync) sent_ = CurrentControl();
-  if (first) sync_->SetTimeout(deadline_.Current());
+  if (first) sync_->SetTimeout(changes_.step_timeout());
   sync_->Begin(sync, sent_.ToArray());
 }
 
@@ -464,49 +454,44 @@ absl::Status Engine::AfterBackward() {
   // The optimizer update that follows must not change what a checkpoint's
   // copies still read (on the GPU they run beside training).
   if (checkpointer_) checkpointer_->BeforeUpdate();
-  const absl::Time backward_end = RealClock::Get()->Now();
-  absl::Status s =
-      sync_->Finish(FromNow(deadline_.Current()), [progress] { progress->Mark(); });
+  const absl::Time backward_end = clock_->Now();
+  absl::Status s = sync_->Finish(changes_.StepDeadline(), [progress] { progress->Mark(); });
   TrainingProgress::Busy busy(progress);  // a broadcast, a regroup
   if (s.ok()) s = BroadcastBuffers();
-  if (!s.ok()) {
-    // A peer failed or hung: regroup with the others, keeping this rank's
-    // gradients for the new world to salvage the step (Salvage).
-    MUSTER_LOG(WARNING) << "step " << counters_.step + 1 << " failed: " << s;
-    const WorldInfo& w = world_->world();
-    pending_ = {counters_.step, counters_.position, w.generation, w.world_size, w.rank};
-    MUSTER_RETURN_IF_ERROR(life_.Fail());
-    if (absl::Status r = Regroup(std::string(s.message()), /*broken=*/true); !r.ok()) {
-      life_.Break(r);
-      return r;
-    }
-    if (life_.state() == StepState::kBoundaryDue) {  // salvaged
-      ++salvaged_count_;
-      return absl::OkStatus();
-    }
-    if (life_.state() == StepState::kFailed) MUSTER_RETURN_IF_ERROR(life_.Dropped());
-    DropGradients();
-    ++dropped_count_;
-    MUSTER_LOG(WARNING) << "step " << counters_.step + 1 << " dropped in generation "
-                        << world_->world().generation;
-    return absl::AbortedError(
-        absl::StrCat("step ", counters_.step + 1, " dropped: ", s.message()));
-  }
+  if (!s.ok()) return RegroupAfterFailedStep(s);
   const double comm_s = sync_->last_stats().comm_seconds;
   comm_total_ += comm_s;
-  const double since_backward = absl::ToDoubleSeconds(RealClock::Get()->Now() - backward_end);
+  const double since_backward = absl::ToDoubleSeconds(clock_->Now() - backward_end);
   hidden_total_ += std::max(0.0, comm_s - since_backward);
   decision_ = DecideAfterStep(sync_->control(), world_->world().world_size, sent_,
                               world_->told_to_leave());
   ++counters_.step;
   counters_.position = sampler_.Advance(counters_.position, batch_, world_->world().world_size,
                                         options_.batch_per_rank, {});
-  world_->client()->SetStep(counters_.step, counters_.position.offset);
+  ReportCounters(counters_);
   MUSTER_RETURN_IF_ERROR(life_.Reduced());
-  const absl::Time now = RealClock::Get()->Now();
-  if (deadline_.TakeTiming()) deadline_.StepTook(now - last_commit_);
-  last_commit_ = now;
+  changes_.StepCommitted();
   return absl::OkStatus();
+}
+
+// A peer failed or hung: regroup with the others, keeping this rank's
+// gradients for the new world to salvage the step (WorldChanges).
+absl::Status Engine::RegroupAfterFailedStep(const absl::Status& failure) {
+  MUSTER_LOG(WARNING) << "step " << counters_.step + 1 << " failed: " << failure;
+  MUSTER_RETURN_IF_ERROR(life_.Fail());
+  changes_.KeepFailedStep(world_->world());
+  if (absl::Status r = Regroup(std::string(failure.message()), /*broken=*/true); !r.ok()) {
+    life_.Break(r);
+    return r;
+  }
+  if (life_.state() == StepState::kBoundaryDue) return absl::OkStatus();  // salvaged
+  if (life_.state() == StepState::kFailed) MUSTER_RETURN_IF_ERROR(life_.Dropped());
+  DropGradients();
+  changes_.DropFailedStep();
+  MUSTER_LOG(WARNING) << "step " << counters_.step + 1 << " dropped in generation "
+                      << world_->world().generation;
+  return absl::AbortedError(
+      absl::StrCat("step ", counters_.step + 1, " dropped: ", failure.message()));
 }
 
 // Rank 0's buffers to every rank (Options::broadcast_buffers). Should it
@@ -517,7 +502,7 @@ absl::Status Engine::BroadcastBuffers() {
   if (!options_.broadcast_buffers) return absl::OkStatus();
   const std::vector<torch::Tensor> buffers = state_.model->buffers();
   if (buffers.empty()) return absl::OkStatus();
-  return BroadcastTensors(buffers, world_->comm(), 0, FromNow(deadline_.Current()));
+  return BroadcastTensors(buffers, world_->comm(), 0, changes_.StepDeadline());
 }
 
 // What a checkpoint after the last committed step records.
@@ -563,7 +548,7 @@ absl::StatusOr<bool> Engine::CheckpointToStop() {
     // the ranks sum their failures, which is also a barrier.
     int64_t failed = s.ok() ? 0 : 1;
     MUSTER_RETURN_IF_ERROR(AllReduceValues(world_->comm(), &failed, 1, DataType::kInt64,
-                                           ReduceOp::kSum, FromNow(deadline_.Long())));
+                                           ReduceOp::kSum, changes_.LongDeadline()));
     if (failed == 0) return true;
     MUSTER_LOG(WARNING) << "the checkpoint to stop at step " << counters_.step
                         << " did not commit (try " << attempt << " of " << kAttempts << "): "
@@ -607,7 +592,7 @@ void Engine::SayStopped(const std::string& how) const {
 
 absl::Status Engine::AtBoundary() {
   if (const int source = life_.TakeCatchUp(); source >= 0) {
-    if (absl::Status s = CatchUp(source); !s.ok()) {
+    if (absl::Status s = changes_.CatchUp(world_->comm(), source); !s.ok()) {
       MUSTER_RETURN_IF_ERROR(Regroup(std::string(s.message()), /*broken=*/true));
       if (life_.ended()) return absl::OkStatus();
     }
@@ -669,7 +654,7 @@ absl::StatusOr<std::vector<double>> Engine::AllReduceSum(std::vector<double> val
   // of their own, so the long deadline, not the step's.
   absl::Status s = AllReduceValues(world_->comm(), values.data(), values.size(),
                                    DataType::kFloat64, ReduceOp::kSum,
-                                   FromNow(deadline_.Long()));
+                                   changes_.LongDeadline());
   if (s.ok()) return values;
   if (absl::Status r = Regroup(std::string(s.message()), /*broken=*/true); !r.ok()) {
     life_.Break(r);
