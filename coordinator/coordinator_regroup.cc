@@ -419,9 +419,8 @@ absl::Status Coordinator::ReportBroken(const MemberKey& key, const BrokenWorldRe
     return absl::FailedPreconditionError(
         absl::StrCat("member ", key.id, " is not in generation ", g));
   }
-  std::string why = absl::StrCat("rank ", rank, " (", key.id, ") reports that generation ", g,
-                                 " broke: ", report.reason);
-  if (!report.suspect.empty()) absl::StrAppend(&why, "; it suspects ", report.suspect);
+  const std::string why = absl::StrCat("rank ", rank, " (", key.id,
+                                       ") reports that generation ", g, " broke: ", report.reason);
   Record("broken", why);
   absl::Duration window =
       report.deadline > absl::ZeroDuration() ? report.deadline : options_.regroup_arrival;

@@ -49,7 +49,6 @@ BrokenWorldReport FromProto(const v1::BrokenWorld& broken) {
   BrokenWorldReport r;
   r.generation = broken.generation();
   r.reason = broken.reason();
-  r.suspect = broken.suspect_member_id();
   r.deadline = absl::Milliseconds(broken.deadline_ms());
   return r;
 }

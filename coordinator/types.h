@@ -80,7 +80,6 @@ struct World {
 struct BrokenWorldReport {
   uint64_t generation = 0;
   std::string reason;
-  std::string suspect;  // a member id; "" when the reporter knows none
   // Members of the regroup must come to its rendezvous within this, or are
   // fenced as hung. Zero: CoordinatorOptions::regroup_arrival.
   absl::Duration deadline;

@@ -428,7 +428,7 @@ TEST_F(CoordinatorTest, ABrokenWorldReportRegroupsItOnce) {
   EXPECT_FALSE(a.world.has_value());
   EXPECT_EQ(c_->GetStatus().generation, 1u);
 
-  ASSERT_TRUE(c_->ReportBroken(a.key, {1, "gloo: Read error: Connection reset", "c",
+  ASSERT_TRUE(c_->ReportBroken(a.key, {1, "gloo: Read error: Connection reset",
                                        absl::Seconds(5)})
                   .ok());
   EXPECT_EQ(c_->GetStatus().generation, 2u);
@@ -438,13 +438,13 @@ TEST_F(CoordinatorTest, ABrokenWorldReportRegroupsItOnce) {
     EXPECT_TRUE(e.abort);
     EXPECT_EQ(e.generation, 2u);
     EXPECT_TRUE(absl::StrContains(e.reason, "reports that generation 1 broke")) << e.reason;
-    EXPECT_TRUE(absl::StrContains(e.reason, "suspects c")) << e.reason;
+    EXPECT_TRUE(absl::StrContains(e.reason, "Connection reset")) << e.reason;
   }
   // The same world reported again, or an older one: nothing changes.
-  const absl::Status again = c_->ReportBroken(b.key, {1, "deadline", "", absl::Seconds(5)});
+  const absl::Status again = c_->ReportBroken(b.key, {1, "deadline", absl::Seconds(5)});
   EXPECT_EQ(again.code(), absl::StatusCode::kAborted) << again;
   EXPECT_EQ(c_->GetStatus().generation, 2u);
-  EXPECT_EQ(c_->ReportBroken(b.key, {9, "?", "", absl::Seconds(5)}).code(),
+  EXPECT_EQ(c_->ReportBroken(b.key, {9, "?", absl::Seconds(5)}).code(),
             absl::StatusCode::kFailedPrecondition);
   Rendezvous(b, 1, 5);
   Rendezvous(c, 1, 5);
@@ -465,7 +465,7 @@ TEST_F(CoordinatorTest, AMemberThatDoesNotComeToTheRegroupIsFencedAsHung) {
   Member& b = *members_[1];
   Member& c = *members_[2];
 
-  ASSERT_TRUE(c_->ReportBroken(a.key, {1, "gloo collective passed its deadline", "",
+  ASSERT_TRUE(c_->ReportBroken(a.key, {1, "gloo collective passed its deadline",
                                        absl::Seconds(2)})
                   .ok());
   Rendezvous(a, 1, 5);
@@ -512,7 +512,7 @@ TEST_F(CoordinatorTest, AMemberStalledWhenItsPeersDeadlinePassedIsLeftOutAtOnce)
     beat(a, absl::ZeroDuration());
     beat(c, absl::Milliseconds(50 + 500 * i));
   }
-  ASSERT_TRUE(c_->ReportBroken(a.key, {1, "gloo collective passed its deadline", "",
+  ASSERT_TRUE(c_->ReportBroken(a.key, {1, "gloo collective passed its deadline",
                                        absl::Seconds(2)})
                   .ok());
   EXPECT_TRUE(c.sink->closed);
@@ -541,7 +541,7 @@ TEST_F(CoordinatorTest, AStragglerIsWaitedFor) {
   ASSERT_TRUE(c_->Heartbeat(a.session, {5, 0, absl::ZeroDuration()}).ok());
   ASSERT_TRUE(c_->Heartbeat(b.session, {5, 0, absl::ZeroDuration()}).ok());
   ASSERT_TRUE(c_->Heartbeat(c.session, {5, 0, absl::Milliseconds(1500)}).ok());
-  ASSERT_TRUE(c_->ReportBroken(a.key, {1, "gloo collective passed its deadline", "",
+  ASSERT_TRUE(c_->ReportBroken(a.key, {1, "gloo collective passed its deadline",
                                        absl::Seconds(2)})
                   .ok());
   EXPECT_FALSE(c.sink->closed) << c.sink->close_status;

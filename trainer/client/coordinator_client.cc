@@ -393,7 +393,6 @@ absl::StatusOr<WorldInfo> CoordinatorClient::Rendezvous(uint64_t after, int64_t 
       v1::BrokenWorld* b = req.mutable_broken();
       b->set_generation(after);
       b->set_reason(broken->reason.substr(0, 1000));
-      b->set_suspect_member_id(broken->suspect);
       b->set_deadline_ms(static_cast<uint32_t>(
           std::clamp<int64_t>(absl::ToInt64Milliseconds(broken->deadline), 0, 3'600'000)));
     }

@@ -26,6 +26,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -98,12 +99,19 @@ struct CatalogEntry {
 };
 
 // Why this member's world broke, as it reports it with its rendezvous: what
-// failed, the member it suspects ("" when none), and its collective timeout
-// (the regroup's members must arrive within it, or are fenced as hung).
+// failed, and its collective timeout (the regroup's members must arrive
+// within it, or are fenced as hung). It names no culprit: a failed
+// collective's status names none, and the coordinator tells a dead or hung
+// member by who does not come to the regroup in time.
 struct BrokenWorld {
   std::string reason;
-  std::string suspect;
   absl::Duration deadline;
+
+  // The report: the one place one is made (a collective failed, a world did
+  // not start).
+  static BrokenWorld Because(std::string reason, absl::Duration deadline) {
+    return BrokenWorld{std::move(reason), deadline};
+  }
 };
 
 class CoordinatorClient {

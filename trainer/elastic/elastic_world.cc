@@ -133,7 +133,8 @@ absl::Status ElasticWorld::EnterFirst(int64_t step, const EnterFn& enter) {
   world_ = *first;
   const absl::Status entered = Enter(enter);
   if (entered.ok() || !WorldMovedOn(entered)) return entered;
-  const BrokenWorld broken{std::string(entered.message()), "", options_.build_timeout};
+  const BrokenWorld broken =
+      BrokenWorld::Because(std::string(entered.message()), options_.build_timeout);
   return Regroup(std::string(entered.message()), step, enter, [] {}, &broken);
 }
 
@@ -182,9 +183,9 @@ absl::Status ElasticWorld::Regroup(const std::string& why, int64_t step, const E
     MUSTER_LOG(WARNING) << "generation " << world_.generation << " did not start (" << entered
                         << "); joining the next one";
     // Maybe nobody else knows (a peer hung while the world was built).
-    failed_entry = {absl::StrCat("generation ", world_.generation,
-                                 " did not start: ", entered.message()),
-                    "", broken != nullptr ? broken->deadline : options_.build_timeout};
+    failed_entry = BrokenWorld::Because(
+        absl::StrCat("generation ", world_.generation, " did not start: ", entered.message()),
+        broken != nullptr ? broken->deadline : options_.build_timeout);
     broken = &failed_entry;
   }
   ++regroups_;

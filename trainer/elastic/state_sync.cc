@@ -4,6 +4,7 @@
 #include <xxhash.h>
 
 #include <map>
+#include <utility>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -142,30 +143,32 @@ absl::Status CheckSameState(const TrainingState& state, const std::vector<int64_
 }
 
 absl::Status SyncStateFrom(int source, Communicator* comm, const TrainingState& state,
-                           std::vector<int64_t>* counters, absl::Time deadline) {
+                           TrainingCounters* counters, absl::Time deadline) {
   // The source's counter count first (the counters may differ in length:
   // they end with the sampler's returned examples), then the counters with
   // the source's blob sizes.
-  int64_t count = static_cast<int64_t>(counters->size());
+  std::vector<int64_t> words = counters->ToWords();
+  int64_t count = static_cast<int64_t>(words.size());
   MUSTER_RETURN_IF_ERROR(BroadcastValues(comm, &count, 1, DataType::kInt64, source, deadline));
   if (count < 0 || count > (int64_t{1} << 30)) {
     return absl::DataLossError(absl::StrCat("state source sent ", count, " counters"));
   }
-  counters->resize(static_cast<size_t>(count), 0);
+  words.resize(static_cast<size_t>(count), 0);
   std::vector<std::string> blobs;
   for (const Blob& b : state.blobs) blobs.push_back(b.save());
-  std::vector<int64_t> head = *counters;
+  std::vector<int64_t> head = words;
   for (const std::string& b : blobs) head.push_back(static_cast<int64_t>(b.size()));
   MUSTER_RETURN_IF_ERROR(BroadcastValues(comm, head.data(), head.size(), DataType::kInt64,
                                          source, deadline));
-  std::copy(head.begin(), head.begin() + counters->size(), counters->begin());
+  std::copy(head.begin(), head.begin() + words.size(), words.begin());
+  MUSTER_ASSIGN_OR_RETURN(TrainingCounters received_counters, TrainingCounters::FromWords(words));
   // Every rank must hold the same set of optimizer tensors before the
   // broadcast (a newcomer has none yet): TrainingState::Optimizer sees to it.
   const NamedTensors optimizer_tensors = state.Optimizer();  // step tensors: read back below
   std::vector<torch::Tensor> tensors = StateTensors(state, optimizer_tensors);
   std::map<std::string, std::string> received;
   for (size_t i = 0; i < state.blobs.size(); ++i) {
-    const size_t size = static_cast<size_t>(head[counters->size() + i]);
+    const size_t size = static_cast<size_t>(head[words.size() + i]);
     blobs[i].resize(size);  // the source's size; its bytes arrive below
     tensors.push_back(BytesTensor(blobs[i]));
   }
@@ -175,7 +178,9 @@ absl::Status SyncStateFrom(int source, Communicator* comm, const TrainingState& 
   }
   MUSTER_RETURN_IF_ERROR(state.LoadOptimizer(optimizer_tensors));
   MUSTER_RETURN_IF_ERROR(state.LoadBlobs(received));
-  return CheckSameState(state, *counters, comm, deadline);
+  MUSTER_RETURN_IF_ERROR(CheckSameState(state, words, comm, deadline));
+  *counters = std::move(received_counters);
+  return absl::OkStatus();
 }
 
 }  // namespace muster

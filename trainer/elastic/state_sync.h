@@ -16,17 +16,21 @@
 #include "absl/time/time.h"
 #include "trainer/checkpoint/training_state.h"
 #include "trainer/comm/communicator.h"
+#include "trainer/elastic/training_counters.h"
 
 namespace muster {
 
-// Broadcasts `source`'s `counters` (e.g. step and sample offset; every rank
-// ends with the source's count) and state to every rank, then checks that all ranks
-// hold identical state. Errors: the communicator's; DATA_LOSS when the
-// ranks still differ or a blob's load rejects the source's bytes.
+// Broadcasts `source`'s `counters` (as TrainingCounters::ToWords) and
+// state to every rank, then checks that all ranks hold identical state. On
+// success every rank holds the source's state and `*counters`. Errors: the
+// communicator's; DATA_LOSS when the ranks still differ, the source's
+// counters do not decode, or a blob's load rejects the source's bytes;
+// `*counters` is then unchanged (the tensors may have been overwritten).
 absl::Status SyncStateFrom(int source, Communicator* comm, const TrainingState& state,
-                           std::vector<int64_t>* counters, absl::Time deadline);
+                           TrainingCounters* counters, absl::Time deadline);
 
-// XXH3-64 over every byte of `state` and `counters`.
+// XXH3-64 over every byte of `state` and `counters` (words such as
+// TrainingCounters::ToWords).
 uint64_t StateDigest(const TrainingState& state, const std::vector<int64_t>& counters);
 
 // All-reduced check that `digest` is the same on every rank: OK, or

@@ -1,6 +1,6 @@
 // StepLifecycle: where a trainer's engine stands in its step, and the only
 // place that moves it (STYLE.md 16; the coordinator's GenerationState is
-// its counterpart). The engine (distributed.cc) asks it for each move; a
+// its counterpart). The engine (engine.cc) asks it for each move; a
 // move the diagram does not have is refused with FAILED_PRECONDITION naming
 // the move and the state, and changes nothing.
 //

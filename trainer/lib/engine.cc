@@ -1,8 +1,10 @@
 // The elastic engine behind include/muster/muster.h: one Distributed per
 // trainer, composed of an ElasticWorld (membership, communicator), a
 // GradientSync (bucketed all-reduce carrying the control words), a
-// StepPolicy decision per step, a CatalogCheckpointer and a
-// ProgressReporter. muster-train is a client of this file like any user.
+// StepPolicy decision per step, WorldChanges (regroups, state transfer,
+// salvage, catch-up and the collective deadline), a CatalogCheckpointer and
+// a ProgressReporter; a StepLifecycle says where the step stands.
+// muster-train is a client of this file like any user.
 #include <torch/torch.h>
 #include <unistd.h>
 
@@ -27,7 +29,8 @@
 #include "trainer/elastic/state_server.h"
 #include "trainer/elastic/state_sync.h"
 #include "trainer/elastic/step_policy.h"
-#include "trainer/elastic/step_salvage.h"
+#include "trainer/elastic/training_counters.h"
+#include "trainer/elastic/world_changes.h"
 #include "trainer/lib/launch_options.h"
 #include "trainer/lib/learning_rates.h"
 #include "trainer/lib/signals.h"
@@ -37,17 +40,23 @@
 namespace muster {
 namespace {
 
-// `d` from now on the monotonic clock: a deadline for the communicator and
-// the coordinator client.
-absl::Time FromNow(absl::Duration d) { return RealClock::Get()->Now() + d; }
+WorldChangesOptions WorldChangesOptionsFrom(const Options& o, Clock* clock) {
+  WorldChangesOptions wo;
+  wo.salvage = o.salvage;
+  wo.scale_lr = o.elastic_lr == ElasticLr::kScale;
+  wo.batch_per_rank = o.batch_per_rank;
+  wo.deadline = CollectiveDeadlineOptions{absl::Seconds(o.collective_timeout_s)};
+  wo.clock = clock;
+  return wo;
+}
 
-class Engine : public Distributed {
+class Engine : public Distributed, private WorldChanges::Trainer {
  public:
   Engine(const Options& o, TrainingState state)
       : options_(o),
         state_(std::move(state)),
         sampler_(o.dataset_size, o.seed),
-        deadline_(CollectiveDeadlineOptions{absl::Seconds(o.collective_timeout_s)}) {}
+        changes_(WorldChangesOptionsFrom(o, clock_), this, &counters_, &sampler_) {}
   ~Engine() override;
 
   absl::Status Begin();
@@ -62,7 +71,7 @@ class Engine : public Distributed {
   }
   void RecordLoss(double loss) override { reporter_->RecordLoss(loss); }
   void LogScalars(const std::map<std::string, double>& values) override {
-    reporter_->Scalars(step_, values);
+    reporter_->Scalars(counters_.step, values);
   }
   absl::StatusOr<Outcome> Finish() override;
   void RequestStop() override { stop_asked_ = true; }
@@ -74,15 +83,15 @@ class Engine : public Distributed {
     return life_.ended() && life_.outcome() == StepOutcome::kFinished;
   }
   int regroups() const override { return world_ ? world_->regroups() : 0; }
-  int steps_salvaged() const override { return salvaged_count_; }
-  int steps_dropped() const override { return dropped_count_; }
+  int steps_salvaged() const override { return changes_.salvaged(); }
+  int steps_dropped() const override { return changes_.dropped(); }
   int checkpoints_committed() const override {
     return checkpointer_ ? checkpointer_->committed() : 0;
   }
   int64_t resumed_from_step() const override { return resumed_from_; }
   bool resumed_from_live_state() const override { return resumed_live_; }
   uint64_t StateDigest() const override {
-    return muster::StateDigest(state_, Counters());
+    return muster::StateDigest(state_, counters_.ToWords());
   }
   double comm_overlap_pct() const override {
     return comm_total_ > 0 ? 100.0 * hidden_total_ / comm_total_ : 0;
@@ -95,15 +104,14 @@ class Engine : public Distributed {
   TrainingProgress* training_progress() const { return world_->training_progress(); }
   absl::Status StartServices(ClientOptions* client);
   absl::Status ResumeFromCheckpoint();
-  absl::Status EnterWorld(Communicator* comm, const WorldInfo& world);
-  absl::Status Salvage(Communicator* comm, const WorldInfo& world);
-  absl::Status CatchUp(int source);
   // `broken`: the world broke under this rank (a collective failed), which
   // the rendezvous reports; false at an agreed step boundary.
   absl::Status Regroup(const std::string& why, bool broken);
-  std::vector<int64_t> Counters() const;
-  void SetCounters(const std::vector<int64_t>& counters);
-  ControlWords CurrentControl() const;
+  // The regroup found no world for this trainer: it left or stopped.
+  absl::Status EndWithoutWorld();
+  // This step's all-reduce (or broadcast) failed with `failure`: regroup,
+  // then the step is salvaged (OK) or dropped (ABORTED).
+  absl::Status RegroupAfterFailedStep(const absl::Status& failure);
   bool StopAsked() const {
     return stop_asked_.load() || (stop_flag_ != nullptr && stop_flag_->load());
   }
@@ -120,11 +128,39 @@ class Engine : public Distributed {
   absl::Status BroadcastBuffers();
   bool Done() const;
   void DropGradients();
-  CheckpointMeta Point() const;
+  CheckpointMeta CommittedStepMeta() const;
+  absl::Time FromNow(absl::Duration d) const { return clock_->Now() + d; }
+
+  // WorldChanges::Trainer: what a change of world asks of the engine.
+  absl::Status EnterFirstWorld(int64_t step, const WorldChanges::EnterFn& enter) override {
+    return world_->EnterFirst(step, enter);
+  }
+  absl::Status EnterNextWorld(const std::string& why, int64_t step,
+                              const WorldChanges::EnterFn& enter,
+                              const BrokenWorld* broken) override;
+  bool told_to_leave() const override { return world_->told_to_leave(); }
+  void ReportCounters(const TrainingCounters& c) override {
+    world_->client()->SetStep(c.step, c.position.offset);
+  }
+  absl::Status TakeState(int source, Communicator* comm, TrainingCounters* counters,
+                         absl::Time deadline) override {
+    return SyncStateFrom(source, comm, state_, counters, deadline);
+  }
+  void UseCommunicator(Communicator* comm) override { sync_->SetCommunicator(comm); }
+  absl::StatusOr<WorldChanges::ControlAverages> ResyncGradients(Communicator* comm,
+                                                                bool contribute,
+                                                                int contributors,
+                                                                const ControlWords& words,
+                                                                absl::Time deadline) override;
+  ControlWords CurrentControl() const override;
+  absl::Status StepTakenByOthers(StepDecision next) override;
+  void BeforeSalvagedStep() override { lr_->Apply(progress()); }
+  absl::Status StepSalvaged(const SalvagedStep& step) override;
 
   // Constant after construction.
   const Options options_;
   const TrainingState state_;
+  Clock* const clock_ = RealClock::Get();
   DistributedSampler sampler_;
   const std::atomic<bool>* stop_flag_ = nullptr;
   const std::atomic<bool>* leave_flag_ = nullptr;
@@ -137,13 +173,10 @@ class Engine : public Distributed {
   std::unique_ptr<GradientSync> sync_;
   std::unique_ptr<CatalogCheckpointer> checkpointer_;
   std::unique_ptr<ProgressReporter> reporter_;
-  // How long collectives wait; and when the last step committed.
-  CollectiveDeadline deadline_;
-  absl::Time last_commit_;
   // The counters every rank holds alike between steps.
-  int64_t step_ = 0;
-  SamplerPosition at_;
-  int lr_world_ = 0;
+  TrainingCounters counters_;
+  // Regroups, the failed step, and how long collectives wait.
+  WorldChanges changes_;
   int64_t resumed_from_ = -1;
   bool resumed_live_ = false;  // resumed_from_ is a live peer's step
   // The step in flight and the boundary after it.
@@ -153,14 +186,6 @@ class Engine : public Distributed {
   StepLifecycle life_;
   StepDecision decision_ = StepDecision::kContinue;
   std::optional<LearningRates> lr_;  // set by Begin
-  // A step whose all-reduce failed, kept for salvage while regrouping.
-  struct PendingStep {
-    int64_t step = 0;
-    SamplerPosition at;
-    uint64_t generation = 0;
-    int world = 0, rank = 0;
-  } pending_;  // the step of kFailed: regrouping from inside AfterBackward
-  int salvaged_count_ = 0, dropped_count_ = 0;
   double comm_total_ = 0, hidden_total_ = 0;
 };
 
@@ -201,7 +226,7 @@ absl::Status Engine::Begin() {
   ElasticWorldOptions wo;
   wo.comm = CommOptionsFrom(options_, static_cast<int>(client.local_rank));
   wo.client = std::move(client);
-  wo.build_timeout = deadline_.Long();
+  wo.build_timeout = changes_.long_timeout();
   wo.join_timeout = absl::Seconds(options_.join_timeout_s);
   wo.rendezvous_timeout = absl::Seconds(options_.rendezvous_timeout_s);
   wo.interrupted = [this] { return StopAsked() || LeaveAsked(); };
@@ -209,18 +234,17 @@ absl::Status Engine::Begin() {
   GradientSyncOptions so;
   so.bucket_bytes = static_cast<size_t>(options_.bucket_mb * (1 << 20));
   so.overlap = options_.overlap;
-  so.timeout = deadline_.Current();
+  so.timeout = changes_.step_timeout();
   sync_ = std::make_unique<GradientSync>(state_.model->parameters(), nullptr, so);
   MUSTER_RETURN_IF_ERROR(ResumeFromCheckpoint());
-  MUSTER_RETURN_IF_ERROR(world_->EnterFirst(
-      step_, [this](Communicator* c, const WorldInfo& w) { return EnterWorld(c, w); }));
-  if (step_ != std::max<int64_t>(resumed_from_, 0)) {  // a live peer was further ahead
-    MUSTER_LOG(INFO) << "took the live state of step " << step_ << " from rank "
+  MUSTER_RETURN_IF_ERROR(changes_.EnterFirst());
+  if (counters_.step != std::max<int64_t>(resumed_from_, 0)) {  // a live peer was further ahead
+    MUSTER_LOG(INFO) << "took the live state of step " << counters_.step << " from rank "
                      << world_->world().state_source_rank
                      << (resumed_from_ >= 0 ? absl::StrCat(" (the checkpoint restored was of step ",
                                                            resumed_from_, ")")
                                             : std::string());
-    resumed_from_ = step_;
+    resumed_from_ = counters_.step;
     resumed_live_ = true;
   }
   if (world_->left()) {  // drained before it began
@@ -267,139 +291,88 @@ absl::Status Engine::ResumeFromCheckpoint() {
                                               options_.dataset_size));
     }
   }
-  step_ = meta->step;
-  at_ = {meta->sample_offset, meta->returned_epoch, meta->returned_examples};
-  lr_world_ = meta->lr_world_size;
+  counters_.step = meta->step;
+  counters_.position = {meta->sample_offset, meta->returned_epoch, meta->returned_examples};
+  counters_.lr_world_size = meta->lr_world_size;
   resumed_from_ = meta->step;
   return absl::OkStatus();
 }
 
-// Every rank of a new world: take the state of the member furthest ahead.
-absl::Status Engine::EnterWorld(Communicator* comm, const WorldInfo& world) {
-  const bool scale = options_.elastic_lr == ElasticLr::kScale;
-  if (lr_world_ == 0 || scale) lr_world_ = world.world_size;
-  std::vector<int64_t> counters = Counters();
-  MUSTER_RETURN_IF_ERROR(SyncStateFrom(world.state_source_rank, comm, state_, &counters,
-                                       FromNow(deadline_.Long())));
-  SetCounters(counters);
-  if (scale) lr_world_ = world.world_size;
-  sync_->SetCommunicator(comm);
-  world_->client()->SetStep(step_, at_.offset);
-  return Salvage(comm, world);
-}
-
-// Every rank of a new world, after the state transfer: the survivors of a
-// failed step reduce the gradients they still hold and take the step, its
-// lost shares' examples returned to the sampler. Ranks outside the step
-// (joiners) add zeros, then take the state after it from a rank in it.
-absl::Status Engine::Salvage(Communicator* comm, const WorldInfo& world) {
-  const bool in_step = life_.state() == StepState::kFailed;
-  SalvageClaim claim;
-  claim.contributes = options_.salvage && in_step && pending_.step == step_ && pending_.at == at_;
-  claim.generation = pending_.generation;
-  claim.world = pending_.world;
-  claim.rank = pending_.rank;
-  claim.in_step = in_step;
-  const absl::Time deadline = FromNow(deadline_.Long());
-  MUSTER_ASSIGN_OR_RETURN(SalvagePlan plan, AgreeOnSalvage(claim, comm, deadline));
-  if (!plan.salvage()) return absl::OkStatus();
-  const ControlWords words = CurrentControl();
-  MUSTER_RETURN_IF_ERROR(
-      sync_->Resync(comm, claim.contributes, plan.contributors, words.ToArray(), deadline));
-  decision_ = DecideAfterStep(sync_->control(), world.world_size, words, world_->told_to_leave());
-  if (!in_step) {  // the step's counters and state come from a rank in it
-    MUSTER_RETURN_IF_ERROR(life_.StepTaken());
-    return CatchUp(plan.first_stepper);
-  }
-  // The step is now one of this world: its rate too (a world change may scale it).
-  lr_->Apply(progress());
-  const SampledBatch taken = sampler_.Next(at_, plan.old_world, 0, options_.batch_per_rank);
-  at_ = sampler_.Advance(at_, taken, plan.old_world, options_.batch_per_rank, plan.lost);
-  ++step_;
-  world_->client()->SetStep(step_, at_.offset);
-  if (!claim.contributes) batch_.indices.clear();  // this rank's examples did not count
-  MUSTER_RETURN_IF_ERROR(life_.Salvaged());
-  if (plan.steppers < world.world_size) life_.CatchUpFrom(plan.first_stepper);
-  MUSTER_LOG(WARNING) << "step " << step_ << " salvaged in generation " << world.generation
-                      << ": " << plan.contributors << " of " << plan.old_world
-                      << " shares reduced, " << plan.lost.size() << " returned to the sampler";
-  return absl::OkStatus();
-}
-
-// After a salvaged step that some ranks were not in: every rank takes the
-// state of a rank that took the step (its optimizer has run by now).
-absl::Status Engine::CatchUp(int source) {
-  std::vector<int64_t> counters = Counters();
-  MUSTER_RETURN_IF_ERROR(
-      SyncStateFrom(source, world_->comm(), state_, &counters, FromNow(deadline_.Long())));
-  SetCounters(counters);
-  world_->client()->SetStep(step_, at_.offset);
-  return absl::OkStatus();
-}
-
-// step, sample offset, LR world size, then the sampler's returned examples.
-std::vector<int64_t> Engine::Counters() const {
-  std::vector<int64_t> c = {step_, at_.offset, lr_world_, at_.returned_epoch};
-  c.insert(c.end(), at_.returned.begin(), at_.returned.end());
-  return c;
-}
-
-void Engine::SetCounters(const std::vector<int64_t>& c) {
-  step_ = c.at(0);
-  at_.offset = c.at(1);
-  lr_world_ = static_cast<int>(c.at(2));
-  at_.returned_epoch = c.at(3);
-  at_.returned.assign(c.begin() + 4, c.end());
-}
-
-absl::Status Engine::Regroup(const std::string& why, bool broken) {
-  sync_->SetCommunicator(nullptr);
-  deadline_.Forget();
-  const BrokenWorld report{why, "", deadline_.Current()};
-  MUSTER_RETURN_IF_ERROR(world_->Regroup(
-      why, step_, [this](Communicator* c, const WorldInfo& w) { return EnterWorld(c, w); },
+absl::Status Engine::EnterNextWorld(const std::string& why, int64_t step,
+                                    const WorldChanges::EnterFn& enter,
+                                    const BrokenWorld* broken) {
+  return world_->Regroup(
+      why, step, enter,
       [this] {  // a scheduled checkpoint that failed was logged; training goes on
         if (checkpointer_) checkpointer_->Wait().IgnoreError();
       },
-      broken ? &report : nullptr));
-  if (world_->left()) {
-    // Told to stop (not to leave) while waiting for a world, as when the
-    // time-limit warning comes in a paused job: there is no world to
-    // checkpoint in, so this is a stop that resumes from the newest committed
-    // checkpoint (exit 75, requeued), not a departure.
-    const bool stopped = StopAsked() && !LeaveAsked();
-    if (!stopped) {
-      MUSTER_RETURN_IF_ERROR(life_.End(StepOutcome::kLeft));
-      if (!options_.quiet) std::cout << "muster: left the job after step " << step_ << std::endl;
-      return absl::OkStatus();
+      broken);
+}
+
+absl::StatusOr<WorldChanges::ControlAverages> Engine::ResyncGradients(
+    Communicator* comm, bool contribute, int contributors, const ControlWords& words,
+    absl::Time deadline) {
+  MUSTER_RETURN_IF_ERROR(sync_->Resync(comm, contribute, contributors, words.ToArray(), deadline));
+  return sync_->control();
+}
+
+absl::Status Engine::StepTakenByOthers(StepDecision next) {
+  decision_ = next;
+  return life_.StepTaken();
+}
+
+absl::Status Engine::StepSalvaged(const SalvagedStep& step) {
+  decision_ = step.next;
+  if (!step.contributed) batch_.indices.clear();  // this rank's examples did not count
+  MUSTER_RETURN_IF_ERROR(life_.Salvaged());
+  if (step.catch_up_from >= 0) life_.CatchUpFrom(step.catch_up_from);
+  return absl::OkStatus();
+}
+
+absl::Status Engine::Regroup(const std::string& why, bool broken) {
+  MUSTER_RETURN_IF_ERROR(changes_.Regroup(why, broken));
+  if (world_->left()) return EndWithoutWorld();
+  reporter_->WorldEntered(progress(), world_->comm()->name(), world_->world().node_count);
+  return absl::OkStatus();
+}
+
+absl::Status Engine::EndWithoutWorld() {
+  // Told to stop (not to leave) while waiting for a world, as when the
+  // time-limit warning comes in a paused job: there is no world to
+  // checkpoint in, so this is a stop that resumes from the newest committed
+  // checkpoint (exit 75, requeued), not a departure.
+  const bool stopped = StopAsked() && !LeaveAsked();
+  if (!stopped) {
+    MUSTER_RETURN_IF_ERROR(life_.End(StepOutcome::kLeft));
+    if (!options_.quiet) {
+      std::cout << "muster: left the job after step " << counters_.step << std::endl;
     }
-    const bool saved = checkpointer_ && checkpointer_->newest_committed() == step_;
-    MUSTER_RETURN_IF_ERROR(
-        life_.End(saved ? StepOutcome::kStopped : StepOutcome::kStoppedWithoutCheckpoint));
-    SayStopped("stopped while waiting for a world after step ");
     return absl::OkStatus();
   }
-  reporter_->WorldEntered(progress(), world_->comm()->name(), world_->world().node_count);
+  const bool saved = checkpointer_ && checkpointer_->newest_committed() == counters_.step;
+  MUSTER_RETURN_IF_ERROR(
+      life_.End(saved ? StepOutcome::kStopped : StepOutcome::kStoppedWithoutCheckpoint));
+  SayStopped("stopped while waiting for a world after step ");
   return absl::OkStatus();
 }
 
 Progress Engine::progress() const {
   Progress p;
-  p.step = step_;
-  p.sample_offset = at_.offset;
-  p.epoch = sampler_.Epoch(at_);
+  p.step = counters_.step;
+  p.sample_offset = counters_.position.offset;
+  p.epoch = sampler_.Epoch(counters_.position);
   if (world_) {
     p.rank = world_->world().rank;
     p.world_size = world_->world().world_size;
     p.generation = world_->world().generation;
   }
   p.global_batch = int64_t{options_.batch_per_rank} * std::max(1, p.world_size);
-  p.lr_world_size = lr_world_;
+  p.lr_world_size = counters_.lr_world_size;
   if (options_.steps > 0) {
     p.total_steps = options_.steps;
   } else {
-    const int64_t left = sampler_.Remaining(at_, options_.epochs);
-    p.total_steps = step_ + (left + p.global_batch - 1) / p.global_batch;
+    const int64_t left = sampler_.Remaining(counters_.position, options_.epochs);
+    p.total_steps = counters_.step + (left + p.global_batch - 1) / p.global_batch;
   }
   return p;
 }
@@ -408,13 +381,13 @@ Progress Engine::progress() const {
 // every rank holds alike: all ranks leave the loop after the same step,
 // whatever world sizes they went through.
 bool Engine::Done() const {
-  if (options_.steps > 0) return step_ >= options_.steps;
-  return sampler_.Done(at_, options_.epochs);
+  if (options_.steps > 0) return counters_.step >= options_.steps;
+  return sampler_.Done(counters_.position, options_.epochs);
 }
 
 void Engine::PrepareStep() {
   const Progress p = progress();
-  batch_ = sampler_.Next(at_, p.world_size, p.rank, options_.batch_per_rank);
+  batch_ = sampler_.Next(counters_.position, p.world_size, p.rank, options_.batch_per_rank);
   lr_->Apply(p);
 }
 
@@ -450,13 +423,14 @@ void Engine::BeforeBackward(bool sync) {
     return;
   }
   if (first || sync) sent_ = CurrentControl();
-  if (first) sync_->SetTimeout(deadline_.Current());
+  if (first) sync_->SetTimeout(changes_.step_timeout());
   sync_->Begin(sync, sent_.ToArray());
 }
 
 ControlWords Engine::CurrentControl() const {
   ControlWords w;
-  w.stop = StopAsked() || (options_.stop_after_step > 0 && step_ + 1 >= options_.stop_after_step);
+  w.stop = StopAsked() ||
+           (options_.stop_after_step > 0 && counters_.step + 1 >= options_.stop_after_step);
   w.leave = world_->told_to_leave() || LeaveAsked();
   w.newer_world = world_->newer_world_known();
   return w;
@@ -480,47 +454,44 @@ absl::Status Engine::AfterBackward() {
   // The optimizer update that follows must not change what a checkpoint's
   // copies still read (on the GPU they run beside training).
   if (checkpointer_) checkpointer_->BeforeUpdate();
-  const absl::Time backward_end = RealClock::Get()->Now();
-  absl::Status s =
-      sync_->Finish(FromNow(deadline_.Current()), [progress] { progress->Mark(); });
+  const absl::Time backward_end = clock_->Now();
+  absl::Status s = sync_->Finish(changes_.StepDeadline(), [progress] { progress->Mark(); });
   TrainingProgress::Busy busy(progress);  // a broadcast, a regroup
   if (s.ok()) s = BroadcastBuffers();
-  if (!s.ok()) {
-    // A peer failed or hung: regroup with the others, keeping this rank's
-    // gradients for the new world to salvage the step (Salvage).
-    MUSTER_LOG(WARNING) << "step " << step_ + 1 << " failed: " << s;
-    const WorldInfo& w = world_->world();
-    pending_ = {step_, at_, w.generation, w.world_size, w.rank};
-    MUSTER_RETURN_IF_ERROR(life_.Fail());
-    if (absl::Status r = Regroup(std::string(s.message()), /*broken=*/true); !r.ok()) {
-      life_.Break(r);
-      return r;
-    }
-    if (life_.state() == StepState::kBoundaryDue) {  // salvaged
-      ++salvaged_count_;
-      return absl::OkStatus();
-    }
-    if (life_.state() == StepState::kFailed) MUSTER_RETURN_IF_ERROR(life_.Dropped());
-    DropGradients();
-    ++dropped_count_;
-    MUSTER_LOG(WARNING) << "step " << step_ + 1 << " dropped in generation "
-                        << world_->world().generation;
-    return absl::AbortedError(absl::StrCat("step ", step_ + 1, " dropped: ", s.message()));
-  }
+  if (!s.ok()) return RegroupAfterFailedStep(s);
   const double comm_s = sync_->last_stats().comm_seconds;
   comm_total_ += comm_s;
-  const double since_backward = absl::ToDoubleSeconds(RealClock::Get()->Now() - backward_end);
+  const double since_backward = absl::ToDoubleSeconds(clock_->Now() - backward_end);
   hidden_total_ += std::max(0.0, comm_s - since_backward);
   decision_ = DecideAfterStep(sync_->control(), world_->world().world_size, sent_,
                               world_->told_to_leave());
-  ++step_;
-  at_ = sampler_.Advance(at_, batch_, world_->world().world_size, options_.batch_per_rank, {});
-  world_->client()->SetStep(step_, at_.offset);
+  ++counters_.step;
+  counters_.position = sampler_.Advance(counters_.position, batch_, world_->world().world_size,
+                                        options_.batch_per_rank, {});
+  ReportCounters(counters_);
   MUSTER_RETURN_IF_ERROR(life_.Reduced());
-  const absl::Time now = RealClock::Get()->Now();
-  if (deadline_.TakeTiming()) deadline_.StepTook(now - last_commit_);
-  last_commit_ = now;
+  changes_.StepCommitted();
   return absl::OkStatus();
+}
+
+// A peer failed or hung: regroup with the others, keeping this rank's
+// gradients for the new world to salvage the step (WorldChanges).
+absl::Status Engine::RegroupAfterFailedStep(const absl::Status& failure) {
+  MUSTER_LOG(WARNING) << "step " << counters_.step + 1 << " failed: " << failure;
+  MUSTER_RETURN_IF_ERROR(life_.Fail());
+  changes_.KeepFailedStep(world_->world());
+  if (absl::Status r = Regroup(std::string(failure.message()), /*broken=*/true); !r.ok()) {
+    life_.Break(r);
+    return r;
+  }
+  if (life_.state() == StepState::kBoundaryDue) return absl::OkStatus();  // salvaged
+  if (life_.state() == StepState::kFailed) MUSTER_RETURN_IF_ERROR(life_.Dropped());
+  DropGradients();
+  changes_.DropFailedStep();
+  MUSTER_LOG(WARNING) << "step " << counters_.step + 1 << " dropped in generation "
+                      << world_->world().generation;
+  return absl::AbortedError(
+      absl::StrCat("step ", counters_.step + 1, " dropped: ", failure.message()));
 }
 
 // Rank 0's buffers to every rank (Options::broadcast_buffers). Should it
@@ -531,20 +502,20 @@ absl::Status Engine::BroadcastBuffers() {
   if (!options_.broadcast_buffers) return absl::OkStatus();
   const std::vector<torch::Tensor> buffers = state_.model->buffers();
   if (buffers.empty()) return absl::OkStatus();
-  return BroadcastTensors(buffers, world_->comm(), 0, FromNow(deadline_.Current()));
+  return BroadcastTensors(buffers, world_->comm(), 0, changes_.StepDeadline());
 }
 
 // What a checkpoint after the last committed step records.
-CheckpointMeta Engine::Point() const {
+CheckpointMeta Engine::CommittedStepMeta() const {
   CheckpointMeta meta;
   meta.generation = world_->world().generation;
   meta.world_size = world_->world().world_size;
-  meta.lr_world_size = lr_world_;
-  meta.step = step_;
+  meta.lr_world_size = counters_.lr_world_size;
+  meta.step = counters_.step;
   meta.epoch = batch_.epoch;
-  meta.sample_offset = at_.offset;
-  meta.returned_epoch = at_.returned_epoch;
-  meta.returned_examples = at_.returned;
+  meta.sample_offset = counters_.position.offset;
+  meta.returned_epoch = counters_.position.returned_epoch;
+  meta.returned_examples = counters_.position.returned;
   return meta;
 }
 
@@ -569,18 +540,18 @@ absl::StatusOr<bool> Engine::CheckpointToStop() {
   if (!checkpointer_) return false;
   constexpr int kAttempts = 2;
   for (int attempt = 1; attempt <= kAttempts; ++attempt) {
-    absl::Status s = checkpointer_->Take(world_->client(), world_->world().rank, Point(),
-                                         absl::Seconds(20));
+    absl::Status s = checkpointer_->Take(world_->client(), world_->world().rank,
+                                         CommittedStepMeta(), absl::Seconds(20));
     if (absl::Status written = checkpointer_->Wait(); s.ok()) s = written;
     // Each rank's report counts, and nobody leaves before every rank
     // reported (a departure would abort the checkpoint before it commits):
     // the ranks sum their failures, which is also a barrier.
     int64_t failed = s.ok() ? 0 : 1;
     MUSTER_RETURN_IF_ERROR(AllReduceValues(world_->comm(), &failed, 1, DataType::kInt64,
-                                           ReduceOp::kSum, FromNow(deadline_.Long())));
+                                           ReduceOp::kSum, changes_.LongDeadline()));
     if (failed == 0) return true;
-    MUSTER_LOG(WARNING) << "the checkpoint to stop at step " << step_ << " did not commit (try "
-                        << attempt << " of " << kAttempts << "): "
+    MUSTER_LOG(WARNING) << "the checkpoint to stop at step " << counters_.step
+                        << " did not commit (try " << attempt << " of " << kAttempts << "): "
                         << (s.ok() ? absl::StrCat(failed, " rank(s) failed") : s.ToString());
   }
   return false;
@@ -600,26 +571,28 @@ int64_t Engine::NewestCommitted() const {
 // The stop's last word, from one rank: what a restart resumes from.
 void Engine::SayStopped(const std::string& how) const {
   if (life_.outcome() == StepOutcome::kStopped) {
-    if (!options_.quiet) std::cout << "muster: " << how << step_ << " after checkpointing" << std::endl;
+    if (!options_.quiet) {
+      std::cout << "muster: " << how << counters_.step << " after checkpointing" << std::endl;
+    }
     return;
   }
   const int64_t from = NewestCommitted();
   const std::string why = checkpointer_ ? "its checkpoint did not commit"
                                         : "no checkpoint dir is set, nothing was saved";
-  MUSTER_LOG(ERROR) << how << step_ << " without a checkpoint of it (" << why
+  MUSTER_LOG(ERROR) << how << counters_.step << " without a checkpoint of it (" << why
                     << "): a restart resumes from "
                     << (from > 0 ? absl::StrCat("the checkpoint of step ", from)
                                  : std::string("the start"))
-                    << " and repeats " << step_ - from << " steps";
+                    << " and repeats " << counters_.step - from << " steps";
   if (!options_.quiet) {
-    std::cout << "muster: " << how << step_ << " without a checkpoint (" << why
+    std::cout << "muster: " << how << counters_.step << " without a checkpoint (" << why
               << "); a restart resumes from step " << from << std::endl;
   }
 }
 
 absl::Status Engine::AtBoundary() {
   if (const int source = life_.TakeCatchUp(); source >= 0) {
-    if (absl::Status s = CatchUp(source); !s.ok()) {
+    if (absl::Status s = changes_.CatchUp(world_->comm(), source); !s.ok()) {
       MUSTER_RETURN_IF_ERROR(Regroup(std::string(s.message()), /*broken=*/true));
       if (life_.ended()) return absl::OkStatus();
     }
@@ -630,9 +603,11 @@ absl::Status Engine::AtBoundary() {
       return Stop();
     case StepDecision::kLeave:
       // This trainer leaves after this step; the others regroup without it.
-      world_->Leave(/*finished=*/false, step_).IgnoreError();
+      world_->Leave(/*finished=*/false, counters_.step).IgnoreError();
       if (checkpointer_) checkpointer_->Wait().IgnoreError();  // logged when it failed
-      if (!options_.quiet) std::cout << "muster: left the job after step " << step_ << std::endl;
+      if (!options_.quiet) {
+        std::cout << "muster: left the job after step " << counters_.step << std::endl;
+      }
       return life_.End(StepOutcome::kLeft);
     case StepDecision::kRegroup:
       // Every rank stops after this same step and enters the new generation.
@@ -642,9 +617,10 @@ absl::Status Engine::AtBoundary() {
     case StepDecision::kContinue:
       break;
   }
-  if (checkpointer_ && checkpointer_->Due(step_)) {
+  if (checkpointer_ && checkpointer_->Due(counters_.step)) {
     // A scheduled checkpoint that fails is skipped: training goes on.
-    if (absl::Status s = checkpointer_->Take(world_->client(), world_->world().rank, Point());
+    if (absl::Status s =
+            checkpointer_->Take(world_->client(), world_->world().rank, CommittedStepMeta());
         !s.ok()) {
       MUSTER_LOG(WARNING) << s << "; skipped";
     }
@@ -655,16 +631,17 @@ absl::Status Engine::AtBoundary() {
 
 // Someone pulls the state after this step (muster pull-weights).
 void Engine::PublishState() {
-  if (!state_server_ || !state_server_->Wanted(step_)) return;
+  if (!state_server_ || !state_server_->Wanted(counters_.step)) return;
   absl::StatusOr<std::string> image =
       EncodeSafetensors(state_.Model(), {{"format", "muster"},
-                                         {"step", std::to_string(step_)},
+                                         {"step", std::to_string(counters_.step)},
                                          {"member", world_->client()->member_id()}});
   if (!image.ok()) {
-    MUSTER_LOG(WARNING) << "state of step " << step_ << " not published: " << image.status();
+    MUSTER_LOG(WARNING) << "state of step " << counters_.step
+                        << " not published: " << image.status();
     return;
   }
-  state_server_->Publish(step_, world_->world().generation, std::move(*image));
+  state_server_->Publish(counters_.step, world_->world().generation, std::move(*image));
 }
 
 absl::StatusOr<std::vector<double>> Engine::AllReduceSum(std::vector<double> values) {
@@ -677,7 +654,7 @@ absl::StatusOr<std::vector<double>> Engine::AllReduceSum(std::vector<double> val
   // of their own, so the long deadline, not the step's.
   absl::Status s = AllReduceValues(world_->comm(), values.data(), values.size(),
                                    DataType::kFloat64, ReduceOp::kSum,
-                                   FromNow(deadline_.Long()));
+                                   changes_.LongDeadline());
   if (s.ok()) return values;
   if (absl::Status r = Regroup(std::string(s.message()), /*broken=*/true); !r.ok()) {
     life_.Break(r);
@@ -699,10 +676,10 @@ absl::StatusOr<Distributed::Outcome> Engine::Finish() {
   if (checkpointer_) checkpointer_->Wait().IgnoreError();  // logged when it failed
   if (!life_.status().ok()) return life_.status();
   if (!life_.ended()) {  // the loop ended before ShouldStop said so: leave
-    world_->Leave(/*finished=*/false, step_).IgnoreError();
+    world_->Leave(/*finished=*/false, counters_.step).IgnoreError();
     MUSTER_RETURN_IF_ERROR(life_.End(StepOutcome::kLeft));
   } else if (life_.outcome() == StepOutcome::kFinished) {
-    world_->Leave(/*finished=*/true, step_).IgnoreError();
+    world_->Leave(/*finished=*/true, counters_.step).IgnoreError();
   }
   world_->Detach();
   return static_cast<Outcome>(life_.outcome());

@@ -1,0 +1,399 @@
+// WorldChanges: what a trainer does between worlds, decided over a
+// recording trainer and a communicator that stands in for the other ranks
+// (it adds their sums), on a fake clock: the state transfer and its
+// deadline, who contributes to a failed step's salvage, who takes it and who
+// catches up, what a broken world reports, and the collective deadline.
+#include "trainer/elastic/world_changes.h"
+
+#include <gtest/gtest.h>
+
+#include <deque>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/fake_clock.h"
+#include "trainer/client/coordinator_client.h"
+
+namespace muster {
+namespace {
+
+// Rank `rank` of `size`; the other ranks are `others`: each float64
+// all-reduce adds the next of them (their sum), none when there is none
+// left. Records what this rank sent and each collective's deadline.
+class PeerSumsCommunicator : public Communicator {
+ public:
+  PeerSumsCommunicator(int rank, int size) : rank_(rank), size_(size) {}
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string name() const override { return "peer-sums"; }
+  absl::Status AllReduce(void* data, size_t count, DataType type, ReduceOp,
+                         absl::Time deadline) override {
+    deadlines.push_back(deadline);
+    if (type != DataType::kFloat64) return absl::InvalidArgumentError("float64 only");
+    double* values = static_cast<double*>(data);
+    sent.emplace_back(values, values + count);
+    if (others.empty()) return absl::OkStatus();
+    const std::vector<double> theirs = others.front();
+    others.pop_front();
+    if (theirs.size() != count) return absl::InvalidArgumentError("not the others' count");
+    for (size_t i = 0; i < count; ++i) values[i] += theirs[i];
+    return absl::OkStatus();
+  }
+  absl::Status ReduceScatter(void*, const std::vector<size_t>&, DataType, ReduceOp,
+                             absl::Time) override {
+    return absl::UnimplementedError("ReduceScatter");
+  }
+  absl::Status AllGather(void*, const std::vector<size_t>&, DataType, absl::Time) override {
+    return absl::UnimplementedError("AllGather");
+  }
+  absl::Status Broadcast(void*, size_t, DataType, int, absl::Time) override {
+    return absl::UnimplementedError("Broadcast");
+  }
+  absl::Status Barrier(absl::Time) override { return absl::UnimplementedError("Barrier"); }
+  void Abort(const absl::Status&) override {}
+
+  std::deque<std::vector<double>> others;
+  std::vector<std::vector<double>> sent;
+  std::vector<absl::Time> deadlines;
+
+ private:
+  const int rank_;
+  const int size_;
+};
+
+// Enters `world` through `comm` whenever asked, and records every move.
+class RecordingTrainer : public WorldChanges::Trainer {
+ public:
+  explicit RecordingTrainer(const TrainingCounters* counters) : counters_(counters) {}
+
+  absl::Status EnterFirstWorld(int64_t step, const WorldChanges::EnterFn& enter) override {
+    calls.push_back("EnterFirstWorld");
+    entered_at_step = step;
+    return enter(comm, world);
+  }
+  absl::Status EnterNextWorld(const std::string& why, int64_t step,
+                              const WorldChanges::EnterFn& enter,
+                              const BrokenWorld* broken) override {
+    calls.push_back("EnterNextWorld");
+    regroup_why = why;
+    entered_at_step = step;
+    report = broken != nullptr ? std::optional<BrokenWorld>(*broken) : std::nullopt;
+    return enter(comm, world);
+  }
+  bool told_to_leave() const override { return drained; }
+  void ReportCounters(const TrainingCounters& c) override {
+    calls.push_back("ReportCounters");
+    reported.push_back(c);
+  }
+  absl::Status TakeState(int source, Communicator*, TrainingCounters* counters,
+                         absl::Time deadline) override {
+    calls.push_back("TakeState");
+    state_sources.push_back(source);
+    state_deadlines.push_back(deadline);
+    if (source_counters) *counters = *source_counters;
+    return absl::OkStatus();
+  }
+  void UseCommunicator(Communicator* c) override {
+    calls.push_back(c == nullptr ? "UseCommunicator(null)" : "UseCommunicator");
+  }
+  absl::StatusOr<WorldChanges::ControlAverages> ResyncGradients(Communicator*, bool contribute,
+                                                                int contributors,
+                                                                const ControlWords&,
+                                                                absl::Time) override {
+    calls.push_back("ResyncGradients");
+    resync_contributed = contribute;
+    resync_contributors = contributors;
+    return averages;
+  }
+  ControlWords CurrentControl() const override { return words; }
+  absl::Status StepTakenByOthers(StepDecision next) override {
+    calls.push_back("StepTakenByOthers");
+    taken_by_others.push_back(next);
+    return absl::OkStatus();
+  }
+  void BeforeSalvagedStep() override {
+    calls.push_back("BeforeSalvagedStep");
+    step_before_salvage = counters_->step;
+  }
+  absl::Status StepSalvaged(const SalvagedStep& step) override {
+    calls.push_back("StepSalvaged");
+    salvaged.push_back(step);
+    return absl::OkStatus();
+  }
+
+  // What the next world is, and what its other members hold.
+  Communicator* comm = nullptr;
+  WorldInfo world;
+  std::optional<TrainingCounters> source_counters;  // else this rank's own stay
+  WorldChanges::ControlAverages averages = {0, 0, 0};
+  ControlWords words;
+  bool drained = false;
+
+  // What happened.
+  std::vector<std::string> calls;
+  int64_t entered_at_step = -1;
+  std::string regroup_why;
+  std::optional<BrokenWorld> report;
+  std::vector<TrainingCounters> reported;
+  std::vector<int> state_sources;
+  std::vector<absl::Time> state_deadlines;
+  bool resync_contributed = false;
+  int resync_contributors = 0;
+  std::vector<StepDecision> taken_by_others;
+  int64_t step_before_salvage = -1;
+  std::vector<SalvagedStep> salvaged;
+
+ private:
+  const TrainingCounters* const counters_;
+};
+
+WorldInfo WorldOf(uint64_t generation, int rank, int size, int source) {
+  WorldInfo w;
+  w.generation = generation;
+  w.rank = rank;
+  w.world_size = size;
+  w.state_source_rank = source;
+  return w;
+}
+
+// One contributor's words of AgreeOnSalvage's first all-reduce, in a new
+// world of `world` ranks: its old `generation` and world size, and which
+// ranks of the new world are in the step.
+std::vector<double> Claims(int contributors, double generation, double old_world,
+                           const std::vector<int>& in_step, int world) {
+  std::vector<double> head(5 + static_cast<size_t>(world), 0.0);
+  head[0] = contributors;
+  head[1] = contributors * generation;
+  head[2] = contributors * generation * generation;
+  head[3] = contributors * old_world;
+  head[4] = contributors * old_world * old_world;
+  for (int r : in_step) head[5 + r] = 1;
+  return head;
+}
+
+constexpr int kBatch = 4;
+constexpr int64_t kDataset = 1000;
+
+class WorldChangesTest : public ::testing::Test {
+ protected:
+  void Make(bool salvage = true, absl::Duration fixed = absl::Seconds(7)) {
+    WorldChangesOptions o;
+    o.salvage = salvage;
+    o.batch_per_rank = kBatch;
+    o.deadline.fixed = fixed;
+    o.clock = &clock_;
+    changes_ = std::make_unique<WorldChanges>(o, &trainer_, &counters_, &sampler_);
+  }
+  // This rank is at `step`, its sampler where that many global batches of
+  // `world` ranks took it.
+  void AtStep(int64_t step, int world) {
+    counters_.step = step;
+    counters_.position.offset = step * world * kBatch;
+    counters_.lr_world_size = world;
+  }
+  void EnterNext(uint64_t generation, int rank, int size, int source) {
+    comm_ = std::make_unique<PeerSumsCommunicator>(rank, size);
+    trainer_.comm = comm_.get();
+    trainer_.world = WorldOf(generation, rank, size, source);
+  }
+
+  FakeClock clock_;
+  TrainingCounters counters_;
+  DistributedSampler sampler_{kDataset, /*seed=*/7};
+  RecordingTrainer trainer_{&counters_};
+  std::unique_ptr<PeerSumsCommunicator> comm_;
+  std::unique_ptr<WorldChanges> changes_;
+};
+
+TEST_F(WorldChangesTest, EnteringAWorldTakesTheSourcesStateWithinTheLongDeadline) {
+  Make();
+  EnterNext(/*generation=*/1, /*rank=*/0, /*size=*/2, /*source=*/1);
+  ASSERT_TRUE(changes_->EnterFirst().ok());
+  EXPECT_EQ(trainer_.entered_at_step, 0);
+  EXPECT_EQ(trainer_.state_sources, std::vector<int>{1});
+  // A state transfer waits as long as a communicator's build (cold: 120 s).
+  const absl::Time long_deadline = clock_.Now() + absl::Seconds(120);
+  EXPECT_EQ(trainer_.state_deadlines, std::vector<absl::Time>{long_deadline});
+  EXPECT_EQ(changes_->LongDeadline(), long_deadline);
+  // The salvage agreement ran (one all-reduce: nothing to salvage).
+  EXPECT_EQ(comm_->deadlines, std::vector<absl::Time>{long_deadline});
+  EXPECT_EQ(trainer_.calls, (std::vector<std::string>{"EnterFirstWorld", "TakeState",
+                                                     "UseCommunicator", "ReportCounters"}));
+  EXPECT_EQ(counters_.lr_world_size, 2);  // the first world sets it
+}
+
+TEST_F(WorldChangesTest, TheLearningRatesKeepTheirWorldUnlessTheyScale) {
+  Make();
+  AtStep(/*step=*/3, /*world=*/4);
+  EnterNext(/*generation=*/2, /*rank=*/0, /*size=*/2, /*source=*/0);
+  ASSERT_TRUE(changes_->Regroup("a membership change at a step boundary", false).ok());
+  EXPECT_EQ(counters_.lr_world_size, 4);
+
+  WorldChangesOptions o;
+  o.scale_lr = true;
+  o.clock = &clock_;
+  WorldChanges scaling(o, &trainer_, &counters_, &sampler_);
+  ASSERT_TRUE(scaling.Regroup("a membership change at a step boundary", false).ok());
+  EXPECT_EQ(counters_.lr_world_size, 2);
+}
+
+TEST_F(WorldChangesTest, ARegroupAtAStepBoundaryReportsNoBrokenWorld) {
+  Make();
+  AtStep(/*step=*/3, /*world=*/2);
+  EnterNext(/*generation=*/2, /*rank=*/0, /*size=*/3, /*source=*/0);
+  ASSERT_TRUE(changes_->Regroup("a membership change at a step boundary", false).ok());
+  EXPECT_FALSE(trainer_.report.has_value());
+  EXPECT_EQ(trainer_.entered_at_step, 3);
+  // Gradients leave the old communicator before anything else.
+  ASSERT_FALSE(trainer_.calls.empty());
+  EXPECT_EQ(trainer_.calls.front(), "UseCommunicator(null)");
+}
+
+TEST_F(WorldChangesTest, ABrokenWorldIsReportedWithTheStepsTimeout) {
+  Make(/*salvage=*/true, /*fixed=*/absl::Seconds(7));
+  EnterNext(/*generation=*/2, /*rank=*/0, /*size=*/1, /*source=*/0);
+  ASSERT_TRUE(changes_->Regroup("gloo: Read error: Connection reset", true).ok());
+  ASSERT_TRUE(trainer_.report.has_value());
+  EXPECT_EQ(trainer_.report->reason, "gloo: Read error: Connection reset");
+  EXPECT_EQ(trainer_.report->deadline, absl::Seconds(7));
+  EXPECT_EQ(trainer_.regroup_why, "gloo: Read error: Connection reset");
+}
+
+// Rank 0 of three fails in step 6 with rank 1; rank 2 died. The new world
+// is the two survivors: both hold the gradient, rank 2's share is lost.
+TEST_F(WorldChangesTest, AFailedStepIsSalvagedAndItsLostShareGoesBackToTheSampler) {
+  Make();
+  AtStep(/*step=*/5, /*world=*/3);
+  const SamplerPosition before = counters_.position;
+  changes_->KeepFailedStep(WorldOf(/*generation=*/3, /*rank=*/0, /*size=*/3, /*source=*/0));
+  EnterNext(/*generation=*/4, /*rank=*/0, /*size=*/2, /*source=*/0);
+  comm_->others = {Claims(1, 3, 3, {1}, 2), {0, 1, 0}};
+  ASSERT_TRUE(changes_->Regroup("gloo: Connection reset", true).ok());
+
+  EXPECT_TRUE(trainer_.resync_contributed);
+  EXPECT_EQ(trainer_.resync_contributors, 2);
+  EXPECT_EQ(trainer_.step_before_salvage, 5);  // its rates are the step's
+  EXPECT_EQ(counters_.step, 6);
+  DistributedSampler reference(kDataset, /*seed=*/7);
+  const SampledBatch taken = reference.Next(before, 3, 0, kBatch);
+  const SamplerPosition expected = reference.Advance(before, taken, 3, kBatch, {2});
+  EXPECT_EQ(counters_.position, expected);
+  EXPECT_EQ(counters_.position.returned.size(), static_cast<size_t>(kBatch));
+  ASSERT_EQ(trainer_.salvaged.size(), 1u);
+  EXPECT_TRUE(trainer_.salvaged[0].contributed);
+  EXPECT_EQ(trainer_.salvaged[0].catch_up_from, -1);  // every rank took it
+  EXPECT_EQ(trainer_.salvaged[0].next, StepDecision::kContinue);
+  ASSERT_FALSE(trainer_.reported.empty());
+  EXPECT_EQ(trainer_.reported.back(), counters_);  // the heartbeats say step 6
+  EXPECT_EQ(changes_->salvaged(), 1);
+  EXPECT_EQ(changes_->dropped(), 0);
+  EXPECT_FALSE(changes_->has_failed_step());
+}
+
+// The same step, but a spare joined as rank 2 of the new world: it was not
+// in the step, so at the step's boundary every rank takes the state of the
+// first rank that was.
+TEST_F(WorldChangesTest, WhenSomeRanksWereNotInTheStepTheyCatchUpFromTheFirstThatWas) {
+  Make();
+  AtStep(/*step=*/5, /*world=*/3);
+  changes_->KeepFailedStep(WorldOf(/*generation=*/3, /*rank=*/1, /*size=*/3, /*source=*/0));
+  EnterNext(/*generation=*/4, /*rank=*/1, /*size=*/3, /*source=*/0);
+  comm_->others = {Claims(1, 3, 3, {0}, 3), {1, 0, 0}};
+  trainer_.averages = {0, 0, 1.0f / 3};  // someone heard of a newer world
+  ASSERT_TRUE(changes_->Regroup("gloo: Connection reset", true).ok());
+
+  ASSERT_EQ(trainer_.salvaged.size(), 1u);
+  EXPECT_EQ(trainer_.salvaged[0].catch_up_from, 0);
+  EXPECT_EQ(trainer_.salvaged[0].next, StepDecision::kRegroup);
+  EXPECT_EQ(changes_->salvaged(), 1);
+}
+
+TEST_F(WorldChangesTest, AJoinerTakesTheSalvagedStepFromARankInIt) {
+  Make();
+  EnterNext(/*generation=*/4, /*rank=*/2, /*size=*/3, /*source=*/0);
+  TrainingCounters source;
+  source.step = 5;
+  source.position.offset = 5 * 3 * kBatch;
+  source.lr_world_size = 3;
+  trainer_.source_counters = source;
+  comm_->others = {Claims(2, 3, 3, {0, 1}, 3), {1, 1, 0}};
+  ASSERT_TRUE(changes_->EnterFirst().ok());
+
+  EXPECT_FALSE(trainer_.resync_contributed);  // it adds zeros
+  EXPECT_EQ(trainer_.resync_contributors, 2);
+  EXPECT_EQ(trainer_.taken_by_others, std::vector<StepDecision>{StepDecision::kContinue});
+  EXPECT_TRUE(trainer_.salvaged.empty());
+  // The entry's transfer, then the catch-up from rank 0 after its boundary
+  // is due.
+  EXPECT_EQ(trainer_.state_sources, (std::vector<int>{0, 0}));
+  const std::vector<std::string> tail(trainer_.calls.end() - 3, trainer_.calls.end());
+  EXPECT_EQ(tail, (std::vector<std::string>{"StepTakenByOthers", "TakeState", "ReportCounters"}));
+  EXPECT_EQ(changes_->salvaged(), 0);  // the ranks in the step count it
+}
+
+// The state source had finished the step (it completed on some ranks only):
+// this rank's gradient is of a step the world is past, and it is dropped.
+TEST_F(WorldChangesTest, AGradientOfAStepTheWorldIsPastDoesNotContribute) {
+  Make();
+  AtStep(/*step=*/5, /*world=*/2);
+  changes_->KeepFailedStep(WorldOf(/*generation=*/3, /*rank=*/0, /*size=*/2, /*source=*/0));
+  TrainingCounters source = counters_;
+  source.step = 6;
+  source.position.offset += 2 * kBatch;
+  trainer_.source_counters = source;
+  EnterNext(/*generation=*/4, /*rank=*/0, /*size=*/1, /*source=*/0);
+  ASSERT_TRUE(changes_->Regroup("gloo collective passed its deadline", true).ok());
+
+  ASSERT_FALSE(comm_->sent.empty());
+  EXPECT_EQ(comm_->sent[0][0], 0.0);  // not a contributor
+  EXPECT_TRUE(trainer_.salvaged.empty());
+  EXPECT_TRUE(changes_->has_failed_step());  // the engine drops it
+  changes_->DropFailedStep();
+  EXPECT_FALSE(changes_->has_failed_step());
+  EXPECT_EQ(changes_->dropped(), 1);
+  EXPECT_EQ(changes_->salvaged(), 0);
+}
+
+TEST_F(WorldChangesTest, WithoutSalvageAFailedStepIsDropped) {
+  Make(/*salvage=*/false);
+  AtStep(/*step=*/5, /*world=*/2);
+  changes_->KeepFailedStep(WorldOf(/*generation=*/3, /*rank=*/0, /*size=*/2, /*source=*/0));
+  EnterNext(/*generation=*/4, /*rank=*/0, /*size=*/1, /*source=*/0);
+  ASSERT_TRUE(changes_->Regroup("gloo: Connection reset", true).ok());
+  ASSERT_FALSE(comm_->sent.empty());
+  EXPECT_EQ(comm_->sent[0][0], 0.0);
+  EXPECT_EQ(counters_.step, 5);
+  EXPECT_TRUE(trainer_.salvaged.empty());
+  changes_->DropFailedStep();
+  EXPECT_EQ(changes_->dropped(), 1);
+}
+
+TEST_F(WorldChangesTest, TheStepDeadlineFollowsTheJobOnTheInjectedClock) {
+  Make(/*salvage=*/true, /*fixed=*/absl::ZeroDuration());
+  EXPECT_EQ(changes_->StepDeadline(), clock_.Now() + absl::Seconds(120));  // cold
+  changes_->StepCommitted();  // the first step has no boundary before it
+  for (int i = 0; i < 3; ++i) {
+    clock_.Advance(absl::Seconds(2));
+    changes_->StepCommitted();
+  }
+  EXPECT_EQ(changes_->step_timeout(), absl::Seconds(20));  // 10 x the slowest step
+  EXPECT_EQ(changes_->StepDeadline(), clock_.Now() + absl::Seconds(20));
+  EXPECT_EQ(changes_->LongDeadline(), clock_.Now() + absl::Seconds(120));
+
+  // A step that spans a regroup is not timed; the next one is.
+  EnterNext(/*generation=*/2, /*rank=*/0, /*size=*/1, /*source=*/0);
+  ASSERT_TRUE(changes_->Regroup("gloo: Connection reset", true).ok());
+  ASSERT_TRUE(trainer_.report.has_value());
+  EXPECT_EQ(trainer_.report->deadline, absl::Seconds(20));
+  clock_.Advance(absl::Seconds(300));
+  changes_->StepCommitted();
+  EXPECT_EQ(changes_->step_timeout(), absl::Seconds(20));
+  clock_.Advance(absl::Seconds(3));
+  changes_->StepCommitted();
+  EXPECT_EQ(changes_->step_timeout(), absl::Seconds(30));
+}
+
+}  // namespace
+}  // namespace muster

@@ -1,0 +1,127 @@
+#include "trainer/elastic/world_changes.h"
+
+#include <utility>
+
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "trainer/client/coordinator_client.h"
+
+namespace muster {
+
+WorldChanges::WorldChanges(WorldChangesOptions options, Trainer* trainer,
+                           TrainingCounters* counters, DistributedSampler* sampler)
+    : options_(std::move(options)),
+      trainer_(trainer),
+      counters_(counters),
+      sampler_(sampler),
+      deadline_(options_.deadline) {}
+
+WorldChanges::EnterFn WorldChanges::EnterEachWorld() {
+  return [this](Communicator* comm, const WorldInfo& world) { return Enter(comm, world); };
+}
+
+absl::Status WorldChanges::EnterFirst() {
+  return trainer_->EnterFirstWorld(counters_->step, EnterEachWorld());
+}
+
+void WorldChanges::KeepFailedStep(const WorldInfo& world) {
+  failed_step_ = FailedStep{counters_->step, counters_->position, world.generation,
+                            world.world_size, world.rank};
+}
+
+void WorldChanges::DropFailedStep() {
+  failed_step_.reset();
+  ++dropped_;
+}
+
+absl::Status WorldChanges::Regroup(const std::string& why, bool broken) {
+  trainer_->UseCommunicator(nullptr);
+  deadline_.Forget();
+  const BrokenWorld report = BrokenWorld::Because(why, deadline_.Current());
+  return trainer_->EnterNextWorld(why, counters_->step, EnterEachWorld(),
+                                  broken ? &report : nullptr);
+}
+
+absl::Status WorldChanges::Enter(Communicator* comm, const WorldInfo& world) {
+  if (counters_->lr_world_size == 0 || options_.scale_lr) {
+    counters_->lr_world_size = world.world_size;
+  }
+  MUSTER_RETURN_IF_ERROR(
+      trainer_->TakeState(world.state_source_rank, comm, counters_, LongDeadline()));
+  if (options_.scale_lr) counters_->lr_world_size = world.world_size;
+  trainer_->UseCommunicator(comm);
+  trainer_->ReportCounters(*counters_);
+  return Salvage(comm, world);
+}
+
+// Every rank of a new world, after the state transfer: the survivors of a
+// failed step reduce the gradients they still hold and take the step, its
+// lost shares' examples returned to the sampler. Ranks outside the step
+// (joiners) add zeros, then take the state after it from a rank in it.
+absl::Status WorldChanges::Salvage(Communicator* comm, const WorldInfo& world) {
+  const bool in_step = failed_step_.has_value();
+  SalvageClaim claim;
+  claim.in_step = in_step;
+  if (in_step) {
+    // A gradient of exactly the step this world is at (the state transfer
+    // may have moved the counters past it).
+    claim.contributes = options_.salvage && failed_step_->step == counters_->step &&
+                        failed_step_->position == counters_->position;
+    claim.generation = failed_step_->generation;
+    claim.world = failed_step_->world_size;
+    claim.rank = failed_step_->rank;
+  }
+  const absl::Time deadline = LongDeadline();
+  MUSTER_ASSIGN_OR_RETURN(const SalvagePlan plan, AgreeOnSalvage(claim, comm, deadline));
+  if (!plan.salvage()) return absl::OkStatus();
+  const ControlWords words = trainer_->CurrentControl();
+  MUSTER_ASSIGN_OR_RETURN(
+      const ControlAverages averages,
+      trainer_->ResyncGradients(comm, claim.contributes, plan.contributors, words, deadline));
+  SalvagedStep step;
+  step.next = DecideAfterStep(averages, world.world_size, words, trainer_->told_to_leave());
+  if (!in_step) {  // the step's counters and state come from a rank in it
+    MUSTER_RETURN_IF_ERROR(trainer_->StepTakenByOthers(step.next));
+    return CatchUp(comm, plan.first_stepper);
+  }
+  step.contributed = claim.contributes;
+  if (plan.steppers < world.world_size) step.catch_up_from = plan.first_stepper;
+  return TakeSalvagedStep(world, plan, step);
+}
+
+absl::Status WorldChanges::TakeSalvagedStep(const WorldInfo& world, const SalvagePlan& plan,
+                                            const SalvagedStep& step) {
+  // The step is now one of this world: its rate too (a world change may
+  // scale it).
+  trainer_->BeforeSalvagedStep();
+  TrainingCounters& c = *counters_;
+  const SampledBatch taken =
+      sampler_->Next(c.position, plan.old_world, /*rank=*/0, options_.batch_per_rank);
+  c.position =
+      sampler_->Advance(c.position, taken, plan.old_world, options_.batch_per_rank, plan.lost);
+  ++c.step;
+  trainer_->ReportCounters(c);
+  MUSTER_RETURN_IF_ERROR(trainer_->StepSalvaged(step));
+  failed_step_.reset();
+  ++salvaged_;
+  MUSTER_LOG(WARNING) << "step " << c.step << " salvaged in generation " << world.generation
+                      << ": " << plan.contributors << " of " << plan.old_world
+                      << " shares reduced, " << plan.lost.size() << " returned to the sampler";
+  return absl::OkStatus();
+}
+
+// After a salvaged step that some ranks were not in: every rank takes the
+// state of a rank that took the step (its optimizer has run by now).
+absl::Status WorldChanges::CatchUp(Communicator* comm, int source) {
+  MUSTER_RETURN_IF_ERROR(trainer_->TakeState(source, comm, counters_, LongDeadline()));
+  trainer_->ReportCounters(*counters_);
+  return absl::OkStatus();
+}
+
+void WorldChanges::StepCommitted() {
+  const absl::Time now = options_.clock->Now();
+  if (deadline_.TakeTiming()) deadline_.StepTook(now - last_commit_);
+  last_commit_ = now;
+}
+
+}  // namespace muster

@@ -1,0 +1,237 @@
+// WorldChanges: how one trainer goes from one world to the next, and the
+// deadlines its collectives wait under. It owns
+//   * the regroup: after the world broke under this rank (a collective
+//     failed: the rendezvous reports it, BrokenWorld) or at a step boundary
+//     every rank agreed on; and the entry into the first world;
+//   * entering a world: the learning rates' world size and the state
+//     transfer from the member the coordinator names as furthest ahead;
+//   * the failed step: the step whose all-reduce failed, kept from the
+//     failure until the next world salvages it (step_salvage.h: the
+//     survivors reduce the gradients they still hold, the lost shares'
+//     examples go back to the sampler) or the engine drops it; and the
+//     count of steps salvaged and dropped;
+//   * the catch-up: after a salvaged step that some ranks of the new world
+//     did not take (joiners), every rank takes the state of the first rank
+//     that did;
+//   * the collective deadline (collective_deadline.h) measured on the
+//     injected clock: the deadline of a step's collectives, which follows
+//     the job, and the long one of a world change's waits.
+//
+// It decides and sequences; the trainer it serves (WorldChanges::Trainer,
+// implemented by the engine) holds the world, the tensors and the step's
+// lifecycle and carries out each move. The training counters are the
+// trainer's too: WorldChanges updates them in place when a change moves
+// them (a state transfer, a salvaged step).
+//
+// A failed step, on every rank of the world that follows:
+//
+//   KeepFailedStep ─> Regroup(broken) ─> for each world tried: Enter
+//                                          │ state transfer, AgreeOnSalvage
+//         ┌────────────────────────────────┼────────────────────────────┐
+//   nothing salvaged               this rank was in it          it was not (a joiner)
+//         │                                │ ResyncGradients            │ ResyncGradients
+//         v                                v BeforeSalvagedStep         v StepTakenByOthers
+//   (the engine) DropFailedStep      advance the counters,        catch up from the
+//                                    StepSalvaged: salvaged()+1   first rank in it
+//
+// Not thread-safe: the training thread's, like the trainer it serves.
+#ifndef MUSTER_TRAINER_ELASTIC_WORLD_CHANGES_H_
+#define MUSTER_TRAINER_ELASTIC_WORLD_CHANGES_H_
+
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/clock.h"
+#include "trainer/comm/communicator.h"
+#include "trainer/comm/world_info.h"
+#include "trainer/data/sampler.h"
+#include "trainer/elastic/collective_deadline.h"
+#include "trainer/elastic/step_policy.h"
+#include "trainer/elastic/step_salvage.h"
+#include "trainer/elastic/training_counters.h"
+
+namespace muster {
+
+struct BrokenWorld;  // trainer/client/coordinator_client.h
+
+struct WorldChangesOptions {
+  // Salvage a failed step (Options::salvage); else every failed step is
+  // dropped.
+  bool salvage = true;
+  // The learning rates follow the world size (ElasticLr::kScale): the LR
+  // world size becomes each new world's.
+  bool scale_lr = false;
+  int batch_per_rank = 1;
+  CollectiveDeadlineOptions deadline;
+  // Deadlines are times of clock->Now(); not owned, must outlive this.
+  Clock* clock = RealClock::Get();
+};
+
+// What this rank does about a salvaged step it took (StepSalvaged).
+struct SalvagedStep {
+  // The decision at the step's boundary (from the re-reduced control words).
+  StepDecision next = StepDecision::kContinue;
+  // Whether this rank's gradient was reduced: when not, its examples of the
+  // step did not count.
+  bool contributed = false;
+  // The rank every rank takes the state from at the step's boundary, when
+  // some ranks of the new world did not take the step; -1 when all did.
+  int catch_up_from = -1;
+};
+
+class WorldChanges {
+ public:
+  // Called for each world entered, after its communicator is built (the
+  // same type as ElasticWorld::EnterFn).
+  using EnterFn = std::function<absl::Status(Communicator* comm, const WorldInfo& world)>;
+  // Control words averaged over a world (GradientSync::control()).
+  using ControlAverages = std::array<float, 3>;
+
+  // The trainer a WorldChanges moves. Every method is called on the
+  // training thread, from inside a WorldChanges call.
+  class Trainer {
+   public:
+    virtual ~Trainer() = default;
+
+    // The world. Waits for the first world and enters it, calling `enter`
+    // (ElasticWorld::EnterFirst: its errors, and OK when there is no world
+    // for this member).
+    virtual absl::Status EnterFirstWorld(int64_t step, const EnterFn& enter) = 0;
+    // Leaves the current world and enters the next, calling `enter` for
+    // each world tried (ElasticWorld::Regroup); `broken`: the report that
+    // the world broke under this rank, null at an agreed step boundary.
+    // OK when there is no next world for this member too.
+    virtual absl::Status EnterNextWorld(const std::string& why, int64_t step,
+                                        const EnterFn& enter, const BrokenWorld* broken) = 0;
+    // Whether the coordinator told this member to leave (a drain).
+    virtual bool told_to_leave() const = 0;
+    // `counters` become what this member's heartbeats report.
+    virtual void ReportCounters(const TrainingCounters& counters) = 0;
+
+    // The tensors. The state transfer (state_sync.h): every rank of
+    // `comm` ends with `source`'s state and `*counters`. Errors: the
+    // communicator's, DATA_LOSS; `*counters` is then unchanged.
+    virtual absl::Status TakeState(int source, Communicator* comm, TrainingCounters* counters,
+                                   absl::Time deadline) = 0;
+    // Gradients are reduced over `comm` from now on; null while regrouping.
+    virtual void UseCommunicator(Communicator* comm) = 0;
+    // The failed step's gradients reduced again over `comm` (zeros unless
+    // `contribute`), averaged over `contributors`, with `words`
+    // (GradientSync::Resync). Returns the control words averaged over the
+    // world. Errors: the communicator's.
+    virtual absl::StatusOr<ControlAverages> ResyncGradients(Communicator* comm, bool contribute,
+                                                            int contributors,
+                                                            const ControlWords& words,
+                                                            absl::Time deadline) = 0;
+
+    // The step. This rank's control words now (step_policy.h).
+    virtual ControlWords CurrentControl() const = 0;
+    // This rank, outside the salvaged step, takes it from a rank in it:
+    // the step's boundary is due, deciding `next`. Called before the
+    // catch-up. Errors: FAILED_PRECONDITION where the step's lifecycle
+    // refuses it.
+    virtual absl::Status StepTakenByOthers(StepDecision next) = 0;
+    // This rank is about to take the salvaged step in the new world; the
+    // counters are still those before it (its learning rates are set).
+    virtual void BeforeSalvagedStep() = 0;
+    // This rank took the salvaged step; the counters are past it. Errors:
+    // FAILED_PRECONDITION where the step's lifecycle refuses it.
+    virtual absl::Status StepSalvaged(const SalvagedStep& step) = 0;
+  };
+
+  // `trainer`, `counters` and `sampler` are not owned and must outlive this.
+  WorldChanges(WorldChangesOptions options, Trainer* trainer, TrainingCounters* counters,
+               DistributedSampler* sampler);
+  WorldChanges(const WorldChanges&) = delete;
+  WorldChanges& operator=(const WorldChanges&) = delete;
+
+  // Waits for the first world and enters it (as the top of this file says:
+  // the state transfer, then the salvage of what can be). OK also when
+  // there is no world for this member (the trainer says so). Errors:
+  // Trainer::EnterFirstWorld's.
+  absl::Status EnterFirst();
+
+  // The step after the counters failed in `world` (its all-reduce or a
+  // broadcast of it): kept for the next world to salvage. Replaces a step
+  // kept before.
+  void KeepFailedStep(const WorldInfo& world);
+  // Whether a failed step is kept: from KeepFailedStep until a world
+  // salvages it (this rank takes it) or DropFailedStep.
+  bool has_failed_step() const { return failed_step_.has_value(); }
+  // The kept step was not salvaged and is dropped: counted, and no longer
+  // kept. Nothing when none is kept.
+  void DropFailedStep();
+
+  // Leaves the current world and enters the next: gradients leave the
+  // communicator, the step in progress is not timed, and `broken` (the
+  // world broke under this rank: `why` says how) is reported with the
+  // rendezvous, with the step's collective timeout as the time the next
+  // world's members have to arrive. Each world tried is entered as
+  // EnterFirst's is. OK also when there is no next world for this member
+  // (the trainer says so).
+  // Errors: Trainer::EnterNextWorld's, which include those of entering.
+  absl::Status Regroup(const std::string& why, bool broken);
+
+  // After a salvaged step that some ranks did not take: every rank of
+  // `comm` takes the state and counters of `source`. Errors: TakeState's.
+  absl::Status CatchUp(Communicator* comm, int source);
+
+  // The deadlines, times of the clock's Now(). A step's collectives:
+  absl::Duration step_timeout() const { return deadline_.Current(); }
+  absl::Time StepDeadline() const { return options_.clock->Now() + deadline_.Current(); }
+  // The long waits: a communicator's build, a state transfer, a
+  // checkpoint's agreement, an all-reduce between steps.
+  absl::Duration long_timeout() const { return deadline_.Long(); }
+  absl::Time LongDeadline() const { return options_.clock->Now() + deadline_.Long(); }
+  // A step committed now: timed from the previous commit, unless a world
+  // change came between (collective_deadline.h).
+  void StepCommitted();
+
+  // Failed steps salvaged (this rank took them in a regrouped world) and
+  // dropped.
+  int salvaged() const { return salvaged_; }
+  int dropped() const { return dropped_; }
+
+ private:
+  // The step whose all-reduce failed: the counters it was taken at and the
+  // world it was taken in.
+  struct FailedStep {
+    int64_t step = 0;
+    SamplerPosition position;
+    uint64_t generation = 0;
+    int world_size = 0;
+    int rank = 0;
+  };
+
+  EnterFn EnterEachWorld();
+  // Every rank of a new world: take the state of the member furthest ahead,
+  // then salvage what can be.
+  absl::Status Enter(Communicator* comm, const WorldInfo& world);
+  absl::Status Salvage(Communicator* comm, const WorldInfo& world);
+  // This rank was in the failed step that `plan` salvages: it takes it.
+  absl::Status TakeSalvagedStep(const WorldInfo& world, const SalvagePlan& plan,
+                                const SalvagedStep& step);
+
+  // Constant after construction.
+  const WorldChangesOptions options_;
+  Trainer* const trainer_;
+  TrainingCounters* const counters_;
+  DistributedSampler* const sampler_;
+  // The training thread's.
+  CollectiveDeadline deadline_;
+  absl::Time last_commit_;
+  std::optional<FailedStep> failed_step_;
+  int salvaged_ = 0;
+  int dropped_ = 0;
+};
+
+}  // namespace muster
+
+#endif  // MUSTER_TRAINER_ELASTIC_WORLD_CHANGES_H_
