@@ -116,7 +116,7 @@ TEST(GradientCompressionTest, HierarchicalBf16CompressesOnlyTheShardAcrossNodes)
     ASSERT_EQ(got.compressed[0][i], static_cast<float>(want)) << "element " << i;
     const float plain = got.plain[0][i];
     // Two roundings to bfloat16's 8 significant bits, each within 2^-8.
-    ASSERT_LE(std::fabs(got.compressed[0][i] - plain), std::ldexp(magnitude, -7) / 4 + 1e-6)
+    ASSERT_LE(std::fabs(got.compressed[0][i] - plain), std::ldexp(magnitude, -7) * 1.01 / 4 + 1e-6)
         << "element " << i;
     differ_from_plain += got.compressed[0][i] != plain;
   }
