@@ -44,6 +44,10 @@ ABSL_FLAG(double, weight_decay, 0.0, "weight decay");
 ABSL_FLAG(int64_t, warmup_steps, 50, "linear warm-up steps, then cosine decay to 10%");
 ABSL_FLAG(double, bucket_mb, 25, "gradient bucket size in MiB");
 ABSL_FLAG(bool, overlap, true, "all-reduce buckets during backward (false: after it)");
+ABSL_FLAG(std::string, gradient_compression, "none",
+          "none, bf16 or fp16: the type gradient buckets cross nodes in (as DDP's "
+          "bf16/fp16_compress_hook; inside a node they stay float32; a one-node world is not "
+          "compressed)");
 ABSL_FLAG(bool, broadcast_buffers, true,
           "broadcast the model's buffers (BatchNorm statistics) from rank 0 after each step");
 ABSL_FLAG(double, collective_timeout, 0,
@@ -123,6 +127,13 @@ absl::StatusOr<muster::Options> LibraryOptionsFromFlags() {
   lib.cuda = device == "cuda";
   lib.bucket_mb = absl::GetFlag(FLAGS_bucket_mb);
   lib.overlap = absl::GetFlag(FLAGS_overlap);
+  absl::StatusOr<muster::GradientCompression> compression =
+      muster::ParseGradientCompression(absl::GetFlag(FLAGS_gradient_compression));
+  if (!compression.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--gradient-compression: ", compression.status().message()));
+  }
+  lib.gradient_compression = *compression;
   lib.broadcast_buffers = absl::GetFlag(FLAGS_broadcast_buffers);
   lib.collective_timeout_s = absl::GetFlag(FLAGS_collective_timeout);
   lib.rendezvous_timeout_s = absl::GetFlag(FLAGS_rendezvous_timeout);
@@ -218,8 +229,10 @@ int Run() {
                    << ", model " << o->model << ", dataset " << o->dataset << ", batch "
                    << o->library.batch_per_rank << ", lr " << o->lr << " (" << o->lr_scaling
                    << "), optimizer " << o->optimizer << ", bucket " << o->library.bucket_mb
-                   << " MiB, backend " << absl::GetFlag(FLAGS_backend) << ", device "
-                   << absl::GetFlag(FLAGS_device);
+                   << " MiB, backend " << absl::GetFlag(FLAGS_backend)
+                   << ", gradient compression "
+                   << muster::GradientCompressionName(o->library.gradient_compression)
+                   << ", device " << absl::GetFlag(FLAGS_device);
   absl::StatusOr<muster::TrainResult> result = muster::RunTraining(*o);
   if (!result.ok()) {
     std::cerr << "muster-train: " << result.status() << "\n";

@@ -64,6 +64,19 @@ struct Options {
   bool cuda = false;         // tensors and collectives on this process's GPU
   double bucket_mb = 25;     // gradient bucket size
   bool overlap = true;       // reduce buckets during backward
+  // The type gradient buckets cross nodes in (muster/backend.h), as DDP's
+  // bf16_compress_hook / fp16_compress_hook: kBf16 or kFp16 halve the
+  // bytes between nodes. Buckets are reduced in float32 inside each node;
+  // each node's float32 partial sums are rounded once to the 16-bit type,
+  // summed across nodes (float32 accumulation over Gloo, the type's on
+  // NCCL) and widened back into the float32 gradients, averaged over the
+  // world in float32. A world of one node is not compressed (nothing
+  // crosses nodes; said once in the log). The step's control words and
+  // every other collective stay float32; step salvage re-reduces the
+  // float32 gradients the survivors hold, compressed the same way. Every
+  // trainer of a job must use the same value. A value outside the enum is
+  // refused by Validate.
+  GradientCompression gradient_compression = GradientCompression::kNone;
   // How long a step's all-reduce waits for the slowest peer before the
   // world counts as broken: reported to the coordinator, which regroups and
   // leaves out a member that does not come (a rank hung in compute). 0

@@ -1,8 +1,13 @@
 // muster-bench allreduce: W worker processes (M nodes of W/M ranks, all on
 // this machine's loopback) against a real coordinator process. Prints one
 // line per size:
-//   allreduce backend=B device=D world=W nodes=M bytes=N median_s=T algbw_GBps=X busbw_GBps=Y
-// with busbw = algbw * 2(W-1)/W and medians over repeats.
+//   allreduce backend=B device=D world=W nodes=M bytes=N compression=C wire=T
+//   median_s=T algbw_GBps=X busbw_GBps=Y
+// with busbw = algbw * 2(W-1)/W and medians over repeats. The buffers are
+// float32 gradients (Communicator::AllReduceGradients); with
+// --gradient-compression bf16|fp16 they cross nodes as `wire` (float32 on
+// one node), and bytes, algbw and busbw still count the float32 bytes, the
+// ones a trainer hands over, so the figures compare with uncompressed runs.
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -23,6 +28,7 @@ ABSL_DECLARE_FLAG(std::string, backend);
 ABSL_DECLARE_FLAG(std::string, sizes);
 ABSL_DECLARE_FLAG(int, nodes);
 ABSL_DECLARE_FLAG(std::string, device);
+ABSL_DECLARE_FLAG(std::string, gradient_compression);
 
 namespace muster {
 
@@ -53,6 +59,7 @@ int RunAllreduceBench() {
         absl::StrCat("--node=node", i / per_node), absl::StrCat("--local-rank=", i % per_node),
         "--backend=" + absl::GetFlag(FLAGS_backend), "--sizes=" + absl::GetFlag(FLAGS_sizes),
         "--device=" + absl::GetFlag(FLAGS_device),
+        "--gradient-compression=" + absl::GetFlag(FLAGS_gradient_compression),
         absl::StrCat("--nodes=", nodes), absl::StrCat("--job=bench", ::getpid()),
         "--report=" + dir + "/report"};
     // Rank 0's stdout is ours; the others log to files.

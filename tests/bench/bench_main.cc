@@ -3,11 +3,13 @@
 //   muster-bench coordinator --members N --seconds S
 //   muster-bench checkpoint --state-mb 800 [--dir D] [--device cuda]
 //   muster-bench train --model mlp|cnn --world W --nodes M --steps N
+//                      [--gradient-compression none|bf16|fp16]
 //   muster-bench recovery --world 4 --nodes 2 [--spares 1 [--spare_node]] --trials N
 //                         [--device cuda] [--job_steps N] [--trainer_flags F,F]
 //   muster-bench ettr --mtbf S --minutes M --world 4 --nodes 2 --spares 1
 //   muster-bench allreduce --world W --nodes M --backend gloo|shm|hier|nccl
 //                          --sizes 4K,1M,... [--device cuda]
+//                          [--gradient-compression none|bf16|fp16]
 #include <cstring>
 #include <iostream>
 #include <string>
@@ -37,7 +39,8 @@ int main(int argc, char** argv) {
       "muster-bench WHAT [flags]: one line of figures per case. WHAT is one of\n"
       "  coordinator --members N [--per-node K] --seconds S [--regroup] [--channels C] [--state-sync-delay D]\n"
       "  allreduce --world W --nodes M --backend gloo|shm|hier|nccl --sizes 4K,1M [--device cuda]\n"
-      "  train --model mlp|cnn --world W --nodes M --steps N\n"
+      "            [--gradient-compression none|bf16|fp16]\n"
+      "  train --model mlp|cnn --world W --nodes M --steps N [--gradient-compression bf16]\n"
       "  recovery --world 4 --nodes 2 [--spares 1 [--spare-node]] --trials N [--device cuda]\n"
       "  ettr --mtbf S --minutes M --world 4 --nodes 2 --spares 1\n"
       "  checkpoint --state-mb N [--dir D] [--device cuda]");

@@ -1,6 +1,7 @@
 // muster-bench comm-worker: one rank of a communicator job, as a process.
-// Used by `muster-bench allreduce` (timings) and by the process tests
-// (--check: correctness; --abort-test: fail, abort, rebuild).
+// Used by `muster-bench allreduce` (timings; --gradient-compression) and by
+// the process tests (--check: correctness; --abort-test: fail, abort,
+// rebuild).
 //
 // It joins the coordinator like a trainer (session, rendezvous), builds the
 // communicator for its world through the coordinator's KV, and writes what it
@@ -45,6 +46,9 @@ ABSL_FLAG(int, nodes, 1, "node count (for the output line)");
 ABSL_FLAG(std::string, device, "cpu",
           "allreduce, comm-worker, recovery: cpu, or cuda (buffers and training on the GPU)");
 ABSL_FLAG(std::string, dtypes, "float32", "--check: float32, bfloat16, float16 (comma list)");
+ABSL_FLAG(std::string, gradient_compression, "none",
+          "allreduce, train: none, bf16 or fp16 (gradients across nodes; busbw counts the "
+          "float32 bytes before compression)");
 
 namespace muster {
 namespace {
@@ -209,6 +213,51 @@ bool CheckCollectives(Communicator& comm, const std::vector<size_t>& sizes, bool
   return all_ok;
 }
 
+// Timing: median over repeats of a barrier-separated all-reduce of float32
+// values (AllReduceGradients: compressed across nodes with
+// --gradient-compression); rank 0 prints a line per size. bytes, algbw and
+// busbw count the float32 bytes, before any compression. False on a failed
+// collective.
+bool TimeAllReduces(Communicator* comm, const std::vector<size_t>& sizes, bool cuda) {
+  const int rank = comm->rank(), w = comm->size();
+  for (size_t bytes : sizes) {
+    TestBuffer data(DataType::kFloat32, std::max<size_t>(1, bytes / sizeof(float)), cuda);
+    Fill(data, rank);
+    const int reps =
+        static_cast<int>(std::clamp<size_t>((512u << 20) / std::max<size_t>(bytes, 1), 5, 50));
+    std::vector<double> times;
+    for (int i = 0; i < reps + 2; ++i) {
+      if (!comm->Barrier(absl::Now() + absl::Seconds(60)).ok()) return false;
+      const absl::Time t0 = absl::Now();
+      if (!comm->AllReduceGradients(data.data(), data.count(), ReduceOp::kSum,
+                                    absl::Now() + absl::Seconds(120)).ok()) {
+        return false;
+      }
+      if (i >= 2) times.push_back(absl::ToDoubleSeconds(absl::Now() - t0));
+    }
+    // Average each repeat over the ranks, then take the median repeat.
+    if (!AllReduceValues(comm, times.data(), times.size(), DataType::kFloat64, ReduceOp::kSum,
+                         absl::Now() + absl::Seconds(60)).ok()) {
+      return false;
+    }
+    for (double& t : times) t /= w;  // mean over ranks of each repeat
+    const double median = Percentile(times, 50);
+    const double algbw = bytes / median / 1e9;
+    if (rank == 0) {
+      std::cout << absl::StrFormat(
+                       "allreduce backend=%s device=%s world=%d nodes=%d bytes=%d "
+                       "compression=%s wire=%s median_s=%.6f algbw_GBps=%.3f busbw_GBps=%.3f",
+                       absl::GetFlag(FLAGS_backend), absl::GetFlag(FLAGS_device), w,
+                       absl::GetFlag(FLAGS_nodes), bytes,
+                       absl::GetFlag(FLAGS_gradient_compression),
+                       DataTypeName(comm->gradient_wire()), median, algbw,
+                       algbw * 2.0 * (w - 1) / w)
+                << std::endl;
+    }
+  }
+  return true;
+}
+
 }  // namespace
 
 int RunCommWorker() {
@@ -223,8 +272,13 @@ int RunCommWorker() {
   }
   auto backend = ParseBackend(absl::GetFlag(FLAGS_backend));
   auto sizes = ParseSizes(absl::GetFlag(FLAGS_sizes));
-  if (!backend.ok() || !sizes.ok()) {
-    std::cerr << "comm-worker: " << (backend.ok() ? sizes.status() : backend.status()) << "\n";
+  auto compression = ParseGradientCompression(absl::GetFlag(FLAGS_gradient_compression));
+  if (!backend.ok() || !sizes.ok() || !compression.ok()) {
+    std::cerr << "comm-worker: "
+              << (!backend.ok() ? backend.status()
+                  : !sizes.ok() ? sizes.status()
+                                : compression.status())
+              << "\n";
     return 2;
   }
   for (absl::string_view name : absl::StrSplit(absl::GetFlag(FLAGS_dtypes), ',')) {
@@ -254,6 +308,7 @@ int RunCommWorker() {
   options.backend = *backend;
   options.job = absl::GetFlag(FLAGS_job);
   options.gloo.hostname = "127.0.0.1";
+  options.gradient_compression = *compression;
   options.check_buffers = std::getenv("MUSTER_CHECK_BUFFERS") != nullptr &&
                           std::string(std::getenv("MUSTER_CHECK_BUFFERS")) == "1";
   if (cuda) {
@@ -324,40 +379,8 @@ int RunCommWorker() {
     }
     if (absl::GetFlag(FLAGS_check) || rebuilt || absl::GetFlag(FLAGS_abort_test)) {
       if (!CheckCollectives(**comm, *sizes, cuda)) exit_code = 6;
-    } else {
-      // Timing: median over repeats of a barrier-separated all-reduce.
-      for (size_t bytes : *sizes) {
-        TestBuffer data(DataType::kFloat32, std::max<size_t>(1, bytes / sizeof(float)), cuda);
-        Fill(data, rank);
-        const int reps = static_cast<int>(std::clamp<size_t>((512u << 20) / std::max<size_t>(bytes, 1), 5, 50));
-        std::vector<double> times;
-        for (int i = 0; i < reps + 2; ++i) {
-          if (!(*comm)->Barrier(absl::Now() + absl::Seconds(60)).ok()) return 7;
-          const absl::Time t0 = absl::Now();
-          if (!(*comm)->AllReduce(data.data(), data.count(), DataType::kFloat32, ReduceOp::kSum,
-                                  absl::Now() + absl::Seconds(120)).ok()) {
-            return 7;
-          }
-          if (i >= 2) times.push_back(absl::ToDoubleSeconds(absl::Now() - t0));
-        }
-        // Average each repeat over the ranks, then take the median repeat.
-        if (!AllReduceValues(comm->get(), times.data(), times.size(), DataType::kFloat64,
-                             ReduceOp::kSum, absl::Now() + absl::Seconds(60)).ok()) {
-          return 7;
-        }
-        for (double& t : times) t /= w;  // mean over ranks of each repeat
-        const double median = Percentile(times, 50);
-        const double algbw = bytes / median / 1e9;
-        if (rank == 0) {
-          std::cout << absl::StrFormat(
-                           "allreduce backend=%s device=%s world=%d nodes=%d bytes=%d "
-                           "median_s=%.6f algbw_GBps=%.3f busbw_GBps=%.3f",
-                           absl::GetFlag(FLAGS_backend), absl::GetFlag(FLAGS_device), w,
-                           absl::GetFlag(FLAGS_nodes), bytes,
-                           median, algbw, algbw * 2.0 * (w - 1) / w)
-                    << std::endl;
-        }
-      }
+    } else if (!TimeAllReduces(comm->get(), *sizes, cuda)) {
+      return 7;
     }
     {
       std::lock_guard<std::mutex> lock(current.mu);

@@ -1,17 +1,32 @@
 #!/usr/bin/env python3
-"""PyTorch eager reference for muster's GPU step time.
+"""PyTorch eager reference for muster's step time and all-reduce bandwidth.
 
 The same models as trainer/models/models.cc (cnn, resnet18), batch,
 optimizer (SGD, momentum 0.9, lr 0.01 x world) and loss as muster-train,
 timed the same way: from the batch on the device to the optimizer step done
-(torch.cuda.synchronize), median over the steps after a warm-up. muster's
-time (--time-steps) also holds its own work at the step boundary. With
---world 2 the ranks share one GPU under DistributedDataParallel over Gloo:
-NCCL refuses two ranks on one GPU, so Gloo (which stages CUDA tensors through
-host memory) is PyTorch's equivalent of muster's hier(nccl+gloo) with one
-trainer per node.
+(torch.cuda.synchronize on the GPU), median over the steps after a warm-up.
+muster's time (--time-steps) also holds its own work at the step boundary.
+With --world 2 on the GPU the ranks share one GPU under
+DistributedDataParallel over Gloo: NCCL refuses two ranks on one GPU, so
+Gloo (which stages CUDA tensors through host memory) is PyTorch's equivalent
+of muster's hier(nccl+gloo) with one trainer per node. --device cpu runs
+the ranks on the CPU (DDP over Gloo; --threads intra-op threads each, by
+default the cores shared out as muster-train does), the side-by-side of
+`muster-bench train`.
 
-Prints: pytorch device=cuda model=M batch=B world=W step_ms_p50=T
+--comm-hook bf16|fp16 registers DDP's bf16_compress_hook / fp16_compress_hook
+(torch.distributed.algorithms.ddp_comm_hooks.default_hooks): buckets travel
+as bfloat16 / float16, the counterpart of muster's --gradient-compression.
+
+--mode allreduce times dist.all_reduce of --bytes of float32 over Gloo on
+the CPU instead (with --comm-hook: cast to the 16-bit type and divided by
+the world, reduced, copied back, as the hook does), median over repeats of
+the ranks' mean, busbw = algbw 2(W-1)/W counting the float32 bytes: the
+figures of `muster-bench allreduce`.
+
+Prints: pytorch device=D model=M batch=B world=W comm_hook=H steps_per_s=S step_ms_p50=T
+    or: pytorch allreduce backend=gloo world=W bytes=N comm_hook=H median_s=T
+        algbw_GBps=X busbw_GBps=Y
 """
 import argparse
 import os
@@ -23,6 +38,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 
 class SmallCnn(nn.Module):
@@ -82,16 +98,29 @@ class ResNet18(nn.Module):
         return self.fc(F.adaptive_avg_pool2d(x, 1).flatten(1))
 
 
+HOOKS = {"bf16": default_hooks.bf16_compress_hook, "fp16": default_hooks.fp16_compress_hook}
+HOOK_TYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def init(rank, args):
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(args.port))
+    dist.init_process_group("gloo", rank=rank, world_size=args.world)
+
+
 def run(rank, args):
     torch.manual_seed(args.seed)
-    device = torch.device("cuda", 0)
+    cuda = args.device == "cuda"
+    if not cuda:
+        torch.set_num_threads(args.threads or max(1, (os.cpu_count() or 1) // args.world))
+    device = torch.device("cuda", 0) if cuda else torch.device("cpu")
     model = {"cnn": SmallCnn, "resnet18": ResNet18}[args.model](
         args.channels, args.size, args.size, 10).to(device)
     if args.world > 1:
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(args.port))
-        dist.init_process_group("gloo", rank=rank, world_size=args.world)
-        model = nn.parallel.DistributedDataParallel(model, device_ids=[0])
+        init(rank, args)
+        model = nn.parallel.DistributedDataParallel(model, device_ids=[0] if cuda else None)
+        if args.comm_hook != "none":
+            model.register_comm_hook(None, HOOKS[args.comm_hook])
     opt = torch.optim.SGD(model.parameters(), lr=0.01 * args.world, momentum=0.9)
     x = torch.randn(args.batch, args.channels, args.size, args.size, device=device)
     y = torch.randint(0, 10, (args.batch,), device=device)
@@ -102,14 +131,46 @@ def run(rank, args):
         opt.zero_grad()
         loss.backward()
         opt.step()
-        torch.cuda.synchronize(device)
+        if cuda:
+            torch.cuda.synchronize(device)
         if step >= args.warmup:
             times.append((time.perf_counter() - started) * 1e3)
     if rank == 0:
-        print(f"pytorch device=cuda model={args.model} batch={args.batch} world={args.world} "
+        print(f"pytorch device={args.device} model={args.model} batch={args.batch} "
+              f"world={args.world} comm_hook={args.comm_hook} "
+              f"steps_per_s={1e3 * len(times) / sum(times):.2f} "
               f"step_ms_p50={statistics.median(times):.3f}", flush=True)
     if args.world > 1:
         dist.destroy_process_group()
+
+
+def allreduce(rank, args):
+    init(rank, args)
+    torch.set_num_threads(1)
+    count = args.bytes // 4
+    x = torch.ones(count)
+    reps = min(max((512 << 20) // max(args.bytes, 1), 5), 50)
+    times = []
+    for i in range(reps + 2):
+        dist.barrier()
+        started = time.perf_counter()
+        if args.comm_hook == "none":
+            dist.all_reduce(x)
+        else:  # what bf16/fp16_compress_hook does with a bucket
+            compressed = x.to(HOOK_TYPES[args.comm_hook]).div_(args.world)
+            dist.all_reduce(compressed)
+            x.copy_(compressed)
+        if i >= 2:
+            times.append(time.perf_counter() - started)
+    mean = torch.tensor(times, dtype=torch.float64)
+    dist.all_reduce(mean)
+    median = statistics.median((mean / args.world).tolist())
+    algbw = args.bytes / median / 1e9
+    if rank == 0:
+        print(f"pytorch allreduce backend=gloo world={args.world} bytes={args.bytes} "
+              f"comm_hook={args.comm_hook} median_s={median:.6f} algbw_GBps={algbw:.3f} "
+              f"busbw_GBps={algbw * 2 * (args.world - 1) / args.world:.3f}", flush=True)
+    dist.destroy_process_group()
 
 
 def main():
@@ -123,8 +184,20 @@ def main():
     p.add_argument("--world", type=int, default=1)
     p.add_argument("--port", type=int, default=29511)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    p.add_argument("--threads", type=int, default=0,
+                   help="CPU: intra-op threads per rank (0: the cores / world)")
+    p.add_argument("--comm-hook", default="none", choices=["none", "bf16", "fp16"],
+                   help="DDP's bf16_compress_hook / fp16_compress_hook")
+    p.add_argument("--mode", default="step", choices=["step", "allreduce"])
+    p.add_argument("--bytes", type=int, default=64 << 20,
+                   help="allreduce: float32 bytes per all-reduce")
     args = p.parse_args()
-    if args.world > 1:
+    if args.mode == "allreduce":
+        if args.world < 2:
+            p.error("--mode allreduce needs --world 2 or more")
+        mp.spawn(allreduce, args=(args,), nprocs=args.world)
+    elif args.world > 1:
         mp.spawn(run, args=(args,), nprocs=args.world)
     else:
         run(0, args)

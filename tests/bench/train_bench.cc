@@ -2,8 +2,12 @@
 // a real coordinator process, SGD with momentum, batch 64 per rank,
 // Fashion-MNIST. Runs twice — buckets overlapped with backward, and one
 // all-reduce after backward — and prints a line for each:
-//   train model=.. world=.. nodes=.. batch_per_rank=64 overlap=.. steps_per_s=..
-//   samples_per_s=.. comm_overlap_pct=..
+//   train model=.. world=.. nodes=.. batch_per_rank=64 overlap=..
+//   gradient_compression=.. steps_per_s=.. samples_per_s=.. comm_overlap_pct=..
+//   test_accuracy=..
+// --gradient-compression bf16|fp16 is passed to every trainer (buckets
+// cross nodes compressed); tests/bench/pytorch_step.py --comm-hook is
+// PyTorch DDP's side of the same comparison.
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -28,6 +32,7 @@ ABSL_FLAG(int64_t, steps, 100, "training steps");
 ABSL_FLAG(double, bucket_mb, 25, "gradient bucket size in MiB");
 ABSL_DECLARE_FLAG(int, world);
 ABSL_DECLARE_FLAG(int, nodes);
+ABSL_DECLARE_FLAG(std::string, gradient_compression);
 
 namespace muster {
 namespace {
@@ -59,6 +64,7 @@ int RunOnce(bool overlap, bool broadcast_buffers) {
          absl::StrCat("--steps=", absl::GetFlag(FLAGS_steps)), "--lr=0.01",
          absl::StrCat("--overlap=", overlap ? "true" : "false"), "--quiet",
          absl::StrCat("--bucket-mb=", absl::GetFlag(FLAGS_bucket_mb)),
+         "--gradient-compression=" + absl::GetFlag(FLAGS_gradient_compression),
          absl::StrCat("--job=tb", ::getpid()),
          absl::StrCat("--summary-json=", dir, "/summary", i, ".json")},
         absl::StrCat(dir, "/trainer", i, ".log")));
@@ -74,22 +80,24 @@ int RunOnce(bool overlap, bool broadcast_buffers) {
     std::cerr << "muster-bench train: " << failures << " trainers failed; see " << dir << "\n";
     return 1;
   }
-  double steps_per_s = 1e30, overlap_pct = 0;
+  double steps_per_s = 1e30, overlap_pct = 0, accuracy = 0;
   for (int i = 0; i < world; ++i) {
     std::ifstream in(absl::StrCat(dir, "/summary", i, ".json"));
     std::stringstream ss;
     ss << in.rdbuf();
     steps_per_s = std::min(steps_per_s, Field(ss.str(), "steps_per_s"));
     overlap_pct += Field(ss.str(), "comm_overlap_pct") / world;
+    if (Field(ss.str(), "rank") == 0) accuracy = Field(ss.str(), "test_accuracy");
   }
   std::cout << absl::StrFormat(
                    "train model=%s world=%d nodes=%d batch_per_rank=%d bucket_mb=%g overlap=%s "
-                   "broadcast_buffers=%s steps_per_s=%.2f samples_per_s=%.0f "
-                   "comm_overlap_pct=%.1f",
+                   "broadcast_buffers=%s gradient_compression=%s steps_per_s=%.2f "
+                   "samples_per_s=%.0f comm_overlap_pct=%.1f test_accuracy=%.4f",
                    absl::GetFlag(FLAGS_model), world, nodes, absl::GetFlag(FLAGS_batch),
                    absl::GetFlag(FLAGS_bucket_mb), overlap ? "buckets" : "after_backward",
-                   broadcast_buffers ? "on" : "off", steps_per_s,
-                   steps_per_s * absl::GetFlag(FLAGS_batch) * world, overlap_pct)
+                   broadcast_buffers ? "on" : "off", absl::GetFlag(FLAGS_gradient_compression),
+                   steps_per_s, steps_per_s * absl::GetFlag(FLAGS_batch) * world, overlap_pct,
+                   accuracy)
             << std::endl;
   std::system(("rm -rf " + dir).c_str());
   return 0;

@@ -83,10 +83,17 @@ namespace muster {
 
 absl::Status RunCommWorld(int world, const std::string& backend,
                           const std::function<void(int rank, Communicator* comm)>& body) {
-  CommHarness h(NodeSplit(world, 0), absl::StrCat(backend, "world", ::getpid()));
+  return RunCommWorld(NodeSplit(world, 0), backend, GradientCompression::kNone, body);
+}
+
+absl::Status RunCommWorld(const std::vector<int>& node_of, const std::string& backend,
+                          GradientCompression compression,
+                          const std::function<void(int rank, Communicator* comm)>& body) {
+  CommHarness h(node_of, absl::StrCat(backend, "world", ::getpid()));
   CommOptions o;
   MUSTER_ASSIGN_OR_RETURN(o.backend, ParseBackend(backend));
   o.gloo.hostname = "127.0.0.1";
+  o.gradient_compression = compression;
   return h.Run(o, [&](RankContext& rc) { body(rc.world.rank, rc.comm.get()); });
 }
 

@@ -128,6 +128,33 @@ TEST(StartTest, WhatCannotApplyIsRefusedByName) {
   EXPECT_NE(started.status().message().find("optimizer_codec"), std::string::npos);
 }
 
+// Options::gradient_compression is validated once: the three values pass,
+// anything else is refused with INVALID_ARGUMENT naming the field, by
+// Validate and by Start before anything connects.
+TEST(StartTest, AnUnknownGradientCompressionIsRefusedByName) {
+  Options o;
+  o.coordinator = "127.0.0.1:1";
+  o.dataset_size = 64;
+  o.batch_per_rank = 8;
+  o.handle_signals = false;
+  o.quiet = true;
+  for (GradientCompression c :
+       {GradientCompression::kNone, GradientCompression::kBf16, GradientCompression::kFp16}) {
+    o.gradient_compression = c;
+    EXPECT_TRUE(o.Validate().ok()) << GradientCompressionName(c);
+  }
+  o.gradient_compression = static_cast<GradientCompression>(3);
+  const absl::Status invalid = o.Validate();
+  EXPECT_TRUE(absl::IsInvalidArgument(invalid)) << invalid;
+  EXPECT_NE(invalid.message().find("gradient_compression"), std::string::npos) << invalid;
+  torch::nn::Linear model(4, 2);
+  State state;
+  state.model = model.ptr().get();
+  auto started = Distributed::Start(o, state);
+  ASSERT_TRUE(absl::IsInvalidArgument(started.status())) << started.status();
+  EXPECT_NE(started.status().message().find("gradient_compression"), std::string::npos);
+}
+
 // Options::lr_schedule keeps the ratio between parameter groups (it used to
 // set one rate on every group), and the rates in effect are what
 // learning_rates() says.

@@ -52,6 +52,14 @@ class MemoryChecked : public Communicator {
     if (absl::Status s = Check("AllReduce", data, count, type); !s.ok()) return s;
     return inner_->AllReduce(data, count, type, op, deadline);
   }
+  absl::Status AllReduceGradients(void* data, size_t count, ReduceOp op,
+                                  absl::Time deadline) override {
+    if (absl::Status s = Check("AllReduceGradients", data, count, DataType::kFloat32); !s.ok()) {
+      return s;
+    }
+    return inner_->AllReduceGradients(data, count, op, deadline);
+  }
+  DataType gradient_wire() const override { return inner_->gradient_wire(); }
   absl::Status ReduceScatter(void* data, const std::vector<size_t>& counts, DataType type,
                              ReduceOp op, absl::Time deadline) override {
     if (absl::Status s = Check("ReduceScatter", data, TotalCount(counts), type); !s.ok()) return s;

@@ -78,6 +78,24 @@ class Communicator {
   virtual absl::Status AllReduce(void* data, size_t count, DataType type, ReduceOp op,
                                  absl::Time deadline) = 0;
 
+  // Gradients, in place: as AllReduce(data, count, kFloat32, op, deadline)
+  // over `count` float32 elements, except that where the bytes cross nodes
+  // they travel as gradient_wire(), chosen when the communicator was built
+  // (CommOptions::gradient_compression, factory.h): the float32 values
+  // there are rounded to that type, reduced (summed in float32 where muster
+  // adds them, in the wire type by NCCL) and widened back; an average is
+  // divided in float32. Every rank ends with the same bits. With
+  // gradient_wire() kFloat32 (the default) it is that AllReduce, bit for
+  // bit. Errors: AllReduce's.
+  virtual absl::Status AllReduceGradients(void* data, size_t count, ReduceOp op,
+                                          absl::Time deadline) {
+    return AllReduce(data, count, DataType::kFloat32, op, deadline);
+  }
+  // The type AllReduceGradients' bytes cross nodes in: kFloat32 (none; also
+  // whenever the world is one node), kBFloat16 or kFloat16. The same on
+  // every rank of a world built with the same options.
+  virtual DataType gradient_wire() const { return DataType::kFloat32; }
+
   // In place over a buffer of sum(counts) elements laid out as size()
   // contiguous segments, segment r holding counts[r] elements: afterwards
   // segment rank() holds the reduction of that segment over all ranks. Other

@@ -1,8 +1,12 @@
 #include "trainer/comm/factory.h"
 
+#include <mutex>
+
 #include "absl/strings/str_cat.h"
+#include "common/logging.h"
 #include "common/status_macros.h"
 #include "trainer/comm/checked.h"
+#include "trainer/comm/compressed.h"
 #include "trainer/comm/shm/shm_communicator.h"
 #ifdef MUSTER_HAVE_CUDA
 #include "trainer/comm/nccl/nccl_communicator.h"
@@ -20,7 +24,56 @@ absl::StatusOr<Backend> ParseBackend(const std::string& name) {
       absl::StrCat("unknown backend '", name, "' (auto, gloo, shm, hier, nccl)"));
 }
 
+absl::StatusOr<GradientCompression> ParseGradientCompression(const std::string& name) {
+  if (name == "none") return GradientCompression::kNone;
+  if (name == "bf16") return GradientCompression::kBf16;
+  if (name == "fp16") return GradientCompression::kFp16;
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown gradient compression '", name, "' (none, bf16, fp16)"));
+}
+
+const char* GradientCompressionName(GradientCompression compression) {
+  switch (compression) {
+    case GradientCompression::kNone: return "none";
+    case GradientCompression::kBf16: return "bf16";
+    case GradientCompression::kFp16: return "fp16";
+  }
+  return "unknown";
+}
+
 namespace {
+
+// The type gradients cross nodes in for `world`: float32 without
+// compression, and in a world of one node, where nothing crosses nodes.
+absl::StatusOr<DataType> GradientWire(const WorldInfo& world, const CommOptions& options) {
+  DataType wire = DataType::kFloat32;
+  switch (options.gradient_compression) {
+    case GradientCompression::kNone: return DataType::kFloat32;
+    case GradientCompression::kBf16: wire = DataType::kBFloat16; break;
+    case GradientCompression::kFp16: wire = DataType::kFloat16; break;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("CommOptions::gradient_compression has no such value (",
+                       static_cast<int>(options.gradient_compression), ")"));
+  }
+  if (world.node_count > 1) return wire;
+  static std::once_flag told;
+  std::call_once(told, [&] {
+    MUSTER_LOG(INFO) << "gradient compression "
+                     << GradientCompressionName(options.gradient_compression)
+                     << ": this world is one node, so nothing crosses nodes and gradients are "
+                        "reduced in float32 (compression applies between nodes only)";
+  });
+  return DataType::kFloat32;
+}
+
+// A flat communicator over several nodes carries the whole buffer as `wire`.
+absl::StatusOr<std::unique_ptr<Communicator>> CompressedIf(
+    absl::StatusOr<std::unique_ptr<Communicator>> comm, DataType wire,
+    std::unique_ptr<BufferOps> ops) {
+  if (!comm.ok() || wire == DataType::kFloat32) return comm;
+  return NewCompressedCommunicator(std::move(*comm), wire, std::move(ops));
+}
 
 ShmOptions ShmOptionsFor(const WorldInfo& world, const CommOptions& options) {
   ShmOptions shm;
@@ -85,7 +138,8 @@ std::unique_ptr<BufferOps> BufferOpsFor([[maybe_unused]] const CommOptions& opti
 absl::StatusOr<std::unique_ptr<Communicator>> BuildHier(const WorldInfo& world, Store* store,
                                                         const CommOptions& options,
                                                         absl::Time deadline,
-                                                        KeptNodeCommunicator* kept) {
+                                                        KeptNodeCommunicator* kept,
+                                                        DataType wire) {
   HierarchyPlan plan = PlanHierarchy(world.node_sizes);
   auto intra = BuildIntra(world, store, options, deadline, kept);
   if (!intra.ok()) return intra.status();
@@ -110,7 +164,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> BuildHier(const WorldInfo& world, 
   return NewHierarchicalCommunicator(world.rank, world.world_size, std::move(plan),
                                      world.local_world_size(),
                                      std::move(*intra), std::move(mine), std::move(inter),
-                                     BufferOpsFor(options));
+                                     BufferOpsFor(options), wire);
 }
 
 absl::StatusOr<std::unique_ptr<Communicator>> BuildUnchecked(const WorldInfo& world,
@@ -118,6 +172,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> BuildUnchecked(const WorldInfo& wo
                                                              const CommOptions& options,
                                                              absl::Time deadline,
                                                              KeptNodeCommunicator* kept) {
+  MUSTER_ASSIGN_OR_RETURN(const DataType wire, GradientWire(world, options));
   Backend backend = options.backend;
   const bool one_per_node = world.node_count == world.world_size;
   if (backend == Backend::kAuto) {
@@ -134,7 +189,9 @@ absl::StatusOr<std::unique_ptr<Communicator>> BuildUnchecked(const WorldInfo& wo
       auto s = NewPrefixStore(store, "gloo/world");
       GlooOptions gloo = options.gloo;
       gloo.single_host = world.node_count <= 1;
-      return NewGlooCommunicator(s.get(), world.rank, world.world_size, gloo, deadline);
+      return CompressedIf(
+          NewGlooCommunicator(s.get(), world.rank, world.world_size, gloo, deadline), wire,
+          NewHostBufferOps());
     }
     case Backend::kShm: {
       if (world.node_count > 1) {
@@ -147,15 +204,16 @@ absl::StatusOr<std::unique_ptr<Communicator>> BuildUnchecked(const WorldInfo& wo
                                 deadline);
     }
     case Backend::kHier:
-      return BuildHier(world, store, options, deadline, kept);
+      return BuildHier(world, store, options, deadline, kept, wire);
     case Backend::kNccl: {
 #ifdef MUSTER_HAVE_CUDA
       if (!options.cuda) {
         return absl::InvalidArgumentError("the nccl backend needs the GPU (--device cuda)");
       }
       auto s = NewPrefixStore(store, "nccl/world");
-      return NewNcclCommunicator(s.get(), world.rank, world.world_size, options.cuda_device,
-                                 deadline, options.cuda_stream);
+      return CompressedIf(NewNcclCommunicator(s.get(), world.rank, world.world_size,
+                                              options.cuda_device, deadline, options.cuda_stream),
+                          wire, BufferOpsFor(options));
 #else
       return absl::InvalidArgumentError("this build has no CUDA/NCCL support");
 #endif

@@ -30,6 +30,12 @@ struct CommOptions {
   std::function<void*()> cuda_stream;
   // Wrap the communicator in NewMemoryChecked (tests; $MUSTER_CHECK_BUFFERS).
   bool check_buffers = false;
+  // The type AllReduceGradients carries across nodes (muster/backend.h):
+  // the hierarchical communicator compresses the shards it sends between
+  // nodes, a flat Gloo or NCCL world of several nodes the whole buffer
+  // (compressed.h). A world of one node is not compressed (nothing crosses
+  // nodes; logged once per process).
+  GradientCompression gradient_compression = GradientCompression::kNone;
 };
 
 // Connects this rank's communicator for `world`, bootstrapping through
@@ -42,7 +48,8 @@ struct CommOptions {
 // (node_comm.h). A hierarchical communicator keeps it as its node-local one
 // when every rank of the node may; either way it is consumed.
 // Errors: INVALID_ARGUMENT (backend does not fit the world, e.g. shm across
-// nodes, nccl without CUDA), and the backends' errors.
+// nodes, nccl without CUDA; an unknown gradient_compression), and the
+// backends' errors.
 absl::StatusOr<std::unique_ptr<Communicator>> BuildCommunicator(
     const WorldInfo& world, Store* store, const CommOptions& options, absl::Time deadline,
     KeptNodeCommunicator* kept = nullptr);

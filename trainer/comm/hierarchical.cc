@@ -8,6 +8,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "trainer/comm/compressed.h"
 #include "trainer/comm/reduce.h"
 
 namespace muster {
@@ -46,7 +47,8 @@ class Hierarchical : public Communicator {
  public:
   Hierarchical(int rank, int size, HierarchyPlan plan, int local_size,
                std::unique_ptr<Communicator> intra, std::vector<InterGroup> groups,
-               std::vector<std::unique_ptr<Communicator>> inter, std::unique_ptr<BufferOps> ops)
+               std::vector<std::unique_ptr<Communicator>> inter, std::unique_ptr<BufferOps> ops,
+               DataType gradient_wire)
       : rank_(rank),
         size_(size),
         plan_(std::move(plan)),
@@ -55,7 +57,8 @@ class Hierarchical : public Communicator {
         intra_(std::move(intra)),
         groups_(std::move(groups)),
         inter_(std::move(inter)),
-        ops_(std::move(ops)) {}
+        ops_(std::move(ops)),
+        wire_(CrossesNodes(inter_) ? gradient_wire : DataType::kFloat32) {}
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -64,12 +67,27 @@ class Hierarchical : public Communicator {
     for (const auto& c : inter_) {
       if (c) inter = c->name();
     }
-    return absl::StrCat("hier(", intra_ ? intra_->name() : "released", "+", inter, ")");
+    const std::string wire =
+        wire_ == DataType::kFloat32 ? "" : absl::StrCat(":", DataTypeName(wire_));
+    return absl::StrCat("hier(", intra_ ? intra_->name() : "released", "+", inter, wire, ")");
   }
   MemorySpace memory() const override { return memory_; }
 
   absl::Status AllReduce(void* data, size_t count, DataType type, ReduceOp op,
                          absl::Time deadline) override {
+    return Reduce(data, count, type, op, /*wire=*/type, deadline);
+  }
+
+  // The node-local legs in float32, the shards across nodes as `wire_`.
+  absl::Status AllReduceGradients(void* data, size_t count, ReduceOp op,
+                                  absl::Time deadline) override {
+    return Reduce(data, count, DataType::kFloat32, op, wire_, deadline);
+  }
+  DataType gradient_wire() const override { return wire_; }
+
+  // AllReduce whose shards cross nodes as `wire` (`type` itself: as they are).
+  absl::Status Reduce(void* data, size_t count, DataType type, ReduceOp op, DataType wire,
+                      absl::Time deadline) {
     if (absl::Status s = Broken(); !s.ok()) return s;
     const size_t es = DataTypeSize(type);
     const std::vector<size_t> seg = EvenSplit(count, plan_.segments);
@@ -91,9 +109,12 @@ class Hierarchical : public Communicator {
       const size_t lo = seg_offset[g.first_segment];
       const size_t n = seg_offset[g.last_segment] - lo;
       if (inter_[i] != nullptr) {
-        if (absl::Status s = inter_[i]->AllReduce(base + lo * es, n, type, ReduceOp::kSum,
-                                                  deadline);
-            !s.ok()) {
+        absl::Status s =
+            wire == type
+                ? inter_[i]->AllReduce(base + lo * es, n, type, ReduceOp::kSum, deadline)
+                : AllReduceCompressed(inter_[i].get(), ops_.get(), wire, base + lo * es, n,
+                                      deadline);
+        if (!s.ok()) {
           Abort(s);  // wakes this node's ranks waiting for this shard
           return s;
         }
@@ -184,6 +205,10 @@ class Hierarchical : public Communicator {
   }
 
  private:
+  static bool CrossesNodes(const std::vector<std::unique_ptr<Communicator>>& inter) {
+    return std::any_of(inter.begin(), inter.end(), [](const auto& c) { return c != nullptr; });
+  }
+
   const int rank_;
   const int size_;
   const HierarchyPlan plan_;
@@ -215,6 +240,7 @@ class Hierarchical : public Communicator {
   const std::vector<InterGroup> groups_;
   std::vector<std::unique_ptr<Communicator>> inter_;
   std::unique_ptr<BufferOps> ops_;
+  const DataType wire_;  // AllReduceGradients' type across nodes
 };
 
 class HostBufferOps : public BufferOps {
@@ -227,6 +253,21 @@ class HostBufferOps : public BufferOps {
     DivideBy(type, data, count, divisor);
     return absl::OkStatus();
   }
+  absl::Status Compress(DataType wire, const void* from, void* to, size_t count) override {
+    CompressFloats(wire, static_cast<const float*>(from), static_cast<uint16_t*>(to), count);
+    return absl::OkStatus();
+  }
+  absl::Status Decompress(DataType wire, const void* from, void* to, size_t count) override {
+    DecompressFloats(wire, static_cast<const uint16_t*>(from), static_cast<float*>(to), count);
+    return absl::OkStatus();
+  }
+  absl::StatusOr<void*> Scratch(size_t bytes) override {
+    if (scratch_.size() < bytes) scratch_.resize(bytes);
+    return static_cast<void*>(scratch_.data());
+  }
+
+ private:
+  std::vector<char> scratch_;
 };
 
 }  // namespace
@@ -236,9 +277,10 @@ std::unique_ptr<BufferOps> NewHostBufferOps() { return std::make_unique<HostBuff
 std::unique_ptr<Communicator> NewHierarchicalCommunicator(
     int rank, int size, HierarchyPlan plan, int local_size, std::unique_ptr<Communicator> intra,
     std::vector<InterGroup> my_groups, std::vector<std::unique_ptr<Communicator>> inter,
-    std::unique_ptr<BufferOps> ops) {
+    std::unique_ptr<BufferOps> ops, DataType gradient_wire) {
   return std::make_unique<Hierarchical>(rank, size, std::move(plan), local_size, std::move(intra),
-                                        std::move(my_groups), std::move(inter), std::move(ops));
+                                        std::move(my_groups), std::move(inter), std::move(ops),
+                                        gradient_wire);
 }
 
 }  // namespace muster

@@ -14,6 +14,16 @@
 // all take the same: host memory, or one GPU's memory, with the inter-node
 // communicators staged through pinned host buffers); the few element-wise
 // operations it does itself go through BufferOps for that memory.
+//
+// Gradient compression (Communicator::AllReduceGradients): with a
+// `gradient_wire` of kBFloat16 or kFloat16 the node-local legs stay
+// float32 and only the shard that crosses nodes is compressed: each owner
+// rounds its float32 shard (the node's exact float32 sum) to the wire type,
+// all-reduces it across nodes in that type (Gloo adds in float32 and
+// rounds after every hop of its ring: one rounding for two nodes, N-1 for
+// N), widens the result back to float32 and divides there for an average;
+// the all-gather inside the node is float32 again. Every other collective,
+// and AllReduce itself, is never compressed.
 #ifndef MUSTER_TRAINER_COMM_HIERARCHICAL_H_
 #define MUSTER_TRAINER_COMM_HIERARCHICAL_H_
 
@@ -57,6 +67,15 @@ class BufferOps {
   virtual absl::Status Zero(void* data, size_t bytes) = 0;
   // data[i] /= divisor (integer division for kInt64).
   virtual absl::Status Divide(DataType type, void* data, size_t count, int divisor) = 0;
+  // `count` float32 elements at `from` rounded to nearest (ties to even) in
+  // `wire` (kFloat16 or kBFloat16) at `to`; the two do not overlap.
+  virtual absl::Status Compress(DataType wire, const void* from, void* to, size_t count) = 0;
+  // `count` elements of `wire` at `from` widened to float32 at `to`.
+  virtual absl::Status Decompress(DataType wire, const void* from, void* to, size_t count) = 0;
+  // At least `bytes` of this memory, owned by the ops and reused: valid
+  // until the next call of Scratch or the ops' end. Errors: UNAVAILABLE
+  // (the allocation failed).
+  virtual absl::StatusOr<void*> Scratch(size_t bytes) = 0;
 };
 
 // BufferOps on host memory.
@@ -69,11 +88,15 @@ std::unique_ptr<BufferOps> NewHostBufferOps();
 // inter-node communicators, and `intra` too where it has peers to wake;
 // an `intra` of one rank, or one no failure reached, is handed on by
 // ReleaseNodeCommunicator for the next world to keep, and one that failed
-// is handed on when it can shrink (node_comm.h).
+// is handed on when it can shrink (node_comm.h). `gradient_wire`: the type
+// AllReduceGradients' shards cross nodes in (kFloat32: no compression);
+// without inter-node communicators (one node) nothing crosses nodes and
+// gradient_wire() is kFloat32 whatever is asked.
 std::unique_ptr<Communicator> NewHierarchicalCommunicator(
     int rank, int size, HierarchyPlan plan, int local_size, std::unique_ptr<Communicator> intra,
     std::vector<InterGroup> my_groups, std::vector<std::unique_ptr<Communicator>> inter,
-    std::unique_ptr<BufferOps> ops = NewHostBufferOps());
+    std::unique_ptr<BufferOps> ops = NewHostBufferOps(),
+    DataType gradient_wire = DataType::kFloat32);
 
 }  // namespace muster
 

@@ -1,5 +1,6 @@
 #include "trainer/comm/reduce.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -83,7 +84,63 @@ void Sum16(void* out, const void* a, const void* b, size_t n) {
   for (size_t i = 0; i < n; ++i) o[i] = FromF(ToF(x[i]) + ToF(y[i]));
 }
 
+// Float32 accumulation, one rounding: a block at a time through a float
+// buffer small enough for the L1 cache.
+template <float (*ToF)(uint16_t), uint16_t (*FromF)(float)>
+void SumAll16(void* out, const void* a, const std::vector<const void*>& others, size_t n,
+              int divisor) {
+  constexpr size_t kBlock = 512;
+  float acc[kBlock];
+  uint16_t* o = static_cast<uint16_t*>(out);
+  const uint16_t* x = static_cast<const uint16_t*>(a);
+  for (size_t lo = 0; lo < n; lo += kBlock) {
+    const size_t m = std::min(kBlock, n - lo);
+    for (size_t i = 0; i < m; ++i) acc[i] = ToF(x[lo + i]);
+    for (const void* other : others) {
+      const uint16_t* y = static_cast<const uint16_t*>(other) + lo;
+      for (size_t i = 0; i < m; ++i) acc[i] += ToF(y[i]);
+    }
+    if (divisor != 1) {
+      for (size_t i = 0; i < m; ++i) acc[i] /= static_cast<float>(divisor);
+    }
+    for (size_t i = 0; i < m; ++i) o[lo + i] = FromF(acc[i]);
+  }
+}
+
 }  // namespace
+
+void SumAll(DataType type, void* out, const void* a, const std::vector<const void*>& others,
+            size_t count, int divisor) {
+  if (type == DataType::kFloat16) {
+    return SumAll16<HalfToFloat, FloatToHalf>(out, a, others, count, divisor);
+  }
+  if (type == DataType::kBFloat16) {
+    return SumAll16<BFloat16ToFloat, FloatToBFloat16>(out, a, others, count, divisor);
+  }
+  const void* first = a;
+  for (const void* other : others) {
+    SumInto(type, out, first, other, count);
+    first = out;
+  }
+  if (others.empty() && out != a) std::memcpy(out, a, count * DataTypeSize(type));
+  if (divisor != 1) DivideBy(type, out, count, divisor);
+}
+
+void CompressFloats(DataType wire, const float* from, uint16_t* to, size_t count) {
+  if (wire == DataType::kBFloat16) {
+    for (size_t i = 0; i < count; ++i) to[i] = FloatToBFloat16(from[i]);
+  } else {
+    for (size_t i = 0; i < count; ++i) to[i] = FloatToHalf(from[i]);
+  }
+}
+
+void DecompressFloats(DataType wire, const uint16_t* from, float* to, size_t count) {
+  if (wire == DataType::kBFloat16) {
+    for (size_t i = 0; i < count; ++i) to[i] = BFloat16ToFloat(from[i]);
+  } else {
+    for (size_t i = 0; i < count; ++i) to[i] = HalfToFloat(from[i]);
+  }
+}
 
 void SumInto(DataType type, void* out, const void* a, const void* b, size_t count) {
   switch (type) {

@@ -34,24 +34,46 @@ torch::Device CommDevice(const Communicator& comm) {
   return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(m.device));
 }
 
-absl::Status AllReduceTensor(Communicator* comm, const torch::Tensor& tensor, ReduceOp op,
-                             absl::Time deadline) {
-  auto type = DataTypeOf(tensor.scalar_type());
-  if (!type.ok()) return type.status();
+namespace {
+
+// `reduce` over the data of `tensor` in `comm`'s memory: the tensor itself
+// when it lies there, else a copy there, copied back on success.
+absl::Status OnCommMemory(Communicator* comm, const torch::Tensor& tensor,
+                          const std::function<absl::Status(void*, size_t)>& reduce) {
   if (!tensor.is_contiguous()) {
     return absl::InvalidArgumentError("all-reduce of a tensor that is not contiguous");
   }
   const torch::Device device = CommDevice(*comm);
   if (tensor.device() == device) {
-    return comm->AllReduce(tensor.data_ptr(), static_cast<size_t>(tensor.numel()), *type, op,
-                           deadline);
+    return reduce(tensor.data_ptr(), static_cast<size_t>(tensor.numel()));
   }
   torch::NoGradGuard no_grad;
   torch::Tensor staged = tensor.to(device);
-  absl::Status s = comm->AllReduce(staged.data_ptr(), static_cast<size_t>(staged.numel()), *type,
-                                   op, deadline);
+  absl::Status s = reduce(staged.data_ptr(), static_cast<size_t>(staged.numel()));
   if (s.ok()) tensor.copy_(staged);
   return s;
+}
+
+}  // namespace
+
+absl::Status AllReduceTensor(Communicator* comm, const torch::Tensor& tensor, ReduceOp op,
+                             absl::Time deadline) {
+  auto type = DataTypeOf(tensor.scalar_type());
+  if (!type.ok()) return type.status();
+  return OnCommMemory(comm, tensor, [&](void* data, size_t count) {
+    return comm->AllReduce(data, count, *type, op, deadline);
+  });
+}
+
+absl::Status AllReduceGradientTensor(Communicator* comm, const torch::Tensor& tensor,
+                                     ReduceOp op, absl::Time deadline) {
+  if (tensor.scalar_type() != torch::kFloat) {
+    return absl::InvalidArgumentError(absl::StrCat("gradients are float32 here, not ",
+                                                   c10::toString(tensor.scalar_type())));
+  }
+  return OnCommMemory(comm, tensor, [&](void* data, size_t count) {
+    return comm->AllReduceGradients(data, count, op, deadline);
+  });
 }
 
 absl::Status BroadcastTensors(const std::vector<torch::Tensor>& tensors, Communicator* comm,

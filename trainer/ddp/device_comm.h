@@ -29,6 +29,13 @@ torch::Device CommDevice(const Communicator& comm);
 absl::Status AllReduceTensor(Communicator* comm, const torch::Tensor& tensor, ReduceOp op,
                              absl::Time deadline);
 
+// In place over a float32 `tensor` of gradients (any device), through
+// Communicator::AllReduceGradients: compressed where `comm` carries
+// gradients across nodes compressed, else AllReduceTensor bit for bit.
+// INVALID_ARGUMENT for another dtype or a tensor that is not contiguous.
+absl::Status AllReduceGradientTensor(Communicator* comm, const torch::Tensor& tensor,
+                                     ReduceOp op, absl::Time deadline);
+
 // Copies rank `root`'s tensors (any dtype, any device) to every rank, in
 // place, in one flat broadcast on the communicator's memory. Every rank
 // passes tensors of the same dtypes and shapes in the same order.

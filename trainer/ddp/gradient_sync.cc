@@ -155,7 +155,7 @@ void GradientSync::CommLoop() {
     b.filled.WaitOnCurrentStream();
     absl::Status s = comm == nullptr
                          ? absl::FailedPreconditionError("no communicator")
-                         : AllReduceTensor(comm, b.buffer, ReduceOp::kAverage, deadline);
+                         : ReduceBucket(comm, bucket, ReduceOp::kAverage, deadline);
     const double seconds = absl::ToDoubleSeconds(RealClock::Get()->Now() - start);
     lock.lock();
     comm_seconds_ += seconds;
@@ -163,6 +163,19 @@ void GradientSync::CommLoop() {
     b.done = true;
     cv_.notify_all();
   }
+}
+
+absl::Status GradientSync::ReduceBucket(Communicator* comm, size_t i, ReduceOp op,
+                                        absl::Time deadline) {
+  const torch::Tensor& buffer = buckets_[i].buffer;
+  const int64_t words = i + 1 == buckets_.size() ? kControlWords : 0;
+  if (words == 0 || comm->gradient_wire() == DataType::kFloat32) {
+    return AllReduceGradientTensor(comm, buffer, op, deadline);
+  }
+  const int64_t gradients = buffer.numel() - words;
+  MUSTER_RETURN_IF_ERROR(
+      AllReduceGradientTensor(comm, buffer.narrow(0, 0, gradients), op, deadline));
+  return AllReduceTensor(comm, buffer.narrow(0, gradients, words), op, deadline);
 }
 
 absl::Status GradientSync::Finish(absl::Time deadline, const std::function<void()>& turn) {
@@ -258,9 +271,9 @@ absl::Status GradientSync::Resync(Communicator* comm, bool contribute, int contr
   // All contribute: the very reduction of a step, so that a salvaged step
   // equals one taken in this world. Otherwise sum, then divide.
   const bool all = contributors == comm->size();
-  for (Bucket& b : buckets_) {
+  for (size_t i = 0; i < buckets_.size(); ++i) {
     MUSTER_RETURN_IF_ERROR(
-        AllReduceTensor(comm, b.buffer, all ? ReduceOp::kAverage : ReduceOp::kSum, deadline));
+        ReduceBucket(comm, i, all ? ReduceOp::kAverage : ReduceOp::kSum, deadline));
   }
   if (!all && !buckets_.empty()) {
     for (size_t i = 0; i < buckets_.size(); ++i) {

@@ -15,6 +15,15 @@
 // leaves the gradients where autograd put them (the same values, bit for
 // bit) and the control words are this rank's own.
 //
+// Gradient compression: buckets go through Communicator::AllReduceGradients,
+// so a communicator built to compress (CommOptions::gradient_compression)
+// carries their float32 gradients across nodes as bfloat16 or float16 and
+// hands back float32 averages. The control words are never compressed (a
+// count of ranks that is not exact in 8 bits would change a decision): a
+// compressing communicator reduces the last bucket's gradients and then its
+// control words, in float32, in a second, small all-reduce. Without
+// compression the last bucket is one all-reduce as before.
+//
 // Thread-safety: Begin/Finish/BroadcastFrom are called by the training
 // thread; hooks run on the autograd thread(s); the communication thread is
 // internal. SetCommunicator only between steps.
@@ -91,9 +100,11 @@ class GradientSync {
   // with `control` in the control words. `contributors` of comm->size()
   // ranks contribute: the gradients become their average and control() the
   // world's average. When every rank contributes, this is bit for bit the
-  // reduction a synchronised step in that world performs. Runs on the
-  // calling thread; nothing may be in flight. Errors: the communicator's,
-  // INVALID_ARGUMENT for no contributors; the .grad are then unchanged.
+  // reduction a synchronised step in that world performs, compressed where
+  // `comm` compresses (the .grad it starts from are the float32 ones). Runs
+  // on the calling thread; nothing may be in flight. Errors: the
+  // communicator's, INVALID_ARGUMENT for no contributors; the .grad are then
+  // unchanged.
   absl::Status Resync(Communicator* comm, bool contribute, int contributors,
                       const std::array<float, kControlWords>& control, absl::Time deadline);
 
@@ -119,6 +130,10 @@ class GradientSync {
   // Reads the control words and writes the bucket buffers into the .grad.
   void Install();
   void Launch(size_t bucket) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // All-reduces bucket `i` over `comm`: its gradients with
+  // AllReduceGradients, and the control words of the last bucket with
+  // them, or apart in float32 when `comm` compresses gradients.
+  absl::Status ReduceBucket(Communicator* comm, size_t i, ReduceOp op, absl::Time deadline);
   void CommLoop();
 
   std::vector<torch::Tensor> params_;

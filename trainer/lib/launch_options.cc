@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdlib>
 
+#include "absl/strings/str_cat.h"
 #include "common/host_name.h"
 #include "common/launch_env.h"
 #include "common/status_macros.h"
@@ -57,6 +58,7 @@ CommOptions CommOptionsFrom(const Options& o, int local_rank) {
              : !Env("SLURM_JOB_ID").empty() ? Env("SLURM_JOB_ID")
                                             : "muster";
   comm.gloo.hostname = o.address;
+  comm.gradient_compression = o.gradient_compression;
   comm.cuda = o.cuda;
   if (o.cuda) {
     comm.cuda_device = std::max(0, CudaDeviceForLocalRank(local_rank));
@@ -88,6 +90,15 @@ absl::Status Options::Validate() const {
   if (steps < 0) return bad("steps must not be negative");
   if (steps == 0 && epochs <= 0) return bad("epochs must be positive when steps is 0");
   if (!(bucket_mb > 0)) return bad("bucket_mb must be positive");
+  switch (gradient_compression) {
+    case GradientCompression::kNone:
+    case GradientCompression::kBf16:
+    case GradientCompression::kFp16:
+      break;
+    default:
+      return bad(absl::StrCat("gradient_compression must be kNone, kBf16 or kFp16, not ",
+                              static_cast<int>(gradient_compression)));
+  }
   if (!(join_timeout_s > 0)) return bad("join_timeout_s must be positive");
   if (!(rendezvous_timeout_s > 0)) return bad("rendezvous_timeout_s must be positive");
   if (!(collective_timeout_s >= 0)) {

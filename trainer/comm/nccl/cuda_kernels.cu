@@ -39,7 +39,67 @@ cudaError_t Launch(void* data, size_t count, int divisor, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
+__device__ void Narrow(float v, __half* out) { *out = __float2half_rn(v); }
+__device__ void Narrow(float v, __nv_bfloat16* out) { *out = __float2bfloat16_rn(v); }
+__device__ float Widen(__half v) { return __half2float(v); }
+__device__ float Widen(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <typename T>
+__global__ void CompressKernel(const float* from, T* to, size_t count) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    Narrow(from[i], &to[i]);
+  }
+}
+
+template <typename T>
+__global__ void DecompressKernel(const T* from, float* to, size_t count) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    to[i] = Widen(from[i]);
+  }
+}
+
+int Blocks(size_t count, int threads) {
+  const size_t wanted = (count + threads - 1) / threads;
+  return static_cast<int>(wanted < 4096 ? wanted : 4096);
+}
+
 }  // namespace
+
+cudaError_t CudaCompress(int wire, const float* from, void* to, size_t count,
+                         cudaStream_t stream) {
+  if (count == 0) return cudaSuccess;
+  const int threads = 256;
+  switch (wire) {
+    case 1:
+      CompressKernel<<<Blocks(count, threads), threads, 0, stream>>>(
+          from, static_cast<__half*>(to), count);
+      return cudaGetLastError();
+    case 2:
+      CompressKernel<<<Blocks(count, threads), threads, 0, stream>>>(
+          from, static_cast<__nv_bfloat16*>(to), count);
+      return cudaGetLastError();
+  }
+  return cudaErrorInvalidValue;
+}
+
+cudaError_t CudaDecompress(int wire, const void* from, float* to, size_t count,
+                           cudaStream_t stream) {
+  if (count == 0) return cudaSuccess;
+  const int threads = 256;
+  switch (wire) {
+    case 1:
+      DecompressKernel<<<Blocks(count, threads), threads, 0, stream>>>(
+          static_cast<const __half*>(from), to, count);
+      return cudaGetLastError();
+    case 2:
+      DecompressKernel<<<Blocks(count, threads), threads, 0, stream>>>(
+          static_cast<const __nv_bfloat16*>(from), to, count);
+      return cudaGetLastError();
+  }
+  return cudaErrorInvalidValue;
+}
 
 cudaError_t CudaDivideBy(int type, void* data, size_t count, int divisor, cudaStream_t stream) {
   switch (type) {

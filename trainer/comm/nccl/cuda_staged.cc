@@ -137,12 +137,17 @@ class CudaStaged : public Communicator {
   size_t capacity_ = 0;
 };
 
-// Zero and divide on device memory, queued on the caller's stream, which
-// every collective of the composition follows.
+// Zero, divide, compress and widen on device memory, queued on the
+// caller's stream, which every collective of the composition follows.
 class CudaBufferOps : public BufferOps {
  public:
   CudaBufferOps(int device, CallerStreamFn caller_stream)
       : device_(device), caller_stream_(std::move(caller_stream)) {}
+  ~CudaBufferOps() override {
+    if (scratch_ == nullptr) return;
+    cudaSetDevice(device_);
+    cudaFree(scratch_);
+  }
 
   absl::Status Zero(void* data, size_t bytes) override {
     if (bytes == 0) return absl::OkStatus();
@@ -164,9 +169,49 @@ class CudaBufferOps : public BufferOps {
     return absl::OkStatus();
   }
 
+  absl::Status Compress(DataType wire, const void* from, void* to, size_t count) override {
+    cudaSetDevice(device_);
+    if (cudaError_t e = CudaCompress(static_cast<int>(wire), static_cast<const float*>(from), to,
+                                     count, CallerStream(caller_stream_));
+        e != cudaSuccess) {
+      return CudaFailure("compress kernel", e);
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Decompress(DataType wire, const void* from, void* to, size_t count) override {
+    cudaSetDevice(device_);
+    if (cudaError_t e = CudaDecompress(static_cast<int>(wire), from, static_cast<float*>(to),
+                                       count, CallerStream(caller_stream_));
+        e != cudaSuccess) {
+      return CudaFailure("decompress kernel", e);
+    }
+    return absl::OkStatus();
+  }
+
+  // Grown, never shrunk; cudaFree of the smaller one waits for the work
+  // queued on it.
+  absl::StatusOr<void*> Scratch(size_t bytes) override {
+    if (bytes <= scratch_bytes_ && scratch_ != nullptr) return scratch_;
+    if (cudaError_t e = cudaSetDevice(device_); e != cudaSuccess) {
+      return CudaFailure("cudaSetDevice", e);
+    }
+    if (scratch_ != nullptr) cudaFree(scratch_);
+    scratch_ = nullptr;
+    scratch_bytes_ = 0;
+    if (cudaError_t e = cudaMalloc(&scratch_, std::max<size_t>(bytes, 256)); e != cudaSuccess) {
+      scratch_ = nullptr;
+      return CudaFailure("cudaMalloc of the compression buffer", e);
+    }
+    scratch_bytes_ = std::max<size_t>(bytes, 256);
+    return scratch_;
+  }
+
  private:
   const int device_;
   const CallerStreamFn caller_stream_;
+  void* scratch_ = nullptr;  // compressed gradients
+  size_t scratch_bytes_ = 0;
 };
 
 }  // namespace

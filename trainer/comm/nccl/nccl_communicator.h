@@ -51,8 +51,9 @@ std::unique_ptr<Communicator> NewCudaStagedCommunicator(std::unique_ptr<Communic
                                                         int device,
                                                         CallerStreamFn caller_stream = nullptr);
 
-// Zero and divide on device memory of `device`, queued on the caller's
-// stream (for the hierarchical composition on GPUs).
+// Zero, divide, compress and widen on device memory of `device`, queued
+// on the caller's stream (for the hierarchical composition on GPUs, and
+// gradient compression over a flat NCCL world: compressed.h).
 std::unique_ptr<BufferOps> NewCudaBufferOps(int device, CallerStreamFn caller_stream = nullptr);
 
 // Copies `bytes` of host memory at `host` to a new buffer on `device`, runs

@@ -204,10 +204,12 @@ absl::Status ShmCommunicator::Rounds(void* data, const std::vector<size_t>& coun
         if (s != rank_) std::memcpy(mine + s * q * es, at(s, lo), part(s, lo) * es);
       }
       if (absl::Status st = Arrive(deadline); !st.ok()) return st;
+      // In rank order; half types accumulate in float32 and round once.
+      std::vector<const void*> peers;
       for (int p = 0; p < size_; ++p) {
-        if (p != rank_) SumInto(type, own, own, SlotOf(set, p) + rank_ * q * es, n);
+        if (p != rank_) peers.push_back(SlotOf(set, p) + rank_ * q * es);
       }
-      if (op == ReduceOp::kAverage) DivideBy(type, own, n, size_);
+      SumAll(type, own, own, peers, n, op == ReduceOp::kAverage ? size_ : 1);
     }
     if (!gather) continue;
     std::memcpy(result + rank_ * q * es, own, n * es);

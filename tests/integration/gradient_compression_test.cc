@@ -1,0 +1,145 @@
+// GradientSync with gradient compression, over two nodes of two ranks
+// (shared memory inside each node, Gloo between them; ranks as threads, real
+// autograd hooks).
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <array>
+#include <cmath>
+#include <mutex>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "tests/integration/comm_world.h"
+#include "trainer/ddp/device_comm.h"
+#include "trainer/ddp/gradient_sync.h"
+
+namespace muster {
+namespace {
+
+const std::vector<int> kTwoNodesOfTwo = {0, 0, 1, 1};
+const std::vector<std::vector<int64_t>> kShapes = {{3000}, {33, 17}, {5}};
+
+// Rank `rank`'s gradient of parameter `k`: floats that are not bfloat16
+// values, of magnitude up to 3.
+torch::Tensor Gradient(size_t k, int rank) {
+  const std::vector<int64_t>& shape = kShapes[k];
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  const torch::Tensor x = torch::arange(n, torch::kFloat32) * (0.37f + 0.11f * rank + 0.05f * k);
+  return (torch::sin(x) * 3.0f + 0.001f).reshape(shape);
+}
+
+std::vector<torch::Tensor> Parameters() {
+  std::vector<torch::Tensor> params;
+  for (const auto& shape : kShapes) params.push_back(torch::zeros(shape, torch::requires_grad()));
+  return params;
+}
+
+GradientSyncOptions SmallBuckets() {
+  GradientSyncOptions o;
+  o.bucket_bytes = 4096;  // several buckets; the control words ride in the last
+  return o;
+}
+
+// One synchronised step whose loss gives every parameter Gradient(k, rank).
+void Step(GradientSync& sync, std::vector<torch::Tensor>& params, int rank,
+          const std::array<float, GradientSync::kControlWords>& control) {
+  sync.Begin(/*sync=*/true, control);
+  torch::Tensor loss = torch::zeros({});
+  for (size_t k = 0; k < params.size(); ++k) loss = loss + (params[k] * Gradient(k, rank)).sum();
+  loss.backward();
+  ASSERT_TRUE(sync.Finish(absl::Now() + absl::Seconds(60)).ok());
+}
+
+// What a step reduced before compression existed: a float32 all-reduce
+// (average) of each tensor.
+torch::Tensor Float32Average(Communicator* comm, const torch::Tensor& t) {
+  torch::Tensor copy = t.detach().clone();
+  EXPECT_TRUE(AllReduceTensor(comm, copy, ReduceOp::kAverage, absl::Now() + absl::Seconds(60)).ok());
+  return copy;
+}
+
+std::array<float, GradientSync::kControlWords> ControlOf(int rank) {
+  // The second word is not a bfloat16 value: compressed, it would change.
+  return {rank == 0 ? 1.0f : 0.0f, 0.1f * rank + 0.001f, 0.0f};
+}
+
+// Compression "none" (the default) changes nothing: every parameter's
+// averaged gradient is, bit for bit, the float32 all-reduce every step did
+// before; so are the control words. With bf16 on the same world the
+// gradients differ from it (the test sees compression) within bfloat16's
+// rounding, while the control words stay exact.
+TEST(GradientSyncCompressionTest, NoneIsBitForBitTheFloat32AllReduce) {
+  for (GradientCompression c : {GradientCompression::kNone, GradientCompression::kBf16}) {
+    ASSERT_TRUE(RunCommWorld(kTwoNodesOfTwo, "hier", c, [&](int rank, Communicator* comm) {
+      EXPECT_EQ(comm->gradient_wire(),
+                c == GradientCompression::kNone ? DataType::kFloat32 : DataType::kBFloat16);
+      std::vector<torch::Tensor> params = Parameters();
+      GradientSync sync(params, comm, SmallBuckets());
+      ASSERT_GE(sync.bucket_count(), 3u);
+      Step(sync, params, rank, ControlOf(rank));
+      for (size_t k = 0; k < params.size(); ++k) {
+        const torch::Tensor want = Float32Average(comm, Gradient(k, rank));
+        const torch::Tensor& got = params[k].grad();
+        if (c == GradientCompression::kNone) {
+          EXPECT_TRUE(torch::equal(got, want)) << "parameter " << k << " rank " << rank;
+        } else {
+          // Two roundings to bfloat16 (2^-8 each) of sums of four values up to 3.
+          EXPECT_TRUE(torch::allclose(got, want, /*rtol=*/0, /*atol=*/std::ldexp(3.0, -7) * 1.01))
+              << "parameter " << k;
+          if (k == 0) {
+            EXPECT_FALSE(torch::equal(got, want)) << "bf16 changed nothing";
+          }
+        }
+      }
+      const auto control = ControlOf(rank);
+      const torch::Tensor words = Float32Average(
+          comm, torch::tensor(std::vector<float>(control.begin(), control.end())));
+      for (int j = 0; j < GradientSync::kControlWords; ++j) {
+        EXPECT_EQ(sync.control()[j], words[j].item<float>()) << "control word " << j;
+      }
+    }).ok());
+  }
+}
+
+// Step salvage with compression: the survivors re-reduce the float32
+// gradients they hold, a rank without any contributes zeros, and the
+// average over the three contributors lies within bfloat16's rounding on
+// every rank, the same bits everywhere; the control words stay exact.
+TEST(GradientSyncCompressionTest, SalvageReducesTheHeldFloat32GradientsCompressed) {
+  std::mutex mu;
+  std::vector<std::vector<torch::Tensor>> installed(kTwoNodesOfTwo.size());
+  ASSERT_TRUE(RunCommWorld(kTwoNodesOfTwo, "hier", GradientCompression::kBf16,
+                           [&](int rank, Communicator* comm) {
+    std::vector<torch::Tensor> params = Parameters();
+    GradientSync sync(params, comm, SmallBuckets());
+    for (size_t k = 0; k < params.size(); ++k) params[k].mutable_grad() = Gradient(k, rank);
+    const bool contributes = rank != 3;
+    ASSERT_TRUE(sync.Resync(comm, contributes, /*contributors=*/3, ControlOf(rank),
+                            absl::Now() + absl::Seconds(60)).ok());
+    for (size_t k = 0; k < params.size(); ++k) {
+      torch::Tensor sum = torch::zeros(kShapes[k]), magnitude = torch::zeros(kShapes[k]);
+      for (int r = 0; r < 3; ++r) {
+        sum += Gradient(k, r);
+        magnitude += Gradient(k, r).abs();
+      }
+      const torch::Tensor error = (params[k].grad() - sum / 3).abs();
+      EXPECT_TRUE((error <= magnitude * (std::ldexp(1.0, -7) * 1.01) / 3 + 1e-6).all().item<bool>())
+          << "parameter " << k << ": error up to " << error.max().item<float>();
+    }
+    float control_sum = 0;
+    for (int r = 0; r < 4; ++r) control_sum += ControlOf(r)[1];
+    EXPECT_FLOAT_EQ(sync.control()[1], control_sum / 4);
+    std::lock_guard<std::mutex> lock(mu);
+    for (const torch::Tensor& p : params) installed[rank].push_back(p.grad().clone());
+  }).ok());
+  for (size_t r = 1; r < installed.size(); ++r) {
+    for (size_t k = 0; k < kShapes.size(); ++k) {
+      EXPECT_TRUE(torch::equal(installed[r][k], installed[0][k])) << "rank " << r << " param " << k;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace muster
