@@ -323,27 +323,34 @@ void Step(const std::string& offset_file, const std::string& offset) {
 
 bool HaveFakeTime() { return ::access(kFakeTime, R_OK) == 0; }
 
+// How far ahead of this process's clock the wall time stamped on the log
+// line of `log` that holds offset `at` is, in seconds ("I 14:12:26.580 ..."
+// lines; 0 when there is none).
+double SecondsAhead(const std::string& log, size_t at) {
+  if (at == std::string::npos) return 0;
+  const size_t newline = log.rfind('\n', at);
+  const size_t line = newline == std::string::npos ? 0 : newline + 1;
+  int h = 0, m = 0;
+  double sec = 0;
+  if (std::sscanf(log.c_str() + line + 2, "%d:%d:%lf", &h, &m, &sec) != 3) return 0;
+  const absl::CivilSecond now = absl::ToCivilSecond(absl::Now(), absl::LocalTimeZone());
+  double ahead = (h * 3600 + m * 60 + sec) - (now.hour() * 3600 + now.minute() * 60 + now.second());
+  if (ahead > 43200) ahead -= 86400;
+  if (ahead < -43200) ahead += 86400;
+  return ahead;
+}
+
 class WallClockStepTest : public ElasticTest {
  protected:
   void SetUp() override {
     if (!HaveFakeTime()) GTEST_SKIP() << "libfaketime is not installed (faketime)";
     ElasticTest::SetUp();
   }
-  // How far behind this process's clock the wall time of the log line of
-  // `tag` holding `text` is, in seconds ("I 14:12:26.580 ..." lines).
-  double SecondsBehind(const std::string& tag, const std::string& text) {
+  // How far ahead of this process's clock the log line of `tag` holding
+  // `text` is stamped, in seconds.
+  double StampedAhead(const std::string& tag, const std::string& text) {
     const std::string log = ReadText(dir_ + "/" + tag + ".log");
-    const size_t at = log.find(text);
-    if (at == std::string::npos) return 0;
-    const size_t line = log.rfind('\n', at) == std::string::npos ? 0 : log.rfind('\n', at) + 1;
-    int h = 0, m = 0;
-    double sec = 0;
-    if (std::sscanf(log.c_str() + line + 2, "%d:%d:%lf", &h, &m, &sec) != 3) return 0;
-    const absl::CivilSecond now = absl::ToCivilSecond(absl::Now(), absl::LocalTimeZone());
-    double behind = (now.hour() * 3600 + now.minute() * 60 + now.second()) -
-                    (h * 3600 + m * 60 + sec);
-    if (behind < -43200) behind += 86400;
-    return behind;
+    return SecondsAhead(log, log.find(text));
   }
 };
 
@@ -352,49 +359,41 @@ class CoordinatorClockStepTest : public WallClockStepTest {
   std::vector<std::string> CoordinatorPrefix() const override {
     return Stepped(dir_ + "/coordinator.offset", {});
   }
+  void StopATrainerAfterAStep(const std::string& offset, double expected_ahead_s);
 };
 
-TEST_F(CoordinatorClockStepTest, AStoppedTrainerIsFoundInTimeAfterTheWallClockSteppedBack) {
+// Steps the coordinator's clock by `offset`, then SIGSTOPs a trainer: the
+// coordinator must find it within the heartbeat timeout (2 s) and a second.
+void CoordinatorClockStepTest::StopATrainerAfterAStep(const std::string& offset,
+                                                      double expected_ahead_s) {
   std::vector<pid_t> pids = {Trainer(0, "s0", "n", "auto", {"--compute-ms=5"}),
                              Trainer(1, "s1", "n", "auto", {"--compute-ms=5"}),
                              Trainer(2, "s2", "n", "auto", {"--compute-ms=5"})};
   ASSERT_TRUE(WaitForStep("s0", 20, absl::Seconds(60))) << ReadText(dir_ + "/s0.log");
-  Step(dir_ + "/coordinator.offset", "-60s");
+  Step(dir_ + "/coordinator.offset", offset);
   ASSERT_EQ(::kill(pids[2], SIGSTOP), 0);
   const absl::Time stopped = absl::Now();
   const bool found = WaitForLine("coordinator", "no heartbeat for", absl::Seconds(20));
   const absl::Duration took = absl::Now() - stopped;
   ASSERT_EQ(::kill(pids[2], SIGCONT), 0);
   ASSERT_TRUE(found) << "the stop was not found in 20 s\n" << ReadText(dir_ + "/coordinator.log");
-  // The heartbeat timeout (2 s) and a second.
   EXPECT_LE(took, absl::Seconds(3)) << ReadText(dir_ + "/coordinator.log");
-  // The coordinator's wall clock did step: its line is a minute behind.
-  EXPECT_NEAR(SecondsBehind("coordinator", "no heartbeat for"), 60, 5);
+  // The coordinator's wall clock did step: its line is stamped off by it.
+  EXPECT_NEAR(StampedAhead("coordinator", "no heartbeat for"), expected_ahead_s, 5);
   for (int i = 0; i < 3; ++i) {
     EXPECT_EQ(WaitExit(pids[i]), 0) << ReadText(absl::StrCat(dir_, "/s", i, ".log"));
   }
+}
+
+TEST_F(CoordinatorClockStepTest, AStoppedTrainerIsFoundInTimeAfterTheWallClockSteppedBack) {
+  StopATrainerAfterAStep("-60s", -60);
 }
 
 // Forward, the coordinator's ticker (heartbeat expiry) must not stall: absl's
 // timed waits end at a wall clock deadline, which would then lie a minute
 // ahead of the kernel's clock (as after a real step back).
 TEST_F(CoordinatorClockStepTest, AStoppedTrainerIsFoundInTimeAfterTheWallClockSteppedForward) {
-  std::vector<pid_t> pids = {Trainer(0, "s0", "n", "auto", {"--compute-ms=5"}),
-                             Trainer(1, "s1", "n", "auto", {"--compute-ms=5"}),
-                             Trainer(2, "s2", "n", "auto", {"--compute-ms=5"})};
-  ASSERT_TRUE(WaitForStep("s0", 20, absl::Seconds(60))) << ReadText(dir_ + "/s0.log");
-  Step(dir_ + "/coordinator.offset", "+60s");
-  ASSERT_EQ(::kill(pids[2], SIGSTOP), 0);
-  const absl::Time stopped = absl::Now();
-  const bool found = WaitForLine("coordinator", "no heartbeat for", absl::Seconds(20));
-  const absl::Duration took = absl::Now() - stopped;
-  ASSERT_EQ(::kill(pids[2], SIGCONT), 0);
-  ASSERT_TRUE(found) << "the stop was not found in 20 s\n" << ReadText(dir_ + "/coordinator.log");
-  EXPECT_LE(took, absl::Seconds(3)) << ReadText(dir_ + "/coordinator.log");
-  EXPECT_NEAR(SecondsBehind("coordinator", "no heartbeat for"), -60, 5);
-  for (int i = 0; i < 3; ++i) {
-    EXPECT_EQ(WaitExit(pids[i]), 0) << ReadText(absl::StrCat(dir_, "/s", i, ".log"));
-  }
+  StopATrainerAfterAStep("+60s", 60);
 }
 
 class TrainerClockStepTest : public WallClockStepTest {
@@ -566,19 +565,7 @@ class NodeClockStepTest : public AgentTest {
   // last line, in seconds.
   double SecondsAhead(const std::string& node) {
     const std::string log = ReadText(dir_ + "/" + node + ".log");
-    const size_t at = log.rfind("muster-agent: node " + node + " done");
-    const size_t line = log.rfind('\n', at);
-    int h = 0, m = 0;
-    double sec = 0;
-    if (at == std::string::npos ||
-        std::sscanf(log.c_str() + (line == std::string::npos ? 0 : line + 1) + 2, "%d:%d:%lf", &h,
-                    &m, &sec) != 3) {
-      return 0;
-    }
-    const absl::CivilSecond now = absl::ToCivilSecond(absl::Now(), absl::LocalTimeZone());
-    double ahead = (h * 3600 + m * 60 + sec) - (now.hour() * 3600 + now.minute() * 60 + now.second());
-    if (ahead < -43200) ahead += 86400;
-    return ahead;
+    return muster::SecondsAhead(log, log.rfind("muster-agent: node " + node + " done"));
   }
 };
 
