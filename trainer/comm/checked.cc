@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "trainer/comm/forwarding.h"
 #ifdef MUSTER_HAVE_CUDA
 #include "trainer/comm/nccl/nccl_communicator.h"
 #endif
@@ -38,55 +39,41 @@ bool InSpace(const MemorySpace& space, const void* data, size_t bytes) {
 #endif
 }
 
-class MemoryChecked : public Communicator {
+class MemoryChecked : public ForwardingCommunicator {
  public:
-  explicit MemoryChecked(std::unique_ptr<Communicator> inner) : inner_(std::move(inner)) {}
-
-  int rank() const override { return inner_->rank(); }
-  int size() const override { return inner_->size(); }
-  std::string name() const override { return inner_->name(); }
-  MemorySpace memory() const override { return inner_->memory(); }
+  explicit MemoryChecked(std::unique_ptr<Communicator> inner)
+      : ForwardingCommunicator(std::move(inner)) {}
 
   absl::Status AllReduce(void* data, size_t count, DataType type, ReduceOp op,
                          absl::Time deadline) override {
     if (absl::Status s = Check("AllReduce", data, count, type); !s.ok()) return s;
-    return inner_->AllReduce(data, count, type, op, deadline);
+    return inner()->AllReduce(data, count, type, op, deadline);
   }
   absl::Status AllReduceGradients(void* data, size_t count, ReduceOp op,
                                   absl::Time deadline) override {
     if (absl::Status s = Check("AllReduceGradients", data, count, DataType::kFloat32); !s.ok()) {
       return s;
     }
-    return inner_->AllReduceGradients(data, count, op, deadline);
+    return inner()->AllReduceGradients(data, count, op, deadline);
   }
-  DataType gradient_wire() const override { return inner_->gradient_wire(); }
   absl::Status ReduceScatter(void* data, const std::vector<size_t>& counts, DataType type,
                              ReduceOp op, absl::Time deadline) override {
     if (absl::Status s = Check("ReduceScatter", data, TotalCount(counts), type); !s.ok()) return s;
-    return inner_->ReduceScatter(data, counts, type, op, deadline);
+    return inner()->ReduceScatter(data, counts, type, op, deadline);
   }
   absl::Status AllGather(void* data, const std::vector<size_t>& counts, DataType type,
                          absl::Time deadline) override {
     if (absl::Status s = Check("AllGather", data, TotalCount(counts), type); !s.ok()) return s;
-    return inner_->AllGather(data, counts, type, deadline);
+    return inner()->AllGather(data, counts, type, deadline);
   }
   absl::Status Broadcast(void* data, size_t count, DataType type, int root,
                          absl::Time deadline) override {
     if (absl::Status s = Check("Broadcast", data, count, type); !s.ok()) return s;
-    return inner_->Broadcast(data, count, type, root, deadline);
-  }
-  absl::Status Barrier(absl::Time deadline) override { return inner_->Barrier(deadline); }
-  void Abort(const absl::Status& why) override { inner_->Abort(why); }
-  std::unique_ptr<Communicator> ReleaseNodeCommunicator(bool* touched) override {
-    return inner_->ReleaseNodeCommunicator(touched);
-  }
-  bool CanShrink() const override { return inner_->CanShrink(); }
-  absl::Status ReadyToShrink(absl::Time deadline) override {
-    return inner_->ReadyToShrink(deadline);
+    return inner()->Broadcast(data, count, type, root, deadline);
   }
   absl::StatusOr<std::unique_ptr<Communicator>> Shrink(const std::vector<int>& excluded,
                                                        absl::Time deadline) override {
-    auto shrunk = inner_->Shrink(excluded, deadline);
+    auto shrunk = inner()->Shrink(excluded, deadline);
     if (!shrunk.ok()) return shrunk.status();
     return NewMemoryChecked(std::move(*shrunk));
   }
@@ -94,12 +81,10 @@ class MemoryChecked : public Communicator {
  private:
   absl::Status Check(const char* call, const void* data, size_t count, DataType type) const {
     if (count == 0) return absl::OkStatus();
-    absl::Status s = CheckBufferIn(inner_->memory(), data, count * DataTypeSize(type));
+    absl::Status s = CheckBufferIn(inner()->memory(), data, count * DataTypeSize(type));
     if (s.ok()) return s;
-    return absl::InvalidArgumentError(absl::StrCat(inner_->name(), " ", call, ": ", s.message()));
+    return absl::InvalidArgumentError(absl::StrCat(inner()->name(), " ", call, ": ", s.message()));
   }
-
-  std::unique_ptr<Communicator> inner_;
 };
 
 }  // namespace

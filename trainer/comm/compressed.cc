@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "trainer/comm/forwarding.h"
 
 namespace muster {
 
@@ -23,64 +24,33 @@ absl::Status AllReduceCompressed(Communicator* comm, BufferOps* ops, DataType wi
 
 namespace {
 
-class Compressed : public Communicator {
+class Compressed : public ForwardingCommunicator {
  public:
   Compressed(std::unique_ptr<Communicator> inner, DataType wire, std::unique_ptr<BufferOps> ops)
-      : inner_(std::move(inner)), wire_(wire), ops_(std::move(ops)) {}
+      : ForwardingCommunicator(std::move(inner)), wire_(wire), ops_(std::move(ops)) {}
 
-  int rank() const override { return inner_->rank(); }
-  int size() const override { return inner_->size(); }
   std::string name() const override {
-    return absl::StrCat(inner_->name(), ":", DataTypeName(wire_));
+    return absl::StrCat(inner()->name(), ":", DataTypeName(wire_));
   }
-  MemorySpace memory() const override { return inner_->memory(); }
-
   absl::Status AllReduceGradients(void* data, size_t count, ReduceOp op,
                                   absl::Time deadline) override {
-    absl::Status s = AllReduceCompressed(inner_.get(), ops_.get(), wire_, data, count, deadline);
+    absl::Status s = AllReduceCompressed(inner(), ops_.get(), wire_, data, count, deadline);
     if (s.ok() && op == ReduceOp::kAverage) {
-      s = ops_->Divide(DataType::kFloat32, data, count, inner_->size());
+      s = ops_->Divide(DataType::kFloat32, data, count, inner()->size());
     }
-    if (!s.ok() && !absl::IsInvalidArgument(s)) inner_->Abort(s);
+    if (!s.ok() && !absl::IsInvalidArgument(s)) inner()->Abort(s);
     return s;
   }
   DataType gradient_wire() const override { return wire_; }
-
-  absl::Status AllReduce(void* data, size_t count, DataType type, ReduceOp op,
-                         absl::Time deadline) override {
-    return inner_->AllReduce(data, count, type, op, deadline);
-  }
-  absl::Status ReduceScatter(void* data, const std::vector<size_t>& counts, DataType type,
-                             ReduceOp op, absl::Time deadline) override {
-    return inner_->ReduceScatter(data, counts, type, op, deadline);
-  }
-  absl::Status AllGather(void* data, const std::vector<size_t>& counts, DataType type,
-                         absl::Time deadline) override {
-    return inner_->AllGather(data, counts, type, deadline);
-  }
-  absl::Status Broadcast(void* data, size_t count, DataType type, int root,
-                         absl::Time deadline) override {
-    return inner_->Broadcast(data, count, type, root, deadline);
-  }
-  absl::Status Barrier(absl::Time deadline) override { return inner_->Barrier(deadline); }
-  void Abort(const absl::Status& why) override { inner_->Abort(why); }
-  std::unique_ptr<Communicator> ReleaseNodeCommunicator(bool* touched) override {
-    return inner_->ReleaseNodeCommunicator(touched);
-  }
-  bool CanShrink() const override { return inner_->CanShrink(); }
-  absl::Status ReadyToShrink(absl::Time deadline) override {
-    return inner_->ReadyToShrink(deadline);
-  }
   // This one is spent afterwards: its ops go on with the shrunk one.
   absl::StatusOr<std::unique_ptr<Communicator>> Shrink(const std::vector<int>& excluded,
                                                        absl::Time deadline) override {
-    auto shrunk = inner_->Shrink(excluded, deadline);
+    auto shrunk = inner()->Shrink(excluded, deadline);
     if (!shrunk.ok()) return shrunk.status();
     return NewCompressedCommunicator(std::move(*shrunk), wire_, std::move(ops_));
   }
 
  private:
-  std::unique_ptr<Communicator> inner_;
   const DataType wire_;
   std::unique_ptr<BufferOps> ops_;
 };
