@@ -14,21 +14,11 @@
 
 #include "absl/time/clock.h"
 #include "tests/integration/comm_harness.h"
+#include "tests/rounding.h"
 
 namespace muster {
 namespace {
 
-// `x` rounded to nearest, ties to even, to a binary format of `bits`
-// significant bits, smallest normal exponent `min_exp` (below it subnormal
-// steps) and largest finite value `max` (beyond it infinity).
-double RoundTo(double x, int bits, int min_exp, double max) {
-  if (x == 0 || !std::isfinite(x)) return x;
-  int e = 0;
-  std::frexp(x, &e);  // |x| = m 2^e, 1/2 <= m < 1: the leading bit is 2^(e-1)
-  const double quantum = std::ldexp(1.0, std::max(e - 1, min_exp) - (bits - 1));
-  const double r = std::nearbyint(x / quantum) * quantum;  // ties to even
-  return std::fabs(r) > max ? std::copysign(INFINITY, x) : r;
-}
 double Bf16(double x) { return RoundTo(x, 8, -126, std::ldexp(255.0, 120)); }
 double Fp16(double x) { return RoundTo(x, 11, -14, std::ldexp(2047.0, 5)); }
 

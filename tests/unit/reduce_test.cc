@@ -1,6 +1,6 @@
 // The host kernels of trainer/comm/reduce.h against references computed
 // independently: values decoded from their bits and rounded once, in double,
-// by a rounding written here (round to nearest, ties to even).
+// by the rounding of tests/rounding.h (round to nearest, ties to even).
 #include "trainer/comm/reduce.h"
 
 #include <gtest/gtest.h>
@@ -10,20 +10,10 @@
 #include <cstring>
 #include <random>
 
+#include "tests/rounding.h"
+
 namespace muster {
 namespace {
-
-// `x` rounded to nearest, ties to even, to a binary format of `bits`
-// significant bits, smallest normal exponent `min_exp` (below it subnormal
-// steps) and largest finite value `max` (beyond it infinity).
-double RoundTo(double x, int bits, int min_exp, double max) {
-  if (x == 0 || !std::isfinite(x)) return x;
-  int e = 0;
-  std::frexp(x, &e);  // |x| = m 2^e, 1/2 <= m < 1: the leading bit is 2^(e-1)
-  const double quantum = std::ldexp(1.0, std::max(e - 1, min_exp) - (bits - 1));
-  const double r = std::nearbyint(x / quantum) * quantum;  // ties to even
-  return std::fabs(r) > max ? std::copysign(INFINITY, x) : r;
-}
 
 struct Format {
   DataType type;
