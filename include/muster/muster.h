@@ -94,13 +94,34 @@ namespace muster {
 // Everything muster moves to joiners, writes in checkpoints and restores on
 // start. Pointers must outlive the Distributed.
 struct State {
-  torch::nn::Module* model = nullptr;  // required: parameters and buffers
+  // The model: parameters and buffers. Required unless `modules` names
+  // the models.
+  torch::nn::Module* model = nullptr;
   // Optional: its per-parameter state travels with the model, parameter
   // groups of any number and options included. muster knows LibTorch's
   // SGD, Adam, AdamW, RMSprop, Adagrad and LBFGS (muster/optimizer_codec.h);
   // for another optimizer, give its codec as optimizer_codec.
   torch::optim::Optimizer* optimizer = nullptr;
   std::shared_ptr<const OptimizerCodec> optimizer_codec;
+
+  // Several models and optimizers (a GAN's generator and discriminator, an
+  // actor and a critic, a frozen teacher beside its student), each named
+  // (letters, digits, '_' and '-', unique). They travel, checkpoint and
+  // resume as `model` and `optimizer` do; a module none of whose parameters
+  // requires grad is carried as state and never reduced. Each step may then
+  // hold several synchronised backward passes, each reducing the modules
+  // that BeforeBackwardFor names (docs/library.md, "Several models").
+  struct NamedModule {
+    std::string name;
+    torch::nn::Module* module = nullptr;
+  };
+  struct NamedOptimizer {
+    std::string name;
+    torch::optim::Optimizer* optimizer = nullptr;
+    std::shared_ptr<const OptimizerCodec> codec;  // null: LibTorch's own (as above)
+  };
+  std::vector<NamedModule> modules;
+  std::vector<NamedOptimizer> optimizers;
   // Extra tensors (an EMA copy, running statistics), restored in place.
   std::vector<std::pair<std::string, torch::Tensor>> tensors;
   std::vector<Blob> blobs;
@@ -151,7 +172,18 @@ class Distributed {
   // Before loss.backward(). `sync` false accumulates gradients locally (like
   // DDP's no_sync); the next synchronised backward reduces the sum.
   virtual void BeforeBackward(bool sync = true) = 0;
-  // After the step's last loss.backward(), before optimizer.step(): every
+  // The same for a backward pass that reduces only the named State::modules
+  // (a GAN's discriminator pass, then its generator pass). With
+  // State::modules, a step may hold several such passes, each closed by its
+  // own AfterBackward and followed by its optimizer's step; the step ends at
+  // the next ShouldStop. A name that is not a module, or a module with no
+  // parameter that requires grad, ends the run with INVALID_ARGUMENT (from
+  // AfterBackward). When a peer fails in a pass, the survivors salvage that
+  // pass when every rank of the new world holds its gradient; otherwise the
+  // pass is dropped (ABORTED) and the step begins again at ShouldStop, with
+  // the passes before kept: its examples come again.
+  virtual void BeforeBackwardFor(const std::vector<std::string>& modules, bool sync = true) = 0;
+  // After the pass's last loss.backward(), before optimizer.step(): every
   // gradient is the average over the world, and the step counts. When a peer
   // failed, the world has regrouped and the step was salvaged (see the top
   // of this file): the gradients are the average over the ranks whose shares

@@ -344,8 +344,8 @@ TEST_P(OptimizerStateTest, ItsStateCheckpointsAndTheResumedRunIsBitIdentical) {
   const TrainingState sb = TrainingState::Of(b.ptr().get(), ob.get());
   absl::StatusOr<CheckpointMeta> loaded = LoadCheckpoint(files, sb);
   ASSERT_TRUE(loaded.ok()) << loaded.status();
-  const NamedTensors state_a = TrainingState::Of(a.ptr().get(), oa.get()).Optimizer();
-  const NamedTensors state_b = sb.Optimizer();
+  const NamedTensors state_a = TrainingState::Of(a.ptr().get(), oa.get()).OptimizerState();
+  const NamedTensors state_b = sb.OptimizerState();
   ASSERT_FALSE(state_a.empty());
   ASSERT_EQ(state_a.size(), state_b.size());
   for (size_t i = 0; i < state_a.size(); ++i) {
@@ -371,7 +371,7 @@ TEST_P(OptimizerStateTest, TheInitialStateTrainsAsNoStateDoes) {
   torch::nn::Sequential a = Model(1), b = Model(1);
   auto oa = Optimizer(GetParam(), a), ob = Optimizer(GetParam(), b);
   const TrainingState sb = TrainingState::Of(b.ptr().get(), ob.get());
-  EXPECT_FALSE(sb.Optimizer().empty() && GetParam() != "sgd");  // gives every parameter its state
+  EXPECT_FALSE(sb.OptimizerState().empty() && GetParam() != "sgd");  // gives every parameter its state
   for (int i = 0; i < 3; ++i) {
     Step(a, *oa, i);
     Step(b, *ob, i);

@@ -116,7 +116,7 @@ absl::Status Checkpointer::Snapshot(const CheckpointMeta& meta, Done done) {
   backlog_seconds_ = absl::ToDoubleSeconds(start - asked);
   torch::NoGradGuard no_grad;
   FileTensors files = {
-      {"model.safetensors", state_.Model()}, {"optimizer.safetensors", state_.Optimizer()}};
+      {"model.safetensors", state_.Model()}, {"optimizer.safetensors", state_.OptimizerState()}};
   if (state_.has_extra()) files.emplace_back("extra.safetensors", state_.Extra());
   // Lay out each file image: the safetensors prefix, then the tensors.
   std::vector<std::string> prefixes;
@@ -255,6 +255,7 @@ torch::Tensor Copy(const TensorData& d, const torch::Tensor& like) {
 }
 
 struct PlannedState {
+  torch::optim::Optimizer* optimizer = nullptr;
   torch::Tensor param;
   std::unique_ptr<torch::optim::OptimizerParamState> state;
 };
@@ -263,13 +264,13 @@ struct PlannedState {
 // Initial (which gives the fields' names, shapes and dtypes); null when the
 // file holds none of its fields (a parameter never stepped).
 absl::StatusOr<std::unique_ptr<torch::optim::OptimizerParamState>> StateFrom(
-    const TrainingState& state, const torch::optim::OptimizerParamGroup& group,
+    const TrainingState::Optimizer& opt, const torch::optim::OptimizerParamGroup& group,
     const torch::Tensor& param, const std::string& base, const SafetensorsFile& o,
     const std::string& path) {
   std::unique_ptr<torch::optim::OptimizerParamState> s =
-      state.codec->Initial(param, group, *state.optimizer);
+      opt.codec->Initial(param, group, *opt.optimizer);
   if (s == nullptr) return s;
-  const OptimizerCodec::Fields like = state.codec->Save(*s, group.options());
+  const OptimizerCodec::Fields like = opt.codec->Save(*s, group.options());
   const bool any = std::any_of(like.begin(), like.end(), [&](const auto& f) {
     return o.tensors.count(base + "." + f.first) > 0;
   });
@@ -279,27 +280,31 @@ absl::StatusOr<std::unique_ptr<torch::optim::OptimizerParamState>> StateFrom(
     MUSTER_ASSIGN_OR_RETURN(const TensorData* d, Find(o, path, base + "." + field, t));
     fields[field] = Copy(*d, t);
   }
-  if (absl::Status l = state.codec->Load(fields, group.options(), s.get()); !l.ok()) {
+  if (absl::Status l = opt.codec->Load(fields, group.options(), s.get()); !l.ok()) {
     return absl::DataLossError(absl::StrCat(path, ": ", base, ": ", l.message()));
   }
   return s;
 }
 
-// The optimizer state in `o`, checked and built aside: nothing changes yet.
+// The optimizers' state in `o`, checked and built aside: nothing changes yet.
 absl::StatusOr<std::vector<PlannedState>> PlanOptimizer(const TrainingState& state,
                                                         const SafetensorsFile& o,
                                                         const std::string& path) {
   std::vector<PlannedState> out;
-  if (state.optimizer == nullptr) return out;
+  if (state.optimizers.empty()) return out;
   torch::NoGradGuard no_grad;
-  for (const auto& p : state.model->named_parameters()) {
-    for (const auto& group : state.optimizer->param_groups()) {
-      const bool in_group = std::any_of(group.params().begin(), group.params().end(),
-                                        [&](const torch::Tensor& q) { return q.is_same(p.value()); });
-      if (!in_group) continue;
-      MUSTER_ASSIGN_OR_RETURN(auto s, StateFrom(state, group, p.value(), p.key(), o, path));
-      if (s != nullptr) out.push_back({p.value(), std::move(s)});
-      break;
+  const NamedTensors params = state.Parameters();
+  for (const TrainingState::Optimizer& opt : state.optimizers) {
+    for (const auto& [name, param] : params) {
+      for (const auto& group : opt.optimizer->param_groups()) {
+        const bool in_group =
+            std::any_of(group.params().begin(), group.params().end(),
+                        [&](const torch::Tensor& q) { return q.is_same(param); });
+        if (!in_group) continue;
+        MUSTER_ASSIGN_OR_RETURN(auto s, StateFrom(opt, group, param, name, o, path));
+        if (s != nullptr) out.push_back({opt.optimizer, param, std::move(s)});
+        break;
+      }
     }
   }
   return out;
@@ -375,7 +380,7 @@ absl::StatusOr<CheckpointMeta> LoadCheckpoint(const std::vector<FileReport>& fil
   torch::NoGradGuard no_grad;
   for (auto& [d, t] : copies) CopyInto(*d, t);
   for (PlannedState& p : optimizer_states) {
-    PutOptimizerState(*state.optimizer, p.param, std::move(p.state));
+    PutOptimizerState(*p.optimizer, p.param, std::move(p.state));
   }
   MUSTER_RETURN_IF_ERROR(state.LoadBlobs(blobs));
   RestoreRng(meta.rng_state, manifest_path);

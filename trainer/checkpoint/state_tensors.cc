@@ -28,24 +28,34 @@ typename Map::key_type StateKey(const Map&, const torch::Tensor& p) {
 }  // namespace
 
 // Every tensor of the model's state, named.
-NamedTensors ModelTensors(torch::nn::Module& model) {
+NamedTensors ModelTensors(torch::nn::Module& model, const std::string& prefix) {
   std::vector<std::pair<std::string, torch::Tensor>> out;
-  for (const auto& p : model.named_parameters()) out.emplace_back("param." + p.key(), p.value());
-  for (const auto& b : model.named_buffers()) out.emplace_back("buffer." + b.key(), b.value());
+  for (const auto& p : model.named_parameters()) {
+    out.emplace_back("param." + prefix + p.key(), p.value());
+  }
+  for (const auto& b : model.named_buffers()) {
+    out.emplace_back("buffer." + prefix + b.key(), b.value());
+  }
+  return out;
+}
+
+NamedTensors NamedParameters(torch::nn::Module& model) {
+  NamedTensors out;
+  for (const auto& p : model.named_parameters()) out.emplace_back(p.key(), p.value());
   return out;
 }
 
 // Every tensor of the optimizer's state, named "<param>.<field>".
-NamedTensors OptimizerTensors(torch::nn::Module& model, torch::optim::Optimizer& optimizer,
+NamedTensors OptimizerTensors(const NamedTensors& params, torch::optim::Optimizer& optimizer,
                               const OptimizerCodec& codec) {
   NamedTensors out;
   auto& state = optimizer.state();
-  for (const auto& p : model.named_parameters()) {
-    auto it = state.find(StateKey(state, p.value()));
-    const torch::optim::OptimizerOptions* options = GroupOptionsOf(optimizer, p.value());
+  for (const auto& [name, param] : params) {
+    auto it = state.find(StateKey(state, param));
+    const torch::optim::OptimizerOptions* options = GroupOptionsOf(optimizer, param);
     if (it == state.end() || options == nullptr) continue;
     for (auto& [field, t] : codec.Save(*it->second, *options)) {
-      out.emplace_back(p.key() + "." + field, t);
+      out.emplace_back(name + "." + field, t);
     }
   }
   return out;
@@ -79,14 +89,14 @@ const torch::optim::OptimizerOptions* GroupOptionsOf(const torch::optim::Optimiz
   return nullptr;
 }
 
-absl::Status LoadOptimizerTensors(torch::nn::Module& model, torch::optim::Optimizer& optimizer,
+absl::Status LoadOptimizerTensors(const NamedTensors& params, torch::optim::Optimizer& optimizer,
                                   const OptimizerCodec& codec, const NamedTensors& tensors) {
   auto& state = optimizer.state();
-  for (const auto& p : model.named_parameters()) {
-    auto it = state.find(StateKey(state, p.value()));
-    const torch::optim::OptimizerOptions* options = GroupOptionsOf(optimizer, p.value());
+  for (const auto& [name, param] : params) {
+    auto it = state.find(StateKey(state, param));
+    const torch::optim::OptimizerOptions* options = GroupOptionsOf(optimizer, param);
     if (it == state.end() || options == nullptr) continue;
-    const std::string prefix = p.key() + ".";
+    const std::string prefix = name + ".";
     std::map<std::string, torch::Tensor> fields;
     for (const auto& [name, t] : tensors) {
       if (name.rfind(prefix, 0) != 0) continue;
@@ -94,7 +104,7 @@ absl::Status LoadOptimizerTensors(torch::nn::Module& model, torch::optim::Optimi
       if (field.find('.') == std::string::npos) fields[field] = t;
     }
     if (absl::Status s = codec.Load(fields, *options, it->second.get()); !s.ok()) {
-      return absl::Status(s.code(), absl::StrCat(p.key(), ": ", s.message()));
+      return absl::Status(s.code(), absl::StrCat(name, ": ", s.message()));
     }
   }
   return absl::OkStatus();

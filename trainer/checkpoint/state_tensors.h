@@ -20,11 +20,15 @@ namespace muster {
 
 using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
 
-// "param.<name>" for parameters, "buffer.<name>" for buffers.
-NamedTensors ModelTensors(torch::nn::Module& model);
-// "<param>.<field>": the fields `codec` saves of each parameter's state
-// (optimizer_codecs.h names LibTorch's).
-NamedTensors OptimizerTensors(torch::nn::Module& model, torch::optim::Optimizer& optimizer,
+// "param.<prefix><name>" for parameters, "buffer.<prefix><name>" for
+// buffers.
+NamedTensors ModelTensors(torch::nn::Module& model, const std::string& prefix = "");
+// The model's parameters by name.
+NamedTensors NamedParameters(torch::nn::Module& model);
+// "<param>.<field>": the fields `codec` saves of the state of each of
+// `params` (by name) that `optimizer` holds (optimizer_codecs.h names
+// LibTorch's).
+NamedTensors OptimizerTensors(const NamedTensors& params, torch::optim::Optimizer& optimizer,
                               const OptimizerCodec& codec);
 // Gives every parameter without optimizer state the codec's Initial, so
 // that every rank holds the same set of state tensors.
@@ -39,7 +43,7 @@ const torch::optim::OptimizerOptions* GroupOptionsOf(const torch::optim::Optimiz
 // Loads tensors named as OptimizerTensors names them into each parameter's
 // existing state (after a transfer: scalars such as step counts come as
 // fresh tensors). Errors: the codec's.
-absl::Status LoadOptimizerTensors(torch::nn::Module& model, torch::optim::Optimizer& optimizer,
+absl::Status LoadOptimizerTensors(const NamedTensors& params, torch::optim::Optimizer& optimizer,
                                   const OptimizerCodec& codec, const NamedTensors& tensors);
 
 // The safetensors name of a LibTorch dtype ("F32", "BF16", "I64", ...).

@@ -3,29 +3,67 @@
 #include <torch/torch.h>
 
 #include <cstring>
+#include <iterator>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "trainer/checkpoint/optimizer_codecs.h"
 
 namespace muster {
 
 TrainingState TrainingState::Of(torch::nn::Module* model, torch::optim::Optimizer* optimizer) {
   TrainingState out;
-  out.model = model;
-  out.optimizer = optimizer;
-  if (optimizer != nullptr) out.codec = BuiltinOptimizerCodec(*optimizer);
+  out.modules.push_back({"", model});
+  if (optimizer != nullptr) {
+    out.optimizers.push_back({"", optimizer, BuiltinOptimizerCodec(*optimizer), nullptr});
+  }
   return out;
 }
 
-NamedTensors TrainingState::Optimizer() const {
-  if (optimizer == nullptr) return {};
-  EnsureOptimizerState(*optimizer, *codec);
-  return OptimizerTensors(*model, *optimizer, *codec);
+namespace {
+
+std::string PrefixOf(const TrainingState::Module& m) {
+  return m.name.empty() ? std::string() : m.name + "/";
+}
+
+}  // namespace
+
+NamedTensors TrainingState::Model() const {
+  NamedTensors out;
+  for (const Module& m : modules) {
+    NamedTensors one = ModelTensors(*m.module, PrefixOf(m));
+    out.insert(out.end(), std::make_move_iterator(one.begin()), std::make_move_iterator(one.end()));
+  }
+  return out;
+}
+
+NamedTensors TrainingState::Parameters() const {
+  NamedTensors out;
+  for (const Module& m : modules) {
+    for (auto& [name, p] : NamedParameters(*m.module)) out.emplace_back(PrefixOf(m) + name, p);
+  }
+  return out;
+}
+
+NamedTensors TrainingState::OptimizerState() const {
+  if (optimizers.empty()) return {};
+  const NamedTensors params = Parameters();
+  NamedTensors out;
+  for (const Optimizer& o : optimizers) {
+    EnsureOptimizerState(*o.optimizer, *o.codec);
+    NamedTensors one = OptimizerTensors(params, *o.optimizer, *o.codec);
+    out.insert(out.end(), std::make_move_iterator(one.begin()), std::make_move_iterator(one.end()));
+  }
+  return out;
 }
 
 absl::Status TrainingState::LoadOptimizer(const NamedTensors& tensors) const {
-  if (optimizer == nullptr) return absl::OkStatus();
-  return LoadOptimizerTensors(*model, *optimizer, *codec, tensors);
+  if (optimizers.empty()) return absl::OkStatus();
+  const NamedTensors params = Parameters();
+  for (const Optimizer& o : optimizers) {
+    MUSTER_RETURN_IF_ERROR(LoadOptimizerTensors(params, *o.optimizer, *o.codec, tensors));
+  }
+  return absl::OkStatus();
 }
 
 NamedTensors TrainingState::Extra() const {

@@ -3,7 +3,9 @@
 // extra tensors and blobs. Checkpoints write it, state transfers broadcast
 // it, and both name its tensors the same way:
 //   "param.<name>", "buffer.<name>"   the model (ModelTensors)
-//   "<param>.<field>"                 the optimizer (OptimizerTensors)
+//   "param.<module>/<name>", ...      a named module's (State::modules)
+//   "<param>.<field>"                 the optimizers (OptimizerTensors;
+//                                     <param> as above, without "param.")
 //   "tensor.<name>", "blob.<name>"    extras (ExtraTensors; a blob is a U8 vector)
 //
 // Thread-safety: none of its own; used by the training thread, or by the
@@ -12,6 +14,7 @@
 #define MUSTER_TRAINER_CHECKPOINT_TRAINING_STATE_H_
 
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -23,22 +26,38 @@
 namespace muster {
 
 struct TrainingState {
-  torch::nn::Module* model = nullptr;            // never null once validated
-  torch::optim::Optimizer* optimizer = nullptr;  // may be null
-  const OptimizerCodec* codec = nullptr;         // set with an optimizer
-  std::shared_ptr<const OptimizerCodec> own_codec;  // a user's codec, kept alive
-  NamedTensors tensors;                          // extra tensors, by user name
+  // A module and where its tensors' names come from: State::model has
+  // the empty name ("param.<name>"), a named module prefixes its own
+  // ("param.<module>/<name>").
+  struct Module {
+    std::string name;
+    torch::nn::Module* module = nullptr;  // never null once validated
+  };
+  struct Optimizer {
+    std::string name;  // for messages; "" for State::optimizer
+    torch::optim::Optimizer* optimizer = nullptr;  // never null once validated
+    const OptimizerCodec* codec = nullptr;
+    std::shared_ptr<const OptimizerCodec> own_codec;  // a user's codec, kept alive
+  };
+  std::vector<Module> modules;        // at least one once validated
+  std::vector<Optimizer> optimizers;  // no parameter in two of them
+  NamedTensors tensors;               // extra tensors, by user name
   std::vector<Blob> blobs;
 
   // (From the public muster::State: trainer/lib/state_from.h.)
   // A model and (optionally) one of LibTorch's optimizers, nothing else.
   static TrainingState Of(torch::nn::Module* model, torch::optim::Optimizer* optimizer);
 
-  NamedTensors Model() const { return ModelTensors(*model); }
+  // Every module's parameters and buffers ("param.", "buffer.", prefixed
+  // by the module's name when it has one).
+  NamedTensors Model() const;
+  // Every module's parameters, named as Model() names them without the
+  // "param." (what optimizer tensors are named after).
+  NamedTensors Parameters() const;
   // Gives every parameter its optimizer state first (see EnsureOptimizerState).
-  NamedTensors Optimizer() const;
-  // Puts tensors named as Optimizer() names them into the optimizer's state
-  // (after a transfer). Errors: the codec's.
+  NamedTensors OptimizerState() const;
+  // Puts tensors named as OptimizerState() names them into the optimizers'
+  // state (after a transfer). Errors: the codecs'.
   absl::Status LoadOptimizer(const NamedTensors& tensors) const;
   // The extra tensors and the blobs' current bytes.
   NamedTensors Extra() const;

@@ -192,6 +192,7 @@ absl::Status GradientSync::Finish(absl::Time deadline, const std::function<void(
     }
     control_ = local_control_;
     stats_ = StepCommStats{};
+    solo_ = false;
     return absl::OkStatus();
   }
   if (!syncing_) return absl::OkStatus();
@@ -214,6 +215,9 @@ absl::Status GradientSync::Finish(absl::Time deadline, const std::function<void(
   while (!cv_.wait_for(lock, std::chrono::milliseconds(100), all_done)) {
     if (turn) turn();
   }
+  // The pass is over: hooks stay quiet until the next Begin (another
+  // sync's pass may run backward through these parameters).
+  syncing_ = false;
   stats_.comm_seconds = comm_seconds_;
   stats_.wait_seconds = absl::ToDoubleSeconds(RealClock::Get()->Now() - start);
   for (const Bucket& b : buckets_) {

@@ -39,7 +39,7 @@ uint64_t StateDigest(const TrainingState& state, const std::vector<int64_t>& cou
   XXH3_state_t* h = XXH3_createState();
   XXH3_64bits_reset(h);
   XXH3_64bits_update(h, counters.data(), counters.size() * sizeof(int64_t));
-  for (const torch::Tensor& t : StateTensors(state, state.Optimizer())) {
+  for (const torch::Tensor& t : StateTensors(state, state.OptimizerState())) {
     torch::Tensor c = t.detach().contiguous().cpu();
     XXH3_64bits_update(h, c.data_ptr(), static_cast<size_t>(c.numel()) * c.element_size());
   }
@@ -97,7 +97,7 @@ std::vector<std::pair<std::string, uint64_t>> EntryHashes(const TrainingState& s
   out.emplace_back("the step and sample counters",
                    XXH3_64bits(counters.data(), counters.size() * sizeof(int64_t)));
   for (const auto& [name, t] : state.Model()) out.emplace_back("model " + name, TensorHash(t));
-  for (const auto& [name, t] : state.Optimizer()) {
+  for (const auto& [name, t] : state.OptimizerState()) {
     out.emplace_back("optimizer " + name, TensorHash(t));
   }
   for (const auto& [name, t] : state.tensors) out.emplace_back("tensor " + name, TensorHash(t));
@@ -164,7 +164,7 @@ absl::Status SyncStateFrom(int source, Communicator* comm, const TrainingState& 
   MUSTER_ASSIGN_OR_RETURN(TrainingCounters received_counters, TrainingCounters::FromWords(words));
   // Every rank must hold the same set of optimizer tensors before the
   // broadcast (a newcomer has none yet): TrainingState::Optimizer sees to it.
-  const NamedTensors optimizer_tensors = state.Optimizer();  // step tensors: read back below
+  const NamedTensors optimizer_tensors = state.OptimizerState();  // step tensors: read back below
   std::vector<torch::Tensor> tensors = StateTensors(state, optimizer_tensors);
   std::map<std::string, std::string> received;
   for (size_t i = 0; i < state.blobs.size(); ++i) {

@@ -6,12 +6,13 @@ namespace muster {
 namespace {
 
 // The fixed words before the returned examples.
-constexpr size_t kFixedWords = 4;
+constexpr size_t kFixedWords = 5;
 
 }  // namespace
 
 std::vector<int64_t> TrainingCounters::ToWords() const {
-  std::vector<int64_t> words = {step, position.offset, lr_world_size, position.returned_epoch};
+  std::vector<int64_t> words = {step, position.offset, lr_world_size, position.returned_epoch,
+                                pass};
   words.insert(words.end(), position.returned.begin(), position.returned.end());
   return words;
 }
@@ -26,6 +27,7 @@ absl::StatusOr<TrainingCounters> TrainingCounters::FromWords(const std::vector<i
   c.position.offset = words[1];
   c.lr_world_size = static_cast<int>(words[2]);
   c.position.returned_epoch = words[3];
+  c.pass = static_cast<int>(words[4]);
   c.position.returned.assign(words.begin() + kFixedWords, words.end());
   return c;
 }

@@ -2,6 +2,7 @@
 
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "trainer/client/coordinator_client.h"
@@ -24,9 +25,10 @@ absl::Status WorldChanges::EnterFirst() {
   return trainer_->EnterFirstWorld(counters_->step, EnterEachWorld());
 }
 
-void WorldChanges::KeepFailedStep(const WorldInfo& world) {
-  failed_step_ = FailedStep{counters_->step, counters_->position, world.generation,
-                            world.world_size, world.rank};
+void WorldChanges::KeepFailedStep(const WorldInfo& world, bool salvageable) {
+  failed_step_ = FailedStep{counters_->step,  counters_->position, counters_->pass,
+                            world.generation, world.world_size,    world.rank,
+                            salvageable};
 }
 
 void WorldChanges::DropFailedStep() {
@@ -63,17 +65,29 @@ absl::Status WorldChanges::Salvage(Communicator* comm, const WorldInfo& world) {
   SalvageClaim claim;
   claim.in_step = in_step;
   if (in_step) {
-    // A gradient of exactly the step this world is at (the state transfer
-    // may have moved the counters past it).
-    claim.contributes = options_.salvage && failed_step_->step == counters_->step &&
-                        failed_step_->position == counters_->position;
+    // A gradient of exactly the step (and pass) this world is at (the
+    // state transfer may have moved the counters past it).
+    claim.contributes = options_.salvage && failed_step_->salvageable &&
+                        failed_step_->step == counters_->step &&
+                        failed_step_->position == counters_->position &&
+                        failed_step_->pass == counters_->pass;
     claim.generation = failed_step_->generation;
     claim.world = failed_step_->world_size;
     claim.rank = failed_step_->rank;
   }
   const absl::Time deadline = LongDeadline();
   MUSTER_ASSIGN_OR_RETURN(const SalvagePlan plan, AgreeOnSalvage(claim, comm, deadline));
-  if (!plan.salvage()) return absl::OkStatus();
+  // A step of several passes goes on in user code after the salvaged pass:
+  // every rank must be in that very pass (a rank outside it would wait at
+  // the step's boundary while the others reduce the next pass).
+  const bool salvage =
+      plan.salvage() && (!options_.several_passes || plan.contributors == world.world_size);
+  if (!salvage) {
+    // The step is dropped where it is begun: it begins again with no pass
+    // done (the passes done stay applied), on every rank alike.
+    if (options_.several_passes && plan.steppers > 0) counters_->pass = 0;
+    return absl::OkStatus();
+  }
   const ControlWords words = trainer_->CurrentControl();
   MUSTER_ASSIGN_OR_RETURN(
       const ControlAverages averages,
@@ -90,23 +104,33 @@ absl::Status WorldChanges::Salvage(Communicator* comm, const WorldInfo& world) {
 }
 
 absl::Status WorldChanges::TakeSalvagedStep(const WorldInfo& world, const SalvagePlan& plan,
-                                            const SalvagedStep& step) {
+                                            SalvagedStep step) {
   // The step is now one of this world: its rate too (a world change may
   // scale it).
   trainer_->BeforeSalvagedStep();
   TrainingCounters& c = *counters_;
-  const SampledBatch taken =
-      sampler_->Next(c.position, plan.old_world, /*rank=*/0, options_.batch_per_rank);
-  c.position =
-      sampler_->Advance(c.position, taken, plan.old_world, options_.batch_per_rank, plan.lost);
-  ++c.step;
+  if (options_.several_passes) {
+    // One pass of the step: the step itself ends at its boundary, where
+    // the lost shares' examples go back to the sampler.
+    ++c.pass;
+    step.lost = plan.lost;
+  } else {
+    const SampledBatch taken =
+        sampler_->Next(c.position, plan.old_world, /*rank=*/0, options_.batch_per_rank);
+    c.position =
+        sampler_->Advance(c.position, taken, plan.old_world, options_.batch_per_rank, plan.lost);
+    ++c.step;
+  }
   trainer_->ReportCounters(c);
   MUSTER_RETURN_IF_ERROR(trainer_->StepSalvaged(step));
   failed_step_.reset();
   ++salvaged_;
-  MUSTER_LOG(WARNING) << "step " << c.step << " salvaged in generation " << world.generation
-                      << ": " << plan.contributors << " of " << plan.old_world
-                      << " shares reduced, " << plan.lost.size() << " returned to the sampler";
+  MUSTER_LOG(WARNING) << (options_.several_passes
+                              ? absl::StrCat("pass ", c.pass, " of step ", c.step + 1)
+                              : absl::StrCat("step ", c.step))
+                      << " salvaged in generation " << world.generation << ": "
+                      << plan.contributors << " of " << plan.old_world << " shares reduced, "
+                      << plan.lost.size() << " returned to the sampler";
   return absl::OkStatus();
 }
 

@@ -69,6 +69,11 @@ struct WorldChangesOptions {
   // world size becomes each new world's.
   bool scale_lr = false;
   int batch_per_rank = 1;
+  // Steps may hold several synchronised passes (State::modules): a pass is
+  // salvaged only when every rank of the new world holds its gradient, and
+  // a salvaged pass leaves the step's end (the counters' step and sampler
+  // position) to the trainer.
+  bool several_passes = false;
   CollectiveDeadlineOptions deadline;
   // Deadlines are times of clock->Now(); not owned, must outlive this.
   Clock* clock = RealClock::Get();
@@ -84,6 +89,9 @@ struct SalvagedStep {
   // The rank every rank takes the state from at the step's boundary, when
   // some ranks of the new world did not take the step; -1 when all did.
   int catch_up_from = -1;
+  // With several passes: the ranks of the step's world whose shares were
+  // lost; their examples go back to the sampler when the step ends.
+  std::vector<int> lost;
 };
 
 class WorldChanges {
@@ -159,9 +167,10 @@ class WorldChanges {
   absl::Status EnterFirst();
 
   // The step after the counters failed in `world` (its all-reduce or a
-  // broadcast of it): kept for the next world to salvage. Replaces a step
-  // kept before.
-  void KeepFailedStep(const WorldInfo& world);
+  // broadcast of it): kept for the next world to salvage, unless not
+  // `salvageable` (a step of several passes that a world change already
+  // came into). Replaces a step kept before.
+  void KeepFailedStep(const WorldInfo& world, bool salvageable = true);
   // Whether a failed step is kept: from KeepFailedStep until a world
   // salvages it (this rank takes it) or DropFailedStep.
   bool has_failed_step() const { return failed_step_.has_value(); }
@@ -205,9 +214,11 @@ class WorldChanges {
   struct FailedStep {
     int64_t step = 0;
     SamplerPosition position;
+    int pass = 0;
     uint64_t generation = 0;
     int world_size = 0;
     int rank = 0;
+    bool salvageable = true;
   };
 
   EnterFn EnterEachWorld();
@@ -217,7 +228,7 @@ class WorldChanges {
   absl::Status Salvage(Communicator* comm, const WorldInfo& world);
   // This rank was in the failed step that `plan` salvages: it takes it.
   absl::Status TakeSalvagedStep(const WorldInfo& world, const SalvagePlan& plan,
-                                const SalvagedStep& step);
+                                SalvagedStep step);
 
   // Constant after construction.
   const WorldChangesOptions options_;

@@ -10,9 +10,12 @@
 
 #include <algorithm>
 #include <atomic>
+#include <map>
 #include <optional>
+#include <set>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/clock.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
@@ -40,9 +43,18 @@
 namespace muster {
 namespace {
 
-WorldChangesOptions WorldChangesOptionsFrom(const Options& o, Clock* clock) {
+// Named modules or several optimizers: a step may hold several passes.
+bool HasSeveralPasses(const TrainingState& state) {
+  return state.optimizers.size() > 1 ||
+         std::any_of(state.modules.begin(), state.modules.end(),
+                     [](const TrainingState::Module& m) { return !m.name.empty(); });
+}
+
+WorldChangesOptions WorldChangesOptionsFrom(const Options& o, const TrainingState& state,
+                                            Clock* clock) {
   WorldChangesOptions wo;
   wo.salvage = o.salvage;
+  wo.several_passes = HasSeveralPasses(state);
   wo.scale_lr = o.elastic_lr == ElasticLr::kScale;
   wo.batch_per_rank = o.batch_per_rank;
   wo.deadline = CollectiveDeadlineOptions{absl::Seconds(o.collective_timeout_s)};
@@ -56,7 +68,8 @@ class Engine : public Distributed, private WorldChanges::Trainer {
       : options_(o),
         state_(std::move(state)),
         sampler_(o.dataset_size, o.seed),
-        changes_(WorldChangesOptionsFrom(o, clock_), this, &counters_, &sampler_) {}
+        several_passes_(HasSeveralPasses(state_)),
+        changes_(WorldChangesOptionsFrom(o, state_, clock_), this, &counters_, &sampler_) {}
   ~Engine() override;
 
   absl::Status Begin();
@@ -64,6 +77,7 @@ class Engine : public Distributed, private WorldChanges::Trainer {
   bool ShouldStop() override;
   const std::vector<int64_t>& Batch() const override { return batch_.indices; }
   void BeforeBackward(bool sync) override;
+  void BeforeBackwardFor(const std::vector<std::string>& modules, bool sync) override;
   absl::Status AfterBackward() override;
   absl::StatusOr<std::vector<double>> AllReduceSum(std::vector<double> values) override;
   std::vector<double> learning_rates() const override {
@@ -125,6 +139,16 @@ class Engine : public Distributed, private WorldChanges::Trainer {
   int64_t NewestCommitted() const;
   void PublishState();
   void PrepareStep();
+  // A synchronised pass (or a no-sync backward) reducing `sync`'s
+  // parameters begins.
+  void BeginPass(GradientSync* sync, bool reduce);
+  // The gradient sync of the named modules' parameters that require grad
+  // (all modules: none named), made on first use. INVALID_ARGUMENT for a
+  // name that is no module, or modules with nothing to reduce.
+  absl::StatusOr<GradientSync*> SyncFor(const std::vector<std::string>& modules);
+  // With several passes: the step whose passes are done ends (its
+  // counters advance) at its boundary.
+  void EndStepOfPasses();
   absl::Status BroadcastBuffers();
   bool Done() const;
   void DropGradients();
@@ -146,7 +170,9 @@ class Engine : public Distributed, private WorldChanges::Trainer {
                          absl::Time deadline) override {
     return SyncStateFrom(source, comm, state_, counters, deadline);
   }
-  void UseCommunicator(Communicator* comm) override { sync_->SetCommunicator(comm); }
+  void UseCommunicator(Communicator* comm) override {
+    for (auto& [key, sync] : syncs_) sync->SetCommunicator(comm);
+  }
   absl::StatusOr<WorldChanges::ControlAverages> ResyncGradients(Communicator* comm,
                                                                 bool contribute,
                                                                 int contributors,
@@ -162,6 +188,7 @@ class Engine : public Distributed, private WorldChanges::Trainer {
   const TrainingState state_;
   Clock* const clock_ = RealClock::Get();
   DistributedSampler sampler_;
+  const bool several_passes_;  // HasSeveralPasses
   const std::atomic<bool>* stop_flag_ = nullptr;
   const std::atomic<bool>* leave_flag_ = nullptr;
   // RequestStop, RequestLeave: any thread, signal handlers too.
@@ -170,7 +197,10 @@ class Engine : public Distributed, private WorldChanges::Trainer {
   // Training thread only.
   std::unique_ptr<StateServer> state_server_;
   std::unique_ptr<ElasticWorld> world_;
-  std::unique_ptr<GradientSync> sync_;
+  // One gradient sync per set of modules a pass reduces (by their names,
+  // joined; "" for all), and the one of the pass under way.
+  std::map<std::string, std::unique_ptr<GradientSync>> syncs_;
+  GradientSync* sync_ = nullptr;
   std::unique_ptr<CatalogCheckpointer> checkpointer_;
   std::unique_ptr<ProgressReporter> reporter_;
   // The counters every rank holds alike between steps.
@@ -182,6 +212,11 @@ class Engine : public Distributed, private WorldChanges::Trainer {
   // The step in flight and the boundary after it.
   SampledBatch batch_;
   ControlWords sent_;
+  // With several passes: the world the step began in, and the ranks of it
+  // whose shares a salvaged pass lost.
+  uint64_t step_generation_ = 0;
+  int step_world_size_ = 0;
+  std::vector<int> step_lost_;
   // Where the step stands (see step_lifecycle.h), its error and outcome.
   StepLifecycle life_;
   StepDecision decision_ = StepDecision::kContinue;
@@ -190,7 +225,8 @@ class Engine : public Distributed, private WorldChanges::Trainer {
 };
 
 Engine::~Engine() {
-  sync_.reset();
+  sync_ = nullptr;
+  syncs_.clear();
   if (world_) world_->Detach();
 }
 
@@ -220,7 +256,9 @@ absl::Status Engine::Begin() {
   leave_flag_ = options_.leave_requested != nullptr ? options_.leave_requested
                 : options_.handle_signals           ? &LeaveSignalled()
                                                     : nullptr;
-  MUSTER_ASSIGN_OR_RETURN(lr_, LearningRates::For(options_, state_.optimizer));
+  std::vector<torch::optim::Optimizer*> optimizers;
+  for (const TrainingState::Optimizer& o : state_.optimizers) optimizers.push_back(o.optimizer);
+  MUSTER_ASSIGN_OR_RETURN(lr_, LearningRates::For(options_, std::move(optimizers)));
   MUSTER_ASSIGN_OR_RETURN(ClientOptions client, ClientOptionsFrom(options_));
   MUSTER_RETURN_IF_ERROR(StartServices(&client));
   ElasticWorldOptions wo;
@@ -231,11 +269,7 @@ absl::Status Engine::Begin() {
   wo.rendezvous_timeout = absl::Seconds(options_.rendezvous_timeout_s);
   wo.interrupted = [this] { return StopAsked() || LeaveAsked(); };
   MUSTER_ASSIGN_OR_RETURN(world_, ElasticWorld::Connect(std::move(wo)));
-  GradientSyncOptions so;
-  so.bucket_bytes = static_cast<size_t>(options_.bucket_mb * (1 << 20));
-  so.overlap = options_.overlap;
-  so.timeout = changes_.step_timeout();
-  sync_ = std::make_unique<GradientSync>(state_.model->parameters(), nullptr, so);
+  MUSTER_ASSIGN_OR_RETURN(sync_, SyncFor({}));
   MUSTER_RETURN_IF_ERROR(ResumeFromCheckpoint());
   MUSTER_RETURN_IF_ERROR(changes_.EnterFirst());
   if (counters_.step != std::max<int64_t>(resumed_from_, 0)) {  // a live peer was further ahead
@@ -324,6 +358,7 @@ absl::Status Engine::StepTakenByOthers(StepDecision next) {
 absl::Status Engine::StepSalvaged(const SalvagedStep& step) {
   decision_ = step.next;
   if (!step.contributed) batch_.indices.clear();  // this rank's examples did not count
+  step_lost_.insert(step_lost_.end(), step.lost.begin(), step.lost.end());
   MUSTER_RETURN_IF_ERROR(life_.Salvaged());
   if (step.catch_up_from >= 0) life_.CatchUpFrom(step.catch_up_from);
   return absl::OkStatus();
@@ -389,6 +424,52 @@ void Engine::PrepareStep() {
   const Progress p = progress();
   batch_ = sampler_.Next(counters_.position, p.world_size, p.rank, options_.batch_per_rank);
   lr_->Apply(p);
+  step_generation_ = world_->world().generation;
+  step_world_size_ = p.world_size;
+  step_lost_.clear();
+}
+
+absl::StatusOr<GradientSync*> Engine::SyncFor(const std::vector<std::string>& modules) {
+  std::set<std::string> wanted(modules.begin(), modules.end());
+  const std::string key = absl::StrJoin(wanted, ",");
+  if (auto it = syncs_.find(key); it != syncs_.end()) return it->second.get();
+  std::vector<torch::Tensor> params;
+  std::vector<std::string> known;
+  const bool all = wanted.empty();
+  for (const TrainingState::Module& m : state_.modules) {
+    if (!m.name.empty()) known.push_back(m.name);
+    if (!all && wanted.erase(m.name) == 0) continue;
+    for (const torch::Tensor& p : m.module->parameters()) {
+      if (p.requires_grad()) params.push_back(p);
+    }
+  }
+  if (!wanted.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("BeforeBackwardFor: no module '", *wanted.begin(), "' in State::modules (",
+                     absl::StrJoin(known, ", "), ")"));
+  }
+  if (params.empty() && !modules.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "BeforeBackwardFor: no parameter of ", key, " requires grad: nothing to reduce"));
+  }
+  GradientSyncOptions so;
+  so.bucket_bytes = static_cast<size_t>(options_.bucket_mb * (1 << 20));
+  so.overlap = options_.overlap;
+  so.timeout = changes_.step_timeout();
+  auto sync = std::make_unique<GradientSync>(std::move(params), world_->comm(), so);
+  GradientSync* out = sync.get();
+  syncs_[key] = std::move(sync);
+  return out;
+}
+
+void Engine::EndStepOfPasses() {
+  counters_.position = sampler_.Advance(counters_.position, batch_, step_world_size_,
+                                        options_.batch_per_rank, step_lost_);
+  ++counters_.step;
+  counters_.pass = 0;
+  step_lost_.clear();
+  ReportCounters(counters_);
+  changes_.StepCommitted();
 }
 
 bool Engine::ShouldStop() {
@@ -397,6 +478,7 @@ bool Engine::ShouldStop() {
   TrainingProgress::Busy busy(training_progress());
   // A regroup at the boundary may salvage a step: its boundary follows.
   while (life_.state() == StepState::kBoundaryDue) {
+    if (several_passes_ && counters_.pass > 0) EndStepOfPasses();
     if (absl::Status s = life_.BeginBoundary(); !s.ok()) life_.Break(s);
     if (absl::Status s = AtBoundary(); !s.ok()) life_.Break(s);
     if (life_.over()) return true;
@@ -415,16 +497,29 @@ bool Engine::ShouldStop() {
   return false;
 }
 
-void Engine::BeforeBackward(bool sync) {
-  const bool first = life_.state() == StepState::kPrepared;
-  if (absl::Status s = life_.Backward(); !s.ok()) {
+void Engine::BeforeBackward(bool sync) { BeginPass(syncs_.at("").get(), sync); }
+
+void Engine::BeforeBackwardFor(const std::vector<std::string>& modules, bool sync) {
+  absl::StatusOr<GradientSync*> chosen = SyncFor(modules);
+  if (!chosen.ok()) {
+    life_.Break(chosen.status());
+    return;
+  }
+  BeginPass(*chosen, sync);
+}
+
+void Engine::BeginPass(GradientSync* sync, bool reduce) {
+  const bool next_pass = several_passes_ && life_.state() == StepState::kBoundaryDue;
+  const bool first = next_pass || life_.state() == StepState::kPrepared;
+  if (absl::Status s = next_pass ? life_.NextPass() : life_.Backward(); !s.ok()) {
     life_.Break(absl::FailedPreconditionError(
         absl::StrCat("BeforeBackward outside a step ShouldStop prepared (", s.message(), ")")));
     return;
   }
-  if (first || sync) sent_ = CurrentControl();
-  if (first) sync_->SetTimeout(changes_.step_timeout());
-  sync_->Begin(sync, sent_.ToArray());
+  if (first || reduce) sent_ = CurrentControl();
+  if (first || sync != sync_) sync->SetTimeout(changes_.step_timeout());
+  sync_ = sync;
+  sync_->Begin(reduce, sent_.ToArray());
 }
 
 ControlWords Engine::CurrentControl() const {
@@ -437,11 +532,8 @@ ControlWords Engine::CurrentControl() const {
 }
 
 void Engine::DropGradients() {
-  if (state_.optimizer != nullptr) {
-    state_.optimizer->zero_grad();
-  } else {
-    state_.model->zero_grad();
-  }
+  for (const TrainingState::Optimizer& o : state_.optimizers) o.optimizer->zero_grad();
+  for (const TrainingState::Module& m : state_.modules) m.module->zero_grad();
 }
 
 absl::Status Engine::AfterBackward() {
@@ -465,6 +557,10 @@ absl::Status Engine::AfterBackward() {
   hidden_total_ += std::max(0.0, comm_s - since_backward);
   decision_ = DecideAfterStep(sync_->control(), world_->world().world_size, sent_,
                               world_->told_to_leave());
+  if (several_passes_) {  // the step ends at its boundary (EndStepOfPasses)
+    ++counters_.pass;
+    return life_.Reduced();
+  }
   ++counters_.step;
   counters_.position = sampler_.Advance(counters_.position, batch_, world_->world().world_size,
                                         options_.batch_per_rank, {});
@@ -479,7 +575,9 @@ absl::Status Engine::AfterBackward() {
 absl::Status Engine::RegroupAfterFailedStep(const absl::Status& failure) {
   MUSTER_LOG(WARNING) << "step " << counters_.step + 1 << " failed: " << failure;
   MUSTER_RETURN_IF_ERROR(life_.Fail());
-  changes_.KeepFailedStep(world_->world());
+  // A step of several passes is salvaged in the world it began in only.
+  changes_.KeepFailedStep(world_->world(),
+                          !several_passes_ || world_->world().generation == step_generation_);
   if (absl::Status r = Regroup(std::string(failure.message()), /*broken=*/true); !r.ok()) {
     life_.Break(r);
     return r;
@@ -500,7 +598,10 @@ absl::Status Engine::RegroupAfterFailedStep(const absl::Status& failure) {
 // nothing.
 absl::Status Engine::BroadcastBuffers() {
   if (!options_.broadcast_buffers) return absl::OkStatus();
-  const std::vector<torch::Tensor> buffers = state_.model->buffers();
+  std::vector<torch::Tensor> buffers;
+  for (const TrainingState::Module& m : state_.modules) {
+    for (const torch::Tensor& b : m.module->buffers()) buffers.push_back(b);
+  }
   if (buffers.empty()) return absl::OkStatus();
   return BroadcastTensors(buffers, world_->comm(), 0, changes_.StepDeadline());
 }

@@ -2,17 +2,17 @@
 
 namespace muster {
 
-absl::StatusOr<LearningRates> LearningRates::For(const Options& options,
-                                                 torch::optim::Optimizer* optimizer) {
-  LearningRates out(options, optimizer);
-  if (optimizer == nullptr) {
+absl::StatusOr<LearningRates> LearningRates::For(
+    const Options& options, std::vector<torch::optim::Optimizer*> optimizers) {
+  LearningRates out(options, std::move(optimizers));
+  if (out.optimizers_.empty()) {
     if (options.group_lr_schedule) {
       return absl::InvalidArgumentError(
           "Options::group_lr_schedule needs State::optimizer: its groups get the rates");
     }
     return out;
   }
-  for (auto& group : optimizer->param_groups()) out.base_.push_back(group.options().get_lr());
+  for (const auto* group : out.Groups()) out.base_.push_back(group->options().get_lr());
   if (options.lr_schedule && !options.group_lr_schedule && out.base_.size() > 1 &&
       out.base_[0] == 0) {
     return absl::InvalidArgumentError(
@@ -22,12 +22,20 @@ absl::StatusOr<LearningRates> LearningRates::For(const Options& options,
   return out;
 }
 
+std::vector<torch::optim::OptimizerParamGroup*> LearningRates::Groups() const {
+  std::vector<torch::optim::OptimizerParamGroup*> out;
+  for (torch::optim::Optimizer* o : optimizers_) {
+    for (auto& group : o->param_groups()) out.push_back(&group);
+  }
+  return out;
+}
+
 const std::vector<double>& LearningRates::Apply(const Progress& p) {
-  if (optimizer_ == nullptr) {
+  if (optimizers_.empty()) {
     if (lr_schedule_) rates_ = {lr_schedule_(p)};
     return rates_;
   }
-  auto& groups = optimizer_->param_groups();
+  const std::vector<torch::optim::OptimizerParamGroup*> groups = Groups();
   rates_.resize(groups.size());
   const double first = lr_schedule_ ? lr_schedule_(p) : 0;
   for (size_t g = 0; g < groups.size(); ++g) {
@@ -36,10 +44,10 @@ const std::vector<double>& LearningRates::Apply(const Progress& p) {
     } else if (lr_schedule_) {
       rates_[g] = g == 0 ? first : first * (base_.at(g) / base_.at(0));
     } else {
-      rates_[g] = groups[g].options().get_lr();
+      rates_[g] = groups[g]->options().get_lr();
       continue;
     }
-    groups[g].options().set_lr(rates_[g]);
+    groups[g]->options().set_lr(rates_[g]);
   }
   return rates_;
 }

@@ -1,11 +1,14 @@
 // LearningRates: the schedule of Options (lr_schedule, group_lr_schedule)
-// applied to the optimizer's parameter groups before each step
-// (docs/library.md, "Learning rates").
+// applied to the optimizers' parameter groups before each step
+// (docs/library.md, "Learning rates"). With several optimizers, their
+// groups count as one list, in the order the optimizers were registered.
 #ifndef MUSTER_TRAINER_LIB_LEARNING_RATES_H_
 #define MUSTER_TRAINER_LIB_LEARNING_RATES_H_
 
 #include <torch/optim/optimizer.h>
 
+#include <functional>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -18,10 +21,10 @@ class LearningRates {
   // Keeps each group's rate at this point (the base of lr_schedule's
   // ratios). INVALID_ARGUMENT when a schedule cannot apply: a
   // group_lr_schedule without an optimizer, or lr_schedule over several
-  // groups whose first rate is 0. `optimizer` may be null; else it must
+  // groups whose first rate is 0. `optimizers` may be empty; they must
   // outlive this object.
   static absl::StatusOr<LearningRates> For(const Options& options,
-                                           torch::optim::Optimizer* optimizer);
+                                           std::vector<torch::optim::Optimizer*> optimizers);
 
   // Sets the rates of the step at `p` on the optimizer's groups (where a
   // schedule is set) and returns them: each group's rate in effect; without
@@ -30,14 +33,16 @@ class LearningRates {
   const std::vector<double>& current() const { return rates_; }
 
  private:
-  LearningRates(const Options& options, torch::optim::Optimizer* optimizer)
+  LearningRates(const Options& options, std::vector<torch::optim::Optimizer*> optimizers)
       : lr_schedule_(options.lr_schedule),
         group_lr_schedule_(options.group_lr_schedule),
-        optimizer_(optimizer) {}
+        optimizers_(std::move(optimizers)) {}
+  // Every optimizer's groups, in order.
+  std::vector<torch::optim::OptimizerParamGroup*> Groups() const;
 
   std::function<double(const Progress&)> lr_schedule_;
   std::function<double(const Progress&, size_t)> group_lr_schedule_;
-  torch::optim::Optimizer* optimizer_;
+  std::vector<torch::optim::Optimizer*> optimizers_;
   std::vector<double> base_;   // each group's rate at For
   std::vector<double> rates_;  // each group's rate in this step
 };

@@ -1,28 +1,113 @@
 #include "trainer/lib/state_from.h"
 
+#include <map>
 #include <set>
 #include <string>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "trainer/checkpoint/optimizer_codecs.h"
 
 namespace muster {
+namespace {
 
-absl::StatusOr<TrainingState> TrainingStateFrom(const State& state) {
-  if (state.model == nullptr) return absl::InvalidArgumentError("State::model is null");
-  std::set<std::string> names;
-  TrainingState out;
-  out.model = state.model;
-  out.optimizer = state.optimizer;
-  if (state.optimizer != nullptr) {
-    out.own_codec = state.optimizer_codec;
-    out.codec = out.own_codec ? out.own_codec.get() : BuiltinOptimizerCodec(*state.optimizer);
-    if (out.codec == nullptr) {
-      return absl::InvalidArgumentError(
-          "State::optimizer: muster knows SGD, Adam, AdamW, RMSprop, Adagrad and LBFGS; for "
-          "another optimizer set State::optimizer_codec (muster/optimizer_codec.h)");
+bool IsEntryName(const std::string& name) {
+  if (name.empty()) return false;
+  for (char c : name) {
+    if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '-') return false;
+  }
+  return true;
+}
+
+absl::StatusOr<TrainingState::Optimizer> OptimizerFrom(
+    const std::string& field, const std::string& codec_field, const std::string& name,
+    torch::optim::Optimizer* optimizer, std::shared_ptr<const OptimizerCodec> codec) {
+  TrainingState::Optimizer out{name, optimizer, nullptr, std::move(codec)};
+  out.codec = out.own_codec ? out.own_codec.get() : BuiltinOptimizerCodec(*optimizer);
+  if (out.codec == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ": muster knows SGD, Adam, AdamW, RMSprop, Adagrad and LBFGS; for another "
+        "optimizer set ", codec_field, " (muster/optimizer_codec.h)"));
+  }
+  return out;
+}
+
+// Each parameter in one module and at most one optimizer: the state names
+// each tensor once.
+absl::Status CheckEachParameterOnce(const TrainingState& state) {
+  std::map<const void*, std::string> module_of;
+  for (const auto& [name, p] : state.Parameters()) {
+    auto [it, fresh] = module_of.emplace(p.unsafeGetTensorImpl(), name);
+    if (!fresh) {
+      return absl::InvalidArgumentError(absl::StrCat("State: parameter '", name, "' is also '",
+                                                     it->second,
+                                                     "': a module is registered twice"));
     }
   }
+  std::map<const void*, std::string> optimizer_of;
+  for (const TrainingState::Optimizer& o : state.optimizers) {
+    const std::string label = o.name.empty() ? "State::optimizer" : "optimizer '" + o.name + "'";
+    for (const auto& group : o.optimizer->param_groups()) {
+      for (const torch::Tensor& p : group.params()) {
+        auto [it, fresh] = optimizer_of.emplace(p.unsafeGetTensorImpl(), label);
+        if (!fresh && it->second != label) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "State: ", label, " and ", it->second, " update the same parameter",
+              module_of.count(p.unsafeGetTensorImpl())
+                  ? " '" + module_of[p.unsafeGetTensorImpl()] + "'"
+                  : std::string()));
+        }
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status AddModelsAndOptimizers(const State& state, TrainingState* out) {
+  if (state.model == nullptr && state.modules.empty()) {
+    return absl::InvalidArgumentError("State::model is null and State::modules is empty");
+  }
+  if (state.model != nullptr) out->modules.push_back({"", state.model});
+  std::set<std::string> names;
+  for (const State::NamedModule& m : state.modules) {
+    if (!IsEntryName(m.name) || !names.insert(m.name).second) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "State::modules: name '", m.name,
+          "' is empty, used twice or not made of letters, digits, '_' and '-'"));
+    }
+    if (m.module == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("State::modules: '", m.name, "' is null"));
+    }
+    out->modules.push_back({m.name, m.module});
+  }
+  if (state.optimizer != nullptr) {
+    MUSTER_ASSIGN_OR_RETURN(TrainingState::Optimizer o,
+                            OptimizerFrom("State::optimizer", "State::optimizer_codec", "", state.optimizer,
+                                          state.optimizer_codec));
+    out->optimizers.push_back(std::move(o));
+  }
+  names.clear();
+  for (const State::NamedOptimizer& o : state.optimizers) {
+    const std::string field = absl::StrCat("State::optimizers: '", o.name, "'");
+    if (!IsEntryName(o.name) || !names.insert(o.name).second) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ": the name is empty, used twice or not made of letters, digits, '_' and '-'"));
+    }
+    if (o.optimizer == nullptr) return absl::InvalidArgumentError(field + " is null");
+    MUSTER_ASSIGN_OR_RETURN(TrainingState::Optimizer to,
+                            OptimizerFrom(field, "its codec", o.name, o.optimizer, o.codec));
+    out->optimizers.push_back(std::move(to));
+  }
+  return CheckEachParameterOnce(*out);
+}
+
+}  // namespace
+
+absl::StatusOr<TrainingState> TrainingStateFrom(const State& state) {
+  TrainingState out;
+  MUSTER_RETURN_IF_ERROR(AddModelsAndOptimizers(state, &out));
+  std::set<std::string> names;
   for (const auto& [name, t] : state.tensors) {
     if (name.empty() || !names.insert("tensor." + name).second) {
       return absl::InvalidArgumentError(

@@ -42,6 +42,9 @@ absl::Status StepLifecycle::Prepare() {
 absl::Status StepLifecycle::Backward() {
   return Move("Backward", {StepState::kPrepared, StepState::kInBackward}, StepState::kInBackward);
 }
+absl::Status StepLifecycle::NextPass() {
+  return Move("NextPass", {StepState::kBoundaryDue}, StepState::kInBackward);
+}
 absl::Status StepLifecycle::Reduced() {
   return Move("Reduced", {StepState::kInBackward}, StepState::kBoundaryDue);
 }

@@ -14,6 +14,8 @@
 //                          │ StepTaken (a regroup at the boundary took a salvaged step)
 //                          └──────────────────────────> kBoundaryDue
 //
+//   NextPass: kBoundaryDue ──> kInBackward, another synchronised pass of the
+//   same step (a step of several passes: State::modules).
 //   StepTaken also from kStarting, kReady and kBoundaryDue (a joiner enters a
 //   world that salvaged a step: its boundary is due). Prepare also from
 //   kPrepared (a step the program skipped is prepared anew). From every state but kBroken:
@@ -59,6 +61,7 @@ class StepLifecycle {
   absl::Status Ready();          // kStarting -> kReady
   absl::Status Prepare();        // kReady, kPrepared -> kPrepared
   absl::Status Backward();       // kPrepared, kInBackward -> kInBackward
+  absl::Status NextPass();       // kBoundaryDue -> kInBackward
   absl::Status Reduced();        // kInBackward -> kBoundaryDue
   absl::Status Fail();           // kInBackward -> kFailed
   absl::Status Salvaged();       // kFailed -> kBoundaryDue

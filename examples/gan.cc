@@ -1,0 +1,146 @@
+// A small GAN on Fashion-MNIST made elastic with libmuster: two models
+// (a generator and a discriminator), two optimizers and two synchronised
+// backward passes in every step, the discriminator's and then the
+// generator's, each reducing the gradients of its own model. muster keeps
+// both models and both Adam states identical on every rank, moves them to
+// joiners, checkpoints them and resumes them exactly.
+//
+//   gan [--node-id ID] [--data-dir D] [--examples N] [--steps N | --epochs N]
+//       [--batch N] [--checkpoint-dir D --checkpoint-every N] [--summary FILE]
+//       [--pace-ms N]
+//
+// --summary FILE writes the final state digest ({pid} in FILE is replaced).
+#include <muster/muster.h>
+#include <torch/torch.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <chrono>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <string>
+#include <thread>
+
+namespace {
+
+constexpr int64_t kNoise = 32, kPixels = 784;
+
+// The images of an IDX file (gzip-compressed, as Debian's
+// dataset-fashion-mnist ships it), the first `limit`, scaled to [-1, 1].
+torch::Tensor ReadImages(const std::string& path, int64_t limit) {
+  gzFile f = gzopen(path.c_str(), "rb");
+  if (f == nullptr) throw std::runtime_error("cannot open " + path);
+  unsigned char head[16];
+  if (gzread(f, head, sizeof head) != sizeof head) throw std::runtime_error(path + ": no header");
+  const int64_t count = (int64_t{head[4]} << 24) | (head[5] << 16) | (head[6] << 8) | head[7];
+  const int64_t n = limit > 0 ? std::min(limit, count) : count;
+  torch::Tensor t = torch::empty({n, kPixels}, torch::kUInt8);
+  const int got = gzread(f, t.data_ptr(), static_cast<unsigned>(t.numel()));
+  gzclose(f);
+  if (got != t.numel()) throw std::runtime_error(path + " is truncated");
+  return t.to(torch::kFloat32) / 127.5 - 1;
+}
+
+torch::nn::Sequential Generator() {
+  return torch::nn::Sequential(torch::nn::Linear(kNoise, 256), torch::nn::LeakyReLU(),
+                               torch::nn::Linear(256, kPixels), torch::nn::Tanh());
+}
+
+torch::nn::Sequential Discriminator() {
+  return torch::nn::Sequential(torch::nn::Linear(kPixels, 256), torch::nn::LeakyReLU(),
+                               torch::nn::Linear(256, 1));
+}
+
+std::string Get(const std::map<std::string, std::string>& flag, const std::string& name,
+                const std::string& fallback) {
+  auto it = flag.find(name);
+  return it == flag.end() ? fallback : it->second;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::map<std::string, std::string> flag;
+  for (int i = 1; i + 1 < argc; i += 2) flag[argv[i]] = argv[i + 1];
+  const torch::Tensor images =
+      ReadImages(Get(flag, "--data-dir", "/usr/share/datasets/fashion-mnist") +
+                     "/train-images-idx3-ubyte.gz",
+                 std::stoll(Get(flag, "--examples", "0")));
+
+  torch::manual_seed(0);  // the same initial models everywhere (rank 0's win anyway)
+  torch::nn::Sequential gen = Generator(), disc = Discriminator();
+  torch::optim::Adam g_opt(gen->parameters(), torch::optim::AdamOptions(2e-4).betas({0.5, 0.999}));
+  torch::optim::Adam d_opt(disc->parameters(), torch::optim::AdamOptions(2e-4).betas({0.5, 0.999}));
+
+  muster::Options options;
+  options.node_id = Get(flag, "--node-id", "");
+  options.dataset_size = images.size(0);
+  options.batch_per_rank = std::stoi(Get(flag, "--batch", "64"));
+  options.steps = std::stoll(Get(flag, "--steps", "0"));
+  options.epochs = std::stoi(Get(flag, "--epochs", "1"));
+  options.checkpoint_dir = Get(flag, "--checkpoint-dir", "");
+  options.checkpoint_every = std::stoi(Get(flag, "--checkpoint-every", "0"));
+  options.model_name = "fashion-gan";
+  muster::State state;
+  state.modules = {{"generator", gen.ptr().get()}, {"discriminator", disc.ptr().get()}};
+  state.optimizers = {{"generator", &g_opt}, {"discriminator", &d_opt}};
+  auto job = muster::Distributed::Start(options, state);
+  if (!job.ok()) {
+    std::cerr << "gan: " << job.status() << "\n";
+    return muster::Distributed::ExitCode(job.status());
+  }
+  muster::Distributed& d = **job;
+  // Sums over this rank's share, divided by the share's full size: a rank
+  // whose share of an epoch's last batch is empty adds zero.
+  const double per_rank = options.batch_per_rank;
+  const auto bce = [per_rank](const torch::Tensor& logits, float target) {
+    return torch::binary_cross_entropy_with_logits(
+               logits, torch::full_like(logits, target), {}, {}, at::Reduction::Sum) /
+           per_rank;
+  };
+  const int pace_ms = std::stoi(Get(flag, "--pace-ms", "0"));
+  double d_loss = 0, g_loss = 0;
+  while (!d.ShouldStop()) {
+    const std::vector<int64_t>& batch = d.Batch();
+    const torch::Tensor real = images.index_select(0, torch::tensor(batch, torch::kInt64));
+    // Noise drawn from the step and the examples: the same on a rerun.
+    torch::manual_seed(static_cast<uint64_t>(d.step()) * 1000003 +
+                       (batch.empty() ? 0 : static_cast<uint64_t>(batch[0])));
+    const torch::Tensor fake = gen->forward(torch::randn({real.size(0), kNoise}));
+
+    // The discriminator's pass: real against generated.
+    torch::Tensor loss_d = bce(disc->forward(real), 1) + bce(disc->forward(fake.detach()), 0);
+    d_opt.zero_grad();
+    d.BeforeBackwardFor({"discriminator"});
+    loss_d.backward();
+    if (!d.AfterBackward().ok()) continue;  // a peer failed and the pass could not be salvaged
+    d_opt.step();
+
+    // The generator's pass, through the updated discriminator.
+    torch::Tensor loss_g = bce(disc->forward(fake), 1);
+    g_opt.zero_grad();
+    d.BeforeBackwardFor({"generator"});
+    loss_g.backward();
+    if (!d.AfterBackward().ok()) continue;
+    g_opt.step();
+
+    d_loss = loss_d.item<double>();
+    g_loss = loss_g.item<double>();
+    d.RecordLoss(d_loss + g_loss);
+    d.LogScalars({{"loss_d", d_loss}, {"loss_g", g_loss}});
+    if (pace_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(pace_ms));
+  }
+  if (flag.count("--summary")) {
+    std::string path = flag["--summary"];
+    if (auto at = path.find("{pid}"); at != std::string::npos) {
+      path.replace(at, 5, std::to_string(::getpid()));
+    }
+    std::ofstream(path) << "{\"rank\": " << d.rank() << ", \"world_size\": " << d.world_size()
+                        << ", \"steps\": " << d.step() << ", \"digest\": \"" << std::hex
+                        << d.StateDigest() << std::dec << "\"}\n";
+  }
+  std::cout << "gan: rank " << d.rank() << " of " << d.world_size() << ", step " << d.step()
+            << ", loss_d " << d_loss << ", loss_g " << g_loss << std::endl;
+  return muster::Distributed::ExitCode(d.Finish());
+}
