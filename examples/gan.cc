@@ -68,7 +68,8 @@ int main(int argc, char** argv) {
                      "/train-images-idx3-ubyte.gz",
                  std::stoll(Get(flag, "--examples", "0")));
 
-  torch::manual_seed(0);  // the same initial models everywhere (rank 0's win anyway)
+  torch::set_num_threads(1);  // bit-identical runs: one reduction order
+  torch::manual_seed(0);      // the same initial models everywhere (rank 0's win anyway)
   torch::nn::Sequential gen = Generator(), disc = Discriminator();
   torch::optim::Adam g_opt(gen->parameters(), torch::optim::AdamOptions(2e-4).betas({0.5, 0.999}));
   torch::optim::Adam d_opt(disc->parameters(), torch::optim::AdamOptions(2e-4).betas({0.5, 0.999}));

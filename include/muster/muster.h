@@ -116,6 +116,9 @@ struct State {
     torch::nn::Module* module = nullptr;
   };
   struct NamedOptimizer {
+    NamedOptimizer(std::string name, torch::optim::Optimizer* optimizer,
+                   std::shared_ptr<const OptimizerCodec> codec = nullptr)
+        : name(std::move(name)), optimizer(optimizer), codec(std::move(codec)) {}
     std::string name;
     torch::optim::Optimizer* optimizer = nullptr;
     std::shared_ptr<const OptimizerCodec> codec;  // null: LibTorch's own (as above)

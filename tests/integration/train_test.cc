@@ -6,6 +6,7 @@
 
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "muster/muster.h"
 #include "tests/integration/coordinator_fixture.h"
@@ -238,6 +239,176 @@ TEST(StartTest, AllReduceSumWaitsForARankThatEvaluatesLongerThanAStep) {
     });
   }
   for (std::thread& t : ranks) t.join();
+}
+
+// State::modules and State::optimizers: what cannot be carried is refused
+// by name before anything connects.
+TEST(StartTest, SeveralModelsThatCannotBeCarriedAreRefusedByName) {
+  torch::nn::Linear a(4, 2), b(2, 1);
+  torch::optim::SGD oa(a->parameters(), torch::optim::SGDOptions(0.1));
+  torch::optim::SGD ab(std::vector<torch::Tensor>{a->weight, b->weight},
+                       torch::optim::SGDOptions(0.1));
+  Options o;
+  o.coordinator = "127.0.0.1:1";
+  o.dataset_size = 64;
+  o.batch_per_rank = 8;
+  o.handle_signals = false;
+  o.quiet = true;
+  const auto refused = [&](const State& state, const std::string& named) {
+    auto started = Distributed::Start(o, state);
+    EXPECT_TRUE(absl::IsInvalidArgument(started.status())) << started.status();
+    EXPECT_NE(started.status().message().find(named), std::string::npos) << started.status();
+  };
+  State state;
+  refused(state, "State::modules is empty");
+  state.modules = {{"gen", a.ptr().get()}, {"gen", b.ptr().get()}};
+  refused(state, "'gen'");
+  state.modules = {{"gen.0", a.ptr().get()}};
+  refused(state, "'gen.0'");
+  state.modules = {{"gen", nullptr}};
+  refused(state, "'gen' is null");
+  state.modules = {{"gen", a.ptr().get()}, {"again", a.ptr().get()}};
+  refused(state, "registered twice");
+  state.modules = {{"gen", a.ptr().get()}, {"disc", b.ptr().get()}};
+  state.optimizers = {{"gen", &oa}, {"both", &ab}};
+  refused(state, "update the same parameter 'gen/weight'");
+  state.optimizers = {{"gen", &oa}, {"gen", &oa}};
+  refused(state, "State::optimizers: 'gen'");
+}
+
+// Two models, two optimizers and two synchronised passes per step (a GAN's
+// shape), beside a frozen teacher: two ranks end bit-identical to each
+// other and, within rounding, where one process on the global batch ends.
+// The teacher is carried and never changes; a pass naming no module ends
+// the run with INVALID_ARGUMENT naming it.
+struct TwoModels {
+  TwoModels()
+      : gen(torch::nn::Linear(4, 4)),
+        disc(torch::nn::Linear(4, 1)),
+        teacher(torch::nn::Linear(4, 4)),
+        g_opt(gen->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9)),
+        d_opt(disc->parameters(), torch::optim::AdamOptions(1e-2)) {
+    for (torch::Tensor& p : teacher->parameters()) p.set_requires_grad(false);
+  }
+  State state() {
+    State s;
+    s.modules = {{"generator", gen.ptr().get()},
+                 {"discriminator", disc.ptr().get()},
+                 {"teacher", teacher.ptr().get()}};
+    s.optimizers = {{"generator", &g_opt}, {"discriminator", &d_opt}};
+    return s;
+  }
+  // One step on examples `idx`: the discriminator's pass, then the
+  // generator's. False when a pass failed.
+  bool Step(Distributed& d, const std::vector<int64_t>& idx) {
+    const torch::Tensor x = torch::tensor(idx, torch::kFloat32).unsqueeze(1) *
+                            torch::arange(1, 5, torch::kFloat32) / 64;
+    d_opt.zero_grad();
+    torch::Tensor loss_d = (disc(x) - 1).pow(2).mean() + disc(gen(x).detach()).pow(2).mean();
+    d.BeforeBackwardFor({"discriminator"});
+    loss_d.backward();
+    if (!d.AfterBackward().ok()) return false;
+    d_opt.step();
+    g_opt.zero_grad();
+    torch::Tensor loss_g = (disc(gen(x)) - 1).pow(2).mean() + (gen(x) - teacher(x)).pow(2).mean();
+    d.BeforeBackwardFor({"generator"});
+    loss_g.backward();
+    if (!d.AfterBackward().ok()) return false;
+    g_opt.step();
+    return true;
+  }
+  std::vector<torch::Tensor> Parameters() {
+    std::vector<torch::Tensor> out;
+    for (auto* m : {gen.ptr().get(), disc.ptr().get(), teacher.ptr().get()}) {
+      for (const torch::Tensor& p : m->parameters()) out.push_back(p.detach().clone());
+    }
+    return out;
+  }
+  torch::nn::Linear gen, disc, teacher;
+  torch::optim::SGD g_opt;
+  torch::optim::Adam d_opt;
+};
+
+struct TwoModelsRun {
+  std::vector<torch::Tensor> parameters;
+  uint64_t digest = 0;
+  int64_t steps = 0;
+};
+
+std::vector<TwoModelsRun> TrainTwoModels(int world, int batch) {
+  auto server = InProcessCoordinator::Start(world);
+  std::vector<TwoModelsRun> out(world);
+  std::vector<std::thread> ranks;
+  for (int i = 0; i < world; ++i) {
+    ranks.emplace_back([&, i] {
+      torch::manual_seed(1);
+      TwoModels m;
+      Options o;
+      o.coordinator = "127.0.0.1:" + std::to_string(server->port());
+      o.node_id = "n";
+      o.local_rank = i;
+      o.job = absl::StrCat("two", ::getpid(), "w", world);
+      o.dataset_size = 96;
+      o.batch_per_rank = batch;
+      o.steps = 6;
+      o.handle_signals = false;
+      o.quiet = true;
+      o.state_listen = "";
+      auto job = Distributed::Start(o, m.state());
+      ASSERT_TRUE(job.ok()) << job.status();
+      Distributed& d = **job;
+      while (!d.ShouldStop()) ASSERT_TRUE(m.Step(d, d.Batch()));
+      out[d.rank()] = {m.Parameters(), d.StateDigest(), d.step()};
+      EXPECT_EQ(Distributed::ExitCode(d.Finish()), 0);
+    });
+  }
+  for (std::thread& t : ranks) t.join();
+  return out;
+}
+
+TEST(SeveralModelsTest, TwoPassesPerStepOnTwoRanksEndAsOneProcessOnTheGlobalBatch) {
+  torch::manual_seed(1);
+  const std::vector<torch::Tensor> initial = TwoModels().Parameters();
+  const std::vector<TwoModelsRun> one = TrainTwoModels(1, 16);
+  const std::vector<TwoModelsRun> two = TrainTwoModels(2, 8);
+  ASSERT_EQ(one[0].steps, 6);
+  ASSERT_EQ(two[0].steps, 6);
+  EXPECT_EQ(two[0].digest, two[1].digest);
+  EXPECT_EQ(MaxDiff(two[0].parameters, two[1].parameters), 0.0) << "ranks differ";
+  EXPECT_LT(MaxDiff(two[0].parameters, one[0].parameters), 1e-5);
+  // Both models trained; the teacher (the last two tensors) did not move.
+  const size_t n = initial.size();
+  EXPECT_GT(MaxDiff({initial[0], initial[2]}, {two[0].parameters[0], two[0].parameters[2]}), 1e-4);
+  EXPECT_EQ(MaxDiff({initial[n - 2], initial[n - 1]},
+                    {two[0].parameters[n - 2], two[0].parameters[n - 1]}),
+            0.0);
+}
+
+TEST(SeveralModelsTest, APassNamingNoModuleEndsTheRunByName) {
+  auto server = InProcessCoordinator::Start(1);
+  TwoModels m;
+  Options o;
+  o.coordinator = "127.0.0.1:" + std::to_string(server->port());
+  o.job = "nomodule" + std::to_string(::getpid());
+  o.dataset_size = 64;
+  o.batch_per_rank = 8;
+  o.steps = 2;
+  o.handle_signals = false;
+  o.quiet = true;
+  o.state_listen = "";
+  auto job = Distributed::Start(o, m.state());
+  ASSERT_TRUE(job.ok()) << job.status();
+  Distributed& d = **job;
+  ASSERT_FALSE(d.ShouldStop());
+  d.BeforeBackwardFor({"critic"});
+  absl::Status s = d.AfterBackward();
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  EXPECT_NE(s.message().find("no module 'critic' in State::modules (generator, discriminator, "
+                             "teacher)"),
+            std::string::npos)
+      << s;
+  EXPECT_TRUE(d.ShouldStop());
+  d.Finish().IgnoreError();
 }
 
 // Options::join_timeout_s bounds how long Start tries an unreachable

@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <deque>
 #include <optional>
 #include <string>
@@ -178,9 +179,11 @@ constexpr int64_t kDataset = 1000;
 
 class WorldChangesTest : public ::testing::Test {
  protected:
-  void Make(bool salvage = true, absl::Duration fixed = absl::Seconds(7)) {
+  void Make(bool salvage = true, absl::Duration fixed = absl::Seconds(7),
+            bool several_passes = false) {
     WorldChangesOptions o;
     o.salvage = salvage;
+    o.several_passes = several_passes;
     o.batch_per_rank = kBatch;
     o.deadline.fixed = fixed;
     o.clock = &clock_;
@@ -368,6 +371,82 @@ TEST_F(WorldChangesTest, WithoutSalvageAFailedStepIsDropped) {
   EXPECT_TRUE(trainer_.salvaged.empty());
   changes_->DropFailedStep();
   EXPECT_EQ(changes_->dropped(), 1);
+}
+
+// Steps of several passes (a GAN's discriminator pass, then its
+// generator's): rank 0 of three fails in the second pass of step 6, with
+// rank 1; rank 2 died. The pass is salvaged; the step itself ends at its
+// boundary (the engine), where rank 2's examples go back to the sampler.
+TEST_F(WorldChangesTest, APassIsSalvagedAndTheStepEndsAtItsBoundary) {
+  Make(/*salvage=*/true, absl::Seconds(7), /*several_passes=*/true);
+  AtStep(/*step=*/5, /*world=*/3);
+  counters_.pass = 1;
+  const SamplerPosition before = counters_.position;
+  changes_->KeepFailedStep(WorldOf(/*generation=*/3, /*rank=*/0, /*size=*/3, /*source=*/0));
+  EnterNext(/*generation=*/4, /*rank=*/0, /*size=*/2, /*source=*/0);
+  comm_->others = {Claims(1, 3, 3, {1}, 2), {0, 1, 0}};
+  ASSERT_TRUE(changes_->Regroup("gloo: Connection reset", true).ok());
+
+  EXPECT_TRUE(trainer_.resync_contributed);
+  EXPECT_EQ(trainer_.resync_contributors, 2);
+  EXPECT_EQ(counters_.step, 5);
+  EXPECT_EQ(counters_.pass, 2);
+  EXPECT_EQ(counters_.position, before);
+  ASSERT_EQ(trainer_.salvaged.size(), 1u);
+  EXPECT_EQ(trainer_.salvaged[0].lost, std::vector<int>{2});
+  EXPECT_EQ(trainer_.salvaged[0].catch_up_from, -1);
+  EXPECT_EQ(changes_->salvaged(), 1);
+}
+
+// A spare joined as rank 2: it is outside the pass and would wait at the
+// step's boundary while the others reduce the next pass. Nothing is
+// salvaged, and the step begins again with no pass done, on every rank.
+TEST_F(WorldChangesTest, WithSeveralPassesARankOutsideThePassMeansThePassIsDropped) {
+  Make(/*salvage=*/true, absl::Seconds(7), /*several_passes=*/true);
+  AtStep(/*step=*/5, /*world=*/3);
+  counters_.pass = 1;
+  changes_->KeepFailedStep(WorldOf(/*generation=*/3, /*rank=*/1, /*size=*/3, /*source=*/0));
+  EnterNext(/*generation=*/4, /*rank=*/1, /*size=*/3, /*source=*/0);
+  comm_->others = {Claims(1, 3, 3, {0}, 3), {1, 0, 0}};
+  ASSERT_TRUE(changes_->Regroup("gloo: Connection reset", true).ok());
+
+  EXPECT_EQ(std::count(trainer_.calls.begin(), trainer_.calls.end(), "ResyncGradients"), 0);
+  EXPECT_TRUE(trainer_.salvaged.empty());
+  EXPECT_EQ(counters_.pass, 0);
+  EXPECT_EQ(counters_.step, 5);
+  EXPECT_TRUE(changes_->has_failed_step());  // the engine drops it
+}
+
+// The state source is a pass ahead (its reduce of this pass completed):
+// this rank's gradient is of a pass the world is past.
+TEST_F(WorldChangesTest, WithSeveralPassesAGradientOfAPassTheWorldIsPastDoesNotContribute) {
+  Make(/*salvage=*/true, absl::Seconds(7), /*several_passes=*/true);
+  AtStep(/*step=*/5, /*world=*/2);
+  changes_->KeepFailedStep(WorldOf(/*generation=*/3, /*rank=*/0, /*size=*/2, /*source=*/0));
+  TrainingCounters source = counters_;
+  source.pass = 1;
+  trainer_.source_counters = source;
+  EnterNext(/*generation=*/4, /*rank=*/0, /*size=*/1, /*source=*/0);
+  ASSERT_TRUE(changes_->Regroup("gloo collective passed its deadline", true).ok());
+
+  ASSERT_FALSE(comm_->sent.empty());
+  EXPECT_EQ(comm_->sent[0][0], 0.0);  // not a contributor
+  EXPECT_TRUE(trainer_.salvaged.empty());
+  EXPECT_EQ(counters_.pass, 0);
+}
+
+// A step of several passes that a world change already came into (a pass
+// of it was salvaged) is not salvaged a second time.
+TEST_F(WorldChangesTest, AStepKeptAsNotSalvageableDoesNotContribute) {
+  Make(/*salvage=*/true, absl::Seconds(7), /*several_passes=*/true);
+  AtStep(/*step=*/5, /*world=*/2);
+  changes_->KeepFailedStep(WorldOf(/*generation=*/3, /*rank=*/0, /*size=*/2, /*source=*/0),
+                           /*salvageable=*/false);
+  EnterNext(/*generation=*/4, /*rank=*/0, /*size=*/1, /*source=*/0);
+  ASSERT_TRUE(changes_->Regroup("gloo: Connection reset", true).ok());
+  ASSERT_FALSE(comm_->sent.empty());
+  EXPECT_EQ(comm_->sent[0][0], 0.0);
+  EXPECT_TRUE(trainer_.salvaged.empty());
 }
 
 TEST_F(WorldChangesTest, TheStepDeadlineFollowsTheJobOnTheInjectedClock) {

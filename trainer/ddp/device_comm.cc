@@ -77,17 +77,19 @@ absl::Status AllReduceGradientTensor(Communicator* comm, const torch::Tensor& te
 }
 
 absl::Status BroadcastTensors(const std::vector<torch::Tensor>& tensors, Communicator* comm,
-                              int root, absl::Time deadline) {
+                              int root, absl::Time deadline, bool keep_equal) {
   torch::NoGradGuard no_grad;
   // Any dtype: the tensors' bytes back to back, each padded to 8, travel as
   // 64-bit words (a broadcast copies; it never does arithmetic on them).
   const torch::Device device = CommDevice(*comm);
   std::vector<torch::Tensor> pieces;
+  std::vector<torch::Tensor> mine;  // each tensor's bytes before the broadcast
   std::vector<int64_t> offsets;
   int64_t bytes = 0;
   for (const torch::Tensor& t : tensors) {
     torch::Tensor raw = t.detach().contiguous().reshape({-1}).view(torch::kUInt8).to(device);
     offsets.push_back(bytes);
+    mine.push_back(raw);
     pieces.push_back(raw);
     const int64_t pad = (8 - raw.numel() % 8) % 8;
     if (pad > 0) pieces.push_back(torch::zeros({pad}, raw.options()));
@@ -100,10 +102,21 @@ absl::Status BroadcastTensors(const std::vector<torch::Tensor>& tensors, Communi
       !s.ok()) {
     return s;
   }
+  // `mine` still views the tensors' own memory (or a copy of it): compared
+  // with what arrived, on the device, read back once.
+  std::vector<char> differs(tensors.size(), 1);
+  if (keep_equal) {
+    std::vector<torch::Tensor> ne;
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      ne.push_back(flat.narrow(0, offsets[i], mine[i].numel()).ne(mine[i]).any());
+    }
+    const torch::Tensor any = torch::stack(ne).to(torch::kCPU);
+    for (size_t i = 0; i < tensors.size(); ++i) differs[i] = any[i].item<bool>();
+  }
   for (size_t i = 0; i < tensors.size(); ++i) {
     const torch::Tensor& t = tensors[i];
     const int64_t n = t.numel() * static_cast<int64_t>(t.element_size());
-    if (n == 0) continue;
+    if (n == 0 || !differs[i]) continue;
     t.detach().copy_(flat.narrow(0, offsets[i], n).view(t.scalar_type()).view(t.sizes()));
   }
   return absl::OkStatus();

@@ -39,8 +39,12 @@ absl::Status AllReduceGradientTensor(Communicator* comm, const torch::Tensor& te
 // Copies rank `root`'s tensors (any dtype, any device) to every rank, in
 // place, in one flat broadcast on the communicator's memory. Every rank
 // passes tensors of the same dtypes and shapes in the same order.
+// `keep_equal`: a tensor that already holds root's bytes is not written,
+// so its autograd version stays (a graph the program built before a state
+// transfer between the passes of a step stays usable); that costs one
+// comparison per tensor and one device synchronisation.
 absl::Status BroadcastTensors(const std::vector<torch::Tensor>& tensors, Communicator* comm,
-                              int root, absl::Time deadline);
+                              int root, absl::Time deadline, bool keep_equal = false);
 
 // For CommOptions::cuda_stream: LibTorch's current stream on the calling
 // thread for `device` (null without CUDA support).

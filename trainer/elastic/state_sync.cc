@@ -172,7 +172,10 @@ absl::Status SyncStateFrom(int source, Communicator* comm, const TrainingState& 
     blobs[i].resize(size);  // the source's size; its bytes arrive below
     tensors.push_back(BytesTensor(blobs[i]));
   }
-  MUSTER_RETURN_IF_ERROR(BroadcastTensors(tensors, comm, source, deadline));
+  // A rank that holds the source's state keeps its tensors untouched: a
+  // graph its program built before this transfer (between the passes of a
+  // step) stays usable.
+  MUSTER_RETURN_IF_ERROR(BroadcastTensors(tensors, comm, source, deadline, /*keep_equal=*/true));
   for (size_t i = 0; i < state.blobs.size(); ++i) {
     received[state.blobs[i].name] = TensorBytes(tensors[tensors.size() - state.blobs.size() + i]);
   }
