@@ -58,8 +58,10 @@ struct ServerOptions {
   int max_message_bytes = 4 << 20;
   // A connection that has not begun HTTP/2 by then is closed (gRPC's
   // default is 120 s: idle sockets from anyone who can reach the port would
-  // hold file descriptors that long).
-  absl::Duration handshake_timeout = absl::Seconds(5);
+  // hold file descriptors that long). Members send HTTP/2's preface as soon
+  // as TCP (and TLS) connect; 2 s bounds how long a held flood of idle
+  // connections keeps a token holder out (docs/failover.md).
+  absl::Duration handshake_timeout = absl::Seconds(2);
   // A connection with no call for this long is closed; clients reconnect
   // when they next call (trainers and agents always hold a session).
   absl::Duration max_connection_idle = absl::Minutes(5);

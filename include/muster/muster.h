@@ -27,6 +27,11 @@
 //   }
 //   return muster::Distributed::ExitCode(d.Finish());
 //
+// Several models and optimizers (a GAN): register them as State::modules
+// and State::optimizers, and give each backward pass of a step its own
+// BeforeBackwardFor({"discriminator"}) ... AfterBackward() (State below;
+// docs/library.md, "Several models"; examples/gan.cc).
+//
 // What happens inside, so that the loop stays this short:
 //   * Start() joins, resumes from the newest committed checkpoint that
 //     verifies (or from a live peer that is further ahead), forms the world,

@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "rpc/credentials.h"
+#include "tests/integration/fake_time.h"
 #include "tests/integration/subprocess.h"
 #include "tests/integration/test_member.h"
 
@@ -312,6 +313,61 @@ TEST_F(ProcessTest, AStandbyTakesOverFromAHungPrimaryWhichThenCommitsNothing) {
         << ReadText(dir_ + "/primary.log");
   }
   EXPECT_EQ(RunCommand(cli + "checkpoints --json").out, before.out);
+  ASSERT_EQ(::kill(standby, SIGTERM), 0);
+  EXPECT_EQ(WaitExit(standby), 0) << ReadText(dir_ + "/standby.log");
+}
+
+// Failover with wall clocks that step (libfaketime, ±60 s, on the standby's
+// host and then on the primary's): the lease is timed on the monotonic
+// clock, so the standby never takes over from the healthy primary, and once
+// the primary is dead it takes over within --lease-timeout plus 1 s.
+TEST_F(ProcessTest, AWallClockStepNeitherHandsTheLeaseOverNorDelaysATakeover) {
+  if (!HaveFakeTime()) GTEST_SKIP() << "libfaketime is not installed (faketime)";
+  const std::string address_file = dir_ + "/coordinator.address";
+  auto coordinator = [&](const std::string& listen, const std::string& name) {
+    return SpawnLogged(Stepped(dir_ + "/" + name + ".clock",
+                               {kBin + "/muster-coordinator", "--listen=" + listen,
+                                "--state-dir=" + dir_ + "/state", "--token-file=" + token_file_,
+                                "--address-file=" + address_file, "--lease-timeout=2s"}),
+                       dir_ + "/" + name + ".log");
+  };
+  auto holder_is = [&](const std::string& target, absl::Duration within) {
+    const absl::Time end = absl::Now() + within;
+    while (ReadText(address_file) != target + "\n" && absl::Now() < end) {
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    return ReadText(address_file) == target + "\n";
+  };
+  const pid_t primary = coordinator(target_, "primary");
+  ASSERT_TRUE(holder_is(target_, absl::Seconds(20))) << ReadText(dir_ + "/primary.log");
+  const std::string standby_target = absl::StrCat("127.0.0.1:", FreeLoopbackPort());
+  const pid_t standby = coordinator(standby_target, "standby");
+  for (int i = 0; i < 200; ++i) {
+    if (ReadText(dir_ + "/standby.log").find("standby: the lease") != std::string::npos) break;
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  ASSERT_NE(ReadText(dir_ + "/standby.log").find("standby: the lease"), std::string::npos)
+      << ReadText(dir_ + "/standby.log");
+  // Each step is held longer than the lease timeout: the healthy primary
+  // keeps the lease through all four.
+  for (const std::string host : {"standby", "primary"}) {
+    for (const std::string offset : {"-60s", "+60s"}) {
+      Step(dir_ + "/" + host + ".clock", offset);
+      absl::SleepFor(absl::Seconds(2));
+      EXPECT_EQ(ReadText(address_file), target_ + "\n")
+          << "the standby took over after the " << host << "'s clock stepped " << offset << "\n"
+          << ReadText(dir_ + "/standby.log");
+    }
+  }
+  // Dead (its lease beats stop; SIGKILL leaves no lock on the state file).
+  ASSERT_EQ(::kill(primary, SIGKILL), 0);
+  const absl::Time killed = absl::Now();
+  EXPECT_TRUE(holder_is(standby_target, absl::Seconds(3)))
+      << "not taken over within the lease timeout plus 1 s\n" << ReadText(dir_ + "/standby.log");
+  ASSERT_TRUE(holder_is(standby_target, absl::Seconds(30))) << ReadText(dir_ + "/standby.log");
+  std::cerr << "taken over " << absl::ToDoubleSeconds(absl::Now() - killed)
+            << " s after the primary died\n";
+  WaitExit(primary);
   ASSERT_EQ(::kill(standby, SIGTERM), 0);
   EXPECT_EQ(WaitExit(standby), 0) << ReadText(dir_ + "/standby.log");
 }

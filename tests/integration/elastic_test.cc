@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/civil_time.h"
 #include "absl/time/clock.h"
+#include "tests/integration/fake_time.h"
 #include "tests/integration/subprocess.h"
 #include "trainer/checkpoint/safetensors.h"
 
@@ -294,34 +295,9 @@ TEST_F(UnresolvableHostTest, TwoNodesTrainAndServeWeightsWithoutAnAddress) {
   EXPECT_EQ(JsonNumber(sa, "parameter_checksum"), JsonNumber(sb, "parameter_checksum"));
 }
 
-// One process's wall clock steps (libfaketime, the monotonic clock left
-// alone, as NTP's step or a VM's resume moves it): timeouts are measured on
-// the monotonic clock, so the step neither hides a stopped trainer nor
-// breaks a healthy world.
-constexpr char kFakeTime[] = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1";
-
-// `argv` (and the processes it starts) with its wall clock offset by what
-// `offset_file` holds ("+0", "-60s"), read again every second. libfaketime
-// cannot move the kernel's own clock, so a step forward also stands for a
-// real step back to the waits that the kernel times on the wall clock:
-// their deadlines then lie a minute ahead of it.
-std::vector<std::string> Stepped(const std::string& offset_file, std::vector<std::string> argv) {
-  std::ofstream(offset_file) << "+0\n";
-  std::vector<std::string> out = {"/usr/bin/env", absl::StrCat("LD_PRELOAD=", kFakeTime),
-                                  "FAKETIME_TIMESTAMP_FILE=" + offset_file,
-                                  "FAKETIME_CACHE_DURATION=1", "DONT_FAKE_MONOTONIC=1"};
-  out.insert(out.end(), argv.begin(), argv.end());
-  return out;
-}
-
-// Steps the clock of the processes started with `offset_file`, and waits
-// until they have read the step.
-void Step(const std::string& offset_file, const std::string& offset) {
-  std::ofstream(offset_file) << offset << "\n";
-  absl::SleepFor(absl::Milliseconds(1500));
-}
-
-bool HaveFakeTime() { return ::access(kFakeTime, R_OK) == 0; }
+// One process's wall clock steps (tests/integration/fake_time.h): timeouts
+// are measured on the monotonic clock, so the step neither hides a stopped
+// trainer nor breaks a healthy world.
 
 // How far ahead of this process's clock the wall time stamped on the log
 // line of `log` that holds offset `at` is, in seconds ("I 14:12:26.580 ..."

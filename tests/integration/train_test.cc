@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <mutex>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -339,10 +340,13 @@ std::vector<TwoModelsRun> TrainTwoModels(int world, int batch) {
   auto server = InProcessCoordinator::Start(world);
   std::vector<TwoModelsRun> out(world);
   std::vector<std::thread> ranks;
+  std::mutex rng;  // one global generator: each rank's models drawn whole
   for (int i = 0; i < world; ++i) {
     ranks.emplace_back([&, i] {
+      std::unique_lock<std::mutex> drawing(rng);
       torch::manual_seed(1);
       TwoModels m;
+      drawing.unlock();
       Options o;
       o.coordinator = "127.0.0.1:" + std::to_string(server->port());
       o.node_id = "n";

@@ -31,10 +31,15 @@ void WorldChanges::KeepFailedStep(const WorldInfo& world, bool salvageable) {
                             salvageable};
 }
 
-void WorldChanges::DropFailedStep() {
+bool WorldChanges::DropFailedStep() {
+  if (!failed_step_.has_value()) return false;
+  const bool lost = failed_step_->step >= counters_->step;
   failed_step_.reset();
-  ++dropped_;
+  if (lost) ++dropped_;
+  return lost;
 }
+
+void WorldChanges::ForgetFailedStep() { failed_step_.reset(); }
 
 absl::Status WorldChanges::Regroup(const std::string& why, bool broken) {
   trainer_->UseCommunicator(nullptr);

@@ -174,9 +174,13 @@ class WorldChanges {
   // Whether a failed step is kept: from KeepFailedStep until a world
   // salvages it (this rank takes it) or DropFailedStep.
   bool has_failed_step() const { return failed_step_.has_value(); }
-  // The kept step was not salvaged and is dropped: counted, and no longer
-  // kept. Nothing when none is kept.
-  void DropFailedStep();
+  // The kept step was not salvaged: no longer kept. Returns whether it was
+  // lost, and counts it in dropped(): false when the counters are past it
+  // (the world took it without this rank, and the state transfer brought
+  // its result) or none is kept.
+  bool DropFailedStep();
+  // The kept step is no longer kept, and not counted (this member left).
+  void ForgetFailedStep();
 
   // Leaves the current world and enters the next: gradients leave the
   // communicator, the step in progress is not timed, and `broken` (the

@@ -573,7 +573,11 @@ absl::Status Engine::AfterBackward() {
 // A peer failed or hung: regroup with the others, keeping this rank's
 // gradients for the new world to salvage the step (WorldChanges).
 absl::Status Engine::RegroupAfterFailedStep(const absl::Status& failure) {
-  MUSTER_LOG(WARNING) << "step " << counters_.step + 1 << " failed: " << failure;
+  const int64_t failed = counters_.step + 1;
+  const std::string what =
+      several_passes_ ? absl::StrCat("pass ", counters_.pass + 1, " of step ", failed)
+                      : absl::StrCat("step ", failed);
+  MUSTER_LOG(WARNING) << what << " failed: " << failure;
   MUSTER_RETURN_IF_ERROR(life_.Fail());
   // A step of several passes is salvaged in the world it began in only.
   changes_.KeepFailedStep(world_->world(),
@@ -585,11 +589,20 @@ absl::Status Engine::RegroupAfterFailedStep(const absl::Status& failure) {
   if (life_.state() == StepState::kBoundaryDue) return absl::OkStatus();  // salvaged
   if (life_.state() == StepState::kFailed) MUSTER_RETURN_IF_ERROR(life_.Dropped());
   DropGradients();
-  changes_.DropFailedStep();
-  MUSTER_LOG(WARNING) << "step " << counters_.step + 1 << " dropped in generation "
-                      << world_->world().generation;
-  return absl::AbortedError(
-      absl::StrCat("step ", counters_.step + 1, " dropped: ", failure.message()));
+  if (life_.ended()) {  // no world for this member: it left or stopped
+    changes_.ForgetFailedStep();
+    return absl::AbortedError(absl::StrCat(what, " not taken: this member left the job"));
+  }
+  if (!changes_.DropFailedStep()) {
+    // The world took the step without this rank (a rank fenced while
+    // stopped comes back after it): the state transfer brought its
+    // result, nothing is lost or done again.
+    MUSTER_LOG(INFO) << what << " was taken by the world without this rank (now at step "
+                     << counters_.step << "); its gradients are discarded";
+    return absl::AbortedError(absl::StrCat(what, " taken without this rank: ", failure.message()));
+  }
+  MUSTER_LOG(WARNING) << what << " dropped in generation " << world_->world().generation;
+  return absl::AbortedError(absl::StrCat(what, " dropped: ", failure.message()));
 }
 
 // Rank 0's buffers to every rank (Options::broadcast_buffers). Should it
