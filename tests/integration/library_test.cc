@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <regex>
 #include <set>
@@ -170,6 +171,67 @@ class LibraryTest : public ::testing::Test {
     EXPECT_EQ(seen.size(), static_cast<size_t>(epochs * examples)) << "an example past the end";
   }
 
+  // Agents `a` and `b` (logs a.log, b.log) train as a world of 4; past
+  // step `at_step`, b's trainer 1 is SIGKILLed. Both agents end 0, b's
+  // trainer restarted once and took its state from a live peer.
+  void KillTrainer1OfBAndFinish(pid_t a, pid_t b, int at_step) {
+    ASSERT_TRUE(WaitForLine("a.log", "world 4 on 2 nodes", absl::Seconds(60)))
+        << ReadText(dir_ + "/a.log");
+    ASSERT_TRUE(WaitForStep("a.log", at_step, absl::Seconds(60))) << ReadText(dir_ + "/a.log");
+    const pid_t victim = LastTrainerPid(dir_ + "/b.log", 1);
+    ASSERT_GT(victim, 0) << ReadText(dir_ + "/b.log");
+    ASSERT_EQ(::kill(victim, SIGKILL), 0);
+    EXPECT_EQ(WaitExit(a), 0) << ReadText(dir_ + "/a.log");
+    EXPECT_EQ(WaitExit(b), 0) << ReadText(dir_ + "/b.log");
+    const std::string log_b = ReadText(dir_ + "/b.log");
+    EXPECT_NE(log_b.find("trainer 1 started (restart 1)"), std::string::npos) << log_b;
+    // The replacement says where its state came from: a live peer.
+    EXPECT_NE(log_b.find("took the live state of step"), std::string::npos) << log_b;
+  }
+
+  using AgentFn = std::function<pid_t(const std::string& node, const std::string& summary,
+                                      const std::vector<std::string>& more)>;
+  // The job `run` by two agents of `agent`, never interrupted (the
+  // reference); then again, stopped by SIGUSR1 on both agents once past
+  // step `stop_after` (every rank checkpoints and exits 75) and requeued
+  // (the coordinator restarted on its state dir, the agents again): it
+  // resumes from that checkpoint and ends bit-identical to the reference.
+  void StopAndRestartEndAsTheUninterruptedRun(const AgentFn& agent,
+                                               const std::vector<std::string>& run,
+                                               int stop_after) {
+    StartCoordinator(4, 4, "reference");
+    std::vector<std::string> ref = run;
+    ref.insert(ref.end(), {"--checkpoint-dir", dir_ + "/ckpt-reference"});
+    pid_t a = agent("a", "summary-reference", ref), b = agent("b", "summary-reference", ref);
+    ASSERT_EQ(WaitExit(a), 0) << ReadText(dir_ + "/a.log");
+    ASSERT_EQ(WaitExit(b), 0) << ReadText(dir_ + "/b.log");
+    StopCoordinator();
+    const std::string reference = CommonFinalDigest("summary-reference", 4);
+
+    std::vector<std::string> stopped = run;
+    stopped.insert(stopped.end(), {"--checkpoint-dir", dir_ + "/ckpt"});
+    StartCoordinator(4, 4, "state");
+    a = agent("a1", "summary", stopped);
+    b = agent("b1", "summary", stopped);
+    ASSERT_TRUE(WaitForStep("a1.log", stop_after, absl::Seconds(60)))
+        << ReadText(dir_ + "/a1.log");
+    ::kill(a, SIGUSR1);
+    ::kill(b, SIGUSR1);
+    EXPECT_EQ(WaitExit(a), 75) << ReadText(dir_ + "/a1.log");
+    EXPECT_EQ(WaitExit(b), 75) << ReadText(dir_ + "/b1.log");
+    ASSERT_NE(ReadText(dir_ + "/a1.log").find("after checkpointing"), std::string::npos);
+    StopCoordinator();
+    std::system(("rm -rf " + dir_ + "/summary/*").c_str());
+    StartCoordinator(4, 4, "state");
+    a = agent("a2", "summary", stopped);
+    b = agent("b2", "summary", stopped);
+    ASSERT_EQ(WaitExit(a), 0) << ReadText(dir_ + "/a2.log");
+    ASSERT_EQ(WaitExit(b), 0) << ReadText(dir_ + "/b2.log");
+    EXPECT_NE(ReadText(dir_ + "/a2.log").find("resumed from the checkpoint of step"),
+              std::string::npos);
+    EXPECT_EQ(CommonFinalDigest("summary", 4), reference);
+  }
+
   std::string dir_, target_;
   pid_t coordinator_ = -1;
 };
@@ -239,19 +301,7 @@ TEST_F(LibraryTest, RmspropGroupsBatchNormAndTheDataLoaderStayIdenticalThroughAK
                         dir_ + "/record", "--summary", dir_ + "/summary/{pid}.json"},
                        absl::StrCat(dir_, "/", node, ".log"));
   };
-  const pid_t a = agent("a"), b = agent("b");
-  ASSERT_TRUE(WaitForLine("a.log", "world 4 on 2 nodes", absl::Seconds(60)))
-      << ReadText(dir_ + "/a.log");
-  ASSERT_TRUE(WaitForStep("a.log", 100, absl::Seconds(60))) << ReadText(dir_ + "/a.log");
-  const pid_t victim = LastTrainerPid(dir_ + "/b.log", 1);
-  ASSERT_GT(victim, 0) << ReadText(dir_ + "/b.log");
-  ASSERT_EQ(::kill(victim, SIGKILL), 0);
-  EXPECT_EQ(WaitExit(a), 0) << ReadText(dir_ + "/a.log");
-  EXPECT_EQ(WaitExit(b), 0) << ReadText(dir_ + "/b.log");
-  const std::string log_b = ReadText(dir_ + "/b.log");
-  EXPECT_NE(log_b.find("trainer 1 started (restart 1)"), std::string::npos) << log_b;
-  // The replacement says where its state came from: a live peer.
-  EXPECT_NE(log_b.find("took the live state of step"), std::string::npos) << log_b;
+  KillTrainer1OfBAndFinish(agent("a"), agent("b"), /*at_step=*/100);
   // step -> the digests the ranks recorded after it
   std::map<int, std::set<std::string>> digests;
   int lines = 0;
@@ -277,39 +327,10 @@ TEST_F(LibraryTest, RmspropGroupsBatchNormAndTheDataLoaderStayIdenticalThroughAK
 }
 
 TEST_F(LibraryTest, Sigusr1CheckpointsExits75AndTheRestartEndsAsAnUninterruptedRun) {
-  const std::vector<std::string> run = {"--epochs", "10", "--checkpoint-every", "25"};
-  // The reference: the same job, never interrupted.
-  StartCoordinator(4, 4, "reference");
-  std::vector<std::string> ref = run;
-  ref.insert(ref.end(), {"--checkpoint-dir", dir_ + "/ckpt-reference"});
-  pid_t a = Agent("a", "summary-reference", ref), b = Agent("b", "summary-reference", ref);
-  ASSERT_EQ(WaitExit(a), 0) << ReadText(dir_ + "/a.log");
-  ASSERT_EQ(WaitExit(b), 0) << ReadText(dir_ + "/b.log");
-  StopCoordinator();
-  const std::string reference = CommonFinalDigest("summary-reference", 4);
-
-  std::vector<std::string> stopped = run;
-  stopped.insert(stopped.end(), {"--checkpoint-dir", dir_ + "/ckpt"});
-  StartCoordinator(4, 4, "state");
-  a = Agent("a1", "summary", stopped);
-  b = Agent("b1", "summary", stopped);
-  ASSERT_TRUE(WaitForStep("a1.log", 30, absl::Seconds(60))) << ReadText(dir_ + "/a1.log");
-  ::kill(a, SIGUSR1);
-  ::kill(b, SIGUSR1);
-  EXPECT_EQ(WaitExit(a), 75) << ReadText(dir_ + "/a1.log");
-  EXPECT_EQ(WaitExit(b), 75) << ReadText(dir_ + "/b1.log");
-  ASSERT_NE(ReadText(dir_ + "/a1.log").find("after checkpointing"), std::string::npos);
-  // A requeue: the coordinator restarts on its state dir, the agents again.
-  StopCoordinator();
-  std::system(("rm -rf " + dir_ + "/summary/*").c_str());
-  StartCoordinator(4, 4, "state");
-  a = Agent("a2", "summary", stopped);
-  b = Agent("b2", "summary", stopped);
-  ASSERT_EQ(WaitExit(a), 0) << ReadText(dir_ + "/a2.log");
-  ASSERT_EQ(WaitExit(b), 0) << ReadText(dir_ + "/b2.log");
-  EXPECT_NE(ReadText(dir_ + "/a2.log").find("resumed from the checkpoint of step"),
-            std::string::npos);
-  EXPECT_EQ(CommonFinalDigest("summary", 4), reference);
+  StopAndRestartEndAsTheUninterruptedRun(
+      [this](const std::string& node, const std::string& summary,
+             const std::vector<std::string>& more) { return Agent(node, summary, more); },
+      {"--epochs", "10", "--checkpoint-every", "25"}, /*stop_after=*/30);
 }
 
 bool HasFashionMnist() {
@@ -323,18 +344,8 @@ TEST_F(LibraryTest, AGanWithOneTrainerKilledEndsBitIdenticalOnEveryRank) {
   if (!HasFashionMnist()) GTEST_SKIP() << "dataset-fashion-mnist is not installed";
   StartCoordinator(/*min_members=*/2, /*max_members=*/4, "state");
   const std::vector<std::string> run = {"--steps", "160"};
-  const pid_t a = GanAgent("a", "summary", run), b = GanAgent("b", "summary", run);
-  ASSERT_TRUE(WaitForLine("a.log", "world 4 on 2 nodes", absl::Seconds(60)))
-      << ReadText(dir_ + "/a.log");
-  ASSERT_TRUE(WaitForStep("a.log", 40, absl::Seconds(60))) << ReadText(dir_ + "/a.log");
-  const pid_t victim = LastTrainerPid(dir_ + "/b.log", 1);
-  ASSERT_GT(victim, 0) << ReadText(dir_ + "/b.log");
-  ASSERT_EQ(::kill(victim, SIGKILL), 0);
-  EXPECT_EQ(WaitExit(a), 0) << ReadText(dir_ + "/a.log");
-  EXPECT_EQ(WaitExit(b), 0) << ReadText(dir_ + "/b.log");
-  const std::string log_b = ReadText(dir_ + "/b.log");
-  EXPECT_NE(log_b.find("trainer 1 started (restart 1)"), std::string::npos) << log_b;
-  EXPECT_NE(log_b.find("took the live state of step"), std::string::npos) << log_b;
+  KillTrainer1OfBAndFinish(GanAgent("a", "summary", run), GanAgent("b", "summary", run),
+                           /*at_step=*/40);
   EXPECT_NE(ReadText(dir_ + "/a.log").find("gan: rank 0 of 4, step 160"), std::string::npos)
       << ReadText(dir_ + "/a.log");
   CommonFinalDigest("summary", 4);
@@ -345,37 +356,10 @@ TEST_F(LibraryTest, AGanWithOneTrainerKilledEndsBitIdenticalOnEveryRank) {
 // the same job never interrupted.
 TEST_F(LibraryTest, AGanStoppedBySigusr1ResumesToTheStateOfAnUninterruptedRun) {
   if (!HasFashionMnist()) GTEST_SKIP() << "dataset-fashion-mnist is not installed";
-  const std::vector<std::string> run = {"--steps", "120", "--checkpoint-every", "20"};
-  StartCoordinator(4, 4, "reference");
-  std::vector<std::string> ref = run;
-  ref.insert(ref.end(), {"--checkpoint-dir", dir_ + "/ckpt-reference"});
-  pid_t a = GanAgent("a", "summary-reference", ref), b = GanAgent("b", "summary-reference", ref);
-  ASSERT_EQ(WaitExit(a), 0) << ReadText(dir_ + "/a.log");
-  ASSERT_EQ(WaitExit(b), 0) << ReadText(dir_ + "/b.log");
-  StopCoordinator();
-  const std::string reference = CommonFinalDigest("summary-reference", 4);
-
-  std::vector<std::string> stopped = run;
-  stopped.insert(stopped.end(), {"--checkpoint-dir", dir_ + "/ckpt"});
-  StartCoordinator(4, 4, "state");
-  a = GanAgent("a1", "summary", stopped);
-  b = GanAgent("b1", "summary", stopped);
-  ASSERT_TRUE(WaitForStep("a1.log", 30, absl::Seconds(60))) << ReadText(dir_ + "/a1.log");
-  ::kill(a, SIGUSR1);
-  ::kill(b, SIGUSR1);
-  EXPECT_EQ(WaitExit(a), 75) << ReadText(dir_ + "/a1.log");
-  EXPECT_EQ(WaitExit(b), 75) << ReadText(dir_ + "/b1.log");
-  ASSERT_NE(ReadText(dir_ + "/a1.log").find("after checkpointing"), std::string::npos);
-  StopCoordinator();
-  std::system(("rm -rf " + dir_ + "/summary/*").c_str());
-  StartCoordinator(4, 4, "state");
-  a = GanAgent("a2", "summary", stopped);
-  b = GanAgent("b2", "summary", stopped);
-  ASSERT_EQ(WaitExit(a), 0) << ReadText(dir_ + "/a2.log");
-  ASSERT_EQ(WaitExit(b), 0) << ReadText(dir_ + "/b2.log");
-  EXPECT_NE(ReadText(dir_ + "/a2.log").find("resumed from the checkpoint of step"),
-            std::string::npos);
-  EXPECT_EQ(CommonFinalDigest("summary", 4), reference);
+  StopAndRestartEndAsTheUninterruptedRun(
+      [this](const std::string& node, const std::string& summary,
+             const std::vector<std::string>& more) { return GanAgent(node, summary, more); },
+      {"--steps", "120", "--checkpoint-every", "20"}, /*stop_after=*/30);
 }
 
 // member id -> state, from `muster status --json`.
