@@ -238,10 +238,9 @@ bool Coordinator::StopServing(const std::string& reason, bool tell_members) {
     });
   }
   sessions_.clear();
-  for (RendezvousWaiter& w : waiters_) {
+  for (RendezvousWaiter& w : waiters_.TakeAll()) {
     actions.Add([done = std::move(w.done), down] { done(down); });
   }
-  waiters_.clear();
   if (tell_members) {
     kv_.Reset(std::string(down.message()), &actions);
     barriers_.Reset(std::string(down.message()), &actions);
@@ -274,22 +273,13 @@ void Coordinator::Tick() {
   }
   // Rendezvous waiters: scanned only when the earliest deadline passed (a
   // rendezvous of 100,000 members keeps that many waiting at once).
-  if (now >= first_waiter_deadline_) {
-    first_waiter_deadline_ = absl::InfiniteFuture();
-    for (auto it = waiters_.begin(); it != waiters_.end();) {
-      if (it->deadline <= now) {
-        actions.Add([done = std::move(it->done), gen = gen_.generation()] {
-          done(absl::DeadlineExceededError(absl::StrCat(
-              "no world formed in time (current generation ", gen, "); call again")));
-        });
-        it = waiters_.erase(it);
-      } else {
-        first_waiter_deadline_ = std::min(first_waiter_deadline_, it->deadline);
-        ++it;
-      }
-    }
+  for (RendezvousWaiter& w : waiters_.TakeExpired(now)) {
+    actions.Add([done = std::move(w.done), gen = gen_.generation()] {
+      done(absl::DeadlineExceededError(absl::StrCat(
+          "no world formed in time (current generation ", gen, "); call again")));
+    });
   }
-  if (gen_.phase() == GenerationPhase::kForming && now >= arrive_by_) {
+  if (gen_.phase() == GenerationPhase::kForming && arrival_deadline_.Due(now)) {
     FenceLateArrivals(&actions);
   }
   kv_.Expire(now, &actions);

@@ -21,7 +21,6 @@
 #include <cstdint>
 #include <functional>
 #include <atomic>
-#include <list>
 #include <deque>
 #include <map>
 #include <memory>
@@ -36,6 +35,7 @@
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "coordinator/actions.h"
+#include "coordinator/arrival_deadline.h"
 #include "coordinator/barrier.h"
 #include "coordinator/checkpoint_catalog.h"
 #include "coordinator/generation_state.h"
@@ -44,6 +44,7 @@
 #include "coordinator/membership.h"
 #include "coordinator/persister.h"
 #include "coordinator/rendezvous.h"
+#include "coordinator/rendezvous_waiters.h"
 #include "coordinator/state_store.h"
 #include "coordinator/types.h"
 
@@ -115,12 +116,6 @@ struct JoinResult {
   bool reattached = false;
 };
 
-struct RendezvousResult {
-  // Shared by every member's result (a world can hold thousands).
-  std::shared_ptr<const World> world;
-  uint32_t rank = 0;
-};
-
 struct MemberRow {
   MemberInfo info;
   int rank = -1;       // in the current world
@@ -171,7 +166,8 @@ struct CoordinatorCounters {
 
 class Coordinator {
  public:
-  using RendezvousCallback = std::function<void(absl::StatusOr<RendezvousResult>)>;
+  // RendezvousResult is in rendezvous_waiters.h.
+  using RendezvousCallback = RendezvousWaiter::Callback;
   using KvCallback = KvStore::GetCallback;
   using DoneCallback = std::function<void(absl::Status)>;
 
@@ -297,13 +293,6 @@ class Coordinator {
   const CoordinatorOptions& options() const { return options_; }
 
  private:
-  struct RendezvousWaiter {
-    MemberKey member;
-    uint64_t after_generation;
-    int64_t step;
-    absl::Time deadline;
-    RendezvousCallback done;
-  };
   struct Session {
     MemberKey member;
     std::shared_ptr<SessionSink> sink;
@@ -425,10 +414,8 @@ class Coordinator {
   std::string abandoned_ ABSL_GUARDED_BY(mu_);
   Membership membership_ ABSL_GUARDED_BY(mu_);
   RendezvousTimer timer_ ABSL_GUARDED_BY(mu_);
-  std::list<RendezvousWaiter> waiters_ ABSL_GUARDED_BY(mu_);
-  // No waiter's deadline is earlier (waiters that left early may make it
-  // too early, never too late).
-  absl::Time first_waiter_deadline_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
+  // The Rendezvous calls waiting for a world (rendezvous_waiters.h).
+  RendezvousWaiters waiters_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, Session> sessions_ ABSL_GUARDED_BY(mu_);
   uint64_t next_session_ ABSL_GUARDED_BY(mu_) = 1;
   KvStore kv_ ABSL_GUARDED_BY(mu_);
@@ -444,10 +431,9 @@ class Coordinator {
   absl::Time paused_since_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   // When the current world was formed (its regroup's start).
   absl::Time formed_at_ ABSL_GUARDED_BY(mu_);
-  // A world formed after a broken-world report: its members must arrive by
-  // then (InfiniteFuture otherwise; Form resets it).
-  absl::Time arrive_by_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
-  absl::Duration arrival_window_ ABSL_GUARDED_BY(mu_);
+  // A world formed after a broken-world report: when its members must have
+  // arrived (arrival_deadline.h; clear otherwise, and Form clears it).
+  ArrivalDeadline arrival_deadline_ ABSL_GUARDED_BY(mu_);
   std::string ended_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -63,9 +63,8 @@ void Coordinator::Rendezvous(const MemberKey& key, uint64_t after_generation, in
     actions.Add([done = std::move(done), result] { done(result); });
     return;
   }
-  waiters_.push_back(
+  waiters_.Add(
       RendezvousWaiter{key, after_generation, step, clock_->Now() + wait, std::move(done)});
-  first_waiter_deadline_ = std::min(first_waiter_deadline_, waiters_.back().deadline);
   if (in_newer_world) {
     if (Arrive(key.id, step)) WorldCompleted(&actions);
     return;
@@ -91,8 +90,7 @@ bool Coordinator::StillWaiting() {
 }
 
 std::vector<Candidate> Coordinator::Candidates() {
-  std::set<std::string> waiting;
-  for (const RendezvousWaiter& w : waiters_) waiting.insert(w.member.id);
+  const std::set<std::string> waiting = waiters_.MemberIds();
   std::vector<Candidate> out;
   const bool live = gen_.world_live();
   for (const auto& [id, info] : membership_.members()) {
@@ -189,8 +187,7 @@ void Coordinator::FinishIfDone(Actions* actions) {
   // wait for a world (a restart that joined as the job ran its last steps,
   // say) have no step left to train, and a world that waits for them would
   // never form.
-  std::set<std::string> waiting;
-  for (const RendezvousWaiter& w : waiters_) waiting.insert(w.member.id);
+  const std::set<std::string> waiting = waiters_.MemberIds();
   bool all_done = gen_.world_live() && gen_.phase() != GenerationPhase::kShuttingDown;
   for (const Assignment& a : gen_.world().members) {
     const MemberInfo* m = membership_.Find(a.member.id);
@@ -202,12 +199,11 @@ void Coordinator::FinishIfDone(Actions* actions) {
   Record("finished", absl::StrCat("job finished at generation ", gen_.generation()));
   // Members still waiting for a world (one that rejoined after a
   // partition, say) will not get one: tell them now.
-  for (RendezvousWaiter& w : waiters_) {
+  for (RendezvousWaiter& w : waiters_.TakeAll()) {
     actions->Add([done = std::move(w.done)] {
       done(absl::FailedPreconditionError("the job has finished"));
     });
   }
-  waiters_.clear();
   // A restart on this state dir (a requeued job) must not wait for the
   // finished members: keep the generation counter, forget the world.
   World done;
@@ -224,7 +220,7 @@ void Coordinator::ResetGenerationState(uint64_t generation, const std::string& r
 void Coordinator::Pause(const std::string& reason, Actions* actions) {
   if (!Accepted(gen_.Paused())) return;
   paused_since_ = clock_->Now();
-  arrive_by_ = absl::InfiniteFuture();
+  arrival_deadline_.Clear();
   // The world is written again (unchanged) so that the pause notices, like
   // a regroup's, go out only after a write that the lease fences: a
   // coordinator whose lease was taken over while it was frozen, woken, must
@@ -257,7 +253,7 @@ void Coordinator::Form(std::vector<Candidate> candidates, uint32_t size, bool ab
   }
   paused_since_ = absl::InfiniteFuture();
   formed_at_ = clock_->Now();
-  arrive_by_ = absl::InfiniteFuture();
+  arrival_deadline_.Clear();
   const World& world = gen_.world();
   const uint64_t generation = gen_.generation();
   // Durable before anyone hears of it: every caller's actions wait for it.
@@ -293,13 +289,9 @@ void Coordinator::Form(std::vector<Candidate> candidates, uint32_t size, bool ab
   // waits twice arrives with the step of its later call. Once the world is
   // complete, every waiter left for it is such an earlier call.
   bool complete = false;
-  for (auto it = waiters_.rbegin(); it != waiters_.rend() && !complete; ++it) {
-    const int rank = world.RankOf(it->member.id);
-    if (rank >= 0 && it->after_generation < generation &&
-        world.members[rank].member.incarnation == it->member.incarnation &&
-        !gen_.has_arrived(it->member.id)) {
-      complete = Arrive(it->member.id, it->step);
-    }
+  for (const RendezvousWaiter* w : waiters_.AnsweredBy(world)) {
+    if (complete) break;
+    if (!gen_.has_arrived(w->member.id)) complete = Arrive(w->member.id, w->step);
   }
   Record("regroup", absl::StrCat("generation ", generation, ": ", world.size(), " members on ",
                                  world.node_count, " nodes (", reason,
@@ -321,7 +313,7 @@ bool Coordinator::Arrive(const std::string& id, int64_t step) {
 }
 
 void Coordinator::WorldCompleted(Actions* actions) {
-  arrive_by_ = absl::InfiniteFuture();
+  arrival_deadline_.Clear();
   persister_.SaveWorld(gen_.world());
   std::shared_ptr<const World> shared = gen_.Published();
   const World& world = *shared;
@@ -336,16 +328,9 @@ void Coordinator::WorldCompleted(Actions* actions) {
     CoordinatorCounters::Keep(&counters_.regroup_seconds, absl::ToDoubleSeconds(took));
     ++counters_.regroups_timed;
   }
-  for (auto it = waiters_.begin(); it != waiters_.end();) {
-    const int rank = world.RankOf(it->member.id);
-    if (rank >= 0 && it->after_generation < world.generation &&
-        world.members[rank].member.incarnation == it->member.incarnation) {
-      RendezvousResult result{shared, static_cast<uint32_t>(rank)};
-      actions->Add([done = std::move(it->done), result] { done(result); });
-      it = waiters_.erase(it);
-    } else {
-      ++it;
-    }
+  for (RendezvousWaiter& w : waiters_.TakeAnsweredBy(world)) {
+    RendezvousResult result{shared, static_cast<uint32_t>(world.RankOf(w.member.id))};
+    actions->Add([done = std::move(w.done), result] { done(result); });
   }
 }
 
@@ -431,8 +416,7 @@ absl::Status Coordinator::ReportBroken(const MemberKey& key, const BrokenWorldRe
   const uint32_t n = static_cast<uint32_t>(candidates.size());
   Form(std::move(candidates), UsableWorldSize(n, options_.rules), /*abort=*/true, why, &actions);
   if (gen_.phase() == GenerationPhase::kForming && gen_.generation() == g + 1) {
-    arrival_window_ = window;
-    arrive_by_ = formed_at_ + window;
+    arrival_deadline_.Set(formed_at_, window);
   }
   return absl::OkStatus();
 }
@@ -463,7 +447,7 @@ void Coordinator::FenceStuck(const World& world, absl::Duration deadline, Action
 }
 
 void Coordinator::FenceLateArrivals(Actions* actions) {
-  arrive_by_ = absl::InfiniteFuture();
+  arrival_deadline_.Clear();
   const World world = gen_.world();
   std::vector<MemberInfo*> late;
   for (const Assignment& a : world.members) {
@@ -478,7 +462,7 @@ void Coordinator::FenceLateArrivals(Actions* actions) {
     ids.push_back(info->key.id);
     Fence(info,
           absl::StrCat("hung: did not come to the regroup of generation ", world.generation,
-                       " within ", absl::FormatDuration(arrival_window_),
+                       " within ", absl::FormatDuration(arrival_deadline_.window()),
                        " while its session lived; its agent restarts it"),
           /*hung=*/true, actions);
   }
@@ -490,13 +474,8 @@ void Coordinator::FenceLateArrivals(Actions* actions) {
 
 void Coordinator::DropWaiters(const std::string& id, const absl::Status& status,
                               Actions* actions) {
-  for (auto it = waiters_.begin(); it != waiters_.end();) {
-    if (it->member.id == id) {
-      actions->Add([done = std::move(it->done), status] { done(status); });
-      it = waiters_.erase(it);
-    } else {
-      ++it;
-    }
+  for (RendezvousWaiter& w : waiters_.TakeMember(id)) {
+    actions->Add([done = std::move(w.done), status] { done(status); });
   }
 }
 

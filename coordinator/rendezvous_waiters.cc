@@ -1,0 +1,84 @@
+#include "coordinator/rendezvous_waiters.h"
+
+#include <algorithm>
+#include <utility>
+
+namespace muster {
+
+void RendezvousWaiters::Add(RendezvousWaiter waiter) {
+  earliest_deadline_ = std::min(earliest_deadline_, waiter.deadline);
+  waiters_.push_back(std::move(waiter));
+}
+
+bool RendezvousWaiters::Answers(const World& world, const RendezvousWaiter& waiter) {
+  const int rank = world.RankOf(waiter.member.id);
+  return rank >= 0 && waiter.after_generation < world.generation &&
+         world.members[rank].member.incarnation == waiter.member.incarnation;
+}
+
+std::vector<const RendezvousWaiter*> RendezvousWaiters::AnsweredBy(const World& world) const {
+  std::vector<const RendezvousWaiter*> out;
+  for (auto it = waiters_.rbegin(); it != waiters_.rend(); ++it) {
+    if (Answers(world, *it)) out.push_back(&*it);
+  }
+  return out;
+}
+
+std::vector<RendezvousWaiter> RendezvousWaiters::TakeAnsweredBy(const World& world) {
+  std::vector<RendezvousWaiter> out;
+  for (auto it = waiters_.begin(); it != waiters_.end();) {
+    if (Answers(world, *it)) {
+      out.push_back(std::move(*it));
+      it = waiters_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return out;
+}
+
+std::vector<RendezvousWaiter> RendezvousWaiters::TakeExpired(absl::Time now) {
+  std::vector<RendezvousWaiter> out;
+  if (now < earliest_deadline_) return out;
+  earliest_deadline_ = absl::InfiniteFuture();
+  for (auto it = waiters_.begin(); it != waiters_.end();) {
+    if (it->deadline <= now) {
+      out.push_back(std::move(*it));
+      it = waiters_.erase(it);
+    } else {
+      earliest_deadline_ = std::min(earliest_deadline_, it->deadline);
+      ++it;
+    }
+  }
+  return out;
+}
+
+std::vector<RendezvousWaiter> RendezvousWaiters::TakeMember(const std::string& id) {
+  std::vector<RendezvousWaiter> out;
+  for (auto it = waiters_.begin(); it != waiters_.end();) {
+    if (it->member.id == id) {
+      out.push_back(std::move(*it));
+      it = waiters_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return out;
+}
+
+std::vector<RendezvousWaiter> RendezvousWaiters::TakeAll() {
+  std::vector<RendezvousWaiter> out;
+  out.reserve(waiters_.size());
+  for (RendezvousWaiter& w : waiters_) out.push_back(std::move(w));
+  waiters_.clear();
+  earliest_deadline_ = absl::InfiniteFuture();
+  return out;
+}
+
+std::set<std::string> RendezvousWaiters::MemberIds() const {
+  std::set<std::string> ids;
+  for (const RendezvousWaiter& w : waiters_) ids.insert(w.member.id);
+  return ids;
+}
+
+}  // namespace muster
