@@ -182,7 +182,8 @@ class Distributed {
   virtual void BeforeBackward(bool sync = true) = 0;
   // The same for a backward pass that reduces only the named State::modules
   // (a GAN's discriminator pass, then its generator pass). With
-  // State::modules, a step may hold several such passes, each closed by its
+  // State::modules or several optimizers, a step may hold several passes
+  // (BeforeBackward or BeforeBackwardFor), each closed by its
   // own AfterBackward and followed by its optimizer's step; the step ends at
   // the next ShouldStop. A name that is not a module, or a module with no
   // parameter that requires grad, ends the run with INVALID_ARGUMENT (from
