@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "tests/integration/comm_harness.h"
+#include "trainer/comm/forwarding.h"
 #include "trainer/comm/reduce.h"
 #include "trainer/comm/shm/shm_communicator.h"
 
@@ -162,35 +163,13 @@ TEST(HierarchyPlanTest, SegmentsWithTheSameOwnersShareAGroup) {
 }
 
 // A communicator that forwards to another and says when it is destroyed.
-class Watched : public Communicator {
+class Watched : public ForwardingCommunicator {
  public:
   Watched(std::unique_ptr<Communicator> inner, std::atomic<bool>* destroyed)
-      : inner_(std::move(inner)), destroyed_(destroyed) {}
+      : ForwardingCommunicator(std::move(inner)), destroyed_(destroyed) {}
   ~Watched() override { *destroyed_ = true; }
-  int rank() const override { return inner_->rank(); }
-  int size() const override { return inner_->size(); }
-  std::string name() const override { return inner_->name(); }
-  absl::Status AllReduce(void* data, size_t count, DataType type, ReduceOp op,
-                         absl::Time deadline) override {
-    return inner_->AllReduce(data, count, type, op, deadline);
-  }
-  absl::Status ReduceScatter(void* data, const std::vector<size_t>& counts, DataType type,
-                             ReduceOp op, absl::Time deadline) override {
-    return inner_->ReduceScatter(data, counts, type, op, deadline);
-  }
-  absl::Status AllGather(void* data, const std::vector<size_t>& counts, DataType type,
-                         absl::Time deadline) override {
-    return inner_->AllGather(data, counts, type, deadline);
-  }
-  absl::Status Broadcast(void* data, size_t count, DataType type, int root,
-                         absl::Time deadline) override {
-    return inner_->Broadcast(data, count, type, root, deadline);
-  }
-  absl::Status Barrier(absl::Time deadline) override { return inner_->Barrier(deadline); }
-  void Abort(const absl::Status& why) override { inner_->Abort(why); }
 
  private:
-  std::unique_ptr<Communicator> inner_;
   std::atomic<bool>* const destroyed_;
 };
 

@@ -58,6 +58,21 @@ double MaxDiff(const std::vector<torch::Tensor>& a, const std::vector<torch::Ten
   return m;
 }
 
+// A program's options against the in-process coordinator on `port`, as
+// job `job`: 64 examples, 8 per rank, no signal handlers (ranks are
+// threads), no output, no state service.
+Options QuietOptions(int port, const std::string& job) {
+  Options o;
+  o.coordinator = "127.0.0.1:" + std::to_string(port);
+  o.job = job;
+  o.dataset_size = 64;
+  o.batch_per_rank = 8;
+  o.handle_signals = false;
+  o.quiet = true;
+  o.state_listen = "";
+  return o;
+}
+
 class EquivalenceTest : public ::testing::TestWithParam<std::tuple<int, int, size_t>> {};
 
 TEST_P(EquivalenceTest, SameParametersAsOneProcessOnTheGlobalBatch) {
@@ -169,15 +184,8 @@ TEST(StartTest, TheScheduleKeepsEachGroupsRatio) {
   groups.emplace_back(model[1]->parameters(),
                       std::make_unique<torch::optim::AdamWOptions>(1e-2));
   torch::optim::AdamW optimizer(groups, torch::optim::AdamWOptions(1e-3));
-  Options o;
-  o.coordinator = "127.0.0.1:" + std::to_string(server->port());
-  o.job = "ratio" + std::to_string(::getpid());
-  o.dataset_size = 64;
-  o.batch_per_rank = 8;
+  Options o = QuietOptions(server->port(), "ratio" + std::to_string(::getpid()));
   o.steps = 2;
-  o.handle_signals = false;
-  o.quiet = true;
-  o.state_listen = "";
   o.lr_schedule = [](const Progress& p) { return 5e-4 / (1 + p.step); };
   State state;
   state.model = model.ptr().get();
@@ -209,18 +217,11 @@ TEST(StartTest, AllReduceSumWaitsForARankThatEvaluatesLongerThanAStep) {
   for (int i = 0; i < 2; ++i) {
     ranks.emplace_back([&, i] {
       torch::nn::Linear model(4, 2);
-      Options o;
-      o.coordinator = "127.0.0.1:" + std::to_string(server->port());
+      Options o = QuietOptions(server->port(), "eval" + std::to_string(::getpid()));
       o.node_id = "n";
       o.local_rank = i;
-      o.job = "eval" + std::to_string(::getpid());
-      o.dataset_size = 64;
-      o.batch_per_rank = 8;
       o.steps = 3;
       o.collective_timeout_s = 0.5;
-      o.handle_signals = false;
-      o.quiet = true;
-      o.state_listen = "";
       State state;
       state.model = model.ptr().get();
       auto job = Distributed::Start(o, state);
@@ -347,17 +348,12 @@ std::vector<TwoModelsRun> TrainTwoModels(int world, int batch) {
       torch::manual_seed(1);
       TwoModels m;
       drawing.unlock();
-      Options o;
-      o.coordinator = "127.0.0.1:" + std::to_string(server->port());
+      Options o = QuietOptions(server->port(), absl::StrCat("two", ::getpid(), "w", world));
       o.node_id = "n";
       o.local_rank = i;
-      o.job = absl::StrCat("two", ::getpid(), "w", world);
       o.dataset_size = 96;
       o.batch_per_rank = batch;
       o.steps = 6;
-      o.handle_signals = false;
-      o.quiet = true;
-      o.state_listen = "";
       auto job = Distributed::Start(o, m.state());
       ASSERT_TRUE(job.ok()) << job.status();
       Distributed& d = **job;
@@ -391,15 +387,8 @@ TEST(SeveralModelsTest, TwoPassesPerStepOnTwoRanksEndAsOneProcessOnTheGlobalBatc
 TEST(SeveralModelsTest, APassNamingNoModuleEndsTheRunByName) {
   auto server = InProcessCoordinator::Start(1);
   TwoModels m;
-  Options o;
-  o.coordinator = "127.0.0.1:" + std::to_string(server->port());
-  o.job = "nomodule" + std::to_string(::getpid());
-  o.dataset_size = 64;
-  o.batch_per_rank = 8;
+  Options o = QuietOptions(server->port(), "nomodule" + std::to_string(::getpid()));
   o.steps = 2;
-  o.handle_signals = false;
-  o.quiet = true;
-  o.state_listen = "";
   auto job = Distributed::Start(o, m.state());
   ASSERT_TRUE(job.ok()) << job.status();
   Distributed& d = **job;

@@ -10,25 +10,12 @@
 
 #include "absl/strings/match.h"
 #include "coordinator/rendezvous.h"
+#include "tests/unit/world_of_members.h"
 
 namespace muster {
 namespace {
 
 const absl::Time kT0 = absl::FromUnixSeconds(1'000'000);
-
-// A world of `generation` with members "m0".."m<n-1>" on one node, each
-// reporting step 0.
-World MakeWorld(uint64_t generation, int n) {
-  std::vector<Candidate> candidates;
-  for (int i = 0; i < n; ++i) {
-    Candidate c;
-    c.member = {"m" + std::to_string(i), 1};
-    c.node = "n0";
-    c.local_rank = static_cast<uint32_t>(i);
-    candidates.push_back(c);
-  }
-  return AssignWorld(generation, std::move(candidates), static_cast<uint32_t>(n));
-}
 
 // The phases, reached the way the coordinator reaches them; the world has
 // the members "m0" and "m1".

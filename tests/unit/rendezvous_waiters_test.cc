@@ -14,24 +14,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "coordinator/rendezvous.h"
+#include "tests/unit/world_of_members.h"
 
 namespace muster {
 namespace {
 
 const absl::Time kT0 = absl::FromUnixSeconds(1'000'000);
-
-// A world of `generation` with members "m0".."m<n-1>", incarnation 1.
-World MakeWorld(uint64_t generation, int n) {
-  std::vector<Candidate> candidates;
-  for (int i = 0; i < n; ++i) {
-    Candidate c;
-    c.member = {"m" + std::to_string(i), 1};
-    c.node = "n0";
-    c.local_rank = static_cast<uint32_t>(i);
-    candidates.push_back(c);
-  }
-  return AssignWorld(generation, std::move(candidates), static_cast<uint32_t>(n));
-}
 
 // A call of member `id` (incarnation `incarnation`) waiting for a world
 // after `after_generation`, with step `step`, due `seconds` after kT0.

@@ -50,11 +50,11 @@ bool HasSeveralPasses(const TrainingState& state) {
                      [](const TrainingState::Module& m) { return !m.name.empty(); });
 }
 
-WorldChangesOptions WorldChangesOptionsFrom(const Options& o, const TrainingState& state,
+WorldChangesOptions WorldChangesOptionsFrom(const Options& o, bool several_passes,
                                             Clock* clock) {
   WorldChangesOptions wo;
   wo.salvage = o.salvage;
-  wo.several_passes = HasSeveralPasses(state);
+  wo.several_passes = several_passes;
   wo.scale_lr = o.elastic_lr == ElasticLr::kScale;
   wo.batch_per_rank = o.batch_per_rank;
   wo.deadline = CollectiveDeadlineOptions{absl::Seconds(o.collective_timeout_s)};
@@ -69,7 +69,8 @@ class Engine : public Distributed, private WorldChanges::Trainer {
         state_(std::move(state)),
         sampler_(o.dataset_size, o.seed),
         several_passes_(HasSeveralPasses(state_)),
-        changes_(WorldChangesOptionsFrom(o, state_, clock_), this, &counters_, &sampler_) {}
+        changes_(WorldChangesOptionsFrom(o, several_passes_, clock_), this, &counters_,
+                 &sampler_) {}
   ~Engine() override;
 
   absl::Status Begin();
@@ -146,9 +147,10 @@ class Engine : public Distributed, private WorldChanges::Trainer {
   // (all modules: none named), made on first use. INVALID_ARGUMENT for a
   // name that is no module, or modules with nothing to reduce.
   absl::StatusOr<GradientSync*> SyncFor(const std::vector<std::string>& modules);
-  // With several passes: the step whose passes are done ends (its
-  // counters advance) at its boundary.
-  void EndStepOfPasses();
+  // The step ends: its counters advance over the world it began in,
+  // returning the examples of the shares a salvaged pass lost. At once
+  // after its one pass, or at its boundary after several.
+  void EndStep();
   absl::Status BroadcastBuffers();
   bool Done() const;
   void DropGradients();
@@ -462,7 +464,7 @@ absl::StatusOr<GradientSync*> Engine::SyncFor(const std::vector<std::string>& mo
   return out;
 }
 
-void Engine::EndStepOfPasses() {
+void Engine::EndStep() {
   counters_.position = sampler_.Advance(counters_.position, batch_, step_world_size_,
                                         options_.batch_per_rank, step_lost_);
   ++counters_.step;
@@ -478,7 +480,7 @@ bool Engine::ShouldStop() {
   TrainingProgress::Busy busy(training_progress());
   // A regroup at the boundary may salvage a step: its boundary follows.
   while (life_.state() == StepState::kBoundaryDue) {
-    if (several_passes_ && counters_.pass > 0) EndStepOfPasses();
+    if (counters_.pass > 0) EndStep();  // a step of several passes
     if (absl::Status s = life_.BeginBoundary(); !s.ok()) life_.Break(s);
     if (absl::Status s = AtBoundary(); !s.ok()) life_.Break(s);
     if (life_.over()) return true;
@@ -557,17 +559,12 @@ absl::Status Engine::AfterBackward() {
   hidden_total_ += std::max(0.0, comm_s - since_backward);
   decision_ = DecideAfterStep(sync_->control(), world_->world().world_size, sent_,
                               world_->told_to_leave());
-  if (several_passes_) {  // the step ends at its boundary (EndStepOfPasses)
-    ++counters_.pass;
-    return life_.Reduced();
+  if (several_passes_) {
+    ++counters_.pass;  // the step ends at its boundary
+  } else {
+    EndStep();
   }
-  ++counters_.step;
-  counters_.position = sampler_.Advance(counters_.position, batch_, world_->world().world_size,
-                                        options_.batch_per_rank, {});
-  ReportCounters(counters_);
-  MUSTER_RETURN_IF_ERROR(life_.Reduced());
-  changes_.StepCommitted();
-  return absl::OkStatus();
+  return life_.Reduced();
 }
 
 // A peer failed or hung: regroup with the others, keeping this rank's
