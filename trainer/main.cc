@@ -80,7 +80,8 @@ ABSL_FLAG(std::string, node_id, "", "node identity (default: from Slurm/torchrun
 ABSL_FLAG(int, local_rank, -1, "rank on this node (default: from the launcher, else 0)");
 ABSL_FLAG(std::string, address, "", "address other nodes reach this one at (default: where the coordinator sees this trainer's connection come from)");
 ABSL_FLAG(std::string, job, "", "job name for shared memory (default: $SLURM_JOB_ID or 'muster')");
-ABSL_FLAG(int, threads, 0, "LibTorch intra-op threads (0: cores / trainers on this node)");
+ABSL_FLAG(int, threads, 0,
+          "LibTorch intra-op threads (0: the CPUs this process may use / trainers on its node, unless OMP_NUM_THREADS is set; -1: LibTorch's own)");
 ABSL_FLAG(std::string, summary_json, "",
           "write this trainer's final figures to FILE as JSON; {node} and {local_rank} in "
           "FILE are replaced (one file per trainer under muster-agent)");
@@ -185,7 +186,7 @@ absl::StatusOr<TrainOptions> OptionsFromFlags() {
   o.time_steps = absl::GetFlag(FLAGS_time_steps);
   o.deterministic = absl::GetFlag(FLAGS_deterministic);
   o.eval_every = absl::GetFlag(FLAGS_eval_every);
-  o.threads = absl::GetFlag(FLAGS_threads);
+  o.library.intra_op_threads = absl::GetFlag(FLAGS_threads);
   if (!(o.lr > 0)) return absl::InvalidArgumentError("--lr must be positive");
   if (o.optimizer != "sgd" && o.optimizer != "adamw") {
     return absl::InvalidArgumentError("--optimizer must be sgd or adamw, not '" + o.optimizer +
@@ -208,10 +209,12 @@ void WriteSummary(const muster::Placement& place, const muster::TrainResult& r) 
       "{\"rank\": %d, \"world_size\": %d, \"steps\": %d, \"steps_per_s\": %.4f, "
       "\"samples_per_s\": %.2f, \"comm_overlap_pct\": %.2f, \"test_accuracy\": %.4f, "
       "\"test_loss\": %.4f, \"regroups\": %d, \"steps_salvaged\": %d, \"steps_dropped\": %d, "
-      "\"step_ms_p50\": %.3f, \"step_ms_mean\": %.3f, \"parameter_checksum\": %.17g}\n",
+      "\"step_ms_p50\": %.3f, \"step_ms_mean\": %.3f, \"intra_op_threads\": %d, "
+      "\"parameter_checksum\": %.17g}\n",
       r.rank, r.world_size, r.steps, r.steps_per_second, r.samples_per_second,
       r.comm_overlap_pct, r.test_accuracy, r.test_loss, r.regroups, r.steps_salvaged,
-      r.steps_dropped, r.step_ms_p50, r.step_ms_mean, r.parameter_checksum);
+      r.steps_dropped, r.step_ms_p50, r.step_ms_mean, r.intra_op_threads,
+      r.parameter_checksum);
 }
 
 int Run() {

@@ -64,6 +64,15 @@ struct Options {
   bool cuda = false;         // tensors and collectives on this process's GPU
   double bucket_mb = 25;     // gradient bucket size
   bool overlap = true;       // reduce buckets during backward
+  // LibTorch's intra-op threads (torch::set_num_threads), set on the
+  // training thread each time a world is entered. 0: the CPUs this process
+  // may run on (its affinity, as Slurm or taskset bind it) shared out among
+  // the trainers of its node in that world, at least 1, as torchrun sets
+  // OMP_NUM_THREADS=1 for several trainers per node; left alone when
+  // $OMP_NUM_THREADS is set. Several trainers each running LibTorch's
+  // default (every core) on one node oversubscribe it: OpenMP's workers spin
+  // while the others compute. N > 0: N threads. -1: never touched.
+  int intra_op_threads = 0;
   // The type gradient buckets cross nodes in (muster/backend.h), as DDP's
   // bf16_compress_hook / fp16_compress_hook: kBf16 or kFp16 halve the
   // bytes between nodes. Buckets are reduced in float32 inside each node;

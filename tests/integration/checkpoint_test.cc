@@ -37,7 +37,7 @@ TrainOptions Base(int port) {
   o.lr = 0.05;
   o.lr_scaling = "none";
   o.warmup_steps = 5;
-  o.threads = 1;
+  o.library.intra_op_threads = 1;
   o.library.quiet = true;
   o.library.handle_signals = false;  // ranks are threads
   o.library.backend = Backend::kShm;

@@ -2,6 +2,7 @@
 // SIGKILLed mid-run, the survivors regroup and keep training from the state
 // in their memory; a replacement joins at a step boundary and takes the
 // state of a live peer; everyone ends with bit-identical parameters.
+#include <sched.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -124,6 +125,25 @@ TEST_F(ElasticTest, AHungTrainerIsFencedThenRejoinsAsANewIncarnation) {
   EXPECT_EQ(JsonNumber(s0, "world_size"), "3") << s0;
   EXPECT_EQ(JsonNumber(s0, "parameter_checksum"), JsonNumber(s2, "parameter_checksum"));
   EXPECT_EQ(JsonNumber(s0, "parameter_checksum"), JsonNumber(ReadText(dir_ + "/h1.json"), "parameter_checksum"));
+}
+
+// Two trainers named only by --node-id/--local-rank: no launcher says that
+// they share a node, the world does, and each then takes its half of the
+// CPUs, not all of them (OpenMP workers spinning against the other's).
+TEST_F(ElasticTest, TrainersOfOneNodeShareItsCpusOnceTheWorldSaysTheyShareIt) {
+  cpu_set_t cpus;
+  ASSERT_EQ(::sched_getaffinity(0, sizeof(cpus), &cpus), 0);
+  const int expected = std::max(1, CPU_COUNT(&cpus) / 2);
+  ::unsetenv("OMP_NUM_THREADS");
+  const std::vector<std::string> flags = {"--threads=0", "--steps=20"};
+  std::vector<pid_t> pids = {Trainer(0, "s0", "n", "auto", flags),
+                             Trainer(1, "s1", "n", "auto", flags)};
+  for (int i = 0; i < 2; ++i) {
+    const std::string tag = absl::StrCat("s", i);
+    ASSERT_EQ(WaitExit(pids[i]), 0) << ReadText(dir_ + "/" + tag + ".log");
+    const std::string summary = ReadText(dir_ + "/" + tag + ".json");
+    EXPECT_EQ(JsonNumber(summary, "intra_op_threads"), std::to_string(expected)) << summary;
+  }
 }
 
 class ElasticScaleDownTest : public ElasticTest {

@@ -13,6 +13,7 @@
 #include "tests/integration/coordinator_fixture.h"
 #include "tests/integration/subprocess.h"
 #include "trainer/data/dataset.h"
+#include "trainer/lib/launch_options.h"
 #include "trainer/train/trainer.h"
 
 namespace muster {
@@ -40,7 +41,7 @@ std::vector<TrainResult> Train(int world, int nodes, int batch, size_t bucket_by
       o.warmup_steps = 0;
       o.library.bucket_mb = static_cast<double>(bucket_bytes) / (1 << 20);
       o.library.overlap = overlap;
-      o.threads = 1;
+      o.library.intra_op_threads = 1;
       o.library.quiet = true;
       o.library.handle_signals = false;  // ranks are threads
       auto r = RunTraining(o);
@@ -143,6 +144,31 @@ TEST(StartTest, WhatCannotApplyIsRefusedByName) {
   started = Distributed::Start(o, with_mine);
   ASSERT_TRUE(absl::IsInvalidArgument(started.status())) << started.status();
   EXPECT_NE(started.status().message().find("optimizer_codec"), std::string::npos);
+}
+
+// Options::intra_op_threads: 0 shares the CPUs among the node's trainers
+// (at least one each) unless $OMP_NUM_THREADS speaks, N is N, -1 is never
+// touched; below -1 is refused by name.
+TEST(IntraOpThreadsTest, SharedAmongTheNodesTrainersUnlessToldOtherwise) {
+  EXPECT_EQ(IntraOpThreads(0, 16, 4, false), 4);
+  EXPECT_EQ(IntraOpThreads(0, 16, 3, false), 5);
+  EXPECT_EQ(IntraOpThreads(0, 2, 4, false), 1);
+  EXPECT_EQ(IntraOpThreads(0, 8, 0, false), 8);
+  EXPECT_EQ(IntraOpThreads(0, 16, 4, true), -1);
+  EXPECT_EQ(IntraOpThreads(3, 16, 4, true), 3);
+  EXPECT_EQ(IntraOpThreads(-1, 16, 4, false), -1);
+  EXPECT_GE(UsableCpus(), 1);
+  Options o;
+  o.dataset_size = 64;
+  o.batch_per_rank = 8;
+  for (int n : {-1, 0, 1, 64}) {
+    o.intra_op_threads = n;
+    EXPECT_TRUE(o.Validate().ok()) << n;
+  }
+  o.intra_op_threads = -2;
+  const absl::Status invalid = o.Validate();
+  EXPECT_TRUE(absl::IsInvalidArgument(invalid));
+  EXPECT_NE(invalid.message().find("intra_op_threads"), std::string::npos) << invalid;
 }
 
 // Options::gradient_compression is validated once: the three values pass,

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <map>
 #include <optional>
 #include <set>
@@ -118,6 +119,9 @@ class Engine : public Distributed, private WorldChanges::Trainer {
   // (training_progress.h).
   TrainingProgress* training_progress() const { return world_->training_progress(); }
   absl::Status StartServices(ClientOptions* client);
+  // A world was entered: said by the reporter, and LibTorch's threads
+  // shared out among the node's trainers of this world.
+  void WorldEntered();
   absl::Status ResumeFromCheckpoint();
   // `broken`: the world broke under this rank (a collective failed), which
   // the rendezvous reports; false at an agreed step boundary.
@@ -296,7 +300,7 @@ absl::Status Engine::Begin() {
   po.batch_per_rank = options_.batch_per_rank;
   MUSTER_ASSIGN_OR_RETURN(reporter_, ProgressReporter::Create(po, world_->world().rank));
   if (life_.ended()) return absl::OkStatus();
-  reporter_->WorldEntered(progress(), world_->comm()->name(), world_->world().node_count);
+  WorldEntered();
   if (resumed_from_ > 0 && !resumed_live_ && world_->world().rank == 0 && !options_.quiet) {
     std::cout << "muster: resumed from the checkpoint of step " << resumed_from_ << std::endl;
   }
@@ -369,8 +373,22 @@ absl::Status Engine::StepSalvaged(const SalvagedStep& step) {
 absl::Status Engine::Regroup(const std::string& why, bool broken) {
   MUSTER_RETURN_IF_ERROR(changes_.Regroup(why, broken));
   if (world_->left()) return EndWithoutWorld();
-  reporter_->WorldEntered(progress(), world_->comm()->name(), world_->world().node_count);
+  WorldEntered();
   return absl::OkStatus();
+}
+
+void Engine::WorldEntered() {
+  reporter_->WorldEntered(progress(), world_->comm()->name(), world_->world().node_count);
+  const int trainers = world_->world().local_world_size();
+  const int threads = IntraOpThreads(options_.intra_op_threads, UsableCpus(), trainers,
+                                     std::getenv("OMP_NUM_THREADS") != nullptr);
+  if (threads < 1 || threads == at::get_num_threads()) return;
+  at::set_num_threads(threads);
+  MUSTER_LOG(INFO) << "LibTorch intra-op threads: " << threads
+                   << (options_.intra_op_threads > 0
+                           ? std::string(" (Options::intra_op_threads)")
+                           : absl::StrCat(" (", UsableCpus(), " CPUs shared by ", trainers,
+                                          " trainers on this node)"));
 }
 
 absl::Status Engine::EndWithoutWorld() {

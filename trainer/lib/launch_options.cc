@@ -3,10 +3,12 @@
 // ResolvePlacement and Options::Validate).
 #include "trainer/lib/launch_options.h"
 
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "common/host_name.h"
@@ -68,6 +70,19 @@ CommOptions CommOptionsFrom(const Options& o, int local_rank) {
   return comm;
 }
 
+int UsableCpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
+int IntraOpThreads(int requested, int usable_cpus, int node_trainers, bool omp_env_set) {
+  if (requested != 0) return requested;
+  if (omp_env_set) return -1;
+  return std::max(1, usable_cpus / std::max(1, node_trainers));
+}
+
 absl::StatusOr<Placement> ResolvePlacement(const Options& o) {
   MUSTER_ASSIGN_OR_RETURN(LaunchIdentity id,
                           ResolveLaunchIdentity({o.node_id, o.local_rank},
@@ -109,6 +124,7 @@ absl::Status Options::Validate() const {
   if (log_every < 1) return bad("log_every must be at least 1");
   if (local_rank < -1) return bad("local_rank must be -1 (from the launcher) or a rank");
   if (stop_after_step < 0) return bad("stop_after_step must not be negative");
+  if (intra_op_threads < -1) return bad("intra_op_threads must be -1 (untouched), 0 (shared) or N");
   return absl::OkStatus();
 }
 

@@ -22,6 +22,11 @@ absl::StatusOr<ClientOptions> ClientOptionsFrom(const Options& o);
 // process's GPU.
 CommOptions CommOptionsFrom(const Options& o, int local_rank);
 std::string HostName();
+// The CPUs this process may run on (its affinity mask).
+int UsableCpus();
+// LibTorch's intra-op threads for Options::intra_op_threads = requested
+// (muster/options.h): -1 means leave them as they are.
+int IntraOpThreads(int requested, int usable_cpus, int node_trainers, bool omp_env_set);
 
 }  // namespace muster
 

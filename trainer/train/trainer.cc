@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <iostream>
 #include <mutex>
 #include <thread>
@@ -16,6 +17,7 @@
 #include "common/status_macros.h"
 #include "muster/muster.h"
 #include "trainer/data/dataset.h"
+#include "trainer/lib/launch_options.h"
 #include "trainer/models/models.h"
 
 namespace muster {
@@ -188,6 +190,7 @@ void Summarize(Net& model, Distributed& dist, double elapsed, int64_t first_step
   result->steps_per_second = (p.step - first_step) / std::max(elapsed, 1e-9);
   result->samples_per_second = result->steps_per_second * p.global_batch;
   result->comm_overlap_pct = dist.comm_overlap_pct();
+  result->intra_op_threads = at::get_num_threads();
   result->regroups = dist.regroups();
   result->steps_salvaged = dist.steps_salvaged();
   result->steps_dropped = dist.steps_dropped();
@@ -213,9 +216,12 @@ absl::StatusOr<TrainResult> RunTraining(const TrainOptions& o) {
   MUSTER_ASSIGN_OR_RETURN(const torch::Device device, TrainingDevice(o.library));
   // cuDNN's fastest convolution backward sums in a nondeterministic order.
   if (o.deterministic) at::globalContext().setDeterministicCuDNN(true);
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  torch::set_num_threads(o.threads > 0 ? o.threads
-                                       : std::max(1, cores / place.local_world_size));
+  // Until the world says how many trainers share this node (Start sets the
+  // threads again then), the launcher's count is the best guess.
+  const int threads = IntraOpThreads(o.library.intra_op_threads, UsableCpus(),
+                                     place.local_world_size,
+                                     std::getenv("OMP_NUM_THREADS") != nullptr);
+  if (threads > 0) torch::set_num_threads(threads);
   MUSTER_ASSIGN_OR_RETURN(std::unique_ptr<Dataset> train, LoadData(o, /*train=*/true));
   MUSTER_ASSIGN_OR_RETURN(std::unique_ptr<Dataset> test, LoadData(o, /*train=*/false));
   absl::Status made;

@@ -42,7 +42,6 @@ struct TrainOptions {
   int64_t warmup_steps = 50;
   int compute_ms = 0;      // time each step also spends as if computing (benchmarks)
   int64_t eval_every = 0;  // 0: at the end only
-  int threads = 0;         // LibTorch intra-op threads; 0 = cores / trainers on this node
   // Time every step from its batch in memory to the optimizer step done on
   // the device (a device synchronisation per step): TrainResult::step_ms_p50.
   bool time_steps = false;
@@ -67,6 +66,7 @@ struct TrainResult {
   double steps_per_second = 0;
   double samples_per_second = 0;
   double comm_overlap_pct = 0;  // share of all-reduce time hidden behind backward
+  int intra_op_threads = 0;     // LibTorch's threads on the training thread at the end
   double step_ms_p50 = 0;       // with time_steps: median step time
   double step_ms_mean = 0;      // with time_steps: mean step time after the first 20
   bool stopped = false;         // stopped by a signal after checkpointing
