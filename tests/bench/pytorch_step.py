@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """PyTorch eager reference for muster's step time and all-reduce bandwidth.
 
-The same models as trainer/models/models.cc (cnn, resnet18), batch,
+The same models as trainer/models/models.cc (mlp, cnn, resnet18), batch,
 optimizer (SGD, momentum 0.9, lr 0.01 x world) and loss as muster-train,
 timed the same way: from the batch on the device to the optimizer step done
 (torch.cuda.synchronize on the GPU), median over the steps after a warm-up.
@@ -39,6 +39,18 @@ import torch.multiprocessing as mp
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+
+class Mlp(nn.Module):
+    def __init__(self, c, h, w, classes):
+        super().__init__()
+        self.fc1 = nn.Linear(c * h * w, 512)
+        self.fc2 = nn.Linear(512, 512)
+        self.fc3 = nn.Linear(512, classes)
+
+    def forward(self, x):
+        x = F.relu(self.fc1(x.flatten(1)))
+        return self.fc3(F.relu(self.fc2(x)))
 
 
 class SmallCnn(nn.Module):
@@ -114,7 +126,7 @@ def run(rank, args):
     if not cuda:
         torch.set_num_threads(args.threads or max(1, (os.cpu_count() or 1) // args.world))
     device = torch.device("cuda", 0) if cuda else torch.device("cpu")
-    model = {"cnn": SmallCnn, "resnet18": ResNet18}[args.model](
+    model = {"mlp": Mlp, "cnn": SmallCnn, "resnet18": ResNet18}[args.model](
         args.channels, args.size, args.size, 10).to(device)
     if args.world > 1:
         init(rank, args)
@@ -175,7 +187,7 @@ def allreduce(rank, args):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", default="resnet18", choices=["cnn", "resnet18"])
+    p.add_argument("--model", default="resnet18", choices=["mlp", "cnn", "resnet18"])
     p.add_argument("--size", type=int, default=224, help="images are N x N")
     p.add_argument("--channels", type=int, default=3)
     p.add_argument("--batch", type=int, default=64)

@@ -202,7 +202,8 @@ Trial HangTrainer(Context& c) {
   Judge j;
   j.fault_time = UnixNow();
   ::kill(pid, SIGSTOP);
-  absl::SleepFor(absl::Milliseconds(c.Uniform(2500, 4000)));  // past the 2 s heartbeat timeout
+  // Past its agent's 1 s stopped limit and the 2 s heartbeat timeout.
+  absl::SleepFor(absl::Milliseconds(c.Uniform(2500, 4000)));
   ::kill(pid, SIGCONT);
   j.explained_by = "rejoining as a new incarnation";
   return Finish(job, j);
@@ -476,9 +477,11 @@ Trial CutLink(Context& c) {
 
 // One trainer's training thread (its main thread) is frozen with ptrace
 // while its other threads, the session's heartbeats among them, go on:
-// nothing inside the trainer knows. The others' collective passes its
-// deadline, they report, and the frozen one, which does not come to the
-// regroup, is fenced; its agent kills and restarts it.
+// nothing inside the trainer knows. Its agent reads that one of its threads
+// is held stopped (a tracer's stop) and, past its stopped limit, ends it and
+// restarts it; the others regroup as for a kill. (Were the agent not to look,
+// the others' collective would pass its deadline, they would report, and the
+// coordinator would fence the frozen one as hung.)
 Trial HangCompute(Context& c) {
   FaultJobOptions o;
   o.extra_train_flags = TrainFlags();
@@ -500,7 +503,11 @@ Trial HangCompute(Context& c) {
     Thaw(pid);
     return {false, 0, 0, 0, "the frozen trainer was never ended"};
   }
-  j.explained_by = absl::StrCat("fenced trainer node", node, "/", slot, " .*as hung");
+  // Its agent sees the thread held stopped (muster-agent --stopped-limit);
+  // with that off, the coordinator fences it at its peers' deadline.
+  j.explained_by = absl::StrCat("node node", node, ": trainer ", slot,
+                                " \\(pid [0-9]+\\) has a thread held stopped|fenced trainer node",
+                                node, "/", slot, " .*as hung");
   return Finish(job, j);
 }
 

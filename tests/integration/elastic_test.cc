@@ -4,10 +4,12 @@
 // state of a live peer; everyone ends with bit-identical parameters.
 #include <sched.h>
 #include <signal.h>
+#include <sys/ptrace.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -47,7 +49,7 @@ class ElasticTest : public ::testing::Test {
          {kBin + "/muster-coordinator", "--listen=" + target_, Auth(),
           absl::StrCat("--min-members=", MinMembers()),
           absl::StrCat("--max-members=", MaxMembers()), std::string("--last-call=200ms"),
-          std::string("--heartbeat-interval=200ms"), std::string("--heartbeat-timeout=2s"),
+          std::string("--heartbeat-interval=200ms"), "--heartbeat-timeout=" + HeartbeatTimeout(),
           std::string("--keep-last=0")}) {
       argv.push_back(std::move(arg));
     }
@@ -104,6 +106,7 @@ class ElasticTest : public ::testing::Test {
   virtual std::string Auth() const { return "--no-auth"; }
   virtual int MinMembers() const { return 2; }
   virtual int MaxMembers() const { return 3; }
+  virtual std::string HeartbeatTimeout() const { return "2s"; }
 
   std::string dir_, target_;
   pid_t coordinator_ = -1;
@@ -446,6 +449,7 @@ class AgentTest : public ElasticTest {
     std::vector<std::string> argv = {kBin + "/muster-agent", "--nproc-per-node=2",
                                      "--restart-backoff=100ms", "--max-restarts=2",
                                      "--node-id=" + node};
+    argv.insert(argv.end(), agent_flags_.begin(), agent_flags_.end());
     if (node_session) argv.push_back("--coordinator=" + target_);
     const std::vector<std::string> trainer = {
         "--", kBin + "/muster-train", "--coordinator=" + target_, "--model=mlp",
@@ -456,6 +460,8 @@ class AgentTest : public ElasticTest {
     argv.insert(argv.end(), extra.begin(), extra.end());
     return argv;
   }
+
+  std::vector<std::string> agent_flags_;  // before the trainer's command
 
   // The pid of trainer `slot` as the agent of `node` last started it.
   pid_t TrainerPid(const std::string& node, int slot) {
@@ -648,6 +654,7 @@ TEST_F(AgentTest, KillingANodeTakesItsTrainersAndTheOtherNodeFinishes) {
 // heartbeat; the coordinator's heartbeat timeout fails it as it would
 // without the agent, and once it runs again it rejoins as a new incarnation.
 TEST_F(AgentTest, AStoppedTrainerDropsOutOfTheNodeHeartbeatAndIsFenced) {
+  agent_flags_ = {"--stopped-limit=0"};  // the agents do not look for stopped trainers
   const pid_t a = Agent("a"), b = Agent("b");
   // Either node may form a world of its own first: wait for the full one.
   ASSERT_TRUE(WaitForLine("a", "world 4 on 2 nodes", absl::Seconds(60)))
@@ -668,6 +675,76 @@ TEST_F(AgentTest, AStoppedTrainerDropsOutOfTheNodeHeartbeatAndIsFenced) {
   EXPECT_NE(log_b.find("rejoining as a new incarnation"), std::string::npos) << log_b;
   EXPECT_EQ(log_b.find("trainer 1 started (restart 1)"), std::string::npos) << log_b;
   EXPECT_NE(ReadText(dir_ + "/a.log").find("world 4 on 2 nodes"), std::string::npos);
+  ExpectEqualParameters({"a0", "a1", "b0", "b1"});
+}
+
+// A heartbeat timeout far longer than the agent's stopped limit (1 s): what
+// ends the wait for a stopped trainer is its agent reading the kernel's
+// word that it is stopped, not a timeout.
+class AgentStoppedTest : public AgentTest {
+ protected:
+  std::string HeartbeatTimeout() const override { return "30s"; }
+};
+
+TEST_F(AgentStoppedTest, AStoppedTrainerIsDetachedByItsAgentAndRejoinsWhenItRuns) {
+  const pid_t a = Agent("a"), b = Agent("b");
+  ASSERT_TRUE(WaitForLine("a", "world 4 on 2 nodes", absl::Seconds(60)))
+      << ReadText(dir_ + "/a.log");
+  ASSERT_TRUE(WaitForStep("a", 60, absl::Seconds(60))) << ReadText(dir_ + "/a.log");
+  const pid_t victim = TrainerPid("b", 1);
+  ASSERT_GT(victim, 0) << ReadText(dir_ + "/b.log");
+  const absl::Time stopped = absl::Now();
+  ASSERT_EQ(::kill(victim, SIGSTOP), 0);
+  ASSERT_TRUE(WaitForLine("a", "(world 3, rank", absl::Seconds(60))) << ReadText(dir_ + "/a.log");
+  const absl::Duration regrouped = absl::Now() - stopped;
+  EXPECT_LT(regrouped, absl::Seconds(8)) << "the heartbeat timeout is 30 s";
+  ASSERT_EQ(::kill(victim, SIGCONT), 0);
+  EXPECT_EQ(WaitExit(a), 0) << ReadText(dir_ + "/a.log");
+  EXPECT_EQ(WaitExit(b), 0) << ReadText(dir_ + "/b.log");
+  const std::string coordinator_log = ReadText(dir_ + "/coordinator.log");
+  EXPECT_TRUE(std::regex_search(
+      coordinator_log, std::regex("fail: b/1 [^\\n]*trainer process stopped for [^\\n]*SIGSTOP")))
+      << coordinator_log;
+  // The process was left alone: it went on as a new incarnation.
+  const std::string log_b = ReadText(dir_ + "/b.log");
+  EXPECT_NE(log_b.find("rejoining as a new incarnation"), std::string::npos) << log_b;
+  EXPECT_EQ(log_b.find("trainer 1 started (restart 1)"), std::string::npos) << log_b;
+  ExpectEqualParameters({"a0", "a1", "b0", "b1"});
+}
+
+// The training thread held stopped under a tracer while the trainer's other
+// threads, its heartbeats among them, go on: hung, ended by its agent and
+// restarted, long before its peers' collective deadline (at least 10 s).
+TEST_F(AgentStoppedTest, ATrainerWithAThreadHeldStoppedIsEndedAndRestarted) {
+  const pid_t a = Agent("a"), b = Agent("b");
+  ASSERT_TRUE(WaitForLine("a", "world 4 on 2 nodes", absl::Seconds(60)))
+      << ReadText(dir_ + "/a.log");
+  ASSERT_TRUE(WaitForStep("a", 60, absl::Seconds(60))) << ReadText(dir_ + "/a.log");
+  const pid_t victim = TrainerPid("b", 1);  // its main thread trains
+  ASSERT_GT(victim, 0) << ReadText(dir_ + "/b.log");
+  if (::ptrace(PTRACE_SEIZE, victim, nullptr, nullptr) != 0) {
+    GTEST_SKIP() << "not allowed to trace a trainer: " << std::strerror(errno);
+  }
+  int status = 0;
+  const absl::Time frozen = absl::Now();
+  ASSERT_EQ(::ptrace(PTRACE_INTERRUPT, victim, nullptr, nullptr), 0);
+  ASSERT_EQ(::waitpid(victim, &status, __WALL), victim);
+  // As its tracer, this test collects it when it ends.
+  bool ended = false;
+  while (!ended && absl::Now() - frozen < absl::Seconds(60)) {
+    const pid_t r = ::waitpid(victim, &status, __WALL | WNOHANG);
+    ended = r == victim && (WIFEXITED(status) || WIFSIGNALED(status));
+    if (!ended) absl::SleepFor(absl::Milliseconds(20));
+  }
+  const absl::Duration took = absl::Now() - frozen;
+  if (!ended) ::ptrace(PTRACE_DETACH, victim, nullptr, 0);
+  ASSERT_TRUE(ended) << ReadText(dir_ + "/b.log");
+  EXPECT_LT(took, absl::Seconds(8)) << ReadText(dir_ + "/b.log");
+  EXPECT_EQ(WaitExit(a), 0) << ReadText(dir_ + "/a.log");
+  EXPECT_EQ(WaitExit(b), 0) << ReadText(dir_ + "/b.log");
+  const std::string log_b = ReadText(dir_ + "/b.log");
+  EXPECT_NE(log_b.find("has a thread held stopped for"), std::string::npos) << log_b;
+  EXPECT_NE(log_b.find("trainer 1 started (restart 1)"), std::string::npos) << log_b;
   ExpectEqualParameters({"a0", "a1", "b0", "b1"});
 }
 

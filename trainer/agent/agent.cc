@@ -21,6 +21,7 @@
 #include "common/logging.h"
 #include "rpc/agent_protocol.h"
 #include "trainer/agent/node_session.h"
+#include "trainer/agent/stopped_trainers.h"
 
 namespace muster {
 namespace {
@@ -104,7 +105,7 @@ void KillRestOfProcessGroup() {
 class AgentLoop {
  public:
   AgentLoop(const AgentOptions& o, NodeSession* session)
-      : o_(o), sup_(o.supervisor), session_(session) {}
+      : o_(o), sup_(o.supervisor), session_(session), stopped_(o.stopped_limit, clock_) {}
 
   int Run();
 
@@ -116,6 +117,8 @@ class AgentLoop {
   void OnSignal(int sig);
   // Collects every trainer that ended (SIGCHLD may coalesce).
   void Reap();
+  // Detaches or ends the trainers held stopped past the limit.
+  void ActOnStopped();
 
   const AgentOptions& o_;
   Supervisor sup_;
@@ -124,6 +127,7 @@ class AgentLoop {
   Clock* const clock_ = RealClock::Get();
   std::map<pid_t, int> running_;  // pid -> slot
   absl::Time kill_at_ = absl::InfiniteFuture();
+  StoppedTrainers stopped_;
 };
 
 void AgentLoop::Start(int slot) {
@@ -183,7 +187,7 @@ void AgentLoop::Reap() {
     running_.erase(it);
     ProcessEnd end{WIFSIGNALED(status),
                    WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status)};
-    if (session_ != nullptr) session_->ProcessEnded(pid, end.Describe());
+    if (session_ != nullptr) session_->DetachProcess(pid, "trainer process " + end.Describe());
     const bool restart = sup_.Ended(slot, end, clock_->Now());
     const bool gave_up = sup_.state(slot) == Supervisor::State::kGaveUp;
     LogMessage(restart || gave_up ? LogLevel::kWarning : LogLevel::kInfo, __FILE__, __LINE__)
@@ -197,17 +201,46 @@ void AgentLoop::Reap() {
   }
 }
 
+void AgentLoop::ActOnStopped() {
+  std::vector<pid_t> pids;
+  for (const auto& [pid, slot] : running_) pids.push_back(pid);
+  for (const StoppedTrainers::Verdict& v : stopped_.Check(pids)) {
+    const int slot = running_.at(v.pid);
+    const std::string held = absl::FormatDuration(absl::Trunc(v.stopped_for, absl::Milliseconds(10)));
+    if (v.how == Stopped::kWhole) {
+      // It may be a debugger's: leave the process be. Its place goes to the
+      // others now; when it runs again it rejoins as a new incarnation.
+      MUSTER_LOG(WARNING) << "muster-agent: node " << o_.node_id << ": trainer " << slot
+                          << " (pid " << v.pid << ") stopped for " << held
+                          << " (SIGSTOP or a debugger): detaching it; it rejoins when it runs";
+      if (session_ != nullptr) {
+        session_->DetachProcess(
+            v.pid, absl::StrCat("trainer process stopped for ", held, " (SIGSTOP or a debugger)"));
+      }
+    } else {
+      MUSTER_LOG(WARNING) << "muster-agent: node " << o_.node_id << ": trainer " << slot
+                          << " (pid " << v.pid << ") has a thread held stopped for " << held
+                          << " while its others run: hung; ending it";
+      ::kill(v.pid, SIGKILL);
+    }
+  }
+}
+
 int AgentLoop::Run() {
   const sigset_t handled = HandledSignals();
   for (int slot = 0; slot < slots(); ++slot) Start(slot);
   while (sup_.Active()) {
     const absl::Time now = clock_->Now();
-    const absl::Time wake = std::min({sup_.NextRestart(), kill_at_, now + absl::Seconds(1)});
+    // Stopped trainers are looked for every 100 ms.
+    const absl::Duration poll =
+        stopped_.enabled() ? absl::Milliseconds(100) : absl::Seconds(1);
+    const absl::Time wake = std::min({sup_.NextRestart(), kill_at_, now + poll});
     const timespec ts = absl::ToTimespec(std::max(absl::ZeroDuration(), wake - now));
     siginfo_t info;
     const int sig = ::sigtimedwait(&handled, &info, &ts);
     if (sig == SIGTERM || sig == SIGINT || sig == SIGUSR1 || sig == SIGHUP) OnSignal(sig);
     Reap();
+    if (!sup_.stopping()) ActOnStopped();
     if (clock_->Now() >= kill_at_ && !running_.empty()) {
       MUSTER_LOG(WARNING) << "muster-agent: trainers still running "
                           << absl::FormatDuration(o_.stop_grace) << " after the signal; killing";

@@ -47,6 +47,11 @@ struct AgentOptions {
   int spares = 0;  // extra trainers waiting for a place (slots nproc..nproc+spares-1)
   SupervisorOptions supervisor;
   absl::Duration stop_grace = absl::Seconds(60);
+  // A trainer held stopped this long (stopped_trainers.h): wholly (SIGSTOP,
+  // a debugger) its member is detached and the world goes on without it;
+  // partly (a thread frozen while its heartbeats go on) it is ended and
+  // restarted. Zero: never.
+  absl::Duration stopped_limit = absl::Seconds(1);
   std::vector<std::string> command;  // argv of the trainer
   // Set in every trainer's environment, as torchrun hands MASTER_ADDR to
   // its workers: the coordinator and token file the agent was given

@@ -28,6 +28,10 @@ ABSL_FLAG(absl::Duration, restart_backoff, absl::Milliseconds(250),
 ABSL_FLAG(absl::Duration, max_restart_backoff, absl::Seconds(30), "cap on the restart delay");
 ABSL_FLAG(absl::Duration, stop_grace, absl::Seconds(60),
           "after forwarding SIGTERM/SIGINT/SIGUSR1, SIGKILL trainers still running this long");
+ABSL_FLAG(absl::Duration, stopped_limit, absl::Seconds(1),
+          "a trainer held stopped this long (SIGSTOP, a debugger) is detached and the world goes "
+          "on without it; one with a thread held stopped while the others run is hung and is "
+          "ended and restarted (0: never)");
 ABSL_FLAG(std::string, coordinator, "",
           "host:port of the coordinator (or $MUSTER_COORDINATOR): the agent then holds one "
           "session for this node's trainers; without it each trainer holds its own");
@@ -53,6 +57,7 @@ int main(int argc, char** argv) {
   o.supervisor.backoff_initial = absl::GetFlag(FLAGS_restart_backoff);
   o.supervisor.backoff_max = absl::GetFlag(FLAGS_max_restart_backoff);
   o.stop_grace = absl::GetFlag(FLAGS_stop_grace);
+  o.stopped_limit = absl::GetFlag(FLAGS_stopped_limit);
   if (o.command.empty()) {
     std::cerr << "muster-agent: no trainer command: put it after --, e.g. "
                  "muster-agent --nproc-per-node 2 -- muster-train --coordinator HOST:PORT\n";
@@ -69,9 +74,9 @@ int main(int argc, char** argv) {
     return muster::kExitBadFlags;
   }
   if (o.supervisor.max_restarts < 0 || o.supervisor.backoff_initial < absl::ZeroDuration() ||
-      o.stop_grace < absl::ZeroDuration()) {
-    std::cerr << "muster-agent: --max-restarts, --restart-backoff and --stop-grace must not be "
-                 "negative\n";
+      o.stop_grace < absl::ZeroDuration() || o.stopped_limit < absl::ZeroDuration()) {
+    std::cerr << "muster-agent: --max-restarts, --restart-backoff, --stop-grace and "
+                 "--stopped-limit must not be negative\n";
     return muster::kExitBadFlags;
   }
   auto id = muster::ResolveLaunchIdentity({absl::GetFlag(FLAGS_node_id), -1},

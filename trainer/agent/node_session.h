@@ -20,7 +20,9 @@
 //                               and the coordinator's heartbeat timeout
 //                               fails it, as for a trainer without agent)
 //   trainer stream ends      -> detach: the member fails at once
-//   trainer process ends     -> detach with its exit status (ProcessEnded)
+//   trainer process ends     -> detach with its exit status (DetachProcess)
+//   trainer process stopped  -> detach, saying so (DetachProcess; the agent
+//                               decides: stopped_trainers.h)
 //   trainer Rendezvous call  -> a NodeRendezvous on the node stream (held
 //                               while it is down); the coordinator's
 //                               RendezvousAnswer finishes the call
@@ -46,7 +48,7 @@
 // The heartbeat period is the coordinator's (HeartbeatAck's
 // heartbeat_interval_ms), learned on every connection.
 //
-// Thread-safety: ProcessEnded may be called from any thread. The object
+// Thread-safety: DetachProcess may be called from any thread. The object
 // runs a gRPC server and a connection thread of its own; create it after
 // the process has set its signal mask (the threads inherit it).
 #ifndef MUSTER_TRAINER_AGENT_NODE_SESSION_H_
@@ -90,9 +92,10 @@ class NodeSession {
   // What trainers connect to: "unix:/.../session.sock".
   virtual std::string address() const = 0;
 
-  // The trainer process `pid` has ended; `how` says how ("killed by signal
-  // 9"). Its member, if attached, is detached with that reason.
-  virtual void ProcessEnded(pid_t pid, const std::string& how) = 0;
+  // The trainer process `pid` has ended, or is held stopped: its member, if
+  // attached, is detached with `reason` ("trainer process killed by signal
+  // 9") and its stream closed.
+  virtual void DetachProcess(pid_t pid, const std::string& reason) = 0;
 };
 
 }  // namespace muster

@@ -91,7 +91,7 @@ class NodeSessionImpl final : public NodeSession,
 
   absl::Status Init();
   std::string address() const override { return "unix:" + socket_; }
-  void ProcessEnded(pid_t pid, const std::string& how) override;
+  void DetachProcess(pid_t pid, const std::string& reason) override;
 
   // --- for LocalSession ---
   // Attaches a trainer's member; errors close its stream.

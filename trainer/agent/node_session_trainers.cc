@@ -173,8 +173,7 @@ void NodeSessionImpl::LocalEnded(const std::string& member, uint64_t incarnation
   out->Close(absl::AbortedError(reason));
 }
 
-void NodeSessionImpl::ProcessEnded(pid_t pid, const std::string& how) {
-  const std::string reason = absl::StrCat("trainer process ", how);
+void NodeSessionImpl::DetachProcess(pid_t pid, const std::string& reason) {
   std::shared_ptr<Queue> out;
   {
     absl::MutexLock lock(&mu_);
