@@ -7,6 +7,7 @@
 //   muster-bench recovery --world 4 --nodes 2 [--spares 1 [--spare_node]] --trials N
 //                         [--device cuda] [--job_steps N] [--trainer_flags F,F]
 //   muster-bench ettr --mtbf S --minutes M --world 4 --nodes 2 --spares 1
+//                     [--false-alarms --eval-every N]
 //   muster-bench allreduce --world W --nodes M --backend gloo|shm|hier|nccl
 //                          --sizes 4K,1M,... [--device cuda]
 //                          [--gradient-compression none|bf16|fp16]
@@ -42,7 +43,7 @@ int main(int argc, char** argv) {
       "            [--gradient-compression none|bf16|fp16]\n"
       "  train --model mlp|cnn --world W --nodes M --steps N [--gradient-compression bf16]\n"
       "  recovery --world 4 --nodes 2 [--spares 1 [--spare-node]] --trials N [--device cuda]\n"
-      "  ettr --mtbf S --minutes M --world 4 --nodes 2 --spares 1\n"
+      "  ettr --mtbf S --minutes M --world 4 --nodes 2 --spares 1 [--false-alarms --eval-every N]\n"
       "  checkpoint --state-mb N [--dir D] [--device cuda]");
   muster::DashesToUnderscores(argc, argv);
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);

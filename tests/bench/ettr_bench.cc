@@ -7,13 +7,13 @@
 //   node      SIGKILL of a random node's agent, which takes its trainers
 //             along; the node comes back (a new agent) after 2 s;
 //   hang      SIGSTOP of a random trainer of the world, SIGCONT after 4 s
-//             (fenced at the heartbeat timeout, it rejoins);
+//             (detached by its agent at its stopped limit, it rejoins);
 //   link      one TCP connection between two trainers destroyed (ss -K);
 //             the two ends report, the world regroups;
 //   freeze    the training thread of a random trainer of the world frozen
-//             (ptrace) while its heartbeats go on: the others' all-reduce
-//             passes its deadline, the frozen one is fenced when they report
-//             and its agent kills and restarts it.
+//             (ptrace) while its heartbeats go on: its agent sees the thread
+//             held stopped and, past its stopped limit, kills and restarts
+//             it.
 // link and freeze need root; without it they are not drawn.
 // Each step also spends --compute-ms as if computing: on a 2-core machine a
 // smaller world would otherwise step faster than the full one (fewer
@@ -29,6 +29,15 @@
 // (a failure no salvage could rescue) plus steps done again; world_full_pct:
 // the share of that time the world had all its members (from the
 // coordinator's regroup log).
+//
+// With --false-alarms only the failure-free job runs, for M minutes, with
+// the defaults that decide who is dead or hung (agents' stopped limit, the
+// coordinator's heartbeat timeout, the collective deadline that follows the
+// job unless --collective-timeout says otherwise), an evaluation every
+// --eval-every steps and a checkpoint every 40; nothing may be failed,
+// fenced, detached or regrouped. Prints
+//   false_alarms minutes=.. steps=.. checkpoints=.. failed=.. fenced=..
+//                broken=.. detached=.. ended=.. regroups=..
 #include <dirent.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -56,6 +65,10 @@ ABSL_FLAG(int, compute_ms, 40,
 ABSL_FLAG(double, collective_timeout, 0,
           "ettr: the trainers' --collective-timeout (0: theirs, which follows the job); a frozen "
           "training thread costs about that long");
+ABSL_FLAG(bool, false_alarms, false,
+          "ettr: run the job without failures for --minutes and count whatever was failed, "
+          "fenced, detached or regrouped (all must be 0)");
+ABSL_FLAG(int, eval_every, 0, "ettr: the trainers' --eval-every (0: at the end only)");
 ABSL_DECLARE_FLAG(int, world);
 ABSL_DECLARE_FLAG(int, nodes);
 ABSL_DECLARE_FLAG(int, spares);
@@ -105,7 +118,8 @@ class Job {
          absl::StrCat("--compute-ms=", absl::GetFlag(FLAGS_compute_ms)),
          absl::StrCat("--collective-timeout=", absl::GetFlag(FLAGS_collective_timeout)),
          absl::StrCat("--job=ettr", ::getpid(), "-", n), "--checkpoint-dir=" + dir_ + "/ckpt",
-         "--checkpoint-every=40", absl::StrCat("--summary-json=", dir_, "/{node}-{local_rank}.json")},
+         "--checkpoint-every=40", absl::StrCat("--eval-every=", absl::GetFlag(FLAGS_eval_every)),
+         absl::StrCat("--summary-json=", dir_, "/{node}-{local_rank}.json")},
         absl::StrCat(dir_, "/agent", n, "-", ++starts_, ".log"));
   }
 
@@ -282,7 +296,58 @@ Run RunJob(const std::string& dir, double minutes, double mtbf, std::mt19937_64&
 
 }  // namespace
 
+int CountOf(const std::string& text, const std::string& pattern) {
+  const std::regex re(pattern);
+  return static_cast<int>(
+      std::distance(std::sregex_iterator(text.begin(), text.end(), re), std::sregex_iterator()));
+}
+
+// --false-alarms: the failure-free job, and everything its logs say was
+// done to a member.
+int RunFalseAlarms(double minutes) {
+  std::mt19937_64 rng(absl::GetFlag(FLAGS_seed));
+  const std::string dir = absl::StrCat("/tmp/muster-bench-false-alarms-", ::getpid());
+  const Run run = RunJob(dir, minutes, 0, rng);
+  const std::string coordinator = ReadText(dir + "/coordinator.log");
+  std::string agents;
+  for (int n = 0; n < absl::GetFlag(FLAGS_nodes); ++n) {
+    agents += ReadText(absl::StrCat(dir, "/agent", n, "-", n + 1, ".log"));
+  }
+  const int checkpoints = CountOf(coordinator, "\\] checkpoint: checkpoint [^ ]+ committed");
+  const int failed = CountOf(coordinator, "\\] fail: ");
+  const int fenced = CountOf(coordinator, "\\] fail: [^\\n]*hung");
+  const int broken = CountOf(coordinator, "\\] broken: ");
+  const int detached = CountOf(agents, "stopped for [^\\n]*detaching it");
+  const int ended = CountOf(agents, "held stopped for|the coordinator fenced trainer");
+  // Generations after the first full world (a node that came first may
+  // have started one of its own).
+  int regroups = -1;
+  const std::regex regroup("regroup: generation [0-9]+: ([0-9]+) members");
+  for (auto it = std::sregex_iterator(coordinator.begin(), coordinator.end(), regroup);
+       it != std::sregex_iterator(); ++it) {
+    if (regroups >= 0) ++regroups;
+    else if (std::stoi((*it)[1]) == absl::GetFlag(FLAGS_world)) regroups = 0;
+  }
+  regroups = std::max(regroups, 0);
+  std::cout << absl::StrFormat(
+                   "false_alarms minutes=%g world=%d nodes=%d spares=%d steps=%lld "
+                   "checkpoints=%d failed=%d fenced=%d broken=%d detached=%d ended=%d regroups=%d",
+                   minutes, absl::GetFlag(FLAGS_world), absl::GetFlag(FLAGS_nodes),
+                   absl::GetFlag(FLAGS_spares), static_cast<long long>(run.steps), checkpoints,
+                   failed, fenced, broken, detached, ended, regroups)
+            << std::endl;
+  if (std::getenv("MUSTER_BENCH_KEEP") == nullptr) std::system(("rm -rf " + dir).c_str());
+  return failed + broken + detached + ended + regroups == 0 && run.steps > 0 ? 0 : 1;
+}
+
 int RunEttrBench() {
+  if (absl::GetFlag(FLAGS_false_alarms)) {
+    if (!(absl::GetFlag(FLAGS_minutes) > 0)) {
+      std::cerr << "muster-bench ettr: --minutes must be positive\n";
+      return 2;
+    }
+    return RunFalseAlarms(absl::GetFlag(FLAGS_minutes));
+  }
   const double minutes = absl::GetFlag(FLAGS_minutes), mtbf = absl::GetFlag(FLAGS_mtbf);
   if (!(minutes > 0) || !(mtbf > 0) || absl::GetFlag(FLAGS_world) % absl::GetFlag(FLAGS_nodes) != 0) {
     std::cerr << "muster-bench ettr: --minutes and --mtbf must be positive, --world a multiple "

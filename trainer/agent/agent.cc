@@ -210,9 +210,14 @@ void AgentLoop::ActOnStopped() {
     if (v.how == Stopped::kWhole) {
       // It may be a debugger's: leave the process be. Its place goes to the
       // others now; when it runs again it rejoins as a new incarnation.
+      // Without the node's session the trainer holds its own, whose
+      // heartbeat timeout decides.
       MUSTER_LOG(WARNING) << "muster-agent: node " << o_.node_id << ": trainer " << slot
                           << " (pid " << v.pid << ") stopped for " << held
-                          << " (SIGSTOP or a debugger): detaching it; it rejoins when it runs";
+                          << " (SIGSTOP or a debugger)"
+                          << (session_ != nullptr
+                                  ? ": detaching it; it rejoins when it runs"
+                                  : "; its session's heartbeat timeout decides");
       if (session_ != nullptr) {
         session_->DetachProcess(
             v.pid, absl::StrCat("trainer process stopped for ", held, " (SIGSTOP or a debugger)"));

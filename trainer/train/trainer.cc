@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <iostream>
 #include <mutex>
 #include <thread>
@@ -17,7 +16,6 @@
 #include "common/status_macros.h"
 #include "muster/muster.h"
 #include "trainer/data/dataset.h"
-#include "trainer/lib/launch_options.h"
 #include "trainer/models/models.h"
 
 namespace muster {
@@ -212,16 +210,11 @@ TrainResult::TrainResult(const TrainResult&) = default;
 TrainResult& TrainResult::operator=(const TrainResult&) = default;
 
 absl::StatusOr<TrainResult> RunTraining(const TrainOptions& o) {
-  MUSTER_ASSIGN_OR_RETURN(const Placement place, ResolvePlacement(o.library));
   MUSTER_ASSIGN_OR_RETURN(const torch::Device device, TrainingDevice(o.library));
   // cuDNN's fastest convolution backward sums in a nondeterministic order.
   if (o.deterministic) at::globalContext().setDeterministicCuDNN(true);
-  // Until the world says how many trainers share this node (Start sets the
-  // threads again then), the launcher's count is the best guess.
-  const int threads = IntraOpThreads(o.library.intra_op_threads, UsableCpus(),
-                                     place.local_world_size,
-                                     std::getenv("OMP_NUM_THREADS") != nullptr);
-  if (threads > 0) torch::set_num_threads(threads);
+  // LibTorch's threads: Start shares the node's CPUs among its trainers
+  // (Options::intra_op_threads).
   MUSTER_ASSIGN_OR_RETURN(std::unique_ptr<Dataset> train, LoadData(o, /*train=*/true));
   MUSTER_ASSIGN_OR_RETURN(std::unique_ptr<Dataset> test, LoadData(o, /*train=*/false));
   absl::Status made;
