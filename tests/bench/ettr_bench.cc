@@ -48,6 +48,7 @@
 #include <random>
 #include <regex>
 #include <set>
+#include <sstream>
 
 #include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
@@ -83,6 +84,7 @@ struct Run {
   int failures = 0;
   int dropped = 0;
   double full_pct = 0;
+  double stop_of_day = 0;  // the stop signal, seconds of the UTC day
 };
 
 class Job {
@@ -266,6 +268,7 @@ Run RunJob(const std::string& dir, double minutes, double mtbf, std::mt19937_64&
   }
   // The stop signal in the log's clock: the UTC time of day.
   const double stop_of_day = std::fmod(absl::ToUnixMicros(absl::Now()) / 1e6, 86400.0);
+  r.stop_of_day = stop_of_day;
   job.Stop();
   // The committed step: the largest step any trainer ended at.
   if (DIR* d = ::opendir(dir.c_str())) {
@@ -302,16 +305,31 @@ int CountOf(const std::string& text, const std::string& pattern) {
       std::distance(std::sregex_iterator(text.begin(), text.end(), re), std::sregex_iterator()));
 }
 
+// The lines of `log` stamped before `stop` (seconds of the day): the stop
+// itself ends every session.
+std::string BeforeStop(const std::string& log, double stop) {
+  const std::regex stamp(R"(^. ([0-9]{2}:[0-9]{2}:[0-9.]+) )");
+  std::istringstream in(log);
+  std::string line, out;
+  std::smatch m;
+  while (std::getline(in, line)) {
+    if (std::regex_search(line, m, stamp) && LogTime(m[1]) >= stop) continue;
+    out += line + "\n";
+  }
+  return out;
+}
+
 // --false-alarms: the failure-free job, and everything its logs say was
-// done to a member.
+// done to a member before it was told to stop.
 int RunFalseAlarms(double minutes) {
   std::mt19937_64 rng(absl::GetFlag(FLAGS_seed));
   const std::string dir = absl::StrCat("/tmp/muster-bench-false-alarms-", ::getpid());
   const Run run = RunJob(dir, minutes, 0, rng);
-  const std::string coordinator = ReadText(dir + "/coordinator.log");
+  const std::string coordinator = BeforeStop(ReadText(dir + "/coordinator.log"), run.stop_of_day);
   std::string agents;
   for (int n = 0; n < absl::GetFlag(FLAGS_nodes); ++n) {
-    agents += ReadText(absl::StrCat(dir, "/agent", n, "-", n + 1, ".log"));
+    agents += BeforeStop(ReadText(absl::StrCat(dir, "/agent", n, "-", n + 1, ".log")),
+                         run.stop_of_day);
   }
   const int checkpoints = CountOf(coordinator, "\\] checkpoint: checkpoint [^ ]+ committed");
   const int failed = CountOf(coordinator, "\\] fail: ");
