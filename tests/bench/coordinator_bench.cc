@@ -6,7 +6,10 @@
 // sessions call Rendezvous on their node's stream (NodeRendezvous), as
 // muster-agent relays its trainers' calls; the others call the rpc. Prints
 //   coordinator members=N sessions=S hb_p50_ms=.. hb_p99_ms=.. rendezvous_s=..
-//   regroup_s=.. rss_mb=.. cpu_pct=..
+//   regroup_s=.. rss_mb=.. cpu_pct=.. rendezvous_cpu_s=.. regroup_cpu_s=..
+// (*_cpu_s: the CPU seconds the coordinator process spent in that phase,
+// user and system, so that its share of the phase's wall time is its own
+// and not the simulated members', which run on the same cores)
 // rendezvous_s: from the last Join to every member holding its assignment
 // (min_members = N - 1, max_members = N, so the world forms once all N are
 // there). regroup_s (--regroup): one member is killed (its session broken,
@@ -528,9 +531,12 @@ int RunCoordinatorBench() {
   if (absl::Status s = bench.Start(); !s.ok()) return fail(s);
   if (absl::Status s = bench.JoinAll(); !s.ok()) return fail(s);
   absl::StatusOr<double> rendezvous = absl::UnavailableError("skipped");
+  absl::StatusOr<double> rendezvous_cpu = absl::UnavailableError("skipped");
   if (absl::GetFlag(FLAGS_rendezvous) || absl::GetFlag(FLAGS_regroup)) {
+    const double before = ProcessCpuSeconds(bench.coordinator());
     rendezvous = bench.Rendezvous();
     if (!rendezvous.ok()) return fail(rendezvous.status());
+    rendezvous_cpu = ProcessCpuSeconds(bench.coordinator()) - before;
   }
 
   bench.Beat(absl::Seconds(2));  // warm-up
@@ -560,17 +566,21 @@ int RunCoordinatorBench() {
   const double p50 = Percentile(hb, 50), p99 = Percentile(hb, 99);
 
   absl::StatusOr<double> regroup = absl::UnavailableError("skipped");
+  absl::StatusOr<double> regroup_cpu = absl::UnavailableError("skipped");
   if (absl::GetFlag(FLAGS_regroup)) {
+    const double before = ProcessCpuSeconds(bench.coordinator());
     regroup = bench.Regroup();
     if (!regroup.ok()) return fail(regroup.status());
+    regroup_cpu = ProcessCpuSeconds(bench.coordinator()) - before;
   }
   std::cout << absl::StrFormat(
                    "coordinator members=%d sessions=%d hb_p50_ms=%.2f hb_p99_ms=%.2f "
                    "rendezvous_s=%s regroup_s=%s rss_mb=%.1f cpu_pct=%.1f "
-                   "fsync_delay_ms=%.0f churn_per_s=%d",
+                   "fsync_delay_ms=%.0f churn_per_s=%d rendezvous_cpu_s=%s regroup_cpu_s=%s",
                    n, bench.sessions(), p50, p99, Seconds(rendezvous), Seconds(regroup), rss,
                    cpu_pct, absl::ToDoubleMilliseconds(absl::GetFlag(FLAGS_state_sync_delay)),
-                   absl::GetFlag(FLAGS_churn_per_second))
+                   absl::GetFlag(FLAGS_churn_per_second), Seconds(rendezvous_cpu),
+                   Seconds(regroup_cpu))
             << (api.ok() ? absl::StrFormat(" api_p50_ms=%.2f api_p99_ms=%.2f",
                                            Percentile(*api, 50), Percentile(*api, 99))
                          : std::string())
