@@ -297,8 +297,6 @@ Run RunJob(const std::string& dir, double minutes, double mtbf, std::mt19937_64&
   return r;
 }
 
-}  // namespace
-
 int CountOf(const std::string& text, const std::string& pattern) {
   const std::regex re(pattern);
   return static_cast<int>(
@@ -357,6 +355,8 @@ int RunFalseAlarms(double minutes) {
   if (std::getenv("MUSTER_BENCH_KEEP") == nullptr) std::system(("rm -rf " + dir).c_str());
   return failed + broken + detached + ended + regroups == 0 && run.steps > 0 ? 0 : 1;
 }
+
+}  // namespace
 
 int RunEttrBench() {
   if (absl::GetFlag(FLAGS_false_alarms)) {

@@ -463,6 +463,14 @@ class AgentTest : public ElasticTest {
 
   std::vector<std::string> agent_flags_;  // before the trainer's command
 
+  // Either node may form a world of its own first: waits for the full one
+  // of nodes a and b, then for node a's log to show `step`.
+  void WaitForBothNodesAtStep(int step) {
+    ASSERT_TRUE(WaitForLine("a", "world 4 on 2 nodes", absl::Seconds(60)))
+        << ReadText(dir_ + "/a.log");
+    ASSERT_TRUE(WaitForStep("a", step, absl::Seconds(60))) << ReadText(dir_ + "/a.log");
+  }
+
   // The pid of trainer `slot` as the agent of `node` last started it.
   pid_t TrainerPid(const std::string& node, int slot) {
     return LastTrainerPid(absl::StrCat(dir_, "/", node, ".log"), slot);
@@ -593,10 +601,7 @@ TEST_F(NodeClockStepTest, ANodeWhoseWallClockStepsForwardKeepsItsWorld) {
 
 TEST_F(AgentTest, TheAgentRestartsAKilledTrainerAndItRejoins) {
   const pid_t a = Agent("a"), b = Agent("b");
-  // Either node may form a world of its own first: wait for the full one.
-  ASSERT_TRUE(WaitForLine("a", "world 4 on 2 nodes", absl::Seconds(60)))
-      << ReadText(dir_ + "/a.log");
-  ASSERT_TRUE(WaitForStep("a", 60, absl::Seconds(60))) << ReadText(dir_ + "/a.log");
+  ASSERT_NO_FATAL_FAILURE(WaitForBothNodesAtStep(60));
   const pid_t victim = TrainerPid("b", 1);
   ASSERT_GT(victim, 0) << ReadText(dir_ + "/b.log");
   ASSERT_EQ(::kill(victim, SIGKILL), 0);
@@ -628,10 +633,7 @@ TEST_F(AgentTest, TheAgentRestartsAKilledTrainerAndItRejoins) {
 
 TEST_F(AgentTest, KillingANodeTakesItsTrainersAndTheOtherNodeFinishes) {
   const pid_t a = Agent("a"), b = Agent("b");
-  // Either node may form a world of its own first: wait for the full one.
-  ASSERT_TRUE(WaitForLine("a", "world 4 on 2 nodes", absl::Seconds(60)))
-      << ReadText(dir_ + "/a.log");
-  ASSERT_TRUE(WaitForStep("a", 60, absl::Seconds(60))) << ReadText(dir_ + "/a.log");
+  ASSERT_NO_FATAL_FAILURE(WaitForBothNodesAtStep(60));
   const pid_t t0 = TrainerPid("b", 0), t1 = TrainerPid("b", 1);
   ASSERT_GT(t0, 0);
   ASSERT_GT(t1, 0);
@@ -656,10 +658,7 @@ TEST_F(AgentTest, KillingANodeTakesItsTrainersAndTheOtherNodeFinishes) {
 TEST_F(AgentTest, AStoppedTrainerDropsOutOfTheNodeHeartbeatAndIsFenced) {
   agent_flags_ = {"--stopped-limit=0"};  // the agents do not look for stopped trainers
   const pid_t a = Agent("a"), b = Agent("b");
-  // Either node may form a world of its own first: wait for the full one.
-  ASSERT_TRUE(WaitForLine("a", "world 4 on 2 nodes", absl::Seconds(60)))
-      << ReadText(dir_ + "/a.log");
-  ASSERT_TRUE(WaitForStep("a", 60, absl::Seconds(60))) << ReadText(dir_ + "/a.log");
+  ASSERT_NO_FATAL_FAILURE(WaitForBothNodesAtStep(60));
   const pid_t victim = TrainerPid("b", 1);
   ASSERT_GT(victim, 0) << ReadText(dir_ + "/b.log");
   ASSERT_EQ(::kill(victim, SIGSTOP), 0);
@@ -688,9 +687,7 @@ class AgentStoppedTest : public AgentTest {
 
 TEST_F(AgentStoppedTest, AStoppedTrainerIsDetachedByItsAgentAndRejoinsWhenItRuns) {
   const pid_t a = Agent("a"), b = Agent("b");
-  ASSERT_TRUE(WaitForLine("a", "world 4 on 2 nodes", absl::Seconds(60)))
-      << ReadText(dir_ + "/a.log");
-  ASSERT_TRUE(WaitForStep("a", 60, absl::Seconds(60))) << ReadText(dir_ + "/a.log");
+  ASSERT_NO_FATAL_FAILURE(WaitForBothNodesAtStep(60));
   const pid_t victim = TrainerPid("b", 1);
   ASSERT_GT(victim, 0) << ReadText(dir_ + "/b.log");
   const absl::Time stopped = absl::Now();
@@ -717,9 +714,7 @@ TEST_F(AgentStoppedTest, AStoppedTrainerIsDetachedByItsAgentAndRejoinsWhenItRuns
 // restarted, long before its peers' collective deadline (at least 10 s).
 TEST_F(AgentStoppedTest, ATrainerWithAThreadHeldStoppedIsEndedAndRestarted) {
   const pid_t a = Agent("a"), b = Agent("b");
-  ASSERT_TRUE(WaitForLine("a", "world 4 on 2 nodes", absl::Seconds(60)))
-      << ReadText(dir_ + "/a.log");
-  ASSERT_TRUE(WaitForStep("a", 60, absl::Seconds(60))) << ReadText(dir_ + "/a.log");
+  ASSERT_NO_FATAL_FAILURE(WaitForBothNodesAtStep(60));
   const pid_t victim = TrainerPid("b", 1);  // its main thread trains
   ASSERT_GT(victim, 0) << ReadText(dir_ + "/b.log");
   if (::ptrace(PTRACE_SEIZE, victim, nullptr, nullptr) != 0) {
@@ -772,9 +767,7 @@ TEST_F(AgentTest, AJobScalesUpFromTwoToFourTrainersMidRun) {
 // (NOT_FOUND), join again and the job goes on to its end.
 TEST_F(AgentTest, TrainersJoinACoordinatorRestartedWithoutStateAndFinish) {
   const pid_t a = Agent("a"), b = Agent("b");
-  ASSERT_TRUE(WaitForLine("a", "world 4 on 2 nodes", absl::Seconds(60)))
-      << ReadText(dir_ + "/a.log");
-  ASSERT_TRUE(WaitForStep("a", 60, absl::Seconds(60))) << ReadText(dir_ + "/a.log");
+  ASSERT_NO_FATAL_FAILURE(WaitForBothNodesAtStep(60));
   ASSERT_EQ(::kill(coordinator_, SIGKILL), 0);
   WaitExit(coordinator_);
   absl::SleepFor(absl::Milliseconds(300));

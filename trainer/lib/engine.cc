@@ -379,15 +379,15 @@ absl::Status Engine::Regroup(const std::string& why, bool broken) {
 
 void Engine::WorldEntered() {
   reporter_->WorldEntered(progress(), world_->comm()->name(), world_->world().node_count);
-  const int trainers = world_->world().local_world_size();
-  const int threads = IntraOpThreads(options_.intra_op_threads, UsableCpus(), trainers,
+  const int trainers = world_->world().local_world_size(), cpus = UsableCpus();
+  const int threads = IntraOpThreads(options_.intra_op_threads, cpus, trainers,
                                      std::getenv("OMP_NUM_THREADS") != nullptr);
   if (threads < 1 || threads == at::get_num_threads()) return;
   at::set_num_threads(threads);
   MUSTER_LOG(INFO) << "LibTorch intra-op threads: " << threads
                    << (options_.intra_op_threads > 0
                            ? std::string(" (Options::intra_op_threads)")
-                           : absl::StrCat(" (", UsableCpus(), " CPUs shared by ", trainers,
+                           : absl::StrCat(" (", cpus, " CPUs shared by ", trainers,
                                           " trainers on this node)"));
 }
 

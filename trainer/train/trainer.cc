@@ -7,7 +7,6 @@
 #include <cmath>
 #include <iostream>
 #include <mutex>
-#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
