@@ -6,6 +6,7 @@
 # buffers) against PyTorch DDP over Gloo.
 #
 # Usage: gpu_train_compare.sh BIN_DIR MODEL DATA WORLD
+#   (PYTORCH_STEP_MS set: PyTorch's step time from an earlier run, not run again)
 #   MODEL  cnn or resnet18
 #   DATA   synthetic (224x224 RGB) or a Fashion-MNIST directory (28x28 grey)
 # Prints: train device=cuda model=M data=D batch=B world=W muster_step_ms=T
@@ -55,9 +56,13 @@ d, w = sys.argv[1], int(sys.argv[2])
 print(max(json.load(open(f"{d}/summary{i}.json"))["step_ms_p50"] for i in range(w)))
 PY
 )
-line=$(python3 "$here/pytorch_step.py" --model "$model" "${py_flags[@]}" --batch "$batch" \
-  --steps "$steps" --world "$world")
-pytorch_ms=${line##*step_ms_p50=}
+if [[ -n ${PYTORCH_STEP_MS:-} ]]; then  # measured by an earlier run of the same comparison
+  pytorch_ms=$PYTORCH_STEP_MS
+else
+  line=$(python3 "$here/pytorch_step.py" --model "$model" "${py_flags[@]}" --batch "$batch" \
+    --steps "$steps" --world "$world")
+  pytorch_ms=${line##*step_ms_p50=}
+fi
 ratio=$(python3 -c "print(f'{$muster_ms / $pytorch_ms:.3f}')")
 echo "train device=cuda model=$model data=$data_name batch=$batch world=$world" \
   "muster_step_ms=$muster_ms pytorch_step_ms=$pytorch_ms ratio=$ratio"

@@ -113,11 +113,14 @@ void FaultJob::StartAgent(int n) {
   if (n < static_cast<int>(options_.netns.size()) && !options_.netns[n].empty()) {
     argv = {"/usr/sbin/ip", "netns", "exec", options_.netns[n]};
   }
-  const std::vector<std::string> rest = {
+  const std::vector<std::string> agent = {
       SelfDir() + "/muster-agent", absl::StrCat("--nproc-per-node=", options_.per_node),
       absl::StrCat("--spares=", n == 0 ? options_.spares : 0),
-      absl::StrCat("--node-id=node", n), "--max-restarts=5", "--coordinator=" + client_target_, "--",
-      SelfDir() + "/muster-train", "--coordinator=" + client_target_, "--model=mlp",
+      absl::StrCat("--node-id=node", n), "--max-restarts=5", "--coordinator=" + client_target_};
+  argv.insert(argv.end(), agent.begin(), agent.end());
+  argv.insert(argv.end(), options_.extra_agent_flags.begin(), options_.extra_agent_flags.end());
+  const std::vector<std::string> rest = {
+      "--", SelfDir() + "/muster-train", "--coordinator=" + client_target_, "--model=mlp",
       "--batch-size=32", absl::StrCat("--steps=", options_.steps), "--log-every=1", "--quiet",
       "--threads=1", absl::StrCat("--job=mf", ::getpid(), "-", n),
       "--checkpoint-dir=" + options_.checkpoint_dir,

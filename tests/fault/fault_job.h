@@ -33,6 +33,7 @@ struct FaultJobOptions {
   std::string coordinator_host = "127.0.0.1";
   std::vector<std::string> extra_train_flags;
   std::vector<std::string> extra_coordinator_flags;  // after the defaults: they win
+  std::vector<std::string> extra_agent_flags;        // likewise, muster-agent's
   int spares = 0;  // muster-agent --spares on node 0 (the world is then exactly nodes x per_node)
   // A second coordinator on the same state dir (a standby, docs/failover.md);
   // every client then finds the coordinator through the address file.

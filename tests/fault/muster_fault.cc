@@ -51,6 +51,13 @@ ABSL_FLAG(int, trials, 2, "trials per scenario");
 ABSL_FLAG(uint64_t, seed, 1, "seed of the random fault moments and victims");
 ABSL_FLAG(double, collective_timeout, 0,
           "the trainers' --collective-timeout (0: theirs, which follows the job)");
+ABSL_FLAG(std::string, device, "cpu",
+          "hang-compute: cpu, or cuda: two nodes of one trainer each on GPU 0, synthetic data, "
+          "--backend hier (one GPU holds one rank of an NCCL communicator, so the nodes meet "
+          "over Gloo)");
+ABSL_FLAG(double, stopped_limit, -1,
+          "hang-compute: the agents' --stopped-limit in seconds (-1: theirs; 0: off, so the "
+          "frozen trainer is left to its peers' collective deadline)");
 ABSL_FLAG(std::string, dir, "/tmp", "where trial directories go (kept when a trial fails, or always with MUSTER_KEEP set)");
 
 namespace muster {
@@ -485,10 +492,23 @@ Trial CutLink(Context& c) {
 Trial HangCompute(Context& c) {
   FaultJobOptions o;
   o.extra_train_flags = TrainFlags();
+  const bool cuda = absl::GetFlag(FLAGS_device) == "cuda";
+  if (cuda) {
+    o.per_node = 1;
+    o.min_members = 1;
+    o.steps = 3000;  // GPU steps are short; the job must outlast the fault
+    for (const char* f :
+         {"--device=cuda", "--backend=hier", "--dataset=synthetic", "--compute-ms=5"}) {
+      o.extra_train_flags.push_back(f);
+    }
+  }
+  if (const double limit = absl::GetFlag(FLAGS_stopped_limit); limit >= 0) {
+    o.extra_agent_flags.push_back(absl::StrCat("--stopped-limit=", limit));
+  }
   FaultJob job(c.dir, o);
   job.StartAll();
   if (!job.WaitForStep(c.Uniform(40, 160), absl::Seconds(120))) return {false, 0, 0, 0, "no progress"};
-  const auto [node, slot] = Victim(c);
+  const auto [node, slot] = cuda ? std::pair<int, int>{1, 0} : Victim(c);
   const pid_t pid = job.TrainerPid(node, slot);  // its main thread's id
   Judge j;
   j.fault_time = UnixNow();
@@ -508,6 +528,7 @@ Trial HangCompute(Context& c) {
   j.explained_by = absl::StrCat("node node", node, ": trainer ", slot,
                                 " \\(pid [0-9]+\\) has a thread held stopped|fenced trainer node",
                                 node, "/", slot, " .*as hung");
+  if (cuda) j.expected_trainers = 2;
   return Finish(job, j);
 }
 
@@ -660,6 +681,16 @@ int main(int argc, char** argv) {
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   const std::string what = args.size() > 1 ? args[1] : "";
   const auto& scenarios = muster::Scenarios();
+  const std::string device = absl::GetFlag(FLAGS_device);
+  if (device != "cpu" && (device != "cuda" || what != "hang-compute")) {
+    std::cerr << "muster-fault: --device " << device
+              << ": cpu, or cuda with the scenario hang-compute\n";
+    return 2;
+  }
+  if (absl::GetFlag(FLAGS_stopped_limit) >= 0 && what != "hang-compute") {
+    std::cerr << "muster-fault: --stopped-limit applies to hang-compute only\n";
+    return 2;
+  }
   if (what == "all") {
     int rc = 0;
     for (const auto& [name, run] : scenarios) {

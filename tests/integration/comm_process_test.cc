@@ -137,6 +137,10 @@ class CommProcessTest : public ::testing::Test {
     EXPECT_EQ(Reap(replacement, absl::Seconds(60)), 0) << ReadText(Report(victim));
   }
 
+  // Two workers as two nodes of one rank on the GPU, every check of
+  // kGpuCheck passed (ExpectGpuChecksPassed, defined below).
+  void CheckTwoNodesOnTheGpu();
+
   std::unique_ptr<CoordinatorServer> server_;
   std::string dir_;
   std::vector<pid_t> pids_;
@@ -154,9 +158,10 @@ TEST_F(CommProcessTest, HierarchicalAcrossProcessesMatchesReference) {
   }
 }
 
-// ---- On a GPU (skipped without one): NCCL, and NCCL inside nodes with Gloo
-// between them from pinned host buffers, two trainers sharing the GPU as
-// two "nodes".
+// ---- On a GPU (skipped without one): NCCL, and the hierarchy with Gloo
+// between nodes from pinned host buffers, two trainers sharing the GPU as
+// two "nodes" of one rank each (inside which nothing is reduced: "self",
+// single_rank.h).
 
 bool HaveGpu() {
 #ifdef MUSTER_HAVE_CUDA
@@ -181,6 +186,16 @@ void ExpectGpuChecksPassed(const std::string& report, const std::string& backend
   EXPECT_EQ(report.find("check_failed"), std::string::npos) << report;
 }
 
+void CommProcessTest::CheckTwoNodesOnTheGpu() {
+  Start(2);
+  std::vector<pid_t> pids = {Spawn(0, 0, 0, "hier", false, kGpuCheck),
+                             Spawn(1, 1, 0, "hier", false, kGpuCheck)};
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(Reap(pids[i], absl::Seconds(120)), 0) << ReadText(Report(i));
+    ExpectGpuChecksPassed(ReadText(Report(i)), "hier(self+gloo)");
+  }
+}
+
 TEST_F(CommProcessTest, NcclWorldOfOneOnTheGpu) {
   if (!HaveGpu()) GTEST_SKIP() << "no GPU";
   Start(1);
@@ -191,16 +206,49 @@ TEST_F(CommProcessTest, NcclWorldOfOneOnTheGpu) {
 
 TEST_F(CommProcessTest, NcclInsideNodesGlooAcrossOnTheGpu) {
   if (!HaveGpu()) GTEST_SKIP() << "no GPU";
-  Start(2);
-  std::vector<pid_t> pids = {Spawn(0, 0, 0, "hier", false, kGpuCheck),
-                             Spawn(1, 1, 0, "hier", false, kGpuCheck)};
-  for (int i = 0; i < 2; ++i) {
-    EXPECT_EQ(Reap(pids[i], absl::Seconds(120)), 0) << ReadText(Report(i));
-    ExpectGpuChecksPassed(ReadText(Report(i)), "hier(nccl+gloo)");
-  }
+  CheckTwoNodesOnTheGpu();
 }
 
 TEST_F(CommProcessTest, NcclInsideNodesGlooAcrossSurvivesSigkillOnTheGpu) {
+  if (!HaveGpu()) GTEST_SKIP() << "no GPU";
+  KillMidCollective("hier", {0, 1, 2}, SIGKILL, {"--device=cuda"});
+}
+
+// NCCL takes one rank per GPU: two ranks of one NCCL communicator on the
+// one GPU are refused at once with INVALID_ARGUMENT and the reason, a
+// configuration to change (a trainer ends on it instead of regrouping into
+// the same refusal again and again).
+TEST_F(CommProcessTest, TwoRanksOfOneNcclCommunicatorOnOneGpuAreRefusedWithTheReason) {
+  if (!HaveGpu()) GTEST_SKIP() << "no GPU";
+  Start(2);
+  std::vector<pid_t> pids = {Spawn(0, 0, 0, "nccl", false, {"--device=cuda"}),
+                             Spawn(1, 1, 0, "nccl", false, {"--device=cuda"})};
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(Reap(pids[i], absl::Seconds(60)), 5) << ReadText(Report(i));
+    const std::string report = ReadText(Report(i));
+    EXPECT_NE(report.find("build_failed INVALID_ARGUMENT"), std::string::npos) << report;
+    EXPECT_NE(report.find("NCCL takes one rank per GPU"), std::string::npos) << report;
+  }
+}
+
+// The same two worlds with the staging between nodes pipelined
+// (trainer/comm/staged.h) in 64 KiB chunks: 4100 elements make one chunk
+// and a part, 64 MiB a thousand.
+class PipelinedStagingProcessTest : public CommProcessTest {
+ protected:
+  void SetUp() override { ::setenv("MUSTER_STAGING_CHUNK_KB", "64", 1); }
+  void TearDown() override {
+    ::unsetenv("MUSTER_STAGING_CHUNK_KB");
+    CommProcessTest::TearDown();
+  }
+};
+
+TEST_F(PipelinedStagingProcessTest, NcclInsideNodesGlooAcrossOnTheGpu) {
+  if (!HaveGpu()) GTEST_SKIP() << "no GPU";
+  CheckTwoNodesOnTheGpu();
+}
+
+TEST_F(PipelinedStagingProcessTest, NcclInsideNodesGlooAcrossSurvivesSigkillOnTheGpu) {
   if (!HaveGpu()) GTEST_SKIP() << "no GPU";
   KillMidCollective("hier", {0, 1, 2}, SIGKILL, {"--device=cuda"});
 }

@@ -8,6 +8,7 @@
 #include "trainer/comm/checked.h"
 #include "trainer/comm/compressed.h"
 #include "trainer/comm/shm/shm_communicator.h"
+#include "trainer/comm/single_rank.h"
 #ifdef MUSTER_HAVE_CUDA
 #include "trainer/comm/nccl/nccl_communicator.h"
 #endif
@@ -85,7 +86,8 @@ ShmOptions ShmOptionsFor(const WorldInfo& world, const CommOptions& options) {
 }
 
 // This node's communicator: the previous world's, kept or shrunk
-// (node_comm.h), or a new one: shared memory, or NCCL on the GPU.
+// (node_comm.h), or a new one: shared memory, or NCCL on the GPU (a node
+// of one rank on the GPU: single_rank.h).
 absl::StatusOr<std::unique_ptr<Communicator>> BuildIntra(const WorldInfo& world, Store* store,
                                                          const CommOptions& options,
                                                          absl::Time deadline,
@@ -97,6 +99,10 @@ absl::StatusOr<std::unique_ptr<Communicator>> BuildIntra(const WorldInfo& world,
       std::unique_ptr<Communicator> same,
       ReuseNodeCommunicator(kept != nullptr ? kept : &none, world, node_store.get(), deadline));
   if (same != nullptr) return same;
+  if (options.cuda && world.local_world_size() == 1) {
+    // Nothing to reduce inside the node, and no NCCL start-up to pay.
+    return NewSingleRankCommunicator(MemorySpace::Cuda(options.cuda_device));
+  }
   if (options.cuda) {
 #ifdef MUSTER_HAVE_CUDA
     auto s = NewPrefixStore(store, absl::StrCat("nccl/node", node));
@@ -122,7 +128,8 @@ absl::StatusOr<std::unique_ptr<Communicator>> BuildInter(Store* store, int rank,
   auto c = NewGlooCommunicator(store, rank, size, gloo, deadline);
   if (!c.ok() || !options.cuda) return c;
 #ifdef MUSTER_HAVE_CUDA
-  return NewCudaStagedCommunicator(std::move(*c), options.cuda_device, options.cuda_stream);
+  return NewCudaStagedCommunicator(std::move(*c), options.cuda_device, options.cuda_stream,
+                                   options.staging_chunk_bytes);
 #else
   return absl::InvalidArgumentError("this build has no CUDA/NCCL support");
 #endif

@@ -30,6 +30,10 @@ struct CommOptions {
   std::function<void*()> cuda_stream;
   // Wrap the communicator in NewMemoryChecked (tests; $MUSTER_CHECK_BUFFERS).
   bool check_buffers = false;
+  // cuda, the inter-node Gloo communicators of hier: 0 stages each buffer
+  // whole, the host waiting for every copy; > 0 pipelines the copies in
+  // chunks of about this many bytes (staged.h; $MUSTER_STAGING_CHUNK_KB).
+  size_t staging_chunk_bytes = 0;
   // The type AllReduceGradients carries across nodes (muster/backend.h):
   // the hierarchical communicator compresses the shards it sends between
   // nodes, a flat Gloo or NCCL world of several nodes the whole buffer
@@ -41,7 +45,8 @@ struct CommOptions {
 // Connects this rank's communicator for `world`, bootstrapping through
 // `store` (the generation's KV). With `cuda`, auto picks NCCL for the whole
 // world, and hier is NCCL inside each node with Gloo between nodes from
-// pinned host buffers ("hier(nccl+gloo)", for nodes without NCCL's
+// pinned host buffers ("hier(nccl+gloo)"; "hier(self+gloo)" for nodes of one
+// rank, single_rank.h), for nodes without NCCL's
 // transports, or trainers sharing one GPU as separate nodes); gloo and shm
 // stay on host memory.
 // `kept`, when given: what the previous world's communicator left

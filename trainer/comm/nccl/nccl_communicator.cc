@@ -11,6 +11,7 @@
 #include <mutex>
 #include <string>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/clock.h"
 #include "common/status_macros.h"
@@ -461,6 +462,28 @@ bool IsCudaDeviceMemory(const void* data, size_t bytes, int device) {
   return last.type == cudaMemoryTypeDevice && (device < 0 || last.device == device);
 }
 
+namespace {
+
+// NCCL refuses the communicator it is asked to build ("invalid usage")
+// for a reason every try meets again, most often two of its ranks on one
+// GPU: not a failure of this world but a configuration to change. It is
+// INVALID_ARGUMENT, which ends the trainer with the reason; an ABORTED
+// would be reported, and the next world would fail the same way at once.
+absl::Status InitRefused(const absl::Status& s, int size, int device) {
+  if (!absl::IsAborted(s) ||
+      !absl::StrContains(s.message(), ncclGetErrorString(ncclInvalidUsage))) {
+    return s;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      s.message(), ": NCCL refuses a communicator of ", size, " ranks; this rank is on cuda:",
+      device, ". NCCL takes one rank per GPU, so two trainers of one NCCL communicator on the "
+      "same GPU are refused. Give each trainer of a node its own GPU (a trainer uses GPU local "
+      "rank mod the GPUs it sees), or let trainers that share a GPU meet as separate nodes with "
+      "--backend hier (NCCL inside a node, Gloo between nodes)"));
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<Communicator>> NewNcclCommunicator(
     Store* store, int rank, int size, int device, absl::Time deadline,
     CallerStreamFn caller_stream, bool shrinkable) {
@@ -495,7 +518,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> NewNcclCommunicator(
   const ncclResult_t r = ncclCommInitRankConfig(&comm, size, id, rank, &config);
   if (absl::Status s = AwaitReady(comm, r, "ncclCommInitRankConfig", deadline); !s.ok()) {
     cuda.Destroy();
-    return s;
+    return InitRefused(s, size, device);
   }
   return std::unique_ptr<Communicator>(
       new NcclCommunicator(comm, cuda, rank, size, device, std::move(caller_stream), shrinkable));

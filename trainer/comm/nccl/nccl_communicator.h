@@ -47,9 +47,13 @@ absl::StatusOr<std::unique_ptr<Communicator>> NewNcclCommunicator(
 // host memory (Gloo across nodes): each collective copies the buffer into a
 // pinned host buffer, kept and reused, runs `host`'s collective and copies
 // the result back, ordered after the caller's stream as NCCL is.
+// `chunk_bytes` 0: the whole buffer at a time, the host waiting for each
+// copy; > 0: pipelined in chunks of about that size (staged.h), the copies
+// back followed by the caller's stream, not waited for.
 std::unique_ptr<Communicator> NewCudaStagedCommunicator(std::unique_ptr<Communicator> host,
                                                         int device,
-                                                        CallerStreamFn caller_stream = nullptr);
+                                                        CallerStreamFn caller_stream = nullptr,
+                                                        size_t chunk_bytes = 0);
 
 // Zero, divide, compress and widen on device memory of `device`, queued
 // on the caller's stream (for the hierarchical composition on GPUs, and
