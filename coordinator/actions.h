@@ -1,6 +1,8 @@
 // Actions: callbacks collected while a lock is held and run after it is
 // released, so that completions (which may re-enter the coordinator or write
-// to a stream) never run under the coordinator's mutex.
+// to a stream) never run under the coordinator's mutex. They run inside one
+// WriteBatch (common/write_batch.h): what they write to a node stream is
+// sent as one message.
 //
 // Not thread-safe; one per call.
 #ifndef MUSTER_COORDINATOR_ACTIONS_H_
@@ -9,6 +11,8 @@
 #include <functional>
 #include <utility>
 #include <vector>
+
+#include "common/write_batch.h"
 
 namespace muster {
 
@@ -36,6 +40,8 @@ class Actions {
     }
     std::vector<std::function<void()>> fns;
     fns.swap(fns_);
+    // What the actions write to one node stream leaves as one message.
+    WriteBatch batch;
     for (auto& fn : fns) fn();
   }
 

@@ -1,6 +1,7 @@
 #include "coordinator/session_reactor.h"
 
 #include <atomic>
+#include <deque>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -29,6 +30,22 @@ v1::SessionEvent ToProto(const MemberEvent& event) {
   return msg;
 }
 
+// The events queued for a node stream as one SessionEvent carrying them in
+// its batch, in order (a batch queued before is unpacked into it).
+void MergeEvents(std::deque<v1::SessionEvent>* queue) {
+  v1::SessionEvent merged;
+  merged.set_epoch(queue->front().epoch());
+  for (v1::SessionEvent& e : *queue) {
+    if (e.batch_size() == 0) {
+      *merged.add_batch() = std::move(e);
+      continue;
+    }
+    for (v1::SessionEvent& inner : *e.mutable_batch()) *merged.add_batch() = std::move(inner);
+  }
+  queue->clear();
+  queue->push_back(std::move(merged));
+}
+
 MemberProgress Progress(int64_t step, int64_t samples, uint32_t stalled_ms,
                         uint32_t age_ms = 0) {
   return MemberProgress{step, samples, absl::Milliseconds(stalled_ms),
@@ -45,6 +62,8 @@ class SessionOutbox : public SessionSink {
 
   void Push(const MemberEvent& event) override { Write(ToProto(event)); }
   void Close(const absl::Status& status) override { queue_.Close(status); }
+  // A node session's: events written together leave as one (proto batch).
+  void EnableBatches() { queue_.EnableMerge(MergeEvents); }
   void Write(v1::SessionEvent msg) {
     msg.set_epoch(epoch_);
     queue_.Write(std::move(msg));
@@ -169,6 +188,7 @@ bool SessionReactor::OpenNode() {
     return false;
   }
   node_ = node;
+  if (request_.node_hello().batches()) outbox_->EnableBatches();
   MUSTER_LOG(INFO) << "node session of " << node_ << " opened";
   return true;
 }
@@ -263,7 +283,18 @@ void SessionReactor::OnReadDone(bool ok) {
     outbox_->Close(absl::OkStatus());
     return;
   }
-  if (Handle()) StartRead(&request_);
+  if (request_.batch_size() > 0 && !node_.empty()) {
+    // A node's requests sent as one message: each in order, as if alone.
+    google::protobuf::RepeatedPtrField<v1::SessionRequest> batch;
+    batch.Swap(request_.mutable_batch());
+    for (v1::SessionRequest& r : batch) {
+      request_ = std::move(r);
+      if (!Handle()) return;  // a batch inside a batch is refused as any unknown body
+    }
+  } else if (!Handle()) {
+    return;
+  }
+  StartRead(&request_);
 }
 
 void SessionReactor::OnWriteDone(bool ok) { outbox_->WriteDone(ok); }

@@ -8,6 +8,11 @@
 // gone) drops what is queued and finishes the stream with UNAVAILABLE
 // unless Close already chose a status.
 //
+// Merging (EnableMerge): messages queued while a write is in flight go out
+// as one message when it is done, and inside a WriteBatch
+// (common/write_batch.h) the queue holds its writes until the batch ends
+// and then sends them as one. The peer must understand the merged message.
+//
 // Thread-safe. The reactor must outlive every call into the queue that can
 // reach it (gRPC keeps a reactor alive until OnDone, which comes only after
 // Finish, and Finish is called at most once, from here).
@@ -17,23 +22,34 @@
 #include <grpcpp/grpcpp.h>
 
 #include <deque>
+#include <functional>
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "common/write_batch.h"
 #include "rpc/status.h"
 
 namespace muster {
 
 template <typename Request, typename Response>
-class WriteQueue {
+class WriteQueue : public HeldWrites {
  public:
   using Reactor = grpc::ServerBidiReactor<Request, Response>;
+  // Replaces the messages of a queue of two or more with one message that
+  // carries them all, in order.
+  using Merge = std::function<void(std::deque<Response>*)>;
 
   explicit WriteQueue(Reactor* reactor) : reactor_(reactor) {}
 
-  // Queues `msg`; starts writing it when nothing else is being written.
+  void EnableMerge(Merge merge) {
+    absl::MutexLock lock(&mu_);
+    merge_ = std::move(merge);
+  }
+
+  // Queues `msg`; starts writing it when nothing else is being written
+  // (with merging, inside a WriteBatch: when the batch ends).
   void Write(Response msg) {
     const Response* first = nullptr;
     {
@@ -42,6 +58,18 @@ class WriteQueue {
       queue_.push_back(std::move(msg));
       if (writing_) return;
       writing_ = true;
+      if (merge_ && WriteBatch::Hold(this)) return;  // Flush writes it
+      first = &queue_.front();
+    }
+    reactor_->StartWrite(first);
+  }
+
+  // The WriteBatch that held this queue's writes ended: send them.
+  void Flush() override {
+    const Response* first = nullptr;
+    {
+      absl::MutexLock lock(&mu_);
+      if (queue_.size() > 1) merge_(&queue_);
       first = &queue_.front();
     }
     reactor_->StartWrite(first);
@@ -77,6 +105,7 @@ class WriteQueue {
         }
       }
       if (!queue_.empty()) {
+        if (queue_.size() > 1 && merge_) merge_(&queue_);
         next = &queue_.front();
       } else {
         writing_ = false;
@@ -99,6 +128,8 @@ class WriteQueue {
   absl::Mutex mu_;
   // std::deque keeps the front's address while others are added behind it.
   std::deque<Response> queue_ ABSL_GUARDED_BY(mu_);
+  Merge merge_ ABSL_GUARDED_BY(mu_);
+  // A write is in flight, or held back for a WriteBatch's Flush.
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool close_pending_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;

@@ -27,6 +27,7 @@
 #include <fstream>
 #include <functional>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -47,6 +48,9 @@ ABSL_FLAG(int, per_node, 1,
           "members per session: 1 = one session per member; K > 1 = node sessions of K "
           "members each, as muster-agent holds them");
 ABSL_FLAG(int, seconds, 10, "heartbeat measurement window");
+ABSL_FLAG(bool, batches, true,
+          "node sessions take and send batches (SessionEvent.batch, SessionRequest.batch), as "
+          "muster-agent does; false: one message per member, the protocol before batches");
 ABSL_FLAG(int, channels, 8, "client connections the sessions share");
 ABSL_FLAG(bool, rendezvous, true, "also measure the rendezvous of all members");
 ABSL_FLAG(bool, regroup, false,
@@ -126,6 +130,7 @@ class SimSession : public grpc::ClientBidiReactor<v1::SessionRequest, v1::Sessio
     if (node_session) {
       v1::SessionRequest hello;
       hello.mutable_node_hello()->set_node(node);
+      hello.mutable_node_hello()->set_batches(absl::GetFlag(FLAGS_batches));
       queue_.push_front(std::move(hello));
     }
     writing_ = true;
@@ -171,17 +176,28 @@ class SimSession : public grpc::ClientBidiReactor<v1::SessionRequest, v1::Sessio
     SendLocked(std::move(msg));
   }
 
-  // Node sessions: member `index` calls Rendezvous on this stream, as
-  // muster-agent relays its trainers' calls.
-  void Rendezvous(int index, uint64_t after, RendezvousRound* round) {
-    v1::SessionRequest msg;
-    v1::NodeRendezvous* call = msg.mutable_rendezvous();
-    call->set_call(static_cast<uint64_t>(index));
-    for (const auto& [i, ref] : members_) {
-      if (i == index) *call->mutable_request()->mutable_member() = ref;
+  // Node sessions: members `indices` call Rendezvous on this stream, as
+  // muster-agent relays its trainers' calls: the calls of a node's
+  // trainers made together (after a regroup, within its hold) leave as one
+  // message.
+  void Rendezvous(const std::vector<int>& indices, uint64_t after, RendezvousRound* round) {
+    v1::SessionRequest batch;
+    for (int index : indices) {
+      v1::SessionRequest* msg = batch.add_batch();
+      v1::NodeRendezvous* call = msg->mutable_rendezvous();
+      call->set_call(static_cast<uint64_t>(index));
+      for (const auto& [i, ref] : members_) {
+        if (i == index) *call->mutable_request()->mutable_member() = ref;
+      }
+      call->mutable_request()->set_after_generation(after);
+      call->mutable_request()->set_timeout_ms(600'000);
     }
-    call->mutable_request()->set_after_generation(after);
-    call->mutable_request()->set_timeout_ms(600'000);
+    v1::SessionRequest msg;
+    if (batch.batch_size() == 1) {
+      msg = std::move(*batch.mutable_batch(0));
+    } else {
+      msg = std::move(batch);
+    }
     absl::MutexLock lock(&mu_);
     round_ = round;
     SendLocked(std::move(msg));
@@ -203,32 +219,40 @@ class SimSession : public grpc::ClientBidiReactor<v1::SessionRequest, v1::Sessio
 
   void OnReadDone(bool ok) override {
     if (!ok) return;
-    if (event_.has_ack()) {
+    if (event_.batch_size() == 0) {
+      Handle(event_);
+    } else {  // a node's events sent as one message, as muster-agent takes them
+      for (const v1::SessionEvent& e : event_.batch()) Handle(e);
+    }
+    StartRead(&event_);
+  }
+
+  void Handle(const v1::SessionEvent& event) {
+    if (event.has_ack()) {
       absl::Time sent;
       bool match;
       {
         absl::MutexLock lock(&mu_);
-        match = event_.ack().sequence() == seq_;
+        match = event.ack().sequence() == seq_;
         sent = sent_;
         beat_pending_ = false;
       }
       if (match) samples_->Add(absl::ToDoubleMilliseconds(absl::Now() - sent));
-    } else if (event_.has_regroup() && !event_.regroup().leave()) {
+    } else if (event.has_regroup() && !event.regroup().leave()) {
       for (const auto& [index, ref] : members_) {
-        if (members_.size() == 1 || ref.member_id() == event_.member_id()) on_regroup_(index);
+        if (members_.size() == 1 || ref.member_id() == event.member_id()) on_regroup_(index);
       }
-    } else if (event_.has_closed()) {
+    } else if (event.has_closed()) {
       ++closed_;
-    } else if (event_.has_rendezvous()) {
+    } else if (event.has_rendezvous()) {
       RendezvousRound* round;
       {
         absl::MutexLock lock(&mu_);
         round = round_;
       }
-      const v1::RendezvousAnswer& a = event_.rendezvous();
+      const v1::RendezvousAnswer& a = event.rendezvous();
       if (round != nullptr) round->Answered(a.code() == 0, a.response().world().world_size());
     }
-    StartRead(&event_);
   }
 
   void OnDone(const grpc::Status& /*s*/) override {
@@ -392,11 +416,19 @@ class CoordinatorBench {
                                        uint32_t size, absl::Time start) {
     std::vector<std::unique_ptr<Pending>> pending;
     RendezvousRound round(static_cast<int>(members.size()), size);
-    for (int i : members) {
-      if (per_node_ > 1) {
-        sessions_[i / per_node_]->Rendezvous(i, after, &round);
-        continue;
+    if (per_node_ > 1) {
+      std::map<int, std::vector<int>> by_node;
+      for (int i : members) by_node[i / per_node_].push_back(i);
+      for (const auto& [node, indices] : by_node) {
+        if (absl::GetFlag(FLAGS_batches)) {
+          sessions_[node]->Rendezvous(indices, after, &round);
+          continue;
+        }
+        for (int i : indices) sessions_[node]->Rendezvous({i}, after, &round);
       }
+    }
+    for (int i : members) {
+      if (per_node_ > 1) continue;
       pending.push_back(std::make_unique<Pending>());
       Pending* p = pending.back().get();
       AttachToken(&p->ctx, kToken);

@@ -227,10 +227,12 @@ TEST_F(ServerTest, StreamBreakRegroupsSurvivorsWithinMilliseconds) {
 // A node session: one stream carries the sessions of a node's members.
 class NodeStream {
  public:
-  NodeStream(TestMember* any, const std::string& node)
+  // `batches`: the node takes SessionEvent.batch (as muster-agent does).
+  NodeStream(TestMember* any, const std::string& node, bool batches = false)
       : ctx_(any->Context(absl::Seconds(60))), stream_(any->stub()->Session(ctx_.get())) {
     v1::SessionRequest hello;
     hello.mutable_node_hello()->set_node(node);
+    hello.mutable_node_hello()->set_batches(batches);
     EXPECT_TRUE(stream_->Write(hello));
   }
   void Attach(const v1::MemberRef& ref) {
@@ -255,12 +257,25 @@ class NodeStream {
     EXPECT_TRUE(stream_->Write(msg));
   }
   void Rendezvous(const v1::MemberRef& ref, uint64_t call, uint64_t after) {
+    EXPECT_TRUE(stream_->Write(RendezvousRequest(ref, call, after)));
+  }
+  // Several members' calls as one message (SessionRequest.batch), call
+  // numbers first_call, first_call + 1, ...
+  void RendezvousBatch(const std::vector<v1::MemberRef>& refs, uint64_t first_call,
+                       uint64_t after) {
     v1::SessionRequest msg;
-    msg.mutable_rendezvous()->set_call(call);
-    *msg.mutable_rendezvous()->mutable_request()->mutable_member() = ref;
-    msg.mutable_rendezvous()->mutable_request()->set_after_generation(after);
-    msg.mutable_rendezvous()->mutable_request()->set_timeout_ms(10'000);
+    for (size_t i = 0; i < refs.size(); ++i) {
+      *msg.add_batch() = RendezvousRequest(refs[i], first_call + i, after);
+    }
     EXPECT_TRUE(stream_->Write(msg));
+  }
+  // The next message that is not an acknowledgement alone, as it came.
+  v1::SessionEvent NextMessage() {
+    v1::SessionEvent ev;
+    while (stream_->Read(&ev)) {
+      if (!ev.has_ack()) return ev;
+    }
+    return ev;
   }
   // The next event that is not an acknowledgement.
   v1::SessionEvent NextEvent() {
@@ -280,6 +295,16 @@ class NodeStream {
   void Break() { ctx_->TryCancel(); }
 
  private:
+  static v1::SessionRequest RendezvousRequest(const v1::MemberRef& ref, uint64_t call,
+                                              uint64_t after) {
+    v1::SessionRequest msg;
+    msg.mutable_rendezvous()->set_call(call);
+    *msg.mutable_rendezvous()->mutable_request()->mutable_member() = ref;
+    msg.mutable_rendezvous()->mutable_request()->set_after_generation(after);
+    msg.mutable_rendezvous()->mutable_request()->set_timeout_ms(10'000);
+    return msg;
+  }
+
   std::unique_ptr<grpc::ClientContext> ctx_;
   std::unique_ptr<grpc::ClientReaderWriter<v1::SessionRequest, v1::SessionEvent>> stream_;
 };
@@ -365,6 +390,54 @@ TEST_F(ServerTest, ANodeSessionCarriesItsMembersAndFailsThemWhenItBreaks) {
     if (failed == 3) break;
     absl::SleepFor(absl::Milliseconds(20));
     ASSERT_LT(i, 49) << failed << " of 3 members failed";
+  }
+}
+
+// A node that takes batches hears what one decision tells its members as
+// one message: the answers of a completed rendezvous, the regroup after a
+// failure. Its members' calls sent as one message are each answered.
+TEST_F(ServerTest, ANodeThatTakesBatchesHearsEachDecisionAsOneMessage) {
+  // The first world waits (last call) for all three; the failure regroups
+  // the two left at once.
+  Start(2, 3, absl::Seconds(10), absl::Seconds(30));
+  std::vector<std::unique_ptr<TestMember>> ms;
+  std::vector<v1::MemberRef> refs;
+  for (int i = 0; i < 3; ++i) {
+    ms.push_back(std::make_unique<TestMember>(channel_, kToken, "m" + std::to_string(i), "n0"));
+    ASSERT_TRUE(ms.back()->Join().ok());
+    refs.push_back(ms.back()->ref());
+  }
+  NodeStream node(ms[0].get(), "n0", /*batches=*/true);
+  for (const auto& m : ms) node.Attach(m->ref());
+  node.RendezvousBatch(refs, 10, 0);
+  v1::SessionEvent answers = node.NextMessage();
+  ASSERT_EQ(answers.batch_size(), 3) << answers.ShortDebugString();
+  std::set<uint32_t> ranks;
+  for (const v1::SessionEvent& ev : answers.batch()) {
+    ASSERT_TRUE(ev.has_rendezvous()) << ev.ShortDebugString();
+    ASSERT_EQ(ev.rendezvous().code(), 0) << ev.rendezvous().message();
+    EXPECT_EQ(ev.member_id(), refs[ev.rendezvous().call() - 10].member_id());
+    EXPECT_EQ(ev.epoch(), answers.epoch());
+    EXPECT_EQ(ev.rendezvous().response().world().world_size(), 3u);
+    ranks.insert(ev.rendezvous().response().rank());
+  }
+  EXPECT_EQ(ranks, (std::set<uint32_t>{0, 1, 2}));
+
+  node.Detach(ms[2]->ref(), "exited on signal 9");
+  v1::SessionEvent regroup = node.NextMessage();
+  std::set<std::string> told;
+  for (const v1::SessionEvent& ev : regroup.batch()) {
+    if (ev.has_ack()) continue;
+    ASSERT_TRUE(ev.has_regroup()) << ev.ShortDebugString();
+    EXPECT_EQ(ev.regroup().generation(), 2u);
+    told.insert(ev.member_id());
+  }
+  EXPECT_EQ(told, (std::set<std::string>{"m0", "m1"})) << regroup.ShortDebugString();
+  node.RendezvousBatch({refs[0], refs[1]}, 20, 1);
+  v1::SessionEvent again = node.NextMessage();
+  ASSERT_EQ(again.batch_size(), 2) << again.ShortDebugString();
+  for (const v1::SessionEvent& ev : again.batch()) {
+    EXPECT_EQ(ev.rendezvous().response().world().world_size(), 2u) << ev.ShortDebugString();
   }
 }
 

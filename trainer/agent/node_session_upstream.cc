@@ -18,7 +18,20 @@
 
 namespace muster::node_session_internal {
 
-void NodeSessionImpl::Send(v1::SessionRequest request) { outgoing_.push_back(std::move(request)); }
+void NodeSessionImpl::Send(v1::SessionRequest request) {
+  if (outgoing_.empty()) outgoing_since_ = clock_->Now();
+  outgoing_.push_back(std::move(request));
+}
+
+bool NodeSessionImpl::HoldForRendezvous(absl::Time now) const {
+  if (now - outgoing_since_ >= kRendezvousHold) return false;
+  for (const v1::SessionRequest& r : outgoing_) {
+    if (!r.has_rendezvous()) return false;
+  }
+  size_t attached = 0;
+  for (const auto& [id, m] : members_) attached += m.attached ? 1 : 0;
+  return rendezvous_.size() < attached;
+}
 
 void NodeSessionImpl::SendParkedLocked() {
   // Attaches first: the coordinator then knows each session before the
@@ -40,6 +53,10 @@ void NodeSessionImpl::SendParkedLocked() {
 }
 
 void NodeSessionImpl::Route(v1::SessionEvent event) {
+  if (event.batch_size() > 0) {  // several members' events in one message
+    for (v1::SessionEvent& e : *event.mutable_batch()) Route(std::move(e));
+    return;
+  }
   std::shared_ptr<Queue> out;
   absl::Status close;
   bool closing = false;
@@ -215,6 +232,7 @@ absl::Status NodeSessionImpl::Connection() {
   });
   v1::SessionRequest hello;
   hello.mutable_node_hello()->set_node(o_.node);
+  hello.mutable_node_hello()->set_batches(true);  // Route unpacks them
   v1::SessionRequest first_beat;  // learns the heartbeat period
   first_beat.mutable_heartbeat();
   bool ok = stream->Write(hello) && stream->Write(first_beat);
@@ -257,7 +275,9 @@ void NodeSessionImpl::WriteLoop(Upstream* stream) {
     {
       absl::MutexLock lock(&mu_);
       auto ready = [this, &next_beat]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return !up() || !outgoing_.empty() || clock_->Now() >= next_beat;
+        const absl::Time now = clock_->Now();
+        if (!up() || now >= next_beat) return true;
+        return !outgoing_.empty() && !HoldForRendezvous(now);
       };
       mu_.Await(absl::Condition(&ready));
       if (!up()) return;
@@ -288,8 +308,12 @@ void NodeSessionImpl::WriteLoop(Upstream* stream) {
         next_beat = now + interval_;
       }
     }
-    for (const v1::SessionRequest& r : batch) {
-      if (!stream->Write(r)) return;
+    if (batch.size() == 1) {
+      if (!stream->Write(batch.front())) return;
+    } else if (batch.size() > 1) {  // one message: one completion at the coordinator
+      v1::SessionRequest merged;
+      for (v1::SessionRequest& r : batch) *merged.add_batch() = std::move(r);
+      if (!stream->Write(merged)) return;
     }
   }
 }
