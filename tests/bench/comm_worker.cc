@@ -311,9 +311,7 @@ int RunCommWorker() {
   options.gradient_compression = *compression;
   options.check_buffers = std::getenv("MUSTER_CHECK_BUFFERS") != nullptr &&
                           std::string(std::getenv("MUSTER_CHECK_BUFFERS")) == "1";
-  if (const char* kib = std::getenv("MUSTER_STAGING_CHUNK_KB"); kib != nullptr) {
-    options.staging_chunk_bytes = std::strtoull(kib, nullptr, 10) * 1024;
-  }
+  options.staging_chunk_bytes = StagingChunkBytes(std::getenv("MUSTER_STAGING_CHUNK_KB"));
   if (cuda) {
 #ifdef MUSTER_HAVE_CUDA
     const int gpus = CudaDeviceCount();

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "absl/time/clock.h"
+#include "common/clock.h"
 #include "tests/integration/comm_harness.h"
 #include "trainer/comm/staged.h"
 
@@ -45,7 +45,7 @@ TEST(PipelinedStagingTest, TwoRanksGetBitForBitTheUnpipelinedResult) {
   CommHarness h({0, 0}, "ps2" + std::to_string(::getpid()));
   EXPECT_TRUE(h.Run(Gloo(), [&](RankContext& rc) {
     const int r = rc.world.rank;
-    const absl::Time deadline = absl::Now() + absl::Seconds(60);
+    const absl::Time deadline = RealClock::Get()->Now() + absl::Seconds(60);
     std::vector<float> whole_sum = RandomFloats(r, n), whole_avg = whole_sum;
     std::vector<float> whole_bcast = RandomFloats(r + 10, n);
     ASSERT_TRUE(rc.comm->AllReduce(whole_sum.data(), n, DataType::kFloat32, ReduceOp::kSum,
@@ -77,7 +77,7 @@ TEST(PipelinedStagingTest, ThreeRanksReduceEveryChunkAndKeepTheCountsOfTheOthers
   CommHarness h({0, 0, 0}, "ps3" + std::to_string(::getpid()));
   EXPECT_TRUE(h.Run(Gloo(), [&](RankContext& rc) {
     const int r = rc.world.rank;
-    const absl::Time deadline = absl::Now() + absl::Seconds(60);
+    const absl::Time deadline = RealClock::Get()->Now() + absl::Seconds(60);
     auto piped = NewPipelinedStagedCommunicator(std::move(rc.comm), NewHostStagingCopies(),
                                                 MemorySpace::Host(), kChunkBytes);
     std::vector<float> v(n);

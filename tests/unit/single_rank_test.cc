@@ -5,7 +5,7 @@
 
 #include <vector>
 
-#include "absl/time/clock.h"
+#include "common/clock.h"
 
 namespace muster {
 namespace {
@@ -18,7 +18,7 @@ TEST(SingleRankTest, EveryCollectiveLeavesTheBufferAsItIs) {
   EXPECT_EQ(c->memory().ToString(), "cuda:3");
   std::vector<float> v = {1.5f, -2.0f, 3.25f};
   const std::vector<float> before = v;
-  const absl::Time deadline = absl::Now() + absl::Seconds(1);
+  const absl::Time deadline = RealClock::Get()->Now() + absl::Seconds(1);
   EXPECT_TRUE(c->AllReduce(v.data(), v.size(), DataType::kFloat32, ReduceOp::kAverage, deadline)
                   .ok());
   EXPECT_TRUE(c->ReduceScatter(v.data(), {3}, DataType::kFloat32, ReduceOp::kSum, deadline).ok());
@@ -31,7 +31,7 @@ TEST(SingleRankTest, EveryCollectiveLeavesTheBufferAsItIs) {
 TEST(SingleRankTest, CountsForOtherRanksAndAnotherRootAreRefused) {
   auto c = NewSingleRankCommunicator(MemorySpace::Host());
   float x = 1;
-  const absl::Time deadline = absl::Now() + absl::Seconds(1);
+  const absl::Time deadline = RealClock::Get()->Now() + absl::Seconds(1);
   EXPECT_TRUE(absl::IsInvalidArgument(
       c->ReduceScatter(&x, {1, 0}, DataType::kFloat32, ReduceOp::kSum, deadline)));
   EXPECT_TRUE(absl::IsInvalidArgument(c->Broadcast(&x, 1, DataType::kFloat32, 1, deadline)));
@@ -42,8 +42,8 @@ TEST(SingleRankTest, AfterAbortEveryCallIsAborted) {
   c->Abort(absl::AbortedError("a peer elsewhere failed"));
   float x = 1;
   EXPECT_TRUE(absl::IsAborted(c->AllReduce(&x, 1, DataType::kFloat32, ReduceOp::kSum,
-                                           absl::Now() + absl::Seconds(1))));
-  EXPECT_TRUE(absl::IsAborted(c->Barrier(absl::Now() + absl::Seconds(1))));
+                                           RealClock::Get()->Now() + absl::Seconds(1))));
+  EXPECT_TRUE(absl::IsAborted(c->Barrier(RealClock::Get()->Now() + absl::Seconds(1))));
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // Pipelined staging's chunking and ordering (trainer/comm/staged.h), with a
 // StagingCopies that records what it is asked to do.
 #include "trainer/comm/staged.h"
+#include "trainer/comm/factory.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -37,6 +38,14 @@ TEST(PlanStagedChunksTest, NoChunkOfZeroBytesAndOneWhenTheChunkIsNotSmaller) {
 
 TEST(PlanStagedChunksTest, AChunkSmallerThanAnElementStillHoldsOne) {
   EXPECT_THAT(Describe(PlanStagedChunks(24, 8, 3)), ElementsAre("0+8", "8+8", "16+8"));
+}
+
+TEST(StagingChunkBytesTest, KibibytesOrZeroForWholeBufferStaging) {
+  EXPECT_EQ(StagingChunkBytes("1024"), 1024u * 1024u);
+  EXPECT_EQ(StagingChunkBytes("0"), 0u);
+  EXPECT_EQ(StagingChunkBytes(nullptr), 0u);
+  EXPECT_EQ(StagingChunkBytes(""), 0u);
+  EXPECT_EQ(StagingChunkBytes("64k"), 0u);
 }
 
 // Records each call as "in 0", "wait 0", "op 0", "out 0", "finish".

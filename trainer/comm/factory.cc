@@ -2,6 +2,7 @@
 
 #include <mutex>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
@@ -40,6 +41,12 @@ const char* GradientCompressionName(GradientCompression compression) {
     case GradientCompression::kFp16: return "fp16";
   }
   return "unknown";
+}
+
+size_t StagingChunkBytes(const char* kib) {
+  size_t n = 0;
+  if (kib == nullptr || !absl::SimpleAtoi(kib, &n)) return 0;
+  return n * 1024;
 }
 
 namespace {

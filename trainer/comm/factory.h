@@ -42,6 +42,11 @@ struct CommOptions {
   GradientCompression gradient_compression = GradientCompression::kNone;
 };
 
+// $MUSTER_STAGING_CHUNK_KB (KiB, `kib`; null when unset) as
+// CommOptions::staging_chunk_bytes: 0 (the whole-buffer staging) when unset
+// or not a number.
+size_t StagingChunkBytes(const char* kib);
+
 // Connects this rank's communicator for `world`, bootstrapping through
 // `store` (the generation's KV). With `cuda`, auto picks NCCL for the whole
 // world, and hier is NCCL inside each node with Gloo between nodes from

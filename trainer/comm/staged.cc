@@ -5,7 +5,6 @@
 #include <string>
 #include <utility>
 
-#include "absl/strings/str_cat.h"
 
 namespace muster {
 

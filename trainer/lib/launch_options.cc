@@ -10,7 +10,6 @@
 #include <cstdlib>
 #include <thread>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/host_name.h"
 #include "common/launch_env.h"
@@ -68,14 +67,8 @@ CommOptions CommOptionsFrom(const Options& o, int local_rank) {
     comm.cuda_stream = CurrentCudaStream(comm.cuda_device);
   }
   comm.check_buffers = Env("MUSTER_CHECK_BUFFERS") == "1";
-  comm.staging_chunk_bytes = StagingChunkBytes(Env("MUSTER_STAGING_CHUNK_KB"));
+  comm.staging_chunk_bytes = StagingChunkBytes(std::getenv("MUSTER_STAGING_CHUNK_KB"));
   return comm;
-}
-
-size_t StagingChunkBytes(const std::string& kib) {
-  size_t n = 0;
-  if (kib.empty() || !absl::SimpleAtoi(kib, &n)) return 0;
-  return n * 1024;
 }
 
 int UsableCpus() {

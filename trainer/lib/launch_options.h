@@ -24,9 +24,6 @@ CommOptions CommOptionsFrom(const Options& o, int local_rank);
 std::string HostName();
 // The CPUs this process may run on (its affinity mask).
 int UsableCpus();
-// $MUSTER_STAGING_CHUNK_KB (KiB) as CommOptions::staging_chunk_bytes: 0
-// (the whole-buffer staging) when empty or not a number.
-size_t StagingChunkBytes(const std::string& kib);
 // LibTorch's intra-op threads for Options::intra_op_threads = requested
 // (muster/options.h): -1 means leave them as they are.
 
