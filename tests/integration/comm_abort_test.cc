@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "tests/integration/comm_harness.h"
+#include "trainer/client/coordinator_client.h"
 #include "trainer/comm/shm/shm_communicator.h"
 
 namespace muster {
@@ -127,6 +128,66 @@ TEST(ShmDeadlineTest, DeadlineWithoutAbortIsDeadlineExceeded) {
     // Broken afterwards.
     EXPECT_FALSE(rc.comm->Barrier(absl::Now() + absl::Seconds(1)).ok());
   }).ok());
+}
+
+// A member that learns of a newer world while its node's peers attach to
+// the shared memory of the older one gives up on it at once: the peer that
+// learnt first never attaches, and waiting for the build's deadline left
+// the member stuck (or, past its watchdog, exiting) while the world moved on.
+TEST(ShmBuildTest, AMemberAttachingToAnOverGenerationGivesUpWithAborted) {
+  ServerOptions so;
+  so.coordinator.rules.min_members = 2;
+  so.coordinator.rules.max_members = 3;
+  so.coordinator.rules.last_call = absl::ZeroDuration();
+  so.coordinator.heartbeat_interval = absl::Milliseconds(200);
+  so.coordinator.heartbeat_timeout = absl::Seconds(30);
+  auto server = std::move(CoordinatorServer::Start(so)).value();
+  auto member = [&](int i) {
+    ClientOptions co;
+    co.target = absl::StrCat("127.0.0.1:", server->port());
+    co.member_id = absl::StrCat("m", i);
+    co.node = "node0";
+    co.local_rank = static_cast<uint32_t>(i);
+    auto client = std::move(CoordinatorClient::Create(co)).value();
+    EXPECT_TRUE(client->Join(0, absl::Now() + absl::Seconds(10)).ok());
+    EXPECT_TRUE(client->StartSession([](const SessionNotice&) {}).ok());
+    return client;
+  };
+  std::unique_ptr<CoordinatorClient> m0 = member(0);
+  std::unique_ptr<CoordinatorClient> m1 = member(1);
+  absl::StatusOr<WorldInfo> w0, w1;
+  std::thread t1([&] { w1 = m1->Rendezvous(0, 0, absl::Now() + absl::Seconds(10)); });
+  w0 = m0->Rendezvous(0, 0, absl::Now() + absl::Seconds(10));
+  t1.join();
+  ASSERT_TRUE(w0.ok()) << w0.status();
+  ASSERT_TRUE(w1.ok()) << w1.status();
+  ASSERT_EQ(w0->world_size, 2);
+  // m0 builds the node's shared memory; m1 never attaches (it moved on).
+  CommOptions o;
+  o.backend = Backend::kShm;
+  o.job = absl::StrCat("over", ::getpid());
+  auto store = NewCoordinatorStore(m0.get(), w0->generation);
+  absl::StatusOr<std::unique_ptr<Communicator>> built;
+  const absl::Time start = absl::Now();
+  std::thread build([&] {
+    built = BuildCommunicator(*w0, store.get(), o, absl::Now() + absl::Seconds(20));
+  });
+  // A third member arrives: the coordinator forms generation 2.
+  absl::SleepFor(absl::Milliseconds(300));
+  std::unique_ptr<CoordinatorClient> m2 = member(2);
+  std::thread t2([&] { m2->Rendezvous(0, 0, absl::Now() + absl::Seconds(2)).IgnoreError(); });
+  std::thread t1b([&] {
+    m1->Rendezvous(w1->generation, 0, absl::Now() + absl::Seconds(2)).IgnoreError();
+  });
+  build.join();
+  const absl::Duration took = absl::Now() - start;
+  t2.join();
+  t1b.join();
+  EXPECT_GT(m0->latest_generation(), w0->generation);
+  ASSERT_FALSE(built.ok());
+  EXPECT_EQ(built.status().code(), absl::StatusCode::kAborted) << built.status();
+  EXPECT_LT(took, absl::Seconds(10)) << built.status();
+  EXPECT_TRUE(ListShmSegments(o.job).empty());
 }
 
 }  // namespace

@@ -16,6 +16,7 @@ class CoordinatorStore : public Store {
                                                 absl::Time deadline) override {
     return client_->KvWait(generation_, keys, deadline);
   }
+  bool Over() const override { return client_->latest_generation() > generation_; }
 
  private:
   CoordinatorClient* const client_;

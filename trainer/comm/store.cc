@@ -19,6 +19,7 @@ class PrefixStore : public Store {
     for (const std::string& k : keys) full.push_back(prefix_ + "/" + k);
     return base_->Wait(full, deadline);
   }
+  bool Over() const override { return base_->Over(); }
 
  private:
   Store* const base_;

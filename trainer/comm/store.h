@@ -28,6 +28,11 @@ class Store {
   // Values of every key once all exist. Errors: as Set.
   virtual absl::StatusOr<std::vector<std::string>> Wait(const std::vector<std::string>& keys,
                                                         absl::Time deadline) = 0;
+  // Whether this store's generation is known to be over (a newer world
+  // exists): a communicator that waits for its peers outside the store, as
+  // shared memory's first barrier does, gives up with ABORTED rather than
+  // wait for peers that have moved on. Cheap; polled while waiting.
+  virtual bool Over() const { return false; }
 };
 
 // Keys of `base` under "prefix/". `base` must outlive the returned store.

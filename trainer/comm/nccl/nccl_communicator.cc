@@ -83,8 +83,11 @@ absl::StatusOr<StreamAndEvents> CreateStreamAndEvents() {
 }
 
 // Waits until the non-blocking `comm` that `r` started (an init or a
-// shrink) is ready; aborts it on an error or at `deadline`.
-absl::Status AwaitReady(ncclComm_t comm, ncclResult_t r, const char* what, absl::Time deadline) {
+// shrink) is ready; aborts it on an error, at `deadline`, or (ABORTED) once
+// `store`'s generation is over: a peer that learnt of the newer world
+// first never joins.
+absl::Status AwaitReady(ncclComm_t comm, ncclResult_t r, const char* what, absl::Time deadline,
+                        const Store* store = nullptr) {
   while (r == ncclInProgress || r == ncclSuccess) {
     ncclResult_t state = ncclInProgress;
     if (ncclResult_t q = ncclCommGetAsyncError(comm, &state); q != ncclSuccess) {
@@ -99,6 +102,10 @@ absl::Status AwaitReady(ncclComm_t comm, ncclResult_t r, const char* what, absl:
     if (RealClock::Get()->Now() >= deadline) {
       ncclCommAbort(comm);
       return absl::DeadlineExceededError(absl::StrCat(what, " did not complete before the deadline"));
+    }
+    if (store != nullptr && store->Over()) {
+      ncclCommAbort(comm);
+      return absl::AbortedError(absl::StrCat(what, " given up: a newer world exists"));
     }
     ::usleep(100);
   }
@@ -516,7 +523,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> NewNcclCommunicator(
   config.blocking = 0;
   ncclComm_t comm = nullptr;
   const ncclResult_t r = ncclCommInitRankConfig(&comm, size, id, rank, &config);
-  if (absl::Status s = AwaitReady(comm, r, "ncclCommInitRankConfig", deadline); !s.ok()) {
+  if (absl::Status s = AwaitReady(comm, r, "ncclCommInitRankConfig", deadline, store); !s.ok()) {
     cuda.Destroy();
     return InitRefused(s, size, device);
   }

@@ -98,8 +98,10 @@ class ShmCommunicator : public Communicator {
   absl::Status Barrier(absl::Time deadline) override { return Arrive(deadline); }
   void Abort(const absl::Status& why) override;
 
-  // Waits until every rank reached the next barrier.
-  absl::Status Arrive(absl::Time deadline);
+  // Waits until every rank reached the next barrier. `store`, while the
+  // ranks attach: gives up (ABORTED) once its generation is over, since a
+  // peer that learnt of the newer world first never attaches.
+  absl::Status Arrive(absl::Time deadline, const Store* store = nullptr);
 
  private:
   shm::Header* header() const { return static_cast<shm::Header*>(base_); }
@@ -134,7 +136,7 @@ absl::Status ShmCommunicator::Aborted() const {
                                          std::string(header()->reason), ")"));
 }
 
-absl::Status ShmCommunicator::Arrive(absl::Time deadline) {
+absl::Status ShmCommunicator::Arrive(absl::Time deadline, const Store* store) {
   ++seq_;
   shm::Header* h = header();
   if (local_abort_ || h->aborted.load() != 0) return Aborted();
@@ -166,6 +168,10 @@ absl::Status ShmCommunicator::Arrive(absl::Time deadline) {
       Abort(absl::DeadlineExceededError("deadline passed in a shared memory barrier"));
       return absl::DeadlineExceededError(
           "shared memory barrier timed out waiting for local ranks");
+    }
+    if (store != nullptr && store->Over()) {
+      Abort(absl::AbortedError("a newer world exists"));
+      return Aborted();
     }
     for (int p = 0; p < size_; ++p) {
       const int32_t pid = shm::Control(base_, p)->pid.load(std::memory_order_relaxed);
@@ -343,7 +349,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> NewShmCommunicator(Store* store, i
   }
   shm::Control(base, rank)->pid.store(static_cast<int32_t>(::getpid()));
   auto comm = std::make_unique<ShmCommunicator>(base, bytes, rank, size, options.slot_bytes);
-  absl::Status attached = comm->Arrive(deadline);
+  absl::Status attached = comm->Arrive(deadline, store);
   if (rank == 0) ::shm_unlink(name.c_str());  // every rank mapped it (or gave up)
   if (!attached.ok()) return attached;
   return std::unique_ptr<Communicator>(std::move(comm));
