@@ -209,9 +209,11 @@ class Coordinator {
   // holds the member, once all of that world's members arrived; or with
   // DEADLINE_EXCEEDED after min(timeout, join_timeout); or ABORTED if the
   // member fails meanwhile; FAILED_PRECONDITION on shutdown. Errors of
-  // Membership::Live complete it at once.
+  // Membership::Live complete it at once. `takes_delta`: the member takes
+  // an answer that is a delta from the world it holds
+  // (RendezvousRequest.takes_delta, RendezvousResult.delta).
   void Rendezvous(const MemberKey& key, uint64_t after_generation, int64_t step,
-                  absl::Duration timeout, RendezvousCallback done);
+                  absl::Duration timeout, RendezvousCallback done, bool takes_delta = false);
 
   // A member of the live world reports that the world of
   // report.generation broke under it (a collective failed). Unless that
@@ -326,6 +328,10 @@ class Coordinator {
   bool Arrive(const std::string& id, int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The forming world just completed: stores it and answers its waiters.
   void WorldCompleted(Actions* actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `key`'s answer from the completed world `world` (its rank there): the
+  // delta when `key` was a member of the delta's base.
+  RendezvousResult ResultFor(const MemberKey& key, std::shared_ptr<const World> world,
+                             uint32_t rank) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FailMember(MemberInfo* info, const std::string& reason, Actions* actions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // FailMember's bookkeeping without the regroup: marks the member failed,
@@ -431,6 +437,12 @@ class Coordinator {
   absl::Time paused_since_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   // When the current world was formed (its regroup's start).
   absl::Time formed_at_ ABSL_GUARDED_BY(mu_);
+  // The last completed world (what its members hold), the one before it,
+  // and the last as a change from the one before (null when it is not one,
+  // world_delta.h). Empty after a restart until a world completes.
+  std::shared_ptr<const World> completed_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<const World> delta_base_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<const WorldDelta> delta_ ABSL_GUARDED_BY(mu_);
   // A world formed after a broken-world report: when its members must have
   // arrived (arrival_deadline.h; clear otherwise, and Form clears it).
   ArrivalDeadline arrival_deadline_ ABSL_GUARDED_BY(mu_);

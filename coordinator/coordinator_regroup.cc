@@ -3,6 +3,8 @@
 // lifecycle (gen_, generation_state.h) are taken here and in Leave, Load,
 // Tick and StopServing.
 #include <algorithm>
+#include <memory>
+#include <optional>
 #include <set>
 #include <utility>
 
@@ -15,7 +17,8 @@
 namespace muster {
 
 void Coordinator::Rendezvous(const MemberKey& key, uint64_t after_generation, int64_t step,
-                             absl::Duration timeout, RendezvousCallback done) {
+                             absl::Duration timeout, RendezvousCallback done,
+                             bool takes_delta) {
   Actions actions = Gated();
   absl::MutexLock lock(&mu_);
   absl::Status s = CheckServing();
@@ -52,6 +55,7 @@ void Coordinator::Rendezvous(const MemberKey& key, uint64_t after_generation, in
   }
   MemberInfo* info = *live;
   info->step = step;
+  info->takes_delta = takes_delta;
   const absl::Duration wait = std::min(CapWait(timeout), options_.rules.join_timeout);
   const World& world = gen_.world();
   const int rank = world.RankOf(key.id);
@@ -59,7 +63,7 @@ void Coordinator::Rendezvous(const MemberKey& key, uint64_t after_generation, in
                               rank >= 0 &&
                               world.members[rank].member.incarnation == key.incarnation;
   if (in_newer_world && gen_.complete()) {
-    RendezvousResult result{gen_.Published(), static_cast<uint32_t>(rank)};
+    RendezvousResult result = ResultFor(key, gen_.Published(), static_cast<uint32_t>(rank));
     actions.Add([done = std::move(done), result] { done(result); });
     return;
   }
@@ -328,10 +332,31 @@ void Coordinator::WorldCompleted(Actions* actions) {
     CoordinatorCounters::Keep(&counters_.regroup_seconds, absl::ToDoubleSeconds(took));
     ++counters_.regroups_timed;
   }
+  // Told once for all: the change from the world its members hold.
+  delta_base_ = completed_;
+  delta_.reset();
+  if (delta_base_ != nullptr) {
+    if (std::optional<WorldDelta> d = MakeWorldDelta(*delta_base_, world)) {
+      delta_ = std::make_shared<const WorldDelta>(std::move(*d));
+    }
+  }
+  completed_ = shared;
   for (RendezvousWaiter& w : waiters_.TakeAnsweredBy(world)) {
-    RendezvousResult result{shared, static_cast<uint32_t>(world.RankOf(w.member.id))};
+    RendezvousResult result =
+        ResultFor(w.member, shared, static_cast<uint32_t>(world.RankOf(w.member.id)));
     actions->Add([done = std::move(w.done), result] { done(result); });
   }
+}
+
+RendezvousResult Coordinator::ResultFor(const MemberKey& key, std::shared_ptr<const World> world,
+                                        uint32_t rank) const {
+  RendezvousResult result{std::move(world), rank, nullptr};
+  if (delta_ == nullptr || result.world != completed_) return result;
+  const MemberInfo* info = membership_.Find(key.id);
+  if (info == nullptr || !info->takes_delta) return result;
+  const int base_rank = delta_base_->RankOf(key.id);
+  if (base_rank >= 0 && delta_base_->members[base_rank].member == key) result.delta = delta_;
+  return result;
 }
 
 void Coordinator::FailMember(MemberInfo* info, const std::string& reason, Actions* actions) {

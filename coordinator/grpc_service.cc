@@ -192,10 +192,11 @@ grpc::ServerUnaryReactor* CoordinatorService::Rendezvous(grpc::CallbackServerCon
       ToKey(req->member()), req->after_generation(), req->step(), Millis(req->timeout_ms()),
       [resp, call, claim = call->claim(), epoch = epoch_](absl::StatusOr<RendezvousResult> result) {
         Waiting::Answer(claim, call, result.status(), [&] {
-          ToProto(*result->world, result->rank, resp);
+          ToProto(*result, resp);
           resp->set_epoch(epoch);
         });
-      });
+      },
+      req->takes_delta());
   return call;
 }
 

@@ -36,6 +36,7 @@ struct MemberInfo {
   absl::Time joined;
   absl::Time last_seen;   // join, hello or heartbeat
   uint64_t session = 0;   // id of the open session, 0 if none
+  bool takes_delta = false;  // its last Rendezvous call took deltas
   std::string reason;     // why it failed or left
 };
 

@@ -45,6 +45,21 @@ void ToProto(const World& world, uint32_t rank, v1::RendezvousResponse* out) {
   }
 }
 
+void ToProto(const RendezvousResult& result, v1::RendezvousResponse* out) {
+  if (result.delta == nullptr) return ToProto(*result.world, result.rank, out);
+  const World& world = *result.world;
+  const WorldDelta& d = *result.delta;
+  ToProto(world, out->mutable_world());
+  v1::WorldDelta* m = out->mutable_delta();
+  m->set_base_generation(d.base_generation);
+  m->set_base_digest(d.base_digest);
+  m->mutable_removed_ranks()->Add(d.removed_ranks.begin(), d.removed_ranks.end());
+  m->mutable_removed_nodes()->Add(d.removed_nodes.begin(), d.removed_nodes.end());
+  for (uint32_t r = d.first_appended; r < world.size(); ++r) {
+    ToProto(world.members[r], m->add_appended());
+  }
+}
+
 BrokenWorldReport FromProto(const v1::BrokenWorld& broken) {
   BrokenWorldReport r;
   r.generation = broken.generation();

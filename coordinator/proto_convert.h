@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "coordinator/rendezvous_waiters.h"
 #include "coordinator/types.h"
 #include "muster/v1/coordinator.pb.h"
 
@@ -17,6 +18,9 @@ void ToProto(const Assignment& a, v1::Assignment* out);
 void ToProto(const World& world, v1::World* out);
 // What the member at `rank` receives: the summary, itself and its node.
 void ToProto(const World& world, uint32_t rank, v1::RendezvousResponse* out);
+// A Rendezvous answer: as above, or the summary and the delta when the
+// result carries one.
+void ToProto(const RendezvousResult& result, v1::RendezvousResponse* out);
 BrokenWorldReport FromProto(const v1::BrokenWorld& broken);
 
 }  // namespace muster

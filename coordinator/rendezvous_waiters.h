@@ -27,6 +27,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "coordinator/types.h"
+#include "coordinator/world_delta.h"
 
 namespace muster {
 
@@ -35,6 +36,9 @@ struct RendezvousResult {
   // Shared by every member's result (a world can hold thousands).
   std::shared_ptr<const World> world;
   uint32_t rank = 0;
+  // Set when the caller was a member of the delta's base world: the answer
+  // is the delta (the same for all of them), not the caller's assignment.
+  std::shared_ptr<const WorldDelta> delta;
 };
 
 // One Rendezvous call waiting for a world.

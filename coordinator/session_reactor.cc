@@ -269,12 +269,13 @@ void SessionReactor::Rendezvous(absl::Time start) {
         answer->set_call(n);
         answer->set_code(static_cast<int>(result.status().code()));
         answer->set_message(std::string(result.status().message()));
-        if (result.ok()) ToProto(*result->world, result->rank, answer->mutable_response());
+        if (result.ok()) ToProto(*result, answer->mutable_response());
         if (metrics != nullptr) {
           metrics->ObserveRpc("NodeRendezvous", result.status().code(), clock->Now() - start);
         }
         outbox->Write(std::move(msg));
-      });
+      },
+      req.takes_delta());
 }
 
 void SessionReactor::OnReadDone(bool ok) {

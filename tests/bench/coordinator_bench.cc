@@ -14,7 +14,10 @@
 // (min_members = N - 1, max_members = N, so the world forms once all N are
 // there). regroup_s (--regroup): one member is killed (its session broken,
 // or detached by its node session); from then to every survivor holding
-// its assignment in the new world. "-" when not measured. With
+// its assignment in the new world (with --deltas, the default, the
+// survivors' answer is the regroup's delta, which a member applies to the
+// world it holds in O(its node); the simulated members count it received).
+// "-" when not measured. With
 // --state-sync-delay and --churn-per-second the heartbeats are measured
 // while the coordinator writes events to a slow disk. With --api-requests R
 // the coordinator also serves its status page, and R requests for
@@ -51,6 +54,9 @@ ABSL_FLAG(int, seconds, 10, "heartbeat measurement window");
 ABSL_FLAG(bool, batches, true,
           "node sessions take and send batches (SessionEvent.batch, SessionRequest.batch), as "
           "muster-agent does; false: one message per member, the protocol before batches");
+ABSL_FLAG(bool, deltas, true,
+          "members take a regroup's answer as a delta of the world they hold "
+          "(RendezvousRequest.takes_delta); false: every answer in full");
 ABSL_FLAG(int, channels, 8, "client connections the sessions share");
 ABSL_FLAG(bool, rendezvous, true, "also measure the rendezvous of all members");
 ABSL_FLAG(bool, regroup, false,
@@ -191,6 +197,7 @@ class SimSession : public grpc::ClientBidiReactor<v1::SessionRequest, v1::Sessio
       }
       call->mutable_request()->set_after_generation(after);
       call->mutable_request()->set_timeout_ms(600'000);
+      call->mutable_request()->set_takes_delta(absl::GetFlag(FLAGS_deltas));
     }
     v1::SessionRequest msg;
     if (batch.batch_size() == 1) {
@@ -435,6 +442,7 @@ class CoordinatorBench {
       *p->req.mutable_member() = refs_[i];
       p->req.set_after_generation(after);
       p->req.set_timeout_ms(600'000);
+      p->req.set_takes_delta(absl::GetFlag(FLAGS_deltas));
       Stub(i)->async()->Rendezvous(&p->ctx, &p->req, &p->resp, [&round, p](grpc::Status s) {
         round.Answered(s.ok(), p->resp.world().world_size());
       });

@@ -230,3 +230,80 @@ TEST(NodeSessionStartTest, CallsMadeBeforeTheAgentReachesItsCoordinatorWaitForIt
 
 }  // namespace
 }  // namespace muster
+
+namespace muster {
+namespace {
+
+// Regroups answered as deltas, over real gRPC: survivors derive their place
+// from the world they hold, and a member whose answer for one generation
+// was lost (its call gave up just before the world completed) holds an
+// older world than the next delta's base, so it fetches the whole world
+// (GetWorld) and goes on in it.
+TEST(WorldDeltaServerTest, AMemberThatMissedAGenerationFetchesTheWholeWorldAndGoesOn) {
+  ServerOptions o;
+  o.token = kToken;
+  o.coordinator.rules.min_members = 1;
+  o.coordinator.rules.max_members = 3;
+  o.coordinator.rules.last_call = absl::Seconds(5);
+  o.coordinator.heartbeat_interval = absl::Milliseconds(100);
+  o.coordinator.heartbeat_timeout = absl::Seconds(10);
+  auto server = std::move(CoordinatorServer::Start(o)).value();
+  const std::string target = absl::StrCat("127.0.0.1:", server->port());
+  std::vector<std::unique_ptr<CoordinatorClient>> m;
+  for (const char* id : {"a", "b", "c"}) {
+    ClientOptions c;
+    c.target = target;
+    c.token = kToken;
+    c.member_id = id;
+    c.node = id[0] == 'c' ? "n1" : "n0";
+    c.local_rank = id[0] == 'b' ? 1 : 0;
+    m.push_back(std::move(CoordinatorClient::Create(c)).value());
+    ASSERT_TRUE(m.back()->Join(0, absl::Now() + absl::Seconds(10)).ok());
+    ASSERT_TRUE(m.back()->StartSession([](const SessionNotice&) {}).ok());
+  }
+  CoordinatorClient* a = m[0].get();
+  CoordinatorClient* b = m[1].get();
+  CoordinatorClient* c = m[2].get();
+  std::vector<absl::StatusOr<WorldInfo>> first(3, absl::UnknownError("not run"));
+  {
+    std::vector<std::thread> t;
+    for (int i = 0; i < 3; ++i) {
+      t.emplace_back([&, i] { first[i] = m[i]->Rendezvous(0, 0, absl::Now() + absl::Seconds(10)); });
+    }
+    for (auto& x : t) x.join();
+  }
+  for (const auto& w : first) ASSERT_TRUE(w.ok()) << w.status();
+  const uint64_t g1 = first[0]->generation;
+  ASSERT_EQ(first[0]->world_size, 3);
+  // c leaves: generation 2 is a and b. a arrives but gives up before b
+  // does, so a never hears generation 2.
+  ASSERT_TRUE(c->Leave(/*finished=*/false, 0).ok());
+  absl::StatusOr<WorldInfo> lost = a->Rendezvous(g1, 0, absl::Now() + absl::Milliseconds(500));
+  ASSERT_TRUE(absl::IsDeadlineExceeded(lost.status())) << lost.status();
+  absl::StatusOr<WorldInfo> g2 = b->Rendezvous(g1, 0, absl::Now() + absl::Seconds(10));
+  ASSERT_TRUE(g2.ok()) << g2.status();
+  EXPECT_EQ(g2->world_size, 2);
+  EXPECT_EQ(g2->rank, 1);
+  EXPECT_EQ(g2->local_world_size(), 2);
+  EXPECT_EQ(b->deltas_applied(), 1u);  // b held generation 1: the delta was enough
+  EXPECT_EQ(b->worlds_fetched(), 0u);
+  // b leaves too: generation 3 is a alone, told as a delta from generation
+  // 2, which a never held.
+  ASSERT_TRUE(b->Leave(/*finished=*/false, 0).ok());
+  absl::StatusOr<WorldInfo> g3 = a->Rendezvous(g1, 0, absl::Now() + absl::Seconds(10));
+  ASSERT_TRUE(g3.ok()) << g3.status();
+  EXPECT_EQ(a->worlds_fetched(), 1u);
+  EXPECT_EQ(a->deltas_applied(), 0u);
+  EXPECT_GT(g3->generation, g2->generation);
+  EXPECT_EQ(g3->world_size, 1);
+  EXPECT_EQ(g3->rank, 0);
+  EXPECT_EQ(g3->self.member_id, "a");
+  ASSERT_EQ(g3->node_peers.size(), 1u);
+  EXPECT_EQ(g3->local_world_size(), 1);
+  // And a goes on in it: the generation's calls take it as a member.
+  EXPECT_TRUE(a->Barrier(g3->generation, "after-fetch", absl::Now() + absl::Seconds(10)).ok());
+  EXPECT_TRUE(a->KvSet(g3->generation, "k", "v", absl::Now() + absl::Seconds(10)).ok());
+}
+
+}  // namespace
+}  // namespace muster

@@ -101,7 +101,7 @@ TEST(RendezvousWaitersTest, ATakenWaiterCarriesItsCallback) {
   std::vector<RendezvousWaiter> taken = w.TakeAnsweredBy(MakeWorld(1, 1));
   ASSERT_EQ(taken.size(), 1u);
   EXPECT_FALSE(answer.has_value());  // taking answers nothing
-  taken[0].done(RendezvousResult{std::make_shared<const World>(MakeWorld(1, 1)), 0});
+  taken[0].done(RendezvousResult{std::make_shared<const World>(MakeWorld(1, 1)), 0, nullptr});
   ASSERT_TRUE(answer.has_value());
   ASSERT_TRUE(answer->ok());
   EXPECT_EQ((*answer)->world->generation, 1u);

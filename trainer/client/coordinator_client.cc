@@ -20,6 +20,7 @@
 #include "rpc/coordinator_channel.h"
 #include "rpc/credentials.h"
 #include "rpc/status.h"
+#include "trainer/client/world_delta.h"
 
 namespace muster {
 
@@ -71,37 +72,6 @@ v1::MemberRef Ref(const ClientOptions& o) {
   r.set_member_id(o.member_id);
   r.set_incarnation(o.incarnation);
   return r;
-}
-
-PeerInfo FromProto(const v1::Assignment& a) {
-  PeerInfo p;
-  p.member_id = a.member().member_id();
-  p.incarnation = a.member().incarnation();
-  p.node = a.node();
-  p.state_address = a.state_address();
-  p.rank = static_cast<int>(a.rank());
-  p.node_rank = static_cast<int>(a.node_rank());
-  p.local_rank = static_cast<int>(a.local_rank());
-  p.local_world_size = static_cast<int>(a.local_world_size());
-  p.step = a.step();
-  return p;
-}
-
-WorldInfo FromProto(const v1::RendezvousResponse& resp) {
-  WorldInfo w;
-  const v1::World& pw = resp.world();
-  w.generation = pw.generation();
-  w.rank = static_cast<int>(resp.rank());
-  w.world_size = static_cast<int>(pw.world_size());
-  w.node_count = static_cast<int>(pw.node_count());
-  w.state_source_rank = static_cast<int>(pw.state_source_rank());
-  w.state_step = pw.state_step();
-  w.state_source = FromProto(pw.state_source());
-  w.self = FromProto(resp.self());
-  for (const v1::Assignment& a : resp.node_members()) w.node_peers.push_back(FromProto(a));
-  for (uint32_t size : pw.node_sizes()) w.node_sizes.push_back(static_cast<int>(size));
-  w.digest = pw.digest();
-  return w;
 }
 
 // The answer is what the communicators are built from: refuse one that does
@@ -380,13 +350,15 @@ bool CoordinatorClient::FromCurrentEpoch(uint64_t epoch) {
 absl::StatusOr<WorldInfo> CoordinatorClient::Rendezvous(uint64_t after, int64_t step,
                                                         absl::Time deadline,
                                                         const BrokenWorld* broken) {
-  v1::RendezvousResponse resp;
+  WorldInfo w;
   MUSTER_RETURN_IF_ERROR(Retry(deadline, [&](absl::Time d) {
     MUSTER_CONTEXT(ctx, d + absl::Seconds(2));
+    v1::RendezvousResponse resp;
     v1::RendezvousRequest req;
     *req.mutable_member() = Ref(options_);
     req.set_after_generation(after);
     req.set_step(step);
+    req.set_takes_delta(true);
     req.set_timeout_ms(static_cast<uint32_t>(
         std::max<int64_t>(1, absl::ToInt64Milliseconds(Remaining(d)))));
     if (broken != nullptr) {
@@ -403,12 +375,66 @@ absl::StatusOr<WorldInfo> CoordinatorClient::Rendezvous(uint64_t after, int64_t 
       return absl::UnavailableError(absl::StrCat("an answer of lease epoch ", resp.epoch(),
                                                  " (epoch ", epoch_.load(), " is current)"));
     }
-    return s;
+    if (!s.ok()) return s;
+    absl::StatusOr<WorldInfo> answered = WorldOf(resp, step, d);
+    if (answered.ok()) w = std::move(*answered);
+    return answered.status();
   }));
-  WorldInfo w = FromProto(resp);
   MUSTER_RETURN_IF_ERROR(CheckWorld(w, options_.member_id));
   RaiseTo(latest_generation_, w.generation);
+  {
+    absl::MutexLock lock(&held_mu_);
+    held_ = w;
+  }
   return w;
+}
+
+absl::StatusOr<WorldInfo> CoordinatorClient::WorldOf(const v1::RendezvousResponse& resp,
+                                                     int64_t step, absl::Time deadline) {
+  if (!resp.has_delta()) return FromProto(resp);
+  WorldInfo held;
+  {
+    absl::MutexLock lock(&held_mu_);
+    held = held_;
+  }
+  absl::StatusOr<WorldInfo> derived = ApplyWorldDelta(held, resp.world(), resp.delta(), step);
+  if (absl::IsInvalidArgument(derived.status())) {
+    return absl::InternalError(absl::StrCat("the coordinator's delta to generation ",
+                                            resp.world().generation(),
+                                            " is inconsistent: ", derived.status().message()));
+  }
+  if (derived.ok()) ++deltas_applied_;
+  if (!absl::IsFailedPrecondition(derived.status())) return derived;
+  MUSTER_LOG(INFO) << "generation " << resp.world().generation()
+                   << " came as a delta this member cannot apply (" << derived.status().message()
+                   << "); fetching the whole world";
+  absl::StatusOr<WorldInfo> fetched = FetchWorld(resp.world().generation(), deadline);
+  // A newer world formed meanwhile: ask again (Retry), to be answered by it.
+  if (absl::IsNotFound(fetched.status())) return absl::UnavailableError(fetched.status().message());
+  return fetched;
+}
+
+absl::StatusOr<WorldInfo> CoordinatorClient::FetchWorld(uint64_t generation, absl::Time deadline) {
+  std::vector<v1::Assignment> members;
+  v1::World world;
+  uint32_t next = 0;
+  do {
+    MUSTER_CONTEXT(ctx, deadline);
+    v1::GetWorldRequest req;
+    req.set_generation(generation);
+    req.set_start_rank(next);
+    req.set_max_members(10'000);
+    v1::GetWorldResponse resp;
+    MUSTER_RETURN_IF_ERROR(FromGrpcStatus(impl_->Stub()->GetWorld(&ctx, req, &resp)));
+    if (resp.next_rank() <= next && next < resp.world().world_size()) {
+      return absl::InternalError(absl::StrCat("GetWorld's page at rank ", next, " is empty"));
+    }
+    for (v1::Assignment& a : *resp.mutable_members()) members.push_back(std::move(a));
+    world = resp.world();
+    next = resp.next_rank();
+  } while (next < world.world_size());
+  ++worlds_fetched_;
+  return WorldFromMembers(world, members, options_.member_id);
 }
 
 absl::Status CoordinatorClient::Leave(bool finished, int64_t step) {

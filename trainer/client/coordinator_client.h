@@ -46,6 +46,7 @@ class ClientContext;
 namespace muster {
 
 namespace v1 {
+class RendezvousResponse;
 class SessionEvent;
 }  // namespace v1
 
@@ -150,6 +151,11 @@ class CoordinatorClient {
   absl::StatusOr<WorldInfo> Rendezvous(uint64_t after, int64_t step, absl::Time deadline,
                                        const BrokenWorld* broken = nullptr);
   absl::Status Leave(bool finished, int64_t step);
+  // How many times Rendezvous fetched the whole world (GetWorld) because
+  // its answer was a delta from a world this member did not hold.
+  uint64_t worlds_fetched() const { return worlds_fetched_.load(); }
+  // How many answers were deltas this member derived its place from.
+  uint64_t deltas_applied() const { return deltas_applied_.load(); }
 
   absl::Status KvSet(uint64_t generation, const std::string& key, const std::string& value,
                      absl::Time deadline);
@@ -187,6 +193,15 @@ class CoordinatorClient {
   void Heartbeats(OpenSession* session, grpc::ClientContext* ctx);
   // The notice an event carries; none for an acknowledgement.
   std::optional<SessionNotice> Notice(const v1::SessionEvent& event);
+  // This member's view of the world `resp` answers (its own step `step`):
+  // the answer itself, or the delta applied to held_, or, when the delta
+  // is not from held_, the whole world fetched. UNAVAILABLE when that world
+  // is gone by then (ask again).
+  absl::StatusOr<WorldInfo> WorldOf(const v1::RendezvousResponse& resp, int64_t step,
+                                    absl::Time deadline);
+  // Every member of generation `generation`, paged by GetWorld, as this
+  // member's view.
+  absl::StatusOr<WorldInfo> FetchWorld(uint64_t generation, absl::Time deadline);
   // Runs `call` until it returns something other than UNAVAILABLE or the
   // deadline passes.
   absl::Status Retry(absl::Time deadline, const std::function<absl::Status(absl::Time)>& call);
@@ -208,6 +223,11 @@ class CoordinatorClient {
   std::string observed_host_ ABSL_GUARDED_BY(observed_mu_);
   std::atomic<bool> stopping_{false};
   std::thread session_thread_;
+  // The world the last Rendezvous answered (a delta's base).
+  absl::Mutex held_mu_;
+  WorldInfo held_ ABSL_GUARDED_BY(held_mu_);
+  std::atomic<uint64_t> worlds_fetched_{0};
+  std::atomic<uint64_t> deltas_applied_{0};
 };
 
 }  // namespace muster
