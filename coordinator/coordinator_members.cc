@@ -83,7 +83,7 @@ absl::StatusOr<uint64_t> Coordinator::OpenSession(const MemberKey& key,
   const uint64_t id = next_session_++;
   sessions_[id] = Session{key, std::move(sink)};
   info->session = id;
-  info->last_seen = clock_->Now();
+  membership_.Seen(info, clock_->Now());
   if (gen_.phase() == GenerationPhase::kRecovering) CheckRecovered(&actions);
   return id;
 }
@@ -119,7 +119,7 @@ absl::Status Coordinator::Beat(uint64_t session, MemberProgress progress, absl::
   auto it = sessions_.find(session);
   if (it == sessions_.end()) return absl::NotFoundError("no such session");
   MUSTER_ASSIGN_OR_RETURN(MemberInfo * info, membership_.Live(it->second.member));
-  info->last_seen = now;
+  membership_.Seen(info, now);
   if (progress.step >= 0) info->step = progress.step;
   if (progress.samples > 0) info->samples = progress.samples;
   info->progress_at = now - progress.age;

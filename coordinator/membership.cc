@@ -42,14 +42,14 @@ absl::StatusOr<JoinOutcome> Membership::Join(const JoinSpec& spec, absl::Time no
       old.state_address = spec.state_address;
       old.spare = spec.spare;
       old.step = std::max(old.step, spec.step);
-      old.last_seen = now;
+      Seen(&old, now);
       return JoinOutcome::kReattached;
     }
     if (IsAlive(old.state)) {
       outcome = JoinOutcome::kReplaced;
       if (fenced != nullptr) *fenced = old;
     }
-    members_.erase(it);
+    Erase(it);
   } else if (members_.size() >= limits_.max_members) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "the coordinator tracks ", members_.size(), " members; the limit is ",
@@ -64,9 +64,25 @@ absl::StatusOr<JoinOutcome> Membership::Join(const JoinSpec& spec, absl::Time no
   info.spare = spec.spare;
   info.step = spec.step;
   info.joined = now;
-  info.last_seen = now;
-  members_.emplace(spec.key.id, std::move(info));
+  auto [added, inserted] = members_.emplace(spec.key.id, std::move(info));
+  (void)inserted;
+  Seen(&added->second, now);
   return outcome;
+}
+
+void Membership::Seen(MemberInfo* info, absl::Time now) {
+  info->last_seen = now;
+  if (info->listed) {
+    by_seen_.splice(by_seen_.end(), by_seen_, info->seen_at);
+  } else {
+    info->seen_at = by_seen_.insert(by_seen_.end(), info);
+    info->listed = true;
+  }
+}
+
+void Membership::Erase(std::map<std::string, MemberInfo>::iterator it) {
+  if (it->second.listed) by_seen_.erase(it->second.seen_at);
+  members_.erase(it);
 }
 
 MemberInfo* Membership::Find(const std::string& id) {
@@ -99,11 +115,18 @@ absl::StatusOr<MemberInfo*> Membership::Live(const MemberKey& key) {
   return info;
 }
 
-std::vector<std::string> Membership::Expired(absl::Time now,
-                                             absl::Duration timeout) const {
+std::vector<std::string> Membership::Expired(absl::Time now, absl::Duration timeout) {
   std::vector<std::string> out;
-  for (const auto& [id, info] : members_) {
-    if (IsAlive(info.state) && now - info.last_seen > timeout) out.push_back(id);
+  for (auto it = by_seen_.begin(); it != by_seen_.end();) {
+    MemberInfo* info = *it;
+    if (now - info->last_seen <= timeout) break;  // every later one is newer
+    if (!IsAlive(info->state)) {
+      info->listed = false;
+      it = by_seen_.erase(it);
+      continue;
+    }
+    out.push_back(info->key.id);
+    ++it;
   }
   return out;
 }
@@ -115,7 +138,7 @@ void Membership::PruneEnded(size_t keep) {
   }
   if (ended.size() <= keep) return;
   std::sort(ended.begin(), ended.end());
-  for (size_t i = 0; i + keep < ended.size(); ++i) members_.erase(ended[i].second);
+  for (size_t i = 0; i + keep < ended.size(); ++i) Erase(members_.find(ended[i].second));
 }
 
 }  // namespace muster

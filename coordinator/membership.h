@@ -7,6 +7,7 @@
 #define MUSTER_COORDINATOR_MEMBERSHIP_H_
 
 #include <cstdint>
+#include <list>
 #include <map>
 #include <string>
 #include <vector>
@@ -34,10 +35,13 @@ struct MemberInfo {
   absl::Time stalled_since = absl::InfiniteFuture();
   absl::Time progress_at = absl::InfinitePast();
   absl::Time joined;
-  absl::Time last_seen;   // join, hello or heartbeat
+  absl::Time last_seen;   // join, hello or heartbeat (Membership::Seen)
   uint64_t session = 0;   // id of the open session, 0 if none
   bool takes_delta = false;  // its last Rendezvous call took deltas
   std::string reason;     // why it failed or left
+  // Membership's own: its place in the order of last signs of life.
+  bool listed = false;
+  std::list<MemberInfo*>::iterator seen_at;
 };
 
 struct JoinSpec {
@@ -58,6 +62,9 @@ enum class JoinOutcome {
 class Membership {
  public:
   explicit Membership(const Limits& limits) : limits_(limits) {}
+  // by_seen_ points into members_.
+  Membership(const Membership&) = delete;
+  Membership& operator=(const Membership&) = delete;
 
   // Registers `spec`. Errors: INVALID_ARGUMENT (empty or oversized fields,
   // incarnation 0), RESOURCE_EXHAUSTED (more than limits.max_members tracked),
@@ -75,9 +82,15 @@ class Membership {
   // first), ABORTED (another incarnation, or this one failed or left).
   absl::StatusOr<MemberInfo*> Live(const MemberKey& key);
 
+  // A sign of life of `info` (a member of this table) at `now`, which is
+  // never before the last one given.
+  void Seen(MemberInfo* info, absl::Time now);
+
   // Members whose last sign of life is older than `timeout` and whose state
-  // is waiting, active or draining. Does not change them.
-  std::vector<std::string> Expired(absl::Time now, absl::Duration timeout) const;
+  // is waiting, active or draining. Does not change them. O(members it
+  // passes): it walks the order of last signs of life from the oldest,
+  // dropping from that order the ended members it passes.
+  std::vector<std::string> Expired(absl::Time now, absl::Duration timeout);
 
   // Drops ended (failed, left, finished) members beyond `keep` of them, the
   // oldest first, so that churn cannot grow the table without bound.
@@ -87,8 +100,13 @@ class Membership {
   size_t size() const { return members_.size(); }
 
  private:
+  // Removes `it` from the table and from by_seen_.
+  void Erase(std::map<std::string, MemberInfo>::iterator it);
+
   Limits limits_;
   std::map<std::string, MemberInfo> members_;
+  // Members by last sign of life, oldest first (map nodes do not move).
+  std::list<MemberInfo*> by_seen_;
 };
 
 bool IsAlive(MemberState state);

@@ -83,3 +83,37 @@ TEST(MembershipTest, ExpiredAndPrune) {
 
 }  // namespace
 }  // namespace muster
+
+namespace muster {
+namespace {
+
+// Expired walks members by their last sign of life: a heartbeat moves a
+// member behind the others, a replaced or pruned member leaves the order,
+// and an ended one is dropped from it as the walk passes it.
+TEST(MembershipTest, ExpiredFollowsTheLastSignsOfLife) {
+  FakeClock clock;
+  Membership m{Limits{}};
+  for (const char* id : {"a", "b", "c"}) {
+    ASSERT_TRUE(m.Join(Spec(id, 1), clock.Now(), nullptr).ok());
+    clock.Advance(absl::Seconds(1));
+  }
+  // a beats again: now b is the oldest.
+  m.Seen(m.Find("a"), clock.Now());
+  clock.Advance(absl::Seconds(1));
+  EXPECT_EQ(m.Expired(clock.Now(), absl::Milliseconds(2500)), std::vector<std::string>{"b"});
+  EXPECT_EQ(m.Expired(clock.Now(), absl::Milliseconds(1500)),
+            (std::vector<std::string>{"b", "c"}));
+  // b ends: never expired again; c is replaced by a new incarnation, which
+  // is new.
+  m.Find("b")->state = MemberState::kFailed;
+  ASSERT_TRUE(m.Join(Spec("c", 2), clock.Now(), nullptr).ok());
+  EXPECT_TRUE(m.Expired(clock.Now(), absl::Milliseconds(1500)).empty());
+  clock.Advance(absl::Seconds(10));
+  EXPECT_EQ(m.Expired(clock.Now(), absl::Seconds(5)), (std::vector<std::string>{"a", "c"}));
+  m.PruneEnded(0);
+  EXPECT_EQ(m.Find("b"), nullptr);
+  EXPECT_EQ(m.Expired(clock.Now(), absl::Seconds(5)), (std::vector<std::string>{"a", "c"}));
+}
+
+}  // namespace
+}  // namespace muster
