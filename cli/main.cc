@@ -5,6 +5,7 @@
 //
 // Exit codes: 0 success, 1 the rpc failed (the gRPC status is printed),
 // 2 bad usage. Each command lives in cli/<command>_command.cc.
+#include <algorithm>
 #include <cstdlib>
 #include <iostream>
 #include <memory>
@@ -17,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "cli/command.h"
+#include "common/clock.h"
 #include "common/flag_names.h"
 #include "common/token.h"
 #include "rpc/coordinator_channel.h"
@@ -138,6 +140,15 @@ int Run(const std::vector<char*>& args) {
     std::cerr << "muster: " << channel.status() << "\n";
     return 2;
   }
+  // gRPC fails a call at once on a channel whose first connection attempt
+  // failed. A coordinator whose machine is busy can take long enough over a
+  // TLS handshake that it closes the connection (its handshake_timeout,
+  // coordinator/server.h), where a second attempt would get through. So
+  // the channel gets up to 3 s (within --timeout) to connect, attempts
+  // included, before the command's call; with no coordinator the command
+  // fails that much later, with the same error.
+  (*channel)->WaitForConnected(SystemDeadline(
+      RealClock::Get()->Now() + std::min(absl::GetFlag(FLAGS_timeout), absl::Seconds(3))));
   std::unique_ptr<v1::Coordinator::Stub> stub = v1::Coordinator::NewStub(*channel);
   grpc::ClientContext ctx;
   Prepare(&ctx, *token);
