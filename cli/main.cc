@@ -147,11 +147,13 @@ int Run(const std::vector<char*>& args) {
   // the channel gets up to 3 s (within --timeout) to connect, attempts
   // included, before the command's call; with no coordinator the command
   // fails that much later, with the same error.
-  (*channel)->WaitForConnected(SystemDeadline(
-      RealClock::Get()->Now() + std::min(absl::GetFlag(FLAGS_timeout), absl::Seconds(3))));
+  const absl::Time now = RealClock::Get()->Now();
+  const absl::Time deadline = now + absl::GetFlag(FLAGS_timeout);
+  (*channel)->WaitForConnected(SystemDeadline(std::min(deadline, now + absl::Seconds(3))));
   std::unique_ptr<v1::Coordinator::Stub> stub = v1::Coordinator::NewStub(*channel);
   grpc::ClientContext ctx;
   Prepare(&ctx, *token);
+  ctx.set_deadline(SystemDeadline(deadline));  // the wait counts against --timeout
   Invocation in{stub.get(), &ctx, *token, tls, absl::GetFlag(FLAGS_json),
                 std::vector<std::string>(args.begin() + 2, args.end())};
   return command->run(in);

@@ -329,9 +329,10 @@ class Coordinator {
   // The forming world just completed: stores it and answers its waiters.
   void WorldCompleted(Actions* actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // `key`'s answer from the completed world `world` (its rank there): the
-  // delta when `key` was a member of the delta's base.
+  // delta when the call takes one and `key` was a member of the delta's base.
   RendezvousResult ResultFor(const MemberKey& key, std::shared_ptr<const World> world,
-                             uint32_t rank) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                             uint32_t rank, bool takes_delta) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FailMember(MemberInfo* info, const std::string& reason, Actions* actions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // FailMember's bookkeeping without the regroup: marks the member failed,

@@ -55,7 +55,6 @@ void Coordinator::Rendezvous(const MemberKey& key, uint64_t after_generation, in
   }
   MemberInfo* info = *live;
   info->step = step;
-  info->takes_delta = takes_delta;
   const absl::Duration wait = std::min(CapWait(timeout), options_.rules.join_timeout);
   const World& world = gen_.world();
   const int rank = world.RankOf(key.id);
@@ -63,12 +62,14 @@ void Coordinator::Rendezvous(const MemberKey& key, uint64_t after_generation, in
                               rank >= 0 &&
                               world.members[rank].member.incarnation == key.incarnation;
   if (in_newer_world && gen_.complete()) {
-    RendezvousResult result = ResultFor(key, gen_.Published(), static_cast<uint32_t>(rank));
+    RendezvousResult result =
+        ResultFor(key, gen_.Published(), static_cast<uint32_t>(rank), takes_delta);
     actions.Add([done = std::move(done), result] { done(result); });
     return;
   }
   waiters_.Add(
-      RendezvousWaiter{key, after_generation, step, clock_->Now() + wait, std::move(done)});
+      RendezvousWaiter{key, after_generation, step, clock_->Now() + wait, std::move(done),
+                       takes_delta});
   if (in_newer_world) {
     if (Arrive(key.id, step)) WorldCompleted(&actions);
     return;
@@ -342,18 +343,16 @@ void Coordinator::WorldCompleted(Actions* actions) {
   }
   completed_ = shared;
   for (RendezvousWaiter& w : waiters_.TakeAnsweredBy(world)) {
-    RendezvousResult result =
-        ResultFor(w.member, shared, static_cast<uint32_t>(world.RankOf(w.member.id)));
+    RendezvousResult result = ResultFor(
+        w.member, shared, static_cast<uint32_t>(world.RankOf(w.member.id)), w.takes_delta);
     actions->Add([done = std::move(w.done), result] { done(result); });
   }
 }
 
 RendezvousResult Coordinator::ResultFor(const MemberKey& key, std::shared_ptr<const World> world,
-                                        uint32_t rank) const {
+                                        uint32_t rank, bool takes_delta) const {
   RendezvousResult result{std::move(world), rank, nullptr};
-  if (delta_ == nullptr || result.world != completed_) return result;
-  const MemberInfo* info = membership_.Find(key.id);
-  if (info == nullptr || !info->takes_delta) return result;
+  if (!takes_delta || delta_ == nullptr || result.world != completed_) return result;
   const int base_rank = delta_base_->RankOf(key.id);
   if (base_rank >= 0 && delta_base_->members[base_rank].member == key) result.delta = delta_;
   return result;

@@ -47,7 +47,10 @@ absl::StatusOr<JoinOutcome> Membership::Join(const JoinSpec& spec, absl::Time no
     }
     if (IsAlive(old.state)) {
       outcome = JoinOutcome::kReplaced;
-      if (fenced != nullptr) *fenced = old;
+      if (fenced != nullptr) {
+        *fenced = old;
+        fenced->listed = false;  // a copy: not in by_seen_
+      }
     }
     Erase(it);
   } else if (members_.size() >= limits_.max_members) {

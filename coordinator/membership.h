@@ -37,7 +37,6 @@ struct MemberInfo {
   absl::Time joined;
   absl::Time last_seen;   // join, hello or heartbeat (Membership::Seen)
   uint64_t session = 0;   // id of the open session, 0 if none
-  bool takes_delta = false;  // its last Rendezvous call took deltas
   std::string reason;     // why it failed or left
   // Membership's own: its place in the order of last signs of life.
   bool listed = false;

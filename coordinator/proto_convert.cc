@@ -55,9 +55,7 @@ void ToProto(const RendezvousResult& result, v1::RendezvousResponse* out) {
   m->set_base_digest(d.base_digest);
   m->mutable_removed_ranks()->Add(d.removed_ranks.begin(), d.removed_ranks.end());
   m->mutable_removed_nodes()->Add(d.removed_nodes.begin(), d.removed_nodes.end());
-  for (uint32_t r = d.first_appended; r < world.size(); ++r) {
-    ToProto(world.members[r], m->add_appended());
-  }
+  m->set_appended_count(world.size() - d.first_appended);
 }
 
 BrokenWorldReport FromProto(const v1::BrokenWorld& broken) {

@@ -55,6 +55,8 @@ struct RendezvousWaiter {
   absl::Time deadline;
   // Answers the call; moved out with the waiter when it is taken.
   Callback done;
+  // The call takes a delta for an answer (RendezvousRequest.takes_delta).
+  bool takes_delta = false;
 };
 
 class RendezvousWaiters {

@@ -40,6 +40,22 @@ void CheckWorld(const v1::RendezvousRequest& req, const v1::RendezvousResponse& 
                       req.ShortDebugString(), "\nanswer: ", resp.ShortDebugString()));
   };
   if (w.generation() <= req.after_generation()) fail("generation not after after_generation");
+  if (resp.has_delta()) {
+    // The member derives its place from the world it holds (a delta of the
+    // base world); the answer itself holds only the summary.
+    const v1::WorldDelta& d = resp.delta();
+    if (!req.takes_delta()) fail("a delta to a caller that does not take one");
+    if (d.base_generation() >= w.generation()) fail("delta's base is not older");
+    if (resp.node_members_size() != 0 || resp.has_self()) fail("a delta with an assignment");
+    for (int i = 1; i < d.removed_ranks_size(); ++i) {
+      if (d.removed_ranks(i) <= d.removed_ranks(i - 1)) fail("removed ranks not ascending");
+    }
+    for (int i = 1; i < d.removed_nodes_size(); ++i) {
+      if (d.removed_nodes(i) <= d.removed_nodes(i - 1)) fail("removed nodes not ascending");
+    }
+    if (d.appended_count() > w.world_size()) fail("more appended than members");
+    return;
+  }
   if (resp.rank() >= w.world_size()) fail("rank out of range");
   const v1::Assignment& self = resp.self();
   if (self.rank() != resp.rank()) fail("self is not at the answered rank");

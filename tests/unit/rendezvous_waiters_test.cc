@@ -26,7 +26,7 @@ const absl::Time kT0 = absl::FromUnixSeconds(1'000'000);
 RendezvousWaiter Waiter(const std::string& id, uint64_t incarnation, uint64_t after_generation,
                         int64_t step, int seconds) {
   return RendezvousWaiter{MemberKey{id, incarnation}, after_generation, step,
-                          kT0 + absl::Seconds(seconds), RendezvousWaiter::Callback()};
+                          kT0 + absl::Seconds(seconds), RendezvousWaiter::Callback(), false};
 }
 
 // "id/step" of each waiter, in order.

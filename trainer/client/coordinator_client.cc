@@ -408,13 +408,15 @@ absl::StatusOr<WorldInfo> CoordinatorClient::WorldOf(const v1::RendezvousRespons
   MUSTER_LOG(INFO) << "generation " << resp.world().generation()
                    << " came as a delta this member cannot apply (" << derived.status().message()
                    << "); fetching the whole world";
-  absl::StatusOr<WorldInfo> fetched = FetchWorld(resp.world().generation(), deadline);
+  absl::StatusOr<WorldInfo> fetched = FetchWorld(resp.world(), deadline);
   // A newer world formed meanwhile: ask again (Retry), to be answered by it.
   if (absl::IsNotFound(fetched.status())) return absl::UnavailableError(fetched.status().message());
   return fetched;
 }
 
-absl::StatusOr<WorldInfo> CoordinatorClient::FetchWorld(uint64_t generation, absl::Time deadline) {
+absl::StatusOr<WorldInfo> CoordinatorClient::FetchWorld(const v1::World& answered,
+                                                        absl::Time deadline) {
+  const uint64_t generation = answered.generation();
   std::vector<v1::Assignment> members;
   v1::World world;
   uint32_t next = 0;
@@ -433,8 +435,15 @@ absl::StatusOr<WorldInfo> CoordinatorClient::FetchWorld(uint64_t generation, abs
     world = resp.world();
     next = resp.next_rank();
   } while (next < world.world_size());
+  // Pages of another world (another coordinator's, in a failover) are not
+  // the one answered: ask again.
+  if (world.digest() != answered.digest() || members.size() != world.world_size()) {
+    return absl::UnavailableError(absl::StrCat("the world fetched for generation ", generation,
+                                               " is not the one answered (digest ",
+                                               world.digest(), ", not ", answered.digest(), ")"));
+  }
   ++worlds_fetched_;
-  return WorldFromMembers(world, members, options_.member_id);
+  return WorldFromMembers(world, members, options_.member_id, options_.incarnation);
 }
 
 absl::Status CoordinatorClient::Leave(bool finished, int64_t step) {

@@ -47,6 +47,7 @@ namespace muster {
 
 namespace v1 {
 class RendezvousResponse;
+class World;
 class SessionEvent;
 }  // namespace v1
 
@@ -199,9 +200,9 @@ class CoordinatorClient {
   // is gone by then (ask again).
   absl::StatusOr<WorldInfo> WorldOf(const v1::RendezvousResponse& resp, int64_t step,
                                     absl::Time deadline);
-  // Every member of generation `generation`, paged by GetWorld, as this
-  // member's view.
-  absl::StatusOr<WorldInfo> FetchWorld(uint64_t generation, absl::Time deadline);
+  // Every member of the world `answered` summarises, paged by GetWorld, as
+  // this member's view. UNAVAILABLE when the pages are of another world.
+  absl::StatusOr<WorldInfo> FetchWorld(const v1::World& answered, absl::Time deadline);
   // Runs `call` until it returns something other than UNAVAILABLE or the
   // deadline passes.
   absl::Status Retry(absl::Time deadline, const std::function<absl::Status(absl::Time)>& call);

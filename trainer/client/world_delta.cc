@@ -76,7 +76,8 @@ absl::StatusOr<WorldInfo> ApplyWorldDelta(const WorldInfo& held, const v1::World
     return absl::FailedPreconditionError(
         absl::StrCat("the delta removes this member (rank ", held.rank, ")"));
   }
-  const int expected = held.world_size - removed.size() + delta.appended_size();
+  const int64_t expected =
+      int64_t{held.world_size} - removed.size() + int64_t{delta.appended_count()};
   if (static_cast<int>(world.world_size()) != expected) {
     return absl::InvalidArgumentError(absl::StrCat(
         "the delta leaves ", expected, " members, the world has ", world.world_size()));
@@ -93,12 +94,6 @@ absl::StatusOr<WorldInfo> ApplyWorldDelta(const WorldInfo& held, const v1::World
     q.node_rank = node_rank;
     w.node_peers.push_back(std::move(q));
   }
-  for (const v1::Assignment& a : delta.appended()) {
-    if (a.node() == held.self.node) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "the delta appends ", a.member().member_id(), " to this member's node ", a.node()));
-    }
-  }
   const int local_size = static_cast<int>(w.node_peers.size());
   for (int i = 0; i < local_size; ++i) {
     w.node_peers[i].local_rank = i;
@@ -114,15 +109,15 @@ absl::StatusOr<WorldInfo> ApplyWorldDelta(const WorldInfo& held, const v1::World
 
 absl::StatusOr<WorldInfo> WorldFromMembers(const v1::World& world,
                                            const std::vector<v1::Assignment>& members,
-                                           const std::string& member_id) {
+                                           const std::string& member_id, uint64_t incarnation) {
   WorldInfo w;
   SummaryFromProto(world, &w);
   const auto self = std::find_if(members.begin(), members.end(), [&](const v1::Assignment& a) {
-    return a.member().member_id() == member_id;
+    return a.member().member_id() == member_id && a.member().incarnation() == incarnation;
   });
   if (self == members.end()) {
-    return absl::NotFoundError(absl::StrCat("member ", member_id, " is not in generation ",
-                                            world.generation()));
+    return absl::NotFoundError(absl::StrCat("member ", member_id, " incarnation ", incarnation,
+                                            " is not in generation ", world.generation()));
   }
   w.self = FromProto(*self);
   w.rank = w.self.rank;

@@ -24,11 +24,12 @@ namespace muster {
 absl::StatusOr<WorldInfo> ApplyWorldDelta(const WorldInfo& held, const v1::World& world,
                                           const v1::WorldDelta& delta, int64_t step);
 
-// The view of `world` of member `member_id`, from every member's assignment
-// in rank order (GetWorld's pages). NOT_FOUND when it is not a member.
+// The view of `world` of member `member_id` (incarnation `incarnation`),
+// from every member's assignment in rank order (GetWorld's pages). NOT_FOUND
+// when it is not a member.
 absl::StatusOr<WorldInfo> WorldFromMembers(const v1::World& world,
                                            const std::vector<v1::Assignment>& members,
-                                           const std::string& member_id);
+                                           const std::string& member_id, uint64_t incarnation);
 
 // The summary fields of `world` and, given, the member's assignment and
 // node (a full Rendezvous answer).
