@@ -67,9 +67,7 @@ absl::StatusOr<JoinOutcome> Membership::Join(const JoinSpec& spec, absl::Time no
   info.spare = spec.spare;
   info.step = spec.step;
   info.joined = now;
-  auto [added, inserted] = members_.emplace(spec.key.id, std::move(info));
-  (void)inserted;
-  Seen(&added->second, now);
+  Seen(&members_.emplace(spec.key.id, std::move(info)).first->second, now);
   return outcome;
 }
 

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/clock.h"
 #include "absl/strings/str_join.h"
 #include "tests/integration/comm_harness.h"
 #include "trainer/client/coordinator_client.h"
@@ -149,15 +150,15 @@ TEST(ShmBuildTest, AMemberAttachingToAnOverGenerationGivesUpWithAborted) {
     co.node = "node0";
     co.local_rank = static_cast<uint32_t>(i);
     auto client = std::move(CoordinatorClient::Create(co)).value();
-    EXPECT_TRUE(client->Join(0, absl::Now() + absl::Seconds(10)).ok());
+    EXPECT_TRUE(client->Join(0, RealClock::Get()->Now() + absl::Seconds(10)).ok());
     EXPECT_TRUE(client->StartSession([](const SessionNotice&) {}).ok());
     return client;
   };
   std::unique_ptr<CoordinatorClient> m0 = member(0);
   std::unique_ptr<CoordinatorClient> m1 = member(1);
   absl::StatusOr<WorldInfo> w0, w1;
-  std::thread t1([&] { w1 = m1->Rendezvous(0, 0, absl::Now() + absl::Seconds(10)); });
-  w0 = m0->Rendezvous(0, 0, absl::Now() + absl::Seconds(10));
+  std::thread t1([&] { w1 = m1->Rendezvous(0, 0, RealClock::Get()->Now() + absl::Seconds(10)); });
+  w0 = m0->Rendezvous(0, 0, RealClock::Get()->Now() + absl::Seconds(10));
   t1.join();
   ASSERT_TRUE(w0.ok()) << w0.status();
   ASSERT_TRUE(w1.ok()) << w1.status();
@@ -168,19 +169,19 @@ TEST(ShmBuildTest, AMemberAttachingToAnOverGenerationGivesUpWithAborted) {
   o.job = absl::StrCat("over", ::getpid());
   auto store = NewCoordinatorStore(m0.get(), w0->generation);
   absl::StatusOr<std::unique_ptr<Communicator>> built;
-  const absl::Time start = absl::Now();
+  const absl::Time start = RealClock::Get()->Now();
   std::thread build([&] {
-    built = BuildCommunicator(*w0, store.get(), o, absl::Now() + absl::Seconds(20));
+    built = BuildCommunicator(*w0, store.get(), o, RealClock::Get()->Now() + absl::Seconds(20));
   });
   // A third member arrives: the coordinator forms generation 2.
   absl::SleepFor(absl::Milliseconds(300));
   std::unique_ptr<CoordinatorClient> m2 = member(2);
-  std::thread t2([&] { m2->Rendezvous(0, 0, absl::Now() + absl::Seconds(2)).IgnoreError(); });
+  std::thread t2([&] { m2->Rendezvous(0, 0, RealClock::Get()->Now() + absl::Seconds(2)).IgnoreError(); });
   std::thread t1b([&] {
-    m1->Rendezvous(w1->generation, 0, absl::Now() + absl::Seconds(2)).IgnoreError();
+    m1->Rendezvous(w1->generation, 0, RealClock::Get()->Now() + absl::Seconds(2)).IgnoreError();
   });
   build.join();
-  const absl::Duration took = absl::Now() - start;
+  const absl::Duration took = RealClock::Get()->Now() - start;
   t2.join();
   t1b.join();
   EXPECT_GT(m0->latest_generation(), w0->generation);

@@ -11,6 +11,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/clock.h"
 #include "absl/time/clock.h"
 #include "coordinator/server.h"
 #include "muster/v1/coordinator.grpc.pb.h"
@@ -258,7 +259,7 @@ TEST(WorldDeltaServerTest, AMemberThatMissedAGenerationFetchesTheWholeWorldAndGo
     c.node = id[0] == 'c' ? "n1" : "n0";
     c.local_rank = id[0] == 'b' ? 1 : 0;
     m.push_back(std::move(CoordinatorClient::Create(c)).value());
-    ASSERT_TRUE(m.back()->Join(0, absl::Now() + absl::Seconds(10)).ok());
+    ASSERT_TRUE(m.back()->Join(0, RealClock::Get()->Now() + absl::Seconds(10)).ok());
     ASSERT_TRUE(m.back()->StartSession([](const SessionNotice&) {}).ok());
   }
   CoordinatorClient* a = m[0].get();
@@ -268,7 +269,7 @@ TEST(WorldDeltaServerTest, AMemberThatMissedAGenerationFetchesTheWholeWorldAndGo
   {
     std::vector<std::thread> t;
     for (int i = 0; i < 3; ++i) {
-      t.emplace_back([&, i] { first[i] = m[i]->Rendezvous(0, 0, absl::Now() + absl::Seconds(10)); });
+      t.emplace_back([&, i] { first[i] = m[i]->Rendezvous(0, 0, RealClock::Get()->Now() + absl::Seconds(10)); });
     }
     for (auto& x : t) x.join();
   }
@@ -278,9 +279,9 @@ TEST(WorldDeltaServerTest, AMemberThatMissedAGenerationFetchesTheWholeWorldAndGo
   // c leaves: generation 2 is a and b. a arrives but gives up before b
   // does, so a never hears generation 2.
   ASSERT_TRUE(c->Leave(/*finished=*/false, 0).ok());
-  absl::StatusOr<WorldInfo> lost = a->Rendezvous(g1, 0, absl::Now() + absl::Milliseconds(500));
+  absl::StatusOr<WorldInfo> lost = a->Rendezvous(g1, 0, RealClock::Get()->Now() + absl::Milliseconds(500));
   ASSERT_TRUE(absl::IsDeadlineExceeded(lost.status())) << lost.status();
-  absl::StatusOr<WorldInfo> g2 = b->Rendezvous(g1, 0, absl::Now() + absl::Seconds(10));
+  absl::StatusOr<WorldInfo> g2 = b->Rendezvous(g1, 0, RealClock::Get()->Now() + absl::Seconds(10));
   ASSERT_TRUE(g2.ok()) << g2.status();
   EXPECT_EQ(g2->world_size, 2);
   EXPECT_EQ(g2->rank, 1);
@@ -290,7 +291,7 @@ TEST(WorldDeltaServerTest, AMemberThatMissedAGenerationFetchesTheWholeWorldAndGo
   // b leaves too: generation 3 is a alone, told as a delta from generation
   // 2, which a never held.
   ASSERT_TRUE(b->Leave(/*finished=*/false, 0).ok());
-  absl::StatusOr<WorldInfo> g3 = a->Rendezvous(g1, 0, absl::Now() + absl::Seconds(10));
+  absl::StatusOr<WorldInfo> g3 = a->Rendezvous(g1, 0, RealClock::Get()->Now() + absl::Seconds(10));
   ASSERT_TRUE(g3.ok()) << g3.status();
   EXPECT_EQ(a->worlds_fetched(), 1u);
   EXPECT_EQ(a->deltas_applied(), 0u);
@@ -301,8 +302,8 @@ TEST(WorldDeltaServerTest, AMemberThatMissedAGenerationFetchesTheWholeWorldAndGo
   ASSERT_EQ(g3->node_peers.size(), 1u);
   EXPECT_EQ(g3->local_world_size(), 1);
   // And a goes on in it: the generation's calls take it as a member.
-  EXPECT_TRUE(a->Barrier(g3->generation, "after-fetch", absl::Now() + absl::Seconds(10)).ok());
-  EXPECT_TRUE(a->KvSet(g3->generation, "k", "v", absl::Now() + absl::Seconds(10)).ok());
+  EXPECT_TRUE(a->Barrier(g3->generation, "after-fetch", RealClock::Get()->Now() + absl::Seconds(10)).ok());
+  EXPECT_TRUE(a->KvSet(g3->generation, "k", "v", RealClock::Get()->Now() + absl::Seconds(10)).ok());
 }
 
 }  // namespace

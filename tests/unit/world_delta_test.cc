@@ -17,32 +17,21 @@
 #include "absl/strings/str_cat.h"
 #include "coordinator/proto_convert.h"
 #include "coordinator/rendezvous.h"
+#include "tests/unit/world_of_members.h"
 #include "coordinator/world_delta.h"
 
 namespace muster {
 namespace {
 
-struct Spec {
-  std::string id;
-  std::string node;
-  uint32_t local_rank = 0;
-  uint64_t incarnation = 1;
-};
+using Spec = MemberSpec;
 
-World MakeWorld(uint64_t generation, const std::vector<Spec>& specs, int64_t step = 7) {
-  std::vector<Candidate> candidates;
-  for (const Spec& s : specs) {
-    Candidate c;
-    c.member = MemberKey{s.id, s.incarnation};
-    c.node = s.node;
-    c.local_rank = s.local_rank;
-    c.state_address = absl::StrCat(s.id, ":9000");
-    c.step = step;
-    c.incumbent = true;
-    candidates.push_back(std::move(c));
+// MakeWorld, every member with a state address of its own and at step 7.
+World WorldOf(uint64_t generation, std::vector<Spec> specs) {
+  for (Spec& s : specs) {
+    s.state_address = absl::StrCat(s.id, ":9000");
+    s.step = 7;
   }
-  const auto size = static_cast<uint32_t>(candidates.size());
-  return AssignWorld(generation, std::move(candidates), size);
+  return MakeWorld(generation, specs);
 }
 
 // Nodes a (3), b (2), c (4), d (1): ranks 0-2, 3-4, 5-8, 9.
@@ -118,7 +107,7 @@ void ExpectEveryMemberDerivesItsPlace(const World& base, const World& next) {
 }
 
 TEST(WorldDeltaTest, RemovedMembersBelowAboveAndAroundAMember) {
-  const World base = MakeWorld(1, Base());
+  const World base = WorldOf(1, Base());
   for (const std::set<std::string>& gone : std::vector<std::set<std::string>>{
            {"a0"},              // the first rank
            {"d0"},              // the last rank, and its whole node
@@ -129,7 +118,7 @@ TEST(WorldDeltaTest, RemovedMembersBelowAboveAndAroundAMember) {
            {"a0", "a1", "a2", "b0", "b1", "c0", "c1", "c2", "c3"},  // all but one
        }) {
     SCOPED_TRACE(absl::StrCat("removed ", gone.size(), " starting ", *gone.begin()));
-    const World next = MakeWorld(2, Without(Base(), gone));
+    const World next = WorldOf(2, Without(Base(), gone));
     ExpectEveryMemberDerivesItsPlace(base, next);
     std::optional<WorldDelta> d = MakeWorldDelta(base, next);
     ASSERT_TRUE(d.has_value());
@@ -139,8 +128,8 @@ TEST(WorldDeltaTest, RemovedMembersBelowAboveAndAroundAMember) {
 }
 
 TEST(WorldDeltaTest, WholeNodesGoneShiftTheNodeRanksAfterThem) {
-  const World base = MakeWorld(1, Base());
-  const World next = MakeWorld(2, Without(Base(), {"a0", "a1", "a2", "c0", "c1", "c2", "c3"}));
+  const World base = WorldOf(1, Base());
+  const World next = WorldOf(2, Without(Base(), {"a0", "a1", "a2", "c0", "c1", "c2", "c3"}));
   std::optional<WorldDelta> d = MakeWorldDelta(base, next);
   ASSERT_TRUE(d.has_value());
   EXPECT_EQ(d->removed_nodes, (std::vector<uint32_t>{0, 2}));
@@ -149,8 +138,8 @@ TEST(WorldDeltaTest, WholeNodesGoneShiftTheNodeRanksAfterThem) {
 }
 
 TEST(WorldDeltaTest, TheSameWorldAgainIsAnEmptyDelta) {
-  const World base = MakeWorld(1, Base());
-  const World next = MakeWorld(2, Base());
+  const World base = WorldOf(1, Base());
+  const World next = WorldOf(2, Base());
   std::optional<WorldDelta> d = MakeWorldDelta(base, next);
   ASSERT_TRUE(d.has_value());
   EXPECT_TRUE(d->removed_ranks.empty());
@@ -159,11 +148,11 @@ TEST(WorldDeltaTest, TheSameWorldAgainIsAnEmptyDelta) {
 }
 
 TEST(WorldDeltaTest, JoinersOnNodesOfTheirOwnAreAppended) {
-  const World base = MakeWorld(1, Base());
+  const World base = WorldOf(1, Base());
   std::vector<Spec> specs = Without(Base(), {"b1"});
   specs.push_back({"e0", "e", 0});  // a spare's node, after every other
   specs.push_back({"e1", "e", 1});
-  const World next = MakeWorld(2, specs);
+  const World next = WorldOf(2, specs);
   std::optional<WorldDelta> d = MakeWorldDelta(base, next);
   ASSERT_TRUE(d.has_value());
   EXPECT_EQ(d->first_appended, next.size() - 2);
@@ -174,31 +163,31 @@ TEST(WorldDeltaTest, JoinersOnNodesOfTheirOwnAreAppended) {
 }
 
 TEST(WorldDeltaTest, ChangesThatAreNotADeltaAreAnsweredInFull) {
-  const World base = MakeWorld(1, Base());
+  const World base = WorldOf(1, Base());
   // A spare (or restart) placed on a node that keeps members: it takes a
   // place among them, not after everyone.
   std::vector<Spec> on_b = Without(Base(), {"b1"});
   on_b.push_back({"b9", "b", 9});
-  EXPECT_FALSE(MakeWorldDelta(base, MakeWorld(2, on_b)).has_value());
+  EXPECT_FALSE(MakeWorldDelta(base, WorldOf(2, on_b)).has_value());
   // A node whose name sorts between others: inserted, not appended.
   std::vector<Spec> between = Base();
   between.push_back({"bb0", "bb", 0});
-  EXPECT_FALSE(MakeWorldDelta(base, MakeWorld(2, between)).has_value());
+  EXPECT_FALSE(MakeWorldDelta(base, WorldOf(2, between)).has_value());
   // A restarted member (a new incarnation of the same id) is not the one
   // its peers held.
   std::vector<Spec> restarted = Base();
   restarted[4].incarnation = 2;
-  EXPECT_FALSE(MakeWorldDelta(base, MakeWorld(2, restarted)).has_value());
+  EXPECT_FALSE(MakeWorldDelta(base, WorldOf(2, restarted)).has_value());
   // No base: the first world.
   EXPECT_FALSE(MakeWorldDelta(World{}, base).has_value());
   // Not a later generation.
-  EXPECT_FALSE(MakeWorldDelta(base, MakeWorld(1, Base())).has_value());
+  EXPECT_FALSE(MakeWorldDelta(base, WorldOf(1, Base())).has_value());
 }
 
 TEST(WorldDeltaTest, AMemberThatDoesNotHoldTheBaseIsRefused) {
-  const World g1 = MakeWorld(1, Base());
-  const World g2 = MakeWorld(2, Without(Base(), {"a0"}));
-  const World g3 = MakeWorld(3, Without(Base(), {"a0", "c0"}));
+  const World g1 = WorldOf(1, Base());
+  const World g2 = WorldOf(2, Without(Base(), {"a0"}));
+  const World g3 = WorldOf(3, Without(Base(), {"a0", "c0"}));
   std::optional<WorldDelta> d = MakeWorldDelta(g2, g3);
   ASSERT_TRUE(d.has_value());
   const v1::RendezvousResponse resp = DeltaAnswer(g3, *d);
@@ -222,7 +211,7 @@ TEST(WorldDeltaTest, AMemberThatDoesNotHoldTheBaseIsRefused) {
 }
 
 TEST(WorldDeltaTest, TheWholeWorldGivesEveryMemberItsFullAnswer) {
-  const World world = MakeWorld(4, Without(Base(), {"c2"}));
+  const World world = WorldOf(4, Without(Base(), {"c2"}));
   std::vector<v1::Assignment> members(world.size());
   for (uint32_t r = 0; r < world.size(); ++r) ToProto(world.members[r], &members[r]);
   v1::World summary;
@@ -257,7 +246,7 @@ TEST(WorldDeltaTest, RandomRegroupsDeriveTheFullAnswers) {
     std::vector<Spec> next_specs = Without(specs, gone);
     if (rng() % 2 == 0) next_specs.push_back({"z0", "z", 0});  // "z" sorts last
     SCOPED_TRACE(absl::StrCat("trial ", trial));
-    ExpectEveryMemberDerivesItsPlace(MakeWorld(1, specs), MakeWorld(2, next_specs));
+    ExpectEveryMemberDerivesItsPlace(WorldOf(1, specs), WorldOf(2, next_specs));
   }
 }
 
