@@ -176,9 +176,9 @@ grpc::ServerUnaryReactor* CoordinatorService::Join(grpc::CallbackServerContext* 
   return Reply(ctx, "Join", start, result.status());
 }
 
-grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionEvent>* CoordinatorService::Session(
-    grpc::CallbackServerContext* ctx) {
-  return new SessionReactor(coordinator_, metrics_, CheckToken(*ctx, token_), epoch_);
+SessionReactor* CoordinatorService::Session(SessionCall* call) {
+  return new SessionReactor(call, coordinator_, metrics_, CheckToken(*call->context(), token_),
+                            epoch_);
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::Rendezvous(grpc::CallbackServerContext* ctx,

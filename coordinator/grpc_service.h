@@ -14,11 +14,36 @@
 
 #include "coordinator/coordinator.h"
 #include "coordinator/metrics.h"
+#include "coordinator/session_reactor.h"
 #include "muster/v1/coordinator.grpc.pb.h"
 
 namespace muster {
 
-class CoordinatorService final : public v1::Coordinator::CallbackService {
+// The generated CallbackService, but with Session served on completion
+// queues (rpc/async_bidi.h says why). Every method of the service is listed:
+// one left out would be served synchronously, as UNIMPLEMENTED.
+using CoordinatorServiceBase =
+    v1::Coordinator::WithCallbackMethod_Join<
+    v1::Coordinator::WithAsyncMethod_Session<
+    v1::Coordinator::WithCallbackMethod_Rendezvous<
+    v1::Coordinator::WithCallbackMethod_GetWorld<
+    v1::Coordinator::WithCallbackMethod_Leave<
+    v1::Coordinator::WithCallbackMethod_Drain<
+    v1::Coordinator::WithCallbackMethod_KvSet<
+    v1::Coordinator::WithCallbackMethod_KvGet<
+    v1::Coordinator::WithCallbackMethod_KvAdd<
+    v1::Coordinator::WithCallbackMethod_KvCompareAndSet<
+    v1::Coordinator::WithCallbackMethod_Barrier<
+    v1::Coordinator::WithCallbackMethod_BeginCheckpoint<
+    v1::Coordinator::WithCallbackMethod_ReportShard<
+    v1::Coordinator::WithCallbackMethod_AbortCheckpoint<
+    v1::Coordinator::WithCallbackMethod_ListCheckpoints<
+    v1::Coordinator::WithCallbackMethod_GetStatus<
+    v1::Coordinator::WithCallbackMethod_ListEvents<
+    v1::Coordinator::WithCallbackMethod_Shutdown<
+        v1::Coordinator::Service>>>>>>>>>>>>>>>>>>;
+
+class CoordinatorService final : public CoordinatorServiceBase {
  public:
   // `coordinator` and `metrics` must outlive the service. `token` empty:
   // no authentication. `on_shutdown` runs (once) after a Shutdown rpc.
@@ -29,8 +54,8 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
 
   grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* ctx, const v1::JoinRequest* req,
                                  v1::JoinResponse* resp) override;
-  grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionEvent>* Session(
-      grpc::CallbackServerContext* ctx) override;
+  // A Session call that arrived on a completion queue: its reactor.
+  SessionReactor* Session(SessionCall* call);
   grpc::ServerUnaryReactor* Rendezvous(grpc::CallbackServerContext* ctx,
                                        const v1::RendezvousRequest* req,
                                        v1::RendezvousResponse* resp) override;

@@ -170,10 +170,9 @@ absl::Status CoordinatorServer::OpenState() {
 absl::Status CoordinatorServer::Listen() {
   {
     absl::MutexLock lock(&servers_mu_);
-    services_.push_back(NewService());
-    MUSTER_ASSIGN_OR_RETURN(auto server,
-                            StartGrpc(options_.listen, services_.back().get(), &port_));
-    servers_.push_back(std::move(server));
+    MUSTER_ASSIGN_OR_RETURN(std::unique_ptr<Listener> listener,
+                            StartGrpc(options_.listen, &port_));
+    listeners_.push_back(std::move(listener));
   }
   if (options_.address_file.empty()) return absl::OkStatus();
   std::string advertised = AdvertisedAddress();
@@ -208,11 +207,21 @@ std::unique_ptr<CoordinatorService> CoordinatorServer::NewService() {
       coordinator_.get(), metrics_.get(), options_.token, [this] { RequestStop(); }, epoch_);
 }
 
-absl::StatusOr<std::unique_ptr<grpc::Server>> CoordinatorServer::StartGrpc(
-    const std::string& listen, CoordinatorService* service, int* port) {
+absl::StatusOr<std::unique_ptr<CoordinatorServer::Listener>> CoordinatorServer::StartGrpc(
+    const std::string& listen, int* port) {
+  auto listener = std::make_unique<Listener>();
+  listener->service = NewService();
+  CoordinatorService* service = listener->service.get();
+  if (service->has_synchronous_methods()) {
+    return absl::InternalError("a method of the Coordinator service has no handler");
+  }
   grpc::ServerBuilder builder;
   builder.AddListeningPort(listen, credentials_, port);
   builder.RegisterService(service);
+  std::vector<std::unique_ptr<grpc::ServerCompletionQueue>> queues;
+  for (int i = 0; i < std::max(1, options_.session_queues); ++i) {
+    queues.push_back(builder.AddCompletionQueue());
+  }
   builder.SetMaxReceiveMessageSize(options_.max_message_bytes);
   builder.SetMaxSendMessageSize(64 << 20);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
@@ -230,11 +239,20 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> CoordinatorServer::StartGrpc(
   builder.AddChannelArgument(
       GRPC_ARG_MAX_CONNECTION_IDLE_MS,
       static_cast<int>(absl::ToInt64Milliseconds(options_.max_connection_idle)));
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (server == nullptr || *port == 0) {
+  listener->sessions = std::make_unique<AsyncBidiServer<v1::SessionRequest, v1::SessionEvent>>(
+      std::move(queues),
+      [service](grpc::ServerContext* ctx, SessionCall::Stream* stream,
+                grpc::ServerCompletionQueue* queue,
+                void* tag) { service->RequestSession(ctx, stream, queue, queue, tag); },
+      [service](SessionCall* call) { return service->Session(call); });
+  listener->server = builder.BuildAndStart();
+  if (listener->server == nullptr || *port == 0) {
+    // Never started: the queues hold nothing (no call was requested).
+    listener->sessions->Shutdown();
     return absl::UnavailableError(absl::StrCat("cannot listen on ", listen));
   }
-  return server;
+  listener->sessions->Start();
+  return listener;
 }
 
 absl::Status CoordinatorServer::RebuildListener(absl::Duration waited) {
@@ -244,25 +262,26 @@ absl::Status CoordinatorServer::RebuildListener(absl::Duration waited) {
                       << " in its queue; out of file descriptors?): replacing it, open "
                          "connections and sessions go on";
   MUSTER_ASSIGN_OR_RETURN(const int shut, ShutDownListeningSockets(port_));
-  std::unique_ptr<CoordinatorService> service = NewService();
   int port = 0;
-  MUSTER_ASSIGN_OR_RETURN(std::unique_ptr<grpc::Server> server,
-                          StartGrpc(WithPort(options_.listen, port_), service.get(), &port));
+  MUSTER_ASSIGN_OR_RETURN(std::unique_ptr<Listener> listener,
+                          StartGrpc(WithPort(options_.listen, port_), &port));
   absl::MutexLock lock(&servers_mu_);
-  services_.push_back(std::move(service));
-  servers_.push_back(std::move(server));
+  listeners_.push_back(std::move(listener));
   metrics_->CountListenerRebuild();
   MUSTER_LOG(WARNING) << "listening on port " << port_ << " again (listener rebuilt; "
                       << shut << " dead listening socket(s) shut down, "
-                      << servers_.size() << " gRPC servers)";
+                      << listeners_.size() << " gRPC servers)";
   return absl::OkStatus();
 }
 
 void CoordinatorServer::ShutDownServers(absl::Time deadline) {
   absl::MutexLock lock(&servers_mu_);
-  for (const std::unique_ptr<grpc::Server>& server : servers_) {
-    server->Shutdown(SystemDeadline(deadline, clock()));
+  for (const std::unique_ptr<Listener>& listener : listeners_) {
+    listener->server->Shutdown(SystemDeadline(deadline, clock()));
   }
+  // Every server is down: each ended its calls (at the deadline, by
+  // cancelling them), and their Session streams end now.
+  for (const std::unique_ptr<Listener>& listener : listeners_) listener->sessions->Shutdown();
 }
 
 CoordinatorServer::~CoordinatorServer() {

@@ -27,6 +27,7 @@
 #include "coordinator/metrics.h"
 #include "coordinator/status_page.h"
 #include "coordinator/state_store.h"
+#include "rpc/async_bidi.h"
 #include "rpc/credentials.h"
 
 namespace muster {
@@ -56,6 +57,9 @@ struct ServerOptions {
   absl::Duration tick = absl::Milliseconds(20);
   // Largest request accepted.
   int max_message_bytes = 4 << 20;
+  // Completion queues, one thread each, that serve the Session streams
+  // (rpc/async_bidi.h says why there are several).
+  int session_queues = 8;
   // A connection that has not begun HTTP/2 by then is closed (gRPC's
   // default is 120 s: idle sockets from anyone who can reach the port would
   // hold file descriptors that long). Members send HTTP/2's preface as soon
@@ -125,11 +129,10 @@ class CoordinatorServer {
   void RequestStop();
   // A new service over coordinator_ (each gRPC server needs its own).
   std::unique_ptr<CoordinatorService> NewService();
-  // Binds `listen` and serves `service` on it; `*port` is the bound port.
-  // Errors: UNAVAILABLE when the port cannot be bound.
-  absl::StatusOr<std::unique_ptr<grpc::Server>> StartGrpc(const std::string& listen,
-                                                          CoordinatorService* service,
-                                                          int* port);
+  struct Listener;
+  // Binds `listen` and serves a new service on it; `*port` is the bound
+  // port. Errors: UNAVAILABLE when the port cannot be bound.
+  absl::StatusOr<std::unique_ptr<Listener>> StartGrpc(const std::string& listen, int* port);
   // The watchdog's rebuild: shuts the dead listening socket down and starts
   // one more gRPC server on the same port with a new service. The servers
   // before it keep their connections, so members' sessions live on.
@@ -153,11 +156,15 @@ class CoordinatorServer {
   std::shared_ptr<grpc::ServerCredentials> credentials_;
   int port_ = 0;
   absl::Mutex servers_mu_;
-  // The first server and one more per rebuilt listener, each with its
-  // service (a service outlives its server: declared first). Guarded by
-  // servers_mu_.
-  std::vector<std::unique_ptr<CoordinatorService>> services_ ABSL_GUARDED_BY(servers_mu_);
-  std::vector<std::unique_ptr<grpc::Server>> servers_ ABSL_GUARDED_BY(servers_mu_);
+  // A gRPC server with its service and its Session streams' queues (the
+  // server is destroyed first: declared last).
+  struct Listener {
+    std::unique_ptr<CoordinatorService> service;
+    std::unique_ptr<AsyncBidiServer<v1::SessionRequest, v1::SessionEvent>> sessions;
+    std::unique_ptr<grpc::Server> server;
+  };
+  // The first listener and one more per rebuilt one.
+  std::vector<std::unique_ptr<Listener>> listeners_ ABSL_GUARDED_BY(servers_mu_);
   // Stopped before the servers shut down.
   std::unique_ptr<ListenerWatchdog> watchdog_;
   std::once_flag stop_once_;

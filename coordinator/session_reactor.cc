@@ -71,7 +71,7 @@ class SessionOutbox : public SessionSink {
   void WriteDone(bool ok) { queue_.WriteDone(ok); }
 
  private:
-  WriteQueue<v1::SessionRequest, v1::SessionEvent> queue_;
+  WriteQueue<v1::SessionRequest, v1::SessionEvent, SessionReactor> queue_;
   const uint64_t epoch_;
 };
 
@@ -110,9 +110,10 @@ class NodeMemberSink : public SessionSink {
   std::atomic<bool> closed_{false};
 };
 
-SessionReactor::SessionReactor(Coordinator* coordinator, Metrics* metrics,
+SessionReactor::SessionReactor(SessionCall* call, Coordinator* coordinator, Metrics* metrics,
                                const absl::Status& auth, uint64_t epoch)
-    : coordinator_(coordinator),
+    : AsyncBidiReactor(call),
+      coordinator_(coordinator),
       metrics_(metrics),
       outbox_(std::make_shared<SessionOutbox>(this, epoch)) {
   if (!auth.ok()) {

@@ -1,12 +1,12 @@
-// SessionReactor: the server side of one Session stream (gRPC callback
-// API): a member's own session (hello, heartbeats), or a node session that
+// SessionReactor: the server side of one Session stream (on completion
+// queues, rpc/async_bidi.h): a member's own session (hello, heartbeats), or a node session that
 // carries the sessions of a node's members (node_hello, attach, detach, one
 // heartbeat for all, and their Rendezvous calls). Hands them to the Coordinator; writes
 // acknowledgements and the events the Coordinator pushes, one at a time, in
 // order. A broken or finished stream is reported to the Coordinator, which
 // fails its member, or every member attached to it, at once.
 //
-// The reactor deletes itself when gRPC calls OnDone. The sink it registers
+// The reactor deletes itself in OnDone. The sink it registers
 // with the Coordinator may outlive it and ignores calls after Close.
 #ifndef MUSTER_COORDINATOR_SESSION_REACTOR_H_
 #define MUSTER_COORDINATOR_SESSION_REACTOR_H_
@@ -21,6 +21,7 @@
 #include "absl/time/time.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/metrics.h"
+#include "rpc/async_bidi.h"
 #include "muster/v1/coordinator.grpc.pb.h"
 
 namespace muster {
@@ -34,13 +35,14 @@ class SessionOutbox;
 // are only logged.
 void ReportBroken(Coordinator* coordinator, const v1::RendezvousRequest& request);
 
-class SessionReactor
-    : public grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionEvent> {
+using SessionCall = AsyncBidiCall<v1::SessionRequest, v1::SessionEvent>;
+
+class SessionReactor : public AsyncBidiReactor<v1::SessionRequest, v1::SessionEvent> {
  public:
-  // `auth` not OK: the stream is finished with it at once. Every event
-  // sent carries `epoch` (SessionEvent.epoch).
-  SessionReactor(Coordinator* coordinator, Metrics* metrics, const absl::Status& auth,
-                 uint64_t epoch = 0);
+  // Serves `call`. `auth` not OK: the stream is finished with it at once.
+  // Every event sent carries `epoch` (SessionEvent.epoch).
+  SessionReactor(SessionCall* call, Coordinator* coordinator, Metrics* metrics,
+                 const absl::Status& auth, uint64_t epoch = 0);
 
   void OnReadDone(bool ok) override;
   void OnWriteDone(bool ok) override;

@@ -1,5 +1,5 @@
 // WriteQueue: the writing half of a server-side bidirectional stream (gRPC's
-// callback API), which allows one write in flight at a time. Messages queued
+// callback API, or rpc/async_bidi.h's reactors), which allows one write in flight at a time. Messages queued
 // from any thread are written in order, one after the other; Close finishes
 // the stream once what was queued before it has been written.
 //
@@ -33,10 +33,11 @@
 
 namespace muster {
 
-template <typename Request, typename Response>
+// `Reactor`: grpc::ServerBidiReactor, or AsyncBidiReactor (rpc/async_bidi.h).
+template <typename Request, typename Response,
+          typename Reactor = grpc::ServerBidiReactor<Request, Response>>
 class WriteQueue : public HeldWrites {
  public:
-  using Reactor = grpc::ServerBidiReactor<Request, Response>;
   // Replaces the messages of a queue of two or more with one message that
   // carries them all, in order.
   using Merge = std::function<void(std::deque<Response>*)>;

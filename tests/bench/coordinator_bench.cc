@@ -22,7 +22,8 @@
 // while the coordinator writes events to a slow disk. With --api-requests R
 // the coordinator also serves its status page, and R requests for
 // /api/status are timed during the heartbeat window (api_p50_ms,
-// api_p99_ms).
+// api_p99_ms). MUSTER_BENCH_KEEP=1 keeps the coordinator's directory (its
+// log and state) under /tmp/muster-bench-coordinator-PID.
 #include <grpcpp/grpcpp.h>
 
 #include <atomic>
@@ -343,7 +344,7 @@ class CoordinatorBench {
     for (auto& s : sessions_) s->Stop();
     for (auto& s : sessions_) s->WaitDone();
     if (coordinator_ > 0) StopProcess(coordinator_);
-    std::system(("rm -rf " + dir_).c_str());
+    if (std::getenv("MUSTER_BENCH_KEEP") == nullptr) std::system(("rm -rf " + dir_).c_str());
   }
 
   absl::Status Start() {
