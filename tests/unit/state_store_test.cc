@@ -112,6 +112,118 @@ TEST(SqliteStateStoreTest, RejectsUnknownSchemaAndUnreadablePath) {
             absl::StatusCode::kUnavailable);
 }
 
+// Runs `sql` on the file at `path` outside the store.
+void ExecOn(const std::string& path, const std::string& sql) {
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  char* error = nullptr;
+  EXPECT_EQ(sqlite3_exec(db, sql.c_str(), nullptr, nullptr, &error), SQLITE_OK)
+      << (error != nullptr ? error : "");
+  sqlite3_free(error);
+  sqlite3_close(db);
+}
+
+TEST(SqliteStateStoreTest, AVersion1FileIsUpgradedWithItsWorld) {
+  const std::string path = TempDb("v1");
+  ASSERT_TRUE(OpenSqliteStateStore(path).ok());
+  // What a version 1 coordinator left: the world as rows, no world value.
+  ExecOn(path,
+         "DROP TABLE world;"
+         "UPDATE meta SET value='1' WHERE key='schema_version';"
+         "INSERT OR REPLACE INTO meta(key, value) VALUES('generation', '7'), "
+         "('node_count', '2'), ('state_source_rank', '1'), ('state_step', '42');"
+         "INSERT INTO world_members VALUES(0, 'm0', 100, 'a', 'h:0', 0, 0, 2, 40), "
+         "(1, 'm1', 101, 'a', 'h:1', 0, 1, 2, 41), (2, 'm2', 102, 'b', 'h:2', 1, 0, 1, 42);");
+  {
+    auto store = OpenSqliteStateStore(path);
+    ASSERT_TRUE(store.ok()) << store.status();
+    auto w = (*store)->LoadWorld();
+    ASSERT_TRUE(w.ok()) << w.status();
+    const World expected = SampleWorld();
+    EXPECT_EQ(w->generation, 7u);
+    ASSERT_EQ(w->members.size(), 3u);
+    for (size_t i = 0; i < 3; ++i) {
+      EXPECT_EQ(w->members[i].member, expected.members[i].member);
+      EXPECT_EQ(w->members[i].node, expected.members[i].node);
+      EXPECT_EQ(w->members[i].state_address, expected.members[i].state_address);
+      EXPECT_EQ(w->members[i].node_rank, expected.members[i].node_rank);
+      EXPECT_EQ(w->members[i].local_rank, expected.members[i].local_rank);
+      EXPECT_EQ(w->members[i].local_world_size, expected.members[i].local_world_size);
+      EXPECT_EQ(w->members[i].step, expected.members[i].step);
+    }
+    EXPECT_EQ(w->RankOf("m2"), 2);
+  }
+  // Upgraded once: opened again, it is version 2 and its rows are gone.
+  auto again = OpenSqliteStateStore(path);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ((*again)->LoadWorld()->members.size(), 3u);
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  std::string version, rows;
+  auto first = [](void* out, int, char** values, char**) {
+    *static_cast<std::string*>(out) = values[0];
+    return 0;
+  };
+  sqlite3_exec(db, "SELECT value FROM meta WHERE key='schema_version'", first, &version,
+               nullptr);
+  sqlite3_exec(db, "SELECT count(*) FROM world_members", first, &rows, nullptr);
+  sqlite3_close(db);
+  EXPECT_EQ(version, "2");
+  EXPECT_EQ(rows, "0");
+}
+
+TEST(SqliteStateStoreTest, AWorldOfManyMembersComesBackAsItWasSaved) {
+  const std::string path = TempDb("many");
+  World saved;
+  saved.generation = 3;
+  for (uint32_t r = 0; r < 5000; ++r) {
+    Assignment a;
+    a.member = {"node" + std::to_string(r / 8) + "/" + std::to_string(r % 8), 1000 + r};
+    a.node = "node" + std::to_string(r / 8);
+    a.rank = r;
+    a.node_rank = r / 8;
+    a.local_rank = r % 8;
+    a.local_world_size = 8;
+    a.step = -1 + static_cast<int64_t>(r) * 1000000007LL;
+    a.state_address = r % 3 == 0 ? "" : "10.0.0." + std::to_string(r % 250) + ":29500";
+    saved.members.push_back(a);
+  }
+  {
+    auto store = OpenSqliteStateStore(path);
+    ASSERT_TRUE(store.ok());
+    ASSERT_TRUE((*store)->SaveWorld(saved).ok());
+  }
+  auto store = OpenSqliteStateStore(path);
+  ASSERT_TRUE(store.ok());
+  auto w = (*store)->LoadWorld();
+  ASSERT_TRUE(w.ok()) << w.status();
+  ASSERT_EQ(w->members.size(), saved.members.size());
+  for (size_t i = 0; i < saved.members.size(); ++i) {
+    const Assignment& a = w->members[i];
+    const Assignment& b = saved.members[i];
+    ASSERT_TRUE(a.member == b.member && a.node == b.node && a.state_address == b.state_address &&
+                a.rank == b.rank && a.node_rank == b.node_rank && a.local_rank == b.local_rank &&
+                a.local_world_size == b.local_world_size && a.step == b.step)
+        << "member " << i;
+  }
+}
+
+TEST(SqliteStateStoreTest, ADamagedWorldIsRefusedNotReadAsASmallerOne) {
+  const std::string path = TempDb("damaged_world");
+  {
+    auto store = OpenSqliteStateStore(path);
+    ASSERT_TRUE(store.ok());
+    ASSERT_TRUE((*store)->SaveWorld(SampleWorld()).ok());
+  }
+  // Cut short in the last member.
+  ExecOn(path, "UPDATE world SET members = substr(members, 1, length(members) - 5)");
+  auto store = OpenSqliteStateStore(path);
+  ASSERT_TRUE(store.ok());
+  auto w = (*store)->LoadWorld();
+  EXPECT_EQ(w.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(w.status().message().find("member of rank 2"), std::string::npos) << w.status();
+}
+
 // What SQLite itself says the file's journal mode is.
 std::string JournalModeOf(const std::string& path) {
   sqlite3* db = nullptr;
