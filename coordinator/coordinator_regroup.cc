@@ -95,7 +95,7 @@ bool Coordinator::StillWaiting() {
 }
 
 std::vector<Candidate> Coordinator::Candidates() {
-  const std::set<std::string> waiting = waiters_.MemberIds();
+  const absl::flat_hash_set<absl::string_view> waiting = waiters_.MemberIds();
   std::vector<Candidate> out;
   const bool live = gen_.world_live();
   for (const auto& [id, info] : membership_.members()) {
@@ -192,7 +192,7 @@ void Coordinator::FinishIfDone(Actions* actions) {
   // wait for a world (a restart that joined as the job ran its last steps,
   // say) have no step left to train, and a world that waits for them would
   // never form.
-  const std::set<std::string> waiting = waiters_.MemberIds();
+  const absl::flat_hash_set<absl::string_view> waiting = waiters_.MemberIds();
   bool all_done = gen_.world_live() && gen_.phase() != GenerationPhase::kShuttingDown;
   for (const Assignment& a : gen_.world().members) {
     const MemberInfo* m = membership_.Find(a.member.id);

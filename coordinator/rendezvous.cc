@@ -1,7 +1,7 @@
 #include "coordinator/rendezvous.h"
 
 #include <algorithm>
-#include <map>
+#include <numeric>
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
@@ -39,43 +39,56 @@ uint32_t UsableWorldSize(uint32_t candidates, const RendezvousRules& rules) {
 
 World AssignWorld(uint64_t generation, std::vector<Candidate> candidates,
                   uint32_t size) {
-  std::stable_sort(candidates.begin(), candidates.end(),
-                   [](const Candidate& a, const Candidate& b) {
-                     if (a.incumbent != b.incumbent) return a.incumbent;
-                     return std::tie(a.spare, a.joined, a.member.id) <
-                            std::tie(b.spare, b.joined, b.member.id);
-                   });
-  if (candidates.size() > size) candidates.resize(size);
-  std::sort(candidates.begin(), candidates.end(),
-            [](const Candidate& a, const Candidate& b) {
-              return std::tie(a.node, a.local_rank, a.member.id) <
-                     std::tie(b.node, b.local_rank, b.member.id);
-            });
-  std::map<std::string, uint32_t> per_node;
-  for (const Candidate& c : candidates) ++per_node[c.node];
+  // Candidates are ordered by index (each holds three strings; at 100,000
+  // members moving them through two sorts cost more than the rest).
+  std::vector<uint32_t> order(candidates.size());
+  std::iota(order.begin(), order.end(), 0u);
+  if (candidates.size() > size) {
+    // Who is kept: incumbents, then newcomers (spares last) in join order.
+    std::stable_sort(order.begin(), order.end(), [&](uint32_t x, uint32_t y) {
+      const Candidate& a = candidates[x];
+      const Candidate& b = candidates[y];
+      if (a.incumbent != b.incumbent) return a.incumbent;
+      return std::tie(a.spare, a.joined, a.member.id) < std::tie(b.spare, b.joined, b.member.id);
+    });
+    order.resize(size);
+  }
+  std::sort(order.begin(), order.end(), [&](uint32_t x, uint32_t y) {
+    const Candidate& a = candidates[x];
+    const Candidate& b = candidates[y];
+    return std::tie(a.node, a.local_rank, a.member.id) <
+           std::tie(b.node, b.local_rank, b.member.id);
+  });
 
   World world;
   world.generation = generation;
-  world.node_count = static_cast<uint32_t>(per_node.size());
-  uint32_t node_rank = 0;
-  uint32_t local_rank = 0;
-  for (size_t i = 0; i < candidates.size(); ++i) {
-    const Candidate& c = candidates[i];
-    if (i > 0 && c.node != candidates[i - 1].node) {
-      ++node_rank;
-      local_rank = 0;
+  world.members.reserve(order.size());
+  // A node's members are contiguous: each run gets the next node rank, and
+  // its size once it ends.
+  size_t run = 0;
+  auto end_run = [&world, &run] {
+    for (size_t j = run; j < world.members.size(); ++j) {
+      world.members[j].local_world_size = static_cast<uint32_t>(world.members.size() - run);
     }
+    run = world.members.size();
+  };
+  for (uint32_t index : order) {
+    Candidate& c = candidates[index];
+    if (!world.members.empty() && c.node != world.members.back().node) end_run();
     Assignment a;
-    a.member = c.member;
-    a.node = c.node;
-    a.state_address = c.state_address;
-    a.rank = static_cast<uint32_t>(i);
-    a.node_rank = node_rank;
-    a.local_rank = local_rank++;
-    a.local_world_size = per_node[c.node];
+    a.rank = static_cast<uint32_t>(world.members.size());
+    a.node_rank = world.members.empty() ? 0
+                  : run == world.members.size() ? world.members.back().node_rank + 1
+                                                : world.members.back().node_rank;
+    a.local_rank = static_cast<uint32_t>(world.members.size() - run);
+    a.member = std::move(c.member);
+    a.node = std::move(c.node);
+    a.state_address = std::move(c.state_address);
     a.step = c.step;
     world.members.push_back(std::move(a));
   }
+  end_run();
+  world.node_count = world.members.empty() ? 0 : world.members.back().node_rank + 1;
   world.Index();
   ChooseStateSource(&world);
   return world;

@@ -75,8 +75,9 @@ std::vector<RendezvousWaiter> RendezvousWaiters::TakeAll() {
   return out;
 }
 
-std::set<std::string> RendezvousWaiters::MemberIds() const {
-  std::set<std::string> ids;
+absl::flat_hash_set<absl::string_view> RendezvousWaiters::MemberIds() const {
+  absl::flat_hash_set<absl::string_view> ids;
+  ids.reserve(waiters_.size());
   for (const RendezvousWaiter& w : waiters_) ids.insert(w.member.id);
   return ids;
 }

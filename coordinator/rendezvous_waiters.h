@@ -20,11 +20,12 @@
 #include <functional>
 #include <list>
 #include <memory>
-#include <set>
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "coordinator/types.h"
 #include "coordinator/world_delta.h"
@@ -101,8 +102,9 @@ class RendezvousWaiters {
   // the coordinator stops); earliest_deadline() is InfiniteFuture again.
   std::vector<RendezvousWaiter> TakeAll();
 
-  // The ids of the members that have at least one waiter.
-  std::set<std::string> MemberIds() const;
+  // The ids of the members that have at least one waiter, valid until the
+  // waiters change.
+  absl::flat_hash_set<absl::string_view> MemberIds() const;
 
   // How many waiters there are (a member waiting twice counts twice).
   size_t size() const { return waiters_.size(); }

@@ -2,6 +2,13 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <map>
+#include <random>
+#include <string>
+#include <tuple>
+#include <vector>
+
 namespace muster {
 namespace {
 
@@ -57,6 +64,80 @@ TEST(AssignWorldTest, GroupsByNodeWithContiguousRanks) {
   EXPECT_EQ(w.members[4].node_rank, 2u);
   EXPECT_EQ(w.members[4].local_world_size, 1u);
   for (uint32_t i = 0; i < w.size(); ++i) EXPECT_EQ(w.members[i].rank, i);
+}
+
+// AssignWorld's rules written as plainly as they read: the candidates
+// themselves sorted (who is kept, then where), node sizes counted in a map.
+World PlainAssign(uint64_t generation, std::vector<Candidate> candidates, uint32_t size) {
+  std::stable_sort(candidates.begin(), candidates.end(), [](const Candidate& a, const Candidate& b) {
+    if (a.incumbent != b.incumbent) return a.incumbent;
+    return std::tie(a.spare, a.joined, a.member.id) < std::tie(b.spare, b.joined, b.member.id);
+  });
+  if (candidates.size() > size) candidates.resize(size);
+  std::sort(candidates.begin(), candidates.end(), [](const Candidate& a, const Candidate& b) {
+    return std::tie(a.node, a.local_rank, a.member.id) <
+           std::tie(b.node, b.local_rank, b.member.id);
+  });
+  std::map<std::string, uint32_t> per_node;
+  for (const Candidate& c : candidates) ++per_node[c.node];
+  World world;
+  world.generation = generation;
+  world.node_count = static_cast<uint32_t>(per_node.size());
+  uint32_t node_rank = 0, local_rank = 0;
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    const Candidate& c = candidates[i];
+    if (i > 0 && c.node != candidates[i - 1].node) {
+      ++node_rank;
+      local_rank = 0;
+    }
+    Assignment a;
+    a.member = c.member;
+    a.node = c.node;
+    a.state_address = c.state_address;
+    a.rank = static_cast<uint32_t>(i);
+    a.node_rank = node_rank;
+    a.local_rank = local_rank++;
+    a.local_world_size = per_node[c.node];
+    a.step = c.step;
+    world.members.push_back(std::move(a));
+  }
+  world.Index();
+  ChooseStateSource(&world);
+  return world;
+}
+
+TEST(AssignWorldTest, AgreesWithThePlainRulesOnRandomCandidates) {
+  std::mt19937 rng(11);
+  for (int round = 0; round < 300; ++round) {
+    const int n = 1 + static_cast<int>(rng() % 60);
+    const int nodes = 1 + static_cast<int>(rng() % 9);
+    std::vector<Candidate> candidates;
+    for (int i = 0; i < n; ++i) {
+      Candidate c = C("m" + std::to_string(rng() % 1000) + "_" + std::to_string(i),
+                      "node" + std::to_string(rng() % nodes), static_cast<uint32_t>(rng() % 4),
+                      rng() % 2 == 0, static_cast<int64_t>(rng() % 5),
+                      static_cast<int>(rng() % 3));
+      c.spare = rng() % 4 == 0;
+      c.state_address = "h" + std::to_string(i);
+      candidates.push_back(c);
+    }
+    const uint32_t size = 1 + static_cast<uint32_t>(rng() % (n + 3));
+    const World got = AssignWorld(5, candidates, size);
+    const World want = PlainAssign(5, candidates, size);
+    ASSERT_EQ(got.size(), want.size()) << "round " << round;
+    EXPECT_EQ(got.node_count, want.node_count) << "round " << round;
+    EXPECT_EQ(got.state_source_rank, want.state_source_rank) << "round " << round;
+    EXPECT_EQ(got.state_step, want.state_step) << "round " << round;
+    for (uint32_t r = 0; r < got.size(); ++r) {
+      const Assignment& a = got.members[r];
+      const Assignment& b = want.members[r];
+      ASSERT_TRUE(a.member == b.member && a.node == b.node && a.state_address == b.state_address &&
+                  a.rank == b.rank && a.node_rank == b.node_rank &&
+                  a.local_rank == b.local_rank && a.local_world_size == b.local_world_size &&
+                  a.step == b.step)
+          << "round " << round << ", rank " << r << ": " << a.member.id << " vs " << b.member.id;
+    }
+  }
 }
 
 TEST(AssignWorldTest, KeepsIncumbentsThenEarliestJoinersWhenCapped) {
