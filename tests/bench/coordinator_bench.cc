@@ -44,6 +44,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "muster/v1/coordinator.grpc.pb.h"
+#include "rpc/async_bidi.h"
 #include "rpc/credentials.h"
 #include "tests/bench/process_stats.h"
 
@@ -113,17 +114,49 @@ struct RendezvousRound {
   absl::Notification all;
 };
 
+// The simulated sessions' completion queues, one thread each. The sessions
+// use the completion-queue API rather than the callback API, which puts every
+// stream of a process on one queue and, in a gRPC built without NDEBUG
+// (Debian's), scans that queue's pending operations at each completion: the
+// simulation's own cost would then grow with the number of sessions it
+// simulates, on the cores it shares with the coordinator (rpc/async_bidi.h).
+class ClientQueues {
+ public:
+  explicit ClientQueues(int n) {
+    for (int i = 0; i < n; ++i) {
+      queues_.push_back(std::make_unique<grpc::CompletionQueue>());
+      grpc::CompletionQueue* q = queues_.back().get();
+      threads_.emplace_back([q] {
+        void* tag = nullptr;
+        bool ok = false;
+        while (q->Next(&tag, &ok)) static_cast<AsyncTag*>(tag)->Done(ok);
+      });
+    }
+  }
+  // Every session on them must have finished.
+  ~ClientQueues() {
+    for (auto& q : queues_) q->Shutdown();
+    for (std::thread& t : threads_) t.join();
+  }
+  grpc::CompletionQueue* Next() { return queues_[next_++ % queues_.size()].get(); }
+
+ private:
+  std::vector<std::unique_ptr<grpc::CompletionQueue>> queues_;
+  std::vector<std::thread> threads_;
+  size_t next_ = 0;
+};
+
 // One session: a member's own (one member) or a node's (several). Writes
 // go out one at a time from a queue; acks are timed; a regroup event calls
 // `on_regroup` with the member's index.
-class SimSession : public grpc::ClientBidiReactor<v1::SessionRequest, v1::SessionEvent> {
+class SimSession {
  public:
-  SimSession(v1::Coordinator::Stub* stub, const std::string& node,
+  SimSession(v1::Coordinator::Stub* stub, grpc::CompletionQueue* queue, const std::string& node,
              std::vector<std::pair<int, v1::MemberRef>> members, Samples* samples,
              std::function<void(int)> on_regroup)
       : members_(std::move(members)), samples_(samples), on_regroup_(std::move(on_regroup)) {
     AttachToken(&ctx_, kToken);
-    stub->async()->Session(&ctx_, this);
+    stream_ = stub->PrepareAsyncSession(&ctx_, queue);
     const bool node_session = members_.size() > 1;
     for (const auto& [index, ref] : members_) {
       v1::SessionRequest msg;
@@ -140,10 +173,12 @@ class SimSession : public grpc::ClientBidiReactor<v1::SessionRequest, v1::Sessio
       hello.mutable_node_hello()->set_batches(absl::GetFlag(FLAGS_batches));
       queue_.push_front(std::move(hello));
     }
+    // Writes wait for the call to start (StartCall sends the headers as a
+    // write of its own).
     writing_ = true;
-    StartWrite(&queue_.front());
-    StartRead(&event_);
-    StartCall();
+    pending_ = 2;
+    stream_->StartCall(&started_);
+    stream_->Read(&event_, &read_);
   }
 
   // Queues a heartbeat unless the previous one is unanswered.
@@ -159,7 +194,7 @@ class SimSession : public grpc::ClientBidiReactor<v1::SessionRequest, v1::Sessio
       }
     }
     absl::MutexLock lock(&mu_);
-    if (beat_pending_ || done_) return;
+    if (beat_pending_ || finishing_) return;
     beat_pending_ = true;
     hb.mutable_heartbeat()->set_sequence(++seq_);
     sent_ = absl::Now();
@@ -215,24 +250,42 @@ class SimSession : public grpc::ClientBidiReactor<v1::SessionRequest, v1::Sessio
   void WaitDone() { finished_.WaitForNotification(); }
   int closed() const { return closed_.load(); }
 
-  void OnWriteDone(bool ok) override {
-    absl::MutexLock lock(&mu_);
-    queue_.pop_front();
-    if (!ok || queue_.empty()) {
-      writing_ = false;
-      return;
+  void OnWriteDone(bool ok) {
+    {
+      absl::MutexLock lock(&mu_);
+      queue_.pop_front();
+      if (!ok || queue_.empty() || finishing_) {
+        writing_ = false;
+        MaybeFinishLocked();
+      } else {
+        ++pending_;
+        stream_->Write(queue_.front(), &written_);
+      }
     }
-    StartWrite(&queue_.front());
+    Ended();
   }
 
-  void OnReadDone(bool ok) override {
-    if (!ok) return;
+  void OnReadDone(bool ok) {
+    if (!ok) {
+      {
+        absl::MutexLock lock(&mu_);
+        finishing_ = true;
+        MaybeFinishLocked();
+      }
+      Ended();
+      return;
+    }
     if (event_.batch_size() == 0) {
       Handle(event_);
     } else {  // a node's events sent as one message, as muster-agent takes them
       for (const v1::SessionEvent& e : event_.batch()) Handle(e);
     }
-    StartRead(&event_);
+    {
+      absl::MutexLock lock(&mu_);
+      ++pending_;
+      stream_->Read(&event_, &read_);
+    }
+    Ended();
   }
 
   void Handle(const v1::SessionEvent& event) {
@@ -263,20 +316,60 @@ class SimSession : public grpc::ClientBidiReactor<v1::SessionRequest, v1::Sessio
     }
   }
 
-  void OnDone(const grpc::Status& /*s*/) override {
+
+ private:
+  // A pending operation's tag.
+  struct Op final : AsyncTag {
+    Op(SimSession* session, void (SimSession::*on)(bool)) : session(session), on(on) {}
+    void Done(bool ok) override { (session->*on)(ok); }
+    SimSession* const session;
+    void (SimSession::*const on)(bool);
+  };
+
+  void OnStarted(bool ok) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (ok && !finishing_ && !queue_.empty()) {
+        ++pending_;
+        stream_->Write(queue_.front(), &written_);
+      } else {
+        writing_ = false;
+        MaybeFinishLocked();
+      }
+    }
+    Ended();
+  }
+  void OnFinished(bool /*ok*/) {
     {
       absl::MutexLock lock(&mu_);
       done_ = true;
     }
+    Ended();
+  }
+  // An operation ended; the last one, after Finish, ends the session.
+  void Ended() {
+    {
+      absl::MutexLock lock(&mu_);
+      if (--pending_ > 0 || !done_) return;
+    }
     finished_.Notify();
   }
 
- private:
+  // Finish, once the server's side ended and no write is in flight (gRPC
+  // allows no other operation beside it).
+  void MaybeFinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!finishing_ || writing_ || finish_started_) return;
+    finish_started_ = true;
+    ++pending_;
+    stream_->Finish(&status_, &finished_op_);
+  }
+
   void SendLocked(v1::SessionRequest msg) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     queue_.push_back(std::move(msg));
-    if (writing_) return;
+    if (writing_ || finishing_) return;
     writing_ = true;
-    StartWrite(&queue_.front());
+    ++pending_;
+    stream_->Write(queue_.front(), &written_);
   }
 
   const std::vector<std::pair<int, v1::MemberRef>> members_;
@@ -285,14 +378,25 @@ class SimSession : public grpc::ClientBidiReactor<v1::SessionRequest, v1::Sessio
   std::atomic<int> killed_{-1};
   std::atomic<int> closed_{0};
   grpc::ClientContext ctx_;
+  std::unique_ptr<grpc::ClientAsyncReaderWriter<v1::SessionRequest, v1::SessionEvent>> stream_;
   v1::SessionEvent event_;
+  grpc::Status status_;
+  Op started_{this, &SimSession::OnStarted};
+  Op written_{this, &SimSession::OnWriteDone};
+  Op read_{this, &SimSession::OnReadDone};
+  Op finished_op_{this, &SimSession::OnFinished};
   absl::Mutex mu_;
+  // Operations begun and not yet ended.
+  int pending_ ABSL_GUARDED_BY(mu_) = 0;
   // The front is being written; a std::deque keeps it in place while more
   // are queued behind it.
   std::deque<v1::SessionRequest> queue_ ABSL_GUARDED_BY(mu_);
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool beat_pending_ ABSL_GUARDED_BY(mu_) = false;
   bool done_ ABSL_GUARDED_BY(mu_) = false;
+  // The server's side ended: Finish is due (finish_started_ once begun).
+  bool finishing_ ABSL_GUARDED_BY(mu_) = false;
+  bool finish_started_ ABSL_GUARDED_BY(mu_) = false;
   RendezvousRound* round_ ABSL_GUARDED_BY(mu_) = nullptr;
   uint64_t seq_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time sent_ ABSL_GUARDED_BY(mu_);
@@ -411,7 +515,7 @@ class CoordinatorBench {
         members.emplace_back(i, refs_[i]);
       }
       sessions_.push_back(std::make_unique<SimSession>(
-          Stub(first), Node(first), std::move(members), &samples_,
+          Stub(first), queues_.Next(), Node(first), std::move(members), &samples_,
           [this](int index) { OnRegroup(index); }));
     }
     return absl::OkStatus();
@@ -542,6 +646,8 @@ class CoordinatorBench {
   pid_t coordinator_ = -1;
   std::vector<v1::MemberRef> refs_;
   std::vector<std::unique_ptr<v1::Coordinator::Stub>> stubs_;
+  // Declared before the sessions: they end before their queues shut down.
+  ClientQueues queues_{8};
   std::vector<std::unique_ptr<SimSession>> sessions_;
   Samples samples_;
   absl::Mutex regroup_mu_;
