@@ -111,11 +111,17 @@ void Coordinator::FlushEvents() {
 }
 
 void Coordinator::PushTo(const std::string& id, const MemberEvent& event, Actions* actions) {
-  MemberInfo* info = membership_.Find(id);
-  if (info == nullptr || info->session == 0) return;
-  auto it = sessions_.find(info->session);
+  const MemberInfo* info = membership_.Find(id);
+  if (info == nullptr) return;
+  PushTo(*info, std::make_shared<const MemberEvent>(event), actions);
+}
+
+void Coordinator::PushTo(const MemberInfo& info, std::shared_ptr<const MemberEvent> event,
+                         Actions* actions) {
+  if (info.session == 0) return;
+  auto it = sessions_.find(info.session);
   if (it == sessions_.end()) return;
-  actions->Add([sink = it->second.sink, event] { sink->Push(event); });
+  actions->Add([sink = it->second.sink, event = std::move(event)] { sink->Push(*event); });
 }
 
 absl::Status Coordinator::CheckServing() const {

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -214,6 +215,18 @@ class Coordinator {
   // (RendezvousRequest.takes_delta, RendezvousResult.delta).
   void Rendezvous(const MemberKey& key, uint64_t after_generation, int64_t step,
                   absl::Duration timeout, RendezvousCallback done, bool takes_delta = false);
+  // One Rendezvous call, for RendezvousAll.
+  struct RendezvousCall {
+    MemberKey key;
+    uint64_t after_generation = 0;
+    int64_t step = 0;
+    absl::Duration timeout;
+    RendezvousCallback done;
+    bool takes_delta = false;
+  };
+  // Rendezvous for each of `calls` in order (a node's members' calls sent
+  // together), under one lock acquisition and one wait for the disk.
+  void RendezvousAll(std::vector<RendezvousCall> calls);
 
   // A member of the live world reports that the world of
   // report.generation broke under it (a collective failed). Unless that
@@ -321,6 +334,8 @@ class Coordinator {
   // Fails the KV and barrier waiters of generation `generation`.
   void ResetGenerationState(uint64_t generation, const std::string& reason, Actions* actions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Rendezvous's work under the lock; what it answers goes to `actions`.
+  void RendezvousLocked(RendezvousCall call, Actions* actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // True when a Rendezvous call cannot change the decision to wait (see the
   // definition); Evaluate is then skipped.
   bool StillWaiting() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -375,6 +390,9 @@ class Coordinator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PushTo(const std::string& id, const MemberEvent& event, Actions* actions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The same for a member already looked up, with an event shared by many.
+  void PushTo(const MemberInfo& info, std::shared_ptr<const MemberEvent> event,
+              Actions* actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckServing() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Duration CapWait(absl::Duration d) const;
   void FlushEvents() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -423,7 +441,7 @@ class Coordinator {
   RendezvousTimer timer_ ABSL_GUARDED_BY(mu_);
   // The Rendezvous calls waiting for a world (rendezvous_waiters.h).
   RendezvousWaiters waiters_ ABSL_GUARDED_BY(mu_);
-  std::map<uint64_t, Session> sessions_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, Session> sessions_ ABSL_GUARDED_BY(mu_);
   uint64_t next_session_ ABSL_GUARDED_BY(mu_) = 1;
   KvStore kv_ ABSL_GUARDED_BY(mu_);
   Barriers barriers_ ABSL_GUARDED_BY(mu_);

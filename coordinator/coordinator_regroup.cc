@@ -21,6 +21,24 @@ void Coordinator::Rendezvous(const MemberKey& key, uint64_t after_generation, in
                              bool takes_delta) {
   Actions actions = Gated();
   absl::MutexLock lock(&mu_);
+  RendezvousLocked(
+      RendezvousCall{key, after_generation, step, timeout, std::move(done), takes_delta},
+      &actions);
+}
+
+void Coordinator::RendezvousAll(std::vector<RendezvousCall> calls) {
+  Actions actions = Gated();
+  absl::MutexLock lock(&mu_);
+  for (RendezvousCall& call : calls) RendezvousLocked(std::move(call), &actions);
+}
+
+void Coordinator::RendezvousLocked(RendezvousCall call, Actions* actions) {
+  const MemberKey& key = call.key;
+  const uint64_t after_generation = call.after_generation;
+  const int64_t step = call.step;
+  const absl::Duration timeout = call.timeout;
+  RendezvousCallback done = std::move(call.done);
+  const bool takes_delta = call.takes_delta;
   absl::Status s = CheckServing();
   absl::StatusOr<MemberInfo*> live = LiveMember(key);
   if (s.ok()) s = live.status();
@@ -43,14 +61,14 @@ void Coordinator::Rendezvous(const MemberKey& key, uint64_t after_generation, in
       World adopted;
       adopted.generation = gen_.generation();
       persister_.SaveWorld(std::move(adopted));
-      actions.Add([this, g = gen_.generation()] { Announce(g); });
+      actions->Add([this, g = gen_.generation()] { Announce(g); });
     }
   }
   if (s.ok() && step < 0) {
     s = absl::InvalidArgumentError(absl::StrCat("step is negative (", step, ")"));
   }
   if (!s.ok()) {
-    actions.Add([done = std::move(done), s] { done(s); });
+    actions->Add([done = std::move(done), s] { done(s); });
     return;
   }
   MemberInfo* info = *live;
@@ -64,20 +82,20 @@ void Coordinator::Rendezvous(const MemberKey& key, uint64_t after_generation, in
   if (in_newer_world && gen_.complete()) {
     RendezvousResult result =
         ResultFor(key, gen_.Published(), static_cast<uint32_t>(rank), takes_delta);
-    actions.Add([done = std::move(done), result] { done(result); });
+    actions->Add([done = std::move(done), result] { done(result); });
     return;
   }
   waiters_.Add(
       RendezvousWaiter{key, after_generation, step, clock_->Now() + wait, std::move(done),
                        takes_delta});
   if (in_newer_world) {
-    if (Arrive(key.id, step)) WorldCompleted(&actions);
+    if (Arrive(key.id, step)) WorldCompleted(actions);
     return;
   }
   if (info->state != MemberState::kActive) info->state = MemberState::kWaiting;
   if (StillWaiting()) return;
   Evaluate(/*urgent=*/false, /*abort=*/false,
-           absl::StrCat("member ", key.id, " is waiting to join"), &actions);
+           absl::StrCat("member ", key.id, " is waiting to join"), actions);
 }
 
 bool Coordinator::StillWaiting() {
@@ -279,15 +297,21 @@ void Coordinator::Form(std::vector<Candidate> candidates, uint32_t size, bool ab
     membership_.Find(a.member.id)->state = MemberState::kActive;
   }
   if (old_live) {
-    for (const Assignment& a : old.members) {
-      const MemberInfo* info = membership_.Find(a.member.id);
-      if (info == nullptr || info->key != a.member || !IsAlive(info->state)) continue;
+    // One event for the members that stay and one for those drained (told
+    // to leave), each shared by every push.
+    std::shared_ptr<const MemberEvent> events[2];
+    for (const bool leave : {false, true}) {
       MemberEvent event;
       event.generation = generation;
       event.abort = abort;
-      event.leave = info->state == MemberState::kDraining;
+      event.leave = leave;
       event.reason = reason;
-      PushTo(a.member.id, event, actions);
+      events[leave] = std::make_shared<const MemberEvent>(std::move(event));
+    }
+    for (const Assignment& a : old.members) {
+      const MemberInfo* info = membership_.Find(a.member.id);
+      if (info == nullptr || info->key != a.member || !IsAlive(info->state)) continue;
+      PushTo(*info, events[info->state == MemberState::kDraining], actions);
     }
   }
   // Members already waiting arrive now, newest call first: a member that

@@ -67,7 +67,9 @@ absl::StatusOr<JoinOutcome> Membership::Join(const JoinSpec& spec, absl::Time no
   info.spare = spec.spare;
   info.step = spec.step;
   info.joined = now;
-  Seen(&members_.emplace(spec.key.id, std::move(info)).first->second, now);
+  auto added = members_.emplace(spec.key.id, std::move(info)).first;
+  index_[added->first] = &added->second;
+  Seen(&added->second, now);
   return outcome;
 }
 
@@ -83,17 +85,18 @@ void Membership::Seen(MemberInfo* info, absl::Time now) {
 
 void Membership::Erase(std::map<std::string, MemberInfo>::iterator it) {
   if (it->second.listed) by_seen_.erase(it->second.seen_at);
+  index_.erase(it->first);
   members_.erase(it);
 }
 
 MemberInfo* Membership::Find(const std::string& id) {
-  auto it = members_.find(id);
-  return it == members_.end() ? nullptr : &it->second;
+  auto it = index_.find(id);
+  return it == index_.end() ? nullptr : it->second;
 }
 
 const MemberInfo* Membership::Find(const std::string& id) const {
-  auto it = members_.find(id);
-  return it == members_.end() ? nullptr : &it->second;
+  auto it = index_.find(id);
+  return it == index_.end() ? nullptr : it->second;
 }
 
 absl::StatusOr<MemberInfo*> Membership::Live(const MemberKey& key) {

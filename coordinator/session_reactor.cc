@@ -255,10 +255,14 @@ bool SessionReactor::HandleNode(absl::Time start) {
 void SessionReactor::Rendezvous(absl::Time start) {
   const v1::NodeRendezvous& call = request_.rendezvous();
   const v1::RendezvousRequest& req = call.request();
-  if (req.has_broken()) ReportBroken(coordinator_, req);
+  if (req.has_broken()) {
+    FlushRendezvous();  // the calls before the report come first
+    ReportBroken(coordinator_, req);
+  }
   // The answer goes out on the stream whenever the world forms; the outbox
-  // ignores it once the stream has finished.
-  coordinator_->Rendezvous(
+  // ignores it once the stream has finished. Made with the calls that came
+  // with it (FlushRendezvous).
+  calls_.push_back(Coordinator::RendezvousCall{
       ToKey(req.member()), req.after_generation(), req.step(),
       absl::Milliseconds(req.timeout_ms()),
       [outbox = outbox_, metrics = metrics_, clock = coordinator_->options().clock,
@@ -276,7 +280,7 @@ void SessionReactor::Rendezvous(absl::Time start) {
         }
         outbox->Write(std::move(msg));
       },
-      req.takes_delta());
+      req.takes_delta()});
 }
 
 void SessionReactor::OnReadDone(bool ok) {
@@ -291,12 +295,28 @@ void SessionReactor::OnReadDone(bool ok) {
     batch.Swap(request_.mutable_batch());
     for (v1::SessionRequest& r : batch) {
       request_ = std::move(r);
-      if (!Handle()) return;  // a batch inside a batch is refused as any unknown body
+      // The members' Rendezvous calls together, as they came between the
+      // other requests.
+      if (request_.body_case() != v1::SessionRequest::kRendezvous) FlushRendezvous();
+      if (!Handle()) {  // a batch inside a batch is refused as any unknown body
+        FlushRendezvous();
+        return;
+      }
     }
-  } else if (!Handle()) {
-    return;
+    FlushRendezvous();
+  } else {
+    const bool open = Handle();
+    FlushRendezvous();
+    if (!open) return;
   }
   StartRead(&request_);
+}
+
+void SessionReactor::FlushRendezvous() {
+  if (calls_.empty()) return;
+  std::vector<Coordinator::RendezvousCall> calls;
+  calls.swap(calls_);
+  coordinator_->RendezvousAll(std::move(calls));
 }
 
 void SessionReactor::OnWriteDone(bool ok) { outbox_->WriteDone(ok); }

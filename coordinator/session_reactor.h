@@ -15,6 +15,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
@@ -55,8 +56,11 @@ class SessionReactor : public AsyncBidiReactor<v1::SessionRequest, v1::SessionEv
   bool OpenNode();
   bool HandleNode(absl::Time start);
   void Acknowledge(uint64_t generation, absl::Time start);
-  // A member's Rendezvous on a node session; answered on the stream.
+  // A member's Rendezvous on a node session; answered on the stream. Kept
+  // in calls_ until FlushRendezvous.
   void Rendezvous(absl::Time start);
+  // Hands the kept Rendezvous calls to the coordinator, all under one lock.
+  void FlushRendezvous();
   void CloseSession(const std::string& why);
 
   struct Attached {
@@ -74,6 +78,7 @@ class SessionReactor : public AsyncBidiReactor<v1::SessionRequest, v1::SessionEv
   // A node session: the node's name and its attached members by id.
   std::string node_;
   absl::flat_hash_map<std::string, Attached> attached_;
+  std::vector<Coordinator::RendezvousCall> calls_;
 };
 
 }  // namespace muster
