@@ -66,6 +66,10 @@ ABSL_FLAG(absl::Duration, lease_timeout, absl::Seconds(3),
           "with --state-dir: a standby takes the lease over once its holder's beats stopped "
           "this long");
 ABSL_FLAG(bool, verbose, false, "debug logging");
+ABSL_FLAG(int, session_queues, 8,
+          "completion queues, one thread each, that serve the members' and nodes' session "
+          "streams (docs/scale.md, \"Completion queues\"); more for more than about 20,000 "
+          "node streams");
 ABSL_FLAG(absl::Duration, state_sync_delay, absl::ZeroDuration(),
           "benchmarks: every fsync of the state file also waits this long, as on a slow shared "
           "file system");
@@ -79,6 +83,12 @@ bool OptionsFromFlags(muster::ServerOptions* out) {
   options.listen = absl::GetFlag(FLAGS_listen);
   options.state_dir = absl::GetFlag(FLAGS_state_dir);
   options.state_sync_delay = absl::GetFlag(FLAGS_state_sync_delay);
+  options.session_queues = absl::GetFlag(FLAGS_session_queues);
+  if (options.session_queues < 1 || options.session_queues > 256) {
+    std::cerr << "muster-coordinator: --session-queues must be between 1 and 256, not "
+              << options.session_queues << "\n";
+    return false;
+  }
   options.rebuild_catalog = absl::GetFlag(FLAGS_rebuild_catalog);
   options.advertise = absl::GetFlag(FLAGS_advertise);
   options.address_file = absl::GetFlag(FLAGS_address_file);

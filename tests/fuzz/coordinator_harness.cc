@@ -60,8 +60,9 @@ void Fail(const std::string& what) {
 }
 
 // Dispatches every rpc but Shutdown to the current input's service, and
-// counts the handler invocations that returned.
-class CoordinatorHarness::Forwarder final : public v1::Coordinator::CallbackService {
+// counts the handler invocations that returned. Session is served on a
+// completion queue, as the coordinator serves it (rpc/async_bidi.h).
+class CoordinatorHarness::Forwarder final : public CoordinatorServiceBase {
  public:
   explicit Forwarder(CoordinatorHarness* harness) : h_(harness) {}
 
@@ -88,9 +89,8 @@ class CoordinatorHarness::Forwarder final : public v1::Coordinator::CallbackServ
   MUSTER_FUZZ_FORWARD(GetWorld)
 #undef MUSTER_FUZZ_FORWARD
 
-  grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionEvent>* Session(
-      grpc::CallbackServerContext* ctx) override {
-    return Counted(h_->instance_->service->Session(ctx));
+  SessionReactor* Session(SessionCall* call) {
+    return Counted(h_->instance_->service->Session(call));
   }
 
  private:
@@ -121,8 +121,19 @@ void CoordinatorHarness::StartServer() {
   grpc::ServerBuilder builder;
   builder.RegisterService(forwarder_.get());
   builder.SetMaxReceiveMessageSize(4 << 20);
+  std::vector<std::unique_ptr<grpc::ServerCompletionQueue>> queues;
+  queues.push_back(builder.AddCompletionQueue());
+  Forwarder* forwarder = forwarder_.get();
+  session_queues_ = std::make_unique<AsyncBidiServer<v1::SessionRequest, v1::SessionEvent>>(
+      std::move(queues),
+      [forwarder](grpc::ServerContext* ctx, SessionCall::Stream* stream,
+                  grpc::ServerCompletionQueue* queue, void* tag) {
+        forwarder->RequestSession(ctx, stream, queue, queue, tag);
+      },
+      [forwarder](SessionCall* call) { return forwarder->Session(call); });
   server_ = builder.BuildAndStart();
   if (server_ == nullptr) Fail("cannot start the in-process gRPC server");
+  session_queues_->Start();
   channel_ = server_->InProcessChannel(grpc::ChannelArguments());
   stub_ = v1::Coordinator::NewStub(channel_);
 }
@@ -132,7 +143,9 @@ void CoordinatorHarness::RecycleServer() {
   channel_.reset();
   // Waits for every reactor, so the retired coordinators are unreferenced.
   server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
+  session_queues_->Shutdown();
   server_.reset();
+  session_queues_.reset();
   forwarder_.reset();
   retired_.clear();
   StartServer();

@@ -46,6 +46,7 @@
 #include "coordinator/metrics.h"
 #include "coordinator/state_store.h"
 #include "muster/v1/coordinator.grpc.pb.h"
+#include "rpc/async_bidi.h"
 #include "tests/fuzz/coordinator_input.h"
 
 namespace muster::fuzz {
@@ -160,6 +161,8 @@ class CoordinatorHarness {
 
   const bool trace_;
   Metrics* metrics_ = nullptr;  // never destroyed
+  // The Session streams' queue; outlives server_.
+  std::unique_ptr<AsyncBidiServer<v1::SessionRequest, v1::SessionEvent>> session_queues_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<Forwarder> forwarder_;
   std::shared_ptr<grpc::Channel> channel_;
