@@ -8,9 +8,10 @@
 //   lease(id = 1, epoch, holder, ...)                 who may write (docs/failover.md)
 // Version 1 kept a row per member; a regroup rewrote them all, 0.2 s at
 // 100,000 members, twice per regroup and before anyone hears of it. Version
-// 2 keeps them as one value (EncodeMembers), written in a few milliseconds.
-// A version 1 file is moved to version 2 when it is opened; a coordinator
-// that knows only version 1 refuses a version 2 file.
+// 2 keeps them as one value (EncodeMembers), written in about 90 ms. A
+// version 1 file is read as it is and becomes version 2 when this coordinator
+// first writes a world (as the lease holder); a coordinator that knows only
+// version 1 refuses a version 2 file.
 #include <sqlite3.h>
 #include <sys/vfs.h>
 
@@ -237,7 +238,11 @@ class SqliteStateStore : public StateStore {
     if (version.empty()) {
       return SetMeta("schema_version", absl::StrCat(kSchemaVersion));
     }
-    if (version == "1") return UpgradeFromVersion1();
+    // A version 1 file is read as it is and becomes version 2 at the first
+    // world written (WriteMembers), by the lease holder: a standby that
+    // opens it next to a version 1 primary must not change it under that
+    // primary, which still writes rows.
+    if (version == "1") return absl::OkStatus();
     if (version != absl::StrCat(kSchemaVersion)) {
       return absl::FailedPreconditionError(absl::StrCat(
           "state database has schema version ", version, "; this coordinator knows ",
@@ -500,14 +505,24 @@ class SqliteStateStore : public StateStore {
     return s;
   }
 
+  // The world's members as the value; a version 1 file's rows go and it
+  // becomes version 2 in the same transaction.
   absl::Status WriteMembers(const std::string& members) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     Statement st(db_, "INSERT OR REPLACE INTO world(id, members) VALUES(1, ?)");
     MUSTER_RETURN_IF_ERROR(st.status());
     st.BindBlob(1, members);
-    return st.Run();
+    MUSTER_RETURN_IF_ERROR(st.Run());
+    std::string version;
+    MUSTER_RETURN_IF_ERROR(GetMeta("schema_version", &version));
+    if (version == absl::StrCat(kSchemaVersion)) return absl::OkStatus();
+    MUSTER_RETURN_IF_ERROR(Exec("DELETE FROM world_members"));
+    return SetMeta("schema_version", absl::StrCat(kSchemaVersion));
   }
 
   absl::StatusOr<std::vector<Assignment>> ReadMembers() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    std::string version;
+    MUSTER_RETURN_IF_ERROR(GetMeta("schema_version", &version));
+    if (version == "1") return ReadVersion1Rows();
     Statement q(db_, "SELECT members FROM world WHERE id = 1");
     MUSTER_RETURN_IF_ERROR(q.status());
     const int rc = q.Step();
@@ -518,34 +533,29 @@ class SqliteStateStore : public StateStore {
     return DecodeMembers(q.Blob(0));
   }
 
-  // Schema 1 to 2: the world's rows become the world's value.
-  absl::Status UpgradeFromVersion1() {
-    absl::MutexLock lock(&mu_);
-    return InTransaction([&]() -> absl::Status {
-      Statement q(db_,
-                  "SELECT rank, member_id, incarnation, node, state_address, node_rank, "
-                  "local_rank, local_world_size, step FROM world_members ORDER BY rank");
-      MUSTER_RETURN_IF_ERROR(q.status());
-      std::vector<Assignment> members;
-      int rc;
-      while ((rc = q.Step()) == SQLITE_ROW) {
-        Assignment a;
-        a.rank = static_cast<uint32_t>(q.Int(0));
-        a.member.id = q.Text(1);
-        a.member.incarnation = static_cast<uint64_t>(q.Int(2));
-        a.node = q.Text(3);
-        a.state_address = q.Text(4);
-        a.node_rank = static_cast<uint32_t>(q.Int(5));
-        a.local_rank = static_cast<uint32_t>(q.Int(6));
-        a.local_world_size = static_cast<uint32_t>(q.Int(7));
-        a.step = q.Int(8);
-        members.push_back(std::move(a));
-      }
-      MUSTER_RETURN_IF_ERROR(ReadEnded(rc, "world_members"));
-      MUSTER_RETURN_IF_ERROR(WriteMembers(EncodeMembers(members)));
-      MUSTER_RETURN_IF_ERROR(Exec("DELETE FROM world_members"));
-      return SetMeta("schema_version", absl::StrCat(kSchemaVersion));
-    });
+  // A version 1 file's world: a row per member.
+  absl::StatusOr<std::vector<Assignment>> ReadVersion1Rows() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    Statement q(db_,
+                "SELECT rank, member_id, incarnation, node, state_address, node_rank, "
+                "local_rank, local_world_size, step FROM world_members ORDER BY rank");
+    MUSTER_RETURN_IF_ERROR(q.status());
+    std::vector<Assignment> members;
+    int rc;
+    while ((rc = q.Step()) == SQLITE_ROW) {
+      Assignment a;
+      a.rank = static_cast<uint32_t>(q.Int(0));
+      a.member.id = q.Text(1);
+      a.member.incarnation = static_cast<uint64_t>(q.Int(2));
+      a.node = q.Text(3);
+      a.state_address = q.Text(4);
+      a.node_rank = static_cast<uint32_t>(q.Int(5));
+      a.local_rank = static_cast<uint32_t>(q.Int(6));
+      a.local_world_size = static_cast<uint32_t>(q.Int(7));
+      a.step = q.Int(8);
+      members.push_back(std::move(a));
+    }
+    MUSTER_RETURN_IF_ERROR(ReadEnded(rc, "world_members"));
+    return members;
   }
 
   absl::Status SetMeta(const std::string& key, const std::string& value) {

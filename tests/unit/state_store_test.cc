@@ -123,10 +123,9 @@ void ExecOn(const std::string& path, const std::string& sql) {
   sqlite3_close(db);
 }
 
-TEST(SqliteStateStoreTest, AVersion1FileIsUpgradedWithItsWorld) {
-  const std::string path = TempDb("v1");
+// The file a version 1 coordinator left at `path`: its world as rows.
+void MakeVersion1File(const std::string& path) {
   ASSERT_TRUE(OpenSqliteStateStore(path).ok());
-  // What a version 1 coordinator left: the world as rows, no world value.
   ExecOn(path,
          "DROP TABLE world;"
          "UPDATE meta SET value='1' WHERE key='schema_version';"
@@ -134,42 +133,79 @@ TEST(SqliteStateStoreTest, AVersion1FileIsUpgradedWithItsWorld) {
          "('node_count', '2'), ('state_source_rank', '1'), ('state_step', '42');"
          "INSERT INTO world_members VALUES(0, 'm0', 100, 'a', 'h:0', 0, 0, 2, 40), "
          "(1, 'm1', 101, 'a', 'h:1', 0, 1, 2, 41), (2, 'm2', 102, 'b', 'h:2', 1, 0, 1, 42);");
-  {
-    auto store = OpenSqliteStateStore(path);
-    ASSERT_TRUE(store.ok()) << store.status();
-    auto w = (*store)->LoadWorld();
-    ASSERT_TRUE(w.ok()) << w.status();
-    const World expected = SampleWorld();
-    EXPECT_EQ(w->generation, 7u);
-    ASSERT_EQ(w->members.size(), 3u);
-    for (size_t i = 0; i < 3; ++i) {
-      EXPECT_EQ(w->members[i].member, expected.members[i].member);
-      EXPECT_EQ(w->members[i].node, expected.members[i].node);
-      EXPECT_EQ(w->members[i].state_address, expected.members[i].state_address);
-      EXPECT_EQ(w->members[i].node_rank, expected.members[i].node_rank);
-      EXPECT_EQ(w->members[i].local_rank, expected.members[i].local_rank);
-      EXPECT_EQ(w->members[i].local_world_size, expected.members[i].local_world_size);
-      EXPECT_EQ(w->members[i].step, expected.members[i].step);
-    }
-    EXPECT_EQ(w->RankOf("m2"), 2);
+}
+
+// What a query's first value is, read outside the store.
+std::string FirstValue(const std::string& path, const std::string& sql) {
+  sqlite3* db = nullptr;
+  std::string value;
+  if (sqlite3_open(path.c_str(), &db) == SQLITE_OK) {
+    sqlite3_exec(
+        db, sql.c_str(),
+        [](void* out, int, char** values, char**) {
+          *static_cast<std::string*>(out) = values[0] != nullptr ? values[0] : "";
+          return 0;
+        },
+        &value, nullptr);
   }
-  // Upgraded once: opened again, it is version 2 and its rows are gone.
+  sqlite3_close(db);
+  return value;
+}
+
+TEST(SqliteStateStoreTest, AVersion1FileIsReadAsItIsAndBecomesVersion2AtTheFirstWorldWritten) {
+  const std::string path = TempDb("v1");
+  MakeVersion1File(path);
+  auto store = OpenSqliteStateStore(path);
+  ASSERT_TRUE(store.ok()) << store.status();
+  // Opening it changes nothing: a version 1 primary may still be writing it.
+  EXPECT_EQ(FirstValue(path, "SELECT value FROM meta WHERE key='schema_version'"), "1");
+  auto w = (*store)->LoadWorld();
+  ASSERT_TRUE(w.ok()) << w.status();
+  const World expected = SampleWorld();
+  EXPECT_EQ(w->generation, 7u);
+  ASSERT_EQ(w->members.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(w->members[i].member, expected.members[i].member);
+    EXPECT_EQ(w->members[i].node, expected.members[i].node);
+    EXPECT_EQ(w->members[i].state_address, expected.members[i].state_address);
+    EXPECT_EQ(w->members[i].node_rank, expected.members[i].node_rank);
+    EXPECT_EQ(w->members[i].local_rank, expected.members[i].local_rank);
+    EXPECT_EQ(w->members[i].local_world_size, expected.members[i].local_world_size);
+    EXPECT_EQ(w->members[i].step, expected.members[i].step);
+  }
+  EXPECT_EQ(w->RankOf("m2"), 2);
+  // The first world written makes it version 2: the value, no rows.
+  World next = SampleWorld();
+  next.generation = 8;
+  next.members.pop_back();
+  ASSERT_TRUE((*store)->SaveWorld(next).ok());
+  EXPECT_EQ(FirstValue(path, "SELECT value FROM meta WHERE key='schema_version'"), "2");
+  EXPECT_EQ(FirstValue(path, "SELECT count(*) FROM world_members"), "0");
   auto again = OpenSqliteStateStore(path);
   ASSERT_TRUE(again.ok()) << again.status();
-  EXPECT_EQ((*again)->LoadWorld()->members.size(), 3u);
-  sqlite3* db = nullptr;
-  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
-  std::string version, rows;
-  auto first = [](void* out, int, char** values, char**) {
-    *static_cast<std::string*>(out) = values[0];
-    return 0;
-  };
-  sqlite3_exec(db, "SELECT value FROM meta WHERE key='schema_version'", first, &version,
-               nullptr);
-  sqlite3_exec(db, "SELECT count(*) FROM world_members", first, &rows, nullptr);
-  sqlite3_close(db);
-  EXPECT_EQ(version, "2");
-  EXPECT_EQ(rows, "0");
+  auto w2 = (*again)->LoadWorld();
+  ASSERT_TRUE(w2.ok()) << w2.status();
+  EXPECT_EQ(w2->generation, 8u);
+  EXPECT_EQ(w2->members.size(), 2u);
+}
+
+// A newer standby opened the file while a version 1 primary kept writing
+// its rows: taking over, it loads the primary's latest world.
+TEST(SqliteStateStoreTest, AStandbyLoadsTheRowsAVersion1PrimaryWroteAfterItOpenedTheFile) {
+  const std::string path = TempDb("v1_primary");
+  MakeVersion1File(path);
+  auto standby = OpenSqliteStateStore(path);
+  ASSERT_TRUE(standby.ok()) << standby.status();
+  ExecOn(path,
+         "UPDATE meta SET value='9' WHERE key='generation';"
+         "DELETE FROM world_members;"
+         "INSERT INTO world_members VALUES(0, 'm5', 105, 'c', 'h:5', 0, 0, 1, 50);");
+  auto w = (*standby)->LoadWorld();
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ(w->generation, 9u);
+  ASSERT_EQ(w->members.size(), 1u);
+  EXPECT_EQ(w->members[0].member.id, "m5");
+  EXPECT_EQ(w->members[0].step, 50);
 }
 
 TEST(SqliteStateStoreTest, AWorldOfManyMembersComesBackAsItWasSaved) {
