@@ -176,7 +176,7 @@ grpc::ServerUnaryReactor* CoordinatorService::Join(grpc::CallbackServerContext* 
   return Reply(ctx, "Join", start, result.status());
 }
 
-SessionReactor* CoordinatorService::Session(SessionCall* call) {
+SessionReactor* CoordinatorService::StartSession(SessionCall* call) {
   return new SessionReactor(call, coordinator_, metrics_, CheckToken(*call->context(), token_),
                             epoch_);
 }

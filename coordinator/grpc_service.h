@@ -55,7 +55,7 @@ class CoordinatorService final : public CoordinatorServiceBase {
   grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* ctx, const v1::JoinRequest* req,
                                  v1::JoinResponse* resp) override;
   // A Session call that arrived on a completion queue: its reactor.
-  SessionReactor* Session(SessionCall* call);
+  SessionReactor* StartSession(SessionCall* call);
   grpc::ServerUnaryReactor* Rendezvous(grpc::CallbackServerContext* ctx,
                                        const v1::RendezvousRequest* req,
                                        v1::RendezvousResponse* resp) override;

@@ -247,7 +247,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer::Listener>> CoordinatorServer::
       [service](grpc::ServerContext* ctx, SessionCall::Stream* stream,
                 grpc::ServerCompletionQueue* queue,
                 void* tag) { service->RequestSession(ctx, stream, queue, queue, tag); },
-      [service](SessionCall* call) { return service->Session(call); });
+      [service](SessionCall* call) { return service->StartSession(call); });
   listener->server = builder.BuildAndStart();
   if (listener->server == nullptr || *port == 0) {
     // Never started: the queues hold nothing (no call was requested).

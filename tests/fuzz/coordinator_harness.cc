@@ -89,8 +89,8 @@ class CoordinatorHarness::Forwarder final : public CoordinatorServiceBase {
   MUSTER_FUZZ_FORWARD(GetWorld)
 #undef MUSTER_FUZZ_FORWARD
 
-  SessionReactor* Session(SessionCall* call) {
-    return Counted(h_->instance_->service->Session(call));
+  SessionReactor* StartSession(SessionCall* call) {
+    return Counted(h_->instance_->service->StartSession(call));
   }
 
  private:
@@ -130,7 +130,7 @@ void CoordinatorHarness::StartServer() {
                   grpc::ServerCompletionQueue* queue, void* tag) {
         forwarder->RequestSession(ctx, stream, queue, queue, tag);
       },
-      [forwarder](SessionCall* call) { return forwarder->Session(call); });
+      [forwarder](SessionCall* call) { return forwarder->StartSession(call); });
   server_ = builder.BuildAndStart();
   if (server_ == nullptr) Fail("cannot start the in-process gRPC server");
   session_queues_->Start();

@@ -262,19 +262,7 @@ TEST(SqliteStateStoreTest, ADamagedWorldIsRefusedNotReadAsASmallerOne) {
 
 // What SQLite itself says the file's journal mode is.
 std::string JournalModeOf(const std::string& path) {
-  sqlite3* db = nullptr;
-  std::string mode;
-  if (sqlite3_open(path.c_str(), &db) == SQLITE_OK) {
-    sqlite3_exec(
-        db, "PRAGMA journal_mode",
-        [](void* out, int, char** values, char**) {
-          *static_cast<std::string*>(out) = values[0];
-          return 0;
-        },
-        &mode, nullptr);
-  }
-  sqlite3_close(db);
-  return mode;
+  return FirstValue(path, "PRAGMA journal_mode");
 }
 
 TEST(SqliteStateStoreTest, NetworkFileSystemsGetTheRollbackJournal) {
