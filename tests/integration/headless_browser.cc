@@ -206,14 +206,17 @@ absl::StatusOr<nlohmann::json> HeadlessBrowser::Evaluate(const std::string& expr
 
 absl::Status HeadlessBrowser::WaitFor(const std::string& expression, absl::Duration timeout) {
   const absl::Time end = absl::Now() + timeout;
+  absl::Status last_error = absl::OkStatus();
   for (;;) {
+    // A page that is navigating (a form just submitted) has, for a moment,
+    // no context to evaluate in: that is "not yet", not a failure.
     absl::StatusOr<nlohmann::json> v = Evaluate(expression);
-    if (!v.ok()) return v.status();
-    if (*v == true) return absl::OkStatus();
+    if (v.ok() && *v == true) return absl::OkStatus();
+    if (!v.ok()) last_error = v.status();
     if (absl::Now() > end) {
-      return absl::DeadlineExceededError(
-          absl::StrCat("`", expression, "` did not become true within ",
-                       absl::FormatDuration(timeout)));
+      return absl::DeadlineExceededError(absl::StrCat(
+          "`", expression, "` did not become true within ", absl::FormatDuration(timeout),
+          last_error.ok() ? "" : absl::StrCat(" (last error: ", last_error.ToString(), ")")));
     }
     absl::SleepFor(absl::Milliseconds(50));
   }

@@ -36,7 +36,9 @@ class HeadlessBrowser {
   // Evaluates `expression` in the page (promises awaited); its value as
   // JSON. Errors: INTERNAL with the page's exception.
   absl::StatusOr<nlohmann::json> Evaluate(const std::string& expression);
-  // Evaluates `expression` until it is true, every 50 ms.
+  // Evaluates `expression` until it is true, every 50 ms. An evaluation that
+  // fails (a page between two documents has no context) counts as not yet.
+  // Errors: DEADLINE_EXCEEDED, with the last evaluation's error if any.
   absl::Status WaitFor(const std::string& expression, absl::Duration timeout);
   // The page as a PNG file's bytes.
   absl::StatusOr<std::string> Screenshot();
