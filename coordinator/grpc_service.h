@@ -21,7 +21,8 @@ namespace muster {
 
 // The generated CallbackService, but with Session served on completion
 // queues (rpc/async_bidi.h says why). Every method of the service is listed:
-// one left out would be served synchronously, as UNIMPLEMENTED.
+// one left out would have no handler, and CoordinatorServer refuses to start
+// a service with one (has_synchronous_methods).
 using CoordinatorServiceBase =
     v1::Coordinator::WithCallbackMethod_Join<
     v1::Coordinator::WithAsyncMethod_Session<

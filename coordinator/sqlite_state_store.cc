@@ -162,7 +162,6 @@ class MemberReader {
   explicit MemberReader(absl::string_view data) : data_(data) {}
   bool done() const { return at_ == data_.size(); }
   bool ok() const { return ok_; }
-  size_t at() const { return at_; }
   uint64_t Number() {
     if (!ok_ || data_.size() - at_ < 8) return Fail();
     uint64_t v = 0;
@@ -209,14 +208,16 @@ absl::StatusOr<std::vector<Assignment>> DecodeMembers(absl::string_view data) {
     a.step = static_cast<int64_t>(in.Number());
     if (!in.ok()) break;
     if (a.rank != members.size()) {
-      return absl::DataLossError(absl::StrCat("the world's members are damaged: the member of rank ",
-                                              members.size(), " says rank ", a.rank));
+      return absl::DataLossError(
+          absl::StrCat("the world's members are damaged: the member of rank ", members.size(),
+                       " says rank ", a.rank));
     }
     members.push_back(std::move(a));
   }
   if (!in.ok()) {
-    return absl::DataLossError(absl::StrCat("the world's members are damaged: cut short in the member of rank ",
-                                            members.size(), " (", data.size(), " bytes)"));
+    return absl::DataLossError(
+        absl::StrCat("the world's members are damaged: cut short in the member of rank ",
+                     members.size(), " (", data.size(), " bytes)"));
   }
   return members;
 }
