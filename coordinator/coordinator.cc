@@ -121,7 +121,7 @@ void Coordinator::PushTo(const MemberInfo& info, std::shared_ptr<const MemberEve
   if (info.session == 0) return;
   auto it = sessions_.find(info.session);
   if (it == sessions_.end()) return;
-  actions->Add([sink = it->second.sink, event = std::move(event)] { sink->Push(*event); });
+  actions->Add([sink = it->second.sink, event = std::move(event)] { sink->PushShared(event); });
 }
 
 absl::Status Coordinator::CheckServing() const {

@@ -84,6 +84,10 @@ class SessionSink {
  public:
   virtual ~SessionSink() = default;
   virtual void Push(const MemberEvent& event) = 0;
+  // The same event pushed to many members (a regroup's): a node session
+  // sends it once, naming those of its members it went to
+  // (NodeHello.grouped).
+  virtual void PushShared(const std::shared_ptr<const MemberEvent>& event) { Push(*event); }
   // Ends the session with `status` (OK for a normal stop).
   virtual void Close(const absl::Status& status) = 0;
   // Ends the session of a member fenced as hung (its session lived, its

@@ -86,9 +86,18 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const std::string& list
 }
 
 void Metrics::ObserveRpc(const char* method, absl::StatusCode code, absl::Duration latency) {
-  rpcs_->Add({{"method", method}, {"code", absl::StatusCodeToString(code)}}).Increment();
-  rpc_latency_->Add({{"method", method}}, LatencyBuckets())
-      .Observe(absl::ToDoubleSeconds(latency));
+  RpcSeries series;
+  {
+    absl::MutexLock lock(&rpc_mu_);
+    auto [it, added] = rpc_series_.try_emplace(std::make_pair(std::string(method), code));
+    if (added) {
+      it->second.calls = &rpcs_->Add({{"method", method}, {"code", absl::StatusCodeToString(code)}});
+      it->second.latency = &rpc_latency_->Add({{"method", method}}, LatencyBuckets());
+    }
+    series = it->second;
+  }
+  series.calls->Increment();
+  series.latency->Observe(absl::ToDoubleSeconds(latency));
 }
 
 void Metrics::ObserveHeartbeat(absl::Duration latency) {

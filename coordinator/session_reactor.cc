@@ -2,10 +2,15 @@
 
 #include <atomic>
 #include <deque>
+#include <optional>
+#include <string>
 #include <utility>
+#include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "common/write_batch.h"
 #include "coordinator/limits.h"
 #include "coordinator/proto_convert.h"
 #include "rpc/status.h"
@@ -54,25 +59,103 @@ MemberProgress Progress(int64_t step, int64_t samples, uint32_t stalled_ms,
 
 }  // namespace
 
+// What makes writes to a node's members the same event: the shared objects
+// it was made from (a regroup's MemberEvent; a delta answer's world and
+// delta). Held while a group waits, so no address is reused meanwhile.
+struct GroupKey {
+  std::shared_ptr<const void> first;
+  std::shared_ptr<const void> second;
+  bool Same(const GroupKey& o) const { return first == o.first && second == o.second; }
+};
+
 // The writing half of a session: a SessionSink over the stream's write
-// queue. Thread-safe.
-class SessionOutbox : public SessionSink {
+// queue. On a node session that takes groups (NodeHello.grouped), writes
+// for its members with the same key, made inside one WriteBatch one after
+// the other, go out as one event naming them all. Thread-safe.
+class SessionOutbox : public SessionSink, public HeldWrites {
  public:
   SessionOutbox(SessionReactor* reactor, uint64_t epoch) : queue_(reactor), epoch_(epoch) {}
 
   void Push(const MemberEvent& event) override { Write(ToProto(event)); }
-  void Close(const absl::Status& status) override { queue_.Close(status); }
+  void Close(const absl::Status& status) override {
+    absl::MutexLock lock(&mu_);
+    EndGroupLocked();
+    queue_.Close(status);
+  }
   // A node session's: events written together leave as one (proto batch).
   void EnableBatches() { queue_.EnableMerge(MergeEvents); }
+  void EnableGroups() {
+    absl::MutexLock lock(&mu_);
+    groups_ = true;
+  }
   void Write(v1::SessionEvent msg) {
-    msg.set_epoch(epoch_);
-    queue_.Write(std::move(msg));
+    absl::MutexLock lock(&mu_);
+    EndGroupLocked();
+    WriteLocked(std::move(msg));
+  }
+  // An event for one of a node's members (`call`: the Rendezvous call it
+  // answers, if it is an answer). `make` builds it, without the member.
+  void WriteFor(const std::string& member, uint64_t call, GroupKey key,
+                absl::FunctionRef<v1::SessionEvent()> make) {
+    absl::MutexLock lock(&mu_);
+    if (group_.has_value() && group_->key.Same(key)) {
+      group_->members.push_back(member);
+      group_->calls.push_back(call);
+      return;
+    }
+    EndGroupLocked();
+    // A group waits for the end of the WriteBatch this thread is in (Flush)
+    // or for the next write that is not of it, whichever comes first.
+    if (groups_ && key.first != nullptr && WriteBatch::Hold(this)) {
+      group_.emplace(Group{std::move(key), make(), {member}, {call}});
+      return;
+    }
+    v1::SessionEvent msg = make();
+    Address(&msg, member, call);
+    WriteLocked(std::move(msg));
+  }
+  void Flush() override {
+    absl::MutexLock lock(&mu_);
+    EndGroupLocked();
   }
   void WriteDone(bool ok) { queue_.WriteDone(ok); }
 
  private:
+  struct Group {
+    GroupKey key;
+    v1::SessionEvent msg;
+    std::vector<std::string> members;
+    std::vector<uint64_t> calls;
+  };
+
+  static void Address(v1::SessionEvent* msg, const std::string& member, uint64_t call) {
+    msg->set_member_id(member);
+    if (msg->has_rendezvous()) msg->mutable_rendezvous()->set_call(call);
+  }
+  void EndGroupLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!group_.has_value()) return;
+    Group g = std::move(*group_);
+    group_.reset();
+    if (g.members.size() == 1) {
+      Address(&g.msg, g.members[0], g.calls[0]);
+    } else {
+      for (std::string& m : g.members) g.msg.add_member_ids(std::move(m));
+      if (g.msg.has_rendezvous()) {
+        g.msg.mutable_rendezvous()->mutable_calls()->Add(g.calls.begin(), g.calls.end());
+      }
+    }
+    WriteLocked(std::move(g.msg));
+  }
+  void WriteLocked(v1::SessionEvent msg) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    msg.set_epoch(epoch_);
+    queue_.Write(std::move(msg));
+  }
+
   WriteQueue<v1::SessionRequest, v1::SessionEvent, SessionReactor> queue_;
   const uint64_t epoch_;
+  absl::Mutex mu_;
+  bool groups_ ABSL_GUARDED_BY(mu_) = false;
+  std::optional<Group> group_ ABSL_GUARDED_BY(mu_);
 };
 
 // One member's session inside a node session: its events go out on the
@@ -88,6 +171,10 @@ class NodeMemberSink : public SessionSink {
     v1::SessionEvent msg = ToProto(event);
     msg.set_member_id(member_.id);
     outbox_->Write(std::move(msg));
+  }
+  void PushShared(const std::shared_ptr<const MemberEvent>& event) override {
+    if (closed_) return;
+    outbox_->WriteFor(member_.id, 0, GroupKey{event, nullptr}, [&] { return ToProto(*event); });
   }
 
   void Close(const absl::Status& status) override { End(status, /*end_process=*/false); }
@@ -190,6 +277,7 @@ bool SessionReactor::OpenNode() {
   }
   node_ = node;
   if (request_.node_hello().batches()) outbox_->EnableBatches();
+  if (request_.node_hello().grouped()) outbox_->EnableGroups();
   MUSTER_LOG(INFO) << "node session of " << node_ << " opened";
   return true;
 }
@@ -268,17 +356,20 @@ void SessionReactor::Rendezvous(absl::Time start) {
       [outbox = outbox_, metrics = metrics_, clock = coordinator_->options().clock,
        id = req.member().member_id(), n = call.call(),
        start](absl::StatusOr<RendezvousResult> result) {
-        v1::SessionEvent msg;
-        msg.set_member_id(id);
-        v1::RendezvousAnswer* answer = msg.mutable_rendezvous();
-        answer->set_call(n);
-        answer->set_code(static_cast<int>(result.status().code()));
-        answer->set_message(std::string(result.status().message()));
-        if (result.ok()) ToProto(*result, answer->mutable_response());
         if (metrics != nullptr) {
           metrics->ObserveRpc("NodeRendezvous", result.status().code(), clock->Now() - start);
         }
-        outbox->Write(std::move(msg));
+        // A delta answer is the same for every member that takes it.
+        GroupKey key;
+        if (result.ok() && result->delta != nullptr) key = GroupKey{result->world, result->delta};
+        outbox->WriteFor(id, n, std::move(key), [&] {
+          v1::SessionEvent msg;
+          v1::RendezvousAnswer* answer = msg.mutable_rendezvous();
+          answer->set_code(static_cast<int>(result.status().code()));
+          answer->set_message(std::string(result.status().message()));
+          if (result.ok()) ToProto(*result, answer->mutable_response());
+          return msg;
+        });
       },
       req.takes_delta()});
 }

@@ -227,12 +227,15 @@ TEST_F(ServerTest, StreamBreakRegroupsSurvivorsWithinMilliseconds) {
 // A node session: one stream carries the sessions of a node's members.
 class NodeStream {
  public:
-  // `batches`: the node takes SessionEvent.batch (as muster-agent does).
-  NodeStream(TestMember* any, const std::string& node, bool batches = false)
+  // `batches`: the node takes SessionEvent.batch; `grouped`: it takes one
+  // event for several members (both as muster-agent does).
+  NodeStream(TestMember* any, const std::string& node, bool batches = false,
+             bool grouped = false)
       : ctx_(any->Context(absl::Seconds(60))), stream_(any->stub()->Session(ctx_.get())) {
     v1::SessionRequest hello;
     hello.mutable_node_hello()->set_node(node);
     hello.mutable_node_hello()->set_batches(batches);
+    hello.mutable_node_hello()->set_grouped(grouped);
     EXPECT_TRUE(stream_->Write(hello));
   }
   void Attach(const v1::MemberRef& ref) {
@@ -262,10 +265,12 @@ class NodeStream {
   // Several members' calls as one message (SessionRequest.batch), call
   // numbers first_call, first_call + 1, ...
   void RendezvousBatch(const std::vector<v1::MemberRef>& refs, uint64_t first_call,
-                       uint64_t after) {
+                       uint64_t after, bool takes_delta = false) {
     v1::SessionRequest msg;
     for (size_t i = 0; i < refs.size(); ++i) {
       *msg.add_batch() = RendezvousRequest(refs[i], first_call + i, after);
+      msg.mutable_batch()->rbegin()->mutable_rendezvous()->mutable_request()->set_takes_delta(
+          takes_delta);
     }
     EXPECT_TRUE(stream_->Write(msg));
   }
@@ -439,6 +444,59 @@ TEST_F(ServerTest, ANodeThatTakesBatchesHearsEachDecisionAsOneMessage) {
   for (const v1::SessionEvent& ev : again.batch()) {
     EXPECT_EQ(ev.rendezvous().response().world().world_size(), 2u) << ev.ShortDebugString();
   }
+}
+
+TEST_F(ServerTest, ANodeThatTakesGroupsHearsARegroupAndADeltaOnceForAllItsMembers) {
+  Start(3, 4, absl::Seconds(10), absl::Seconds(30));
+  std::vector<std::unique_ptr<TestMember>> ms;
+  std::vector<v1::MemberRef> refs;
+  for (int i = 0; i < 4; ++i) {
+    ms.push_back(std::make_unique<TestMember>(channel_, kToken, "m" + std::to_string(i), "n0"));
+    ASSERT_TRUE(ms.back()->Join().ok());
+    refs.push_back(ms.back()->ref());
+  }
+  NodeStream node(ms[0].get(), "n0", /*batches=*/true, /*grouped=*/true);
+  for (const auto& m : ms) node.Attach(m->ref());
+  // The first world's answers differ by member (each its own rank): one
+  // event each.
+  node.RendezvousBatch(refs, 10, 0, /*takes_delta=*/true);
+  v1::SessionEvent answers = node.NextMessage();
+  ASSERT_EQ(answers.batch_size(), 4) << answers.ShortDebugString();
+  for (const v1::SessionEvent& ev : answers.batch()) {
+    EXPECT_EQ(ev.member_ids_size(), 0) << ev.ShortDebugString();
+    EXPECT_EQ(ev.member_id(), refs[ev.rendezvous().call() - 10].member_id());
+  }
+
+  node.Detach(ms[3]->ref(), "exited on signal 9");
+  v1::SessionEvent regroup = node.NextMessage();
+  if (regroup.batch_size() > 0) {  // an acknowledgement may share the message
+    for (const v1::SessionEvent& ev : regroup.batch()) {
+      if (!ev.has_ack()) regroup = ev;
+    }
+  }
+  ASSERT_TRUE(regroup.has_regroup()) << regroup.ShortDebugString();
+  EXPECT_EQ(regroup.regroup().generation(), 2u);
+  EXPECT_TRUE(regroup.member_id().empty());
+  EXPECT_EQ(std::set<std::string>(regroup.member_ids().begin(), regroup.member_ids().end()),
+            (std::set<std::string>{"m0", "m1", "m2"}));
+
+  // The survivors' answers are the same delta: one event naming the three
+  // members and, in the same order, their calls.
+  node.RendezvousBatch({refs[0], refs[1], refs[2]}, 20, 1, /*takes_delta=*/true);
+  v1::SessionEvent again = node.NextMessage();
+  ASSERT_EQ(again.batch_size(), 0) << again.ShortDebugString();
+  ASSERT_TRUE(again.has_rendezvous()) << again.ShortDebugString();
+  const v1::RendezvousAnswer& answer = again.rendezvous();
+  ASSERT_EQ(answer.code(), 0) << answer.message();
+  ASSERT_EQ(again.member_ids_size(), 3);
+  ASSERT_EQ(answer.calls_size(), 3);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(again.member_ids(i), refs[answer.calls(i) - 20].member_id());
+  }
+  EXPECT_TRUE(answer.response().has_delta());
+  ASSERT_EQ(answer.response().delta().removed_ranks_size(), 1);
+  EXPECT_EQ(answer.response().delta().removed_ranks(0), 3u);
+  EXPECT_EQ(answer.response().world().world_size(), 3u);
 }
 
 TEST_F(ServerTest, BelowMinMembersTheJobPausesAndResumes) {

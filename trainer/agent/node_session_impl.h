@@ -144,6 +144,9 @@ class NodeSessionImpl final : public NodeSession,
   // connection ends.
   void WriteLoop(Upstream* stream);
   void Route(v1::SessionEvent event);
+  // An event naming several members (SessionEvent.member_ids): routed as
+  // one to each.
+  void RouteToEach(const v1::SessionEvent& event);
   // Removes `id` from the table and queues its detach; returns its stream,
   // for the caller to close once mu_ is released (gRPC may run a reactor's
   // callbacks inline, and they take mu_).

@@ -52,11 +52,29 @@ void NodeSessionImpl::SendParkedLocked() {
   }
 }
 
+void NodeSessionImpl::RouteToEach(const v1::SessionEvent& event) {
+  const bool answer = event.has_rendezvous();
+  if (answer && event.rendezvous().calls_size() != event.member_ids_size()) {
+    MUSTER_LOG(WARNING) << "muster-agent: dropped an answer for " << event.member_ids_size()
+                        << " members that names " << event.rendezvous().calls_size() << " calls";
+    return;
+  }
+  v1::SessionEvent each = event;
+  each.clear_member_ids();
+  if (answer) each.mutable_rendezvous()->clear_calls();
+  for (int i = 0; i < event.member_ids_size(); ++i) {
+    each.set_member_id(event.member_ids(i));
+    if (answer) each.mutable_rendezvous()->set_call(event.rendezvous().calls(i));
+    Route(each);
+  }
+}
+
 void NodeSessionImpl::Route(v1::SessionEvent event) {
   if (event.batch_size() > 0) {  // several members' events in one message
     for (v1::SessionEvent& e : *event.mutable_batch()) Route(std::move(e));
     return;
   }
+  if (event.member_ids_size() > 0) return RouteToEach(event);  // one for several members
   std::shared_ptr<Queue> out;
   absl::Status close;
   bool closing = false;
@@ -233,6 +251,7 @@ absl::Status NodeSessionImpl::Connection() {
   v1::SessionRequest hello;
   hello.mutable_node_hello()->set_node(o_.node);
   hello.mutable_node_hello()->set_batches(true);  // Route unpacks them
+  hello.mutable_node_hello()->set_grouped(true);  // and copies them out
   v1::SessionRequest first_beat;  // learns the heartbeat period
   first_beat.mutable_heartbeat();
   bool ok = stream->Write(hello) && stream->Write(first_beat);
