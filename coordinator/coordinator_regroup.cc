@@ -269,7 +269,8 @@ void Coordinator::Pause(const std::string& reason, Actions* actions) {
 
 void Coordinator::Form(std::vector<Candidate> candidates, uint32_t size, bool abort,
                        const std::string& reason, Actions* actions) {
-  const World old = gen_.world();
+  const std::shared_ptr<const World> before = gen_.Published();  // not a copy
+  const World& old = *before;
   const bool old_live = gen_.world_live();
   if (!Accepted(gen_.Formed(AssignWorld(gen_.generation() + 1, std::move(candidates), size)))) {
     return;

@@ -53,8 +53,7 @@ absl::Status GenerationState::Loaded(World stored, absl::Time recover_deadline) 
   }
   generation_ = stored.generation;
   if (stored.generation == 0 || stored.members.empty()) return absl::OkStatus();
-  world_ = std::move(stored);
-  published_.reset();
+  world_ = std::make_shared<World>(std::move(stored));
   recover_deadline_ = recover_deadline;
   phase_ = GenerationPhase::kRecovering;
   return absl::OkStatus();
@@ -93,27 +92,27 @@ absl::Status GenerationState::Formed(World next) {
         " cannot follow generation ", generation_, " (it needs members and the next number)"));
   }
   generation_ = next.generation;
-  world_ = std::move(next);
-  published_.reset();
-  arrived_.clear();
+  world_ = std::make_shared<World>(std::move(next));
+  arrived_.assign(world_->size(), std::nullopt);
+  arrivals_ = 0;
   phase_ = GenerationPhase::kForming;
   return absl::OkStatus();
 }
 
 absl::StatusOr<bool> GenerationState::Arrived(const std::string& id, int64_t step) {
   if (phase_ != GenerationPhase::kForming) return Refused("Arrived", phase_);
-  if (world_.RankOf(id) < 0) {
+  const int rank = world_->RankOf(id);
+  if (rank < 0) {
     return absl::NotFoundError(
         absl::StrCat("member ", id, " is not part of generation ", generation_));
   }
-  arrived_[id] = step;
-  // arrived_ holds members of world_ only, so its size says whether all
-  // arrived without a scan per arrival.
-  if (arrived_.size() < world_.size()) return false;
-  for (Assignment& a : world_.members) a.step = arrived_[a.member.id];
-  ChooseStateSource(&world_);
-  published_.reset();
-  arrived_.clear();
+  if (!arrived_[rank].has_value()) ++arrivals_;
+  arrived_[rank] = step;
+  if (arrivals_ < world_->size()) return false;
+  World* world = MutableWorld();
+  for (size_t i = 0; i < world->members.size(); ++i) world->members[i].step = *arrived_[i];
+  ChooseStateSource(world);
+  ClearArrivals();
   phase_ = GenerationPhase::kRunning;
   return true;
 }
@@ -122,7 +121,7 @@ absl::Status GenerationState::Paused() {
   if (phase_ != GenerationPhase::kForming && phase_ != GenerationPhase::kRunning) {
     return Refused("Paused", phase_);
   }
-  arrived_.clear();
+  ClearArrivals();
   phase_ = GenerationPhase::kNoWorld;
   return absl::OkStatus();
 }
@@ -135,7 +134,7 @@ absl::Status GenerationState::Recovered() {
 
 absl::Status GenerationState::Finished() {
   if (!Live(phase_)) return Refused("Finished", phase_);
-  arrived_.clear();
+  ClearArrivals();
   phase_ = GenerationPhase::kFinished;
   return absl::OkStatus();
 }
@@ -143,7 +142,7 @@ absl::Status GenerationState::Finished() {
 bool GenerationState::ShuttingDown() {
   if (phase_ == GenerationPhase::kShuttingDown) return false;
   before_shutdown_ = phase_;
-  arrived_.clear();
+  ClearArrivals();
   phase_ = GenerationPhase::kShuttingDown;
   return true;
 }
@@ -188,9 +187,23 @@ absl::Status GenerationState::CheckGeneration(uint64_t generation) const {
   return absl::OkStatus();
 }
 
-std::shared_ptr<const World> GenerationState::Published() {
-  if (published_ == nullptr) published_ = std::make_shared<const World>(world_);
-  return published_;
+bool GenerationState::has_arrived(const std::string& id) const {
+  const int rank = world_->RankOf(id);
+  return rank >= 0 && static_cast<size_t>(rank) < arrived_.size() &&
+         arrived_[rank].has_value();
+}
+
+// ---------------------------------------------------------------- private
+
+World* GenerationState::MutableWorld() {
+  // One holder: no one else can be reading it.
+  if (world_.use_count() > 1) world_ = std::make_shared<World>(*world_);
+  return world_.get();
+}
+
+void GenerationState::ClearArrivals() {
+  arrived_.clear();
+  arrivals_ = 0;
 }
 
 }  // namespace muster

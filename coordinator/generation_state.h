@@ -54,9 +54,10 @@
 #define MUSTER_COORDINATOR_GENERATION_STATE_H_
 
 #include <cstdint>
-#include <map>
+#include <optional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -150,13 +151,13 @@ class GenerationState {
   // The newest generation formed, loaded or adopted; 0 before any.
   uint64_t generation() const { return generation_; }
   // The newest world formed or loaded (see the top of this file).
-  const World& world() const { return world_; }
+  const World& world() const { return *world_; }
   // Whether world() is the world members train in (top of this file).
   bool world_live() const;
   // Every member of the live world arrived: kRunning or kRecovering.
   bool complete() const;
   // Whether `id` arrived in the forming world.
-  bool has_arrived(const std::string& id) const { return arrived_.count(id) > 0; }
+  bool has_arrived(const std::string& id) const;
   // kRecovering and `now` is at or past the recovery deadline.
   bool RecoveryExpired(absl::Time now) const;
 
@@ -166,21 +167,26 @@ class GenerationState {
   // FAILED_PRECONDITION for a generation that does not exist yet.
   absl::Status CheckGeneration(uint64_t generation) const;
 
-  // world() as a shared immutable copy, made once per change of the world.
-  std::shared_ptr<const World> Published();
+  // world() shared, to be read after the lock is released: the world itself
+  // until it changes again (a change then copies it first).
+  std::shared_ptr<const World> Published() const { return world_; }
 
  private:
+  World* MutableWorld();
+  void ClearArrivals();
+
   GenerationPhase phase_ = GenerationPhase::kNoWorld;
   // The phase ShuttingDown() ended (meaningful in kShuttingDown).
   GenerationPhase before_shutdown_ = GenerationPhase::kNoWorld;
   uint64_t generation_ = 0;
-  World world_;
-  // Members of the forming world that called Rendezvous, with their step
-  // (empty in every other phase).
-  std::map<std::string, int64_t> arrived_;
+  // Never null. Shared by Published(): changed in place only while no one
+  // else holds it (MutableWorld).
+  std::shared_ptr<World> world_ = std::make_shared<World>();
+  // The forming world's members that called Rendezvous, by rank, with
+  // their step; arrivals_ counts them (empty in every other phase).
+  std::vector<std::optional<int64_t>> arrived_;
+  uint32_t arrivals_ = 0;
   absl::Time recover_deadline_;
-  // Published()'s copy of world_; reset whenever world_ changes.
-  std::shared_ptr<const World> published_;
 };
 
 }  // namespace muster
