@@ -110,6 +110,14 @@ void Coordinator::FlushEvents() {
   unflushed_events_.clear();
 }
 
+absl::Duration HeartbeatIntervalFor(int64_t streams, const CoordinatorOptions& options) {
+  const absl::Duration base = options.heartbeat_interval;
+  if (options.max_heartbeat_rate == 0) return base;
+  const absl::Duration spread = absl::Seconds(1) * streams / options.max_heartbeat_rate;
+  const absl::Duration longest = std::max(base, options.heartbeat_timeout / 3);
+  return std::min(std::max(base, spread), longest);
+}
+
 void Coordinator::PushTo(const std::string& id, const MemberEvent& event, Actions* actions) {
   const MemberInfo* info = membership_.Find(id);
   if (info == nullptr) return;

@@ -100,6 +100,11 @@ struct CoordinatorOptions {
   RendezvousRules rules;
   absl::Duration heartbeat_interval = absl::Seconds(1);
   absl::Duration heartbeat_timeout = absl::Seconds(5);
+  // Heartbeats a second the coordinator asks for at most, from all its
+  // session streams together: with more streams than this many per
+  // heartbeat_interval, each is asked to beat less often
+  // (HeartbeatIntervalFor). 0: no bound.
+  uint32_t max_heartbeat_rate = 5000;
   // After a coordinator restart, how long the stored world waits for all of
   // its members to come back before the missing ones count as failed.
   absl::Duration reattach_grace = absl::Seconds(30);
@@ -113,6 +118,13 @@ struct CoordinatorOptions {
   Limits limits;
   Clock* clock = RealClock::Get();
 };
+
+// The heartbeat period asked of each of `streams` open session streams
+// (HeartbeatAck.heartbeat_interval_ms): heartbeat_interval, longer when the
+// streams would beat more than max_heartbeat_rate times a second, and never
+// longer than a third of heartbeat_timeout, so that a silent session is
+// still found within the timeout (it misses three beats first).
+absl::Duration HeartbeatIntervalFor(int64_t streams, const CoordinatorOptions& options);
 
 enum class LeaveReason { kFinished, kGraceful };
 
@@ -310,6 +322,13 @@ class Coordinator {
 
   // Constant after construction.
   const CoordinatorOptions& options() const { return options_; }
+  // Session streams (a member's own or a node's) open on this coordinator,
+  // counted for the heartbeat period it asks of each (HeartbeatInterval).
+  void StreamOpened() { streams_.fetch_add(1, std::memory_order_relaxed); }
+  void StreamClosed() { streams_.fetch_sub(1, std::memory_order_relaxed); }
+  absl::Duration HeartbeatInterval() const {
+    return HeartbeatIntervalFor(streams_.load(std::memory_order_relaxed), options_);
+  }
 
  private:
   struct Session {
@@ -419,6 +438,7 @@ class Coordinator {
 
   // Constant after construction.
   const CoordinatorOptions options_;
+  std::atomic<int64_t> streams_{0};
   Clock* const clock_;
   const absl::Time started_;
   // The store, one caller at a time (the persister's thread and the

@@ -166,8 +166,8 @@ grpc::ServerUnaryReactor* CoordinatorService::Join(grpc::CallbackServerContext* 
   absl::StatusOr<JoinResult> result = coordinator_->Join(spec);
   if (result.ok()) {
     resp->set_observed_host(observed);
-    resp->set_heartbeat_interval_ms(static_cast<uint32_t>(
-        absl::ToInt64Milliseconds(coordinator_->options().heartbeat_interval)));
+    resp->set_heartbeat_interval_ms(
+        static_cast<uint32_t>(absl::ToInt64Milliseconds(coordinator_->HeartbeatInterval())));
     resp->set_heartbeat_timeout_ms(static_cast<uint32_t>(
         absl::ToInt64Milliseconds(coordinator_->options().heartbeat_timeout)));
     resp->set_current_generation(result->generation);

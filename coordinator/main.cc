@@ -47,6 +47,10 @@ ABSL_FLAG(uint32_t, world_size_multiple, 1, "world sizes are a multiple of this"
 ABSL_FLAG(absl::Duration, heartbeat_interval, absl::Seconds(1), "member heartbeat period");
 ABSL_FLAG(absl::Duration, heartbeat_timeout, absl::Seconds(5),
           "a member silent this long is declared failed");
+ABSL_FLAG(uint32_t, max_heartbeat_rate, 5000,
+          "heartbeats a second asked for at most, from all session streams together: with "
+          "more streams, each beats less often, never less than three times per "
+          "--heartbeat-timeout; 0: no bound");
 ABSL_FLAG(absl::Duration, reattach_grace, absl::Seconds(30),
           "after a restart, how long the stored generation waits for its members");
 ABSL_FLAG(absl::Duration, pause_timeout, absl::ZeroDuration(),
@@ -117,6 +121,7 @@ bool OptionsFromFlags(muster::ServerOptions* out) {
   c.rules.world_size_multiple = absl::GetFlag(FLAGS_world_size_multiple);
   c.heartbeat_interval = absl::GetFlag(FLAGS_heartbeat_interval);
   c.heartbeat_timeout = absl::GetFlag(FLAGS_heartbeat_timeout);
+  c.max_heartbeat_rate = absl::GetFlag(FLAGS_max_heartbeat_rate);
   c.reattach_grace = absl::GetFlag(FLAGS_reattach_grace);
   c.pause_timeout = absl::GetFlag(FLAGS_pause_timeout);
   c.catalog.keep_last = absl::GetFlag(FLAGS_keep_last);
@@ -137,6 +142,7 @@ void LogOptions(const muster::ServerOptions& options) {
                    << " world_size_multiple=" << c.rules.world_size_multiple
                    << " heartbeat_interval=" << absl::FormatDuration(c.heartbeat_interval)
                    << " heartbeat_timeout=" << absl::FormatDuration(c.heartbeat_timeout)
+                   << " max_heartbeat_rate=" << c.max_heartbeat_rate
                    << " reattach_grace=" << absl::FormatDuration(c.reattach_grace)
                    << " pause_timeout=" << absl::FormatDuration(c.pause_timeout)
                    << " keep_last=" << c.catalog.keep_last << " keep_best="

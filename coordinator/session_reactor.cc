@@ -203,6 +203,7 @@ SessionReactor::SessionReactor(SessionCall* call, Coordinator* coordinator, Metr
       coordinator_(coordinator),
       metrics_(metrics),
       outbox_(std::make_shared<SessionOutbox>(this, epoch)) {
+  coordinator_->StreamOpened();
   if (!auth.ok()) {
     outbox_->Close(auth);
     return;
@@ -210,7 +211,7 @@ SessionReactor::SessionReactor(SessionCall* call, Coordinator* coordinator, Metr
   StartRead(&request_);
 }
 
-SessionReactor::~SessionReactor() = default;
+SessionReactor::~SessionReactor() { coordinator_->StreamClosed(); }
 
 void SessionReactor::CloseSession(const std::string& why) {
   if (session_ != 0) coordinator_->SessionClosed(session_, why);
@@ -262,8 +263,8 @@ void SessionReactor::Acknowledge(uint64_t generation, absl::Time start) {
   v1::SessionEvent ack;
   ack.mutable_ack()->set_sequence(request_.heartbeat().sequence());
   ack.mutable_ack()->set_current_generation(generation);
-  ack.mutable_ack()->set_heartbeat_interval_ms(static_cast<uint32_t>(
-      absl::ToInt64Milliseconds(coordinator_->options().heartbeat_interval)));
+  ack.mutable_ack()->set_heartbeat_interval_ms(
+      static_cast<uint32_t>(absl::ToInt64Milliseconds(coordinator_->HeartbeatInterval())));
   outbox_->Write(std::move(ack));
   if (metrics_ != nullptr) metrics_->ObserveHeartbeat(coordinator_->options().clock->Now() - start);
 }

@@ -63,6 +63,8 @@ ABSL_FLAG(bool, deltas, true,
 ABSL_FLAG(bool, grouped, true,
           "node sessions take one event for several of their members "
           "(NodeHello.grouped), as muster-agent does; false: one per member");
+ABSL_FLAG(int, max_heartbeat_rate, -1,
+          "the coordinator's --max-heartbeat-rate (-1: its default; 0: no bound)");
 ABSL_FLAG(int, channels, 8, "client connections the sessions share");
 ABSL_FLAG(bool, rendezvous, true, "also measure the rendezvous of all members");
 ABSL_FLAG(bool, regroup, false,
@@ -157,8 +159,11 @@ class SimSession {
  public:
   SimSession(v1::Coordinator::Stub* stub, grpc::CompletionQueue* queue, const std::string& node,
              std::vector<std::pair<int, v1::MemberRef>> members, Samples* samples,
-             std::function<void(int)> on_regroup)
-      : members_(std::move(members)), samples_(samples), on_regroup_(std::move(on_regroup)) {
+             std::atomic<uint32_t>* interval_ms, std::function<void(int)> on_regroup)
+      : members_(std::move(members)),
+        samples_(samples),
+        interval_ms_(interval_ms),
+        on_regroup_(std::move(on_regroup)) {
     AttachToken(&ctx_, kToken);
     stream_ = stub->PrepareAsyncSession(&ctx_, queue);
     const bool node_session = members_.size() > 1;
@@ -304,6 +309,9 @@ class SimSession {
         beat_pending_ = false;
       }
       if (match) samples_->Add(absl::ToDoubleMilliseconds(absl::Now() - sent));
+      if (event.ack().heartbeat_interval_ms() > 0) {
+        interval_ms_->store(event.ack().heartbeat_interval_ms());
+      }
     } else if (event.has_regroup() && !event.regroup().leave()) {
       for (const auto& [index, ref] : members_) {
         if (members_.size() == 1 || For(event, ref.member_id())) on_regroup_(index);
@@ -389,6 +397,9 @@ class SimSession {
 
   const std::vector<std::pair<int, v1::MemberRef>> members_;
   Samples* const samples_;
+  // The heartbeat period the coordinator asks for (its acks'), shared by
+  // every session.
+  std::atomic<uint32_t>* const interval_ms_;
   const std::function<void(int)> on_regroup_;
   std::atomic<int> killed_{-1};
   std::atomic<int> closed_{0};
@@ -472,17 +483,20 @@ class CoordinatorBench {
     std::ofstream(token_file) << kToken;
     std::system(("chmod 600 " + token_file).c_str());
     const std::string target = absl::StrCat("127.0.0.1:", FreeLoopbackPort());
-    coordinator_ = SpawnLogged(
-        {SelfDir() + "/muster-coordinator", "--listen=" + target,
-         "--state-dir=" + dir_ + "/state", "--token-file=" + token_file,
-         absl::StrCat("--min-members=", std::max(1, n_ - 1)),
-         absl::StrCat("--max-members=", n_), "--last-call=600s", "--heartbeat-timeout=60s",
-         "--join-timeout=600s",
-         "--state-sync-delay=" + absl::FormatDuration(absl::GetFlag(FLAGS_state_sync_delay)),
-         absl::GetFlag(FLAGS_api_requests) > 0
-             ? absl::StrCat("--http-listen=127.0.0.1:", http_port_ = FreeLoopbackPort())
-             : std::string("--http-listen=")},
-        dir_ + "/coordinator.log");
+    std::vector<std::string> args = {
+        SelfDir() + "/muster-coordinator", "--listen=" + target,
+        "--state-dir=" + dir_ + "/state", "--token-file=" + token_file,
+        absl::StrCat("--min-members=", std::max(1, n_ - 1)),
+        absl::StrCat("--max-members=", n_), "--last-call=600s", "--heartbeat-timeout=60s",
+        "--join-timeout=600s",
+        "--state-sync-delay=" + absl::FormatDuration(absl::GetFlag(FLAGS_state_sync_delay)),
+        absl::GetFlag(FLAGS_api_requests) > 0
+            ? absl::StrCat("--http-listen=127.0.0.1:", http_port_ = FreeLoopbackPort())
+            : std::string("--http-listen=")};
+    if (const int rate = absl::GetFlag(FLAGS_max_heartbeat_rate); rate >= 0) {
+      args.push_back(absl::StrCat("--max-heartbeat-rate=", rate));
+    }
+    coordinator_ = SpawnLogged(args, dir_ + "/coordinator.log");
     for (int i = 0; i < std::max(1, absl::GetFlag(FLAGS_channels)); ++i) {
       grpc::ChannelArguments args;
       args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
@@ -531,7 +545,7 @@ class CoordinatorBench {
       }
       sessions_.push_back(std::make_unique<SimSession>(
           Stub(first), queues_.Next(), Node(first), std::move(members), &samples_,
-          [this](int index) { OnRegroup(index); }));
+          &interval_ms_, [this](int index) { OnRegroup(index); }));
     }
     return absl::OkStatus();
   }
@@ -581,17 +595,22 @@ class CoordinatorBench {
     return RendezvousAll(all, 0, n_, absl::Now());
   }
 
-  // Heartbeats from every session, once per second each, for `d`.
+  // Heartbeats from every session, each once per period the coordinator
+  // asks for (as muster-agent beats), for `d`.
   void Beat(absl::Duration d) {
     const size_t s = sessions_.size();
-    const absl::Time t0 = absl::Now();
+    const absl::Time end = absl::Now() + d;
+    absl::Time last = absl::Now();
+    double due = 0;
     int64_t sent = 0;
-    while (absl::Now() < t0 + d) {
-      const int64_t due = static_cast<int64_t>(absl::ToDoubleSeconds(absl::Now() - t0) * s);
-      for (; sent < due; ++sent) sessions_[sent % s]->Heartbeat();
+    for (absl::Time now = last; now < end; now = absl::Now()) {
+      due += absl::ToDoubleMilliseconds(now - last) / std::max<uint32_t>(1, interval_ms_) * s;
+      last = now;
+      for (; sent < static_cast<int64_t>(due); ++sent) sessions_[sent % s]->Heartbeat();
       absl::SleepFor(absl::Milliseconds(1));
     }
   }
+  uint32_t interval_ms() const { return interval_ms_; }
 
   // Kills the last member and times the survivors' regroup: each calls
   // Rendezvous once the coordinator's regroup event reaches it.
@@ -665,6 +684,7 @@ class CoordinatorBench {
   ClientQueues queues_{8};
   std::vector<std::unique_ptr<SimSession>> sessions_;
   Samples samples_;
+  std::atomic<uint32_t> interval_ms_{1000};
   absl::Mutex regroup_mu_;
   bool regrouping_ ABSL_GUARDED_BY(regroup_mu_) = false;
   std::vector<int> regrouped_ ABSL_GUARDED_BY(regroup_mu_);
@@ -741,11 +761,12 @@ int RunCoordinatorBench() {
   std::cout << absl::StrFormat(
                    "coordinator members=%d sessions=%d hb_p50_ms=%.2f hb_p99_ms=%.2f "
                    "rendezvous_s=%s regroup_s=%s rss_mb=%.1f cpu_pct=%.1f "
-                   "fsync_delay_ms=%.0f churn_per_s=%d rendezvous_cpu_s=%s regroup_cpu_s=%s",
+                   "fsync_delay_ms=%.0f churn_per_s=%d rendezvous_cpu_s=%s regroup_cpu_s=%s "
+                   "hb_interval_ms=%u",
                    n, bench.sessions(), p50, p99, Seconds(rendezvous), Seconds(regroup), rss,
                    cpu_pct, absl::ToDoubleMilliseconds(absl::GetFlag(FLAGS_state_sync_delay)),
                    absl::GetFlag(FLAGS_churn_per_second), Seconds(rendezvous_cpu),
-                   Seconds(regroup_cpu))
+                   Seconds(regroup_cpu), bench.interval_ms())
             << (api.ok() ? absl::StrFormat(" api_p50_ms=%.2f api_p99_ms=%.2f",
                                            Percentile(*api, 50), Percentile(*api, 99))
                          : std::string())

@@ -158,7 +158,12 @@ class Runner {
         h_->Unary<v1::JoinRequest, v1::JoinResponse>(
             "Join", &Stub::async::Join, r, auth, /*blocks=*/false,
             [o](const v1::JoinRequest& req, const v1::JoinResponse& resp) {
-              if (resp.heartbeat_interval_ms() != absl::ToInt64Milliseconds(o.heartbeat_interval) ||
+              // The interval grows with the open streams, up to a third of
+              // the timeout (HeartbeatIntervalFor).
+              const int64_t interval = resp.heartbeat_interval_ms();
+              if (interval < absl::ToInt64Milliseconds(o.heartbeat_interval) ||
+                  interval > absl::ToInt64Milliseconds(
+                                 std::max(o.heartbeat_interval, o.heartbeat_timeout / 3)) ||
                   resp.heartbeat_timeout_ms() != absl::ToInt64Milliseconds(o.heartbeat_timeout)) {
                 Fail("Join answered other heartbeat settings than configured: " +
                      resp.ShortDebugString() + " for " + req.ShortDebugString());

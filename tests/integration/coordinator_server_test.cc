@@ -40,6 +40,7 @@ class ServerTest : public ::testing::Test {
     o.coordinator.heartbeat_interval = absl::Milliseconds(100);
     o.coordinator.heartbeat_timeout = heartbeat_timeout;
     o.coordinator.pause_timeout = pause_timeout;
+    o.coordinator.max_heartbeat_rate = max_heartbeat_rate_;
     o.metrics_listen = "127.0.0.1:0";
     server_ = std::move(CoordinatorServer::Start(o)).value();
     channel_ = *MakeChannel("127.0.0.1:" + std::to_string(server_->port()), {});
@@ -77,6 +78,7 @@ class ServerTest : public ::testing::Test {
     return out;
   }
 
+  uint32_t max_heartbeat_rate_ = 5000;
   std::unique_ptr<CoordinatorServer> server_;
   std::shared_ptr<grpc::Channel> channel_;
 };
@@ -497,6 +499,39 @@ TEST_F(ServerTest, ANodeThatTakesGroupsHearsARegroupAndADeltaOnceForAllItsMember
   ASSERT_EQ(answer.response().delta().removed_ranks_size(), 1);
   EXPECT_EQ(answer.response().delta().removed_ranks(0), 3u);
   EXPECT_EQ(answer.response().world().world_size(), 3u);
+}
+
+TEST_F(ServerTest, MoreStreamsAreAskedToBeatLessOftenButThriceWithinTheTimeout) {
+  // At most 20 beats a second; 100 ms asked of few streams, and never more
+  // than 300 ms (a third of the timeout).
+  max_heartbeat_rate_ = 20;
+  Start(1, 8, absl::Milliseconds(200), absl::Milliseconds(900));
+  TestMember any(channel_, kToken, "m", "n");
+  ASSERT_TRUE(any.Join().ok());
+  std::vector<std::unique_ptr<NodeStream>> nodes;
+  auto asked = [&](size_t streams) {
+    while (nodes.size() < streams) {
+      nodes.push_back(std::make_unique<NodeStream>(&any, "n" + std::to_string(nodes.size())));
+    }
+    // Each stream beats once: all are open (counted) when the last is acked.
+    for (size_t i = 0; i < nodes.size(); ++i) nodes[i]->Beat({}, 1);
+    uint32_t ms = 0;
+    for (size_t i = 0; i < nodes.size(); ++i) ms = nodes[i]->NextAck().heartbeat_interval_ms();
+    return ms;
+  };
+  EXPECT_EQ(asked(1), 100u);
+  EXPECT_EQ(asked(4), 200u);  // 4 streams at 20 beats a second
+  EXPECT_EQ(asked(8), 300u);  // 400 ms would let a silent one go past the timeout
+  // Streams that end are not counted any more.
+  for (size_t i = 1; i < nodes.size(); ++i) nodes[i]->Break();
+  nodes.resize(1);
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  uint32_t ms = 0;
+  for (uint64_t seq = 2; absl::Now() < deadline && ms != 100u; ++seq) {
+    nodes[0]->Beat({}, seq);
+    ms = nodes[0]->NextAck().heartbeat_interval_ms();
+  }
+  EXPECT_EQ(ms, 100u);
 }
 
 TEST_F(ServerTest, BelowMinMembersTheJobPausesAndResumes) {

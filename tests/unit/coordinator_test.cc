@@ -981,5 +981,26 @@ TEST_F(CoordinatorTest, ShutdownStopsEveryone) {
   EXPECT_EQ(c_->Join(spec).status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
+TEST(HeartbeatIntervalTest, GrowsWithTheStreamsUpToAThirdOfTheTimeout) {
+  CoordinatorOptions o;
+  o.heartbeat_interval = absl::Seconds(1);
+  o.heartbeat_timeout = absl::Seconds(60);
+  o.max_heartbeat_rate = 5000;
+  EXPECT_EQ(HeartbeatIntervalFor(0, o), absl::Seconds(1));
+  EXPECT_EQ(HeartbeatIntervalFor(1250, o), absl::Seconds(1));
+  EXPECT_EQ(HeartbeatIntervalFor(5000, o), absl::Seconds(1));
+  EXPECT_EQ(HeartbeatIntervalFor(12500, o), absl::Milliseconds(2500));
+  EXPECT_EQ(HeartbeatIntervalFor(10'000'000, o), absl::Seconds(20));  // a third of 60 s
+  o.heartbeat_timeout = absl::Seconds(5);
+  EXPECT_EQ(HeartbeatIntervalFor(12500, o), absl::Seconds(5) / 3);
+  // A timeout shorter than three intervals never shortens the interval.
+  o.heartbeat_timeout = absl::Seconds(2);
+  EXPECT_EQ(HeartbeatIntervalFor(12500, o), absl::Seconds(1));
+  // No bound: the configured interval whatever the streams.
+  o.heartbeat_timeout = absl::Seconds(60);
+  o.max_heartbeat_rate = 0;
+  EXPECT_EQ(HeartbeatIntervalFor(12500, o), absl::Seconds(1));
+}
+
 }  // namespace
 }  // namespace muster

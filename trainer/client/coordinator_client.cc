@@ -324,6 +324,10 @@ void CoordinatorClient::Heartbeats(OpenSession* session, grpc::ClientContext* ct
 std::optional<SessionNotice> CoordinatorClient::Notice(const v1::SessionEvent& ev) {
   if (ev.has_ack()) {
     RaiseTo(latest_generation_, ev.ack().current_generation());
+    // The coordinator asks for longer periods as its sessions grow in number.
+    if (ev.ack().heartbeat_interval_ms() > 0) {
+      heartbeat_ms_ = std::max<int64_t>(10, ev.ack().heartbeat_interval_ms());
+    }
     return std::nullopt;
   }
   SessionNotice n;
