@@ -26,6 +26,10 @@ absl::StatusOr<std::vector<CheckpointRecord>> SerializedStateStore::LoadCheckpoi
   absl::MutexLock lock(&mu_);
   return store_->LoadCheckpoints();
 }
+void SerializedStateStore::CompactJournal() {
+  absl::MutexLock lock(&mu_);
+  store_->CompactJournal();
+}
 absl::Status SerializedStateStore::AppendEvents(const std::vector<JobEvent>& events) {
   absl::MutexLock lock(&mu_);
   return store_->AppendEvents(events);
@@ -172,6 +176,7 @@ void Persister::Loop() {
     } else if (!events_saved.ok()) {
       MUSTER_LOG(WARNING) << "event log write failed (will retry): " << events_saved;
     }
+    store_->CompactJournal();
     absl::MutexLock lock(&mu_);
     writing_ = false;
     ++groups_;

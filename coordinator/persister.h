@@ -50,6 +50,7 @@ class SerializedStateStore : public StateStore {
   absl::StatusOr<Lease> TakeLease(const Lease& seen, const std::string& holder) override;
   absl::Status RenewLease(uint64_t epoch) override;
   absl::Status ReleaseLease(uint64_t epoch) override;
+  void CompactJournal() override;
 
  private:
   StateStore* const store_;

@@ -1,6 +1,7 @@
 #include "coordinator/state_store.h"
 
 #include <sqlite3.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
@@ -208,11 +209,11 @@ TEST(SqliteStateStoreTest, AStandbyLoadsTheRowsAVersion1PrimaryWroteAfterItOpene
   EXPECT_EQ(w->members[0].step, 50);
 }
 
-TEST(SqliteStateStoreTest, AWorldOfManyMembersComesBackAsItWasSaved) {
-  const std::string path = TempDb("many");
+// `n` members, eight to a node, with every field set.
+World ManyMembers(uint32_t n) {
   World saved;
   saved.generation = 3;
-  for (uint32_t r = 0; r < 5000; ++r) {
+  for (uint32_t r = 0; r < n; ++r) {
     Assignment a;
     a.member = {"node" + std::to_string(r / 8) + "/" + std::to_string(r % 8), 1000 + r};
     a.node = "node" + std::to_string(r / 8);
@@ -224,6 +225,12 @@ TEST(SqliteStateStoreTest, AWorldOfManyMembersComesBackAsItWasSaved) {
     a.state_address = r % 3 == 0 ? "" : "10.0.0." + std::to_string(r % 250) + ":29500";
     saved.members.push_back(a);
   }
+  return saved;
+}
+
+TEST(SqliteStateStoreTest, AWorldOfManyMembersComesBackAsItWasSaved) {
+  const std::string path = TempDb("many");
+  const World saved = ManyMembers(5000);
   {
     auto store = OpenSqliteStateStore(path);
     ASSERT_TRUE(store.ok());
@@ -242,6 +249,36 @@ TEST(SqliteStateStoreTest, AWorldOfManyMembersComesBackAsItWasSaved) {
                 a.local_world_size == b.local_world_size && a.step == b.step)
         << "member " << i;
   }
+}
+
+TEST(SqliteStateStoreTest, TheLogIsFoldedByCompactJournalNotInsideTheCommit) {
+  const std::string path = TempDb("compact");
+  auto store = OpenSqliteStateStore(path);
+  ASSERT_TRUE(store.ok());
+  auto bytes = [](const std::string& file) {
+    struct stat st;
+    return ::stat(file.c_str(), &st) == 0 ? st.st_size : off_t{0};
+  };
+  // Over SQLite's 1,000 pages: by default its commit would fold it into the
+  // file at once.
+  World w = ManyMembers(100'000);
+  ASSERT_TRUE((*store)->SaveWorld(w).ok());
+  EXPECT_LT(bytes(path), 1'000'000);  // durable in the log only
+  const off_t log = bytes(path + "-wal");
+  ASSERT_GT(log, 4'000'000);
+  (*store)->CompactJournal();
+  EXPECT_GT(bytes(path), 4'000'000);
+  for (int i = 0; i < 8; ++i) {
+    ++w.generation;
+    ASSERT_TRUE((*store)->SaveWorld(w).ok());
+    (*store)->CompactJournal();
+  }
+  // Folded each time, the log is reused, not grown by each of nine writes.
+  EXPECT_LT(bytes(path + "-wal"), log * 4);
+  auto loaded = (*store)->LoadWorld();
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->generation, w.generation);
+  EXPECT_EQ(loaded->members.size(), w.members.size());
 }
 
 TEST(SqliteStateStoreTest, ADamagedWorldIsRefusedNotReadAsASmallerOne) {
