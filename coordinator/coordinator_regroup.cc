@@ -13,6 +13,7 @@
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "coordinator/coordinator.h"
+#include "coordinator/world_delta.h"
 
 namespace muster {
 
@@ -368,8 +369,7 @@ void Coordinator::WorldCompleted(Actions* actions) {
   }
   completed_ = shared;
   for (RendezvousWaiter& w : waiters_.TakeAnsweredBy(world)) {
-    RendezvousResult result = ResultFor(
-        w.member, shared, static_cast<uint32_t>(world.RankOf(w.member.id)), w.takes_delta);
+    RendezvousResult result = ResultFor(w.member, shared, w.rank, w.takes_delta);
     actions->Add([done = std::move(w.done), result] { done(result); });
   }
 }
@@ -378,8 +378,11 @@ RendezvousResult Coordinator::ResultFor(const MemberKey& key, std::shared_ptr<co
                                         uint32_t rank, bool takes_delta) const {
   RendezvousResult result{std::move(world), rank, nullptr};
   if (!takes_delta || delta_ == nullptr || result.world != completed_) return result;
-  const int base_rank = delta_base_->RankOf(key.id);
-  if (base_rank >= 0 && delta_base_->members[base_rank].member == key) result.delta = delta_;
+  const std::optional<uint32_t> base_rank = BaseRank(*delta_, rank);
+  if (base_rank.has_value() && *base_rank < delta_base_->members.size() &&
+      delta_base_->members[*base_rank].member == key) {
+    result.delta = delta_;
+  }
   return result;
 }
 

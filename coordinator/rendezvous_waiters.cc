@@ -10,10 +10,20 @@ void RendezvousWaiters::Add(RendezvousWaiter waiter) {
   waiters_.push_back(std::move(waiter));
 }
 
-bool RendezvousWaiters::Answers(const World& world, const RendezvousWaiter& waiter) {
+namespace {
+
+// The waiter's rank in `world` when `world` answers it; -1 when not.
+int AnsweringRank(const World& world, const RendezvousWaiter& waiter) {
   const int rank = world.RankOf(waiter.member.id);
-  return rank >= 0 && waiter.after_generation < world.generation &&
-         world.members[rank].member.incarnation == waiter.member.incarnation;
+  const bool answers = rank >= 0 && waiter.after_generation < world.generation &&
+                       world.members[rank].member.incarnation == waiter.member.incarnation;
+  return answers ? rank : -1;
+}
+
+}  // namespace
+
+bool RendezvousWaiters::Answers(const World& world, const RendezvousWaiter& waiter) {
+  return AnsweringRank(world, waiter) >= 0;
 }
 
 std::vector<const RendezvousWaiter*> RendezvousWaiters::AnsweredBy(const World& world) const {
@@ -27,7 +37,8 @@ std::vector<const RendezvousWaiter*> RendezvousWaiters::AnsweredBy(const World& 
 std::vector<RendezvousWaiter> RendezvousWaiters::TakeAnsweredBy(const World& world) {
   std::vector<RendezvousWaiter> out;
   for (auto it = waiters_.begin(); it != waiters_.end();) {
-    if (Answers(world, *it)) {
+    if (const int rank = AnsweringRank(world, *it); rank >= 0) {
+      it->rank = static_cast<uint32_t>(rank);
       out.push_back(std::move(*it));
       it = waiters_.erase(it);
     } else {

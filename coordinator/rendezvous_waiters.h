@@ -58,6 +58,8 @@ struct RendezvousWaiter {
   Callback done;
   // The call takes a delta for an answer (RendezvousRequest.takes_delta).
   bool takes_delta = false;
+  // Set by TakeAnsweredBy: the member's rank in the world that answers it.
+  uint32_t rank = 0;
 };
 
 class RendezvousWaiters {
@@ -84,7 +86,8 @@ class RendezvousWaiters {
   std::vector<const RendezvousWaiter*> AnsweredBy(const World& world) const;
 
   // Removes and returns the waiters that `world` answers (Answers()),
-  // oldest first: `world` just completed. The others stay, in their order.
+  // oldest first, each with its rank in `world`: `world` just completed.
+  // The others stay, in their order.
   std::vector<RendezvousWaiter> TakeAnsweredBy(const World& world);
 
   // Removes and returns every waiter whose deadline is at or before `now`,

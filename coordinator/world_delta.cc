@@ -75,4 +75,22 @@ std::optional<WorldDelta> MakeWorldDelta(const World& base, const World& next) {
   return d;
 }
 
+std::optional<uint32_t> BaseRank(const WorldDelta& delta, uint32_t rank) {
+  if (rank >= delta.first_appended) return std::nullopt;
+  // With k removed ranks below it, base rank b = rank + k. Removed rank
+  // x_i lies below b exactly when x_i - i <= rank, and x_i - i never falls
+  // as i grows: k is where that stops holding.
+  const std::vector<uint32_t>& x = delta.removed_ranks;
+  size_t lo = 0, hi = x.size();
+  while (lo < hi) {
+    const size_t mid = (lo + hi) / 2;
+    if (x[mid] - mid <= rank) {
+      lo = mid + 1;
+    } else {
+      hi = mid;
+    }
+  }
+  return rank + static_cast<uint32_t>(lo);
+}
+
 }  // namespace muster

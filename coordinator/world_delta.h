@@ -32,6 +32,11 @@ struct WorldDelta {
 // of both worlds), no allocation per member.
 std::optional<WorldDelta> MakeWorldDelta(const World& base, const World& next);
 
+// The base rank of the member at `rank` in the new world, or nullopt for an
+// appended one: the inverse of "rank = base rank - removed ranks below it".
+// O(log removed), no lookup by id.
+std::optional<uint32_t> BaseRank(const WorldDelta& delta, uint32_t rank);
+
 }  // namespace muster
 
 #endif  // MUSTER_COORDINATOR_WORLD_DELTA_H_

@@ -250,5 +250,26 @@ TEST(WorldDeltaTest, RandomRegroupsDeriveTheFullAnswers) {
   }
 }
 
+TEST(WorldDeltaTest, BaseRankInvertsTheRenumberingForRandomRemovedSets) {
+  std::mt19937 rng(2611);
+  for (int trial = 0; trial < 300; ++trial) {
+    const uint32_t base_size = 1 + rng() % 60;
+    WorldDelta d;
+    std::vector<uint32_t> kept;
+    for (uint32_t b = 0; b < base_size; ++b) {
+      if (rng() % 3 == 0) {
+        d.removed_ranks.push_back(b);
+      } else {
+        kept.push_back(b);
+      }
+    }
+    d.first_appended = static_cast<uint32_t>(kept.size());
+    SCOPED_TRACE(absl::StrCat("trial ", trial, ": ", base_size, " ranks, ",
+                              d.removed_ranks.size(), " removed"));
+    for (uint32_t r = 0; r < kept.size(); ++r) EXPECT_EQ(BaseRank(d, r), kept[r]) << r;
+    EXPECT_EQ(BaseRank(d, d.first_appended), std::nullopt);  // appended
+  }
+}
+
 }  // namespace
 }  // namespace muster
