@@ -61,11 +61,15 @@ MemberProgress Progress(int64_t step, int64_t samples, uint32_t stalled_ms,
 
 // What makes writes to a node's members the same event: the shared objects
 // it was made from (a regroup's MemberEvent; a delta answer's world and
-// delta). Held while a group waits, so no address is reused meanwhile.
+// delta; a full answer's world, with the node's rank in it). Held while a
+// group waits, so no address is reused meanwhile.
 struct GroupKey {
   std::shared_ptr<const void> first;
   std::shared_ptr<const void> second;
-  bool Same(const GroupKey& o) const { return first == o.first && second == o.second; }
+  uint64_t node = 0;
+  bool Same(const GroupKey& o) const {
+    return first == o.first && second == o.second && node == o.node;
+  }
 };
 
 // The writing half of a session: a SessionSink over the stream's write
@@ -141,7 +145,12 @@ class SessionOutbox : public SessionSink, public HeldWrites {
     } else {
       for (std::string& m : g.members) g.msg.add_member_ids(std::move(m));
       if (g.msg.has_rendezvous()) {
-        g.msg.mutable_rendezvous()->mutable_calls()->Add(g.calls.begin(), g.calls.end());
+        v1::RendezvousAnswer* answer = g.msg.mutable_rendezvous();
+        answer->mutable_calls()->Add(g.calls.begin(), g.calls.end());
+        // A full answer for several members of one node: each takes its
+        // own assignment from the node's members it carries once.
+        answer->mutable_response()->clear_self();
+        answer->mutable_response()->clear_rank();
       }
     }
     WriteLocked(std::move(g.msg));
@@ -360,9 +369,15 @@ void SessionReactor::Rendezvous(absl::Time start) {
         if (metrics != nullptr) {
           metrics->ObserveRpc("NodeRendezvous", result.status().code(), clock->Now() - start);
         }
-        // A delta answer is the same for every member that takes it.
+        // A delta answer is the same for every member that takes it, a full
+        // one for every member of the same node.
         GroupKey key;
-        if (result.ok() && result->delta != nullptr) key = GroupKey{result->world, result->delta};
+        if (result.ok() && result->delta != nullptr) {
+          key = GroupKey{result->world, result->delta};
+        } else if (result.ok()) {
+          key = GroupKey{result->world, nullptr,
+                         1 + uint64_t{result->world->members[result->rank].node_rank}};
+        }
         outbox->WriteFor(id, n, std::move(key), [&] {
           v1::SessionEvent msg;
           v1::RendezvousAnswer* answer = msg.mutable_rendezvous();

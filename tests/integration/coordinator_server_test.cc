@@ -448,7 +448,7 @@ TEST_F(ServerTest, ANodeThatTakesBatchesHearsEachDecisionAsOneMessage) {
   }
 }
 
-TEST_F(ServerTest, ANodeThatTakesGroupsHearsARegroupAndADeltaOnceForAllItsMembers) {
+TEST_F(ServerTest, ANodeThatTakesGroupsHearsEachAnswerAndRegroupOnceForAllItsMembers) {
   Start(3, 4, absl::Seconds(10), absl::Seconds(30));
   std::vector<std::unique_ptr<TestMember>> ms;
   std::vector<v1::MemberRef> refs;
@@ -459,15 +459,25 @@ TEST_F(ServerTest, ANodeThatTakesGroupsHearsARegroupAndADeltaOnceForAllItsMember
   }
   NodeStream node(ms[0].get(), "n0", /*batches=*/true, /*grouped=*/true);
   for (const auto& m : ms) node.Attach(m->ref());
-  // The first world's answers differ by member (each its own rank): one
-  // event each.
+  // The first world's answers in full: the node's members once, each
+  // member's own assignment among them (not sent on its own).
   node.RendezvousBatch(refs, 10, 0, /*takes_delta=*/true);
-  v1::SessionEvent answers = node.NextMessage();
-  ASSERT_EQ(answers.batch_size(), 4) << answers.ShortDebugString();
-  for (const v1::SessionEvent& ev : answers.batch()) {
-    EXPECT_EQ(ev.member_ids_size(), 0) << ev.ShortDebugString();
-    EXPECT_EQ(ev.member_id(), refs[ev.rendezvous().call() - 10].member_id());
+  v1::SessionEvent first = node.NextMessage();
+  ASSERT_TRUE(first.has_rendezvous()) << first.ShortDebugString();
+  ASSERT_EQ(first.member_ids_size(), 4);
+  ASSERT_EQ(first.rendezvous().calls_size(), 4);
+  const v1::RendezvousResponse& full = first.rendezvous().response();
+  EXPECT_FALSE(full.has_self());
+  EXPECT_FALSE(full.has_delta());
+  ASSERT_EQ(full.node_members_size(), 4);
+  std::set<std::string> named;
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(first.member_ids(i), refs[first.rendezvous().calls(i) - 10].member_id());
+    named.insert(first.member_ids(i));
   }
+  std::set<std::string> assigned;
+  for (const v1::Assignment& a : full.node_members()) assigned.insert(a.member().member_id());
+  EXPECT_EQ(named, assigned);
 
   node.Detach(ms[3]->ref(), "exited on signal 9");
   v1::SessionEvent regroup = node.NextMessage();

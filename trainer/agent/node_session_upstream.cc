@@ -52,6 +52,25 @@ void NodeSessionImpl::SendParkedLocked() {
   }
 }
 
+namespace {
+
+// A full answer for several members of a node names each one's assignment
+// only among the node's members: copies it to `self` and `rank` for member
+// `id`. False (logged) when the answer does not name it.
+bool OwnAssignment(const std::string& id, v1::RendezvousResponse* r) {
+  for (const v1::Assignment& a : r->node_members()) {
+    if (a.member().member_id() != id) continue;
+    *r->mutable_self() = a;
+    r->set_rank(a.rank());
+    return true;
+  }
+  MUSTER_LOG(WARNING) << "muster-agent: dropped an answer for " << id
+                      << " that names no assignment of it";
+  return false;
+}
+
+}  // namespace
+
 void NodeSessionImpl::RouteToEach(const v1::SessionEvent& event) {
   const bool answer = event.has_rendezvous();
   if (answer && event.rendezvous().calls_size() != event.member_ids_size()) {
@@ -59,12 +78,19 @@ void NodeSessionImpl::RouteToEach(const v1::SessionEvent& event) {
                         << " members that names " << event.rendezvous().calls_size() << " calls";
     return;
   }
+  const v1::RendezvousResponse& response = event.rendezvous().response();
+  const bool full = answer && event.rendezvous().code() == 0 && !response.has_delta() &&
+                    !response.has_self();
   v1::SessionEvent each = event;
   each.clear_member_ids();
   if (answer) each.mutable_rendezvous()->clear_calls();
   for (int i = 0; i < event.member_ids_size(); ++i) {
     each.set_member_id(event.member_ids(i));
-    if (answer) each.mutable_rendezvous()->set_call(event.rendezvous().calls(i));
+    if (answer) {
+      each.mutable_rendezvous()->set_call(event.rendezvous().calls(i));
+      v1::RendezvousResponse* own = each.mutable_rendezvous()->mutable_response();
+      if (full && !OwnAssignment(event.member_ids(i), own)) continue;
+    }
     Route(each);
   }
 }
