@@ -233,8 +233,17 @@ class SqliteStateStore : public StateStore {
     MUSTER_RETURN_IF_ERROR(
         Exec(rollback ? "PRAGMA journal_mode=DELETE" : "PRAGMA journal_mode=WAL"));
     // The log is folded into the file by CompactJournal, after the callers
-    // waiting for a write have gone on, not inside a commit.
-    if (!rollback) MUSTER_RETURN_IF_ERROR(Exec("PRAGMA wal_autocheckpoint=0"));
+    // waiting for a write have gone on, not inside a commit: the hook only
+    // counts the log's pages (it replaces SQLite's own, which folds).
+    if (!rollback) {
+      sqlite3_wal_hook(
+          db_,
+          [](void* store, sqlite3*, const char*, int pages) {
+            static_cast<SqliteStateStore*>(store)->log_pages_ = pages;
+            return SQLITE_OK;
+          },
+          this);
+    }
     MUSTER_RETURN_IF_ERROR(Exec("PRAGMA synchronous=FULL"));
     MUSTER_RETURN_IF_ERROR(Exec(kSchema));
     std::string version;
@@ -520,6 +529,10 @@ class SqliteStateStore : public StateStore {
   // The world's members as the value; a version 1 file's rows go and it
   // becomes version 2 in the same transaction.
   void CompactJournalLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    // As often as SQLite would have (1,000 pages, its default): each fold
+    // syncs the file.
+    if (log_pages_ < kFoldPages) return;
+    log_pages_ = 0;
     // PASSIVE: what no reader (a standby) still needs; the rest next time.
     const int rc = sqlite3_wal_checkpoint_v2(db_, nullptr, SQLITE_CHECKPOINT_PASSIVE, nullptr,
                                              nullptr);
@@ -641,6 +654,10 @@ class SqliteStateStore : public StateStore {
   absl::Mutex mu_;
   // The epoch this store was fenced to by TakeLease (0: not fenced).
   uint64_t fence_epoch_ ABSL_GUARDED_BY(mu_) = 0;
+  // Pages in the write-ahead log after the last commit (the WAL hook sets
+  // it inside a commit, so under mu_); CompactJournal folds from kFoldPages.
+  static constexpr int kFoldPages = 1000;
+  int log_pages_ = 0;
 };
 
 }  // namespace
