@@ -203,6 +203,9 @@ class NodeSessionImpl final : public NodeSession,
   // When the coordinator last sent anything on the live connection.
   absl::Time last_heard_ ABSL_GUARDED_BY(mu_);
   absl::Duration interval_ ABSL_GUARDED_BY(mu_) = absl::Seconds(1);
+  // interval_ came from the coordinator (an ack): only then is it told to
+  // the trainers, which otherwise keep the period their Join answered.
+  bool interval_heard_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace muster::node_session_internal

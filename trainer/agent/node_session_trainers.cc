@@ -150,8 +150,10 @@ void NodeSessionImpl::LocalBeat(const std::string& member, uint64_t incarnation,
       it->second.last_beat = clock_->Now();
     }
     ack.mutable_ack()->set_current_generation(generation_);
-    ack.mutable_ack()->set_heartbeat_interval_ms(
-        static_cast<uint32_t>(absl::ToInt64Milliseconds(interval_)));
+    if (interval_heard_) {
+      ack.mutable_ack()->set_heartbeat_interval_ms(
+          static_cast<uint32_t>(absl::ToInt64Milliseconds(interval_)));
+    }
   }
   ack.mutable_ack()->set_sequence(beat.sequence());
   out->Write(std::move(ack));

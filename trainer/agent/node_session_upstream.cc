@@ -135,6 +135,7 @@ void NodeSessionImpl::Route(v1::SessionEvent event) {
       generation_ = std::max(generation_, event.ack().current_generation());
       if (event.ack().heartbeat_interval_ms() > 0) {
         interval_ = absl::Milliseconds(event.ack().heartbeat_interval_ms());
+        interval_heard_ = true;
       }
       return;
     }
