@@ -526,8 +526,6 @@ class SqliteStateStore : public StateStore {
     return s;
   }
 
-  // The world's members as the value; a version 1 file's rows go and it
-  // becomes version 2 in the same transaction.
   void CompactJournalLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     // As often as SQLite would have (1,000 pages, its default): each fold
     // syncs the file.
@@ -541,6 +539,8 @@ class SqliteStateStore : public StateStore {
     }
   }
 
+  // The world's members as the value; a version 1 file's rows go and it
+  // becomes version 2 in the same transaction.
   absl::Status WriteMembers(const std::string& members) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     Statement st(db_, "INSERT OR REPLACE INTO world(id, members) VALUES(1, ?)");
     MUSTER_RETURN_IF_ERROR(st.status());

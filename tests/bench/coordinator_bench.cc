@@ -612,8 +612,9 @@ class CoordinatorBench {
   }
   uint32_t interval_ms() const { return interval_ms_; }
 
-  // Kills the last member and times the survivors' regroup: each calls
-  // Rendezvous once the coordinator's regroup event reaches it.
+  // Kills the last member and times the survivors' regroup: once the
+  // coordinator's regroup event has reached every survivor, each calls
+  // Rendezvous (real agents call as soon as their own event arrives).
   absl::StatusOr<double> Regroup() {
     const int victim = n_ - 1;
     {

@@ -86,10 +86,10 @@ void NodeSessionImpl::RouteToEach(const v1::SessionEvent& event) {
   if (answer) each.mutable_rendezvous()->clear_calls();
   for (int i = 0; i < event.member_ids_size(); ++i) {
     each.set_member_id(event.member_ids(i));
-    if (answer) {
-      each.mutable_rendezvous()->set_call(event.rendezvous().calls(i));
-      v1::RendezvousResponse* own = each.mutable_rendezvous()->mutable_response();
-      if (full && !OwnAssignment(event.member_ids(i), own)) continue;
+    if (answer) each.mutable_rendezvous()->set_call(event.rendezvous().calls(i));
+    if (full && !OwnAssignment(event.member_ids(i),
+                               each.mutable_rendezvous()->mutable_response())) {
+      continue;
     }
     Route(each);
   }
