@@ -345,9 +345,23 @@ class Coordinator {
   // waits.
   void Evaluate(bool urgent, bool abort, const std::string& reason, Actions* actions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::vector<Candidate> Candidates() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void Form(std::vector<Candidate> candidates, uint32_t size, bool abort,
-            const std::string& reason, Actions* actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Who could be in the next world, with each one's record in `infos` (same
+  // order).
+  std::vector<Candidate> Candidates(std::vector<MemberInfo*>* infos)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Form(std::vector<Candidate> candidates, std::vector<MemberInfo*> infos, uint32_t size,
+            bool abort, const std::string& reason, Actions* actions)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Form's changes of state: the members of the new world are active, the
+  // other active ones wait. `taken` is AssignWorld's (candidate by rank).
+  void TakeSeats(const std::vector<MemberInfo*>& infos, const std::vector<uint32_t>& taken,
+                 bool old_live) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Tells the alive members of the old world `old` of the regroup: drained
+  // ones to leave, the others to come to the rendezvous. `old_infos` holds
+  // the incumbents' records by their old rank (null: look it up).
+  void PushRegroup(const World& old, const std::vector<MemberInfo*>& old_infos,
+                   uint64_t generation, bool abort, const std::string& reason,
+                   Actions* actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Pause(const std::string& reason, Actions* actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether a member of the live world finished: the world is ending.
   bool WorldFinishing() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -362,8 +376,9 @@ class Coordinator {
   // True when a Rendezvous call cannot change the decision to wait (see the
   // definition); Evaluate is then skipped.
   bool StillWaiting() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Member `id` of the forming world arrived; true when it was the last.
-  bool Arrive(const std::string& id, int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The member at `rank` of the forming world arrived; true when it was the
+  // last.
+  bool Arrive(uint32_t rank, int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The forming world just completed: stores it and answers its waiters.
   void WorldCompleted(Actions* actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // `key`'s answer from the completed world `world` (its rank there): the
@@ -490,6 +505,9 @@ class Coordinator {
   // arrived (arrival_deadline.h; clear otherwise, and Form clears it).
   ArrivalDeadline arrival_deadline_ ABSL_GUARDED_BY(mu_);
   std::string ended_ ABSL_GUARDED_BY(mu_);
+  // A member finished since this coordinator started: only then can a world
+  // be finishing (WorldFinishing looks at its members only then).
+  bool any_finished_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace muster

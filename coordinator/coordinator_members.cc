@@ -173,6 +173,7 @@ absl::Status Coordinator::Leave(const MemberKey& key, LeaveReason reason, int64_
   DropWaiters(key.id, absl::AbortedError("the member left"), &actions);
   if (reason == LeaveReason::kFinished) {
     info->state = MemberState::kFinished;
+    any_finished_ = true;
     info->reason = "finished";
     Record("finish", absl::StrCat(key.id, " finished at step ", info->step));
     FinishIfDone(&actions);

@@ -61,7 +61,7 @@ void Coordinator::RendezvousLocked(RendezvousCall call, Actions* actions) {
       // restart starts from without recovering).
       World adopted;
       adopted.generation = gen_.generation();
-      persister_.SaveWorld(std::move(adopted));
+      persister_.SaveWorld(std::make_shared<const World>(std::move(adopted)));
       actions->Add([this, g = gen_.generation()] { Announce(g); });
     }
   }
@@ -86,11 +86,10 @@ void Coordinator::RendezvousLocked(RendezvousCall call, Actions* actions) {
     actions->Add([done = std::move(done), result] { done(result); });
     return;
   }
-  waiters_.Add(
-      RendezvousWaiter{key, after_generation, step, clock_->Now() + wait, std::move(done),
-                       takes_delta});
+  waiters_.Add(RendezvousWaiter{key, after_generation, step, clock_->Now() + wait,
+                                std::move(done), takes_delta, in_newer_world ? rank : -1});
   if (in_newer_world) {
-    if (Arrive(key.id, step)) WorldCompleted(actions);
+    if (Arrive(static_cast<uint32_t>(rank), step)) WorldCompleted(actions);
     return;
   }
   if (info->state != MemberState::kActive) info->state = MemberState::kWaiting;
@@ -113,17 +112,23 @@ bool Coordinator::StillWaiting() {
          clock_->Now() < *timer_.deadline();
 }
 
-std::vector<Candidate> Coordinator::Candidates() {
+std::vector<Candidate> Coordinator::Candidates(std::vector<MemberInfo*>* infos) {
   const absl::flat_hash_set<absl::string_view> waiting = waiters_.MemberIds();
   std::vector<Candidate> out;
+  out.reserve(membership_.size());
+  infos->clear();
+  infos->reserve(membership_.size());
   const bool live = gen_.world_live();
-  for (const auto& [id, info] : membership_.members()) {
-    const bool incumbent = live && info.state == MemberState::kActive &&
-                           gen_.world().RankOf(id) >= 0;
+  membership_.ForEach([&](MemberInfo& info) {
+    const std::string& id = info.key.id;
+    // Only a world's members are made active (Form, ReattachFromWorld).
+    const int rank =
+        live && info.state == MemberState::kActive ? gen_.world().RankOf(id) : -1;
+    const bool incumbent = rank >= 0;
     const bool waiting_now = (info.state == MemberState::kWaiting ||
                               info.state == MemberState::kActive) &&
                              waiting.count(id) > 0;
-    if (!incumbent && !waiting_now) continue;
+    if (!incumbent && !waiting_now) return;
     Candidate c;
     c.member = info.key;
     c.node = info.node;
@@ -131,10 +136,12 @@ std::vector<Candidate> Coordinator::Candidates() {
     c.state_address = info.state_address;
     c.step = info.step;
     c.incumbent = incumbent;
+    c.current_rank = rank;
     c.spare = info.spare;
     c.joined = info.joined;
     out.push_back(std::move(c));
-  }
+    infos->push_back(&info);
+  });
   return out;
 }
 
@@ -162,7 +169,8 @@ void Coordinator::Evaluate(bool urgent, bool abort, const std::string& reason,
     FinishIfDone(actions);
     return;
   }
-  std::vector<Candidate> candidates = Candidates();
+  std::vector<MemberInfo*> infos;
+  std::vector<Candidate> candidates = Candidates(&infos);
   const uint32_t n = static_cast<uint32_t>(candidates.size());
   // Changed: the world that would form now is not the live one. Members
   // waiting beyond max_members (spares) change nothing while every incumbent
@@ -176,9 +184,8 @@ void Coordinator::Evaluate(bool urgent, bool abort, const std::string& reason,
   for (const Candidate& c : candidates) preferred += c.incumbent || !c.spare ? 1 : 0;
   for (size_t i = 0; !changed && i < candidates.size(); ++i) {
     if (!candidates[i].incumbent) continue;
-    const int rank = world.RankOf(candidates[i].member.id);
-    changed = rank < 0 ||
-              world.members[rank].member.incarnation != candidates[i].member.incarnation;
+    const int rank = candidates[i].current_rank;
+    changed = world.members[rank].member.incarnation != candidates[i].member.incarnation;
     ++incumbents;
   }
   changed = changed || incumbents != world.size();
@@ -192,13 +199,14 @@ void Coordinator::Evaluate(bool urgent, bool abort, const std::string& reason,
       if (live) Pause(reason, actions);
       return;
     case FormDecision::kNow:
-      Form(std::move(candidates), UsableWorldSize(n, options_.rules), abort || !live, reason,
-           actions);
+      Form(std::move(candidates), std::move(infos), UsableWorldSize(n, options_.rules),
+           abort || !live, reason, actions);
       return;
   }
 }
 
 bool Coordinator::WorldFinishing() const {
+  if (!any_finished_) return false;
   for (const Assignment& a : gen_.world().members) {
     const MemberInfo* m = membership_.Find(a.member.id);
     if (m != nullptr && m->key == a.member && m->state == MemberState::kFinished) return true;
@@ -232,7 +240,7 @@ void Coordinator::FinishIfDone(Actions* actions) {
   // finished members: keep the generation counter, forget the world.
   World done;
   done.generation = gen_.generation();
-  persister_.SaveWorld(std::move(done));
+  persister_.SaveWorld(std::make_shared<const World>(std::move(done)));
 }
 
 void Coordinator::ResetGenerationState(uint64_t generation, const std::string& reason,
@@ -249,7 +257,7 @@ void Coordinator::Pause(const std::string& reason, Actions* actions) {
   // a regroup's, go out only after a write that the lease fences: a
   // coordinator whose lease was taken over while it was frozen, woken, must
   // not tell the new holder's members that their world paused.
-  persister_.SaveWorld(gen_.world());
+  persister_.SaveWorld(gen_.Published());
   ResetGenerationState(gen_.world().generation, reason, actions);
   absl::Status s = catalog_.AbortBefore(gen_.generation() + 1, reason);
   if (!s.ok()) MUSTER_LOG(WARNING) << "aborting pending checkpoints: " << s;
@@ -268,12 +276,21 @@ void Coordinator::Pause(const std::string& reason, Actions* actions) {
   Record("pause", event.reason);
 }
 
-void Coordinator::Form(std::vector<Candidate> candidates, uint32_t size, bool abort,
-                       const std::string& reason, Actions* actions) {
+void Coordinator::Form(std::vector<Candidate> candidates, std::vector<MemberInfo*> infos,
+                       uint32_t size, bool abort, const std::string& reason,
+                       Actions* actions) {
   const std::shared_ptr<const World> before = gen_.Published();  // not a copy
   const World& old = *before;
   const bool old_live = gen_.world_live();
-  if (!Accepted(gen_.Formed(AssignWorld(gen_.generation() + 1, std::move(candidates), size)))) {
+  // The incumbents' records by their old rank, read before AssignWorld takes
+  // the candidates: the pushes below then need no lookup by id.
+  std::vector<MemberInfo*> old_infos(old_live ? old.size() : 0, nullptr);
+  for (size_t i = 0; old_live && i < candidates.size(); ++i) {
+    if (candidates[i].current_rank >= 0) old_infos[candidates[i].current_rank] = infos[i];
+  }
+  std::vector<uint32_t> taken;
+  if (!Accepted(gen_.Formed(
+          AssignWorld(gen_.generation() + 1, std::move(candidates), size, &taken)))) {
     return;
   }
   paused_since_ = absl::InfiniteFuture();
@@ -282,7 +299,7 @@ void Coordinator::Form(std::vector<Candidate> candidates, uint32_t size, bool ab
   const World& world = gen_.world();
   const uint64_t generation = gen_.generation();
   // Durable before anyone hears of it: every caller's actions wait for it.
-  persister_.SaveWorld(world);
+  persister_.SaveWorld(gen_.Published());
   actions->Add([this, generation] { Announce(generation); });
   ResetGenerationState(old.generation, reason, actions);
   timer_.Reset();
@@ -291,38 +308,15 @@ void Coordinator::Form(std::vector<Candidate> candidates, uint32_t size, bool ab
     absl::Status s = catalog_.AbortBefore(generation, reason);
     if (!s.ok()) MUSTER_LOG(WARNING) << "aborting pending checkpoints: " << s;
   }
-  for (const auto& [id, info] : membership_.members()) {
-    if (info.state != MemberState::kActive) continue;
-    if (world.RankOf(id) < 0) membership_.Find(id)->state = MemberState::kWaiting;
-  }
-  for (const Assignment& a : world.members) {
-    membership_.Find(a.member.id)->state = MemberState::kActive;
-  }
-  if (old_live) {
-    // One event for the members that stay and one for those drained (told
-    // to leave), each shared by every push.
-    std::shared_ptr<const MemberEvent> events[2];
-    for (const bool leave : {false, true}) {
-      MemberEvent event;
-      event.generation = generation;
-      event.abort = abort;
-      event.leave = leave;
-      event.reason = reason;
-      events[leave] = std::make_shared<const MemberEvent>(std::move(event));
-    }
-    for (const Assignment& a : old.members) {
-      const MemberInfo* info = membership_.Find(a.member.id);
-      if (info == nullptr || info->key != a.member || !IsAlive(info->state)) continue;
-      PushTo(*info, events[info->state == MemberState::kDraining], actions);
-    }
-  }
+  TakeSeats(infos, taken, old_live);
+  if (old_live) PushRegroup(old, old_infos, generation, abort, reason, actions);
   // Members already waiting arrive now, newest call first: a member that
   // waits twice arrives with the step of its later call. Once the world is
   // complete, every waiter left for it is such an earlier call.
   bool complete = false;
-  for (const RendezvousWaiter* w : waiters_.AnsweredBy(world)) {
+  for (const auto& [w, rank] : waiters_.AnsweredBy(world)) {
     if (complete) break;
-    if (!gen_.has_arrived(w->member.id)) complete = Arrive(w->member.id, w->step);
+    if (!gen_.has_arrived_at(rank)) complete = Arrive(rank, w->step);
   }
   Record("regroup", absl::StrCat("generation ", generation, ": ", world.size(), " members on ",
                                  world.node_count, " nodes (", reason,
@@ -338,14 +332,66 @@ void Coordinator::Form(std::vector<Candidate> candidates, uint32_t size, bool ab
   if (complete) WorldCompleted(actions);
 }
 
-bool Coordinator::Arrive(const std::string& id, int64_t step) {
-  absl::StatusOr<bool> complete = gen_.Arrived(id, step);
+void Coordinator::TakeSeats(const std::vector<MemberInfo*>& infos,
+                            const std::vector<uint32_t>& taken, bool old_live) {
+  if (old_live) {
+    // The active members are the old world's, each an incumbent candidate.
+    std::vector<bool> seated(infos.size(), false);
+    for (const uint32_t i : taken) seated[i] = true;
+    for (size_t i = 0; i < infos.size(); ++i) {
+      if (!seated[i] && infos[i]->state == MemberState::kActive) {
+        infos[i]->state = MemberState::kWaiting;
+      }
+    }
+  } else {
+    membership_.ForEach([](MemberInfo& info) {
+      if (info.state == MemberState::kActive) info.state = MemberState::kWaiting;
+    });
+  }
+  for (const uint32_t i : taken) infos[i]->state = MemberState::kActive;
+}
+
+void Coordinator::PushRegroup(const World& old, const std::vector<MemberInfo*>& old_infos,
+                              uint64_t generation, bool abort, const std::string& reason,
+                              Actions* actions) {
+  // One event for the members that stay and one for those drained (told to
+  // leave), each shared by every push; the pushes go out as one action, in
+  // the old world's order (a node's members one after the other).
+  std::shared_ptr<const MemberEvent> events[2];
+  for (const bool leave : {false, true}) {
+    MemberEvent event;
+    event.generation = generation;
+    event.abort = abort;
+    event.leave = leave;
+    event.reason = reason;
+    events[leave] = std::make_shared<const MemberEvent>(std::move(event));
+  }
+  std::vector<std::pair<std::shared_ptr<SessionSink>, std::shared_ptr<const MemberEvent>>> pushes;
+  pushes.reserve(old.size());
+  for (uint32_t rank = 0; rank < old.size(); ++rank) {
+    const MemberInfo* info = old_infos[rank];
+    if (info == nullptr) {  // not an incumbent: drained, failed or gone
+      info = membership_.Find(old.members[rank].member.id);
+      if (info == nullptr || info->key != old.members[rank].member) continue;
+    }
+    if (!IsAlive(info->state) || info->session == 0) continue;
+    auto it = sessions_.find(info->session);
+    if (it == sessions_.end()) continue;
+    pushes.emplace_back(it->second.sink, events[info->state == MemberState::kDraining]);
+  }
+  actions->Add([pushes = std::move(pushes)] {
+    for (const auto& [sink, event] : pushes) sink->PushShared(event);
+  });
+}
+
+bool Coordinator::Arrive(uint32_t rank, int64_t step) {
+  absl::StatusOr<bool> complete = gen_.ArrivedAt(rank, step);
   return Accepted(complete.status()) && *complete;
 }
 
 void Coordinator::WorldCompleted(Actions* actions) {
   arrival_deadline_.Clear();
-  persister_.SaveWorld(gen_.world());
+  persister_.SaveWorld(gen_.Published());
   std::shared_ptr<const World> shared = gen_.Published();
   const World& world = *shared;
   // How long the regroup took: from the decision to form to the last
@@ -368,10 +414,19 @@ void Coordinator::WorldCompleted(Actions* actions) {
     }
   }
   completed_ = shared;
-  for (RendezvousWaiter& w : waiters_.TakeAnsweredBy(world)) {
-    RendezvousResult result = ResultFor(w.member, shared, w.rank, w.takes_delta);
-    actions->Add([done = std::move(w.done), result] { done(result); });
+  // The answers go out as one action (one allocation, not one per member).
+  auto answers = std::make_shared<
+      std::vector<std::pair<RendezvousWaiter::Callback, RendezvousResult>>>();
+  std::vector<RendezvousWaiter> taken = waiters_.TakeAnsweredBy(world);
+  answers->reserve(taken.size());
+  for (RendezvousWaiter& w : taken) {
+    answers->emplace_back(std::move(w.done),
+                          ResultFor(w.member, shared, static_cast<uint32_t>(w.rank),
+                                    w.takes_delta));
   }
+  actions->Add([answers] {
+    for (auto& [done, result] : *answers) done(result);
+  });
 }
 
 RendezvousResult Coordinator::ResultFor(const MemberKey& key, std::shared_ptr<const World> world,
@@ -464,9 +519,11 @@ absl::Status Coordinator::ReportBroken(const MemberKey& key, const BrokenWorldRe
   window = std::min(std::max(window, absl::Seconds(1)),
                     std::max(options_.rules.join_timeout, absl::Seconds(1)));
   FenceStuck(world, window, &actions);
-  std::vector<Candidate> candidates = Candidates();
+  std::vector<MemberInfo*> infos;
+  std::vector<Candidate> candidates = Candidates(&infos);
   const uint32_t n = static_cast<uint32_t>(candidates.size());
-  Form(std::move(candidates), UsableWorldSize(n, options_.rules), /*abort=*/true, why, &actions);
+  Form(std::move(candidates), std::move(infos), UsableWorldSize(n, options_.rules),
+       /*abort=*/true, why, &actions);
   if (gen_.phase() == GenerationPhase::kForming && gen_.generation() == g + 1) {
     arrival_deadline_.Set(formed_at_, window);
   }
@@ -500,10 +557,11 @@ void Coordinator::FenceStuck(const World& world, absl::Duration deadline, Action
 
 void Coordinator::FenceLateArrivals(Actions* actions) {
   arrival_deadline_.Clear();
-  const World world = gen_.world();
+  const std::shared_ptr<const World> shared = gen_.Published();
+  const World& world = *shared;
   std::vector<MemberInfo*> late;
   for (const Assignment& a : world.members) {
-    if (gen_.has_arrived(a.member.id)) continue;
+    if (gen_.has_arrived_at(a.rank)) continue;
     MemberInfo* info = membership_.Find(a.member.id);
     if (info == nullptr || info->key != a.member || !IsAlive(info->state)) continue;
     late.push_back(info);

@@ -106,6 +106,15 @@ absl::StatusOr<bool> GenerationState::Arrived(const std::string& id, int64_t ste
     return absl::NotFoundError(
         absl::StrCat("member ", id, " is not part of generation ", generation_));
   }
+  return ArrivedAt(static_cast<uint32_t>(rank), step);
+}
+
+absl::StatusOr<bool> GenerationState::ArrivedAt(uint32_t rank, int64_t step) {
+  if (phase_ != GenerationPhase::kForming) return Refused("Arrived", phase_);
+  if (rank >= arrived_.size()) {
+    return absl::OutOfRangeError(absl::StrCat("generation ", generation_, " has no rank ", rank,
+                                              " (", world_->size(), " members)"));
+  }
   if (!arrived_[rank].has_value()) ++arrivals_;
   arrived_[rank] = step;
   if (arrivals_ < world_->size()) return false;

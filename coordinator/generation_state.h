@@ -124,6 +124,10 @@ class GenerationState {
   // chosen, and the phase is kRunning. Errors: FAILED_PRECONDITION outside
   // kForming, NOT_FOUND when `id` is not in the world.
   absl::StatusOr<bool> Arrived(const std::string& id, int64_t step);
+  // The same for the member at `rank` of the forming world, for a caller
+  // that already found it (no lookup by id). Errors: FAILED_PRECONDITION
+  // outside kForming, OUT_OF_RANGE when the world has no such rank.
+  absl::StatusOr<bool> ArrivedAt(uint32_t rank, int64_t step);
 
   // Fewer than min_members remain: kForming or kRunning -> kNoWorld. The
   // world stays readable as world() (its members are told); arrivals are
@@ -158,6 +162,10 @@ class GenerationState {
   bool complete() const;
   // Whether `id` arrived in the forming world.
   bool has_arrived(const std::string& id) const;
+  // Whether the member at `rank` arrived in the forming world.
+  bool has_arrived_at(uint32_t rank) const {
+    return rank < arrived_.size() && arrived_[rank].has_value();
+  }
   // kRecovering and `now` is at or past the recovery deadline.
   bool RecoveryExpired(absl::Time now) const;
 

@@ -98,6 +98,12 @@ class Membership {
   void PruneEnded(size_t keep);
 
   const std::map<std::string, MemberInfo>& members() const { return members_; }
+  // Calls fn(MemberInfo&) for every member, in id order. `fn` may change a
+  // member's state and step; not its key, node or last sign of life.
+  template <typename Fn>
+  void ForEach(Fn fn) {
+    for (auto& entry : members_) fn(entry.second);
+  }
   size_t size() const { return members_.size(); }
 
  private:

@@ -75,7 +75,7 @@ void Persister::Close() {
   closed_ = true;
 }
 
-uint64_t Persister::SaveWorld(World world) {
+uint64_t Persister::SaveWorld(std::shared_ptr<const World> world) {
   absl::MutexLock lock(&mu_);
   if (closed_) return 0;
   world_ = std::move(world);
@@ -136,18 +136,18 @@ uint64_t Persister::groups_written() {
 void Persister::Loop() {
   Backoff backoff({absl::Milliseconds(100), absl::Seconds(5), 2.0});
   for (;;) {
-    std::optional<World> world;
+    std::shared_ptr<const World> world;
     std::map<uint64_t, CheckpointRecord> records;
     std::vector<JobEvent> events;
     uint64_t ticket = 0, batches = 0;
     {
       absl::MutexLock lock(&mu_);
       auto work = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-        return stop_ || ((world_.has_value() || !records_.empty()) && error_.ok()) ||
+        return stop_ || ((world_ != nullptr || !records_.empty()) && error_.ok()) ||
                !events_.empty();
       };
       mu_.Await(absl::Condition(&work));
-      if (!world_.has_value() && records_.empty() && events_.empty()) return;  // stopping
+      if (world_ == nullptr && records_.empty() && events_.empty()) return;  // stopping
       if (error_.ok()) {
         world.swap(world_);
         records.swap(records_);
@@ -163,6 +163,7 @@ void Persister::Loop() {
     // known as durable at once (callers waiting for them go on), then the
     // events, which nobody waits for.
     absl::Status world_saved = world ? store_->SaveWorld(*world) : absl::OkStatus();
+    world.reset();  // the coordinator may change it in place again
     for (auto it = records.begin(); world_saved.ok() && it != records.end(); ++it) {
       world_saved = store_->SaveCheckpoint(it->second);
     }
@@ -201,7 +202,7 @@ void Persister::Loop() {
       event_error_ = events_saved;
       if (stop_) return;  // no endless retry on the way out
       auto more = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-        return stop_ || world_.has_value() || !records_.empty();
+        return stop_ || world_ != nullptr || !records_.empty();
       };
       AwaitFor(&mu_, absl::Condition(&more), backoff.Next());
       if (stop_) return;

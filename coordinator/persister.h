@@ -23,6 +23,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <thread>
 #include <vector>
@@ -65,8 +66,10 @@ class Persister {
   Persister(const Persister&) = delete;
   Persister& operator=(const Persister&) = delete;
 
-  // Queues `world` (replacing any queued one); returns its ticket.
-  uint64_t SaveWorld(World world);
+  // Queues `world` (replacing any queued one); returns its ticket. The
+  // world is shared, not copied: whoever changes it later copies it first
+  // (GenerationState does); the writer lets go of it once written.
+  uint64_t SaveWorld(std::shared_ptr<const World> world);
   // Queues a checkpoint record (replacing a queued one of the same id);
   // returns its ticket.
   uint64_t SaveCheckpoint(CheckpointRecord record);
@@ -95,7 +98,7 @@ class Persister {
 
   StateStore* const store_;
   absl::Mutex mu_;
-  std::optional<World> world_ ABSL_GUARDED_BY(mu_);  // the newest queued world
+  std::shared_ptr<const World> world_ ABSL_GUARDED_BY(mu_);  // the newest queued world
   std::map<uint64_t, CheckpointRecord> records_ ABSL_GUARDED_BY(mu_);  // by id, newest
   uint64_t queued_ ABSL_GUARDED_BY(mu_) = 0;         // ticket of the newest queued write
   uint64_t durable_ ABSL_GUARDED_BY(mu_) = 0;        // every ticket up to it is on disk

@@ -37,8 +37,8 @@ uint32_t UsableWorldSize(uint32_t candidates, const RendezvousRules& rules) {
   return size < rules.min_members ? 0 : size;
 }
 
-World AssignWorld(uint64_t generation, std::vector<Candidate> candidates,
-                  uint32_t size) {
+World AssignWorld(uint64_t generation, std::vector<Candidate> candidates, uint32_t size,
+                  std::vector<uint32_t>* taken) {
   // Candidates are ordered by index (each holds three strings; at 100,000
   // members moving them through two sorts cost more than the rest).
   std::vector<uint32_t> order(candidates.size());
@@ -90,6 +90,7 @@ World AssignWorld(uint64_t generation, std::vector<Candidate> candidates,
   end_run();
   world.node_count = world.members.empty() ? 0 : world.members.back().node_rank + 1;
   world.Index();
+  if (taken != nullptr) *taken = std::move(order);
   ChooseStateSource(&world);
   return world;
 }

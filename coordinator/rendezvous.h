@@ -47,6 +47,7 @@ struct Candidate {
   std::string state_address;
   int64_t step = 0;
   bool incumbent = false;  // part of the current world
+  int current_rank = -1;   // its rank there when incumbent (AssignWorld ignores it)
   bool spare = false;      // started as a hot spare: taken after the others
   absl::Time joined;
 };
@@ -58,8 +59,10 @@ uint32_t UsableWorldSize(uint32_t candidates, const RendezvousRules& rules);
 // Builds the world of `generation` from the first `size` candidates, taking
 // incumbents before newcomers and newcomers in join order. Nodes are ordered
 // by name; ranks are contiguous per node, ordered by local rank then id.
-World AssignWorld(uint64_t generation, std::vector<Candidate> candidates,
-                  uint32_t size);
+// When `taken` is given it receives, for each rank, the index in
+// `candidates` of the candidate that holds it.
+World AssignWorld(uint64_t generation, std::vector<Candidate> candidates, uint32_t size,
+                  std::vector<uint32_t>* taken = nullptr);
 
 // Sets state_source_rank/state_step to the member with the highest step
 // (the lowest rank among equals).

@@ -12,9 +12,13 @@ void RendezvousWaiters::Add(RendezvousWaiter waiter) {
 
 namespace {
 
-// The waiter's rank in `world` when `world` answers it; -1 when not.
+// The waiter's rank in `world` when `world` answers it; -1 when not. Ids
+// are unique in a world, so a rank the waiter holds is its rank when the
+// member there has its id.
 int AnsweringRank(const World& world, const RendezvousWaiter& waiter) {
-  const int rank = world.RankOf(waiter.member.id);
+  const bool known = waiter.rank >= 0 && static_cast<uint32_t>(waiter.rank) < world.size() &&
+                     world.members[waiter.rank].member.id == waiter.member.id;
+  const int rank = known ? waiter.rank : world.RankOf(waiter.member.id);
   const bool answers = rank >= 0 && waiter.after_generation < world.generation &&
                        world.members[rank].member.incarnation == waiter.member.incarnation;
   return answers ? rank : -1;
@@ -26,10 +30,13 @@ bool RendezvousWaiters::Answers(const World& world, const RendezvousWaiter& wait
   return AnsweringRank(world, waiter) >= 0;
 }
 
-std::vector<const RendezvousWaiter*> RendezvousWaiters::AnsweredBy(const World& world) const {
-  std::vector<const RendezvousWaiter*> out;
+std::vector<std::pair<const RendezvousWaiter*, uint32_t>> RendezvousWaiters::AnsweredBy(
+    const World& world) const {
+  std::vector<std::pair<const RendezvousWaiter*, uint32_t>> out;
   for (auto it = waiters_.rbegin(); it != waiters_.rend(); ++it) {
-    if (Answers(world, *it)) out.push_back(&*it);
+    if (const int rank = AnsweringRank(world, *it); rank >= 0) {
+      out.emplace_back(&*it, static_cast<uint32_t>(rank));
+    }
   }
   return out;
 }
@@ -38,7 +45,7 @@ std::vector<RendezvousWaiter> RendezvousWaiters::TakeAnsweredBy(const World& wor
   std::vector<RendezvousWaiter> out;
   for (auto it = waiters_.begin(); it != waiters_.end();) {
     if (const int rank = AnsweringRank(world, *it); rank >= 0) {
-      it->rank = static_cast<uint32_t>(rank);
+      it->rank = rank;
       out.push_back(std::move(*it));
       it = waiters_.erase(it);
     } else {

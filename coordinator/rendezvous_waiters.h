@@ -21,6 +21,7 @@
 #include <list>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
@@ -58,8 +59,11 @@ struct RendezvousWaiter {
   Callback done;
   // The call takes a delta for an answer (RendezvousRequest.takes_delta).
   bool takes_delta = false;
-  // Set by TakeAnsweredBy: the member's rank in the world that answers it.
-  uint32_t rank = 0;
+  // The member's rank in the world that answers it: set by TakeAnsweredBy.
+  // Before that, a caller that knows the member's rank in the forming world
+  // may set it to spare the lookup by id (a rank whose member has another
+  // id is looked up as if unset).
+  int rank = -1;
 };
 
 class RendezvousWaiters {
@@ -79,11 +83,12 @@ class RendezvousWaiters {
   // waiter's after_generation.
   static bool Answers(const World& world, const RendezvousWaiter& waiter);
 
-  // The waiters that `world` answers (Answers()), newest first, left in
-  // place: the members that already wait arrive in a world just formed,
-  // each with the step of its latest call. The pointers are valid until the
-  // next call that adds or takes waiters.
-  std::vector<const RendezvousWaiter*> AnsweredBy(const World& world) const;
+  // The waiters that `world` answers (Answers()), newest first, each with
+  // its member's rank in `world`, left in place: the members that already
+  // wait arrive in a world just formed, each with the step of its latest
+  // call. The pointers are valid until the next call that adds or takes
+  // waiters.
+  std::vector<std::pair<const RendezvousWaiter*, uint32_t>> AnsweredBy(const World& world) const;
 
   // Removes and returns the waiters that `world` answers (Answers()),
   // oldest first, each with its rank in `world`: `world` just completed.

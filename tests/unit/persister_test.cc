@@ -5,6 +5,8 @@
 
 #include <unistd.h>
 
+#include <memory>
+
 #include <gtest/gtest.h>
 #include <sqlite3.h>
 
@@ -14,14 +16,14 @@
 namespace muster {
 namespace {
 
-World WorldOf(uint64_t generation) {
+std::shared_ptr<const World> WorldOf(uint64_t generation) {
   World w;
   w.generation = generation;
   Assignment a;
   a.member = {"m", generation};
   w.members.push_back(a);
   w.Index();
-  return w;
+  return std::make_shared<const World>(std::move(w));
 }
 
 TEST(PersisterTest, WorldsQueuedDuringASlowWriteGoInOneGroupAndTheNewestWins) {
@@ -49,6 +51,25 @@ TEST(PersisterTest, WorldsQueuedDuringASlowWriteGoInOneGroupAndTheNewestWins) {
   ASSERT_TRUE(events.ok());
   ASSERT_EQ(events->size(), 1u);
   EXPECT_EQ((*events)[0].detail, "an event");
+}
+
+// The coordinator hands its world over shared (a copy of 100,000 members
+// under its lock took milliseconds) and changes it in place only while no
+// one else holds it: the writer must let go of it once it is written.
+TEST(PersisterTest, TheWriterLetsGoOfAWorldOnceItIsWritten) {
+  const std::string path = absl::StrCat(::testing::TempDir(), "/letgo", ::getpid(), ".db");
+  std::remove(path.c_str());
+  auto store = OpenSqliteStateStore(path);
+  ASSERT_TRUE(store.ok()) << store.status();
+  SerializedStateStore serialized(store->get());
+  Persister p(&serialized);
+  const std::shared_ptr<const World> world = WorldOf(3);
+  ASSERT_TRUE(p.Wait(p.SaveWorld(world)).ok());
+  ASSERT_TRUE(p.Flush().ok());
+  EXPECT_EQ(world.use_count(), 1);
+  auto reader = OpenSqliteStateStore(path);
+  ASSERT_TRUE(reader.ok());
+  EXPECT_EQ((*reader)->LoadWorld()->generation, 3u);
 }
 
 // An event log that cannot be written (another process holds the

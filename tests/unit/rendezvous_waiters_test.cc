@@ -37,10 +37,12 @@ std::vector<std::string> Names(const std::vector<RendezvousWaiter>& waiters) {
   return out;
 }
 
-std::vector<std::string> Names(const std::vector<const RendezvousWaiter*>& waiters) {
+// "id/step@rank" of each waiter AnsweredBy returned, in order.
+std::vector<std::string> Names(
+    const std::vector<std::pair<const RendezvousWaiter*, uint32_t>>& waiters) {
   std::vector<std::string> out;
-  for (const RendezvousWaiter* w : waiters) {
-    out.push_back(absl::StrCat(w->member.id, "/", w->step));
+  for (const auto& [w, rank] : waiters) {
+    out.push_back(absl::StrCat(w->member.id, "/", w->step, "@", rank));
   }
   return out;
 }
@@ -84,13 +86,40 @@ TEST(RendezvousWaitersTest, AWorldAnswersItsWaiters) {
   w.Add(Waiter("m1", 1, 1, 7, 30));
   w.Add(Waiter("m0", 1, 1, 8, 30));  // m0's later call
   // Left in place, newest first: who arrives, with its latest step first.
-  EXPECT_EQ(Names(w.AnsweredBy(world)), (std::vector<std::string>{"m0/8", "m1/7", "m0/5"}));
+  EXPECT_EQ(Names(w.AnsweredBy(world)),
+            (std::vector<std::string>{"m0/8@0", "m1/7@1", "m0/5@0"}));
   EXPECT_EQ(w.size(), 6u);
   // Taken, oldest first; the others stay in their order.
   EXPECT_EQ(Names(w.TakeAnsweredBy(world)), (std::vector<std::string>{"m0/5", "m1/7", "m0/8"}));
   EXPECT_EQ(w.size(), 3u);
   EXPECT_TRUE(w.AnsweredBy(world).empty());
   EXPECT_EQ(Names(w.TakeAll()), (std::vector<std::string>{"m2/5", "m1/5", "m1/5"}));
+}
+
+TEST(RendezvousWaitersTest, ARankTheWaiterHoldsCountsOnlyWhereItsIdIs) {
+  const World world = MakeWorld(/*generation=*/2, /*n=*/3);
+  RendezvousWaiters w;
+  RendezvousWaiter right = Waiter("m2", 1, 1, 5, 30);
+  right.rank = 2;
+  RendezvousWaiter wrong = Waiter("m1", 1, 1, 6, 30);
+  wrong.rank = 0;  // m0's rank: looked up by id instead
+  RendezvousWaiter outside = Waiter("m0", 1, 1, 7, 30);
+  outside.rank = 9;  // no such rank
+  RendezvousWaiter stranger = Waiter("x", 1, 1, 8, 30);
+  stranger.rank = 1;  // m1's rank, and x is in no rank
+  w.Add(std::move(right));
+  w.Add(std::move(wrong));
+  w.Add(std::move(outside));
+  w.Add(std::move(stranger));
+  EXPECT_EQ(Names(w.AnsweredBy(world)),
+            (std::vector<std::string>{"m0/7@0", "m1/6@1", "m2/5@2"}));
+  std::vector<RendezvousWaiter> taken = w.TakeAnsweredBy(world);
+  ASSERT_EQ(taken.size(), 3u);
+  EXPECT_EQ(taken[0].rank, 2);
+  EXPECT_EQ(taken[1].rank, 1);
+  EXPECT_EQ(taken[2].rank, 0);
+  ASSERT_EQ(w.size(), 1u);
+  EXPECT_EQ(Names(w.TakeAll()), (std::vector<std::string>{"x/8"}));
 }
 
 TEST(RendezvousWaitersTest, ATakenWaiterCarriesItsCallback) {
