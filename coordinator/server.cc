@@ -21,8 +21,24 @@
 #include "coordinator/lease.h"
 #include "coordinator/tcp_table.h"
 
+// gperftools' C interface, present when the coordinator is linked with
+// tcmalloc (MUSTER_TCMALLOC); a weak reference is null otherwise.
+extern "C" void MallocExtension_ReleaseFreeMemory() __attribute__((weak));
+
 namespace muster {
 namespace {
+
+// Hands the allocator's free pages back to the system: tcmalloc's when it is
+// the allocator, the C library's otherwise.
+void ReleaseFreeMemory() {
+  if (MallocExtension_ReleaseFreeMemory != nullptr) {
+    MallocExtension_ReleaseFreeMemory();
+    return;
+  }
+#ifdef __GLIBC__
+  ::malloc_trim(0);
+#endif
+}
 
 // --rebuild-catalog: only into an empty catalog, so nothing recorded is
 // overwritten.
@@ -339,16 +355,14 @@ void CoordinatorServer::TickLoop() {
       const CoordinatorCounters counters = coordinator_->Counters();
       metrics_->Update(counters);
       // A completed world's answers and pushes are freed once written, but
-      // glibc's allocator keeps the pages (350 of 740 MB at 100,000
+      // the allocator keeps the pages (glibc's: 350 of 740 MB at 100,000
       // members): hand them back a second after the last completion.
       if (counters.regroups_timed != worlds_completed) {
         worlds_completed = counters.regroups_timed;
         trim_due = true;
       } else if (trim_due) {
         trim_due = false;
-#ifdef __GLIBC__
-        ::malloc_trim(0);  // 26 ms after a 100,000-member rendezvous, 120 ms after a regroup
-#endif
+        ReleaseFreeMemory();  // glibc's: 26 ms after 100,000 members rendezvous
       }
       next_metrics = clock()->Now() + absl::Seconds(1);
     }
