@@ -69,6 +69,10 @@ ABSL_FLAG(int, channels, 8, "client connections the sessions share");
 ABSL_FLAG(bool, rendezvous, true, "also measure the rendezvous of all members");
 ABSL_FLAG(bool, regroup, false,
           "after the heartbeat window, kill one member and measure the regroup");
+ABSL_FLAG(bool, call_when_heard, true,
+          "--regroup: each node session calls Rendezvous for its survivors as soon as "
+          "the regroup reaches it, as muster-agent relays its trainers' calls; false: "
+          "every survivor calls once all have heard");
 ABSL_FLAG(absl::Duration, state_sync_delay, absl::ZeroDuration(),
           "every fsync of the coordinator's state file also waits this long (a slow shared "
           "file system)");
@@ -154,12 +158,13 @@ class ClientQueues {
 
 // One session: a member's own (one member) or a node's (several). Writes
 // go out one at a time from a queue; acks are timed; a regroup event calls
-// `on_regroup` with the member's index.
+// `on_regroup` with the session and the indices of the members it is for.
 class SimSession {
  public:
   SimSession(v1::Coordinator::Stub* stub, grpc::CompletionQueue* queue, const std::string& node,
              std::vector<std::pair<int, v1::MemberRef>> members, Samples* samples,
-             std::atomic<uint32_t>* interval_ms, std::function<void(int)> on_regroup)
+             std::atomic<uint32_t>* interval_ms,
+             std::function<void(SimSession*, std::vector<int>)> on_regroup)
       : members_(std::move(members)),
         samples_(samples),
         interval_ms_(interval_ms),
@@ -313,9 +318,11 @@ class SimSession {
         interval_ms_->store(event.ack().heartbeat_interval_ms());
       }
     } else if (event.has_regroup() && !event.regroup().leave()) {
+      std::vector<int> heard;
       for (const auto& [index, ref] : members_) {
-        if (members_.size() == 1 || For(event, ref.member_id())) on_regroup_(index);
+        if (members_.size() == 1 || For(event, ref.member_id())) heard.push_back(index);
       }
+      on_regroup_(this, std::move(heard));
     } else if (event.has_closed()) {
       ++closed_;
     } else if (event.has_rendezvous()) {
@@ -400,7 +407,7 @@ class SimSession {
   // The heartbeat period the coordinator asks for (its acks'), shared by
   // every session.
   std::atomic<uint32_t>* const interval_ms_;
-  const std::function<void(int)> on_regroup_;
+  const std::function<void(SimSession*, std::vector<int>)> on_regroup_;
   std::atomic<int> killed_{-1};
   std::atomic<int> closed_{0};
   grpc::ClientContext ctx_;
@@ -545,7 +552,10 @@ class CoordinatorBench {
       }
       sessions_.push_back(std::make_unique<SimSession>(
           Stub(first), queues_.Next(), Node(first), std::move(members), &samples_,
-          &interval_ms_, [this](int index) { OnRegroup(index); }));
+          &interval_ms_,
+          [this](SimSession* session, std::vector<int> heard) {
+            OnRegroup(session, std::move(heard));
+          }));
     }
     return absl::OkStatus();
   }
@@ -612,17 +622,40 @@ class CoordinatorBench {
   }
   uint32_t interval_ms() const { return interval_ms_; }
 
-  // Kills the last member and times the survivors' regroup: once the
-  // coordinator's regroup event has reached every survivor, each calls
-  // Rendezvous (real agents call as soon as their own event arrives).
+  // Kills the last member and times the survivors' regroup. With
+  // --call_when_heard (the default) a node session calls Rendezvous for its
+  // survivors as soon as the regroup reaches it, as muster-agent relays its
+  // trainers' calls; without it every survivor calls once all have heard.
   absl::StatusOr<double> Regroup() {
     const int victim = n_ - 1;
+    const absl::Time start = absl::Now();
+    if (absl::GetFlag(FLAGS_call_when_heard) && per_node_ > 1) {
+      RendezvousRound round(n_ - 1, n_ - 1);
+      {
+        absl::MutexLock lock(&regroup_mu_);
+        round_ = &round;
+      }
+      sessions_.back()->Kill(victim);
+      const bool all = round.all.WaitForNotificationWithTimeout(absl::Seconds(120));
+      const double secs = absl::ToDoubleSeconds(absl::Now() - start);
+      {
+        absl::MutexLock lock(&regroup_mu_);
+        round_ = nullptr;
+      }
+      if (!all) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            "only ", round.answered.load(), " of ", n_ - 1, " survivors were answered"));
+      }
+      if (round.failed > 0) {
+        return absl::InternalError(absl::StrCat(round.failed.load(), " rendezvous calls failed"));
+      }
+      return secs;
+    }
     {
       absl::MutexLock lock(&regroup_mu_);
       regrouped_.clear();
       regrouping_ = true;
     }
-    const absl::Time start = absl::Now();
     sessions_.back()->Kill(victim);
     std::vector<int> survivors;
     {
@@ -669,9 +702,14 @@ class CoordinatorBench {
 
   std::string Node(int i) const { return absl::StrCat("node", i / per_node_); }
 
-  void OnRegroup(int index) {
+  void OnRegroup(SimSession* session, std::vector<int> heard) {
+    heard.erase(std::remove(heard.begin(), heard.end(), n_ - 1), heard.end());
     absl::MutexLock lock(&regroup_mu_);
-    if (regrouping_ && index != n_ - 1) regrouped_.push_back(index);
+    if (round_ != nullptr && !heard.empty()) {
+      session->Rendezvous(heard, 1, round_);
+      return;
+    }
+    if (regrouping_) regrouped_.insert(regrouped_.end(), heard.begin(), heard.end());
   }
 
   const int n_;
@@ -688,6 +726,8 @@ class CoordinatorBench {
   std::atomic<uint32_t> interval_ms_{1000};
   absl::Mutex regroup_mu_;
   bool regrouping_ ABSL_GUARDED_BY(regroup_mu_) = false;
+  // --call_when_heard: the survivors' round while a regroup is timed.
+  RendezvousRound* round_ ABSL_GUARDED_BY(regroup_mu_) = nullptr;
   std::vector<int> regrouped_ ABSL_GUARDED_BY(regroup_mu_);
 };
 
