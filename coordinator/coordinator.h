@@ -294,7 +294,10 @@ class Coordinator {
   std::shared_ptr<const World> CurrentWorld();
 
   StatusSnapshot GetStatus();
+  // Counters() walks every member; WorldsCompleted is its regroups_timed
+  // alone, without the walk.
   CoordinatorCounters Counters();
+  uint64_t WorldsCompleted();
   // The newest `limit` events, oldest first, once what is queued is written
   // (within a few seconds). Errors: the store's, or DEADLINE_EXCEEDED while
   // the event log cannot be written.

@@ -9,6 +9,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <map>
+#include <string>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -27,6 +29,18 @@ extern "C" void MallocExtension_ReleaseFreeMemory() __attribute__((weak));
 
 namespace muster {
 namespace {
+
+// How often the ticker refreshes the metrics: every second, or less often
+// once the membership is so large that counting it (under the coordinator's
+// lock, a walk of every member: about 12 ms at 100,000) would cost a visible
+// share of a core and of the heartbeats' latency: a second per 10,000
+// members, at most 10 s.
+absl::Duration MetricsPeriod(const std::map<std::string, uint64_t>& members_by_state) {
+  uint64_t members = 0;
+  for (const auto& [state, n] : members_by_state) members += n;
+  return std::clamp(absl::Seconds(static_cast<double>(members) / 10'000), absl::Seconds(1),
+                    absl::Seconds(10));
+}
 
 // Hands the allocator's free pages back to the system: tcmalloc's when it is
 // the allocator, the C library's otherwise.
@@ -316,6 +330,7 @@ CoordinatorServer::~CoordinatorServer() {
 
 void CoordinatorServer::TickLoop() {
   absl::Time next_metrics = absl::InfinitePast();
+  absl::Time next_trim_check = absl::InfinitePast();
   uint64_t worlds_completed = 0;
   bool trim_due = false;
   LeaseRenewal lease(options_.lease_timeout, clock()->Now());
@@ -354,17 +369,21 @@ void CoordinatorServer::TickLoop() {
     if (clock()->Now() >= next_metrics) {
       const CoordinatorCounters counters = coordinator_->Counters();
       metrics_->Update(counters);
+      next_metrics = clock()->Now() + MetricsPeriod(counters.members_by_state);
+    }
+    if (clock()->Now() >= next_trim_check) {
       // A completed world's answers and pushes are freed once written, but
       // the allocator keeps the pages (glibc's: 350 of 740 MB at 100,000
       // members): hand them back a second after the last completion.
-      if (counters.regroups_timed != worlds_completed) {
-        worlds_completed = counters.regroups_timed;
+      const uint64_t completed = coordinator_->WorldsCompleted();
+      if (completed != worlds_completed) {
+        worlds_completed = completed;
         trim_due = true;
       } else if (trim_due) {
         trim_due = false;
         ReleaseFreeMemory();  // glibc's: 26 ms after 100,000 members rendezvous
       }
-      next_metrics = clock()->Now() + absl::Seconds(1);
+      next_trim_check = clock()->Now() + absl::Seconds(1);
     }
   }
 }
