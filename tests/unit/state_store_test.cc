@@ -7,7 +7,11 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <limits>
 #include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
 
 namespace muster {
 namespace {
@@ -37,6 +41,24 @@ World SampleWorld() {
     w.members.push_back(a);
   }
   return w;
+}
+
+// Every member of `got` is the one of `want` at the same rank, field by
+// field.
+void ExpectSameMembers(const World& got, const World& want) {
+  ASSERT_EQ(got.members.size(), want.members.size());
+  for (size_t i = 0; i < want.members.size(); ++i) {
+    const Assignment& g = got.members[i];
+    const Assignment& e = want.members[i];
+    EXPECT_EQ(g.member, e.member) << "rank " << i;
+    EXPECT_EQ(g.node, e.node) << "rank " << i;
+    EXPECT_EQ(g.state_address, e.state_address) << "rank " << i;
+    EXPECT_EQ(g.rank, i);
+    EXPECT_EQ(g.node_rank, e.node_rank) << "rank " << i;
+    EXPECT_EQ(g.local_rank, e.local_rank) << "rank " << i;
+    EXPECT_EQ(g.local_world_size, e.local_world_size) << "rank " << i;
+    EXPECT_EQ(g.step, e.step) << "rank " << i;
+  }
 }
 
 TEST(SqliteStateStoreTest, EmptyStoreHasNoWorld) {
@@ -153,7 +175,7 @@ std::string FirstValue(const std::string& path, const std::string& sql) {
   return value;
 }
 
-TEST(SqliteStateStoreTest, AVersion1FileIsReadAsItIsAndBecomesVersion2AtTheFirstWorldWritten) {
+TEST(SqliteStateStoreTest, AVersion1FileIsReadAsItIsAndBecomesVersion3AtTheFirstWorldWritten) {
   const std::string path = TempDb("v1");
   MakeVersion1File(path);
   auto store = OpenSqliteStateStore(path);
@@ -175,12 +197,12 @@ TEST(SqliteStateStoreTest, AVersion1FileIsReadAsItIsAndBecomesVersion2AtTheFirst
     EXPECT_EQ(w->members[i].step, expected.members[i].step);
   }
   EXPECT_EQ(w->RankOf("m2"), 2);
-  // The first world written makes it version 2: the value, no rows.
+  // The first world written makes it version 3: the value, no rows.
   World next = SampleWorld();
   next.generation = 8;
   next.members.pop_back();
   ASSERT_TRUE((*store)->SaveWorld(next).ok());
-  EXPECT_EQ(FirstValue(path, "SELECT value FROM meta WHERE key='schema_version'"), "2");
+  EXPECT_EQ(FirstValue(path, "SELECT value FROM meta WHERE key='schema_version'"), "3");
   EXPECT_EQ(FirstValue(path, "SELECT count(*) FROM world_members"), "0");
   auto again = OpenSqliteStateStore(path);
   ASSERT_TRUE(again.ok()) << again.status();
@@ -188,6 +210,115 @@ TEST(SqliteStateStoreTest, AVersion1FileIsReadAsItIsAndBecomesVersion2AtTheFirst
   ASSERT_TRUE(w2.ok()) << w2.status();
   EXPECT_EQ(w2->generation, 8u);
   EXPECT_EQ(w2->members.size(), 2u);
+}
+
+// SampleWorld's members as a version 2 file holds them: every number 8
+// bytes little-endian, a string its length and its bytes, rank first.
+std::string Version2Value() {
+  std::string out;
+  auto number = [&out](uint64_t v) {
+    for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+  };
+  auto text = [&](const std::string& v) {
+    number(v.size());
+    out += v;
+  };
+  for (const Assignment& a : SampleWorld().members) {
+    number(a.rank);
+    text(a.member.id);
+    number(a.member.incarnation);
+    text(a.node);
+    text(a.state_address);
+    number(a.node_rank);
+    number(a.local_rank);
+    number(a.local_world_size);
+    number(static_cast<uint64_t>(a.step));
+  }
+  return out;
+}
+
+TEST(SqliteStateStoreTest, AVersion2FileIsReadAsItIsAndBecomesVersion3AtTheFirstWorldWritten) {
+  const std::string path = TempDb("v2");
+  ASSERT_TRUE(OpenSqliteStateStore(path).ok());
+  std::string hex;
+  for (const unsigned char c : Version2Value()) absl::StrAppend(&hex, absl::Hex(c, absl::kZeroPad2));
+  ExecOn(path, absl::StrCat("UPDATE meta SET value='2' WHERE key='schema_version';"
+                            "INSERT OR REPLACE INTO meta(key, value) VALUES('generation', '7'), "
+                            "('node_count', '2'), ('state_source_rank', '1'), ('state_step', '42');"
+                            "INSERT OR REPLACE INTO world(id, members) VALUES(1, X'", hex, "');"));
+  auto store = OpenSqliteStateStore(path);
+  ASSERT_TRUE(store.ok()) << store.status();
+  EXPECT_EQ(FirstValue(path, "SELECT value FROM meta WHERE key='schema_version'"), "2");
+  auto w = (*store)->LoadWorld();
+  ASSERT_TRUE(w.ok()) << w.status();
+  ExpectSameMembers(*w, SampleWorld());
+  World next = SampleWorld();
+  next.generation = 8;
+  ASSERT_TRUE((*store)->SaveWorld(next).ok());
+  EXPECT_EQ(FirstValue(path, "SELECT value FROM meta WHERE key='schema_version'"), "3");
+  auto again = OpenSqliteStateStore(path);
+  ASSERT_TRUE(again.ok()) << again.status();
+  auto w2 = (*again)->LoadWorld();
+  ASSERT_TRUE(w2.ok()) << w2.status();
+  EXPECT_EQ(w2->generation, 8u);
+  ExpectSameMembers(*w2, SampleWorld());
+}
+
+// Values at the edges of each field's range survive a write and a read, and
+// a node's name is stored once per run of its members.
+TEST(SqliteStateStoreTest, AWorldOfAwkwardValuesComesBackAsItWasWritten) {
+  const std::string path = TempDb("awkward");
+  World w;
+  w.generation = (uint64_t{1} << 63) + 5;
+  const std::vector<std::string> nodes = {"a", "a", "", "b", "a", "a"};
+  for (uint32_t r = 0; r < nodes.size(); ++r) {
+    Assignment a;
+    a.member = {r == 2 ? std::string(300, 'x') : absl::StrCat("m", r),
+                r == 1 ? ~uint64_t{0} : uint64_t{r} << (9 * r)};
+    a.node = nodes[r];
+    a.rank = r;
+    a.node_rank = r == 0 ? 0 : r * 1000;
+    a.local_rank = r;
+    a.local_world_size = (uint32_t{1} << 31) + r;
+    a.step = r == 3 ? -1 : r == 4 ? std::numeric_limits<int64_t>::min()
+                                  : std::numeric_limits<int64_t>::max() - r;
+    a.state_address = r == 5 ? "" : absl::StrCat("[::1]:", 60000 + r);
+    w.members.push_back(a);
+  }
+  w.Index();
+  {
+    auto store = OpenSqliteStateStore(path);
+    ASSERT_TRUE(store.ok()) << store.status();
+    ASSERT_TRUE((*store)->SaveWorld(w).ok());
+  }
+  auto store = OpenSqliteStateStore(path);
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto loaded = (*store)->LoadWorld();
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->generation, w.generation);
+  ExpectSameMembers(*loaded, w);
+  EXPECT_EQ(loaded->digest(), w.digest());
+  // 1,000 members of 8 per node, ids of 6 bytes, no state address: about 16
+  // bytes each (85 in version 2).
+  World big;
+  big.generation = 9;
+  for (uint32_t r = 0; r < 1000; ++r) {
+    Assignment a;
+    a.member = {absl::StrCat("m", 10000 + r), 1000 + r};
+    a.node = absl::StrCat("node", r / 8);
+    a.rank = r;
+    a.node_rank = r / 8;
+    a.local_rank = r % 8;
+    a.local_world_size = 8;
+    a.step = 120;
+    big.members.push_back(a);
+  }
+  ASSERT_TRUE((*store)->SaveWorld(big).ok());
+  const std::string bytes = FirstValue(path, "SELECT length(members) FROM world");
+  EXPECT_LE(std::stoul(bytes), 17'000u) << bytes << " bytes";
+  auto big_loaded = (*store)->LoadWorld();
+  ASSERT_TRUE(big_loaded.ok()) << big_loaded.status();
+  ExpectSameMembers(*big_loaded, big);
 }
 
 // A newer standby opened the file while a version 1 primary kept writing
@@ -259,9 +390,9 @@ TEST(SqliteStateStoreTest, TheLogIsFoldedByCompactJournalNotInsideTheCommit) {
     struct stat st;
     return ::stat(file.c_str(), &st) == 0 ? st.st_size : off_t{0};
   };
-  // Over SQLite's 1,000 pages: by default its commit would fold it into the
-  // file at once.
-  World w = ManyMembers(100'000);
+  // Over SQLite's 1,000 pages (4 MB): by default its commit would fold it
+  // into the file at once.
+  World w = ManyMembers(200'000);
   ASSERT_TRUE((*store)->SaveWorld(w).ok());
   EXPECT_LT(bytes(path), 1'000'000);  // durable in the log only
   const off_t log = bytes(path + "-wal");
