@@ -122,8 +122,13 @@ std::vector<Candidate> Coordinator::Candidates(std::vector<MemberInfo*>* infos) 
   membership_.ForEach([&](MemberInfo& info) {
     const std::string& id = info.key.id;
     // Only a world's members are made active (Form, ReattachFromWorld).
-    const int rank =
-        live && info.state == MemberState::kActive ? gen_.world().RankOf(id) : -1;
+    int rank = -1;
+    if (live && info.state == MemberState::kActive) {
+      const World& world = gen_.world();
+      rank = info.seat < world.size() && world.members[info.seat].member.id == id
+                 ? static_cast<int>(info.seat)
+                 : world.RankOf(id);
+    }
     const bool incumbent = rank >= 0;
     const bool waiting_now = (info.state == MemberState::kWaiting ||
                               info.state == MemberState::kActive) &&
@@ -285,8 +290,11 @@ void Coordinator::Form(std::vector<Candidate> candidates, std::vector<MemberInfo
   // The incumbents' records by their old rank, read before AssignWorld takes
   // the candidates: the pushes below then need no lookup by id.
   std::vector<MemberInfo*> old_infos(old_live ? old.size() : 0, nullptr);
+  std::vector<bool> incumbent(candidates.size(), false);
   for (size_t i = 0; old_live && i < candidates.size(); ++i) {
-    if (candidates[i].current_rank >= 0) old_infos[candidates[i].current_rank] = infos[i];
+    if (candidates[i].current_rank < 0) continue;
+    old_infos[candidates[i].current_rank] = infos[i];
+    incumbent[i] = true;
   }
   std::vector<uint32_t> taken;
   if (!Accepted(gen_.Formed(
@@ -324,7 +332,7 @@ void Coordinator::Form(std::vector<Candidate> candidates, std::vector<MemberInfo
   if (old_live && old.size() >= options_.rules.max_members) {
     // The old world was full: its newcomers waited as spares.
     for (const Assignment& a : world.members) {
-      if (old.RankOf(a.member.id) >= 0) continue;
+      if (incumbent[taken[a.rank]] || old.RankOf(a.member.id) >= 0) continue;
       Record("spare", absl::StrCat(a.member.id, " takes rank ", a.rank, " in generation ",
                                    generation));
     }
@@ -348,7 +356,10 @@ void Coordinator::TakeSeats(const std::vector<MemberInfo*>& infos,
       if (info.state == MemberState::kActive) info.state = MemberState::kWaiting;
     });
   }
-  for (const uint32_t i : taken) infos[i]->state = MemberState::kActive;
+  for (uint32_t rank = 0; rank < taken.size(); ++rank) {
+    infos[taken[rank]]->state = MemberState::kActive;
+    infos[taken[rank]]->seat = rank;
+  }
 }
 
 void Coordinator::PushRegroup(const World& old, const std::vector<MemberInfo*>& old_infos,

@@ -39,6 +39,9 @@ struct MemberInfo {
   absl::Time joined;
   absl::Time last_seen;   // join, hello or heartbeat (Membership::Seen)
   uint64_t session = 0;   // id of the open session, 0 if none
+  // Its rank in the world that last seated it (Coordinator::TakeSeats): a
+  // hint, valid only where that rank of the current world holds its id.
+  uint32_t seat = 0;
   std::string reason;     // why it failed or left
   // Membership's own: its place in the order of last signs of life.
   bool listed = false;

@@ -53,12 +53,18 @@ World AssignWorld(uint64_t generation, std::vector<Candidate> candidates, uint32
     });
     order.resize(size);
   }
-  std::sort(order.begin(), order.end(), [&](uint32_t x, uint32_t y) {
+  auto by_place = [&](uint32_t x, uint32_t y) {
     const Candidate& a = candidates[x];
     const Candidate& b = candidates[y];
     return std::tie(a.node, a.local_rank, a.member.id) <
            std::tie(b.node, b.local_rank, b.member.id);
-  });
+  };
+  // The coordinator lists its members by id, and ids mostly name their node:
+  // the candidates then come in this order already, and checking it costs a
+  // comparison each where sorting costs log n of them.
+  if (!std::is_sorted(order.begin(), order.end(), by_place)) {
+    std::sort(order.begin(), order.end(), by_place);
+  }
 
   World world;
   world.generation = generation;
