@@ -304,10 +304,14 @@ void Coordinator::Form(std::vector<Candidate> candidates, std::vector<MemberInfo
   paused_since_ = absl::InfiniteFuture();
   formed_at_ = clock_->Now();
   arrival_deadline_.Clear();
-  const World& world = gen_.world();
+  // Held, not referred to: when the waiters below complete the world, it is
+  // copied first if the persister still holds it (GenerationState), and the
+  // persister may let go of this one at any time after.
+  const std::shared_ptr<const World> formed = gen_.Published();
+  const World& world = *formed;
   const uint64_t generation = gen_.generation();
   // Durable before anyone hears of it: every caller's actions wait for it.
-  persister_.SaveWorld(gen_.Published());
+  persister_.SaveWorld(formed);
   actions->Add([this, generation] { Announce(generation); });
   ResetGenerationState(old.generation, reason, actions);
   timer_.Reset();
