@@ -118,18 +118,20 @@ absl::Duration HeartbeatIntervalFor(int64_t streams, const CoordinatorOptions& o
   return std::min(std::max(base, spread), longest);
 }
 
+std::shared_ptr<SessionSink> Coordinator::SinkOf(const MemberInfo& info) const {
+  if (info.session == 0) return nullptr;
+  auto it = sessions_.find(info.session);
+  return it == sessions_.end() ? nullptr : it->second.sink;
+}
+
 void Coordinator::PushTo(const std::string& id, const MemberEvent& event, Actions* actions) {
   const MemberInfo* info = membership_.Find(id);
   if (info == nullptr) return;
-  PushTo(*info, std::make_shared<const MemberEvent>(event), actions);
-}
-
-void Coordinator::PushTo(const MemberInfo& info, std::shared_ptr<const MemberEvent> event,
-                         Actions* actions) {
-  if (info.session == 0) return;
-  auto it = sessions_.find(info.session);
-  if (it == sessions_.end()) return;
-  actions->Add([sink = it->second.sink, event = std::move(event)] { sink->PushShared(event); });
+  std::shared_ptr<SessionSink> sink = SinkOf(*info);
+  if (sink == nullptr) return;
+  actions->Add([sink = std::move(sink), event = std::make_shared<const MemberEvent>(event)] {
+    sink->PushShared(event);
+  });
 }
 
 absl::Status Coordinator::CheckServing() const {

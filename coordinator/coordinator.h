@@ -431,9 +431,9 @@ class Coordinator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PushTo(const std::string& id, const MemberEvent& event, Actions* actions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The same for a member already looked up, with an event shared by many.
-  void PushTo(const MemberInfo& info, std::shared_ptr<const MemberEvent> event,
-              Actions* actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The sink of `info`'s open session; null when it has none.
+  std::shared_ptr<SessionSink> SinkOf(const MemberInfo& info) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckServing() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Duration CapWait(absl::Duration d) const;
   void FlushEvents() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

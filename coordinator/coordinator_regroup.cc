@@ -124,10 +124,7 @@ std::vector<Candidate> Coordinator::Candidates(std::vector<MemberInfo*>* infos) 
     // Only a world's members are made active (Form, ReattachFromWorld).
     int rank = -1;
     if (live && info.state == MemberState::kActive) {
-      const World& world = gen_.world();
-      rank = info.seat < world.size() && world.members[info.seat].member.id == id
-                 ? static_cast<int>(info.seat)
-                 : world.RankOf(id);
+      rank = gen_.world().RankOf(id, info.seat);
     }
     const bool incumbent = rank >= 0;
     const bool waiting_now = (info.state == MemberState::kWaiting ||
@@ -389,10 +386,10 @@ void Coordinator::PushRegroup(const World& old, const std::vector<MemberInfo*>& 
       info = membership_.Find(old.members[rank].member.id);
       if (info == nullptr || info->key != old.members[rank].member) continue;
     }
-    if (!IsAlive(info->state) || info->session == 0) continue;
-    auto it = sessions_.find(info->session);
-    if (it == sessions_.end()) continue;
-    pushes.emplace_back(it->second.sink, events[info->state == MemberState::kDraining]);
+    if (!IsAlive(info->state)) continue;
+    if (std::shared_ptr<SessionSink> sink = SinkOf(*info)) {
+      pushes.emplace_back(std::move(sink), events[info->state == MemberState::kDraining]);
+    }
   }
   actions->Add([pushes = std::move(pushes)] {
     for (const auto& [sink, event] : pushes) sink->PushShared(event);
@@ -406,8 +403,8 @@ bool Coordinator::Arrive(uint32_t rank, int64_t step) {
 
 void Coordinator::WorldCompleted(Actions* actions) {
   arrival_deadline_.Clear();
-  persister_.SaveWorld(gen_.Published());
   std::shared_ptr<const World> shared = gen_.Published();
+  persister_.SaveWorld(shared);
   const World& world = *shared;
   // How long the regroup took: from the decision to form to the last
   // member's arrival (not known for a world loaded after a restart).

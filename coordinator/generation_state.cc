@@ -198,8 +198,7 @@ absl::Status GenerationState::CheckGeneration(uint64_t generation) const {
 
 bool GenerationState::has_arrived(const std::string& id) const {
   const int rank = world_->RankOf(id);
-  return rank >= 0 && static_cast<size_t>(rank) < arrived_.size() &&
-         arrived_[rank].has_value();
+  return rank >= 0 && has_arrived_at(static_cast<uint32_t>(rank));
 }
 
 // ---------------------------------------------------------------- private

@@ -12,13 +12,12 @@ void RendezvousWaiters::Add(RendezvousWaiter waiter) {
 
 namespace {
 
-// The waiter's rank in `world` when `world` answers it; -1 when not. Ids
-// are unique in a world, so a rank the waiter holds is its rank when the
-// member there has its id.
+// The waiter's rank in `world` when `world` answers it; -1 when not. A rank
+// the waiter holds is tried first.
 int AnsweringRank(const World& world, const RendezvousWaiter& waiter) {
-  const bool known = waiter.rank >= 0 && static_cast<uint32_t>(waiter.rank) < world.size() &&
-                     world.members[waiter.rank].member.id == waiter.member.id;
-  const int rank = known ? waiter.rank : world.RankOf(waiter.member.id);
+  const int rank = waiter.rank >= 0
+                       ? world.RankOf(waiter.member.id, static_cast<uint32_t>(waiter.rank))
+                       : world.RankOf(waiter.member.id);
   const bool answers = rank >= 0 && waiter.after_generation < world.generation &&
                        world.members[rank].member.incarnation == waiter.member.incarnation;
   return answers ? rank : -1;

@@ -33,6 +33,11 @@ int World::RankOf(const std::string& id) const {
   return -1;
 }
 
+int World::RankOf(const std::string& id, uint32_t hint) const {
+  if (hint < members.size() && members[hint].member.id == id) return static_cast<int>(hint);
+  return RankOf(id);
+}
+
 void World::Index() {
   rank_of_.clear();
   rank_of_.reserve(members.size());

@@ -60,6 +60,9 @@ struct World {
   // change to `members` (AssignWorld and the state store do); a linear scan
   // otherwise.
   int RankOf(const std::string& id) const;
+  // The same, trying `hint` first: ids are unique in a world, so `hint` is
+  // the rank when the member there has the id (no lookup then).
+  int RankOf(const std::string& id, uint32_t hint) const;
   // Builds the id -> rank index RankOf uses, the digest and the node sizes.
   void Index();
   // XXH3-64 of every member's id, incarnation, node and rank, in rank

@@ -118,6 +118,21 @@ struct RendezvousRound {
     if (!ok || world_size != size) ++failed;
     if (++answered == count) all.Notify();
   }
+  // Waits up to `timeout` for every answer: the seconds from `start` to the
+  // last one, or what went wrong.
+  absl::StatusOr<double> Wait(absl::Time start,
+                              absl::Duration timeout = absl::InfiniteDuration()) {
+    const bool done = all.WaitForNotificationWithTimeout(timeout);
+    const double secs = absl::ToDoubleSeconds(absl::Now() - start);
+    if (!done) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("only ", answered.load(), " of ", count, " calls were answered"));
+    }
+    if (failed > 0) {
+      return absl::InternalError(absl::StrCat(failed.load(), " rendezvous calls failed"));
+    }
+    return secs;
+  }
   const int count;
   const uint32_t size;
   std::atomic<int> answered{0}, failed{0};
@@ -591,12 +606,7 @@ class CoordinatorBench {
         round.Answered(s.ok(), p->resp.world().world_size());
       });
     }
-    round.all.WaitForNotification();
-    const double secs = absl::ToDoubleSeconds(absl::Now() - start);
-    if (round.failed > 0) {
-      return absl::InternalError(absl::StrCat(round.failed.load(), " rendezvous calls failed"));
-    }
-    return secs;
+    return round.Wait(start);
   }
 
   absl::StatusOr<double> Rendezvous() {
@@ -636,19 +646,9 @@ class CoordinatorBench {
         round_ = &round;
       }
       sessions_.back()->Kill(victim);
-      const bool all = round.all.WaitForNotificationWithTimeout(absl::Seconds(120));
-      const double secs = absl::ToDoubleSeconds(absl::Now() - start);
-      {
-        absl::MutexLock lock(&regroup_mu_);
-        round_ = nullptr;
-      }
-      if (!all) {
-        return absl::DeadlineExceededError(absl::StrCat(
-            "only ", round.answered.load(), " of ", n_ - 1, " survivors were answered"));
-      }
-      if (round.failed > 0) {
-        return absl::InternalError(absl::StrCat(round.failed.load(), " rendezvous calls failed"));
-      }
+      absl::StatusOr<double> secs = round.Wait(start, absl::Seconds(120));
+      absl::MutexLock lock(&regroup_mu_);
+      round_ = nullptr;
       return secs;
     }
     {
