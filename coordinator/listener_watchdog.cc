@@ -48,6 +48,7 @@ void ListenerWatchdog::Loop() {
     if (rebuilt.ok()) {
       waited = absl::ZeroDuration();
       ages_.Clear();
+      listeners_.clear();
       last_error.clear();
     } else if (rebuilt.ToString() != last_error) {
       last_error = rebuilt.ToString();
@@ -58,7 +59,29 @@ void ListenerWatchdog::Loop() {
   }
 }
 
+bool ListenerWatchdog::QueuesEmpty() {
+  if (listeners_.empty()) {
+    absl::StatusOr<std::vector<ListeningSocket>> found = FindListeningSockets(options_.port);
+    if (!found.ok()) return false;
+    listeners_ = *std::move(found);
+    if (listeners_.empty()) return false;
+  }
+  for (const ListeningSocket& listener : listeners_) {
+    const std::optional<uint32_t> queued = AcceptQueueLength(listener);
+    if (!queued.has_value()) {
+      listeners_.clear();  // closed or replaced: found again at the next look
+      return false;
+    }
+    if (*queued > 0) return false;
+  }
+  return true;
+}
+
 absl::Duration ListenerWatchdog::OldestWait() {
+  if (QueuesEmpty()) {
+    ages_.Clear();
+    return absl::ZeroDuration();
+  }
   const absl::StatusOr<std::string> tables = ReadTcpTables();
   // No descriptor to look with: no verdict until the next look.
   if (!tables.ok()) return absl::ZeroDuration();

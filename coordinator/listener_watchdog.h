@@ -8,10 +8,15 @@
 // kernel's accept queue forever, even once descriptors are free again, while
 // the connections already accepted (members' sessions) go on.
 //
-// How: every `interval` the watchdog reads the kernel's TCP tables
-// (coordinator/tcp_table.h). A connection to `port` that no process holds
-// yet waits in the listener's accept queue; a live listener takes it within
-// milliseconds, so one seen waiting for `stuck_after` means nobody accepts.
+// How: every `interval` the watchdog asks the listening sockets on `port`
+// how long their accept queues are (coordinator/tcp_table.h). While they
+// are empty nothing waits, and that is all it does: the kernel's TCP
+// tables, which it reads otherwise, cost milliseconds a read on any host
+// (the kernel walks its whole connection hash, sized by memory). When a
+// queue holds connections it reads the tables: a connection to `port` that
+// no process holds yet waits in the listener's accept queue; a live
+// listener takes it within milliseconds, so one seen waiting for
+// `stuck_after` means nobody accepts.
 // It then calls `rebuild` on its own thread, and again every interval until
 // `rebuild` succeeds. A table it cannot read (this process has no free
 // descriptor at that moment) is no verdict: it looks again at the next
@@ -36,6 +41,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "coordinator/tcp_table.h"
 
 namespace muster {
 
@@ -77,9 +83,12 @@ class ListenerWatchdog {
 
  private:
   void Loop();
-  // One look at the tables: how long the oldest unaccepted connection has
-  // waited (zero also when the tables could not be read).
+  // One look: how long the oldest unaccepted connection has waited (zero
+  // also when the tables could not be read).
   absl::Duration OldestWait();
+  // True when every listener on the port is known and its accept queue is
+  // empty; finds the listeners first when they are not known.
+  bool QueuesEmpty();
 
   // Constant after construction.
   const ListenerWatchdogOptions options_;
@@ -87,6 +96,9 @@ class ListenerWatchdog {
 
   // Used by the watchdog's thread only.
   AcceptQueueAges ages_;
+  // The listening sockets on the port, found once and again after a
+  // rebuild or when one is gone.
+  std::vector<ListeningSocket> listeners_;
 
   absl::Notification stop_;
   std::thread thread_;

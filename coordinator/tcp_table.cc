@@ -2,6 +2,8 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -66,14 +68,16 @@ absl::flat_hash_set<uint64_t> ListeningInodes(const std::vector<TcpSocket>& tabl
 }
 
 // The descriptor `name` (in /proc/self/fd) when it is a socket with one of
-// `inodes`; -1 otherwise.
-int SocketWithInode(const char* name, const absl::flat_hash_set<uint64_t>& inodes) {
+// `inodes`, which is set in `*inode`; -1 otherwise.
+int SocketWithInode(const char* name, const absl::flat_hash_set<uint64_t>& inodes,
+                    uint64_t* inode) {
   int fd = -1;
   struct stat st {};
   if (!absl::SimpleAtoi(name, &fd) || ::fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode) ||
       !inodes.contains(static_cast<uint64_t>(st.st_ino))) {
     return -1;
   }
+  *inode = static_cast<uint64_t>(st.st_ino);
   return fd;
 }
 
@@ -104,21 +108,48 @@ absl::StatusOr<std::string> ReadTcpTables() {
   return absl::StrCat(v4, v6);
 }
 
-absl::StatusOr<int> ShutDownListeningSockets(int port) {
+absl::StatusOr<std::vector<ListeningSocket>> FindListeningSockets(int port) {
   MUSTER_ASSIGN_OR_RETURN(const std::string tables, ReadTcpTables());
   const absl::flat_hash_set<uint64_t> inodes = ListeningInodes(ParseTcpTable(tables), port);
-  if (inodes.empty()) return 0;
+  std::vector<ListeningSocket> found;
+  if (inodes.empty()) return found;
   DIR* dir = ::opendir("/proc/self/fd");
   if (dir == nullptr) {
     return absl::UnavailableError(
         absl::StrCat("cannot list /proc/self/fd: ", std::strerror(errno)));
   }
-  int shut = 0;
   while (const dirent* entry = ::readdir(dir)) {
-    const int fd = SocketWithInode(entry->d_name, inodes);
-    if (fd >= 0 && ::shutdown(fd, SHUT_RDWR) == 0) ++shut;
+    uint64_t inode = 0;
+    const int fd = SocketWithInode(entry->d_name, inodes, &inode);
+    if (fd >= 0) found.push_back({fd, inode});
   }
   ::closedir(dir);
+  return found;
+}
+
+std::optional<uint32_t> AcceptQueueLength(const ListeningSocket& socket) {
+  struct stat st {};
+  if (::fstat(socket.fd, &st) != 0 || !S_ISSOCK(st.st_mode) ||
+      static_cast<uint64_t>(st.st_ino) != socket.inode) {
+    return std::nullopt;
+  }
+  tcp_info info{};
+  socklen_t len = sizeof(info);
+  if (::getsockopt(socket.fd, IPPROTO_TCP, TCP_INFO, &info, &len) != 0 ||
+      info.tcpi_state != kTcpListen) {
+    return std::nullopt;
+  }
+  // For a listener the kernel gives its accept queue's length here
+  // (tcp_get_info: "tcpi_unacked -> Number of children ready for accept()").
+  return info.tcpi_unacked;
+}
+
+absl::StatusOr<int> ShutDownListeningSockets(int port) {
+  MUSTER_ASSIGN_OR_RETURN(const std::vector<ListeningSocket> sockets, FindListeningSockets(port));
+  int shut = 0;
+  for (const ListeningSocket& s : sockets) {
+    if (::shutdown(s.fd, SHUT_RDWR) == 0) ++shut;
+  }
   return shut;
 }
 

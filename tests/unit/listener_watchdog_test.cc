@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -111,6 +112,38 @@ TEST(TcpTableTest, ADeadListenerIsSeenShutDownAndItsPortBoundAgain) {
   EXPECT_GE(again, 0);
   EXPECT_EQ(again_port, port);
   for (int fd : {client, listener, again}) ::close(fd);
+}
+
+TEST(TcpTableTest, AListenersAcceptQueueIsReadFromTheSocketItself) {
+  int port = 0;
+  const int listener = Listen(0, &port);
+  ASSERT_GE(listener, 0);
+  absl::StatusOr<std::vector<ListeningSocket>> found = FindListeningSockets(port);
+  ASSERT_TRUE(found.ok()) << found.status();
+  ASSERT_EQ(found->size(), 1u);
+  const ListeningSocket socket = found->front();
+  EXPECT_EQ(socket.fd, listener);
+  EXPECT_EQ(AcceptQueueLength(socket), 0u);
+
+  std::vector<int> clients = {ConnectLoopback(port), ConnectLoopback(port)};
+  // The handshake's last ACK may reach the listener just after connect returns.
+  const absl::Time end = absl::Now() + absl::Seconds(5);
+  while (AcceptQueueLength(socket) != 2u && absl::Now() < end) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  EXPECT_EQ(AcceptQueueLength(socket), 2u);
+  const int accepted = ::accept(listener, nullptr, nullptr);
+  EXPECT_EQ(AcceptQueueLength(socket), 1u);
+
+  // Another socket under the same descriptor is not the listener, nor is a
+  // listener that was shut down.
+  ListeningSocket other = socket;
+  other.inode += 1;
+  EXPECT_EQ(AcceptQueueLength(other), std::nullopt);
+  ASSERT_EQ(::shutdown(listener, SHUT_RDWR), 0);
+  EXPECT_EQ(AcceptQueueLength(socket), std::nullopt);
+  for (int fd : clients) ::close(fd);
+  for (int fd : {accepted, listener}) ::close(fd);
 }
 
 TEST(ListenerWatchdogTest, AConnectionNobodyAcceptsAsksForARebuildUntilOneSucceeds) {
