@@ -20,10 +20,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/clock.h"
 #include "rpc/credentials.h"
 #include "tests/integration/fake_time.h"
 #include "tests/integration/subprocess.h"
 #include "tests/integration/test_member.h"
+#include "trainer/client/coordinator_client.h"
 
 namespace muster {
 namespace {
@@ -66,8 +68,8 @@ class ProcessTest : public ::testing::Test {
     std::vector<std::string> argv = wrapper;
     argv.insert(argv.end(),
                 {kBin + "/muster-coordinator", "--listen=" + target_,
-                 "--state-dir=" + dir_ + "/state", "--token-file=" + token_file_,
-                 "--min-members=2", "--max-members=2", "--reattach-grace=20s"});
+                 "--state-dir=" + dir_ + "/state", "--token-file=" + token_file_});
+    argv.insert(argv.end(), flags_.begin(), flags_.end());
     pid_ = SpawnLogged(argv, dir_ + "/coordinator.log");
     for (int i = 0; i < 100; ++i) {
       if (Cli("status").exit_code == 0) return;
@@ -132,6 +134,9 @@ class ProcessTest : public ::testing::Test {
   std::string dir_, token_file_, target_;
   int port_ = 0;
   pid_t pid_ = -1;
+  // The coordinator's rules, after its address, state and token.
+  std::vector<std::string> flags_ = {"--min-members=2", "--max-members=2",
+                                     "--reattach-grace=20s"};
 };
 
 TEST_F(ProcessTest, StatusNeedsTheToken) {
@@ -485,6 +490,72 @@ TEST_F(ProcessTest, TheListenerComesBackAfterAFileDescriptorFlood) {
   const Output events = Cli("events");
   EXPECT_EQ(events.out.find("fail"), std::string::npos) << events.out;
   EXPECT_NE(Cli("checkpoints --json").out.find("\"step\": \"100\""), std::string::npos);
+}
+
+// Regroups answered as deltas, from the coordinator's process: survivors
+// derive their place from the world they hold, and a member whose answer
+// for one generation was lost (its call gave up just before the world
+// completed) holds an older world than the next delta's base, so it fetches
+// the whole world (GetWorld) and goes on in it.
+TEST_F(ProcessTest, AMemberThatMissedAGenerationFetchesTheWholeWorldAndGoesOn) {
+  flags_ = {"--min-members=1", "--max-members=3", "--last-call=5s",
+            "--heartbeat-interval=100ms", "--heartbeat-timeout=10s"};
+  StartCoordinator();
+  auto in = [](absl::Duration d) { return RealClock::Get()->Now() + d; };
+  std::vector<std::unique_ptr<CoordinatorClient>> m;
+  for (const char* id : {"a", "b", "c"}) {
+    ClientOptions c;
+    c.target = target_;
+    c.token = "process-test-token";
+    c.member_id = id;
+    c.node = id[0] == 'c' ? "n1" : "n0";
+    c.local_rank = id[0] == 'b' ? 1 : 0;
+    m.push_back(std::move(CoordinatorClient::Create(c)).value());
+    ASSERT_TRUE(m.back()->Join(0, in(absl::Seconds(10))).ok());
+    ASSERT_TRUE(m.back()->StartSession([](const SessionNotice&) {}).ok());
+  }
+  CoordinatorClient* a = m[0].get();
+  CoordinatorClient* b = m[1].get();
+  CoordinatorClient* c = m[2].get();
+  std::vector<absl::StatusOr<WorldInfo>> first(3, absl::UnknownError("not run"));
+  {
+    std::vector<std::thread> t;
+    for (int i = 0; i < 3; ++i) {
+      t.emplace_back([&, i] { first[i] = m[i]->Rendezvous(0, 0, in(absl::Seconds(10))); });
+    }
+    for (auto& x : t) x.join();
+  }
+  for (const auto& w : first) ASSERT_TRUE(w.ok()) << w.status();
+  const uint64_t g1 = first[0]->generation;
+  ASSERT_EQ(first[0]->world_size, 3);
+  // c leaves: generation 2 is a and b. a arrives but gives up before b
+  // does, so a never hears generation 2.
+  ASSERT_TRUE(c->Leave(/*finished=*/false, 0).ok());
+  absl::StatusOr<WorldInfo> lost = a->Rendezvous(g1, 0, in(absl::Milliseconds(500)));
+  ASSERT_TRUE(absl::IsDeadlineExceeded(lost.status())) << lost.status();
+  absl::StatusOr<WorldInfo> g2 = b->Rendezvous(g1, 0, in(absl::Seconds(10)));
+  ASSERT_TRUE(g2.ok()) << g2.status();
+  EXPECT_EQ(g2->world_size, 2);
+  EXPECT_EQ(g2->rank, 1);
+  EXPECT_EQ(g2->local_world_size(), 2);
+  EXPECT_EQ(b->deltas_applied(), 1u);  // b held generation 1: the delta was enough
+  EXPECT_EQ(b->worlds_fetched(), 0u);
+  // b leaves too: generation 3 is a alone, told as a delta from generation
+  // 2, which a never held.
+  ASSERT_TRUE(b->Leave(/*finished=*/false, 0).ok());
+  absl::StatusOr<WorldInfo> g3 = a->Rendezvous(g1, 0, in(absl::Seconds(10)));
+  ASSERT_TRUE(g3.ok()) << g3.status();
+  EXPECT_EQ(a->worlds_fetched(), 1u);
+  EXPECT_EQ(a->deltas_applied(), 0u);
+  EXPECT_GT(g3->generation, g2->generation);
+  EXPECT_EQ(g3->world_size, 1);
+  EXPECT_EQ(g3->rank, 0);
+  EXPECT_EQ(g3->self.member_id, "a");
+  ASSERT_EQ(g3->node_peers.size(), 1u);
+  EXPECT_EQ(g3->local_world_size(), 1);
+  // And a goes on in it: the generation's calls take it as a member.
+  EXPECT_TRUE(a->Barrier(g3->generation, "after-fetch", in(absl::Seconds(10))).ok());
+  EXPECT_TRUE(a->KvSet(g3->generation, "k", "v", in(absl::Seconds(10))).ok());
 }
 
 }  // namespace
