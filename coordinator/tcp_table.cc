@@ -67,18 +67,23 @@ absl::flat_hash_set<uint64_t> ListeningInodes(const std::vector<TcpSocket>& tabl
   return inodes;
 }
 
-// The descriptor `name` (in /proc/self/fd) when it is a socket with one of
-// `inodes`, which is set in `*inode`; -1 otherwise.
-int SocketWithInode(const char* name, const absl::flat_hash_set<uint64_t>& inodes,
-                    uint64_t* inode) {
-  int fd = -1;
+// The inode of the socket open as `fd`; nullopt when `fd` is not an open
+// socket.
+std::optional<uint64_t> SocketInode(int fd) {
   struct stat st {};
-  if (!absl::SimpleAtoi(name, &fd) || ::fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode) ||
-      !inodes.contains(static_cast<uint64_t>(st.st_ino))) {
-    return -1;
-  }
-  *inode = static_cast<uint64_t>(st.st_ino);
-  return fd;
+  if (::fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode)) return std::nullopt;
+  return static_cast<uint64_t>(st.st_ino);
+}
+
+// The descriptor `name` (in /proc/self/fd) when it is a socket with one of
+// `inodes`.
+std::optional<ListeningSocket> SocketWithInode(const char* name,
+                                               const absl::flat_hash_set<uint64_t>& inodes) {
+  int fd = -1;
+  if (!absl::SimpleAtoi(name, &fd)) return std::nullopt;
+  const std::optional<uint64_t> inode = SocketInode(fd);
+  if (!inode.has_value() || !inodes.contains(*inode)) return std::nullopt;
+  return ListeningSocket{fd, *inode};
 }
 
 }  // namespace
@@ -119,20 +124,16 @@ absl::StatusOr<std::vector<ListeningSocket>> FindListeningSockets(int port) {
         absl::StrCat("cannot list /proc/self/fd: ", std::strerror(errno)));
   }
   while (const dirent* entry = ::readdir(dir)) {
-    uint64_t inode = 0;
-    const int fd = SocketWithInode(entry->d_name, inodes, &inode);
-    if (fd >= 0) found.push_back({fd, inode});
+    if (std::optional<ListeningSocket> s = SocketWithInode(entry->d_name, inodes)) {
+      found.push_back(*s);
+    }
   }
   ::closedir(dir);
   return found;
 }
 
 std::optional<uint32_t> AcceptQueueLength(const ListeningSocket& socket) {
-  struct stat st {};
-  if (::fstat(socket.fd, &st) != 0 || !S_ISSOCK(st.st_mode) ||
-      static_cast<uint64_t>(st.st_ino) != socket.inode) {
-    return std::nullopt;
-  }
+  if (SocketInode(socket.fd) != socket.inode) return std::nullopt;
   tcp_info info{};
   socklen_t len = sizeof(info);
   if (::getsockopt(socket.fd, IPPROTO_TCP, TCP_INFO, &info, &len) != 0 ||
