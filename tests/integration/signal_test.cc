@@ -2,12 +2,16 @@
 // checkpoints at the next step boundary and exits 75; `muster checkpoints
 // --verify` shows the committed checkpoint; restarted trainers resume from it
 // and finish.
+#include <fcntl.h>
 #include <signal.h>
+#include <stdio.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <array>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -107,8 +111,12 @@ TEST(SignalTest, AStopWhoseCheckpointFailsSaysSoAndWhereARestartResumes) {
   while (ReadText(dir + "/first0.log").find("step 60/") == std::string::npos && absl::Now() < end) {
     absl::SleepFor(absl::Milliseconds(50));
   }
-  ASSERT_EQ(std::system(("mv " + dir + "/ckpt " + dir + "/ckpt.away && touch " + dir + "/ckpt").c_str()),
-            0);
+  // One atomic exchange: a `mv` then a `touch` leaves a moment without
+  // `ckpt`, in which the trainer's next write makes it again as a directory.
+  const std::string ckpt = dir + "/ckpt", away = dir + "/ckpt.away";
+  { std::ofstream(away).put('x'); }
+  ASSERT_EQ(::renameat2(AT_FDCWD, ckpt.c_str(), AT_FDCWD, away.c_str(), RENAME_EXCHANGE), 0)
+      << std::strerror(errno);
   ASSERT_EQ(::kill(first[1], SIGUSR1), 0);
   EXPECT_EQ(WaitExit(first[0]), 74) << ReadText(dir + "/first0.log");
   EXPECT_EQ(WaitExit(first[1]), 74) << ReadText(dir + "/first1.log");
@@ -123,8 +131,9 @@ TEST(SignalTest, AStopWhoseCheckpointFailsSaysSoAndWhereARestartResumes) {
   EXPECT_NE(log0.find("its checkpoint did not commit"), std::string::npos) << log0;
   EXPECT_EQ(log0.find("after checkpointing"), std::string::npos) << log0;
 
-  ASSERT_EQ(std::system(("rm " + dir + "/ckpt && mv " + dir + "/ckpt.away " + dir + "/ckpt").c_str()),
-            0);
+  ASSERT_EQ(::renameat2(AT_FDCWD, ckpt.c_str(), AT_FDCWD, away.c_str(), RENAME_EXCHANGE), 0)
+      << std::strerror(errno);
+  ASSERT_EQ(::unlink(away.c_str()), 0) << std::strerror(errno);
   std::vector<pid_t> second = trainers("second");
   const std::string said = absl::StrCat("resumed from the checkpoint of step ", resumes, "\n");
   const absl::Time end2 = absl::Now() + absl::Seconds(90);
