@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
 """torchft's recovery, measured as `muster-bench recovery` measures muster's.
 
-Two replica groups of one process each (torchft's Manager, its
-DistributedDataParallel and Optimizer wrappers, Gloo across the groups)
-train the same MLP on synthetic batches with --compute-ms of extra work per
+Two replica groups of one process each (torchft's Manager and Optimizer
+wrapper, Gloo across the groups; the gradients through Manager.allreduce,
+or with --wrapper ddp through torchft's DistributedDataParallel) train the
+same MLP on synthetic batches with --compute-ms of extra work per
 step, against a Lighthouse in this process. In each trial one group is
 SIGKILLed at a random step and started again at once (as muster-agent
-restarts a trainer); group 0 logs every committed step with its wall time
-and the number of groups in its quorum. From that:
+restarts a trainer); group 0 logs every committed step with its time on
+the host's monotonic clock (the same in every process) and the number of
+groups in its quorum. From that:
 
   survivors_resume: from the kill to the first step committed in a quorum
                     formed after it (without the killed group, or with it
@@ -113,7 +115,7 @@ def replica(args):
                 if device.type == "cuda":
                     torch.cuda.synchronize()
                 # The quorum's id has no public accessor in torchft 0.2.
-                log.write(f"step {manager.current_step()} t {time.time():.6f} "
+                log.write(f"step {manager.current_step()} t {time.monotonic():.6f} "
                           f"participants {participants} quorum {manager._quorum_id}\n")
     checksum = sum(p.detach().double().abs().sum().item() for p in model.parameters())
     with open(args.log + ".params", "w") as f:
@@ -147,8 +149,8 @@ def trial(args, lighthouse, rng, workdir, n):
 
     procs = [start(0), start(1)]
     kill_at = rng.randint(args.steps // 4, args.steps // 2)
-    deadline = time.time() + args.trial_timeout
-    while time.time() < deadline:
+    deadline = time.monotonic() + args.trial_timeout
+    while time.monotonic() < deadline:
         s = read_steps(logs[0])
         if s and s[-1][0] >= kill_at and s[-1][2] == 2:
             break
@@ -156,12 +158,12 @@ def trial(args, lighthouse, rng, workdir, n):
     else:
         raise RuntimeError(f"trial {n}: step {kill_at} with both groups never came; "
                            f"group 0 logged {read_steps(logs[0])[-3:]}")
-    killed_at = time.time()
+    killed_at = time.monotonic()
     os.kill(procs[1].pid, signal.SIGKILL)
     procs[1].wait()
     procs[1] = start(1)
     for p in procs:
-        p.wait(timeout=max(1, deadline - time.time()))
+        p.wait(timeout=max(1, deadline - time.monotonic()))
     steps = read_steps(logs[0])
     last_quorum = max(q for _, t, _, q in steps if t <= killed_at)
     # A step of the quorum of the kill that commits after it was in flight
@@ -204,19 +206,18 @@ def main():
     rng = random.Random(args.seed)
     resumed, full, equal = [], [], 0
     workdir = tempfile.mkdtemp(prefix="torchft-recovery-")  # kept when a trial fails
-    if True:
-        for n in range(args.trials):
-            # A fresh lighthouse per trial, as muster-bench starts a fresh job.
-            lighthouse = LighthouseServer(bind="[::]:0", min_replicas=1, join_timeout_ms=100)
-            try:
-                r, f, same = trial(args, lighthouse.address(), rng, workdir, n)
-            finally:
-                lighthouse.shutdown()
-            resumed.append(r)
-            full.append(f)
-            equal += same
-            print(f"trial {n}: survivors_resume_s={r:.3f} full_world_s={f:.3f} "
-                  f"params_equal={int(same)}", flush=True)
+    for n in range(args.trials):
+        # A fresh lighthouse per trial, as muster-bench starts a fresh job.
+        lighthouse = LighthouseServer(bind="[::]:0", min_replicas=1, join_timeout_ms=100)
+        try:
+            r, f, same = trial(args, lighthouse.address(), rng, workdir, n)
+        finally:
+            lighthouse.shutdown()
+        resumed.append(r)
+        full.append(f)
+        equal += same
+        print(f"trial {n}: survivors_resume_s={r:.3f} full_world_s={f:.3f} "
+              f"params_equal={int(same)}", flush=True)
     shutil.rmtree(workdir)
     print(f"recovery system=torchft trials={args.trials} "
           f"survivors_resume_p50_s={statistics.median(resumed):.3f} "
