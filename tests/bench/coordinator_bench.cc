@@ -11,12 +11,13 @@
 // user and system, so that its share of the phase's wall time is its own
 // and not the simulated members', which run on the same cores)
 // rendezvous_s: from the last Join to every member holding its assignment
-// (min_members = N - 1, max_members = N, so the world forms once all N are
-// there). regroup_s (--regroup): one member is killed (its session broken,
+// (min_members = N - R for --regroups R, 1 by default; max_members = N,
+// so the world forms once all N are there). regroup_s (--regroup): one member is killed (its session broken,
 // or detached by its node session); from then to every survivor holding
 // its assignment in the new world (with --deltas, the default, the
 // survivors' answer is the regroup's delta, which a member applies to the
-// world it holds in O(its node); the simulated members count it received).
+// world it holds in O(its node); the simulated members count it received);
+// with --regroups R, the median of R such regroups one after another.
 // "-" when not measured. With
 // --state-sync-delay and --churn-per-second the heartbeats are measured
 // while the coordinator writes events to a slow disk. With --api-requests R
@@ -69,6 +70,10 @@ ABSL_FLAG(int, channels, 8, "client connections the sessions share");
 ABSL_FLAG(bool, rendezvous, true, "also measure the rendezvous of all members");
 ABSL_FLAG(bool, regroup, false,
           "after the heartbeat window, kill one member and measure the regroup");
+ABSL_FLAG(int, regroups, 1,
+          "--regroup: regroups timed one after another, 2.5 s apart, each killing the last "
+          "member of the next node session from the end; regroup_s and regroup_cpu_s are "
+          "their medians");
 ABSL_FLAG(bool, call_when_heard, true,
           "--regroup: each node session calls Rendezvous for its survivors as soon as "
           "the regroup reaches it, as muster-agent relays its trainers' calls; false: "
@@ -113,7 +118,8 @@ class Samples {
 // The members' Rendezvous calls of one round: counts answers, and those
 // that did not assign the expected world size.
 struct RendezvousRound {
-  RendezvousRound(int count, uint32_t size) : count(count), size(size) {}
+  RendezvousRound(int count, uint32_t size, uint64_t after = 1)
+      : count(count), size(size), after(after) {}
   void Answered(bool ok, uint32_t world_size) {
     if (!ok || world_size != size) ++failed;
     if (++answered == count) all.Notify();
@@ -135,6 +141,7 @@ struct RendezvousRound {
   }
   const int count;
   const uint32_t size;
+  const uint64_t after;  // the generation the members held before it
   std::atomic<int> answered{0}, failed{0};
   absl::Notification all;
 };
@@ -508,7 +515,7 @@ class CoordinatorBench {
     std::vector<std::string> args = {
         SelfDir() + "/muster-coordinator", "--listen=" + target,
         "--state-dir=" + dir_ + "/state", "--token-file=" + token_file,
-        absl::StrCat("--min-members=", std::max(1, n_ - 1)),
+        absl::StrCat("--min-members=", std::max(1, n_ - absl::GetFlag(FLAGS_regroups))),
         absl::StrCat("--max-members=", n_), "--last-call=600s", "--heartbeat-timeout=60s",
         "--join-timeout=600s",
         "--state-sync-delay=" + absl::FormatDuration(absl::GetFlag(FLAGS_state_sync_delay)),
@@ -632,20 +639,29 @@ class CoordinatorBench {
   }
   uint32_t interval_ms() const { return interval_ms_; }
 
-  // Kills the last member and times the survivors' regroup. With
-  // --call_when_heard (the default) a node session calls Rendezvous for its
-  // survivors as soon as the regroup reaches it, as muster-agent relays its
-  // trainers' calls; without it every survivor calls once all have heard.
-  absl::StatusOr<double> Regroup() {
-    const int victim = n_ - 1;
+  // Kills the last member of the k-th session from the end (k = 0, 1, ...
+  // in turn) and times the survivors' regroup, the k+1-th since the first
+  // world. With --call_when_heard (the default) a node session calls
+  // Rendezvous for its survivors as soon as the regroup reaches it, as
+  // muster-agent relays its trainers' calls; without it every survivor
+  // calls once all have heard.
+  absl::StatusOr<double> Regroup(int k) {
+    SimSession* session = sessions_[sessions_.size() - 1 - k].get();
+    const int victim = std::min(n_, (static_cast<int>(sessions_.size()) - k) * per_node_) - 1;
+    const int survivors_left = n_ - 1 - k;
+    const uint64_t after = 1 + static_cast<uint64_t>(k);
+    {
+      absl::MutexLock lock(&regroup_mu_);
+      killed_.push_back(victim);
+    }
     const absl::Time start = absl::Now();
     if (absl::GetFlag(FLAGS_call_when_heard) && per_node_ > 1) {
-      RendezvousRound round(n_ - 1, n_ - 1);
+      RendezvousRound round(survivors_left, survivors_left, after);
       {
         absl::MutexLock lock(&regroup_mu_);
         round_ = &round;
       }
-      sessions_.back()->Kill(victim);
+      session->Kill(victim);
       absl::StatusOr<double> secs = round.Wait(start, absl::Seconds(120));
       absl::MutexLock lock(&regroup_mu_);
       round_ = nullptr;
@@ -656,19 +672,20 @@ class CoordinatorBench {
       regrouped_.clear();
       regrouping_ = true;
     }
-    sessions_.back()->Kill(victim);
+    session->Kill(victim);
     std::vector<int> survivors;
     {
       absl::MutexLock lock(&regroup_mu_);
-      auto all_heard = [this] { return regrouped_.size() >= static_cast<size_t>(n_ - 1); };
+      auto all_heard = [&] { return regrouped_.size() >= static_cast<size_t>(survivors_left); };
       if (!regroup_mu_.AwaitWithTimeout(absl::Condition(&all_heard), absl::Seconds(120))) {
-        return absl::DeadlineExceededError(absl::StrCat(
-            "only ", regrouped_.size(), " of ", n_ - 1, " survivors heard of the regroup"));
+        return absl::DeadlineExceededError(absl::StrCat("only ", regrouped_.size(), " of ",
+                                                        survivors_left,
+                                                        " survivors heard of the regroup"));
       }
       survivors = regrouped_;
       regrouping_ = false;
     }
-    return RendezvousAll(survivors, 1, n_ - 1, start);
+    return RendezvousAll(survivors, after, survivors_left, start);
   }
 
   // Times `n` GET /api/status in a row (milliseconds each, to the last
@@ -703,10 +720,15 @@ class CoordinatorBench {
   std::string Node(int i) const { return absl::StrCat("node", i / per_node_); }
 
   void OnRegroup(SimSession* session, std::vector<int> heard) {
-    heard.erase(std::remove(heard.begin(), heard.end(), n_ - 1), heard.end());
     absl::MutexLock lock(&regroup_mu_);
+    heard.erase(std::remove_if(heard.begin(), heard.end(),
+                               [this](int i) {
+                                 return std::find(killed_.begin(), killed_.end(), i) !=
+                                        killed_.end();
+                               }),
+                heard.end());
     if (round_ != nullptr && !heard.empty()) {
-      session->Rendezvous(heard, 1, round_);
+      session->Rendezvous(heard, round_->after, round_);
       return;
     }
     if (regrouping_) regrouped_.insert(regrouped_.end(), heard.begin(), heard.end());
@@ -729,6 +751,7 @@ class CoordinatorBench {
   // --call_when_heard: the survivors' round while a regroup is timed.
   RendezvousRound* round_ ABSL_GUARDED_BY(regroup_mu_) = nullptr;
   std::vector<int> regrouped_ ABSL_GUARDED_BY(regroup_mu_);
+  std::vector<int> killed_ ABSL_GUARDED_BY(regroup_mu_);  // the members killed so far
 };
 
 std::string Seconds(const absl::StatusOr<double>& s) {
@@ -793,11 +816,32 @@ int RunCoordinatorBench() {
 
   absl::StatusOr<double> regroup = absl::UnavailableError("skipped");
   absl::StatusOr<double> regroup_cpu = absl::UnavailableError("skipped");
+  const int regroups = absl::GetFlag(FLAGS_regroups);
   if (absl::GetFlag(FLAGS_regroup)) {
-    const double before = ProcessCpuSeconds(bench.coordinator());
-    regroup = bench.Regroup();
-    if (!regroup.ok()) return fail(regroup.status());
-    regroup_cpu = ProcessCpuSeconds(bench.coordinator()) - before;
+    if (regroups < 1 || regroups >= bench.sessions()) {
+      std::cerr << "muster-bench coordinator: --regroups must be at least 1 and fewer than "
+                   "the sessions ("
+                << bench.sessions() << ")\n";
+      return 2;
+    }
+    std::vector<double> walls, cpus;
+    for (int k = 0; k < regroups; ++k) {
+      if (k > 0) bench.Beat(absl::Milliseconds(2500));
+      const double before = ProcessCpuSeconds(bench.coordinator());
+      absl::StatusOr<double> one = bench.Regroup(k);
+      if (!one.ok()) return fail(one.status());
+      cpus.push_back(ProcessCpuSeconds(bench.coordinator()) - before);
+      walls.push_back(*one);
+    }
+    if (regroups > 1) {
+      std::cerr << "regroups:";
+      for (int k = 0; k < regroups; ++k) {
+        std::cerr << absl::StrFormat(" %.3f (%.3f)", walls[k], cpus[k]);
+      }
+      std::cerr << "\n";
+    }
+    regroup = Percentile(walls, 50);
+    regroup_cpu = Percentile(cpus, 50);
   }
   std::cout << absl::StrFormat(
                    "coordinator members=%d sessions=%d hb_p50_ms=%.2f hb_p99_ms=%.2f "

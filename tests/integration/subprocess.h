@@ -8,6 +8,7 @@
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -87,8 +88,15 @@ inline int Occurrences(const std::string& s, const std::string& text) {
   return n;
 }
 
-// User + system CPU seconds the process has used, from /proc.
+// User + system CPU seconds the process has used: its CPU-time clock (to the
+// nanosecond, threads that ended included), or /proc's ticks where that
+// clock cannot be read.
 inline double ProcessCpuSeconds(pid_t pid) {
+  clockid_t clock;
+  timespec ts;
+  if (::clock_getcpuclockid(pid, &clock) == 0 && ::clock_gettime(clock, &ts) == 0) {
+    return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+  }
   const std::string content = ReadText("/proc/" + std::to_string(pid) + "/stat");
   // Fields after the command name (which may hold spaces) start after ')'.
   const size_t close = content.rfind(')');
