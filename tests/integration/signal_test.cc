@@ -27,6 +27,12 @@ namespace {
 
 const std::string kBin = MUSTER_BIN_DIR;
 
+// Swaps the paths `a` and `b` in one step (renameat2's RENAME_EXCHANGE): at
+// no moment is either missing.
+bool Exchange(const std::string& a, const std::string& b) {
+  return ::renameat2(AT_FDCWD, a.c_str(), AT_FDCWD, b.c_str(), RENAME_EXCHANGE) == 0;
+}
+
 // A coordinator for two trainers on `target`, its state and log in `dir`.
 pid_t TwoMemberCoordinator(const std::string& dir, const std::string& target) {
   return SpawnLogged({kBin + "/muster-coordinator", "--listen=" + target, "--no-auth",
@@ -56,13 +62,14 @@ TEST(SignalTest, Sigusr1CheckpointsStopsAndTheNextStartResumes) {
   const std::string dir = ::testing::TempDir() + "/signal" + std::to_string(::getpid());
   std::system(("rm -rf " + dir + " && mkdir -p " + dir).c_str());
   const std::string target = absl::StrCat("127.0.0.1:", FreeLoopbackPort());
-  const pid_t coordinator = TwoMemberCoordinator(dir, target);
+  KillOnExit left;
+  const pid_t coordinator = left.Add(TwoMemberCoordinator(dir, target));
   auto trainers = [&](const std::string& tag) {
     return TwoTrainers(dir, target, tag,
                        {"--model=mlp", "--steps=300", "--batch-size=32", "--checkpoint-every=1000",
                         absl::StrCat("--job=sig", ::getpid())});
   };
-  std::vector<pid_t> first = trainers("first");
+  std::vector<pid_t> first = left.Add(trainers("first"));
   // Wait until rank 0 trains, then warn one trainer.
   const absl::Time end = absl::Now() + absl::Seconds(60);
   while (ReadText(dir + "/first0.log").find("step 20/") == std::string::npos && absl::Now() < end) {
@@ -81,7 +88,7 @@ TEST(SignalTest, Sigusr1CheckpointsStopsAndTheNextStartResumes) {
   EXPECT_NE(listing.find("committed"), std::string::npos) << listing;
   EXPECT_NE(listing.find("ok   step"), std::string::npos) << listing;
 
-  std::vector<pid_t> second = trainers("second");
+  std::vector<pid_t> second = left.Add(trainers("second"));
   EXPECT_EQ(WaitExit(second[0]), 0) << ReadText(dir + "/second0.log");
   EXPECT_EQ(WaitExit(second[1]), 0) << ReadText(dir + "/second1.log");
   const std::string log = ReadText(dir + "/second0.log");
@@ -100,13 +107,14 @@ TEST(SignalTest, AStopWhoseCheckpointFailsSaysSoAndWhereARestartResumes) {
   const std::string dir = ::testing::TempDir() + "/stopfail" + std::to_string(::getpid());
   std::system(("rm -rf " + dir + " && mkdir -p " + dir).c_str());
   const std::string target = absl::StrCat("127.0.0.1:", FreeLoopbackPort());
-  const pid_t coordinator = TwoMemberCoordinator(dir, target);
+  KillOnExit left;
+  const pid_t coordinator = left.Add(TwoMemberCoordinator(dir, target));
   auto trainers = [&](const std::string& tag) {
     return TwoTrainers(dir, target, tag,
                        {"--model=mlp", "--dataset=synthetic", "--steps=100000", "--batch-size=16",
                         "--checkpoint-every=20", absl::StrCat("--job=sf", ::getpid())});
   };
-  std::vector<pid_t> first = trainers("first");
+  std::vector<pid_t> first = left.Add(trainers("first"));
   const absl::Time end = absl::Now() + absl::Seconds(90);
   while (ReadText(dir + "/first0.log").find("step 60/") == std::string::npos && absl::Now() < end) {
     absl::SleepFor(absl::Milliseconds(50));
@@ -115,8 +123,7 @@ TEST(SignalTest, AStopWhoseCheckpointFailsSaysSoAndWhereARestartResumes) {
   // `ckpt`, in which the trainer's next write makes it again as a directory.
   const std::string ckpt = dir + "/ckpt", away = dir + "/ckpt.away";
   { std::ofstream(away).put('x'); }
-  ASSERT_EQ(::renameat2(AT_FDCWD, ckpt.c_str(), AT_FDCWD, away.c_str(), RENAME_EXCHANGE), 0)
-      << std::strerror(errno);
+  ASSERT_TRUE(Exchange(ckpt, away)) << std::strerror(errno);
   ASSERT_EQ(::kill(first[1], SIGUSR1), 0);
   EXPECT_EQ(WaitExit(first[0]), 74) << ReadText(dir + "/first0.log");
   EXPECT_EQ(WaitExit(first[1]), 74) << ReadText(dir + "/first1.log");
@@ -131,10 +138,9 @@ TEST(SignalTest, AStopWhoseCheckpointFailsSaysSoAndWhereARestartResumes) {
   EXPECT_NE(log0.find("its checkpoint did not commit"), std::string::npos) << log0;
   EXPECT_EQ(log0.find("after checkpointing"), std::string::npos) << log0;
 
-  ASSERT_EQ(::renameat2(AT_FDCWD, ckpt.c_str(), AT_FDCWD, away.c_str(), RENAME_EXCHANGE), 0)
-      << std::strerror(errno);
+  ASSERT_TRUE(Exchange(ckpt, away)) << std::strerror(errno);
   ASSERT_EQ(::unlink(away.c_str()), 0) << std::strerror(errno);
-  std::vector<pid_t> second = trainers("second");
+  std::vector<pid_t> second = left.Add(trainers("second"));
   const std::string said = absl::StrCat("resumed from the checkpoint of step ", resumes, "\n");
   const absl::Time end2 = absl::Now() + absl::Seconds(90);
   while (ReadText(dir + "/second0.log").find("resumed from") == std::string::npos &&
@@ -162,19 +168,18 @@ TEST(SignalTest, KillDuringACheckpointWriteNeverCommitsIt) {
   std::system(("rm -rf " + dir + " && mkdir -p " + dir).c_str());
   const int port = FreeLoopbackPort();
   const std::string target = absl::StrCat("127.0.0.1:", port);
-  const pid_t coordinator = SpawnLogged({kBin + "/muster-coordinator", "--listen=" + target,
-                                         "--no-auth", "--state-dir=" + dir + "/state",
-                                         "--min-members=2", "--max-members=2"},
-                                        dir + "/coordinator.log");
+  KillOnExit left;
+  const pid_t coordinator = left.Add(TwoMemberCoordinator(dir, target));
   std::vector<pid_t> pids;
   for (int i = 0; i < 2; ++i) {
     // ResNet-18's 11M parameters and momentum make a ~90 MB checkpoint.
-    pids.push_back(SpawnLogged({kBin + "/muster-train", "--coordinator=" + target, "--node-id=n",
-                                absl::StrCat("--local-rank=", i), "--model=resnet18",
-                                "--dataset=synthetic", "--synthetic-size=8", "--steps=1000",
-                                "--batch-size=4", "--threads=1", "--checkpoint-dir=" + dir + "/ckpt",
-                                "--checkpoint-every=2", absl::StrCat("--job=kw", ::getpid())},
-                               absl::StrCat(dir, "/t", i, ".log")));
+    const std::vector<std::string> argv = {
+        kBin + "/muster-train", "--coordinator=" + target, "--node-id=n",
+        absl::StrCat("--local-rank=", i), "--model=resnet18", "--dataset=synthetic",
+        "--synthetic-size=8", "--steps=1000", "--batch-size=4", "--threads=1",
+        "--checkpoint-dir=" + dir + "/ckpt", "--checkpoint-every=2",
+        absl::StrCat("--job=kw", ::getpid())};
+    pids.push_back(left.Add(SpawnLogged(argv, absl::StrCat(dir, "/t", i, ".log"))));
   }
   // Wait for a committed checkpoint, then for the next one to be mid-write.
   const absl::Time end = absl::Now() + absl::Seconds(120);

@@ -5,6 +5,7 @@
 #define MUSTER_TESTS_INTEGRATION_SUBPROCESS_H_
 
 #include <netinet/in.h>
+#include <signal.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -132,6 +133,35 @@ inline int WaitExit(pid_t pid) {
   ::waitpid(pid, &status, 0);
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
+
+// Ends the processes it holds when it goes out of scope: each that is still
+// a running child of this process is killed (SIGKILL) and reaped, so a test
+// that returns early on a failed ASSERT leaves no coordinator or trainer
+// behind. One already waited for is skipped (waitpid no longer names it).
+class KillOnExit {
+ public:
+  KillOnExit() = default;
+  KillOnExit(const KillOnExit&) = delete;
+  KillOnExit& operator=(const KillOnExit&) = delete;
+  ~KillOnExit() {
+    for (pid_t pid : pids_) {
+      if (::waitpid(pid, nullptr, WNOHANG) != 0) continue;  // ended, or not ours
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, nullptr, 0);
+    }
+  }
+  pid_t Add(pid_t pid) {
+    pids_.push_back(pid);
+    return pid;
+  }
+  const std::vector<pid_t>& Add(const std::vector<pid_t>& pids) {
+    pids_.insert(pids_.end(), pids.begin(), pids.end());
+    return pids;
+  }
+
+ private:
+  std::vector<pid_t> pids_;
+};
 
 // Runs `command` with sh, stderr into stdout: its output, and its exit code
 // in `*code` (-1 if it did not exit).
