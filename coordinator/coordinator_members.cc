@@ -89,8 +89,13 @@ absl::StatusOr<uint64_t> Coordinator::OpenSession(const MemberKey& key,
 }
 
 absl::StatusOr<MemberInfo*> Coordinator::LiveMember(const MemberKey& key) {
-  if (membership_.Find(key.id) == nullptr) ReattachFromWorld(key, "");
-  return membership_.Live(key);
+  // One lookup by id in the common case: a second only for a member of the
+  // world reattached after a restart.
+  absl::StatusOr<MemberInfo*> live = membership_.Live(key);
+  if (absl::IsNotFound(live.status()) && ReattachFromWorld(key, "")) {
+    return membership_.Live(key);
+  }
+  return live;
 }
 
 bool Coordinator::ReattachFromWorld(const MemberKey& key, const std::string& node) {

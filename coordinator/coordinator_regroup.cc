@@ -76,7 +76,7 @@ void Coordinator::RendezvousLocked(RendezvousCall call, Actions* actions) {
   info->step = step;
   const absl::Duration wait = std::min(CapWait(timeout), options_.rules.join_timeout);
   const World& world = gen_.world();
-  const int rank = world.RankOf(key.id);
+  const int rank = world.RankOf(key.id, info->seat);
   const bool in_newer_world = gen_.world_live() && world.generation > after_generation &&
                               rank >= 0 &&
                               world.members[rank].member.incarnation == key.incarnation;
