@@ -38,7 +38,7 @@ int main(int argc, char** argv) {
   muster::ListOwnFlagsInHelp();
   absl::SetProgramUsageMessage(
       "muster-bench WHAT [flags]: one line of figures per case. WHAT is one of\n"
-      "  coordinator --members N [--per-node K] --seconds S [--regroup] [--channels C] [--state-sync-delay D]\n"
+      "  coordinator --members N [--per-node K] --seconds S [--regroup [--regroups R]] [--channels C] [--state-sync-delay D]\n"
       "  allreduce --world W --nodes M --backend gloo|shm|hier|nccl --sizes 4K,1M [--device cuda]\n"
       "            [--gradient-compression none|bf16|fp16]\n"
       "  train --model mlp|cnn --world W --nodes M --steps N [--gradient-compression bf16]\n"

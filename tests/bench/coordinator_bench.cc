@@ -66,7 +66,10 @@ ABSL_FLAG(bool, grouped, true,
           "(NodeHello.grouped), as muster-agent does; false: one per member");
 ABSL_FLAG(int, max_heartbeat_rate, -1,
           "the coordinator's --max-heartbeat-rate (-1: its default; 0: no bound)");
-ABSL_FLAG(int, channels, 8, "client connections the sessions share");
+ABSL_FLAG(int, channels, 8,
+          "client connections the sessions share: 8, many node streams on each connection "
+          "as through a relay; as many as the sessions, one connection per node as "
+          "muster-agents connect (docs/scale.md, \"One connection per node\")");
 ABSL_FLAG(bool, rendezvous, true, "also measure the rendezvous of all members");
 ABSL_FLAG(bool, regroup, false,
           "after the heartbeat window, kill one member and measure the regroup");
@@ -847,11 +850,12 @@ int RunCoordinatorBench() {
                    "coordinator members=%d sessions=%d hb_p50_ms=%.2f hb_p99_ms=%.2f "
                    "rendezvous_s=%s regroup_s=%s rss_mb=%.1f cpu_pct=%.1f "
                    "fsync_delay_ms=%.0f churn_per_s=%d rendezvous_cpu_s=%s regroup_cpu_s=%s "
-                   "hb_interval_ms=%u",
+                   "hb_interval_ms=%u channels=%d",
                    n, bench.sessions(), p50, p99, Seconds(rendezvous), Seconds(regroup), rss,
                    cpu_pct, absl::ToDoubleMilliseconds(absl::GetFlag(FLAGS_state_sync_delay)),
                    absl::GetFlag(FLAGS_churn_per_second), Seconds(rendezvous_cpu),
-                   Seconds(regroup_cpu), bench.interval_ms())
+                   Seconds(regroup_cpu), bench.interval_ms(),
+                   std::max(1, absl::GetFlag(FLAGS_channels)))
             << (api.ok() ? absl::StrFormat(" api_p50_ms=%.2f api_p99_ms=%.2f",
                                            Percentile(*api, 50), Percentile(*api, 99))
                          : std::string())
