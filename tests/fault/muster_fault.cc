@@ -76,6 +76,15 @@ struct Trial {
   double served_s = -1;  // fd-flood: from the flood's end to the first served call
 };
 
+// kill(2) for a trainer's pid read from its agent's log. A pid the log did
+// not name (-1) is never signalled: kill(-1, sig) reaches every process
+// this one may signal.
+bool SignalPid(pid_t pid, int sig) { return pid > 0 && ::kill(pid, sig) == 0; }
+
+Trial NoPid(int node, int slot) {
+  return {false, 0, 0, 0, absl::StrCat("agent", node, ".log names no live trainer ", slot)};
+}
+
 struct Context {
   int index;
   std::mt19937_64* rng;
@@ -169,7 +178,7 @@ Trial KillTrainer(Context& c, bool zero_lost, int spares) {
   const auto [node, slot] = victim;
   Judge j;
   j.fault_time = UnixNow();
-  ::kill(job.TrainerPid(node, slot), SIGKILL);
+  if (!SignalPid(job.TrainerPid(node, slot), SIGKILL)) return NoPid(node, slot);
   j.explained_by = zero_lost ? "step [0-9]+ salvaged in generation"
                              : absl::StrCat("member node", node, "/", slot, " failed");
   if (zero_lost) j.max_lost_steps = 0;
@@ -208,7 +217,7 @@ Trial HangTrainer(Context& c) {
   const pid_t pid = job.TrainerPid(node, slot);
   Judge j;
   j.fault_time = UnixNow();
-  ::kill(pid, SIGSTOP);
+  if (!SignalPid(pid, SIGSTOP)) return NoPid(node, slot);
   // Past its agent's 1 s stopped limit and the 2 s heartbeat timeout.
   absl::SleepFor(absl::Milliseconds(c.Uniform(2500, 4000)));
   ::kill(pid, SIGCONT);
@@ -309,7 +318,7 @@ Trial FailoverStale(Context& c) {
   o.extra_coordinator_flags = {"--heartbeat-interval=1s", "--heartbeat-timeout=5s"};
   o.extra_train_flags = TrainFlags();
   return TakeOverFromAFrozenHolder(
-      c, o, [&c](FaultJob& job) { ::kill(job.TrainerPid(1, c.Uniform(0, 1)), SIGKILL); },
+      c, o, [&c](FaultJob& job) { SignalPid(job.TrainerPid(1, c.Uniform(0, 1)), SIGKILL); },
       {0, 300});
 }
 
@@ -323,7 +332,7 @@ Trial KillDuringCheckpoint(Context& c) {
   if (!WaitForCheckpointWrite(job, at, 40)) return {false, 0, 0, 0, "no checkpoint write caught"};
   Judge j;
   j.fault_time = UnixNow();
-  ::kill(pid, SIGKILL);
+  if (!SignalPid(pid, SIGKILL)) return NoPid(node, slot);
   j.explained_by = absl::StrCat("member node", node, "/", slot, " failed");
   return Finish(job, j);
 }
@@ -339,7 +348,7 @@ Trial CorruptCheckpoint(Context& c) {
   for (int n = 0; n < 2; ++n) {
     for (int s = 0; s < 2; ++s) pids.push_back(job.TrainerPid(n, s));
   }
-  for (pid_t p : pids) ::kill(p, SIGSTOP);
+  for (pid_t p : pids) SignalPid(p, SIGSTOP);
   std::vector<std::string> files;
   const int64_t step = job.NewestCommitted(&files);
   if (step < 0) return {false, 0, 0, 0, "no committed checkpoint to damage"};
