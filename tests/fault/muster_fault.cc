@@ -346,9 +346,12 @@ Trial CorruptCheckpoint(Context& c) {
   // previous checkpoint.
   std::vector<pid_t> pids;
   for (int n = 0; n < 2; ++n) {
-    for (int s = 0; s < 2; ++s) pids.push_back(job.TrainerPid(n, s));
+    for (int s = 0; s < 2; ++s) {
+      pids.push_back(job.TrainerPid(n, s));
+      if (pids.back() <= 0) return NoPid(n, s);  // kill(-1, ...) below would reach all
+    }
   }
-  for (pid_t p : pids) SignalPid(p, SIGSTOP);
+  for (pid_t p : pids) ::kill(p, SIGSTOP);
   std::vector<std::string> files;
   const int64_t step = job.NewestCommitted(&files);
   if (step < 0) return {false, 0, 0, 0, "no committed checkpoint to damage"};
