@@ -12,8 +12,9 @@
 // and not the simulated members', which run on the same cores)
 // rendezvous_s: from the last Join to every member holding its assignment
 // (min_members = N - R for --regroups R, 1 by default; max_members = N,
-// so the world forms once all N are there). regroup_s (--regroup): one member is killed (its session broken,
-// or detached by its node session); from then to every survivor holding
+// so the world forms once all N are there). regroup_s (--regroup): one
+// member is killed (its session broken, or detached by its node session);
+// from then to every survivor holding
 // its assignment in the new world (with --deltas, the default, the
 // survivors' answer is the regroup's delta, which a member applies to the
 // world it holds in O(its node); the simulated members count it received);
@@ -763,6 +764,32 @@ std::string Seconds(const absl::StatusOr<double>& s) {
 
 }  // namespace
 
+// Times `regroups` regroups one after another, 2.5 s of heartbeats apart:
+// the medians of their wall and coordinator CPU seconds, each regroup's on
+// stderr when there are several.
+absl::Status TimeRegroups(CoordinatorBench& bench, int regroups, absl::StatusOr<double>* wall,
+                          absl::StatusOr<double>* cpu) {
+  std::vector<double> walls, cpus;
+  for (int k = 0; k < regroups; ++k) {
+    if (k > 0) bench.Beat(absl::Milliseconds(2500));
+    const double before = ProcessCpuSeconds(bench.coordinator());
+    absl::StatusOr<double> one = bench.Regroup(k);
+    if (!one.ok()) return one.status();
+    cpus.push_back(ProcessCpuSeconds(bench.coordinator()) - before);
+    walls.push_back(*one);
+  }
+  if (regroups > 1) {
+    std::cerr << "regroups:";
+    for (int k = 0; k < regroups; ++k) {
+      std::cerr << absl::StrFormat(" %.3f (%.3f)", walls[k], cpus[k]);
+    }
+    std::cerr << "\n";
+  }
+  *wall = Percentile(walls, 50);
+  *cpu = Percentile(cpus, 50);
+  return absl::OkStatus();
+}
+
 int RunCoordinatorBench() {
   const int n = absl::GetFlag(FLAGS_members);
   const int per_node = absl::GetFlag(FLAGS_per_node);
@@ -770,6 +797,14 @@ int RunCoordinatorBench() {
   if (n < 2 || seconds <= 0 || per_node < 1) {
     std::cerr << "muster-bench coordinator: --members must be at least 2, --seconds and "
                  "--per-node positive\n";
+    return 2;
+  }
+  // Each regroup kills a member of another session; some member survives.
+  const int sessions = (n + per_node - 1) / per_node;
+  const int regroups = absl::GetFlag(FLAGS_regroups);
+  if (absl::GetFlag(FLAGS_regroup) && (regroups < 1 || regroups > sessions || regroups >= n)) {
+    std::cerr << "muster-bench coordinator: --regroups must be at least 1, at most the sessions ("
+              << sessions << ") and fewer than the members\n";
     return 2;
   }
   // As muster-coordinator does: Debian's Abseil checks every Mutex for
@@ -819,32 +854,10 @@ int RunCoordinatorBench() {
 
   absl::StatusOr<double> regroup = absl::UnavailableError("skipped");
   absl::StatusOr<double> regroup_cpu = absl::UnavailableError("skipped");
-  const int regroups = absl::GetFlag(FLAGS_regroups);
   if (absl::GetFlag(FLAGS_regroup)) {
-    if (regroups < 1 || regroups >= bench.sessions()) {
-      std::cerr << "muster-bench coordinator: --regroups must be at least 1 and fewer than "
-                   "the sessions ("
-                << bench.sessions() << ")\n";
-      return 2;
+    if (absl::Status s = TimeRegroups(bench, regroups, &regroup, &regroup_cpu); !s.ok()) {
+      return fail(s);
     }
-    std::vector<double> walls, cpus;
-    for (int k = 0; k < regroups; ++k) {
-      if (k > 0) bench.Beat(absl::Milliseconds(2500));
-      const double before = ProcessCpuSeconds(bench.coordinator());
-      absl::StatusOr<double> one = bench.Regroup(k);
-      if (!one.ok()) return fail(one.status());
-      cpus.push_back(ProcessCpuSeconds(bench.coordinator()) - before);
-      walls.push_back(*one);
-    }
-    if (regroups > 1) {
-      std::cerr << "regroups:";
-      for (int k = 0; k < regroups; ++k) {
-        std::cerr << absl::StrFormat(" %.3f (%.3f)", walls[k], cpus[k]);
-      }
-      std::cerr << "\n";
-    }
-    regroup = Percentile(walls, 50);
-    regroup_cpu = Percentile(cpus, 50);
   }
   std::cout << absl::StrFormat(
                    "coordinator members=%d sessions=%d hb_p50_ms=%.2f hb_p99_ms=%.2f "
