@@ -12,6 +12,8 @@
 
 #include "absl/time/clock.h"
 #include "tests/integration/comm_world.h"
+#include "trainer/comm/forwarding.h"
+#include "trainer/comm/single_rank.h"
 #include "trainer/ddp/device_comm.h"
 #include "trainer/elastic/state_sync.h"
 
@@ -74,6 +76,33 @@ TEST(BroadcastTensorsTest, EveryDtypeArrivesBitForBit) {
       EXPECT_TRUE(torch::equal(mine[i], want[i])) << "rank " << rank << " dtype " << dtypes[i];
     }
   }).ok());
+}
+
+// A world of one broadcasts nothing: its tensors already hold the root's
+// bytes, so the communicator is not called (on the GPU a call made the host
+// wait for the step's kernels before every optimizer step). A root that is
+// not a rank is still refused by the communicator.
+TEST(BroadcastTensorsTest, AWorldOfOneCallsNoCollective) {
+  class Counting : public ForwardingCommunicator {
+   public:
+    using ForwardingCommunicator::ForwardingCommunicator;
+    absl::Status Broadcast(void* data, size_t count, DataType type, int root,
+                           absl::Time deadline) override {
+      ++broadcasts;
+      return ForwardingCommunicator::Broadcast(data, count, type, root, deadline);
+    }
+    int broadcasts = 0;
+  };
+  Counting comm(NewSingleRankCommunicator(MemorySpace::Host()));
+  std::vector<torch::Tensor> tensors = {torch::arange(5, torch::kFloat32),
+                                        torch::full({3}, 7, torch::kInt64)};
+  const std::vector<torch::Tensor> before = {tensors[0].clone(), tensors[1].clone()};
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  ASSERT_TRUE(BroadcastTensors(tensors, &comm, /*root=*/0, deadline).ok());
+  EXPECT_EQ(comm.broadcasts, 0);
+  EXPECT_TRUE(torch::equal(tensors[0], before[0]));
+  EXPECT_TRUE(torch::equal(tensors[1], before[1]));
+  EXPECT_TRUE(absl::IsInvalidArgument(BroadcastTensors(tensors, &comm, /*root=*/1, deadline)));
 }
 
 // When the ranks' state differs after a transfer, the error names the

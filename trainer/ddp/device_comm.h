@@ -42,7 +42,8 @@ absl::Status AllReduceGradientTensor(Communicator* comm, const torch::Tensor& te
 // `keep_equal`: a tensor that already holds root's bytes is not written,
 // so its autograd version stays (a graph the program built before a state
 // transfer between the passes of a step stays usable); that costs one
-// comparison per tensor and one device synchronisation.
+// comparison per tensor and one device synchronisation. On a communicator
+// of one rank nothing is copied and the communicator is not called.
 absl::Status BroadcastTensors(const std::vector<torch::Tensor>& tensors, Communicator* comm,
                               int root, absl::Time deadline, bool keep_equal = false);
 
