@@ -15,6 +15,9 @@ set -euo pipefail
 bin=$1 model=$2 data=$3 world=$4
 batch=${BATCH:-64}
 steps=${STEPS:-60}
+# the steps both sides leave out of the median (muster-train: the first 20
+# of more than 40)
+warmup=$((steps > 40 ? 20 : 0))
 here=$(cd "$(dirname "$0")" && pwd)
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
@@ -60,7 +63,7 @@ if [[ -n ${PYTORCH_STEP_MS:-} ]]; then  # measured by an earlier run of the same
   pytorch_ms=$PYTORCH_STEP_MS
 else
   line=$(python3 "$here/pytorch_step.py" --model "$model" "${py_flags[@]}" --batch "$batch" \
-    --steps "$steps" --world "$world")
+    --steps "$steps" --warmup "$warmup" --world "$world")
   pytorch_ms=${line##*step_ms_p50=}
 fi
 ratio=$(python3 -c "print(f'{$muster_ms / $pytorch_ms:.3f}')")

@@ -242,14 +242,13 @@ absl::StatusOr<TrainResult> RunTraining(const TrainOptions& o) {
   }
   Summarize(*model, *dist, elapsed, first_step, &result);
   if (!step_ms.empty()) {
-    // The mean of the steady state: the first steps warm up caches, the
-    // allocator and the libraries' kernel choices.
+    // The mean and median of the steady state: the first steps warm up
+    // caches, the allocator and the libraries' kernel choices.
     const size_t warm = step_ms.size() > 40 ? 20 : 0;
-    for (size_t i = warm; i < step_ms.size(); ++i) {
-      result.step_ms_mean += step_ms[i] / static_cast<double>(step_ms.size() - warm);
-    }
-    std::sort(step_ms.begin(), step_ms.end());
-    result.step_ms_p50 = step_ms[step_ms.size() / 2];
+    std::vector<double> steady(step_ms.begin() + static_cast<ptrdiff_t>(warm), step_ms.end());
+    for (double ms : steady) result.step_ms_mean += ms / static_cast<double>(steady.size());
+    std::sort(steady.begin(), steady.end());
+    result.step_ms_p50 = steady[steady.size() / 2];
   }
   MUSTER_ASSIGN_OR_RETURN(Distributed::Outcome outcome, dist->Finish());
   result.checkpoints_committed = dist->checkpoints_committed();

@@ -67,7 +67,7 @@ struct TrainResult {
   double samples_per_second = 0;
   double comm_overlap_pct = 0;  // share of all-reduce time hidden behind backward
   int intra_op_threads = 0;     // LibTorch's threads on the training thread at the end
-  double step_ms_p50 = 0;       // with time_steps: median step time
+  double step_ms_p50 = 0;       // with time_steps: median step time after the first 20
   double step_ms_mean = 0;      // with time_steps: mean step time after the first 20
   bool stopped = false;         // stopped by a signal after checkpointing
   int exit_code = 0;            // Distributed::ExitCode of how the run ended
