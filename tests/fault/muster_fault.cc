@@ -34,6 +34,7 @@
 #include <random>
 #include <regex>
 #include <set>
+#include <string>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -245,10 +246,11 @@ Trial KillCoordinator(Context& c) {
 
 // The coordinator holding the lease hangs (SIGSTOP: no lease beats, no
 // answers, its connections stay open) while a standby watches the same state
-// dir; `while_frozen` runs then. Once the standby serves, the old one is
-// woken (SIGCONT) after `wake_ms` and must stand down (exit 4).
+// dir; `while_frozen` runs then (a problem it returns ends the trial). Once
+// the standby serves, the old one is woken (SIGCONT) after `wake_ms` and must
+// stand down (exit 4).
 Trial TakeOverFromAFrozenHolder(Context& c, FaultJobOptions o,
-                                const std::function<void(FaultJob&)>& while_frozen,
+                                const std::function<std::string(FaultJob&)>& while_frozen,
                                 std::pair<int, int> wake_ms) {
   o.standby = true;
   FaultJob job(c.dir, o);
@@ -262,7 +264,10 @@ Trial TakeOverFromAFrozenHolder(Context& c, FaultJobOptions o,
   Judge j;
   j.fault_time = UnixNow();
   ::kill(holder, SIGSTOP);
-  while_frozen(job);
+  if (std::string problem = while_frozen(job); !problem.empty()) {
+    ::kill(holder, SIGCONT);
+    return {false, 0, 0, 0, std::move(problem)};
+  }
   auto wait_takeover = [&](absl::Duration limit) {
     const absl::Time end = absl::Now() + limit;
     while (job.AddressFileText() != next && absl::Now() < end) {
@@ -302,7 +307,7 @@ Trial TakeOverFromAFrozenHolder(Context& c, FaultJobOptions o,
 // The coordinator's node hangs at a random step and comes back 0.5–2 s
 // after the standby took over.
 Trial Failover(Context& c) {
-  return TakeOverFromAFrozenHolder(c, {}, [](FaultJob&) {}, {500, 2000});
+  return TakeOverFromAFrozenHolder(c, {}, [](FaultJob&) { return std::string(); }, {500, 2000});
 }
 
 // The woken old holder's words reach trainers after the standby took over.
@@ -318,7 +323,12 @@ Trial FailoverStale(Context& c) {
   o.extra_coordinator_flags = {"--heartbeat-interval=1s", "--heartbeat-timeout=5s"};
   o.extra_train_flags = TrainFlags();
   return TakeOverFromAFrozenHolder(
-      c, o, [&c](FaultJob& job) { SignalPid(job.TrainerPid(1, c.Uniform(0, 1)), SIGKILL); },
+      c, o,
+      [&c](FaultJob& job) {
+        const int slot = c.Uniform(0, 1);
+        return SignalPid(job.TrainerPid(1, slot), SIGKILL) ? std::string()
+                                                           : NoPid(1, slot).problem;
+      },
       {0, 300});
 }
 
