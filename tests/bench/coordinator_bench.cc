@@ -710,6 +710,7 @@ class CoordinatorBench {
   }
 
   int sessions() const { return static_cast<int>(sessions_.size()); }
+  int channels() const { return static_cast<int>(stubs_.size()); }
   Samples* samples() { return &samples_; }
   pid_t coordinator() const { return coordinator_; }
   v1::Coordinator::Stub* Stub(int i) { return stubs_[i % stubs_.size()].get(); }
@@ -867,8 +868,7 @@ int RunCoordinatorBench() {
                    n, bench.sessions(), p50, p99, Seconds(rendezvous), Seconds(regroup), rss,
                    cpu_pct, absl::ToDoubleMilliseconds(absl::GetFlag(FLAGS_state_sync_delay)),
                    absl::GetFlag(FLAGS_churn_per_second), Seconds(rendezvous_cpu),
-                   Seconds(regroup_cpu), bench.interval_ms(),
-                   std::max(1, absl::GetFlag(FLAGS_channels)))
+                   Seconds(regroup_cpu), bench.interval_ms(), bench.channels())
             << (api.ok() ? absl::StrFormat(" api_p50_ms=%.2f api_p99_ms=%.2f",
                                            Percentile(*api, 50), Percentile(*api, 99))
                          : std::string())
