@@ -209,11 +209,12 @@ void WriteSummary(const muster::Placement& place, const muster::TrainResult& r) 
       "{\"rank\": %d, \"world_size\": %d, \"steps\": %d, \"steps_per_s\": %.4f, "
       "\"samples_per_s\": %.2f, \"comm_overlap_pct\": %.2f, \"test_accuracy\": %.4f, "
       "\"test_loss\": %.4f, \"regroups\": %d, \"steps_salvaged\": %d, \"steps_dropped\": %d, "
-      "\"step_ms_p50\": %.3f, \"step_ms_mean\": %.3f, \"intra_op_threads\": %d, "
+      "\"step_ms_p50\": %.3f, \"step_ms_mean\": %.3f, \"step_ms_warmup\": %d, "
+      "\"intra_op_threads\": %d, "
       "\"parameter_checksum\": %.17g}\n",
       r.rank, r.world_size, r.steps, r.steps_per_second, r.samples_per_second,
       r.comm_overlap_pct, r.test_accuracy, r.test_loss, r.regroups, r.steps_salvaged,
-      r.steps_dropped, r.step_ms_p50, r.step_ms_mean, r.intra_op_threads,
+      r.steps_dropped, r.step_ms_p50, r.step_ms_mean, r.step_ms_warmup, r.intra_op_threads,
       r.parameter_checksum);
 }
 

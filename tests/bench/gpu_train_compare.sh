@@ -15,9 +15,6 @@ set -euo pipefail
 bin=$1 model=$2 data=$3 world=$4
 batch=${BATCH:-64}
 steps=${STEPS:-60}
-# the steps both sides leave out of the median (muster-train: the first 20
-# of more than 40)
-warmup=$((steps > 40 ? 20 : 0))
 here=$(cd "$(dirname "$0")" && pwd)
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
@@ -53,10 +50,13 @@ if ((failed)); then
   tail -n 20 "$dir"/trainer*.log >&2
   exit 1
 fi
-muster_ms=$(python3 - "$dir" "$world" <<'PY'
+# muster's slowest rank, and the warm-up steps it left out, which PyTorch's
+# median leaves out too.
+read -r muster_ms warmup < <(python3 - "$dir" "$world" <<'PY'
 import json, sys
 d, w = sys.argv[1], int(sys.argv[2])
-print(max(json.load(open(f"{d}/summary{i}.json"))["step_ms_p50"] for i in range(w)))
+s = [json.load(open(f"{d}/summary{i}.json")) for i in range(w)]
+print(max(x["step_ms_p50"] for x in s), s[0]["step_ms_warmup"])
 PY
 )
 if [[ -n ${PYTORCH_STEP_MS:-} ]]; then  # measured by an earlier run of the same comparison

@@ -244,8 +244,8 @@ absl::StatusOr<TrainResult> RunTraining(const TrainOptions& o) {
   if (!step_ms.empty()) {
     // The mean and median of the steady state: the first steps warm up
     // caches, the allocator and the libraries' kernel choices.
-    const size_t warm = step_ms.size() > 40 ? 20 : 0;
-    std::vector<double> steady(step_ms.begin() + static_cast<ptrdiff_t>(warm), step_ms.end());
+    result.step_ms_warmup = step_ms.size() > 40 ? 20 : 0;
+    std::vector<double> steady(step_ms.begin() + result.step_ms_warmup, step_ms.end());
     for (double ms : steady) result.step_ms_mean += ms / static_cast<double>(steady.size());
     std::sort(steady.begin(), steady.end());
     result.step_ms_p50 = steady[steady.size() / 2];

@@ -67,8 +67,9 @@ struct TrainResult {
   double samples_per_second = 0;
   double comm_overlap_pct = 0;  // share of all-reduce time hidden behind backward
   int intra_op_threads = 0;     // LibTorch's threads on the training thread at the end
-  double step_ms_p50 = 0;       // with time_steps: median step time after the first 20
-  double step_ms_mean = 0;      // with time_steps: mean step time after the first 20
+  double step_ms_p50 = 0;       // with time_steps: median step time after the warm-up
+  double step_ms_mean = 0;      // with time_steps: mean step time after the warm-up
+  int step_ms_warmup = 0;       // the first steps left out of both (20 of more than 40)
   bool stopped = false;         // stopped by a signal after checkpointing
   int exit_code = 0;            // Distributed::ExitCode of how the run ended
   bool left = false;            // left the job early (SIGTERM, drain)
