@@ -221,6 +221,12 @@ class Coordinator {
                                       std::vector<bool>* ok);
   // The transport lost the session: its member fails at once.
   void SessionClosed(uint64_t session, const std::string& why);
+  // The session was lost between a relay and this coordinator (the relay
+  // died or stopped: docs/relay.md), not by its member: the member stays
+  // as it is, without a session, until it opens a new one (OpenSession)
+  // or the heartbeat timeout fails it. Events for it meanwhile are dropped;
+  // the acknowledgement of its new session names the newest generation.
+  void SessionLost(uint64_t session);
 
   // Completes with the first world of generation > after_generation that
   // holds the member, once all of that world's members arrived; or with

@@ -168,6 +168,16 @@ void Coordinator::SessionClosed(uint64_t session, const std::string& why) {
   if (IsAlive(info->state)) FailMember(info, absl::StrCat("session closed: ", why), &actions);
 }
 
+void Coordinator::SessionLost(uint64_t session) {
+  absl::MutexLock lock(&mu_);
+  auto it = sessions_.find(session);
+  if (it == sessions_.end()) return;
+  const MemberKey key = it->second.member;
+  sessions_.erase(it);
+  MemberInfo* info = membership_.Find(key.id);
+  if (info != nullptr && info->key == key && info->session == session) info->session = 0;
+}
+
 absl::Status Coordinator::Leave(const MemberKey& key, LeaveReason reason, int64_t step) {
   Actions actions = Gated();
   absl::MutexLock lock(&mu_);

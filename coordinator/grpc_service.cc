@@ -159,7 +159,7 @@ grpc::ServerUnaryReactor* CoordinatorService::Join(grpc::CallbackServerContext* 
   spec.step = req->step();
   // A member that does not know its own address is reached where its call
   // comes from (JoinRequest.state_address).
-  const std::string observed = PeerHost(ctx->peer());
+  const std::string observed = CallerHost(*ctx);
   if (absl::StartsWith(spec.state_address, ":") && !observed.empty()) {
     spec.state_address = JoinHostPort(observed, spec.state_address.substr(1));
   }

@@ -2,7 +2,6 @@
 // protos/muster/v1/coordinator.proto.
 #include <pthread.h>
 #include <signal.h>
-#include <sys/resource.h>
 
 #include <cstdlib>
 #include <iostream>
@@ -15,6 +14,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/flag_names.h"
 #include "common/logging.h"
+#include "common/process_limits.h"
 #include "common/token.h"
 #include "coordinator/server.h"
 
@@ -154,25 +154,12 @@ void LogOptions(const muster::ServerOptions& options) {
                    << (options.address_file.empty() ? "-" : options.address_file);
 }
 
-// Each member holds a connection: take every file descriptor the hard
-// limit allows (the usual soft limit of 1024 is a few hundred trainers).
-void RaiseOpenFileLimit() {
-  if (rlimit nofile; ::getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur < nofile.rlim_max) {
-    const rlim_t soft = nofile.rlim_cur;
-    nofile.rlim_cur = nofile.rlim_max;
-    if (::setrlimit(RLIMIT_NOFILE, &nofile) == 0) {
-      MUSTER_LOG(INFO) << "open files: soft limit raised from " << soft << " to "
-                       << nofile.rlim_max;
-    }
-  }
-}
-
 int Run() {
   if (absl::GetFlag(FLAGS_verbose)) muster::SetMinLogLevel(muster::LogLevel::kDebug);
   muster::ServerOptions options;
   if (!OptionsFromFlags(&options)) return 2;
   LogOptions(options);
-  RaiseOpenFileLimit();
+  muster::RaiseOpenFileLimit();
 
   // Signals are taken by one thread with sigwait; block them everywhere else.
   sigset_t signals;

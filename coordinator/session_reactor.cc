@@ -13,6 +13,7 @@
 #include "common/write_batch.h"
 #include "coordinator/limits.h"
 #include "coordinator/proto_convert.h"
+#include "rpc/peer_address.h"
 #include "rpc/status.h"
 #include "rpc/write_queue.h"
 
@@ -211,7 +212,8 @@ SessionReactor::SessionReactor(SessionCall* call, Coordinator* coordinator, Metr
     : AsyncBidiReactor(call),
       coordinator_(coordinator),
       metrics_(metrics),
-      outbox_(std::make_shared<SessionOutbox>(this, epoch)) {
+      outbox_(std::make_shared<SessionOutbox>(this, epoch)),
+      relayed_(context()->client_metadata().count(kForwardedHostMetadata) > 0) {
   coordinator_->StreamOpened();
   if (!auth.ok()) {
     outbox_->Close(auth);
@@ -392,7 +394,12 @@ void SessionReactor::Rendezvous(absl::Time start) {
 
 void SessionReactor::OnReadDone(bool ok) {
   if (!ok) {
-    CloseSession("stream ended");
+    // Through a relay: failed or held in OnDone, once the call has ended.
+    if (relayed_) {
+      read_ended_ = true;
+    } else {
+      CloseSession("stream ended");
+    }
     outbox_->Close(absl::OkStatus());
     return;
   }
@@ -428,7 +435,29 @@ void SessionReactor::FlushRendezvous() {
 
 void SessionReactor::OnWriteDone(bool ok) { outbox_->WriteDone(ok); }
 
-void SessionReactor::OnDone() { delete this; }
+void SessionReactor::OnDone() {
+  if (read_ended_) {
+    if (context()->IsCancelled()) {
+      LoseSession();
+    } else {
+      CloseSession("stream ended");
+    }
+  }
+  delete this;
+}
+
+void SessionReactor::LoseSession() {
+  if (session_ == 0 && attached_.empty()) return;
+  MUSTER_LOG(WARNING) << (node_.empty() ? std::string("a member's session")
+                                        : absl::StrCat("node session of ", node_))
+                      << " was lost between its relay and the coordinator; its "
+                      << (session_ != 0 ? 1 : attached_.size())
+                      << " member(s) are held until they reattach or the heartbeat timeout";
+  if (session_ != 0) coordinator_->SessionLost(session_);
+  session_ = 0;
+  for (const auto& [id, attached] : attached_) coordinator_->SessionLost(attached.session);
+  attached_.clear();
+}
 
 void ReportBroken(Coordinator* coordinator, const v1::RendezvousRequest& request) {
   const absl::Status s =

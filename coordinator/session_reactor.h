@@ -4,7 +4,12 @@
 // heartbeat for all, and their Rendezvous calls). Hands them to the Coordinator; writes
 // acknowledgements and the events the Coordinator pushes, one at a time, in
 // order. A broken or finished stream is reported to the Coordinator, which
-// fails its member, or every member attached to it, at once.
+// fails its member, or every member attached to it, at once; except a
+// stream that came through a relay (muster-relay) and was cancelled rather
+// than finished by its caller: the relay lost it, not the member, whose
+// agent reconnects, so its members are held (Coordinator::SessionLost;
+// docs/relay.md). A relay half-closes the stream of a caller that went
+// away, so that case still fails them at once.
 //
 // The reactor deletes itself in OnDone. The sink it registers
 // with the Coordinator may outlive it and ignores calls after Close.
@@ -62,6 +67,8 @@ class SessionReactor : public AsyncBidiReactor<v1::SessionRequest, v1::SessionEv
   // Hands the kept Rendezvous calls to the coordinator, all under one lock.
   void FlushRendezvous();
   void CloseSession(const std::string& why);
+  // The relay lost the stream: its sessions are held, not failed.
+  void LoseSession();
 
   struct Attached {
     uint64_t incarnation = 0;
@@ -79,6 +86,10 @@ class SessionReactor : public AsyncBidiReactor<v1::SessionRequest, v1::SessionEv
   std::string node_;
   absl::flat_hash_map<std::string, Attached> attached_;
   std::vector<Coordinator::RendezvousCall> calls_;
+  // The stream came through a relay (rpc/peer_address.h), and its reading
+  // side ended: whether that was its caller or the relay is known in OnDone.
+  const bool relayed_;
+  bool read_ended_ = false;
 };
 
 }  // namespace muster

@@ -70,6 +70,8 @@ class AsyncBidiReactor {
 
  protected:
   virtual ~AsyncBidiReactor() = default;
+  // The call's context, valid until OnDone returns.
+  grpc::ServerContext* context() { return call_->context(); }
 
  private:
   Call* const call_;

@@ -5,6 +5,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "common/status_macros.h"
 #include "rpc/credentials.h"
@@ -14,9 +15,16 @@ namespace {
 
 constexpr absl::string_view kFilePrefix = "file:";
 
-}  // namespace
+std::vector<std::string> Entries(const std::string& target) {
+  std::vector<std::string> entries;
+  for (absl::string_view e : absl::StrSplit(target, ',')) {
+    entries.emplace_back(absl::StripAsciiWhitespace(e));
+  }
+  return entries;
+}
 
-absl::StatusOr<std::string> ResolveCoordinator(const std::string& target) {
+// One entry of a target: a host:port, or the address its file holds.
+absl::StatusOr<std::string> ResolveEntry(const std::string& target) {
   if (target.empty()) return absl::InvalidArgumentError("no coordinator address");
   if (!absl::StartsWith(target, kFilePrefix)) return target;
   const std::string path = target.substr(kFilePrefix.size());
@@ -34,16 +42,33 @@ absl::StatusOr<std::string> ResolveCoordinator(const std::string& target) {
   return address;
 }
 
+// Where an entry points until its address file can be read: a socket that
+// does not exist fails each call at once, until Refresh finds the file.
+std::string Absent(const std::string& target) {
+  return absl::StrCat("unix:", target.substr(kFilePrefix.size()), ".absent");
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> ResolveCoordinator(const std::string& target) {
+  return ResolveEntry(Entries(target).front());
+}
+
 absl::StatusOr<std::unique_ptr<CoordinatorChannel>> CoordinatorChannel::Create(
-    const std::string& target, const TlsFiles& tls) {
-  if (target.empty()) return absl::InvalidArgumentError("no coordinator address");
-  std::unique_ptr<CoordinatorChannel> c(new CoordinatorChannel(target, tls));
-  absl::StatusOr<std::string> address = ResolveCoordinator(target);
-  // A file not written yet: a socket that does not exist fails each call
-  // at once, until Refresh finds the file.
-  const std::string first =
-      address.ok() ? *address : absl::StrCat("unix:", target.substr(kFilePrefix.size()), ".absent");
-  MUSTER_ASSIGN_OR_RETURN(std::shared_ptr<grpc::Channel> channel, MakeChannel(first, tls));
+    const std::string& target, const TlsFiles& tls, int connection) {
+  std::vector<std::string> targets = Entries(target);
+  for (const std::string& t : targets) {
+    if (t.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("an empty coordinator address in \"", target, "\""));
+    }
+  }
+  std::unique_ptr<CoordinatorChannel> c(
+      new CoordinatorChannel(std::move(targets), tls, connection));
+  absl::StatusOr<std::string> address = ResolveEntry(c->targets_.front());
+  const std::string first = address.ok() ? *address : Absent(c->targets_.front());
+  MUSTER_ASSIGN_OR_RETURN(std::shared_ptr<grpc::Channel> channel,
+                          MakeChannel(first, tls, connection));
   absl::MutexLock lock(&c->mu_);
   c->address_ = first;
   c->channel_ = std::move(channel);
@@ -60,17 +85,38 @@ std::string CoordinatorChannel::address() {
   return address_;
 }
 
+void CoordinatorChannel::MoveOn() {
+  absl::MutexLock lock(&mu_);
+  move_on_ = true;
+}
+
 bool CoordinatorChannel::Refresh() {
-  if (!absl::StartsWith(target_, kFilePrefix)) return false;
-  absl::StatusOr<std::string> address = ResolveCoordinator(target_);
-  if (!address.ok()) return false;
+  size_t next;
   {
     absl::MutexLock lock(&mu_);
-    if (*address == address_) return false;
+    next = current_;
+    if (targets_.size() > 1 &&
+        (std::exchange(move_on_, false) ||
+         channel_->GetState(/*try_to_connect=*/false) == GRPC_CHANNEL_TRANSIENT_FAILURE)) {
+      next = (current_ + 1) % targets_.size();
+    }
   }
-  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = MakeChannel(*address, tls_);
+  const std::string& target = targets_[next];
+  absl::StatusOr<std::string> address = ResolveEntry(target);
+  if (!address.ok()) {
+    absl::MutexLock lock(&mu_);
+    if (next == current_) return false;
+    address = Absent(target);
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    if (next == current_ && *address == address_) return false;
+  }
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
+      MakeChannel(*address, tls_, connection_);
   if (!channel.ok()) return false;
   absl::MutexLock lock(&mu_);
+  current_ = next;
   address_ = *address;
   channel_ = std::move(*channel);
   return true;

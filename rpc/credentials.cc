@@ -57,9 +57,14 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials
 }
 
 absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const std::string& target,
-                                                           const TlsFiles& tls) {
+                                                           const TlsFiles& tls, int connection) {
   MUSTER_ASSIGN_OR_RETURN(auto creds, MakeChannelCredentials(tls));
   grpc::ChannelArguments args;
+  if (connection >= 0) {
+    // Channels with different arguments do not share a subchannel.
+    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+    args.SetInt("muster.connection", connection);
+  }
   args.SetMaxReceiveMessageSize(64 << 20);
   // gRPC's own reconnect backoff (1 s, growing by 1.6 up to 120 s) would
   // hold every client of a restarted coordinator for seconds after it

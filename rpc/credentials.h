@@ -26,9 +26,13 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
 absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials(
     const TlsFiles& tls);
 
-// A channel to `target` ("host:port"). Errors: as MakeChannelCredentials.
+// A channel to `target` ("host:port"). Channels to the same target share
+// one connection; with `connection` >= 0 the channel has a connection of
+// its own (a relay's several to the coordinator). Errors: as
+// MakeChannelCredentials.
 absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const std::string& target,
-                                                           const TlsFiles& tls);
+                                                           const TlsFiles& tls,
+                                                           int connection = -1);
 
 // Adds the token to a client call (no-op for an empty token).
 void AttachToken(grpc::ClientContext* context, const std::string& token);

@@ -46,6 +46,17 @@ std::string PeerHost(absl::string_view peer) {
   return Numeric(AF_INET6, host);
 }
 
+std::string CallerHost(const grpc::ServerContextBase& context) {
+  const auto& md = context.client_metadata();
+  if (auto it = md.find(kForwardedHostMetadata); it != md.end()) {
+    const std::string host(it->second.data(), it->second.size());
+    // Only a numeric address: the value is copied into the world's
+    // addresses, which peers dial.
+    if (!Numeric(AF_INET, host).empty() || !Numeric(AF_INET6, host).empty()) return host;
+  }
+  return PeerHost(context.peer());
+}
+
 std::string JoinHostPort(absl::string_view host, absl::string_view port) {
   if (host.find(':') != absl::string_view::npos) return absl::StrCat("[", host, "]:", port);
   return absl::StrCat(host, ":", port);

@@ -4,7 +4,10 @@
 #ifndef MUSTER_RPC_PEER_ADDRESS_H_
 #define MUSTER_RPC_PEER_ADDRESS_H_
 
+#include <grpcpp/grpcpp.h>
+
 #include <string>
+
 #include "absl/strings/string_view.h"
 
 namespace muster {
@@ -19,6 +22,17 @@ namespace muster {
 // and "" for anything else (unknown: the caller keeps its own default).
 // Pure; thread-safe.
 std::string PeerHost(absl::string_view peer);
+
+// The metadata entry in which a relay (muster-relay) names the host its own
+// caller's connection came from, since the coordinator sees only the relay.
+// It is taken from any call that passes the job token: it lets a caller
+// claim no more than an explicit JoinRequest.state_address already does
+// (docs/relay.md).
+inline constexpr char kForwardedHostMetadata[] = "muster-forwarded-host";
+
+// The host a call came from: the numeric host named in kForwardedHostMetadata
+// when a relay set it, else PeerHost(context.peer()).
+std::string CallerHost(const grpc::ServerContextBase& context);
 
 // "host:port" that gRPC and Gloo can dial: an IPv6 host in brackets.
 std::string JoinHostPort(absl::string_view host, absl::string_view port);

@@ -24,6 +24,7 @@ expect() {  # expect PROGRAM TEXT...: every TEXT appears in PROGRAM --help
 expect muster-coordinator --min_members --state_dir --token_file "default: "
 expect muster-train --model --device --checkpoint_every --time_steps "default: \"cpu\""
 expect muster-agent --nproc_per_node --spares --max_restarts
+expect muster-relay --coordinator --listen --connections "default: "
 expect muster status checkpoints drain pull-weights shutdown --coordinator --json
 expect muster-bench coordinator allreduce recovery ettr checkpoint --members --mtbf
 expect muster-fault --trials --seed

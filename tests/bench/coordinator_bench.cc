@@ -19,7 +19,11 @@
 // survivors' answer is the regroup's delta, which a member applies to the
 // world it holds in O(its node); the simulated members count it received);
 // with --regroups R, the median of R such regroups one after another.
-// "-" when not measured. With
+// "-" when not measured. With --relays R the sessions reach the coordinator
+// through R muster-relay processes, and the line ends with
+//   relays=R relay_cpu_pct=.. relay_rss_mb=.. relay_regroup_cpu_s=..
+// (the relays' CPU over the heartbeat window, their RSS, and their CPU
+// seconds per regroup, all summed over the relays). With
 // --state-sync-delay and --churn-per-second the heartbeats are measured
 // while the coordinator writes events to a slow disk. With --api-requests R
 // the coordinator also serves its status page, and R requests for
@@ -71,6 +75,11 @@ ABSL_FLAG(int, channels, 8,
           "client connections the sessions share: 8, many node streams on each connection "
           "as through a relay; as many as the sessions, one connection per node as "
           "muster-agents connect (docs/scale.md, \"One connection per node\")");
+ABSL_FLAG(int, relays, 0,
+          "muster-relay processes between the sessions and the coordinator: the --channels "
+          "connections go to them in turn, and each relay carries its share on "
+          "--relay-connections connections to the coordinator (docs/relay.md)");
+ABSL_FLAG(int, relay_connections, 1, "each relay's connections to the coordinator");
 ABSL_FLAG(bool, rendezvous, true, "also measure the rendezvous of all members");
 ABSL_FLAG(bool, regroup, false,
           "after the heartbeat window, kill one member and measure the regroup");
@@ -506,6 +515,7 @@ class CoordinatorBench {
   ~CoordinatorBench() {
     for (auto& s : sessions_) s->Stop();
     for (auto& s : sessions_) s->WaitDone();
+    for (pid_t r : relays_) StopProcess(r);
     if (coordinator_ > 0) StopProcess(coordinator_);
     if (std::getenv("MUSTER_BENCH_KEEP") == nullptr) std::system(("rm -rf " + dir_).c_str());
   }
@@ -530,13 +540,15 @@ class CoordinatorBench {
       args.push_back(absl::StrCat("--max-heartbeat-rate=", rate));
     }
     coordinator_ = SpawnLogged(args, dir_ + "/coordinator.log");
+    std::vector<std::string> targets = {target};
+    if (const int relays = absl::GetFlag(FLAGS_relays); relays > 0) targets = StartRelays(relays, target);
     for (int i = 0; i < std::max(1, absl::GetFlag(FLAGS_channels)); ++i) {
       grpc::ChannelArguments args;
       args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
       args.SetInt("muster.bench_channel", i);
       args.SetMaxReceiveMessageSize(-1);
-      stubs_.push_back(v1::Coordinator::NewStub(
-          grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args)));
+      stubs_.push_back(v1::Coordinator::NewStub(grpc::CreateCustomChannel(
+          targets[i % targets.size()], grpc::InsecureChannelCredentials(), args)));
     }
     for (int i = 0; i < 200; ++i) {
       grpc::ClientContext ctx;
@@ -549,6 +561,32 @@ class CoordinatorBench {
       absl::SleepFor(absl::Milliseconds(50));
     }
     return absl::UnavailableError("the coordinator did not start (see " + dir_ + ")");
+  }
+
+  // Starts `n` relays to `coordinator`; their addresses.
+  std::vector<std::string> StartRelays(int n, const std::string& coordinator) {
+    std::vector<std::string> targets;
+    for (int r = 0; r < n; ++r) {
+      targets.push_back(absl::StrCat("127.0.0.1:", FreeLoopbackPort()));
+      relays_.push_back(SpawnLogged(
+          {SelfDir() + "/muster-relay", "--listen=" + targets.back(),
+           "--coordinator=" + coordinator,
+           absl::StrCat("--connections=", absl::GetFlag(FLAGS_relay_connections))},
+          absl::StrCat(dir_, "/relay", r, ".log")));
+    }
+    return targets;
+  }
+
+  // The relays' CPU seconds and RSS, summed.
+  double RelayCpuSeconds() const {
+    double sum = 0;
+    for (pid_t r : relays_) sum += ProcessCpuSeconds(r);
+    return sum;
+  }
+  double RelayRssMb() const {
+    double sum = 0;
+    for (pid_t r : relays_) sum += ProcessRssMb(r);
+    return sum;
   }
 
   // Joins every member from a few threads, then opens the sessions.
@@ -744,6 +782,7 @@ class CoordinatorBench {
   const std::string dir_;
   int http_port_ = 0;
   pid_t coordinator_ = -1;
+  std::vector<pid_t> relays_;
   std::vector<v1::MemberRef> refs_;
   std::vector<std::unique_ptr<v1::Coordinator::Stub>> stubs_;
   // Declared before the sessions: they end before their queues shut down.
@@ -766,19 +805,22 @@ std::string Seconds(const absl::StatusOr<double>& s) {
 }  // namespace
 
 // Times `regroups` regroups one after another, 2.5 s of heartbeats apart:
-// the medians of their wall and coordinator CPU seconds, each regroup's on
-// stderr when there are several.
+// the medians of their wall, coordinator CPU and relays' CPU seconds, each
+// regroup's wall and coordinator CPU on stderr when there are several.
 absl::Status TimeRegroups(CoordinatorBench& bench, int regroups, absl::StatusOr<double>* wall,
-                          absl::StatusOr<double>* cpu) {
-  std::vector<double> walls, cpus;
+                          absl::StatusOr<double>* cpu, double* relay_cpu) {
+  std::vector<double> walls, cpus, relay_cpus;
   for (int k = 0; k < regroups; ++k) {
     if (k > 0) bench.Beat(absl::Milliseconds(2500));
     const double before = ProcessCpuSeconds(bench.coordinator());
+    const double relays_before = bench.RelayCpuSeconds();
     absl::StatusOr<double> one = bench.Regroup(k);
     if (!one.ok()) return one.status();
     cpus.push_back(ProcessCpuSeconds(bench.coordinator()) - before);
+    relay_cpus.push_back(bench.RelayCpuSeconds() - relays_before);
     walls.push_back(*one);
   }
+  *relay_cpu = Percentile(relay_cpus, 50);
   if (regroups > 1) {
     std::cerr << "regroups:";
     for (int k = 0; k < regroups; ++k) {
@@ -791,14 +833,14 @@ absl::Status TimeRegroups(CoordinatorBench& bench, int regroups, absl::StatusOr<
   return absl::OkStatus();
 }
 
-int RunCoordinatorBench() {
+// Flags the bench cannot run with, said on stderr: false.
+bool FlagsMakeSense() {
   const int n = absl::GetFlag(FLAGS_members);
   const int per_node = absl::GetFlag(FLAGS_per_node);
-  const int seconds = absl::GetFlag(FLAGS_seconds);
-  if (n < 2 || seconds <= 0 || per_node < 1) {
+  if (n < 2 || absl::GetFlag(FLAGS_seconds) <= 0 || per_node < 1) {
     std::cerr << "muster-bench coordinator: --members must be at least 2, --seconds and "
                  "--per-node positive\n";
-    return 2;
+    return false;
   }
   // Each regroup kills a member of another session; some member survives.
   const int sessions = (n + per_node - 1) / per_node;
@@ -806,8 +848,24 @@ int RunCoordinatorBench() {
   if (absl::GetFlag(FLAGS_regroup) && (regroups < 1 || regroups > sessions || regroups >= n)) {
     std::cerr << "muster-bench coordinator: --regroups must be at least 1, at most the sessions ("
               << sessions << ") and fewer than the members\n";
-    return 2;
+    return false;
   }
+  const int relays = absl::GetFlag(FLAGS_relays);
+  if (relays < 0 || relays > std::max(1, absl::GetFlag(FLAGS_channels)) ||
+      absl::GetFlag(FLAGS_relay_connections) < 1) {
+    std::cerr << "muster-bench coordinator: --relays must be between 0 and --channels, "
+                 "--relay-connections positive\n";
+    return false;
+  }
+  return true;
+}
+
+int RunCoordinatorBench() {
+  if (!FlagsMakeSense()) return 2;
+  const int n = absl::GetFlag(FLAGS_members);
+  const int per_node = absl::GetFlag(FLAGS_per_node);
+  const int seconds = absl::GetFlag(FLAGS_seconds);
+  const int regroups = absl::GetFlag(FLAGS_regroups);
   // As muster-coordinator does: Debian's Abseil checks every Mutex for
   // lock-order cycles, and 12,500 simulated sessions each hold one.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
@@ -830,6 +888,7 @@ int RunCoordinatorBench() {
   bench.Beat(absl::Seconds(2));  // warm-up
   bench.samples()->Record(true);
   const double cpu0 = ProcessCpuSeconds(bench.coordinator());
+  const double relay_cpu0 = bench.RelayCpuSeconds();
   const absl::Time w0 = absl::Now();
   std::atomic<bool> churning{true};
   std::atomic<int> churned{0};
@@ -845,8 +904,9 @@ int RunCoordinatorBench() {
   churn.join();
   api_client.join();
   if (absl::GetFlag(FLAGS_api_requests) > 0 && !api.ok()) return fail(api.status());
-  const double cpu_pct = 100.0 * (ProcessCpuSeconds(bench.coordinator()) - cpu0) /
-                         absl::ToDoubleSeconds(absl::Now() - w0);
+  const double window_s = absl::ToDoubleSeconds(absl::Now() - w0);
+  const double cpu_pct = 100.0 * (ProcessCpuSeconds(bench.coordinator()) - cpu0) / window_s;
+  const double relay_cpu_pct = 100.0 * (bench.RelayCpuSeconds() - relay_cpu0) / window_s;
   bench.samples()->Record(false);
   const double rss = ProcessRssMb(bench.coordinator());
   std::vector<double> hb = bench.samples()->Take();
@@ -855,8 +915,10 @@ int RunCoordinatorBench() {
 
   absl::StatusOr<double> regroup = absl::UnavailableError("skipped");
   absl::StatusOr<double> regroup_cpu = absl::UnavailableError("skipped");
+  double relay_regroup_cpu = 0;
   if (absl::GetFlag(FLAGS_regroup)) {
-    if (absl::Status s = TimeRegroups(bench, regroups, &regroup, &regroup_cpu); !s.ok()) {
+    if (absl::Status s = TimeRegroups(bench, regroups, &regroup, &regroup_cpu, &relay_regroup_cpu);
+        !s.ok()) {
       return fail(s);
     }
   }
@@ -872,6 +934,12 @@ int RunCoordinatorBench() {
             << (api.ok() ? absl::StrFormat(" api_p50_ms=%.2f api_p99_ms=%.2f",
                                            Percentile(*api, 50), Percentile(*api, 99))
                          : std::string())
+            << (absl::GetFlag(FLAGS_relays) > 0
+                    ? absl::StrFormat(
+                          " relays=%d relay_cpu_pct=%.1f relay_rss_mb=%.1f relay_regroup_cpu_s=%.3f",
+                          absl::GetFlag(FLAGS_relays), relay_cpu_pct, bench.RelayRssMb(),
+                          relay_regroup_cpu)
+                    : std::string())
             << std::endl;
   std::cerr << "(" << count << " heartbeats measured over " << seconds << " s; " << churned
             << " members joined and left)\n";

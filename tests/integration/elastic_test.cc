@@ -461,9 +461,10 @@ class AgentTest : public ElasticTest {
                                      "--restart-backoff=100ms", "--max-restarts=2",
                                      "--node-id=" + node};
     argv.insert(argv.end(), agent_flags_.begin(), agent_flags_.end());
-    if (node_session) argv.push_back("--coordinator=" + target_);
+    const std::string coordinator = via_.empty() ? target_ : via_;
+    if (node_session) argv.push_back("--coordinator=" + coordinator);
     const std::vector<std::string> trainer = {
-        "--", kBin + "/muster-train", "--coordinator=" + target_, "--model=mlp",
+        "--", kBin + "/muster-train", "--coordinator=" + coordinator, "--model=mlp",
         absl::StrCat("--steps=", steps), "--batch-size=32", "--log-every=10", "--threads=1",
         "--backend=auto", absl::StrCat("--job=ag", ::getpid(), node),
         "--summary-json=" + dir_ + "/{node}{local_rank}.json"};
@@ -473,6 +474,8 @@ class AgentTest : public ElasticTest {
   }
 
   std::vector<std::string> agent_flags_;  // before the trainer's command
+  // Where agents and trainers reach the coordinator, when not at target_.
+  std::string via_;
 
   // Either node may form a world of its own first: waits for the full one
   // of nodes a and b, then for node a's log to show `step`.
@@ -639,6 +642,37 @@ TEST_F(AgentTest, TheAgentRestartsAKilledTrainerAndItRejoins) {
   ASSERT_FALSE(steps.empty());
   for (size_t i = 1; i < steps.size(); ++i) EXPECT_GE(steps[i], steps[i - 1]);
   EXPECT_EQ(steps.back(), 400);
+  ExpectEqualParameters({"a0", "a1", "b0", "b1"});
+}
+
+// Both nodes' agents and trainers reach the coordinator through a relay,
+// with the coordinator itself as their second address. The relay is
+// SIGKILLed mid-run: the coordinator holds the nodes' sessions instead of
+// failing their members, the agents reconnect straight to it, and the
+// world trains on without a regroup.
+TEST_F(AgentTest, AJobBehindARelayTrainsOnWhenTheRelayIsKilled) {
+  const std::string relay = absl::StrCat("127.0.0.1:", FreeLoopbackPort());
+  KillOnExit procs;
+  const pid_t relay_pid = procs.Add(SpawnLogged(
+      {kBin + "/muster-relay", "--listen=" + relay, "--coordinator=" + target_},
+      dir_ + "/relay.log"));
+  via_ = relay + "," + target_;
+  const pid_t a = procs.Add(Agent("a")), b = procs.Add(Agent("b"));
+  ASSERT_NO_FATAL_FAILURE(WaitForBothNodesAtStep(60));
+  ASSERT_EQ(::kill(relay_pid, SIGKILL), 0);
+  EXPECT_EQ(WaitExit(a), 0) << ReadText(dir_ + "/a.log");
+  EXPECT_EQ(WaitExit(b), 0) << ReadText(dir_ + "/b.log");
+  const std::string coordinator = ReadText(dir_ + "/coordinator.log");
+  EXPECT_EQ(Occurrences(coordinator, "was lost between its relay and the coordinator"), 2)
+      << coordinator;
+  EXPECT_EQ(Occurrences(coordinator, "fail: "), 0) << coordinator;
+  for (const char* node : {"a", "b"}) {
+    const std::string log = ReadText(dir_ + "/" + node + ".log");
+    EXPECT_NE(log.find("coordinator now at " + target_), std::string::npos) << log;
+    EXPECT_EQ(Occurrences(log, "generation 2"), 0) << node << " regrouped:\n" << log;
+  }
+  ASSERT_FALSE(Steps("a").empty());
+  EXPECT_EQ(Steps("a").back(), 400);
   ExpectEqualParameters({"a0", "a1", "b0", "b1"});
 }
 

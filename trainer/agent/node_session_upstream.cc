@@ -272,6 +272,7 @@ absl::Status NodeSessionImpl::Connection() {
     if (!AwaitFor(&mu_, absl::Condition(&done), limit, clock_)) {
       MUSTER_LOG(WARNING) << "muster-agent: node " << o_.node << ": no answer from "
                           << coordinator_->address() << " in " << absl::FormatDuration(limit);
+      coordinator_->MoveOn();  // the next address of a list, if any
       ctx.TryCancel();
     }
   });
