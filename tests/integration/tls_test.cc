@@ -5,6 +5,7 @@
 #include <cstdlib>
 
 #include "coordinator/server.h"
+#include "relay/relay.h"
 #include "rpc/credentials.h"
 #include "muster/v1/coordinator.grpc.pb.h"
 
@@ -74,6 +75,30 @@ TEST_F(TlsTest, MutualTlsRequiresAClientCertificate) {
   auto server = std::move(CoordinatorServer::Start(o)).value();
   EXPECT_TRUE(Status(server->port(), {P("client.pem"), P("client.key"), P("ca.pem")}).ok());
   EXPECT_FALSE(Status(server->port(), {"", "", P("ca.pem")}).ok());
+}
+
+// A relay serves TLS to its callers (requiring their certificates) and
+// reaches a mutual-TLS coordinator with a certificate of its own.
+TEST_F(TlsTest, ARelayServesTlsAndShowsItsOwnCertificateToTheCoordinator) {
+  ServerOptions o;
+  o.token = "t";
+  o.tls = {P("server.pem"), P("server.key"), P("ca.pem")};
+  auto server = std::move(CoordinatorServer::Start(o)).value();
+  RelayOptions r;
+  r.listen = "127.0.0.1:0";
+  r.coordinator = "127.0.0.1:" + std::to_string(server->port());
+  r.tls = {P("server.pem"), P("server.key"), P("ca.pem")};
+  r.coordinator_tls = {P("client.pem"), P("client.key"), P("ca.pem")};
+  auto relay = std::move(Relay::Start(r)).value();
+  const TlsFiles client = {P("client.pem"), P("client.key"), P("ca.pem")};
+  EXPECT_TRUE(Status(relay->port(), client).ok());
+  EXPECT_EQ(Status(relay->port(), client, "bad").error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_FALSE(Status(relay->port(), {"", "", P("ca.pem")}).ok());  // no certificate
+  // A relay without a certificate of its own is refused by the coordinator.
+  r.coordinator_tls = {"", "", P("ca.pem")};
+  auto anonymous = std::move(Relay::Start(r)).value();
+  EXPECT_EQ(Status(anonymous->port(), client).error_code(), grpc::StatusCode::UNAVAILABLE);
 }
 
 TEST(TlsOptionsTest, HalfConfiguredTlsIsAnError) {
