@@ -277,15 +277,18 @@ absl::Status Relay::Impl::Listen() {
   grpc::ServerBuilder builder;
   builder.AddListeningPort(o_.listen, credentials, &port_);
   builder.RegisterCallbackGenericService(this);
-  // The messages pass as bytes, whatever their size; the coordinator
-  // applies its own limit.
-  builder.SetMaxReceiveMessageSize(-1);
+  // Callers' messages up to the coordinator's limit; the coordinator's
+  // answers whatever their size (it bounds them itself).
+  builder.SetMaxReceiveMessageSize(o_.max_message_bytes);
   builder.SetMaxSendMessageSize(-1);
   // As the coordinator's server (coordinator/server.cc): clients ping every
-  // 5 s while a call is in flight.
+  // 5 s while a call is in flight; a connection that does not begin HTTP/2
+  // within 2 s, or holds no call for 5 minutes, is closed (docs/security.md).
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS, 2000);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS, 5 * 60 * 1000);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port_ == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", o_.listen));
@@ -298,6 +301,9 @@ absl::Status Relay::Impl::Listen() {
 absl::StatusOr<std::unique_ptr<Relay>> Relay::Start(const RelayOptions& options) {
   if (options.coordinator.empty()) {
     return absl::InvalidArgumentError("muster-relay needs the coordinator's address");
+  }
+  if (options.max_message_bytes < 1) {
+    return absl::InvalidArgumentError("the largest message must be at least 1 byte");
   }
   if (options.connections < 1 || options.connections > 64) {
     return absl::InvalidArgumentError(

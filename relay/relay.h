@@ -37,6 +37,9 @@ struct RelayOptions {
   // When set, a call without this job token is refused here instead of at
   // the coordinator.
   std::string token;
+  // Largest message a caller may send (the coordinator's own limit, so
+  // that nothing larger is buffered here first).
+  int max_message_bytes = 4 << 20;
 };
 
 // Counts since Start.
