@@ -28,7 +28,7 @@ const std::string kBin = MUSTER_BIN_DIR;
 constexpr char kToken[] = "relay-test-token";
 
 class RelayTest : public ::testing::Test {
- protected:
+ public:
   void SetUp() override {
     dir_ = ::testing::TempDir() + "/relay" + std::to_string(::getpid()) + "_" +
            ::testing::UnitTest::GetInstance()->current_test_info()->name();
@@ -163,26 +163,35 @@ TEST_F(RelayTest, ARelayWithTheTokenRefusesCallsWithoutIt) {
   EXPECT_TRUE(stub->GetStatus(Context().get(), v1::GetStatusRequest(), &status).ok());
 }
 
-// The relay dies under a member's session: the coordinator holds the
-// member, which opens its session again straight to the coordinator.
-TEST_F(RelayTest, ASessionLostWithItsRelayIsHeldUntilItsMemberReattaches) {
-  const pid_t relay = StartRelay();
-  TestMember through(*MakeChannel(relay_, {}), kToken, "n/0", "n", 9);
+// The relay dies (SIGKILL) or stops (SIGTERM) under a member's session: the
+// coordinator holds the member, which opens its session again straight to
+// the coordinator.
+void HeldThroughTheRelaysEnd(RelayTest* t, int signal) {
+  const pid_t relay = t->StartRelay();
+  TestMember through(*MakeChannel(t->relay_, {}), kToken, "n/0", "n", 9);
   ASSERT_TRUE(through.Join().ok());
   ASSERT_TRUE(through.OpenSession().ok());
   ASSERT_TRUE(through.Rendezvous(0, 0).ok());
-  ASSERT_EQ(::kill(relay, SIGKILL), 0);
-  ASSERT_TRUE(WaitForLog("lost between its relay and the coordinator", absl::Seconds(10)))
-      << Log("coordinator");
-  TestMember direct(*MakeChannel(coordinator_, {}), kToken, "n/0", "n", 9);
+  ASSERT_EQ(::kill(relay, signal), 0);
+  ASSERT_TRUE(t->WaitForLog("lost between its relay and the coordinator", absl::Seconds(10)))
+      << t->Log("coordinator");
+  TestMember direct(*MakeChannel(t->coordinator_, {}), kToken, "n/0", "n", 9);
   ASSERT_TRUE(direct.OpenSession().ok());
   absl::SleepFor(absl::Milliseconds(500));  // heartbeats go on, straight
   EXPECT_GT(direct.acks(), 0);
-  const std::string log = Log("coordinator");
+  const std::string log = t->Log("coordinator");
   EXPECT_EQ(log.find("fail: n/0"), std::string::npos) << log;
   v1::GetStatusResponse status;
-  ASSERT_TRUE(Stub(coordinator_)->GetStatus(Context().get(), {}, &status).ok());
+  ASSERT_TRUE(t->Stub(t->coordinator_)->GetStatus(t->Context().get(), {}, &status).ok());
   EXPECT_EQ(status.generation(), 1u) << status.DebugString();
+}
+
+TEST_F(RelayTest, ASessionLostWithItsRelayIsHeldUntilItsMemberReattaches) {
+  HeldThroughTheRelaysEnd(this, SIGKILL);
+}
+
+TEST_F(RelayTest, ARelayThatStopsLeavesItsSessionsHeld) {
+  HeldThroughTheRelaysEnd(this, SIGTERM);
 }
 
 // The member's own end of the stream goes away behind a live relay (a
