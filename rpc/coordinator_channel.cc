@@ -56,6 +56,7 @@ absl::StatusOr<std::string> ResolveCoordinator(const std::string& target) {
 
 absl::StatusOr<std::unique_ptr<CoordinatorChannel>> CoordinatorChannel::Create(
     const std::string& target, const TlsFiles& tls, int connection) {
+  if (target.empty()) return absl::InvalidArgumentError("no coordinator address");
   std::vector<std::string> targets = Entries(target);
   for (const std::string& t : targets) {
     if (t.empty()) {
