@@ -656,9 +656,16 @@ TEST_F(AgentTest, AJobBehindARelayTrainsOnWhenTheRelayIsKilled) {
   const pid_t relay_pid = procs.Add(SpawnLogged(
       {kBin + "/muster-relay", "--listen=" + relay, "--coordinator=" + target_},
       dir_ + "/relay.log"));
+  // Agents that find no relay yet go straight to the coordinator (their
+  // list's next entry) and stay there.
+  ASSERT_TRUE(WaitForLine("relay", "listening on port", absl::Seconds(10)))
+      << ReadText(dir_ + "/relay.log");
   via_ = relay + "," + target_;
   const pid_t a = procs.Add(Agent("a")), b = procs.Add(Agent("b"));
   ASSERT_NO_FATAL_FAILURE(WaitForBothNodesAtStep(60));
+  // The first world may form in two generations (a node that joins late):
+  // what counts is that the relay's death adds none.
+  const int regroups = Occurrences(ReadText(dir_ + "/coordinator.log"), "regroup: generation");
   ASSERT_EQ(::kill(relay_pid, SIGKILL), 0);
   EXPECT_EQ(WaitExit(a), 0) << ReadText(dir_ + "/a.log");
   EXPECT_EQ(WaitExit(b), 0) << ReadText(dir_ + "/b.log");
@@ -666,10 +673,10 @@ TEST_F(AgentTest, AJobBehindARelayTrainsOnWhenTheRelayIsKilled) {
   EXPECT_EQ(Occurrences(coordinator, "was lost between its relay and the coordinator"), 2)
       << coordinator;
   EXPECT_EQ(Occurrences(coordinator, "fail: "), 0) << coordinator;
+  EXPECT_EQ(Occurrences(coordinator, "regroup: generation"), regroups) << coordinator;
   for (const char* node : {"a", "b"}) {
     const std::string log = ReadText(dir_ + "/" + node + ".log");
     EXPECT_NE(log.find("coordinator now at " + target_), std::string::npos) << log;
-    EXPECT_EQ(Occurrences(log, "generation 2"), 0) << node << " regrouped:\n" << log;
   }
   ASSERT_FALSE(Steps("a").empty());
   EXPECT_EQ(Steps("a").back(), 400);
