@@ -268,21 +268,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer::Listener>> CoordinatorServer::
   }
   builder.SetMaxReceiveMessageSize(options_.max_message_bytes);
   builder.SetMaxSendMessageSize(64 << 20);
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-  // One coordinator per port: with SO_REUSEPORT (gRPC's default) a second
-  // coordinator on the same port would bind too, and joins would split
-  // between two jobs' worth of state. (A rebuilt listener binds after the
-  // dead one was shut down: SO_REUSEADDR, which gRPC sets, lets it.)
-  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);
-  // Idle connections, authenticated or not, do not hold descriptors for
-  // long (docs/security.md).
-  builder.AddChannelArgument(
-      GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS,
-      static_cast<int>(absl::ToInt64Milliseconds(options_.handshake_timeout)));
-  builder.AddChannelArgument(
-      GRPC_ARG_MAX_CONNECTION_IDLE_MS,
-      static_cast<int>(absl::ToInt64Milliseconds(options_.max_connection_idle)));
+  ApplyServerConnectionRules(&builder, options_.handshake_timeout, options_.max_connection_idle);
   listener->sessions = std::make_unique<AsyncBidiServer<v1::SessionRequest, v1::SessionEvent>>(
       std::move(queues),
       [service](grpc::ServerContext* ctx, SessionCall::Stream* stream,

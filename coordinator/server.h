@@ -65,10 +65,10 @@ struct ServerOptions {
   // hold file descriptors that long). Members send HTTP/2's preface as soon
   // as TCP (and TLS) connect; 2 s bounds how long a held flood of idle
   // connections keeps a token holder out (docs/failover.md).
-  absl::Duration handshake_timeout = absl::Seconds(2);
+  absl::Duration handshake_timeout = kHandshakeTimeout;
   // A connection with no call for this long is closed; clients reconnect
   // when they next call (trainers and agents always hold a session).
-  absl::Duration max_connection_idle = absl::Minutes(5);
+  absl::Duration max_connection_idle = kMaxConnectionIdle;
   // The listener watchdog (coordinator/listener_watchdog.h): how often it
   // looks at the accept queue, and how long a connection may wait there
   // before the listener counts as dead and a new one replaces it. A zero

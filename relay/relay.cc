@@ -281,14 +281,7 @@ absl::Status Relay::Impl::Listen() {
   // answers whatever their size (it bounds them itself).
   builder.SetMaxReceiveMessageSize(o_.max_message_bytes);
   builder.SetMaxSendMessageSize(-1);
-  // As the coordinator's server (coordinator/server.cc): clients ping every
-  // 5 s while a call is in flight; a connection that does not begin HTTP/2
-  // within 2 s, or holds no call for 5 minutes, is closed (docs/security.md).
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);
-  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS, 2000);
-  builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS, 5 * 60 * 1000);
+  ApplyServerConnectionRules(&builder, kHandshakeTimeout, kMaxConnectionIdle);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port_ == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", o_.listen));

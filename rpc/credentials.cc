@@ -88,6 +88,23 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const std::string& ta
   return grpc::CreateCustomChannel(target, creds, args);
 }
 
+void ApplyServerConnectionRules(grpc::ServerBuilder* builder, absl::Duration handshake_timeout,
+                                absl::Duration max_connection_idle) {
+  builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder->AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);
+  // One server per port: with SO_REUSEPORT (gRPC's default) a second
+  // coordinator on the same port would bind too, and joins would split
+  // between two jobs' worth of state. (A rebuilt listener binds after the
+  // dead one was shut down: SO_REUSEADDR, which gRPC sets, lets it.)
+  builder->AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  // Idle connections, authenticated or not, do not hold descriptors for
+  // long (docs/security.md).
+  builder->AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS,
+                              static_cast<int>(absl::ToInt64Milliseconds(handshake_timeout)));
+  builder->AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS,
+                              static_cast<int>(absl::ToInt64Milliseconds(max_connection_idle)));
+}
+
 void AttachToken(grpc::ClientContext* context, const std::string& token) {
   if (!token.empty()) context->AddMetadata(kAuthMetadataKey, absl::StrCat("Bearer ", token));
 }

@@ -10,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "rpc/tls_files.h"
 
 namespace muster {
@@ -33,6 +34,19 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials
 absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const std::string& target,
                                                            const TlsFiles& tls,
                                                            int connection = -1);
+
+// How long a connection may take to begin HTTP/2, and how long it may hold
+// no call, before a muster server closes it (docs/security.md).
+inline constexpr absl::Duration kHandshakeTimeout = absl::Seconds(2);
+inline constexpr absl::Duration kMaxConnectionIdle = absl::Minutes(5);
+
+// The connection rules every muster server applies (the coordinator, the
+// relay): clients may ping every second, even between calls; one server
+// per port (no SO_REUSEPORT); a connection that has not begun HTTP/2 after
+// `handshake_timeout`, or has held no call for `max_connection_idle`, is
+// closed.
+void ApplyServerConnectionRules(grpc::ServerBuilder* builder, absl::Duration handshake_timeout,
+                                absl::Duration max_connection_idle);
 
 // Adds the token to a client call (no-op for an empty token).
 void AttachToken(grpc::ClientContext* context, const std::string& token);
