@@ -34,6 +34,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <deque>
 #include <fstream>
 #include <functional>
@@ -833,6 +834,48 @@ absl::Status TimeRegroups(CoordinatorBench& bench, int regroups, absl::StatusOr<
   return absl::OkStatus();
 }
 
+// The heartbeat window: `seconds` of beats after a 2 s warm-up, while
+// members churn and the status page is asked, as the flags say.
+struct HeartbeatWindow {
+  std::vector<double> beats_ms;  // each beat's round trip
+  double cpu_pct = 0;            // the coordinator's, over the window
+  double relay_cpu_pct = 0;      // the relays', summed
+  double rss_mb = 0;             // the coordinator's, after it
+  int churned = 0;               // members that joined and left
+  absl::StatusOr<std::vector<double>> api = absl::UnavailableError("skipped");
+};
+
+absl::StatusOr<HeartbeatWindow> MeasureHeartbeats(CoordinatorBench& bench, int seconds) {
+  HeartbeatWindow w;
+  bench.Beat(absl::Seconds(2));  // warm-up
+  bench.samples()->Record(true);
+  const double cpu0 = ProcessCpuSeconds(bench.coordinator());
+  const double relay_cpu0 = bench.RelayCpuSeconds();
+  const auto t0 = std::chrono::steady_clock::now();
+  std::atomic<bool> churning{true};
+  std::atomic<int> churned{0};
+  std::thread churn([&] { Churn(bench.Stub(0), &churning, &churned); });
+  std::thread api_client([&] {
+    if (absl::GetFlag(FLAGS_api_requests) > 0) {
+      w.api = bench.ApiLatencies(absl::GetFlag(FLAGS_api_requests));
+    }
+  });
+  bench.Beat(absl::Seconds(seconds));
+  churning = false;
+  churn.join();
+  api_client.join();
+  if (absl::GetFlag(FLAGS_api_requests) > 0 && !w.api.ok()) return w.api.status();
+  const double window_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  w.cpu_pct = 100.0 * (ProcessCpuSeconds(bench.coordinator()) - cpu0) / window_s;
+  w.relay_cpu_pct = 100.0 * (bench.RelayCpuSeconds() - relay_cpu0) / window_s;
+  bench.samples()->Record(false);
+  w.rss_mb = ProcessRssMb(bench.coordinator());
+  w.beats_ms = bench.samples()->Take();
+  w.churned = churned;
+  return w;
+}
+
 // Flags the bench cannot run with, said on stderr: false.
 bool FlagsMakeSense() {
   const int n = absl::GetFlag(FLAGS_members);
@@ -885,33 +928,11 @@ int RunCoordinatorBench() {
     rendezvous_cpu = ProcessCpuSeconds(bench.coordinator()) - before;
   }
 
-  bench.Beat(absl::Seconds(2));  // warm-up
-  bench.samples()->Record(true);
-  const double cpu0 = ProcessCpuSeconds(bench.coordinator());
-  const double relay_cpu0 = bench.RelayCpuSeconds();
-  const absl::Time w0 = absl::Now();
-  std::atomic<bool> churning{true};
-  std::atomic<int> churned{0};
-  std::thread churn([&] { Churn(bench.Stub(0), &churning, &churned); });
-  absl::StatusOr<std::vector<double>> api = absl::UnavailableError("skipped");
-  std::thread api_client([&] {
-    if (absl::GetFlag(FLAGS_api_requests) > 0) {
-      api = bench.ApiLatencies(absl::GetFlag(FLAGS_api_requests));
-    }
-  });
-  bench.Beat(absl::Seconds(seconds));
-  churning = false;
-  churn.join();
-  api_client.join();
-  if (absl::GetFlag(FLAGS_api_requests) > 0 && !api.ok()) return fail(api.status());
-  const double window_s = absl::ToDoubleSeconds(absl::Now() - w0);
-  const double cpu_pct = 100.0 * (ProcessCpuSeconds(bench.coordinator()) - cpu0) / window_s;
-  const double relay_cpu_pct = 100.0 * (bench.RelayCpuSeconds() - relay_cpu0) / window_s;
-  bench.samples()->Record(false);
-  const double rss = ProcessRssMb(bench.coordinator());
-  std::vector<double> hb = bench.samples()->Take();
-  const size_t count = hb.size();
+  absl::StatusOr<HeartbeatWindow> window = MeasureHeartbeats(bench, seconds);
+  if (!window.ok()) return fail(window.status());
+  std::vector<double>& hb = window->beats_ms;
   const double p50 = Percentile(hb, 50), p99 = Percentile(hb, 99);
+  absl::StatusOr<std::vector<double>>& api = window->api;
 
   absl::StatusOr<double> regroup = absl::UnavailableError("skipped");
   absl::StatusOr<double> regroup_cpu = absl::UnavailableError("skipped");
@@ -927,8 +948,8 @@ int RunCoordinatorBench() {
                    "rendezvous_s=%s regroup_s=%s rss_mb=%.1f cpu_pct=%.1f "
                    "fsync_delay_ms=%.0f churn_per_s=%d rendezvous_cpu_s=%s regroup_cpu_s=%s "
                    "hb_interval_ms=%u channels=%d",
-                   n, bench.sessions(), p50, p99, Seconds(rendezvous), Seconds(regroup), rss,
-                   cpu_pct, absl::ToDoubleMilliseconds(absl::GetFlag(FLAGS_state_sync_delay)),
+                   n, bench.sessions(), p50, p99, Seconds(rendezvous), Seconds(regroup),
+                   window->rss_mb, window->cpu_pct, absl::ToDoubleMilliseconds(absl::GetFlag(FLAGS_state_sync_delay)),
                    absl::GetFlag(FLAGS_churn_per_second), Seconds(rendezvous_cpu),
                    Seconds(regroup_cpu), bench.interval_ms(), bench.channels())
             << (api.ok() ? absl::StrFormat(" api_p50_ms=%.2f api_p99_ms=%.2f",
@@ -937,12 +958,12 @@ int RunCoordinatorBench() {
             << (absl::GetFlag(FLAGS_relays) > 0
                     ? absl::StrFormat(
                           " relays=%d relay_cpu_pct=%.1f relay_rss_mb=%.1f relay_regroup_cpu_s=%.3f",
-                          absl::GetFlag(FLAGS_relays), relay_cpu_pct, bench.RelayRssMb(),
-                          relay_regroup_cpu)
+                          absl::GetFlag(FLAGS_relays), window->relay_cpu_pct,
+                          bench.RelayRssMb(), relay_regroup_cpu)
                     : std::string())
             << std::endl;
-  std::cerr << "(" << count << " heartbeats measured over " << seconds << " s; " << churned
-            << " members joined and left)\n";
+  std::cerr << "(" << hb.size() << " heartbeats measured over " << seconds << " s; "
+            << window->churned << " members joined and left)\n";
   return 0;
 }
 
