@@ -92,27 +92,27 @@ void CoordinatorChannel::MoveOn() {
 }
 
 bool CoordinatorChannel::Refresh() {
-  size_t next;
+  // One address, no file: nothing to follow (callers refresh before every
+  // call).
+  if (targets_.size() == 1 && !absl::StartsWith(targets_[0], kFilePrefix)) return false;
+  size_t current, next;
+  std::string current_address;
   {
     absl::MutexLock lock(&mu_);
-    next = current_;
+    current = next = current_;
+    current_address = address_;
     if (targets_.size() > 1 &&
         (std::exchange(move_on_, false) ||
          channel_->GetState(/*try_to_connect=*/false) == GRPC_CHANNEL_TRANSIENT_FAILURE)) {
       next = (current_ + 1) % targets_.size();
     }
   }
-  const std::string& target = targets_[next];
-  absl::StatusOr<std::string> address = ResolveEntry(target);
+  absl::StatusOr<std::string> address = ResolveEntry(targets_[next]);
   if (!address.ok()) {
-    absl::MutexLock lock(&mu_);
-    if (next == current_) return false;
-    address = Absent(target);
+    if (next == current) return false;
+    address = Absent(targets_[next]);
   }
-  {
-    absl::MutexLock lock(&mu_);
-    if (next == current_ && *address == address_) return false;
-  }
+  if (next == current && *address == current_address) return false;
   absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
       MakeChannel(*address, tls_, connection_);
   if (!channel.ok()) return false;
