@@ -54,6 +54,59 @@ TEST(GradientSyncTest, RanksThatFillBucketsInDifferentOrdersReduceMatchingBucket
   }).ok());
 }
 
+// A pass with several backward calls (a GAN's real and fake losses, one
+// backward per task) averages each rank's whole local sum, even when a later
+// backward reaches parameters whose buckets are already launched, and when
+// the ranks touch different parameters again (a data-dependent graph): every
+// rank reduces again the buckets that any rank flagged, and the same ones.
+TEST(GradientSyncTest, SeveralBackwardCallsInOnePassAverageTheWholeLocalSum) {
+  constexpr int kParams = 4;
+  constexpr int64_t kSize = 300;
+  for (const char* backend : {"gloo", "shm"}) {
+    ASSERT_TRUE(RunCommWorld(2, backend, [&](int rank, Communicator* comm) {
+      std::vector<torch::Tensor> params;
+      for (int i = 0; i < kParams; ++i) {
+        params.push_back(torch::zeros({kSize}, torch::requires_grad()));
+      }
+      GradientSyncOptions o;
+      o.bucket_bytes = 1;  // one bucket per parameter
+      GradientSync sync(params, comm, o);
+      for (int step = 0; step < 3; ++step) {
+        for (torch::Tensor& p : params) p.mutable_grad() = torch::Tensor();
+        std::vector<float> local(kParams, 0);
+        sync.Begin(/*sync=*/true);
+        // Every parameter once, last to first (buckets 0.. launch at once)...
+        torch::Tensor all = torch::zeros({}, torch::kFloat32);
+        for (int i = 0; i < kParams; ++i) {
+          const float g = static_cast<float>((rank + 1) * (i + 1) + step);
+          all = all + (params[i] * g).sum();
+          local[i] += g;
+        }
+        all.backward();
+        // ... then one parameter again: the last on rank 0, the first on
+        // rank 1 (its bucket is the last, not launched yet).
+        const int again = rank == 0 ? kParams - 1 : 0;
+        const float g2 = 10.0f * static_cast<float>(rank + 1 + step);
+        ((params[again] * g2).sum()).backward();
+        local[again] += g2;
+        ASSERT_TRUE(sync.Finish(absl::Now() + absl::Seconds(30)).ok());
+        EXPECT_EQ(sync.last_stats().refilled_buckets, 1) << "rank " << rank;
+        // The average of both ranks' local sums: exchanged by hand.
+        torch::Tensor mine = torch::tensor(local);
+        torch::Tensor sums = mine.clone();
+        ASSERT_TRUE(AllReduceTensor(comm, sums, ReduceOp::kSum,
+                                    absl::Now() + absl::Seconds(30)).ok());
+        for (int i = 0; i < kParams; ++i) {
+          const float want = sums[i].item<float>() / 2;
+          EXPECT_TRUE(torch::allclose(params[i].grad(), torch::full({kSize}, want)))
+              << backend << " rank " << rank << " step " << step << " parameter " << i
+              << ": got " << params[i].grad()[0].item<float>() << ", want " << want;
+        }
+      }
+    }).ok()) << backend;
+  }
+}
+
 // Every dtype a state may hold travels bit for bit from the root, including
 // sizes that are not a multiple of 8 bytes.
 TEST(BroadcastTensorsTest, EveryDtypeArrivesBitForBit) {

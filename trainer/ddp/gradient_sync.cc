@@ -44,7 +44,7 @@ GradientSync::GradientSync(std::vector<torch::Tensor> params, Communicator* comm
     Bucket& b = buckets_[i];
     int64_t n = 0;
     for (size_t k : b.params) n += params_[k].numel();
-    if (i + 1 == buckets_.size()) n += kControlWords;  // the control words ride in the last bucket
+    if (i + 1 == buckets_.size()) n += words();  // the words ride in the last bucket
     b.buffer = torch::zeros({n}, params_.empty() ? torch::TensorOptions().dtype(torch::kFloat32)
                                                  : params_[0].options().dtype(torch::kFloat32));
   }
@@ -79,6 +79,19 @@ void GradientSync::SetControl(const std::array<float, kControlWords>& control) {
   }
 }
 
+void GradientSync::SetRefillFlags(bool from_buckets) {
+  if (buckets_.empty()) return;
+  torch::Tensor& last = buckets_.back().buffer;
+  const int64_t first = last.numel() - words();
+  std::vector<float> flags(buckets_.size(), 0.0f);
+  if (from_buckets) {
+    for (size_t i = 0; i < buckets_.size(); ++i) flags[i] = buckets_[i].refill ? 1.0f : 0.0f;
+  }
+  last.narrow(0, first, static_cast<int64_t>(flags.size()))
+      .copy_(torch::from_blob(flags.data(), {static_cast<int64_t>(flags.size())},
+                              torch::kFloat32));
+}
+
 void GradientSync::SetTimeout(absl::Duration timeout) {
   std::lock_guard<std::mutex> lock(mu_);
   options_.timeout = timeout;
@@ -97,6 +110,7 @@ void GradientSync::Begin(bool sync, const std::array<float, kControlWords>& cont
     b.ready = 0;
     b.launched = false;
     b.done = false;
+    b.refill = false;
     b.status = absl::OkStatus();
   }
   queue_.clear();
@@ -106,25 +120,36 @@ void GradientSync::Begin(bool sync, const std::array<float, kControlWords>& cont
 }
 
 void GradientSync::OnGradient(size_t k, const torch::Tensor& grad) {
+  Bucket& b = buckets_[bucket_of_[k]];
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (solo_) got_gradient_[k] = 1;
     if (!syncing_) return;
+    if (b.launched) {
+      // Another backward of the pass reached a parameter whose bucket is
+      // already on its way: autograd adds the gradient to .grad, and Finish
+      // reduces the bucket again from .grad, the pass's whole local sum.
+      b.refill = true;
+      return;
+    }
   }
-  Bucket& b = buckets_[bucket_of_[k]];
   torch::NoGradGuard no_grad;
   torch::Tensor slot = b.buffer.narrow(0, b.offsets[slot_of_[k]], params_[k].numel());
   slot.copy_(grad.reshape({-1}));
-  // Gradients accumulated by earlier no-sync steps are part of this one.
+  // What .grad holds already is part of the sum: gradients accumulated by
+  // earlier no-sync steps, and an earlier backward of this pass.
   const torch::Tensor& previous = params_[k].grad();
   if (previous.defined()) slot.add_(previous.reshape({-1}));
   std::lock_guard<std::mutex> lock(mu_);
+  if (got_gradient_[k]) return;  // a second backward of the pass: counted once
   got_gradient_[k] = 1;
   if (++b.ready == static_cast<int>(b.params.size()) && options_.overlap) {
     // Buckets go out in index order, as DDP's reducer launches them: with a
     // data-dependent graph ranks can fill them in different orders, and
-    // every rank must reduce the same bucket in the same collective.
-    while (next_launch_ < buckets_.size() &&
+    // every rank must reduce the same bucket in the same collective. The
+    // last one, which carries the words, waits for Finish: only then is it
+    // known which buckets another backward of the pass touched again.
+    while (next_launch_ + 1 < buckets_.size() &&
            buckets_[next_launch_].ready == static_cast<int>(buckets_[next_launch_].params.size())) {
       Launch(next_launch_++);
     }
@@ -168,7 +193,7 @@ void GradientSync::CommLoop() {
 absl::Status GradientSync::ReduceBucket(Communicator* comm, size_t i, ReduceOp op,
                                         absl::Time deadline) {
   const torch::Tensor& buffer = buckets_[i].buffer;
-  const int64_t words = i + 1 == buckets_.size() ? kControlWords : 0;
+  const int64_t words = i + 1 == buckets_.size() ? this->words() : 0;
   if (words == 0 || comm->gradient_wire() == DataType::kFloat32) {
     return AllReduceGradientTensor(comm, buffer, op, deadline);
   }
@@ -197,6 +222,9 @@ absl::Status GradientSync::Finish(absl::Time deadline, const std::function<void(
   }
   if (!syncing_) return absl::OkStatus();
   deadline_ = std::min(deadline_, deadline);
+  // Which launched buckets a later backward of the pass touched again ride
+  // in the last bucket: every rank then reduces the same ones again.
+  SetRefillFlags(/*from_buckets=*/true);
   // A parameter whose hook did not run this step (unused in the forward
   // pass) contributes what it accumulated locally, or zeros.
   for (size_t i = 0; i < buckets_.size(); ++i) {
@@ -218,13 +246,39 @@ absl::Status GradientSync::Finish(absl::Time deadline, const std::function<void(
   // The pass is over: hooks stay quiet until the next Begin (another
   // sync's pass may run backward through these parameters).
   syncing_ = false;
-  stats_.comm_seconds = comm_seconds_;
-  stats_.wait_seconds = absl::ToDoubleSeconds(RealClock::Get()->Now() - start);
+  const absl::Time reduce_deadline = deadline_;
+  Communicator* const comm = comm_;
+  double comm_seconds = comm_seconds_;
   for (const Bucket& b : buckets_) {
     if (!b.status.ok()) return b.status;
   }
   lock.unlock();
+  const absl::Time refill_start = RealClock::Get()->Now();
+  absl::Status s = ReduceRefilled(comm, reduce_deadline);
+  comm_seconds += absl::ToDoubleSeconds(RealClock::Get()->Now() - refill_start);
+  stats_.comm_seconds = comm_seconds;
+  stats_.wait_seconds = absl::ToDoubleSeconds(RealClock::Get()->Now() - start);
+  MUSTER_RETURN_IF_ERROR(s);
   Install();
+  return absl::OkStatus();
+}
+
+absl::Status GradientSync::ReduceRefilled(Communicator* comm, absl::Time deadline) {
+  if (buckets_.size() < 2) return absl::OkStatus();
+  const torch::Tensor& last = buckets_.back().buffer;
+  // One copy (one device synchronisation) for all the flags.
+  const torch::Tensor flags =
+      last.narrow(0, last.numel() - words(), static_cast<int64_t>(buckets_.size()))
+          .to(torch::kCPU);
+  const float* flag = flags.data_ptr<float>();
+  stats_.refilled_buckets = 0;
+  for (size_t i = 0; i + 1 < buckets_.size(); ++i) {
+    if (flag[i] <= 0) continue;  // no rank touched it again
+    Bucket& b = buckets_[i];
+    for (size_t j = 0; j < b.params.size(); ++j) FillFromGrad(b, j, /*use_grad=*/true);
+    MUSTER_RETURN_IF_ERROR(ReduceBucket(comm, i, ReduceOp::kAverage, deadline));
+    ++stats_.refilled_buckets;
+  }
   return absl::OkStatus();
 }
 
@@ -272,6 +326,7 @@ absl::Status GradientSync::Resync(Communicator* comm, bool contribute, int contr
     for (size_t j = 0; j < b.params.size(); ++j) FillFromGrad(b, j, contribute);
   }
   SetControl(control);
+  SetRefillFlags(/*from_buckets=*/false);  // every bucket is filled from .grad already
   // All contribute: the very reduction of a step, so that a salvaged step
   // equals one taken in this world. Otherwise sum, then divide.
   const bool all = contributors == comm->size();
@@ -282,7 +337,7 @@ absl::Status GradientSync::Resync(Communicator* comm, bool contribute, int contr
   if (!all && !buckets_.empty()) {
     for (size_t i = 0; i < buckets_.size(); ++i) {
       torch::Tensor& buffer = buckets_[i].buffer;
-      const int64_t words = i + 1 == buckets_.size() ? kControlWords : 0;
+      const int64_t words = i + 1 == buckets_.size() ? this->words() : 0;
       buffer.narrow(0, 0, buffer.numel() - words).div_(contributors);
       buffer.narrow(0, buffer.numel() - words, words).div_(comm->size());
     }

@@ -9,6 +9,16 @@
 // stream that filled it (a StreamMark recorded at launch), and a
 // communicator on host memory gets staged copies (device_comm.h). Finish() waits for
 // every bucket and writes the averaged gradients into the parameters' .grad.
+// A pass may call backward several times (a GAN's real and fake losses, one
+// backward per task): .grad then holds the pass's whole local sum, and that
+// sum is what gets averaged. A bucket is launched at its parameters' first
+// gradients; when a later backward of the pass reaches a parameter whose
+// bucket is already launched, the bucket is marked for a refill. The last
+// bucket waits for Finish and carries, besides the control words, one flag
+// per bucket; after it, every rank reduces again, from .grad and in index
+// order, each bucket that any rank flagged. A pass with one backward pays
+// nothing for this; a bucket reduced again costs one more all-reduce of it,
+// outside backward (StepCommStats::refilled_buckets counts them).
 // Inside a no-sync step (gradient accumulation) the hooks do nothing and
 // gradients accumulate locally; the next synchronised step reduces the
 // accumulated sum. In a world of one there is nothing to reduce: a step
@@ -61,6 +71,7 @@ struct GradientSyncOptions {
 struct StepCommStats {
   double comm_seconds = 0;  // time the communication thread spent reducing
   double wait_seconds = 0;  // time Finish() waited for it after backward
+  int refilled_buckets = 0;  // buckets reduced a second time (see above)
 };
 
 class GradientSync {
@@ -119,11 +130,23 @@ class GradientSync {
     bool launched = false;
     StreamMark filled;             // the launcher's stream has written the buffer
     bool done = false;
+    bool refill = false;           // a later backward of the pass touched it after launch
     absl::Status status;
   };
 
+  // The words after the last bucket's gradients: a refill flag per bucket,
+  // then the control words.
+  int64_t words() const { return static_cast<int64_t>(buckets_.size()) + kControlWords; }
+
   void OnGradient(size_t param, const torch::Tensor& grad);
   void SetControl(const std::array<float, kControlWords>& control);
+  // Writes the refill flags into the last bucket: each bucket's `refill`
+  // (`from_buckets`), else zeros.
+  void SetRefillFlags(bool from_buckets);
+  // After every bucket is done: reduces again, over `comm`, each bucket
+  // that some rank flagged, refilled from .grad. Training thread; nothing
+  // in flight.
+  absl::Status ReduceRefilled(Communicator* comm, absl::Time deadline);
   // Puts slot `j` of `b` to its parameter's .grad (`use_grad` and defined),
   // else to zeros.
   void FillFromGrad(Bucket& b, size_t j, bool use_grad);
