@@ -7,9 +7,11 @@
 //   MUSTER_COORDINATOR=127.0.0.1:29400 ./fashion_mnist --node-id b
 #include <muster/muster.h>
 #include <torch/torch.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include <cstring>
+#include <fstream>
 #include <iostream>
 #include <string>
 
@@ -49,12 +51,14 @@ struct Net : torch::nn::Module {
 int main(int argc, char** argv) {
   muster::Options options;
   std::string dir = "/usr/share/datasets/fashion-mnist";
+  std::string summary;  // a file for the final state digest, {pid} replaced
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i], value = argv[i + 1];
     if (flag == "--node-id") options.node_id = value;
     if (flag == "--data-dir") dir = value;
     if (flag == "--steps") options.steps = std::stoll(value);
     if (flag == "--checkpoint-dir") options.checkpoint_dir = value;
+    if (flag == "--summary") summary = value;
   }
   const torch::Tensor images = ReadIdx(dir + "/train-images-idx3-ubyte.gz").to(torch::kFloat32) / 255;
   const torch::Tensor labels = ReadIdx(dir + "/train-labels-idx1-ubyte.gz").to(torch::kInt64);
@@ -97,5 +101,14 @@ int main(int argc, char** argv) {
                 << " steps, final loss " << (*sum)[0] / d.world_size() << std::endl;
     }
   }
-  return muster::Distributed::ExitCode(d.Finish());
+  absl::StatusOr<muster::Distributed::Outcome> outcome = d.Finish();
+  if (!summary.empty()) {
+    if (const size_t at = summary.find("{pid}"); at != std::string::npos) {
+      summary.replace(at, 5, std::to_string(::getpid()));
+    }
+    std::ofstream(summary) << "{\"rank\": " << d.rank() << ", \"steps\": " << d.step()
+                           << ", \"digest\": \"" << std::hex << d.StateDigest() << std::dec
+                           << "\"}\n";
+  }
+  return muster::Distributed::ExitCode(outcome);
 }

@@ -1,8 +1,11 @@
-// A small GAN on Fashion-MNIST made elastic with libmuster: two models
-// (a generator and a discriminator), two optimizers and two synchronised
-// backward passes in every step, the discriminator's and then the
-// generator's, each reducing the gradients of its own model. muster keeps
-// both models and both Adam states identical on every rank, moves them to
+// A small GAN on Fashion-MNIST made elastic with libmuster, with the loop
+// of pytorch/examples' DCGAN: two models (a generator and a discriminator,
+// both with BatchNorm), two optimizers and two synchronised passes in every
+// step. The discriminator's pass calls backward twice (real, then fake)
+// before its optimizer steps; the generator's pass backpropagates through
+// the images generated before the discriminator's pass, whose graph holds
+// the generator's BatchNorm buffers. muster keeps both models, their
+// buffers and both Adam states identical on every rank, moves them to
 // joiners, checkpoints them and resumes them exactly.
 //
 //   gan [--node-id ID] [--data-dir D] [--examples N] [--steps N | --epochs N]
@@ -15,6 +18,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <chrono>
 #include <fstream>
 #include <iostream>
@@ -43,13 +47,14 @@ torch::Tensor ReadImages(const std::string& path, int64_t limit) {
 }
 
 torch::nn::Sequential Generator() {
-  return torch::nn::Sequential(torch::nn::Linear(kNoise, 256), torch::nn::LeakyReLU(),
-                               torch::nn::Linear(256, kPixels), torch::nn::Tanh());
+  return torch::nn::Sequential(torch::nn::Linear(kNoise, 256), torch::nn::BatchNorm1d(256),
+                               torch::nn::LeakyReLU(), torch::nn::Linear(256, kPixels),
+                               torch::nn::Tanh());
 }
 
 torch::nn::Sequential Discriminator() {
-  return torch::nn::Sequential(torch::nn::Linear(kPixels, 256), torch::nn::LeakyReLU(),
-                               torch::nn::Linear(256, 1));
+  return torch::nn::Sequential(torch::nn::Linear(kPixels, 256), torch::nn::BatchNorm1d(256),
+                               torch::nn::LeakyReLU(), torch::nn::Linear(256, 1));
 }
 
 std::string Get(const std::map<std::string, std::string>& flag, const std::string& name,
@@ -108,25 +113,39 @@ int main(int argc, char** argv) {
     // Noise drawn from the step and the examples: the same on a rerun.
     torch::manual_seed(static_cast<uint64_t>(d.step()) * 1000003 +
                        (batch.empty() ? 0 : static_cast<uint64_t>(batch[0])));
-    const torch::Tensor fake = gen->forward(torch::randn({real.size(0), kNoise}));
+    // BatchNorm needs two examples; a rank whose share of the epoch's last
+    // batch is smaller still joins both passes, with nothing to add.
+    const bool empty = real.size(0) < 2;
+    const torch::Tensor fake = gen->forward(torch::randn({std::max<int64_t>(real.size(0), 2), kNoise}));
 
-    // The discriminator's pass: real against generated.
-    torch::Tensor loss_d = bce(disc->forward(real), 1) + bce(disc->forward(fake.detach()), 0);
+    // The discriminator's pass: a backward for the real images, another for
+    // the generated ones, then one optimizer step on the sum.
     d_opt.zero_grad();
     d.BeforeBackwardFor({"discriminator"});
-    loss_d.backward();
+    torch::Tensor loss_real, loss_fake;
+    if (!empty) {
+      loss_real = bce(disc->forward(real), 1);
+      loss_real.backward();
+      loss_fake = bce(disc->forward(fake.detach()), 0);
+      loss_fake.backward();
+    }
     if (!d.AfterBackward().ok()) continue;  // a peer failed and the pass could not be salvaged
     d_opt.step();
 
-    // The generator's pass, through the updated discriminator.
-    torch::Tensor loss_g = bce(disc->forward(fake), 1);
+    // The generator's pass, through the updated discriminator and the graph
+    // of `fake`, built before the discriminator's pass.
     g_opt.zero_grad();
     d.BeforeBackwardFor({"generator"});
-    loss_g.backward();
+    torch::Tensor loss_g;
+    if (!empty) {
+      loss_g = bce(disc->forward(fake), 1);
+      loss_g.backward();
+    }
     if (!d.AfterBackward().ok()) continue;
     g_opt.step();
 
-    d_loss = loss_d.item<double>();
+    if (empty) continue;
+    d_loss = loss_real.item<double>() + loss_fake.item<double>();
     g_loss = loss_g.item<double>();
     d.RecordLoss(d_loss + g_loss);
     d.LogScalars({{"loss_d", d_loss}, {"loss_g", g_loss}});

@@ -3,7 +3,7 @@
 // LibTorch's data loader (muster::StepSampler), RMSprop trains two parameter
 // groups with their own rates (the head 10x the body), a step decay is set
 // per group, and BatchNorm's running statistics stay equal on every rank
-// (muster broadcasts buffers after each step).
+// (muster copies rank 0's at each step boundary).
 //
 //   tabular [--steps N] [--batch N] [--decay-every N] [--checkpoint-dir D
 //           --checkpoint-every N] [--record DIR] [--summary FILE]
@@ -23,6 +23,7 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <sstream>
 #include <thread>
 
 namespace {
@@ -106,7 +107,17 @@ int main(int argc, char** argv) {
     record.open(flag["--record"] + "/" + std::to_string(::getpid()) + ".txt");
   }
   const int pace_ms = std::stoi(Get(flag, "--pace-ms", "0"));
+  // The digest of a step is taken between steps, once ShouldStop has
+  // synchronised the BatchNorm statistics its forward passes changed.
+  std::string taken;  // the last step's line, waiting for its digest
+  const auto write_taken = [&] {
+    if (record.is_open() && !taken.empty()) {
+      record << d.step() << " " << Hex(d.StateDigest()) << taken << std::endl;
+    }
+    taken.clear();
+  };
   while (!d.ShouldStop()) {
+    write_taken();
     const int64_t prepared = d.step();
     const std::vector<double> rates = d.learning_rates();
     model->train();
@@ -119,13 +130,13 @@ int main(int argc, char** argv) {
     }
     if (!d.AfterBackward().ok()) continue;  // a peer failed and the step could not be salvaged
     optimizer.step();
-    if (record.is_open()) {
-      record << d.step() << " " << Hex(d.StateDigest()) << " " << prepared;
-      for (double r : rates) record << " " << r;
-      record << std::endl;
-    }
+    std::ostringstream line;
+    line << " " << prepared;
+    for (double r : rates) line << " " << r;
+    taken = line.str();
     if (pace_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(pace_ms));
   }
+  write_taken();
   absl::StatusOr<muster::Distributed::Outcome> outcome = d.Finish();
   if (flag.count("--summary")) {
     std::string path = flag["--summary"];

@@ -104,6 +104,7 @@ using muster::TrainOptions;
 // and 2 for bad flags.
 constexpr int kExitBadFlags = 2;
 constexpr int kExitConfig = 78;  // sysexits EX_CONFIG, as Distributed::kExitConfig
+constexpr int kExitDataLoss = 65;  // sysexits EX_DATAERR, as Distributed::kExitDataLoss
 
 // The library's options from the flags: the job, communication, data
 // schedule, checkpoints and output.
@@ -240,7 +241,8 @@ int Run() {
   absl::StatusOr<muster::TrainResult> result = muster::RunTraining(*o);
   if (!result.ok()) {
     std::cerr << "muster-train: " << result.status() << "\n";
-    return absl::IsInvalidArgument(result.status()) ? kExitConfig : 1;
+    if (absl::IsInvalidArgument(result.status())) return kExitConfig;
+    return absl::IsDataLoss(result.status()) ? kExitDataLoss : 1;
   }
   WriteSummary(*place, *result);
   return result->exit_code;

@@ -161,6 +161,10 @@ class Distributed {
   static constexpr int kExitStopped = 75;                   // sysexits EX_TEMPFAIL: resume later
   static constexpr int kExitStoppedWithoutCheckpoint = 74;  // sysexits EX_IOERR: steps repeat
   static constexpr int kExitConfig = 78;  // sysexits EX_CONFIG: bad options or state (INVALID_ARGUMENT)
+  // sysexits EX_DATAERR: the ranks' state disagreed (DATA_LOSS); nothing of
+  // it was committed. A restart would resume from the newest committed
+  // checkpoint and, with the same program, disagree again.
+  static constexpr int kExitDataLoss = 65;
   static constexpr int kExitError = 1;    // any other error
 
   // Joins the job and enters the first world with identical state on every
@@ -220,7 +224,8 @@ class Distributed {
   // writes; a finished run leaves the job as finished.
   virtual absl::StatusOr<Outcome> Finish() = 0;
   // 0 finished or left; kExitStopped (75), kExitStoppedWithoutCheckpoint
-  // (74); kExitConfig (78) for INVALID_ARGUMENT; kExitError (1) for other
+  // (74); kExitConfig (78) for INVALID_ARGUMENT; kExitDataLoss (65) for
+  // DATA_LOSS (the ranks disagree); kExitError (1) for other
   // errors. muster-agent restarts a trainer only after kExitError, 70 or a
   // signal (docs/library.md, "Exit codes").
   static int ExitCode(const absl::StatusOr<Outcome>& outcome);

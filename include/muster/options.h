@@ -95,12 +95,21 @@ struct Options {
   // Building a communicator, the state transfer and AllReduceSum (an
   // evaluation, whose ranks may arrive far apart) wait at least 120 s.
   double collective_timeout_s = 0;
-  // After each step's all-reduce, the model's buffers (BatchNorm's running
-  // statistics and step count, any registered buffer) are broadcast from
-  // rank 0, as DDP's broadcast_buffers does, so that every rank holds the
-  // same state at every step boundary. false: each rank keeps its own (the
-  // ranks' state digests then differ; a regroup still makes them equal).
+  // The modules' buffers (BatchNorm's running statistics and step count,
+  // any registered buffer) that a forward pass changed on some rank are
+  // copied from rank 0 at every step boundary (in ShouldStop, after every
+  // pass of the step, before a checkpoint), as DDP's broadcast_buffers
+  // copies them before a forward: every rank holds the same state between
+  // steps, and nothing is written into a tensor that a graph of the step
+  // may still need. false: each rank keeps its own (the ranks' state
+  // digests then differ, and the state checks below stop the job).
   bool broadcast_buffers = true;
+  // The ranks compare their state digests (one all-reduce of a word per
+  // rank, after hashing the whole state) before every checkpoint, and
+  // every `check_state_every` steps (0: before checkpoints only). Ranks
+  // that disagree stop the run with DATA_LOSS naming them and the first
+  // module tensor that differs, and that checkpoint is never written.
+  int64_t check_state_every = 100;
   // A peer that fails during a step's all-reduce: the survivors reduce the
   // gradients they hold in the regrouped world and take the step (the dead
   // ranks' examples come again); false drops the step.

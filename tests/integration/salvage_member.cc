@@ -5,12 +5,17 @@
 //   salvage_member --node-id ID (--steps N | --epochs N) [--dataset N]
 //                  [--batch N] [--accumulate N] [--salvage 0|1]
 //                  [--die-at-step K] [--leave-after-step K]
-//                  [--record DIR] [--summary FILE]
+//                  [--record DIR] [--summary FILE] [--corrupt-at-step K]
+//                  [--checkpoint-dir D --checkpoint-every N]
+//                  [--check-state-every N]
 //
 // --die-at-step K: SIGKILL itself after the forward pass of step K, while
 // the others are inside that step's all-reduce. --leave-after-step K: ask to
 // leave; the world goes on without this member from step K + 1.
 // --accumulate N: N micro-batches per step, the first N - 1 without sync.
+// --corrupt-at-step K: after the optimizer step of step K, add 1e-6 to one
+// weight of this member's first layer (what a bit flip or a bug would do):
+// the ranks must notice before they commit a checkpoint.
 // --record DIR writes DIR/<pid>.txt, "epoch index" per example of every
 // step that counted; --summary FILE ({pid} replaced) the final state.
 #include <muster/muster.h>
@@ -65,6 +70,9 @@ int main(int argc, char** argv) {
     return 1e-2 * p.lr_world_size / 4.0 * (1.0 - 0.5 * p.step / std::max<double>(1, p.total_steps));
   };
   options.state_listen = "";
+  if (flag.count("--checkpoint-dir")) options.checkpoint_dir = flag["--checkpoint-dir"];
+  options.checkpoint_every = get("--checkpoint-every", 0);
+  options.check_state_every = get("--check-state-every", options.check_state_every);
   options.quiet = true;
   muster::State state;
   state.model = model.ptr().get();
@@ -98,6 +106,10 @@ int main(int argc, char** argv) {
       continue;
     }
     optimizer.step();
+    if (step == get("--corrupt-at-step", -1)) {
+      torch::NoGradGuard no_grad;
+      model[0]->as<torch::nn::Linear>()->weight[0][0].add_(1e-6);
+    }
     for (int64_t i : d.Batch()) record << epoch << " " << i << "\n";
     record.flush();
   }

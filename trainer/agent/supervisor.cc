@@ -44,7 +44,8 @@ bool Supervisor::Ended(int slot, ProcessEnd end, absl::Time now) {
     return false;
   }
   const bool misconfigured =
-      !end.signaled && (end.code == kExitBadFlags || end.code == kExitConfig);
+      !end.signaled &&
+      (end.code == kExitBadFlags || end.code == kExitConfig || end.code == kExitDataLoss);
   if (misconfigured || s.restarts >= options_.max_restarts) {
     s.state = State::kGaveUp;
     return false;

@@ -30,6 +30,9 @@ inline constexpr int kExitStoppedBySignal = 75;  // sysexits.h EX_TEMPFAIL
 // Stopped, but no checkpoint of the last step committed (sysexits EX_IOERR).
 inline constexpr int kExitStoppedWithoutCheckpoint = 74;
 inline constexpr int kExitConfig = 78;  // sysexits.h EX_CONFIG
+// The ranks' state disagreed (Distributed::kExitDataLoss, sysexits.h
+// EX_DATAERR): the same program would disagree again, so not restarted.
+inline constexpr int kExitDataLoss = 65;
 
 struct SupervisorOptions {
   int slots = 1;

@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 #include <xxhash.h>
 
+#include <algorithm>
 #include <map>
 #include <utility>
 #include <string>
@@ -22,11 +23,16 @@ std::vector<torch::Tensor> Tensors(const NamedTensors& named) {
   return out;
 }
 
-// The model, `optimizer` (the state's optimizer tensors) and extra tensors,
-// in one order on every rank.
+bool IsBuffer(const std::string& name) { return name.rfind("buffer.", 0) == 0; }
+
+// The model (without its buffers: `buffers` false), `optimizer` (the
+// state's optimizer tensors) and extra tensors, in one order on every rank.
 std::vector<torch::Tensor> StateTensors(const TrainingState& state,
-                                        const NamedTensors& optimizer) {
-  std::vector<torch::Tensor> out = Tensors(state.Model());
+                                        const NamedTensors& optimizer, bool buffers = true) {
+  std::vector<torch::Tensor> out;
+  for (const auto& [name, t] : state.Model()) {
+    if (buffers || !IsBuffer(name)) out.push_back(t);
+  }
   for (const torch::Tensor& t : Tensors(optimizer)) out.push_back(t);
   for (const auto& [name, t] : state.tensors) out.push_back(t);
   return out;
@@ -34,12 +40,13 @@ std::vector<torch::Tensor> StateTensors(const TrainingState& state,
 
 }  // namespace
 
-uint64_t StateDigest(const TrainingState& state, const std::vector<int64_t>& counters) {
+uint64_t StateDigest(const TrainingState& state, const std::vector<int64_t>& counters,
+                     bool buffers) {
   torch::NoGradGuard no_grad;
   XXH3_state_t* h = XXH3_createState();
   XXH3_64bits_reset(h);
   XXH3_64bits_update(h, counters.data(), counters.size() * sizeof(int64_t));
-  for (const torch::Tensor& t : StateTensors(state, state.OptimizerState())) {
+  for (const torch::Tensor& t : StateTensors(state, state.OptimizerState(), buffers)) {
     torch::Tensor c = t.detach().contiguous().cpu();
     XXH3_64bits_update(h, c.data_ptr(), static_cast<size_t>(c.numel()) * c.element_size());
   }
@@ -91,12 +98,15 @@ uint64_t TensorHash(const torch::Tensor& t) {
 // Each registered entry (the counters, every model and optimizer tensor,
 // extra tensor and blob) with its hash, in one order on every rank.
 std::vector<std::pair<std::string, uint64_t>> EntryHashes(const TrainingState& state,
-                                                          const std::vector<int64_t>& counters) {
+                                                          const std::vector<int64_t>& counters,
+                                                          bool buffers) {
   torch::NoGradGuard no_grad;
   std::vector<std::pair<std::string, uint64_t>> out;
   out.emplace_back("the step and sample counters",
                    XXH3_64bits(counters.data(), counters.size() * sizeof(int64_t)));
-  for (const auto& [name, t] : state.Model()) out.emplace_back("model " + name, TensorHash(t));
+  for (const auto& [name, t] : state.Model()) {
+    if (buffers || !IsBuffer(name)) out.emplace_back("model " + name, TensorHash(t));
+  }
   for (const auto& [name, t] : state.OptimizerState()) {
     out.emplace_back("optimizer " + name, TensorHash(t));
   }
@@ -116,12 +126,18 @@ absl::Status CheckSameDigest(uint64_t digest, Communicator* comm, absl::Time dea
   return absl::DataLossError("the ranks' training state differs after the state transfer");
 }
 
-absl::Status CheckSameState(const TrainingState& state, const std::vector<int64_t>& counters,
-                            Communicator* comm, absl::Time deadline) {
-  absl::Status s = CheckSameDigest(StateDigest(state, counters), comm, deadline);
-  if (!absl::IsDataLoss(s)) return s;
-  // Which entries differ: first whether every rank has as many.
-  const auto entries = EntryHashes(state, counters);
+namespace {
+
+// Collective, after the digests were found to differ: the entries whose
+// hashes differ between ranks, in registration order. Errors: the
+// communicator's; DATA_LOSS when the ranks register different numbers of
+// entries.
+absl::StatusOr<std::vector<std::string>> DifferingEntries(const TrainingState& state,
+                                                          const std::vector<int64_t>& counters,
+                                                          Communicator* comm,
+                                                          absl::Time deadline,
+                                                          bool buffers = true) {
+  const auto entries = EntryHashes(state, counters, buffers);
   MUSTER_ASSIGN_OR_RETURN(std::vector<bool> same_count,
                           SameOnEveryRank({entries.size()}, comm, deadline));
   if (!same_count[0]) {
@@ -135,15 +151,68 @@ absl::Status CheckSameState(const TrainingState& state, const std::vector<int64_
   for (size_t i = 0; i < entries.size(); ++i) {
     if (!same[i]) differ.push_back(entries[i].first);
   }
+  return differ;
+}
+
+constexpr char kEqualBlobs[] =
+    "a blob's bytes must be equal for equal states: no addresses, no torch::save of an "
+    "optimizer";
+
+}  // namespace
+
+absl::Status CheckSameState(const TrainingState& state, const std::vector<int64_t>& counters,
+                            Communicator* comm, absl::Time deadline, bool buffers) {
+  absl::Status s = CheckSameDigest(StateDigest(state, counters, buffers), comm, deadline);
+  if (!absl::IsDataLoss(s)) return s;
+  MUSTER_ASSIGN_OR_RETURN(std::vector<std::string> differ,
+                          DifferingEntries(state, counters, comm, deadline, buffers));
   return absl::DataLossError(absl::StrCat(
       "the ranks' training state differs after the state transfer, in ",
-      differ.empty() ? std::string("no single entry") : absl::StrJoin(differ, ", "),
-      " (a blob's bytes must be equal for equal states: no addresses, no torch::save of an "
-      "optimizer)"));
+      differ.empty() ? std::string("no single entry") : absl::StrJoin(differ, ", "), " (",
+      kEqualBlobs, ")"));
+}
+
+absl::Status CheckRanksAgree(const TrainingState& state, const std::vector<int64_t>& counters,
+                             Communicator* comm, absl::Time deadline) {
+  // Every rank's digest in its own slot: a sum of one value and zeros is
+  // exact, so every rank ends with all of them.
+  std::vector<int64_t> digests(static_cast<size_t>(comm->size()), 0);
+  digests[static_cast<size_t>(comm->rank())] =
+      static_cast<int64_t>(StateDigest(state, counters));
+  MUSTER_RETURN_IF_ERROR(AllReduceValues(comm, digests.data(), digests.size(), DataType::kInt64,
+                                         ReduceOp::kSum, deadline));
+  // The state most ranks hold (rank 0's on a tie) is the reference.
+  std::map<int64_t, int> holders;
+  for (int64_t d : digests) ++holders[d];
+  int64_t reference = digests[0];
+  for (int64_t d : digests) {
+    if (holders[d] > holders[reference]) reference = d;
+  }
+  std::vector<int> same, other;
+  for (size_t r = 0; r < digests.size(); ++r) {
+    (digests[r] == reference ? same : other).push_back(static_cast<int>(r));
+  }
+  if (other.empty()) return absl::OkStatus();
+  MUSTER_ASSIGN_OR_RETURN(std::vector<std::string> differ,
+                          DifferingEntries(state, counters, comm, deadline));
+  const auto ranks = [](const std::vector<int>& r) {
+    return absl::StrCat(r.size() == 1 ? "rank " : "ranks ", absl::StrJoin(r, ", "));
+  };
+  return absl::DataLossError(absl::StrCat(
+      "the ranks disagree: ", ranks(other), " of ", digests.size(),
+      other.size() == 1 ? " holds" : " hold", " another state than ", ranks(same),
+      differ.empty() ? std::string("; no single entry differs")
+                     : absl::StrCat("; first difference: ", differ.front(), " (", differ.size(),
+                                    differ.size() == 1 ? " entry differs)" : " entries differ)"),
+      std::any_of(differ.begin(), differ.end(),
+                  [](const std::string& e) { return e.rfind("blob ", 0) == 0; })
+          ? absl::StrCat(" (", kEqualBlobs, ")")
+          : std::string()));
 }
 
 absl::Status SyncStateFrom(int source, Communicator* comm, const TrainingState& state,
-                           TrainingCounters* counters, absl::Time deadline) {
+                           TrainingCounters* counters, absl::Time deadline, bool in_step,
+                           bool* buffers_held) {
   // The source's counter count first (the counters may differ in length:
   // they end with the sampler's returned examples), then the counters with
   // the source's blob sizes.
@@ -158,14 +227,16 @@ absl::Status SyncStateFrom(int source, Communicator* comm, const TrainingState& 
   for (const Blob& b : state.blobs) blobs.push_back(b.save());
   std::vector<int64_t> head = words;
   for (const std::string& b : blobs) head.push_back(static_cast<int64_t>(b.size()));
+  head.push_back(in_step ? 1 : 0);  // the source's: whether the buffers stay out
   MUSTER_RETURN_IF_ERROR(BroadcastValues(comm, head.data(), head.size(), DataType::kInt64,
                                          source, deadline));
   std::copy(head.begin(), head.begin() + words.size(), words.begin());
+  const bool buffers = head.back() == 0;
   MUSTER_ASSIGN_OR_RETURN(TrainingCounters received_counters, TrainingCounters::FromWords(words));
   // Every rank must hold the same set of optimizer tensors before the
   // broadcast (a newcomer has none yet): TrainingState::Optimizer sees to it.
   const NamedTensors optimizer_tensors = state.OptimizerState();  // step tensors: read back below
-  std::vector<torch::Tensor> tensors = StateTensors(state, optimizer_tensors);
+  std::vector<torch::Tensor> tensors = StateTensors(state, optimizer_tensors, buffers);
   std::map<std::string, std::string> received;
   for (size_t i = 0; i < state.blobs.size(); ++i) {
     const size_t size = static_cast<size_t>(head[words.size() + i]);
@@ -181,8 +252,9 @@ absl::Status SyncStateFrom(int source, Communicator* comm, const TrainingState& 
   }
   MUSTER_RETURN_IF_ERROR(state.LoadOptimizer(optimizer_tensors));
   MUSTER_RETURN_IF_ERROR(state.LoadBlobs(received));
-  MUSTER_RETURN_IF_ERROR(CheckSameState(state, words, comm, deadline));
+  MUSTER_RETURN_IF_ERROR(CheckSameState(state, words, comm, deadline, buffers));
   *counters = std::move(received_counters);
+  if (buffers_held != nullptr) *buffers_held = !buffers;
   return absl::OkStatus();
 }
 

@@ -24,6 +24,7 @@
 #include "trainer/checkpoint/training_state.h"
 #include "trainer/data/sampler.h"
 #include "trainer/comm/values.h"
+#include "trainer/ddp/buffer_sync.h"
 #include "trainer/ddp/device_comm.h"
 #include "trainer/ddp/gradient_sync.h"
 #include "trainer/elastic/catalog_checkpointer.h"
@@ -155,7 +156,13 @@ class Engine : public Distributed, private WorldChanges::Trainer {
   // returning the examples of the shares a salvaged pass lost. At once
   // after its one pass, or at its boundary after several.
   void EndStep();
-  absl::Status BroadcastBuffers();
+  // The buffers a forward changed on some rank, from rank 0, at the step
+  // boundary (buffer_sync.h); a peer that fails meanwhile regroups.
+  absl::Status SyncBuffers();
+  // Whether every rank holds the same state (`when`: for the message), at
+  // most once per step; DATA_LOSS naming the ranks and the first tensor
+  // that differ ends the run.
+  absl::Status CheckStateAgrees(const std::string& when);
   bool Done() const;
   void DropGradients();
   CheckpointMeta CommittedStepMeta() const;
@@ -174,7 +181,13 @@ class Engine : public Distributed, private WorldChanges::Trainer {
   }
   absl::Status TakeState(int source, Communicator* comm, TrainingCounters* counters,
                          absl::Time deadline) override {
-    return SyncStateFrom(source, comm, state_, counters, deadline);
+    // A peer failed inside a step: its graphs may still hold the buffers,
+    // which then come from the source at the boundary.
+    bool held = false;
+    MUSTER_RETURN_IF_ERROR(SyncStateFrom(source, comm, state_, counters, deadline,
+                                         /*in_step=*/life_.state() == StepState::kFailed, &held));
+    if (buffers_) buffers_->Owe(held ? source : -1);
+    return absl::OkStatus();
   }
   void UseCommunicator(Communicator* comm) override {
     for (auto& [key, sync] : syncs_) sync->SetCommunicator(comm);
@@ -207,7 +220,10 @@ class Engine : public Distributed, private WorldChanges::Trainer {
   // joined; "" for all), and the one of the pass under way.
   std::map<std::string, std::unique_ptr<GradientSync>> syncs_;
   GradientSync* sync_ = nullptr;
+  bool pass_reduces_ = true;  // the last BeforeBackward had sync = true
   std::unique_ptr<CatalogCheckpointer> checkpointer_;
+  std::unique_ptr<BufferSync> buffers_;  // null without Options::broadcast_buffers
+  int64_t state_checked_at_ = -1;        // the step of the last CheckStateAgrees
   std::unique_ptr<ProgressReporter> reporter_;
   // The counters every rank holds alike between steps.
   TrainingCounters counters_;
@@ -276,6 +292,11 @@ absl::Status Engine::Begin() {
   wo.interrupted = [this] { return StopAsked() || LeaveAsked(); };
   MUSTER_ASSIGN_OR_RETURN(world_, ElasticWorld::Connect(std::move(wo)));
   MUSTER_ASSIGN_OR_RETURN(sync_, SyncFor({}));
+  if (options_.broadcast_buffers) {
+    std::vector<torch::nn::Module*> modules;
+    for (const TrainingState::Module& m : state_.modules) modules.push_back(m.module);
+    buffers_ = std::make_unique<BufferSync>(BufferSync::HoldersOf(modules));
+  }
   MUSTER_RETURN_IF_ERROR(ResumeFromCheckpoint());
   MUSTER_RETURN_IF_ERROR(changes_.EnterFirst());
   if (counters_.step != std::max<int64_t>(resumed_from_, 0)) {  // a live peer was further ahead
@@ -378,6 +399,8 @@ absl::Status Engine::Regroup(const std::string& why, bool broken) {
 }
 
 void Engine::WorldEntered() {
+  // The state transfer of entering a world made every rank's buffers equal.
+  if (buffers_) buffers_->Settle();
   reporter_->WorldEntered(progress(), world_->comm()->name(), world_->world().node_count);
   const int trainers = world_->world().local_world_size(), cpus = UsableCpus();
   const int threads = IntraOpThreads(options_.intra_op_threads, cpus, trainers,
@@ -536,6 +559,7 @@ void Engine::BeginPass(GradientSync* sync, bool reduce) {
         absl::StrCat("BeforeBackward outside a step ShouldStop prepared (", s.message(), ")")));
     return;
   }
+  pass_reduces_ = reduce;
   if (first || reduce) sent_ = CurrentControl();
   if (first || sync != sync_) sync->SetTimeout(changes_.step_timeout());
   sync_ = sync;
@@ -563,13 +587,22 @@ absl::Status Engine::AfterBackward() {
   if (life_.state() != StepState::kInBackward) {
     return absl::FailedPreconditionError("AfterBackward without BeforeBackward in this step");
   }
+  if (!pass_reduces_) {
+    // Nothing was reduced: an optimizer step now would apply each rank's
+    // own gradients, and the ranks would part ways.
+    absl::Status s = absl::FailedPreconditionError(
+        "AfterBackward after BeforeBackward(/*sync=*/false): a no-sync backward only "
+        "accumulates; the step's last backward needs BeforeBackward() (sync), and "
+        "AfterBackward closes that one");
+    life_.Break(s);
+    return s;
+  }
   // The optimizer update that follows must not change what a checkpoint's
   // copies still read (on the GPU they run beside training).
   if (checkpointer_) checkpointer_->BeforeUpdate();
   const absl::Time backward_end = clock_->Now();
   absl::Status s = sync_->Finish(changes_.StepDeadline(), [progress] { progress->Mark(); });
-  TrainingProgress::Busy busy(progress);  // a broadcast, a regroup
-  if (s.ok()) s = BroadcastBuffers();
+  TrainingProgress::Busy busy(progress);  // a regroup
   if (!s.ok()) return RegroupAfterFailedStep(s);
   const double comm_s = sync_->last_stats().comm_seconds;
   comm_total_ += comm_s;
@@ -620,18 +653,30 @@ absl::Status Engine::RegroupAfterFailedStep(const absl::Status& failure) {
   return absl::AbortedError(absl::StrCat(what, " dropped: ", failure.message()));
 }
 
-// Rank 0's buffers to every rank (Options::broadcast_buffers). Should it
-// fail, the step is salvaged like a failed all-reduce: the survivors then
-// hold the same averaged gradients, and averaging them again changes
-// nothing.
-absl::Status Engine::BroadcastBuffers() {
-  if (!options_.broadcast_buffers) return absl::OkStatus();
-  std::vector<torch::Tensor> buffers;
-  for (const TrainingState::Module& m : state_.modules) {
-    for (const torch::Tensor& b : m.module->buffers()) buffers.push_back(b);
+absl::Status Engine::SyncBuffers() {
+  if (!buffers_ || buffers_->empty()) return absl::OkStatus();
+  absl::Status s = buffers_->Sync(world_->comm(), /*root=*/0, changes_.StepDeadline());
+  if (s.ok()) return s;
+  // The regroup's state transfer makes every rank's buffers the source's.
+  return Regroup(std::string(s.message()), /*broken=*/true);
+}
+
+absl::Status Engine::CheckStateAgrees(const std::string& when) {
+  if (state_checked_at_ == counters_.step || world_->comm()->size() == 1) return absl::OkStatus();
+  absl::Status s = CheckRanksAgree(state_, counters_.ToWords(), world_->comm(),
+                                   changes_.LongDeadline());
+  if (s.ok()) {
+    state_checked_at_ = counters_.step;
+    return s;
   }
-  if (buffers.empty()) return absl::OkStatus();
-  return BroadcastTensors(buffers, world_->comm(), 0, changes_.StepDeadline());
+  if (absl::IsDataLoss(s)) {
+    s = absl::DataLossError(absl::StrCat("state check at step ", counters_.step, " (", when,
+                                         "): ", s.message()));
+    MUSTER_LOG(ERROR) << s.message() << "; the run stops without checkpointing this step";
+    return s;
+  }
+  // A peer failed during the check: the regroup's state transfer checks.
+  return Regroup(std::string(s.message()), /*broken=*/true);
 }
 
 // What a checkpoint after the last committed step records.
@@ -667,6 +712,8 @@ absl::Status Engine::Stop() {
 // is tried once more.
 absl::StatusOr<bool> Engine::CheckpointToStop() {
   if (!checkpointer_) return false;
+  MUSTER_RETURN_IF_ERROR(CheckStateAgrees("before the checkpoint to stop"));
+  if (life_.ended()) return false;  // the check's regroup found no world for this member
   constexpr int kAttempts = 2;
   for (int attempt = 1; attempt <= kAttempts; ++attempt) {
     absl::Status s = checkpointer_->Take(world_->client(), world_->world().rank,
@@ -726,6 +773,14 @@ absl::Status Engine::AtBoundary() {
       if (life_.ended()) return absl::OkStatus();
     }
   }
+  // After every pass of the step, before anything reads the state.
+  MUSTER_RETURN_IF_ERROR(SyncBuffers());
+  if (life_.ended()) return absl::OkStatus();
+  if (options_.check_state_every > 0 && counters_.step % options_.check_state_every == 0) {
+    MUSTER_RETURN_IF_ERROR(
+        CheckStateAgrees(absl::StrCat("every ", options_.check_state_every, " steps")));
+    if (life_.ended()) return absl::OkStatus();
+  }
   reporter_->StepDone(progress(), lr_->current());
   switch (decision_) {
     case StepDecision::kStop:
@@ -747,6 +802,8 @@ absl::Status Engine::AtBoundary() {
       break;
   }
   if (checkpointer_ && checkpointer_->Due(counters_.step)) {
+    MUSTER_RETURN_IF_ERROR(CheckStateAgrees("before a checkpoint"));
+    if (life_.ended()) return absl::OkStatus();
     // A scheduled checkpoint that fails is skipped: training goes on.
     if (absl::Status s =
             checkpointer_->Take(world_->client(), world_->world().rank, CommittedStepMeta());
@@ -826,7 +883,11 @@ absl::StatusOr<std::unique_ptr<Distributed>> Distributed::Start(const Options& o
 }
 
 int Distributed::ExitCode(const absl::StatusOr<Outcome>& outcome) {
-  if (!outcome.ok()) return absl::IsInvalidArgument(outcome.status()) ? kExitConfig : kExitError;
+  if (!outcome.ok()) {
+    if (absl::IsInvalidArgument(outcome.status())) return kExitConfig;
+    if (absl::IsDataLoss(outcome.status())) return kExitDataLoss;
+    return kExitError;
+  }
   switch (*outcome) {
     case Outcome::kStopped: return kExitStopped;
     case Outcome::kStoppedWithoutCheckpoint: return kExitStoppedWithoutCheckpoint;

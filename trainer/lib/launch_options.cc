@@ -121,6 +121,9 @@ absl::Status Options::Validate() const {
     return bad("collective_timeout_s must be 0 (follow the job) or positive");
   }
   if (checkpoint_every < 0) return bad("checkpoint_every must not be negative");
+  if (check_state_every < 0) {
+    return bad("check_state_every must be 0 (before checkpoints only) or positive");
+  }
   if (checkpoint_interval_s < 0) return bad("checkpoint_interval_s must not be negative");
   if (log_every < 1) return bad("log_every must be at least 1");
   if (local_rank < -1) return bad("local_rank must be -1 (from the launcher) or a rank");
