@@ -199,13 +199,21 @@ t_bootstrap=$((SECONDS - t0))
 
 # What Apptainer gives a build and a container: /proc, /sys, a minimal /dev
 # with a tmpfs /dev/shm (the shared-memory communicator needs it), and the
-# host's /etc/resolv.conf and /etc/hosts.
+# host's /etc/resolv.conf and /etc/hosts where the host has them (Apptainer
+# skips a bind path whose source is missing, and the image keeps its own).
 mount_fs proc rw /proc
 mount_fs sysfs ro /sys
 for d in null zero full random urandom tty; do bind "/dev/$d" "/dev/$d"; done
 mount_fs tmpfs mode=1777,size=512m /dev/shm
-bind /etc/resolv.conf /etc/resolv.conf
-bind /etc/hosts /etc/hosts
+for f in /etc/resolv.conf /etc/hosts; do
+  if [ -e "$f" ]; then bind "$f" "$f"; else say "the host has no $f; the image keeps its own"; fi
+done
+# debootstrap writes no /etc/hosts: without the host's, localhost resolves
+# through a minimal one in the tree.
+if [ ! -e "$ROOTFS/etc/hosts" ]; then
+  rm -f "$ROOTFS/etc/hosts"  # a dangling link
+  printf '127.0.0.1\tlocalhost\n::1\t\tlocalhost ip6-localhost ip6-loopback\n' > "$ROOTFS/etc/hosts"
+fi
 mkdir -p "$ROOTFS/.singularity.d/env" "$ROOTFS/.singularity.d/libs"
 
 # A clean environment, as Apptainer's build (--cleanenv) gives %post.

@@ -3,6 +3,9 @@
 # against the installed package with find_package(muster), and runs each
 # example as two trainers against a coordinator.
 #   check_example.sh SOURCE_DIR BUILD_DIR TORCH_PREFIX
+# TORCH_PREFIX is the LibTorch the build was given on CMAKE_PREFIX_PATH, ""
+# when it found one by itself (Debian's libtorch-dev); the example must take
+# the LibTorch the build took either way.
 set -euo pipefail
 SRC="$1" BUILD="$2" TORCH_PREFIX="$3"
 WORK="$(mktemp -d /tmp/muster-install.XXXXXX)"
@@ -13,15 +16,30 @@ test -f "$WORK/prefix/include/muster/muster.h"
 launcher=()
 command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 # The example names LibTorch as users name an unpacked LibTorch archive: its
-# directory (lib/, include/, share/cmake/Torch), here the wheel's torch/.
-torch_dir="$TORCH_PREFIX"
-if [ -n "$TORCH_PREFIX" ] && [ -d "$TORCH_PREFIX/../../lib" ]; then
-  torch_dir="$(cd "$TORCH_PREFIX/../.." && pwd)"
+# directory (lib/, include/, share/cmake/Torch), here the wheel's torch/. A
+# LibTorch in the system's directories (Debian's) it finds by itself.
+prefix_path="$WORK/prefix"
+if [ -n "$TORCH_PREFIX" ]; then
+  torch_dir="$TORCH_PREFIX"
+  if [ -d "$TORCH_PREFIX/../../lib" ]; then
+    torch_dir="$(cd "$TORCH_PREFIX/../.." && pwd)"
+  fi
+  prefix_path="$prefix_path;$torch_dir"
 fi
 cmake -S "$SRC/examples" -B "$WORK/build" -G Ninja "${launcher[@]}" \
-  -DCMAKE_PREFIX_PATH="$WORK/prefix;$torch_dir" > "$WORK/configure.log"
-grep -q "Torch_DIR:PATH=$torch_dir/share/cmake/Torch" "$WORK/build/CMakeCache.txt" ||
-  { echo "the example did not take LibTorch from $torch_dir:"; grep Torch_DIR "$WORK/build/CMakeCache.txt"; exit 1; }
+  -DCMAKE_PREFIX_PATH="$prefix_path" > "$WORK/configure.log"
+# Torch_DIR as a CMakeCache.txt records it, with links resolved (Debian's
+# /lib is /usr/lib).
+torch_config() {
+  local dir
+  dir="$(sed -n 's/^Torch_DIR:PATH=//p' "$1/CMakeCache.txt")"
+  if [ -n "$dir" ]; then realpath -m "$dir"; fi
+}
+build_torch="$(torch_config "$BUILD")"
+example_torch="$(torch_config "$WORK/build")"
+[ -n "$build_torch" ] || { echo "no Torch_DIR in $BUILD/CMakeCache.txt"; exit 1; }
+[ "$example_torch" = "$build_torch" ] ||
+  { echo "the example took LibTorch from '$example_torch', the build from '$build_torch'"; exit 1; }
 cmake --build "$WORK/build" > "$WORK/build.log"
 run_pair() {  # NAME ARGS...: two ranks of an example against a fresh coordinator
   local name="$1"

@@ -11,13 +11,16 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <regex>
 #include <sstream>
 
 #include <gtest/gtest.h>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/civil_time.h"
 #include "absl/time/clock.h"
@@ -533,6 +536,72 @@ int TasksOfUser(uid_t uid) {
   return n;
 }
 
+// A copy of `program` that every user may run, for a test that runs it as
+// another user: the build tree may lie where that user cannot reach (a
+// checkout under a home of mode 0700). The copy, mode 0755, sits in a fresh
+// directory of mode 0755 under /tmp; both go when this is destroyed.
+class PublicCopy {
+ public:
+  explicit PublicCopy(const std::string& program) {
+    char dir[] = "/tmp/muster-public.XXXXXX";
+    if (::mkdtemp(dir) == nullptr) {  // 0700 until the copy is in place
+      error_ = absl::StrCat("cannot make a directory under /tmp: ", std::strerror(errno));
+      return;
+    }
+    dir_ = dir;
+    const std::string copy = dir_ + "/" + program.substr(program.rfind('/') + 1);
+    std::error_code error;
+    std::filesystem::copy_file(program, copy, error);
+    if (!error) std::filesystem::permissions(copy, kPublic, error);
+    if (!error) std::filesystem::permissions(dir_, kPublic, error);
+    if (error) {
+      error_ = absl::StrCat("cannot copy ", program, " to ", dir_, ": ", error.message());
+      return;
+    }
+    path_ = copy;
+  }
+  ~PublicCopy() {
+    std::error_code ignored;  // a leftover in /tmp fails no test
+    if (!dir_.empty()) std::filesystem::remove_all(dir_, ignored);
+  }
+  PublicCopy(const PublicCopy&) = delete;
+  PublicCopy& operator=(const PublicCopy&) = delete;
+
+  // The copy; "" when it could not be made, and then error() says why.
+  const std::string& path() const { return path_; }
+  const std::string& error() const { return error_; }
+
+ private:
+  static constexpr std::filesystem::perms kPublic = static_cast<std::filesystem::perms>(0755);
+  std::string dir_;
+  std::string path_;
+  std::string error_;
+};
+
+// Why the user that `as_user` (a command prefix, such as setpriv's) switches
+// to cannot run `program`: it may not execute the file, or the dynamic
+// loader finds not all of its libraries (a RUNPATH into a private
+// directory, such as a virtual environment under /root). "" when it can.
+std::string WhyUserCannotRun(const std::vector<std::string>& as_user,
+                             const std::string& program) {
+  std::string prefix;
+  for (const std::string& arg : as_user) absl::StrAppend(&prefix, arg, " ");
+  int code = 0;
+  const std::string out = RunShell(absl::StrCat(prefix, "test -x ", program), &code);
+  if (code != 0) {
+    return absl::StrCat("it may not execute ", program, out.empty() ? "" : ": ",
+                        absl::StripAsciiWhitespace(out));
+  }
+  std::string missing;
+  std::istringstream lines(RunShell(absl::StrCat(prefix, "ldd ", program), &code));
+  for (std::string line; std::getline(lines, line);) {
+    if (line.find("not found") == std::string::npos) continue;
+    absl::StrAppend(&missing, missing.empty() ? "" : ", ", absl::StripAsciiWhitespace(line));
+  }
+  if (missing.empty()) return "";
+  return absl::StrCat("it cannot load the libraries of ", program, " (", missing, ")");
+}
+
 // A fork that fails (EAGAIN at the user's process limit) is retried with
 // backoff and never kept as pid -1, which kill() reads as "every process this
 // user may signal". The agent runs as nobody with RLIMIT_NPROC at the
@@ -545,6 +614,12 @@ TEST(AgentForkTest, AFailedForkIsRetriedAndTheAgentSignalsNoOtherProcessOfItsUse
   const std::string dir = ::testing::TempDir();
   const std::vector<std::string> as_nobody = {"/usr/bin/setpriv", "--reuid=65534",
                                               "--regid=65534", "--clear-groups"};
+  // nobody runs a copy of the agent (its trainer is /bin/sleep).
+  const PublicCopy agent_copy(kBin + "/muster-agent");
+  if (agent_copy.path().empty()) GTEST_SKIP() << agent_copy.error();
+  if (const std::string why = WhyUserCannotRun(as_nobody, agent_copy.path()); !why.empty()) {
+    GTEST_SKIP() << "nobody cannot run muster-agent: " << why;
+  }
   std::vector<std::string> canary_argv = as_nobody;
   canary_argv.insert(canary_argv.end(), {"/bin/sleep", "120"});
   const pid_t canary = SpawnLogged(canary_argv, dir + "/canary.log");
@@ -554,7 +629,7 @@ TEST(AgentForkTest, AFailedForkIsRetriedAndTheAgentSignalsNoOtherProcessOfItsUse
   std::vector<std::string> agent_argv = as_nobody;
   agent_argv.insert(agent_argv.end(),
                     {"/bin/bash", "-c", absl::StrCat("ulimit -u ", limit, R"( && exec "$0" "$@")"),
-                     kBin + "/muster-agent", "--nproc-per-node=1", "--max-restarts=50",
+                     agent_copy.path(), "--nproc-per-node=1", "--max-restarts=50",
                      "--restart-backoff=100ms", "--node-id=n", "--", "/bin/sleep", "120"});
   const std::string log = dir + "/agent-fork.log";
   std::remove(log.c_str());
