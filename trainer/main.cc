@@ -49,7 +49,7 @@ ABSL_FLAG(std::string, gradient_compression, "none",
           "bf16/fp16_compress_hook; inside a node they stay float32; a one-node world is not "
           "compressed)");
 ABSL_FLAG(bool, broadcast_buffers, true,
-          "broadcast the model's buffers (BatchNorm statistics) from rank 0 after each step");
+          "copy the model's buffers (BatchNorm statistics) from rank 0 at each step boundary");
 ABSL_FLAG(double, collective_timeout, 0,
           "seconds a step's all-reduce waits for the slowest peer before the world counts as "
           "broken and is regrouped without a rank that does not come (0: follow the job, 10x the "
@@ -57,6 +57,13 @@ ABSL_FLAG(double, collective_timeout, 0,
 ABSL_FLAG(double, rendezvous_timeout, 600,
           "seconds a trainer waits for a world before it gives up (a spare waits as long as the "
           "job runs)");
+ABSL_FLAG(int64_t, check_state_every, 100,
+          "the ranks compare their state digests before every checkpoint and every N steps "
+          "(0: before checkpoints only); a mismatch stops with exit 65 and commits nothing");
+ABSL_FLAG(int32_t, backward_calls, 1,
+          "benchmarks: each rank's batch in this many parts, each with its own forward and "
+          "backward inside the step's one synchronised pass (what several backward calls in a "
+          "pass cost)");
 ABSL_FLAG(int32_t, compute_ms, 0,
           "benchmarks: every step also spends this long as if computing (an accelerator's step "
           "time on a small CPU machine, so that a smaller world is not faster)");
@@ -137,6 +144,7 @@ absl::StatusOr<muster::Options> LibraryOptionsFromFlags() {
   }
   lib.gradient_compression = *compression;
   lib.broadcast_buffers = absl::GetFlag(FLAGS_broadcast_buffers);
+  lib.check_state_every = absl::GetFlag(FLAGS_check_state_every);
   lib.collective_timeout_s = absl::GetFlag(FLAGS_collective_timeout);
   lib.rendezvous_timeout_s = absl::GetFlag(FLAGS_rendezvous_timeout);
   lib.salvage = absl::GetFlag(FLAGS_salvage);
@@ -184,6 +192,7 @@ absl::StatusOr<TrainOptions> OptionsFromFlags() {
   o.weight_decay = absl::GetFlag(FLAGS_weight_decay);
   o.warmup_steps = absl::GetFlag(FLAGS_warmup_steps);
   o.compute_ms = std::max(0, absl::GetFlag(FLAGS_compute_ms));
+  o.backward_calls = std::max(1, absl::GetFlag(FLAGS_backward_calls));
   o.time_steps = absl::GetFlag(FLAGS_time_steps);
   o.deterministic = absl::GetFlag(FLAGS_deterministic);
   o.eval_every = absl::GetFlag(FLAGS_eval_every);

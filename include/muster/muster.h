@@ -56,7 +56,8 @@
 // Errors follow muster's convention: UNAVAILABLE (coordinator unreachable
 // past the deadlines), ABORTED (a peer failed: the step is dropped),
 // FAILED_PRECONDITION (the job has no place for this member), DATA_LOSS
-// (ranks disagree on the state after a transfer), INVALID_ARGUMENT (bad
+// (ranks disagree on the state: after a transfer, or at a state check
+// before a checkpoint, which is then never written), INVALID_ARGUMENT (bad
 // options, named).
 //
 // One case ends the process instead of returning an error: a communicator
@@ -181,8 +182,12 @@ class Distributed {
   // This rank's example indices for the step ShouldStop prepared.
   virtual const std::vector<int64_t>& Batch() const = 0;
 
-  // Before loss.backward(). `sync` false accumulates gradients locally (like
-  // DDP's no_sync); the next synchronised backward reduces the sum.
+  // Before the pass's first loss.backward(). The pass may call backward any
+  // number of times (real and fake losses, one per task): AfterBackward
+  // reduces their sum. `sync` false accumulates gradients locally (like
+  // DDP's no_sync) and needs no AfterBackward of its own; the step's last
+  // pass, with `sync` true, reduces the whole sum (AfterBackward right after
+  // a no-sync BeforeBackward ends the run with FAILED_PRECONDITION).
   virtual void BeforeBackward(bool sync = true) = 0;
   // The same for a backward pass that reduces only the named State::modules
   // (a GAN's discriminator pass, then its generator pass). With
@@ -197,7 +202,8 @@ class Distributed {
   // the passes before kept: its examples come again.
   virtual void BeforeBackwardFor(const std::vector<std::string>& modules, bool sync = true) = 0;
   // After the pass's last loss.backward(), before optimizer.step(): every
-  // gradient is the average over the world, and the step counts. When a peer
+  // gradient is the average over the world of each rank's whole local sum
+  // for the pass (every backward call of it), and the step counts. When a peer
   // failed, the world has regrouped and the step was salvaged (see the top
   // of this file): the gradients are the average over the ranks whose shares
   // were reduced, and Batch() is this rank's examples if its share counted,
@@ -260,7 +266,11 @@ class Distributed {
   // XXH3-64 of the whole registered state (model, optimizer, extra tensors,
   // blobs) and the step and sample counters: equal on two ranks exactly
   // when they hold bit-identical state (what the library checks after every
-  // state transfer). Between steps.
+  // state transfer, before every checkpoint and every
+  // Options::check_state_every steps). Between steps: after ShouldStop
+  // returned, or after the loop (buffers a forward changed are copied from
+  // rank 0 in ShouldStop, so between optimizer.step() and the next
+  // ShouldStop they may still differ).
   virtual uint64_t StateDigest() const = 0;
 };
 

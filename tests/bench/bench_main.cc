@@ -41,7 +41,8 @@ int main(int argc, char** argv) {
       "  coordinator --members N [--per-node K] --seconds S [--regroup [--regroups R]] [--channels C] [--state-sync-delay D]\n"
       "  allreduce --world W --nodes M --backend gloo|shm|hier|nccl --sizes 4K,1M [--device cuda]\n"
       "            [--gradient-compression none|bf16|fp16]\n"
-      "  train --model mlp|cnn --world W --nodes M --steps N [--gradient-compression bf16]\n"
+      "  train --model mlp|cnn|resnet18 --world W --nodes M --steps N [--gradient-compression bf16]\n"
+      "        [--compare-buffers | --compare-backward-calls [--backward-calls N]]\n"
       "  recovery --world 4 --nodes 2 [--spares 1 [--spare-node]] --trials N [--device cuda]\n"
       "  ettr --mtbf S --minutes M --world 4 --nodes 2 --spares 1 [--false-alarms --eval-every N]\n"
       "  checkpoint --state-mb N [--dir D] [--device cuda]");

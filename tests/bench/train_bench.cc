@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <fstream>
 #include <iostream>
 #include <regex>
@@ -30,6 +31,10 @@ ABSL_FLAG(bool, compare_buffers, false,
           "overlap on and off");
 ABSL_FLAG(int64_t, steps, 100, "training steps");
 ABSL_FLAG(double, bucket_mb, 25, "gradient bucket size in MiB");
+ABSL_FLAG(bool, compare_backward_calls, false,
+          "instead of overlap on/off: one backward per step against --backward-calls backward "
+          "calls in its one synchronised pass (each rank's batch in that many parts)");
+ABSL_FLAG(int, backward_calls, 2, "with --compare-backward-calls: the parts of the batch");
 ABSL_DECLARE_FLAG(int, world);
 ABSL_DECLARE_FLAG(int, nodes);
 ABSL_DECLARE_FLAG(std::string, gradient_compression);
@@ -42,7 +47,7 @@ double Field(const std::string& json, const std::string& name) {
   return v.empty() ? 0 : std::stod(v);
 }
 
-int RunOnce(bool overlap, bool broadcast_buffers) {
+int RunOnce(bool overlap, bool broadcast_buffers, int backward_calls = 1) {
   const int world = absl::GetFlag(FLAGS_world), nodes = absl::GetFlag(FLAGS_nodes);
   const std::string dir = absl::StrCat("/tmp/muster-bench-train-", ::getpid(), overlap ? "-o" : "-n");
   std::system(("mkdir -p " + dir).c_str());
@@ -63,6 +68,7 @@ int RunOnce(bool overlap, bool broadcast_buffers) {
          absl::StrCat("--broadcast-buffers=", broadcast_buffers ? "true" : "false"),
          absl::StrCat("--steps=", absl::GetFlag(FLAGS_steps)), "--lr=0.01",
          absl::StrCat("--overlap=", overlap ? "true" : "false"), "--quiet",
+         absl::StrCat("--backward-calls=", backward_calls),
          absl::StrCat("--bucket-mb=", absl::GetFlag(FLAGS_bucket_mb)),
          "--gradient-compression=" + absl::GetFlag(FLAGS_gradient_compression),
          absl::StrCat("--job=tb", ::getpid()),
@@ -91,12 +97,13 @@ int RunOnce(bool overlap, bool broadcast_buffers) {
   }
   std::cout << absl::StrFormat(
                    "train model=%s world=%d nodes=%d batch_per_rank=%d bucket_mb=%g overlap=%s "
-                   "broadcast_buffers=%s gradient_compression=%s steps_per_s=%.2f "
+                   "broadcast_buffers=%s gradient_compression=%s backward_calls=%d "
+                   "steps_per_s=%.2f "
                    "samples_per_s=%.0f comm_overlap_pct=%.1f test_accuracy=%.4f",
                    absl::GetFlag(FLAGS_model), world, nodes, absl::GetFlag(FLAGS_batch),
                    absl::GetFlag(FLAGS_bucket_mb), overlap ? "buckets" : "after_backward",
                    broadcast_buffers ? "on" : "off", absl::GetFlag(FLAGS_gradient_compression),
-                   steps_per_s, steps_per_s * absl::GetFlag(FLAGS_batch) * world, overlap_pct,
+                   backward_calls, steps_per_s, steps_per_s * absl::GetFlag(FLAGS_batch) * world, overlap_pct,
                    accuracy)
             << std::endl;
   std::system(("rm -rf " + dir).c_str());
@@ -106,6 +113,11 @@ int RunOnce(bool overlap, bool broadcast_buffers) {
 }  // namespace
 
 int RunTrainBench() {
+  if (absl::GetFlag(FLAGS_compare_backward_calls)) {
+    if (int rc = RunOnce(/*overlap=*/true, /*broadcast_buffers=*/true); rc != 0) return rc;
+    return RunOnce(/*overlap=*/true, /*broadcast_buffers=*/true,
+                   std::max(1, absl::GetFlag(FLAGS_backward_calls)));
+  }
   if (absl::GetFlag(FLAGS_compare_buffers)) {
     if (int rc = RunOnce(/*overlap=*/true, /*broadcast_buffers=*/true); rc != 0) return rc;
     return RunOnce(/*overlap=*/true, /*broadcast_buffers=*/false);

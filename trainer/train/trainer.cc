@@ -152,10 +152,27 @@ absl::Status TrainLoop(const TrainOptions& o, Net& model, torch::optim::Optimize
     const absl::Time loading = RealClock::Get()->Now();
     auto [x, y] = Batch(train, dist.Batch(), device);
     started += RealClock::Get()->Now() - loading;
-    torch::Tensor loss = torch::cross_entropy_loss(model.forward(x), y);
-    optimizer.zero_grad();
-    dist.BeforeBackward();
-    loss.backward();
+    torch::Tensor loss;
+    const int64_t parts = std::min<int64_t>(std::max(1, o.backward_calls), x.size(0));
+    if (parts <= 1) {
+      loss = torch::cross_entropy_loss(model.forward(x), y);
+      optimizer.zero_grad();
+      dist.BeforeBackward();
+      loss.backward();
+    } else {
+      // Each part's mean, weighted by its share: the parts sum to the
+      // batch's mean loss, and .grad to its gradient.
+      optimizer.zero_grad();
+      dist.BeforeBackward();
+      const std::vector<torch::Tensor> xs = x.chunk(parts), ys = y.chunk(parts);
+      loss = torch::zeros({}, x.options().dtype(torch::kFloat32));
+      for (size_t i = 0; i < xs.size(); ++i) {
+        torch::Tensor part = torch::cross_entropy_loss(model.forward(xs[i]), ys[i]) *
+                             (static_cast<double>(xs[i].size(0)) / static_cast<double>(x.size(0)));
+        part.backward();
+        loss = loss + part.detach();
+      }
+    }
     if (o.compute_ms > 0) absl::SleepFor(absl::Milliseconds(o.compute_ms));
     if (absl::Status s = dist.AfterBackward(); !s.ok()) {
       if (absl::IsAborted(s)) continue;  // dropped; the world regrouped

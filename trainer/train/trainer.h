@@ -41,6 +41,11 @@ struct TrainOptions {
   double weight_decay = 0.0;
   int64_t warmup_steps = 50;
   int compute_ms = 0;      // time each step also spends as if computing (benchmarks)
+  // Each rank's batch in this many parts, each with its own forward and
+  // backward inside the step's one synchronised pass (a loop over
+  // micro-batches, a loss per task): what several backward calls in a pass
+  // cost (benchmarks). 1: one backward.
+  int backward_calls = 1;
   int64_t eval_every = 0;  // 0: at the end only
   // Time every step from its batch in memory to the optimizer step done on
   // the device (a device synchronisation per step): TrainResult::step_ms_p50.
