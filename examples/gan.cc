@@ -9,10 +9,12 @@
 // joiners, checkpoints them and resumes them exactly.
 //
 //   gan [--node-id ID] [--data-dir D] [--examples N] [--steps N | --epochs N]
-//       [--batch N] [--checkpoint-dir D --checkpoint-every N] [--summary FILE]
-//       [--pace-ms N]
+//       [--batch N] [--ghost-batch N] [--checkpoint-dir D --checkpoint-every N]
+//       [--summary FILE] [--parameters FILE] [--pace-ms N]
 //
-// --summary FILE writes the final state digest ({pid} in FILE is replaced).
+// --summary FILE writes the final state digest ({pid} in FILE is replaced);
+// --parameters FILE writes rank 0's final parameters (the generator's, then
+// the discriminator's) as text, one value per line.
 #include <muster/muster.h>
 #include <torch/torch.h>
 #include <unistd.h>
@@ -21,6 +23,7 @@
 #include <algorithm>
 #include <chrono>
 #include <fstream>
+#include <iomanip>
 #include <iostream>
 #include <map>
 #include <string>
@@ -46,14 +49,19 @@ torch::Tensor ReadImages(const std::string& path, int64_t limit) {
   return t.to(torch::kFloat32) / 127.5 - 1;
 }
 
+// As in DCGAN, a layer followed by BatchNorm has no bias: BatchNorm takes
+// the mean out, so the bias's gradient is zero but for rounding, which Adam
+// would turn into steps of a full learning rate.
 torch::nn::Sequential Generator() {
-  return torch::nn::Sequential(torch::nn::Linear(kNoise, 256), torch::nn::BatchNorm1d(256),
+  return torch::nn::Sequential(torch::nn::Linear(torch::nn::LinearOptions(kNoise, 256).bias(false)),
+                               torch::nn::BatchNorm1d(256),
                                torch::nn::LeakyReLU(), torch::nn::Linear(256, kPixels),
                                torch::nn::Tanh());
 }
 
 torch::nn::Sequential Discriminator() {
-  return torch::nn::Sequential(torch::nn::Linear(kPixels, 256), torch::nn::BatchNorm1d(256),
+  return torch::nn::Sequential(torch::nn::Linear(torch::nn::LinearOptions(kPixels, 256).bias(false)),
+                               torch::nn::BatchNorm1d(256),
                                torch::nn::LeakyReLU(), torch::nn::Linear(256, 1));
 }
 
@@ -105,51 +113,75 @@ int main(int argc, char** argv) {
                logits, torch::full_like(logits, target), {}, {}, at::Reduction::Sum) /
            per_rank;
   };
+  // --ghost-batch N: each rank's batch in parts of N examples, each with its
+  // own forwards and backward calls, as N-example ranks would run them
+  // (BatchNorm normalises each part on its own): one process with the
+  // global batch then trains as a world of such ranks does.
+  const size_t ghost = std::stoul(Get(flag, "--ghost-batch", "0"));
   const int pace_ms = std::stoi(Get(flag, "--pace-ms", "0"));
   double d_loss = 0, g_loss = 0;
   while (!d.ShouldStop()) {
     const std::vector<int64_t>& batch = d.Batch();
-    const torch::Tensor real = images.index_select(0, torch::tensor(batch, torch::kInt64));
-    // Noise drawn from the step and the examples: the same on a rerun.
-    torch::manual_seed(static_cast<uint64_t>(d.step()) * 1000003 +
-                       (batch.empty() ? 0 : static_cast<uint64_t>(batch[0])));
-    // BatchNorm needs two examples; a rank whose share of the epoch's last
-    // batch is smaller still joins both passes, with nothing to add.
-    const bool empty = real.size(0) < 2;
-    const torch::Tensor fake = gen->forward(torch::randn({std::max<int64_t>(real.size(0), 2), kNoise}));
+    std::vector<torch::Tensor> reals, fakes;
+    const size_t part_size = ghost > 0 ? ghost : batch.size();
+    for (size_t at = 0; at < batch.size(); at += part_size) {
+      const std::vector<int64_t> part(batch.begin() + at,
+                                      batch.begin() + std::min(batch.size(), at + part_size));
+      // BatchNorm needs two examples: a smaller part (the end of an
+      // epoch) adds nothing, its rank still joins both passes.
+      if (part.size() < 2) continue;
+      reals.push_back(images.index_select(0, torch::tensor(part, torch::kInt64)));
+      // Noise drawn from the step and the examples: the same on a rerun.
+      torch::manual_seed(static_cast<uint64_t>(d.step()) * 1000003 +
+                         static_cast<uint64_t>(part[0]));
+      fakes.push_back(gen->forward(torch::randn({static_cast<int64_t>(part.size()), kNoise})));
+    }
 
     // The discriminator's pass: a backward for the real images, another for
     // the generated ones, then one optimizer step on the sum.
     d_opt.zero_grad();
     d.BeforeBackwardFor({"discriminator"});
-    torch::Tensor loss_real, loss_fake;
-    if (!empty) {
-      loss_real = bce(disc->forward(real), 1);
-      loss_real.backward();
-      loss_fake = bce(disc->forward(fake.detach()), 0);
-      loss_fake.backward();
+    double loss_real = 0, loss_fake = 0;
+    for (size_t k = 0; k < reals.size(); ++k) {
+      torch::Tensor real_loss = bce(disc->forward(reals[k]), 1);
+      real_loss.backward();
+      torch::Tensor fake_loss = bce(disc->forward(fakes[k].detach()), 0);
+      fake_loss.backward();
+      loss_real += real_loss.item<double>();
+      loss_fake += fake_loss.item<double>();
     }
     if (!d.AfterBackward().ok()) continue;  // a peer failed and the pass could not be salvaged
     d_opt.step();
 
     // The generator's pass, through the updated discriminator and the graph
-    // of `fake`, built before the discriminator's pass.
+    // of the generated images, built before the discriminator's pass.
     g_opt.zero_grad();
     d.BeforeBackwardFor({"generator"});
-    torch::Tensor loss_g;
-    if (!empty) {
-      loss_g = bce(disc->forward(fake), 1);
-      loss_g.backward();
+    double loss_g = 0;
+    for (const torch::Tensor& fake : fakes) {
+      torch::Tensor fake_loss = bce(disc->forward(fake), 1);
+      fake_loss.backward();
+      loss_g += fake_loss.item<double>();
     }
     if (!d.AfterBackward().ok()) continue;
     g_opt.step();
 
-    if (empty) continue;
-    d_loss = loss_real.item<double>() + loss_fake.item<double>();
-    g_loss = loss_g.item<double>();
+    if (reals.empty()) continue;
+    d_loss = loss_real + loss_fake;
+    g_loss = loss_g;
     d.RecordLoss(d_loss + g_loss);
     d.LogScalars({{"loss_d", d_loss}, {"loss_g", g_loss}});
     if (pace_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(pace_ms));
+  }
+  if (flag.count("--parameters") && d.rank() == 0) {
+    std::ofstream out(flag["--parameters"]);
+    out << std::setprecision(9);
+    for (const auto& net : {gen, disc}) {
+      for (const torch::Tensor& p : net->parameters()) {
+        const torch::Tensor flat = p.detach().reshape({-1}).contiguous();
+        for (int64_t i = 0; i < flat.numel(); ++i) out << flat[i].item<float>() << "\n";
+      }
+    }
   }
   if (flag.count("--summary")) {
     std::string path = flag["--summary"];
