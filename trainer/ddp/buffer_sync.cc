@@ -35,7 +35,6 @@ void BufferSync::Settle() {
 }
 
 absl::Status BufferSync::Sync(Communicator* comm, int root, absl::Time deadline) {
-  last_broadcast_ = 0;
   if (holders_.empty() || comm->size() == 1) {
     owed_root_ = -1;
     Settle();
@@ -64,7 +63,6 @@ absl::Status BufferSync::Sync(Communicator* comm, int root, absl::Time deadline)
     torch::NoGradGuard no_grad;
     MUSTER_RETURN_IF_ERROR(BroadcastTensors(send, comm, root, deadline));
   }
-  last_broadcast_ = static_cast<int>(send.size());
   owed_root_ = -1;
   Settle();
   return absl::OkStatus();

@@ -68,13 +68,9 @@ class BufferSync {
   // Every rank of the world sets the same.
   void Owe(int root) { owed_root_ = root; }
 
-  // Buffers the last Sync broadcast.
-  int last_broadcast() const { return last_broadcast_; }
-
  private:
   std::vector<Holder> holders_;
   std::vector<std::vector<int64_t>> versions_;  // each buffer's version after the last Sync/Settle
-  int last_broadcast_ = 0;
   int owed_root_ = -1;
 };
 

@@ -254,26 +254,29 @@ absl::Status GradientSync::Finish(absl::Time deadline, const std::function<void(
   }
   lock.unlock();
   const absl::Time refill_start = RealClock::Get()->Now();
-  absl::Status s = ReduceRefilled(comm, reduce_deadline);
+  const std::vector<float> words = ReadWords();
+  absl::Status s = ReduceRefilled(comm, words, reduce_deadline);
   comm_seconds += absl::ToDoubleSeconds(RealClock::Get()->Now() - refill_start);
   stats_.comm_seconds = comm_seconds;
   stats_.wait_seconds = absl::ToDoubleSeconds(RealClock::Get()->Now() - start);
   MUSTER_RETURN_IF_ERROR(s);
-  Install();
+  Install(words);  // the refills leave the last bucket, and so the words, as they were
   return absl::OkStatus();
 }
 
-absl::Status GradientSync::ReduceRefilled(Communicator* comm, absl::Time deadline) {
-  if (buckets_.size() < 2) return absl::OkStatus();
+std::vector<float> GradientSync::ReadWords() const {
+  if (buckets_.empty()) return {};
   const torch::Tensor& last = buckets_.back().buffer;
-  // One copy (one device synchronisation) for all the flags.
-  const torch::Tensor flags =
-      last.narrow(0, last.numel() - words(), static_cast<int64_t>(buckets_.size()))
-          .to(torch::kCPU);
-  const float* flag = flags.data_ptr<float>();
+  const torch::Tensor host = last.narrow(0, last.numel() - words(), words()).to(torch::kCPU);
+  const float* w = host.data_ptr<float>();
+  return std::vector<float>(w, w + host.numel());
+}
+
+absl::Status GradientSync::ReduceRefilled(Communicator* comm, const std::vector<float>& words,
+                                          absl::Time deadline) {
   stats_.refilled_buckets = 0;
   for (size_t i = 0; i + 1 < buckets_.size(); ++i) {
-    if (flag[i] <= 0) continue;  // no rank touched it again
+    if (words[i] <= 0) continue;  // no rank touched it again
     Bucket& b = buckets_[i];
     for (size_t j = 0; j < b.params.size(); ++j) FillFromGrad(b, j, /*use_grad=*/true);
     MUSTER_RETURN_IF_ERROR(ReduceBucket(comm, i, ReduceOp::kAverage, deadline));
@@ -293,13 +296,11 @@ void GradientSync::FillFromGrad(Bucket& b, size_t j, bool use_grad) {
   }
 }
 
-void GradientSync::Install() {
-  if (!buckets_.empty()) {
-    // One copy (one device synchronisation) for all the words.
-    const torch::Tensor& last = buckets_.back().buffer;
-    const torch::Tensor words =
-        last.narrow(0, last.numel() - kControlWords, kControlWords).to(torch::kCPU);
-    for (int i = 0; i < kControlWords; ++i) control_[i] = words[i].item<float>();
+void GradientSync::Install(const std::vector<float>& words) {
+  if (!words.empty()) {
+    for (int i = 0; i < kControlWords; ++i) {
+      control_[i] = words[words.size() - kControlWords + static_cast<size_t>(i)];
+    }
   }
   torch::NoGradGuard no_grad;
   for (Bucket& b : buckets_) {
@@ -342,7 +343,7 @@ absl::Status GradientSync::Resync(Communicator* comm, bool contribute, int contr
       buffer.narrow(0, buffer.numel() - words, words).div_(comm->size());
     }
   }
-  Install();
+  Install(ReadWords());
   return absl::OkStatus();
 }
 

@@ -143,15 +143,21 @@ class GradientSync {
   // Writes the refill flags into the last bucket: each bucket's `refill`
   // (`from_buckets`), else zeros.
   void SetRefillFlags(bool from_buckets);
+  // The last bucket's words on the host (the refill flags, then the
+  // control words): one copy, one device synchronisation. Empty without
+  // buckets.
+  std::vector<float> ReadWords() const;
   // After every bucket is done: reduces again, over `comm`, each bucket
-  // that some rank flagged, refilled from .grad. Training thread; nothing
-  // in flight.
-  absl::Status ReduceRefilled(Communicator* comm, absl::Time deadline);
+  // whose flag in `words` (ReadWords) some rank set, refilled from .grad.
+  // Training thread; nothing in flight.
+  absl::Status ReduceRefilled(Communicator* comm, const std::vector<float>& words,
+                              absl::Time deadline);
   // Puts slot `j` of `b` to its parameter's .grad (`use_grad` and defined),
   // else to zeros.
   void FillFromGrad(Bucket& b, size_t j, bool use_grad);
-  // Reads the control words and writes the bucket buffers into the .grad.
-  void Install();
+  // Takes the control words from `words` (ReadWords) and writes the bucket
+  // buffers into the .grad.
+  void Install(const std::vector<float>& words);
   void Launch(size_t bucket) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // All-reduces bucket `i` over `comm`: its gradients with
   // AllReduceGradients, and the control words of the last bucket with
