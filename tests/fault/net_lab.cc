@@ -2,71 +2,99 @@
 
 #include <unistd.h>
 
-#include <cstdlib>
+#include <cstdio>
+#include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "tests/bench/process_stats.h"
 
 namespace muster {
 
-bool NetLab::Sh(const std::string& command) {
-  return std::system((command + " >/dev/null 2>&1").c_str()) == 0;
+bool NetLab::Lab(const std::string& args, std::string* out) {
+  const std::string command = absl::StrCat(tool_, " ", args, " 2>&1");
+  FILE* p = ::popen(command.c_str(), "r");
+  if (p == nullptr) {
+    error_ = "cannot run " + tool_;
+    return false;
+  }
+  std::string text;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) text.append(buf, n);
+  const int status = ::pclose(p);
+  if (out != nullptr) *out = text;
+  if (status != 0) {
+    error_ = absl::StrCat("muster-lab ", args, ": ", absl::StripTrailingAsciiWhitespace(text));
+    return false;
+  }
+  return true;
 }
 
-NetLab::NetLab(int nodes) {
-  const int id = ::getpid() % 10000;
-  tag_ = absl::StrCat("mf", id);
-  bridge_ = tag_ + "br";
-  const std::string subnet = absl::StrCat("10.77.", id % 250, ".");
-  bridge_address_ = subnet + "1";
+NetLab::NetLab(const NetLabOptions& options) {
+  tool_ = SelfDir() + "/muster-lab";
+  name_ = absl::StrCat("f", ::getpid() % 100000);
   if (::geteuid() != 0) {
     error_ = "network namespaces need root";
     return;
   }
-  if (!Sh("ip link add " + bridge_ + " type bridge") ||
-      !Sh("ip addr add " + bridge_address_ + "/24 dev " + bridge_) ||
-      !Sh("ip link set " + bridge_ + " up")) {
-    error_ = "cannot create a bridge (ip link add type bridge)";
+  if (::access(tool_.c_str(), X_OK) != 0) {
+    error_ = tool_ + " is missing";
     return;
   }
-  for (int i = 0; i < nodes; ++i) {
-    const std::string ns = absl::StrCat(tag_, "n", i);
-    const std::string veth = absl::StrCat(tag_, "v", i);
-    const std::string addr = absl::StrCat(subnet, i + 2);
-    if (!Sh("ip netns add " + ns)) {
-      error_ = "cannot create a network namespace (ip netns add)";
-      return;
-    }
-    namespaces_.push_back(ns);
-    if (!Sh("ip link add " + veth + " type veth peer name eth0 netns " + ns)) {
-      error_ = "cannot create a veth pair";
-      return;
-    }
-    veths_.push_back(veth);
-    if (!Sh("ip link set " + veth + " master " + bridge_ + " up") ||
-        !Sh("ip -n " + ns + " addr add " + addr + "/24 dev eth0") ||
-        !Sh("ip -n " + ns + " link set eth0 up") || !Sh("ip -n " + ns + " link set lo up")) {
-      error_ = "cannot configure " + ns;
-      return;
-    }
-    addresses_.push_back(addr);
+  Lab("gc");  // labs of earlier owners that were killed
+  error_.clear();
+  std::string args = absl::StrCat("up ", name_, " --nodes ", options.nodes, " --owner ", ::getpid());
+  if (!options.rate.empty()) args += " --rate " + options.rate;
+  std::string hosts;
+  if (!Lab(args, &hosts)) return;
+  up_ = true;
+  for (absl::string_view line : absl::StrSplit(hosts, '\n', absl::SkipEmpty())) {
+    std::vector<std::string> f = absl::StrSplit(line, ' ', absl::SkipEmpty());
+    if (f.size() < 2) continue;
+    namespaces_.push_back(absl::StrCat("ml", name_, "-", f[0]));
+    addresses_.push_back(f[1]);
+  }
+  std::string gateway;
+  if (!Lab("gateway " + name_, &gateway)) return;
+  bridge_address_ = std::string(absl::StripAsciiWhitespace(gateway));
+  if (static_cast<int>(addresses_.size()) != options.nodes) {
+    error_ = "muster-lab up listed " + std::to_string(addresses_.size()) + " hosts";
   }
 }
 
 NetLab::~NetLab() {
-  for (const std::string& ns : namespaces_) Sh("ip netns del " + ns);
-  for (const std::string& v : veths_) Sh("ip link del " + v);
-  Sh("ip link del " + bridge_);
+  if (up_) Lab("down " + name_);
 }
 
-void NetLab::Cut(int i) { Sh("ip link set " + veths_[i] + " down"); }
-
-void NetLab::Slow(int i, const std::string& netem) {
-  Sh("ip netns exec " + namespaces_[i] + " tc qdisc replace dev eth0 root netem " + netem);
+std::string NetLab::Peers(const std::vector<int>& peers) const {
+  std::vector<std::string> names;
+  for (int p : peers) names.push_back(absl::StrCat("node", p));
+  return absl::StrJoin(names, ",");
 }
 
-void NetLab::Restore(int i) {
-  Sh("ip link set " + veths_[i] + " up");
-  Sh("ip netns exec " + namespaces_[i] + " tc qdisc del dev eth0 root");
+bool NetLab::Cut(int node) { return Lab(absl::StrCat("fault ", name_, " node", node, " cut")); }
+
+bool NetLab::Isolate(int node, const std::vector<int>& peers) {
+  return Lab(absl::StrCat("fault ", name_, " node", node, " isolate ", Peers(peers)));
 }
+
+bool NetLab::DropTo(int node, const std::vector<int>& peers) {
+  return Lab(absl::StrCat("fault ", name_, " node", node, " drop-to ", Peers(peers)));
+}
+
+bool NetLab::IsolateFromGateway(int node) {
+  return Lab(absl::StrCat("fault ", name_, " node", node, " isolate gateway"));
+}
+
+bool NetLab::Loss(int node, double percent) {
+  return Lab(absl::StrCat("fault ", name_, " node", node, " loss ", percent));
+}
+
+bool NetLab::Heal(int node) { return Lab(absl::StrCat("heal ", name_, " node", node)); }
+
+bool NetLab::Verify(int node) { return Lab(absl::StrCat("verify ", name_, " node", node)); }
 
 }  // namespace muster

@@ -1,10 +1,13 @@
-// NetLab: trainer nodes as hosts in their own network namespaces, joined by a
-// Linux bridge in this namespace (which holds the coordinator), so that faults
-// can be put on one node's link: `tc netem` delay and loss, or a cut.
+// NetLab: a muster-lab lab (deploy/lab/muster-lab, docs/lab.md) owned by
+// this process: trainer nodes as hosts in network namespaces of their own
+// on a bridge whose address in this namespace serves the coordinator.
+// Faults go on one node: its links cut, the packets between it and some
+// peers dropped (both ways or one), or a share of its packets lost.
 //
-// Needs root and iproute2; ok() is false (error() says why) where namespaces
-// cannot be made. Everything it made is removed by the destructor.
-// Not thread-safe.
+// Needs root and iproute2 (nft for all but Cut); ok() is false, error()
+// says why, where the lab cannot start. The destructor removes the lab;
+// a lab whose owner was killed is removed by the next NetLab (muster-lab
+// gc). Not thread-safe.
 #ifndef MUSTER_TESTS_FAULT_NET_LAB_H_
 #define MUSTER_TESTS_FAULT_NET_LAB_H_
 
@@ -13,31 +16,45 @@
 
 namespace muster {
 
+struct NetLabOptions {
+  int nodes = 2;
+  std::string rate;  // each node link's rate each way ("1gbit"; "" for none)
+};
+
 class NetLab {
  public:
-  explicit NetLab(int nodes);
+  explicit NetLab(const NetLabOptions& options);
+  explicit NetLab(int nodes) : NetLab(NetLabOptions{nodes, ""}) {}
   ~NetLab();
   NetLab(const NetLab&) = delete;
   NetLab& operator=(const NetLab&) = delete;
 
   bool ok() const { return error_.empty(); }
   const std::string& error() const { return error_; }
+  const std::string& name() const { return name_; }
   const std::vector<std::string>& namespaces() const { return namespaces_; }
   const std::vector<std::string>& addresses() const { return addresses_; }
   const std::string& bridge_address() const { return bridge_address_; }
 
-  // Takes node `i`'s link down (a partition).
-  void Cut(int i);
-  // Puts `netem` ("delay 20ms loss 1%") on node `i`'s interface.
-  void Slow(int i, const std::string& netem);
-  // Link up, no netem.
-  void Restore(int i);
+  // Each returns false (error() says why) when the fault could not be put
+  // in place.
+  bool Cut(int node);                                 // its links down
+  bool Isolate(int node, const std::vector<int>& peers);  // nothing between them
+  bool DropTo(int node, const std::vector<int>& peers);   // node -> peers only
+  bool IsolateFromGateway(int node);                  // nothing to or from this namespace
+  bool Loss(int node, double percent);                // each way
+  bool Heal(int node);                                // links up, faults removed
+  // Whether every fault on `node` took effect (a link down, each rule's
+  // counter above 0); false with error() saying which did not.
+  bool Verify(int node);
 
  private:
-  bool Sh(const std::string& command);
+  bool Lab(const std::string& args, std::string* out = nullptr);
+  std::string Peers(const std::vector<int>& peers) const;
 
-  std::string tag_, bridge_, bridge_address_, error_;
-  std::vector<std::string> namespaces_, addresses_, veths_;
+  std::string tool_, name_, bridge_address_, error_;
+  std::vector<std::string> namespaces_, addresses_;
+  bool up_ = false;
 };
 
 }  // namespace muster
