@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 
@@ -33,7 +34,8 @@ Coordinator::Coordinator(CoordinatorOptions options, StateStore* store)
       membership_(options_.limits),
       timer_(options_.rules),
       kv_(options_.limits),
-      catalog_(&store_, options_.catalog, options_.limits) {
+      catalog_(&store_, options_.catalog, options_.limits),
+      holds_(options_.partition_holds) {
   catalog_.set_writer([this](const CheckpointRecord& r) { persister_.SaveCheckpoint(r); });
 }
 
@@ -302,6 +304,13 @@ void Coordinator::Tick() {
   }
   if (gen_.phase() == GenerationPhase::kForming && arrival_deadline_.Due(now)) {
     FenceLateArrivals(&actions);
+  }
+  if (std::optional<absl::Time> end = holds_.NextEnd(); end.has_value() && now >= *end) {
+    const std::vector<std::string> ended = holds_.Ended(now);
+    const std::string why = absl::StrCat("the partition hold of node", ended.size() > 1 ? "s " : " ",
+                                         absl::StrJoin(ended, ", "), " ended");
+    Record("partition", why);
+    Evaluate(/*urgent=*/false, /*abort=*/false, why, &actions);
   }
   kv_.Expire(now, &actions);
   barriers_.Expire(now, &actions);

@@ -37,6 +37,7 @@
 #include "common/clock.h"
 #include "coordinator/actions.h"
 #include "coordinator/arrival_deadline.h"
+#include "coordinator/partition_holds.h"
 #include "coordinator/barrier.h"
 #include "coordinator/checkpoint_catalog.h"
 #include "coordinator/generation_state.h"
@@ -114,6 +115,9 @@ struct CoordinatorOptions {
   // How long the members of a world formed after a broken-world report have
   // to come to its rendezvous when the report names no deadline of its own.
   absl::Duration regroup_arrival = absl::Seconds(30);
+  // Nodes left out because their peers could not reach them: how long
+  // (partition_holds.h).
+  PartitionHoldOptions partition_holds;
   CatalogOptions catalog;
   Limits limits;
   Clock* clock = RealClock::Get();
@@ -405,6 +409,10 @@ class Coordinator {
   // A member of `world` whose training thread made no progress for about
   // `deadline` while its peers waited in a collective is stuck: fenced as
   // hung (its agent restarts it) before the regroup forms, not waited for.
+  // A broken-world report that names unreachable ranks: holds the side
+  // to leave out (partition_holds.h) before the regroup. Whether it held any.
+  bool LeaveOutUnreachable(const World& world, int reporter, const BrokenWorldReport& report)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FenceStuck(const World& world, absl::Duration deadline, Actions* actions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Tick: the forming world's arrival deadline passed; fences its members
@@ -513,6 +521,8 @@ class Coordinator {
   // A world formed after a broken-world report: when its members must have
   // arrived (arrival_deadline.h; clear otherwise, and Form clears it).
   ArrivalDeadline arrival_deadline_ ABSL_GUARDED_BY(mu_);
+  // Nodes held out of the world after a lost link (partition_holds.h).
+  PartitionHolds holds_ ABSL_GUARDED_BY(mu_);
   std::string ended_ ABSL_GUARDED_BY(mu_);
   // A member finished since this coordinator started: only then can a world
   // be finishing (WorldFinishing looks at its members only then).

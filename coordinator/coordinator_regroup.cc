@@ -119,8 +119,12 @@ std::vector<Candidate> Coordinator::Candidates(std::vector<MemberInfo*>* infos) 
   infos->clear();
   infos->reserve(membership_.size());
   const bool live = gen_.world_live();
+  const bool holds = !holds_.empty();
+  const absl::Time now = holds ? clock_->Now() : absl::Time();
   membership_.ForEach([&](MemberInfo& info) {
     const std::string& id = info.key.id;
+    // A node held out after a lost link waits, its members alive.
+    if (holds && holds_.Held(info.node, now)) return;
     // Only a world's members are made active (Form, ReattachFromWorld).
     int rank = -1;
     if (live && info.state == MemberState::kActive) {
@@ -526,6 +530,7 @@ absl::Status Coordinator::ReportBroken(const MemberKey& key, const BrokenWorldRe
   const std::string why = absl::StrCat("rank ", rank, " (", key.id,
                                        ") reports that generation ", g, " broke: ", report.reason);
   Record("broken", why);
+  const bool left_out = !report.unreachable.empty() && LeaveOutUnreachable(world, rank, report);
   absl::Duration window =
       report.deadline > absl::ZeroDuration() ? report.deadline : options_.regroup_arrival;
   window = std::min(std::max(window, absl::Seconds(1)),
@@ -534,12 +539,43 @@ absl::Status Coordinator::ReportBroken(const MemberKey& key, const BrokenWorldRe
   std::vector<MemberInfo*> infos;
   std::vector<Candidate> candidates = Candidates(&infos);
   const uint32_t n = static_cast<uint32_t>(candidates.size());
+  if (left_out && UsableWorldSize(n, options_.rules) == 0) {
+    // Too few members reach each other: wait for the holds to end.
+    Pause(why, &actions);
+    return absl::OkStatus();
+  }
   Form(std::move(candidates), std::move(infos), UsableWorldSize(n, options_.rules),
        /*abort=*/true, why, &actions);
   if (gen_.phase() == GenerationPhase::kForming && gen_.generation() == g + 1) {
     arrival_deadline_.Set(formed_at_, window);
   }
   return absl::OkStatus();
+}
+
+bool Coordinator::LeaveOutUnreachable(const World& world, int reporter,
+                                      const BrokenWorldReport& report) {
+  const std::vector<std::string> nodes =
+      holds_.LeaveOut(world, static_cast<uint32_t>(reporter), report.unreachable);
+  const absl::Time now = clock_->Now();
+  for (const std::string& node : nodes) {
+    const absl::Duration hold = holds_.Hold(node, now);
+    // Out of the world that forms next, alive: they wait for the hold.
+    for (const Assignment& a : world.members) {
+      if (a.node != node) continue;
+      MemberInfo* info = membership_.Find(a.member.id);
+      if (info != nullptr && info->key == a.member && info->state == MemberState::kActive) {
+        info->state = MemberState::kWaiting;
+      }
+    }
+    Record("partition",
+           absl::StrCat("node ", node, " left out for ", absl::FormatDuration(hold), ": rank ",
+                        reporter, " (", world.members[reporter].member.id,
+                        ") cannot reach rank", report.unreachable.size() > 1 ? "s " : " ",
+                        absl::StrJoin(report.unreachable, ", "), " of generation ",
+                        world.generation, " over the network; its members wait and join "
+                        "again when the hold ends"));
+  }
+  return !nodes.empty();
 }
 
 void Coordinator::FenceStuck(const World& world, absl::Duration deadline, Actions* actions) {

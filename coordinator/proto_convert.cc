@@ -63,6 +63,7 @@ BrokenWorldReport FromProto(const v1::BrokenWorld& broken) {
   r.generation = broken.generation();
   r.reason = broken.reason();
   r.deadline = absl::Milliseconds(broken.deadline_ms());
+  r.unreachable.assign(broken.unreachable_ranks().begin(), broken.unreachable_ranks().end());
   return r;
 }
 

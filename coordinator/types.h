@@ -86,6 +86,8 @@ struct BrokenWorldReport {
   // Members of the regroup must come to its rendezvous within this, or are
   // fenced as hung. Zero: CoordinatorOptions::regroup_arrival.
   absl::Duration deadline;
+  // Ranks of that world the reporter could not reach over the network.
+  std::vector<uint32_t> unreachable;
 };
 
 // What happened to the job; kept in the event log.

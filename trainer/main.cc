@@ -85,6 +85,9 @@ ABSL_FLAG(std::string, backend, "auto", "auto, gloo, shm, hier or nccl");
 ABSL_FLAG(std::string, device, "cpu", "cpu or cuda");
 ABSL_FLAG(std::string, node_id, "", "node identity (default: from Slurm/torchrun/OpenMPI or the host name)");
 ABSL_FLAG(int, local_rank, -1, "rank on this node (default: from the launcher, else 0)");
+ABSL_FLAG(std::string, interface, "",
+          "network interface whose address carries the traffic between nodes, e.g. ib0 "
+          "(default $MUSTER_SOCKET_IFNAME; not with --address)");
 ABSL_FLAG(std::string, address, "", "address other nodes reach this one at (default: where the coordinator sees this trainer's connection come from)");
 ABSL_FLAG(std::string, job, "", "job name for shared memory (default: $SLURM_JOB_ID or 'muster')");
 ABSL_FLAG(int, threads, 0,
@@ -128,6 +131,7 @@ absl::StatusOr<muster::Options> LibraryOptionsFromFlags() {
   lib.local_rank = absl::GetFlag(FLAGS_local_rank);
   MUSTER_ASSIGN_OR_RETURN(lib.backend, muster::ParseBackend(absl::GetFlag(FLAGS_backend)));
   lib.address = absl::GetFlag(FLAGS_address);
+  lib.interface = absl::GetFlag(FLAGS_interface);
   lib.job = absl::GetFlag(FLAGS_job);
   const std::string device = absl::GetFlag(FLAGS_device);
   if (device != "cpu" && device != "cuda") {

@@ -60,6 +60,12 @@ struct Options {
   // whole job runs on the coordinator's host, else this node's address on the
   // network the coordinator is reached through).
   std::string address;
+  // The network interface whose address carries the traffic between nodes
+  // (Gloo's), e.g. "ib0" for the data network of a node that also has a
+  // management network, as NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME choose.
+  // Default $MUSTER_SOCKET_IFNAME; unset: `address` as above. Not together
+  // with `address`.
+  std::string interface;
   std::string job;           // names shared memory; default $MUSTER_JOB, $SLURM_JOB_ID or "muster"
   bool cuda = false;         // tensors and collectives on this process's GPU
   double bucket_mb = 25;     // gradient bucket size

@@ -15,7 +15,9 @@
 // salvage (kill-trainer that must lose no step), spare (the same with a spare
 // trainer: the world never shrinks), hang-trainer, kill-coordinator, failover (the coordinator's
 // node hangs; a standby takes over), kill-during-checkpoint, corrupt-checkpoint,
-// disk-full, slow-network, partition, churn, and two faults only the trainers
+// disk-full, churn; the network's faults in a muster-lab lab (partition,
+// flap, isolate-peers, one-way, cut-coordinator, loss-2, loss-10: see
+// Networked and docs/fault-injection.md); and two faults only the trainers
 // see: cut-link (one TCP connection between two trainers destroyed),
 // hang-compute (one trainer's training thread frozen while its session
 // thread lives) and failover-stale (the old coordinator's words reach
@@ -102,6 +104,7 @@ struct Judge {
   std::set<int64_t> damaged;  // checkpoints hurt on purpose
   std::vector<int> killed_agents;  // nodes whose agent the scenario killed
   int max_lost_steps = -1;         // >= 0: more lost steps is a failure
+  std::string forbidden;           // regex over the logs that must not match ("": none)
 };
 
 Trial Finish(FaultJob& job, const Judge& j) {
@@ -124,6 +127,9 @@ Trial Finish(FaultJob& job, const Judge& j) {
   }
   else if (!j.explained_by.empty() && !std::regex_search(logs, std::regex(j.explained_by))) {
     t.problem = "the logs do not explain the fault (no /" + j.explained_by + "/)";
+  }
+  else if (!j.forbidden.empty() && std::regex_search(logs, std::regex(j.forbidden))) {
+    t.problem = "the logs show what this fault must not cause (/" + j.forbidden + "/)";
   }
   t.survived = t.problem.empty();
   return t;
@@ -445,34 +451,82 @@ Trial Churn(Context& c) {
   return Finish(job, j);
 }
 
-// Trainers as hosts in network namespaces on a bridge.
-Trial Networked(Context& c, bool partition) {
+// The network's own faults, in a muster-lab lab: each node a network
+// namespace on a bridge, the coordinator in this namespace at the bridge's
+// address. Node 1 is the victim; every fault is checked to have taken
+// effect (a link down, an nft rule that matched) before the job is judged.
+enum class NetFault {
+  kPartition,    // node 1's links down past the heartbeat timeout, then up
+  kFlap,         // node 1's links down 2 s, then up
+  kIsolatePeers, // node 1 and node 0 drop each other's packets; both reach the coordinator
+  kOneWay,       // node 1's packets to node 0 dropped; the other way works
+  kCoordinator,  // node 1 cannot reach the coordinator; its peers it can
+  kLoss2,        // 2% of node 1's packets lost each way
+  kLoss10,       // 10%
+};
+
+Trial Networked(Context& c, NetFault fault, const std::string& name) {
   NetLab lab(2);
   if (!lab.ok()) {
-    std::cerr << "muster-fault: " << (partition ? "partition" : "slow-network")
-              << " skipped: " << lab.error() << "\n";
+    std::cerr << "muster-fault: " << name << " skipped: " << lab.error() << "\n";
     return {false, 0, 0, 0, "skipped"};
   }
   FaultJobOptions o;
-  o.steps = 2000;  // the job must outlast the fault, or node 1 has nothing to rejoin
+  o.steps = 4000;  // the job must outlast the fault and the partition hold
   o.netns = lab.namespaces();
   o.addresses = lab.addresses();
   o.coordinator_host = lab.bridge_address();
+  o.extra_train_flags = TrainFlags();
   FaultJob job(c.dir, o);
   job.StartAll();
   if (!job.WaitForStep(c.Uniform(40, 160), absl::Seconds(120))) return {false, 0, 0, 0, "no progress"};
   Judge j;
   j.fault_time = UnixNow();
-  if (partition) {
-    lab.Cut(1);  // node 1 is cut off past the heartbeat timeout
-    absl::SleepFor(absl::Milliseconds(c.Uniform(3000, 4500)));
-    lab.Restore(1);
-    j.explained_by = "rejoining as a new incarnation";
-  } else {
-    lab.Slow(1, "delay 20ms 5ms loss 1%");
-    absl::SleepFor(absl::Seconds(3));
-    lab.Restore(1);
+  bool put = false;
+  // Past the collective deadline (10 s early in a job) and the probe: the
+  // world must leave a node out while the fault lasts.
+  absl::Duration length = absl::Seconds(c.Uniform(14, 18));
+  switch (fault) {
+    case NetFault::kPartition:
+      put = lab.Cut(1);
+      length = absl::Milliseconds(c.Uniform(3000, 4500));  // past the heartbeat timeout
+      j.explained_by = "rejoining as a new incarnation";
+      break;
+    case NetFault::kFlap:
+      put = lab.Cut(1);
+      length = absl::Seconds(2);
+      break;
+    case NetFault::kIsolatePeers:
+      put = lab.Isolate(1, {0});
+      j.explained_by = "partition: node node[01] left out";
+      j.max_lost_steps = 0;
+      break;
+    case NetFault::kOneWay:
+      put = lab.DropTo(1, {0});
+      j.explained_by = "partition: node node[01] left out";
+      j.max_lost_steps = 0;
+      break;
+    case NetFault::kCoordinator:
+      put = lab.IsolateFromGateway(1);
+      length = absl::Milliseconds(c.Uniform(3000, 4500));  // past the heartbeat timeout
+      j.explained_by = "fail: node1/[01]";
+      break;
+    case NetFault::kLoss2:
+      put = lab.Loss(1, 2);
+      length = absl::Seconds(10);
+      j.forbidden = "reports that generation [0-9]+ broke|fail: node";
+      break;
+    case NetFault::kLoss10:
+      put = lab.Loss(1, 10);
+      length = absl::Seconds(10);
+      break;
   }
+  if (!put) return {false, 0, 0, 0, "the fault was not put in place: " + lab.error()};
+  absl::SleepFor(length);
+  // Verified while in place: a rule that never matched injected nothing.
+  const bool took = lab.Verify(1);
+  lab.Heal(1);
+  if (!took) return {false, 0, 0, 0, "the fault did not take effect: " + lab.error()};
   return Finish(job, j);
 }
 
@@ -618,8 +672,15 @@ const std::map<std::string, std::function<Trial(Context&)>>& Scenarios() {
       {"kill-during-checkpoint", KillDuringCheckpoint},
       {"corrupt-checkpoint", CorruptCheckpoint},
       {"disk-full", DiskFull},
-      {"slow-network", [](Context& c) { return Networked(c, false); }},
-      {"partition", [](Context& c) { return Networked(c, true); }},
+      {"partition", [](Context& c) { return Networked(c, NetFault::kPartition, "partition"); }},
+      {"flap", [](Context& c) { return Networked(c, NetFault::kFlap, "flap"); }},
+      {"isolate-peers",
+       [](Context& c) { return Networked(c, NetFault::kIsolatePeers, "isolate-peers"); }},
+      {"one-way", [](Context& c) { return Networked(c, NetFault::kOneWay, "one-way"); }},
+      {"cut-coordinator",
+       [](Context& c) { return Networked(c, NetFault::kCoordinator, "cut-coordinator"); }},
+      {"loss-2", [](Context& c) { return Networked(c, NetFault::kLoss2, "loss-2"); }},
+      {"loss-10", [](Context& c) { return Networked(c, NetFault::kLoss10, "loss-10"); }},
       {"churn", Churn},
       {"cut-link", CutLink},
       {"hang-compute", HangCompute},

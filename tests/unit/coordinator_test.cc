@@ -429,7 +429,7 @@ TEST_F(CoordinatorTest, ABrokenWorldReportRegroupsItOnce) {
   EXPECT_EQ(c_->GetStatus().generation, 1u);
 
   ASSERT_TRUE(c_->ReportBroken(a.key, {1, "gloo: Read error: Connection reset",
-                                       absl::Seconds(5)})
+                                       absl::Seconds(5), {}})
                   .ok());
   EXPECT_EQ(c_->GetStatus().generation, 2u);
   for (Member* m : {&a, &b, &c}) {
@@ -441,10 +441,10 @@ TEST_F(CoordinatorTest, ABrokenWorldReportRegroupsItOnce) {
     EXPECT_TRUE(absl::StrContains(e.reason, "Connection reset")) << e.reason;
   }
   // The same world reported again, or an older one: nothing changes.
-  const absl::Status again = c_->ReportBroken(b.key, {1, "deadline", absl::Seconds(5)});
+  const absl::Status again = c_->ReportBroken(b.key, {1, "deadline", absl::Seconds(5), {}});
   EXPECT_EQ(again.code(), absl::StatusCode::kAborted) << again;
   EXPECT_EQ(c_->GetStatus().generation, 2u);
-  EXPECT_EQ(c_->ReportBroken(b.key, {9, "?", absl::Seconds(5)}).code(),
+  EXPECT_EQ(c_->ReportBroken(b.key, {9, "?", absl::Seconds(5), {}}).code(),
             absl::StatusCode::kFailedPrecondition);
   Rendezvous(b, 1, 5);
   Rendezvous(c, 1, 5);
@@ -454,6 +454,68 @@ TEST_F(CoordinatorTest, ABrokenWorldReportRegroupsItOnce) {
     EXPECT_EQ((*m->world)->world->size(), 3u);
     EXPECT_EQ(m->sink->events.size(), 1u) << m->key.id;
   }
+}
+
+// Two nodes that still reach the coordinator but not each other: a report
+// that names the unreachable ranks leaves a node out (the one with fewer
+// members) instead of forming the same world again. Its member waits,
+// alive, and is let back when the hold ends; if the link still fails, the
+// next report holds it out twice as long.
+TEST_F(CoordinatorTest, AReportOfUnreachablePeersLeavesTheirNodeOutForAHold) {
+  WorldOfThree();
+  Member& a = *members_[0];
+  Member& b = *members_[1];
+  Member& c = *members_[2];
+  ASSERT_TRUE(c_->ReportBroken(c.key, {1, "gloo collective passed its deadline",
+                                       absl::Seconds(5), {0, 1}})
+                  .ok());
+  EXPECT_EQ(c_->GetStatus().generation, 2u);
+  for (Member* m : {&a, &b, &c}) Rendezvous(*m, 1, 6);
+  ASSERT_TRUE(a.world && a.world->ok());
+  EXPECT_EQ((*a.world)->world->size(), 2u);
+  EXPECT_EQ((*a.world)->world->RankOf("c"), -1);
+  EXPECT_FALSE(c.world.has_value()) << "the held member waits";
+  const auto held = [&] {
+    for (const MemberRow& row : c_->GetStatus().members) {
+      if (row.info.key.id == "c") return row.info.state;
+    }
+    return MemberState::kLeft;
+  };
+  EXPECT_EQ(held(), MemberState::kWaiting);
+  auto events = c_->RecentEvents(20);
+  ASSERT_TRUE(events.ok());
+  std::string log;
+  for (const JobEvent& e : *events) log += e.kind + ": " + e.detail + "\n";
+  EXPECT_TRUE(absl::StrContains(log, "partition: node n1 left out for 10s: rank 2 (c) cannot "
+                                     "reach ranks 0, 1 of generation 1"))
+      << log;
+  // The hold ends: c joins again at the next step boundary. Every member
+  // beats meanwhile.
+  const auto wait = [&](int seconds) {
+    for (int i = 0; i < seconds; ++i) {
+      for (Member* m : {&a, &b, &c}) c_->Heartbeat(m->session, {7}).IgnoreError();
+      Advance(absl::Seconds(1));
+    }
+  };
+  wait(9);
+  EXPECT_EQ(c_->GetStatus().generation, 2u);
+  wait(1);
+  EXPECT_EQ(c_->GetStatus().generation, 3u);
+  Rendezvous(a, 2, 7);
+  Rendezvous(b, 2, 7);
+  Rendezvous(c, 1, 7);
+  ASSERT_TRUE(c.world && c.world->ok());
+  EXPECT_EQ((*c.world)->world->size(), 3u);
+  // Still cut: the world that took it back reports it again.
+  ASSERT_TRUE(c_->ReportBroken(a.key, {3, "generation 3 did not start: cannot reach",
+                                       absl::Seconds(5), {2}})
+                  .ok());
+  events = c_->RecentEvents(40);
+  ASSERT_TRUE(events.ok());
+  log.clear();
+  for (const JobEvent& e : *events) log += e.kind + ": " + e.detail + "\n";
+  EXPECT_TRUE(absl::StrContains(log, "node n1 left out for 20s")) << log;
+  EXPECT_EQ(c_->GetStatus().world_size, 2u);
 }
 
 // A member whose session lives but which does not come to the regroup that
@@ -466,7 +528,7 @@ TEST_F(CoordinatorTest, AMemberThatDoesNotComeToTheRegroupIsFencedAsHung) {
   Member& c = *members_[2];
 
   ASSERT_TRUE(c_->ReportBroken(a.key, {1, "gloo collective passed its deadline",
-                                       absl::Seconds(2)})
+                                       absl::Seconds(2), {}})
                   .ok());
   Rendezvous(a, 1, 5);
   Rendezvous(b, 1, 5);
@@ -513,7 +575,7 @@ TEST_F(CoordinatorTest, AMemberStalledWhenItsPeersDeadlinePassedIsLeftOutAtOnce)
     beat(c, absl::Milliseconds(50 + 500 * i));
   }
   ASSERT_TRUE(c_->ReportBroken(a.key, {1, "gloo collective passed its deadline",
-                                       absl::Seconds(2)})
+                                       absl::Seconds(2), {}})
                   .ok());
   EXPECT_TRUE(c.sink->closed);
   EXPECT_TRUE(c.sink->hung);
@@ -542,7 +604,7 @@ TEST_F(CoordinatorTest, AStragglerIsWaitedFor) {
   ASSERT_TRUE(c_->Heartbeat(b.session, {5, 0, absl::ZeroDuration()}).ok());
   ASSERT_TRUE(c_->Heartbeat(c.session, {5, 0, absl::Milliseconds(1500)}).ok());
   ASSERT_TRUE(c_->ReportBroken(a.key, {1, "gloo collective passed its deadline",
-                                       absl::Seconds(2)})
+                                       absl::Seconds(2), {}})
                   .ok());
   EXPECT_FALSE(c.sink->closed) << c.sink->close_status;
   Rendezvous(a, 1, 5);

@@ -371,6 +371,7 @@ absl::StatusOr<WorldInfo> CoordinatorClient::Rendezvous(uint64_t after, int64_t 
       b->set_reason(broken->reason.substr(0, 1000));
       b->set_deadline_ms(static_cast<uint32_t>(
           std::clamp<int64_t>(absl::ToInt64Milliseconds(broken->deadline), 0, 3'600'000)));
+      for (int r : broken->unreachable) b->add_unreachable_ranks(static_cast<uint32_t>(r));
     }
     // Under muster-agent: the agent relays it on the node's stream.
     absl::Status s = FromGrpcStatus(impl_->SessionStub()->Rendezvous(&ctx, req, &resp));

@@ -108,11 +108,15 @@ struct CatalogEntry {
 struct BrokenWorld {
   std::string reason;
   absl::Duration deadline;
+  // Ranks of the broken world this member could not reach (Communicator::
+  // Unreachable), ascending.
+  std::vector<int> unreachable;
 
   // The report: the one place one is made (a collective failed, a world did
   // not start).
-  static BrokenWorld Because(std::string reason, absl::Duration deadline) {
-    return BrokenWorld{std::move(reason), deadline};
+  static BrokenWorld Because(std::string reason, absl::Duration deadline,
+                             std::vector<int> unreachable = {}) {
+    return BrokenWorld{std::move(reason), deadline, std::move(unreachable)};
   }
 };
 

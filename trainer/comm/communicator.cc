@@ -1,8 +1,12 @@
 #include "trainer/comm/communicator.h"
 
 #include <algorithm>
+#include <optional>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 
 namespace muster {
 
@@ -61,6 +65,22 @@ size_t TotalCount(const std::vector<size_t>& counts) {
   size_t total = 0;
   for (size_t c : counts) total += c;
   return total;
+}
+
+std::vector<int> UnreachableRanks(const absl::Status& status) {
+  std::vector<int> ranks;
+  const auto payload = status.GetPayload(kUnreachablePayload);
+  if (!payload.has_value()) return ranks;
+  for (absl::string_view part : absl::StrSplit(std::string(*payload), ',', absl::SkipEmpty())) {
+    int r = 0;
+    if (absl::SimpleAtoi(part, &r) && r >= 0) ranks.push_back(r);
+  }
+  return ranks;
+}
+
+void SetUnreachableRanks(absl::Status* status, const std::vector<int>& ranks) {
+  if (status->ok() || ranks.empty()) return;
+  status->SetPayload(kUnreachablePayload, absl::Cord(absl::StrJoin(ranks, ",")));
 }
 
 }  // namespace muster

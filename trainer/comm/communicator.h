@@ -114,6 +114,13 @@ class Communicator {
 
   virtual absl::Status Barrier(absl::Time deadline) = 0;
 
+  // The world ranks of this communicator's peers that this rank cannot
+  // reach over the network now (a probe of at most a second or two; see
+  // gloo/reachability.h), for the report of a world that broke. Empty where
+  // the transport cannot tell (shared memory, NCCL) or every peer answers.
+  // Training thread, after a collective failed.
+  virtual std::vector<int> Unreachable() { return {}; }
+
   // Breaks the communicator: a blocked or later collective returns ABORTED
   // with `why`. Idempotent; thread-safe.
   virtual void Abort(const absl::Status& why) = 0;
@@ -153,6 +160,15 @@ class Communicator {
 // The rank that `rank` has in the communicator Shrink makes without
 // `excluded` (which does not hold it).
 int RankAfterShrink(int rank, const std::vector<int>& excluded);
+
+// The payload type of a status that names peers this rank could not reach
+// (a communicator's build that failed for it): their world ranks,
+// comma-separated ("2,3").
+inline constexpr char kUnreachablePayload[] = "type.muster.dev/unreachable_ranks";
+// The world ranks `status` names as unreachable (none without the payload).
+std::vector<int> UnreachableRanks(const absl::Status& status);
+// Makes `status` (not OK) name `ranks` as unreachable.
+void SetUnreachableRanks(absl::Status* status, const std::vector<int>& ranks);
 
 // Validates `counts` for a communicator of `size` ranks.
 absl::Status CheckCounts(const std::vector<size_t>& counts, int size);

@@ -128,10 +128,12 @@ absl::StatusOr<std::unique_ptr<Communicator>> BuildIntra(const WorldInfo& world,
 // An inter-node group's communicator: Gloo, staged through pinned host
 // buffers when the buffers are on the GPU.
 absl::StatusOr<std::unique_ptr<Communicator>> BuildInter(Store* store, int rank, int size,
+                                                         int world_rank,
                                                          const CommOptions& options,
                                                          absl::Time deadline) {
   GlooOptions gloo = options.gloo;
   gloo.single_host = false;  // one rank per node, nodes elsewhere
+  gloo.world_rank = world_rank;
   auto c = NewGlooCommunicator(store, rank, size, gloo, deadline);
   if (!c.ok() || !options.cuda) return c;
 #ifdef MUSTER_HAVE_CUDA
@@ -167,8 +169,8 @@ absl::StatusOr<std::unique_ptr<Communicator>> BuildHier(const WorldInfo& world, 
       continue;
     }
     auto group_store = NewPrefixStore(store, absl::StrCat("hier/", g.first_segment));
-    auto c = BuildInter(group_store.get(), world.node_rank(), world.node_count, options,
-                        deadline);
+    auto c = BuildInter(group_store.get(), world.node_rank(), world.node_count, world.rank,
+                        options, deadline);
     if (!c.ok()) {
       (*intra)->Abort(c.status());
       return c.status();
@@ -203,6 +205,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> BuildUnchecked(const WorldInfo& wo
       auto s = NewPrefixStore(store, "gloo/world");
       GlooOptions gloo = options.gloo;
       gloo.single_host = world.node_count <= 1;
+      gloo.world_rank = world.rank;
       return CompressedIf(
           NewGlooCommunicator(s.get(), world.rank, world.world_size, gloo, deadline), wire,
           NewHostBufferOps());

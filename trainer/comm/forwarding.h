@@ -49,6 +49,7 @@ class ForwardingCommunicator : public Communicator {
     return inner_->Broadcast(data, count, type, root, deadline);
   }
   absl::Status Barrier(absl::Time deadline) override { return inner_->Barrier(deadline); }
+  std::vector<int> Unreachable() override { return inner_->Unreachable(); }
   void Abort(const absl::Status& why) override { inner_->Abort(why); }
   std::unique_ptr<Communicator> ReleaseNodeCommunicator(bool* touched) override {
     return inner_->ReleaseNodeCommunicator(touched);

@@ -183,6 +183,19 @@ class Hierarchical : public Communicator {
   // The node-local communicator is aborted only when it has peers to wake:
   // one of a single member waits for nobody, so a failure elsewhere leaves
   // it whole for the next world to keep (ReleaseNodeCommunicator).
+  // Only the inter-node groups cross the network.
+  std::vector<int> Unreachable() override {
+    std::vector<int> out;
+    for (const auto& c : inter_) {
+      if (c == nullptr) continue;
+      for (int r : c->Unreachable()) {
+        if (std::find(out.begin(), out.end(), r) == out.end()) out.push_back(r);
+      }
+    }
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+
   void Abort(const absl::Status& why) override {
     Break(why);
     if (local_size_ > 1 && intra_ != nullptr) {

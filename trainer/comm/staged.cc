@@ -95,6 +95,7 @@ class PipelinedStaged : public Communicator {
   }
 
   absl::Status Barrier(absl::Time deadline) override { return host_->Barrier(deadline); }
+  std::vector<int> Unreachable() override { return host_->Unreachable(); }
   void Abort(const absl::Status& why) override { host_->Abort(why); }
 
  private:

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/clock.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
@@ -133,8 +134,8 @@ absl::Status ElasticWorld::EnterFirst(int64_t step, const EnterFn& enter) {
   world_ = *first;
   const absl::Status entered = Enter(enter);
   if (entered.ok() || !WorldMovedOn(entered)) return entered;
-  const BrokenWorld broken =
-      BrokenWorld::Because(std::string(entered.message()), options_.build_timeout);
+  const BrokenWorld broken = BrokenWorld::Because(
+      std::string(entered.message()), options_.build_timeout, UnreachableRanks(entered));
   return Regroup(std::string(entered.message()), step, enter, [] {}, &broken);
 }
 
@@ -161,6 +162,19 @@ absl::Status ElasticWorld::Regroup(const std::string& why, int64_t step, const E
                                    const BrokenWorld* broken) {
   const absl::Time start = RealClock::Get()->Now();
   BrokenWorld failed_entry;
+  // Whom the broken world's collectives could not reach, if anyone: the
+  // coordinator leaves a side out rather than form the same world again.
+  BrokenWorld probed;
+  if (broken != nullptr && comm_ != nullptr) {
+    probed = *broken;
+    probed.unreachable = comm_->Unreachable();
+    if (!probed.unreachable.empty()) {
+      MUSTER_LOG(WARNING) << "cannot reach rank" << (probed.unreachable.size() > 1 ? "s " : " ")
+                          << absl::StrJoin(probed.unreachable, ", ")
+                          << " of generation " << world_.generation << " over the network";
+      broken = &probed;
+    }
+  }
   for (;;) {
     Detach();
     // A node-local communicator no failure touched may go on (node_comm.h).
@@ -185,7 +199,7 @@ absl::Status ElasticWorld::Regroup(const std::string& why, int64_t step, const E
     // Maybe nobody else knows (a peer hung while the world was built).
     failed_entry = BrokenWorld::Because(
         absl::StrCat("generation ", world_.generation, " did not start: ", entered.message()),
-        broken != nullptr ? broken->deadline : options_.build_timeout);
+        broken != nullptr ? broken->deadline : options_.build_timeout, UnreachableRanks(entered));
     broken = &failed_entry;
   }
   ++regroups_;

@@ -60,6 +60,8 @@ CommOptions CommOptionsFrom(const Options& o, int local_rank) {
              : !Env("SLURM_JOB_ID").empty() ? Env("SLURM_JOB_ID")
                                             : "muster";
   comm.gloo.hostname = o.address;
+  comm.gloo.iface = !o.interface.empty() ? o.interface : Env("MUSTER_SOCKET_IFNAME");
+  if (!o.address.empty()) comm.gloo.iface.clear();  // an explicit address wins
   comm.gradient_compression = o.gradient_compression;
   comm.cuda = o.cuda;
   if (o.cuda) {
@@ -106,6 +108,9 @@ absl::Status Options::Validate() const {
   if (steps < 0) return bad("steps must not be negative");
   if (steps == 0 && epochs <= 0) return bad("epochs must be positive when steps is 0");
   if (!(bucket_mb > 0)) return bad("bucket_mb must be positive");
+  if (!address.empty() && !interface.empty()) {
+    return bad("address and interface both name where other nodes reach this one: set one");
+  }
   switch (gradient_compression) {
     case GradientCompression::kNone:
     case GradientCompression::kBf16:

@@ -1,12 +1,18 @@
 #include "trainer/comm/gloo/gloo_address.h"
 
 #include <arpa/inet.h>
+#include <ifaddrs.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 
+#include <cerrno>
+#include <cstring>
+#include <set>
+
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace muster {
 namespace {
@@ -92,6 +98,36 @@ std::string LoopbackHint(const std::string& error, const GlooAddress& own) {
   return "; a peer gave a loopback address (its host name resolves to loopback there, as with "
          "Debian's 127.0.1.1 line in /etc/hosts): set muster-train --address (Options::address) "
          "on that node to its IP address";
+}
+
+absl::StatusOr<std::string> InterfaceAddress(const std::string& name) {
+  ifaddrs* all = nullptr;
+  if (::getifaddrs(&all) != 0) {
+    return absl::UnavailableError(absl::StrCat("getifaddrs: ", std::strerror(errno)));
+  }
+  std::string v4, v6;
+  std::set<std::string> names;
+  for (const ifaddrs* a = all; a != nullptr; a = a->ifa_next) {
+    if (a->ifa_addr == nullptr) continue;
+    names.insert(a->ifa_name);
+    if (name != a->ifa_name) continue;
+    char text[INET6_ADDRSTRLEN] = {};
+    if (a->ifa_addr->sa_family == AF_INET && v4.empty()) {
+      ::inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(a->ifa_addr)->sin_addr, text,
+                  sizeof(text));
+      v4 = text;
+    } else if (a->ifa_addr->sa_family == AF_INET6 && v6.empty()) {
+      ::inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(a->ifa_addr)->sin6_addr, text,
+                  sizeof(text));
+      v6 = text;
+    }
+  }
+  ::freeifaddrs(all);
+  if (!v4.empty()) return v4;
+  if (!v6.empty()) return v6;
+  return absl::NotFoundError(absl::StrCat("network interface '", name,
+                                          "' has no address; interfaces here: ",
+                                          absl::StrJoin(names, ", ")));
 }
 
 }  // namespace muster

@@ -39,6 +39,10 @@ absl::StatusOr<GlooAddress> ResolveGlooAddress(const GlooAddressSources& sources
 // machine), so it is explained on failure rather than refused up front.
 std::string LoopbackHint(const std::string& error, const GlooAddress& own);
 
+// The first IPv4 address (else IPv6) of network interface `name` ("ib0",
+// "eth1"). Errors: NOT_FOUND naming the interface and those that exist.
+absl::StatusOr<std::string> InterfaceAddress(const std::string& name);
+
 }  // namespace muster
 
 #endif  // MUSTER_TRAINER_COMM_GLOO_GLOO_ADDRESS_H_

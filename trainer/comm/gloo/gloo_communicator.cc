@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "common/clock.h"
 #include "common/monotonic_wait.h"
@@ -27,6 +28,7 @@
 #include "common/logging.h"
 #include "trainer/comm/gloo/gloo_address.h"
 #include "trainer/comm/gloo/gloo_store.h"
+#include "trainer/comm/gloo/reachability.h"
 #include "trainer/comm/reduce.h"
 
 namespace muster {
@@ -114,10 +116,13 @@ struct Worker {
 
 class GlooCommunicator : public Communicator {
  public:
-  GlooCommunicator(std::shared_ptr<Worker> worker, int rank, int size)
+  GlooCommunicator(std::shared_ptr<Worker> worker, int rank, int size,
+                   std::unique_ptr<ReachabilityProbe> probe, absl::Duration probe_timeout)
       : worker_(std::move(worker)),
         rank_(rank),
         size_(size),
+        probe_(std::move(probe)),
+        probe_timeout_(probe_timeout),
         poker_(std::make_unique<MutexPoker>(&worker_->mu, absl::Milliseconds(10))) {}
 
   ~GlooCommunicator() override {
@@ -249,6 +254,10 @@ class GlooCommunicator : public Communicator {
     });
   }
 
+  std::vector<int> Unreachable() override {
+    return probe_ != nullptr ? probe_->Unreachable(probe_timeout_) : std::vector<int>{};
+  }
+
   void Abort(const absl::Status& why) override {
     absl::MutexLock lock(&worker_->mu);
     if (worker_->broken.ok()) {
@@ -292,6 +301,8 @@ class GlooCommunicator : public Communicator {
   std::shared_ptr<Worker> worker_;
   const int rank_;
   const int size_;
+  const std::unique_ptr<ReachabilityProbe> probe_;  // null in a group of one
+  const absl::Duration probe_timeout_;
   // Destroyed first: it locks worker_->mu.
   std::unique_ptr<MutexPoker> poker_;
 };
@@ -310,21 +321,44 @@ absl::StatusOr<std::unique_ptr<Communicator>> NewGlooCommunicator(Store* store, 
   static std::once_flag ignore_sigpipe;
   std::call_once(ignore_sigpipe, [] { ::signal(SIGPIPE, SIG_IGN); });
   auto worker = std::make_shared<Worker>();
-  GlooAddress own;  // with an interface (options.iface): Gloo's own choice
+  GlooAddress own;
+  if (options.iface.empty()) {
+    absl::StatusOr<GlooAddress> address = ResolveGlooAddress(
+        {options.hostname, options.observed_host, HostName()}, options.single_host);
+    if (!address.ok()) return address.status();
+    static std::once_flag warned;
+    if (!address->warning.empty()) {
+      std::call_once(warned, [&] { MUSTER_LOG(WARNING) << address->warning; });
+    }
+    own = *address;
+  } else {
+    absl::StatusOr<std::string> ip = InterfaceAddress(options.iface);
+    if (!ip.ok()) return ip.status();
+    own.ip = *ip;
+  }
+  // Every peer answers on the address it gives Gloo, or the world cannot
+  // start: say whom this rank cannot reach now, rather than after Gloo's
+  // connect waited out the whole deadline (reachability.h).
+  std::unique_ptr<ReachabilityProbe> probe;
+  if (size > 1) {
+    absl::StatusOr<std::unique_ptr<ReachabilityProbe>> started = ReachabilityProbe::Start(
+        store, own.ip, rank, size, options.world_rank >= 0 ? options.world_rank : rank, deadline);
+    if (!started.ok()) return started.status();
+    probe = std::move(*started);
+    const std::vector<int> unreachable = probe->Unreachable(options.probe_timeout);
+    if (!unreachable.empty()) {
+      std::vector<std::string> names;
+      for (int r : unreachable) names.push_back(probe->Describe(r));
+      absl::Status s = absl::UnavailableError(
+          absl::StrCat("cannot reach ", absl::StrJoin(names, ", "), " from ", own.ip, " within ",
+                       absl::FormatDuration(options.probe_timeout)));
+      SetUnreachableRanks(&s, unreachable);
+      return s;
+    }
+  }
   try {
     gloo::transport::tcp::attr attr;
-    attr.iface = options.iface;
-    if (options.iface.empty()) {
-      absl::StatusOr<GlooAddress> address =
-          ResolveGlooAddress({options.hostname, options.observed_host, HostName()}, options.single_host);
-      if (!address.ok()) return address.status();
-      static std::once_flag warned;
-      if (!address->warning.empty()) {
-        std::call_once(warned, [&] { MUSTER_LOG(WARNING) << address->warning; });
-      }
-      own = *address;
-      attr.hostname = address->ip;
-    }
+    attr.hostname = own.ip;
     auto device = gloo::transport::tcp::CreateDevice(attr);
     auto context = std::make_shared<gloo::rendezvous::Context>(rank, size);
     context->setTimeout(Until(deadline));
@@ -338,7 +372,8 @@ absl::StatusOr<std::unique_ptr<Communicator>> NewGlooCommunicator(Store* store, 
     return absl::Status(s.code(), absl::StrCat(s.message(), LoopbackHint(e.what(), own)));
   }
   worker->thread = std::thread([w = worker.get()] { w->Loop(); });
-  return std::unique_ptr<Communicator>(new GlooCommunicator(worker, rank, size));
+  return std::unique_ptr<Communicator>(
+      new GlooCommunicator(worker, rank, size, std::move(probe), options.probe_timeout));
 }
 
 }  // namespace muster

@@ -28,8 +28,15 @@ struct GlooOptions {
   // This host's address as the coordinator sees it (an IP address; "" when
   // unknown): the default when `hostname` is empty.
   std::string observed_host;
-  // Network interface to bind instead of a host name ("" for none).
+  // Network interface whose address to use instead of a host name ("" for
+  // none): the data network's, e.g. "ib0" (Options::interface).
   std::string iface;
+  // This rank's place in the world, which a peer that cannot reach it
+  // reports (-1: its rank in this group).
+  int world_rank = -1;
+  // How long a peer may take to answer the reachability probe
+  // (reachability.h) before it counts as unreachable.
+  absl::Duration probe_timeout = absl::Milliseconds(1500);
   // Every rank runs on this host (one node): loopback serves when the name
   // does not resolve (gloo_address.h).
   bool single_host = false;

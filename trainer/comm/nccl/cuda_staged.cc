@@ -100,6 +100,7 @@ class CudaStaged : public Communicator {
   }
 
   absl::Status Barrier(absl::Time deadline) override { return host_->Barrier(deadline); }
+  std::vector<int> Unreachable() override { return host_->Unreachable(); }
   void Abort(const absl::Status& why) override { host_->Abort(why); }
 
  private:
