@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <fstream>
 #include <iostream>
 #include <string>
@@ -23,6 +24,9 @@
 #include "tests/bench/process_stats.h"
 
 ABSL_FLAG(int, world, 2, "ranks");
+ABSL_FLAG(std::string, lab_rate, "",
+          "run each node in a muster-lab host whose link is shaped to this rate each way "
+          "(1gbit, 10gbit; docs/lab.md; needs root); \"\": every rank on loopback");
 
 ABSL_DECLARE_FLAG(std::string, backend);
 ABSL_DECLARE_FLAG(std::string, sizes);
@@ -31,6 +35,21 @@ ABSL_DECLARE_FLAG(std::string, device);
 ABSL_DECLARE_FLAG(std::string, gradient_compression);
 
 namespace muster {
+namespace {
+
+// The first line `command` prints, "" when it fails.
+std::string FirstLine(const std::string& command) {
+  FILE* p = ::popen(command.c_str(), "r");
+  if (p == nullptr) return "";
+  char line[256] = {};
+  const bool got = std::fgets(line, sizeof(line), p) != nullptr;
+  const int status = ::pclose(p);
+  std::string out = got && status == 0 ? line : "";
+  while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
+  return out;
+}
+
+}  // namespace
 
 int RunAllreduceBench() {
   const int world = absl::GetFlag(FLAGS_world);
@@ -44,7 +63,28 @@ int RunAllreduceBench() {
   const std::string token_file = dir + "/token";
   std::ofstream(token_file) << "bench-token";
   std::system(("chmod 600 " + token_file).c_str());
-  const std::string target = "127.0.0.1:" + std::to_string(FreeLoopbackPort());
+  // In a lab each node is a network namespace whose link has the given
+  // rate; the coordinator listens on the bridge's address here.
+  const std::string rate = absl::GetFlag(FLAGS_lab_rate);
+  const std::string lab = absl::StrCat("b", ::getpid() % 100000);
+  std::string host = "127.0.0.1";
+  if (!rate.empty()) {
+    const std::string tool = SelfDir() + "/muster-lab";
+    if (std::system(absl::StrCat(tool, " up ", lab, " --nodes ", nodes, " --rate ", rate,
+                                 " --owner ", ::getpid(), " >", dir, "/lab.log 2>&1")
+                        .c_str()) != 0) {
+      std::cerr << "muster-bench allreduce: the lab did not start; see " << dir << "/lab.log\n";
+      return 1;
+    }
+    host = FirstLine(tool + " gateway " + lab);
+  }
+  struct LabDown {
+    std::string lab;
+    ~LabDown() {
+      if (!lab.empty()) std::system((SelfDir() + "/muster-lab down " + lab + " >/dev/null 2>&1").c_str());
+    }
+  } lab_down{rate.empty() ? "" : lab};
+  const std::string target = host + ":" + std::to_string(FreeLoopbackPort());
   const pid_t coordinator = SpawnLogged(
       {SelfDir() + "/muster-coordinator", "--listen=" + target, "--token-file=" + token_file,
        absl::StrCat("--min-members=", world), absl::StrCat("--max-members=", world),
@@ -53,7 +93,11 @@ int RunAllreduceBench() {
   std::vector<pid_t> workers;
   const int per_node = world / nodes;
   for (int i = 0; i < world; ++i) {
-    std::vector<std::string> argv = {
+    std::vector<std::string> argv;
+    if (!rate.empty()) {
+      argv = {"/usr/sbin/ip", "netns", "exec", absl::StrCat("ml", lab, "-node", i / per_node)};
+    }
+    const std::vector<std::string> worker = {
         SelfDir() + "/muster-bench", "comm-worker", "--coordinator=" + target,
         "--token-file=" + token_file, absl::StrCat("--member=rank", i),
         absl::StrCat("--node=node", i / per_node), absl::StrCat("--local-rank=", i % per_node),
@@ -62,6 +106,7 @@ int RunAllreduceBench() {
         "--gradient-compression=" + absl::GetFlag(FLAGS_gradient_compression),
         absl::StrCat("--nodes=", nodes), absl::StrCat("--job=bench", ::getpid()),
         "--report=" + dir + "/report"};
+    argv.insert(argv.end(), worker.begin(), worker.end());
     // Rank 0's stdout is ours; the others log to files.
     const pid_t pid = ::fork();
     if (pid == 0) {

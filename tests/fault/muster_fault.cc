@@ -472,7 +472,10 @@ Trial Networked(Context& c, NetFault fault, const std::string& name) {
     return {false, 0, 0, 0, "skipped"};
   }
   FaultJobOptions o;
-  o.steps = 4000;  // the job must outlast the fault and the partition hold
+  // The job must outlast the fault, and with a lost link the hold too, so
+  // that the node left out has a world to rejoin.
+  const bool held = fault == NetFault::kIsolatePeers || fault == NetFault::kOneWay;
+  o.steps = held ? 4000 : 2000;
   o.netns = lab.namespaces();
   o.addresses = lab.addresses();
   o.coordinator_host = lab.bridge_address();

@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <filesystem>
 #include <fstream>
 #include <regex>
@@ -24,6 +25,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/civil_time.h"
 #include "absl/time/clock.h"
+#include "tests/fault/net_lab.h"
 #include "tests/integration/fake_time.h"
 #include "tests/integration/subprocess.h"
 #include "trainer/checkpoint/safetensors.h"
@@ -42,7 +44,7 @@ class ElasticTest : public ::testing::Test {
     dir_ = ::testing::TempDir() + "/elastic" + std::to_string(::getpid()) + "_" +
            ::testing::UnitTest::GetInstance()->current_test_info()->name();
     std::system(("rm -rf " + dir_ + " && mkdir -p " + dir_).c_str());
-    target_ = absl::StrCat("127.0.0.1:", FreeLoopbackPort());
+    target_ = absl::StrCat(ListenHost(), ":", FreeLoopbackPort());
     StartCoordinator();
   }
   // Without a state dir: a restarted coordinator knows no member.
@@ -105,6 +107,9 @@ class ElasticTest : public ::testing::Test {
     return false;
   }
 
+  // The address the coordinator listens on (and relays, where a test starts
+  // one): loopback, or the bridge of the test's lab.
+  virtual std::string ListenHost() const { return "127.0.0.1"; }
   // What the coordinator's command line begins with (a wrapper), if anything.
   virtual std::vector<std::string> CoordinatorPrefix() const { return {}; }
   // The coordinator's flag for its job token.
@@ -449,8 +454,28 @@ TEST_F(TrainerClockStepTest, ATrainersWallClockSteppingForwardBreaksNoWorld) {
 }
 
 // Agent-launched jobs: two nodes, each a muster-agent with two trainers.
+// Nodes a, b and c are hosts of a muster-lab lab (docs/lab.md): network
+// namespaces of their own on a bridge, the coordinator on the bridge's
+// address here, so that each node has its own address as on a cluster.
+// Where the lab cannot start (no root, no iproute2) they run on loopback
+// and say so once.
 class AgentTest : public ElasticTest {
  protected:
+  void SetUp() override {
+    lab_ = std::make_unique<NetLab>(3);
+    if (!lab_->ok()) {
+      std::cerr << "AgentTest: nodes share loopback: " << lab_->error() << "\n";
+      lab_.reset();
+    }
+    ElasticTest::SetUp();
+  }
+  void TearDown() override {
+    ElasticTest::TearDown();
+    lab_.reset();  // kills what is left in its namespaces
+  }
+  std::string ListenHost() const override {
+    return lab_ != nullptr ? lab_->bridge_address() : "127.0.0.1";
+  }
   int MaxMembers() const override { return 4; }
 
   // `node_session`: the agent holds the node's session for its trainers
@@ -460,9 +485,15 @@ class AgentTest : public ElasticTest {
   }
   std::vector<std::string> AgentArgv(const std::string& node, int steps, bool node_session,
                                      const std::vector<std::string>& extra = {}) {
-    std::vector<std::string> argv = {kBin + "/muster-agent", "--nproc-per-node=2",
-                                     "--restart-backoff=100ms", "--max-restarts=2",
-                                     "--node-id=" + node};
+    std::vector<std::string> argv;
+    if (lab_ != nullptr && node.size() == 1 && node[0] >= 'a' && node[0] <= 'c') {
+      argv = {"/usr/sbin/ip", "netns", "exec", lab_->namespaces()[node[0] - 'a']};
+    }
+    for (std::string arg : {kBin + "/muster-agent", std::string("--nproc-per-node=2"),
+                            std::string("--restart-backoff=100ms"),
+                            std::string("--max-restarts=2"), "--node-id=" + node}) {
+      argv.push_back(std::move(arg));
+    }
     argv.insert(argv.end(), agent_flags_.begin(), agent_flags_.end());
     const std::string coordinator = via_.empty() ? target_ : via_;
     if (node_session) argv.push_back("--coordinator=" + coordinator);
@@ -476,6 +507,7 @@ class AgentTest : public ElasticTest {
     return argv;
   }
 
+  std::unique_ptr<NetLab> lab_;           // null: on loopback
   std::vector<std::string> agent_flags_;  // before the trainer's command
   // Where agents and trainers reach the coordinator, when not at target_.
   std::string via_;
@@ -726,7 +758,7 @@ TEST_F(AgentTest, TheAgentRestartsAKilledTrainerAndItRejoins) {
 // failing their members, the agents reconnect straight to it, and the
 // world trains on without a regroup.
 TEST_F(AgentTest, AJobBehindARelayTrainsOnWhenTheRelayIsKilled) {
-  const std::string relay = absl::StrCat("127.0.0.1:", FreeLoopbackPort());
+  const std::string relay = absl::StrCat(ListenHost(), ":", FreeLoopbackPort());
   KillOnExit procs;
   const pid_t relay_pid = procs.Add(SpawnLogged(
       {kBin + "/muster-relay", "--listen=" + relay, "--coordinator=" + target_},
