@@ -60,8 +60,9 @@ class Relay::Impl : public grpc::CallbackGenericService {
     absl::MutexLock lock(&shutdown_mu_);
     if (server_ == nullptr) return;
     stopping_ = true;
-    // Calls under way are cancelled at once; each ends upstream too.
-    server_->Shutdown(std::chrono::system_clock::now());
+    // Calls under way are cancelled at once (a deadline already past, no
+    // clock read); each ends upstream too.
+    server_->Shutdown(std::chrono::system_clock::time_point());
     server_->Wait();
     server_.reset();
   }

@@ -33,7 +33,7 @@ scan() {
              "RealClock::Get(); common/clock.h)\n", file, FNR, hint
     }' "$@"
 }
-files=$(find common rpc coordinator cli trainer include -type f \
+files=$(find common rpc coordinator relay cli trainer include -type f \
           \( -name '*.h' -o -name '*.cc' -o -name '*.cu' \) 2>/dev/null |
         grep -vxE 'common/clock\.cc|common/logging\.cc' | sort)
 if [[ -z $files ]]; then
