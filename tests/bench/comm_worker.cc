@@ -307,7 +307,9 @@ int RunCommWorker() {
   CommOptions options;
   options.backend = *backend;
   options.job = absl::GetFlag(FLAGS_job);
-  options.gloo.hostname = "127.0.0.1";
+  // Where the coordinator sees this worker: loopback, or its lab host's
+  // address (allreduce --lab-rate).
+  options.gloo.observed_host = client->observed_host();
   options.gradient_compression = *compression;
   options.check_buffers = std::getenv("MUSTER_CHECK_BUFFERS") != nullptr &&
                           std::string(std::getenv("MUSTER_CHECK_BUFFERS")) == "1";
