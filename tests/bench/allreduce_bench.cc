@@ -11,9 +11,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -22,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "tests/bench/process_stats.h"
+#include "tests/fault/net_lab.h"
 
 ABSL_FLAG(int, world, 2, "ranks");
 ABSL_FLAG(std::string, lab_rate, "",
@@ -35,21 +36,6 @@ ABSL_DECLARE_FLAG(std::string, device);
 ABSL_DECLARE_FLAG(std::string, gradient_compression);
 
 namespace muster {
-namespace {
-
-// The first line `command` prints, "" when it fails.
-std::string FirstLine(const std::string& command) {
-  FILE* p = ::popen(command.c_str(), "r");
-  if (p == nullptr) return "";
-  char line[256] = {};
-  const bool got = std::fgets(line, sizeof(line), p) != nullptr;
-  const int status = ::pclose(p);
-  std::string out = got && status == 0 ? line : "";
-  while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
-  return out;
-}
-
-}  // namespace
 
 int RunAllreduceBench() {
   const int world = absl::GetFlag(FLAGS_world);
@@ -66,24 +52,15 @@ int RunAllreduceBench() {
   // In a lab each node is a network namespace whose link has the given
   // rate; the coordinator listens on the bridge's address here.
   const std::string rate = absl::GetFlag(FLAGS_lab_rate);
-  const std::string lab = absl::StrCat("b", ::getpid() % 100000);
-  std::string host = "127.0.0.1";
+  std::unique_ptr<NetLab> lab;  // removed when it goes out of scope
   if (!rate.empty()) {
-    const std::string tool = SelfDir() + "/muster-lab";
-    if (std::system(absl::StrCat(tool, " up ", lab, " --nodes ", nodes, " --rate ", rate,
-                                 " --owner ", ::getpid(), " >", dir, "/lab.log 2>&1")
-                        .c_str()) != 0) {
-      std::cerr << "muster-bench allreduce: the lab did not start; see " << dir << "/lab.log\n";
+    lab = std::make_unique<NetLab>(NetLabOptions{nodes, rate});
+    if (!lab->ok()) {
+      std::cerr << "muster-bench allreduce: the lab did not start: " << lab->error() << "\n";
       return 1;
     }
-    host = FirstLine(tool + " gateway " + lab);
   }
-  struct LabDown {
-    std::string lab;
-    ~LabDown() {
-      if (!lab.empty()) std::system((SelfDir() + "/muster-lab down " + lab + " >/dev/null 2>&1").c_str());
-    }
-  } lab_down{rate.empty() ? "" : lab};
+  const std::string host = lab != nullptr ? lab->bridge_address() : "127.0.0.1";
   const std::string target = host + ":" + std::to_string(FreeLoopbackPort());
   const pid_t coordinator = SpawnLogged(
       {SelfDir() + "/muster-coordinator", "--listen=" + target, "--token-file=" + token_file,
@@ -94,9 +71,7 @@ int RunAllreduceBench() {
   const int per_node = world / nodes;
   for (int i = 0; i < world; ++i) {
     std::vector<std::string> argv;
-    if (!rate.empty()) {
-      argv = {"/usr/sbin/ip", "netns", "exec", absl::StrCat("ml", lab, "-node", i / per_node)};
-    }
+    if (lab != nullptr) argv = {"/usr/sbin/ip", "netns", "exec", lab->namespaces()[i / per_node]};
     const std::vector<std::string> worker = {
         SelfDir() + "/muster-bench", "comm-worker", "--coordinator=" + target,
         "--token-file=" + token_file, absl::StrCat("--member=rank", i),
