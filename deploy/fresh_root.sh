@@ -106,6 +106,10 @@ mount_in() {  # TYPE OPTIONS TARGET_IN_ROOTFS [SOURCE]
   mount -t "$1" -o "$2" "${4:-$1}" "$ROOTFS$3"
   MOUNTS+=("$ROOTFS$3")
 }
+# The root is a mount point of its own, as / is on a host: `ip netns exec`
+# (the network lab's tests) makes / a slave mount, which fails otherwise.
+mount --bind "$ROOTFS" "$ROOTFS"
+MOUNTS+=("$ROOTFS")
 mount_in proc rw /proc
 mount_in sysfs ro /sys
 mkdir -p "$ROOTFS/dev"
