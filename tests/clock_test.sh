@@ -10,6 +10,7 @@
 #   clock_test.sh SOURCE_DIR
 set -uo pipefail
 src=$1
+here=$(cd "$(dirname "$0")" && pwd)
 cd "$src" || exit 1
 reads='absl::Now[(][)]|system_clock::now|std::time[(]|time[(](nullptr|NULL)[)]|gettimeofday'
 reads+='|CLOCK_REALTIME|WithDeadline[(]|WithTimeout[(]|ToChronoTime[(]'
@@ -33,7 +34,8 @@ scan() {
              "RealClock::Get(); common/clock.h)\n", file, FNR, hint
     }' "$@"
 }
-files=$(find common rpc coordinator relay cli trainer include -type f \
+mapfile -t folders < <("$here/source_folders.sh" .)
+files=$(find "${folders[@]}" -type f \
           \( -name '*.h' -o -name '*.cc' -o -name '*.cu' \) 2>/dev/null |
         grep -vxE 'common/clock\.cc|common/logging\.cc' | sort)
 if [[ -z $files ]]; then

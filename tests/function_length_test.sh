@@ -10,8 +10,10 @@ if ! command -v ctags >/dev/null || ! ctags --version 2>/dev/null | grep -q Univ
   echo "Universal Ctags is missing (deploy/dev setup installs universal-ctags)"
   exit 1
 fi
+here=$(cd "$(dirname "$0")" && pwd)
 cd "$src" || exit 1
-long=$(find coordinator relay trainer cli common rpc include -type f \( -name '*.h' -o -name '*.cc' \) |
+mapfile -t folders < <("$here/source_folders.sh" .)
+long=$(find "${folders[@]}" -type f \( -name '*.h' -o -name '*.cc' \) |
   sort | xargs ctags --fields=+ne --c++-kinds=f -o - 2>/dev/null |
   awk -F'\t' -v limit=$limit '{
     line = ""; end = ""
@@ -22,7 +24,7 @@ long=$(find coordinator relay trainer cli common rpc include -type f \( -name '*
     if (line != "" && end != "" && end - line + 1 > limit)
       printf "%s:%s %s is %d lines (the limit is %d)\n", $2, line, $1, end - line + 1, limit
   }')
-count=$(find coordinator relay trainer cli common rpc include -type f -name '*.cc' | wc -l)
+count=$(find "${folders[@]}" -type f -name '*.cc' | wc -l)
 if ((count == 0)); then
   echo "no sources under $src"
   exit 1

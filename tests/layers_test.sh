@@ -28,7 +28,9 @@ allowed_by() {
   local folder=$1
   grep -E "^${folder}:" <<<"$rules" | head -1 | cut -d: -f2-
 }
-project='^(common|rpc|coordinator|relay|cli|trainer|muster)/'
+here=$(cd "$(dirname "$0")" && pwd)
+mapfile -t folders < <("$here/source_folders.sh" "$src")
+project="^($(IFS='|'; echo "${folders[*]}")|muster)/"
 failed=0
 checked=0
 cd "$src" || exit 1
@@ -53,7 +55,7 @@ while IFS= read -r file; do
       failed=1
     fi
   done < <(sed -nE 's/^#include "([^"]+)".*/\1/p' "$file")
-done < <(find common rpc coordinator relay cli trainer include/muster -type f \
+done < <(find "${folders[@]}" -type f \
            \( -name '*.h' -o -name '*.cc' -o -name '*.cu' \) | sort)
 if ((checked == 0)); then
   echo "no includes checked: is $src the source tree?"

@@ -1,4 +1,4 @@
-// muster-agent's node session (trainer/agent/node_session.h) against the
+// muster-agent's node session (agent/node_session.h) against the
 // real coordinator service over real gRPC: trainers' clients reach the
 // coordinator's session and Rendezvous through the agent's Unix socket.
 #include <gtest/gtest.h>
@@ -17,7 +17,7 @@
 #include "muster/v1/coordinator.grpc.pb.h"
 #include "rpc/credentials.h"
 #include "tests/integration/subprocess.h"
-#include "trainer/agent/node_session.h"
+#include "agent/node_session.h"
 #include "trainer/client/coordinator_client.h"
 
 namespace muster {

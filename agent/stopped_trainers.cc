@@ -1,4 +1,4 @@
-#include "trainer/agent/stopped_trainers.h"
+#include "agent/stopped_trainers.h"
 
 #include <dirent.h>
 

@@ -24,16 +24,16 @@
 //
 // Run() owns the calling process's signal mask and SIGCHLD: call it once,
 // from main, before any other thread exists.
-#ifndef MUSTER_TRAINER_AGENT_AGENT_H_
-#define MUSTER_TRAINER_AGENT_AGENT_H_
+#ifndef MUSTER_AGENT_AGENT_H_
+#define MUSTER_AGENT_AGENT_H_
 
 #include <map>
 #include <string>
 #include <vector>
 
 #include "absl/time/time.h"
-#include "trainer/agent/node_session.h"
-#include "trainer/agent/supervisor.h"
+#include "agent/node_session.h"
+#include "agent/supervisor.h"
 
 namespace muster {
 
@@ -66,4 +66,4 @@ int RunAgent(const AgentOptions& options);
 
 }  // namespace muster
 
-#endif  // MUSTER_TRAINER_AGENT_AGENT_H_
+#endif  // MUSTER_AGENT_AGENT_H_

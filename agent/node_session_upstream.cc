@@ -14,7 +14,7 @@
 #include "common/session_liveness.h"
 #include "common/monotonic_wait.h"
 #include "rpc/credentials.h"
-#include "trainer/agent/node_session_impl.h"
+#include "agent/node_session_impl.h"
 
 namespace muster::node_session_internal {
 

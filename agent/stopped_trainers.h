@@ -18,8 +18,8 @@
 // tell them from a slow step).
 //
 // Thread-safety: none; the agent's loop owns it.
-#ifndef MUSTER_TRAINER_AGENT_STOPPED_TRAINERS_H_
-#define MUSTER_TRAINER_AGENT_STOPPED_TRAINERS_H_
+#ifndef MUSTER_AGENT_STOPPED_TRAINERS_H_
+#define MUSTER_AGENT_STOPPED_TRAINERS_H_
 
 #include <sys/types.h>
 
@@ -70,4 +70,4 @@ class StoppedTrainers {
 
 }  // namespace muster
 
-#endif  // MUSTER_TRAINER_AGENT_STOPPED_TRAINERS_H_
+#endif  // MUSTER_AGENT_STOPPED_TRAINERS_H_

@@ -11,8 +11,8 @@
 // elastic). Once the agent is stopping nothing is restarted.
 //
 // Not thread-safe: the agent's single thread owns it.
-#ifndef MUSTER_TRAINER_AGENT_SUPERVISOR_H_
-#define MUSTER_TRAINER_AGENT_SUPERVISOR_H_
+#ifndef MUSTER_AGENT_SUPERVISOR_H_
+#define MUSTER_AGENT_SUPERVISOR_H_
 
 #include <string>
 #include <vector>
@@ -93,4 +93,4 @@ class Supervisor {
 
 }  // namespace muster
 
-#endif  // MUSTER_TRAINER_AGENT_SUPERVISOR_H_
+#endif  // MUSTER_AGENT_SUPERVISOR_H_

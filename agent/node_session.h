@@ -51,8 +51,8 @@
 // Thread-safety: DetachProcess may be called from any thread. The object
 // runs a gRPC server and a connection thread of its own; create it after
 // the process has set its signal mask (the threads inherit it).
-#ifndef MUSTER_TRAINER_AGENT_NODE_SESSION_H_
-#define MUSTER_TRAINER_AGENT_NODE_SESSION_H_
+#ifndef MUSTER_AGENT_NODE_SESSION_H_
+#define MUSTER_AGENT_NODE_SESSION_H_
 
 #include <sys/types.h>
 
@@ -100,4 +100,4 @@ class NodeSession {
 
 }  // namespace muster
 
-#endif  // MUSTER_TRAINER_AGENT_NODE_SESSION_H_
+#endif  // MUSTER_AGENT_NODE_SESSION_H_

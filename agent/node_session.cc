@@ -1,4 +1,4 @@
-#include "trainer/agent/node_session.h"
+#include "agent/node_session.h"
 
 #include <grpcpp/grpcpp.h>
 #include <sys/un.h>
@@ -14,7 +14,7 @@
 #include "common/status_macros.h"
 #include "rpc/agent_protocol.h"
 #include "rpc/credentials.h"
-#include "trainer/agent/node_session_impl.h"
+#include "agent/node_session_impl.h"
 
 namespace muster {
 namespace node_session_internal {

@@ -1,4 +1,4 @@
-#include "trainer/agent/supervisor.h"
+#include "agent/supervisor.h"
 
 #include <signal.h>
 #include <string.h>

@@ -16,7 +16,7 @@
 #include "common/host_name.h"
 #include "common/launch_env.h"
 #include "common/token.h"
-#include "trainer/agent/agent.h"
+#include "agent/agent.h"
 
 ABSL_FLAG(int, nproc_per_node, 1, "trainers to run on this node (one per GPU or CPU slot)");
 ABSL_FLAG(int, spares, 0,

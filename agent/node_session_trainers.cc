@@ -7,8 +7,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "trainer/agent/node_session_impl.h"
-#include "trainer/agent/supervisor.h"
+#include "agent/node_session_impl.h"
+#include "agent/supervisor.h"
 
 namespace muster::node_session_internal {
 namespace {

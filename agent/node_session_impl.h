@@ -7,8 +7,8 @@
 //   node_session_upstream.cc  the one connection to the coordinator, with
 //                             its backoff, the node heartbeat that gathers
 //                             the members' beats, and routing of events.
-#ifndef MUSTER_TRAINER_AGENT_NODE_SESSION_IMPL_H_
-#define MUSTER_TRAINER_AGENT_NODE_SESSION_IMPL_H_
+#ifndef MUSTER_AGENT_NODE_SESSION_IMPL_H_
+#define MUSTER_AGENT_NODE_SESSION_IMPL_H_
 
 #include <grpcpp/grpcpp.h>
 #include <sys/types.h>
@@ -29,7 +29,7 @@
 #include "rpc/coordinator_channel.h"
 #include "rpc/status.h"
 #include "rpc/write_queue.h"
-#include "trainer/agent/node_session.h"
+#include "agent/node_session.h"
 
 namespace muster::node_session_internal {
 
@@ -210,4 +210,4 @@ class NodeSessionImpl final : public NodeSession,
 
 }  // namespace muster::node_session_internal
 
-#endif  // MUSTER_TRAINER_AGENT_NODE_SESSION_IMPL_H_
+#endif  // MUSTER_AGENT_NODE_SESSION_IMPL_H_

@@ -1,4 +1,4 @@
-#include "trainer/agent/agent.h"
+#include "agent/agent.h"
 
 #include <dirent.h>
 #include <signal.h>
@@ -20,8 +20,8 @@
 #include "common/clock.h"
 #include "common/logging.h"
 #include "rpc/agent_protocol.h"
-#include "trainer/agent/node_session.h"
-#include "trainer/agent/stopped_trainers.h"
+#include "agent/node_session.h"
+#include "agent/stopped_trainers.h"
 
 namespace muster {
 namespace {
