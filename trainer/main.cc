@@ -201,6 +201,9 @@ absl::StatusOr<TrainOptions> OptionsFromFlags() {
   o.deterministic = absl::GetFlag(FLAGS_deterministic);
   o.eval_every = absl::GetFlag(FLAGS_eval_every);
   o.library.intra_op_threads = absl::GetFlag(FLAGS_threads);
+  // muster-train's lines for people (the world line, progress, eval, done)
+  // go to its standard output.
+  o.library.output = [](std::string_view line) { std::cout << line << std::endl; };
   if (!(o.lr > 0)) return absl::InvalidArgumentError("--lr must be positive");
   if (o.optimizer != "sgd" && o.optimizer != "adamw") {
     return absl::InvalidArgumentError("--optimizer must be sgd or adamw, not '" + o.optimizer +

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <string_view>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -166,7 +167,12 @@ struct Options {
   int64_t stop_after_step = 0;  // behave as if stopped after this step (drills, tests)
 
   // ---- Output, from rank 0 ----
-  bool quiet = false;       // no progress lines on stdout
+  bool quiet = false;       // no lines for people at all (below)
+  // Where rank 0's lines for people go: the world line, progress lines, a
+  // resume, a leave, a stop. One call per line, without the newline, from
+  // the training thread. Unset: standard output. muster-train's progress
+  // line is one such sink; a program with a terminal UI passes its own.
+  std::function<void(std::string_view line)> output;
   int64_t log_every = 20;   // a progress line every N steps
   std::string log_dir;      // JSON lines (metrics.jsonl) and TensorBoard events; "" = none
 

@@ -7,7 +7,9 @@
 #include <mutex>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "muster/muster.h"
 #include "tests/integration/coordinator_fixture.h"
@@ -232,6 +234,40 @@ TEST(StartTest, TheScheduleKeepsEachGroupsRatio) {
     optimizer.step();
   }
   EXPECT_EQ(Distributed::ExitCode(d.Finish()), 0);
+}
+
+// The library's lines for people go to the sink the program chose, none to
+// its standard output (they used to be written to std::cout).
+TEST(StartTest, LinesForPeopleGoToTheProgramsSink) {
+  auto server = InProcessCoordinator::Start(1);
+  torch::nn::Linear model(4, 2);
+  torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.1));
+  Options o = QuietOptions(server->port(), "sink" + std::to_string(::getpid()));
+  o.quiet = false;
+  o.steps = 4;
+  o.log_every = 2;
+  std::vector<std::string> lines;
+  o.output = [&lines](std::string_view line) { lines.emplace_back(line); };
+  State state;
+  state.model = model.ptr().get();
+  state.optimizer = &optimizer;
+  testing::internal::CaptureStdout();
+  auto job = Distributed::Start(o, state);
+  ASSERT_TRUE(job.ok()) << job.status();
+  Distributed& d = **job;
+  while (!d.ShouldStop()) {
+    optimizer.zero_grad();
+    d.BeforeBackward();
+    model->forward(torch::ones({8, 4})).sum().backward();
+    ASSERT_TRUE(d.AfterBackward().ok());
+    optimizer.step();
+  }
+  EXPECT_EQ(Distributed::ExitCode(d.Finish()), 0);
+  EXPECT_EQ(testing::internal::GetCapturedStdout(), "");
+  ASSERT_EQ(lines.size(), 3u) << absl::StrJoin(lines, "\n");
+  EXPECT_TRUE(absl::StartsWith(lines[0], "muster: generation 1, world 1 on 1 nodes")) << lines[0];
+  EXPECT_TRUE(absl::StartsWith(lines[1], "step 2/4 ")) << lines[1];
+  EXPECT_TRUE(absl::StartsWith(lines[2], "step 4/4 ")) << lines[2];
 }
 
 // An evaluation between steps may keep one rank far longer than a step

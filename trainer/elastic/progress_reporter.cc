@@ -3,11 +3,11 @@
 #include <sys/stat.h>
 
 #include <algorithm>
-#include <iostream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/lines.h"
 #include "common/status_macros.h"
 
 namespace muster {
@@ -25,6 +25,7 @@ double WallSeconds() { return absl::ToUnixMicros(RealClock::Get()->WallNow()) / 
 
 absl::StatusOr<std::unique_ptr<ProgressReporter>> ProgressReporter::Create(
     ProgressOptions options, int rank) {
+  if (!options.output) options.output = StandardOutput();
   std::unique_ptr<ProgressReporter> r(new ProgressReporter(std::move(options)));
   if (rank == 0 && !r->options_.log_dir.empty()) {
     ::mkdir(r->options_.log_dir.c_str(), 0755);
@@ -38,12 +39,11 @@ absl::StatusOr<std::unique_ptr<ProgressReporter>> ProgressReporter::Create(
 void ProgressReporter::WorldEntered(const Progress& p, const std::string& backend,
                                     int node_count) const {
   if (p.rank != 0 || !options_.print) return;
-  std::cout << absl::StrFormat(
-                   "muster: generation %d, world %d on %d nodes, backend %s, model %s, batch %d "
-                   "per rank (%d global), step %d",
-                   p.generation, p.world_size, node_count, backend, options_.model_name,
-                   options_.batch_per_rank, p.global_batch, p.step)
-            << std::endl;
+  options_.output(absl::StrFormat(
+      "muster: generation %d, world %d on %d nodes, backend %s, model %s, batch %d "
+      "per rank (%d global), step %d",
+      p.generation, p.world_size, node_count, backend, options_.model_name,
+      options_.batch_per_rank, p.global_batch, p.step));
 }
 
 void ProgressReporter::RecordLoss(double loss) {
@@ -66,10 +66,9 @@ void ProgressReporter::StepDone(const Progress& p, const std::vector<double>& lr
         absl::StrAppend(out, absl::StrFormat("%.4g", r));
       });
     }
-    std::cout << absl::StrFormat("step %d/%d  epoch %d  loss %.4f  lr %s  %.0f samples/s  ETA %s",
-                                 p.step, p.total_steps, p.epoch, mean_loss, lr, sps,
-                                 FormatEta(eta))
-              << std::endl;
+    options_.output(absl::StrFormat("step %d/%d  epoch %d  loss %.4f  lr %s  %.0f samples/s  ETA %s",
+                                    p.step, p.total_steps, p.epoch, mean_loss, lr, sps,
+                                    FormatEta(eta)));
   }
   const double now = WallSeconds();
   if (jsonl_) {

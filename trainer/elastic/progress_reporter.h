@@ -1,4 +1,5 @@
-// ProgressReporter: what rank 0 shows of a run — a progress line on stdout
+// ProgressReporter: what rank 0 shows of a run — a progress line (through
+// ProgressOptions::output)
 // every `log_every` steps (step, epoch, loss, learning rate, samples/s,
 // ETA), the same figures in JSON lines (LOG_DIR/metrics.jsonl) and
 // TensorBoard event files (LOG_DIR/events.out.tfevents.*), and a line for
@@ -10,9 +11,11 @@
 #ifndef MUSTER_TRAINER_ELASTIC_PROGRESS_REPORTER_H_
 #define MUSTER_TRAINER_ELASTIC_PROGRESS_REPORTER_H_
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -24,7 +27,8 @@
 namespace muster {
 
 struct ProgressOptions {
-  bool print = true;        // progress lines on stdout (rank 0)
+  bool print = true;        // progress lines (rank 0)
+  std::function<void(std::string_view)> output;  // where they go; unset: stdout
   int64_t log_every = 20;
   std::string log_dir;      // "" = no files
   std::string model_name;   // for the world line

@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/clock.h"
+#include "common/lines.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "muster/muster.h"
@@ -142,6 +143,10 @@ class Engine : public Distributed, private WorldChanges::Trainer {
   absl::Status Stop();
   absl::StatusOr<bool> CheckpointToStop();
   void SayStopped(const std::string& how) const;
+  // A line for people, through Options::output, unless quiet.
+  void Say(const std::string& line) const {
+    if (!options_.quiet) options_.output(line);
+  }
   int64_t NewestCommitted() const;
   void PublishState();
   void PrepareStep();
@@ -315,6 +320,7 @@ absl::Status Engine::Begin() {
   }
   ProgressOptions po;
   po.print = !options_.quiet;
+  po.output = options_.output;
   po.log_every = options_.log_every;
   po.log_dir = options_.log_dir;
   po.model_name = options_.model_name;
@@ -323,7 +329,7 @@ absl::Status Engine::Begin() {
   if (life_.ended()) return absl::OkStatus();
   WorldEntered();
   if (resumed_from_ > 0 && !resumed_live_ && world_->world().rank == 0 && !options_.quiet) {
-    std::cout << "muster: resumed from the checkpoint of step " << resumed_from_ << std::endl;
+    Say(absl::StrCat("muster: resumed from the checkpoint of step ", resumed_from_));
   }
   training_progress()->Mark();
   return absl::OkStatus();
@@ -422,9 +428,7 @@ absl::Status Engine::EndWithoutWorld() {
   const bool stopped = StopAsked() && !LeaveAsked();
   if (!stopped) {
     MUSTER_RETURN_IF_ERROR(life_.End(StepOutcome::kLeft));
-    if (!options_.quiet) {
-      std::cout << "muster: left the job after step " << counters_.step << std::endl;
-    }
+    Say(absl::StrCat("muster: left the job after step ", counters_.step));
     return absl::OkStatus();
   }
   const bool saved = checkpointer_ && checkpointer_->newest_committed() == counters_.step;
@@ -747,9 +751,7 @@ int64_t Engine::NewestCommitted() const {
 // The stop's last word, from one rank: what a restart resumes from.
 void Engine::SayStopped(const std::string& how) const {
   if (life_.outcome() == StepOutcome::kStopped) {
-    if (!options_.quiet) {
-      std::cout << "muster: " << how << counters_.step << " after checkpointing" << std::endl;
-    }
+    Say(absl::StrCat("muster: ", how, counters_.step, " after checkpointing"));
     return;
   }
   const int64_t from = NewestCommitted();
@@ -760,10 +762,8 @@ void Engine::SayStopped(const std::string& how) const {
                     << (from > 0 ? absl::StrCat("the checkpoint of step ", from)
                                  : std::string("the start"))
                     << " and repeats " << counters_.step - from << " steps";
-  if (!options_.quiet) {
-    std::cout << "muster: " << how << counters_.step << " without a checkpoint (" << why
-              << "); a restart resumes from step " << from << std::endl;
-  }
+  Say(absl::StrCat("muster: ", how, counters_.step, " without a checkpoint (", why,
+                   "); a restart resumes from step ", from));
 }
 
 absl::Status Engine::AtBoundary() {
@@ -789,9 +789,7 @@ absl::Status Engine::AtBoundary() {
       // This trainer leaves after this step; the others regroup without it.
       world_->Leave(/*finished=*/false, counters_.step).IgnoreError();
       if (checkpointer_) checkpointer_->Wait().IgnoreError();  // logged when it failed
-      if (!options_.quiet) {
-        std::cout << "muster: left the job after step " << counters_.step << std::endl;
-      }
+      Say(absl::StrCat("muster: left the job after step ", counters_.step));
       return life_.End(StepOutcome::kLeft);
     case StepDecision::kRegroup:
       // Every rank stops after this same step and enters the new generation.
@@ -877,7 +875,9 @@ absl::StatusOr<std::unique_ptr<Distributed>> Distributed::Start(const Options& o
                                                                 State state) {
   MUSTER_RETURN_IF_ERROR(options.Validate());
   MUSTER_ASSIGN_OR_RETURN(TrainingState ts, TrainingStateFrom(state));
-  auto engine = std::make_unique<Engine>(options, std::move(ts));
+  Options composed = options;
+  if (!composed.output) composed.output = StandardOutput();
+  auto engine = std::make_unique<Engine>(std::move(composed), std::move(ts));
   MUSTER_RETURN_IF_ERROR(engine->Begin());
   return std::unique_ptr<Distributed>(std::move(engine));
 }

@@ -5,13 +5,13 @@
 
 #include <algorithm>
 #include <cmath>
-#include <iostream>
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "common/clock.h"
+#include "common/lines.h"
 #include "common/status_macros.h"
 #include "muster/muster.h"
 #include "trainer/data/dataset.h"
@@ -113,16 +113,22 @@ absl::StatusOr<Evaluation> Evaluate(Net& model, const Dataset& test, Distributed
 }
 
 // Evaluates and logs; retries after a regroup until a world completes it.
+// Where muster-train's own lines go: the program's sink, else stdout.
+LineSink Output(const TrainOptions& o) {
+  return o.library.output ? o.library.output : StandardOutput();
+}
+
+// Evaluates and logs (to `say`, unless it is empty); retries after a regroup
+// until a world completes it.
 absl::StatusOr<Evaluation> EvaluateAndLog(Net& model, const Dataset& test, Distributed& dist,
-                                          const torch::Device& device, bool print) {
+                                          const torch::Device& device, const LineSink& say) {
   absl::StatusOr<Evaluation> ev = Evaluate(model, test, dist, device);
   while (absl::IsAborted(ev.status())) ev = Evaluate(model, test, dist, device);
   MUSTER_RETURN_IF_ERROR(ev.status());
   dist.LogScalars({{"test_loss", ev->loss}, {"test_accuracy", ev->accuracy}});
-  if (print && dist.rank() == 0) {
-    std::cout << absl::StrFormat("eval step %d: test loss %.4f accuracy %.2f%%", dist.step(),
-                                 ev->loss, 100 * ev->accuracy)
-              << std::endl;
+  if (say && dist.rank() == 0) {
+    say(absl::StrFormat("eval step %d: test loss %.4f accuracy %.2f%%", dist.step(), ev->loss,
+                        100 * ev->accuracy));
   }
   return ev;
 }
@@ -188,7 +194,8 @@ absl::Status TrainLoop(const TrainOptions& o, Net& model, torch::optim::Optimize
     if (o.eval_every > 0 && dist.step() % o.eval_every == 0 &&
         dist.step() < dist.progress().total_steps) {
       MUSTER_RETURN_IF_ERROR(
-          EvaluateAndLog(model, test, dist, device, !o.library.quiet).status());
+          EvaluateAndLog(model, test, dist, device, o.library.quiet ? LineSink() : Output(o))
+              .status());
     }
   }
   return absl::OkStatus();
@@ -253,7 +260,7 @@ absl::StatusOr<TrainResult> RunTraining(const TrainOptions& o) {
   TrainResult result;
   if (dist->finished()) {
     MUSTER_ASSIGN_OR_RETURN(Evaluation ev,
-                            EvaluateAndLog(*model, *test, *dist, device, /*print=*/false));
+                            EvaluateAndLog(*model, *test, *dist, device, LineSink()));
     result.test_loss = ev.loss;
     result.test_accuracy = ev.accuracy;
   }
@@ -273,14 +280,11 @@ absl::StatusOr<TrainResult> RunTraining(const TrainOptions& o) {
   result.exit_code = Distributed::ExitCode(outcome);
   result.left = outcome == Distributed::Outcome::kLeft;
   if (outcome == Distributed::Outcome::kFinished && result.rank == 0 && !o.library.quiet) {
-    std::cout << absl::StrFormat(
-                     "done: %d steps in %.1f s (%.0f samples/s); test loss %.4f, test accuracy "
-                     "%.2f%%%s",
-                     result.steps, elapsed, result.samples_per_second, result.test_loss,
-                     100 * result.test_accuracy,
-                     o.library.log_dir.empty() ? ""
-                                               : absl::StrCat("; logs in ", o.library.log_dir))
-              << std::endl;
+    Output(o)(absl::StrFormat(
+        "done: %d steps in %.1f s (%.0f samples/s); test loss %.4f, test accuracy %.2f%%%s",
+        result.steps, elapsed, result.samples_per_second, result.test_loss,
+        100 * result.test_accuracy,
+        o.library.log_dir.empty() ? "" : absl::StrCat("; logs in ", o.library.log_dir)));
   }
   return result;
 }
