@@ -4,6 +4,12 @@
 // WriteBatch (common/write_batch.h): what they write to a node stream is
 // sent as one message.
 //
+// Decision: the one way the coordinator takes its lock for a decision. It
+// locks for the scope and, at its end, releases the lock and only then runs
+// the actions collected under it. That order is the guard's, not two lines'
+// at every call site: no action (and no wait for durability) can run under
+// the lock.
+//
 // Not thread-safe; one per call.
 #ifndef MUSTER_COORDINATOR_ACTIONS_H_
 #define MUSTER_COORDINATOR_ACTIONS_H_
@@ -12,6 +18,8 @@
 #include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "common/write_batch.h"
 
 namespace muster {
@@ -48,6 +56,29 @@ class Actions {
  private:
   std::function<bool()> gate_;
   std::vector<std::function<void()>> fns_;
+};
+
+class ABSL_SCOPED_LOCKABLE Decision {
+ public:
+  // Locks `mu`; the actions are gated as Actions(gate) (nullptr: not gated).
+  Decision(absl::Mutex* mu, std::function<bool()> gate) ABSL_EXCLUSIVE_LOCK_FUNCTION(mu)
+      : actions_(std::move(gate)), mu_(mu) {
+    mu_->Lock();
+  }
+  Decision(const Decision&) = delete;
+  Decision& operator=(const Decision&) = delete;
+  // Unlocks, then runs the actions.
+  ~Decision() ABSL_UNLOCK_FUNCTION() {
+    mu_->Unlock();
+    actions_.Run();
+  }
+
+  // What runs once the lock is released.
+  Actions& actions() { return actions_; }
+
+ private:
+  Actions actions_;
+  absl::Mutex* const mu_;
 };
 
 }  // namespace muster

@@ -77,10 +77,6 @@ void Coordinator::Record(const std::string& kind, const std::string& detail) {
   unflushed_events_.push_back(JobEvent{clock_->WallNow(), kind, detail});
 }
 
-Actions Coordinator::Gated() {
-  return Actions([this] { return AwaitDurable().ok(); });
-}
-
 absl::Status Coordinator::AwaitDurable() {
   const absl::Status s = persister_.Wait(persister_.last_ticket());
   if (s.ok()) return s;
@@ -237,8 +233,8 @@ void Coordinator::Abandon(const std::string& reason) { StopServing(reason, false
 bool Coordinator::StopServing(const std::string& reason, bool tell_members) {
   // Not gated: stopping announces nothing that must be on disk first, and
   // it also runs when the store has failed (from AwaitDurable).
-  Actions actions;
-  absl::MutexLock lock(&mu_);
+  Decision decision(&mu_, nullptr);
+  Actions& actions = decision.actions();
   if (!gen_.ShuttingDown()) return false;
   Record(tell_members ? "shutdown" : "abandon", reason);
   if (!tell_members) abandoned_ = reason;
@@ -276,8 +272,8 @@ bool Coordinator::StopServing(const std::string& reason, bool tell_members) {
 }
 
 void Coordinator::Tick() {
-  Actions actions = Gated();
-  absl::MutexLock lock(&mu_);
+  Decision decision(&mu_, durable_);
+  Actions& actions = decision.actions();
   if (gen_.phase() == GenerationPhase::kShuttingDown) return;
   const absl::Time now = clock_->Now();
   // The scans below visit every member; at 100,000 members they would take

@@ -461,8 +461,6 @@ class Coordinator {
   // stop them; else end their sessions and calls UNAVAILABLE); false when
   // already shutting down.
   bool StopServing(const std::string& reason, bool tell_members = true);
-  // Actions that run once every decision queued so far is durable.
-  Actions Gated();
   // After the lock: waits for the persister; a failed write shuts down
   // (or abandons, when fenced) and is returned as UNAVAILABLE: what waited
   // for it is not on disk, and a retry may reach a coordinator that works.
@@ -480,6 +478,9 @@ class Coordinator {
   std::atomic<bool> store_failed_{false};
 
   absl::Mutex mu_;
+  // The gate of every decision's actions: they run once every decision
+  // queued so far is durable (AwaitDurable).
+  const std::function<bool()> durable_ = [this] { return AwaitDurable().ok(); };
   // The generation counter, the current world, its arrivals and the phase
   // of its lifecycle (generation_state.h).
   GenerationState gen_ ABSL_GUARDED_BY(mu_);

@@ -10,16 +10,16 @@ namespace muster {
 
 absl::Status Coordinator::KvSet(uint64_t generation, const std::string& key,
                                 std::string value) {
-  Actions actions = Gated();
-  absl::MutexLock lock(&mu_);
+  Decision decision(&mu_, durable_);
+  Actions& actions = decision.actions();
   MUSTER_RETURN_IF_ERROR(gen_.CheckGeneration(generation));
   return kv_.Set(key, std::move(value), &actions);
 }
 
 void Coordinator::KvGet(uint64_t generation, std::vector<std::string> keys,
                         absl::Duration wait, KvCallback done) {
-  Actions actions = Gated();
-  absl::MutexLock lock(&mu_);
+  Decision decision(&mu_, durable_);
+  Actions& actions = decision.actions();
   absl::Status s = gen_.CheckGeneration(generation);
   if (!s.ok()) {
     actions.Add([done = std::move(done), s] { done(s); });
@@ -36,8 +36,8 @@ void Coordinator::KvGet(uint64_t generation, std::vector<std::string> keys,
 
 absl::StatusOr<int64_t> Coordinator::KvAdd(uint64_t generation, const std::string& key,
                                            int64_t delta) {
-  Actions actions = Gated();
-  absl::MutexLock lock(&mu_);
+  Decision decision(&mu_, durable_);
+  Actions& actions = decision.actions();
   MUSTER_RETURN_IF_ERROR(gen_.CheckGeneration(generation));
   return kv_.Add(key, delta, &actions);
 }
@@ -45,16 +45,16 @@ absl::StatusOr<int64_t> Coordinator::KvAdd(uint64_t generation, const std::strin
 absl::StatusOr<CasResult> Coordinator::KvCompareAndSet(
     uint64_t generation, const std::string& key, const std::optional<std::string>& expected,
     std::string desired) {
-  Actions actions = Gated();
-  absl::MutexLock lock(&mu_);
+  Decision decision(&mu_, durable_);
+  Actions& actions = decision.actions();
   MUSTER_RETURN_IF_ERROR(gen_.CheckGeneration(generation));
   return kv_.CompareAndSet(key, expected, std::move(desired), &actions);
 }
 
 void Coordinator::Barrier(uint64_t generation, const MemberKey& key, const std::string& name,
                           absl::Duration timeout, DoneCallback done) {
-  Actions actions = Gated();
-  absl::MutexLock lock(&mu_);
+  Decision decision(&mu_, durable_);
+  Actions& actions = decision.actions();
   absl::Status s = gen_.CheckGeneration(generation);
   if (s.ok()) s = CheckName("name", name, options_.limits.max_id_bytes);
   if (s.ok()) s = LiveMember(key).status();

@@ -10,8 +10,8 @@
 namespace muster {
 
 absl::StatusOr<JoinResult> Coordinator::Join(const JoinSpec& spec) {
-  Actions actions = Gated();
-  absl::MutexLock lock(&mu_);
+  Decision decision(&mu_, durable_);
+  Actions& actions = decision.actions();
   MUSTER_RETURN_IF_ERROR(CheckServing());
   MemberInfo fenced;
   MUSTER_ASSIGN_OR_RETURN(JoinOutcome outcome,
@@ -62,8 +62,8 @@ absl::StatusOr<JoinResult> Coordinator::Join(const JoinSpec& spec) {
 absl::StatusOr<uint64_t> Coordinator::OpenSession(const MemberKey& key,
                                                   std::shared_ptr<SessionSink> sink,
                                                   const std::string& node) {
-  Actions actions = Gated();
-  absl::MutexLock lock(&mu_);
+  Decision decision(&mu_, durable_);
+  Actions& actions = decision.actions();
   MUSTER_RETURN_IF_ERROR(CheckServing());
   if (membership_.Find(key.id) == nullptr) ReattachFromWorld(key, node);
   MUSTER_ASSIGN_OR_RETURN(MemberInfo * info, membership_.Live(key));
@@ -155,8 +155,8 @@ absl::StatusOr<uint64_t> Coordinator::Heartbeats(const std::vector<uint64_t>& se
 }
 
 void Coordinator::SessionClosed(uint64_t session, const std::string& why) {
-  Actions actions = Gated();
-  absl::MutexLock lock(&mu_);
+  Decision decision(&mu_, durable_);
+  Actions& actions = decision.actions();
   auto it = sessions_.find(session);
   if (it == sessions_.end()) return;
   const MemberKey key = it->second.member;
@@ -179,8 +179,8 @@ void Coordinator::SessionLost(uint64_t session) {
 }
 
 absl::Status Coordinator::Leave(const MemberKey& key, LeaveReason reason, int64_t step) {
-  Actions actions = Gated();
-  absl::MutexLock lock(&mu_);
+  Decision decision(&mu_, durable_);
+  Actions& actions = decision.actions();
   MUSTER_ASSIGN_OR_RETURN(MemberInfo * info, membership_.Live(key));
   if (step >= 0) info->step = step;
   const bool in_live_world = gen_.world_live() && gen_.world().RankOf(key.id) >= 0 &&
@@ -205,8 +205,8 @@ absl::Status Coordinator::Leave(const MemberKey& key, LeaveReason reason, int64_
 }
 
 absl::StatusOr<uint32_t> Coordinator::Drain(const std::string& node) {
-  Actions actions = Gated();
-  absl::MutexLock lock(&mu_);
+  Decision decision(&mu_, durable_);
+  Actions& actions = decision.actions();
   MUSTER_RETURN_IF_ERROR(CheckServing());
   MUSTER_RETURN_IF_ERROR(CheckName("node", node, options_.limits.max_id_bytes));
   uint32_t drained = 0;

@@ -20,16 +20,16 @@ namespace muster {
 void Coordinator::Rendezvous(const MemberKey& key, uint64_t after_generation, int64_t step,
                              absl::Duration timeout, RendezvousCallback done,
                              bool takes_delta) {
-  Actions actions = Gated();
-  absl::MutexLock lock(&mu_);
+  Decision decision(&mu_, durable_);
+  Actions& actions = decision.actions();
   RendezvousLocked(
       RendezvousCall{key, after_generation, step, timeout, std::move(done), takes_delta},
       &actions);
 }
 
 void Coordinator::RendezvousAll(std::vector<RendezvousCall> calls) {
-  Actions actions = Gated();
-  absl::MutexLock lock(&mu_);
+  Decision decision(&mu_, durable_);
+  Actions& actions = decision.actions();
   for (RendezvousCall& call : calls) RendezvousLocked(std::move(call), &actions);
 }
 
@@ -499,8 +499,8 @@ bool Coordinator::Fence(MemberInfo* info, const std::string& reason, bool hung,
 }
 
 absl::Status Coordinator::ReportBroken(const MemberKey& key, const BrokenWorldReport& report) {
-  Actions actions = Gated();
-  absl::MutexLock lock(&mu_);
+  Decision decision(&mu_, durable_);
+  Actions& actions = decision.actions();
   MUSTER_RETURN_IF_ERROR(CheckServing());
   MUSTER_ASSIGN_OR_RETURN(MemberInfo * info, LiveMember(key));
   const uint64_t g = report.generation;
