@@ -122,6 +122,7 @@ std::vector<Candidate> Coordinator::Candidates(std::vector<MemberInfo*>* infos) 
   const bool holds = !holds_.empty();
   const absl::Time now = holds ? clock_->Now() : absl::Time();
   membership_.ForEach([&](MemberInfo& info) {
+    mu_.AssertHeld();  // ForEach calls back at once, under Candidates' lock
     const std::string& id = info.key.id;
     // A node held out after a lost link waits, its members alive.
     if (holds && holds_.Held(info.node, now)) return;

@@ -337,7 +337,7 @@ class SqliteStateStore : public StateStore {
   absl::Status SaveWorld(const World& world) override {
     const std::string members = EncodeMembers(world.members);
     absl::MutexLock lock(&mu_);
-    return InTransaction([&]() -> absl::Status {
+    return InTransaction([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
       MUSTER_RETURN_IF_ERROR(WriteMembers(members));
       MUSTER_RETURN_IF_ERROR(SetMeta("generation", absl::StrCat(world.generation)));
       MUSTER_RETURN_IF_ERROR(SetMeta("node_count", absl::StrCat(world.node_count)));
@@ -365,7 +365,7 @@ class SqliteStateStore : public StateStore {
 
   absl::Status SaveCheckpoint(const CheckpointRecord& r) override {
     absl::MutexLock lock(&mu_);
-    return InTransaction([&]() -> absl::Status {
+    return InTransaction([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
       Statement up(db_,
                    "INSERT OR REPLACE INTO checkpoints(id, step, generation, expected, "
                    "reported, state, created_ms, committed_ms, metric_name, metric_value, "
@@ -455,7 +455,7 @@ class SqliteStateStore : public StateStore {
   absl::Status AppendEvents(const std::vector<JobEvent>& events) override {
     if (events.empty()) return absl::OkStatus();
     absl::MutexLock lock(&mu_);
-    return InTransaction([&]() -> absl::Status {
+    return InTransaction([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
       Statement ins(db_, "INSERT INTO events(unix_ms, kind, detail) VALUES(?,?,?)");
       MUSTER_RETURN_IF_ERROR(ins.status());
       for (const JobEvent& e : events) {
@@ -476,7 +476,7 @@ class SqliteStateStore : public StateStore {
   absl::StatusOr<Lease> TakeLease(const Lease& seen, const std::string& holder) override {
     absl::MutexLock lock(&mu_);
     Lease taken;
-    absl::Status s = InTransaction([&]() -> absl::Status {
+    absl::Status s = InTransaction([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
       MUSTER_ASSIGN_OR_RETURN(Lease now, ReadLeaseLocked());
       if (now.epoch != seen.epoch || now.beats != seen.beats) {
         return absl::AbortedError(absl::StrCat("the lease moved on meanwhile: epoch ", now.epoch,
@@ -505,7 +505,7 @@ class SqliteStateStore : public StateStore {
     // A job that trains for days without a regroup still writes its lease
     // every few seconds: the log stays short.
     CompactJournalLocked();
-    return InTransaction([&]() -> absl::Status {
+    return InTransaction([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
       Statement up(db_, "UPDATE lease SET beats = beats + 1 WHERE id = 1 AND epoch = ?");
       MUSTER_RETURN_IF_ERROR(up.status());
       up.Bind(1, static_cast<int64_t>(epoch));

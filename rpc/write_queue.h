@@ -36,7 +36,7 @@ namespace muster {
 // `Reactor`: grpc::ServerBidiReactor, or AsyncBidiReactor (rpc/async_bidi.h).
 template <typename Request, typename Response,
           typename Reactor = grpc::ServerBidiReactor<Request, Response>>
-class WriteQueue : public HeldWrites {
+class WriteQueue final : public HeldWrites {
  public:
   // Replaces the messages of a queue of two or more with one message that
   // carries them all, in order.
