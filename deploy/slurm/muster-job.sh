@@ -50,6 +50,14 @@
 #                          or dies for good (docs/failover.md); every client
 #                          follows the address file in the job dir. Default 0
 #   MUSTER_STANDBY_PORT    the standby's port (default MUSTER_PORT + 1)
+#   MUSTER_RELAY_EVERY     agent mode: K > 0 runs a muster-relay on nodes 0, K,
+#                          2K, ... (a job step beside the training step), and
+#                          each node's agent reaches the coordinator through
+#                          the relay of its group of K nodes, with the
+#                          coordinator itself as its second address (the
+#                          relay's log: relay.log in the job dir; docs/relay.md).
+#                          Default 0: agents connect to the coordinator
+#   MUSTER_RELAY_PORT      the relays' port (default MUSTER_PORT + 2)
 #   MUSTER_TLS             1 (default): the coordinator serves TLS with a
 #                          certificate made for this run (job dir tls/, 0700,
 #                          the key 0600), which every client pins as its CA;
@@ -240,10 +248,70 @@ muster_second_node_address() {
     bash "$MUSTER_JOB_LIB" node-address
 }
 
-# Stops the coordinators: the standby first (a lease given back at the
-# primary's shutdown would otherwise pass to it), then the primary (SIGTERM,
-# then waits for it to finish).
+# The addresses of nodes 0, K, 2K, ... of the job (as muster_node_address
+# says on each), one per line in node order, from a one-task-per-node step.
+muster_relay_node_addresses() {  # NODES K
+  srun --overlap --nodes="$1" --ntasks="$1" --ntasks-per-node=1 --label --kill-on-bad-exit=0 \
+    bash "$MUSTER_JOB_LIB" node-address |
+    awk -v k="$2" -F': ' '$1 % k == 0 { print $1, $2 }' | sort -n | awk '{ print $2 }'
+}
+
+# Starts the relays as one job step over every node (relay-role runs one on
+# nodes 0, K, 2K, ...), relaying to TARGET with the job's token and TLS
+# (they serve the job's certificate, which names their nodes, and verify
+# the coordinator's). Their log: relay.log in the job dir. Sets
+# MUSTER_RELAY_PID (the step's srun).
+muster_start_relays() {  # NODES K TARGET
+  local -a tls=("${MUSTER_TLS_SERVER_ARGS[@]}")
+  if [ ${#MUSTER_TLS_CLIENT_ARGS[@]} -gt 0 ]; then
+    tls+=(--coordinator-tls-ca "${MUSTER_TLS_CLIENT_ARGS[1]}")
+  fi
+  srun --overlap --nodes="$1" --ntasks="$1" --ntasks-per-node=1 --kill-on-bad-exit=0 \
+    --job-name=muster-relay bash "$MUSTER_JOB_LIB" relay-role "$2" \
+    "${MUSTER_EXEC_ARGS[@]}" "$(muster_prog muster-relay)" --listen "0.0.0.0:$MUSTER_RELAY_PORT" \
+    --coordinator "$3" --token-file "$MUSTER_JOB_DIR/token" "${tls[@]}" \
+    >> "$MUSTER_JOB_DIR/relay.log" 2>&1 < /dev/null &
+  MUSTER_RELAY_PID=$!
+}
+
+# Waits until every relay answers `muster status` through it (60 s at most).
+muster_wait_relays() {  # HOST:PORT...
+  local relay
+  for relay in "$@"; do
+    for _ in $(seq 120); do
+      if "${MUSTER_EXEC_ARGS[@]}" "$(muster_prog muster)" --coordinator "$relay" \
+          --token-file "$MUSTER_JOB_DIR/token" "${MUSTER_TLS_CLIENT_ARGS[@]}" \
+          --timeout 2s status > /dev/null 2>&1; then
+        continue 2
+      fi
+      kill -0 "$MUSTER_RELAY_PID" 2>/dev/null || break
+      sleep 0.5
+    done
+    muster_log "the relay at $relay did not come up; the relays' log ($MUSTER_JOB_DIR/relay.log):"
+    tail -n 20 "$MUSTER_JOB_DIR/relay.log" >&2
+    return 1
+  done
+}
+
+# Stops the relays, then the coordinators: the standby first (a lease given
+# back at the primary's shutdown would otherwise pass to it), then the
+# primary (SIGTERM, then waits for it to finish).
 muster_stop_coordinator() {
+  if [ -n "${MUSTER_RELAY_PID:-}" ]; then
+    # SIGTERM to the relays themselves (srun answers its own SIGTERM by
+    # killing the step): they log what they carried and stop.
+    local step
+    step="$(squeue --steps --jobs "$SLURM_JOB_ID" --noheader --format '%i %j' 2>/dev/null |
+      awk '$2 == "muster-relay" { print $1; exit }')"
+    [ -z "$step" ] || scancel --signal=TERM "$step" 2>/dev/null || true
+    for _ in $(seq 20); do
+      kill -0 "$MUSTER_RELAY_PID" 2>/dev/null || break
+      sleep 0.5
+    done
+    kill -TERM "$MUSTER_RELAY_PID" 2>/dev/null || true
+    wait "$MUSTER_RELAY_PID" 2>/dev/null || true
+    MUSTER_RELAY_PID=""
+  fi
   if [ -n "${MUSTER_STANDBY_PID:-}" ]; then
     kill -TERM "$MUSTER_STANDBY_PID" 2>/dev/null || true
     wait "$MUSTER_STANDBY_PID" 2>/dev/null || true
@@ -328,6 +396,7 @@ muster_job_run() {
     fi
     local tool tools=(muster-coordinator muster-train muster)
     [ "$mode" = agent ] && tools+=(muster-agent)
+    [ "${MUSTER_RELAY_EVERY:-0}" != 0 ] && tools+=(muster-relay)
     for tool in "${tools[@]}"; do
       if [ ! -x "$MUSTER_BIN/$tool" ]; then
         echo "muster-job: $MUSTER_BIN/$tool not found; set MUSTER_BIN or load the module" >&2
@@ -346,6 +415,15 @@ muster_job_run() {
   fi
   if [ "$spare_nodes" -gt 0 ] && [ "$mode" != agent ]; then
     echo "muster-job: MUSTER_SPARE_NODES needs train.sbatch (muster-agent starts the spares)" >&2
+    return 2
+  fi
+  local relay_every="${MUSTER_RELAY_EVERY:-0}"
+  if ! [[ "$relay_every" =~ ^[0-9]+$ ]]; then
+    echo "muster-job: MUSTER_RELAY_EVERY must be a whole number of nodes, not '$relay_every'" >&2
+    return 2
+  fi
+  if [ "$relay_every" -gt 0 ] && [ "$mode" != agent ]; then
+    echo "muster-job: MUSTER_RELAY_EVERY needs train.sbatch (relays carry the agents' sessions)" >&2
     return 2
   fi
   world=$(((nodes - spare_nodes) * procs))
@@ -388,7 +466,20 @@ muster_job_run() {
       --advertise "$target")
     client_target="file:$MUSTER_JOB_DIR/coordinator.address"
   fi
-  muster_make_tls "$host" ${standby_host:+"$standby_host"} || return 1
+  local -a relay_hosts=() relays=()
+  MUSTER_RELAY_PID=""
+  if [ "$relay_every" -gt 0 ]; then
+    : "${MUSTER_RELAY_PORT:=$((MUSTER_PORT + 2))}"
+    mapfile -t relay_hosts < <(muster_relay_node_addresses "$nodes" "$relay_every")
+    if [ ${#relay_hosts[@]} != $(((nodes + relay_every - 1) / relay_every)) ]; then
+      echo "muster-job: could not learn the relay nodes' addresses (got ${#relay_hosts[@]})" >&2
+      return 1
+    fi
+    local h
+    for h in "${relay_hosts[@]}"; do relays+=("$h:$MUSTER_RELAY_PORT"); done
+  fi
+  # One certificate names every server of the job: coordinator, standby, relays.
+  muster_make_tls "$host" ${standby_host:+"$standby_host"} "${relay_hosts[@]}" || return 1
   MUSTER_COORDINATOR_COMMON=(--state-dir "$MUSTER_JOB_DIR/state"
     --token-file "$MUSTER_JOB_DIR/token"
     --min-members "$MUSTER_MIN_MEMBERS" --max-members "$MUSTER_MAX_MEMBERS"
@@ -409,6 +500,14 @@ muster_job_run() {
   trap 'muster_stop_coordinator' EXIT
   muster_wait_coordinator "$client_target" || return 1
   if [ -n "$standby_host" ]; then muster_start_standby "$standby_host" "$MUSTER_STANDBY_PORT"; fi
+  if [ ${#relays[@]} -gt 0 ]; then
+    muster_log "relays on every $relay_every nodes: ${relays[*]} (log: $MUSTER_JOB_DIR/relay.log)"
+    muster_start_relays "$nodes" "$relay_every" "$client_target"
+    muster_wait_relays "${relays[@]}" || return 1
+    # agent-role puts each node's relay before the coordinator.
+    MUSTER_AGENT_RELAYS="$(IFS=,; echo "${relays[*]}")"
+    export MUSTER_AGENT_RELAYS MUSTER_RELAY_EVERY="$relay_every"
+  fi
 
   local -a train=("$(muster_prog muster-train)" --coordinator "$client_target"
     --token-file "$MUSTER_JOB_DIR/token" "${MUSTER_TLS_CLIENT_ARGS[@]}"
@@ -510,12 +609,25 @@ muster_job_run() {
 # Executes CMD ARGS... with the agent's role flags put right after the word
 # that names muster-agent (words before it, e.g. "apptainer exec IMAGE", stay
 # first): nodes 0..FIRST_SPARE-1 run PROCS trainers, later nodes PROCS spares.
+# With relays (MUSTER_AGENT_RELAYS: the relays' HOST:PORT in node order, one
+# for every MUSTER_RELAY_EVERY nodes), the agent's --coordinator TARGET
+# becomes "RELAY,TARGET": its group's relay first, the coordinator after it.
 muster_agent_role() {  # FIRST_SPARE PROCS CMD ARGS...
-  local first_spare="$1" procs="$2" i
+  local first_spare="$1" procs="$2" i node="${SLURM_NODEID:-0}"
   shift 2
-  local -a words=("$@") role=(--nproc-per-node="$procs")
-  if [ "${SLURM_NODEID:-0}" -ge "$first_spare" ]; then
+  local -a words=("$@") role=(--nproc-per-node="$procs") relays=()
+  if [ "$node" -ge "$first_spare" ]; then
     role=(--nproc-per-node=0 --spares="$procs")
+  fi
+  if [ -n "${MUSTER_AGENT_RELAYS:-}" ]; then
+    IFS=, read -ra relays <<< "$MUSTER_AGENT_RELAYS"
+    local relay="${relays[$((node / MUSTER_RELAY_EVERY))]:-}"
+    for i in "${!words[@]}"; do
+      if [ "${words[$i]}" = --coordinator ] && [ -n "$relay" ]; then
+        words[i + 1]="$relay,${words[i + 1]}"
+        break
+      fi
+    done
   fi
   for i in "${!words[@]}"; do
     if [ "$(basename "${words[$i]}")" = muster-agent ]; then
@@ -536,10 +648,18 @@ if [ "${BASH_SOURCE[0]}" = "$0" ]; then
     agent-role)
       shift
       muster_agent_role "$@" ;;
+    relay-role)
+      # RELAY_EVERY CMD ARGS...: runs CMD on nodes 0, K, 2K, ...; elsewhere
+      # this task has nothing to do.
+      shift
+      every="$1"
+      shift
+      if [ $((${SLURM_NODEID:-0} % every)) = 0 ]; then exec "$@"; fi
+      exit 0 ;;
     node-address)
       muster_node_address ;;
     *)
-      echo "usage: muster-job.sh with-address|agent-role ... CMD [ARGS...] | node-address" \
+      echo "usage: muster-job.sh with-address|agent-role|relay-role ... CMD [ARGS...] | node-address" \
         "(or source it)" >&2
       exit 2 ;;
   esac
