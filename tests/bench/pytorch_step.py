@@ -24,6 +24,11 @@ the world, reduced, copied back, as the hook does), median over repeats of
 the ranks' mean, busbw = algbw 2(W-1)/W counting the float32 bytes: the
 figures of `muster-bench allreduce`.
 
+--ranks A,B,... starts only those ranks here (default: every rank of
+--world), so that a world spans hosts: run it once per host (or network
+namespace, tests/bench/lab_allreduce_compare.sh) with MASTER_ADDR set to the
+host of rank 0 and GLOO_SOCKET_IFNAME to the interface between them.
+
 Prints: pytorch device=D model=M batch=B world=W comm_hook=H steps_per_s=S step_ms_p50=T
     or: pytorch allreduce backend=gloo world=W bytes=N comm_hook=H median_s=T
         algbw_GBps=X busbw_GBps=Y
@@ -204,15 +209,25 @@ def main():
     p.add_argument("--mode", default="step", choices=["step", "allreduce"])
     p.add_argument("--bytes", type=int, default=64 << 20,
                    help="allreduce: float32 bytes per all-reduce")
+    p.add_argument("--ranks", default="",
+                   help="comma-separated ranks to start here (default: all of --world)")
     args = p.parse_args()
+    ranks = [int(r) for r in args.ranks.split(",")] if args.ranks else list(range(args.world))
+    if any(r < 0 or r >= args.world for r in ranks):
+        p.error(f"--ranks {args.ranks}: each must be in 0..{args.world - 1}")
     if args.mode == "allreduce":
         if args.world < 2:
             p.error("--mode allreduce needs --world 2 or more")
-        mp.spawn(allreduce, args=(args,), nprocs=args.world)
+        mp.spawn(at_rank, args=(allreduce, ranks, args), nprocs=len(ranks))
     elif args.world > 1:
-        mp.spawn(run, args=(args,), nprocs=args.world)
+        mp.spawn(at_rank, args=(run, ranks, args), nprocs=len(ranks))
     else:
         run(0, args)
+
+
+def at_rank(index, fn, ranks, args):
+    """mp.spawn's process `index` runs rank ranks[index]."""
+    fn(ranks[index], args)
 
 
 if __name__ == "__main__":
