@@ -104,8 +104,9 @@ void KillRestOfProcessGroup() {
 // the deadline after which a stopping agent kills what is left.
 class AgentLoop {
  public:
-  AgentLoop(const AgentOptions& o, NodeSession* session)
-      : o_(o), sup_(o.supervisor), session_(session), stopped_(o.stopped_limit, clock_) {}
+  AgentLoop(const AgentOptions& o, NodeSession* session, Clock* clock)
+      : o_(o), sup_(o.supervisor), session_(session), clock_(clock),
+        stopped_(o.stopped_limit, clock_) {}
 
   int Run();
 
@@ -124,7 +125,7 @@ class AgentLoop {
   Supervisor sup_;
   NodeSession* const session_;  // nullptr: trainers hold their own sessions
   // Restarts and the stop grace: monotonic time.
-  Clock* const clock_ = RealClock::Get();
+  Clock* const clock_;
   std::map<pid_t, int> running_;  // pid -> slot
   absl::Time kill_at_ = absl::InfiniteFuture();
   StoppedTrainers stopped_;
@@ -276,9 +277,13 @@ int RunAgent(const AgentOptions& o) {
   const sigset_t handled = HandledSignals();
   ::sigprocmask(SIG_BLOCK, &handled, nullptr);
   // After the mask: the session's threads inherit it.
+  // The agent's one clock, given to everything it composes.
+  Clock* const clock = RealClock::Get();
   std::unique_ptr<NodeSession> session;
   if (!o.node_session.coordinator.empty()) {
-    absl::StatusOr<std::unique_ptr<NodeSession>> started = NodeSession::Start(o.node_session);
+    NodeSessionOptions node_session = o.node_session;
+    node_session.clock = clock;
+    absl::StatusOr<std::unique_ptr<NodeSession>> started = NodeSession::Start(node_session);
     if (!started.ok()) {
       MUSTER_LOG(ERROR) << "muster-agent: node " << o.node_id
                         << ": cannot open the node session: " << started.status();
@@ -286,7 +291,7 @@ int RunAgent(const AgentOptions& o) {
     }
     session = *std::move(started);
   }
-  const int code = AgentLoop(o, session.get()).Run();
+  const int code = AgentLoop(o, session.get(), clock).Run();
   session.reset();
   return code;
 }

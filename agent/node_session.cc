@@ -88,6 +88,9 @@ grpc::ServerUnaryReactor* NodeSessionImpl::Rendezvous(grpc::CallbackServerContex
 }  // namespace node_session_internal
 
 absl::StatusOr<std::unique_ptr<NodeSession>> NodeSession::Start(NodeSessionOptions options) {
+  if (options.clock == nullptr) {
+    return absl::InvalidArgumentError("NodeSessionOptions::clock is not set");
+  }
   auto session = std::make_unique<node_session_internal::NodeSessionImpl>(std::move(options));
   MUSTER_RETURN_IF_ERROR(session->Init());
   return session;

@@ -61,6 +61,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/backoff.h"
+#include "common/clock.h"
 #include "rpc/tls_files.h"
 
 namespace muster {
@@ -76,6 +77,9 @@ struct NodeSessionOptions {
   // coordinator restart from costing the job more than about a second past
   // its outage, at one attempt per node and second at most.
   BackoffOptions backoff{absl::Milliseconds(50), absl::Seconds(1)};
+  // Beats, silence and backoff are times of clock->Now(). Required; not
+  // owned, must outlive the session (muster-agent passes its RealClock).
+  Clock* clock = nullptr;
 };
 
 class NodeSession {

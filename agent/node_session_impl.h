@@ -86,7 +86,7 @@ class RelayedRendezvous : public grpc::ServerUnaryReactor {
 class NodeSessionImpl final : public NodeSession,
                               public v1::Coordinator::CallbackService {
  public:
-  explicit NodeSessionImpl(NodeSessionOptions o) : o_(std::move(o)) {}
+  explicit NodeSessionImpl(NodeSessionOptions o) : o_(std::move(o)), clock_(o_.clock) {}
   ~NodeSessionImpl() override;
 
   absl::Status Init();
@@ -169,7 +169,7 @@ class NodeSessionImpl final : public NodeSession,
   // Constant after Init.
   const NodeSessionOptions o_;
   // Every time kept here (beats, silence, backoff) is its monotonic Now().
-  Clock* const clock_ = RealClock::Get();
+  Clock* const clock_;
   std::string dir_, socket_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<CoordinatorChannel> coordinator_;

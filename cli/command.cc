@@ -28,10 +28,9 @@ void Print(const google::protobuf::Message& message) {
   std::cout << json;
 }
 
-void Prepare(grpc::ClientContext* ctx, const std::string& token) {
+void Prepare(grpc::ClientContext* ctx, const std::string& token, Clock* clock) {
   AttachToken(ctx, token);
-  ctx->set_deadline(
-      SystemDeadline(RealClock::Get()->Now() + absl::GetFlag(FLAGS_timeout)));
+  ctx->set_deadline(SystemDeadline(clock->Now() + absl::GetFlag(FLAGS_timeout), clock));
 }
 
 }  // namespace muster::cli

@@ -10,6 +10,7 @@
 
 #include "absl/flags/declare.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
 #include "muster/v1/coordinator.grpc.pb.h"
 #include "rpc/tls_files.h"
 
@@ -36,6 +37,7 @@ struct Invocation {
   TlsFiles tls;
   bool json = false;
   std::vector<std::string> args;
+  Clock* clock = nullptr;  // main's RealClock: deadlines and the event window
 };
 
 // Exit codes: 0 success, 1 the call failed, 2 bad usage.
@@ -43,7 +45,7 @@ int Fail(const std::string& what, const grpc::Status& status);
 // `message` as indented JSON on stdout.
 void Print(const google::protobuf::Message& message);
 // A context with the token and the --timeout deadline.
-void Prepare(grpc::ClientContext* ctx, const std::string& token);
+void Prepare(grpc::ClientContext* ctx, const std::string& token, Clock* clock);
 
 int Status(const Invocation& in);
 int World(const Invocation& in);
@@ -55,7 +57,7 @@ int Shutdown(const Invocation& in);
 // `status --watch`: needs no connection made beforehand (it follows a
 // file: target across failovers itself).
 int WatchStatus(const std::string& target, const TlsFiles& tls, const std::string& token,
-                absl::Duration interval);
+                absl::Duration interval, Clock* clock);
 
 }  // namespace muster::cli
 

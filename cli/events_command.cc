@@ -14,7 +14,7 @@ namespace muster::cli {
 int Events(const Invocation& in) {
   // Compared with the events' wall-clock times.
   absl::StatusOr<int64_t> since =
-      ParseSince(absl::GetFlag(FLAGS_since), RealClock::Get()->WallNow());
+      ParseSince(absl::GetFlag(FLAGS_since), in.clock->WallNow());
   if (!since.ok()) {
     std::cerr << "muster: " << since.status().message() << "\n";
     return 2;

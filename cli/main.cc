@@ -127,7 +127,7 @@ int Run(const std::vector<char*>& args) {
       std::cerr << "muster: --interval must be at least 100ms\n";
       return 2;
     }
-    return WatchStatus(target, tls, *token, absl::GetFlag(FLAGS_interval));
+    return WatchStatus(target, tls, *token, absl::GetFlag(FLAGS_interval), RealClock::Get());
   }
   // file:PATH: the address file the coordinator holding the lease wrote.
   const absl::StatusOr<std::string> address = ResolveCoordinator(target);
@@ -147,15 +147,17 @@ int Run(const std::vector<char*>& args) {
   // the channel gets up to 3 s (within --timeout) to connect, attempts
   // included, before the command's call; with no coordinator the command
   // fails that much later, with the same error.
-  const absl::Time now = RealClock::Get()->Now();
+  Clock* const clock = RealClock::Get();  // the one clock of this command
+  const absl::Time now = clock->Now();
   const absl::Time deadline = now + absl::GetFlag(FLAGS_timeout);
-  (*channel)->WaitForConnected(SystemDeadline(std::min(deadline, now + absl::Seconds(3))));
+  (*channel)->WaitForConnected(
+      SystemDeadline(std::min(deadline, now + absl::Seconds(3)), clock));
   std::unique_ptr<v1::Coordinator::Stub> stub = v1::Coordinator::NewStub(*channel);
   grpc::ClientContext ctx;
-  Prepare(&ctx, *token);
-  ctx.set_deadline(SystemDeadline(deadline));  // the wait counts against --timeout
+  Prepare(&ctx, *token, clock);
+  ctx.set_deadline(SystemDeadline(deadline, clock));  // the wait counts against --timeout
   Invocation in{stub.get(), &ctx, *token, tls, absl::GetFlag(FLAGS_json),
-                std::vector<std::string>(args.begin() + 2, args.end())};
+                std::vector<std::string>(args.begin() + 2, args.end()), clock};
   return command->run(in);
 }
 

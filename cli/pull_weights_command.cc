@@ -40,11 +40,11 @@ struct Pulled {
 
 // The state after --at-step from `address`, in order and whole.
 absl::StatusOr<Pulled> Receive(v1::State::Stub& stub, const std::string& address,
-                               const std::string& token) {
+                               const std::string& token, Clock* clock) {
   grpc::ClientContext ctx;
   AttachToken(&ctx, token);
   const absl::Duration timeout = absl::GetFlag(FLAGS_pull_timeout);
-  ctx.set_deadline(SystemDeadline(RealClock::Get()->Now() + timeout));
+  ctx.set_deadline(SystemDeadline(clock->Now() + timeout, clock));
   v1::PullStateRequest req;
   req.set_at_step(absl::GetFlag(FLAGS_at_step));
   req.set_timeout_ms(static_cast<uint32_t>(absl::ToInt64Milliseconds(timeout)));
@@ -102,9 +102,9 @@ int PullWeights(const Invocation& in) {
     std::cerr << "muster: " << channel.status() << "\n";
     return 2;
   }
-  const absl::Time start = RealClock::Get()->Now();
+  const absl::Time start = in.clock->Now();
   auto stub = v1::State::NewStub(*channel);
-  absl::StatusOr<Pulled> pulled = Receive(*stub, from->state_address(), in.token);
+  absl::StatusOr<Pulled> pulled = Receive(*stub, from->state_address(), in.token, in.clock);
   if (!pulled.ok()) {
     std::cerr << "muster: pull-weights from " << from->state_address() << ": " << pulled.status()
               << "\n";
@@ -123,7 +123,7 @@ int PullWeights(const Invocation& in) {
   std::cout << "pulled " << parsed->tensors.size() << " tensors (" << pulled->bytes.size()
             << " bytes) after step " << pulled->step << " from " << from->member().member_id()
             << " at " << from->state_address() << " in "
-            << absl::FormatDuration(RealClock::Get()->Now() - start) << " into " << out << "\n";
+            << absl::FormatDuration(in.clock->Now() - start) << " into " << out << "\n";
   return 0;
 }
 

@@ -37,8 +37,7 @@ std::atomic<bool> g_interrupted{false};
 // the table's place (the coordinator may be restarting) and the address is
 // looked up again each time (a file: target follows a failover). Exit 0.
 int WatchStatus(const std::string& target, const muster::TlsFiles& tls, const std::string& token,
-                absl::Duration interval) {
-  Clock* const clock = RealClock::Get();
+                absl::Duration interval, Clock* clock) {
   std::signal(SIGINT, [](int) { g_interrupted = true; });
   std::signal(SIGTERM, [](int) { g_interrupted = true; });
   absl::StatusOr<std::unique_ptr<muster::CoordinatorChannel>> coordinator =

@@ -13,7 +13,7 @@ int World(const Invocation& in) {
   uint32_t next = 0;
   do {
     grpc::ClientContext ctx;
-    Prepare(&ctx, in.token);
+    Prepare(&ctx, in.token, in.clock);
     muster::v1::GetWorldRequest req;
     // 0 for the first page (the current world); then that world's
     // generation, so a regroup between pages fails (NOT_FOUND) instead of

@@ -21,7 +21,8 @@ namespace {
 constexpr uint64_t kMaxManifestBytes = 16 << 20;
 
 // The record of DIR/step-S, or why it cannot be one.
-absl::StatusOr<CheckpointRecord> FromStepDir(FileSystem* fs, const std::string& dir) {
+absl::StatusOr<CheckpointRecord> FromStepDir(FileSystem* fs, const std::string& dir,
+                                             Clock* clock) {
   const std::string path = absl::StrCat(dir, "/", kManifestName);
   absl::StatusOr<std::string> read = fs->ReadFile(path, kMaxManifestBytes);
   if (absl::IsNotFound(read.status())) return absl::NotFoundError("no manifest.json");
@@ -55,13 +56,13 @@ absl::StatusOr<CheckpointRecord> FromStepDir(FileSystem* fs, const std::string& 
                                                                          text.size()))});
   r.state = CheckpointState::kCommitted;
   const absl::StatusOr<FileStat> st = fs->Stat(path);
-  r.created = r.committed = st.ok() ? st->modified : RealClock::Get()->WallNow();
+  r.created = r.committed = st.ok() ? st->modified : clock->WallNow();
   return r;
 }
 
 }  // namespace
 
-absl::StatusOr<RebuiltCatalog> RebuildCatalog(const std::string& checkpoint_dir) {
+absl::StatusOr<RebuiltCatalog> RebuildCatalog(const std::string& checkpoint_dir, Clock* clock) {
   FileSystem* fs = DefaultFileSystem();
   absl::StatusOr<std::vector<std::string>> names = fs->ListDir(checkpoint_dir);
   if (!names.ok()) {
@@ -78,7 +79,7 @@ absl::StatusOr<RebuiltCatalog> RebuildCatalog(const std::string& checkpoint_dir)
   std::sort(steps.begin(), steps.end());
   RebuiltCatalog out;
   for (const auto& [step, name] : steps) {
-    absl::StatusOr<CheckpointRecord> r = FromStepDir(fs, checkpoint_dir + "/" + name);
+    absl::StatusOr<CheckpointRecord> r = FromStepDir(fs, checkpoint_dir + "/" + name, clock);
     if (!r.ok()) {
       out.skipped.push_back(absl::StrCat(name, ": ", r.status().message()));
       continue;

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/clock.h"
 #include "coordinator/checkpoint_record.h"
 
 namespace muster {
@@ -25,8 +26,10 @@ struct RebuiltCatalog {
   std::vector<std::string> skipped;
 };
 
+// A checkpoint whose manifest has no time of its own is dated by its
+// manifest's mtime, else clock->WallNow().
 // Errors: NOT_FOUND when `checkpoint_dir` cannot be read.
-absl::StatusOr<RebuiltCatalog> RebuildCatalog(const std::string& checkpoint_dir);
+absl::StatusOr<RebuiltCatalog> RebuildCatalog(const std::string& checkpoint_dir, Clock* clock);
 
 }  // namespace muster
 

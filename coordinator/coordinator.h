@@ -120,7 +120,9 @@ struct CoordinatorOptions {
   PartitionHoldOptions partition_holds;
   CatalogOptions catalog;
   Limits limits;
-  Clock* clock = RealClock::Get();
+  // Times of clock->Now() and ->WallNow(). Required; not owned.
+  // CoordinatorServer::Start gives the real one when none is set.
+  Clock* clock = nullptr;
 };
 
 // The heartbeat period asked of each of `streams` open session streams

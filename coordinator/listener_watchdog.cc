@@ -86,7 +86,7 @@ absl::Duration ListenerWatchdog::OldestWait() {
   // No descriptor to look with: no verdict until the next look.
   if (!tables.ok()) return absl::ZeroDuration();
   return ages_.Observe(UnacceptedConnections(ParseTcpTable(*tables), options_.port),
-                       RealClock::Get()->Now());
+                       options_.clock->Now());
 }
 
 }  // namespace muster

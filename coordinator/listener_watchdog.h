@@ -41,6 +41,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
 #include "coordinator/tcp_table.h"
 
 namespace muster {
@@ -64,6 +65,7 @@ struct ListenerWatchdogOptions {
   int port = 0;
   absl::Duration interval = absl::Milliseconds(500);
   absl::Duration stuck_after = absl::Seconds(1);
+  Clock* clock = nullptr;  // required: the connections' ages are its Now()
 };
 
 class ListenerWatchdog {

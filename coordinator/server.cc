@@ -67,14 +67,14 @@ void ReleaseFreeMemory() {
 
 // --rebuild-catalog: only into an empty catalog, so nothing recorded is
 // overwritten.
-absl::Status FillCatalog(StateStore* store, const std::string& checkpoint_dir) {
+absl::Status FillCatalog(StateStore* store, const std::string& checkpoint_dir, Clock* clock) {
   MUSTER_ASSIGN_OR_RETURN(std::vector<CheckpointRecord> existing, store->LoadCheckpoints());
   if (!existing.empty()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "--rebuild-catalog: the state database already holds ", existing.size(),
         " checkpoint records; it only fills an empty catalog (move coordinator.db aside)"));
   }
-  MUSTER_ASSIGN_OR_RETURN(RebuiltCatalog catalog, RebuildCatalog(checkpoint_dir));
+  MUSTER_ASSIGN_OR_RETURN(RebuiltCatalog catalog, RebuildCatalog(checkpoint_dir, clock));
   for (const std::string& why : catalog.skipped) {
     MUSTER_LOG(WARNING) << "--rebuild-catalog: skipped " << why;
   }
@@ -156,6 +156,9 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     ServerOptions options) {
   std::unique_ptr<CoordinatorServer> s(new CoordinatorServer());
   s->options_ = std::move(options);
+  // The coordinator's composition root: the one real clock, unless the
+  // caller gave one.
+  if (s->options_.coordinator.clock == nullptr) s->options_.coordinator.clock = RealClock::Get();
   const ServerOptions& o = s->options_;
   MUSTER_RETURN_IF_ERROR(s->OpenState());
   MUSTER_ASSIGN_OR_RETURN(s->coordinator_, Coordinator::Create(o.coordinator, s->store_.get()));
@@ -170,7 +173,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   s->ticker_ = std::thread([self] { self->TickLoop(); });
   if (o.listener_check > absl::ZeroDuration()) {
     s->watchdog_ = std::make_unique<ListenerWatchdog>(
-        ListenerWatchdogOptions{s->port_, o.listener_check, o.listener_stuck_after},
+        ListenerWatchdogOptions{s->port_, o.listener_check, o.listener_stuck_after, s->clock()},
         [self](absl::Duration waited) { return self->RebuildListener(waited); });
   }
   s->stopper_ = std::thread([self] { self->StopWhenAsked(); });
@@ -206,7 +209,7 @@ absl::Status CoordinatorServer::OpenState() {
     epoch_ = lease.epoch;
   }
   if (!o.rebuild_catalog.empty()) {
-    MUSTER_RETURN_IF_ERROR(FillCatalog(store_.get(), o.rebuild_catalog));
+    MUSTER_RETURN_IF_ERROR(FillCatalog(store_.get(), o.rebuild_catalog, clock()));
   }
   return absl::OkStatus();
 }

@@ -53,3 +53,44 @@ if [[ -n $found ]]; then
   echo "$found"
   exit 1
 fi
+
+# Clocks are given, not fetched: RealClock::Get() only where objects are
+# composed (each program's main.cc; the library's Distributed::Start in
+# trainer/lib/engine.cc; the coordinator's CoordinatorServer::Start in
+# coordinator/server.cc; the agent's RunAgent in agent/agent.cc) and where
+# it is defined. Everything else takes a Clock* from whoever composes it.
+roots='(^|/)main\.cc$|^common/clock\.cc$|^trainer/lib/engine\.cc$|^coordinator/server\.cc$|^agent/agent\.cc$'
+# Still fetching it, to be converted (the trainer's library code, and the
+# defaults of the waits it calls). A file here that no longer fetches it
+# fails the check too, so the list only shrinks.
+pending=(common/clock.h common/monotonic_wait.h
+  trainer/client/coordinator_client.h trainer/client/coordinator_client.cc
+  trainer/client/training_progress.h
+  trainer/elastic/elastic_world.cc trainer/elastic/catalog_checkpointer.cc
+  trainer/elastic/event_writer.cc trainer/elastic/progress_reporter.cc
+  trainer/elastic/progress_reporter.h trainer/elastic/state_server.cc
+  trainer/elastic/build_watchdog.h trainer/elastic/world_changes.h
+  trainer/ddp/gradient_sync.cc trainer/train/trainer.cc trainer/checkpoint/checkpointer.cc
+  trainer/comm/communicator.h trainer/comm/node_comm.cc
+  trainer/comm/gloo/gloo_communicator.cc trainer/comm/gloo/gloo_store.cc
+  trainer/comm/gloo/reachability.cc trainer/comm/shm/shm_communicator.cc
+  trainer/comm/nccl/nccl_communicator.cc)
+failed=0
+# shellcheck disable=SC2086
+while IFS= read -r f; do
+  [[ -z $f || $f =~ $roots ]] && continue
+  if ! printf '%s\n' "${pending[@]}" | grep -qxF "$f"; then
+    grep -n 'RealClock::Get()' "$f" | sed "s|^|$f:|" |
+      sed 's/$/  <- take a Clock* from whoever composes this object (common\/clock.h)/'
+    failed=1
+  fi
+done < <(grep -l 'RealClock::Get()' $files)
+for f in "${pending[@]}"; do
+  if ! grep -q 'RealClock::Get()' "$f" 2>/dev/null; then
+    echo "$f no longer fetches RealClock::Get(): take it off the pending list of $0"
+    failed=1
+  fi
+done
+((failed == 0)) || exit 1
+echo "wall clock reads only through common/clock.h; RealClock::Get() in composition roots" \
+  "and in ${#pending[@]} files still to convert"

@@ -51,6 +51,7 @@ class NodeSessionTest : public ::testing::Test {
     server_ = std::move(CoordinatorServer::Start(o)).value();
     target_ = absl::StrCat("127.0.0.1:", server_->port());
     NodeSessionOptions n;
+    n.clock = RealClock::Get();
     n.coordinator = target_;
     n.token = kToken;
     n.node = "n0";
@@ -125,6 +126,7 @@ TEST_F(NodeSessionTest, ATrainersDeadlineEndsItsRelayedRendezvous) {
 // is late or down does not bury its log.
 TEST(NodeSessionStartTest, AnAgentThatCannotReachItsCoordinatorSaysSoOnce) {
   NodeSessionOptions n;
+  n.clock = RealClock::Get();
   n.coordinator = absl::StrCat("127.0.0.1:", FreeLoopbackPort());  // nothing listens
   n.token = kToken;
   n.node = "n0";
@@ -147,6 +149,7 @@ TEST(NodeSessionStartTest, AnAgentThatCannotReachItsCoordinatorSaysSoOnce) {
 TEST(NodeSessionStartTest, CallsMadeBeforeTheAgentReachesItsCoordinatorWaitForIt) {
   const std::string target = absl::StrCat("127.0.0.1:", FreeLoopbackPort());
   NodeSessionOptions n;
+  n.clock = RealClock::Get();
   n.coordinator = target;  // nothing listens yet
   n.token = kToken;
   n.node = "n0";

@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include "absl/strings/str_format.h"
+#include "common/clock.h"
 
 namespace muster {
 namespace {
@@ -51,7 +52,7 @@ TEST_F(CatalogRebuildTest, CompleteCheckpointsBecomeCommittedRecordsAndTheRestAr
   Step("step-700", Manifest(70, 10), 10);    // renamed
   Step("notes", "", -1);                     // not a step directory
 
-  absl::StatusOr<RebuiltCatalog> c = RebuildCatalog(dir_);
+  absl::StatusOr<RebuiltCatalog> c = RebuildCatalog(dir_, RealClock::Get());
   ASSERT_TRUE(c.ok()) << c.status();
   ASSERT_EQ(c->records.size(), 2u);
   EXPECT_EQ(c->records[0].step, 100);
@@ -88,7 +89,7 @@ TEST_F(CatalogRebuildTest, CompleteCheckpointsBecomeCommittedRecordsAndTheRestAr
 }
 
 TEST_F(CatalogRebuildTest, AMissingDirectoryIsNotFound) {
-  EXPECT_EQ(RebuildCatalog(dir_ + "/absent").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(RebuildCatalog(dir_ + "/absent", RealClock::Get()).status().code(), absl::StatusCode::kNotFound);
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include <gtest/gtest.h>
 
 #include "absl/time/clock.h"
+#include "common/clock.h"
 #include "coordinator/tcp_table.h"
 #include "tests/integration/subprocess.h"
 
@@ -153,7 +154,8 @@ TEST(ListenerWatchdogTest, AConnectionNobodyAcceptsAsksForARebuildUntilOneSuccee
   std::atomic<int> calls{0};
   std::atomic<int64_t> waited_ms{0};
   ListenerWatchdog watchdog(
-      {port, absl::Milliseconds(20), absl::Milliseconds(200)}, [&](absl::Duration waited) {
+      {port, absl::Milliseconds(20), absl::Milliseconds(200), RealClock::Get()},
+      [&](absl::Duration waited) {
         waited_ms = absl::ToInt64Milliseconds(waited);
         // The first rebuild fails: it is tried again.
         return ++calls == 1 ? absl::UnavailableError("port busy") : absl::OkStatus();
@@ -176,11 +178,12 @@ TEST(ListenerWatchdogTest, AListenerThatAcceptsIsLeftAlone) {
   const int listener = Listen(0, &port);
   ASSERT_GE(listener, 0);
   std::atomic<int> calls{0};
-  ListenerWatchdog watchdog({port, absl::Milliseconds(20), absl::Milliseconds(200)},
-                            [&](absl::Duration) {
-                              ++calls;
-                              return absl::OkStatus();
-                            });
+  ListenerWatchdog watchdog(
+      {port, absl::Milliseconds(20), absl::Milliseconds(200), RealClock::Get()},
+      [&](absl::Duration) {
+        ++calls;
+        return absl::OkStatus();
+      });
   std::vector<int> fds;
   for (int i = 0; i < 5; ++i) {
     fds.push_back(ConnectLoopback(port));
