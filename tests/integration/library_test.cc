@@ -417,14 +417,17 @@ INSTANTIATE_TEST_SUITE_P(
 // them; it compares after 10 steps, as a GAN trained with Adam turns
 // rounding differences into steps of a whole learning rate once gradients
 // near zero change sign (here: 3.4e-6 apart at steps 1 to 10, 4.7e-4 at
-// step 20, 2.3e-3 at step 40). Before a pass averaged the sum of its
-// backward calls, multitask's ranks reduced only a part of it and ended
-// 0.03 away from one process.
+// step 20, 2.3e-3 at step 40; with Debian's LibTorch 1.13, whose kernels
+// round differently, 1.1e-5 at step 10, so the GAN is allowed a quarter
+// of one Adam step at its learning rate of 2e-4). Before a pass averaged
+// the sum of its backward calls, multitask's ranks reduced only a part of
+// it and ended 0.03 away from one process.
 struct OneProcessRun {
   std::string program;
   std::vector<std::string> args;          // both runs
   std::vector<std::string> one_process;   // the one process's own
   bool fashion_mnist = false;
+  double tolerance = 1e-5;                // largest difference of a parameter
 };
 
 class OneProcessTest : public LibraryTest, public ::testing::WithParamInterface<OneProcessRun> {
@@ -468,13 +471,15 @@ TEST_P(OneProcessTest, TwoNodesOfTwoEndAsOneProcessOnTheGlobalBatch) {
   ASSERT_GT(four.size(), 100u);
   double worst = 0;
   for (size_t i = 0; i < four.size(); ++i) worst = std::max(worst, std::abs(four[i] - single[i]));
-  EXPECT_LT(worst, 1e-5) << "parameters of 2 x 2 and of one process differ by up to " << worst;
+  EXPECT_LT(worst, run.tolerance) << "parameters of 2 x 2 and of one process differ by up to "
+                                  << worst;
 }
 
 INSTANTIATE_TEST_SUITE_P(
     Programs, OneProcessTest,
     ::testing::Values(
-        OneProcessRun{"gan", {"--examples", "2000", "--steps", "10"}, {"--ghost-batch", "16"}, true},
+        OneProcessRun{"gan", {"--examples", "2000", "--steps", "10"}, {"--ghost-batch", "16"}, true,
+                      /*tolerance=*/5e-5},
         OneProcessRun{"multitask", {"--steps", "60"}, {}},
         OneProcessRun{"distill", {"--steps", "60"}, {}}),
     [](const auto& info) { return info.param.program; });
