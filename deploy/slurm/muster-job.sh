@@ -274,25 +274,6 @@ muster_start_relays() {  # NODES K TARGET
   MUSTER_RELAY_PID=$!
 }
 
-# Waits until every relay answers `muster status` through it (60 s at most).
-muster_wait_relays() {  # HOST:PORT...
-  local relay
-  for relay in "$@"; do
-    for _ in $(seq 120); do
-      if "${MUSTER_EXEC_ARGS[@]}" "$(muster_prog muster)" --coordinator "$relay" \
-          --token-file "$MUSTER_JOB_DIR/token" "${MUSTER_TLS_CLIENT_ARGS[@]}" \
-          --timeout 2s status > /dev/null 2>&1; then
-        continue 2
-      fi
-      kill -0 "$MUSTER_RELAY_PID" 2>/dev/null || break
-      sleep 0.5
-    done
-    muster_log "the relay at $relay did not come up; the relays' log ($MUSTER_JOB_DIR/relay.log):"
-    tail -n 20 "$MUSTER_JOB_DIR/relay.log" >&2
-    return 1
-  done
-}
-
 # Stops the relays, then the coordinators: the standby first (a lease given
 # back at the primary's shutdown would otherwise pass to it), then the
 # primary (SIGTERM, then waits for it to finish).
@@ -323,21 +304,35 @@ muster_stop_coordinator() {
   MUSTER_GUARD_PID=""
 }
 
-# Waits until the coordinator answers `muster status` (60 s at most).
-muster_wait_coordinator() {
-  local target="$1"
+# Waits until TARGET answers `muster status` (60 s at most), while process
+# PID (what serves it) lives; otherwise prints the tail of LOG, naming WHAT.
+muster_wait_answer() {  # TARGET PID LOG WHAT
   for _ in $(seq 120); do
-    if "${MUSTER_EXEC_ARGS[@]}" "$(muster_prog muster)" --coordinator "$target" \
+    if "${MUSTER_EXEC_ARGS[@]}" "$(muster_prog muster)" --coordinator "$1" \
         --token-file "$MUSTER_JOB_DIR/token" "${MUSTER_TLS_CLIENT_ARGS[@]}" \
         --timeout 2s status > /dev/null 2>&1; then
       return 0
     fi
-    kill -0 "$MUSTER_GUARD_PID" 2>/dev/null || break
+    kill -0 "$2" 2>/dev/null || break
     sleep 0.5
   done
-  muster_log "the coordinator did not come up at $target; its log ($MUSTER_JOB_DIR/coordinator.log):"
-  tail -n 20 "$MUSTER_JOB_DIR/coordinator.log" >&2
+  muster_log "$4 did not come up at $1; its log ($3):"
+  tail -n 20 "$3" >&2
   return 1
+}
+
+# Waits until the coordinator answers (60 s at most).
+muster_wait_coordinator() {  # TARGET
+  muster_wait_answer "$1" "$MUSTER_GUARD_PID" "$MUSTER_JOB_DIR/coordinator.log" "the coordinator"
+}
+
+# Waits until every relay answers: `muster status` through it.
+muster_wait_relays() {  # HOST:PORT...
+  local relay
+  for relay in "$@"; do
+    muster_wait_answer "$relay" "$MUSTER_RELAY_PID" "$MUSTER_JOB_DIR/relay.log" "a relay" ||
+      return 1
+  done
 }
 
 # A signal to the batch shell: remember why the job stops and pass SIGNAL
