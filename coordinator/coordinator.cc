@@ -17,7 +17,9 @@ namespace muster {
 absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(CoordinatorOptions options,
                                                                  StateStore* store) {
   MUSTER_RETURN_IF_ERROR(options.rules.Validate());
-  if (options.clock == nullptr) return absl::InvalidArgumentError("CoordinatorOptions::clock is not set");
+  if (options.clock == nullptr) {
+    return absl::InvalidArgumentError("CoordinatorOptions::clock is not set");
+  }
   if (options.heartbeat_timeout <= options.heartbeat_interval) {
     return absl::InvalidArgumentError("heartbeat_timeout must exceed heartbeat_interval");
   }

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Every muster program (muster, muster-*; the ones the images ship) starts and answers --version: the check
-# the container images run in their %test section (deploy/apptainer), here on
-# every build, so a program that cannot start fails before an image is made.
+# Every muster program (muster, muster-*: the ones the images ship) starts
+# and answers --version: the check the container images run in their %test
+# section (deploy/apptainer), here on every build, so a program that cannot
+# start fails before an image is made.
 set -euo pipefail
 bin="${1:?usage: programs_start_test.sh BIN_DIR}"
 failed=0

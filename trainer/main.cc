@@ -16,6 +16,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
 #include "common/flag_names.h"
+#include "common/lines.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "muster/options.h"
@@ -203,7 +204,7 @@ absl::StatusOr<TrainOptions> OptionsFromFlags() {
   o.library.intra_op_threads = absl::GetFlag(FLAGS_threads);
   // muster-train's lines for people (the world line, progress, eval, done)
   // go to its standard output.
-  o.library.output = [](std::string_view line) { std::cout << line << std::endl; };
+  o.library.output = muster::StandardOutput();
   if (!(o.lr > 0)) return absl::InvalidArgumentError("--lr must be positive");
   if (o.optimizer != "sgd" && o.optimizer != "adamw") {
     return absl::InvalidArgumentError("--optimizer must be sgd or adamw, not '" + o.optimizer +

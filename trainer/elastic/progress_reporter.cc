@@ -7,7 +7,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "common/lines.h"
 #include "common/status_macros.h"
 
 namespace muster {
@@ -25,7 +24,6 @@ double WallSeconds() { return absl::ToUnixMicros(RealClock::Get()->WallNow()) / 
 
 absl::StatusOr<std::unique_ptr<ProgressReporter>> ProgressReporter::Create(
     ProgressOptions options, int rank) {
-  if (!options.output) options.output = StandardOutput();
   std::unique_ptr<ProgressReporter> r(new ProgressReporter(std::move(options)));
   if (rank == 0 && !r->options_.log_dir.empty()) {
     ::mkdir(r->options_.log_dir.c_str(), 0755);
@@ -38,7 +36,7 @@ absl::StatusOr<std::unique_ptr<ProgressReporter>> ProgressReporter::Create(
 
 void ProgressReporter::WorldEntered(const Progress& p, const std::string& backend,
                                     int node_count) const {
-  if (p.rank != 0 || !options_.print) return;
+  if (p.rank != 0 || !options_.output) return;
   options_.output(absl::StrFormat(
       "muster: generation %d, world %d on %d nodes, backend %s, model %s, batch %d "
       "per rank (%d global), step %d",
@@ -59,7 +57,7 @@ void ProgressReporter::StepDone(const Progress& p, const std::vector<double>& lr
   const double sps = interval_samples_ / std::max(secs, 1e-9);
   const double mean_loss = loss_sum_ / std::max<int64_t>(1, loss_count_);
   const double eta = (p.total_steps - p.step) * p.global_batch / std::max(sps, 1e-9);
-  if (p.rank == 0 && options_.print) {
+  if (p.rank == 0 && options_.output) {
     std::string lr = "-";
     if (!lrs.empty()) {
       lr = absl::StrJoin(lrs, ",", [](std::string* out, double r) {

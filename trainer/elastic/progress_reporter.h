@@ -1,6 +1,5 @@
-// ProgressReporter: what rank 0 shows of a run — a progress line (through
-// ProgressOptions::output)
-// every `log_every` steps (step, epoch, loss, learning rate, samples/s,
+// ProgressReporter: what rank 0 shows of a run — a progress line (to
+// ProgressOptions::output) every `log_every` steps (step, epoch, loss, learning rate, samples/s,
 // ETA), the same figures in JSON lines (LOG_DIR/metrics.jsonl) and
 // TensorBoard event files (LOG_DIR/events.out.tfevents.*), and a line for
 // every world entered. Other ranks keep only the loss average. The files'
@@ -27,8 +26,8 @@
 namespace muster {
 
 struct ProgressOptions {
-  bool print = true;        // progress lines (rank 0)
-  std::function<void(std::string_view)> output;  // where they go; unset: stdout
+  // Where rank 0's world and progress lines go; empty: nowhere.
+  std::function<void(std::string_view)> output;
   int64_t log_every = 20;
   std::string log_dir;      // "" = no files
   std::string model_name;   // for the world line

@@ -319,8 +319,7 @@ absl::Status Engine::Begin() {
     MUSTER_RETURN_IF_ERROR(life_.Ready());
   }
   ProgressOptions po;
-  po.print = !options_.quiet;
-  po.output = options_.output;
+  if (!options_.quiet) po.output = options_.output;
   po.log_every = options_.log_every;
   po.log_dir = options_.log_dir;
   po.model_name = options_.model_name;
