@@ -5,6 +5,7 @@
 #include "coordinator/coordinator.h"
 
 #include <algorithm>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -34,8 +35,8 @@ Coordinator::Coordinator(CoordinatorOptions options, StateStore* store)
       started_(clock_->Now()),
       store_(store),
       persister_(&store_),
+      regroup_(options_.rules),
       membership_(options_.limits),
-      timer_(options_.rules),
       kv_(options_.limits),
       catalog_(&store_, options_.catalog, options_.limits),
       holds_(options_.partition_holds) {
@@ -71,7 +72,7 @@ absl::Status Coordinator::Load() {
 
 bool Coordinator::Accepted(const absl::Status& transition) {
   if (transition.ok()) return true;
-  MUSTER_LOG(ERROR) << "generation state refused a transition: " << transition;
+  MUSTER_LOG(ERROR) << "the coordinator's state refused a transition: " << transition;
   return false;
 }
 
@@ -260,7 +261,7 @@ bool Coordinator::StopServing(const std::string& reason, bool tell_members) {
     });
   }
   sessions_.clear();
-  for (RendezvousWaiter& w : waiters_.TakeAll()) {
+  for (RendezvousWaiter& w : regroup_.waiters().TakeAll()) {
     actions.Add([done = std::move(w.done), down] { done(down); });
   }
   if (tell_members) {
@@ -295,13 +296,13 @@ void Coordinator::Tick() {
   }
   // Rendezvous waiters: scanned only when the earliest deadline passed (a
   // rendezvous of 100,000 members keeps that many waiting at once).
-  for (RendezvousWaiter& w : waiters_.TakeExpired(now)) {
+  for (RendezvousWaiter& w : regroup_.waiters().TakeExpired(now)) {
     actions.Add([done = std::move(w.done), gen = gen_.generation()] {
       done(absl::DeadlineExceededError(absl::StrCat(
           "no world formed in time (current generation ", gen, "); call again")));
     });
   }
-  if (gen_.phase() == GenerationPhase::kForming && arrival_deadline_.Due(now)) {
+  if (gen_.phase() == GenerationPhase::kForming && regroup_.ArrivalDue(now)) {
     FenceLateArrivals(&actions);
   }
   if (std::optional<absl::Time> end = holds_.NextEnd(); end.has_value() && now >= *end) {
@@ -319,7 +320,8 @@ void Coordinator::Tick() {
                "members of the stored generation did not come back after the restart",
                &actions);
     }
-  } else if (timer_.deadline() && now >= *timer_.deadline()) {
+  } else if (std::optional<absl::Time> last_call = regroup_.last_call_ends();
+             last_call.has_value() && now >= *last_call) {
     Evaluate(/*urgent=*/false, /*abort=*/false, "new members joined", &actions);
   }
   if (now >= next_prune_) {
@@ -329,7 +331,8 @@ void Coordinator::Tick() {
     membership_.PruneEnded(/*keep=*/10'000);
   }
   if (options_.pause_timeout > absl::ZeroDuration() && ended_.empty() &&
-      gen_.phase() == GenerationPhase::kNoWorld && now - paused_since_ >= options_.pause_timeout) {
+      gen_.phase() == GenerationPhase::kNoWorld &&
+      now - regroup_.paused_since() >= options_.pause_timeout) {
     ended_ = absl::StrCat("the job stayed below min_members (", options_.rules.min_members,
                           ") for ", absl::FormatDuration(options_.pause_timeout),
                           " (--pause-timeout); it resumes from its last committed checkpoint "

@@ -36,7 +36,6 @@
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "coordinator/actions.h"
-#include "coordinator/arrival_deadline.h"
 #include "coordinator/partition_holds.h"
 #include "coordinator/barrier.h"
 #include "coordinator/checkpoint_catalog.h"
@@ -45,6 +44,7 @@
 #include "coordinator/limits.h"
 #include "coordinator/membership.h"
 #include "coordinator/persister.h"
+#include "coordinator/regroup_state.h"
 #include "coordinator/rendezvous.h"
 #include "coordinator/rendezvous_waiters.h"
 #include "coordinator/state_store.h"
@@ -355,9 +355,9 @@ class Coordinator {
   absl::Status Load();
 
   // --- regrouping (coordinator_regroup.cc) ---
-  // The generation's lifecycle is gen_'s; these decide its transitions and
-  // act on them. Re-evaluates membership: forms a new world, pauses, or
-  // waits.
+  // The generation's lifecycle is gen_'s and the regroup's regroup_'s;
+  // these decide their transitions and act on them. Re-evaluates
+  // membership: forms a new world, pauses, or waits.
   void Evaluate(bool urgent, bool abort, const std::string& reason, Actions* actions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Who could be in the next world, with each one's record in `infos` (same
@@ -396,11 +396,6 @@ class Coordinator {
   bool Arrive(uint32_t rank, int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The forming world just completed: stores it and answers its waiters.
   void WorldCompleted(Actions* actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // `key`'s answer from the completed world `world` (its rank there): the
-  // delta when the call takes one and `key` was a member of the delta's base.
-  RendezvousResult ResultFor(const MemberKey& key, std::shared_ptr<const World> world,
-                             uint32_t rank, bool takes_delta) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FailMember(MemberInfo* info, const std::string& reason, Actions* actions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // FailMember's bookkeeping without the regroup: marks the member failed,
@@ -437,8 +432,9 @@ class Coordinator {
 
   // --- helpers (coordinator.cc; members in coordinator_members.cc, KV,
   // barriers and the catalog in coordinator_kv.cc) ---
-  // Whether gen_ took a transition; a refusal (a bug in the checks before
-  // it) is logged, and the caller then leaves the rest of its work undone.
+  // Whether gen_ or regroup_ took a transition; a refusal (a bug in the
+  // checks before it) is logged, and the caller then leaves the rest of its
+  // work undone.
   bool Accepted(const absl::Status& transition);
   // Heartbeat's and Heartbeats' work for one session.
   absl::Status Beat(uint64_t session, MemberProgress progress, absl::Time now)
@@ -486,6 +482,11 @@ class Coordinator {
   // The generation counter, the current world, its arrivals and the phase
   // of its lifecycle (generation_state.h).
   GenerationState gen_ ABSL_GUARDED_BY(mu_);
+  // The regroup: last call, the Rendezvous calls waiting for a world, when
+  // the current world formed and by when its members must arrive, when the
+  // job paused, and the last completed world with its delta
+  // (regroup_state.h).
+  RegroupState regroup_ ABSL_GUARDED_BY(mu_);
   // The newest generation that is on disk, which heartbeat acknowledgements
   // carry: raised by gated actions only, so members never hear of a
   // generation that did not become durable (as one decided by a coordinator
@@ -497,9 +498,6 @@ class Coordinator {
   // Why Abandon stopped this coordinator ("" unless it did).
   std::string abandoned_ ABSL_GUARDED_BY(mu_);
   Membership membership_ ABSL_GUARDED_BY(mu_);
-  RendezvousTimer timer_ ABSL_GUARDED_BY(mu_);
-  // The Rendezvous calls waiting for a world (rendezvous_waiters.h).
-  RendezvousWaiters waiters_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, Session> sessions_ ABSL_GUARDED_BY(mu_);
   uint64_t next_session_ ABSL_GUARDED_BY(mu_) = 1;
   KvStore kv_ ABSL_GUARDED_BY(mu_);
@@ -510,22 +508,9 @@ class Coordinator {
   // Tick's scans over every member run at most this often.
   absl::Time next_expiry_scan_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   absl::Time next_prune_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
-  // When the job last paused below min_members (InfiniteFuture while it
-  // is not paused), and why it ended.
-  absl::Time paused_since_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
-  // When the current world was formed (its regroup's start).
-  absl::Time formed_at_ ABSL_GUARDED_BY(mu_);
-  // The last completed world (what its members hold), the one before it,
-  // and the last as a change from the one before (null when it is not one,
-  // world_delta.h). Empty after a restart until a world completes.
-  std::shared_ptr<const World> completed_ ABSL_GUARDED_BY(mu_);
-  std::shared_ptr<const World> delta_base_ ABSL_GUARDED_BY(mu_);
-  std::shared_ptr<const WorldDelta> delta_ ABSL_GUARDED_BY(mu_);
-  // A world formed after a broken-world report: when its members must have
-  // arrived (arrival_deadline.h; clear otherwise, and Form clears it).
-  ArrivalDeadline arrival_deadline_ ABSL_GUARDED_BY(mu_);
   // Nodes held out of the world after a lost link (partition_holds.h).
   PartitionHolds holds_ ABSL_GUARDED_BY(mu_);
+  // Why the job ended on its own (JobEnded).
   std::string ended_ ABSL_GUARDED_BY(mu_);
   // A member finished since this coordinator started: only then can a world
   // be finishing (WorldFinishing looks at its members only then).

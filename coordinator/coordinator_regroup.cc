@@ -1,7 +1,8 @@
 // Coordinator: rendezvous and regrouping — who is in the next world, when it
 // forms, and how members arrive in it. The transitions of the generation's
 // lifecycle (gen_, generation_state.h) are taken here and in Leave, Load,
-// Tick and StopServing.
+// Tick and StopServing; those of the regroup (regroup_, regroup_state.h)
+// here.
 #include <algorithm>
 #include <memory>
 #include <optional>
@@ -13,7 +14,6 @@
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "coordinator/coordinator.h"
-#include "coordinator/world_delta.h"
 
 namespace muster {
 
@@ -82,12 +82,13 @@ void Coordinator::RendezvousLocked(RendezvousCall call, Actions* actions) {
                               world.members[rank].member.incarnation == key.incarnation;
   if (in_newer_world && gen_.complete()) {
     RendezvousResult result =
-        ResultFor(key, gen_.Published(), static_cast<uint32_t>(rank), takes_delta);
+        regroup_.ResultFor(key, gen_.Published(), static_cast<uint32_t>(rank), takes_delta);
     actions->Add([done = std::move(done), result] { done(result); });
     return;
   }
-  waiters_.Add(RendezvousWaiter{key, after_generation, step, clock_->Now() + wait,
-                                std::move(done), takes_delta, in_newer_world ? rank : -1});
+  regroup_.waiters().Add(RendezvousWaiter{key, after_generation, step, clock_->Now() + wait,
+                                          std::move(done), takes_delta,
+                                          in_newer_world ? rank : -1});
   if (in_newer_world) {
     if (Arrive(static_cast<uint32_t>(rank), step)) WorldCompleted(actions);
     return;
@@ -106,14 +107,15 @@ bool Coordinator::StillWaiting() {
   // members (N arrivals would cost N^2). Tick evaluates when the last call
   // ends.
   if (gen_.phase() != GenerationPhase::kNoWorld) return false;
-  const size_t bound = waiters_.size();
+  const size_t bound = regroup_.waiters().size();
   if (bound < options_.rules.min_members) return true;
-  return bound < options_.rules.max_members && timer_.deadline().has_value() &&
-         clock_->Now() < *timer_.deadline();
+  const std::optional<absl::Time> last_call = regroup_.last_call_ends();
+  return bound < options_.rules.max_members && last_call.has_value() &&
+         clock_->Now() < *last_call;
 }
 
 std::vector<Candidate> Coordinator::Candidates(std::vector<MemberInfo*>* infos) {
-  const absl::flat_hash_set<absl::string_view> waiting = waiters_.MemberIds();
+  const absl::flat_hash_set<absl::string_view> waiting = regroup_.waiters().MemberIds();
   std::vector<Candidate> out;
   out.reserve(membership_.size());
   infos->clear();
@@ -198,7 +200,7 @@ void Coordinator::Evaluate(bool urgent, bool abort, const std::string& reason,
   changed = changed || incumbents != world.size();
   // The job's first world: none formed before (a paused world is kept).
   const bool first_world = !live && world.members.empty();
-  switch (timer_.Decide(n, preferred, changed, urgent, clock_->Now(), first_world)) {
+  switch (regroup_.Decide(n, preferred, changed, urgent, clock_->Now(), first_world)) {
     case FormDecision::kNothing:
     case FormDecision::kWait:
       return;
@@ -226,7 +228,7 @@ void Coordinator::FinishIfDone(Actions* actions) {
   // wait for a world (a restart that joined as the job ran its last steps,
   // say) have no step left to train, and a world that waits for them would
   // never form.
-  const absl::flat_hash_set<absl::string_view> waiting = waiters_.MemberIds();
+  const absl::flat_hash_set<absl::string_view> waiting = regroup_.waiters().MemberIds();
   bool all_done = gen_.world_live() && gen_.phase() != GenerationPhase::kShuttingDown;
   for (const Assignment& a : gen_.world().members) {
     const MemberInfo* m = membership_.Find(a.member.id);
@@ -238,7 +240,7 @@ void Coordinator::FinishIfDone(Actions* actions) {
   Record("finished", absl::StrCat("job finished at generation ", gen_.generation()));
   // Members still waiting for a world (one that rejoined after a
   // partition, say) will not get one: tell them now.
-  for (RendezvousWaiter& w : waiters_.TakeAll()) {
+  for (RendezvousWaiter& w : regroup_.waiters().TakeAll()) {
     actions->Add([done = std::move(w.done)] {
       done(absl::FailedPreconditionError("the job has finished"));
     });
@@ -258,8 +260,7 @@ void Coordinator::ResetGenerationState(uint64_t generation, const std::string& r
 
 void Coordinator::Pause(const std::string& reason, Actions* actions) {
   if (!Accepted(gen_.Paused())) return;
-  paused_since_ = clock_->Now();
-  arrival_deadline_.Clear();
+  regroup_.Paused(clock_->Now());
   // The world is written again (unchanged) so that the pause notices, like
   // a regroup's, go out only after a write that the lease fences: a
   // coordinator whose lease was taken over while it was frozen, woken, must
@@ -303,9 +304,7 @@ void Coordinator::Form(std::vector<Candidate> candidates, std::vector<MemberInfo
           AssignWorld(gen_.generation() + 1, std::move(candidates), size, &taken)))) {
     return;
   }
-  paused_since_ = absl::InfiniteFuture();
-  formed_at_ = clock_->Now();
-  arrival_deadline_.Clear();
+  regroup_.Formed(clock_->Now());
   // Held, not referred to: when the waiters below complete the world, it is
   // copied first if the persister still holds it (GenerationState), and the
   // persister may let go of this one at any time after.
@@ -316,7 +315,6 @@ void Coordinator::Form(std::vector<Candidate> candidates, std::vector<MemberInfo
   persister_.SaveWorld(formed);
   actions->Add([this, generation] { Announce(generation); });
   ResetGenerationState(old.generation, reason, actions);
-  timer_.Reset();
   ++counters_.regroups;
   if (abort) {
     absl::Status s = catalog_.AbortBefore(generation, reason);
@@ -328,7 +326,7 @@ void Coordinator::Form(std::vector<Candidate> candidates, std::vector<MemberInfo
   // waits twice arrives with the step of its later call. Once the world is
   // complete, every waiter left for it is such an earlier call.
   bool complete = false;
-  for (const auto& [w, rank] : waiters_.AnsweredBy(world)) {
+  for (const auto& [w, rank] : regroup_.waiters().AnsweredBy(world)) {
     if (complete) break;
     if (!gen_.has_arrived_at(rank)) complete = Arrive(rank, w->step);
   }
@@ -407,55 +405,25 @@ bool Coordinator::Arrive(uint32_t rank, int64_t step) {
 }
 
 void Coordinator::WorldCompleted(Actions* actions) {
-  arrival_deadline_.Clear();
   std::shared_ptr<const World> shared = gen_.Published();
+  absl::StatusOr<RegroupCompletion> done = regroup_.Completed(shared, clock_->Now());
+  if (!Accepted(done.status())) return;
   persister_.SaveWorld(shared);
   const World& world = *shared;
   // How long the regroup took: from the decision to form to the last
-  // member's arrival (not known for a world loaded after a restart).
-  if (formed_at_ != absl::Time()) {
-    const absl::Duration took = clock_->Now() - formed_at_;
-    Record("complete", absl::StrCat("generation ", world.generation, ": all ", world.size(),
-                                    " members in ",
-                                    absl::FormatDuration(absl::Trunc(took, absl::Milliseconds(1))),
-                                    " after it formed"));
-    CoordinatorCounters::Keep(&counters_.regroup_seconds, absl::ToDoubleSeconds(took));
-    ++counters_.regroups_timed;
-  }
-  // Told once for all: the change from the world its members hold.
-  delta_base_ = completed_;
-  delta_.reset();
-  if (delta_base_ != nullptr) {
-    if (std::optional<WorldDelta> d = MakeWorldDelta(*delta_base_, world)) {
-      delta_ = std::make_shared<const WorldDelta>(std::move(*d));
-    }
-  }
-  completed_ = shared;
+  // member's arrival.
+  Record("complete", absl::StrCat("generation ", world.generation, ": all ", world.size(),
+                                  " members in ",
+                                  absl::FormatDuration(absl::Trunc(done->took,
+                                                                   absl::Milliseconds(1))),
+                                  " after it formed"));
+  CoordinatorCounters::Keep(&counters_.regroup_seconds, absl::ToDoubleSeconds(done->took));
+  ++counters_.regroups_timed;
   // The answers go out as one action (one allocation, not one per member).
-  auto answers = std::make_shared<
-      std::vector<std::pair<RendezvousWaiter::Callback, RendezvousResult>>>();
-  std::vector<RendezvousWaiter> taken = waiters_.TakeAnsweredBy(world);
-  answers->reserve(taken.size());
-  for (RendezvousWaiter& w : taken) {
-    answers->emplace_back(std::move(w.done),
-                          ResultFor(w.member, shared, static_cast<uint32_t>(w.rank),
-                                    w.takes_delta));
-  }
+  auto answers = std::make_shared<RendezvousAnswers>(std::move(done->answers));
   actions->Add([answers] {
-    for (auto& [done, result] : *answers) done(result);
+    for (auto& [callback, result] : *answers) callback(result);
   });
-}
-
-RendezvousResult Coordinator::ResultFor(const MemberKey& key, std::shared_ptr<const World> world,
-                                        uint32_t rank, bool takes_delta) const {
-  RendezvousResult result{std::move(world), rank, nullptr};
-  if (!takes_delta || delta_ == nullptr || result.world != completed_) return result;
-  const std::optional<uint32_t> base_rank = BaseRank(*delta_, rank);
-  if (base_rank.has_value() && *base_rank < delta_base_->members.size() &&
-      delta_base_->members[*base_rank].member == key) {
-    result.delta = delta_;
-  }
-  return result;
 }
 
 void Coordinator::FailMember(MemberInfo* info, const std::string& reason, Actions* actions) {
@@ -548,7 +516,7 @@ absl::Status Coordinator::ReportBroken(const MemberKey& key, const BrokenWorldRe
   Form(std::move(candidates), std::move(infos), UsableWorldSize(n, options_.rules),
        /*abort=*/true, why, &actions);
   if (gen_.phase() == GenerationPhase::kForming && gen_.generation() == g + 1) {
-    arrival_deadline_.Set(formed_at_, window);
+    Accepted(regroup_.ArriveWithin(window));
   }
   return absl::OkStatus();
 }
@@ -605,7 +573,8 @@ void Coordinator::FenceStuck(const World& world, absl::Duration deadline, Action
 }
 
 void Coordinator::FenceLateArrivals(Actions* actions) {
-  arrival_deadline_.Clear();
+  const absl::StatusOr<absl::Duration> window = regroup_.ArrivalMissed();
+  if (!Accepted(window.status())) return;
   const std::shared_ptr<const World> shared = gen_.Published();
   const World& world = *shared;
   std::vector<MemberInfo*> late;
@@ -621,7 +590,7 @@ void Coordinator::FenceLateArrivals(Actions* actions) {
     ids.push_back(info->key.id);
     Fence(info,
           absl::StrCat("hung: did not come to the regroup of generation ", world.generation,
-                       " within ", absl::FormatDuration(arrival_deadline_.window()),
+                       " within ", absl::FormatDuration(*window),
                        " while its session lived; its agent restarts it"),
           /*hung=*/true, actions);
   }
@@ -633,7 +602,7 @@ void Coordinator::FenceLateArrivals(Actions* actions) {
 
 void Coordinator::DropWaiters(const std::string& id, const absl::Status& status,
                               Actions* actions) {
-  for (RendezvousWaiter& w : waiters_.TakeMember(id)) {
+  for (RendezvousWaiter& w : regroup_.waiters().TakeMember(id)) {
     actions->Add([done = std::move(w.done), status] { done(status); });
   }
 }
