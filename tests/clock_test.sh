@@ -66,11 +66,11 @@ roots='(^|/)main\.cc$|^common/clock\.cc$|^trainer/lib/engine\.cc$|^coordinator/s
 pending=(common/clock.h common/monotonic_wait.h
   trainer/client/coordinator_client.h trainer/client/coordinator_client.cc
   trainer/client/training_progress.h
-  trainer/elastic/elastic_world.cc trainer/elastic/catalog_checkpointer.cc
+  trainer/elastic/catalog_checkpointer.cc
   trainer/elastic/event_writer.cc trainer/elastic/progress_reporter.cc
   trainer/elastic/progress_reporter.h trainer/elastic/state_server.cc
-  trainer/elastic/build_watchdog.h trainer/elastic/world_changes.h
-  trainer/ddp/gradient_sync.cc trainer/train/trainer.cc trainer/checkpoint/checkpointer.cc
+  trainer/elastic/build_watchdog.h
+  trainer/train/trainer.cc trainer/checkpoint/checkpointer.cc
   trainer/comm/communicator.h trainer/comm/node_comm.cc
   trainer/comm/gloo/gloo_communicator.cc trainer/comm/gloo/gloo_store.cc
   trainer/comm/gloo/reachability.cc trainer/comm/shm/shm_communicator.cc

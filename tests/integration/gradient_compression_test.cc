@@ -38,6 +38,7 @@ std::vector<torch::Tensor> Parameters() {
 
 GradientSyncOptions SmallBuckets() {
   GradientSyncOptions o;
+  o.clock = RealClock::Get();
   o.bucket_bytes = 4096;  // several buckets; the control words ride in the last
   return o;
 }

@@ -33,6 +33,7 @@ TEST(GradientSyncTest, RanksThatFillBucketsInDifferentOrdersReduceMatchingBucket
     std::vector<torch::Tensor> params;
     for (int i = 0; i < kParams; ++i) params.push_back(torch::zeros({kSize}, torch::requires_grad()));
     GradientSyncOptions o;
+    o.clock = RealClock::Get();
     o.bucket_bytes = 1;  // one bucket per parameter
     GradientSync sync(params, comm, o);
     for (int step = 0; step < 3; ++step) {
@@ -69,6 +70,7 @@ TEST(GradientSyncTest, SeveralBackwardCallsInOnePassAverageTheWholeLocalSum) {
         params.push_back(torch::zeros({kSize}, torch::requires_grad()));
       }
       GradientSyncOptions o;
+      o.clock = RealClock::Get();
       o.bucket_bytes = 1;  // one bucket per parameter
       GradientSync sync(params, comm, o);
       for (int step = 0; step < 3; ++step) {

@@ -64,34 +64,38 @@ class PeerSumsCommunicator : public Communicator {
   const int size_;
 };
 
-// Enters `world` through `comm` whenever asked, and records every move.
-class RecordingTrainer : public WorldChanges::Trainer {
+// The membership, the tensors and the trainer at once: enters `world`
+// through `comm` whenever asked, and records every move.
+class RecordingTrainer : public WorldChanges::Membership,
+                         public WorldChanges::Tensors,
+                         public WorldChanges::Trainer {
  public:
   explicit RecordingTrainer(const TrainingCounters* counters) : counters_(counters) {}
 
-  absl::Status EnterFirstWorld(int64_t step, const WorldChanges::EnterFn& enter) override {
-    calls.push_back("EnterFirstWorld");
+  absl::Status EnterFirst(int64_t step, const WorldChanges::EnterFn& enter) override {
+    calls.push_back("EnterFirst");
     entered_at_step = step;
     return enter(comm, world);
   }
-  absl::Status EnterNextWorld(const std::string& why, int64_t step,
-                              const WorldChanges::EnterFn& enter,
-                              const BrokenWorld* broken) override {
-    calls.push_back("EnterNextWorld");
+  absl::Status Regroup(const std::string& why, int64_t step, const WorldChanges::EnterFn& enter,
+                       const BrokenWorld* broken) override {
+    calls.push_back("Regroup");
     regroup_why = why;
     entered_at_step = step;
     report = broken != nullptr ? std::optional<BrokenWorld>(*broken) : std::nullopt;
     return enter(comm, world);
   }
   bool told_to_leave() const override { return drained; }
+  bool newer_world_known() const override { return newer; }
   void ReportCounters(const TrainingCounters& c) override {
     calls.push_back("ReportCounters");
     reported.push_back(c);
   }
-  absl::Status TakeState(int source, Communicator*, TrainingCounters* counters,
+  absl::Status TakeState(int source, Communicator*, bool in_step, TrainingCounters* counters,
                          absl::Time deadline) override {
     calls.push_back("TakeState");
     state_sources.push_back(source);
+    state_in_step.push_back(in_step);
     state_deadlines.push_back(deadline);
     if (source_counters) *counters = *source_counters;
     return absl::OkStatus();
@@ -108,7 +112,6 @@ class RecordingTrainer : public WorldChanges::Trainer {
     resync_contributors = contributors;
     return averages;
   }
-  ControlWords CurrentControl() const override { return words; }
   absl::Status StepTakenByOthers(StepDecision next) override {
     calls.push_back("StepTakenByOthers");
     taken_by_others.push_back(next);
@@ -129,8 +132,8 @@ class RecordingTrainer : public WorldChanges::Trainer {
   WorldInfo world;
   std::optional<TrainingCounters> source_counters;  // else this rank's own stay
   WorldChanges::ControlAverages averages = {0, 0, 0};
-  ControlWords words;
   bool drained = false;
+  bool newer = false;
 
   // What happened.
   std::vector<std::string> calls;
@@ -139,6 +142,7 @@ class RecordingTrainer : public WorldChanges::Trainer {
   std::optional<BrokenWorld> report;
   std::vector<TrainingCounters> reported;
   std::vector<int> state_sources;
+  std::vector<bool> state_in_step;
   std::vector<absl::Time> state_deadlines;
   bool resync_contributed = false;
   int resync_contributors = 0;
@@ -187,7 +191,8 @@ class WorldChangesTest : public ::testing::Test {
     o.batch_per_rank = kBatch;
     o.deadline.fixed = fixed;
     o.clock = &clock_;
-    changes_ = std::make_unique<WorldChanges>(o, &trainer_, &counters_, &sampler_);
+    changes_ = std::make_unique<WorldChanges>(o, &trainer_, &trainer_, &trainer_, &counters_,
+                                              &sampler_);
   }
   // This rank is at `step`, its sampler where that many global batches of
   // `world` ranks took it.
@@ -222,7 +227,7 @@ TEST_F(WorldChangesTest, EnteringAWorldTakesTheSourcesStateWithinTheLongDeadline
   EXPECT_EQ(changes_->LongDeadline(), long_deadline);
   // The salvage agreement ran (one all-reduce: nothing to salvage).
   EXPECT_EQ(comm_->deadlines, std::vector<absl::Time>{long_deadline});
-  EXPECT_EQ(trainer_.calls, (std::vector<std::string>{"EnterFirstWorld", "TakeState",
+  EXPECT_EQ(trainer_.calls, (std::vector<std::string>{"EnterFirst", "TakeState",
                                                      "UseCommunicator", "ReportCounters"}));
   EXPECT_EQ(counters_.lr_world_size, 2);  // the first world sets it
 }
@@ -237,7 +242,7 @@ TEST_F(WorldChangesTest, TheLearningRatesKeepTheirWorldUnlessTheyScale) {
   WorldChangesOptions o;
   o.scale_lr = true;
   o.clock = &clock_;
-  WorldChanges scaling(o, &trainer_, &counters_, &sampler_);
+  WorldChanges scaling(o, &trainer_, &trainer_, &trainer_, &counters_, &sampler_);
   ASSERT_TRUE(scaling.Regroup("a membership change at a step boundary", false).ok());
   EXPECT_EQ(counters_.lr_world_size, 2);
 }
@@ -293,6 +298,8 @@ TEST_F(WorldChangesTest, AFailedStepIsSalvagedAndItsLostShareGoesBackToTheSample
   EXPECT_EQ(changes_->salvaged(), 1);
   EXPECT_EQ(changes_->dropped(), 0);
   EXPECT_FALSE(changes_->has_failed_step());
+  // The transfer knew a step had failed under this rank (its buffers).
+  EXPECT_EQ(trainer_.state_in_step, std::vector<bool>{true});
 }
 
 // The same step, but a spare joined as rank 2 of the new world: it was not
@@ -331,6 +338,7 @@ TEST_F(WorldChangesTest, AJoinerTakesTheSalvagedStepFromARankInIt) {
   // The entry's transfer, then the catch-up from rank 0 after its boundary
   // is due.
   EXPECT_EQ(trainer_.state_sources, (std::vector<int>{0, 0}));
+  EXPECT_EQ(trainer_.state_in_step, (std::vector<bool>{false, false}));
   const std::vector<std::string> tail(trainer_.calls.end() - 3, trainer_.calls.end());
   EXPECT_EQ(tail, (std::vector<std::string>{"StepTakenByOthers", "TakeState", "ReportCounters"}));
   EXPECT_EQ(changes_->salvaged(), 0);  // the ranks in the step count it
@@ -354,8 +362,11 @@ TEST_F(WorldChangesTest, AGradientOfAStepTheWorldIsPastDoesNotContribute) {
   ASSERT_FALSE(comm_->sent.empty());
   EXPECT_EQ(comm_->sent[0][0], 0.0);  // not a contributor
   EXPECT_TRUE(trainer_.salvaged.empty());
-  EXPECT_TRUE(changes_->has_failed_step());  // the engine drops it
-  EXPECT_FALSE(changes_->DropFailedStep());  // nothing lost
+  EXPECT_TRUE(changes_->has_failed_step());  // the engine ends it
+  const absl::Status ended = changes_->EndFailedStep("step 6", absl::DeadlineExceededError("late"),
+                                                     /*left=*/false, /*generation=*/4);
+  EXPECT_TRUE(absl::IsAborted(ended));
+  EXPECT_EQ(ended.message(), "step 6 taken without this rank: late");  // nothing lost
   EXPECT_FALSE(changes_->has_failed_step());
   EXPECT_EQ(changes_->dropped(), 0);
   EXPECT_EQ(changes_->salvaged(), 0);
@@ -371,8 +382,23 @@ TEST_F(WorldChangesTest, WithoutSalvageAFailedStepIsDropped) {
   EXPECT_EQ(comm_->sent[0][0], 0.0);
   EXPECT_EQ(counters_.step, 5);
   EXPECT_TRUE(trainer_.salvaged.empty());
-  EXPECT_TRUE(changes_->DropFailedStep());
+  const absl::Status ended = changes_->EndFailedStep(
+      "step 6", absl::UnavailableError("gloo: Connection reset"), /*left=*/false, 4);
+  EXPECT_TRUE(absl::IsAborted(ended));
+  EXPECT_EQ(ended.message(), "step 6 dropped: gloo: Connection reset");
   EXPECT_EQ(changes_->dropped(), 1);
+}
+
+TEST_F(WorldChangesTest, AFailedStepOfAMemberThatLeftIsNotCountedAsDropped) {
+  Make(/*salvage=*/false);
+  AtStep(/*step=*/5, /*world=*/2);
+  changes_->KeepFailedStep(WorldOf(/*generation=*/3, /*rank=*/0, /*size=*/2, /*source=*/0));
+  const absl::Status ended = changes_->EndFailedStep(
+      "step 6", absl::UnavailableError("gloo: Connection reset"), /*left=*/true, 3);
+  EXPECT_TRUE(absl::IsAborted(ended));
+  EXPECT_EQ(ended.message(), "step 6 not taken: this member left the job");
+  EXPECT_FALSE(changes_->has_failed_step());
+  EXPECT_EQ(changes_->dropped(), 0);
 }
 
 // Steps of several passes (a GAN's discriminator pass, then its
@@ -474,6 +500,33 @@ TEST_F(WorldChangesTest, TheStepDeadlineFollowsTheJobOnTheInjectedClock) {
   clock_.Advance(absl::Seconds(3));
   changes_->StepCommitted();
   EXPECT_EQ(changes_->step_timeout(), absl::Seconds(30));
+}
+
+TEST_F(WorldChangesTest, TheControlWordsSayWhatThisRankWasAskedAndWhatItHeard) {
+  bool stop = false, leave = false;
+  WorldChangesOptions o;
+  o.clock = &clock_;
+  o.stop_asked = [&] { return stop; };
+  o.leave_asked = [&] { return leave; };
+  o.stop_after_step = 6;
+  WorldChanges changes(o, &trainer_, &trainer_, &trainer_, &counters_, &sampler_);
+  AtStep(/*step=*/4, /*world=*/2);
+  ControlWords w = changes.CurrentControl();
+  EXPECT_FALSE(w.stop || w.leave || w.newer_world);
+  AtStep(/*step=*/5, /*world=*/2);  // the step after it is the sixth
+  EXPECT_TRUE(changes.CurrentControl().stop);
+  AtStep(/*step=*/1, /*world=*/2);
+  stop = true;
+  EXPECT_TRUE(changes.CurrentControl().stop);
+  stop = false;
+  leave = true;
+  w = changes.CurrentControl();
+  EXPECT_TRUE(w.leave && !w.stop);
+  leave = false;
+  trainer_.drained = true;  // the coordinator drains this member
+  EXPECT_TRUE(changes.CurrentControl().leave);
+  trainer_.newer = true;
+  EXPECT_TRUE(changes.CurrentControl().newer_world);
 }
 
 }  // namespace

@@ -105,7 +105,7 @@ void GradientSync::Begin(bool sync, const std::array<float, kControlWords>& cont
   local_control_ = control;
   control_ = {};
   if (syncing_) SetControl(control);
-  deadline_ = RealClock::Get()->Now() + options_.timeout;
+  deadline_ = options_.clock->Now() + options_.timeout;
   for (Bucket& b : buckets_) {
     b.ready = 0;
     b.launched = false;
@@ -176,12 +176,12 @@ void GradientSync::CommLoop() {
     const absl::Time deadline = deadline_;
     Bucket& b = buckets_[bucket];
     lock.unlock();
-    const absl::Time start = RealClock::Get()->Now();
+    const absl::Time start = options_.clock->Now();
     b.filled.WaitOnCurrentStream();
     absl::Status s = comm == nullptr
                          ? absl::FailedPreconditionError("no communicator")
                          : ReduceBucket(comm, bucket, ReduceOp::kAverage, deadline);
-    const double seconds = absl::ToDoubleSeconds(RealClock::Get()->Now() - start);
+    const double seconds = absl::ToDoubleSeconds(options_.clock->Now() - start);
     lock.lock();
     comm_seconds_ += seconds;
     b.status = s;
@@ -204,7 +204,7 @@ absl::Status GradientSync::ReduceBucket(Communicator* comm, size_t i, ReduceOp o
 }
 
 absl::Status GradientSync::Finish(absl::Time deadline, const std::function<void()>& turn) {
-  const absl::Time start = RealClock::Get()->Now();
+  const absl::Time start = options_.clock->Now();
   std::unique_lock<std::mutex> lock(mu_);
   if (solo_) {
     // As Install would leave them: a parameter without a gradient this
@@ -253,12 +253,12 @@ absl::Status GradientSync::Finish(absl::Time deadline, const std::function<void(
     if (!b.status.ok()) return b.status;
   }
   lock.unlock();
-  const absl::Time refill_start = RealClock::Get()->Now();
+  const absl::Time refill_start = options_.clock->Now();
   const std::vector<float> words = ReadWords();
   absl::Status s = ReduceRefilled(comm, words, reduce_deadline);
-  comm_seconds += absl::ToDoubleSeconds(RealClock::Get()->Now() - refill_start);
+  comm_seconds += absl::ToDoubleSeconds(options_.clock->Now() - refill_start);
   stats_.comm_seconds = comm_seconds;
-  stats_.wait_seconds = absl::ToDoubleSeconds(RealClock::Get()->Now() - start);
+  stats_.wait_seconds = absl::ToDoubleSeconds(options_.clock->Now() - start);
   MUSTER_RETURN_IF_ERROR(s);
   Install(words);  // the refills leave the last bucket, and so the words, as they were
   return absl::OkStatus();

@@ -54,6 +54,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
 #include "trainer/comm/communicator.h"
 #include "trainer/ddp/device_comm.h"
 
@@ -66,6 +67,8 @@ struct GradientSyncOptions {
   bool overlap = true;
   // Deadline of each bucket's all-reduce, from Begin().
   absl::Duration timeout = absl::Seconds(120);
+  // Deadlines and the step's timings are on its Now(); required, not owned.
+  Clock* clock = nullptr;
 };
 
 struct StepCommStats {

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "trainer/comm/values.h"
 
 namespace muster {
 namespace {
@@ -162,6 +163,32 @@ absl::Status CatalogCheckpointer::Write(CoordinatorClient* client, uint64_t id,
                          << timing.write_seconds << " s)";
         ApplyRetention(client, fs, dir, step);
       });
+}
+
+absl::StatusOr<bool> CatalogCheckpointer::TakeToStop(CoordinatorClient* client,
+                                                     Communicator* comm, int rank,
+                                                     const CheckpointMeta& meta,
+                                                     absl::Time deadline) {
+  constexpr int kAttempts = 2;
+  for (int attempt = 1; attempt <= kAttempts; ++attempt) {
+    absl::Status s = Take(client, rank, meta, absl::Seconds(20));
+    if (absl::Status written = Wait(); s.ok()) s = written;
+    int64_t failed = s.ok() ? 0 : 1;
+    MUSTER_RETURN_IF_ERROR(
+        AllReduceValues(comm, &failed, 1, DataType::kInt64, ReduceOp::kSum, deadline));
+    if (failed == 0) return true;
+    MUSTER_LOG(WARNING) << "the checkpoint to stop at step " << meta.step
+                        << " did not commit (try " << attempt << " of " << kAttempts << "): "
+                        << (s.ok() ? absl::StrCat(failed, " rank(s) failed") : s.ToString());
+  }
+  return false;
+}
+
+int64_t CatalogCheckpointer::NewestInCatalog(CoordinatorClient* client) const {
+  absl::StatusOr<std::vector<CatalogEntry>> committed =
+      client->ListCommitted(CallDeadline(absl::Seconds(5)));
+  if (committed.ok()) return committed->empty() ? 0 : committed->front().step;
+  return std::max<int64_t>(0, newest_committed());
 }
 
 }  // namespace muster

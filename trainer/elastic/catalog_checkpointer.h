@@ -32,6 +32,7 @@
 #include "common/file_system.h"
 #include "trainer/checkpoint/checkpointer.h"
 #include "trainer/client/coordinator_client.h"
+#include "trainer/comm/communicator.h"
 
 namespace muster {
 
@@ -63,6 +64,14 @@ class CatalogCheckpointer {
   // counts as done.
   absl::Status Take(CoordinatorClient* client, int rank, CheckpointMeta meta,
                     absl::Duration call_timeout = absl::Seconds(30));
+  // The checkpoint a stop needs, as every rank of `comm` agrees (a
+  // collective): Take, then Wait, and the ranks sum their failures, which
+  // is also a barrier (a departure would abort the checkpoint before it
+  // commits). A failed attempt (the catalog unreachable, a full or
+  // read-only file system) is tried once more. Returns whether it
+  // committed. Errors: the communicator's (`deadline` for each agreement).
+  absl::StatusOr<bool> TakeToStop(CoordinatorClient* client, Communicator* comm, int rank,
+                                  const CheckpointMeta& meta, absl::Time deadline);
   // Waits until no write is running. The outcome of this rank's part of the
   // last Take: OK once it is written (rank 0) and reported, else what failed.
   absl::Status Wait();
@@ -73,6 +82,10 @@ class CatalogCheckpointer {
   // The newest step this process knows to be committed: the one it resumed
   // from, or one whose commit its report completed; -1 when none.
   int64_t newest_committed() const;
+  // The step of the newest committed checkpoint as the catalog says (this
+  // rank's own reports need not have seen the last commit), else as this
+  // rank knows; 0 when none.
+  int64_t NewestInCatalog(CoordinatorClient* client) const;
 
  private:
   absl::Status Write(CoordinatorClient* client, uint64_t id, CheckpointMeta meta,

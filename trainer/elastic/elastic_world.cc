@@ -36,7 +36,7 @@ absl::Status ElasticWorld::Join(uint64_t incarnation) {
   co.incarnation = incarnation;
   co.progress = &progress_;
   MUSTER_ASSIGN_OR_RETURN(client_, CoordinatorClient::Create(co));
-  MUSTER_RETURN_IF_ERROR(client_->Join(0, RealClock::Get()->Now() + options_.join_timeout));
+  MUSTER_RETURN_IF_ERROR(client_->Join(0, options_.clock->Now() + options_.join_timeout));
   return client_->StartSession([this](const SessionNotice& n) { OnNotice(n); });
 }
 
@@ -69,7 +69,7 @@ absl::Status ElasticWorld::Enter(const EnterFn& enter) {
     // gives up as a process: its agent restarts it and it takes a live
     // peer's state (crash-only). Bound: the build's deadline, or 10 s after
     // a newer world is known; the deadline and the watchdog share a clock.
-    Clock* const clock = RealClock::Get();
+    Clock* const clock = options_.clock;
     const absl::Time deadline = clock->Now() + options_.build_timeout;
     BuildWatchdog watchdog(
         deadline + absl::Seconds(5),
@@ -93,10 +93,10 @@ absl::Status ElasticWorld::Enter(const EnterFn& enter) {
 
 absl::StatusOr<WorldInfo> ElasticWorld::AwaitWorld(uint64_t after, int64_t step, bool as_spare,
                                                     const BrokenWorld* broken) {
-  const absl::Time give_up = RealClock::Get()->Now() + options_.rendezvous_timeout;
+  const absl::Time give_up = options_.clock->Now() + options_.rendezvous_timeout;
   for (;;) {
     // Past give_up only a spare waits on, a full poll at a time.
-    const absl::Time now = RealClock::Get()->Now();
+    const absl::Time now = options_.clock->Now();
     const absl::Time slice = now < give_up ? std::min(give_up, now + options_.spare_poll)
                                            : now + options_.spare_poll;
     // Every renewal carries the report: after a failover it reaches the
@@ -107,7 +107,7 @@ absl::StatusOr<WorldInfo> ElasticWorld::AwaitWorld(uint64_t after, int64_t step,
       return absl::CancelledError("a stop or leave signal while waiting for a world");
     }
     const bool spare = as_spare && client_->latest_generation() > 0;
-    if (!spare && RealClock::Get()->Now() >= give_up) return w;
+    if (!spare && options_.clock->Now() >= give_up) return w;
   }
 }
 
@@ -136,12 +136,10 @@ absl::Status ElasticWorld::EnterFirst(int64_t step, const EnterFn& enter) {
   if (entered.ok() || !WorldMovedOn(entered)) return entered;
   const BrokenWorld broken = BrokenWorld::Because(
       std::string(entered.message()), options_.build_timeout, UnreachableRanks(entered));
-  return Regroup(std::string(entered.message()), step, enter, [] {}, &broken);
+  return Regroup(std::string(entered.message()), step, enter, &broken);
 }
 
-absl::StatusOr<WorldInfo> ElasticWorld::NextWorld(int64_t step,
-                                                  const std::function<void()>& before_rejoin,
-                                                  const BrokenWorld* broken) {
+absl::StatusOr<WorldInfo> ElasticWorld::NextWorld(int64_t step, const BrokenWorld* broken) {
   absl::StatusOr<WorldInfo> next =
       AwaitWorld(world_.generation, step, /*as_spare=*/false, broken);
   if (absl::IsAborted(next.status())) {
@@ -150,7 +148,7 @@ absl::StatusOr<WorldInfo> ElasticWorld::NextWorld(int64_t step,
     // replaces ours.
     MUSTER_LOG(WARNING) << "fenced (" << next.status().message()
                         << "); rejoining as a new incarnation";
-    before_rejoin();
+    if (options_.before_rejoin) options_.before_rejoin();
     MUSTER_RETURN_IF_ERROR(Join(/*incarnation=*/0));
     next = AwaitWorld(0, step, /*as_spare=*/false);
   }
@@ -158,9 +156,8 @@ absl::StatusOr<WorldInfo> ElasticWorld::NextWorld(int64_t step,
 }
 
 absl::Status ElasticWorld::Regroup(const std::string& why, int64_t step, const EnterFn& enter,
-                                   const std::function<void()>& before_rejoin,
                                    const BrokenWorld* broken) {
-  const absl::Time start = RealClock::Get()->Now();
+  const absl::Time start = options_.clock->Now();
   BrokenWorld failed_entry;
   // Whom the broken world's collectives could not reach, if anyone: the
   // coordinator leaves a side out rather than form the same world again.
@@ -180,7 +177,7 @@ absl::Status ElasticWorld::Regroup(const std::string& why, int64_t step, const E
     // A node-local communicator no failure touched may go on (node_comm.h).
     kept_ = KeepNodeCommunicator(std::move(comm_), world_);
     store_.reset();
-    absl::StatusOr<WorldInfo> next = NextWorld(step, before_rejoin, broken);
+    absl::StatusOr<WorldInfo> next = NextWorld(step, broken);
     if (absl::IsFailedPrecondition(next.status()) || absl::IsCancelled(next.status())) {
       // Drained (the leave notice may still be on its way), the job is
       // over, or a stop or leave signal came while the job waited for
@@ -206,7 +203,7 @@ absl::Status ElasticWorld::Regroup(const std::string& why, int64_t step, const E
   MUSTER_LOG(WARNING) << "regrouped into generation " << world_.generation << " (world "
                       << world_.world_size << ", rank " << world_.rank << ", step " << step
                       << ") after " << why << " in "
-                      << absl::FormatDuration(RealClock::Get()->Now() - start);
+                      << absl::FormatDuration(options_.clock->Now() - start);
   return absl::OkStatus();
 }
 

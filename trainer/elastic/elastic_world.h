@@ -33,8 +33,10 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
 #include "trainer/client/coordinator_client.h"
 #include "trainer/comm/factory.h"
+#include "trainer/elastic/world_changes.h"
 
 namespace muster {
 
@@ -49,18 +51,23 @@ struct ElasticWorldOptions {
   // job runs, and `interrupted` (a stop or leave signal) ends the wait.
   absl::Duration spare_poll = absl::Seconds(2);
   std::function<bool()> interrupted;
+  // Runs before a fenced member rejoins as a new incarnation (the client
+  // is replaced); may be empty.
+  std::function<void()> before_rejoin;
+  // Deadlines are on its Now(); required, not owned.
+  Clock* clock = nullptr;
 };
 
-class ElasticWorld {
+class ElasticWorld : public WorldChanges::Membership {
  public:
   // Called after a world's communicator is built: make the state identical
   // (every rank calls it with the same world). Errors abort the entry.
-  using EnterFn = std::function<absl::Status(Communicator* comm, const WorldInfo& world)>;
+  using EnterFn = WorldChanges::EnterFn;
 
   // Creates the client, joins and starts the session. Errors: the client's
   // (INVALID_ARGUMENT for bad TLS files, UNAVAILABLE, ...).
   static absl::StatusOr<std::unique_ptr<ElasticWorld>> Connect(ElasticWorldOptions options);
-  ~ElasticWorld();
+  ~ElasticWorld() override;
   ElasticWorld(const ElasticWorld&) = delete;
   ElasticWorld& operator=(const ElasticWorld&) = delete;
 
@@ -71,19 +78,18 @@ class ElasticWorld {
   // this member first, or `interrupted` says so, left() becomes true and OK
   // is returned. Errors: DEADLINE_EXCEEDED when no world formed at all in
   // the rendezvous timeout, and those of entering.
-  absl::Status EnterFirst(int64_t step, const EnterFn& enter);
+  absl::Status EnterFirst(int64_t step, const EnterFn& enter) override;
   // Leaves the current world (its communicator is dropped) and enters the
   // next one; after a drain or the end of the job there is none: left()
   // becomes true and OK is returned. `broken` (null at an agreed step
   // boundary): the world broke under this member; the rendezvous reports it
   // so that the coordinator regroups even when it noticed nothing itself (a
   // broken link, a hung peer, a notice from a coordinator that was fenced).
-  // A world that then fails to start is reported the same way.
-  // `before_rejoin` runs before a fenced member rejoins as a new
-  // incarnation (the client is replaced).
+  // A world that then fails to start is reported the same way. A fenced
+  // member rejoins as a new incarnation (ElasticWorldOptions::before_rejoin
+  // runs first).
   absl::Status Regroup(const std::string& why, int64_t step, const EnterFn& enter,
-                       const std::function<void()>& before_rejoin,
-                       const BrokenWorld* broken = nullptr);
+                       const BrokenWorld* broken) override;
   // Leaves the job (finished: the job is over for this member).
   absl::Status Leave(bool finished, int64_t step);
   // Drops the communicator; session notices no longer abort anything.
@@ -97,18 +103,24 @@ class ElasticWorld {
   const WorldInfo& world() const { return world_; }
   bool left() const { return left_; }
   // The coordinator told this member to leave (a drain).
-  bool told_to_leave() const { return told_to_leave_.load(); }
+  bool told_to_leave() const override { return told_to_leave_.load(); }
   // A newer generation than the current one was announced.
-  bool newer_world_known() const { return client_->latest_generation() > world_.generation; }
+  bool newer_world_known() const override {
+    return client_->latest_generation() > world_.generation;
+  }
+  // The step and sampler offset that heartbeats report.
+  void ReportCounters(const TrainingCounters& c) override {
+    client_->SetStep(c.step, c.position.offset);
+  }
   int regroups() const { return regroups_; }
 
  private:
-  explicit ElasticWorld(ElasticWorldOptions options) : options_(std::move(options)) {}
+  explicit ElasticWorld(ElasticWorldOptions options)
+      : options_(std::move(options)), progress_(options_.clock) {}
   absl::Status Join(uint64_t incarnation);
   void OnNotice(const SessionNotice& notice);
   absl::Status Enter(const EnterFn& enter);
-  absl::StatusOr<WorldInfo> NextWorld(int64_t step, const std::function<void()>& before_rejoin,
-                                      const BrokenWorld* broken);
+  absl::StatusOr<WorldInfo> NextWorld(int64_t step, const BrokenWorld* broken);
   absl::StatusOr<WorldInfo> FirstWorld(int64_t step);
   // Rendezvous in slices of spare_poll, so that `interrupted` ends the wait
   // (CANCELLED) within one. Past the rendezvous timeout DEADLINE_EXCEEDED,

@@ -9,9 +9,12 @@
 
 namespace muster {
 
-WorldChanges::WorldChanges(WorldChangesOptions options, Trainer* trainer,
-                           TrainingCounters* counters, DistributedSampler* sampler)
+WorldChanges::WorldChanges(WorldChangesOptions options, Membership* world, Tensors* tensors,
+                           Trainer* trainer, TrainingCounters* counters,
+                           DistributedSampler* sampler)
     : options_(std::move(options)),
+      world_(world),
+      tensors_(tensors),
       trainer_(trainer),
       counters_(counters),
       sampler_(sampler),
@@ -22,7 +25,7 @@ WorldChanges::EnterFn WorldChanges::EnterEachWorld() {
 }
 
 absl::Status WorldChanges::EnterFirst() {
-  return trainer_->EnterFirstWorld(counters_->step, EnterEachWorld());
+  return world_->EnterFirst(counters_->step, EnterEachWorld());
 }
 
 void WorldChanges::KeepFailedStep(const WorldInfo& world, bool salvageable) {
@@ -31,33 +34,40 @@ void WorldChanges::KeepFailedStep(const WorldInfo& world, bool salvageable) {
                             salvageable};
 }
 
-bool WorldChanges::DropFailedStep() {
-  if (!failed_step_.has_value()) return false;
-  const bool lost = failed_step_->step >= counters_->step;
+absl::Status WorldChanges::EndFailedStep(const std::string& what, const absl::Status& failure,
+                                         bool left, uint64_t generation) {
+  const bool lost = failed_step_.has_value() && failed_step_->step >= counters_->step;
   failed_step_.reset();
-  if (lost) ++dropped_;
-  return lost;
+  if (left) return absl::AbortedError(absl::StrCat(what, " not taken: this member left the job"));
+  if (!lost) {
+    // A rank fenced while stopped comes back after the world took the step.
+    MUSTER_LOG(INFO) << what << " was taken by the world without this rank (now at step "
+                     << counters_->step << "); its gradients are discarded";
+    return absl::AbortedError(absl::StrCat(what, " taken without this rank: ", failure.message()));
+  }
+  ++dropped_;
+  MUSTER_LOG(WARNING) << what << " dropped in generation " << generation;
+  return absl::AbortedError(absl::StrCat(what, " dropped: ", failure.message()));
 }
 
-void WorldChanges::ForgetFailedStep() { failed_step_.reset(); }
-
 absl::Status WorldChanges::Regroup(const std::string& why, bool broken) {
-  trainer_->UseCommunicator(nullptr);
+  tensors_->UseCommunicator(nullptr);
   deadline_.Forget();
   const BrokenWorld report = BrokenWorld::Because(why, deadline_.Current());
-  return trainer_->EnterNextWorld(why, counters_->step, EnterEachWorld(),
-                                  broken ? &report : nullptr);
+  return world_->Regroup(why, counters_->step, EnterEachWorld(), broken ? &report : nullptr);
 }
 
 absl::Status WorldChanges::Enter(Communicator* comm, const WorldInfo& world) {
   if (counters_->lr_world_size == 0 || options_.scale_lr) {
     counters_->lr_world_size = world.world_size;
   }
-  MUSTER_RETURN_IF_ERROR(
-      trainer_->TakeState(world.state_source_rank, comm, counters_, LongDeadline()));
+  // A step failed under this rank: its graphs may still hold the buffers.
+  MUSTER_RETURN_IF_ERROR(tensors_->TakeState(world.state_source_rank, comm,
+                                             failed_step_.has_value(), counters_,
+                                             LongDeadline()));
   if (options_.scale_lr) counters_->lr_world_size = world.world_size;
-  trainer_->UseCommunicator(comm);
-  trainer_->ReportCounters(*counters_);
+  tensors_->UseCommunicator(comm);
+  world_->ReportCounters(*counters_);
   return Salvage(comm, world);
 }
 
@@ -93,12 +103,12 @@ absl::Status WorldChanges::Salvage(Communicator* comm, const WorldInfo& world) {
     if (options_.several_passes && plan.steppers > 0) counters_->pass = 0;
     return absl::OkStatus();
   }
-  const ControlWords words = trainer_->CurrentControl();
+  const ControlWords words = CurrentControl();
   MUSTER_ASSIGN_OR_RETURN(
       const ControlAverages averages,
-      trainer_->ResyncGradients(comm, claim.contributes, plan.contributors, words, deadline));
+      tensors_->ResyncGradients(comm, claim.contributes, plan.contributors, words, deadline));
   SalvagedStep step;
-  step.next = DecideAfterStep(averages, world.world_size, words, trainer_->told_to_leave());
+  step.next = DecideAfterStep(averages, world.world_size, words, world_->told_to_leave());
   if (!in_step) {  // the step's counters and state come from a rank in it
     MUSTER_RETURN_IF_ERROR(trainer_->StepTakenByOthers(step.next));
     return CatchUp(comm, plan.first_stepper);
@@ -126,7 +136,7 @@ absl::Status WorldChanges::TakeSalvagedStep(const WorldInfo& world, const Salvag
         sampler_->Advance(c.position, taken, plan.old_world, options_.batch_per_rank, plan.lost);
     ++c.step;
   }
-  trainer_->ReportCounters(c);
+  world_->ReportCounters(c);
   MUSTER_RETURN_IF_ERROR(trainer_->StepSalvaged(step));
   failed_step_.reset();
   ++salvaged_;
@@ -142,9 +152,19 @@ absl::Status WorldChanges::TakeSalvagedStep(const WorldInfo& world, const Salvag
 // After a salvaged step that some ranks were not in: every rank takes the
 // state of a rank that took the step (its optimizer has run by now).
 absl::Status WorldChanges::CatchUp(Communicator* comm, int source) {
-  MUSTER_RETURN_IF_ERROR(trainer_->TakeState(source, comm, counters_, LongDeadline()));
-  trainer_->ReportCounters(*counters_);
+  MUSTER_RETURN_IF_ERROR(
+      tensors_->TakeState(source, comm, /*in_step=*/false, counters_, LongDeadline()));
+  world_->ReportCounters(*counters_);
   return absl::OkStatus();
+}
+
+ControlWords WorldChanges::CurrentControl() const {
+  ControlWords w;
+  w.stop = options_.stop_asked() ||
+           (options_.stop_after_step > 0 && counters_->step + 1 >= options_.stop_after_step);
+  w.leave = world_->told_to_leave() || options_.leave_asked();
+  w.newer_world = world_->newer_world_known();
+  return w;
 }
 
 void WorldChanges::StepCommitted() {

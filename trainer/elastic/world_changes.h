@@ -8,8 +8,9 @@
 //   * the failed step: the step whose all-reduce failed, kept from the
 //     failure until the next world salvages it (step_salvage.h: the
 //     survivors reduce the gradients they still hold, the lost shares'
-//     examples go back to the sampler) or the engine drops it; and the
-//     count of steps salvaged and dropped;
+//     examples go back to the sampler) or EndFailedStep ends it (dropped,
+//     taken without this rank, or this member left); and the count of
+//     steps salvaged and dropped;
 //   * the catch-up: after a salvaged step that some ranks of the new world
 //     did not take (joiners), every rank takes the state of the first rank
 //     that did;
@@ -17,22 +18,29 @@
 //     injected clock: the deadline of a step's collectives, which follows
 //     the job, and the long one of a world change's waits.
 //
-// It decides and sequences; the trainer it serves (WorldChanges::Trainer,
-// implemented by the engine) holds the world, the tensors and the step's
-// lifecycle and carries out each move. The training counters are the
-// trainer's too: WorldChanges updates them in place when a change moves
-// them (a state transfer, a salvaged step).
+// It decides and sequences, and moves the parts it is given directly: the
+// membership (WorldChanges::Membership, which ElasticWorld is), this rank's
+// tensors (WorldChanges::Tensors, which Replica is: the gradient syncs, the
+// buffers and the state transfer) and, for the three moments a salvaged
+// step touches the step in flight, the trainer (WorldChanges::Trainer,
+// which the engine is). The engine composes these parts and owns them. The
+// training counters and the sampler are the engine's too (its Schedule):
+// WorldChanges updates the counters in place when a change moves them (a
+// state transfer, a salvaged step). The
+// interfaces keep it and its unit tests free of LibTorch and gRPC.
 //
 // A failed step, on every rank of the world that follows:
 //
-//   KeepFailedStep ─> Regroup(broken) ─> for each world tried: Enter
-//                                          │ state transfer, AgreeOnSalvage
+//   KeepFailedStep ─> Regroup(broken) ─> Membership::Regroup, and for each
+//                                        world tried: Enter
+//                                          │ Tensors::TakeState, AgreeOnSalvage
 //         ┌────────────────────────────────┼────────────────────────────┐
 //   nothing salvaged               this rank was in it          it was not (a joiner)
-//         │                                │ ResyncGradients            │ ResyncGradients
-//         v                                v BeforeSalvagedStep         v StepTakenByOthers
-//   (the engine) DropFailedStep      advance the counters,        catch up from the
-//                                    StepSalvaged: salvaged()+1   first rank in it
+//         │                                │ Tensors::ResyncGradients   │ ResyncGradients
+//         v                                v Trainer::BeforeSalvagedStep v StepTakenByOthers
+//   EndFailedStep (the engine)       advance the counters,        catch up from the
+//                                    Trainer::StepSalvaged:       first rank in it
+//                                    salvaged()+1
 //
 // Not thread-safe: the training thread's, like the trainer it serves.
 #ifndef MUSTER_TRAINER_ELASTIC_WORLD_CHANGES_H_
@@ -75,8 +83,15 @@ struct WorldChangesOptions {
   // position) to the trainer.
   bool several_passes = false;
   CollectiveDeadlineOptions deadline;
-  // Deadlines are times of clock->Now(); not owned, must outlive this.
-  Clock* clock = RealClock::Get();
+  // Deadlines are times of clock->Now(); required, not owned, must outlive
+  // this.
+  Clock* clock = nullptr;
+  // This rank's control words (CurrentControl): asked to stop or to leave
+  // (a signal, RequestStop, RequestLeave), and the step after which it
+  // stops (Options::stop_after_step; 0: none).
+  std::function<bool()> stop_asked = [] { return false; };
+  std::function<bool()> leave_asked = [] { return false; };
+  int64_t stop_after_step = 0;
 };
 
 // What this rank does about a salvaged step it took (StepSalvaged).
@@ -102,32 +117,37 @@ class WorldChanges {
   // Control words averaged over a world (GradientSync::control()).
   using ControlAverages = std::array<float, 3>;
 
-  // The trainer a WorldChanges moves. Every method is called on the
-  // training thread, from inside a WorldChanges call.
-  class Trainer {
+  // The membership a WorldChanges moves between worlds (ElasticWorld).
+  class Membership {
    public:
-    virtual ~Trainer() = default;
-
-    // The world. Waits for the first world and enters it, calling `enter`
-    // (ElasticWorld::EnterFirst: its errors, and OK when there is no world
-    // for this member).
-    virtual absl::Status EnterFirstWorld(int64_t step, const EnterFn& enter) = 0;
+    virtual ~Membership() = default;
+    // Waits for the first world and enters it, calling `enter`. OK also
+    // when there is no world for this member.
+    virtual absl::Status EnterFirst(int64_t step, const EnterFn& enter) = 0;
     // Leaves the current world and enters the next, calling `enter` for
-    // each world tried (ElasticWorld::Regroup); `broken`: the report that
-    // the world broke under this rank, null at an agreed step boundary.
-    // OK when there is no next world for this member too.
-    virtual absl::Status EnterNextWorld(const std::string& why, int64_t step,
-                                        const EnterFn& enter, const BrokenWorld* broken) = 0;
+    // each world tried; `broken`: the report that the world broke under
+    // this rank, null at an agreed step boundary. OK also when there is no
+    // next world for this member.
+    virtual absl::Status Regroup(const std::string& why, int64_t step, const EnterFn& enter,
+                                 const BrokenWorld* broken) = 0;
     // Whether the coordinator told this member to leave (a drain).
     virtual bool told_to_leave() const = 0;
+    // Whether a generation newer than the current world's was announced.
+    virtual bool newer_world_known() const = 0;
     // `counters` become what this member's heartbeats report.
     virtual void ReportCounters(const TrainingCounters& counters) = 0;
+  };
 
-    // The tensors. The state transfer (state_sync.h): every rank of
-    // `comm` ends with `source`'s state and `*counters`. Errors: the
+  // This rank's tensors (Replica).
+  class Tensors {
+   public:
+    virtual ~Tensors() = default;
+    // The state transfer (state_sync.h): every rank of `comm` ends with
+    // `source`'s state and `*counters`; `in_step`: a step failed under
+    // this rank, whose graphs may still hold its buffers. Errors: the
     // communicator's, DATA_LOSS; `*counters` is then unchanged.
-    virtual absl::Status TakeState(int source, Communicator* comm, TrainingCounters* counters,
-                                   absl::Time deadline) = 0;
+    virtual absl::Status TakeState(int source, Communicator* comm, bool in_step,
+                                   TrainingCounters* counters, absl::Time deadline) = 0;
     // Gradients are reduced over `comm` from now on; null while regrouping.
     virtual void UseCommunicator(Communicator* comm) = 0;
     // The failed step's gradients reduced again over `comm` (zeros unless
@@ -138,9 +158,13 @@ class WorldChanges {
                                                             int contributors,
                                                             const ControlWords& words,
                                                             absl::Time deadline) = 0;
+  };
 
-    // The step. This rank's control words now (step_policy.h).
-    virtual ControlWords CurrentControl() const = 0;
+  // The step in flight, where a salvaged step touches it (the engine).
+  // Called on the training thread, from inside a WorldChanges call.
+  class Trainer {
+   public:
+    virtual ~Trainer() = default;
     // This rank, outside the salvaged step, takes it from a rank in it:
     // the step's boundary is due, deciding `next`. Called before the
     // catch-up. Errors: FAILED_PRECONDITION where the step's lifecycle
@@ -154,16 +178,17 @@ class WorldChanges {
     virtual absl::Status StepSalvaged(const SalvagedStep& step) = 0;
   };
 
-  // `trainer`, `counters` and `sampler` are not owned and must outlive this.
-  WorldChanges(WorldChangesOptions options, Trainer* trainer, TrainingCounters* counters,
-               DistributedSampler* sampler);
+  // `world`, `tensors`, `trainer`, `counters` and `sampler` are not owned
+  // and must outlive this; `options.clock` is required.
+  WorldChanges(WorldChangesOptions options, Membership* world, Tensors* tensors,
+               Trainer* trainer, TrainingCounters* counters, DistributedSampler* sampler);
   WorldChanges(const WorldChanges&) = delete;
   WorldChanges& operator=(const WorldChanges&) = delete;
 
   // Waits for the first world and enters it (as the top of this file says:
   // the state transfer, then the salvage of what can be). OK also when
-  // there is no world for this member (the trainer says so). Errors:
-  // Trainer::EnterFirstWorld's.
+  // there is no world for this member (the membership says so). Errors:
+  // Membership::EnterFirst's.
   absl::Status EnterFirst();
 
   // The step after the counters failed in `world` (its all-reduce or a
@@ -172,15 +197,17 @@ class WorldChanges {
   // came into). Replaces a step kept before.
   void KeepFailedStep(const WorldInfo& world, bool salvageable = true);
   // Whether a failed step is kept: from KeepFailedStep until a world
-  // salvages it (this rank takes it) or DropFailedStep.
+  // salvages it (this rank takes it) or EndFailedStep.
   bool has_failed_step() const { return failed_step_.has_value(); }
-  // The kept step was not salvaged: no longer kept. Returns whether it was
-  // lost, and counts it in dropped(): false when the counters are past it
-  // (the world took it without this rank, and the state transfer brought
-  // its result) or none is kept.
-  bool DropFailedStep();
-  // The kept step is no longer kept, and not counted (this member left).
-  void ForgetFailedStep();
+  // The regroup after the kept step did not salvage it: it is no longer
+  // kept. Returns the ABORTED error the step's call ends with, which says
+  // why, after `what` ("step 7") and `failure` (its collective's error):
+  // this member left the job (`left`; the step is not counted); the world
+  // took the step without this rank (the counters are past it: the state
+  // transfer brought its result, nothing is lost); else it was dropped in
+  // generation `generation`, counted in dropped().
+  absl::Status EndFailedStep(const std::string& what, const absl::Status& failure, bool left,
+                             uint64_t generation);
 
   // Leaves the current world and enters the next: gradients leave the
   // communicator, the step in progress is not timed, and `broken` (the
@@ -188,13 +215,17 @@ class WorldChanges {
   // rendezvous, with the step's collective timeout as the time the next
   // world's members have to arrive. Each world tried is entered as
   // EnterFirst's is. OK also when there is no next world for this member
-  // (the trainer says so).
-  // Errors: Trainer::EnterNextWorld's, which include those of entering.
+  // (the membership says so).
+  // Errors: Membership::Regroup's, which include those of entering.
   absl::Status Regroup(const std::string& why, bool broken);
 
   // After a salvaged step that some ranks did not take: every rank of
   // `comm` takes the state and counters of `source`. Errors: TakeState's.
   absl::Status CatchUp(Communicator* comm, int source);
+
+  // This rank's control words now (step_policy.h): what it was asked, and
+  // what the membership heard.
+  ControlWords CurrentControl() const;
 
   // The deadlines, times of the clock's Now(). A step's collectives:
   absl::Duration step_timeout() const { return deadline_.Current(); }
@@ -236,6 +267,8 @@ class WorldChanges {
 
   // Constant after construction.
   const WorldChangesOptions options_;
+  Membership* const world_;
+  Tensors* const tensors_;
   Trainer* const trainer_;
   TrainingCounters* const counters_;
   DistributedSampler* const sampler_;

@@ -6,6 +6,8 @@
 #include <sched.h>
 #include <unistd.h>
 
+#include <ATen/Parallel.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <thread>
@@ -13,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/host_name.h"
 #include "common/launch_env.h"
+#include "common/logging.h"
 #include "common/status_macros.h"
 #include "common/token.h"
 #include "muster/muster.h"
@@ -84,6 +87,89 @@ int IntraOpThreads(int requested, int usable_cpus, int node_trainers, bool omp_e
   if (requested != 0) return requested;
   if (omp_env_set) return -1;
   return std::max(1, usable_cpus / std::max(1, node_trainers));
+}
+
+WorldChangesOptions WorldChangesOptionsFrom(const Options& o, bool several_passes, Clock* clock) {
+  WorldChangesOptions wo;
+  wo.salvage = o.salvage;
+  wo.several_passes = several_passes;
+  wo.scale_lr = o.elastic_lr == ElasticLr::kScale;
+  wo.batch_per_rank = o.batch_per_rank;
+  wo.deadline = CollectiveDeadlineOptions{absl::Seconds(o.collective_timeout_s)};
+  wo.clock = clock;
+  wo.stop_after_step = o.stop_after_step;
+  return wo;
+}
+
+ElasticWorldOptions ElasticWorldOptionsFrom(const Options& o, ClientOptions client,
+                                            Clock* clock) {
+  ElasticWorldOptions wo;
+  wo.comm = CommOptionsFrom(o, static_cast<int>(client.local_rank));
+  wo.client = std::move(client);
+  wo.build_timeout =
+      CollectiveDeadline(CollectiveDeadlineOptions{absl::Seconds(o.collective_timeout_s)}).Long();
+  wo.join_timeout = absl::Seconds(o.join_timeout_s);
+  wo.rendezvous_timeout = absl::Seconds(o.rendezvous_timeout_s);
+  wo.clock = clock;
+  return wo;
+}
+
+ReplicaOptions ReplicaOptionsFrom(const Options& o, Clock* clock) {
+  return {static_cast<size_t>(o.bucket_mb * (1 << 20)), o.overlap, o.broadcast_buffers, clock};
+}
+
+CatalogCheckpointerOptions CheckpointOptionsFrom(const Options& o, Clock* clock) {
+  CatalogCheckpointerOptions co;
+  co.dir = o.checkpoint_dir;
+  co.every_steps = o.checkpoint_every;
+  co.interval_seconds = o.checkpoint_interval_s;
+  co.model_name = o.model_name;
+  co.optimizer_name = o.optimizer_name;
+  co.fs = o.checkpoint_fs;
+  co.clock = clock;
+  return co;
+}
+
+ProgressOptions ProgressOptionsFrom(const Options& o) {
+  ProgressOptions po;
+  if (!o.quiet) po.output = o.output;
+  po.log_every = o.log_every;
+  po.log_dir = o.log_dir;
+  po.model_name = o.model_name;
+  po.batch_per_rank = o.batch_per_rank;
+  return po;
+}
+
+void ShareIntraOpThreads(const Options& o, int node_trainers) {
+  const int cpus = UsableCpus();
+  const int threads = IntraOpThreads(o.intra_op_threads, cpus, node_trainers,
+                                     std::getenv("OMP_NUM_THREADS") != nullptr);
+  if (threads < 1 || threads == at::get_num_threads()) return;
+  at::set_num_threads(threads);
+  MUSTER_LOG(INFO) << "LibTorch intra-op threads: " << threads
+                   << (o.intra_op_threads > 0 ? std::string(" (Options::intra_op_threads)")
+                                              : absl::StrCat(" (", cpus, " CPUs shared by ",
+                                                             node_trainers,
+                                                             " trainers on this node)"));
+}
+
+absl::StatusOr<std::unique_ptr<StateServer>> StartStateService(const Options& o,
+                                                               ClientOptions* client) {
+  if (o.state_listen.empty()) return nullptr;
+  const std::string listen = StateListenAddress(o.state_listen, client->token);
+  if (listen != o.state_listen) {
+    MUSTER_LOG(WARNING) << "no job token: the state service listens on " << listen
+                        << " only (give a token to serve the weights to other hosts)";
+  }
+  MUSTER_ASSIGN_OR_RETURN(
+      std::unique_ptr<StateServer> server,
+      StateServer::Start(
+          {listen, client->token, {o.state_tls_cert, o.state_tls_key, ""}, client->member_id}));
+  // Without an address of its own, this member is reached where the
+  // coordinator sees it (":port": the coordinator fills in the host).
+  const std::string host = listen.rfind("127.0.0.1:", 0) == 0 ? "127.0.0.1" : o.address;
+  client->state_address = absl::StrCat(host, ":", server->port());
+  return server;
 }
 
 absl::StatusOr<Placement> ResolvePlacement(const Options& o) {

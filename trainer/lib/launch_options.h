@@ -4,12 +4,19 @@
 #ifndef MUSTER_TRAINER_LIB_LAUNCH_OPTIONS_H_
 #define MUSTER_TRAINER_LIB_LAUNCH_OPTIONS_H_
 
+#include <memory>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "muster/options.h"
 #include "trainer/client/coordinator_client.h"
 #include "trainer/comm/factory.h"
+#include "trainer/elastic/catalog_checkpointer.h"
+#include "trainer/elastic/elastic_world.h"
+#include "trainer/elastic/progress_reporter.h"
+#include "trainer/elastic/replica.h"
+#include "trainer/elastic/state_server.h"
+#include "trainer/elastic/world_changes.h"
 
 namespace muster {
 
@@ -28,6 +35,33 @@ int UsableCpus();
 // (muster/options.h): -1 means leave them as they are.
 
 int IntraOpThreads(int requested, int usable_cpus, int node_trainers, bool omp_env_set);
+// The options of the engine's parts, as Options say (`clock`: theirs).
+// WorldChanges: salvage, the LR scaling, the collective deadline, the
+// step to stop after; `several_passes`: State::modules names modules or
+// holds several optimizers. The asked-to-stop and -leave functions stay
+// the caller's.
+WorldChangesOptions WorldChangesOptionsFrom(const Options& o, bool several_passes, Clock* clock);
+// The membership's: `client`, the communicator's, the timeouts (a world's
+// build waits the collective deadline's long timeout). The interruption
+// and the wait before a rejoin stay the caller's.
+ElasticWorldOptions ElasticWorldOptionsFrom(const Options& o, ClientOptions client,
+                                            Clock* clock);
+// The replica's: buckets, overlap, the buffers' broadcast.
+ReplicaOptions ReplicaOptionsFrom(const Options& o, Clock* clock);
+// The checkpoints of Options::checkpoint_dir.
+CatalogCheckpointerOptions CheckpointOptionsFrom(const Options& o, Clock* clock);
+// The progress lines (none when quiet) and the logs.
+ProgressOptions ProgressOptionsFrom(const Options& o);
+
+// Sets LibTorch's intra-op threads for `node_trainers` trainers of this
+// world on this node (IntraOpThreads, OMP_NUM_THREADS as set), saying so.
+void ShareIntraOpThreads(const Options& o, int node_trainers);
+
+// The state service (muster pull-weights) on Options::state_listen, null
+// when that is empty; the address it serves is written into `client` for
+// the coordinator to hand out. Errors: StateServer::Start's.
+absl::StatusOr<std::unique_ptr<StateServer>> StartStateService(const Options& o,
+                                                               ClientOptions* client);
 
 }  // namespace muster
 

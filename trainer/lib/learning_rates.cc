@@ -2,8 +2,10 @@
 
 namespace muster {
 
-absl::StatusOr<LearningRates> LearningRates::For(
-    const Options& options, std::vector<torch::optim::Optimizer*> optimizers) {
+absl::StatusOr<LearningRates> LearningRates::For(const Options& options,
+                                                 const TrainingState& state) {
+  std::vector<torch::optim::Optimizer*> optimizers;
+  for (const TrainingState::Optimizer& o : state.optimizers) optimizers.push_back(o.optimizer);
   LearningRates out(options, std::move(optimizers));
   if (out.optimizers_.empty()) {
     if (options.group_lr_schedule) {

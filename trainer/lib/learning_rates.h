@@ -13,6 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "muster/options.h"
+#include "trainer/checkpoint/training_state.h"
 
 namespace muster {
 
@@ -21,10 +22,9 @@ class LearningRates {
   // Keeps each group's rate at this point (the base of lr_schedule's
   // ratios). INVALID_ARGUMENT when a schedule cannot apply: a
   // group_lr_schedule without an optimizer, or lr_schedule over several
-  // groups whose first rate is 0. `optimizers` may be empty; they must
-  // outlive this object.
-  static absl::StatusOr<LearningRates> For(const Options& options,
-                                           std::vector<torch::optim::Optimizer*> optimizers);
+  // groups whose first rate is 0. `state` may hold no optimizer; its
+  // optimizers must outlive this object.
+  static absl::StatusOr<LearningRates> For(const Options& options, const TrainingState& state);
 
   // Sets the rates of the step at `p` on the optimizer's groups (where a
   // schedule is set) and returns them: each group's rate in effect; without

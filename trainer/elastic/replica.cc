@@ -1,0 +1,148 @@
+#include "trainer/elastic/replica.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <set>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "trainer/checkpoint/state_tensors.h"
+#include "trainer/elastic/state_sync.h"
+
+namespace muster {
+
+namespace {
+
+// Named modules or several optimizers: a step may hold several passes.
+bool HasSeveralPasses(const TrainingState& state) {
+  return state.optimizers.size() > 1 ||
+         std::any_of(state.modules.begin(), state.modules.end(),
+                     [](const TrainingState::Module& m) { return !m.name.empty(); });
+}
+
+}  // namespace
+
+Replica::Replica(TrainingState state, ReplicaOptions options)
+    : state_(std::move(state)), options_(options), several_passes_(HasSeveralPasses(state_)) {
+  if (!options_.broadcast_buffers) return;
+  std::vector<torch::nn::Module*> modules;
+  for (const TrainingState::Module& m : state_.modules) modules.push_back(m.module);
+  buffers_ = std::make_unique<BufferSync>(BufferSync::HoldersOf(modules));
+}
+
+Replica::~Replica() { Close(); }
+
+void Replica::Close() {
+  current_ = nullptr;
+  syncs_.clear();  // their threads stop before the state they read goes
+}
+
+void Replica::PublishTo(StateServer* server, int64_t step, uint64_t generation,
+                        const std::string& member) const {
+  if (server == nullptr || !server->Wanted(step)) return;
+  absl::StatusOr<std::string> image = EncodeSafetensors(
+      state_.Model(),
+      {{"format", "muster"}, {"step", std::to_string(step)}, {"member", member}});
+  if (!image.ok()) {
+    MUSTER_LOG(WARNING) << "state of step " << step << " not published: " << image.status();
+    return;
+  }
+  server->Publish(step, generation, std::move(*image));
+}
+
+absl::StatusOr<GradientSync*> Replica::SyncFor(const std::vector<std::string>& modules) {
+  std::set<std::string> wanted(modules.begin(), modules.end());
+  const std::string key = absl::StrJoin(wanted, ",");
+  if (auto it = syncs_.find(key); it != syncs_.end()) return it->second.get();
+  std::vector<torch::Tensor> params;
+  std::vector<std::string> known;
+  const bool all = wanted.empty();
+  for (const TrainingState::Module& m : state_.modules) {
+    if (!m.name.empty()) known.push_back(m.name);
+    if (!all && wanted.erase(m.name) == 0) continue;
+    for (const torch::Tensor& p : m.module->parameters()) {
+      if (p.requires_grad()) params.push_back(p);
+    }
+  }
+  if (!wanted.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("BeforeBackwardFor: no module '", *wanted.begin(), "' in State::modules (",
+                     absl::StrJoin(known, ", "), ")"));
+  }
+  if (params.empty() && !modules.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "BeforeBackwardFor: no parameter of ", key, " requires grad: nothing to reduce"));
+  }
+  GradientSyncOptions so;
+  so.bucket_bytes = options_.bucket_bytes;
+  so.overlap = options_.overlap;
+  so.clock = options_.clock;
+  auto sync = std::make_unique<GradientSync>(std::move(params), comm_, so);
+  GradientSync* out = sync.get();
+  syncs_[key] = std::move(sync);
+  if (current_ == nullptr) current_ = out;
+  return out;
+}
+
+void Replica::BeginPass(GradientSync* sync, bool reduce, const ControlWords& control,
+                        absl::Duration timeout, bool step_begins) {
+  if (step_begins || sync != current_) sync->SetTimeout(timeout);
+  current_ = sync;
+  current_->Begin(reduce, control.ToArray());
+}
+
+absl::Status Replica::FinishPass(absl::Time deadline, const std::function<void()>& turn) {
+  const absl::Time backward_end = options_.clock->Now();
+  MUSTER_RETURN_IF_ERROR(current_->Finish(deadline, turn));
+  const double comm_s = current_->last_stats().comm_seconds;
+  comm_total_ += comm_s;
+  const double since_backward = absl::ToDoubleSeconds(options_.clock->Now() - backward_end);
+  hidden_total_ += std::max(0.0, comm_s - since_backward);
+  return absl::OkStatus();
+}
+
+double Replica::overlap_pct() const {
+  return comm_total_ > 0 ? 100.0 * hidden_total_ / comm_total_ : 0;
+}
+
+void Replica::DropGradients() {
+  for (const TrainingState::Optimizer& o : state_.optimizers) o.optimizer->zero_grad();
+  for (const TrainingState::Module& m : state_.modules) m.module->zero_grad();
+}
+
+absl::Status Replica::SyncBuffers(Communicator* comm, absl::Time deadline) {
+  if (!buffers_ || buffers_->empty()) return absl::OkStatus();
+  return buffers_->Sync(comm, /*root=*/0, deadline);
+}
+
+void Replica::SettleBuffers() {
+  if (buffers_) buffers_->Settle();
+}
+
+absl::Status Replica::TakeState(int source, Communicator* comm, bool in_step,
+                                TrainingCounters* counters, absl::Time deadline) {
+  bool held = false;
+  MUSTER_RETURN_IF_ERROR(SyncStateFrom(source, comm, state_, counters, deadline, in_step, &held));
+  // The buffers the transfer left out come from the source at the boundary.
+  if (buffers_) buffers_->Owe(held ? source : -1);
+  return absl::OkStatus();
+}
+
+void Replica::UseCommunicator(Communicator* comm) {
+  comm_ = comm;
+  for (auto& [key, sync] : syncs_) sync->SetCommunicator(comm);
+}
+
+absl::StatusOr<WorldChanges::ControlAverages> Replica::ResyncGradients(
+    Communicator* comm, bool contribute, int contributors, const ControlWords& words,
+    absl::Time deadline) {
+  MUSTER_RETURN_IF_ERROR(
+      current_->Resync(comm, contribute, contributors, words.ToArray(), deadline));
+  return current_->control();
+}
+
+}  // namespace muster

@@ -1,0 +1,111 @@
+// Replica: this rank's copy of the model and what a step or a change of
+// world does to it. It holds the training state (the modules and
+// optimizers, checkpoint/training_state.h), the gradient syncs of its
+// passes (one per set of modules a pass reduces, made on first use:
+// ddp/gradient_sync.h), and the sync of the buffers a forward changes
+// (ddp/buffer_sync.h, with Options::broadcast_buffers). As
+// WorldChanges::Tensors it carries out a world change's moves on the
+// tensors: the state transfer (state_sync.h), the failed step's gradients
+// reduced again, the move to a new communicator.
+//
+// Not thread-safe: the training thread's.
+#ifndef MUSTER_TRAINER_ELASTIC_REPLICA_H_
+#define MUSTER_TRAINER_ELASTIC_REPLICA_H_
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/clock.h"
+#include "trainer/checkpoint/training_state.h"
+#include "trainer/ddp/buffer_sync.h"
+#include "trainer/ddp/gradient_sync.h"
+#include "trainer/elastic/state_server.h"
+#include "trainer/elastic/world_changes.h"
+
+namespace muster {
+
+struct ReplicaOptions {
+  size_t bucket_bytes = 25u << 20;
+  bool overlap = true;  // GradientSyncOptions::overlap
+  // Sync the buffers a forward changed at each step boundary (BufferSync).
+  bool broadcast_buffers = false;
+  // The syncs' deadlines and timings; required, not owned.
+  Clock* clock = nullptr;
+};
+
+class Replica : public WorldChanges::Tensors {
+ public:
+  Replica(TrainingState state, ReplicaOptions options);
+  ~Replica() override;
+  Replica(const Replica&) = delete;
+  Replica& operator=(const Replica&) = delete;
+
+  const TrainingState& state() const { return state_; }
+  // Named modules or several optimizers: a step may hold several passes.
+  bool several_passes() const { return several_passes_; }
+  // The gradient syncs end (their threads stop); nothing reduces after.
+  void Close();
+
+  // The gradient sync of the named modules' parameters that require grad
+  // (all modules: none named), made on first use. INVALID_ARGUMENT for a
+  // name that is no module, or modules with nothing to reduce.
+  absl::StatusOr<GradientSync*> SyncFor(const std::vector<std::string>& modules);
+  // A pass begins with `sync`, reducing (`reduce`) or accumulating, its
+  // all-reduce carrying `control`. The buckets' deadline becomes `timeout`
+  // when the step begins (`step_begins`) or the pass changes syncs.
+  void BeginPass(GradientSync* sync, bool reduce, const ControlWords& control,
+                 absl::Duration timeout, bool step_begins);
+  // After the pass's backward: waits for its reduction (GradientSync::Finish)
+  // and counts how much of it was hidden behind backward.
+  absl::Status FinishPass(absl::Time deadline, const std::function<void()>& turn);
+  // The control words of the last pass, averaged over the world.
+  WorldChanges::ControlAverages control() const { return current_->control(); }
+  // Percent of the reductions' time hidden behind backward, since the start.
+  double overlap_pct() const;
+  // Every gradient zeroed (a step dropped).
+  void DropGradients();
+  // The weights after `step` to `server` (what muster pull-weights
+  // fetches), as safetensors with the step and `member` in its metadata,
+  // when someone asked for them (StateServer::Wanted). A failed encoding
+  // is logged; training goes on.
+  void PublishTo(StateServer* server, int64_t step, uint64_t generation,
+                 const std::string& member) const;
+
+  // Collective: the buffers a forward changed, from rank 0, at the step
+  // boundary (BufferSync::Sync); OK when none are synced.
+  absl::Status SyncBuffers(Communicator* comm, absl::Time deadline);
+  // A state transfer made every rank's buffers equal.
+  void SettleBuffers();
+
+  // WorldChanges::Tensors.
+  absl::Status TakeState(int source, Communicator* comm, bool in_step,
+                         TrainingCounters* counters, absl::Time deadline) override;
+  void UseCommunicator(Communicator* comm) override;
+  absl::StatusOr<WorldChanges::ControlAverages> ResyncGradients(Communicator* comm,
+                                                                bool contribute,
+                                                                int contributors,
+                                                                const ControlWords& words,
+                                                                absl::Time deadline) override;
+
+ private:
+  const TrainingState state_;
+  const ReplicaOptions options_;
+  const bool several_passes_;
+  // One gradient sync per set of modules a pass reduces (by their names,
+  // joined; "" for all), and the one of the pass under way.
+  std::map<std::string, std::unique_ptr<GradientSync>> syncs_;
+  GradientSync* current_ = nullptr;
+  Communicator* comm_ = nullptr;
+  std::unique_ptr<BufferSync> buffers_;  // null without broadcast_buffers
+  double comm_total_ = 0, hidden_total_ = 0;
+};
+
+}  // namespace muster
+
+#endif  // MUSTER_TRAINER_ELASTIC_REPLICA_H_
