@@ -16,12 +16,12 @@
 #ifndef MUSTER_TRAINER_ELASTIC_BUILD_WATCHDOG_H_
 #define MUSTER_TRAINER_ELASTIC_BUILD_WATCHDOG_H_
 
+#include <atomic>
 #include <condition_variable>
 #include <functional>
 #include <mutex>
 #include <thread>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
 
@@ -42,9 +42,13 @@ class BuildWatchdog {
   void Watch(absl::Time deadline, std::function<bool()> superseded, absl::Duration grace,
              Clock* clock);
 
+  // The destructor sets done_ under mu_ and wakes cv_, so that the watching
+  // thread, which waits on cv_ under mu_, cannot miss it. done_ is atomic
+  // rather than ABSL_GUARDED_BY(mu_): clang's thread-safety analysis cannot
+  // check a std::mutex, and rejects the annotation.
   std::mutex mu_;
   std::condition_variable cv_;
-  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  std::atomic<bool> done_{false};
   std::thread thread_;
 };
 
