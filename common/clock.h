@@ -18,8 +18,12 @@
 // SystemDeadline() right before the call; absl waits take Remaining().
 //
 // Production code uses RealClock; unit tests use FakeClock (fake_clock.h) to
-// drive timeouts and clock steps without sleeping. Implementations must be
-// thread-safe.
+// drive timeouts and clock steps without sleeping. Clocks are given, not
+// fetched: an object takes the Clock* of whoever composes it (an options
+// field or a parameter, required and not owned); only the composition roots
+// (each program's main, Distributed::Start, CoordinatorServer::Start,
+// RunAgent) take the process's RealClock (tests/clock_test.sh).
+// Implementations must be thread-safe.
 #ifndef MUSTER_COMMON_CLOCK_H_
 #define MUSTER_COMMON_CLOCK_H_
 
@@ -46,20 +50,19 @@ class RealClock : public Clock {
  public:
   absl::Time Now() override;
   absl::Time WallNow() override;
-  // A process-wide instance; never destroyed.
+  // A process-wide instance; never destroyed. For composition roots only.
   static RealClock* Get();
 };
 
 // How long until `deadline`, a time of `clock->Now()`; zero once it passed
 // (never negative), infinite for absl::InfiniteFuture().
-absl::Duration Remaining(absl::Time deadline, Clock* clock = RealClock::Get());
+absl::Duration Remaining(absl::Time deadline, Clock* clock);
 
 // `deadline`, a time of `clock->Now()`, as a wall time point for APIs that
 // take one: system_clock::now() + Remaining(deadline, clock). Convert right
 // before the call (a wall step after it moves the point). An infinite
 // deadline gives time_point::max().
-std::chrono::system_clock::time_point SystemDeadline(absl::Time deadline,
-                                                     Clock* clock = RealClock::Get());
+std::chrono::system_clock::time_point SystemDeadline(absl::Time deadline, Clock* clock);
 
 }  // namespace muster
 

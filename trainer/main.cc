@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
+#include "common/clock.h"
 #include "common/flag_names.h"
 #include "common/lines.h"
 #include "common/logging.h"
@@ -255,7 +256,7 @@ int Run() {
                    << ", gradient compression "
                    << muster::GradientCompressionName(o->library.gradient_compression)
                    << ", device " << absl::GetFlag(FLAGS_device);
-  absl::StatusOr<muster::TrainResult> result = muster::RunTraining(*o);
+  absl::StatusOr<muster::TrainResult> result = muster::RunTraining(*o, muster::RealClock::Get());
   if (!result.ok()) {
     std::cerr << "muster-train: " << result.status() << "\n";
     if (absl::IsInvalidArgument(result.status())) return kExitConfig;

@@ -113,7 +113,7 @@ int RunCheckpointBench() {
   BigState model(int64_t{state_mb} * 1'000'000 / 4 / 2, device);
   torch::optim::SGD optimizer(model.parameters(), torch::optim::SGDOptions(1e-9).momentum(0.9));
   for (auto& p : model.parameters()) p.mutable_grad() = torch::ones_like(p);
-  Checkpointer ckpt(dir, model, optimizer);
+  Checkpointer ckpt(dir, model, optimizer, RealClock::Get());
   auto step = [&] {
     ckpt.BeforeUpdate();
     optimizer.step();

@@ -20,6 +20,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "common/clock.h"
 #include "tests/bench/process_stats.h"
 #include "trainer/client/coordinator_store.h"
 #include "trainer/comm/factory.h"
@@ -266,6 +267,7 @@ int RunCommWorker() {
   co.member_id = absl::GetFlag(FLAGS_member);
   co.node = absl::GetFlag(FLAGS_node);
   co.local_rank = static_cast<uint32_t>(absl::GetFlag(FLAGS_local_rank));
+  co.clock = RealClock::Get();
   if (!absl::GetFlag(FLAGS_token_file).empty()) {
     std::ifstream in(absl::GetFlag(FLAGS_token_file));
     std::getline(in, co.token);
@@ -307,6 +309,7 @@ int RunCommWorker() {
   CommOptions options;
   options.backend = *backend;
   options.job = absl::GetFlag(FLAGS_job);
+  options.clock = RealClock::Get();
   // Where the coordinator sees this worker: loopback, or its lab host's
   // address (allreduce --lab-rate).
   options.gloo.observed_host = client->observed_host();

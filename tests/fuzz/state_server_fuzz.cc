@@ -59,7 +59,7 @@ bool Eventually(F done, absl::Duration limit) {
 class Harness {
  public:
   Harness() {
-    auto server = StateServer::Start({"127.0.0.1:0", kToken, {}, kMemberId});
+    auto server = StateServer::Start({"127.0.0.1:0", kToken, {}, kMemberId, RealClock::Get()});
     if (!server.ok()) Fail(server.status().ToString());
     server_ = *std::move(server);
     auto channel = MakeChannel(absl::StrCat("127.0.0.1:", server_->port()), {});

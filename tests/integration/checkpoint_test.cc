@@ -53,7 +53,7 @@ std::vector<TrainResult> RunJob(int world, const TrainOptions& base) {
       TrainOptions o = base;
       o.library.node_id = "node0";
       o.library.local_rank = i;
-      auto r = RunTraining(o);
+      auto r = RunTraining(o, RealClock::Get());
       ASSERT_TRUE(r.ok()) << r.status();
       out[r->rank] = std::move(*r);
     });
@@ -330,7 +330,7 @@ TEST_P(OptimizerStateTest, ItsStateCheckpointsAndTheResumedRunIsBitIdentical) {
   for (int i = 0; i < 3; ++i) Step(a, *oa, i);
   std::vector<FileReport> files;
   {
-    Checkpointer writer(dir, TrainingState::Of(a.ptr().get(), oa.get()));
+    Checkpointer writer(dir, TrainingState::Of(a.ptr().get(), oa.get()), RealClock::Get());
     CheckpointMeta meta;
     meta.step = 3;
     ASSERT_TRUE(writer

@@ -45,6 +45,7 @@ TEST_P(AbortTest, BlockedCollectiveReturnsSoonAfterAbortAndRebuildsWithoutLeaks)
   const int w = static_cast<int>(split.size());
   CommOptions o;
   o.backend = backend;
+  o.clock = RealClock::Get();
   std::vector<int> fds, threads;
   // The first round warms up gRPC and Gloo. gRPC's own thread pool then
   // grows and shrinks by a few threads from round to round, so a leak is told
@@ -149,6 +150,7 @@ TEST(ShmBuildTest, AMemberAttachingToAnOverGenerationGivesUpWithAborted) {
     co.member_id = absl::StrCat("m", i);
     co.node = "node0";
     co.local_rank = static_cast<uint32_t>(i);
+    co.clock = RealClock::Get();
     auto client = std::move(CoordinatorClient::Create(co)).value();
     EXPECT_TRUE(client->Join(0, RealClock::Get()->Now() + absl::Seconds(10)).ok());
     EXPECT_TRUE(client->StartSession([](const SessionNotice&) {}).ok());
@@ -167,6 +169,7 @@ TEST(ShmBuildTest, AMemberAttachingToAnOverGenerationGivesUpWithAborted) {
   CommOptions o;
   o.backend = Backend::kShm;
   o.job = absl::StrCat("over", ::getpid());
+  o.clock = RealClock::Get();
   auto store = NewCoordinatorStore(m0.get(), w0->generation);
   absl::StatusOr<std::unique_ptr<Communicator>> built;
   const absl::Time start = RealClock::Get()->Now();

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/clock.h"
 #include "common/status_macros.h"
 #include "tests/integration/comm_world.h"
 
@@ -48,6 +49,7 @@ absl::Status CommHarness::Run(const CommOptions& options,
       co.member_id = absl::StrCat("m", i);
       co.node = absl::StrCat("node", split_[i]);
       co.local_rank = static_cast<uint32_t>(i);
+      co.clock = RealClock::Get();
       auto client = CoordinatorClient::Create(co);
       if (!client.ok()) return fail(client.status());
       rc.client = std::move(*client);
@@ -64,6 +66,7 @@ absl::Status CommHarness::Run(const CommOptions& options,
       o.job = job_;
       o.check_buffers = true;  // every buffer handed over must be in the declared memory
       o.gloo.hostname = "127.0.0.1";
+      o.clock = RealClock::Get();
       auto comm = BuildCommunicator(rc.world, rc.store.get(), o, deadline);
       if (!comm.ok()) return fail(comm.status());
       rc.comm = std::move(*comm);

@@ -32,7 +32,9 @@ class CommHarness {
   ~CommHarness();
 
   // Joins every member, forms the world and builds every communicator with
-  // `options`, then runs `body` on one thread per member and joins them.
+  // `options` (clients and communicators on RealClock, whatever
+  // options.clock says), then runs `body` on one thread per member and
+  // joins them.
   // Returns the first error of setup (bodies report through gtest).
   absl::Status Run(const CommOptions& options,
                    const std::function<void(RankContext&)>& body);

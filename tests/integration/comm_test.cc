@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/clock.h"
 #include "tests/integration/comm_harness.h"
 #include "trainer/comm/forwarding.h"
 #include "trainer/comm/reduce.h"
@@ -182,6 +183,7 @@ TEST(NodeCommKeepTest, ANodeKeepsItsCommunicatorOnlyWhenEveryRankOfItMay) {
   CommOptions o;
   o.backend = Backend::kHier;
   o.gloo.hostname = "127.0.0.1";
+  o.clock = RealClock::Get();  // the next world's build below
   std::vector<int> node_of(4, -1);
   std::vector<std::atomic<bool>> destroyed(4);
   ASSERT_TRUE(h.Run(o, [&](RankContext& rc) {
@@ -311,7 +313,7 @@ std::map<std::string, Reused> ReuseAfterALoss(int fail_at,
     const WorldInfo next = WithoutLocal(rc.world, 1);
     auto node_store = NewPrefixStore(rc.store.get(), absl::StrCat("next/node", next.node_rank()));
     auto comm = ReuseNodeCommunicator(&kept, next, node_store.get(),
-                                      absl::Now() + absl::Seconds(30));
+                                      absl::Now() + absl::Seconds(30), RealClock::Get());
     ASSERT_TRUE(comm.ok()) << comm.status();
     EXPECT_EQ(kept.comm, nullptr) << "consumed";
     by_rank[rank].size = *comm == nullptr ? 0 : (*comm)->size();

@@ -510,6 +510,7 @@ TEST_F(ProcessTest, AMemberThatMissedAGenerationFetchesTheWholeWorldAndGoesOn) {
     c.member_id = id;
     c.node = id[0] == 'c' ? "n1" : "n0";
     c.local_rank = id[0] == 'b' ? 1 : 0;
+    c.clock = RealClock::Get();
     m.push_back(std::move(CoordinatorClient::Create(c)).value());
     ASSERT_TRUE(m.back()->Join(0, in(absl::Seconds(10))).ok());
     ASSERT_TRUE(m.back()->StartSession([](const SessionNotice&) {}).ok());

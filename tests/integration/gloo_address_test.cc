@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "absl/time/clock.h"
+#include "common/clock.h"
 #include "trainer/comm/gloo/gloo_communicator.h"
 
 namespace muster {
@@ -86,6 +87,7 @@ TEST(GlooAddressTest, TheCoordinatorsViewComesAfterTheConfiguredAddressAndBefore
 TEST(GlooAddressTest, GlooGetsAClearErrorInsteadOfAnUnresolvableName) {
   GlooOptions o;
   o.hostname = kNowhere;
+  o.clock = RealClock::Get();
   auto refused = NewGlooCommunicator(nullptr, 0, 1, o, absl::Now() + absl::Seconds(5));
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
   o.single_host = true;

@@ -36,6 +36,7 @@ ClientOptions TrainerOptions(const std::string& target, const std::string& agent
   c.node = "n0";
   c.local_rank = local_rank;
   c.session_via = agent;
+  c.clock = RealClock::Get();
   return c;
 }
 

@@ -19,7 +19,8 @@ namespace {
 class StateServerTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    server_ = std::move(StateServer::Start({"127.0.0.1:0", "job-token", {}, "n/1"})).value();
+    StateServerOptions o{"127.0.0.1:0", "job-token", {}, "n/1", RealClock::Get()};
+    server_ = std::move(StateServer::Start(o)).value();
     stub_ = v1::State::NewStub(
         *MakeChannel("127.0.0.1:" + std::to_string(server_->port()), {}));
   }

@@ -46,7 +46,7 @@ std::vector<TrainResult> Train(int world, int nodes, int batch, size_t bucket_by
       o.library.intra_op_threads = 1;
       o.library.quiet = true;
       o.library.handle_signals = false;  // ranks are threads
-      auto r = RunTraining(o);
+      auto r = RunTraining(o, RealClock::Get());
       ASSERT_TRUE(r.ok()) << r.status();
       results[r->rank] = std::move(*r);
     });

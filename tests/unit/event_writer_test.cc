@@ -6,6 +6,8 @@
 
 #include <gtest/gtest.h>
 
+#include "common/fake_clock.h"
+
 namespace muster {
 namespace {
 
@@ -17,7 +19,8 @@ TEST(EventWriterTest, RecordsAreFramedWithValidChecksums) {
   const std::string dir = ::testing::TempDir();
   std::string path;
   {
-    auto w = EventWriter::Create(dir);
+    FakeClock clock;
+    auto w = EventWriter::Create(dir, &clock);
     ASSERT_TRUE(w.ok()) << w.status();
     (*w)->Scalar("train/loss", 0.5f, 3, 1700000000.0);
     path = (*w)->path();
@@ -42,6 +45,16 @@ TEST(EventWriterTest, RecordsAreFramedWithValidChecksums) {
   EXPECT_EQ(pos, bytes.size());
   EXPECT_EQ(records, 2);  // file version + one scalar
   EXPECT_NE(bytes.find("train/loss"), std::string::npos);
+}
+
+// The file is named for the given clock's wall time, a record.
+TEST(EventWriterTest, TheFileNameCarriesTheClocksWallTime) {
+  FakeClock clock(absl::FromUnixSeconds(1'600'000'000));
+  clock.StepWall(absl::Seconds(42));  // the wall reading, not Now()
+  auto w = EventWriter::Create(::testing::TempDir(), &clock);
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_NE((*w)->path().find("/events.out.tfevents.1600000042."), std::string::npos)
+      << (*w)->path();
 }
 
 }  // namespace

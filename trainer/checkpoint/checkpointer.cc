@@ -12,7 +12,6 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/clock.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "trainer/checkpoint/safetensors.h"
@@ -27,14 +26,14 @@ std::string BaseName(const std::string& path) { return path.substr(path.rfind('/
 
 }  // namespace
 
-Checkpointer::Checkpointer(std::string dir, TrainingState state, FileSystem* fs)
-    : dir_(std::move(dir)), state_(std::move(state)), fs_(fs) {
+Checkpointer::Checkpointer(std::string dir, TrainingState state, Clock* clock, FileSystem* fs)
+    : dir_(std::move(dir)), state_(std::move(state)), clock_(clock), fs_(fs) {
   writer_ = std::thread([this] { WriterLoop(); });
 }
 
 Checkpointer::Checkpointer(std::string dir, torch::nn::Module& model,
-                           torch::optim::Optimizer& optimizer, FileSystem* fs)
-    : Checkpointer(std::move(dir), TrainingState::Of(&model, &optimizer), fs) {}
+                           torch::optim::Optimizer& optimizer, Clock* clock, FileSystem* fs)
+    : Checkpointer(std::move(dir), TrainingState::Of(&model, &optimizer), clock, fs) {}
 
 Checkpointer::~Checkpointer() {
   {
@@ -109,10 +108,10 @@ void Checkpointer::CopyIntoArena(const FileTensors& files,
 }
 
 absl::Status Checkpointer::Snapshot(const CheckpointMeta& meta, Done done) {
-  const absl::Time asked = RealClock::Get()->Now();
+  const absl::Time asked = clock_->Now();
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [this] { return !busy_; });
-  const absl::Time start = RealClock::Get()->Now();
+  const absl::Time start = clock_->Now();
   backlog_seconds_ = absl::ToDoubleSeconds(start - asked);
   torch::NoGradGuard no_grad;
   FileTensors files = {
@@ -147,7 +146,7 @@ absl::Status Checkpointer::Snapshot(const CheckpointMeta& meta, Done done) {
   done_ = std::move(done);
   busy_ = true;
   has_job_ = true;
-  blocking_seconds_ = absl::ToDoubleSeconds(RealClock::Get()->Now() - start);
+  blocking_seconds_ = absl::ToDoubleSeconds(clock_->Now() - start);
   cv_.notify_all();
   return absl::OkStatus();
 }
@@ -164,11 +163,11 @@ void Checkpointer::WriterLoop() {
     timing.blocking_seconds = blocking_seconds_;
     timing.backlog_seconds = backlog_seconds_;
     lock.unlock();
-    const absl::Time start = RealClock::Get()->Now();
+    const absl::Time start = clock_->Now();
     timing.copy_seconds = copier_.WaitCopied();
     timing.device_bytes = copier_.device_bytes();
     absl::StatusOr<std::vector<FileReport>> files = Write(meta, &timing.bytes);
-    timing.write_seconds = absl::ToDoubleSeconds(RealClock::Get()->Now() - start);
+    timing.write_seconds = absl::ToDoubleSeconds(clock_->Now() - start);
     if (!files.ok()) {
       MUSTER_LOG(WARNING) << "checkpoint of step " << meta.step << " failed: " << files.status();
       fs_->RemoveAll(StepDir(meta.step)).IgnoreError();

@@ -38,6 +38,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "common/checkpoint_manifest.h"
+#include "common/clock.h"
 #include "common/file_system.h"
 #include "trainer/checkpoint/device_copy.h"
 #include "trainer/checkpoint/training_state.h"
@@ -63,10 +64,13 @@ class Checkpointer {
  public:
   using Done = std::function<void(absl::StatusOr<std::vector<FileReport>>, CheckpointTiming)>;
 
-  // What `state` points to must outlive the checkpointer.
-  Checkpointer(std::string dir, TrainingState state, FileSystem* fs = DefaultFileSystem());
-  Checkpointer(std::string dir, torch::nn::Module& model, torch::optim::Optimizer& optimizer,
+  // What `state` points to must outlive the checkpointer. `clock` times
+  // the snapshots and the writes (CheckpointTiming); required, not owned,
+  // must outlive the checkpointer.
+  Checkpointer(std::string dir, TrainingState state, Clock* clock,
                FileSystem* fs = DefaultFileSystem());
+  Checkpointer(std::string dir, torch::nn::Module& model, torch::optim::Optimizer& optimizer,
+               Clock* clock, FileSystem* fs = DefaultFileSystem());
   ~Checkpointer();
 
   // Copies the state of `meta.step` to host memory and returns; `done` runs
@@ -103,6 +107,7 @@ class Checkpointer {
 
   const std::string dir_;
   const TrainingState state_;
+  Clock* const clock_;
   FileSystem* const fs_;
 
   std::mutex mu_;

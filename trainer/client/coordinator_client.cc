@@ -26,14 +26,16 @@ namespace muster {
 
 // One session stream, shared by its reader and its heartbeat thread.
 struct CoordinatorClient::OpenSession {
-  explicit OpenSession(
-      std::unique_ptr<grpc::ClientReaderWriter<v1::SessionRequest, v1::SessionEvent>> s)
-      : stream(std::move(s)) {}
+  // `now`: the client's clock's Now() as the stream opens.
+  OpenSession(std::unique_ptr<grpc::ClientReaderWriter<v1::SessionRequest, v1::SessionEvent>> s,
+              absl::Time now)
+      : stream(std::move(s)), heard_ms(absl::ToUnixMillis(now)) {}
   std::unique_ptr<grpc::ClientReaderWriter<v1::SessionRequest, v1::SessionEvent>> stream;
   bool write_ok = false;  // hello went out; set before the heartbeats start
   std::atomic<bool> done{false};
-  // When the stream last carried an event: monotonic ms (RealClock Now).
-  std::atomic<int64_t> heard_ms{absl::ToUnixMillis(RealClock::Get()->Now())};
+  // When the stream last carried an event: monotonic ms (the client's
+  // clock's Now()).
+  std::atomic<int64_t> heard_ms;
   absl::Mutex write_mu;  // Write and Finish
 };
 
@@ -104,6 +106,9 @@ absl::Status CheckWorld(const WorldInfo& w, const std::string& me) {
 
 absl::StatusOr<std::unique_ptr<CoordinatorClient>> CoordinatorClient::Create(
     ClientOptions options) {
+  if (options.clock == nullptr) {
+    return absl::InvalidArgumentError("ClientOptions::clock is required");
+  }
   if (options.incarnation == 0) {
     absl::BitGen gen;
     options.incarnation = absl::Uniform<uint64_t>(gen, 1, UINT64_MAX);
@@ -150,7 +155,7 @@ absl::Status CoordinatorClient::Retry(absl::Time deadline,
     if (absl::IsCancelled(s) && !stopping_) s = absl::UnavailableError(s.message());
     if (!absl::IsUnavailable(s)) return s;
     const absl::Duration wait = backoff.Next();
-    if (RealClock::Get()->Now() + wait >= deadline || stopping_) {
+    if (options_.clock->Now() + wait >= deadline || stopping_) {
       return absl::DeadlineExceededError(
           absl::StrCat("coordinator unreachable until the deadline: ", s.message()));
     }
@@ -162,7 +167,7 @@ absl::Status CoordinatorClient::Retry(absl::Time deadline,
     impl_->Refresh();
     std::shared_ptr<grpc::Channel> channel = impl_->coordinator->get();
     if (channel->GetState(/*try_to_connect=*/true) != GRPC_CHANNEL_READY) {
-      channel->WaitForConnected(SystemDeadline(RealClock::Get()->Now() + wait));
+      channel->WaitForConnected(SystemDeadline(options_.clock->Now() + wait, options_.clock));
     } else {
       absl::SleepFor(wait);
     }
@@ -172,11 +177,11 @@ absl::Status CoordinatorClient::Retry(absl::Time deadline,
 #define MUSTER_CONTEXT(ctx, deadline)                                   \
   grpc::ClientContext ctx;                                              \
   AttachToken(&ctx, options_.token);                                    \
-  ctx.set_deadline(SystemDeadline(deadline))
+  ctx.set_deadline(SystemDeadline(deadline, options_.clock))
 
 absl::Status CoordinatorClient::Join(int64_t step, absl::Time deadline) {
   return Retry(deadline, [&](absl::Time d) {
-    MUSTER_CONTEXT(ctx, std::min(d, RealClock::Get()->Now() + absl::Seconds(10)));
+    MUSTER_CONTEXT(ctx, std::min(d, options_.clock->Now() + absl::Seconds(10)));
     v1::JoinRequest req;
     *req.mutable_member() = Ref(options_);
     req.set_node(options_.node);
@@ -233,7 +238,7 @@ void CoordinatorClient::SessionLoop(std::function<void(const SessionNotice&)> on
     // reattaches without joining again. (One that forgot it ends the
     // session with NOT_FOUND, and the member joins before the next.)
     if (impl_->agent_stub != nullptr && absl::IsUnavailable(s)) continue;
-    absl::Status rejoin = Join(step_, RealClock::Get()->Now() + absl::Seconds(30));
+    absl::Status rejoin = Join(step_, options_.clock->Now() + absl::Seconds(30));
     if (absl::IsAborted(rejoin)) {
       SessionNotice n;
       n.kind = SessionNotice::Kind::kSessionLost;
@@ -258,7 +263,7 @@ absl::Status CoordinatorClient::RunSession(
   }
   // The stub (and its channel) must outlive the stream.
   const std::shared_ptr<v1::Coordinator::Stub> stub = impl_->SessionStub();
-  OpenSession session(stub->Session(&ctx));
+  OpenSession session(stub->Session(&ctx), options_.clock->Now());
   // A new stream goes where the address file points now; a coordinator
   // restarted on a new state dir counts epochs from 1 again.
   epoch_ = 0;
@@ -276,7 +281,7 @@ absl::Status CoordinatorClient::RunSession(
       continue;
     }
     *heard = true;
-    session.heard_ms = absl::ToUnixMillis(RealClock::Get()->Now());
+    session.heard_ms = absl::ToUnixMillis(options_.clock->Now());
     backoff->Reset();
     if (std::optional<SessionNotice> n = Notice(ev)) on_notice(*n);
   }
@@ -304,7 +309,7 @@ void CoordinatorClient::Heartbeats(OpenSession* session, grpc::ClientContext* ct
     first = false;
     if (session->done || stopping_) break;
     const int64_t silent =
-        absl::ToUnixMillis(RealClock::Get()->Now()) - session->heard_ms.load();
+        absl::ToUnixMillis(options_.clock->Now()) - session->heard_ms.load();
     if (silent > absl::ToInt64Milliseconds(SilenceLimit(absl::Milliseconds(heartbeat_ms_.load())))) {
       MUSTER_LOG(WARNING) << "no word from the coordinator for " << silent << " ms; reconnecting";
       ctx->TryCancel();
@@ -364,7 +369,7 @@ absl::StatusOr<WorldInfo> CoordinatorClient::Rendezvous(uint64_t after, int64_t 
     req.set_step(step);
     req.set_takes_delta(true);
     req.set_timeout_ms(static_cast<uint32_t>(
-        std::max<int64_t>(1, absl::ToInt64Milliseconds(Remaining(d)))));
+        std::max<int64_t>(1, absl::ToInt64Milliseconds(Remaining(d, options_.clock)))));
     if (broken != nullptr) {
       v1::BrokenWorld* b = req.mutable_broken();
       b->set_generation(after);
@@ -452,7 +457,7 @@ absl::StatusOr<WorldInfo> CoordinatorClient::FetchWorld(const v1::World& answere
 }
 
 absl::Status CoordinatorClient::Leave(bool finished, int64_t step) {
-  return Retry(RealClock::Get()->Now() + absl::Seconds(10), [&](absl::Time d) {
+  return Retry(options_.clock->Now() + absl::Seconds(10), [&](absl::Time d) {
     MUSTER_CONTEXT(ctx, d);
     v1::LeaveRequest req;
     *req.mutable_member() = Ref(options_);
@@ -485,7 +490,7 @@ absl::StatusOr<std::vector<std::string>> CoordinatorClient::KvWait(
     req.set_generation(generation);
     for (const std::string& k : keys) req.add_keys(k);
     req.set_wait_ms(static_cast<uint32_t>(
-        std::clamp<int64_t>(absl::ToInt64Milliseconds(Remaining(d)), 1, 600'000)));
+        std::clamp<int64_t>(absl::ToInt64Milliseconds(Remaining(d, options_.clock)), 1, 600'000)));
     return FromGrpcStatus(impl_->Stub()->KvGet(&ctx, req, &resp));
   }));
   return std::vector<std::string>(resp.values().begin(), resp.values().end());
@@ -514,7 +519,7 @@ absl::Status CoordinatorClient::Barrier(uint64_t generation, const std::string& 
     *req.mutable_member() = Ref(options_);
     req.set_name(name);
     req.set_timeout_ms(static_cast<uint32_t>(
-        std::clamp<int64_t>(absl::ToInt64Milliseconds(Remaining(d)), 1, 600'000)));
+        std::clamp<int64_t>(absl::ToInt64Milliseconds(Remaining(d, options_.clock)), 1, 600'000)));
     v1::BarrierResponse resp;
     return FromGrpcStatus(impl_->Stub()->Barrier(&ctx, req, &resp));
   });

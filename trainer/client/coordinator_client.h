@@ -2,7 +2,7 @@
 // session stream (heartbeats carrying the step, events pushed down),
 // rendezvous, leave, and the KV store and barriers of a generation.
 //
-// Every call has a deadline, a time of RealClock::Get()->Now(): the
+// Every call has a deadline, a time of ClientOptions::clock's Now(): the
 // monotonic clock (common/clock.h), not the wall clock. Calls answered UNAVAILABLE (the coordinator is
 // restarting or unreachable) are retried with exponential backoff until their
 // deadline; other errors are returned as they are (see the proto for who
@@ -35,6 +35,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "common/backoff.h"
+#include "common/clock.h"
 #include "rpc/tls_files.h"
 #include "trainer/client/training_progress.h"
 #include "trainer/comm/world_info.h"
@@ -74,6 +75,9 @@ struct ClientOptions {
   // fenced member replaces its client while the training thread is inside
   // a call that marks it.
   const TrainingProgress* progress = nullptr;
+  // Deadlines are times of its Now(); it also times the heartbeats' silence
+  // limit. Required, not owned, must outlive the client.
+  Clock* clock = nullptr;
 };
 
 // A session event, as the trainer sees it.
@@ -122,7 +126,7 @@ struct BrokenWorld {
 
 class CoordinatorClient {
  public:
-  // Errors: INVALID_ARGUMENT (bad TLS files).
+  // Errors: INVALID_ARGUMENT (bad TLS files, no clock).
   static absl::StatusOr<std::unique_ptr<CoordinatorClient>> Create(ClientOptions options);
   ~CoordinatorClient();
 

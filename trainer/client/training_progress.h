@@ -25,7 +25,8 @@ namespace muster {
 
 class TrainingProgress {
  public:
-  explicit TrainingProgress(Clock* clock = RealClock::Get()) : clock_(clock) {}
+  // `clock`: times the stalls; required, not owned, must outlive this.
+  explicit TrainingProgress(Clock* clock) : clock_(clock) {}
 
   // The thread made progress now (the first Mark starts the count).
   void Mark() { mark_ms_ = absl::ToUnixMillis(clock_->Now()); }

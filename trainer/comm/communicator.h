@@ -7,9 +7,9 @@
 // device memory of one GPU for NCCL and for the compositions built on it.
 // Handing a communicator a buffer elsewhere is a bug; NewMemoryChecked
 // (checked.h) catches it.
-// Every call takes a deadline, a time of RealClock::Get()->Now() (the
-// monotonic clock, common/clock.h), and returns a Status; nothing blocks
-// forever:
+// Every call takes a deadline, a time of the Now() of the clock the
+// communicator was built with (CommOptions::clock: the monotonic clock,
+// common/clock.h), and returns a Status; nothing blocks forever:
 //   OK                   done; the buffer holds the result on every rank;
 //   DEADLINE_EXCEEDED    the deadline passed (a hung peer);
 //   ABORTED              Abort() was called, or a peer failed or vanished:

@@ -89,6 +89,7 @@ ShmOptions ShmOptionsFor(const WorldInfo& world, const CommOptions& options) {
   shm.generation = world.generation;
   shm.node = world.self.node;
   shm.slot_bytes = options.shm_slot_bytes;
+  shm.clock = options.clock;
   return shm;
 }
 
@@ -104,7 +105,8 @@ absl::StatusOr<std::unique_ptr<Communicator>> BuildIntra(const WorldInfo& world,
   auto node_store = NewPrefixStore(store, absl::StrCat("node", node));
   MUSTER_ASSIGN_OR_RETURN(
       std::unique_ptr<Communicator> same,
-      ReuseNodeCommunicator(kept != nullptr ? kept : &none, world, node_store.get(), deadline));
+      ReuseNodeCommunicator(kept != nullptr ? kept : &none, world, node_store.get(), deadline,
+                            options.clock));
   if (same != nullptr) return same;
   if (options.cuda && world.local_world_size() == 1) {
     // Nothing to reduce inside the node, and no NCCL start-up to pay.
@@ -114,7 +116,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> BuildIntra(const WorldInfo& world,
 #ifdef MUSTER_HAVE_CUDA
     auto s = NewPrefixStore(store, absl::StrCat("nccl/node", node));
     return NewNcclCommunicator(s.get(), world.local_rank(), world.local_world_size(),
-                               options.cuda_device, deadline, options.cuda_stream,
+                               options.cuda_device, deadline, options.clock, options.cuda_stream,
                                /*shrinkable=*/true);
 #else
     return absl::InvalidArgumentError("this build has no CUDA/NCCL support");
@@ -134,6 +136,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> BuildInter(Store* store, int rank,
   GlooOptions gloo = options.gloo;
   gloo.single_host = false;  // one rank per node, nodes elsewhere
   gloo.world_rank = world_rank;
+  gloo.clock = options.clock;
   auto c = NewGlooCommunicator(store, rank, size, gloo, deadline);
   if (!c.ok() || !options.cuda) return c;
 #ifdef MUSTER_HAVE_CUDA
@@ -206,6 +209,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> BuildUnchecked(const WorldInfo& wo
       GlooOptions gloo = options.gloo;
       gloo.single_host = world.node_count <= 1;
       gloo.world_rank = world.rank;
+      gloo.clock = options.clock;
       return CompressedIf(
           NewGlooCommunicator(s.get(), world.rank, world.world_size, gloo, deadline), wire,
           NewHostBufferOps());
@@ -228,9 +232,10 @@ absl::StatusOr<std::unique_ptr<Communicator>> BuildUnchecked(const WorldInfo& wo
         return absl::InvalidArgumentError("the nccl backend needs the GPU (--device cuda)");
       }
       auto s = NewPrefixStore(store, "nccl/world");
-      return CompressedIf(NewNcclCommunicator(s.get(), world.rank, world.world_size,
-                                              options.cuda_device, deadline, options.cuda_stream),
-                          wire, BufferOpsFor(options));
+      return CompressedIf(
+          NewNcclCommunicator(s.get(), world.rank, world.world_size, options.cuda_device,
+                              deadline, options.clock, options.cuda_stream),
+          wire, BufferOpsFor(options));
 #else
       return absl::InvalidArgumentError("this build has no CUDA/NCCL support");
 #endif
@@ -246,6 +251,10 @@ absl::StatusOr<std::unique_ptr<Communicator>> BuildUnchecked(const WorldInfo& wo
 absl::StatusOr<std::unique_ptr<Communicator>> BuildCommunicator(
     const WorldInfo& world, Store* store, const CommOptions& options, absl::Time deadline,
     KeptNodeCommunicator* kept) {
+  if (options.clock == nullptr) {
+    if (kept != nullptr) *kept = {};  // consumed, as promised
+    return absl::InvalidArgumentError("CommOptions::clock is required");
+  }
   auto comm = BuildUnchecked(world, store, options, deadline, kept);
   if (kept != nullptr) *kept = {};  // not a hierarchical world: nothing to keep
   if (!comm.ok() || !options.check_buffers) return comm;

@@ -8,6 +8,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
 #include "muster/backend.h"
 #include "trainer/comm/world_info.h"
 #include "trainer/comm/communicator.h"
@@ -40,6 +41,10 @@ struct CommOptions {
   // (compressed.h). A world of one node is not compressed (nothing crosses
   // nodes; logged once per process).
   GradientCompression gradient_compression = GradientCompression::kNone;
+  // The communicators' deadlines are times of its Now() (every backend's:
+  // BuildCommunicator sets GlooOptions::clock and ShmOptions::clock from
+  // it). Required, not owned, must outlive the communicator.
+  Clock* clock = nullptr;
 };
 
 // $MUSTER_STAGING_CHUNK_KB (KiB, `kib`; null when unset) as
@@ -57,9 +62,10 @@ size_t StagingChunkBytes(const char* kib);
 // `kept`, when given: what the previous world's communicator left
 // (node_comm.h). A hierarchical communicator keeps it as its node-local one
 // when every rank of the node may; either way it is consumed.
+// `deadline` is a time of options.clock's Now().
 // Errors: INVALID_ARGUMENT (backend does not fit the world, e.g. shm across
-// nodes, nccl without CUDA; an unknown gradient_compression), and the
-// backends' errors.
+// nodes, nccl without CUDA; an unknown gradient_compression; no clock), and
+// the backends' errors.
 absl::StatusOr<std::unique_ptr<Communicator>> BuildCommunicator(
     const WorldInfo& world, Store* store, const CommOptions& options, absl::Time deadline,
     KeptNodeCommunicator* kept = nullptr);

@@ -105,12 +105,12 @@ absl::StatusOr<bool> AgreeOnNode(Store* node_store, const WorldInfo& next,
 absl::StatusOr<std::unique_ptr<Communicator>> ReuseNodeCommunicator(KeptNodeCommunicator* kept,
                                                                     const WorldInfo& next,
                                                                     Store* node_store,
-                                                                    absl::Time deadline) {
+                                                                    absl::Time deadline,
+                                                                    Clock* clock) {
   KeptNodeCommunicator mine = std::move(*kept);
   *kept = {};
   NodeCommChoice choice = ChooseNodeComm(mine, next);
   // A shrink that hangs leaves the other half of the time to build.
-  Clock* const clock = RealClock::Get();
   const absl::Time shrink_by = clock->Now() + Remaining(deadline, clock) / 2;
   if (choice.plan == NodeCommPlan::kShrink) {
     // Shrinking is collective: a rank that cannot take part says so first.

@@ -29,6 +29,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
 #include "trainer/comm/communicator.h"
 #include "trainer/comm/store.h"
 #include "trainer/comm/world_info.h"
@@ -77,12 +78,14 @@ absl::StatusOr<bool> AgreeOnNode(Store* node_store, const WorldInfo& next,
 
 // The node-local communicator of `next` made from `*kept` (consumed), kept
 // or shrunk as every rank of the node agrees; null: build one. Every rank
-// of the node calls it, with or without something kept.
+// of the node calls it, with or without something kept. `deadline` is a
+// time of `clock`'s Now() (required, not owned).
 // Errors: the store's.
 absl::StatusOr<std::unique_ptr<Communicator>> ReuseNodeCommunicator(KeptNodeCommunicator* kept,
                                                                     const WorldInfo& next,
                                                                     Store* node_store,
-                                                                    absl::Time deadline);
+                                                                    absl::Time deadline,
+                                                                    Clock* clock);
 
 }  // namespace muster
 

@@ -6,8 +6,9 @@
 // agent restarts it and it takes a live peer's state.
 //
 // Construct it before the build and destroy it after; meanwhile a thread
-// checks every 100 ms. If the build outlives `deadline`, or 10 s past the
-// first moment `superseded()` returned true (a newer world exists), it logs
+// checks every 100 ms. If the build outlives `deadline`, or
+// `superseded_grace` (ElasticWorld: 10 s) past the first moment
+// `superseded()` returned true (a newer world exists), it logs
 // why and calls std::_Exit(kExitCode). `superseded` runs on that thread.
 // Time is `clock`'s monotonic Now(), and `deadline` must be a time of that
 // same clock (a FakeClock in tests: no test sleeps through a deadline); a
@@ -31,9 +32,9 @@ class BuildWatchdog {
  public:
   static constexpr int kExitCode = 70;  // sysexits.h EX_SOFTWARE
 
+  // `clock`: required, not owned, must outlive this.
   BuildWatchdog(absl::Time deadline, std::function<bool()> superseded,
-                absl::Duration superseded_grace = absl::Seconds(10),
-                Clock* clock = RealClock::Get());
+                absl::Duration superseded_grace, Clock* clock);
   ~BuildWatchdog();
   BuildWatchdog(const BuildWatchdog&) = delete;
   BuildWatchdog& operator=(const BuildWatchdog&) = delete;

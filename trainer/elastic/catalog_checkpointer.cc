@@ -13,16 +13,15 @@ namespace {
 
 constexpr absl::Duration kCallTimeout = absl::Seconds(30);
 
-// A CoordinatorClient call's deadline, `timeout` from now on the client's
-// clock (RealClock's monotonic time; options.clock times only the
-// checkpoint interval).
-absl::Time CallDeadline(absl::Duration timeout) { return RealClock::Get()->Now() + timeout; }
+// A CoordinatorClient call's deadline, `timeout` from now on `clock`, the
+// client's.
+absl::Time CallDeadline(Clock* clock, absl::Duration timeout) { return clock->Now() + timeout; }
 
 // Removes the step-<S> directories of checkpoints older than `at_step` that
 // the catalog no longer keeps.
-void ApplyRetention(CoordinatorClient* client, FileSystem* fs, const std::string& dir,
-                    int64_t at_step) {
-  auto kept = client->ListCommitted(CallDeadline(kCallTimeout));
+void ApplyRetention(CoordinatorClient* client, Clock* clock, FileSystem* fs,
+                    const std::string& dir, int64_t at_step) {
+  auto kept = client->ListCommitted(CallDeadline(clock, kCallTimeout));
   auto names = fs->ListDir(dir);
   if (!kept.ok() || !names.ok()) {
     MUSTER_LOG(WARNING) << "retention skipped: " << (kept.ok() ? names.status() : kept.status());
@@ -42,13 +41,13 @@ void ApplyRetention(CoordinatorClient* client, FileSystem* fs, const std::string
 CatalogCheckpointer::CatalogCheckpointer(CatalogCheckpointerOptions options, TrainingState state)
     : options_(std::move(options)),
       fs_(options_.fs != nullptr ? options_.fs : DefaultFileSystem()),
-      checkpointer_(options_.dir, std::move(state), fs_),
-      clock_(options_.clock != nullptr ? options_.clock : RealClock::Get()),
+      checkpointer_(options_.dir, std::move(state), options_.clock, fs_),
+      clock_(options_.clock),
       last_(clock_->Now()) {}
 
 absl::StatusOr<CheckpointMeta> CatalogCheckpointer::Resume(CoordinatorClient* client) {
   MUSTER_ASSIGN_OR_RETURN(std::vector<CatalogEntry> committed,
-                          client->ListCommitted(CallDeadline(absl::Seconds(60))));
+                          client->ListCommitted(CallDeadline(clock_, absl::Seconds(60))));
   for (const CatalogEntry& entry : committed) {
     std::vector<FileReport> files;
     for (const CatalogFile& f : entry.files) files.push_back({f.path, f.bytes, f.xxh3});
@@ -101,21 +100,21 @@ absl::Status CatalogCheckpointer::Take(CoordinatorClient* client, int rank, Chec
   outcome_->Set(absl::OkStatus());
   const int64_t step = meta.step;
   absl::StatusOr<uint64_t> id =
-      client->BeginCheckpoint(meta.generation, step, CallDeadline(call_timeout));
+      client->BeginCheckpoint(meta.generation, step, CallDeadline(clock_, call_timeout));
   if (absl::IsAlreadyExists(id.status())) {  // committed before (a stop right after a resume)
     outcome_->Committed(step);
     return absl::OkStatus();
   }
   absl::Status s = id.status();
   if (s.ok() && rank != 0) {
-    absl::StatusOr<bool> done = client->ReportShard(*id, {}, CallDeadline(call_timeout));
+    absl::StatusOr<bool> done = client->ReportShard(*id, {}, CallDeadline(clock_, call_timeout));
     if (done.ok() && *done) outcome_->Committed(step);
     s = done.status();
   }
   if (s.ok() && rank == 0) {
     s = Write(client, *id, std::move(meta), call_timeout);
     if (!s.ok()) {
-      client->AbortCheckpoint(*id, std::string(s.message()), CallDeadline(call_timeout))
+      client->AbortCheckpoint(*id, std::string(s.message()), CallDeadline(clock_, call_timeout))
           .IgnoreError();
     }
   }
@@ -133,11 +132,12 @@ absl::Status CatalogCheckpointer::Write(CoordinatorClient* client, uint64_t id,
   meta.optimizer = options_.optimizer_name;
   const int64_t step = meta.step;
   return checkpointer_.Snapshot(
-      meta, [client, id, step, call_timeout, fs = fs_, dir = options_.dir, outcome = outcome_](
-                absl::StatusOr<std::vector<FileReport>> files, CheckpointTiming timing) {
+      meta, [client, id, step, call_timeout, clock = clock_, fs = fs_, dir = options_.dir,
+             outcome = outcome_](absl::StatusOr<std::vector<FileReport>> files,
+                                 CheckpointTiming timing) {
         if (!files.ok()) {
           client->AbortCheckpoint(id, std::string(files.status().message()),
-                                  CallDeadline(call_timeout)).IgnoreError();
+                                  CallDeadline(clock, call_timeout)).IgnoreError();
           outcome->Set(absl::Status(files.status().code(),
                                     absl::StrCat("checkpoint of step ", step, " not written: ",
                                                  files.status().message())));
@@ -145,7 +145,8 @@ absl::Status CatalogCheckpointer::Write(CoordinatorClient* client, uint64_t id,
         }
         std::vector<CatalogFile> report;
         for (const FileReport& f : *files) report.push_back({f.path, f.bytes, f.xxh3});
-        absl::StatusOr<bool> done = client->ReportShard(id, report, CallDeadline(call_timeout));
+        absl::StatusOr<bool> done =
+            client->ReportShard(id, report, CallDeadline(clock, call_timeout));
         if (!done.ok()) {
           MUSTER_LOG(WARNING) << "checkpoint of step " << step << " not reported: " << done.status();
           outcome->Set(absl::Status(done.status().code(),
@@ -161,7 +162,7 @@ absl::Status CatalogCheckpointer::Write(CoordinatorClient* client, uint64_t id,
         MUSTER_LOG(INFO) << "checkpoint of step " << step << " written (" << timing.bytes / 1e6
                          << " MB, blocking " << timing.blocking_seconds << " s, write "
                          << timing.write_seconds << " s)";
-        ApplyRetention(client, fs, dir, step);
+        ApplyRetention(client, clock, fs, dir, step);
       });
 }
 
@@ -186,7 +187,7 @@ absl::StatusOr<bool> CatalogCheckpointer::TakeToStop(CoordinatorClient* client,
 
 int64_t CatalogCheckpointer::NewestInCatalog(CoordinatorClient* client) const {
   absl::StatusOr<std::vector<CatalogEntry>> committed =
-      client->ListCommitted(CallDeadline(absl::Seconds(5)));
+      client->ListCommitted(CallDeadline(clock_, absl::Seconds(5)));
   if (committed.ok()) return committed->empty() ? 0 : committed->front().step;
   return std::max<int64_t>(0, newest_committed());
 }

@@ -42,8 +42,9 @@ struct CatalogCheckpointerOptions {
   double interval_seconds = 0;    // 0: not by time
   std::string model_name, optimizer_name;  // recorded in the manifest
   FileSystem* fs = nullptr;       // default: the real file system
-  // Times interval_seconds (monotonic Now()); default: the real clock.
-  // Coordinator calls keep the client's own clock (RealClock).
+  // Times interval_seconds and the writes (monotonic Now()); the catalog
+  // calls' deadlines are times of it too, so it must be the client's
+  // (ClientOptions::clock). Required, not owned, must outlive this.
   Clock* clock = nullptr;
 };
 

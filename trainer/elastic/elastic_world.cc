@@ -24,6 +24,11 @@ bool WorldMovedOn(const absl::Status& s) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ElasticWorld>> ElasticWorld::Connect(ElasticWorldOptions options) {
+  if (options.clock == nullptr || options.client.clock != options.clock ||
+      options.comm.clock != options.clock) {
+    return absl::InvalidArgumentError(
+        "ElasticWorldOptions::clock is required, and client.clock and comm.clock must be it");
+  }
   std::unique_ptr<ElasticWorld> w(new ElasticWorld(std::move(options)));
   MUSTER_RETURN_IF_ERROR(w->Join(w->options_.client.incarnation));
   return w;

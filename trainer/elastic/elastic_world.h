@@ -54,7 +54,9 @@ struct ElasticWorldOptions {
   // Runs before a fenced member rejoins as a new incarnation (the client
   // is replaced); may be empty.
   std::function<void()> before_rejoin;
-  // Deadlines are on its Now(); required, not owned.
+  // Deadlines are on its Now(); required, not owned. The deadlines it sets
+  // go to the client and the communicators, so client.clock and comm.clock
+  // must be this clock.
   Clock* clock = nullptr;
 };
 
@@ -64,8 +66,9 @@ class ElasticWorld : public WorldChanges::Membership {
   // (every rank calls it with the same world). Errors abort the entry.
   using EnterFn = WorldChanges::EnterFn;
 
-  // Creates the client, joins and starts the session. Errors: the client's
-  // (INVALID_ARGUMENT for bad TLS files, UNAVAILABLE, ...).
+  // Creates the client, joins and starts the session. Errors:
+  // INVALID_ARGUMENT (no clock, or client.clock or comm.clock another one),
+  // the client's (INVALID_ARGUMENT for bad TLS files, UNAVAILABLE, ...).
   static absl::StatusOr<std::unique_ptr<ElasticWorld>> Connect(ElasticWorldOptions options);
   ~ElasticWorld() override;
   ElasticWorld(const ElasticWorld&) = delete;

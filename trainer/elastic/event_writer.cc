@@ -8,7 +8,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "common/clock.h"
 #include "common/host_name.h"
 
 namespace muster {
@@ -72,9 +71,10 @@ uint32_t Crc32c(const void* data, size_t n) {
   return c ^ 0xFFFFFFFFu;
 }
 
-absl::StatusOr<std::unique_ptr<EventWriter>> EventWriter::Create(const std::string& dir) {
+absl::StatusOr<std::unique_ptr<EventWriter>> EventWriter::Create(const std::string& dir,
+                                                                 Clock* clock) {
   // The file name and the header carry the wall clock's time (records).
-  const absl::Time wall = RealClock::Get()->WallNow();
+  const absl::Time wall = clock->WallNow();
   const std::string path =
       absl::StrCat(dir, "/events.out.tfevents.", absl::ToUnixSeconds(wall), ".", HostName());
   std::FILE* f = std::fopen(path.c_str(), "wb");

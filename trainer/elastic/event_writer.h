@@ -17,6 +17,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "common/clock.h"
 
 namespace muster {
 
@@ -24,9 +25,11 @@ uint32_t Crc32c(const void* data, size_t n);
 
 class EventWriter {
  public:
-  // Creates DIR/events.out.tfevents.<unix seconds>.<host>. Errors:
-  // UNAVAILABLE when the file cannot be created.
-  static absl::StatusOr<std::unique_ptr<EventWriter>> Create(const std::string& dir);
+  // Creates DIR/events.out.tfevents.<unix seconds>.<host>, the seconds and
+  // the header's wall_time of `clock`'s WallNow() (used only here; not
+  // owned). Errors: UNAVAILABLE when the file cannot be created.
+  static absl::StatusOr<std::unique_ptr<EventWriter>> Create(const std::string& dir,
+                                                             Clock* clock);
   ~EventWriter();
   void Scalar(const std::string& tag, float value, int64_t step, double wall_time);
   void Flush();

@@ -18,18 +18,22 @@ std::string FormatEta(double seconds) {
 }
 
 // The records' wall_time: seconds since the Unix epoch, wall clock.
-double WallSeconds() { return absl::ToUnixMicros(RealClock::Get()->WallNow()) / 1e6; }
+double WallSeconds(Clock* clock) { return absl::ToUnixMicros(clock->WallNow()) / 1e6; }
 
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ProgressReporter>> ProgressReporter::Create(
     ProgressOptions options, int rank) {
+  if (options.clock == nullptr) {
+    return absl::InvalidArgumentError("ProgressOptions::clock is required");
+  }
   std::unique_ptr<ProgressReporter> r(new ProgressReporter(std::move(options)));
   if (rank == 0 && !r->options_.log_dir.empty()) {
     ::mkdir(r->options_.log_dir.c_str(), 0755);
     MUSTER_ASSIGN_OR_RETURN(r->jsonl_,
                             JsonLinesWriter::Create(r->options_.log_dir + "/metrics.jsonl"));
-    MUSTER_ASSIGN_OR_RETURN(r->events_, EventWriter::Create(r->options_.log_dir));
+    MUSTER_ASSIGN_OR_RETURN(r->events_,
+                            EventWriter::Create(r->options_.log_dir, r->options_.clock));
   }
   return r;
 }
@@ -53,7 +57,7 @@ void ProgressReporter::RecordLoss(double loss) {
 void ProgressReporter::StepDone(const Progress& p, const std::vector<double>& lrs) {
   interval_samples_ += p.global_batch;
   if (p.step % options_.log_every != 0 && p.step != p.total_steps) return;
-  const double secs = absl::ToDoubleSeconds(RealClock::Get()->Now() - interval_start_);
+  const double secs = absl::ToDoubleSeconds(options_.clock->Now() - interval_start_);
   const double sps = interval_samples_ / std::max(secs, 1e-9);
   const double mean_loss = loss_sum_ / std::max<int64_t>(1, loss_count_);
   const double eta = (p.total_steps - p.step) * p.global_batch / std::max(sps, 1e-9);
@@ -68,7 +72,7 @@ void ProgressReporter::StepDone(const Progress& p, const std::vector<double>& lr
                                     p.step, p.total_steps, p.epoch, mean_loss, lr, sps,
                                     FormatEta(eta)));
   }
-  const double now = WallSeconds();
+  const double now = WallSeconds(options_.clock);
   if (jsonl_) {
     std::map<std::string, double> values = {{"loss", mean_loss}, {"samples_per_s", sps},
                                             {"epoch", static_cast<double>(p.epoch)},
@@ -85,14 +89,14 @@ void ProgressReporter::StepDone(const Progress& p, const std::vector<double>& lr
     events_->Scalar("train/samples_per_s", static_cast<float>(sps), p.step, now);
     events_->Flush();
   }
-  interval_start_ = RealClock::Get()->Now();
+  interval_start_ = options_.clock->Now();
   interval_samples_ = 0;
   loss_sum_ = 0;
   loss_count_ = 0;
 }
 
 void ProgressReporter::Scalars(int64_t step, const std::map<std::string, double>& values) {
-  const double now = WallSeconds();
+  const double now = WallSeconds(options_.clock);
   if (jsonl_) jsonl_->Write(step, now, values);
   if (events_) {
     for (const auto& [name, v] : values) events_->Scalar(name, static_cast<float>(v), step, now);

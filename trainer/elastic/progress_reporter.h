@@ -32,12 +32,16 @@ struct ProgressOptions {
   std::string log_dir;      // "" = no files
   std::string model_name;   // for the world line
   int batch_per_rank = 0;
+  // Times the rates and the ETA (Now()) and stamps the records (WallNow()).
+  // Required, not owned, must outlive the reporter.
+  Clock* clock = nullptr;
 };
 
 class ProgressReporter {
  public:
   // Files are written by the member that is rank 0 of its first world.
-  // Errors: the log directory or its files cannot be created.
+  // Errors: INVALID_ARGUMENT (no clock); the log directory or its files
+  // cannot be created.
   static absl::StatusOr<std::unique_ptr<ProgressReporter>> Create(ProgressOptions options,
                                                                   int rank);
 
@@ -51,13 +55,14 @@ class ProgressReporter {
   double last_loss() const { return last_loss_; }
 
  private:
-  explicit ProgressReporter(ProgressOptions options) : options_(std::move(options)) {}
+  explicit ProgressReporter(ProgressOptions options)
+      : options_(std::move(options)), interval_start_(options_.clock->Now()) {}
 
   const ProgressOptions options_;
   std::unique_ptr<JsonLinesWriter> jsonl_;
   std::unique_ptr<EventWriter> events_;
   // Samples per second and the ETA: monotonic time.
-  absl::Time interval_start_ = RealClock::Get()->Now();
+  absl::Time interval_start_;
   int64_t interval_samples_ = 0;
   double loss_sum_ = 0, last_loss_ = 0;
   int64_t loss_count_ = 0;

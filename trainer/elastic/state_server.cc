@@ -76,7 +76,10 @@ class StateServerImpl final : public StateServer, public v1::State::Service {
       shut_down_ = true;
     }
     cv_.notify_all();
-    if (server_) server_->Shutdown(SystemDeadline(RealClock::Get()->Now() + absl::Seconds(2)));
+    if (server_) {
+      server_->Shutdown(
+          SystemDeadline(options_.clock->Now() + absl::Seconds(2), options_.clock));
+    }
   }
 
   grpc::Status PullState(grpc::ServerContext* ctx, const v1::PullStateRequest* req,
@@ -98,7 +101,7 @@ class StateServerImpl final : public StateServer, public v1::State::Service {
       const int64_t want = std::max(req->at_step(), after + 1);
       auto it = waiting_.insert(want);
       UpdateEarliest();
-      const absl::Time deadline = RealClock::Get()->Now() + wait;
+      const absl::Time deadline = options_.clock->Now() + wait;
       auto ready = [&] {
         return shut_down_ || ctx->IsCancelled() || (latest_ && latest_->step >= want);
       };
@@ -106,8 +109,8 @@ class StateServerImpl final : public StateServer, public v1::State::Service {
       // deadline passes), so look again every kCancelPoll: a call nobody
       // waits for must not hold its thread, and keep Wanted() true, until
       // `wait` ends (up to 49 days). Monotonic: a wall step changes no wait.
-      for (absl::Duration left = Remaining(deadline); !ready() && left > absl::ZeroDuration();
-           left = Remaining(deadline)) {
+      for (absl::Duration left = Remaining(deadline, options_.clock);
+           !ready() && left > absl::ZeroDuration(); left = Remaining(deadline, options_.clock)) {
         cv_.wait_for(lock, absl::ToChronoNanoseconds(std::min(left, kCancelPoll)));
       }
       waiting_.erase(it);
@@ -173,6 +176,9 @@ std::string StateListenAddress(const std::string& listen, const std::string& tok
 }
 
 absl::StatusOr<std::unique_ptr<StateServer>> StateServer::Start(StateServerOptions options) {
+  if (options.clock == nullptr) {
+    return absl::InvalidArgumentError("StateServerOptions::clock is required");
+  }
   auto server = std::make_unique<StateServerImpl>(std::move(options));
   if (absl::Status s = server->Listen(); !s.ok()) return s;
   return server;

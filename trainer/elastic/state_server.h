@@ -17,6 +17,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "common/clock.h"
 #include "rpc/tls_files.h"
 
 namespace muster {
@@ -26,6 +27,9 @@ struct StateServerOptions {
   std::string token;                 // job token callers must present ("" = none)
   TlsFiles tls;                      // cert + key: serve TLS
   std::string member_id;             // named in every answer
+  // Times the calls' waits and the shutdown's grace. Required, not owned,
+  // must outlive the server.
+  Clock* clock = nullptr;
 };
 
 // Where the state service listens: `listen` as given, except that without
@@ -36,7 +40,8 @@ std::string StateListenAddress(const std::string& listen, const std::string& tok
 
 class StateServer {
  public:
-  // Errors: INVALID_ARGUMENT (bad TLS files), UNAVAILABLE (cannot bind).
+  // Errors: INVALID_ARGUMENT (bad TLS files, no clock), UNAVAILABLE (cannot
+  // bind).
   static absl::StatusOr<std::unique_ptr<StateServer>> Start(StateServerOptions options);
   virtual ~StateServer() = default;
 

@@ -48,8 +48,8 @@ absl::Status Engine::Begin() {
   } else if (life_.state() == StepState::kStarting) {  // else a salvaged step's boundary is due
     MUSTER_RETURN_IF_ERROR(life_.Ready());
   }
-  MUSTER_ASSIGN_OR_RETURN(
-      reporter_, ProgressReporter::Create(ProgressOptionsFrom(options_), world_->world().rank));
+  MUSTER_ASSIGN_OR_RETURN(reporter_, ProgressReporter::Create(ProgressOptionsFrom(options_, clock_),
+                                                              world_->world().rank));
   if (life_.ended()) return absl::OkStatus();
   WorldEntered();
   if (resumed_.step > 0 && !resumed_.live && world_->world().rank == 0) {
@@ -61,8 +61,8 @@ absl::Status Engine::Begin() {
 
 // The state service, the membership, and the world changes over it.
 absl::Status Engine::Connect() {
-  MUSTER_ASSIGN_OR_RETURN(ClientOptions client, ClientOptionsFrom(options_));
-  MUSTER_ASSIGN_OR_RETURN(state_server_, StartStateService(options_, &client));
+  MUSTER_ASSIGN_OR_RETURN(ClientOptions client, ClientOptionsFrom(options_, clock_));
+  MUSTER_ASSIGN_OR_RETURN(state_server_, StartStateService(options_, &client, clock_));
   WorldChangesOptions co = WorldChangesOptionsFrom(options_, replica_.several_passes(), clock_);
   co.stop_asked = [this] { return requests_.stop(); };
   co.leave_asked = [this] { return requests_.leave(); };

@@ -32,8 +32,9 @@ std::string Env(const char* name) {
 
 }  // namespace
 
-absl::StatusOr<ClientOptions> ClientOptionsFrom(const Options& o) {
+absl::StatusOr<ClientOptions> ClientOptionsFrom(const Options& o, Clock* clock) {
   ClientOptions co;
+  co.clock = clock;
   co.target = o.coordinator.empty() ? Env("MUSTER_COORDINATOR") : o.coordinator;
   if (co.target.empty()) {
     return absl::InvalidArgumentError(
@@ -55,8 +56,9 @@ absl::StatusOr<ClientOptions> ClientOptionsFrom(const Options& o) {
   return co;
 }
 
-CommOptions CommOptionsFrom(const Options& o, int local_rank) {
+CommOptions CommOptionsFrom(const Options& o, int local_rank, Clock* clock) {
   CommOptions comm;
+  comm.clock = clock;
   comm.backend = o.backend;
   comm.job = !o.job.empty()                 ? o.job
              : !Env("MUSTER_JOB").empty()   ? Env("MUSTER_JOB")
@@ -104,7 +106,7 @@ WorldChangesOptions WorldChangesOptionsFrom(const Options& o, bool several_passe
 ElasticWorldOptions ElasticWorldOptionsFrom(const Options& o, ClientOptions client,
                                             Clock* clock) {
   ElasticWorldOptions wo;
-  wo.comm = CommOptionsFrom(o, static_cast<int>(client.local_rank));
+  wo.comm = CommOptionsFrom(o, static_cast<int>(client.local_rank), clock);
   wo.client = std::move(client);
   wo.build_timeout =
       CollectiveDeadline(CollectiveDeadlineOptions{absl::Seconds(o.collective_timeout_s)}).Long();
@@ -130,8 +132,9 @@ CatalogCheckpointerOptions CheckpointOptionsFrom(const Options& o, Clock* clock)
   return co;
 }
 
-ProgressOptions ProgressOptionsFrom(const Options& o) {
+ProgressOptions ProgressOptionsFrom(const Options& o, Clock* clock) {
   ProgressOptions po;
+  po.clock = clock;
   if (!o.quiet) po.output = o.output;
   po.log_every = o.log_every;
   po.log_dir = o.log_dir;
@@ -154,7 +157,8 @@ void ShareIntraOpThreads(const Options& o, int node_trainers) {
 }
 
 absl::StatusOr<std::unique_ptr<StateServer>> StartStateService(const Options& o,
-                                                               ClientOptions* client) {
+                                                               ClientOptions* client,
+                                                               Clock* clock) {
   if (o.state_listen.empty()) return nullptr;
   const std::string listen = StateListenAddress(o.state_listen, client->token);
   if (listen != o.state_listen) {
@@ -163,8 +167,8 @@ absl::StatusOr<std::unique_ptr<StateServer>> StartStateService(const Options& o,
   }
   MUSTER_ASSIGN_OR_RETURN(
       std::unique_ptr<StateServer> server,
-      StateServer::Start(
-          {listen, client->token, {o.state_tls_cert, o.state_tls_key, ""}, client->member_id}));
+      StateServer::Start({listen, client->token, {o.state_tls_cert, o.state_tls_key, ""},
+                          client->member_id, clock}));
   // Without an address of its own, this member is reached where the
   // coordinator sees it (":port": the coordinator fills in the host).
   const std::string host = listen.rfind("127.0.0.1:", 0) == 0 ? "127.0.0.1" : o.address;

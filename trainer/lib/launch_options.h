@@ -21,13 +21,14 @@
 namespace muster {
 
 // The client's options: the coordinator (Options::coordinator, else
-// $MUSTER_COORDINATOR), the token, this member's placement. Errors:
-// INVALID_ARGUMENT naming what is missing, the token's and the placement's.
-absl::StatusOr<ClientOptions> ClientOptionsFrom(const Options& o);
+// $MUSTER_COORDINATOR), the token, this member's placement, `clock` (its
+// deadlines'). Errors: INVALID_ARGUMENT naming what is missing, the token's
+// and the placement's.
+absl::StatusOr<ClientOptions> ClientOptionsFrom(const Options& o, Clock* clock);
 // The communicator's options: the job name for shared memory
-// (Options::job, else $MUSTER_JOB, $SLURM_JOB_ID, "muster") and this
-// process's GPU.
-CommOptions CommOptionsFrom(const Options& o, int local_rank);
+// (Options::job, else $MUSTER_JOB, $SLURM_JOB_ID, "muster"), this
+// process's GPU, `clock` (its deadlines').
+CommOptions CommOptionsFrom(const Options& o, int local_rank, Clock* clock);
 std::string HostName();
 // The CPUs this process may run on (its affinity mask).
 int UsableCpus();
@@ -51,7 +52,7 @@ ReplicaOptions ReplicaOptionsFrom(const Options& o, Clock* clock);
 // The checkpoints of Options::checkpoint_dir.
 CatalogCheckpointerOptions CheckpointOptionsFrom(const Options& o, Clock* clock);
 // The progress lines (none when quiet) and the logs.
-ProgressOptions ProgressOptionsFrom(const Options& o);
+ProgressOptions ProgressOptionsFrom(const Options& o, Clock* clock);
 
 // Sets LibTorch's intra-op threads for `node_trainers` trainers of this
 // world on this node (IntraOpThreads, OMP_NUM_THREADS as set), saying so.
@@ -59,9 +60,11 @@ void ShareIntraOpThreads(const Options& o, int node_trainers);
 
 // The state service (muster pull-weights) on Options::state_listen, null
 // when that is empty; the address it serves is written into `client` for
-// the coordinator to hand out. Errors: StateServer::Start's.
+// the coordinator to hand out. Its waits are timed on `clock`. Errors:
+// StateServer::Start's.
 absl::StatusOr<std::unique_ptr<StateServer>> StartStateService(const Options& o,
-                                                               ClientOptions* client);
+                                                               ClientOptions* client,
+                                                               Clock* clock);
 
 }  // namespace muster
 

@@ -148,16 +148,16 @@ std::shared_ptr<Net> SeededModel(const TrainOptions& o, const Dataset& train,
 // The loop a user writes: the library decides when it ends.
 absl::Status TrainLoop(const TrainOptions& o, Net& model, torch::optim::Optimizer& optimizer,
                        const Dataset& train, const Dataset& test, Distributed& dist,
-                       const torch::Device& device, std::vector<double>* step_ms) {
+                       const torch::Device& device, Clock* clock, std::vector<double>* step_ms) {
   model.train();
   while (true) {
     // With time_steps: everything but loading the batch, the library's work
     // at the step boundary included.
-    absl::Time started = RealClock::Get()->Now();
+    absl::Time started = clock->Now();
     if (dist.ShouldStop()) break;
-    const absl::Time loading = RealClock::Get()->Now();
+    const absl::Time loading = clock->Now();
     auto [x, y] = Batch(train, dist.Batch(), device);
-    started += RealClock::Get()->Now() - loading;
+    started += clock->Now() - loading;
     torch::Tensor loss;
     const int64_t parts = std::min<int64_t>(std::max(1, o.backward_calls), x.size(0));
     if (parts <= 1) {
@@ -188,7 +188,7 @@ absl::Status TrainLoop(const TrainOptions& o, Net& model, torch::optim::Optimize
     if (o.time_steps) {
       // The step's GPU work included, as a PyTorch loop timed the same way.
       if (device.is_cuda()) torch::cuda::synchronize(device.index());
-      step_ms->push_back(absl::ToDoubleMilliseconds(RealClock::Get()->Now() - started));
+      step_ms->push_back(absl::ToDoubleMilliseconds(clock->Now() - started));
     }
     dist.RecordLoss(loss.item<double>());
     if (o.eval_every > 0 && dist.step() % o.eval_every == 0 &&
@@ -232,7 +232,7 @@ TrainResult& TrainResult::operator=(TrainResult&&) = default;
 TrainResult::TrainResult(const TrainResult&) = default;
 TrainResult& TrainResult::operator=(const TrainResult&) = default;
 
-absl::StatusOr<TrainResult> RunTraining(const TrainOptions& o) {
+absl::StatusOr<TrainResult> RunTraining(const TrainOptions& o, Clock* clock) {
   MUSTER_ASSIGN_OR_RETURN(const torch::Device device, TrainingDevice(o.library));
   // cuDNN's fastest convolution backward sums in a nondeterministic order.
   if (o.deterministic) at::globalContext().setDeterministicCuDNN(true);
@@ -251,12 +251,12 @@ absl::StatusOr<TrainResult> RunTraining(const TrainOptions& o) {
   state.optimizer = optimizer.get();
   MUSTER_ASSIGN_OR_RETURN(std::unique_ptr<Distributed> dist,
                           Distributed::Start(LibraryOptions(o, train->size()), state));
-  const absl::Time start = RealClock::Get()->Now();
+  const absl::Time start = clock->Now();
   const int64_t first_step = dist->step();
   std::vector<double> step_ms;
   MUSTER_RETURN_IF_ERROR(
-      TrainLoop(o, *model, *optimizer, *train, *test, *dist, device, &step_ms));
-  const double elapsed = absl::ToDoubleSeconds(RealClock::Get()->Now() - start);
+      TrainLoop(o, *model, *optimizer, *train, *test, *dist, device, clock, &step_ms));
+  const double elapsed = absl::ToDoubleSeconds(clock->Now() - start);
   TrainResult result;
   if (dist->finished()) {
     MUSTER_ASSIGN_OR_RETURN(Evaluation ev,

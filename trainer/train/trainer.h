@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/clock.h"
 #include "muster/options.h"
 
 // No LibTorch here: programs that define Abseil flags include this header,
@@ -87,7 +88,9 @@ struct TrainResult {
   std::vector<at::Tensor> parameters;  // final, in registration order
 };
 
-absl::StatusOr<TrainResult> RunTraining(const TrainOptions& options);
+// `clock` times the run and, with time_steps, its steps (the library keeps
+// its own: Distributed::Start); required, not owned.
+absl::StatusOr<TrainResult> RunTraining(const TrainOptions& options, Clock* clock);
 
 }  // namespace muster
 

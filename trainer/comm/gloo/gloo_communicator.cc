@@ -38,10 +38,11 @@ namespace {
 // 1 MiB; 4 MiB measured 15% faster over TCP here (docs/communicators.md).
 constexpr size_t kSegmentBytes = 4 << 20;
 
-// Gloo's own timeout for one operation: until the caller's deadline (at
-// least 10 ms so Gloo does not treat it as "no timeout").
-std::chrono::milliseconds Until(absl::Time deadline) {
-  const int64_t ms = absl::ToInt64Milliseconds(Remaining(deadline));
+// Gloo's own timeout for one operation: until the caller's deadline, a
+// time of `clock` (at least 10 ms so Gloo does not treat it as "no
+// timeout").
+std::chrono::milliseconds Until(absl::Time deadline, Clock* clock) {
+  const int64_t ms = absl::ToInt64Milliseconds(Remaining(deadline, clock));
   // Bounded above too: Gloo adds it to "now" and must not overflow.
   return std::chrono::milliseconds(std::clamp<int64_t>(ms, 10, int64_t{24} * 3600 * 1000));
 }
@@ -116,11 +117,12 @@ struct Worker {
 
 class GlooCommunicator : public Communicator {
  public:
-  GlooCommunicator(std::shared_ptr<Worker> worker, int rank, int size,
+  GlooCommunicator(std::shared_ptr<Worker> worker, int rank, int size, Clock* clock,
                    std::unique_ptr<ReachabilityProbe> probe, absl::Duration probe_timeout)
       : worker_(std::move(worker)),
         rank_(rank),
         size_(size),
+        clock_(clock),
         probe_(std::move(probe)),
         probe_timeout_(probe_timeout),
         poker_(std::make_unique<MutexPoker>(&worker_->mu, absl::Milliseconds(10))) {}
@@ -159,7 +161,7 @@ class GlooCommunicator : public Communicator {
     auto ctx = worker_->context;
     const size_t bytes = count * DataTypeSize(type);
     char* stage = worker_->Stage(data, bytes);
-    absl::Status s = Run(deadline, [=]() -> absl::Status {
+    absl::Status s = Run(deadline, [=, clock = clock_]() -> absl::Status {
       gloo::AllreduceOptions opts(ctx);
       WithElementType(type, [&](auto t) {
         using T = decltype(t);
@@ -168,7 +170,7 @@ class GlooCommunicator : public Communicator {
       opts.setReduceFunction([type](void* out, const void* a, const void* b, size_t n) {
         SumInto(type, out, a, b, n);
       });
-      opts.setTimeout(Until(deadline));
+      opts.setTimeout(Until(deadline, clock));
       opts.setMaxSegmentSize(kSegmentBytes);
       gloo::allreduce(opts);
       return absl::OkStatus();
@@ -202,14 +204,14 @@ class GlooCommunicator : public Communicator {
     if (absl::Status b = Check(); !b.ok()) return b;
     auto ctx = worker_->context;
     char* stage = worker_->Stage(data, total * es);
-    absl::Status s = Run(deadline, [=]() -> absl::Status {
+    absl::Status s = Run(deadline, [=, clock = clock_]() -> absl::Status {
       gloo::AllgathervOptions opts(ctx);
       WithElementType(type, [&](auto t) {
         using T = decltype(t);
         opts.setInput(reinterpret_cast<T*>(own->data()), counts[rank_]);
         opts.setOutput(reinterpret_cast<T*>(stage), counts);
       });
-      opts.setTimeout(Until(deadline));
+      opts.setTimeout(Until(deadline, clock));
       gloo::allgatherv(opts);
       return absl::OkStatus();
     });
@@ -227,14 +229,14 @@ class GlooCommunicator : public Communicator {
     auto ctx = worker_->context;
     const size_t bytes = count * DataTypeSize(type);
     char* stage = worker_->Stage(data, bytes);
-    absl::Status s = Run(deadline, [=]() -> absl::Status {
+    absl::Status s = Run(deadline, [=, clock = clock_]() -> absl::Status {
       gloo::BroadcastOptions opts(ctx);
       WithElementType(type, [&](auto t) {
         using T = decltype(t);
         opts.setOutput(reinterpret_cast<T*>(stage), count);
       });
       opts.setRoot(root);
-      opts.setTimeout(Until(deadline));
+      opts.setTimeout(Until(deadline, clock));
       gloo::broadcast(opts);
       return absl::OkStatus();
     });
@@ -246,9 +248,9 @@ class GlooCommunicator : public Communicator {
     if (size_ == 1) return Check();
     if (absl::Status b = Check(); !b.ok()) return b;
     auto ctx = worker_->context;
-    return Run(deadline, [=]() -> absl::Status {
+    return Run(deadline, [=, clock = clock_]() -> absl::Status {
       gloo::BarrierOptions opts(ctx);
-      opts.setTimeout(Until(deadline));
+      opts.setTimeout(Until(deadline, clock));
       gloo::barrier(opts);
       return absl::OkStatus();
     });
@@ -282,8 +284,8 @@ class GlooCommunicator : public Communicator {
     w->done = false;
     // An untimed wait, its deadline checked on the monotonic clock at least
     // every 10 ms by poker_ (absl's timed waits follow the wall clock).
-    auto finished = [w, deadline]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(w->mu) {
-      return w->done || !w->broken.ok() || RealClock::Get()->Now() >= deadline;
+    auto finished = [w, deadline, clock = clock_]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(w->mu) {
+      return w->done || !w->broken.ok() || clock->Now() >= deadline;
     };
     w->mu.Await(absl::Condition(&finished));
     if (w->done) {
@@ -301,6 +303,7 @@ class GlooCommunicator : public Communicator {
   std::shared_ptr<Worker> worker_;
   const int rank_;
   const int size_;
+  Clock* const clock_;  // deadlines are times of its Now()
   const std::unique_ptr<ReachabilityProbe> probe_;  // null in a group of one
   const absl::Duration probe_timeout_;
   // Destroyed first: it locks worker_->mu.
@@ -342,7 +345,8 @@ absl::StatusOr<std::unique_ptr<Communicator>> NewGlooCommunicator(Store* store, 
   std::unique_ptr<ReachabilityProbe> probe;
   if (size > 1) {
     absl::StatusOr<std::unique_ptr<ReachabilityProbe>> started = ReachabilityProbe::Start(
-        store, own.ip, rank, size, options.world_rank >= 0 ? options.world_rank : rank, deadline);
+        store, own.ip, rank, size, options.world_rank >= 0 ? options.world_rank : rank, deadline,
+        options.clock);
     if (!started.ok()) return started.status();
     probe = std::move(*started);
     const std::vector<int> unreachable = probe->Unreachable(options.probe_timeout);
@@ -361,9 +365,9 @@ absl::StatusOr<std::unique_ptr<Communicator>> NewGlooCommunicator(Store* store, 
     attr.hostname = own.ip;
     auto device = gloo::transport::tcp::CreateDevice(attr);
     auto context = std::make_shared<gloo::rendezvous::Context>(rank, size);
-    context->setTimeout(Until(deadline));
+    context->setTimeout(Until(deadline, options.clock));
     if (size > 1) {
-      GlooStore gloo_store(store, deadline);
+      GlooStore gloo_store(store, deadline, options.clock);
       context->connectFullMesh(gloo_store, device);
     }
     worker->context = std::move(context);
@@ -373,7 +377,8 @@ absl::StatusOr<std::unique_ptr<Communicator>> NewGlooCommunicator(Store* store, 
   }
   worker->thread = std::thread([w = worker.get()] { w->Loop(); });
   return std::unique_ptr<Communicator>(
-      new GlooCommunicator(worker, rank, size, std::move(probe), options.probe_timeout));
+      new GlooCommunicator(worker, rank, size, options.clock, std::move(probe),
+                           options.probe_timeout));
 }
 
 }  // namespace muster

@@ -15,6 +15,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
 #include "trainer/comm/communicator.h"
 #include "trainer/comm/store.h"
 
@@ -40,10 +41,14 @@ struct GlooOptions {
   // Every rank runs on this host (one node): loopback serves when the name
   // does not resolve (gloo_address.h).
   bool single_host = false;
+  // Deadlines are times of its Now(); it also times the reachability probe.
+  // Required, not owned, must outlive the communicator.
+  Clock* clock = nullptr;
 };
 
-// Connects `size` ranks (full mesh). Errors: DEADLINE_EXCEEDED (a rank did
-// not show up), ABORTED/UNAVAILABLE (connection failures), INVALID_ARGUMENT.
+// Connects `size` ranks (full mesh) by `deadline`, a time of
+// options.clock's Now(). Errors: DEADLINE_EXCEEDED (a rank did not show
+// up), ABORTED/UNAVAILABLE (connection failures), INVALID_ARGUMENT.
 absl::StatusOr<std::unique_ptr<Communicator>> NewGlooCommunicator(Store* store, int rank,
                                                                   int size,
                                                                   const GlooOptions& options,

@@ -5,7 +5,6 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "common/clock.h"
 
 namespace muster {
 namespace {
@@ -35,7 +34,7 @@ void GlooStore::wait(const std::vector<std::string>& keys) {
 
 void GlooStore::wait(const std::vector<std::string>& keys,
                      const std::chrono::milliseconds& timeout) {
-  const absl::Time d = std::min(deadline_, RealClock::Get()->Now() + absl::FromChrono(timeout));
+  const absl::Time d = std::min(deadline_, clock_->Now() + absl::FromChrono(timeout));
   auto values = store_->Wait(keys, d);
   if (!values.ok()) Throw(values.status());
 }

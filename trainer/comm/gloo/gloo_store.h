@@ -11,14 +11,17 @@
 #include <vector>
 
 #include "absl/time/time.h"
+#include "common/clock.h"
 #include "trainer/comm/store.h"
 
 namespace muster {
 
 class GlooStore : public gloo::rendezvous::Store {
  public:
-  // Waits end at `deadline` at the latest.
-  GlooStore(muster::Store* store, absl::Time deadline) : store_(store), deadline_(deadline) {}
+  // Waits end at `deadline`, a time of `clock`'s Now(), at the latest.
+  // `clock`: required, not owned, must outlive this.
+  GlooStore(muster::Store* store, absl::Time deadline, Clock* clock)
+      : store_(store), deadline_(deadline), clock_(clock) {}
 
   void set(const std::string& key, const std::vector<char>& data) override;
   std::vector<char> get(const std::string& key) override;
@@ -29,6 +32,7 @@ class GlooStore : public gloo::rendezvous::Store {
  private:
   muster::Store* const store_;
   const absl::Time deadline_;
+  Clock* const clock_;
 };
 
 }  // namespace muster

@@ -50,7 +50,7 @@ bool Answered(int error) { return error == 0 || error == ECONNREFUSED || error =
 
 absl::StatusOr<std::unique_ptr<ReachabilityProbe>> ReachabilityProbe::Start(
     Store* store, const std::string& ip, int rank, int size, int world_rank,
-    absl::Time deadline) {
+    absl::Time deadline, Clock* clock) {
   sockaddr_storage addr{};
   socklen_t len = 0;
   if (!ToSockaddr(ip, 0, &addr, &len)) {
@@ -70,7 +70,8 @@ absl::StatusOr<std::unique_ptr<ReachabilityProbe>> ReachabilityProbe::Start(
     ::close(fd);
     return absl::UnavailableError(absl::StrCat("reachability probe: pipe: ", std::strerror(errno)));
   }
-  std::unique_ptr<ReachabilityProbe> probe(new ReachabilityProbe(fd, stop[0], stop[1], rank));
+  std::unique_ptr<ReachabilityProbe> probe(
+      new ReachabilityProbe(fd, stop[0], stop[1], rank, clock));
   // "world_rank port ip": an IPv6 address holds colons.
   absl::Status set = store->Set(absl::StrCat("probe/", rank),
                                 absl::StrCat(world_rank, " ", PortOf(fd), " ", ip), deadline);
@@ -95,8 +96,12 @@ absl::StatusOr<std::unique_ptr<ReachabilityProbe>> ReachabilityProbe::Start(
 }
 
 ReachabilityProbe::ReachabilityProbe(int listen_fd, int stop_fd_read, int stop_fd_write,
-                                     int rank)
-    : listen_fd_(listen_fd), stop_read_(stop_fd_read), stop_write_(stop_fd_write), rank_(rank) {
+                                     int rank, Clock* clock)
+    : listen_fd_(listen_fd),
+      stop_read_(stop_fd_read),
+      stop_write_(stop_fd_write),
+      rank_(rank),
+      clock_(clock) {
   acceptor_ = std::thread([this] { Accept(); });
 }
 
@@ -151,10 +156,9 @@ std::vector<int> ReachabilityProbe::Unreachable(absl::Duration timeout) const {
       }
     }
   }
-  Clock* const clock = RealClock::Get();
-  const absl::Time end = clock->Now() + timeout;
+  const absl::Time end = clock_->Now() + timeout;
   while (!attempts.empty()) {
-    const absl::Duration left = end - clock->Now();
+    const absl::Duration left = end - clock_->Now();
     if (left <= absl::ZeroDuration()) break;
     std::vector<pollfd> fds;
     fds.reserve(attempts.size());

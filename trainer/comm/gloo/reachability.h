@@ -27,6 +27,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
 #include "trainer/comm/store.h"
 
 namespace muster {
@@ -35,13 +36,16 @@ class ReachabilityProbe {
  public:
   // Listens on `ip` (numeric, v4 or v6), publishes the address under
   // "probe/<rank>" in `store` and waits for every rank's. `world_rank`: this
-  // rank's place in the world, which peers report. Errors: the store's;
-  // UNAVAILABLE when `ip` cannot be listened on.
+  // rank's place in the world, which peers report. `deadline` is a time of
+  // `clock`'s Now(), which also times Unreachable(); `clock`: required, not
+  // owned, must outlive the probe. Errors: the store's; UNAVAILABLE when
+  // `ip` cannot be listened on.
   static absl::StatusOr<std::unique_ptr<ReachabilityProbe>> Start(Store* store,
                                                                   const std::string& ip,
                                                                   int rank, int size,
                                                                   int world_rank,
-                                                                  absl::Time deadline);
+                                                                  absl::Time deadline,
+                                                                  Clock* clock);
   ~ReachabilityProbe();
   ReachabilityProbe(const ReachabilityProbe&) = delete;
   ReachabilityProbe& operator=(const ReachabilityProbe&) = delete;
@@ -60,12 +64,14 @@ class ReachabilityProbe {
     std::string ip;
     int port = 0;
   };
-  ReachabilityProbe(int listen_fd, int stop_fd_read, int stop_fd_write, int rank);
+  ReachabilityProbe(int listen_fd, int stop_fd_read, int stop_fd_write, int rank,
+                    Clock* clock);
   void Accept();
 
   const int listen_fd_;
   const int stop_read_, stop_write_;  // a pipe that ends Accept()
   const int rank_;
+  Clock* const clock_;
   std::vector<Peer> peers_;  // by group rank; this rank's own entry included
   std::thread acceptor_;
 };

@@ -83,11 +83,11 @@ absl::StatusOr<StreamAndEvents> CreateStreamAndEvents() {
 }
 
 // Waits until the non-blocking `comm` that `r` started (an init or a
-// shrink) is ready; aborts it on an error, at `deadline`, or (ABORTED) once
-// `store`'s generation is over: a peer that learnt of the newer world
-// first never joins.
+// shrink) is ready; aborts it on an error, at `deadline` (a time of
+// `clock`), or (ABORTED) once `store`'s generation is over: a peer that
+// learnt of the newer world first never joins.
 absl::Status AwaitReady(ncclComm_t comm, ncclResult_t r, const char* what, absl::Time deadline,
-                        const Store* store = nullptr) {
+                        Clock* clock, const Store* store = nullptr) {
   while (r == ncclInProgress || r == ncclSuccess) {
     ncclResult_t state = ncclInProgress;
     if (ncclResult_t q = ncclCommGetAsyncError(comm, &state); q != ncclSuccess) {
@@ -99,7 +99,7 @@ absl::Status AwaitReady(ncclComm_t comm, ncclResult_t r, const char* what, absl:
       r = state;
       break;
     }
-    if (RealClock::Get()->Now() >= deadline) {
+    if (clock->Now() >= deadline) {
       ncclCommAbort(comm);
       return absl::DeadlineExceededError(absl::StrCat(what, " did not complete before the deadline"));
     }
@@ -116,7 +116,7 @@ absl::Status AwaitReady(ncclComm_t comm, ncclResult_t r, const char* what, absl:
 class NcclCommunicator : public Communicator {
  public:
   NcclCommunicator(ncclComm_t comm, StreamAndEvents cuda, int rank, int size, int device,
-                   CallerStreamFn caller_stream, bool shrinkable)
+                   Clock* clock, CallerStreamFn caller_stream, bool shrinkable)
       : comm_(comm),
         stream_(cuda.stream),
         ready_(cuda.ready),
@@ -124,6 +124,7 @@ class NcclCommunicator : public Communicator {
         rank_(rank),
         size_(size),
         device_(device),
+        clock_(clock),
         caller_stream_(std::move(caller_stream)),
         shrinkable_(shrinkable && size > 1) {}
 
@@ -288,7 +289,7 @@ class NcclCommunicator : public Communicator {
     ncclCommGetAsyncError(comm_, &async);
     if (async != ncclSuccess && async != ncclInProgress) return Break(NcclError("nccl", async));
     if (abort_requested_) return Break(BrokenStatus());
-    if (RealClock::Get()->Now() >= deadline) {
+    if (clock_->Now() >= deadline) {
       return Break(absl::DeadlineExceededError("nccl collective passed its deadline"));
     }
     return absl::OkStatus();
@@ -345,6 +346,7 @@ class NcclCommunicator : public Communicator {
   const int rank_;
   const int size_;
   const int device_;
+  Clock* const clock_;  // deadlines are times of its Now()
   const CallerStreamFn caller_stream_;
   // A node-local communicator of several ranks, which a regroup may shrink.
   const bool shrinkable_;
@@ -374,7 +376,7 @@ absl::Status NcclCommunicator::ReadyToShrink(absl::Time deadline) {
       broken_ = true;  // aborted, not destroyed, when it is dropped
       return NcclError("the NCCL communicator to shrink", state);
     }
-    if (RealClock::Get()->Now() >= deadline) {
+    if (clock_->Now() >= deadline) {
       broken_ = true;
       return absl::DeadlineExceededError("the revoked NCCL communicator did not quiesce");
     }
@@ -413,7 +415,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> NcclCommunicator::Shrink(
       r = state;
       break;
     }
-    if (RealClock::Get()->Now() >= deadline) {
+    if (clock_->Now() >= deadline) {
       r = ncclInProgress;
       break;
     }
@@ -431,7 +433,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> NcclCommunicator::Shrink(
     return r == ncclSuccess ? absl::InternalError("ncclCommShrink made no communicator")
                             : NcclError("ncclCommShrink", r);
   }
-  MUSTER_RETURN_IF_ERROR(AwaitReady(child, ncclInProgress, "ncclCommShrink", deadline));
+  MUSTER_RETURN_IF_ERROR(AwaitReady(child, ncclInProgress, "ncclCommShrink", deadline, clock_));
   absl::StatusOr<StreamAndEvents> cuda = CreateStreamAndEvents();
   if (!cuda.ok()) {
     ncclCommAbort(child);
@@ -439,7 +441,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> NcclCommunicator::Shrink(
   }
   return std::unique_ptr<Communicator>(new NcclCommunicator(
       child, *cuda, RankAfterShrink(rank_, gone), size_ - static_cast<int>(gone.size()),
-      device_, caller_stream_,
+      device_, clock_, caller_stream_,
       /*shrinkable=*/true));
 #endif
 }
@@ -492,7 +494,7 @@ absl::Status InitRefused(const absl::Status& s, int size, int device) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Communicator>> NewNcclCommunicator(
-    Store* store, int rank, int size, int device, absl::Time deadline,
+    Store* store, int rank, int size, int device, absl::Time deadline, Clock* clock,
     CallerStreamFn caller_stream, bool shrinkable) {
   if (CudaDeviceCount() <= device) {
     return absl::FailedPreconditionError(absl::StrCat("no CUDA device ", device));
@@ -523,12 +525,14 @@ absl::StatusOr<std::unique_ptr<Communicator>> NewNcclCommunicator(
   config.blocking = 0;
   ncclComm_t comm = nullptr;
   const ncclResult_t r = ncclCommInitRankConfig(&comm, size, id, rank, &config);
-  if (absl::Status s = AwaitReady(comm, r, "ncclCommInitRankConfig", deadline, store); !s.ok()) {
+  if (absl::Status s = AwaitReady(comm, r, "ncclCommInitRankConfig", deadline, clock, store);
+      !s.ok()) {
     cuda.Destroy();
     return InitRefused(s, size, device);
   }
   return std::unique_ptr<Communicator>(
-      new NcclCommunicator(comm, cuda, rank, size, device, std::move(caller_stream), shrinkable));
+      new NcclCommunicator(comm, cuda, rank, size, device, clock, std::move(caller_stream),
+                           shrinkable));
 }
 
 }  // namespace muster

@@ -27,6 +27,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
 #include "trainer/comm/communicator.h"
 #include "trainer/comm/hierarchical.h"
 #include "trainer/comm/store.h"
@@ -37,10 +38,12 @@ namespace muster {
 // default stream.
 using CallerStreamFn = std::function<void*()>;
 
+// `deadline` and the collectives' deadlines are times of `clock`'s Now();
+// `clock`: required, not owned, must outlive the communicator.
 // Errors: FAILED_PRECONDITION (no usable GPU), DEADLINE_EXCEEDED (peers did
 // not join in time), UNAVAILABLE/ABORTED (NCCL errors).
 absl::StatusOr<std::unique_ptr<Communicator>> NewNcclCommunicator(
-    Store* store, int rank, int size, int device, absl::Time deadline,
+    Store* store, int rank, int size, int device, absl::Time deadline, Clock* clock,
     CallerStreamFn caller_stream = nullptr, bool shrinkable = false);
 
 // A communicator on device memory of `device` over `host`, a communicator on

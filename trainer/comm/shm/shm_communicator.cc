@@ -69,8 +69,13 @@ void SweepStale(const std::string& job, const std::string& node, uint64_t genera
 
 class ShmCommunicator : public Communicator {
  public:
-  ShmCommunicator(void* base, size_t bytes, int rank, int size, size_t slot_bytes)
-      : base_(base), bytes_(bytes), rank_(rank), size_(size), slot_bytes_(slot_bytes) {}
+  ShmCommunicator(void* base, size_t bytes, int rank, int size, size_t slot_bytes, Clock* clock)
+      : base_(base),
+        bytes_(bytes),
+        rank_(rank),
+        size_(size),
+        slot_bytes_(slot_bytes),
+        clock_(clock) {}
   ~ShmCommunicator() override { ::munmap(base_, bytes_); }
 
   int rank() const override { return rank_; }
@@ -117,6 +122,7 @@ class ShmCommunicator : public Communicator {
   const int rank_;
   const int size_;
   const size_t slot_bytes_;
+  Clock* const clock_;  // deadlines are times of its Now()
   uint64_t seq_ = 0;    // barriers passed; touched by the calling thread only
   uint64_t round_ = 0;  // rounds run; picks the staging set
   std::atomic<bool> local_abort_{false};
@@ -164,7 +170,7 @@ absl::Status ShmCommunicator::Arrive(absl::Time deadline, const Store* store) {
     // 2 ms to look at the deadline, the abort flag and the peers.
     FutexWait(&h->epoch, epoch, 2000);
     if ((i & 7) != 0) continue;
-    if (RealClock::Get()->Now() >= deadline) {
+    if (clock_->Now() >= deadline) {
       Abort(absl::DeadlineExceededError("deadline passed in a shared memory barrier"));
       return absl::DeadlineExceededError(
           "shared memory barrier timed out waiting for local ranks");
@@ -348,7 +354,8 @@ absl::StatusOr<std::unique_ptr<Communicator>> NewShmCommunicator(Store* store, i
     }
   }
   shm::Control(base, rank)->pid.store(static_cast<int32_t>(::getpid()));
-  auto comm = std::make_unique<ShmCommunicator>(base, bytes, rank, size, options.slot_bytes);
+  auto comm = std::make_unique<ShmCommunicator>(base, bytes, rank, size, options.slot_bytes,
+                                                options.clock);
   absl::Status attached = comm->Arrive(deadline, store);
   if (rank == 0) ::shm_unlink(name.c_str());  // every rank mapped it (or gave up)
   if (!attached.ok()) return attached;

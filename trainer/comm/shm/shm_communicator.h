@@ -21,6 +21,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
 #include "trainer/comm/communicator.h"
 #include "trainer/comm/store.h"
 
@@ -32,9 +33,13 @@ struct ShmOptions {
   std::string node = "node";
   // Bytes of one rank's staging slot per round.
   size_t slot_bytes = 2 << 20;
+  // Deadlines are times of its Now(). Required, not owned, must outlive the
+  // communicator.
+  Clock* clock = nullptr;
 };
 
-// Maps the node's segment (local rank 0 creates it). Errors:
+// Maps the node's segment (local rank 0 creates it) by `deadline`, a time
+// of options.clock's Now(). Errors:
 // DEADLINE_EXCEEDED, UNAVAILABLE (shm_open/mmap failed, e.g. /dev/shm full),
 // FAILED_PRECONDITION (a segment of another size or version), INVALID_ARGUMENT.
 absl::StatusOr<std::unique_ptr<Communicator>> NewShmCommunicator(Store* store, int rank,
