@@ -1,3 +1,5 @@
+// Start and stop of the node session, the trainers' socket and the service
+// they call (node_session_impl.h).
 #include "agent/node_session.h"
 
 #include <grpcpp/grpcpp.h>
@@ -51,11 +53,7 @@ absl::Status NodeSessionImpl::Init() {
 }
 
 NodeSessionImpl::~NodeSessionImpl() {
-  {
-    absl::MutexLock lock(&mu_);
-    link_ = Link::kStopping;
-    if (ctx_ != nullptr) ctx_->TryCancel();
-  }
+  EnterStopping();
   if (thread_.joinable()) thread_.join();
   if (server_ != nullptr) {
     server_->Shutdown(SystemDeadline(clock_->Now() + absl::Seconds(1), clock_));

@@ -50,7 +50,9 @@
 //
 // Thread-safety: DetachProcess may be called from any thread. The object
 // runs a gRPC server and a connection thread of its own; create it after
-// the process has set its signal mask (the threads inherit it).
+// the process has set its signal mask (the threads inherit it). Its inside,
+// with the connection's states and what its lock guards, is drawn in
+// node_session_impl.h.
 #ifndef MUSTER_AGENT_NODE_SESSION_H_
 #define MUSTER_AGENT_NODE_SESSION_H_
 

@@ -1,5 +1,6 @@
-// Each trainer's side of the node session: its stream (LocalSession), its
-// relayed Rendezvous calls, and the table of attached members.
+// What the trainers send the node session (node_session_impl.h): each one's
+// stream (LocalSession), their relayed Rendezvous calls, and the table of
+// attached members.
 #include <signal.h>
 #include <sys/wait.h>
 
@@ -91,13 +92,13 @@ void RelayedRendezvous::OnCancel() {
 
 uint64_t NodeSessionImpl::Relay(RelayedRendezvous* call, const v1::RendezvousRequest& request) {
   absl::MutexLock lock(&mu_);
-  const uint64_t n = ++last_call_;
+  const uint64_t n = ++trainers_.last_call;
   v1::SessionRequest relayed;
   relayed.mutable_rendezvous()->set_call(n);
   *relayed.mutable_rendezvous()->mutable_request() = request;
-  Call& entry = rendezvous_[n];
+  Call& entry = trainers_.calls[n];
   entry.call = call;
-  if (up()) {
+  if (connected()) {
     entry.sent = true;
     Send(std::move(relayed));
   } else {
@@ -108,7 +109,7 @@ uint64_t NodeSessionImpl::Relay(RelayedRendezvous* call, const v1::RendezvousReq
 
 bool NodeSessionImpl::Forget(uint64_t call) {
   absl::MutexLock lock(&mu_);
-  return rendezvous_.erase(call) > 0;
+  return trainers_.calls.erase(call) > 0;
 }
 
 absl::Status NodeSessionImpl::Attach(const v1::MemberRef& member, pid_t pid,
@@ -116,16 +117,16 @@ absl::Status NodeSessionImpl::Attach(const v1::MemberRef& member, pid_t pid,
   std::shared_ptr<Queue> superseded;
   {
     absl::MutexLock lock(&mu_);
-    auto it = members_.find(member.member_id());
+    auto it = trainers_.members.find(member.member_id());
     // The coordinator closes the older session; so does the agent.
-    if (it != members_.end()) superseded = std::move(it->second.out);
+    if (it != trainers_.members.end()) superseded = std::move(it->second.out);
     // In the node heartbeat from its own first heartbeat on, which carries
     // its step.
-    members_[member.member_id()] = Member{member.incarnation(), pid, std::move(out),
-                                          /*step=*/0, /*samples=*/0, /*stalled_ms=*/0,
-                                          absl::InfinitePast(),
-                                          /*attached=*/up()};
-    if (up()) {
+    trainers_.members[member.member_id()] = Member{member.incarnation(), pid, std::move(out),
+                                                   /*step=*/0, /*samples=*/0, /*stalled_ms=*/0,
+                                                   absl::InfinitePast(),
+                                                   /*attached=*/connected()};
+    if (connected()) {
       v1::SessionRequest attach;
       *attach.mutable_attach() = member;
       Send(std::move(attach));
@@ -142,17 +143,17 @@ void NodeSessionImpl::LocalBeat(const std::string& member, uint64_t incarnation,
   v1::SessionEvent ack;
   {
     absl::MutexLock lock(&mu_);
-    auto it = members_.find(member);
-    if (it != members_.end() && it->second.incarnation == incarnation) {
+    auto it = trainers_.members.find(member);
+    if (it != trainers_.members.end() && it->second.incarnation == incarnation) {
       it->second.step = beat.step();
       it->second.samples = beat.samples();
       it->second.stalled_ms = beat.stalled_ms();
       it->second.last_beat = clock_->Now();
     }
-    ack.mutable_ack()->set_current_generation(generation_);
-    if (interval_heard_) {
+    ack.mutable_ack()->set_current_generation(link_.generation);
+    if (link_.interval_heard) {
       ack.mutable_ack()->set_heartbeat_interval_ms(
-          static_cast<uint32_t>(absl::ToInt64Milliseconds(interval_)));
+          static_cast<uint32_t>(absl::ToInt64Milliseconds(link_.interval)));
     }
   }
   ack.mutable_ack()->set_sequence(beat.sequence());
@@ -168,8 +169,8 @@ void NodeSessionImpl::LocalEnded(const std::string& member, uint64_t incarnation
   std::shared_ptr<Queue> out;
   {
     absl::MutexLock lock(&mu_);
-    auto it = members_.find(member);
-    if (it == members_.end() || it->second.incarnation != incarnation) return;
+    auto it = trainers_.members.find(member);
+    if (it == trainers_.members.end() || it->second.incarnation != incarnation) return;
     out = DetachLocked(member, reason);
   }
   out->Close(absl::AbortedError(reason));
@@ -179,7 +180,7 @@ void NodeSessionImpl::DetachProcess(pid_t pid, const std::string& reason) {
   std::shared_ptr<Queue> out;
   {
     absl::MutexLock lock(&mu_);
-    for (const auto& [id, m] : members_) {
+    for (const auto& [id, m] : trainers_.members) {
       if (m.pid == pid) {
         out = DetachLocked(id, reason);
         break;
@@ -191,7 +192,7 @@ void NodeSessionImpl::DetachProcess(pid_t pid, const std::string& reason) {
 
 std::shared_ptr<Queue> NodeSessionImpl::DetachLocked(const std::string& id,
                                                      const std::string& reason) {
-  auto it = members_.find(id);
+  auto it = trainers_.members.find(id);
   std::shared_ptr<Queue> out = std::move(it->second.out);
   v1::SessionRequest detach;
   detach.mutable_detach()->mutable_member()->set_member_id(id);
@@ -199,8 +200,8 @@ std::shared_ptr<Queue> NodeSessionImpl::DetachLocked(const std::string& id,
   detach.mutable_detach()->set_reason(
       absl::StrCat(reason, " (reported by muster-agent of node ", o_.node, ")"));
   const bool attached = it->second.attached;
-  members_.erase(it);
-  if (up() && attached) Send(std::move(detach));
+  trainers_.members.erase(it);
+  if (connected() && attached) Send(std::move(detach));
   return out;
 }
 
