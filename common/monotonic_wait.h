@@ -50,11 +50,10 @@ class MutexPoker {
 // With `mu` held (exclusively): waits until `cond` holds, true, or until
 // `timeout` has passed on `clock` (noticed within `poll`), false; `mu` is
 // released while waiting and held again on return. For waits that are
-// rare (each starts a thread); `cond` is evaluated under `mu`. Pass the
-// caller's clock: the default is left only for the coordinator's Persister,
-// which has none yet (tests/clock_test.sh).
+// rare (each starts a thread); `cond` is evaluated under `mu`. `clock`:
+// the caller's.
 bool AwaitFor(absl::Mutex* mu, const absl::Condition& cond, absl::Duration timeout,
-              Clock* clock = RealClock::Get(), absl::Duration poll = absl::Milliseconds(10))
+              Clock* clock, absl::Duration poll = absl::Milliseconds(10))
     ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
 }  // namespace muster

@@ -34,7 +34,7 @@ Coordinator::Coordinator(CoordinatorOptions options, StateStore* store)
       clock_(options_.clock),
       started_(clock_->Now()),
       store_(store),
-      persister_(&store_),
+      persister_(&store_, clock_),
       regroup_(options_.rules),
       membership_(options_.limits),
       kv_(options_.limits),

@@ -60,7 +60,8 @@ absl::Status SerializedStateStore::ReleaseLease(uint64_t epoch) {
   return store_->ReleaseLease(epoch);
 }
 
-Persister::Persister(StateStore* store) : store_(store), thread_([this] { Loop(); }) {}
+Persister::Persister(StateStore* store, Clock* clock)
+    : store_(store), clock_(clock), thread_([this] { Loop(); }) {}
 
 Persister::~Persister() {
   {
@@ -118,7 +119,7 @@ absl::Status Persister::Flush(absl::Duration timeout) {
   auto done = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
     return (durable_ >= worlds && events_written_ >= events && !writing_) || !error_.ok();
   };
-  if (!AwaitFor(&mu_, absl::Condition(&done), timeout)) {
+  if (!AwaitFor(&mu_, absl::Condition(&done), timeout, clock_)) {
     return absl::DeadlineExceededError(absl::StrCat(
         "not written within ", absl::FormatDuration(timeout), ": ",
         durable_ >= worlds ? "" : "the world or checkpoint records, ",
@@ -204,7 +205,7 @@ void Persister::Loop() {
       auto more = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
         return stop_ || world_ != nullptr || !records_.empty();
       };
-      AwaitFor(&mu_, absl::Condition(&more), backoff.Next());
+      AwaitFor(&mu_, absl::Condition(&more), backoff.Next(), clock_);
       if (stop_) return;
     }
   }

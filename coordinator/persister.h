@@ -31,6 +31,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "common/clock.h"
 #include "coordinator/state_store.h"
 #include "coordinator/types.h"
 
@@ -60,7 +61,8 @@ class SerializedStateStore : public StateStore {
 
 class Persister {
  public:
-  explicit Persister(StateStore* store);
+  // `clock` times the waits (Flush, the retry backoff); required, not owned.
+  Persister(StateStore* store, Clock* clock);
   // Writes what is queued, then stops the writer.
   ~Persister();
   Persister(const Persister&) = delete;
@@ -97,6 +99,7 @@ class Persister {
   void Loop();
 
   StateStore* const store_;
+  Clock* const clock_;
   absl::Mutex mu_;
   std::shared_ptr<const World> world_ ABSL_GUARDED_BY(mu_);  // the newest queued world
   std::map<uint64_t, CheckpointRecord> records_ ABSL_GUARDED_BY(mu_);  // by id, newest

@@ -60,27 +60,13 @@ fi
 # coordinator/server.cc; the agent's RunAgent in agent/agent.cc) and where
 # it is defined. Everything else takes a Clock* from whoever composes it.
 roots='(^|/)main\.cc$|^common/clock\.cc$|^trainer/lib/engine\.cc$|^coordinator/server\.cc$|^agent/agent\.cc$'
-# Still fetching it, to be converted: AwaitFor's default clock, which the
-# coordinator's Persister (coordinator/persister.cc) still relies on; it goes
-# once the Persister takes a Clock*. A file here that no longer fetches it
-# fails the check too, so the list only shrinks.
-pending=(common/monotonic_wait.h)
 failed=0
 # shellcheck disable=SC2086
 while IFS= read -r f; do
   [[ -z $f || $f =~ $roots ]] && continue
-  if ! printf '%s\n' "${pending[@]}" | grep -qxF "$f"; then
-    grep -n 'RealClock::Get()' "$f" | sed "s|^|$f:|" |
-      sed 's/$/  <- take a Clock* from whoever composes this object (common\/clock.h)/'
-    failed=1
-  fi
+  grep -n 'RealClock::Get()' "$f" | sed "s|^|$f:|" |
+    sed 's/$/  <- take a Clock* from whoever composes this object (common\/clock.h)/'
+  failed=1
 done < <(grep -l 'RealClock::Get()' $files)
-for f in "${pending[@]}"; do
-  if ! grep -q 'RealClock::Get()' "$f" 2>/dev/null; then
-    echo "$f no longer fetches RealClock::Get(): take it off the pending list of $0"
-    failed=1
-  fi
-done
 ((failed == 0)) || exit 1
-echo "wall clock reads only through common/clock.h; RealClock::Get() in composition roots" \
-  "and in ${#pending[@]} files still to convert"
+echo "wall clock reads only through common/clock.h; RealClock::Get() in composition roots only"

@@ -33,7 +33,7 @@ TEST(PersisterTest, WorldsQueuedDuringASlowWriteGoInOneGroupAndTheNewestWins) {
   auto store = OpenSqliteStateStore(path, absl::Milliseconds(100));
   ASSERT_TRUE(store.ok()) << store.status();
   SerializedStateStore serialized(store->get());
-  Persister p(&serialized);
+  Persister p(&serialized, RealClock::Get());
   const uint64_t first = p.SaveWorld(WorldOf(1));
   absl::SleepFor(absl::Milliseconds(30));  // the writer is inside the first write's fsyncs
   uint64_t last = 0;
@@ -62,7 +62,7 @@ TEST(PersisterTest, TheWriterLetsGoOfAWorldOnceItIsWritten) {
   auto store = OpenSqliteStateStore(path);
   ASSERT_TRUE(store.ok()) << store.status();
   SerializedStateStore serialized(store->get());
-  Persister p(&serialized);
+  Persister p(&serialized, RealClock::Get());
   const std::shared_ptr<const World> world = WorldOf(3);
   ASSERT_TRUE(p.Wait(p.SaveWorld(world)).ok());
   ASSERT_TRUE(p.Flush().ok());
@@ -81,7 +81,7 @@ TEST(PersisterTest, AFlushWithATimeoutNamesAnEventLogThatCannotBeWritten) {
   auto store = OpenSqliteStateStore(path);
   ASSERT_TRUE(store.ok()) << store.status();
   SerializedStateStore serialized(store->get());
-  Persister p(&serialized);
+  Persister p(&serialized, RealClock::Get());
   sqlite3* other = nullptr;
   ASSERT_EQ(sqlite3_open(path.c_str(), &other), SQLITE_OK);
   ASSERT_EQ(sqlite3_exec(other, "BEGIN EXCLUSIVE", nullptr, nullptr, nullptr), SQLITE_OK);
