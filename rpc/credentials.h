@@ -41,7 +41,7 @@ inline constexpr absl::Duration kHandshakeTimeout = absl::Seconds(2);
 inline constexpr absl::Duration kMaxConnectionIdle = absl::Minutes(5);
 
 // The connection rules every muster server applies (the coordinator, the
-// relay): clients may ping every second, even between calls; one server
+// relay, a trainer's state service): clients may ping every second, even between calls; one server
 // per port (no SO_REUSEPORT); a connection that has not begun HTTP/2 after
 // `handshake_timeout`, or has held no call for `max_connection_idle`, is
 // closed.

@@ -30,7 +30,8 @@ class StateServerTest : public ::testing::Test {
                     int64_t* step, uint32_t timeout_ms = 5000) {
     grpc::ClientContext ctx;
     AttachToken(&ctx, token);
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    ctx.set_deadline(
+        absl::ToChronoTime(absl::Now() + absl::Milliseconds(timeout_ms) + absl::Seconds(5)));
     v1::PullStateRequest req;
     req.set_at_step(at_step);
     req.set_timeout_ms(timeout_ms);
@@ -80,11 +81,14 @@ TEST_F(StateServerTest, WaitsForTheStepBoundaryAndSendsEveryChunk) {
   int64_t step = -1;
   grpc::Status status;
   std::thread caller([&] { status = Pull("job-token", 7, &bytes, &step); });
+  // The call is waiting before the training thread steps, however slow the
+  // caller's thread was to start.
+  const absl::Time end = absl::Now() + absl::Seconds(10);
+  while (absl::Now() < end && !server_->Wanted(1'000'000)) absl::SleepFor(absl::Milliseconds(1));
   // The training thread: steps 1.. until someone wants its state.
   std::string state(3 * (1 << 20) + 12345, '\0');  // more than two chunks
   for (size_t i = 0; i < state.size(); ++i) state[i] = static_cast<char>(i * 131);
   int64_t s = 0;
-  const absl::Time end = absl::Now() + absl::Seconds(10);
   while (absl::Now() < end && s < 100) {
     ++s;
     if (server_->Wanted(s)) {
@@ -99,6 +103,26 @@ TEST_F(StateServerTest, WaitsForTheStepBoundaryAndSendsEveryChunk) {
   EXPECT_EQ(step, 7);
   EXPECT_EQ(bytes, state);
   EXPECT_FALSE(server_->Wanted(100));
+}
+
+// `muster pull-weights --step` far ahead waits for minutes while its
+// channel pings the server every 5 s (rpc/credentials.h): the server must
+// accept those pings, not end the call with "too many pings".
+TEST_F(StateServerTest, APullThatWaitsThroughTheClientsKeepalivePingsIsServed) {
+  std::string bytes;
+  int64_t step = -1;
+  grpc::Status status;
+  std::thread caller([&] { status = Pull("job-token", 5, &bytes, &step, /*timeout_ms=*/40000); });
+  const absl::Time end = absl::Now() + absl::Seconds(10);
+  while (absl::Now() < end && !server_->Wanted(1'000'000)) absl::SleepFor(absl::Milliseconds(1));
+  ASSERT_TRUE(server_->Wanted(5));
+  // Past the server's strikes: a first ping, then three too soon after it.
+  absl::SleepFor(absl::Seconds(27));
+  server_->Publish(5, 2, "weights after step 5");
+  caller.join();
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(step, 5);
+  EXPECT_EQ(bytes, "weights after step 5");
 }
 
 TEST_F(StateServerTest, NoStepBoundaryInTimeIsDeadlineExceeded) {

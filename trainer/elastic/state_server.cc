@@ -41,6 +41,8 @@ class StateServerImpl final : public StateServer, public v1::State::Service {
     if (!creds.ok()) return creds.status();
     grpc::ServerBuilder builder;
     builder.AddListeningPort(options_.listen, *creds, &port_);
+    // A pull waits for its step with the client's keepalive pings going.
+    ApplyServerConnectionRules(&builder, kHandshakeTimeout, kMaxConnectionIdle);
     builder.RegisterService(this);
     server_ = builder.BuildAndStart();
     if (server_ == nullptr || port_ == 0) {
