@@ -824,8 +824,12 @@ TEST_F(AgentTest, AStoppedTrainerDropsOutOfTheNodeHeartbeatAndIsFenced) {
   ASSERT_NO_FATAL_FAILURE(WaitForBothNodesAtStep(60));
   const pid_t victim = TrainerPid("b", 1);
   ASSERT_GT(victim, 0) << ReadText(dir_ + "/b.log");
+  // A world of 3 after the stop (node b's trainers may have joined one at
+  // a time, leaving an earlier "world 3" in the log).
+  const size_t before = ReadText(dir_ + "/a.log").size();
   ASSERT_EQ(::kill(victim, SIGSTOP), 0);
-  ASSERT_TRUE(WaitForLine("a", "(world 3, rank", absl::Seconds(30))) << ReadText(dir_ + "/a.log");
+  ASSERT_TRUE(WaitForLine("a", "(world 3, rank", absl::Seconds(30), before))
+      << ReadText(dir_ + "/a.log");
   ASSERT_EQ(::kill(victim, SIGCONT), 0);
   EXPECT_EQ(WaitExit(a), 0) << ReadText(dir_ + "/a.log");
   EXPECT_EQ(WaitExit(b), 0) << ReadText(dir_ + "/b.log");
@@ -853,9 +857,11 @@ TEST_F(AgentStoppedTest, AStoppedTrainerIsDetachedByItsAgentAndRejoinsWhenItRuns
   ASSERT_NO_FATAL_FAILURE(WaitForBothNodesAtStep(60));
   const pid_t victim = TrainerPid("b", 1);
   ASSERT_GT(victim, 0) << ReadText(dir_ + "/b.log");
+  const size_t before = ReadText(dir_ + "/a.log").size();  // as above
   const absl::Time stopped = absl::Now();
   ASSERT_EQ(::kill(victim, SIGSTOP), 0);
-  ASSERT_TRUE(WaitForLine("a", "(world 3, rank", absl::Seconds(60))) << ReadText(dir_ + "/a.log");
+  ASSERT_TRUE(WaitForLine("a", "(world 3, rank", absl::Seconds(60), before))
+      << ReadText(dir_ + "/a.log");
   const absl::Duration regrouped = absl::Now() - stopped;
   EXPECT_LT(regrouped, absl::Seconds(8)) << "the heartbeat timeout is 30 s";
   ASSERT_EQ(::kill(victim, SIGCONT), 0);
