@@ -25,6 +25,13 @@ class StateServerTest : public ::testing::Test {
         *MakeChannel("127.0.0.1:" + std::to_string(server_->port()), {}));
   }
 
+  // Until a call waits for some step (at most 10 s): a caller's thread
+  // may start late.
+  void AwaitCall() {
+    const absl::Time end = absl::Now() + absl::Seconds(10);
+    while (absl::Now() < end && !server_->Wanted(1'000'000)) absl::SleepFor(absl::Milliseconds(1));
+  }
+
   // Pulls the state after `at_step`: the status, and the bytes and step.
   grpc::Status Pull(const std::string& token, int64_t at_step, std::string* bytes,
                     int64_t* step, uint32_t timeout_ms = 5000) {
@@ -83,12 +90,12 @@ TEST_F(StateServerTest, WaitsForTheStepBoundaryAndSendsEveryChunk) {
   std::thread caller([&] { status = Pull("job-token", 7, &bytes, &step); });
   // The call is waiting before the training thread steps, however slow the
   // caller's thread was to start.
-  const absl::Time end = absl::Now() + absl::Seconds(10);
-  while (absl::Now() < end && !server_->Wanted(1'000'000)) absl::SleepFor(absl::Milliseconds(1));
+  AwaitCall();
   // The training thread: steps 1.. until someone wants its state.
   std::string state(3 * (1 << 20) + 12345, '\0');  // more than two chunks
   for (size_t i = 0; i < state.size(); ++i) state[i] = static_cast<char>(i * 131);
   int64_t s = 0;
+  const absl::Time end = absl::Now() + absl::Seconds(10);
   while (absl::Now() < end && s < 100) {
     ++s;
     if (server_->Wanted(s)) {
@@ -113,8 +120,7 @@ TEST_F(StateServerTest, APullThatWaitsThroughTheClientsKeepalivePingsIsServed) {
   int64_t step = -1;
   grpc::Status status;
   std::thread caller([&] { status = Pull("job-token", 5, &bytes, &step, /*timeout_ms=*/40000); });
-  const absl::Time end = absl::Now() + absl::Seconds(10);
-  while (absl::Now() < end && !server_->Wanted(1'000'000)) absl::SleepFor(absl::Milliseconds(1));
+  AwaitCall();
   ASSERT_TRUE(server_->Wanted(5));
   // Past the server's strikes: a first ping, then three too soon after it.
   absl::SleepFor(absl::Seconds(27));

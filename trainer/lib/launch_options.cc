@@ -30,6 +30,13 @@ std::string Env(const char* name) {
   return v == nullptr ? "" : v;
 }
 
+// The collective deadline of Options::collective_timeout_s: the world
+// changes' (a step's and the long waits) and the membership's build timeout
+// (its long wait) come from the same one.
+CollectiveDeadlineOptions DeadlineOptionsFrom(const Options& o) {
+  return CollectiveDeadlineOptions{absl::Seconds(o.collective_timeout_s)};
+}
+
 }  // namespace
 
 absl::StatusOr<ClientOptions> ClientOptionsFrom(const Options& o, Clock* clock) {
@@ -97,7 +104,7 @@ WorldChangesOptions WorldChangesOptionsFrom(const Options& o, bool several_passe
   wo.several_passes = several_passes;
   wo.scale_lr = o.elastic_lr == ElasticLr::kScale;
   wo.batch_per_rank = o.batch_per_rank;
-  wo.deadline = CollectiveDeadlineOptions{absl::Seconds(o.collective_timeout_s)};
+  wo.deadline = DeadlineOptionsFrom(o);
   wo.clock = clock;
   wo.stop_after_step = o.stop_after_step;
   return wo;
@@ -108,8 +115,7 @@ ElasticWorldOptions ElasticWorldOptionsFrom(const Options& o, ClientOptions clie
   ElasticWorldOptions wo;
   wo.comm = CommOptionsFrom(o, static_cast<int>(client.local_rank), clock);
   wo.client = std::move(client);
-  wo.build_timeout =
-      CollectiveDeadline(CollectiveDeadlineOptions{absl::Seconds(o.collective_timeout_s)}).Long();
+  wo.build_timeout = CollectiveDeadline(DeadlineOptionsFrom(o)).Long();
   wo.join_timeout = absl::Seconds(o.join_timeout_s);
   wo.rendezvous_timeout = absl::Seconds(o.rendezvous_timeout_s);
   wo.clock = clock;
