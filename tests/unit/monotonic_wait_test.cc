@@ -1,4 +1,5 @@
-// Waits measured on the monotonic clock (common/monotonic_wait.h): they end
+// Waits measured on the monotonic clock (common/monotonic_wait.h, and
+// common/mutex.h's CondVar): they end
 // on their condition at once, and on their timeout by the clock they are
 // given, not by the wall clock absl's timed waits follow.
 #include "common/monotonic_wait.h"
@@ -8,6 +9,7 @@
 #include <thread>
 
 #include "common/fake_clock.h"
+#include "common/mutex.h"
 
 namespace muster {
 namespace {
@@ -81,6 +83,50 @@ TEST(MonotonicWaitTest, AMutexPokerWakesAnUntimedAwaitAtItsDeadline) {
   }
   EXPECT_GE(clock.Now(), deadline);
   mover.join();
+}
+
+// CondVar::WaitFor says whether it was woken or timed out, and a timeout
+// lasts at least its duration on the monotonic clock.
+TEST(CondVarTest, WaitForTimesOutAfterItsDuration) {
+  Mutex mu;
+  CondVar cv;
+  const absl::Time start = RealClock::Get()->Now();
+  bool woken;
+  {
+    MutexLock lock(&mu);
+    woken = cv.WaitFor(&mu, absl::Milliseconds(50));
+  }
+  EXPECT_GE(RealClock::Get()->Now() - start, absl::Milliseconds(50));
+  // A spurious wake-up would be true too; with nobody notifying, it is rare
+  // enough that false is what a timeout shows.
+  EXPECT_FALSE(woken);
+}
+
+TEST(CondVarTest, ANotifyEndsWaitsWithTheMutexHeldAgain) {
+  Mutex mu;
+  CondVar cv;
+  bool ready = false;  // guarded by mu
+  std::thread setter([&] {
+    absl::SleepFor(absl::Milliseconds(20));
+    MutexLock lock(&mu);
+    ready = true;
+    cv.NotifyAll();
+  });
+  const absl::Time start = RealClock::Get()->Now();
+  {
+    MutexLock lock(&mu);
+    // An infinite duration is an untimed wait, not an overflowed deadline.
+    while (!ready) cv.WaitFor(&mu, absl::InfiniteDuration());
+    EXPECT_TRUE(ready);
+    // Held again: Unlock and Lock within the scope keep the lock balanced.
+    lock.Unlock();
+    lock.Lock();
+  }
+  EXPECT_LT(RealClock::Get()->Now() - start, absl::Seconds(10));
+  setter.join();
+  // Released by the scope: another thread can take it.
+  std::thread taker([&] { MutexLock lock(&mu); });
+  taker.join();
 }
 
 }  // namespace

@@ -37,11 +37,11 @@ Checkpointer::Checkpointer(std::string dir, torch::nn::Module& model,
 
 Checkpointer::~Checkpointer() {
   {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [this] { return !busy_; });
+    MutexLock lock(&mu_);
+    while (busy_) cv_.Wait(&mu_);
     stop_ = true;
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
   writer_.join();
 }
 
@@ -50,8 +50,8 @@ std::string Checkpointer::StepDir(int64_t step) const { return absl::StrCat(dir_
 void Checkpointer::BeforeUpdate() { copier_.BeforeUpdate(); }
 
 absl::Status Checkpointer::Wait() {
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [this] { return !busy_; });
+  MutexLock lock(&mu_);
+  while (busy_) cv_.Wait(&mu_);
   return last_write_;
 }
 
@@ -109,8 +109,8 @@ void Checkpointer::CopyIntoArena(const FileTensors& files,
 
 absl::Status Checkpointer::Snapshot(const CheckpointMeta& meta, Done done) {
   const absl::Time asked = clock_->Now();
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [this] { return !busy_; });
+  MutexLock lock(&mu_);
+  while (busy_) cv_.Wait(&mu_);
   const absl::Time start = clock_->Now();
   backlog_seconds_ = absl::ToDoubleSeconds(start - asked);
   torch::NoGradGuard no_grad;
@@ -147,14 +147,14 @@ absl::Status Checkpointer::Snapshot(const CheckpointMeta& meta, Done done) {
   busy_ = true;
   has_job_ = true;
   blocking_seconds_ = absl::ToDoubleSeconds(clock_->Now() - start);
-  cv_.notify_all();
+  cv_.NotifyAll();
   return absl::OkStatus();
 }
 
 void Checkpointer::WriterLoop() {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   while (true) {
-    cv_.wait(lock, [this] { return stop_ || has_job_; });
+    while (!stop_ && !has_job_) cv_.Wait(&mu_);
     if (stop_) return;
     has_job_ = false;
     const CheckpointMeta meta = meta_;
@@ -162,7 +162,7 @@ void Checkpointer::WriterLoop() {
     CheckpointTiming timing;
     timing.blocking_seconds = blocking_seconds_;
     timing.backlog_seconds = backlog_seconds_;
-    lock.unlock();
+    lock.Unlock();
     const absl::Time start = clock_->Now();
     timing.copy_seconds = copier_.WaitCopied();
     timing.device_bytes = copier_.device_bytes();
@@ -173,10 +173,10 @@ void Checkpointer::WriterLoop() {
       fs_->RemoveAll(StepDir(meta.step)).IgnoreError();
     }
     if (done) done(files, timing);
-    lock.lock();
+    lock.Lock();
     last_write_ = files.status();
     busy_ = false;
-    cv_.notify_all();
+    cv_.NotifyAll();
   }
 }
 
@@ -294,7 +294,10 @@ absl::StatusOr<std::vector<PlannedState>> PlanOptimizer(const TrainingState& sta
   torch::NoGradGuard no_grad;
   const NamedTensors params = state.Parameters();
   for (const TrainingState::Optimizer& opt : state.optimizers) {
-    for (const auto& [name, param] : params) {
+    for (const auto& named : params) {
+      const std::string& name = named.first;
+      const torch::Tensor& param = named.second;  // a lambda below captures it: clang 14
+                                                  // cannot capture a structured binding
       for (const auto& group : opt.optimizer->param_groups()) {
         const bool in_group =
             std::any_of(group.params().begin(), group.params().end(),

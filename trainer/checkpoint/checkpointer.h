@@ -26,11 +26,9 @@
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
-#include <condition_variable>
 #include <cstdlib>
 #include <memory>
 #include <functional>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -38,6 +36,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "common/checkpoint_manifest.h"
+#include "common/mutex.h"
 #include "common/clock.h"
 #include "common/file_system.h"
 #include "trainer/checkpoint/device_copy.h"
@@ -110,8 +109,8 @@ class Checkpointer {
   Clock* const clock_;
   FileSystem* const fs_;
 
-  std::mutex mu_;
-  std::condition_variable cv_;
+  Mutex mu_;
+  CondVar cv_;
   bool busy_ ABSL_GUARDED_BY(mu_) = false;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   bool has_job_ ABSL_GUARDED_BY(mu_) = false;

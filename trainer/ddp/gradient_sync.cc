@@ -59,15 +59,15 @@ GradientSync::GradientSync(std::vector<torch::Tensor> params, Communicator* comm
 
 GradientSync::~GradientSync() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     stop_ = true;
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
   comm_thread_.join();
 }
 
 void GradientSync::SetCommunicator(Communicator* comm) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   comm_ = comm;
 }
 
@@ -93,12 +93,12 @@ void GradientSync::SetRefillFlags(bool from_buckets) {
 }
 
 void GradientSync::SetTimeout(absl::Duration timeout) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   options_.timeout = timeout;
 }
 
 void GradientSync::Begin(bool sync, const std::array<float, kControlWords>& control) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   // A world of one has nothing to reduce: its gradients are the average.
   solo_ = sync && comm_ != nullptr && comm_->size() == 1;
   syncing_ = sync && !solo_;
@@ -122,7 +122,7 @@ void GradientSync::Begin(bool sync, const std::array<float, kControlWords>& cont
 void GradientSync::OnGradient(size_t k, const torch::Tensor& grad) {
   Bucket& b = buckets_[bucket_of_[k]];
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (solo_) got_gradient_[k] = 1;
     if (!syncing_) return;
     if (b.launched) {
@@ -140,7 +140,7 @@ void GradientSync::OnGradient(size_t k, const torch::Tensor& grad) {
   // earlier no-sync steps, and an earlier backward of this pass.
   const torch::Tensor& previous = params_[k].grad();
   if (previous.defined()) slot.add_(previous.reshape({-1}));
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (got_gradient_[k]) return;  // a second backward of the pass: counted once
   got_gradient_[k] = 1;
   if (++b.ready == static_cast<int>(b.params.size()) && options_.overlap) {
@@ -162,31 +162,31 @@ void GradientSync::Launch(size_t bucket) {
   b.launched = true;
   b.filled = StreamMark::Record(b.buffer.device());
   queue_.push_back(bucket);
-  cv_.notify_all();
+  cv_.NotifyAll();
 }
 
 void GradientSync::CommLoop() {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   while (true) {
-    cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+    while (!stop_ && queue_.empty()) cv_.Wait(&mu_);
     if (stop_) return;
     const size_t bucket = queue_.front();
     queue_.pop_front();
     Communicator* comm = comm_;
     const absl::Time deadline = deadline_;
     Bucket& b = buckets_[bucket];
-    lock.unlock();
+    lock.Unlock();
     const absl::Time start = options_.clock->Now();
     b.filled.WaitOnCurrentStream();
     absl::Status s = comm == nullptr
                          ? absl::FailedPreconditionError("no communicator")
                          : ReduceBucket(comm, bucket, ReduceOp::kAverage, deadline);
     const double seconds = absl::ToDoubleSeconds(options_.clock->Now() - start);
-    lock.lock();
+    lock.Lock();
     comm_seconds_ += seconds;
     b.status = s;
     b.done = true;
-    cv_.notify_all();
+    cv_.NotifyAll();
   }
 }
 
@@ -205,7 +205,7 @@ absl::Status GradientSync::ReduceBucket(Communicator* comm, size_t i, ReduceOp o
 
 absl::Status GradientSync::Finish(absl::Time deadline, const std::function<void()>& turn) {
   const absl::Time start = options_.clock->Now();
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (solo_) {
     // As Install would leave them: a parameter without a gradient this
     // step and none accumulated gets zeros.
@@ -240,8 +240,8 @@ absl::Status GradientSync::Finish(absl::Time deadline, const std::function<void(
   const auto all_done = [this] {
     return std::all_of(buckets_.begin(), buckets_.end(), [](const Bucket& b) { return b.done; });
   };
-  while (!cv_.wait_for(lock, std::chrono::milliseconds(100), all_done)) {
-    if (turn) turn();
+  while (!all_done()) {
+    if (!cv_.WaitFor(&mu_, absl::Milliseconds(100)) && !all_done() && turn) turn();
   }
   // The pass is over: hooks stay quiet until the next Begin (another
   // sync's pass may run backward through these parameters).
@@ -252,7 +252,7 @@ absl::Status GradientSync::Finish(absl::Time deadline, const std::function<void(
   for (const Bucket& b : buckets_) {
     if (!b.status.ok()) return b.status;
   }
-  lock.unlock();
+  lock.Unlock();
   const absl::Time refill_start = options_.clock->Now();
   const std::vector<float> words = ReadWords();
   absl::Status s = ReduceRefilled(comm, words, reduce_deadline);

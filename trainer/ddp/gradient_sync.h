@@ -43,11 +43,9 @@
 #include <torch/types.h>
 
 #include <array>
-#include <condition_variable>
 #include <deque>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -55,6 +53,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "common/mutex.h"
 #include "trainer/comm/communicator.h"
 #include "trainer/ddp/device_comm.h"
 
@@ -176,8 +175,8 @@ class GradientSync {
   StepCommStats stats_;
   std::array<float, kControlWords> control_{};
 
-  std::mutex mu_;
-  std::condition_variable cv_;
+  Mutex mu_;
+  CondVar cv_;
   Communicator* comm_ ABSL_GUARDED_BY(mu_) = nullptr;
   bool syncing_ ABSL_GUARDED_BY(mu_) = false;
   bool solo_ ABSL_GUARDED_BY(mu_) = false;  // a synchronised step in a world of one

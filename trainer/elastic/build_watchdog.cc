@@ -1,6 +1,5 @@
 #include "trainer/elastic/build_watchdog.h"
 
-#include <chrono>
 #include <cstdlib>
 
 #include "common/logging.h"
@@ -14,19 +13,19 @@ BuildWatchdog::BuildWatchdog(absl::Time deadline, std::function<bool()> supersed
 
 BuildWatchdog::~BuildWatchdog() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     done_ = true;
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
   thread_.join();
 }
 
 void BuildWatchdog::Watch(absl::Time deadline, std::function<bool()> superseded,
                           absl::Duration grace, Clock* clock) {
   absl::Time superseded_at = absl::InfiniteFuture();
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   while (!done_) {
-    cv_.wait_for(lock, std::chrono::milliseconds(100));
+    cv_.WaitFor(&mu_, absl::Milliseconds(100));
     if (done_) return;
     const absl::Time now = clock->Now();
     if (superseded_at == absl::InfiniteFuture() && superseded()) superseded_at = now;

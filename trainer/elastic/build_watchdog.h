@@ -17,14 +17,13 @@
 #ifndef MUSTER_TRAINER_ELASTIC_BUILD_WATCHDOG_H_
 #define MUSTER_TRAINER_ELASTIC_BUILD_WATCHDOG_H_
 
-#include <atomic>
-#include <condition_variable>
 #include <functional>
-#include <mutex>
 #include <thread>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "common/mutex.h"
 
 namespace muster {
 
@@ -44,12 +43,10 @@ class BuildWatchdog {
              Clock* clock);
 
   // The destructor sets done_ under mu_ and wakes cv_, so that the watching
-  // thread, which waits on cv_ under mu_, cannot miss it. done_ is atomic
-  // rather than ABSL_GUARDED_BY(mu_): clang's thread-safety analysis cannot
-  // check a std::mutex, and rejects the annotation.
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::atomic<bool> done_{false};
+  // thread, which waits on cv_ under mu_, cannot miss it.
+  Mutex mu_;
+  CondVar cv_;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
 

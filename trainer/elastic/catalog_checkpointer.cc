@@ -69,28 +69,28 @@ bool CatalogCheckpointer::Due(int64_t step) const {
 }
 
 void CatalogCheckpointer::Outcome::Set(absl::Status s) {
-  std::lock_guard<std::mutex> lock(mu);
+  absl::MutexLock lock(&mu);
   last = std::move(s);
 }
 
 void CatalogCheckpointer::Outcome::Committed(int64_t step) {
-  std::lock_guard<std::mutex> lock(mu);
+  absl::MutexLock lock(&mu);
   newest_committed = std::max(newest_committed, step);
 }
 
 int CatalogCheckpointer::committed() const {
-  std::lock_guard<std::mutex> lock(outcome_->mu);
+  absl::MutexLock lock(&outcome_->mu);
   return outcome_->committed;
 }
 
 int64_t CatalogCheckpointer::newest_committed() const {
-  std::lock_guard<std::mutex> lock(outcome_->mu);
+  absl::MutexLock lock(&outcome_->mu);
   return outcome_->newest_committed;
 }
 
 absl::Status CatalogCheckpointer::Wait() {
   checkpointer_.Wait().IgnoreError();  // the callback has put the write's error in `last`
-  std::lock_guard<std::mutex> lock(outcome_->mu);
+  absl::MutexLock lock(&outcome_->mu);
   return outcome_->last;
 }
 
@@ -155,7 +155,7 @@ absl::Status CatalogCheckpointer::Write(CoordinatorClient* client, uint64_t id,
           return;
         }
         {
-          std::lock_guard<std::mutex> lock(outcome->mu);
+          absl::MutexLock lock(&outcome->mu);
           ++outcome->committed;
         }
         if (*done) outcome->Committed(step);

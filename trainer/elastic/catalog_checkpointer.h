@@ -22,11 +22,11 @@
 #define MUSTER_TRAINER_ELASTIC_CATALOG_CHECKPOINTER_H_
 
 #include <memory>
-#include <mutex>
 #include <string>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "common/file_system.h"
@@ -94,7 +94,7 @@ class CatalogCheckpointer {
 
   // What the writer's callback and the training thread share.
   struct Outcome {
-    mutable std::mutex mu;
+    mutable absl::Mutex mu;
     absl::Status last ABSL_GUARDED_BY(mu);  // of the last Take
     int committed ABSL_GUARDED_BY(mu) = 0;
     int64_t newest_committed ABSL_GUARDED_BY(mu) = -1;

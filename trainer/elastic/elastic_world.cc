@@ -48,7 +48,7 @@ absl::Status ElasticWorld::Join(uint64_t incarnation) {
 void ElasticWorld::OnNotice(const SessionNotice& n) {
   if (n.kind == SessionNotice::Kind::kRegroup && n.leave) told_to_leave_ = true;
   if (n.kind == SessionNotice::Kind::kRegroup && !n.abort) return;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   // Abort only the world the notice is about: a failure forms a newer
   // generation; a pause names the current one. A late notice about a world
   // this trainer already left behind changes nothing.
@@ -61,7 +61,7 @@ void ElasticWorld::OnNotice(const SessionNotice& n) {
 }
 
 void ElasticWorld::Detach() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   live_comm_ = nullptr;
 }
 
@@ -88,7 +88,7 @@ absl::Status ElasticWorld::Enter(const EnterFn& enter) {
         comm, BuildCommunicator(world_, store_.get(), comm_options, deadline, &kept_));
   }
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     comm_ = std::move(comm);
     live_comm_ = comm_.get();
     live_generation_ = world_.generation;

@@ -26,7 +26,6 @@
 #include <atomic>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 
 #include "absl/base/thread_annotations.h"
@@ -34,6 +33,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "common/mutex.h"
 #include "trainer/client/coordinator_client.h"
 #include "trainer/comm/factory.h"
 #include "trainer/elastic/world_changes.h"
@@ -148,7 +148,7 @@ class ElasticWorld : public WorldChanges::Membership {
   int regroups_ = 0;
   std::atomic<bool> told_to_leave_{false};
   // Guarded by mu_: what the session thread may abort.
-  std::mutex mu_;
+  Mutex mu_;
   Communicator* live_comm_ ABSL_GUARDED_BY(mu_) = nullptr;
   uint64_t live_generation_ ABSL_GUARDED_BY(mu_) = 0;
 };

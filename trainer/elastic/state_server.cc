@@ -5,14 +5,13 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <limits>
-#include <mutex>
 #include <set>
 
 #include "absl/strings/str_cat.h"
 #include "common/clock.h"
 #include "common/logging.h"
+#include "common/mutex.h"
 #include "muster/v1/state.grpc.pb.h"
 #include "rpc/credentials.h"
 #include "trainer/checkpoint/safetensors.h"
@@ -65,19 +64,19 @@ class StateServerImpl final : public StateServer, public v1::State::Service {
     snap->xxh3 = Xxh3Hex(bytes.data(), bytes.size());
     snap->bytes = std::move(bytes);
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       latest_ = std::move(snap);
     }
-    cv_.notify_all();
+    cv_.NotifyAll();
   }
 
   void Shutdown() override {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       if (shut_down_) return;
       shut_down_ = true;
     }
-    cv_.notify_all();
+    cv_.NotifyAll();
     if (server_) {
       server_->Shutdown(
           SystemDeadline(options_.clock->Now() + absl::Seconds(2), options_.clock));
@@ -97,14 +96,14 @@ class StateServerImpl final : public StateServer, public v1::State::Service {
         req->timeout_ms() == 0 ? absl::Seconds(60) : absl::Milliseconds(req->timeout_ms());
     std::shared_ptr<const Snapshot> snap;
     {
-      std::unique_lock<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       // The next step boundary, or the requested one if later.
       const int64_t after = latest_ ? latest_->step : -1;
       const int64_t want = std::max(req->at_step(), after + 1);
       auto it = waiting_.insert(want);
       UpdateEarliest();
       const absl::Time deadline = options_.clock->Now() + wait;
-      auto ready = [&] {
+      auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
         return shut_down_ || ctx->IsCancelled() || (latest_ && latest_->step >= want);
       };
       // Nothing notifies cv_ when the caller goes away (it cancels, or its
@@ -113,7 +112,7 @@ class StateServerImpl final : public StateServer, public v1::State::Service {
       // `wait` ends (up to 49 days). Monotonic: a wall step changes no wait.
       for (absl::Duration left = Remaining(deadline, options_.clock);
            !ready() && left > absl::ZeroDuration(); left = Remaining(deadline, options_.clock)) {
-        cv_.wait_for(lock, absl::ToChronoNanoseconds(std::min(left, kCancelPoll)));
+        cv_.WaitFor(&mu_, std::min(left, kCancelPoll));
       }
       waiting_.erase(it);
       UpdateEarliest();
@@ -148,8 +147,7 @@ class StateServerImpl final : public StateServer, public v1::State::Service {
   }
 
  private:
-  // Caller holds mu_.
-  void UpdateEarliest() {
+  void UpdateEarliest() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     earliest_wanted_.store(waiting_.empty() ? kNobody : *waiting_.begin(),
                            std::memory_order_relaxed);
   }
@@ -157,12 +155,12 @@ class StateServerImpl final : public StateServer, public v1::State::Service {
   StateServerOptions options_;
   int port_ = 0;
   std::unique_ptr<grpc::Server> server_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::multiset<int64_t> waiting_;  // steps that calls wait for
+  Mutex mu_;
+  CondVar cv_;
+  std::multiset<int64_t> waiting_ ABSL_GUARDED_BY(mu_);  // steps that calls wait for
   std::atomic<int64_t> earliest_wanted_{kNobody};
-  std::shared_ptr<const Snapshot> latest_;
-  bool shut_down_ = false;
+  std::shared_ptr<const Snapshot> latest_ ABSL_GUARDED_BY(mu_);
+  bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace

@@ -8,11 +8,11 @@
 #include <atomic>
 #include <cstring>
 #include <functional>
-#include <mutex>
 #include <string>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/clock.h"
 #include "common/status_macros.h"
 
@@ -251,7 +251,7 @@ class NcclCommunicator : public Communicator {
                                                        absl::Time deadline) override;
 
   void Abort(const absl::Status& why) override {
-    std::lock_guard<std::mutex> lock(why_mu_);
+    absl::MutexLock lock(&why_mu_);
     if (abort_requested_) return;
     why_ = std::string(why.message());  // before the flag a collective reads
     abort_requested_ = true;
@@ -259,7 +259,7 @@ class NcclCommunicator : public Communicator {
 
  private:
   absl::Status BrokenStatus() {
-    std::lock_guard<std::mutex> lock(why_mu_);
+    absl::MutexLock lock(&why_mu_);
     return absl::AbortedError(absl::StrCat("nccl communicator aborted: ", why_));
   }
 
@@ -356,8 +356,8 @@ class NcclCommunicator : public Communicator {
   bool revoked_ = false;  // by Break: quiescent once NCCL says so
   bool spent_ = false;    // Shrink made a new one from it
   std::atomic<bool> abort_requested_{false};
-  std::mutex why_mu_;
-  std::string why_;
+  absl::Mutex why_mu_;
+  std::string why_ ABSL_GUARDED_BY(why_mu_);
 };
 
 absl::Status NcclCommunicator::ReadyToShrink(absl::Time deadline) {
