@@ -68,7 +68,7 @@ class StreamMark {
 
  private:
   std::shared_ptr<void> event_;
-  int device_ = -1;
+  [[maybe_unused]] int device_ = -1;  // read only where LibTorch has CUDA
 };
 
 }  // namespace muster
