@@ -1,0 +1,230 @@
+// The layout of sharded optimizer state (trainer/ddp/shard_layout.h,
+// docs/sharding.md): ranges that split each group evenly, a buddy copy on
+// another node, and a reshard plan that takes every range a new rank keeps
+// from a survivor that really holds it, or says that none does.
+#include "trainer/ddp/shard_layout.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <set>
+#include <utility>
+#include <vector>
+
+namespace muster {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+ShardLayout Layout(std::vector<int64_t> groups, std::vector<int> nodes, int copies) {
+  absl::StatusOr<ShardLayout> layout =
+      ShardLayout::Make(std::move(groups), std::move(nodes), copies);
+  EXPECT_TRUE(layout.ok()) << layout.status();
+  return *std::move(layout);
+}
+
+// Ranks on `nodes` nodes of `per_node` ranks each, node-major.
+std::vector<int> Nodes(int nodes, int per_node) {
+  std::vector<int> out;
+  for (int n = 0; n < nodes; ++n) out.insert(out.end(), per_node, n);
+  return out;
+}
+
+TEST(ShardLayoutTest, ShardsSplitEachGroupInOrderWithinOneElement) {
+  for (int w = 1; w <= 7; ++w) {
+    for (int64_t n : {0, 1, 5, 6, 7, 100, 1001}) {
+      const ShardLayout layout = Layout({n}, std::vector<int>(w, 0), 1);
+      int64_t next = 0, smallest = n, largest = 0;
+      for (int s = 0; s < w; ++s) {
+        const ElementRange r = layout.Range(0, s);
+        EXPECT_EQ(r.begin, next) << "w=" << w << " n=" << n << " shard " << s;
+        next = r.end;
+        smallest = std::min(smallest, r.size());
+        largest = std::max(largest, r.size());
+      }
+      EXPECT_EQ(next, n) << "w=" << w;
+      EXPECT_LE(largest - smallest, 1) << "w=" << w << " n=" << n;
+    }
+  }
+}
+
+TEST(ShardLayoutTest, TheBuddyCopyIsOnTheOtherNode) {
+  const ShardLayout layout = Layout({100}, Nodes(2, 2), 2);
+  ASSERT_EQ(layout.copies(), 2);
+  const std::vector<int> node = Nodes(2, 2);
+  std::vector<int> kept_count(4, 0);
+  for (int s = 0; s < 4; ++s) {
+    const std::vector<int> holders = layout.Holders(s);
+    ASSERT_EQ(holders.size(), 2u);
+    EXPECT_EQ(holders[0], s) << "the owner comes first";
+    EXPECT_NE(node[holders[0]], node[holders[1]]) << "shard " << s;
+    for (int r : holders) ++kept_count[r];
+  }
+  EXPECT_THAT(kept_count, ElementsAre(2, 2, 2, 2));
+  // KeptBy is Holders seen from the rank.
+  for (int r = 0; r < 4; ++r) {
+    for (int s : layout.KeptBy(r)) {
+      const std::vector<int> holders = layout.Holders(s);
+      EXPECT_NE(std::find(holders.begin(), holders.end(), r), holders.end());
+    }
+    EXPECT_EQ(layout.KeptBy(r)[0], r);
+  }
+}
+
+TEST(ShardLayoutTest, RanksListedOutOfNodeOrderStillBackUpAcrossNodes) {
+  // Ranks 0 and 2 on node 0, 1 and 3 on node 1.
+  const ShardLayout layout = Layout({64}, {0, 1, 0, 1}, 2);
+  const std::vector<int> node = {0, 1, 0, 1};
+  for (int s = 0; s < 4; ++s) {
+    const std::vector<int> holders = layout.Holders(s);
+    EXPECT_NE(node[holders[0]], node[holders[1]]) << "shard " << s;
+  }
+}
+
+TEST(ShardLayoutTest, AWorldOfOneKeepsOneCopy) {
+  const ShardLayout layout = Layout({10}, {0}, 2);
+  EXPECT_EQ(layout.copies(), 1);
+  EXPECT_THAT(layout.Holders(0), ElementsAre(0));
+  EXPECT_THAT(layout.KeptBy(0), ElementsAre(0));
+  EXPECT_EQ(layout.Range(0, 0), (ElementRange{0, 10}));
+}
+
+TEST(ShardLayoutTest, BadLayoutsAreRefusedNamingWhatWasWrong) {
+  EXPECT_THAT(ShardLayout::Make({10}, {0, 0}, 3).status().message(),
+              HasSubstr("copies must be 1 or 2, not 3"));
+  EXPECT_THAT(ShardLayout::Make({10}, {}, 1).status().message(), HasSubstr("at least one rank"));
+  EXPECT_THAT(ShardLayout::Make({10, -1}, {0}, 1).status().message(),
+              HasSubstr("parameter group 1 has -1 elements"));
+  EXPECT_THAT(ShardLayout::Make({10}, {0, -2}, 1).status().message(),
+              HasSubstr("rank 1 is on node -2"));
+}
+
+// Which (group, element) each rank keeps under `layout`.
+std::vector<std::set<std::pair<int, int64_t>>> Holdings(const ShardLayout& layout) {
+  std::vector<std::set<std::pair<int, int64_t>>> held(layout.world());
+  for (int r = 0; r < layout.world(); ++r) {
+    for (int s : layout.KeptBy(r)) {
+      for (int g = 0; g < layout.groups(); ++g) {
+        const ElementRange range = layout.Range(g, s);
+        for (int64_t e = range.begin; e < range.end; ++e) held[r].insert({g, e});
+      }
+    }
+  }
+  return held;
+}
+
+// Checks a plan against the layouts element by element: each new rank gets
+// exactly what it keeps, once, each piece from a survivor that held it.
+void ExpectPlanMovesWhatIsKeptFromWhoHeldIt(const ShardLayout& before, const ShardLayout& after,
+                                            const std::vector<int>& new_rank_of_old,
+                                            const std::vector<ReshardPiece>& plan) {
+  std::vector<int> old_of_new(after.world(), -1);
+  for (size_t r = 0; r < new_rank_of_old.size(); ++r) {
+    if (new_rank_of_old[r] >= 0) old_of_new[new_rank_of_old[r]] = static_cast<int>(r);
+  }
+  const auto held_before = Holdings(before);
+  const auto keeps_after = Holdings(after);
+  std::vector<std::set<std::pair<int, int64_t>>> got(after.world());
+  for (const ReshardPiece& p : plan) {
+    ASSERT_GE(p.from, 0);
+    ASSERT_LT(p.from, after.world());
+    const int source_old = old_of_new[p.from];
+    ASSERT_GE(source_old, 0) << "piece from new rank " << p.from << ", a joiner, who holds nothing";
+    for (int64_t e = p.range.begin; e < p.range.end; ++e) {
+      EXPECT_TRUE(held_before[source_old].count({p.group, e}))
+          << "new rank " << p.from << " did not hold element " << e << " of group " << p.group;
+      EXPECT_TRUE(got[p.to].insert({p.group, e}).second)
+          << "new rank " << p.to << " gets element " << e << " of group " << p.group << " twice";
+    }
+  }
+  for (int t = 0; t < after.world(); ++t) EXPECT_EQ(got[t], keeps_after[t]) << "new rank " << t;
+}
+
+TEST(ShardLayoutTest, AfterADeathEveryKeptRangeComesFromASurvivorThatHeldIt) {
+  // 2 nodes x 2, rank 1 killed: ranks 0, 2, 3 become 0, 1, 2.
+  const ShardLayout before = Layout({10, 7}, Nodes(2, 2), 2);
+  const ShardLayout after = Layout({10, 7}, {0, 1, 1}, 2);
+  const std::vector<int> mapping = {0, -1, 1, 2};
+  absl::StatusOr<std::vector<ReshardPiece>> plan = PlanReshard(before, after, mapping);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ExpectPlanMovesWhatIsKeptFromWhoHeldIt(before, after, mapping, *plan);
+}
+
+TEST(ShardLayoutTest, WhatARankAlreadyHoldsStaysWithIt) {
+  const ShardLayout before = Layout({12}, Nodes(2, 2), 2);
+  const ShardLayout after = Layout({12}, Nodes(2, 2), 2);
+  absl::StatusOr<std::vector<ReshardPiece>> plan = PlanReshard(before, after, {0, 1, 2, 3});
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  for (const ReshardPiece& p : *plan) EXPECT_EQ(p.from, p.to) << "same world, nothing moves";
+}
+
+// Every world up to 6 ranks on one or two nodes, one and two copies, with
+// no death, each single death and each pair of deaths: a plan exists
+// exactly when every element is still held by someone, and then it is right.
+TEST(ShardLayoutTest, APlanExistsExactlyWhenEveryElementSurvivedAndThenItIsRight) {
+  for (int w = 1; w <= 6; ++w) {
+    for (int copies : {1, 2}) {
+      for (int nodes : {1, 2}) {
+        std::vector<int> node(w);
+        for (int r = 0; r < w; ++r) node[r] = r * nodes / w;
+        const ShardLayout before = Layout({13, 5}, node, copies);
+        const auto held = Holdings(before);
+        for (int a = -1; a < w; ++a) {
+          for (int b = a; b < w; ++b) {
+            std::vector<int> mapping(w), new_node;
+            int next = 0;
+            for (int r = 0; r < w; ++r) {
+              const bool dead = r == a || r == b;
+              mapping[r] = dead ? -1 : next++;
+              if (!dead) new_node.push_back(node[r]);
+            }
+            if (next == 0) continue;
+            const ShardLayout after = Layout({13, 5}, new_node, copies);
+            std::set<std::pair<int, int64_t>> alive;
+            for (int r = 0; r < w; ++r) {
+              if (mapping[r] >= 0) alive.insert(held[r].begin(), held[r].end());
+            }
+            const bool all_held = alive.size() == 13u + 5u;
+            absl::StatusOr<std::vector<ReshardPiece>> plan = PlanReshard(before, after, mapping);
+            SCOPED_TRACE(testing::Message() << "w=" << w << " copies=" << copies
+                                            << " nodes=" << nodes << " dead=" << a << "," << b);
+            ASSERT_EQ(plan.ok(), all_held) << plan.status();
+            if (plan.ok()) {
+              ExpectPlanMovesWhatIsKeptFromWhoHeldIt(before, after, mapping, *plan);
+            } else {
+              EXPECT_EQ(plan.status().code(), absl::StatusCode::kNotFound);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(ShardLayoutTest, WithOneCopyADeadRanksStateIsNamedAsLost) {
+  const ShardLayout before = Layout({8}, Nodes(2, 2), 1);
+  const ShardLayout after = Layout({8}, {0, 1, 1}, 1);
+  absl::StatusOr<std::vector<ReshardPiece>> plan = PlanReshard(before, after, {0, -1, 1, 2});
+  ASSERT_FALSE(plan.ok());
+  EXPECT_EQ(plan.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(plan.status().message(), HasSubstr("elements [2, 4) of parameter group 0"));
+  EXPECT_THAT(plan.status().message(), HasSubstr("must come from a checkpoint"));
+}
+
+TEST(ShardLayoutTest, LayoutsThatDoNotFitAreRefused) {
+  const ShardLayout four = Layout({8}, Nodes(2, 2), 2);
+  EXPECT_THAT(PlanReshard(four, Layout({8, 1}, {0, 1}, 2), {0, 1, -1, -1}).status().message(),
+              HasSubstr("1 and 2 parameter groups"));
+  EXPECT_THAT(PlanReshard(four, Layout({9}, {0, 1}, 2), {0, 1, -1, -1}).status().message(),
+              HasSubstr("8 elements before and 9 after"));
+  EXPECT_THAT(PlanReshard(four, Layout({8}, {0, 1}, 2), {0, 1}).status().message(),
+              HasSubstr("names 2 old ranks; the old world has 4"));
+  EXPECT_THAT(PlanReshard(four, Layout({8}, {0, 1}, 2), {0, 0, -1, -1}).status().message(),
+              HasSubstr("which another old rank maps to"));
+  EXPECT_THAT(PlanReshard(four, Layout({8}, {0, 1}, 2), {0, 5, -1, -1}).status().message(),
+              HasSubstr("old rank 1 maps to new rank 5 in a world of 2"));
+}
+
+}  // namespace
+}  // namespace muster

@@ -1,0 +1,147 @@
+#include "trainer/ddp/shard_layout.h"
+
+#include <algorithm>
+#include <numeric>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace muster {
+
+absl::StatusOr<ShardLayout> ShardLayout::Make(std::vector<int64_t> group_elements,
+                                              std::vector<int> node_of_rank, int copies) {
+  if (node_of_rank.empty()) {
+    return absl::InvalidArgumentError("a shard layout needs a world of at least one rank");
+  }
+  if (copies != 1 && copies != 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("optimizer state copies must be 1 or 2, not ", copies));
+  }
+  for (size_t g = 0; g < group_elements.size(); ++g) {
+    if (group_elements[g] < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("parameter group ", g, " has ", group_elements[g], " elements"));
+    }
+  }
+  for (size_t r = 0; r < node_of_rank.size(); ++r) {
+    if (node_of_rank[r] < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("rank ", r, " is on node ", node_of_rank[r], ", not a node index"));
+    }
+  }
+  return ShardLayout(std::move(group_elements), std::move(node_of_rank), copies);
+}
+
+ShardLayout::ShardLayout(std::vector<int64_t> group_elements, std::vector<int> node_of_rank,
+                         int copies)
+    : group_elements_(std::move(group_elements)),
+      node_of_rank_(std::move(node_of_rank)),
+      copies_(std::min(copies, static_cast<int>(node_of_rank_.size()))),
+      order_(node_of_rank_.size()),
+      position_(node_of_rank_.size()) {
+  std::iota(order_.begin(), order_.end(), 0);
+  std::stable_sort(order_.begin(), order_.end(),
+                   [this](int a, int b) { return node_of_rank_[a] < node_of_rank_[b]; });
+  for (size_t p = 0; p < order_.size(); ++p) position_[order_[p]] = static_cast<int>(p);
+}
+
+ElementRange ShardLayout::Range(int group, int shard) const {
+  const int64_t n = group_elements_[group];
+  const int64_t w = world();
+  const int64_t base = n / w;
+  const int64_t extra = n % w;
+  const int64_t begin = shard * base + std::min<int64_t>(shard, extra);
+  return ElementRange{begin, begin + base + (shard < extra ? 1 : 0)};
+}
+
+std::vector<int> ShardLayout::Holders(int shard) const {
+  if (copies_ == 1) return {shard};
+  const int w = world();
+  return {shard, order_[(position_[shard] + w / 2) % w]};
+}
+
+std::vector<int> ShardLayout::KeptBy(int rank) const {
+  if (copies_ == 1) return {rank};
+  const int w = world();
+  return {rank, order_[(position_[rank] - w / 2 + w) % w]};
+}
+
+namespace {
+
+// The new rank that sends `shard`'s elements of the old layout to new rank
+// `to`: `to` itself if it held them, else the first holder that survived;
+// -1 if none did.
+int SourceOf(const ShardLayout& before, int shard, int to,
+             const std::vector<int>& new_rank_of_old) {
+  const std::vector<int> holders = before.Holders(shard);
+  for (int old : holders) {
+    if (new_rank_of_old[old] == to) return to;
+  }
+  for (int old : holders) {
+    if (new_rank_of_old[old] >= 0) return new_rank_of_old[old];
+  }
+  return -1;
+}
+
+absl::Status CheckFit(const ShardLayout& before, const ShardLayout& after,
+                      const std::vector<int>& new_rank_of_old) {
+  if (before.groups() != after.groups()) {
+    return absl::InvalidArgumentError(absl::StrCat("the layouts have ", before.groups(), " and ",
+                                                   after.groups(), " parameter groups"));
+  }
+  for (int g = 0; g < before.groups(); ++g) {
+    if (before.group_elements(g) != after.group_elements(g)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("parameter group ", g, " has ", before.group_elements(g),
+                       " elements before and ", after.group_elements(g), " after"));
+    }
+  }
+  if (static_cast<int>(new_rank_of_old.size()) != before.world()) {
+    return absl::InvalidArgumentError(absl::StrCat("the mapping names ", new_rank_of_old.size(),
+                                                   " old ranks; the old world has ",
+                                                   before.world()));
+  }
+  std::vector<char> taken(after.world(), 0);
+  for (size_t r = 0; r < new_rank_of_old.size(); ++r) {
+    const int t = new_rank_of_old[r];
+    if (t < -1 || t >= after.world() || (t >= 0 && taken[t])) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("old rank ", r, " maps to new rank ", t, " in a world of ", after.world(),
+                       t >= 0 && t < after.world() ? ", which another old rank maps to" : ""));
+    }
+    if (t >= 0) taken[t] = 1;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<ReshardPiece>> PlanReshard(const ShardLayout& before,
+                                                      const ShardLayout& after,
+                                                      const std::vector<int>& new_rank_of_old) {
+  if (absl::Status s = CheckFit(before, after, new_rank_of_old); !s.ok()) return s;
+  std::vector<ReshardPiece> pieces;
+  for (int to = 0; to < after.world(); ++to) {
+    for (int kept : after.KeptBy(to)) {
+      for (int g = 0; g < after.groups(); ++g) {
+        const ElementRange want = after.Range(g, kept);
+        // Old shards are contiguous and in order: walk those that overlap.
+        for (int old = 0; old < before.world(); ++old) {
+          const ElementRange had = before.Range(g, old);
+          const ElementRange part{std::max(want.begin, had.begin), std::min(want.end, had.end)};
+          if (part.size() <= 0) continue;
+          const int from = SourceOf(before, old, to, new_rank_of_old);
+          if (from < 0) {
+            return absl::NotFoundError(absl::StrCat(
+                "no surviving rank holds old shard ", old, " (elements [", had.begin, ", ", had.end,
+                ") of parameter group ", g, "): that optimizer state must come from a checkpoint"));
+          }
+          pieces.push_back(ReshardPiece{to, from, g, part});
+        }
+      }
+    }
+  }
+  return pieces;
+}
+
+}  // namespace muster

@@ -1,0 +1,93 @@
+// ShardLayout: who owns and who keeps which range of the optimizer state
+// when it is sharded (docs/sharding.md). Pure arithmetic, no LibTorch.
+//
+// Each parameter group's elements form one flat vector of N_g elements.
+// Shard s of a world of W ranks is the element range
+//   [s*N_g/W + min(s, N_g%W), ...) of length N_g/W, plus one for the first
+//   N_g%W shards,
+// so that every shard is within one element of every other. Rank s owns
+// shard s. With two copies, shard s is also kept by its buddy: the rank
+// W/2 places after s in node order (ranks sorted by node, then rank), which
+// is on another node wherever the world has more than one node with ranks
+// spread evenly.
+//
+// PlanReshard says, for a new world, where each range a new rank keeps
+// comes from: for every shard it keeps in the new layout, pieces of
+// (group, element range, the surviving old rank that holds them).
+//
+// Thread-safety: immutable once made.
+#ifndef MUSTER_TRAINER_DDP_SHARD_LAYOUT_H_
+#define MUSTER_TRAINER_DDP_SHARD_LAYOUT_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace muster {
+
+struct ElementRange {
+  int64_t begin = 0;  // first element
+  int64_t end = 0;    // one past the last
+  int64_t size() const { return end - begin; }
+  bool operator==(const ElementRange& o) const { return begin == o.begin && end == o.end; }
+};
+
+class ShardLayout {
+ public:
+  // `group_elements`: N_g for each parameter group (each >= 0);
+  // `node_of_rank`: the node of each rank (its size is W >= 1); `copies`:
+  // 1, or 2 (a buddy copy; a world of one keeps one copy whatever is
+  // asked). INVALID_ARGUMENT for anything else, naming what was wrong.
+  static absl::StatusOr<ShardLayout> Make(std::vector<int64_t> group_elements,
+                                          std::vector<int> node_of_rank, int copies);
+
+  int world() const { return static_cast<int>(node_of_rank_.size()); }
+  int groups() const { return static_cast<int>(group_elements_.size()); }
+  // The copies each shard has in this world: min(asked, world()).
+  int copies() const { return copies_; }
+  int64_t group_elements(int group) const { return group_elements_[group]; }
+
+  // Shard `shard`'s range of group `group`'s elements.
+  ElementRange Range(int group, int shard) const;
+  // The ranks that keep shard `shard`: its owner first, then its buddy.
+  std::vector<int> Holders(int shard) const;
+  // The shards rank `rank` keeps: its own first, then the one it backs up.
+  std::vector<int> KeptBy(int rank) const;
+
+ private:
+  ShardLayout(std::vector<int64_t> group_elements, std::vector<int> node_of_rank, int copies);
+
+  std::vector<int64_t> group_elements_;
+  std::vector<int> node_of_rank_;
+  int copies_ = 1;
+  std::vector<int> order_;     // ranks in node order
+  std::vector<int> position_;  // rank -> its index in order_
+};
+
+// One piece of a reshard: elements [range) of group `group`, which the new
+// rank `to` keeps, come from the survivor whose rank in the new world is
+// `from` (to == from: the rank has them already).
+struct ReshardPiece {
+  int to = 0;
+  int from = 0;
+  int group = 0;
+  ElementRange range;
+};
+
+// How to go from `before` to `after` in memory: `new_rank_of_old[r]` is old
+// rank r's rank in the new world, or -1 if it is gone. Every element of
+// every shard a new rank keeps is covered by exactly one piece, taken from
+// the old holder that is the new rank itself where it can be (nothing moves),
+// else from the shard's old owner, else from its buddy. NOT_FOUND, naming
+// the group and the range, when no survivor holds some range: that state
+// must come from a checkpoint. INVALID_ARGUMENT when the layouts do not fit
+// together (other groups, a mapping of the wrong size or to ranks that do
+// not exist).
+absl::StatusOr<std::vector<ReshardPiece>> PlanReshard(const ShardLayout& before,
+                                                      const ShardLayout& after,
+                                                      const std::vector<int>& new_rank_of_old);
+
+}  // namespace muster
+
+#endif  // MUSTER_TRAINER_DDP_SHARD_LAYOUT_H_
