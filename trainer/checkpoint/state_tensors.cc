@@ -79,6 +79,18 @@ void PutOptimizerState(torch::optim::Optimizer& optimizer, const torch::Tensor& 
   map[StateKey(map, param)] = std::move(state);
 }
 
+torch::optim::OptimizerParamState* FindOptimizerState(torch::optim::Optimizer& optimizer,
+                                                      const torch::Tensor& param) {
+  auto& map = optimizer.state();
+  auto it = map.find(StateKey(map, param));
+  return it == map.end() ? nullptr : it->second.get();
+}
+
+void EraseOptimizerState(torch::optim::Optimizer& optimizer, const torch::Tensor& param) {
+  auto& map = optimizer.state();
+  map.erase(StateKey(map, param));
+}
+
 const torch::optim::OptimizerOptions* GroupOptionsOf(const torch::optim::Optimizer& optimizer,
                                                       const torch::Tensor& param) {
   for (const auto& group : optimizer.param_groups()) {

@@ -37,6 +37,11 @@ void EnsureOptimizerState(torch::optim::Optimizer& optimizer, const OptimizerCod
 // the parameter's TensorImpl, as a pointer in 2.x and as a string in 1.13).
 void PutOptimizerState(torch::optim::Optimizer& optimizer, const torch::Tensor& param,
                        std::unique_ptr<torch::optim::OptimizerParamState> state);
+// The optimizer state of `param`, or null when it has none.
+torch::optim::OptimizerParamState* FindOptimizerState(torch::optim::Optimizer& optimizer,
+                                                      const torch::Tensor& param);
+// Drops the optimizer state of `param` (none: nothing happens).
+void EraseOptimizerState(torch::optim::Optimizer& optimizer, const torch::Tensor& param);
 // The options of the group that holds `param` (null: none does).
 const torch::optim::OptimizerOptions* GroupOptionsOf(const torch::optim::Optimizer& optimizer,
                                                       const torch::Tensor& param);

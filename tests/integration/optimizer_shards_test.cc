@@ -1,0 +1,231 @@
+// Sharded optimizer state (trainer/elastic/optimizer_shards.h,
+// docs/sharding.md) over real Gloo, ranks as threads: the program's own
+// LibTorch optimizer steps flat shards of each parameter group, and the
+// parameters gathered from the owners equal, bit for bit, what the same
+// optimizer gives unsharded from the same averaged gradients.
+#include "trainer/elastic/optimizer_shards.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "tests/integration/comm_world.h"
+
+namespace muster {
+namespace {
+
+using Net = torch::nn::Sequential;
+
+// A small MLP with sizes that shard boundaries cut through, set to values
+// that depend only on the parameter's index (ranks are threads: the global
+// generator is shared, so it is not used).
+Net MakeNet() {
+  Net net(torch::nn::Linear(7, 13), torch::nn::Tanh(), torch::nn::Linear(13, 5));
+  torch::NoGradGuard no_grad;
+  int i = 0;
+  for (torch::Tensor& p : net->parameters()) {
+    p.copy_(torch::sin(torch::arange(p.numel(), torch::kFloat32) * 0.37 + i++).view_as(p) * 0.3);
+  }
+  return net;
+}
+
+// The batch of `rank` at `step`.
+torch::Tensor Batch(int rank, int step) {
+  return torch::cos(torch::arange(4 * 7, torch::kFloat32) * 0.11 * (rank + 1) + step).view({4, 7});
+}
+
+struct Kind {
+  std::string name;
+  std::function<std::unique_ptr<torch::optim::Optimizer>(Net&)> make;
+};
+
+void PrintTo(const Kind& kind, std::ostream* os) { *os << kind.name; }
+
+std::vector<torch::optim::OptimizerParamGroup> TwoGroups(Net& net) {
+  std::vector<torch::Tensor> first, second;
+  for (const auto& p : net->named_parameters()) {
+    (p.key().rfind("0.", 0) == 0 ? first : second).push_back(p.value());
+  }
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(first, std::make_unique<torch::optim::AdamOptions>(0.02));
+  groups.emplace_back(second, std::make_unique<torch::optim::AdamOptions>(0.005));
+  return groups;
+}
+
+std::vector<Kind> Kinds() {
+  using namespace torch::optim;  // NOLINT: the optimizers' option builders
+  return {
+      {"SgdNesterov",
+       [](Net& n) {
+         return std::make_unique<SGD>(
+             n->parameters(), SGDOptions(0.05).momentum(0.9).nesterov(true).weight_decay(0.01));
+       }},
+      {"AdamAmsgrad",
+       [](Net& n) {
+         return std::make_unique<Adam>(n->parameters(),
+                                       AdamOptions(0.01).amsgrad(true).weight_decay(0.01));
+       }},
+      {"AdamTwoGroups", [](Net& n) { return std::make_unique<Adam>(TwoGroups(n)); }},
+      {"AdamW",
+       [](Net& n) {
+         return std::make_unique<AdamW>(n->parameters(), AdamWOptions(0.01).weight_decay(0.1));
+       }},
+      {"RmspropCentered",
+       [](Net& n) {
+         return std::make_unique<RMSprop>(n->parameters(),
+                                          RMSpropOptions(0.01).centered(true).momentum(0.5));
+       }},
+      {"Adagrad",
+       [](Net& n) {
+         return std::make_unique<Adagrad>(n->parameters(), AdagradOptions(0.05).lr_decay(0.01));
+       }},
+  };
+}
+
+void Backward(Net& net, int rank, int step) {
+  net->zero_grad();
+  net->forward(Batch(rank, step)).pow(2).sum().backward();
+}
+
+// Each of the optimizer's groups' gradients flat, averaged over the world
+// and written back: one all-reduce per group, as the sharded step makes
+// (a ring all-reduce's summation order depends on the buffer it is given).
+void AverageGradients(torch::optim::Optimizer& optimizer, Communicator* comm) {
+  for (auto& group : optimizer.param_groups()) {
+    std::vector<torch::Tensor> grads;
+    for (const torch::Tensor& p : group.params()) grads.push_back(p.grad().reshape({-1}));
+    torch::Tensor flat = torch::cat(grads);
+    ASSERT_TRUE(comm->AllReduce(flat.data_ptr(), flat.numel(), DataType::kFloat32,
+                                ReduceOp::kAverage, absl::Now() + absl::Seconds(30))
+                    .ok());
+    int64_t offset = 0;
+    for (torch::Tensor& p : group.params()) {
+      p.mutable_grad().copy_(flat.narrow(0, offset, p.numel()).view_as(p));
+      offset += p.numel();
+    }
+  }
+}
+
+// One sharded step of every group: the gradients averaged over the world
+// (one all-reduce of the group's flat gradient, as the reference does),
+// the masters stepped, the owners' ranges all-gathered into the parameters.
+void ShardedStep(Net& net, torch::optim::Optimizer& optimizer, OptimizerShards& shards,
+                 Communicator* comm) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  for (int g = 0; g < shards.groups(); ++g) {
+    torch::Tensor flat = shards.FlatGradients(g);
+    ASSERT_TRUE(comm->AllReduce(flat.data_ptr(), flat.numel(), DataType::kFloat32,
+                                ReduceOp::kAverage, deadline)
+                    .ok());
+    shards.SetGradients(g, flat);
+  }
+  // The optimizer no longer holds the parameters: clearing their .grad is
+  // the caller's (in training, muster's at the step boundary).
+  net->zero_grad();
+  optimizer.step();
+  for (int g = 0; g < shards.groups(); ++g) {
+    torch::Tensor flat = shards.FlatParameters(g);
+    shards.WriteOwn(g, &flat);
+    std::vector<size_t> counts;
+    for (int r = 0; r < shards.layout().world(); ++r) {
+      counts.push_back(static_cast<size_t>(shards.layout().Range(g, r).size()));
+    }
+    ASSERT_TRUE(comm->AllGather(flat.data_ptr(), counts, DataType::kFloat32, deadline).ok());
+    shards.Install(g, flat);
+  }
+}
+
+class OptimizerShardsTest : public ::testing::TestWithParam<Kind> {};
+
+// Two steps unsharded (so the state sharding finds is not the initial one),
+// then four sharded, against the same optimizer unsharded throughout, in
+// worlds of one and of three (odd: ranges of unequal size) with a buddy
+// copy: the parameters stay bit-identical.
+TEST_P(OptimizerShardsTest, ShardedStepsEqualTheUnshardedOptimizerBitForBit) {
+  for (int world : {1, 3}) {
+    ASSERT_TRUE(RunCommWorld(world, "gloo", [&](int rank, Communicator* comm) {
+      Net reference = MakeNet(), sharded = MakeNet();
+      auto reference_opt = GetParam().make(reference);
+      auto sharded_opt = GetParam().make(sharded);
+      std::unique_ptr<OptimizerShards> shards;
+      for (int step = 0; step < 6; ++step) {
+        Backward(reference, rank, step);
+        AverageGradients(*reference_opt, comm);
+        reference_opt->step();
+        Backward(sharded, rank, step);
+        if (step < 2) {
+          AverageGradients(*sharded_opt, comm);
+          sharded_opt->step();
+          continue;
+        }
+        if (shards == nullptr) {
+          auto made = OptimizerShards::Make({sharded_opt.get()}, rank,
+                                            std::vector<int>(world, 0), /*copies=*/2);
+          ASSERT_TRUE(made.ok()) << made.status();
+          shards = *std::move(made);
+        }
+        ShardedStep(sharded, *sharded_opt, *shards, comm);
+        const auto want = reference->parameters(), got = sharded->parameters();
+        for (size_t i = 0; i < want.size(); ++i) {
+          ASSERT_TRUE(torch::equal(want[i], got[i]))
+              << GetParam().name << ", world " << world << ", rank " << rank << ", step "
+              << step << ", parameter " << i << ": largest difference "
+              << (want[i] - got[i]).abs().max().item<float>();
+        }
+      }
+    }).ok());
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Optimizers, OptimizerShardsTest, ::testing::ValuesIn(Kinds()),
+                         [](const ::testing::TestParamInfo<Kind>& info) { return info.param.name; });
+
+// Four ranks on two nodes, two copies: each rank holds the Adam state of
+// half the elements (its own quarter and its buddy's), against all of
+// them unsharded.
+TEST(OptimizerShardsStateTest, EachRankHoldsTheStateOfCopiesOverWorldOfTheElements) {
+  Net net = MakeNet();
+  int64_t elements = 0;
+  for (const torch::Tensor& p : net->parameters()) elements += p.numel();
+  for (int rank = 0; rank < 4; ++rank) {
+    Net copy = MakeNet();
+    torch::optim::Adam adam(copy->parameters(), torch::optim::AdamOptions(0.01));
+    auto shards = OptimizerShards::Make({&adam}, rank, {0, 0, 1, 1}, /*copies=*/2);
+    ASSERT_TRUE(shards.ok()) << shards.status();
+    // exp_avg and exp_avg_sq over the kept ranges.
+    const int64_t kept = (*shards)->layout().Range(0, rank).size() +
+                         (*shards)->layout().Range(0, (*shards)->layout().KeptBy(rank)[1]).size();
+    EXPECT_EQ((*shards)->StateElements(), 2 * kept) << "rank " << rank;
+    EXPECT_LE(kept, elements / 2 + 2) << "rank " << rank;
+    EXPECT_EQ(adam.state().size(), 2u) << "only the two masters hold state";
+  }
+}
+
+TEST(OptimizerShardsStateTest, WhatCannotBeShardedIsRefusedNamingIt) {
+  Net net = MakeNet();
+  torch::optim::LBFGS lbfgs(net->parameters(), torch::optim::LBFGSOptions(0.1));
+  auto refused = OptimizerShards::Make({&lbfgs}, 0, {0}, 1);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("LBFGS"), std::string::npos) << refused.status();
+
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(std::vector<torch::Tensor>{torch::zeros({3}, torch::requires_grad())});
+  groups.emplace_back(std::vector<torch::Tensor>{
+      torch::zeros({3}, torch::TensorOptions().dtype(torch::kFloat64).requires_grad(true))});
+  torch::optim::SGD sgd(groups, torch::optim::SGDOptions(0.1));
+  refused = OptimizerShards::Make({&sgd}, 0, {0}, 1);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("optimizer 0 group 1: parameter 0 is Double"),
+            std::string::npos)
+      << refused.status();
+  EXPECT_EQ(sgd.param_groups()[0].params().size(), 1u);
+  EXPECT_EQ(sgd.param_groups()[0].params()[0].numel(), 3) << "a refusal swaps nothing";
+}
+
+}  // namespace
+}  // namespace muster
