@@ -192,20 +192,26 @@ TEST_F(ElasticScaleDownTest, SigtermAndDrainLeaveGracefullyAndTheRestGoesOn) {
 }
 
 TEST_F(ElasticTest, SurvivorsKeepTrainingAndAReplacementPullsTheirState) {
-  std::vector<pid_t> pids = {Trainer(0, "t0"), Trainer(1, "t1"), Trainer(2, "t2")};
+  // 1,000 steps, not 250: the survivors must still be training when the
+  // replacement, a new process, has started and joined. Under load 220
+  // steps of the MLP went by first, and the replacement found the job done.
+  const std::vector<std::string> steps = {"--steps=1000"};
+  std::vector<pid_t> pids = {Trainer(0, "t0", "n", "auto", steps),
+                             Trainer(1, "t1", "n", "auto", steps),
+                             Trainer(2, "t2", "n", "auto", steps)};
   ASSERT_TRUE(WaitForStep("t0", 30, absl::Seconds(60))) << ReadText(dir_ + "/t0.log");
   ASSERT_EQ(::kill(pids[2], SIGKILL), 0);
   WaitExit(pids[2]);
   // The survivors regroup into a world of two and go on.
   ASSERT_TRUE(WaitForLine("t0", "world 2 on 1 nodes", absl::Seconds(30))) << ReadText(dir_ + "/t0.log");
   // A replacement (same slot, new process) joins at a step boundary.
-  const pid_t replacement = Trainer(2, "t2b");
+  const pid_t replacement = Trainer(2, "t2b", "n", "auto", steps);
   EXPECT_EQ(WaitExit(pids[0]), 0) << ReadText(dir_ + "/t0.log");
   EXPECT_EQ(WaitExit(pids[1]), 0) << ReadText(dir_ + "/t1.log");
   EXPECT_EQ(WaitExit(replacement), 0) << ReadText(dir_ + "/t2b.log");
   const std::string s0 = ReadText(dir_ + "/t0.json"), s1 = ReadText(dir_ + "/t1.json"),
                     s2 = ReadText(dir_ + "/t2b.json");
-  EXPECT_EQ(JsonNumber(s0, "steps"), "250") << s0;
+  EXPECT_EQ(JsonNumber(s0, "steps"), "1000") << s0;
   EXPECT_GE(std::stoi(JsonNumber(s0, "regroups")), 2) << s0;  // the failure, then the join
   EXPECT_EQ(JsonNumber(s0, "world_size"), "3") << s0;
   // Bit-identical parameters everywhere, the replacement included.
@@ -222,7 +228,7 @@ TEST_F(ElasticTest, SurvivorsKeepTrainingAndAReplacementPullsTheirState) {
   ASSERT_TRUE(std::regex_search(after, m, std::regex("world 3 on 1 nodes[^\\n]*step ([1-9][0-9]*)")))
       << log0;
   EXPECT_GT(std::stoi(m[1]), 30);
-  EXPECT_EQ(JsonNumber(s2, "steps"), "250") << s2;
+  EXPECT_EQ(JsonNumber(s2, "steps"), "1000") << s2;
 }
 
 class ElasticFullWorldTest : public ElasticTest {
