@@ -20,16 +20,19 @@ namespace {
 
 using Net = torch::nn::Sequential;
 
-// A small MLP with sizes that shard boundaries cut through, set to values
-// that depend only on the parameter's index (ranks are threads: the global
+// A small MLP with sizes that shard boundaries cut through, a 0-dim
+// parameter that scales its loss, and a frozen bias, set to values that
+// depend only on the parameter's index (ranks are threads: the global
 // generator is shared, so it is not used).
 Net MakeNet() {
   Net net(torch::nn::Linear(7, 13), torch::nn::Tanh(), torch::nn::Linear(13, 5));
+  net->register_parameter("scale", torch::full({}, 1.1f));
   torch::NoGradGuard no_grad;
   int i = 0;
   for (torch::Tensor& p : net->parameters()) {
     p.copy_(torch::sin(torch::arange(p.numel(), torch::kFloat32) * 0.37 + i++).view_as(p) * 0.3);
   }
+  net->named_parameters()["2.bias"].set_requires_grad(false);
   return net;
 }
 
@@ -64,6 +67,11 @@ std::vector<Kind> Kinds() {
          return std::make_unique<SGD>(
              n->parameters(), SGDOptions(0.05).momentum(0.9).nesterov(true).weight_decay(0.01));
        }},
+      {"SgdDampening",
+       [](Net& n) {
+         return std::make_unique<SGD>(n->parameters(),
+                                      SGDOptions(0.05).momentum(0.9).dampening(0.1));
+       }},
       {"AdamAmsgrad",
        [](Net& n) {
          return std::make_unique<Adam>(n->parameters(),
@@ -88,7 +96,7 @@ std::vector<Kind> Kinds() {
 
 void Backward(Net& net, int rank, int step) {
   net->zero_grad();
-  net->forward(Batch(rank, step)).pow(2).sum().backward();
+  (net->forward(Batch(rank, step)).pow(2).sum() * net->named_parameters()["scale"]).backward();
 }
 
 // Each of the optimizer's groups' gradients flat, averaged over the world
@@ -96,14 +104,18 @@ void Backward(Net& net, int rank, int step) {
 // (a ring all-reduce's summation order depends on the buffer it is given).
 void AverageGradients(torch::optim::Optimizer& optimizer, Communicator* comm) {
   for (auto& group : optimizer.param_groups()) {
-    std::vector<torch::Tensor> grads;
-    for (const torch::Tensor& p : group.params()) grads.push_back(p.grad().reshape({-1}));
+    std::vector<torch::Tensor> grads, trained;
+    for (const torch::Tensor& p : group.params()) {
+      if (!p.requires_grad()) continue;  // frozen: no gradient
+      grads.push_back(p.grad().reshape({-1}));
+      trained.push_back(p);
+    }
     torch::Tensor flat = torch::cat(grads);
     ASSERT_TRUE(comm->AllReduce(flat.data_ptr(), flat.numel(), DataType::kFloat32,
                                 ReduceOp::kAverage, absl::Now() + absl::Seconds(30))
                     .ok());
     int64_t offset = 0;
-    for (torch::Tensor& p : group.params()) {
+    for (torch::Tensor& p : trained) {
       p.mutable_grad().copy_(flat.narrow(0, offset, p.numel()).view_as(p));
       offset += p.numel();
     }
@@ -141,66 +153,79 @@ void ShardedStep(Net& net, torch::optim::Optimizer& optimizer, OptimizerShards& 
 
 class OptimizerShardsTest : public ::testing::TestWithParam<Kind> {};
 
-// Two steps unsharded (so the state sharding finds is not the initial one),
-// then four sharded, against the same optimizer unsharded throughout, in
-// worlds of one and of three (odd: ranges of unequal size) with a buddy
-// copy: the parameters stay bit-identical.
+// Sharded from the first step (the optimizer has no state yet) and after
+// two unsharded steps (state to slice), against the same optimizer
+// unsharded throughout, in worlds of one and of three (odd: ranges of
+// unequal size) with a buddy copy: the parameters stay bit-identical, and
+// the frozen bias stays as it was.
 TEST_P(OptimizerShardsTest, ShardedStepsEqualTheUnshardedOptimizerBitForBit) {
   for (int world : {1, 3}) {
-    ASSERT_TRUE(RunCommWorld(world, "gloo", [&](int rank, Communicator* comm) {
-      Net reference = MakeNet(), sharded = MakeNet();
-      auto reference_opt = GetParam().make(reference);
-      auto sharded_opt = GetParam().make(sharded);
-      std::unique_ptr<OptimizerShards> shards;
-      for (int step = 0; step < 6; ++step) {
-        Backward(reference, rank, step);
-        AverageGradients(*reference_opt, comm);
-        reference_opt->step();
-        Backward(sharded, rank, step);
-        if (step < 2) {
-          AverageGradients(*sharded_opt, comm);
-          sharded_opt->step();
-          continue;
-        }
-        if (shards == nullptr) {
-          auto made = OptimizerShards::Make({sharded_opt.get()}, rank,
-                                            std::vector<int>(world, 0), /*copies=*/2);
-          ASSERT_TRUE(made.ok()) << made.status();
-          shards = *std::move(made);
-        }
-        ShardedStep(sharded, *sharded_opt, *shards, comm);
-        const auto want = reference->parameters(), got = sharded->parameters();
-        for (size_t i = 0; i < want.size(); ++i) {
-          ASSERT_TRUE(torch::equal(want[i], got[i]))
-              << GetParam().name << ", world " << world << ", rank " << rank << ", step "
-              << step << ", parameter " << i << ": largest difference "
-              << (want[i] - got[i]).abs().max().item<float>();
-        }
-      }
-    }).ok());
+    for (int plain_steps : {0, 2}) {
+      ASSERT_TRUE(RunCommWorld(world, "gloo", [&](int rank, Communicator* comm) {
+                    Net reference = MakeNet(), sharded = MakeNet();
+                    const torch::Tensor frozen = MakeNet()->named_parameters()["2.bias"];
+                    auto reference_opt = GetParam().make(reference);
+                    auto sharded_opt = GetParam().make(sharded);
+                    std::unique_ptr<OptimizerShards> shards;
+                    for (int step = 0; step < plain_steps + 4; ++step) {
+                      Backward(reference, rank, step);
+                      AverageGradients(*reference_opt, comm);
+                      reference_opt->step();
+                      Backward(sharded, rank, step);
+                      if (step < plain_steps) {
+                        AverageGradients(*sharded_opt, comm);
+                        sharded_opt->step();
+                        continue;
+                      }
+                      if (shards == nullptr) {
+                        auto made = OptimizerShards::Make({sharded_opt.get()}, rank,
+                                                          std::vector<int>(world, 0), /*copies=*/2);
+                        ASSERT_TRUE(made.ok()) << made.status();
+                        shards = *std::move(made);
+                      }
+                      ShardedStep(sharded, *sharded_opt, *shards, comm);
+                      const auto want = reference->parameters(), got = sharded->parameters();
+                      for (size_t i = 0; i < want.size(); ++i) {
+                        ASSERT_TRUE(torch::equal(want[i], got[i]))
+                            << GetParam().name << ", world " << world << ", sharded after "
+                            << plain_steps << " steps, rank " << rank << ", step " << step
+                            << ", parameter " << i << ": largest difference "
+                            << (want[i] - got[i]).abs().max().item<float>();
+                      }
+                    }
+                    EXPECT_TRUE(torch::equal(sharded->named_parameters()["2.bias"], frozen));
+                  }).ok());
+    }
   }
 }
 
 INSTANTIATE_TEST_SUITE_P(Optimizers, OptimizerShardsTest, ::testing::ValuesIn(Kinds()),
-                         [](const ::testing::TestParamInfo<Kind>& info) { return info.param.name; });
+                         [](const ::testing::TestParamInfo<Kind>& info) {
+                           return info.param.name;
+                         });
 
 // Four ranks on two nodes, two copies: each rank holds the Adam state of
 // half the elements (its own quarter and its buddy's), against all of
 // them unsharded.
 TEST(OptimizerShardsStateTest, EachRankHoldsTheStateOfCopiesOverWorldOfTheElements) {
-  Net net = MakeNet();
-  int64_t elements = 0;
-  for (const torch::Tensor& p : net->parameters()) elements += p.numel();
+  int64_t trained = 0;
+  for (const torch::Tensor& p : MakeNet()->parameters()) {
+    if (p.requires_grad()) trained += p.numel();
+  }
   for (int rank = 0; rank < 4; ++rank) {
     Net copy = MakeNet();
     torch::optim::Adam adam(copy->parameters(), torch::optim::AdamOptions(0.01));
     auto shards = OptimizerShards::Make({&adam}, rank, {0, 0, 1, 1}, /*copies=*/2);
     ASSERT_TRUE(shards.ok()) << shards.status();
+    EXPECT_EQ((*shards)->StateElements(), 0) << "a fresh Adam makes its state at its first step";
+    (*shards)->SetGradients(0, torch::ones({trained}));
+    adam.step();
     // exp_avg and exp_avg_sq over the kept ranges.
-    const int64_t kept = (*shards)->layout().Range(0, rank).size() +
-                         (*shards)->layout().Range(0, (*shards)->layout().KeptBy(rank)[1]).size();
+    const ShardLayout& layout = (*shards)->layout();
+    const int64_t kept =
+        layout.Range(0, rank).size() + layout.Range(0, layout.KeptBy(rank)[1]).size();
     EXPECT_EQ((*shards)->StateElements(), 2 * kept) << "rank " << rank;
-    EXPECT_LE(kept, elements / 2 + 2) << "rank " << rank;
+    EXPECT_LE(kept, trained / 2 + 2) << "rank " << rank;
     EXPECT_EQ(adam.state().size(), 2u) << "only the two masters hold state";
   }
 }

@@ -115,7 +115,8 @@ std::vector<std::set<std::pair<int, int64_t>>> Holdings(const ShardLayout& layou
 }
 
 // Checks a plan against the layouts element by element: each new rank gets
-// exactly what it keeps, once, each piece from a survivor that held it.
+// exactly what it keeps, once, each piece from a survivor that held it, or
+// marked lost where no survivor did.
 void ExpectPlanMovesWhatIsKeptFromWhoHeldIt(const ShardLayout& before, const ShardLayout& after,
                                             const std::vector<int>& new_rank_of_old,
                                             const std::vector<ReshardPiece>& plan) {
@@ -127,15 +128,24 @@ void ExpectPlanMovesWhatIsKeptFromWhoHeldIt(const ShardLayout& before, const Sha
   const auto keeps_after = Holdings(after);
   std::vector<std::set<std::pair<int, int64_t>>> got(after.world());
   for (const ReshardPiece& p : plan) {
-    ASSERT_GE(p.from, 0);
-    ASSERT_LT(p.from, after.world());
-    const int source_old = old_of_new[p.from];
-    ASSERT_GE(source_old, 0) << "piece from new rank " << p.from << ", a joiner, who holds nothing";
     for (int64_t e = p.range.begin; e < p.range.end; ++e) {
-      EXPECT_TRUE(held_before[source_old].count({p.group, e}))
-          << "new rank " << p.from << " did not hold element " << e << " of group " << p.group;
       EXPECT_TRUE(got[p.to].insert({p.group, e}).second)
           << "new rank " << p.to << " gets element " << e << " of group " << p.group << " twice";
+      if (p.from == ReshardPiece::kLost) {
+        for (size_t r = 0; r < new_rank_of_old.size(); ++r) {
+          EXPECT_FALSE(new_rank_of_old[r] >= 0 && held_before[r].count({p.group, e}))
+              << "element " << e << " of group " << p.group << " is marked lost, but old rank " << r
+              << " survived holding it";
+        }
+        continue;
+      }
+      ASSERT_GE(p.from, 0);
+      ASSERT_LT(p.from, after.world());
+      const int source_old = old_of_new[p.from];
+      ASSERT_GE(source_old, 0) << "piece from new rank " << p.from
+                               << ", a joiner, who holds nothing";
+      EXPECT_TRUE(held_before[source_old].count({p.group, e}))
+          << "new rank " << p.from << " did not hold element " << e << " of group " << p.group;
     }
   }
   for (int t = 0; t < after.world(); ++t) EXPECT_EQ(got[t], keeps_after[t]) << "new rank " << t;
@@ -148,7 +158,26 @@ TEST(ShardLayoutTest, AfterADeathEveryKeptRangeComesFromASurvivorThatHeldIt) {
   const std::vector<int> mapping = {0, -1, 1, 2};
   absl::StatusOr<std::vector<ReshardPiece>> plan = PlanReshard(before, after, mapping);
   ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_TRUE(CheckNothingLost(*plan).ok()) << CheckNothingLost(*plan);
   ExpectPlanMovesWhatIsKeptFromWhoHeldIt(before, after, mapping, *plan);
+}
+
+TEST(ShardLayoutTest, AJoinerGetsWhatItKeepsFromTheRanksThatHoldIt) {
+  // Two nodes of one rank; a third rank joins on node 1.
+  const ShardLayout before = Layout({10, 7}, {0, 1}, 2);
+  const ShardLayout after = Layout({10, 7}, {0, 1, 1}, 2);
+  const std::vector<int> mapping = {0, 1};
+  absl::StatusOr<std::vector<ReshardPiece>> plan = PlanReshard(before, after, mapping);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_TRUE(CheckNothingLost(*plan).ok()) << CheckNothingLost(*plan);
+  ExpectPlanMovesWhatIsKeptFromWhoHeldIt(before, after, mapping, *plan);
+  int to_joiner = 0;
+  for (const ReshardPiece& p : *plan) {
+    if (p.to != 2) continue;
+    ++to_joiner;
+    EXPECT_NE(p.from, 2) << "the joiner holds nothing yet";
+  }
+  EXPECT_GT(to_joiner, 0);
 }
 
 TEST(ShardLayoutTest, WhatARankAlreadyHoldsStaysWithIt) {
@@ -160,9 +189,9 @@ TEST(ShardLayoutTest, WhatARankAlreadyHoldsStaysWithIt) {
 }
 
 // Every world up to 6 ranks on one or two nodes, one and two copies, with
-// no death, each single death and each pair of deaths: a plan exists
-// exactly when every element is still held by someone, and then it is right.
-TEST(ShardLayoutTest, APlanExistsExactlyWhenEveryElementSurvivedAndThenItIsRight) {
+// no death, each single death and each pair of deaths: the plan is right,
+// and it marks something lost exactly when some element is held by no one.
+TEST(ShardLayoutTest, ThePlanIsRightAndLosesSomethingExactlyWhenNoSurvivorHoldsIt) {
   for (int w = 1; w <= 6; ++w) {
     for (int copies : {1, 2}) {
       for (int nodes : {1, 2}) {
@@ -189,11 +218,12 @@ TEST(ShardLayoutTest, APlanExistsExactlyWhenEveryElementSurvivedAndThenItIsRight
             absl::StatusOr<std::vector<ReshardPiece>> plan = PlanReshard(before, after, mapping);
             SCOPED_TRACE(testing::Message() << "w=" << w << " copies=" << copies
                                             << " nodes=" << nodes << " dead=" << a << "," << b);
-            ASSERT_EQ(plan.ok(), all_held) << plan.status();
-            if (plan.ok()) {
-              ExpectPlanMovesWhatIsKeptFromWhoHeldIt(before, after, mapping, *plan);
-            } else {
-              EXPECT_EQ(plan.status().code(), absl::StatusCode::kNotFound);
+            ASSERT_TRUE(plan.ok()) << plan.status();
+            ExpectPlanMovesWhatIsKeptFromWhoHeldIt(before, after, mapping, *plan);
+            const absl::Status nothing_lost = CheckNothingLost(*plan);
+            EXPECT_EQ(nothing_lost.ok(), all_held) << nothing_lost;
+            if (!nothing_lost.ok()) {
+              EXPECT_EQ(nothing_lost.code(), absl::StatusCode::kNotFound);
             }
           }
         }
@@ -202,14 +232,29 @@ TEST(ShardLayoutTest, APlanExistsExactlyWhenEveryElementSurvivedAndThenItIsRight
   }
 }
 
-TEST(ShardLayoutTest, WithOneCopyADeadRanksStateIsNamedAsLost) {
+TEST(ShardLayoutTest, WithOneCopyADeadRanksStateIsMarkedLostAndNamed) {
+  // Old shards [0,2) [2,4) [4,6) [6,8); rank 1 dies with [2,4). New shards
+  // [0,3) [3,6) [6,8): new rank 0 lacks [2,3), new rank 1 lacks [3,4).
   const ShardLayout before = Layout({8}, Nodes(2, 2), 1);
   const ShardLayout after = Layout({8}, {0, 1, 1}, 1);
-  absl::StatusOr<std::vector<ReshardPiece>> plan = PlanReshard(before, after, {0, -1, 1, 2});
-  ASSERT_FALSE(plan.ok());
-  EXPECT_EQ(plan.status().code(), absl::StatusCode::kNotFound);
-  EXPECT_THAT(plan.status().message(), HasSubstr("elements [2, 4) of parameter group 0"));
-  EXPECT_THAT(plan.status().message(), HasSubstr("must come from a checkpoint"));
+  const std::vector<int> mapping = {0, -1, 1, 2};
+  absl::StatusOr<std::vector<ReshardPiece>> plan = PlanReshard(before, after, mapping);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ExpectPlanMovesWhatIsKeptFromWhoHeldIt(before, after, mapping, *plan);
+  std::vector<std::pair<int, ElementRange>> lost;
+  for (const ReshardPiece& p : *plan) {
+    if (p.from == ReshardPiece::kLost) lost.push_back({p.to, p.range});
+  }
+  ASSERT_EQ(lost.size(), 2u);
+  EXPECT_EQ(lost[0].first, 0);
+  EXPECT_EQ(lost[0].second, (ElementRange{2, 3}));
+  EXPECT_EQ(lost[1].first, 1);
+  EXPECT_EQ(lost[1].second, (ElementRange{3, 4}));
+  const absl::Status s = CheckNothingLost(*plan);
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(s.message(),
+              HasSubstr("elements [2, 3) of parameter group 0, which new rank 0 keeps"));
+  EXPECT_THAT(s.message(), HasSubstr("must come from a checkpoint"));
 }
 
 TEST(ShardLayoutTest, LayoutsThatDoNotFitAreRefused) {

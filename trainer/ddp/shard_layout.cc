@@ -70,7 +70,7 @@ namespace {
 
 // The new rank that sends `shard`'s elements of the old layout to new rank
 // `to`: `to` itself if it held them, else the first holder that survived;
-// -1 if none did.
+// ReshardPiece::kLost if none did.
 int SourceOf(const ShardLayout& before, int shard, int to,
              const std::vector<int>& new_rank_of_old) {
   const std::vector<int> holders = before.Holders(shard);
@@ -80,7 +80,7 @@ int SourceOf(const ShardLayout& before, int shard, int to,
   for (int old : holders) {
     if (new_rank_of_old[old] >= 0) return new_rank_of_old[old];
   }
-  return -1;
+  return ReshardPiece::kLost;
 }
 
 absl::Status CheckFit(const ShardLayout& before, const ShardLayout& after,
@@ -130,18 +130,23 @@ absl::StatusOr<std::vector<ReshardPiece>> PlanReshard(const ShardLayout& before,
           const ElementRange had = before.Range(g, old);
           const ElementRange part{std::max(want.begin, had.begin), std::min(want.end, had.end)};
           if (part.size() <= 0) continue;
-          const int from = SourceOf(before, old, to, new_rank_of_old);
-          if (from < 0) {
-            return absl::NotFoundError(absl::StrCat(
-                "no surviving rank holds old shard ", old, " (elements [", had.begin, ", ", had.end,
-                ") of parameter group ", g, "): that optimizer state must come from a checkpoint"));
-          }
-          pieces.push_back(ReshardPiece{to, from, g, part});
+          pieces.push_back(ReshardPiece{to, SourceOf(before, old, to, new_rank_of_old), g, part});
         }
       }
     }
   }
   return pieces;
+}
+
+absl::Status CheckNothingLost(const std::vector<ReshardPiece>& plan) {
+  for (const ReshardPiece& p : plan) {
+    if (p.from != ReshardPiece::kLost) continue;
+    return absl::NotFoundError(
+        absl::StrCat("no surviving rank holds elements [", p.range.begin, ", ", p.range.end,
+                     ") of parameter group ", p.group, ", which new rank ", p.to,
+                     " keeps: that optimizer state must come from a checkpoint"));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace muster

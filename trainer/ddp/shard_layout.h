@@ -67,8 +67,10 @@ class ShardLayout {
 
 // One piece of a reshard: elements [range) of group `group`, which the new
 // rank `to` keeps, come from the survivor whose rank in the new world is
-// `from` (to == from: the rank has them already).
+// `from` (to == from: the rank has them already), or, with `from` ==
+// kLost, from no survivor: they must come from a checkpoint.
 struct ReshardPiece {
+  static constexpr int kLost = -1;
   int to = 0;
   int from = 0;
   int group = 0;
@@ -76,17 +78,21 @@ struct ReshardPiece {
 };
 
 // How to go from `before` to `after` in memory: `new_rank_of_old[r]` is old
-// rank r's rank in the new world, or -1 if it is gone. Every element of
-// every shard a new rank keeps is covered by exactly one piece, taken from
-// the old holder that is the new rank itself where it can be (nothing moves),
-// else from the shard's old owner, else from its buddy. NOT_FOUND, naming
-// the group and the range, when no survivor holds some range: that state
-// must come from a checkpoint. INVALID_ARGUMENT when the layouts do not fit
-// together (other groups, a mapping of the wrong size or to ranks that do
-// not exist).
+// rank r's rank in the new world, or -1 if it is gone (new ranks that no
+// old rank maps to are joiners, who hold nothing). Every element of every
+// shard a new rank keeps is covered by exactly one piece: taken from the
+// new rank itself where it held it (nothing moves), else from the old
+// owner, else from the buddy, else marked kLost. INVALID_ARGUMENT when the
+// layouts do not fit together (other groups, a mapping of the wrong size
+// or to ranks that do not exist).
 absl::StatusOr<std::vector<ReshardPiece>> PlanReshard(const ShardLayout& before,
                                                       const ShardLayout& after,
                                                       const std::vector<int>& new_rank_of_old);
+
+// The first piece of `plan` that no survivor holds, as a NOT_FOUND that
+// names it (the group, the range, the new rank that needs it); OK when
+// every piece comes from a survivor.
+absl::Status CheckNothingLost(const std::vector<ReshardPiece>& plan);
 
 }  // namespace muster
 

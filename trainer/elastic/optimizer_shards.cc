@@ -18,7 +18,7 @@ torch::Tensor Flat(const std::vector<torch::Tensor>& parts) {
   return parts.empty() ? torch::zeros({0}, torch::kFloat32) : torch::cat(parts);
 }
 
-// Group `index` of `optimizer` can be sharded: float32 on one device.
+// A group can be sharded: float32 on one device.
 absl::Status CheckGroup(const torch::optim::OptimizerParamGroup& group, const std::string& where) {
   const std::vector<torch::Tensor>& params = group.params();
   for (size_t i = 0; i < params.size(); ++i) {
@@ -36,25 +36,35 @@ absl::Status CheckGroup(const torch::optim::OptimizerParamGroup& group, const st
   return absl::OkStatus();
 }
 
+using Fields = std::map<std::string, torch::Tensor>;
+
 // The fields of `range` of the group's flat state: each per-element field
-// (a parameter's shape) concatenated over the group's parameters and cut
-// to the range, each scalar field (a step count) as every parameter holds
-// it. Empty when no parameter has state; INVALID_ARGUMENT when some have
-// and some do not, or their scalars differ.
-absl::StatusOr<std::map<std::string, torch::Tensor>> SliceState(
-    torch::optim::Optimizer& optimizer, const OptimizerCodec& codec,
-    const torch::optim::OptimizerParamGroup& group, ElementRange range, const std::string& where) {
+// (the parameter's shape and dtype) concatenated over `params` and cut to
+// the range; each scalar field (a 0-dim step count of another dtype) as
+// every parameter holds it. Empty when no parameter has state.
+// INVALID_ARGUMENT when some have state and some do not, their scalars
+// differ, or a field is neither per-element nor a scalar.
+absl::StatusOr<Fields> SliceState(torch::optim::Optimizer& optimizer, const OptimizerCodec& codec,
+                                  const torch::optim::OptimizerOptions& options,
+                                  const std::vector<torch::Tensor>& params, ElementRange range,
+                                  const std::string& where) {
   std::map<std::string, std::vector<torch::Tensor>> per_element;
-  std::map<std::string, torch::Tensor> out;
+  Fields out;
   size_t with_state = 0;
-  for (const torch::Tensor& p : group.params()) {
+  for (size_t i = 0; i < params.size(); ++i) {
+    const torch::Tensor& p = params[i];
     torch::optim::OptimizerParamState* state = FindOptimizerState(optimizer, p);
     if (state == nullptr) continue;
     ++with_state;
-    for (auto& [name, t] : codec.Save(*state, group.options())) {
-      if (t.dim() > 0) {
+    for (auto& [name, t] : codec.Save(*state, options)) {
+      if (t.sizes() == p.sizes() && t.scalar_type() == p.scalar_type()) {
         per_element[name].push_back(t.reshape({-1}));
         continue;
+      }
+      if (t.dim() != 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, ": parameter ", i, "'s \"", name,
+                         "\" is neither one value per element nor a scalar"));
       }
       auto [it, first] = out.emplace(name, t.clone());
       if (!first && !torch::equal(it->second, t)) {
@@ -64,11 +74,11 @@ absl::StatusOr<std::map<std::string, torch::Tensor>> SliceState(
       }
     }
   }
-  if (with_state == 0) return std::map<std::string, torch::Tensor>{};
-  if (with_state != group.params().size()) {
+  if (with_state == 0) return Fields{};
+  if (with_state != params.size()) {
     return absl::InvalidArgumentError(absl::StrCat(where, ": ", with_state, " of its ",
-                                                   group.params().size(),
-                                                   " parameters have optimizer state"));
+                                                   params.size(),
+                                                   " trained parameters have optimizer state"));
   }
   for (auto& [name, parts] : per_element) {
     out[name] = torch::cat(parts).narrow(0, range.begin, range.size()).clone();
@@ -77,6 +87,41 @@ absl::StatusOr<std::map<std::string, torch::Tensor>> SliceState(
 }
 
 }  // namespace
+
+absl::Status OptimizerShards::Collect(const std::vector<torch::optim::Optimizer*>& optimizers,
+                                      std::vector<Group>* groups, std::vector<int64_t>* elements) {
+  for (size_t o = 0; o < optimizers.size(); ++o) {
+    const OptimizerCodec* codec = BuiltinOptimizerCodec(*optimizers[o]);
+    if (codec == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("optimizer ", o,
+                       ": muster shards the state of SGD, Adam, AdamW, RMSprop and "
+                       "Adagrad only"));
+    }
+    if (codec->name() == "LBFGS") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("optimizer ", o,
+                       " is LBFGS, whose step reads every gradient at once: its state "
+                       "cannot be sharded"));
+    }
+    auto& param_groups = optimizers[o]->param_groups();
+    for (size_t i = 0; i < param_groups.size(); ++i) {
+      MUSTER_RETURN_IF_ERROR(
+          CheckGroup(param_groups[i], absl::StrCat("optimizer ", o, " group ", i)));
+      Group group{optimizers[o], codec, i, {}, {}, {}};
+      int64_t n = 0;
+      for (const torch::Tensor& p : param_groups[i].params()) {
+        // A frozen parameter gets no gradient, and the optimizer skips it:
+        // it stays in the group's list as it is.
+        (p.requires_grad() ? group.params : group.frozen).push_back(p);
+        if (p.requires_grad()) n += p.numel();
+      }
+      elements->push_back(n);
+      groups->push_back(std::move(group));
+    }
+  }
+  return absl::OkStatus();
+}
 
 absl::StatusOr<std::unique_ptr<OptimizerShards>> OptimizerShards::Make(
     const std::vector<torch::optim::Optimizer*>& optimizers, int rank,
@@ -87,37 +132,15 @@ absl::StatusOr<std::unique_ptr<OptimizerShards>> OptimizerShards::Make(
   }
   std::vector<Group> groups;
   std::vector<int64_t> elements;
-  for (size_t o = 0; o < optimizers.size(); ++o) {
-    const OptimizerCodec* codec = BuiltinOptimizerCodec(*optimizers[o]);
-    if (codec == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "optimizer ", o, ": muster shards the state of SGD, Adam, AdamW, RMSprop and "
-          "Adagrad only"));
-    }
-    if (codec->name() == "LBFGS") {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "optimizer ", o, " is LBFGS, whose step reads every gradient at once: its state "
-          "cannot be sharded"));
-    }
-    auto& param_groups = optimizers[o]->param_groups();
-    for (size_t i = 0; i < param_groups.size(); ++i) {
-      const std::string where = absl::StrCat("optimizer ", o, " group ", i);
-      MUSTER_RETURN_IF_ERROR(CheckGroup(param_groups[i], where));
-      int64_t n = 0;
-      for (const torch::Tensor& p : param_groups[i].params()) n += p.numel();
-      elements.push_back(n);
-      groups.push_back(Group{optimizers[o], codec, i, param_groups[i].params(), {}});
-    }
-  }
+  MUSTER_RETURN_IF_ERROR(Collect(optimizers, &groups, &elements));
   MUSTER_ASSIGN_OR_RETURN(ShardLayout layout, ShardLayout::Make(elements, node_of_rank, copies));
   torch::NoGradGuard no_grad;
-  // Every check comes before the parameter lists change; a refusal leaves
-  // at most the codec's initial state on parameters that had none, which
-  // changes nothing a step computes.
-  std::vector<std::vector<std::map<std::string, torch::Tensor>>> states(groups.size());
+  // Everything is built aside first: a refusal changes nothing.
+  std::vector<std::vector<std::unique_ptr<torch::optim::OptimizerParamState>>> states(
+      groups.size());
   for (size_t g = 0; g < groups.size(); ++g) {
     Group& group = groups[g];
-    EnsureOptimizerState(*group.optimizer, *group.codec);
+    if (elements[g] == 0) continue;  // nothing to shard: the group stays as it is
     const auto& param_group = group.optimizer->param_groups()[group.index];
     const torch::Tensor flat = Flat([&] {
       std::vector<torch::Tensor> parts;
@@ -129,26 +152,33 @@ absl::StatusOr<std::unique_ptr<OptimizerShards>> OptimizerShards::Make(
       torch::Tensor master = flat.narrow(0, range.begin, range.size()).clone();
       master.set_requires_grad(true);
       group.masters.push_back(master);
-      MUSTER_ASSIGN_OR_RETURN(
-          auto fields,
-          SliceState(*group.optimizer, *group.codec, param_group, range,
-                     absl::StrCat("optimizer group ", g)));
-      states[g].push_back(std::move(fields));
+      MUSTER_ASSIGN_OR_RETURN(Fields fields,
+                              SliceState(*group.optimizer, *group.codec, param_group.options(),
+                                         group.params, range, absl::StrCat("optimizer group ", g)));
+      // No state yet (a fresh optimizer): the masters get none either, and
+      // the optimizer makes it at the first step as it would have.
+      std::unique_ptr<torch::optim::OptimizerParamState> state;
+      if (!fields.empty()) {
+        state = group.codec->Initial(master, param_group, *group.optimizer);
+        if (state != nullptr) {
+          MUSTER_RETURN_IF_ERROR(group.codec->Load(fields, param_group.options(), state.get()));
+        }
+      }
+      states[g].push_back(std::move(state));
     }
   }
   for (size_t g = 0; g < groups.size(); ++g) {
     Group& group = groups[g];
-    auto& param_group = group.optimizer->param_groups()[group.index];
-    for (size_t k = 0; k < group.masters.size(); ++k) {
-      if (states[g][k].empty()) continue;
-      std::unique_ptr<torch::optim::OptimizerParamState> state =
-          group.codec->Initial(group.masters[k], param_group, *group.optimizer);
-      if (state == nullptr) continue;
-      MUSTER_RETURN_IF_ERROR(group.codec->Load(states[g][k], param_group.options(), state.get()));
-      PutOptimizerState(*group.optimizer, group.masters[k], std::move(state));
-    }
+    if (group.masters.empty()) continue;
     for (const torch::Tensor& p : group.params) EraseOptimizerState(*group.optimizer, p);
-    param_group.params() = group.masters;
+    for (size_t k = 0; k < group.masters.size(); ++k) {
+      if (states[g][k] != nullptr) {
+        PutOptimizerState(*group.optimizer, group.masters[k], std::move(states[g][k]));
+      }
+    }
+    std::vector<torch::Tensor> listed = group.masters;
+    listed.insert(listed.end(), group.frozen.begin(), group.frozen.end());
+    group.optimizer->param_groups()[group.index].params() = std::move(listed);
   }
   return std::unique_ptr<OptimizerShards>(
       new OptimizerShards(std::move(layout), rank, std::move(groups)));
@@ -175,6 +205,7 @@ torch::Tensor OptimizerShards::FlatParameters(int g) const {
 }
 
 void OptimizerShards::SetGradients(int g, const torch::Tensor& averaged) {
+  if (groups_[g].masters.empty()) return;
   torch::NoGradGuard no_grad;
   const std::vector<int> kept = layout_.KeptBy(rank_);
   for (size_t k = 0; k < kept.size(); ++k) {
@@ -190,6 +221,7 @@ void OptimizerShards::SetGradients(int g, const torch::Tensor& averaged) {
 }
 
 void OptimizerShards::WriteOwn(int g, torch::Tensor* flat) const {
+  if (groups_[g].masters.empty()) return;
   torch::NoGradGuard no_grad;
   const ElementRange own = layout_.Range(g, rank_);
   flat->narrow(0, own.begin, own.size()).copy_(groups_[g].masters[0]);
@@ -203,7 +235,7 @@ void OptimizerShards::Install(int g, const torch::Tensor& flat) {
     offset += p.numel();
   }
   const std::vector<int> kept = layout_.KeptBy(rank_);
-  for (size_t k = 0; k < kept.size(); ++k) {
+  for (size_t k = 0; k < groups_[g].masters.size(); ++k) {
     const ElementRange range = layout_.Range(g, kept[k]);
     groups_[g].masters[k].copy_(flat.narrow(0, range.begin, range.size()));
   }

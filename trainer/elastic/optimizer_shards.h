@@ -9,6 +9,11 @@
 // the parameters (the optimizers muster shards compute each element from
 // that element alone, and one step count per group).
 //
+// Parameters that do not require grad stay in their group's list as they
+// are (the optimizer skips them); a group with nothing to train is left
+// alone. An optimizer that has no state yet leaves the masters without
+// any, so that its first step makes it as it would have.
+//
 // A step, for group g (the communication is the caller's):
 //   FlatGradients(g) -> reduced over the world -> SetGradients(g, averaged)
 //   optimizer.step()
@@ -25,10 +30,11 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "muster/optimizer_codec.h"
 #include "trainer/ddp/shard_layout.h"
 
 namespace muster {
+
+class OptimizerCodec;  // include/muster/optimizer_codec.h
 
 class OptimizerShards {
  public:
@@ -36,9 +42,11 @@ class OptimizerShards {
   // are on `node_of_rank`, keeping `copies` of each shard. State the
   // optimizers already hold (a restored checkpoint, earlier steps) is
   // sliced into the masters. INVALID_ARGUMENT, naming the optimizer or the
-  // group: LBFGS (its step reads every gradient at once), an optimizer
-  // muster has no codec for, a group whose parameters are not float32 on
-  // one device, or whose parameters have taken different numbers of steps.
+  // group, and with nothing changed: LBFGS (its step reads every gradient
+  // at once), an optimizer muster has no codec for, a group whose
+  // parameters are not float32 on one device, whose trained parameters
+  // have taken different numbers of steps or not all have state, or whose
+  // state has a field that is neither per element nor a scalar.
   static absl::StatusOr<std::unique_ptr<OptimizerShards>> Make(
       const std::vector<torch::optim::Optimizer*>& optimizers, int rank,
       const std::vector<int>& node_of_rank, int copies);
@@ -72,11 +80,15 @@ class OptimizerShards {
     torch::optim::Optimizer* optimizer;
     const OptimizerCodec* codec;
     size_t index;                        // in optimizer->param_groups()
-    std::vector<torch::Tensor> params;   // the group's, as the program made them
-    std::vector<torch::Tensor> masters;  // one per shard kept: layout_.KeptBy(rank_)
+    std::vector<torch::Tensor> params;   // the group's that require grad, in order
+    std::vector<torch::Tensor> masters;  // one per shard kept (KeptBy); none: nothing to shard
+    std::vector<torch::Tensor> frozen;   // the group's that do not: listed after the masters
   };
 
   OptimizerShards(ShardLayout layout, int rank, std::vector<Group> groups);
+  // The groups of `optimizers` and their trained elements, checked.
+  static absl::Status Collect(const std::vector<torch::optim::Optimizer*>& optimizers,
+                              std::vector<Group>* groups, std::vector<int64_t>* elements);
 
   ShardLayout layout_;
   int rank_;
