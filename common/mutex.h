@@ -26,6 +26,7 @@
 #ifndef MUSTER_COMMON_MUTEX_H_
 #define MUSTER_COMMON_MUTEX_H_
 
+#include <algorithm>
 #include <condition_variable>
 #include <mutex>
 
@@ -90,6 +91,9 @@ class CondVar {
       Wait(mu);
       return true;
     }
+    // A day at most: steady_clock's now() plus a saturated duration would
+    // overflow. Callers wait in a loop, so an early return is only a wake-up.
+    timeout = std::min(timeout, absl::Hours(24));
     std::unique_lock<std::mutex> lock(mu->mu_, std::adopt_lock);
     const std::cv_status woke = cv_.wait_for(lock, absl::ToChronoNanoseconds(timeout));
     lock.release();
