@@ -271,5 +271,42 @@ TEST(ShardLayoutTest, LayoutsThatDoNotFitAreRefused) {
               HasSubstr("old rank 1 maps to new rank 5 in a world of 2"));
 }
 
+// Buckets of at most `cap` elements cover every group once, last group
+// first and each from its end, and their counts are the shards' parts of
+// them in rank order: what ReduceScatter needs to leave each rank its own.
+TEST(ShardLayoutTest, BucketsCoverEachGroupBackwardWithTheShardsPartsAsCounts) {
+  for (int w : {1, 2, 3, 4}) {
+    for (int64_t cap : {1, 3, 7, 100}) {
+      const ShardLayout layout = Layout({10, 0, 23}, std::vector<int>(w, 0), 1);
+      const std::vector<ShardedBucket> buckets = PlanBuckets(layout, cap);
+      std::vector<int64_t> next_end = {10, 0, 23};  // each group is walked from its end
+      int last_group = layout.groups();
+      for (const ShardedBucket& b : buckets) {
+        SCOPED_TRACE(testing::Message() << "w=" << w << " cap=" << cap << " group " << b.group
+                                        << " [" << b.range.begin << ", " << b.range.end << ")");
+        EXPECT_LE(b.group, last_group) << "groups go last first";
+        last_group = b.group;
+        EXPECT_EQ(b.range.end, next_end[b.group]);
+        next_end[b.group] = b.range.begin;
+        EXPECT_GT(b.range.size(), 0);
+        EXPECT_LE(b.range.size(), cap);
+        ASSERT_EQ(static_cast<int>(b.counts.size()), w);
+        int64_t at = b.range.begin;
+        for (int r = 0; r < w; ++r) {
+          // Rank r's segment is [at, at + counts[r]): inside its shard.
+          const ElementRange shard = layout.Range(b.group, r);
+          if (b.counts[r] > 0) {
+            EXPECT_GE(at, shard.begin) << "rank " << r;
+            EXPECT_LE(at + static_cast<int64_t>(b.counts[r]), shard.end) << "rank " << r;
+          }
+          at += static_cast<int64_t>(b.counts[r]);
+        }
+        EXPECT_EQ(at, b.range.end) << "the counts add up to the bucket";
+      }
+      EXPECT_THAT(next_end, ElementsAre(0, 0, 0)) << "every element in a bucket";
+    }
+  }
+}
+
 }  // namespace
 }  // namespace muster

@@ -149,4 +149,23 @@ absl::Status CheckNothingLost(const std::vector<ReshardPiece>& plan) {
   return absl::OkStatus();
 }
 
+std::vector<ShardedBucket> PlanBuckets(const ShardLayout& layout, int64_t cap) {
+  cap = std::max<int64_t>(cap, 1);
+  std::vector<ShardedBucket> buckets;
+  for (int g = layout.groups() - 1; g >= 0; --g) {
+    for (int64_t end = layout.group_elements(g); end > 0; end -= cap) {
+      ShardedBucket b;
+      b.group = g;
+      b.range = ElementRange{std::max<int64_t>(end - cap, 0), end};
+      for (int r = 0; r < layout.world(); ++r) {
+        const ElementRange shard = layout.Range(g, r);
+        const int64_t n = std::min(b.range.end, shard.end) - std::max(b.range.begin, shard.begin);
+        b.counts.push_back(static_cast<size_t>(std::max<int64_t>(n, 0)));
+      }
+      buckets.push_back(std::move(b));
+    }
+  }
+  return buckets;
+}
+
 }  // namespace muster

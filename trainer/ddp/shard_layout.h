@@ -65,6 +65,24 @@ class ShardLayout {
   std::vector<int> position_;  // rank -> its index in order_
 };
 
+// A bucket of a sharded gradient sync: a contiguous range of one group's
+// flat elements, reduce-scattered as one collective. Shard ranges are
+// contiguous and in rank order, so the bucket is already laid out as the
+// world's segments: `counts[r]` elements of rank r's shard, in rank order
+// (Communicator::ReduceScatter's layout; many are 0 when the bucket is
+// smaller than a shard).
+struct ShardedBucket {
+  int group = 0;
+  ElementRange range;
+  std::vector<size_t> counts;  // one per rank; they sum to range.size()
+};
+
+// The buckets of `layout`'s groups, at most `cap` elements each (>= 1),
+// in the order backward fills them: the last group first, and within a
+// group from its end toward its start. Every element of every group is in
+// exactly one bucket; an empty group has none.
+std::vector<ShardedBucket> PlanBuckets(const ShardLayout& layout, int64_t cap);
+
 // One piece of a reshard: elements [range) of group `group`, which the new
 // rank `to` keeps, come from the survivor whose rank in the new world is
 // `from` (to == from: the rank has them already), or, with `from` ==
