@@ -113,6 +113,30 @@ TEST_P(AllReduceTest, AverageHalfPrecisionAndTheOtherCollectives) {
       EXPECT_EQ(ag[offset[r]], static_cast<float>(r));
       EXPECT_EQ(ag[offset[r + 1] - 1], static_cast<float>(r));
     }
+    // Segments of 0 elements (a sharded sync's bucket smaller than a
+    // shard): only the odd ranks own any.
+    std::vector<size_t> sparse(w);
+    for (int r = 0; r < w; ++r) sparse[r] = r % 2 == 1 || w == 1 ? 41 : 0;
+    const size_t sparse_total = std::accumulate(sparse.begin(), sparse.end(), size_t{0});
+    std::vector<size_t> sparse_at(w + 1, 0);
+    for (int r = 0; r < w; ++r) sparse_at[r + 1] = sparse_at[r] + sparse[r];
+    std::vector<float> zs(sparse_total);
+    for (size_t i = 0; i < sparse_total; ++i) zs[i] = TestValue(rank, i);
+    ASSERT_TRUE(comm.ReduceScatter(zs.data(), sparse, DataType::kFloat32, ReduceOp::kSum,
+                                   deadline).ok());
+    for (size_t i = sparse_at[rank]; i < sparse_at[rank + 1]; ++i) {
+      float expected = 0;
+      for (int r = 0; r < w; ++r) expected += TestValue(r, i);
+      ASSERT_EQ(zs[i], expected) << "reduce-scatter with empty segments, i=" << i;
+    }
+    std::vector<float> zg(sparse_total, -1.0f);
+    for (size_t i = sparse_at[rank]; i < sparse_at[rank + 1]; ++i) zg[i] = static_cast<float>(rank);
+    ASSERT_TRUE(comm.AllGather(zg.data(), sparse, DataType::kFloat32, deadline).ok());
+    for (int r = 0; r < w; ++r) {
+      for (size_t i = sparse_at[r]; i < sparse_at[r + 1]; ++i) {
+        ASSERT_EQ(zg[i], static_cast<float>(r)) << "all-gather with empty segments, i=" << i;
+      }
+    }
     // Broadcast from the last rank, and a barrier.
     std::vector<float> b(10000, static_cast<float>(rank));
     ASSERT_TRUE(comm.Broadcast(b.data(), b.size(), DataType::kFloat32, w - 1, deadline).ok());
