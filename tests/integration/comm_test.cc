@@ -62,6 +62,34 @@ TEST_P(AllReduceTest, MatchesReferenceSumForEverySize) {
   }).ok());
 }
 
+// ReduceScatter and AllGather over segments of `counts` on `comm` (rank
+// `rank` of counts.size()): each rank ends with its segment's sum, then
+// with every rank's segment.
+void ExpectReduceScatterAndAllGather(Communicator& comm, int rank,
+                                     const std::vector<size_t>& counts, absl::Time deadline) {
+  const int w = static_cast<int>(counts.size());
+  const size_t total = std::accumulate(counts.begin(), counts.end(), size_t{0});
+  std::vector<size_t> offset(w + 1, 0);
+  for (int r = 0; r < w; ++r) offset[r + 1] = offset[r] + counts[r];
+  std::vector<float> rs(total);
+  for (size_t i = 0; i < total; ++i) rs[i] = TestValue(rank, i);
+  ASSERT_TRUE(
+      comm.ReduceScatter(rs.data(), counts, DataType::kFloat32, ReduceOp::kSum, deadline).ok());
+  for (size_t i = offset[rank]; i < offset[rank + 1]; ++i) {
+    float expected = 0;
+    for (int r = 0; r < w; ++r) expected += TestValue(r, i);
+    ASSERT_EQ(rs[i], expected) << "reduce-scatter i=" << i;
+  }
+  std::vector<float> ag(total, -1.0f);
+  for (size_t i = offset[rank]; i < offset[rank + 1]; ++i) ag[i] = static_cast<float>(rank);
+  ASSERT_TRUE(comm.AllGather(ag.data(), counts, DataType::kFloat32, deadline).ok());
+  for (int r = 0; r < w; ++r) {
+    for (size_t i = offset[r]; i < offset[r + 1]; ++i) {
+      ASSERT_EQ(ag[i], static_cast<float>(r)) << "all-gather i=" << i;
+    }
+  }
+}
+
 TEST_P(AllReduceTest, AverageHalfPrecisionAndTheOtherCollectives) {
   const Case& c = GetParam();
   const int w = static_cast<int>(c.split.size());
@@ -91,52 +119,16 @@ TEST_P(AllReduceTest, AverageHalfPrecisionAndTheOtherCollectives) {
         ASSERT_EQ(from(h16[i]), expected) << DataTypeName(t) << " i=" << i;
       }
     }
-    // Reduce-scatter and all-gather over uneven segments.
-    std::vector<size_t> counts(w);
-    for (int r = 0; r < w; ++r) counts[r] = 100 + 37 * r;
-    const size_t total = std::accumulate(counts.begin(), counts.end(), size_t{0});
-    std::vector<size_t> offset(w + 1, 0);
-    for (int r = 0; r < w; ++r) offset[r + 1] = offset[r] + counts[r];
-    std::vector<float> rs(total);
-    for (size_t i = 0; i < total; ++i) rs[i] = TestValue(rank, i);
-    ASSERT_TRUE(comm.ReduceScatter(rs.data(), counts, DataType::kFloat32, ReduceOp::kSum,
-                                   deadline).ok());
-    for (size_t i = offset[rank]; i < offset[rank + 1]; ++i) {
-      float expected = 0;
-      for (int r = 0; r < w; ++r) expected += TestValue(r, i);
-      ASSERT_EQ(rs[i], expected) << "reduce-scatter i=" << i;
-    }
-    std::vector<float> ag(total, -1.0f);
-    for (size_t i = offset[rank]; i < offset[rank + 1]; ++i) ag[i] = static_cast<float>(rank);
-    ASSERT_TRUE(comm.AllGather(ag.data(), counts, DataType::kFloat32, deadline).ok());
-    for (int r = 0; r < w; ++r) {
-      EXPECT_EQ(ag[offset[r]], static_cast<float>(r));
-      EXPECT_EQ(ag[offset[r + 1] - 1], static_cast<float>(r));
-    }
-    // Segments of 0 elements (a sharded sync's bucket smaller than a
+    // Reduce-scatter and all-gather over uneven segments, then over
+    // segments of 0 elements (a sharded sync's bucket smaller than a
     // shard): only the odd ranks own any.
-    std::vector<size_t> sparse(w);
-    for (int r = 0; r < w; ++r) sparse[r] = r % 2 == 1 || w == 1 ? 41 : 0;
-    const size_t sparse_total = std::accumulate(sparse.begin(), sparse.end(), size_t{0});
-    std::vector<size_t> sparse_at(w + 1, 0);
-    for (int r = 0; r < w; ++r) sparse_at[r + 1] = sparse_at[r] + sparse[r];
-    std::vector<float> zs(sparse_total);
-    for (size_t i = 0; i < sparse_total; ++i) zs[i] = TestValue(rank, i);
-    ASSERT_TRUE(comm.ReduceScatter(zs.data(), sparse, DataType::kFloat32, ReduceOp::kSum,
-                                   deadline).ok());
-    for (size_t i = sparse_at[rank]; i < sparse_at[rank + 1]; ++i) {
-      float expected = 0;
-      for (int r = 0; r < w; ++r) expected += TestValue(r, i);
-      ASSERT_EQ(zs[i], expected) << "reduce-scatter with empty segments, i=" << i;
-    }
-    std::vector<float> zg(sparse_total, -1.0f);
-    for (size_t i = sparse_at[rank]; i < sparse_at[rank + 1]; ++i) zg[i] = static_cast<float>(rank);
-    ASSERT_TRUE(comm.AllGather(zg.data(), sparse, DataType::kFloat32, deadline).ok());
+    std::vector<size_t> counts(w), sparse(w);
     for (int r = 0; r < w; ++r) {
-      for (size_t i = sparse_at[r]; i < sparse_at[r + 1]; ++i) {
-        ASSERT_EQ(zg[i], static_cast<float>(r)) << "all-gather with empty segments, i=" << i;
-      }
+      counts[r] = 100 + 37 * r;
+      sparse[r] = r % 2 == 1 || w == 1 ? 41 : 0;
     }
+    ExpectReduceScatterAndAllGather(comm, rank, counts, deadline);
+    ExpectReduceScatterAndAllGather(comm, rank, sparse, deadline);
     // Broadcast from the last rank, and a barrier.
     std::vector<float> b(10000, static_cast<float>(rank));
     ASSERT_TRUE(comm.Broadcast(b.data(), b.size(), DataType::kFloat32, w - 1, deadline).ok());

@@ -128,7 +128,7 @@ absl::StatusOr<std::vector<ReshardPiece>> PlanReshard(const ShardLayout& before,
         // Old shards are contiguous and in order: walk those that overlap.
         for (int old = 0; old < before.world(); ++old) {
           const ElementRange had = before.Range(g, old);
-          const ElementRange part{std::max(want.begin, had.begin), std::min(want.end, had.end)};
+          const ElementRange part = want.Overlap(had);
           if (part.size() <= 0) continue;
           pieces.push_back(ReshardPiece{to, SourceOf(before, old, to, new_rank_of_old), g, part});
         }
@@ -158,8 +158,7 @@ std::vector<ShardedBucket> PlanBuckets(const ShardLayout& layout, int64_t cap) {
       b.group = g;
       b.range = ElementRange{std::max<int64_t>(end - cap, 0), end};
       for (int r = 0; r < layout.world(); ++r) {
-        const ElementRange shard = layout.Range(g, r);
-        const int64_t n = std::min(b.range.end, shard.end) - std::max(b.range.begin, shard.begin);
+        const int64_t n = b.range.Overlap(layout.Range(g, r)).size();
         b.counts.push_back(static_cast<size_t>(std::max<int64_t>(n, 0)));
       }
       buckets.push_back(std::move(b));

@@ -30,6 +30,10 @@ struct ElementRange {
   int64_t begin = 0;  // first element
   int64_t end = 0;    // one past the last
   int64_t size() const { return end - begin; }
+  // The elements in both; empty (size() <= 0) when they do not meet.
+  ElementRange Overlap(const ElementRange& o) const {
+    return ElementRange{begin > o.begin ? begin : o.begin, end < o.end ? end : o.end};
+  }
   bool operator==(const ElementRange& o) const { return begin == o.begin && end == o.end; }
 };
 

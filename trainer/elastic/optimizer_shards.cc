@@ -18,6 +18,14 @@ torch::Tensor Flat(const std::vector<torch::Tensor>& parts) {
   return parts.empty() ? torch::zeros({0}, torch::kFloat32) : torch::cat(parts);
 }
 
+// `params`' values, flat, in order.
+torch::Tensor FlatValues(const std::vector<torch::Tensor>& params) {
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> parts;
+  for (const torch::Tensor& p : params) parts.push_back(p.detach().reshape({-1}));
+  return Flat(parts);
+}
+
 // A group can be sharded: float32 on one device.
 absl::Status CheckGroup(const torch::optim::OptimizerParamGroup& group, const std::string& where) {
   const std::vector<torch::Tensor>& params = group.params();
@@ -142,11 +150,7 @@ absl::StatusOr<std::unique_ptr<OptimizerShards>> OptimizerShards::Make(
     Group& group = groups[g];
     if (elements[g] == 0) continue;  // nothing to shard: the group stays as it is
     const auto& param_group = group.optimizer->param_groups()[group.index];
-    const torch::Tensor flat = Flat([&] {
-      std::vector<torch::Tensor> parts;
-      for (const torch::Tensor& p : group.params) parts.push_back(p.detach().reshape({-1}));
-      return parts;
-    }());
+    const torch::Tensor flat = FlatValues(group.params);
     for (int shard : layout.KeptBy(rank)) {
       const ElementRange range = layout.Range(static_cast<int>(g), shard);
       torch::Tensor master = flat.narrow(0, range.begin, range.size()).clone();
@@ -197,12 +201,7 @@ torch::Tensor OptimizerShards::FlatGradients(int g) const {
   return Flat(parts);
 }
 
-torch::Tensor OptimizerShards::FlatParameters(int g) const {
-  torch::NoGradGuard no_grad;
-  std::vector<torch::Tensor> parts;
-  for (const torch::Tensor& p : groups_[g].params) parts.push_back(p.detach().reshape({-1}));
-  return Flat(parts);
-}
+torch::Tensor OptimizerShards::FlatParameters(int g) const { return FlatValues(groups_[g].params); }
 
 void OptimizerShards::SetGradients(int g, const torch::Tensor& averaged) {
   if (groups_[g].masters.empty()) return;
