@@ -120,6 +120,11 @@ absl::Duration HeartbeatIntervalFor(int64_t streams, const CoordinatorOptions& o
   return std::min(std::max(base, spread), longest);
 }
 
+absl::Duration IsolatedAfter(absl::Duration interval, const CoordinatorOptions& options) {
+  const absl::Duration timeout = options.heartbeat_timeout;
+  return std::max(timeout / 2, std::min(2 * interval, (interval + timeout) / 2));
+}
+
 std::shared_ptr<SessionSink> Coordinator::SinkOf(const MemberInfo& info) const {
   if (info.session == 0) return nullptr;
   auto it = sessions_.find(info.session);
@@ -275,6 +280,36 @@ bool Coordinator::StopServing(const std::string& reason, bool tell_members) {
   return true;
 }
 
+absl::Duration Coordinator::Unheard() {
+  absl::MutexLock lock(&mu_);
+  return HoldLocked(clock_->Now());
+}
+
+absl::Duration Coordinator::HoldLocked(absl::Time now) {
+  const absl::Time heard = std::max(
+      membership_.LastSeen(),
+      absl::FromUnixNanos(last_heard_ns_.load(std::memory_order_relaxed)));
+  const absl::Duration silence = now - heard;
+  const bool silent = options_.silence_hold > absl::ZeroDuration() &&
+                      silence >= IsolatedAfter(HeartbeatInterval(), options_) &&
+                      gen_.phase() != GenerationPhase::kRecovering &&
+                      gen_.phase() != GenerationPhase::kShuttingDown &&
+                      membership_.AliveOnTwoNodes();
+  if (!silent) {
+    if (hold_since_ != absl::InfinitePast()) {
+      // Heard again: the others get a heartbeat timeout to come back too.
+      hold_since_ = absl::InfinitePast();
+      excused_until_ = now + options_.heartbeat_timeout;
+    }
+    return absl::ZeroDuration();
+  }
+  if (hold_since_ == absl::InfinitePast()) hold_since_ = now;
+  // Held long enough for a standby to take over: none did, so nobody else
+  // will serve these members; act on the silence as without a hold.
+  if (now - hold_since_ > options_.silence_hold) return absl::ZeroDuration();
+  return silence;
+}
+
 void Coordinator::Tick() {
   Decision decision(&mu_, durable_);
   Actions& actions = decision.actions();
@@ -283,7 +318,10 @@ void Coordinator::Tick() {
   // The scans below visit every member; at 100,000 members they would take
   // a good part of a core at the tick's rate. A timeout of seconds loses
   // nothing by a scan every twentieth of it (at most 100 ms).
-  if (now >= next_expiry_scan_) {
+  // Not while this coordinator holds through a silence of its own (decided
+  // here under the same lock as the scan), nor for a timeout after it.
+  const bool held = HoldLocked(now) > absl::ZeroDuration() || now < excused_until_;
+  if (now >= next_expiry_scan_ && !held) {
     next_expiry_scan_ = now + std::min(absl::Milliseconds(100), options_.heartbeat_timeout / 20);
     for (const std::string& id : membership_.Expired(now, options_.heartbeat_timeout)) {
       MemberInfo* info = membership_.Find(id);

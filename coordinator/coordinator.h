@@ -115,6 +115,11 @@ struct CoordinatorOptions {
   // How long the members of a world formed after a broken-world report have
   // to come to its rendezvous when the report names no deadline of its own.
   absl::Duration regroup_arrival = absl::Seconds(30);
+  // The longest a coordinator that hears from nobody holds (Unheard): it
+  // fails nobody for the silence meanwhile. Zero: it never holds (no lease,
+  // so no standby to take over: CoordinatorServer gives twice the lease
+  // timeout when it holds one). Past it, members are failed as before.
+  absl::Duration silence_hold = absl::ZeroDuration();
   // Nodes left out because their peers could not reach them: how long
   // (partition_holds.h).
   PartitionHoldOptions partition_holds;
@@ -131,6 +136,14 @@ struct CoordinatorOptions {
 // longer than a third of heartbeat_timeout, so that a silent session is
 // still found within the timeout (it misses three beats first).
 absl::Duration HeartbeatIntervalFor(int64_t streams, const CoordinatorOptions& options);
+
+// How long a coordinator hears from nobody before it takes itself to be the
+// one cut off (Coordinator::Unheard), when its sessions beat every
+// `interval` (HeartbeatIntervalFor): half the heartbeat timeout, and at
+// least two such periods where that still falls short of the timeout.
+// Always shorter than the timeout, so that the hold begins before any
+// member would be failed for the same silence.
+absl::Duration IsolatedAfter(absl::Duration interval, const CoordinatorOptions& options);
 
 enum class LeaveReason { kFinished, kGraceful };
 
@@ -331,6 +344,25 @@ class Coordinator {
   // Enforces heartbeat timeouts, deadlines, last call, the reattach grace
   // and the pause timeout; flushes the event log.
   void Tick();
+  // How long nobody has been heard from, while that silence says that this
+  // coordinator is the one cut off rather than its members (a hold,
+  // docs/failover.md): members are alive on two nodes or more (one node's
+  // silence is that node's own), no stored world is waiting for its members
+  // after a restart, no message of any session (a member's beat, a node's
+  // beat with no member in it, a hello) and no join came for
+  // IsolatedAfter, and the hold has lasted at most options().silence_hold.
+  // Zero otherwise. During a hold Tick fails no member for missing
+  // heartbeats, and once someone is heard again it fails none for the
+  // hold's silence until a heartbeat timeout later: members reconnecting
+  // at their own pace are not failed at the first one's return. Whoever
+  // runs the coordinator lets its lease lapse during a hold, so that a
+  // standby that still reaches the members takes over.
+  absl::Duration Unheard();
+  // A message arrived on a session stream (any kind): Unheard's sign that
+  // this coordinator is still reached. Lock-free.
+  void Heard() {
+    last_heard_ns_.store(absl::ToUnixNanos(clock_->Now()), std::memory_order_relaxed);
+  }
   // Why the job ended on its own (the pause timeout passed), or "" while it
   // has not. Whoever runs the coordinator then shuts it down with it.
   std::string JobEnded();
@@ -507,6 +539,14 @@ class Coordinator {
   CoordinatorCounters counters_ ABSL_GUARDED_BY(mu_);
   // Tick's scans over every member run at most this often.
   absl::Time next_expiry_scan_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  // Unheard at `now`, and its state kept: the hold begun, or ended (then
+  // excused_until_).
+  absl::Duration HoldLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Unheard's state: the hold's start (InfinitePast: none), and until when
+  // the silence it held through fails nobody.
+  absl::Time hold_since_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  absl::Time excused_until_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  std::atomic<int64_t> last_heard_ns_{absl::ToUnixNanos(absl::InfinitePast())};
   absl::Time next_prune_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   // Nodes held out of the world after a lost link (partition_holds.h).
   PartitionHolds holds_ ABSL_GUARDED_BY(mu_);

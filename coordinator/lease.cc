@@ -1,6 +1,7 @@
 #include "coordinator/lease.h"
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 
 namespace muster {
@@ -31,6 +32,18 @@ bool LeaseRenewal::BeatDue(absl::Time now) {
   if (now < next_beat_) return false;
   next_beat_ = now + timeout_ / 4;
   return true;
+}
+
+absl::Status LeaseTakenOver(uint64_t mine, const Lease& now) {
+  return absl::AbortedError(absl::StrCat("this coordinator's lease (epoch ", mine,
+                                         ") was taken over: epoch ", now.epoch, " is held by ",
+                                         now.holder));
+}
+
+absl::Status CheckLeaseHeld(StateStore* store, uint64_t epoch) {
+  MUSTER_ASSIGN_OR_RETURN(Lease lease, store->ReadLease());
+  if (lease.epoch == epoch) return absl::OkStatus();
+  return LeaseTakenOver(epoch, lease);
 }
 
 }  // namespace muster

@@ -69,6 +69,8 @@ class LeaseRenewal {
   bool BeatDue(absl::Time now);
   // A beat succeeded at `now`.
   void Renewed(absl::Time now) { renewed_ = now; }
+  // The next BeatDue is true, whenever it is asked.
+  void BeatNow() { next_beat_ = absl::InfinitePast(); }
   // Whether, at `now`, a beat succeeded within the timeout.
   bool Sure(absl::Time now) const { return now - renewed_ <= timeout_; }
 
@@ -77,6 +79,17 @@ class LeaseRenewal {
   absl::Time next_beat_;
   absl::Time renewed_;
 };
+
+// What a holder of `mine` is told once another coordinator took the lease
+// over (ABORTED; the coordinator exits 4 on it, docs/failover.md).
+absl::Status LeaseTakenOver(uint64_t mine, const Lease& now);
+
+// A holder's check that it still holds the lease in `epoch`, without a
+// beat: a coordinator that hears from none of its members lets its lease
+// lapse (a standby may take over) and looks, at each beat it leaves out,
+// whether one did. OK while the lease is still in `epoch`; LeaseTakenOver's
+// ABORTED once another coordinator holds it. Errors: the store's.
+absl::Status CheckLeaseHeld(StateStore* store, uint64_t epoch);
 
 }  // namespace muster
 

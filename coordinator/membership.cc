@@ -119,6 +119,19 @@ absl::StatusOr<MemberInfo*> Membership::Live(const MemberKey& key) {
   return info;
 }
 
+bool Membership::AliveOnTwoNodes() const {
+  const std::string* first = nullptr;
+  for (const auto& [id, info] : members_) {
+    if (!IsAlive(info.state)) continue;
+    if (first == nullptr) {
+      first = &info.node;
+    } else if (info.node != *first) {
+      return true;
+    }
+  }
+  return false;
+}
+
 std::vector<std::string> Membership::Expired(absl::Time now, absl::Duration timeout) {
   std::vector<std::string> out;
   for (auto it = by_seen_.begin(); it != by_seen_.end();) {

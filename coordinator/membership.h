@@ -90,6 +90,15 @@ class Membership {
   // never before the last one given.
   void Seen(MemberInfo* info, absl::Time now);
 
+  // The newest sign of life of any member in the order (InfinitePast when
+  // none). O(1).
+  absl::Time LastSeen() const {
+    return by_seen_.empty() ? absl::InfinitePast() : by_seen_.back()->last_seen;
+  }
+  // Whether members that are alive sit on two nodes or more. Stops at the
+  // second node it finds.
+  bool AliveOnTwoNodes() const;
+
   // Members whose last sign of life is older than `timeout` and whose state
   // is waiting, active or draining. Does not change them. O(members it
   // passes): it walks the order of last signs of life from the oldest,

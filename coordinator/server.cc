@@ -161,6 +161,9 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   if (s->options_.coordinator.clock == nullptr) s->options_.coordinator.clock = RealClock::Get();
   const ServerOptions& o = s->options_;
   MUSTER_RETURN_IF_ERROR(s->OpenState());
+  // A holder of the lease may let it lapse while it hears from nobody, for
+  // long enough that a standby takes over (docs/failover.md).
+  if (s->epoch_ != 0) s->options_.coordinator.silence_hold = 2 * o.lease_timeout;
   MUSTER_ASSIGN_OR_RETURN(s->coordinator_, Coordinator::Create(o.coordinator, s->store_.get()));
   MUSTER_ASSIGN_OR_RETURN(s->metrics_, Metrics::Create(o.metrics_listen));
   if (!o.http_listen.empty()) {
@@ -334,29 +337,13 @@ void CoordinatorServer::TickLoop() {
   uint64_t worlds_completed = 0;
   bool trim_due = false;
   LeaseRenewal lease(options_.lease_timeout, clock()->Now());
+  bool holding = false;
   // Relative sleeps: absl's timed waits would stall as long as the wall
   // clock is set back (common/monotonic_wait.h).
   while (!SleepUnlessNotified(stop_requested_, options_.tick)) {
-    // Renew before the coordinator acts on time (heartbeat timeouts): a
-    // coordinator that was frozen past the lease timeout finds out that it
-    // lost the lease before it fails members that were never gone.
-    if (epoch_ != 0 && lease.BeatDue(clock()->Now())) {
-      const absl::Status beat = store_->RenewLease(epoch_);
-      if (absl::IsAborted(beat)) {
-        MUSTER_LOG(ERROR) << "stopping: " << beat.message();
-        {
-          absl::MutexLock lock(&ended_mu_);
-          lost_lease_ = std::string(beat.message());
-        }
-        RequestStop();
-        return;
-      }
-      // The file system may come back; a standby takes over if it does not.
-      if (!beat.ok()) MUSTER_LOG(WARNING) << "could not renew the lease: " << beat;
-      if (beat.ok()) lease.Renewed(clock()->Now());
-    }
-    // Not sure of the lease any more: decide nothing on time until it is.
-    if (epoch_ != 0 && !lease.Sure(clock()->Now())) continue;
+    const LeaseTurn turn = TendLease(&lease, &holding);
+    if (turn == LeaseTurn::kStop) return;
+    if (turn == LeaseTurn::kHold) continue;
     coordinator_->Tick();
     if (std::string ended = coordinator_->JobEnded(); !ended.empty()) {
       {
@@ -386,6 +373,49 @@ void CoordinatorServer::TickLoop() {
       next_trim_check = clock()->Now() + absl::Seconds(1);
     }
   }
+}
+
+CoordinatorServer::LeaseTurn CoordinatorServer::TendLease(LeaseRenewal* lease, bool* holding) {
+  if (epoch_ == 0) return LeaseTurn::kTick;  // no state dir: no lease, nobody to take over
+  const absl::Duration unheard = coordinator_->Unheard();
+  if ((unheard > absl::ZeroDuration()) != *holding) {
+    *holding = !*holding;
+    if (*holding) {
+      MUSTER_LOG(WARNING) << "no member heard for " << absl::FormatDuration(unheard)
+                          << ", on two nodes or more: this coordinator may be the one cut off."
+                          << " It lets its lease lapse, so that a standby can take over, and"
+                          << " fails no member for this silence for up to "
+                          << absl::FormatDuration(options_.coordinator.silence_hold);
+    } else {
+      MUSTER_LOG(INFO) << "the hold ends (members heard again, or no standby took the lease"
+                       << " over): renewing the lease";
+      lease->BeatNow();
+    }
+  }
+  // Renew before the coordinator acts on time (heartbeat timeouts): a
+  // coordinator that was frozen past the lease timeout finds out that it
+  // lost the lease before it fails members that were never gone.
+  if (lease->BeatDue(clock()->Now())) {
+    const absl::Status beat =
+        *holding ? CheckLeaseHeld(store_.get(), epoch_) : store_->RenewLease(epoch_);
+    if (absl::IsAborted(beat)) {
+      MUSTER_LOG(ERROR) << "stopping: " << beat.message();
+      {
+        absl::MutexLock lock(&ended_mu_);
+        lost_lease_ = std::string(beat.message());
+      }
+      RequestStop();
+      return LeaseTurn::kStop;
+    }
+    // The file system may come back; a standby takes over if it does not.
+    if (!beat.ok()) {
+      MUSTER_LOG(WARNING) << "could not " << (*holding ? "read" : "renew") << " the lease: "
+                          << beat;
+    }
+    if (beat.ok() && !*holding) lease->Renewed(clock()->Now());
+  }
+  // Not sure of the lease any more: decide nothing on time until it is.
+  return *holding || !lease->Sure(clock()->Now()) ? LeaseTurn::kHold : LeaseTurn::kTick;
 }
 
 void CoordinatorServer::Wait() { stopped_.WaitForNotification(); }

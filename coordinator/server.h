@@ -32,6 +32,8 @@
 
 namespace muster {
 
+class LeaseRenewal;
+
 struct ServerOptions {
   // host:port; port 0 picks a free one (see CoordinatorServer::port()).
   std::string listen = "127.0.0.1:0";
@@ -119,6 +121,13 @@ class CoordinatorServer {
  private:
   CoordinatorServer() = default;
   void TickLoop();
+  // Once a tick, before the coordinator acts on time: beats the lease, or,
+  // while no member is heard (Coordinator::Unheard, `*holding`), only checks
+  // that nobody took it over. kTick: act on time; kHold: not this tick (the
+  // lease is not sure, or it lapses on purpose); kStop: the lease was taken
+  // over, and lost_lease() says by whom.
+  enum class LeaseTurn { kTick, kHold, kStop };
+  LeaseTurn TendLease(LeaseRenewal* lease, bool* holding);
   // Start's steps: the state store, its lease and a rebuilt catalog; the
   // gRPC server and the address file; and, on its own thread, the stop.
   absl::Status OpenState();

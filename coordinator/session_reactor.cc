@@ -403,6 +403,7 @@ void SessionReactor::OnReadDone(bool ok) {
     outbox_->Close(absl::OkStatus());
     return;
   }
+  coordinator_->Heard();
   if (request_.batch_size() > 0 && !node_.empty()) {
     // A node's requests sent as one message: each in order, as if alone.
     google::protobuf::RepeatedPtrField<v1::SessionRequest> batch;

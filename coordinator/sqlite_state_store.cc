@@ -33,6 +33,7 @@
 #include "absl/time/clock.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "coordinator/lease.h"
 #include "coordinator/slow_sync_vfs.h"
 #include "coordinator/state_store.h"
 
@@ -512,7 +513,7 @@ class SqliteStateStore : public StateStore {
       MUSTER_RETURN_IF_ERROR(up.Run());
       if (sqlite3_changes(db_) == 1) return absl::OkStatus();
       MUSTER_ASSIGN_OR_RETURN(Lease now, ReadLeaseLocked());
-      return LostLease(epoch, now);
+      return LeaseTakenOver(epoch, now);
     });
   }
 
@@ -566,11 +567,6 @@ class SqliteStateStore : public StateStore {
     MUSTER_RETURN_IF_ERROR(ReadEnded(rc, "lease"));
     return lease;
   }
-  static absl::Status LostLease(uint64_t mine, const Lease& now) {
-    return absl::AbortedError(absl::StrCat("this coordinator's lease (epoch ", mine,
-                                           ") was taken over: epoch ", now.epoch,
-                                           " is held by ", now.holder));
-  }
   // Runs `fn` in one write transaction; once a lease was taken, only while
   // this coordinator still holds it (checked under the write lock, so no
   // write of an older epoch commits after a takeover).
@@ -583,7 +579,7 @@ class SqliteStateStore : public StateStore {
       if (!now.ok()) {
         s = now.status();
       } else if (now->epoch != fence_epoch_) {
-        s = LostLease(fence_epoch_, *now);
+        s = LeaseTakenOver(fence_epoch_, *now);
       }
     }
     if (s.ok()) s = fn();

@@ -89,23 +89,31 @@ class ProcessTest : public ::testing::Test {
                       (with_token ? " --token-file " + token_file_ : "") + " " + args);
   }
 
-  std::unique_ptr<TestMember> Member(const std::string& id, uint64_t inc) {
+  std::unique_ptr<TestMember> Member(const std::string& id, uint64_t inc,
+                                     const std::string& node = "node0") {
     auto ch = *MakeChannel(target_, {});
-    return std::make_unique<TestMember>(ch, "process-test-token", id, "node0", inc);
+    return std::make_unique<TestMember>(ch, "process-test-token", id, node, inc);
   }
 
-  // Members a and b join, rendezvous, and commit one checkpoint per step.
-  void CommitCheckpoints(TestMember* a, TestMember* b, const std::vector<int64_t>& steps) {
+  // Members a and b join, open their sessions and form a world; its
+  // generation (0 after a failed assertion).
+  uint64_t FormWorld(TestMember* a, TestMember* b) {
     for (auto* m : {a, b}) {
-      ASSERT_TRUE(m->Join().ok());
-      ASSERT_TRUE(m->OpenSession().ok());
+      EXPECT_TRUE(m->Join().ok());
+      EXPECT_TRUE(m->OpenSession().ok());
     }
     absl::StatusOr<v1::RendezvousResponse> rb;
     std::thread t([&] { rb = b->Rendezvous(0, 0); });
     auto ra = a->Rendezvous(0, 0);
     t.join();
-    ASSERT_TRUE(ra.ok() && rb.ok());
-    const uint64_t gen = ra->world().generation();
+    EXPECT_TRUE(ra.ok() && rb.ok());
+    return ra.ok() ? ra->world().generation() : 0;
+  }
+
+  // Members a and b join, rendezvous, and commit one checkpoint per step.
+  void CommitCheckpoints(TestMember* a, TestMember* b, const std::vector<int64_t>& steps) {
+    const uint64_t gen = FormWorld(a, b);
+    ASSERT_NE(gen, 0u);
     for (int64_t step : steps) {
       uint64_t id = 0;
       for (auto* m : {a, b}) {
@@ -320,6 +328,66 @@ TEST_F(ProcessTest, AStandbyTakesOverFromAHungPrimaryWhichThenCommitsNothing) {
   EXPECT_EQ(RunCommand(cli + "checkpoints --json").out, before.out);
   ASSERT_EQ(::kill(standby, SIGTERM), 0);
   EXPECT_EQ(WaitExit(standby), 0) << ReadText(dir_ + "/standby.log");
+}
+
+// A primary cut off from its members while it still reaches the state dir
+// (on one host, the state dir is a local disk): it hears from nobody on
+// either node, so it fails no member for that silence and lets its lease
+// lapse; the standby takes over and finds the world as it was, waiting for
+// its members. The primary, which checks the lease while it lets it lapse,
+// exits 4. Members that stop beating but keep their streams open are what
+// such a cut looks like from the coordinator's side.
+TEST_F(ProcessTest, APrimaryThatHearsNoMemberLetsItsLeaseLapseAndFailsNobody) {
+  const std::string address_file = dir_ + "/coordinator.address";
+  auto coordinator = [&](const std::string& listen, const std::string& log) {
+    return SpawnLogged({kBin + "/muster-coordinator", "--listen=" + listen,
+                        "--state-dir=" + dir_ + "/state", "--token-file=" + token_file_,
+                        "--address-file=" + address_file, "--lease-timeout=1s",
+                        "--heartbeat-interval=200ms", "--heartbeat-timeout=2s",
+                        "--reattach-grace=30s", "--min-members=2", "--max-members=2"},
+                       dir_ + "/" + log);
+  };
+  auto wait_for = [](const std::function<bool()>& done, int tenths) {
+    for (int i = 0; i < tenths && !done(); ++i) ::usleep(100'000);
+    return done();
+  };
+  // Whatever the test's end, neither coordinator outlives it.
+  struct Reap {
+    pid_t pids[2] = {-1, -1};
+    ~Reap() {
+      for (pid_t p : pids) {
+        if (p > 0 && ::kill(p, SIGKILL) == 0) ::waitpid(p, nullptr, 0);
+      }
+    }
+  } reap;
+  const pid_t primary = reap.pids[0] = coordinator(target_, "primary.log");
+  ASSERT_TRUE(wait_for([&] { return ReadText(address_file) == target_ + "\n"; }, 200))
+      << ReadText(dir_ + "/primary.log");
+  const std::string standby_target = absl::StrCat("127.0.0.1:", FreeLoopbackPort());
+  const pid_t standby = reap.pids[1] = coordinator(standby_target, "standby.log");
+  auto a = Member("a", 11, "node0");
+  auto b = Member("b", 22, "node1");
+  ASSERT_EQ(FormWorld(a.get(), b.get()), 1u);
+  ::usleep(1'500'000);  // past the lease timeout: a primary that hears its members keeps it
+  ASSERT_EQ(ReadText(address_file), target_ + "\n");
+
+  a->PauseHeartbeats();
+  b->PauseHeartbeats();
+  ASSERT_TRUE(wait_for([&] { return ReadText(address_file) == standby_target + "\n"; }, 100))
+      << ReadText(dir_ + "/primary.log") << ReadText(dir_ + "/standby.log");
+  EXPECT_EQ(WaitExit(primary), 4) << ReadText(dir_ + "/primary.log");
+  reap.pids[0] = -1;
+  const std::string log = ReadText(dir_ + "/primary.log");
+  EXPECT_NE(log.find("no member heard for"), std::string::npos) << log;
+  EXPECT_EQ(log.find("no heartbeat for"), std::string::npos) << log;  // nobody failed
+  const std::string cli = kBin + "/muster --coordinator file:" + address_file +
+                          " --token-file " + token_file_ + " ";
+  const Output status = RunCommand(cli + "status --json");
+  EXPECT_NE(status.out.find("\"job_state\": \"recovering\""), std::string::npos) << status.out;
+  EXPECT_NE(status.out.find("\"generation\": \"1\""), std::string::npos) << status.out;
+  ASSERT_EQ(::kill(standby, SIGTERM), 0);
+  EXPECT_EQ(WaitExit(standby), 0) << ReadText(dir_ + "/standby.log");
+  reap.pids[1] = -1;
 }
 
 // Failover with wall clocks that step (libfaketime, ±60 s, on the standby's

@@ -64,6 +64,7 @@ class CoordinatorTest : public ::testing::Test {
     o.heartbeat_interval = absl::Seconds(1);
     o.heartbeat_timeout = absl::Seconds(5);
     o.reattach_grace = absl::Seconds(10);
+    o.silence_hold = silence_hold_;
     o.clock = &clock_;
     c_ = std::move(Coordinator::Create(o, store)).value();
   }
@@ -159,6 +160,7 @@ class CoordinatorTest : public ::testing::Test {
   }
 
   FakeClock clock_;
+  absl::Duration silence_hold_ = absl::ZeroDuration();  // CoordinatorOptions::silence_hold
   std::unique_ptr<StateStore> store_;
   // Stores opened by a test; they outlive the coordinator.
   std::vector<std::unique_ptr<StateStore>> stores_;
@@ -685,6 +687,98 @@ TEST_F(CoordinatorTest, HeartbeatTimeoutFailsHungMember) {
   auto status = c_->GetStatus();
   EXPECT_EQ(status.generation, 2u);
   EXPECT_EQ(status.world_size, 1u);
+}
+
+TEST_F(CoordinatorTest, NoOneHeardOnAnyOfTwoNodesIsAHoldThatFailsNobody) {
+  silence_hold_ = absl::Seconds(10);
+  WorldOfThree();  // a, b on n0; c on n1; heartbeat every 1 s, timeout 5 s
+  Member& a = *members_[0];
+  Member& b = *members_[1];
+  Advance(absl::Seconds(2));
+  EXPECT_EQ(c_->Unheard(), absl::ZeroDuration());
+  ASSERT_TRUE(c_->Heartbeat(a.session, {6}).ok());  // n0 heard; n1 silent for 2 s
+  ASSERT_TRUE(c_->Heartbeat(b.session, {6}).ok());
+  Advance(absl::Seconds(2));
+  EXPECT_EQ(c_->Unheard(), absl::ZeroDuration());  // 2 s: under half the timeout
+  Advance(absl::Seconds(1));
+  EXPECT_EQ(c_->Unheard(), absl::Seconds(3));  // nobody heard for 3 s
+  // Past the heartbeat timeout of every member: the hold fails nobody.
+  Advance(absl::Seconds(4));
+  for (auto& m : members_) EXPECT_FALSE(m->sink->closed);
+  EXPECT_EQ(c_->GetStatus().generation, 1u);
+  // Heard again: a and b come back now, c gets a timeout to come back too.
+  ASSERT_TRUE(c_->Heartbeat(a.session, {7}).ok());
+  ASSERT_TRUE(c_->Heartbeat(b.session, {7}).ok());
+  EXPECT_EQ(c_->Unheard(), absl::ZeroDuration());
+  for (int i = 0; i < 4; ++i) {
+    Advance(absl::Seconds(1));
+    ASSERT_TRUE(c_->Heartbeat(a.session, {8 + i}).ok());
+    ASSERT_TRUE(c_->Heartbeat(b.session, {8 + i}).ok());
+  }
+  EXPECT_FALSE(members_[2]->sink->closed);
+  Advance(absl::Milliseconds(1100));  // the timeout after the hold has passed
+  EXPECT_TRUE(members_[2]->sink->closed);
+  EXPECT_FALSE(a.sink->closed);
+  EXPECT_FALSE(b.sink->closed);
+}
+
+TEST_F(CoordinatorTest, AHoldEndsWhereNoStandbyTookOverAndTheSilentAreFailed) {
+  silence_hold_ = absl::Seconds(4);
+  WorldOfThree();
+  Advance(absl::Seconds(3));
+  EXPECT_GT(c_->Unheard(), absl::ZeroDuration());
+  Advance(absl::Seconds(3));  // silent 6 s, held 3 s
+  for (auto& m : members_) EXPECT_FALSE(m->sink->closed);
+  Advance(absl::Milliseconds(1100));  // held past 4 s
+  EXPECT_EQ(c_->Unheard(), absl::ZeroDuration());
+  for (auto& m : members_) EXPECT_TRUE(m->sink->closed);
+}
+
+TEST_F(CoordinatorTest, ANodesBeatWithNoMemberInItIsStillWordFromTheNetwork) {
+  silence_hold_ = absl::Seconds(10);
+  WorldOfThree();
+  clock_.Advance(absl::Seconds(3));
+  EXPECT_GT(c_->Unheard(), absl::ZeroDuration());
+  c_->Heard();  // an agent's beat whose trainers all went silent
+  EXPECT_EQ(c_->Unheard(), absl::ZeroDuration());
+}
+
+TEST_F(CoordinatorTest, WithoutAHoldTimeTheCoordinatorNeverHolds) {
+  WorldOfThree();  // silence_hold 0: no lease, no standby to take over
+  clock_.Advance(absl::Seconds(3));
+  EXPECT_EQ(c_->Unheard(), absl::ZeroDuration());
+}
+
+TEST_F(CoordinatorTest, ASilentSingleNodeIsThatNodesOwnSilence) {
+  silence_hold_ = absl::Seconds(10);
+  Start(1, 2, absl::Seconds(100));
+  Member& a = Add("a", "n");
+  Member& b = Add("b", "n");
+  Rendezvous(a, 0);
+  Rendezvous(b, 0);
+  ASSERT_TRUE(a.world->ok());
+  clock_.Advance(absl::Seconds(4));
+  EXPECT_EQ(c_->Unheard(), absl::ZeroDuration());
+}
+
+TEST_F(CoordinatorTest, AStoredWorldWaitingForItsMembersIsNotASilence) {
+  silence_hold_ = absl::Seconds(10);
+  RestartWithAStoredWorld("unheard", "m");
+  clock_.Advance(absl::Seconds(4));
+  EXPECT_EQ(c_->Unheard(), absl::ZeroDuration());
+}
+
+TEST(IsolatedAfterTest, HalfTheTimeoutAndAtLeastTwoBeatsButAlwaysShortOfTheTimeout) {
+  CoordinatorOptions o;
+  o.heartbeat_timeout = absl::Seconds(5);
+  EXPECT_EQ(IsolatedAfter(absl::Seconds(1), o), absl::Milliseconds(2500));
+  EXPECT_EQ(IsolatedAfter(absl::Seconds(4), o), absl::Milliseconds(4500));
+  // Beats stretched to a third of the timeout (HeartbeatIntervalFor): 3.33 s.
+  EXPECT_NEAR(absl::ToDoubleSeconds(IsolatedAfter(absl::Seconds(5) / 3, o)), 10.0 / 3, 1e-6);
+  o.heartbeat_timeout = absl::Seconds(2);
+  EXPECT_EQ(IsolatedAfter(absl::Milliseconds(200), o), absl::Seconds(1));
+  o.heartbeat_timeout = absl::Seconds(10);
+  EXPECT_EQ(IsolatedAfter(absl::Seconds(2), o), absl::Seconds(5));
 }
 
 TEST_F(CoordinatorTest, BelowMinPausesThenResumes) {
