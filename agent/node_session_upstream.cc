@@ -217,6 +217,10 @@ bool NodeSessionImpl::NextBatch(absl::Time* next_beat, uint64_t* sequence,
     MUSTER_LOG(WARNING) << "muster-agent: node " << o_.node << ": no word from the "
                         << "coordinator for " << absl::FormatDuration(now - link_.last_heard)
                         << "; reconnecting";
+    // A relay that went silent is cut off or hung as well: go round it to
+    // the next address of a list rather than wait out a handshake with it
+    // (from the last entry, the coordinator, there is no going round).
+    coordinator_->MoveOn(/*wrap=*/false);
     if (link_.ctx != nullptr) link_.ctx->TryCancel();
     return false;
   }

@@ -86,8 +86,9 @@ std::string CoordinatorChannel::address() {
   return address_;
 }
 
-void CoordinatorChannel::MoveOn() {
+void CoordinatorChannel::MoveOn(bool wrap) {
   absl::MutexLock lock(&mu_);
+  if (!wrap && current_ + 1 >= targets_.size()) return;
   move_on_ = true;
 }
 

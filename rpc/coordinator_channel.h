@@ -50,8 +50,10 @@ class CoordinatorChannel {
   bool Refresh();
   // For a list: the entry in use did not answer in time (a host that is
   // gone rather than refusing), so the next Refresh moves on as for one
-  // that failed to connect. No-op for a single target.
-  void MoveOn();
+  // that failed to connect. No-op for a single target. `wrap` false: not
+  // from the last entry back to the first (a stream that went silent on
+  // the coordinator after its relays is no reason to go back to them).
+  void MoveOn(bool wrap = true);
 
  private:
   CoordinatorChannel(std::vector<std::string> targets, TlsFiles tls, int connection)

@@ -26,7 +26,13 @@ FaultJob::FaultJob(std::string dir, FaultJobOptions options)
   target_ = absl::StrCat(options_.coordinator_host, ":", FreeLoopbackPort());
   client_target_ = options_.standby ? "file:" + dir_ + "/coordinator.address" : target_;
   if (options_.standby) {
-    standby_target_ = absl::StrCat(options_.coordinator_host, ":", FreeLoopbackPort());
+    const std::string& host =
+        options_.standby_host.empty() ? options_.coordinator_host : options_.standby_host;
+    standby_target_ = absl::StrCat(host, ":", FreeLoopbackPort());
+  }
+  member_target_ = client_target_;
+  if (!options_.relay_host.empty()) {
+    member_target_ = absl::StrCat(options_.relay_host, ":", FreeLoopbackPort(), ",", client_target_);
   }
   agents_.assign(options_.nodes, -1);
   agent_done_.assign(options_.nodes, false);
@@ -45,6 +51,7 @@ FaultJob::~FaultJob() {
       ::waitpid(agents_[n], nullptr, 0);
     }
   }
+  if (relay_ > 0) StopProcess(relay_);
   if (coordinator_ > 0) StopProcess(coordinator_);
   if (standby_ > 0) StopProcess(standby_);
   if (!options_.token.empty()) ::unsetenv("MUSTER_TOKEN_FILE");
@@ -68,11 +75,13 @@ std::string FaultJob::AddressFileText() const {
 }
 
 void FaultJob::StartCoordinator() {
-  auto spawn = [this](const std::string& target, const std::string& log) {
+  auto spawn = [this](const std::string& target, const std::string& netns,
+                      const std::string& log) {
     const std::string port = target.substr(target.rfind(':') + 1);
     const std::string listen =
         options_.coordinator_host == "127.0.0.1" ? target : "0.0.0.0:" + port;
     std::vector<std::string> argv;
+    if (!netns.empty()) argv = {"/usr/sbin/ip", "netns", "exec", netns};
     if (options_.coordinator_nofile > 0) {
       argv = {"/usr/bin/prlimit", absl::StrCat("--nofile=", options_.coordinator_nofile, ":",
                                                options_.coordinator_nofile)};
@@ -93,8 +102,19 @@ void FaultJob::StartCoordinator() {
                 options_.extra_coordinator_flags.end());
     return SpawnLogged(argv, dir_ + "/" + log);
   };
-  coordinator_ = spawn(target_, "coordinator.log");
-  if (options_.standby && standby_ <= 0) standby_ = spawn(standby_target_, "standby.log");
+  coordinator_ = spawn(target_, options_.coordinator_netns, "coordinator.log");
+  if (options_.standby && standby_ <= 0) {
+    standby_ = spawn(standby_target_, options_.standby_netns, "standby.log");
+  }
+  if (!options_.relay_host.empty() && relay_ <= 0) {
+    const std::string relay = member_target_.substr(0, member_target_.find(','));
+    std::vector<std::string> argv;
+    if (!options_.relay_netns.empty()) argv = {"/usr/sbin/ip", "netns", "exec", options_.relay_netns};
+    argv.insert(argv.end(), {SelfDir() + "/muster-relay",
+                             "--listen=0.0.0.0:" + relay.substr(relay.rfind(':') + 1),
+                             "--coordinator=" + client_target_});
+    relay_ = SpawnLogged(argv, dir_ + "/relay.log");
+  }
   // Ready when the CLI gets an answer.
   const absl::Time end = absl::Now() + absl::Seconds(20);
   std::string out;
@@ -116,11 +136,11 @@ void FaultJob::StartAgent(int n) {
   const std::vector<std::string> agent = {
       SelfDir() + "/muster-agent", absl::StrCat("--nproc-per-node=", options_.per_node),
       absl::StrCat("--spares=", n == 0 ? options_.spares : 0),
-      absl::StrCat("--node-id=node", n), "--max-restarts=5", "--coordinator=" + client_target_};
+      absl::StrCat("--node-id=node", n), "--max-restarts=5", "--coordinator=" + member_target_};
   argv.insert(argv.end(), agent.begin(), agent.end());
   argv.insert(argv.end(), options_.extra_agent_flags.begin(), options_.extra_agent_flags.end());
   const std::vector<std::string> rest = {
-      "--", SelfDir() + "/muster-train", "--coordinator=" + client_target_, "--model=mlp",
+      "--", SelfDir() + "/muster-train", "--coordinator=" + member_target_, "--model=mlp",
       "--batch-size=32", absl::StrCat("--steps=", options_.steps), "--log-every=1", "--quiet",
       "--threads=1", absl::StrCat("--job=mf", ::getpid(), "-", n),
       "--checkpoint-dir=" + options_.checkpoint_dir,
@@ -265,7 +285,8 @@ int FaultJob::DroppedSteps() const {
 }
 
 std::string FaultJob::Logs() const {
-  std::string all = ReadText(dir_ + "/coordinator.log") + ReadText(dir_ + "/standby.log");
+  std::string all = ReadText(dir_ + "/coordinator.log") + ReadText(dir_ + "/standby.log") +
+                    ReadText(dir_ + "/relay.log");
   for (int n = 0; n < options_.nodes; ++n) all += ReadText(absl::StrCat(dir_, "/agent", n, ".log"));
   return all;
 }

@@ -31,6 +31,13 @@ struct FaultJobOptions {
   std::vector<std::string> netns;        // per node: run its agent in this namespace
   std::vector<std::string> addresses;    // per node: --address of its trainers
   std::string coordinator_host = "127.0.0.1";
+  // Where the coordinator and the standby run: a network namespace each
+  // ("": this one), the standby at `standby_host` ("": coordinator_host).
+  std::string coordinator_netns, standby_netns, standby_host;
+  // Non-empty: a muster-relay at this address, in `relay_netns`, carries
+  // the agents' and trainers' calls; they list it first and the
+  // coordinator after it (docs/relay.md).
+  std::string relay_host, relay_netns;
   std::vector<std::string> extra_train_flags;
   std::vector<std::string> extra_coordinator_flags;  // after the defaults: they win
   std::vector<std::string> extra_agent_flags;        // likewise, muster-agent's
@@ -63,6 +70,7 @@ class FaultJob {
   // With options.standby: the standby's pid and address, and the address
   // file's content ("" before the first coordinator wrote it).
   pid_t standby() const { return standby_; }
+  pid_t relay() const { return relay_; }
   const std::string& standby_target() const { return standby_target_; }
   std::string AddressFileText() const;
   // Waits for coordinator process `pid` (the first or the standby) to
@@ -112,6 +120,9 @@ class FaultJob {
   std::string standby_target_;
   pid_t coordinator_ = -1;
   pid_t standby_ = -1;
+  pid_t relay_ = -1;
+  // What agents and trainers are given: the relay first, where there is one.
+  std::string member_target_;
   std::vector<pid_t> agents_;
   std::vector<bool> agent_done_;
 };

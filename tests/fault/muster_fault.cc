@@ -77,6 +77,7 @@ struct Trial {
   double takeover_s = -1;  // failover: from the fault to the standby serving
   bool holder_killed = false;  // failover: the frozen holder had to be killed
   double served_s = -1;  // fd-flood: from the flood's end to the first served call
+  double around_s = -1;  // cut-relay: from the cut to every agent's session on the next address
 };
 
 // kill(2) for a trainer's pid read from its agent's log. A pid the log did
@@ -250,14 +251,16 @@ Trial KillCoordinator(Context& c) {
   return Finish(job, j);
 }
 
-// The coordinator holding the lease hangs (SIGSTOP: no lease beats, no
-// answers, its connections stay open) while a standby watches the same state
-// dir; `while_frozen` runs then (a problem it returns ends the trial). Once
-// the standby serves, the old one is woken (SIGCONT) after `wake_ms` and must
-// stand down (exit 4).
-Trial TakeOverFromAFrozenHolder(Context& c, FaultJobOptions o,
-                                const std::function<std::string(FaultJob&)>& while_frozen,
-                                std::pair<int, int> wake_ms) {
+// The coordinator holding the lease is lost while a standby watches the
+// same state dir: it hangs (SIGSTOP: no lease beats, no answers, its
+// connections stay open), or, with `lab`, its namespace is cut off from
+// everyone while it still reaches the state dir (a local disk here).
+// `while_lost` runs then (a problem it returns ends the trial). Once the
+// standby serves, the old holder is woken or its link healed after
+// `wake_ms`, and it must stand down (exit 4).
+Trial TakeOverFromALostHolder(Context& c, FaultJobOptions o, NetLab* lab,
+                              const std::function<std::string(FaultJob&)>& while_lost,
+                              std::pair<int, int> wake_ms) {
   o.standby = true;
   FaultJob job(c.dir, o);
   job.StartAll();
@@ -266,12 +269,22 @@ Trial TakeOverFromAFrozenHolder(Context& c, FaultJobOptions o,
   // Both started together: either may hold the lease.
   const bool first_holds = job.AddressFileText() == job.target() + "\n";
   const pid_t holder = first_holds ? job.coordinator() : job.standby();
+  const std::string host = first_holds ? "coord" : "standby";
   const std::string next = (first_holds ? job.standby_target() : job.target()) + "\n";
+  auto restore = [&] {
+    if (lab != nullptr) {
+      lab->Heal(host);
+    } else {
+      ::kill(holder, SIGCONT);
+    }
+  };
   Judge j;
   j.fault_time = UnixNow();
-  ::kill(holder, SIGSTOP);
-  if (std::string problem = while_frozen(job); !problem.empty()) {
-    ::kill(holder, SIGCONT);
+  if (lab != nullptr ? !lab->Cut(host) : ::kill(holder, SIGSTOP) != 0) {
+    return {false, 0, 0, 0, "the holder could not be cut off: " + (lab ? lab->error() : "")};
+  }
+  if (std::string problem = while_lost(job); !problem.empty()) {
+    restore();
     return {false, 0, 0, 0, std::move(problem)};
   }
   auto wait_takeover = [&](absl::Duration limit) {
@@ -284,22 +297,26 @@ Trial TakeOverFromAFrozenHolder(Context& c, FaultJobOptions o,
   // Frozen inside a write, the holder keeps SQLite's lock on the state file
   // and nobody can take the lease over while it lives (the standby says
   // "database is locked"): the node is then lost for good (SIGKILL), as a
-  // hung node ends up rebooted, and its locks go with it.
+  // hung node ends up rebooted, and its locks go with it. A holder cut off
+  // is not frozen: it must let its lease lapse by itself.
   bool killed = false;
-  if (!wait_takeover(absl::Seconds(10))) {
+  if (!wait_takeover(absl::Seconds(10)) && lab == nullptr) {
     ::kill(holder, SIGKILL);
     killed = true;
   }
-  if (!wait_takeover(absl::Seconds(20))) {
-    ::kill(holder, SIGCONT);
+  if (!wait_takeover(absl::Seconds(lab != nullptr ? 0 : 20))) {
+    restore();
     return {false, 0, 0, 0, "the standby did not take over"};
   }
   const double takeover = UnixNow() - j.fault_time;
+  const bool took = lab == nullptr || lab->Verify(host);  // the link was down all along
   absl::SleepFor(absl::Milliseconds(c.Uniform(wake_ms.first, wake_ms.second)));
-  ::kill(holder, SIGCONT);
+  restore();
+  if (!took) return {false, 0, 0, 0, "the fault did not take effect: " + lab->error()};
   const int code = job.WaitCoordinator(holder, absl::Seconds(20));
   j.explained_by = killed ? "lease of [^ ]+: epoch 2, held by"
                           : "lease \\(epoch 1\\) was taken over: epoch 2";
+  if (lab != nullptr) j.forbidden = "no heartbeat for";  // nobody failed for the holder's silence
   Trial t = Finish(job, j);
   t.takeover_s = takeover;
   t.holder_killed = killed;
@@ -307,13 +324,95 @@ Trial TakeOverFromAFrozenHolder(Context& c, FaultJobOptions o,
     t.survived = false;
     t.problem = absl::StrCat("the old coordinator exited ", code, ", not 4 (lease lost)");
   }
+  if (t.survived && lab != nullptr && job.Logs().find("no member heard for") == std::string::npos) {
+    t.survived = false;
+    t.problem = "the cut holder never said that it heard no member";
+  }
+  return t;
+}
+
+// A job whose two nodes and coordinator are hosts of `lab` ("coord").
+FaultJobOptions InLab(const NetLab& lab) {
+  FaultJobOptions o;
+  o.steps = 2000;
+  o.netns = lab.namespaces();
+  o.addresses = lab.addresses();
+  o.coordinator_host = lab.HostAddress("coord");
+  o.coordinator_netns = lab.HostNamespace("coord");
+  o.extra_train_flags = TrainFlags();
+  return o;
+}
+
+// The namespace of the coordinator holding the lease is cut from everyone
+// (its links down) while a standby runs in a namespace of its own; the
+// trainer nodes are namespaces too. Healed 0.5-2 s after the takeover.
+Trial CutPrimary(Context& c) {
+  NetLab lab(NetLabOptions{2, "", {"coord", "standby"}});
+  if (!lab.ok()) {
+    std::cerr << "muster-fault: cut-primary skipped: " << lab.error() << "\n";
+    return {false, 0, 0, 0, "skipped"};
+  }
+  FaultJobOptions o = InLab(lab);
+  o.standby_host = lab.HostAddress("standby");
+  o.standby_netns = lab.HostNamespace("standby");
+  return TakeOverFromALostHolder(c, o, &lab, [](FaultJob&) { return std::string(); },
+                                 {500, 2000});
+}
+
+// The relay that carries every agent's and trainer's calls is cut off
+// (its namespace's links down, 3-6 s, then up): the agents must go round it
+// to the coordinator, the next address of their list, and no member may
+// be failed for the relay's silence.
+Trial CutRelay(Context& c) {
+  NetLab lab(NetLabOptions{2, "", {"coord", "relay0"}});
+  if (!lab.ok()) {
+    std::cerr << "muster-fault: cut-relay skipped: " << lab.error() << "\n";
+    return {false, 0, 0, 0, "skipped"};
+  }
+  FaultJobOptions o = InLab(lab);
+  o.relay_host = lab.HostAddress("relay0");
+  o.relay_netns = lab.HostNamespace("relay0");
+  FaultJob job(c.dir, o);
+  job.StartAll();
+  if (!job.WaitForStep(c.Uniform(40, 160), absl::Seconds(120))) return {false, 0, 0, 0, "no progress"};
+  // An agent is round the relay once it said it went to the coordinator
+  // and opened its node session again after that.
+  const std::string coordinator = "coordinator now at " + job.target();
+  const std::string open = "node session open";
+  auto log = [&](int a) { return ReadText(absl::StrCat(job.dir(), "/agent", a, ".log")); };
+  auto moved = [&] {
+    int n = 0;
+    for (int a = 0; a < 2; ++a) {
+      const std::string text = log(a);
+      const size_t at = text.find(coordinator);
+      n += at != std::string::npos && text.find(open, at) != std::string::npos;
+    }
+    return n;
+  };
+  if (moved() != 0) return {false, 0, 0, 0, "an agent went to the coordinator before the cut"};
+  Judge j;
+  j.fault_time = UnixNow();
+  if (!lab.Cut("relay0")) return {false, 0, 0, 0, "the relay could not be cut: " + lab.error()};
+  const absl::Time end = absl::Now() + absl::Seconds(20);
+  while (moved() < 2 && absl::Now() < end) absl::SleepFor(absl::Milliseconds(5));
+  const double around = UnixNow() - j.fault_time;
+  absl::SleepFor(absl::Milliseconds(c.Uniform(1000, 4000)));
+  const bool took = lab.Verify("relay0");
+  lab.Heal("relay0");
+  if (!took) return {false, 0, 0, 0, "the fault did not take effect: " + lab.error()};
+  if (moved() < 2) return {false, 0, 0, 0, "the agents did not go round the cut relay in 20 s"};
+  j.forbidden = "fail: node";  // no member failed
+  j.max_lost_steps = 0;
+  Trial t = Finish(job, j);
+  t.around_s = around;
   return t;
 }
 
 // The coordinator's node hangs at a random step and comes back 0.5–2 s
 // after the standby took over.
 Trial Failover(Context& c) {
-  return TakeOverFromAFrozenHolder(c, {}, [](FaultJob&) { return std::string(); }, {500, 2000});
+  return TakeOverFromALostHolder(c, {}, nullptr, [](FaultJob&) { return std::string(); },
+                                 {500, 2000});
 }
 
 // The woken old holder's words reach trainers after the standby took over.
@@ -328,8 +427,8 @@ Trial FailoverStale(Context& c) {
   o.min_members = 4;
   o.extra_coordinator_flags = {"--heartbeat-interval=1s", "--heartbeat-timeout=5s"};
   o.extra_train_flags = TrainFlags();
-  return TakeOverFromAFrozenHolder(
-      c, o,
+  return TakeOverFromALostHolder(
+      c, o, nullptr,
       [&c](FaultJob& job) {
         const int slot = c.Uniform(0, 1);
         return SignalPid(job.TrainerPid(1, slot), SIGKILL) ? std::string()
@@ -688,6 +787,8 @@ const std::map<std::string, std::function<Trial(Context&)>>& Scenarios() {
       {"cut-link", CutLink},
       {"hang-compute", HangCompute},
       {"failover-stale", FailoverStale},
+      {"cut-primary", CutPrimary},
+      {"cut-relay", CutRelay},
       {"fd-flood", [](Context& c) { return FdFlood(c, false); }},
       {"fd-flood-held", [](Context& c) { return FdFlood(c, true); }},
   };
@@ -705,7 +806,7 @@ int RunScenario(const std::string& name, const std::function<Trial(Context&)>& r
   std::mt19937_64 rng(absl::GetFlag(FLAGS_seed) * 1000003 + std::hash<std::string>()(name));
   std::vector<double> recovered;
   int survived = 0, lost_max = 0, ckpt_lost = 0, skipped = 0;
-  std::vector<double> takeovers, served;
+  std::vector<double> takeovers, served, around;
   for (int i = 0; i < trials; ++i) {
     Context c{i, &rng, absl::StrCat(absl::GetFlag(FLAGS_dir), "/muster-fault-", name, "-", ::getpid(), "-", i)};
     const Trial t = run(c);
@@ -713,9 +814,13 @@ int RunScenario(const std::string& name, const std::function<Trial(Context&)>& r
       ++skipped;
       break;
     }
-    std::cerr << absl::StrFormat("muster-fault: %s trial %d: %s, recovered %.3f s, lost %d steps%s%s\n",
+    std::cerr << absl::StrFormat("muster-fault: %s trial %d: %s, recovered %.3f s, lost %d steps%s%s%s\n",
                                  name, i, t.survived ? "survived" : "FAILED: " + t.problem,
                                  t.recovered_s, t.lost_steps,
+                                 t.around_s >= 0
+                                     ? absl::StrFormat(", agents round the relay after %.3f s",
+                                                       t.around_s)
+                                     : "",
                                  t.served_s >= 0
                                      ? absl::StrFormat(", served again %.3f s after the flood",
                                                        t.served_s)
@@ -730,6 +835,7 @@ int RunScenario(const std::string& name, const std::function<Trial(Context&)>& r
                                      : "");
     if (t.takeover_s >= 0) takeovers.push_back(t.takeover_s);
     if (t.served_s >= 0) served.push_back(t.served_s);
+    if (t.around_s >= 0) around.push_back(t.around_s);
     ckpt_lost += t.committed_lost;
     if (!t.survived) continue;
     if (std::getenv("MUSTER_KEEP") == nullptr) std::system(("rm -rf " + c.dir).c_str());
@@ -753,6 +859,11 @@ int RunScenario(const std::string& name, const std::function<Trial(Context&)>& r
                     : absl::StrFormat(" takeover_p50_s=%.3f takeover_max_s=%.3f",
                                       Percentile(takeovers, 50), takeovers.back()))
             << (served.empty() ? "" : ServedFigures(served))
+            << (around.empty()
+                    ? ""
+                    : absl::StrFormat(" around_p50_s=%.3f around_max_s=%.3f",
+                                      Percentile(around, 50),
+                                      *std::max_element(around.begin(), around.end())))
             << std::endl;
   return survived == trials && ckpt_lost == 0 ? 0 : 1;
 }

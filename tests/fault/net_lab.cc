@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <sstream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -48,12 +49,17 @@ NetLab::NetLab(const NetLabOptions& options) {
   error_.clear();
   std::string args = absl::StrCat("up ", name_, " --nodes ", options.nodes, " --owner ", ::getpid());
   if (!options.rate.empty()) args += " --rate " + options.rate;
+  if (!options.hosts.empty()) args += " --hosts " + absl::StrJoin(options.hosts, ",");
   std::string hosts;
   if (!Lab(args, &hosts)) return;
   up_ = true;
   for (absl::string_view line : absl::StrSplit(hosts, '\n', absl::SkipEmpty())) {
     std::vector<std::string> f = absl::StrSplit(line, ' ', absl::SkipEmpty());
     if (f.size() < 2) continue;
+    if (!absl::StartsWith(f[0], "node")) {
+      host_addresses_[f[0]] = f[1];
+      continue;
+    }
     namespaces_.push_back(absl::StrCat("ml", name_, "-", f[0]));
     addresses_.push_back(f[1]);
   }
@@ -75,7 +81,26 @@ std::string NetLab::Peers(const std::vector<int>& peers) const {
   return absl::StrJoin(names, ",");
 }
 
-bool NetLab::Cut(int node) { return Lab(absl::StrCat("fault ", name_, " node", node, " cut")); }
+std::string NetLab::HostNamespace(const std::string& host) const {
+  return host_addresses_.count(host) == 0 ? "" : absl::StrCat("ml", name_, "-", host);
+}
+
+std::string NetLab::HostAddress(const std::string& host) const {
+  auto it = host_addresses_.find(host);
+  return it == host_addresses_.end() ? "" : it->second;
+}
+
+bool NetLab::Cut(const std::string& host) {
+  return Lab(absl::StrCat("fault ", name_, " ", host, " cut"));
+}
+
+bool NetLab::Heal(const std::string& host) { return Lab(absl::StrCat("heal ", name_, " ", host)); }
+
+bool NetLab::Verify(const std::string& host) {
+  return Lab(absl::StrCat("verify ", name_, " ", host));
+}
+
+bool NetLab::Cut(int node) { return Cut(absl::StrCat("node", node)); }
 
 bool NetLab::Isolate(int node, const std::vector<int>& peers) {
   return Lab(absl::StrCat("fault ", name_, " node", node, " isolate ", Peers(peers)));
@@ -93,8 +118,8 @@ bool NetLab::Loss(int node, double percent) {
   return Lab(absl::StrCat("fault ", name_, " node", node, " loss ", percent));
 }
 
-bool NetLab::Heal(int node) { return Lab(absl::StrCat("heal ", name_, " node", node)); }
+bool NetLab::Heal(int node) { return Heal(absl::StrCat("node", node)); }
 
-bool NetLab::Verify(int node) { return Lab(absl::StrCat("verify ", name_, " node", node)); }
+bool NetLab::Verify(int node) { return Verify(absl::StrCat("node", node)); }
 
 }  // namespace muster

@@ -11,6 +11,7 @@
 #ifndef MUSTER_TESTS_FAULT_NET_LAB_H_
 #define MUSTER_TESTS_FAULT_NET_LAB_H_
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -19,12 +20,14 @@ namespace muster {
 struct NetLabOptions {
   int nodes = 2;
   std::string rate;  // each node link's rate each way ("1gbit"; "" for none)
+  // Hosts besides the nodes, each a namespace of its own ("coord", "relay0").
+  std::vector<std::string> hosts;
 };
 
 class NetLab {
  public:
   explicit NetLab(const NetLabOptions& options);
-  explicit NetLab(int nodes) : NetLab(NetLabOptions{nodes, ""}) {}
+  explicit NetLab(int nodes) : NetLab(NetLabOptions{nodes, "", {}}) {}
   ~NetLab();
   NetLab(const NetLab&) = delete;
   NetLab& operator=(const NetLab&) = delete;
@@ -35,6 +38,9 @@ class NetLab {
   const std::vector<std::string>& namespaces() const { return namespaces_; }
   const std::vector<std::string>& addresses() const { return addresses_; }
   const std::string& bridge_address() const { return bridge_address_; }
+  // An extra host's namespace and address ("" for a host the lab lacks).
+  std::string HostNamespace(const std::string& host) const;
+  std::string HostAddress(const std::string& host) const;
 
   // Each returns false (error() says why) when the fault could not be put
   // in place.
@@ -47,6 +53,10 @@ class NetLab {
   // Whether every fault on `node` took effect (a link down, each rule's
   // counter above 0); false with error() saying which did not.
   bool Verify(int node);
+  // The same for any host of the lab, by name ("node1", "coord").
+  bool Cut(const std::string& host);
+  bool Heal(const std::string& host);
+  bool Verify(const std::string& host);
 
  private:
   bool Lab(const std::string& args, std::string* out = nullptr);
@@ -54,6 +64,7 @@ class NetLab {
 
   std::string tool_, name_, bridge_address_, error_;
   std::vector<std::string> namespaces_, addresses_;
+  std::map<std::string, std::string> host_addresses_;  // the extra hosts
   bool up_ = false;
 };
 

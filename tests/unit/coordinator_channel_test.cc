@@ -62,5 +62,19 @@ TEST(CoordinatorChannelTest, AnEntryThatDoesNotAnswerGivesWayWhenToldSo) {
   EXPECT_FALSE((*single)->Refresh());
 }
 
+TEST(CoordinatorChannelTest, ASilentEntryGivesWayButTheLastDoesNotWrapToTheFirst) {
+  auto c = CoordinatorChannel::Create("10.0.0.1:1,10.0.0.2:2", {});
+  ASSERT_TRUE(c.ok()) << c.status();
+  (*c)->MoveOn(/*wrap=*/false);  // the relay went silent: on to the coordinator
+  EXPECT_TRUE((*c)->Refresh());
+  EXPECT_EQ((*c)->address(), "10.0.0.2:2");
+  (*c)->MoveOn(/*wrap=*/false);  // the coordinator went silent: no way round it
+  EXPECT_FALSE((*c)->Refresh());
+  EXPECT_EQ((*c)->address(), "10.0.0.2:2");
+  (*c)->MoveOn();  // a handshake with no answer: round to the first again
+  EXPECT_TRUE((*c)->Refresh());
+  EXPECT_EQ((*c)->address(), "10.0.0.1:1");
+}
+
 }  // namespace
 }  // namespace muster
