@@ -54,7 +54,7 @@ int RunAllreduceBench() {
   const std::string rate = absl::GetFlag(FLAGS_lab_rate);
   std::unique_ptr<NetLab> lab;  // removed when it goes out of scope
   if (!rate.empty()) {
-    lab = std::make_unique<NetLab>(NetLabOptions{nodes, rate});
+    lab = std::make_unique<NetLab>(NetLabOptions{nodes, rate, {}});
     if (!lab->ok()) {
       std::cerr << "muster-bench allreduce: the lab did not start: " << lab->error() << "\n";
       return 1;

@@ -28,7 +28,9 @@
 // while the coordinator writes events to a slow disk. With --api-requests R
 // the coordinator also serves its status page, and R requests for
 // /api/status are timed during the heartbeat window (api_p50_ms,
-// api_p99_ms). MUSTER_BENCH_KEEP=1 keeps the coordinator's directory (its
+// api_p99_ms). With --lab the coordinator and each relay run in a network
+// namespace of their own (a muster-lab lab, docs/lab.md; root only), and the
+// simulated nodes reach them over the lab's bridge. MUSTER_BENCH_KEEP=1 keeps the coordinator's directory (its
 // log and state) under /tmp/muster-bench-coordinator-PID.
 #include <grpcpp/grpcpp.h>
 
@@ -55,6 +57,7 @@
 #include "rpc/async_bidi.h"
 #include "rpc/credentials.h"
 #include "tests/bench/process_stats.h"
+#include "tests/fault/net_lab.h"
 
 ABSL_FLAG(int, members, 1000, "simulated members");
 ABSL_FLAG(int, per_node, 1,
@@ -81,6 +84,9 @@ ABSL_FLAG(int, relays, 0,
           "connections go to them in turn, and each relay carries its share on "
           "--relay-connections connections to the coordinator (docs/relay.md)");
 ABSL_FLAG(int, relay_connections, 1, "each relay's connections to the coordinator");
+ABSL_FLAG(bool, lab, false,
+          "the coordinator and each relay in a network namespace of its own (a muster-lab "
+          "lab; root), reached over its bridge, so that they share no network stack");
 ABSL_FLAG(bool, rendezvous, true, "also measure the rendezvous of all members");
 ABSL_FLAG(bool, regroup, false,
           "after the heartbeat window, kill one member and measure the regroup");
@@ -526,9 +532,18 @@ class CoordinatorBench {
     const std::string token_file = dir_ + "/token";
     std::ofstream(token_file) << kToken;
     std::system(("chmod 600 " + token_file).c_str());
-    const std::string target = absl::StrCat("127.0.0.1:", FreeLoopbackPort());
-    std::vector<std::string> args = {
-        SelfDir() + "/muster-coordinator", "--listen=" + target,
+    const int relays = absl::GetFlag(FLAGS_relays);
+    if (absl::GetFlag(FLAGS_lab)) {
+      std::vector<std::string> hosts = {"coord"};
+      for (int r = 0; r < relays; ++r) hosts.push_back(absl::StrCat("relay", r));
+      lab_ = std::make_unique<NetLab>(NetLabOptions{0, "", hosts});
+      if (!lab_->ok()) return absl::FailedPreconditionError("--lab: " + lab_->error());
+    }
+    const std::string port = std::to_string(FreeLoopbackPort());
+    const std::string target = (lab_ ? lab_->HostAddress("coord") : "127.0.0.1") + ":" + port;
+    std::vector<std::string> args = InLab("coord");
+    args.insert(args.end(), {
+        SelfDir() + "/muster-coordinator", "--listen=" + (lab_ ? "0.0.0.0:" + port : target),
         "--state-dir=" + dir_ + "/state", "--token-file=" + token_file,
         absl::StrCat("--min-members=", std::max(1, n_ - absl::GetFlag(FLAGS_regroups))),
         absl::StrCat("--max-members=", n_), "--last-call=600s", "--heartbeat-timeout=60s",
@@ -536,13 +551,13 @@ class CoordinatorBench {
         "--state-sync-delay=" + absl::FormatDuration(absl::GetFlag(FLAGS_state_sync_delay)),
         absl::GetFlag(FLAGS_api_requests) > 0
             ? absl::StrCat("--http-listen=127.0.0.1:", http_port_ = FreeLoopbackPort())
-            : std::string("--http-listen=")};
+            : std::string("--http-listen=")});
     if (const int rate = absl::GetFlag(FLAGS_max_heartbeat_rate); rate >= 0) {
       args.push_back(absl::StrCat("--max-heartbeat-rate=", rate));
     }
     coordinator_ = SpawnLogged(args, dir_ + "/coordinator.log");
     std::vector<std::string> targets = {target};
-    if (const int relays = absl::GetFlag(FLAGS_relays); relays > 0) targets = StartRelays(relays, target);
+    if (relays > 0) targets = StartRelays(relays, target);
     for (int i = 0; i < std::max(1, absl::GetFlag(FLAGS_channels)); ++i) {
       grpc::ChannelArguments args;
       args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
@@ -568,14 +583,25 @@ class CoordinatorBench {
   std::vector<std::string> StartRelays(int n, const std::string& coordinator) {
     std::vector<std::string> targets;
     for (int r = 0; r < n; ++r) {
-      targets.push_back(absl::StrCat("127.0.0.1:", FreeLoopbackPort()));
-      relays_.push_back(SpawnLogged(
-          {SelfDir() + "/muster-relay", "--listen=" + targets.back(),
-           "--coordinator=" + coordinator,
-           absl::StrCat("--connections=", absl::GetFlag(FLAGS_relay_connections))},
-          absl::StrCat(dir_, "/relay", r, ".log")));
+      const std::string host = absl::StrCat("relay", r);
+      const std::string port = std::to_string(FreeLoopbackPort());
+      targets.push_back((lab_ ? lab_->HostAddress(host) : "127.0.0.1") + ":" + port);
+      std::vector<std::string> argv = InLab(host);
+      argv.insert(argv.end(),
+                  {SelfDir() + "/muster-relay",
+                   "--listen=" + (lab_ ? "0.0.0.0:" + port : targets.back()),
+                   "--coordinator=" + coordinator,
+                   absl::StrCat("--connections=", absl::GetFlag(FLAGS_relay_connections))});
+      relays_.push_back(SpawnLogged(argv, absl::StrCat(dir_, "/relay", r, ".log")));
     }
     return targets;
+  }
+
+  // The command prefix that runs a program in lab host `host` (none
+  // without --lab). `ip netns exec` execs the program: the pid is its own.
+  std::vector<std::string> InLab(const std::string& host) const {
+    if (!lab_) return {};
+    return {"/usr/sbin/ip", "netns", "exec", lab_->HostNamespace(host)};
   }
 
   // The relays' CPU seconds and RSS, summed.
@@ -782,6 +808,7 @@ class CoordinatorBench {
   const int per_node_;
   const std::string dir_;
   int http_port_ = 0;
+  std::unique_ptr<NetLab> lab_;  // --lab; removed after the processes in it stop
   pid_t coordinator_ = -1;
   std::vector<pid_t> relays_;
   std::vector<v1::MemberRef> refs_;
@@ -891,6 +918,11 @@ bool FlagsMakeSense() {
   if (absl::GetFlag(FLAGS_regroup) && (regroups < 1 || regroups > sessions || regroups >= n)) {
     std::cerr << "muster-bench coordinator: --regroups must be at least 1, at most the sessions ("
               << sessions << ") and fewer than the members\n";
+    return false;
+  }
+  if (absl::GetFlag(FLAGS_lab) && absl::GetFlag(FLAGS_api_requests) > 0) {
+    std::cerr << "muster-bench coordinator: --lab does not take --api-requests (the status "
+                 "page listens on the coordinator's loopback)\n";
     return false;
   }
   const int relays = absl::GetFlag(FLAGS_relays);

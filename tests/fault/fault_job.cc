@@ -193,14 +193,25 @@ bool FaultJob::WaitForWorld(int size, absl::Duration timeout) const {
   return false;
 }
 
-int FaultJob::WaitAgents(absl::Duration timeout, const std::vector<int>& allowed) {
+int FaultJob::WaitAgents(absl::Duration stall, const std::vector<int>& allowed) {
   int failed = 0;
-  const absl::Time end = absl::Now() + timeout;
+  int64_t step = LastStep();
+  absl::Time progressed = absl::Now(), looked = absl::Now();
+  auto stalled = [&] {
+    if (absl::Now() - looked >= absl::Seconds(1)) {  // metrics.jsonl is read whole
+      looked = absl::Now();
+      if (const int64_t now = LastStep(); now != step) {
+        step = now;
+        progressed = looked;
+      }
+    }
+    return absl::Now() - progressed > stall;
+  };
   for (size_t n = 0; n < agents_.size(); ++n) {
     if (agents_[n] <= 0 || agent_done_[n]) continue;
     int status = 0;
     pid_t got = 0;
-    while ((got = ::waitpid(agents_[n], &status, WNOHANG)) == 0 && absl::Now() < end) {
+    while ((got = ::waitpid(agents_[n], &status, WNOHANG)) == 0 && !stalled()) {
       absl::SleepFor(absl::Milliseconds(20));
     }
     if (got == 0) {  // timed out

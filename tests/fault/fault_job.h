@@ -92,9 +92,13 @@ class FaultJob {
   bool WaitForStep(int64_t step, absl::Duration timeout) const;
   // Waits until rank 0 has completed a step in a world of `size`.
   bool WaitForWorld(int size, absl::Duration timeout) const;
-  // Waits for every started agent; returns how many did not exit 0, not
-  // counting `allowed` (nodes whose agent the scenario killed).
-  int WaitAgents(absl::Duration timeout, const std::vector<int>& allowed = {});
+  // Waits for every started agent while the job makes progress: an agent
+  // still running once rank 0 has completed no step for `stall` (checked
+  // each second) is killed and counted. A slower host (Debian's LibTorch
+  // trains the scenarios' MLP about four times slower than PyPI's) only
+  // takes longer. Returns how many did not exit 0, not counting `allowed`
+  // (nodes whose agent the scenario killed).
+  int WaitAgents(absl::Duration stall, const std::vector<int>& allowed = {});
   // `muster checkpoints --verify` against the coordinator.
   CheckpointCheck VerifyCheckpoints() const;
   // The newest committed checkpoint's step and files (-1 if none).
