@@ -795,10 +795,12 @@ const std::map<std::string, std::function<Trial(Context&)>>& Scenarios() {
   return *s;
 }
 
-// fd-flood's figures: " served_p50_s=.. served_max_s=..".
-std::string ServedFigures(std::vector<double> served) {
-  const double max = *std::max_element(served.begin(), served.end());
-  return absl::StrFormat(" served_p50_s=%.3f served_max_s=%.3f", Percentile(served, 50), max);
+// A figure's median and maximum: " NAME_p50_s=.. NAME_max_s=..", or ""
+// when no trial measured it. `values` is a copy: Percentile sorts it.
+std::string Figures(const std::string& name, std::vector<double> values) {
+  if (values.empty()) return "";
+  const double max = *std::max_element(values.begin(), values.end());
+  return absl::StrFormat(" %s_p50_s=%.3f %s_max_s=%.3f", name, Percentile(values, 50), name, max);
 }
 
 int RunScenario(const std::string& name, const std::function<Trial(Context&)>& run) {
@@ -854,16 +856,8 @@ int RunScenario(const std::string& name, const std::function<Trial(Context&)>& r
                    name, trials, survived, recovered.empty() ? 0 : Percentile(recovered, 50),
                    sorted.empty() ? 0 : *std::max_element(sorted.begin(), sorted.end()), lost_max,
                    ckpt_lost)
-            << (takeovers.empty()
-                    ? ""
-                    : absl::StrFormat(" takeover_p50_s=%.3f takeover_max_s=%.3f",
-                                      Percentile(takeovers, 50), takeovers.back()))
-            << (served.empty() ? "" : ServedFigures(served))
-            << (around.empty()
-                    ? ""
-                    : absl::StrFormat(" around_p50_s=%.3f around_max_s=%.3f",
-                                      Percentile(around, 50),
-                                      *std::max_element(around.begin(), around.end())))
+            << Figures("takeover", takeovers) << Figures("served", served)
+            << Figures("around", around)
             << std::endl;
   return survived == trials && ckpt_lost == 0 ? 0 : 1;
 }
