@@ -70,8 +70,7 @@ int RunAllreduceBench() {
   std::vector<pid_t> workers;
   const int per_node = world / nodes;
   for (int i = 0; i < world; ++i) {
-    std::vector<std::string> argv;
-    if (lab != nullptr) argv = {"/usr/sbin/ip", "netns", "exec", lab->namespaces()[i / per_node]};
+    std::vector<std::string> argv = InNetns(lab != nullptr ? lab->namespaces()[i / per_node] : "");
     const std::vector<std::string> worker = {
         SelfDir() + "/muster-bench", "comm-worker", "--coordinator=" + target,
         "--token-file=" + token_file, absl::StrCat("--member=rank", i),

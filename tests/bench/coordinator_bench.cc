@@ -598,10 +598,9 @@ class CoordinatorBench {
   }
 
   // The command prefix that runs a program in lab host `host` (none
-  // without --lab). `ip netns exec` execs the program: the pid is its own.
+  // without --lab).
   std::vector<std::string> InLab(const std::string& host) const {
-    if (!lab_) return {};
-    return {"/usr/sbin/ip", "netns", "exec", lab_->HostNamespace(host)};
+    return InNetns(lab_ ? lab_->HostNamespace(host) : "");
   }
 
   // The relays' CPU seconds and RSS, summed.

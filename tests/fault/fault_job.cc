@@ -15,6 +15,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "tests/bench/process_stats.h"
+#include "tests/fault/net_lab.h"
 
 namespace muster {
 double UnixNow() { return absl::ToUnixMicros(absl::Now()) / 1e6; }
@@ -32,7 +33,8 @@ FaultJob::FaultJob(std::string dir, FaultJobOptions options)
   }
   member_target_ = client_target_;
   if (!options_.relay_host.empty()) {
-    member_target_ = absl::StrCat(options_.relay_host, ":", FreeLoopbackPort(), ",", client_target_);
+    relay_port_ = FreeLoopbackPort();
+    member_target_ = absl::StrCat(options_.relay_host, ":", relay_port_, ",", client_target_);
   }
   agents_.assign(options_.nodes, -1);
   agent_done_.assign(options_.nodes, false);
@@ -80,11 +82,11 @@ void FaultJob::StartCoordinator() {
     const std::string port = target.substr(target.rfind(':') + 1);
     const std::string listen =
         options_.coordinator_host == "127.0.0.1" ? target : "0.0.0.0:" + port;
-    std::vector<std::string> argv;
-    if (!netns.empty()) argv = {"/usr/sbin/ip", "netns", "exec", netns};
+    std::vector<std::string> argv = InNetns(netns);
     if (options_.coordinator_nofile > 0) {
-      argv = {"/usr/bin/prlimit", absl::StrCat("--nofile=", options_.coordinator_nofile, ":",
-                                               options_.coordinator_nofile)};
+      argv.insert(argv.end(), {"/usr/bin/prlimit", absl::StrCat("--nofile=",
+                                                                 options_.coordinator_nofile, ":",
+                                                                 options_.coordinator_nofile)});
     }
     argv.insert(argv.end(), {
         SelfDir() + "/muster-coordinator", "--listen=" + listen, "--no-auth",
@@ -107,11 +109,8 @@ void FaultJob::StartCoordinator() {
     standby_ = spawn(standby_target_, options_.standby_netns, "standby.log");
   }
   if (!options_.relay_host.empty() && relay_ <= 0) {
-    const std::string relay = member_target_.substr(0, member_target_.find(','));
-    std::vector<std::string> argv;
-    if (!options_.relay_netns.empty()) argv = {"/usr/sbin/ip", "netns", "exec", options_.relay_netns};
-    argv.insert(argv.end(), {SelfDir() + "/muster-relay",
-                             "--listen=0.0.0.0:" + relay.substr(relay.rfind(':') + 1),
+    std::vector<std::string> argv = InNetns(options_.relay_netns);
+    argv.insert(argv.end(), {SelfDir() + "/muster-relay", absl::StrCat("--listen=0.0.0.0:", relay_port_),
                              "--coordinator=" + client_target_});
     relay_ = SpawnLogged(argv, dir_ + "/relay.log");
   }
@@ -129,10 +128,8 @@ void FaultJob::KillCoordinator() {
 }
 
 void FaultJob::StartAgent(int n) {
-  std::vector<std::string> argv;
-  if (n < static_cast<int>(options_.netns.size()) && !options_.netns[n].empty()) {
-    argv = {"/usr/sbin/ip", "netns", "exec", options_.netns[n]};
-  }
+  std::vector<std::string> argv =
+      InNetns(n < static_cast<int>(options_.netns.size()) ? options_.netns[n] : "");
   const std::vector<std::string> agent = {
       SelfDir() + "/muster-agent", absl::StrCat("--nproc-per-node=", options_.per_node),
       absl::StrCat("--spares=", n == 0 ? options_.spares : 0),

@@ -70,7 +70,6 @@ class FaultJob {
   // With options.standby: the standby's pid and address, and the address
   // file's content ("" before the first coordinator wrote it).
   pid_t standby() const { return standby_; }
-  pid_t relay() const { return relay_; }
   const std::string& standby_target() const { return standby_target_; }
   std::string AddressFileText() const;
   // Waits for coordinator process `pid` (the first or the standby) to
@@ -125,6 +124,7 @@ class FaultJob {
   pid_t coordinator_ = -1;
   pid_t standby_ = -1;
   pid_t relay_ = -1;
+  int relay_port_ = 0;  // with options.relay_host
   // What agents and trainers are given: the relay first, where there is one.
   std::string member_target_;
   std::vector<pid_t> agents_;

@@ -85,6 +85,13 @@ struct Trial {
 // this one may signal.
 bool SignalPid(pid_t pid, int sig) { return pid > 0 && ::kill(pid, sig) == 0; }
 
+// A scenario this host cannot run: says why on one line, and is counted
+// as skipped, not as survived or failed.
+Trial Skipped(const std::string& scenario, const std::string& why) {
+  std::cerr << "muster-fault: " << scenario << " skipped: " << why << "\n";
+  return {false, 0, 0, 0, "skipped"};
+}
+
 Trial NoPid(int node, int slot) {
   return {false, 0, 0, 0, absl::StrCat("agent", node, ".log names no live trainer ", slot)};
 }
@@ -348,10 +355,7 @@ FaultJobOptions InLab(const NetLab& lab) {
 // trainer nodes are namespaces too. Healed 0.5-2 s after the takeover.
 Trial CutPrimary(Context& c) {
   NetLab lab(NetLabOptions{2, "", {"coord", "standby"}});
-  if (!lab.ok()) {
-    std::cerr << "muster-fault: cut-primary skipped: " << lab.error() << "\n";
-    return {false, 0, 0, 0, "skipped"};
-  }
+  if (!lab.ok()) return Skipped("cut-primary", lab.error());
   FaultJobOptions o = InLab(lab);
   o.standby_host = lab.HostAddress("standby");
   o.standby_netns = lab.HostNamespace("standby");
@@ -365,10 +369,7 @@ Trial CutPrimary(Context& c) {
 // be failed for the relay's silence.
 Trial CutRelay(Context& c) {
   NetLab lab(NetLabOptions{2, "", {"coord", "relay0"}});
-  if (!lab.ok()) {
-    std::cerr << "muster-fault: cut-relay skipped: " << lab.error() << "\n";
-    return {false, 0, 0, 0, "skipped"};
-  }
+  if (!lab.ok()) return Skipped("cut-relay", lab.error());
   FaultJobOptions o = InLab(lab);
   o.relay_host = lab.HostAddress("relay0");
   o.relay_netns = lab.HostNamespace("relay0");
@@ -500,9 +501,8 @@ Trial DiskFull(Context& c) {
   const std::string mnt = c.dir + "-ckpt";
   std::system(("mkdir -p " + mnt).c_str());
   if (::mount("tmpfs", mnt.c_str(), "tmpfs", 0, "size=12m") != 0) {
-    std::cerr << "muster-fault: disk-full skipped: cannot mount a tmpfs (" << std::strerror(errno)
-              << "); it needs root\n";
-    return {false, 0, 0, 0, "skipped"};
+    return Skipped("disk-full", absl::StrCat("cannot mount a tmpfs (", std::strerror(errno),
+                                             "); it needs root"));
   }
   Trial t;
   {
@@ -566,10 +566,7 @@ enum class NetFault {
 
 Trial Networked(Context& c, NetFault fault, const std::string& name) {
   NetLab lab(2);
-  if (!lab.ok()) {
-    std::cerr << "muster-fault: " << name << " skipped: " << lab.error() << "\n";
-    return {false, 0, 0, 0, "skipped"};
-  }
+  if (!lab.ok()) return Skipped(name, lab.error());
   FaultJobOptions o;
   // The job must outlast the fault, and with a lost link the hold too, so
   // that the node left out has a world to rejoin.
@@ -721,8 +718,7 @@ Trial HangCompute(Context& c) {
 Trial FdFlood(Context& c, bool held) {
   constexpr int kFlood = 1100;
   if (!AllowOpenFiles(kFlood + 200)) {
-    std::cerr << "muster-fault: fd-flood skipped: cannot open " << kFlood << " files\n";
-    return {false, 0, 0, 0, "skipped"};
+    return Skipped("fd-flood", absl::StrCat("cannot open ", kFlood, " files"));
   }
   FaultJobOptions o;
   o.coordinator_nofile = 1024;

@@ -14,6 +14,11 @@
 
 namespace muster {
 
+std::vector<std::string> InNetns(const std::string& netns) {
+  if (netns.empty()) return {};
+  return {"/usr/sbin/ip", "netns", "exec", netns};
+}
+
 bool NetLab::Lab(const std::string& args, std::string* out) {
   const std::string command = absl::StrCat(tool_, " ", args, " 2>&1");
   FILE* p = ::popen(command.c_str(), "r");

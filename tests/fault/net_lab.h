@@ -17,6 +17,11 @@
 
 namespace muster {
 
+// The command prefix that runs a program in network namespace `netns`
+// (`ip netns exec NETNS`, which execs it: the pid is the program's own);
+// none for "" (this namespace).
+std::vector<std::string> InNetns(const std::string& netns);
+
 struct NetLabOptions {
   int nodes = 2;
   std::string rate;  // each node link's rate each way ("1gbit"; "" for none)

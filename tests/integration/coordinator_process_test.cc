@@ -89,6 +89,23 @@ class ProcessTest : public ::testing::Test {
                       (with_token ? " --token-file " + token_file_ : "") + " " + args);
   }
 
+  // A coordinator on the state dir that a standby may share: listening on
+  // `listen`, writing the address file (AddressFile()) once it holds the
+  // lease, after `lease_timeout` without beats a standby takes over.
+  std::vector<std::string> OnSharedState(const std::string& listen,
+                                         const std::string& lease_timeout) const {
+    return {kBin + "/muster-coordinator", "--listen=" + listen, "--state-dir=" + dir_ + "/state",
+            "--token-file=" + token_file_, "--address-file=" + AddressFile(),
+            "--lease-timeout=" + lease_timeout};
+  }
+  std::string AddressFile() const { return dir_ + "/coordinator.address"; }
+
+  // Waits up to `tenths` tenths of a second for `done`; its last answer.
+  static bool WaitFor(const std::function<bool()>& done, int tenths = 200) {
+    for (int i = 0; i < tenths && !done(); ++i) ::usleep(100'000);
+    return done();
+  }
+
   std::unique_ptr<TestMember> Member(const std::string& id, uint64_t inc,
                                      const std::string& node = "node0") {
     auto ch = *MakeChannel(target_, {});
@@ -261,20 +278,14 @@ TEST_F(ProcessTest, StatusWatchRedrawsInPlaceAndEndsOnCtrlC) {
 // the address file clients follow. The old primary, woken up, commits
 // nothing and exits 4.
 TEST_F(ProcessTest, AStandbyTakesOverFromAHungPrimaryWhichThenCommitsNothing) {
-  const std::string address_file = dir_ + "/coordinator.address";
+  const std::string address_file = AddressFile();
   auto coordinator = [&](const std::string& listen, const std::string& log) {
-    return SpawnLogged({kBin + "/muster-coordinator", "--listen=" + listen,
-                        "--state-dir=" + dir_ + "/state", "--token-file=" + token_file_,
-                        "--address-file=" + address_file, "--lease-timeout=1s",
-                        "--min-members=2", "--max-members=2"},
-                       dir_ + "/" + log);
-  };
-  auto wait_for = [](const std::function<bool()>& done) {
-    for (int i = 0; i < 200 && !done(); ++i) ::usleep(100'000);
-    return done();
+    std::vector<std::string> argv = OnSharedState(listen, "1s");
+    argv.insert(argv.end(), {"--min-members=2", "--max-members=2"});
+    return SpawnLogged(argv, dir_ + "/" + log);
   };
   const pid_t primary = coordinator(target_, "primary.log");
-  ASSERT_TRUE(wait_for([&] { return ReadText(address_file) == target_ + "\n"; }))
+  ASSERT_TRUE(WaitFor([&] { return ReadText(address_file) == target_ + "\n"; }))
       << ReadText(dir_ + "/primary.log");
   auto a = Member("a", 11);
   auto b = Member("b", 22);
@@ -287,7 +298,7 @@ TEST_F(ProcessTest, AStandbyTakesOverFromAHungPrimaryWhichThenCommitsNothing) {
 
   const std::string standby_target = absl::StrCat("127.0.0.1:", FreeLoopbackPort());
   const pid_t standby = coordinator(standby_target, "standby.log");
-  ASSERT_TRUE(wait_for([&] {
+  ASSERT_TRUE(WaitFor([&] {
     return ReadText(dir_ + "/standby.log").find("standby: the lease") != std::string::npos;
   })) << ReadText(dir_ + "/standby.log");
   ::usleep(1'500'000);  // longer than the lease timeout: a beating primary keeps it
@@ -338,18 +349,12 @@ TEST_F(ProcessTest, AStandbyTakesOverFromAHungPrimaryWhichThenCommitsNothing) {
 // exits 4. Members that stop beating but keep their streams open are what
 // such a cut looks like from the coordinator's side.
 TEST_F(ProcessTest, APrimaryThatHearsNoMemberLetsItsLeaseLapseAndFailsNobody) {
-  const std::string address_file = dir_ + "/coordinator.address";
+  const std::string address_file = AddressFile();
   auto coordinator = [&](const std::string& listen, const std::string& log) {
-    return SpawnLogged({kBin + "/muster-coordinator", "--listen=" + listen,
-                        "--state-dir=" + dir_ + "/state", "--token-file=" + token_file_,
-                        "--address-file=" + address_file, "--lease-timeout=1s",
-                        "--heartbeat-interval=200ms", "--heartbeat-timeout=2s",
-                        "--reattach-grace=30s", "--min-members=2", "--max-members=2"},
-                       dir_ + "/" + log);
-  };
-  auto wait_for = [](const std::function<bool()>& done, int tenths) {
-    for (int i = 0; i < tenths && !done(); ++i) ::usleep(100'000);
-    return done();
+    std::vector<std::string> argv = OnSharedState(listen, "1s");
+    argv.insert(argv.end(), {"--heartbeat-interval=200ms", "--heartbeat-timeout=2s",
+                             "--reattach-grace=30s", "--min-members=2", "--max-members=2"});
+    return SpawnLogged(argv, dir_ + "/" + log);
   };
   // Whatever the test's end, neither coordinator outlives it.
   struct Reap {
@@ -361,7 +366,7 @@ TEST_F(ProcessTest, APrimaryThatHearsNoMemberLetsItsLeaseLapseAndFailsNobody) {
     }
   } reap;
   const pid_t primary = reap.pids[0] = coordinator(target_, "primary.log");
-  ASSERT_TRUE(wait_for([&] { return ReadText(address_file) == target_ + "\n"; }, 200))
+  ASSERT_TRUE(WaitFor([&] { return ReadText(address_file) == target_ + "\n"; }, 200))
       << ReadText(dir_ + "/primary.log");
   const std::string standby_target = absl::StrCat("127.0.0.1:", FreeLoopbackPort());
   const pid_t standby = reap.pids[1] = coordinator(standby_target, "standby.log");
@@ -373,7 +378,7 @@ TEST_F(ProcessTest, APrimaryThatHearsNoMemberLetsItsLeaseLapseAndFailsNobody) {
 
   a->PauseHeartbeats();
   b->PauseHeartbeats();
-  ASSERT_TRUE(wait_for([&] { return ReadText(address_file) == standby_target + "\n"; }, 100))
+  ASSERT_TRUE(WaitFor([&] { return ReadText(address_file) == standby_target + "\n"; }, 100))
       << ReadText(dir_ + "/primary.log") << ReadText(dir_ + "/standby.log");
   EXPECT_EQ(WaitExit(primary), 4) << ReadText(dir_ + "/primary.log");
   reap.pids[0] = -1;
@@ -396,12 +401,9 @@ TEST_F(ProcessTest, APrimaryThatHearsNoMemberLetsItsLeaseLapseAndFailsNobody) {
 // the primary is dead it takes over within --lease-timeout plus 1 s.
 TEST_F(ProcessTest, AWallClockStepNeitherHandsTheLeaseOverNorDelaysATakeover) {
   if (!HaveFakeTime()) GTEST_SKIP() << "libfaketime is not installed (faketime)";
-  const std::string address_file = dir_ + "/coordinator.address";
+  const std::string address_file = AddressFile();
   auto coordinator = [&](const std::string& listen, const std::string& name) {
-    return SpawnLogged(Stepped(dir_ + "/" + name + ".clock",
-                               {kBin + "/muster-coordinator", "--listen=" + listen,
-                                "--state-dir=" + dir_ + "/state", "--token-file=" + token_file_,
-                                "--address-file=" + address_file, "--lease-timeout=2s"}),
+    return SpawnLogged(Stepped(dir_ + "/" + name + ".clock", OnSharedState(listen, "2s")),
                        dir_ + "/" + name + ".log");
   };
   auto holder_is = [&](const std::string& target, absl::Duration within) {

@@ -491,10 +491,8 @@ class AgentTest : public ElasticTest {
   }
   std::vector<std::string> AgentArgv(const std::string& node, int steps, bool node_session,
                                      const std::vector<std::string>& extra = {}) {
-    std::vector<std::string> argv;
-    if (lab_ != nullptr && node.size() == 1 && node[0] >= 'a' && node[0] <= 'c') {
-      argv = {"/usr/sbin/ip", "netns", "exec", lab_->namespaces()[node[0] - 'a']};
-    }
+    const bool in_lab = lab_ != nullptr && node.size() == 1 && node[0] >= 'a' && node[0] <= 'c';
+    std::vector<std::string> argv = InNetns(in_lab ? lab_->namespaces()[node[0] - 'a'] : "");
     for (std::string arg : {kBin + "/muster-agent", std::string("--nproc-per-node=2"),
                             std::string("--restart-backoff=100ms"),
                             std::string("--max-restarts=2"), "--node-id=" + node}) {
