@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <fstream>
 #include <functional>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -23,6 +24,7 @@
 #include "common/clock.h"
 #include "rpc/credentials.h"
 #include "tests/integration/fake_time.h"
+#include "tests/integration/lab_hosts.h"
 #include "tests/integration/subprocess.h"
 #include "tests/integration/test_member.h"
 #include "trainer/client/coordinator_client.h"
@@ -61,6 +63,29 @@ class ProcessTest : public ::testing::Test {
       ::kill(pid_, SIGKILL);
       ::waitpid(pid_, nullptr, 0);
     }
+    hosts_.reset();  // ends what is left in its namespaces
+  }
+
+  // The failover tests' two coordinators as hosts of a muster-lab lab
+  // (lab_hosts.h), each with a network namespace and an address of its own
+  // while they share the state dir (a file system both hosts mount):
+  // "coord", where target_ now points, and "standby"; on loopback where the
+  // lab cannot start. This process, the members' and the CLI's host,
+  // reaches both through the bridge.
+  void CoordinatorsInLab() {
+    hosts_ = std::make_unique<LabHosts>("ProcessTest", 0,
+                                        std::vector<std::string>{"coord", "standby"});
+    target_ = absl::StrCat(hosts_->Address("coord"), ":", port_);
+  }
+  // `argv` run on lab host `host` ("coord", "standby").
+  std::vector<std::string> OnHost(const std::string& host,
+                                  const std::vector<std::string>& argv) const {
+    std::vector<std::string> out = hosts_->Host(host);
+    out.insert(out.end(), argv.begin(), argv.end());
+    return out;
+  }
+  std::string StandbyTarget() const {
+    return absl::StrCat(hosts_->Address("standby"), ":", FreeLoopbackPort());
   }
 
   // `wrapper`: a command that runs the coordinator (prlimit ...).
@@ -159,6 +184,7 @@ class ProcessTest : public ::testing::Test {
   std::string dir_, token_file_, target_;
   int port_ = 0;
   pid_t pid_ = -1;
+  std::unique_ptr<LabHosts> hosts_;  // CoordinatorsInLab
   // The coordinator's rules, after its address, state and token.
   std::vector<std::string> flags_ = {"--min-members=2", "--max-members=2",
                                      "--reattach-grace=20s"};
@@ -278,13 +304,15 @@ TEST_F(ProcessTest, StatusWatchRedrawsInPlaceAndEndsOnCtrlC) {
 // the address file clients follow. The old primary, woken up, commits
 // nothing and exits 4.
 TEST_F(ProcessTest, AStandbyTakesOverFromAHungPrimaryWhichThenCommitsNothing) {
+  CoordinatorsInLab();
   const std::string address_file = AddressFile();
-  auto coordinator = [&](const std::string& listen, const std::string& log) {
-    std::vector<std::string> argv = OnSharedState(listen, "1s");
+  auto coordinator = [&](const std::string& host, const std::string& listen,
+                         const std::string& log) {
+    std::vector<std::string> argv = OnHost(host, OnSharedState(listen, "1s"));
     argv.insert(argv.end(), {"--min-members=2", "--max-members=2"});
     return SpawnLogged(argv, dir_ + "/" + log);
   };
-  const pid_t primary = coordinator(target_, "primary.log");
+  const pid_t primary = coordinator("coord", target_, "primary.log");
   ASSERT_TRUE(WaitFor([&] { return ReadText(address_file) == target_ + "\n"; }))
       << ReadText(dir_ + "/primary.log");
   auto a = Member("a", 11);
@@ -296,8 +324,8 @@ TEST_F(ProcessTest, AStandbyTakesOverFromAHungPrimaryWhichThenCommitsNothing) {
   const Output before = RunCommand(cli + "checkpoints --json");
   ASSERT_NE(before.out.find("\"step\": \"100\""), std::string::npos) << before.out;
 
-  const std::string standby_target = absl::StrCat("127.0.0.1:", FreeLoopbackPort());
-  const pid_t standby = coordinator(standby_target, "standby.log");
+  const std::string standby_target = StandbyTarget();
+  const pid_t standby = coordinator("standby", standby_target, "standby.log");
   ASSERT_TRUE(WaitFor([&] {
     return ReadText(dir_ + "/standby.log").find("standby: the lease") != std::string::npos;
   })) << ReadText(dir_ + "/standby.log");
@@ -349,9 +377,11 @@ TEST_F(ProcessTest, AStandbyTakesOverFromAHungPrimaryWhichThenCommitsNothing) {
 // exits 4. Members that stop beating but keep their streams open are what
 // such a cut looks like from the coordinator's side.
 TEST_F(ProcessTest, APrimaryThatHearsNoMemberLetsItsLeaseLapseAndFailsNobody) {
+  CoordinatorsInLab();
   const std::string address_file = AddressFile();
-  auto coordinator = [&](const std::string& listen, const std::string& log) {
-    std::vector<std::string> argv = OnSharedState(listen, "1s");
+  auto coordinator = [&](const std::string& host, const std::string& listen,
+                         const std::string& log) {
+    std::vector<std::string> argv = OnHost(host, OnSharedState(listen, "1s"));
     argv.insert(argv.end(), {"--heartbeat-interval=200ms", "--heartbeat-timeout=2s",
                              "--reattach-grace=30s", "--min-members=2", "--max-members=2"});
     return SpawnLogged(argv, dir_ + "/" + log);
@@ -365,11 +395,11 @@ TEST_F(ProcessTest, APrimaryThatHearsNoMemberLetsItsLeaseLapseAndFailsNobody) {
       }
     }
   } reap;
-  const pid_t primary = reap.pids[0] = coordinator(target_, "primary.log");
+  const pid_t primary = reap.pids[0] = coordinator("coord", target_, "primary.log");
   ASSERT_TRUE(WaitFor([&] { return ReadText(address_file) == target_ + "\n"; }, 200))
       << ReadText(dir_ + "/primary.log");
-  const std::string standby_target = absl::StrCat("127.0.0.1:", FreeLoopbackPort());
-  const pid_t standby = reap.pids[1] = coordinator(standby_target, "standby.log");
+  const std::string standby_target = StandbyTarget();
+  const pid_t standby = reap.pids[1] = coordinator("standby", standby_target, "standby.log");
   auto a = Member("a", 11, "node0");
   auto b = Member("b", 22, "node1");
   ASSERT_EQ(FormWorld(a.get(), b.get()), 1u);
@@ -401,10 +431,13 @@ TEST_F(ProcessTest, APrimaryThatHearsNoMemberLetsItsLeaseLapseAndFailsNobody) {
 // the primary is dead it takes over within --lease-timeout plus 1 s.
 TEST_F(ProcessTest, AWallClockStepNeitherHandsTheLeaseOverNorDelaysATakeover) {
   if (!HaveFakeTime()) GTEST_SKIP() << "libfaketime is not installed (faketime)";
+  CoordinatorsInLab();
   const std::string address_file = AddressFile();
   auto coordinator = [&](const std::string& listen, const std::string& name) {
-    return SpawnLogged(Stepped(dir_ + "/" + name + ".clock", OnSharedState(listen, "2s")),
-                       dir_ + "/" + name + ".log");
+    const std::string host = name == "primary" ? "coord" : name;
+    return SpawnLogged(
+        Stepped(dir_ + "/" + name + ".clock", OnHost(host, OnSharedState(listen, "2s"))),
+        dir_ + "/" + name + ".log");
   };
   auto holder_is = [&](const std::string& target, absl::Duration within) {
     const absl::Time end = absl::Now() + within;
@@ -415,7 +448,7 @@ TEST_F(ProcessTest, AWallClockStepNeitherHandsTheLeaseOverNorDelaysATakeover) {
   };
   const pid_t primary = coordinator(target_, "primary");
   ASSERT_TRUE(holder_is(target_, absl::Seconds(20))) << ReadText(dir_ + "/primary.log");
-  const std::string standby_target = absl::StrCat("127.0.0.1:", FreeLoopbackPort());
+  const std::string standby_target = StandbyTarget();
   const pid_t standby = coordinator(standby_target, "standby");
   for (int i = 0; i < 200; ++i) {
     if (ReadText(dir_ + "/standby.log").find("standby: the lease") != std::string::npos) break;

@@ -1,7 +1,11 @@
-// Elastic training with muster-train processes on loopback: a trainer is
-// SIGKILLed mid-run, the survivors regroup and keep training from the state
-// in their memory; a replacement joins at a step boundary and takes the
-// state of a live peer; everyone ends with bit-identical parameters.
+// Elastic training with muster-train processes: a trainer is SIGKILLed
+// mid-run, the survivors regroup and keep training from the state in their
+// memory; a replacement joins at a step boundary and takes the state of a
+// live peer; everyone ends with bit-identical parameters. Each node is a
+// host of a muster-lab lab (docs/lab.md), a network namespace with its own
+// address on a bridge, and the coordinator listens on the bridge's address
+// here, as on a cluster; where the lab cannot start (no root, no iproute2)
+// the nodes share loopback and the test says so once.
 #include <sched.h>
 #include <signal.h>
 #include <sys/ptrace.h>
@@ -25,8 +29,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/civil_time.h"
 #include "absl/time/clock.h"
-#include "tests/fault/net_lab.h"
 #include "tests/integration/fake_time.h"
+#include "tests/integration/lab_hosts.h"
 #include "tests/integration/subprocess.h"
 #include "trainer/checkpoint/safetensors.h"
 
@@ -44,6 +48,7 @@ class ElasticTest : public ::testing::Test {
     dir_ = ::testing::TempDir() + "/elastic" + std::to_string(::getpid()) + "_" +
            ::testing::UnitTest::GetInstance()->current_test_info()->name();
     std::system(("rm -rf " + dir_ + " && mkdir -p " + dir_).c_str());
+    hosts_ = std::make_unique<LabHosts>("ElasticTest", 3);
     target_ = absl::StrCat(ListenHost(), ":", FreeLoopbackPort());
     StartCoordinator();
   }
@@ -65,6 +70,7 @@ class ElasticTest : public ::testing::Test {
       ::kill(coordinator_, SIGTERM);
       WaitExit(coordinator_);
     }
+    hosts_.reset();  // ends what is left in its namespaces
   }
 
   // `extra`: more flags (a flag given twice takes the last value).
@@ -76,12 +82,13 @@ class ElasticTest : public ::testing::Test {
   std::vector<std::string> TrainerArgv(int local, const std::string& tag, const std::string& node,
                                        const std::string& backend,
                                        const std::vector<std::string>& extra) {
-    std::vector<std::string> argv = {
+    std::vector<std::string> argv = hosts_->Node(node);
+    argv.insert(argv.end(), {
         kBin + "/muster-train", "--coordinator=" + target_, "--node-id=" + node,
         absl::StrCat("--local-rank=", local), "--model=mlp", "--steps=250", "--batch-size=32",
         "--log-every=10", "--threads=1", "--backend=" + backend,
         absl::StrCat("--job=el", ::getpid()),
-        absl::StrCat("--summary-json=", dir_, "/", tag, ".json")};
+        absl::StrCat("--summary-json=", dir_, "/", tag, ".json")});
     argv.insert(argv.end(), extra.begin(), extra.end());
     return argv;
   }
@@ -108,8 +115,8 @@ class ElasticTest : public ::testing::Test {
   }
 
   // The address the coordinator listens on (and relays, where a test starts
-  // one): loopback, or the bridge of the test's lab.
-  virtual std::string ListenHost() const { return "127.0.0.1"; }
+  // one): the bridge of the test's lab, or loopback.
+  std::string ListenHost() const { return hosts_->Gateway(); }
   // What the coordinator's command line begins with (a wrapper), if anything.
   virtual std::vector<std::string> CoordinatorPrefix() const { return {}; }
   // The coordinator's flag for its job token.
@@ -120,6 +127,7 @@ class ElasticTest : public ::testing::Test {
 
   std::string dir_, target_;
   pid_t coordinator_ = -1;
+  std::unique_ptr<LabHosts> hosts_;
 };
 
 TEST_F(ElasticTest, AHungTrainerIsFencedThenRejoinsAsANewIncarnation) {
@@ -314,13 +322,15 @@ class UnresolvableHostTest : public ElasticTest {
   // muster-train with host name `host` (and no --node-id: the host name is
   // the node) in a UTS namespace of its own.
   pid_t TrainerOn(const std::string& host, const std::string& tag) {
-    return SpawnLogged(
+    std::vector<std::string> argv = hosts_->Node(host);
+    argv.insert(
+        argv.end(),
         {"/usr/bin/unshare", "--uts", "/bin/sh", "-c", "hostname \"$0\" && exec \"$@\"",
          host, kBin + "/muster-train", "--coordinator=" + target_, "--token-file=" + dir_ + "/token",
          "--model=mlp", "--steps=200", "--batch-size=32", "--log-every=10", "--threads=1",
          "--backend=gloo", absl::StrCat("--job=uh", ::getpid()),
-         absl::StrCat("--summary-json=", dir_, "/", tag, ".json")},
-        absl::StrCat(dir_, "/", tag, ".log"));
+         absl::StrCat("--summary-json=", dir_, "/", tag, ".json")});
+    return SpawnLogged(argv, absl::StrCat(dir_, "/", tag, ".log"));
   }
 };
 
@@ -459,29 +469,10 @@ TEST_F(TrainerClockStepTest, ATrainersWallClockSteppingForwardBreaksNoWorld) {
             JsonNumber(s0, "parameter_checksum"));
 }
 
-// Agent-launched jobs: two nodes, each a muster-agent with two trainers.
-// Nodes a, b and c are hosts of a muster-lab lab (docs/lab.md): network
-// namespaces of their own on a bridge, the coordinator on the bridge's
-// address here, so that each node has its own address as on a cluster.
-// Where the lab cannot start (no root, no iproute2) they run on loopback
-// and say so once.
+// Agent-launched jobs: two nodes, each a muster-agent with two trainers,
+// each node a host of the lab (see the top of this file).
 class AgentTest : public ElasticTest {
  protected:
-  void SetUp() override {
-    lab_ = std::make_unique<NetLab>(3);
-    if (!lab_->ok()) {
-      std::cerr << "AgentTest: nodes share loopback: " << lab_->error() << "\n";
-      lab_.reset();
-    }
-    ElasticTest::SetUp();
-  }
-  void TearDown() override {
-    ElasticTest::TearDown();
-    lab_.reset();  // kills what is left in its namespaces
-  }
-  std::string ListenHost() const override {
-    return lab_ != nullptr ? lab_->bridge_address() : "127.0.0.1";
-  }
   int MaxMembers() const override { return 4; }
 
   // `node_session`: the agent holds the node's session for its trainers
@@ -491,8 +482,7 @@ class AgentTest : public ElasticTest {
   }
   std::vector<std::string> AgentArgv(const std::string& node, int steps, bool node_session,
                                      const std::vector<std::string>& extra = {}) {
-    const bool in_lab = lab_ != nullptr && node.size() == 1 && node[0] >= 'a' && node[0] <= 'c';
-    std::vector<std::string> argv = InNetns(in_lab ? lab_->namespaces()[node[0] - 'a'] : "");
+    std::vector<std::string> argv = hosts_->Node(node);
     for (std::string arg : {kBin + "/muster-agent", std::string("--nproc-per-node=2"),
                             std::string("--restart-backoff=100ms"),
                             std::string("--max-restarts=2"), "--node-id=" + node}) {
@@ -511,7 +501,6 @@ class AgentTest : public ElasticTest {
     return argv;
   }
 
-  std::unique_ptr<NetLab> lab_;           // null: on loopback
   std::vector<std::string> agent_flags_;  // before the trainer's command
   // Where agents and trainers reach the coordinator, when not at target_.
   std::string via_;

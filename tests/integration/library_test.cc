@@ -1,7 +1,9 @@
 // libmuster as a user meets it: examples/char_lm (a GRU language model with
 // AdamW, a cosine schedule, an extra tensor and a blob of its own) run as
 // real processes against a real coordinator, under muster-agent as 2 nodes
-// x 2 trainers, or as plain processes joining and leaving.
+// x 2 trainers, or as plain processes joining and leaving. Each node is a
+// host of a muster-lab lab (lab_hosts.h), with the coordinator on the
+// bridge's address here; on loopback where the lab cannot start.
 #include <signal.h>
 #include <unistd.h>
 
@@ -12,6 +14,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <memory>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -20,6 +23,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "tests/integration/lab_hosts.h"
 #include "tests/integration/subprocess.h"
 
 namespace muster {
@@ -54,13 +58,24 @@ class LibraryTest : public ::testing::Test {
                     .c_str());
     // Shared memory segments are named after the job: one per test process.
     setenv("MUSTER_JOB", absl::StrCat("lib", ::getpid()).c_str(), 1);
+    hosts_ = std::make_unique<LabHosts>("LibraryTest", 4);
   }
-  void TearDown() override { StopCoordinator(); }
+  void TearDown() override {
+    StopCoordinator();
+    hosts_.reset();  // ends what is left in its namespaces
+  }
+
+  // `argv` run on node `node` (inside its namespace in the lab).
+  std::vector<std::string> OnNode(const std::string& node, const std::vector<std::string>& argv) {
+    std::vector<std::string> out = hosts_->Node(node);
+    out.insert(out.end(), argv.begin(), argv.end());
+    return out;
+  }
 
   // A coordinator on `state` (kept across restarts, like a requeued job).
   void StartCoordinator(int min_members, int max_members, const std::string& state,
                         const std::string& last_call = "300ms") {
-    target_ = absl::StrCat("127.0.0.1:", FreeLoopbackPort());
+    target_ = absl::StrCat(hosts_->Gateway(), ":", FreeLoopbackPort());
     coordinator_ = SpawnLogged(
         {kBin + "/muster-coordinator", "--listen=" + target_, "--no-auth",
          "--state-dir=" + dir_ + "/" + state, absl::StrCat("--min-members=", min_members),
@@ -107,7 +122,7 @@ class LibraryTest : public ::testing::Test {
                                      "--max-restarts=2", "--node-id=" + node, "--"};
     for (const std::string& a : program) argv.push_back(a);
     setenv("MUSTER_COORDINATOR", target_.c_str(), 1);
-    return SpawnLogged(argv, absl::StrCat(dir_, "/", node, ".log"));
+    return SpawnLogged(OnNode(node, argv), absl::StrCat(dir_, "/", node, ".log"));
   }
 
   bool WaitForLine(const std::string& log, const std::string& text, absl::Duration timeout) {
@@ -233,6 +248,7 @@ class LibraryTest : public ::testing::Test {
   }
 
   std::string dir_, target_;
+  std::unique_ptr<LabHosts> hosts_;
   pid_t coordinator_ = -1;
 };
 
@@ -294,12 +310,13 @@ TEST_F(LibraryTest, RmspropGroupsBatchNormAndTheDataLoaderStayIdenticalThroughAK
   // environment says where it is.
   unsetenv("MUSTER_COORDINATOR");
   auto agent = [&](const std::string& node) {
-    return SpawnLogged({kBin + "/muster-agent", "--nproc-per-node=2", "--restart-backoff=100ms",
-                        "--max-restarts=2", "--node-id=" + node, "--coordinator=" + target_,
-                        "--", kBin + "/tabular",
-                        "--steps", "400", "--decay-every", "50", "--pace-ms", "15", "--record",
-                        dir_ + "/record", "--summary", dir_ + "/summary/{pid}.json"},
-                       absl::StrCat(dir_, "/", node, ".log"));
+    return SpawnLogged(
+        OnNode(node, {kBin + "/muster-agent", "--nproc-per-node=2", "--restart-backoff=100ms",
+                      "--max-restarts=2", "--node-id=" + node, "--coordinator=" + target_, "--",
+                      kBin + "/tabular", "--steps", "400", "--decay-every", "50", "--pace-ms",
+                      "15", "--record", dir_ + "/record", "--summary",
+                      dir_ + "/summary/{pid}.json"}),
+        absl::StrCat(dir_, "/", node, ".log"));
   };
   KillTrainer1OfBAndFinish(agent("a"), agent("b"), /*at_step=*/100);
   // step -> the digests the ranks recorded after it
@@ -624,7 +641,8 @@ class SalvageTest : public LibraryTest, public ::testing::WithParamInterface<int
                                        dir_ + "/" + tag + "-summary/{pid}.json"};
       argv.insert(argv.end(), common.begin(), common.end());
       if (i == 3) argv.insert(argv.end(), last.begin(), last.end());
-      pids.push_back(SpawnLogged(argv, absl::StrCat(dir_, "/", tag, "-n", i, ".log")));
+      pids.push_back(SpawnLogged(OnNode(absl::StrCat("n", i), argv),
+                                 absl::StrCat(dir_, "/", tag, "-n", i, ".log")));
     }
     for (int i = 0; i < 3; ++i) {
       EXPECT_EQ(WaitExit(pids[i]), 0) << ReadText(absl::StrCat(dir_, "/", tag, "-n", i, ".log"));
@@ -678,7 +696,8 @@ TEST_F(LibraryTest, ARankWhoseStateDriftsIsCaughtBeforeItsCheckpointCommits) {
                                      "--steps", "30", "--checkpoint-dir", dir_ + "/ckpt",
                                      "--checkpoint-every", "5", "--check-state-every", "0"};
     if (i == 2) argv.insert(argv.end(), {"--corrupt-at-step", "10"});
-    pids.push_back(SpawnLogged(argv, absl::StrCat(dir_, "/n", i, ".log")));
+    pids.push_back(SpawnLogged(OnNode(absl::StrCat("n", i), argv),
+                               absl::StrCat(dir_, "/n", i, ".log")));
   }
   std::string logs;
   for (int i = 0; i < 3; ++i) {
