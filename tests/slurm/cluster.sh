@@ -1,10 +1,25 @@
 #!/usr/bin/env bash
 # The tests' local Slurm cluster: deploy/slurm/local-cluster with a state
 # directory and ports of its own, so that a developer's cluster is not touched.
-#   cluster.sh SOURCE_DIR start|stop|status|env
+#   cluster.sh SOURCE_DIR start|stop|status|env [ARGS]
+# `start` puts each node in a muster-lab lab host of its own (--lab: a network
+# namespace with its own address, as on a cluster) where the lab can start,
+# and on loopback otherwise, saying so in one line.
 set -euo pipefail
 SRC="${1:?usage: cluster.sh SOURCE_DIR start|stop|status|env}"
 shift
 export MUSTER_SLURM_DIR="${MUSTER_SLURM_TEST_DIR:-/tmp/muster-slurm-ctest}"
 export MUSTER_SLURM_PORT="${MUSTER_SLURM_TEST_PORT:-16917}"
-exec "$SRC/deploy/slurm/local-cluster" "$@"
+CLUSTER="$SRC/deploy/slurm/local-cluster"
+if [ "${1:-}" = start ] && "$CLUSTER" status >/dev/null 2>&1; then
+  # Up already (the fixture started it): as it is placed.
+  if [ -s "$MUSTER_SLURM_DIR/etc/lab-hosts" ]; then exec "$CLUSTER" "$@" --lab; fi
+  exec "$CLUSTER" "$@"
+fi
+if [ "${1:-}" = start ] && [ "$(id -u)" = 0 ] && command -v ip >/dev/null 2>&1; then
+  rc=0
+  "$CLUSTER" "$@" --lab || rc=$?
+  [ "$rc" = 77 ] || exit "$rc"
+  echo "cluster.sh: the nodes share loopback: the lab did not start (above)"
+fi
+exec "$CLUSTER" "$@"
