@@ -58,7 +58,7 @@ class LibraryTest : public ::testing::Test {
                     .c_str());
     // Shared memory segments are named after the job: one per test process.
     setenv("MUSTER_JOB", absl::StrCat("lib", ::getpid()).c_str(), 1);
-    hosts_ = std::make_unique<LabHosts>("LibraryTest", 4);
+    hosts_ = std::make_unique<LabHosts>("LibraryTest", 6);
   }
   void TearDown() override {
     StopCoordinator();

@@ -9,7 +9,7 @@ set -euo pipefail
 SRC="$(cd "${1:?source dir}" && pwd)"
 BIN="$(cd "${2:?bin dir}" && pwd)"
 CLUSTER="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/cluster.sh"
-eval "$("$CLUSTER" "$SRC" env)"  # SLURM_CONF
+eval "$("$CLUSTER" "$SRC" env)"  # SLURM_CONF (and ensure_cluster again)
 WORK="$(mktemp -d /tmp/muster-slurm-test.XXXXXX)"
 JOB=""
 T0=$(date +%s)
@@ -52,6 +52,7 @@ ensure_cluster() {
     exit 77
   fi
   [ "$rc" = 0 ] || { cat "$WORK/cluster.log"; fail "local-cluster start failed ($rc)"; }
+  eval "$("$CLUSTER" "$SRC" env)"  # in the lab, MUSTER_IFACE too
 }
 
 # A free TCP port on this machine (for the job's coordinator).
