@@ -12,8 +12,11 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "tests/integration/comm_world.h"
+#include "trainer/checkpoint/optimizer_codecs.h"
+#include "trainer/checkpoint/state_tensors.h"
 
 namespace muster {
 namespace {
@@ -139,16 +142,7 @@ void ShardedStep(Net& net, torch::optim::Optimizer& optimizer, OptimizerShards& 
   // the caller's (in training, muster's at the step boundary).
   net->zero_grad();
   optimizer.step();
-  for (int g = 0; g < shards.groups(); ++g) {
-    torch::Tensor flat = shards.FlatParameters(g);
-    shards.WriteOwn(g, &flat);
-    std::vector<size_t> counts;
-    for (int r = 0; r < shards.layout().world(); ++r) {
-      counts.push_back(static_cast<size_t>(shards.layout().Range(g, r).size()));
-    }
-    ASSERT_TRUE(comm->AllGather(flat.data_ptr(), counts, DataType::kFloat32, deadline).ok());
-    shards.Install(g, flat);
-  }
+  ASSERT_TRUE(shards.GatherParameters(comm, deadline).ok());
 }
 
 class OptimizerShardsTest : public ::testing::TestWithParam<Kind> {};
@@ -199,6 +193,97 @@ TEST_P(OptimizerShardsTest, ShardedStepsEqualTheUnshardedOptimizerBitForBit) {
   }
 }
 
+// What one rank holds: the same program unsharded (the reference) and
+// sharded.
+struct Held {
+  Net reference = MakeNet(), sharded = MakeNet();
+  std::unique_ptr<torch::optim::Optimizer> reference_opt, sharded_opt;
+  std::unique_ptr<OptimizerShards> shards;
+  explicit Held(const Kind& kind)
+      : reference_opt(kind.make(reference)), sharded_opt(kind.make(sharded)) {}
+
+  // `step` on both, as rank `rank` of `comm`'s world; the sharded side
+  // shards itself first, as rank `rank` of a world on one node.
+  void Step(int rank, int step, Communicator* comm, int copies = 2) {
+    Backward(reference, rank, step);
+    AverageGradients(*reference_opt, comm);
+    reference_opt->step();
+    Backward(sharded, rank, step);
+    if (shards == nullptr) {
+      auto made = OptimizerShards::Make({sharded_opt.get()}, rank,
+                                        std::vector<int>(comm->size(), 0), copies);
+      ASSERT_TRUE(made.ok()) << made.status();
+      shards = *std::move(made);
+    }
+    ShardedStep(sharded, *sharded_opt, *shards, comm);
+  }
+
+  // Every trained parameter's state and value is the reference's, bit for bit.
+  void ExpectReference(const std::string& where) {
+    const OptimizerCodec* codec = BuiltinOptimizerCodec(*reference_opt);
+    const auto want = reference->parameters(), got = sharded->parameters();
+    for (size_t i = 0; i < want.size(); ++i) {
+      EXPECT_TRUE(torch::equal(want[i], got[i])) << where << ": parameter " << i;
+      if (!want[i].requires_grad()) continue;
+      torch::optim::OptimizerParamState* a = FindOptimizerState(*reference_opt, want[i]);
+      torch::optim::OptimizerParamState* b = FindOptimizerState(*sharded_opt, got[i]);
+      ASSERT_EQ(a == nullptr, b == nullptr) << where << ": the state of parameter " << i;
+      if (a == nullptr) continue;
+      const auto fa = codec->Save(*a, *GroupOptionsOf(*reference_opt, want[i]));
+      const auto fb = codec->Save(*b, *GroupOptionsOf(*sharded_opt, got[i]));
+      ASSERT_EQ(fa.size(), fb.size()) << where;
+      for (size_t f = 0; f < fa.size(); ++f) {
+        EXPECT_EQ(fa[f].first, fb[f].first) << where;
+        EXPECT_TRUE(torch::equal(fa[f].second, fb[f].second))
+            << where << ": parameter " << i << "'s " << fa[f].first;
+      }
+    }
+  }
+};
+
+// Three steps in a world of three with a buddy copy, then rank 1 dies. The
+// survivors (old ranks 0 and 2) and a joiner form a world of three again:
+// Unshard gives each of them every parameter's whole state, bit for bit
+// the state of the same optimizer unsharded, though rank 1's shard lived
+// only in its buddy; sharded again in the new world, they train on as the
+// unsharded optimizer does, and gathered once more the state is still its.
+TEST_P(OptimizerShardsTest, AfterARankDiesSurvivorsAndAJoinerRebuildTheStateBitForBit) {
+  std::vector<std::unique_ptr<Held>> held;
+  for (int i = 0; i < 3; ++i) held.push_back(std::make_unique<Held>(GetParam()));
+  ASSERT_TRUE(RunCommWorld(3, "gloo", [&](int rank, Communicator* comm) {
+                for (int step = 0; step < 3; ++step) held[rank]->Step(rank, step, comm);
+              }).ok());
+  // The joiner: a fresh program, whose reference is the dead rank's (every
+  // rank's reference is the same).
+  auto joiner = std::make_unique<Held>(GetParam());
+  joiner->reference = held[1]->reference;
+  joiner->reference_opt = std::move(held[1]->reference_opt);
+  Held* now[3] = {held[0].get(), held[2].get(), joiner.get()};
+  ASSERT_TRUE(RunCommWorld(3, "gloo", [&](int rank, Communicator* comm) {
+                Held& me = *now[rank];
+                const absl::Time deadline = absl::Now() + absl::Seconds(30);
+                const absl::Status s =
+                    me.shards != nullptr
+                        ? me.shards->Unshard({true, false, true}, comm, deadline)
+                        : OptimizerShards::ReceiveUnsharded({me.sharded_opt.get()}, comm, deadline);
+                ASSERT_TRUE(s.ok()) << s;
+                me.shards.reset();
+                // The parameters from a survivor, as a state transfer brings them.
+                for (torch::Tensor& p : me.sharded->parameters()) {
+                  ASSERT_TRUE(
+                      comm->Broadcast(p.data_ptr(), p.numel(), DataType::kFloat32, 0, deadline)
+                          .ok());
+                }
+                me.ExpectReference(absl::StrCat(GetParam().name, ", new rank ", rank, ", unsharded"));
+                for (int step = 3; step < 6; ++step) me.Step(rank, step, comm);
+                // Gathered again in the same world (as for a checkpoint).
+                const absl::Status again =
+                    me.shards->Unshard({true, true, true}, comm, absl::Now() + absl::Seconds(30));
+                ASSERT_TRUE(again.ok()) << again;
+                me.ExpectReference(absl::StrCat(GetParam().name, ", new rank ", rank, ", step 5"));
+              }).ok());
+}
+
 INSTANTIATE_TEST_SUITE_P(Optimizers, OptimizerShardsTest, ::testing::ValuesIn(Kinds()),
                          [](const ::testing::TestParamInfo<Kind>& info) {
                            return info.param.name;
@@ -228,6 +313,28 @@ TEST(OptimizerShardsStateTest, EachRankHoldsTheStateOfCopiesOverWorldOfTheElemen
     EXPECT_LE(kept, trained / 2 + 2) << "rank " << rank;
     EXPECT_EQ(adam.state().size(), 2u) << "only the two masters hold state";
   }
+}
+
+// One copy, and rank 1 dies after a step: its range is in no survivor's
+// memory. Both survivors say so, naming the range, and keep their shards.
+TEST(OptimizerShardsStateTest, WithOneCopyADeadRanksStateIsNotFoundAndNothingChanges) {
+  const Kind adam = Kinds()[2];
+  std::vector<std::unique_ptr<Held>> held;
+  for (int i = 0; i < 3; ++i) held.push_back(std::make_unique<Held>(adam));
+  ASSERT_TRUE(RunCommWorld(3, "gloo", [&](int rank, Communicator* comm) {
+                held[rank]->Step(rank, 0, comm, /*copies=*/1);
+              }).ok());
+  Held* now[2] = {held[0].get(), held[2].get()};
+  ASSERT_TRUE(RunCommWorld(2, "gloo", [&](int rank, Communicator* comm) {
+                Held& me = *now[rank];
+                const absl::Status s =
+                    me.shards->Unshard({true, false, true}, comm, absl::Now() + absl::Seconds(30));
+                EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+                EXPECT_NE(s.message().find("(shard 1) has no living holder"), std::string::npos)
+                    << s;
+                EXPECT_EQ(me.sharded_opt->param_groups()[0].params().size(), 2u)
+                    << "its master and the frozen bias, as before";
+              }).ok());
 }
 
 TEST(OptimizerShardsStateTest, WhatCannotBeShardedIsRefusedNamingIt) {

@@ -2,6 +2,8 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <cstring>
 #include <map>
 #include <string>
 #include <utility>
@@ -12,6 +14,26 @@
 #include "trainer/checkpoint/state_tensors.h"
 
 namespace muster {
+
+// One field of a group's optimizer state, as the codec's Initial names it.
+struct FieldSpec {
+  std::string name;
+  bool per_element;  // the parameter's shape and dtype; else a 0-dim scalar
+  torch::Dtype dtype;
+};
+
+// One group's state, flat: for each per-element field the group's
+// elements (padded to whole int64 words), then two float32 words for each
+// scalar field.
+struct FlatState {
+  std::vector<FieldSpec> specs;
+  int64_t per_element = 0, scalars = 0, padded = 0;
+  torch::Tensor flat;
+
+  int64_t ElementOffset(int64_t field) const { return field * padded; }
+  int64_t ScalarOffset(int64_t scalar) const { return per_element * padded + 2 * scalar; }
+};
+
 namespace {
 
 torch::Tensor Flat(const std::vector<torch::Tensor>& parts) {
@@ -45,6 +67,38 @@ absl::Status CheckGroup(const torch::optim::OptimizerParamGroup& group, const st
 }
 
 using Fields = std::map<std::string, torch::Tensor>;
+
+// Where `comm`'s buffers live.
+torch::Device CommDevice(const Communicator& comm) {
+  const MemorySpace memory = comm.memory();
+  return memory.is_host() ? torch::Device(torch::kCPU)
+                          : torch::Device(torch::kCUDA, static_cast<int8_t>(memory.device));
+}
+
+// `t` where `comm`'s buffers live: itself, or a copy there.
+torch::Tensor OnCommMemory(const torch::Tensor& t, const Communicator& comm) {
+  const torch::Device device = CommDevice(comm);
+  return t.device() == device ? t : t.to(device);
+}
+
+// A scalar field's value as 8 bytes (int64 counters as they are, anything
+// else as a double), and back.
+int64_t ScalarBits(const torch::Tensor& t) {
+  int64_t bits = 0;
+  if (t.scalar_type() == torch::kInt64) {
+    bits = t.item<int64_t>();
+  } else {
+    const double d = t.item<double>();
+    std::memcpy(&bits, &d, sizeof(bits));
+  }
+  return bits;
+}
+torch::Tensor ScalarFrom(int64_t bits, torch::Dtype dtype) {
+  if (dtype == torch::kInt64) return torch::scalar_tensor(bits, torch::kInt64);
+  double d = 0;
+  std::memcpy(&d, &bits, sizeof(d));
+  return torch::scalar_tensor(d, torch::kFloat64).to(dtype);
+}
 
 // The fields of `range` of the group's flat state: each per-element field
 // (the parameter's shape and dtype) concatenated over `params` and cut to
@@ -116,7 +170,7 @@ absl::Status OptimizerShards::Collect(const std::vector<torch::optim::Optimizer*
     for (size_t i = 0; i < param_groups.size(); ++i) {
       MUSTER_RETURN_IF_ERROR(
           CheckGroup(param_groups[i], absl::StrCat("optimizer ", o, " group ", i)));
-      Group group{optimizers[o], codec, i, {}, {}, {}};
+      Group group{optimizers[o], codec, i, {}, {}, {}, param_groups[i].params()};
       int64_t n = 0;
       for (const torch::Tensor& p : param_groups[i].params()) {
         // A frozen parameter gets no gradient, and the optimizer skips it:
@@ -253,6 +307,238 @@ int64_t OptimizerShards::StateElements() const {
     }
   }
   return n;
+}
+
+absl::Status OptimizerShards::GatherParameters(Communicator* comm, absl::Time deadline) {
+  if (comm->size() != layout_.world()) {
+    return absl::InvalidArgumentError(absl::StrCat("a layout of ", layout_.world(),
+                                                   " ranks gathered over ", comm->size()));
+  }
+  std::vector<size_t> counts(static_cast<size_t>(layout_.world()));
+  for (int g = 0; g < groups(); ++g) {
+    if (groups_[g].masters.empty()) continue;  // nothing trained: the same on every rank
+    torch::Tensor flat = OnCommMemory(FlatParameters(g), *comm);
+    WriteOwn(g, &flat);
+    for (int r = 0; r < layout_.world(); ++r) counts[r] = layout_.Range(g, r).size();
+    MUSTER_RETURN_IF_ERROR(comm->AllGather(flat.data_ptr(), counts, DataType::kFloat32, deadline));
+    Install(g, flat);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status OptimizerShards::Unshard(const std::vector<bool>& alive, Communicator* comm,
+                                      absl::Time deadline) {
+  if (static_cast<int>(alive.size()) != layout_.world() || !alive[rank_]) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "unshard: ", alive.size(), " ranks said alive or not, of a layout of ", layout_.world(),
+        ", this rank ", rank_, " among them"));
+  }
+  MUSTER_RETURN_IF_ERROR(Assemble(groups_, &layout_, rank_, alive, comm, deadline));
+  groups_.clear();
+  return absl::OkStatus();
+}
+
+absl::Status OptimizerShards::ReceiveUnsharded(
+    const std::vector<torch::optim::Optimizer*>& optimizers, Communicator* comm,
+    absl::Time deadline) {
+  std::vector<Group> groups;
+  std::vector<int64_t> elements;
+  MUSTER_RETURN_IF_ERROR(Collect(optimizers, &groups, &elements));
+  return Assemble(groups, /*layout=*/nullptr, /*rank=*/-1, {}, comm, deadline);
+}
+
+namespace {
+
+// The rank of `layout` that sends each shard: the first of its holders
+// that `alive` says lives on, or -1. `*lost` names the first range with
+// elements that nobody sends ("" when there is none).
+std::vector<int> ShardSources(const ShardLayout& layout, const std::vector<bool>& alive,
+                              std::string* lost) {
+  std::vector<int> source;
+  for (int s = 0; s < layout.world(); ++s) {
+    int from = -1;
+    for (int h : layout.Holders(s)) {
+      if (alive[h]) {
+        from = h;
+        break;
+      }
+    }
+    source.push_back(from);
+    for (int g = 0; g < layout.groups() && from < 0 && lost->empty(); ++g) {
+      const ElementRange r = layout.Range(g, s);
+      if (r.size() > 0) {
+        *lost = absl::StrCat("the optimizer state of group ", g, " elements [", r.begin, ", ",
+                             r.end, ") (shard ", s, ") has no living holder");
+      }
+    }
+  }
+  return source;
+}
+
+// `mine` summed over `comm`, on the host.
+absl::StatusOr<std::vector<int64_t>> SumOver(Communicator* comm, std::vector<int64_t> mine,
+                                             absl::Time deadline) {
+  torch::Tensor summed = OnCommMemory(
+      torch::from_blob(mine.data(), {static_cast<int64_t>(mine.size())}, torch::kInt64).clone(),
+      *comm);
+  MUSTER_RETURN_IF_ERROR(comm->AllReduce(summed.data_ptr(), mine.size(), DataType::kInt64,
+                                         ReduceOp::kSum, deadline));
+  summed = summed.to(torch::kCPU);
+  return std::vector<int64_t>(summed.data_ptr<int64_t>(), summed.data_ptr<int64_t>() + mine.size());
+}
+
+}  // namespace
+
+// Every rank of `comm`: a header (a range lost anywhere? state in which
+// groups?) summed over the world, then, for each group with state, one
+// buffer of its fields, flat over the group's elements, into which the
+// living holder of each range writes its master's state and everyone else
+// zeros. The buffer is summed as int64 words: each word has one writer,
+// so the sum moves the float32 bits exactly (a float sum would turn -0
+// into +0).
+absl::Status OptimizerShards::Assemble(std::vector<Group>& groups, const ShardLayout* layout,
+                                       int rank, const std::vector<bool>& alive,
+                                       Communicator* comm, absl::Time deadline) {
+  const size_t G = groups.size();
+  std::string lost;
+  const std::vector<int> source =
+      layout != nullptr ? ShardSources(*layout, alive, &lost) : std::vector<int>();
+  std::vector<int64_t> mine(G + 1, 0);
+  mine[0] = lost.empty() ? 0 : 1;
+  for (size_t g = 0; g < G; ++g) {
+    const Group& group = groups[g];
+    mine[g + 1] = layout != nullptr && !group.masters.empty() &&
+                  FindOptimizerState(*group.optimizer, group.masters[0]) != nullptr;
+  }
+  torch::NoGradGuard no_grad;
+  MUSTER_ASSIGN_OR_RETURN(const std::vector<int64_t> header, SumOver(comm, mine, deadline));
+  bool any_state = false;
+  for (size_t g = 0; g < G; ++g) any_state = any_state || header[g + 1] > 0;
+  if (header[0] > 0 && any_state) {
+    return absl::NotFoundError(absl::StrCat(
+        lost.empty() ? "a range of the optimizer state has no living holder" : lost,
+        ": it must come from a checkpoint"));
+  }
+  for (size_t g = 0; g < G; ++g) {
+    Group& group = groups[g];
+    if (header[g + 1] == 0) {
+      // Nobody holds state for it (no step yet): nobody keeps any.
+      for (const torch::Tensor& p : group.params) EraseOptimizerState(*group.optimizer, p);
+      continue;
+    }
+    MUSTER_ASSIGN_OR_RETURN(FlatState state, StartFlatState(group, static_cast<int>(g), *comm));
+    if (layout != nullptr) {
+      MUSTER_RETURN_IF_ERROR(
+          WriteHeldState(group, static_cast<int>(g), *layout, rank, source, &state));
+    }
+    MUSTER_RETURN_IF_ERROR(comm->AllReduce(state.flat.data_ptr(),
+                                           static_cast<size_t>(state.flat.numel() / 2),
+                                           DataType::kInt64, ReduceOp::kSum, deadline));
+    MUSTER_RETURN_IF_ERROR(InstallFlatState(group, state));
+  }
+  for (Group& group : groups) {
+    for (const torch::Tensor& master : group.masters) {
+      EraseOptimizerState(*group.optimizer, master);
+    }
+    group.optimizer->param_groups()[group.index].params() = group.listed;
+    group.masters.clear();
+  }
+  return absl::OkStatus();
+}
+
+// The fields as the codec's Initial names them, and a zeroed buffer for
+// them where `comm`'s buffers live.
+absl::StatusOr<FlatState> OptimizerShards::StartFlatState(const Group& group, int g,
+                                                          const Communicator& comm) {
+  const auto& param_group = group.optimizer->param_groups()[group.index];
+  std::unique_ptr<torch::optim::OptimizerParamState> initial =
+      group.codec->Initial(group.params[0], param_group, *group.optimizer);
+  if (initial == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("optimizer group ", g, ": ", group.codec->name(),
+                     "'s codec makes no initial state, yet its sharded state is held"));
+  }
+  FlatState state;
+  const torch::Tensor& first = group.params[0];
+  for (const auto& [name, t] : group.codec->Save(*initial, param_group.options())) {
+    const bool pe = t.sizes() == first.sizes() && t.scalar_type() == first.scalar_type();
+    state.specs.push_back({name, pe, t.scalar_type()});
+    (pe ? state.per_element : state.scalars) += 1;
+  }
+  int64_t n = 0;
+  for (const torch::Tensor& p : group.params) n += p.numel();
+  state.padded = n + (n % 2);
+  state.flat = torch::zeros({state.ScalarOffset(state.scalars)},
+                            torch::TensorOptions().dtype(torch::kFloat32).device(CommDevice(comm)));
+  return state;
+}
+
+// This rank's part of `state`: the fields of the shards it sends.
+absl::Status OptimizerShards::WriteHeldState(const Group& group, int g, const ShardLayout& layout,
+                                             int rank, const std::vector<int>& source,
+                                             FlatState* state) {
+  const auto& options = group.optimizer->param_groups()[group.index].options();
+  const std::vector<int> kept = layout.KeptBy(rank);
+  for (size_t k = 0; k < kept.size(); ++k) {
+    const int s = kept[k];
+    if (source[s] != rank) continue;
+    torch::optim::OptimizerParamState* held =
+        FindOptimizerState(*group.optimizer, group.masters[k]);
+    if (held == nullptr) continue;
+    const ElementRange range = layout.Range(g, s);
+    const OptimizerCodec::Fields fields = group.codec->Save(*held, options);
+    int64_t f = 0, c = 0;
+    for (const FieldSpec& spec : state->specs) {
+      auto it = std::find_if(fields.begin(), fields.end(),
+                             [&](const auto& field) { return field.first == spec.name; });
+      if (it == fields.end()) {
+        return absl::InternalError(
+            absl::StrCat("optimizer group ", g, ": its shard's state has no \"", spec.name, "\""));
+      }
+      if (spec.per_element) {
+        state->flat.narrow(0, state->ElementOffset(f++) + range.begin, range.size())
+            .copy_(it->second.reshape({-1}));
+      } else if (s == 0) {  // the group's scalars have one sender
+        const int64_t bits = ScalarBits(it->second);
+        torch::Tensor word = torch::empty({2}, torch::kFloat32);
+        std::memcpy(word.data_ptr(), &bits, sizeof(bits));
+        state->flat.narrow(0, state->ScalarOffset(c++), 2).copy_(word);
+      } else {
+        ++c;
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Every trained parameter of the group gets its state from `state`.
+absl::Status OptimizerShards::InstallFlatState(const Group& group, const FlatState& state) {
+  const auto& param_group = group.optimizer->param_groups()[group.index];
+  const torch::Tensor words =
+      state.flat.narrow(0, state.ScalarOffset(0), 2 * state.scalars).to(torch::kCPU);
+  int64_t offset = 0;
+  for (const torch::Tensor& p : group.params) {
+    std::map<std::string, torch::Tensor> fields;
+    int64_t f = 0, c = 0;
+    for (const FieldSpec& spec : state.specs) {
+      if (spec.per_element) {
+        fields[spec.name] = state.flat.narrow(0, state.ElementOffset(f++) + offset, p.numel())
+                                .view(p.sizes())
+                                .to(p.device())
+                                .clone();
+      } else {
+        int64_t bits = 0;
+        std::memcpy(&bits, static_cast<const char*>(words.data_ptr()) + 8 * c++, sizeof(bits));
+        fields[spec.name] = ScalarFrom(bits, spec.dtype);
+      }
+    }
+    std::unique_ptr<torch::optim::OptimizerParamState> loaded =
+        group.codec->Initial(p, param_group, *group.optimizer);
+    MUSTER_RETURN_IF_ERROR(group.codec->Load(fields, param_group.options(), loaded.get()));
+    PutOptimizerState(*group.optimizer, p, std::move(loaded));
+    offset += p.numel();
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace muster

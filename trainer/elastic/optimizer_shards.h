@@ -14,10 +14,15 @@
 // alone. An optimizer that has no state yet leaves the masters without
 // any, so that its first step makes it as it would have.
 //
-// A step, for group g (the communication is the caller's):
+// A step, for group g:
 //   FlatGradients(g) -> reduced over the world -> SetGradients(g, averaged)
 //   optimizer.step()
-//   WriteOwn(g, &flat) -> all-gathered in the layout's ranges -> Install(g, flat)
+//   GatherParameters: WriteOwn(g, &flat) -> all-gathered in the layout's
+//   ranges -> Install(g, flat)
+// Where the whole state is needed again (a change of world, a checkpoint),
+// Unshard gathers it into every parameter's own state on every rank of a
+// communicator, from the ranks that hold each range, and Make shards it
+// anew.
 //
 // The optimizers must not be used without this object once it is made,
 // and must outlive it. Not thread-safe: the training thread's.
@@ -30,11 +35,14 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "trainer/comm/communicator.h"
 #include "trainer/ddp/shard_layout.h"
 
 namespace muster {
 
 class OptimizerCodec;  // include/muster/optimizer_codec.h
+struct FlatState;      // optimizer_shards.cc
 
 class OptimizerShards {
  public:
@@ -75,6 +83,29 @@ class OptimizerShards {
   // memory figures): the masters' per-element state.
   int64_t StateElements() const;
 
+  // Collective over `comm`, whose ranks are the layout's: every owner's
+  // range of every group into every rank's parameters and kept masters
+  // (WriteOwn, AllGather, Install). Errors: the communicator's.
+  absl::Status GatherParameters(Communicator* comm, absl::Time deadline);
+
+  // Collective over `comm` (a world after a change, or the layout's own):
+  // every trained parameter of these optimizers gets its whole state back
+  // on every rank of `comm`, and every group its parameter list as it was
+  // before Make. Each range comes from the first of its holders (owner,
+  // then buddy) that `alive` (by rank of the layout) says lives on; bits
+  // are moved, not added, so the state is exact. Ranks of `comm` that held
+  // nothing (joiners) take part with ReceiveUnsharded. After it this
+  // object holds nothing (destroy it; Make shards again). NOT_FOUND on
+  // every rank, and nothing changed, when a range with state has no
+  // living holder (one copy, its rank gone: it must come from a
+  // checkpoint); the communicator's errors (the state is then unspecified).
+  absl::Status Unshard(const std::vector<bool>& alive, Communicator* comm, absl::Time deadline);
+  // A joiner's part of Unshard: `optimizers` (the program's, not sharded)
+  // receive every parameter's state. Errors: Make's INVALID_ARGUMENT
+  // (before any collective), Unshard's.
+  static absl::Status ReceiveUnsharded(const std::vector<torch::optim::Optimizer*>& optimizers,
+                                       Communicator* comm, absl::Time deadline);
+
  private:
   struct Group {
     torch::optim::Optimizer* optimizer;
@@ -83,12 +114,24 @@ class OptimizerShards {
     std::vector<torch::Tensor> params;   // the group's that require grad, in order
     std::vector<torch::Tensor> masters;  // one per shard kept (KeptBy); none: nothing to shard
     std::vector<torch::Tensor> frozen;   // the group's that do not: listed after the masters
+    std::vector<torch::Tensor> listed;   // the group's parameter list before Make
   };
 
   OptimizerShards(ShardLayout layout, int rank, std::vector<Group> groups);
   // The groups of `optimizers` and their trained elements, checked.
   static absl::Status Collect(const std::vector<torch::optim::Optimizer*>& optimizers,
                               std::vector<Group>* groups, std::vector<int64_t>* elements);
+  // Unshard's collective, on every rank: `layout` null and `alive` empty
+  // for a rank that holds nothing.
+  static absl::Status Assemble(std::vector<Group>& groups, const ShardLayout* layout, int rank,
+                               const std::vector<bool>& alive, Communicator* comm,
+                               absl::Time deadline);
+  // Assemble's steps for one group `g` (optimizer_shards.cc).
+  static absl::StatusOr<FlatState> StartFlatState(const Group& group, int g,
+                                                  const Communicator& comm);
+  static absl::Status WriteHeldState(const Group& group, int g, const ShardLayout& layout,
+                                     int rank, const std::vector<int>& source, FlatState* state);
+  static absl::Status InstallFlatState(const Group& group, const FlatState& state);
 
   ShardLayout layout_;
   int rank_;
