@@ -337,6 +337,36 @@ TEST(OptimizerShardsStateTest, WithOneCopyADeadRanksStateIsNotFoundAndNothingCha
               }).ok());
 }
 
+// A new world of four: two survivors of the newest layout (generation 5,
+// three ranks, whose rank 1 is gone), a rank whose shards are of an older
+// layout (3) and a joiner. Every rank learns the same: each rank's node,
+// the newest layout, who of it lives on, and whose shards count.
+TEST(OptimizerShardsStateTest, ANewWorldAgreesOnTheNewestLayoutAndWhoOfItLivesOn) {
+  struct Claim {
+    int node;
+    uint64_t generation;
+    int rank, world;
+  };
+  const Claim claims[4] = {{0, 5, 2, 3}, {0, 5, 0, 3}, {1, 3, 1, 4}, {1, 0, -1, 0}};
+  ASSERT_TRUE(RunCommWorld(4, "gloo", [&](int rank, Communicator* comm) {
+                const Claim& c = claims[rank];
+                auto agreed = AgreeOnShards(comm, c.node, c.generation, c.rank, c.world,
+                                            absl::Now() + absl::Seconds(30));
+                ASSERT_TRUE(agreed.ok()) << agreed.status();
+                EXPECT_EQ(agreed->node_of_rank, std::vector<int>({0, 0, 1, 1}));
+                EXPECT_EQ(agreed->generation, 5u);
+                EXPECT_EQ(agreed->layout_rank, std::vector<int>({2, 0, -1, -1}));
+                EXPECT_EQ(agreed->alive, std::vector<bool>({true, false, true}));
+              }).ok());
+  // Two ranks that claim one rank of the layout: refused on every rank.
+  ASSERT_TRUE(RunCommWorld(2, "gloo", [&](int rank, Communicator* comm) {
+                (void)rank;
+                auto agreed = AgreeOnShards(comm, 0, 7, 1, 2, absl::Now() + absl::Seconds(30));
+                EXPECT_EQ(agreed.status().code(), absl::StatusCode::kInvalidArgument)
+                    << agreed.status();
+              }).ok());
+}
+
 TEST(OptimizerShardsStateTest, WhatCannotBeShardedIsRefusedNamingIt) {
   Net net = MakeNet();
   torch::optim::LBFGS lbfgs(net->parameters(), torch::optim::LBFGSOptions(0.1));

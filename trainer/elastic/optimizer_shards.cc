@@ -541,4 +541,56 @@ absl::Status OptimizerShards::InstallFlatState(const Group& group, const FlatSta
   return absl::OkStatus();
 }
 
+absl::StatusOr<ShardWorld> AgreeOnShards(Communicator* comm, int node, uint64_t generation,
+                                         int rank, int world, absl::Time deadline) {
+  constexpr int64_t kWords = 4;
+  const int size = comm->size();
+  std::vector<int64_t> all(static_cast<size_t>(size * kWords), 0);
+  int64_t* mine = all.data() + comm->rank() * kWords;
+  mine[0] = node;
+  mine[1] = static_cast<int64_t>(generation);
+  mine[2] = rank;
+  mine[3] = world;
+  torch::Tensor gathered = OnCommMemory(
+      torch::from_blob(all.data(), {static_cast<int64_t>(all.size())}, torch::kInt64).clone(),
+      *comm);
+  MUSTER_RETURN_IF_ERROR(comm->AllGather(gathered.data_ptr(),
+                                         std::vector<size_t>(size, static_cast<size_t>(kWords)),
+                                         DataType::kInt64, deadline));
+  gathered = gathered.to(torch::kCPU);
+  const int64_t* words = gathered.data_ptr<int64_t>();
+  ShardWorld out;
+  for (int r = 0; r < size; ++r) {
+    out.node_of_rank.push_back(static_cast<int>(words[r * kWords]));
+    out.generation = std::max(out.generation, static_cast<uint64_t>(words[r * kWords + 1]));
+  }
+  int64_t layout_world = -1;
+  for (int r = 0; r < size; ++r) {
+    const int64_t* w = words + r * kWords;
+    const bool newest = out.generation != 0 && static_cast<uint64_t>(w[1]) == out.generation;
+    out.layout_rank.push_back(newest ? static_cast<int>(w[2]) : -1);
+    if (!newest) continue;
+    if (layout_world >= 0 && w[3] != layout_world) {
+      return absl::InvalidArgumentError(absl::StrCat("the shards of generation ", out.generation,
+                                                     " are said to be of ", layout_world,
+                                                     " and of ", w[3], " ranks"));
+    }
+    layout_world = w[3];
+  }
+  if (out.generation == 0) return out;
+  out.alive.assign(static_cast<size_t>(layout_world), false);
+  for (int r = 0; r < size; ++r) {
+    const int held = out.layout_rank[r];
+    if (held < 0) continue;
+    if (held >= layout_world || out.alive[held]) {
+      return absl::InvalidArgumentError(absl::StrCat("rank ", r, " claims rank ", held,
+                                                     " of the shards of generation ",
+                                                     out.generation, ", of ", layout_world,
+                                                     " ranks, which another holds or is none"));
+    }
+    out.alive[held] = true;
+  }
+  return out;
+}
+
 }  // namespace muster

@@ -44,6 +44,28 @@ namespace muster {
 class OptimizerCodec;  // include/muster/optimizer_codec.h
 struct FlatState;      // optimizer_shards.cc
 
+// What the ranks of a new world must agree on before sharded state moves
+// (collective over the world's communicator, AgreeOnShards): the node of
+// every rank, for the buddies of the new layout, and which ranks of the
+// layout the shards were last laid out in live on into this world.
+struct ShardWorld {
+  std::vector<int> node_of_rank;  // by rank of the world
+  // The newest layout any rank of the world holds shards of (its world
+  // generation; 0: none), and by its ranks whether each is in this world.
+  uint64_t generation = 0;
+  std::vector<bool> alive;
+  // By rank of the world: its rank in that layout, or -1 (a joiner, or a
+  // rank whose shards are of an older layout and count for nothing).
+  std::vector<int> layout_rank;
+};
+
+// This rank's part: its node's index in the world, and the layout its
+// shards are of (`generation` 0 and `rank` -1 when it holds none; `world`
+// that layout's size). Errors: the communicator's; INVALID_ARGUMENT when
+// two ranks claim one rank of the newest layout or disagree on its size.
+absl::StatusOr<ShardWorld> AgreeOnShards(Communicator* comm, int node, uint64_t generation,
+                                         int rank, int world, absl::Time deadline);
+
 class OptimizerShards {
  public:
   // Shards `optimizers` (not owned) for rank `rank` of a world whose ranks
