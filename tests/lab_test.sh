@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # muster-lab's teardown leaves nothing (docs/lab.md): a lab whose owner is
 # SIGKILLed while processes run inside it is removed by `gc` with its
-# namespaces, links, processes and state; its faults take effect and are
+# namespaces, links, processes and state (and left alone by a gc that does
+# not hold its state: another /run's); its faults take effect and are
 # verified, and a fault that matched nothing fails verification.
 # Usage: lab_test.sh BIN_DIR. Skips (77) without root or nft.
 set -uo pipefail
@@ -60,6 +61,13 @@ probe node0 "$a1" || fail "node0 cannot reach node1 after heal"
 kill -KILL "$owner"
 wait "$owner" 2>/dev/null
 [[ -n "$(leftovers)" ]] || fail "the lab vanished with its owner before gc (nothing to test)"
+# Seen from another /run (a chroot or container on this network stack),
+# the lab has no state: gc there must leave it alone, dead owner or not.
+away="$(mktemp -d)"
+mv "/run/muster-lab/$name" "$away/" || fail "cannot move the lab's state aside"
+"$LAB" gc >/dev/null || fail "gc failed"
+ip link show "ml$name-bm" >/dev/null 2>&1 || fail "gc removed a lab whose state it does not hold"
+mv "$away/$name" /run/muster-lab/ && rmdir "$away" || fail "cannot put the lab's state back"
 "$LAB" gc >/dev/null || fail "gc failed"
 left=$(leftovers)
 [[ -z "$left" ]] || fail "left behind after gc: $left"
