@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/logging.h"
 #include "common/status_macros.h"
 #include "coordinator/coordinator.h"
 
@@ -165,7 +166,18 @@ void Coordinator::SessionClosed(uint64_t session, const std::string& why) {
   MemberInfo* info = membership_.Find(key.id);
   if (info == nullptr || info->key != key || info->session != session) return;
   info->session = 0;
-  if (IsAlive(info->state)) FailMember(info, absl::StrCat("session closed: ", why), &actions);
+  if (!IsAlive(info->state)) return;
+  // While this coordinator holds through a silence of its own, or is
+  // excused after one, a stream that ends is most likely its member giving
+  // up on that same silence to reconnect: the member is left to the
+  // heartbeat scan, which fails it only if it stays away past the hold.
+  const absl::Time now = clock_->Now();
+  if (HoldLocked(now) > absl::ZeroDuration() || now < excused_until_) {
+    MUSTER_LOG(INFO) << "session of " << key.id << " closed (" << why
+                     << ") while no member was heard: it may reconnect";
+    return;
+  }
+  FailMember(info, absl::StrCat("session closed: ", why), &actions);
 }
 
 void Coordinator::SessionLost(uint64_t session) {

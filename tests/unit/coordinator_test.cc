@@ -722,6 +722,40 @@ TEST_F(CoordinatorTest, NoOneHeardOnAnyOfTwoNodesIsAHoldThatFailsNobody) {
   EXPECT_FALSE(b.sink->closed);
 }
 
+// Members cut off from a coordinator that hears nobody give up on their
+// streams to reconnect: a stream that ends during the hold fails nobody.
+// The member that comes back goes on; the one that stays away is failed
+// once the timeout after the hold has passed.
+TEST_F(CoordinatorTest, AStreamThatEndsDuringAHoldFailsNobodyUnlessItsMemberStaysAway) {
+  silence_hold_ = absl::Seconds(10);
+  WorldOfThree();  // a, b on n0; c on n1; heartbeat every 1 s, timeout 5 s
+  Member& a = *members_[0];
+  Member& b = *members_[1];
+  Member& c = *members_[2];
+  Advance(absl::Seconds(3));
+  ASSERT_GT(c_->Unheard(), absl::ZeroDuration());
+  c_->SessionClosed(a.session, "stream ended");
+  c_->SessionClosed(c.session, "stream ended");
+  Advance(absl::Seconds(1));
+  EXPECT_EQ(c_->GetStatus().generation, 1u) << "a member was failed during the hold";
+  for (auto& m : members_) EXPECT_FALSE(m->sink->closed);
+  // a reconnects; with b it is heard again, which ends the hold.
+  auto reopened = c_->OpenSession(a.key, a.sink);
+  ASSERT_TRUE(reopened.ok()) << reopened.status();
+  a.session = *reopened;
+  for (int i = 0; i < 5; ++i) {
+    ASSERT_TRUE(c_->Heartbeat(a.session, {7 + i}).ok());
+    ASSERT_TRUE(c_->Heartbeat(b.session, {7 + i}).ok());
+    Advance(absl::Seconds(1));
+  }
+  EXPECT_EQ(c_->GetStatus().generation, 1u);
+  Advance(absl::Milliseconds(1100));  // the timeout after the hold has passed
+  const auto status = c_->GetStatus();
+  EXPECT_EQ(status.generation, 2u) << "c, which stayed away, was not failed";
+  EXPECT_EQ(status.world_size, 2u);
+  EXPECT_FALSE(a.sink->closed);
+}
+
 TEST_F(CoordinatorTest, AHoldEndsWhereNoStandbyTookOverAndTheSilentAreFailed) {
   silence_hold_ = absl::Seconds(4);
   WorldOfThree();
