@@ -84,6 +84,16 @@ class ProcessTest : public ::testing::Test {
     out.insert(out.end(), argv.begin(), argv.end());
     return out;
   }
+  // Whatever a failover test's end, neither coordinator outlives it: the
+  // pids still set when it goes out of scope are SIGKILLed and reaped.
+  struct Reap {
+    pid_t pids[2] = {-1, -1};
+    ~Reap() {
+      for (pid_t p : pids) {
+        if (p > 0 && ::kill(p, SIGKILL) == 0) ::waitpid(p, nullptr, 0);
+      }
+    }
+  };
   std::string StandbyTarget() const {
     return absl::StrCat(hosts_->Address("standby"), ":", FreeLoopbackPort());
   }
@@ -312,7 +322,8 @@ TEST_F(ProcessTest, AStandbyTakesOverFromAHungPrimaryWhichThenCommitsNothing) {
     argv.insert(argv.end(), {"--min-members=2", "--max-members=2"});
     return SpawnLogged(argv, dir_ + "/" + log);
   };
-  const pid_t primary = coordinator("coord", target_, "primary.log");
+  Reap reap;
+  const pid_t primary = reap.pids[0] = coordinator("coord", target_, "primary.log");
   ASSERT_TRUE(WaitFor([&] { return ReadText(address_file) == target_ + "\n"; }))
       << ReadText(dir_ + "/primary.log");
   auto a = Member("a", 11);
@@ -325,7 +336,7 @@ TEST_F(ProcessTest, AStandbyTakesOverFromAHungPrimaryWhichThenCommitsNothing) {
   ASSERT_NE(before.out.find("\"step\": \"100\""), std::string::npos) << before.out;
 
   const std::string standby_target = StandbyTarget();
-  const pid_t standby = coordinator("standby", standby_target, "standby.log");
+  const pid_t standby = reap.pids[1] = coordinator("standby", standby_target, "standby.log");
   ASSERT_TRUE(WaitFor([&] {
     return ReadText(dir_ + "/standby.log").find("standby: the lease") != std::string::npos;
   })) << ReadText(dir_ + "/standby.log");
@@ -359,6 +370,7 @@ TEST_F(ProcessTest, AStandbyTakesOverFromAHungPrimaryWhichThenCommitsNothing) {
 
   ::kill(primary, SIGCONT);
   const int primary_exit = WaitExit(primary);
+  reap.pids[0] = -1;
   if (!killed) {
     EXPECT_EQ(primary_exit, 4) << ReadText(dir_ + "/primary.log");
     EXPECT_NE(ReadText(dir_ + "/primary.log").find("was taken over: epoch 2"), std::string::npos)
@@ -367,6 +379,7 @@ TEST_F(ProcessTest, AStandbyTakesOverFromAHungPrimaryWhichThenCommitsNothing) {
   EXPECT_EQ(RunCommand(cli + "checkpoints --json").out, before.out);
   ASSERT_EQ(::kill(standby, SIGTERM), 0);
   EXPECT_EQ(WaitExit(standby), 0) << ReadText(dir_ + "/standby.log");
+  reap.pids[1] = -1;
 }
 
 // A primary cut off from its members while it still reaches the state dir
@@ -386,15 +399,7 @@ TEST_F(ProcessTest, APrimaryThatHearsNoMemberLetsItsLeaseLapseAndFailsNobody) {
                              "--reattach-grace=30s", "--min-members=2", "--max-members=2"});
     return SpawnLogged(argv, dir_ + "/" + log);
   };
-  // Whatever the test's end, neither coordinator outlives it.
-  struct Reap {
-    pid_t pids[2] = {-1, -1};
-    ~Reap() {
-      for (pid_t p : pids) {
-        if (p > 0 && ::kill(p, SIGKILL) == 0) ::waitpid(p, nullptr, 0);
-      }
-    }
-  } reap;
+  Reap reap;
   const pid_t primary = reap.pids[0] = coordinator("coord", target_, "primary.log");
   ASSERT_TRUE(WaitFor([&] { return ReadText(address_file) == target_ + "\n"; }, 200))
       << ReadText(dir_ + "/primary.log");
@@ -446,10 +451,11 @@ TEST_F(ProcessTest, AWallClockStepNeitherHandsTheLeaseOverNorDelaysATakeover) {
     }
     return ReadText(address_file) == target + "\n";
   };
-  const pid_t primary = coordinator(target_, "primary");
+  Reap reap;
+  const pid_t primary = reap.pids[0] = coordinator(target_, "primary");
   ASSERT_TRUE(holder_is(target_, absl::Seconds(20))) << ReadText(dir_ + "/primary.log");
   const std::string standby_target = StandbyTarget();
-  const pid_t standby = coordinator(standby_target, "standby");
+  const pid_t standby = reap.pids[1] = coordinator(standby_target, "standby");
   for (int i = 0; i < 200; ++i) {
     if (ReadText(dir_ + "/standby.log").find("standby: the lease") != std::string::npos) break;
     absl::SleepFor(absl::Milliseconds(100));
@@ -476,8 +482,10 @@ TEST_F(ProcessTest, AWallClockStepNeitherHandsTheLeaseOverNorDelaysATakeover) {
   std::cerr << "taken over " << absl::ToDoubleSeconds(absl::Now() - killed)
             << " s after the primary died\n";
   WaitExit(primary);
+  reap.pids[0] = -1;
   ASSERT_EQ(::kill(standby, SIGTERM), 0);
   EXPECT_EQ(WaitExit(standby), 0) << ReadText(dir_ + "/standby.log");
+  reap.pids[1] = -1;
 }
 
 }  // namespace
