@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -15,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "tests/integration/comm_world.h"
+#include "trainer/elastic/sharded_optimizers.h"
 #include "trainer/checkpoint/optimizer_codecs.h"
 #include "trainer/checkpoint/state_tensors.h"
 
@@ -105,10 +107,10 @@ void Backward(Net& net, int rank, int step) {
 // Each of the optimizer's groups' gradients flat, averaged over the world
 // and written back: one all-reduce per group, as the sharded step makes
 // (a ring all-reduce's summation order depends on the buffer it is given).
-void AverageGradients(torch::optim::Optimizer& optimizer, Communicator* comm) {
-  for (auto& group : optimizer.param_groups()) {
+void AverageGroups(const std::vector<std::vector<torch::Tensor>>& groups, Communicator* comm) {
+  for (const auto& params : groups) {
     std::vector<torch::Tensor> grads, trained;
-    for (const torch::Tensor& p : group.params()) {
+    for (const torch::Tensor& p : params) {
       if (!p.requires_grad()) continue;  // frozen: no gradient
       grads.push_back(p.grad().reshape({-1}));
       trained.push_back(p);
@@ -123,6 +125,17 @@ void AverageGradients(torch::optim::Optimizer& optimizer, Communicator* comm) {
       offset += p.numel();
     }
   }
+}
+
+// Each parameter group's list, as the optimizer holds it now.
+std::vector<std::vector<torch::Tensor>> GroupsOf(torch::optim::Optimizer& optimizer) {
+  std::vector<std::vector<torch::Tensor>> out;
+  for (auto& group : optimizer.param_groups()) out.push_back(group.params());
+  return out;
+}
+
+void AverageGradients(torch::optim::Optimizer& optimizer, Communicator* comm) {
+  AverageGroups(GroupsOf(optimizer), comm);
 }
 
 // One sharded step of every group: the gradients averaged over the world
@@ -199,8 +212,54 @@ struct Held {
   Net reference = MakeNet(), sharded = MakeNet();
   std::unique_ptr<torch::optim::Optimizer> reference_opt, sharded_opt;
   std::unique_ptr<OptimizerShards> shards;
+  std::unique_ptr<ShardedOptimizers> sharded_state;  // the replica's way (LivesThroughWorlds)
+  std::vector<std::vector<torch::Tensor>> groups;    // sharded_opt's, before sharding
   explicit Held(const Kind& kind)
-      : reference_opt(kind.make(reference)), sharded_opt(kind.make(sharded)) {}
+      : reference_opt(kind.make(reference)),
+        sharded_opt(kind.make(sharded)),
+        sharded_state(std::make_unique<ShardedOptimizers>(
+            std::vector<torch::optim::Optimizer*>{sharded_opt.get()}, 2)),
+        groups(GroupsOf(*sharded_opt)) {}
+
+  // A world of `comm` with generation `generation` as the replica drives
+  // it: gathered, parameters from rank 0 (a state transfer), sharded,
+  // `steps` steps from `first`, each against the reference's, and a path
+  // that reads the whole state (a checkpoint) at the end.
+  void LiveInWorld(int rank, uint64_t generation, int first, int steps, Communicator* comm) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    const std::string where = absl::StrCat("generation ", generation, ", rank ", rank);
+    ASSERT_TRUE(sharded_state->Gather(comm, generation, /*node=*/rank % 2, deadline).ok());
+    for (torch::Tensor& p : sharded->parameters()) {
+      ASSERT_TRUE(
+          comm->Broadcast(p.data_ptr(), p.numel(), DataType::kFloat32, 0, deadline).ok());
+    }
+    ExpectReference(where + ", gathered");
+    ASSERT_TRUE(sharded_state->Shard(comm).ok());
+    for (int step = first; step < first + steps; ++step) {
+      Backward(reference, rank, step);
+      AverageGradients(*reference_opt, comm);
+      reference_opt->step();
+      Backward(sharded, rank, step);
+      AverageGroups(groups, comm);
+      sharded_state->TakeGradients();
+      sharded_opt->step();
+      ASSERT_TRUE(sharded_state->AtBoundary(comm, deadline).ok());
+      const auto want = reference->parameters(), got = sharded->parameters();
+      for (size_t i = 0; i < want.size(); ++i) {
+        ASSERT_TRUE(torch::equal(want[i], got[i])) << where << ", step " << step << ", parameter " << i;
+        ASSERT_FALSE(got[i].grad().defined()) << "the boundary clears the parameters' .grad";
+      }
+    }
+    const absl::Status path = sharded_state->WithWholeState(
+        comm,
+        [&] {
+          ExpectReference(where + ", whole for a checkpoint");
+          return absl::OkStatus();
+        },
+        deadline);
+    ASSERT_TRUE(path.ok()) << path;
+    ASSERT_TRUE(sharded_state->sharded());
+  }
 
   // `step` on both, as rank `rank` of `comm`'s world; the sharded side
   // shards itself first, as rank `rank` of a world on one node.
@@ -241,6 +300,26 @@ struct Held {
   }
 };
 
+// Three ranks live through `first` in one world; rank 1 dies; the two
+// survivors and a joiner (a fresh program whose reference is the dead
+// rank's: every rank's reference is the same) live through `second` as the
+// ranks 0, 1 and 2 of the next world.
+void ThroughADeath(const Kind& kind, const std::function<void(Held&, int, Communicator*)>& first,
+                   const std::function<void(Held&, int, Communicator*)>& second) {
+  std::vector<std::unique_ptr<Held>> held;
+  for (int i = 0; i < 3; ++i) held.push_back(std::make_unique<Held>(kind));
+  ASSERT_TRUE(RunCommWorld(3, "gloo", [&](int rank, Communicator* comm) {
+                first(*held[rank], rank, comm);
+              }).ok());
+  auto joiner = std::make_unique<Held>(kind);
+  joiner->reference = held[1]->reference;
+  joiner->reference_opt = std::move(held[1]->reference_opt);
+  Held* now[3] = {held[0].get(), held[2].get(), joiner.get()};
+  ASSERT_TRUE(RunCommWorld(3, "gloo", [&](int rank, Communicator* comm) {
+                second(*now[rank], rank, comm);
+              }).ok());
+}
+
 // Three steps in a world of three with a buddy copy, then rank 1 dies. The
 // survivors (old ranks 0 and 2) and a joiner form a world of three again:
 // Unshard gives each of them every parameter's whole state, bit for bit
@@ -248,40 +327,46 @@ struct Held {
 // only in its buddy; sharded again in the new world, they train on as the
 // unsharded optimizer does, and gathered once more the state is still its.
 TEST_P(OptimizerShardsTest, AfterARankDiesSurvivorsAndAJoinerRebuildTheStateBitForBit) {
-  std::vector<std::unique_ptr<Held>> held;
-  for (int i = 0; i < 3; ++i) held.push_back(std::make_unique<Held>(GetParam()));
-  ASSERT_TRUE(RunCommWorld(3, "gloo", [&](int rank, Communicator* comm) {
-                for (int step = 0; step < 3; ++step) held[rank]->Step(rank, step, comm);
-              }).ok());
-  // The joiner: a fresh program, whose reference is the dead rank's (every
-  // rank's reference is the same).
-  auto joiner = std::make_unique<Held>(GetParam());
-  joiner->reference = held[1]->reference;
-  joiner->reference_opt = std::move(held[1]->reference_opt);
-  Held* now[3] = {held[0].get(), held[2].get(), joiner.get()};
-  ASSERT_TRUE(RunCommWorld(3, "gloo", [&](int rank, Communicator* comm) {
-                Held& me = *now[rank];
-                const absl::Time deadline = absl::Now() + absl::Seconds(30);
-                const absl::Status s =
-                    me.shards != nullptr
-                        ? me.shards->Unshard({true, false, true}, comm, deadline)
-                        : OptimizerShards::ReceiveUnsharded({me.sharded_opt.get()}, comm, deadline);
-                ASSERT_TRUE(s.ok()) << s;
-                me.shards.reset();
-                // The parameters from a survivor, as a state transfer brings them.
-                for (torch::Tensor& p : me.sharded->parameters()) {
-                  ASSERT_TRUE(
-                      comm->Broadcast(p.data_ptr(), p.numel(), DataType::kFloat32, 0, deadline)
-                          .ok());
-                }
-                me.ExpectReference(absl::StrCat(GetParam().name, ", new rank ", rank, ", unsharded"));
-                for (int step = 3; step < 6; ++step) me.Step(rank, step, comm);
-                // Gathered again in the same world (as for a checkpoint).
-                const absl::Status again =
-                    me.shards->Unshard({true, true, true}, comm, absl::Now() + absl::Seconds(30));
-                ASSERT_TRUE(again.ok()) << again;
-                me.ExpectReference(absl::StrCat(GetParam().name, ", new rank ", rank, ", step 5"));
-              }).ok());
+  ThroughADeath(
+      GetParam(),
+      [](Held& me, int rank, Communicator* comm) {
+        for (int step = 0; step < 3; ++step) me.Step(rank, step, comm);
+      },
+      [](Held& me, int rank, Communicator* comm) {
+        const absl::Time deadline = absl::Now() + absl::Seconds(30);
+        const absl::Status s =
+            me.shards != nullptr
+                ? me.shards->Unshard({true, false, true}, comm, deadline)
+                : OptimizerShards::ReceiveUnsharded({me.sharded_opt.get()}, comm, deadline);
+        ASSERT_TRUE(s.ok()) << s;
+        me.shards.reset();
+        // The parameters from a survivor, as a state transfer brings them.
+        for (torch::Tensor& p : me.sharded->parameters()) {
+          ASSERT_TRUE(
+              comm->Broadcast(p.data_ptr(), p.numel(), DataType::kFloat32, 0, deadline).ok());
+        }
+        me.ExpectReference(absl::StrCat("new rank ", rank, ", unsharded"));
+        for (int step = 3; step < 6; ++step) me.Step(rank, step, comm);
+        // Gathered again in the same world (as for a checkpoint).
+        const absl::Status again =
+            me.shards->Unshard({true, true, true}, comm, absl::Now() + absl::Seconds(30));
+        ASSERT_TRUE(again.ok()) << again;
+        me.ExpectReference(absl::StrCat("new rank ", rank, ", step 5"));
+      });
+}
+
+// The same death as the replica drives it (ShardedOptimizers): world 1 of
+// three ranks, generation 1, takes three steps; rank 1 dies; generation 2,
+// the two survivors and a joiner, gathers the whole state, shards it anew
+// and takes three more. The parameters stay bit-identical to the
+// unsharded optimizer's after every step, the whole state equals its
+// state wherever it is gathered, and the parameters' .grad are cleared at
+// each boundary.
+TEST_P(OptimizerShardsTest, ShardedStateLivesThroughWorldsAsTheReplicaDrivesIt) {
+  ThroughADeath(
+      GetParam(),
+      [](Held& me, int rank, Communicator* comm) { me.LiveInWorld(rank, 1, 0, 3, comm); },
+      [](Held& me, int rank, Communicator* comm) { me.LiveInWorld(rank, 2, 3, 3, comm); });
 }
 
 INSTANTIATE_TEST_SUITE_P(Optimizers, OptimizerShardsTest, ::testing::ValuesIn(Kinds()),

@@ -338,6 +338,28 @@ absl::Status OptimizerShards::Unshard(const std::vector<bool>& alive, Communicat
   return absl::OkStatus();
 }
 
+absl::Status OptimizerShards::Check(const std::vector<torch::optim::Optimizer*>& optimizers) {
+  std::vector<Group> groups;
+  std::vector<int64_t> elements;
+  return Collect(optimizers, &groups, &elements);
+}
+
+void OptimizerShards::ClearParameterGradients() {
+  for (Group& group : groups_) {
+    for (torch::Tensor& p : group.params) p.mutable_grad().reset();
+  }
+}
+
+void OptimizerShards::Release() {
+  for (Group& group : groups_) {
+    for (const torch::Tensor& master : group.masters) {
+      EraseOptimizerState(*group.optimizer, master);
+    }
+    group.optimizer->param_groups()[group.index].params() = group.listed;
+  }
+  groups_.clear();
+}
+
 absl::Status OptimizerShards::ReceiveUnsharded(
     const std::vector<torch::optim::Optimizer*>& optimizers, Communicator* comm,
     absl::Time deadline) {
@@ -421,11 +443,11 @@ absl::Status OptimizerShards::Assemble(std::vector<Group>& groups, const ShardLa
   }
   for (size_t g = 0; g < G; ++g) {
     Group& group = groups[g];
-    if (header[g + 1] == 0) {
-      // Nobody holds state for it (no step yet): nobody keeps any.
-      for (const torch::Tensor& p : group.params) EraseOptimizerState(*group.optimizer, p);
-      continue;
-    }
+    // Nobody holds sharded state for it: each rank keeps what its own
+    // optimizer holds (none before a first step, or what its constructor
+    // made, as Adagrad's does), which the state transfer that follows a
+    // new world makes equal.
+    if (header[g + 1] == 0) continue;
     MUSTER_ASSIGN_OR_RETURN(FlatState state, StartFlatState(group, static_cast<int>(g), *comm));
     if (layout != nullptr) {
       MUSTER_RETURN_IF_ERROR(

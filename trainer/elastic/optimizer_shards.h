@@ -81,6 +81,10 @@ class OptimizerShards {
       const std::vector<torch::optim::Optimizer*>& optimizers, int rank,
       const std::vector<int>& node_of_rank, int copies);
 
+  // Whether Make would take `optimizers` (its INVALID_ARGUMENT), changing
+  // nothing.
+  static absl::Status Check(const std::vector<torch::optim::Optimizer*>& optimizers);
+
   const ShardLayout& layout() const { return layout_; }
   int rank() const { return rank_; }
   // The layout's groups: every group of the first optimizer, then of the
@@ -98,6 +102,9 @@ class OptimizerShards {
   // This rank's own range of group `g`, from its master, into `flat` (the
   // group's flat vector; the other ranges are left as they are).
   void WriteOwn(int g, torch::Tensor* flat) const;
+  // Every trained parameter's .grad dropped (the optimizers, which hold
+  // the masters, no longer clear them).
+  void ClearParameterGradients();
   // Group `g`'s whole flat vector, gathered from every owner, into its
   // parameters and into the masters this rank keeps.
   void Install(int g, const torch::Tensor& flat);
@@ -115,13 +122,20 @@ class OptimizerShards {
   // on every rank of `comm`, and every group its parameter list as it was
   // before Make. Each range comes from the first of its holders (owner,
   // then buddy) that `alive` (by rank of the layout) says lives on; bits
-  // are moved, not added, so the state is exact. Ranks of `comm` that held
+  // are moved, not added, so the state is exact. A group of which no rank
+  // holds sharded state (no step yet) keeps on each rank what its own
+  // optimizer holds. Ranks of `comm` that held
   // nothing (joiners) take part with ReceiveUnsharded. After it this
   // object holds nothing (destroy it; Make shards again). NOT_FOUND on
   // every rank, and nothing changed, when a range with state has no
   // living holder (one copy, its rank gone: it must come from a
   // checkpoint); the communicator's errors (the state is then unspecified).
   absl::Status Unshard(const std::vector<bool>& alive, Communicator* comm, absl::Time deadline);
+  // The groups get their parameter lists back and the masters' state is
+  // dropped, nothing gathered (shards of a layout that no longer counts:
+  // the state comes to this rank as to a joiner). The object then holds
+  // nothing.
+  void Release();
   // A joiner's part of Unshard: `optimizers` (the program's, not sharded)
   // receive every parameter's state. Errors: Make's INVALID_ARGUMENT
   // (before any collective), Unshard's.

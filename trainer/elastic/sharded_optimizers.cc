@@ -1,0 +1,69 @@
+#include "trainer/elastic/sharded_optimizers.h"
+
+#include <utility>
+
+#include "common/status_macros.h"
+
+namespace muster {
+
+ShardedOptimizers::ShardedOptimizers(std::vector<torch::optim::Optimizer*> optimizers, int copies)
+    : optimizers_(std::move(optimizers)), copies_(copies) {}
+
+absl::Status ShardedOptimizers::Check(const std::vector<torch::optim::Optimizer*>& optimizers) {
+  return OptimizerShards::Check(optimizers);
+}
+
+absl::Status ShardedOptimizers::Gather(Communicator* comm, uint64_t generation, int node,
+                                       absl::Time deadline) {
+  const bool holds = shards_ != nullptr;
+  MUSTER_ASSIGN_OR_RETURN(
+      const ShardWorld agreed,
+      AgreeOnShards(comm, node, holds ? generation_ : 0, holds ? shards_->rank() : -1,
+                    holds ? shards_->layout().world() : 0, deadline));
+  const bool counts = holds && agreed.layout_rank[comm->rank()] >= 0;
+  if (holds && !counts) shards_->Release();  // of an older layout: received as a joiner's
+  MUSTER_RETURN_IF_ERROR(counts ? shards_->Unshard(agreed.alive, comm, deadline)
+                                : OptimizerShards::ReceiveUnsharded(optimizers_, comm, deadline));
+  shards_.reset();
+  node_of_rank_ = agreed.node_of_rank;
+  gathered_for_ = generation;
+  return absl::OkStatus();
+}
+
+absl::Status ShardedOptimizers::Shard(Communicator* comm) {
+  if (shards_ != nullptr) return absl::FailedPreconditionError("the state is sharded already");
+  if (static_cast<int>(node_of_rank_.size()) != comm->size()) {
+    return absl::FailedPreconditionError("shard before the world's Gather");
+  }
+  MUSTER_ASSIGN_OR_RETURN(shards_,
+                          OptimizerShards::Make(optimizers_, comm->rank(), node_of_rank_, copies_));
+  generation_ = gathered_for_;
+  return absl::OkStatus();
+}
+
+void ShardedOptimizers::TakeGradients() {
+  if (shards_ == nullptr) return;
+  for (int g = 0; g < shards_->groups(); ++g) shards_->SetGradients(g, shards_->FlatGradients(g));
+}
+
+absl::Status ShardedOptimizers::AtBoundary(Communicator* comm, absl::Time deadline) {
+  if (shards_ == nullptr) return absl::OkStatus();
+  MUSTER_RETURN_IF_ERROR(shards_->GatherParameters(comm, deadline));
+  shards_->ClearParameterGradients();
+  return absl::OkStatus();
+}
+
+absl::Status ShardedOptimizers::WithWholeState(Communicator* comm,
+                                               const std::function<absl::Status()>& path,
+                                               absl::Time deadline) {
+  if (shards_ == nullptr) return path();
+  MUSTER_RETURN_IF_ERROR(
+      shards_->Unshard(std::vector<bool>(shards_->layout().world(), true), comm, deadline));
+  shards_.reset();
+  const absl::Status s = path();
+  MUSTER_ASSIGN_OR_RETURN(shards_,
+                          OptimizerShards::Make(optimizers_, comm->rank(), node_of_rank_, copies_));
+  return s;
+}
+
+}  // namespace muster

@@ -1,0 +1,74 @@
+// ShardedOptimizers: a trainer's sharded optimizer state through steps and
+// worlds (docs/sharding.md, "The first way into training"): what the
+// replica calls at each point, over OptimizerShards.
+//
+//   a new world, every rank, before the state transfer:  Gather
+//   after the state transfer:                             Shard
+//   after each pass's reduction (.grad averaged):         TakeGradients
+//   the user's optimizer.step() steps the kept shards
+//   at each step boundary, first:                         AtBoundary
+//   a path that reads the whole state (a checkpoint):     WithWholeState
+//
+// Between Gather and Shard, and inside WithWholeState, the optimizers hold
+// the whole state of every parameter as an unsharded run does, so the
+// paths that read or move it (state transfer, checkpoints, state checks)
+// run unchanged.
+//
+// Not thread-safe: the training thread's.
+#ifndef MUSTER_TRAINER_ELASTIC_SHARDED_OPTIMIZERS_H_
+#define MUSTER_TRAINER_ELASTIC_SHARDED_OPTIMIZERS_H_
+
+#include <torch/optim/optimizer.h>
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "trainer/comm/communicator.h"
+#include "trainer/elastic/optimizer_shards.h"
+
+namespace muster {
+
+class ShardedOptimizers {
+ public:
+  // `optimizers`: the program's, not owned; `copies`: 1 or 2.
+  ShardedOptimizers(std::vector<torch::optim::Optimizer*> optimizers, int copies);
+
+  // Whether `optimizers` can be sharded (before any world): Make's
+  // INVALID_ARGUMENT, naming what cannot.
+  static absl::Status Check(const std::vector<torch::optim::Optimizer*>& optimizers);
+
+  // Collective over the new world's `comm`, every rank, `node` this rank's
+  // node index in it: the whole state on every rank, each range from a
+  // rank of the last layout that lives on, received by everyone else.
+  // NOT_FOUND (every rank) when a range with state has no living holder.
+  absl::Status Gather(Communicator* comm, uint64_t generation, int node, absl::Time deadline);
+  // After Gather (and the transfer): shards for `comm`'s world.
+  absl::Status Shard(Communicator* comm);
+  // The kept shards' gradients from the parameters' averaged .grad.
+  void TakeGradients();
+  // Collective: the parameters from the owners of each range, and the
+  // parameters' .grad cleared (the optimizers no longer clear them).
+  absl::Status AtBoundary(Communicator* comm, absl::Time deadline);
+  // Collective: `path` with the whole state on every rank of `comm` (the
+  // world the shards are of), sharded again after, whatever it returns.
+  absl::Status WithWholeState(Communicator* comm, const std::function<absl::Status()>& path,
+                              absl::Time deadline);
+
+  bool sharded() const { return shards_ != nullptr; }
+  const OptimizerShards* shards() const { return shards_.get(); }
+
+ private:
+  std::vector<torch::optim::Optimizer*> optimizers_;
+  int copies_;
+  std::unique_ptr<OptimizerShards> shards_;
+  uint64_t generation_ = 0;       // of the layout shards_ is of
+  std::vector<int> node_of_rank_;  // of the world Gather agreed on
+  uint64_t gathered_for_ = 0;      // the generation Gather ran for
+};
+
+}  // namespace muster
+
+#endif  // MUSTER_TRAINER_ELASTIC_SHARDED_OPTIMIZERS_H_
