@@ -35,4 +35,13 @@ absl::Status BroadcastValues(Communicator* comm, void* data, size_t count, DataT
   });
 }
 
+absl::Status AllGatherValues(Communicator* comm, void* data, const std::vector<size_t>& counts,
+                             DataType type, absl::Time deadline) {
+  size_t count = 0;
+  for (size_t c : counts) count += c;
+  return OnCommMemory(comm, data, count * DataTypeSize(type), [&](void* buffer) {
+    return comm->AllGather(buffer, counts, type, deadline);
+  });
+}
+
 }  // namespace muster

@@ -5,6 +5,7 @@
 #define MUSTER_TRAINER_COMM_VALUES_H_
 
 #include <cstddef>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
@@ -17,6 +18,10 @@ absl::Status AllReduceValues(Communicator* comm, void* data, size_t count, DataT
                              ReduceOp op, absl::Time deadline);
 absl::Status BroadcastValues(Communicator* comm, void* data, size_t count, DataType type,
                              int root, absl::Time deadline);
+// Communicator::AllGather's layout: `counts` values per rank, each rank's
+// own segment filled in.
+absl::Status AllGatherValues(Communicator* comm, void* data, const std::vector<size_t>& counts,
+                             DataType type, absl::Time deadline);
 
 }  // namespace muster
 

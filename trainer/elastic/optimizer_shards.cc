@@ -12,6 +12,8 @@
 #include "common/status_macros.h"
 #include "trainer/checkpoint/optimizer_codecs.h"
 #include "trainer/checkpoint/state_tensors.h"
+#include "trainer/comm/values.h"
+#include "trainer/ddp/device_comm.h"
 
 namespace muster {
 
@@ -67,19 +69,6 @@ absl::Status CheckGroup(const torch::optim::OptimizerParamGroup& group, const st
 }
 
 using Fields = std::map<std::string, torch::Tensor>;
-
-// Where `comm`'s buffers live.
-torch::Device CommDevice(const Communicator& comm) {
-  const MemorySpace memory = comm.memory();
-  return memory.is_host() ? torch::Device(torch::kCPU)
-                          : torch::Device(torch::kCUDA, static_cast<int8_t>(memory.device));
-}
-
-// `t` where `comm`'s buffers live: itself, or a copy there.
-torch::Tensor OnCommMemory(const torch::Tensor& t, const Communicator& comm) {
-  const torch::Device device = CommDevice(comm);
-  return t.device() == device ? t : t.to(device);
-}
 
 // A scalar field's value as 8 bytes (int64 counters as they are, anything
 // else as a double), and back.
@@ -317,7 +306,7 @@ absl::Status OptimizerShards::GatherParameters(Communicator* comm, absl::Time de
   std::vector<size_t> counts(static_cast<size_t>(layout_.world()));
   for (int g = 0; g < groups(); ++g) {
     if (groups_[g].masters.empty()) continue;  // nothing trained: the same on every rank
-    torch::Tensor flat = OnCommMemory(FlatParameters(g), *comm);
+    torch::Tensor flat = FlatParameters(g).to(CommDevice(*comm));
     WriteOwn(g, &flat);
     for (int r = 0; r < layout_.world(); ++r) counts[r] = layout_.Range(g, r).size();
     MUSTER_RETURN_IF_ERROR(comm->AllGather(flat.data_ptr(), counts, DataType::kFloat32, deadline));
@@ -350,13 +339,18 @@ void OptimizerShards::ClearParameterGradients() {
   }
 }
 
-void OptimizerShards::Release() {
-  for (Group& group : groups_) {
+void OptimizerShards::Restore(std::vector<Group>& groups) {
+  for (Group& group : groups) {
     for (const torch::Tensor& master : group.masters) {
       EraseOptimizerState(*group.optimizer, master);
     }
     group.optimizer->param_groups()[group.index].params() = group.listed;
+    group.masters.clear();
   }
+}
+
+void OptimizerShards::Release() {
+  Restore(groups_);
   groups_.clear();
 }
 
@@ -397,18 +391,6 @@ std::vector<int> ShardSources(const ShardLayout& layout, const std::vector<bool>
   return source;
 }
 
-// `mine` summed over `comm`, on the host.
-absl::StatusOr<std::vector<int64_t>> SumOver(Communicator* comm, std::vector<int64_t> mine,
-                                             absl::Time deadline) {
-  torch::Tensor summed = OnCommMemory(
-      torch::from_blob(mine.data(), {static_cast<int64_t>(mine.size())}, torch::kInt64).clone(),
-      *comm);
-  MUSTER_RETURN_IF_ERROR(comm->AllReduce(summed.data_ptr(), mine.size(), DataType::kInt64,
-                                         ReduceOp::kSum, deadline));
-  summed = summed.to(torch::kCPU);
-  return std::vector<int64_t>(summed.data_ptr<int64_t>(), summed.data_ptr<int64_t>() + mine.size());
-}
-
 }  // namespace
 
 // Every rank of `comm`: a header (a range lost anywhere? state in which
@@ -425,15 +407,16 @@ absl::Status OptimizerShards::Assemble(std::vector<Group>& groups, const ShardLa
   std::string lost;
   const std::vector<int> source =
       layout != nullptr ? ShardSources(*layout, alive, &lost) : std::vector<int>();
-  std::vector<int64_t> mine(G + 1, 0);
-  mine[0] = lost.empty() ? 0 : 1;
+  std::vector<int64_t> header(G + 1, 0);  // this rank's, then summed over the world
+  header[0] = lost.empty() ? 0 : 1;
   for (size_t g = 0; g < G; ++g) {
     const Group& group = groups[g];
-    mine[g + 1] = layout != nullptr && !group.masters.empty() &&
-                  FindOptimizerState(*group.optimizer, group.masters[0]) != nullptr;
+    header[g + 1] = layout != nullptr && !group.masters.empty() &&
+                    FindOptimizerState(*group.optimizer, group.masters[0]) != nullptr;
   }
+  MUSTER_RETURN_IF_ERROR(AllReduceValues(comm, header.data(), header.size(), DataType::kInt64,
+                                         ReduceOp::kSum, deadline));
   torch::NoGradGuard no_grad;
-  MUSTER_ASSIGN_OR_RETURN(const std::vector<int64_t> header, SumOver(comm, mine, deadline));
   bool any_state = false;
   for (size_t g = 0; g < G; ++g) any_state = any_state || header[g + 1] > 0;
   if (header[0] > 0 && any_state) {
@@ -458,13 +441,7 @@ absl::Status OptimizerShards::Assemble(std::vector<Group>& groups, const ShardLa
                                            DataType::kInt64, ReduceOp::kSum, deadline));
     MUSTER_RETURN_IF_ERROR(InstallFlatState(group, state));
   }
-  for (Group& group : groups) {
-    for (const torch::Tensor& master : group.masters) {
-      EraseOptimizerState(*group.optimizer, master);
-    }
-    group.optimizer->param_groups()[group.index].params() = group.listed;
-    group.masters.clear();
-  }
+  Restore(groups);
   return absl::OkStatus();
 }
 
@@ -573,14 +550,10 @@ absl::StatusOr<ShardWorld> AgreeOnShards(Communicator* comm, int node, uint64_t 
   mine[1] = static_cast<int64_t>(generation);
   mine[2] = rank;
   mine[3] = world;
-  torch::Tensor gathered = OnCommMemory(
-      torch::from_blob(all.data(), {static_cast<int64_t>(all.size())}, torch::kInt64).clone(),
-      *comm);
-  MUSTER_RETURN_IF_ERROR(comm->AllGather(gathered.data_ptr(),
+  MUSTER_RETURN_IF_ERROR(AllGatherValues(comm, all.data(),
                                          std::vector<size_t>(size, static_cast<size_t>(kWords)),
                                          DataType::kInt64, deadline));
-  gathered = gathered.to(torch::kCPU);
-  const int64_t* words = gathered.data_ptr<int64_t>();
+  const int64_t* words = all.data();
   ShardWorld out;
   for (int r = 0; r < size; ++r) {
     out.node_of_rank.push_back(static_cast<int>(words[r * kWords]));

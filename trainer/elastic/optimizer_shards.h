@@ -157,6 +157,9 @@ class OptimizerShards {
   // The groups of `optimizers` and their trained elements, checked.
   static absl::Status Collect(const std::vector<torch::optim::Optimizer*>& optimizers,
                               std::vector<Group>* groups, std::vector<int64_t>* elements);
+  // The groups' parameter lists as before Make, the masters and their
+  // state gone.
+  static void Restore(std::vector<Group>& groups);
   // Unshard's collective, on every rank: `layout` null and `alive` empty
   // for a rank that holds nothing.
   static absl::Status Assemble(std::vector<Group>& groups, const ShardLayout* layout, int rank,
