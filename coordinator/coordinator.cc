@@ -310,6 +310,10 @@ absl::Duration Coordinator::HoldLocked(absl::Time now) {
   return silence;
 }
 
+bool Coordinator::ExcusedLocked(absl::Time now) {
+  return HoldLocked(now) > absl::ZeroDuration() || now < excused_until_;
+}
+
 void Coordinator::Tick() {
   Decision decision(&mu_, durable_);
   Actions& actions = decision.actions();
@@ -320,7 +324,7 @@ void Coordinator::Tick() {
   // nothing by a scan every twentieth of it (at most 100 ms).
   // Not while this coordinator holds through a silence of its own (decided
   // here under the same lock as the scan), nor for a timeout after it.
-  const bool held = HoldLocked(now) > absl::ZeroDuration() || now < excused_until_;
+  const bool held = ExcusedLocked(now);
   if (now >= next_expiry_scan_ && !held) {
     next_expiry_scan_ = now + std::min(absl::Milliseconds(100), options_.heartbeat_timeout / 20);
     for (const std::string& id : membership_.Expired(now, options_.heartbeat_timeout)) {

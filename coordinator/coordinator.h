@@ -542,6 +542,10 @@ class Coordinator {
   // Unheard at `now`, and its state kept: the hold begun, or ended (then
   // excused_until_).
   absl::Duration HoldLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether a member's silence or lost stream fails nobody at `now`: this
+  // coordinator holds through a silence of its own, or the timeout after
+  // one has not passed (HoldLocked's state kept the same way).
+  bool ExcusedLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Unheard's state: the hold's start (InfinitePast: none), and until when
   // the silence it held through fails nobody.
   absl::Time hold_since_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();

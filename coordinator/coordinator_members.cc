@@ -171,8 +171,7 @@ void Coordinator::SessionClosed(uint64_t session, const std::string& why) {
   // excused after one, a stream that ends is most likely its member giving
   // up on that same silence to reconnect: the member is left to the
   // heartbeat scan, which fails it only if it stays away past the hold.
-  const absl::Time now = clock_->Now();
-  if (HoldLocked(now) > absl::ZeroDuration() || now < excused_until_) {
+  if (ExcusedLocked(clock_->Now())) {
     MUSTER_LOG(INFO) << "session of " << key.id << " closed (" << why
                      << ") while no member was heard: it may reconnect";
     return;
