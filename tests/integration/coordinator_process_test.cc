@@ -77,13 +77,6 @@ class ProcessTest : public ::testing::Test {
                                         std::vector<std::string>{"coord", "standby"});
     target_ = absl::StrCat(hosts_->Address("coord"), ":", port_);
   }
-  // `argv` run on lab host `host` ("coord", "standby").
-  std::vector<std::string> OnHost(const std::string& host,
-                                  const std::vector<std::string>& argv) const {
-    std::vector<std::string> out = hosts_->Host(host);
-    out.insert(out.end(), argv.begin(), argv.end());
-    return out;
-  }
   // Whatever a failover test's end, neither coordinator outlives it: the
   // pids still set when it goes out of scope are SIGKILLed and reaped.
   struct Reap {
@@ -318,7 +311,7 @@ TEST_F(ProcessTest, AStandbyTakesOverFromAHungPrimaryWhichThenCommitsNothing) {
   const std::string address_file = AddressFile();
   auto coordinator = [&](const std::string& host, const std::string& listen,
                          const std::string& log) {
-    std::vector<std::string> argv = OnHost(host, OnSharedState(listen, "1s"));
+    std::vector<std::string> argv = hosts_->OnHost(host, OnSharedState(listen, "1s"));
     argv.insert(argv.end(), {"--min-members=2", "--max-members=2"});
     return SpawnLogged(argv, dir_ + "/" + log);
   };
@@ -394,7 +387,7 @@ TEST_F(ProcessTest, APrimaryThatHearsNoMemberLetsItsLeaseLapseAndFailsNobody) {
   const std::string address_file = AddressFile();
   auto coordinator = [&](const std::string& host, const std::string& listen,
                          const std::string& log) {
-    std::vector<std::string> argv = OnHost(host, OnSharedState(listen, "1s"));
+    std::vector<std::string> argv = hosts_->OnHost(host, OnSharedState(listen, "1s"));
     argv.insert(argv.end(), {"--heartbeat-interval=200ms", "--heartbeat-timeout=2s",
                              "--reattach-grace=30s", "--min-members=2", "--max-members=2"});
     return SpawnLogged(argv, dir_ + "/" + log);
@@ -441,7 +434,7 @@ TEST_F(ProcessTest, AWallClockStepNeitherHandsTheLeaseOverNorDelaysATakeover) {
   auto coordinator = [&](const std::string& listen, const std::string& name) {
     const std::string host = name == "primary" ? "coord" : name;
     return SpawnLogged(
-        Stepped(dir_ + "/" + name + ".clock", OnHost(host, OnSharedState(listen, "2s"))),
+        Stepped(dir_ + "/" + name + ".clock", hosts_->OnHost(host, OnSharedState(listen, "2s"))),
         dir_ + "/" + name + ".log");
   };
   auto holder_is = [&](const std::string& target, absl::Duration within) {

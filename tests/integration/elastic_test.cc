@@ -82,13 +82,12 @@ class ElasticTest : public ::testing::Test {
   std::vector<std::string> TrainerArgv(int local, const std::string& tag, const std::string& node,
                                        const std::string& backend,
                                        const std::vector<std::string>& extra) {
-    std::vector<std::string> argv = hosts_->Node(node);
-    argv.insert(argv.end(), {
-        kBin + "/muster-train", "--coordinator=" + target_, "--node-id=" + node,
-        absl::StrCat("--local-rank=", local), "--model=mlp", "--steps=250", "--batch-size=32",
-        "--log-every=10", "--threads=1", "--backend=" + backend,
-        absl::StrCat("--job=el", ::getpid()),
-        absl::StrCat("--summary-json=", dir_, "/", tag, ".json")});
+    std::vector<std::string> argv = hosts_->OnNode(
+        node, {kBin + "/muster-train", "--coordinator=" + target_, "--node-id=" + node,
+               absl::StrCat("--local-rank=", local), "--model=mlp", "--steps=250",
+               "--batch-size=32", "--log-every=10", "--threads=1", "--backend=" + backend,
+               absl::StrCat("--job=el", ::getpid()),
+               absl::StrCat("--summary-json=", dir_, "/", tag, ".json")});
     argv.insert(argv.end(), extra.begin(), extra.end());
     return argv;
   }
@@ -322,15 +321,15 @@ class UnresolvableHostTest : public ElasticTest {
   // muster-train with host name `host` (and no --node-id: the host name is
   // the node) in a UTS namespace of its own.
   pid_t TrainerOn(const std::string& host, const std::string& tag) {
-    std::vector<std::string> argv = hosts_->Node(host);
-    argv.insert(
-        argv.end(),
-        {"/usr/bin/unshare", "--uts", "/bin/sh", "-c", "hostname \"$0\" && exec \"$@\"",
-         host, kBin + "/muster-train", "--coordinator=" + target_, "--token-file=" + dir_ + "/token",
-         "--model=mlp", "--steps=200", "--batch-size=32", "--log-every=10", "--threads=1",
-         "--backend=gloo", absl::StrCat("--job=uh", ::getpid()),
-         absl::StrCat("--summary-json=", dir_, "/", tag, ".json")});
-    return SpawnLogged(argv, absl::StrCat(dir_, "/", tag, ".log"));
+    return SpawnLogged(
+        hosts_->OnNode(host, {"/usr/bin/unshare", "--uts", "/bin/sh", "-c",
+                              "hostname \"$0\" && exec \"$@\"", host, kBin + "/muster-train",
+                              "--coordinator=" + target_, "--token-file=" + dir_ + "/token",
+                              "--model=mlp", "--steps=200", "--batch-size=32", "--log-every=10",
+                              "--threads=1", "--backend=gloo",
+                              absl::StrCat("--job=uh", ::getpid()),
+                              absl::StrCat("--summary-json=", dir_, "/", tag, ".json")}),
+        absl::StrCat(dir_, "/", tag, ".log"));
   }
 };
 
@@ -482,12 +481,9 @@ class AgentTest : public ElasticTest {
   }
   std::vector<std::string> AgentArgv(const std::string& node, int steps, bool node_session,
                                      const std::vector<std::string>& extra = {}) {
-    std::vector<std::string> argv = hosts_->Node(node);
-    for (std::string arg : {kBin + "/muster-agent", std::string("--nproc-per-node=2"),
-                            std::string("--restart-backoff=100ms"),
-                            std::string("--max-restarts=2"), "--node-id=" + node}) {
-      argv.push_back(std::move(arg));
-    }
+    std::vector<std::string> argv =
+        hosts_->OnNode(node, {kBin + "/muster-agent", "--nproc-per-node=2",
+                              "--restart-backoff=100ms", "--max-restarts=2", "--node-id=" + node});
     argv.insert(argv.end(), agent_flags_.begin(), agent_flags_.end());
     const std::string coordinator = via_.empty() ? target_ : via_;
     if (node_session) argv.push_back("--coordinator=" + coordinator);

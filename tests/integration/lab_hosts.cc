@@ -28,13 +28,27 @@ int LabHosts::NodeIndex(const std::string& node) {
   return index;
 }
 
-std::vector<std::string> LabHosts::Node(const std::string& node) {
-  const int index = NodeIndex(node);
-  return index < 0 ? std::vector<std::string>{} : InNetns(lab_->namespaces()[index]);
+namespace {
+
+std::vector<std::string> Prefixed(std::vector<std::string> prefix,
+                                  const std::vector<std::string>& argv) {
+  prefix.insert(prefix.end(), argv.begin(), argv.end());
+  return prefix;
 }
 
-std::vector<std::string> LabHosts::Host(const std::string& host) const {
-  return lab_ != nullptr ? InNetns(lab_->HostNamespace(host)) : std::vector<std::string>{};
+}  // namespace
+
+std::vector<std::string> LabHosts::OnNode(const std::string& node,
+                                          const std::vector<std::string>& argv) {
+  const int index = NodeIndex(node);
+  return Prefixed(index < 0 ? std::vector<std::string>{} : InNetns(lab_->namespaces()[index]),
+                  argv);
+}
+
+std::vector<std::string> LabHosts::OnHost(const std::string& host,
+                                          const std::vector<std::string>& argv) const {
+  return Prefixed(lab_ != nullptr ? InNetns(lab_->HostNamespace(host)) : std::vector<std::string>{},
+                  argv);
 }
 
 std::string LabHosts::Address(const std::string& host) const {

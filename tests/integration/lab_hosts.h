@@ -37,13 +37,15 @@ class LabHosts {
   // Where a process of this namespace listens for the lab's hosts: the
   // bridge's address, or 127.0.0.1.
   std::string Gateway() const;
-  // The command prefix of a process on node `node` (none on loopback).
-  std::vector<std::string> Node(const std::string& node);
+  // `argv` run on node `node`: inside its namespace in the lab, as it is
+  // on loopback.
+  std::vector<std::string> OnNode(const std::string& node, const std::vector<std::string>& argv);
   // The lab's node index of `node`, -1 when it runs in this namespace.
   int NodeIndex(const std::string& node);
-  // An extra host's command prefix and address (none and 127.0.0.1 on
-  // loopback).
-  std::vector<std::string> Host(const std::string& host) const;
+  // `argv` run on the extra host `host`, and that host's address (as it
+  // is, and 127.0.0.1, on loopback).
+  std::vector<std::string> OnHost(const std::string& host,
+                                  const std::vector<std::string>& argv) const;
   std::string Address(const std::string& host) const;
 
  private:

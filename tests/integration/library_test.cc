@@ -65,13 +65,6 @@ class LibraryTest : public ::testing::Test {
     hosts_.reset();  // ends what is left in its namespaces
   }
 
-  // `argv` run on node `node` (inside its namespace in the lab).
-  std::vector<std::string> OnNode(const std::string& node, const std::vector<std::string>& argv) {
-    std::vector<std::string> out = hosts_->Node(node);
-    out.insert(out.end(), argv.begin(), argv.end());
-    return out;
-  }
-
   // A coordinator on `state` (kept across restarts, like a requeued job).
   void StartCoordinator(int min_members, int max_members, const std::string& state,
                         const std::string& last_call = "300ms") {
@@ -122,7 +115,7 @@ class LibraryTest : public ::testing::Test {
                                      "--max-restarts=2", "--node-id=" + node, "--"};
     for (const std::string& a : program) argv.push_back(a);
     setenv("MUSTER_COORDINATOR", target_.c_str(), 1);
-    return SpawnLogged(OnNode(node, argv), absl::StrCat(dir_, "/", node, ".log"));
+    return SpawnLogged(hosts_->OnNode(node, argv), absl::StrCat(dir_, "/", node, ".log"));
   }
 
   bool WaitForLine(const std::string& log, const std::string& text, absl::Duration timeout) {
@@ -311,11 +304,11 @@ TEST_F(LibraryTest, RmspropGroupsBatchNormAndTheDataLoaderStayIdenticalThroughAK
   unsetenv("MUSTER_COORDINATOR");
   auto agent = [&](const std::string& node) {
     return SpawnLogged(
-        OnNode(node, {kBin + "/muster-agent", "--nproc-per-node=2", "--restart-backoff=100ms",
-                      "--max-restarts=2", "--node-id=" + node, "--coordinator=" + target_, "--",
-                      kBin + "/tabular", "--steps", "400", "--decay-every", "50", "--pace-ms",
-                      "15", "--record", dir_ + "/record", "--summary",
-                      dir_ + "/summary/{pid}.json"}),
+        hosts_->OnNode(node, {kBin + "/muster-agent", "--nproc-per-node=2",
+                              "--restart-backoff=100ms", "--max-restarts=2", "--node-id=" + node,
+                              "--coordinator=" + target_, "--", kBin + "/tabular", "--steps",
+                              "400", "--decay-every", "50", "--pace-ms", "15", "--record",
+                              dir_ + "/record", "--summary", dir_ + "/summary/{pid}.json"}),
         absl::StrCat(dir_, "/", node, ".log"));
   };
   KillTrainer1OfBAndFinish(agent("a"), agent("b"), /*at_step=*/100);
@@ -641,7 +634,7 @@ class SalvageTest : public LibraryTest, public ::testing::WithParamInterface<int
                                        dir_ + "/" + tag + "-summary/{pid}.json"};
       argv.insert(argv.end(), common.begin(), common.end());
       if (i == 3) argv.insert(argv.end(), last.begin(), last.end());
-      pids.push_back(SpawnLogged(OnNode(absl::StrCat("n", i), argv),
+      pids.push_back(SpawnLogged(hosts_->OnNode(absl::StrCat("n", i), argv),
                                  absl::StrCat(dir_, "/", tag, "-n", i, ".log")));
     }
     for (int i = 0; i < 3; ++i) {
@@ -696,7 +689,7 @@ TEST_F(LibraryTest, ARankWhoseStateDriftsIsCaughtBeforeItsCheckpointCommits) {
                                      "--steps", "30", "--checkpoint-dir", dir_ + "/ckpt",
                                      "--checkpoint-every", "5", "--check-state-every", "0"};
     if (i == 2) argv.insert(argv.end(), {"--corrupt-at-step", "10"});
-    pids.push_back(SpawnLogged(OnNode(absl::StrCat("n", i), argv),
+    pids.push_back(SpawnLogged(hosts_->OnNode(absl::StrCat("n", i), argv),
                                absl::StrCat(dir_, "/n", i, ".log")));
   }
   std::string logs;
