@@ -9,16 +9,9 @@
 #   lab_allreduce_compare.sh [RATE (1gbit)] [RUNS (3)]
 # Environment: MUSTER_BIN (default build/bin), PYTHON (default .venv/bin/python).
 set -euo pipefail
-root="$(cd "$(dirname "$0")/../.." && pwd)"
-bin="${MUSTER_BIN:-$root/build/bin}"
-python="${PYTHON:-$root/.venv/bin/python}"
-rate="${1:-1gbit}"
-runs="${2:-3}"
+# shellcheck source=tests/bench/lab_bench.sh
+source "$(dirname "$0")/lab_bench.sh" lab_allreduce_compare lc "$@"
 bytes=$((64 << 20))
-[ "$(id -u)" = 0 ] || { echo "lab_allreduce_compare: needs root (network namespaces)" >&2; exit 2; }
-lab="lc$(($$ % 10000))"
-"$bin/muster-lab" up "$lab" --nodes 2 --rate "$rate" --owner $$ > /dev/null
-trap '"$bin/muster-lab" down "$lab" > /dev/null 2>&1 || true' EXIT
 a0="$("$bin/muster-lab" addr "$lab" node0)"
 
 torch_gloo() {  # HOOK PORT

@@ -14,18 +14,10 @@
 # STEPS (default 40).
 # Prints per run: lab-train rate=R side=S compression=C step_ms_p50=T
 set -euo pipefail
-root="$(cd "$(dirname "$0")/../.." && pwd)"
-bin="${MUSTER_BIN:-$root/build/bin}"
-python="${PYTHON:-$root/.venv/bin/python}"
-rate="${1:-1gbit}"
-runs="${2:-3}"
+# shellcheck source=tests/bench/lab_bench.sh
+source "$(dirname "$0")/lab_bench.sh" lab_train_compare lt "$@"
 steps="${STEPS:-40}"
 model=(--model mlp)
-[ "$(id -u)" = 0 ] || { echo "lab_train_compare: needs root (network namespaces)" >&2; exit 2; }
-lab="lt$(($$ % 10000))"
-dir="$(mktemp -d)"
-"$bin/muster-lab" up "$lab" --nodes 2 --rate "$rate" --owner $$ > /dev/null
-trap '"$bin/muster-lab" down "$lab" > /dev/null 2>&1 || true; rm -rf "$dir"' EXIT
 gateway="$("$bin/muster-lab" gateway "$lab")"
 addr=("$("$bin/muster-lab" addr "$lab" node0)" "$("$bin/muster-lab" addr "$lab" node1)")
 
