@@ -79,6 +79,12 @@ ABSL_FLAG(bool, deterministic, false,
 ABSL_FLAG(bool, salvage, true,
           "when a peer fails during a step's all-reduce, reduce the survivors' gradients in the "
           "regrouped world and take the step (false: drop it)");
+ABSL_FLAG(bool, shard_optimizer, false,
+          "keep about 1/W of the optimizer state on each rank (ZeRO-1), each part also on "
+          "--optimizer-state-copies - 1 other ranks so a rank's death loses nothing");
+ABSL_FLAG(int32_t, optimizer_state_copies, 2,
+          "with --shard-optimizer: the ranks that keep each part of the state (1 or 2; with 1 a "
+          "dead rank's part comes from the newest committed checkpoint)");
 ABSL_FLAG(int64_t, eval_every, 0, "evaluate every N steps (0: at the end)");
 ABSL_FLAG(int64_t, log_every, 20, "progress line every N steps");
 ABSL_FLAG(std::string, log_dir, "", "JSON-lines metrics and TensorBoard events (rank 0)");
@@ -154,6 +160,8 @@ absl::StatusOr<muster::Options> LibraryOptionsFromFlags() {
   lib.collective_timeout_s = absl::GetFlag(FLAGS_collective_timeout);
   lib.rendezvous_timeout_s = absl::GetFlag(FLAGS_rendezvous_timeout);
   lib.salvage = absl::GetFlag(FLAGS_salvage);
+  lib.shard_optimizer_state = absl::GetFlag(FLAGS_shard_optimizer);
+  lib.optimizer_state_copies = absl::GetFlag(FLAGS_optimizer_state_copies);
   lib.batch_per_rank = absl::GetFlag(FLAGS_batch_size);
   lib.seed = absl::GetFlag(FLAGS_seed);
   lib.steps = absl::GetFlag(FLAGS_steps);
@@ -229,12 +237,12 @@ void WriteSummary(const muster::Placement& place, const muster::TrainResult& r) 
       "\"samples_per_s\": %.2f, \"comm_overlap_pct\": %.2f, \"test_accuracy\": %.4f, "
       "\"test_loss\": %.4f, \"regroups\": %d, \"steps_salvaged\": %d, \"steps_dropped\": %d, "
       "\"step_ms_p50\": %.3f, \"step_ms_mean\": %.3f, \"step_ms_warmup\": %d, "
-      "\"intra_op_threads\": %d, "
+      "\"intra_op_threads\": %d, \"optimizer_state_elements\": %d, "
       "\"parameter_checksum\": %.17g}\n",
       r.rank, r.world_size, r.steps, r.steps_per_second, r.samples_per_second,
       r.comm_overlap_pct, r.test_accuracy, r.test_loss, r.regroups, r.steps_salvaged,
       r.steps_dropped, r.step_ms_p50, r.step_ms_mean, r.step_ms_warmup, r.intra_op_threads,
-      r.parameter_checksum);
+      r.optimizer_state_elements, r.parameter_checksum);
 }
 
 int Run() {

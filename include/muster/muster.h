@@ -263,6 +263,11 @@ class Distributed {
   virtual int64_t resumed_from_step() const = 0;
   virtual bool resumed_from_live_state() const = 0;  // resumed_from_step is a live peer's
   virtual double comm_overlap_pct() const = 0;      // all-reduce time hidden behind backward
+  // The elements of per-element optimizer state (Adam's two moments, SGD's
+  // momentum) this rank held at its last step boundary: with
+  // Options::shard_optimizer_state its parts, else the whole state; -1 for
+  // an optimizer muster has no codec for.
+  virtual int64_t optimizer_state_elements() const = 0;
   // XXH3-64 of the whole registered state (model, optimizer, extra tensors,
   // blobs) and the step and sample counters: equal on two ranks exactly
   // when they hold bit-identical state (what the library checks after every

@@ -121,6 +121,24 @@ struct Options {
   // gradients they hold in the regrouped world and take the step (the dead
   // ranks' examples come again); false drops the step.
   bool salvage = true;
+  // ZeRO stage 1 (docs/sharding.md): each rank keeps the optimizer state
+  // of about 1/W of the parameters, and `optimizer_state_copies` ranks
+  // (another node's where there is one) keep each part, so a rank's death
+  // loses nothing. At each step boundary the parameters are all-gathered
+  // from the ranks that stepped them; a change of world regathers the
+  // state from the survivors in memory. The gradients are all-reduced as
+  // without (so the numbers are the unsharded run's, bit for bit), and the
+  // state is whole on every rank for a moment where something reads it:
+  // the state check, a checkpoint (written whole), the end of training.
+  // Every optimizer must be one of LibTorch's with per-element state (SGD,
+  // Adam, AdamW, RMSprop, Adagrad) over float32 parameters on one device;
+  // Start refuses others (LBFGS, a program's own codec) with
+  // INVALID_ARGUMENT. With 1 copy, a dead rank's part has no holder: the
+  // world cannot be entered (NOT_FOUND) and the job resumes from its
+  // newest committed checkpoint when restarted. Every trainer of a job
+  // must use the same values.
+  bool shard_optimizer_state = false;
+  int optimizer_state_copies = 2;
 
   // ---- Data: a distributed sampler over indices [0, dataset_size) ----
   int64_t dataset_size = 0;  // required

@@ -1093,5 +1093,95 @@ TEST_F(ElasticTest, ElasticLrScalesOrKeepsTheLearningRate) {
   }
 }
 
+// Sharded optimizer state (Options::shard_optimizer_state, ZeRO-1, with a
+// buddy copy of each part): two nodes of two trainers, AdamW.
+class ShardedStateTest : public ElasticTest {
+ protected:
+  int MinMembers() const override { return 4; }
+  int MaxMembers() const override { return 4; }
+  // The four trainers of one run, `tag` 0..3 on nodes n0 and n1.
+  std::vector<pid_t> Run(const std::string& tag, const std::vector<std::string>& extra) {
+    std::vector<std::string> flags = {"--optimizer=adamw", "--lr=0.001"};
+    flags.insert(flags.end(), extra.begin(), extra.end());
+    std::vector<pid_t> pids;
+    for (int i = 0; i < 4; ++i) {
+      pids.push_back(
+          Trainer(i % 2, absl::StrCat(tag, i), absl::StrCat("n", i / 2), "hier", flags));
+    }
+    return pids;
+  }
+};
+
+// The same job sharded and unsharded ends with the same parameters, bit
+// for bit (the optimizers compute each element alone), and each rank of
+// the sharded one held half the state (two of four parts).
+TEST_F(ShardedStateTest, ShardedAdamWTrainsAsUnshardedWithHalfTheStatePerRank) {
+  for (const std::string& tag : {std::string("u"), std::string("s")}) {
+    std::vector<std::string> flags;
+    if (tag == "s") {  // a coordinator of its own: the first one's job is over
+      ::kill(coordinator_, SIGTERM);
+      WaitExit(coordinator_);
+      StartCoordinator();
+      flags.push_back("--shard-optimizer");
+    }
+    std::vector<pid_t> pids = Run(tag, flags);
+    for (int i = 0; i < 4; ++i) {
+      EXPECT_EQ(WaitExit(pids[i]), 0) << ReadText(absl::StrCat(dir_, "/", tag, i, ".log"));
+    }
+  }
+  const std::string u0 = ReadText(dir_ + "/u0.json"), s0 = ReadText(dir_ + "/s0.json");
+  EXPECT_EQ(JsonNumber(s0, "steps"), "250") << s0;
+  EXPECT_EQ(JsonNumber(s0, "regroups"), "0") << s0;
+  EXPECT_EQ(JsonNumber(s0, "parameter_checksum"), JsonNumber(u0, "parameter_checksum"));
+  const double whole = std::stod(JsonNumber(u0, "optimizer_state_elements"));
+  ASSERT_GT(whole, 0) << u0;
+  for (int i = 0; i < 4; ++i) {
+    const std::string si = ReadText(absl::StrCat(dir_, "/s", i, ".json"));
+    EXPECT_EQ(JsonNumber(si, "parameter_checksum"), JsonNumber(s0, "parameter_checksum")) << i;
+    // Two parts of four; a part's ranges may hold one element more.
+    EXPECT_LE(std::stod(JsonNumber(si, "optimizer_state_elements")), whole * 0.5 + 16) << si;
+    EXPECT_GE(std::stod(JsonNumber(si, "optimizer_state_elements")), whole * 0.5 - 16) << si;
+  }
+}
+
+class ShardedStateFailureTest : public ShardedStateTest {
+ protected:
+  int MinMembers() const override { return 3; }
+};
+
+// A trainer SIGKILLed mid-run takes its parts of the state with it; their
+// copies on the other node live on: the survivors regather the state from
+// memory (no checkpoint: none is written), salvage the step and go on, a
+// replacement joins, and every rank ends with the same parameters.
+TEST_F(ShardedStateFailureTest, AKilledRanksPartsLiveOnInItsBuddyAndTheJobEndsAsOne) {
+  const std::vector<std::string> flags = {"--shard-optimizer", "--steps=1000"};
+  std::vector<pid_t> pids = Run("k", flags);
+  ASSERT_TRUE(WaitForLine("k0", "world 4 on 2 nodes", absl::Seconds(60)))
+      << ReadText(dir_ + "/k0.log");
+  ASSERT_TRUE(WaitForStep("k0", 40, absl::Seconds(60))) << ReadText(dir_ + "/k0.log");
+  ASSERT_EQ(::kill(pids[3], SIGKILL), 0);
+  WaitExit(pids[3]);
+  ASSERT_TRUE(WaitForLine("k0", "world 3 on 2 nodes", absl::Seconds(30)))
+      << ReadText(dir_ + "/k0.log");
+  const pid_t replacement = Trainer(1, "k3b", "n1", "hier",
+                                    {"--optimizer=adamw", "--lr=0.001", "--shard-optimizer",
+                                     "--steps=1000"});
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(WaitExit(pids[i]), 0) << ReadText(absl::StrCat(dir_, "/k", i, ".log"));
+  }
+  EXPECT_EQ(WaitExit(replacement), 0) << ReadText(dir_ + "/k3b.log");
+  const std::string s0 = ReadText(dir_ + "/k0.json");
+  EXPECT_EQ(JsonNumber(s0, "steps"), "1000") << s0;
+  EXPECT_GE(std::stoi(JsonNumber(s0, "regroups")), 1) << s0;
+  EXPECT_EQ(JsonNumber(s0, "steps_dropped"), "0") << s0;
+  for (const char* tag : {"k1", "k2", "k3b"}) {
+    EXPECT_EQ(JsonNumber(ReadText(dir_ + "/" + tag + ".json"), "parameter_checksum"),
+              JsonNumber(s0, "parameter_checksum"))
+        << tag << "\n"
+        << ReadText(dir_ + "/" + tag + ".log");
+  }
+  EXPECT_EQ(ReadText(dir_ + "/k0.log").find("no living holder"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace muster

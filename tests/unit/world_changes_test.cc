@@ -91,6 +91,10 @@ class RecordingTrainer : public WorldChanges::Membership,
     calls.push_back("ReportCounters");
     reported.push_back(c);
   }
+  absl::Status EnterWorld(Communicator*, const WorldInfo&, absl::Time) override {
+    calls.push_back("EnterWorld");
+    return absl::OkStatus();
+  }
   absl::Status TakeState(int source, Communicator*, bool in_step, TrainingCounters* counters,
                          absl::Time deadline) override {
     calls.push_back("TakeState");
@@ -227,7 +231,7 @@ TEST_F(WorldChangesTest, EnteringAWorldTakesTheSourcesStateWithinTheLongDeadline
   EXPECT_EQ(changes_->LongDeadline(), long_deadline);
   // The salvage agreement ran (one all-reduce: nothing to salvage).
   EXPECT_EQ(comm_->deadlines, std::vector<absl::Time>{long_deadline});
-  EXPECT_EQ(trainer_.calls, (std::vector<std::string>{"EnterFirst", "TakeState",
+  EXPECT_EQ(trainer_.calls, (std::vector<std::string>{"EnterFirst", "EnterWorld", "TakeState",
                                                      "UseCommunicator", "ReportCounters"}));
   EXPECT_EQ(counters_.lr_world_size, 2);  // the first world sets it
 }

@@ -283,18 +283,39 @@ void OptimizerShards::Install(int g, const torch::Tensor& flat) {
   }
 }
 
-int64_t OptimizerShards::StateElements() const {
+namespace {
+
+// The elements of the per-element state that `group`'s optimizer holds for
+// `tensors`.
+template <typename Group>
+int64_t StateElementsOf(const Group& group, const std::vector<torch::Tensor>& tensors) {
+  const auto& param_group = group.optimizer->param_groups()[group.index];
   int64_t n = 0;
-  for (const Group& group : groups_) {
-    const auto& param_group = group.optimizer->param_groups()[group.index];
-    for (const torch::Tensor& master : group.masters) {
-      torch::optim::OptimizerParamState* state = FindOptimizerState(*group.optimizer, master);
-      if (state == nullptr) continue;
-      for (const auto& [name, t] : group.codec->Save(*state, param_group.options())) {
-        if (t.dim() > 0) n += t.numel();
-      }
+  for (const torch::Tensor& t : tensors) {
+    torch::optim::OptimizerParamState* state = FindOptimizerState(*group.optimizer, t);
+    if (state == nullptr) continue;
+    for (const auto& [name, field] : group.codec->Save(*state, param_group.options())) {
+      if (field.dim() > 0) n += field.numel();
     }
   }
+  return n;
+}
+
+}  // namespace
+
+int64_t OptimizerShards::StateElements() const {
+  int64_t n = 0;
+  for (const Group& group : groups_) n += StateElementsOf(group, group.masters);
+  return n;
+}
+
+absl::StatusOr<int64_t> OptimizerShards::WholeStateElements(
+    const std::vector<torch::optim::Optimizer*>& optimizers) {
+  std::vector<Group> groups;
+  std::vector<int64_t> elements;
+  MUSTER_RETURN_IF_ERROR(Collect(optimizers, &groups, &elements));
+  int64_t n = 0;
+  for (const Group& group : groups) n += StateElementsOf(group, group.params);
   return n;
 }
 
@@ -407,12 +428,15 @@ absl::Status OptimizerShards::Assemble(std::vector<Group>& groups, const ShardLa
   std::string lost;
   const std::vector<int> source =
       layout != nullptr ? ShardSources(*layout, alive, &lost) : std::vector<int>();
-  std::vector<int64_t> header(G + 1, 0);  // this rank's, then summed over the world
+  // This rank's, then summed over the world: a range lost, then for each
+  // group whether it has state, then whether it has masters.
+  std::vector<int64_t> header(2 * G + 1, 0);
   header[0] = lost.empty() ? 0 : 1;
   for (size_t g = 0; g < G; ++g) {
     const Group& group = groups[g];
-    header[g + 1] = layout != nullptr && !group.masters.empty() &&
-                    FindOptimizerState(*group.optimizer, group.masters[0]) != nullptr;
+    const bool held = layout != nullptr && !group.masters.empty();
+    header[g + 1] = held && FindOptimizerState(*group.optimizer, group.masters[0]) != nullptr;
+    header[G + g + 1] = held;
   }
   MUSTER_RETURN_IF_ERROR(AllReduceValues(comm, header.data(), header.size(), DataType::kInt64,
                                          ReduceOp::kSum, deadline));
@@ -441,7 +465,48 @@ absl::Status OptimizerShards::Assemble(std::vector<Group>& groups, const ShardLa
                                            DataType::kInt64, ReduceOp::kSum, deadline));
     MUSTER_RETURN_IF_ERROR(InstallFlatState(group, state));
   }
+  for (size_t g = 0; g < G; ++g) {
+    if (header[G + g + 1] == 0) continue;
+    MUSTER_RETURN_IF_ERROR(
+        AssembleValues(groups[g], static_cast<int>(g), layout, rank, source, comm, deadline));
+  }
   Restore(groups);
+  return absl::OkStatus();
+}
+
+// Between an optimizer step and the boundary's GatherParameters only the
+// masters hold the new values of their ranges (a world that broke in that
+// gather leaves the parameters differing by rank): each range's values
+// come from the rank that sends its state, moved as int64 words as the
+// state is. A range nobody sends keeps this rank's own values; a joiner
+// (`layout` null) keeps its own, which the state transfer replaces.
+absl::Status OptimizerShards::AssembleValues(const Group& group, int g, const ShardLayout* layout,
+                                             int rank, const std::vector<int>& source,
+                                             Communicator* comm, absl::Time deadline) {
+  int64_t n = 0;
+  for (const torch::Tensor& p : group.params) n += p.numel();
+  torch::Tensor flat = torch::zeros(
+      {n + n % 2}, torch::TensorOptions().dtype(torch::kFloat32).device(CommDevice(*comm)));
+  const std::vector<int> kept = layout != nullptr ? layout->KeptBy(rank) : std::vector<int>();
+  for (size_t k = 0; k < kept.size() && k < group.masters.size(); ++k) {
+    if (source[kept[k]] != rank) continue;
+    const ElementRange range = layout->Range(g, kept[k]);
+    flat.narrow(0, range.begin, range.size()).copy_(group.masters[k]);
+  }
+  MUSTER_RETURN_IF_ERROR(comm->AllReduce(flat.data_ptr(), static_cast<size_t>(flat.numel() / 2),
+                                         DataType::kInt64, ReduceOp::kSum, deadline));
+  if (layout == nullptr) return absl::OkStatus();
+  torch::Tensor values = FlatValues(group.params).to(flat.device());
+  for (int s = 0; s < layout->world(); ++s) {
+    const ElementRange range = layout->Range(g, s);
+    if (source[s] < 0 || range.size() <= 0) continue;
+    values.narrow(0, range.begin, range.size()).copy_(flat.narrow(0, range.begin, range.size()));
+  }
+  int64_t offset = 0;
+  for (const torch::Tensor& p : group.params) {
+    p.detach().copy_(values.narrow(0, offset, p.numel()).view_as(p));
+    offset += p.numel();
+  }
   return absl::OkStatus();
 }
 

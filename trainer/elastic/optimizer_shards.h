@@ -111,6 +111,10 @@ class OptimizerShards {
   // The elements of optimizer state tensors this rank holds (for the
   // memory figures): the masters' per-element state.
   int64_t StateElements() const;
+  // The same for `optimizers` unsharded (every parameter's state). Errors:
+  // Make's INVALID_ARGUMENT.
+  static absl::StatusOr<int64_t> WholeStateElements(
+      const std::vector<torch::optim::Optimizer*>& optimizers);
 
   // Collective over `comm`, whose ranks are the layout's: every owner's
   // range of every group into every rank's parameters and kept masters
@@ -121,8 +125,9 @@ class OptimizerShards {
   // every trained parameter of these optimizers gets its whole state back
   // on every rank of `comm`, and every group its parameter list as it was
   // before Make. Each range comes from the first of its holders (owner,
-  // then buddy) that `alive` (by rank of the layout) says lives on; bits
-  // are moved, not added, so the state is exact. A group of which no rank
+  // then buddy) that `alive` (by rank of the layout) says lives on, its
+  // parameters' values with it (the masters'); bits are moved, not added,
+  // so the state is exact. A group of which no rank
   // holds sharded state (no step yet) keeps on each rank what its own
   // optimizer holds. Ranks of `comm` that held
   // nothing (joiners) take part with ReceiveUnsharded. After it this
@@ -171,6 +176,9 @@ class OptimizerShards {
   static absl::Status WriteHeldState(const Group& group, int g, const ShardLayout& layout,
                                      int rank, const std::vector<int>& source, FlatState* state);
   static absl::Status InstallFlatState(const Group& group, const FlatState& state);
+  static absl::Status AssembleValues(const Group& group, int g, const ShardLayout* layout,
+                                     int rank, const std::vector<int>& source,
+                                     Communicator* comm, absl::Time deadline);
 
   ShardLayout layout_;
   int rank_;

@@ -11,6 +11,7 @@
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "trainer/checkpoint/state_tensors.h"
+#include "trainer/elastic/sharded_optimizers.h"
 #include "trainer/elastic/state_sync.h"
 
 namespace muster {
@@ -24,10 +25,19 @@ bool HasSeveralPasses(const TrainingState& state) {
                      [](const TrainingState::Module& m) { return !m.name.empty(); });
 }
 
+std::vector<torch::optim::Optimizer*> OptimizersOf(const TrainingState& state) {
+  std::vector<torch::optim::Optimizer*> optimizers;
+  for (const TrainingState::Optimizer& o : state.optimizers) optimizers.push_back(o.optimizer);
+  return optimizers;
+}
+
 }  // namespace
 
 Replica::Replica(TrainingState state, ReplicaOptions options)
     : state_(std::move(state)), options_(options), several_passes_(HasSeveralPasses(state_)) {
+  if (options_.shard_copies > 0) {
+    sharded_ = std::make_unique<ShardedOptimizers>(OptimizersOf(state_), options_.shard_copies);
+  }
   if (!options_.broadcast_buffers) return;
   std::vector<torch::nn::Module*> modules;
   for (const TrainingState::Module& m : state_.modules) modules.push_back(m.module);
@@ -39,6 +49,8 @@ Replica::~Replica() { Close(); }
 void Replica::Close() {
   current_ = nullptr;
   syncs_.clear();  // their threads stop before the state they read goes
+  // Leaving with shards: the optimizers get their parameters back.
+  if (sharded_) sharded_->Release();
 }
 
 void Replica::PublishTo(StateServer* server, int64_t step, uint64_t generation,
@@ -102,6 +114,7 @@ absl::Status Replica::FinishPass(absl::Time deadline, const std::function<void()
   comm_total_ += comm_s;
   const double since_backward = absl::ToDoubleSeconds(options_.clock->Now() - backward_end);
   hidden_total_ += std::max(0.0, comm_s - since_backward);
+  if (sharded_) sharded_->TakeGradients();
   return absl::OkStatus();
 }
 
@@ -123,6 +136,38 @@ void Replica::SettleBuffers() {
   if (buffers_) buffers_->Settle();
 }
 
+absl::Status Replica::CheckSharding() const {
+  if (!sharded_) return absl::OkStatus();
+  absl::Status s = ShardedOptimizers::Check(OptimizersOf(state_));
+  if (s.ok()) return s;
+  return absl::Status(s.code(), absl::StrCat("Options::shard_optimizer_state: ", s.message()));
+}
+
+absl::Status Replica::GatherParameters(Communicator* comm, absl::Time deadline) {
+  if (!sharded_) return absl::OkStatus();
+  if (sharded_->sharded()) held_elements_ = sharded_->StateElements().value_or(-1);
+  return sharded_->AtBoundary(comm, deadline);
+}
+
+int64_t Replica::optimizer_state_elements() const {
+  if (sharded_ && held_elements_ >= 0) return held_elements_;
+  return OptimizerShards::WholeStateElements(OptimizersOf(state_)).value_or(-1);
+}
+
+absl::Status Replica::WholeState(Communicator* comm, absl::Time deadline) {
+  return sharded_ ? sharded_->Whole(comm, deadline) : absl::OkStatus();
+}
+
+absl::Status Replica::Reshard(Communicator* comm) {
+  return sharded_ ? sharded_->Reshard(comm) : absl::OkStatus();
+}
+
+absl::Status Replica::EnterWorld(Communicator* comm, const WorldInfo& world,
+                                 absl::Time deadline) {
+  if (!sharded_) return absl::OkStatus();
+  return sharded_->Gather(comm, world.generation, world.node_rank(), deadline);
+}
+
 absl::Status Replica::TakeState(int source, Communicator* comm, bool in_step,
                                 TrainingCounters* counters, absl::Time deadline) {
   bool held = false;
@@ -142,6 +187,7 @@ absl::StatusOr<WorldChanges::ControlAverages> Replica::ResyncGradients(
     absl::Time deadline) {
   MUSTER_RETURN_IF_ERROR(
       current_->Resync(comm, contribute, contributors, words.ToArray(), deadline));
+  if (sharded_) sharded_->TakeGradients();
   return current_->control();
 }
 

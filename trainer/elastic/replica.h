@@ -8,6 +8,14 @@
 // tensors: the state transfer (state_sync.h), the failed step's gradients
 // reduced again, the move to a new communicator.
 //
+// With sharded optimizer state (ReplicaOptions::shard_copies), it keeps
+// the state sharded through steps (sharded_optimizers.h): whole on every
+// rank from entering a world (EnterWorld) until the next step begins
+// (Reshard), so that the state transfer, a salvaged step and its catch-up
+// move and step the whole state as an unsharded run does; made whole
+// again (WholeState) for whatever reads it at a boundary (the state
+// check, a checkpoint, the end of training).
+//
 // Not thread-safe: the training thread's.
 #ifndef MUSTER_TRAINER_ELASTIC_REPLICA_H_
 #define MUSTER_TRAINER_ELASTIC_REPLICA_H_
@@ -37,7 +45,12 @@ struct ReplicaOptions {
   bool broadcast_buffers = false;
   // The syncs' deadlines and timings; required, not owned.
   Clock* clock = nullptr;
+  // Options::shard_optimizer_state: the copies of each shard of the
+  // optimizer state (1 or 2); 0: every rank keeps the whole state.
+  int shard_copies = 0;
 };
+
+class ShardedOptimizers;  // sharded_optimizers.h
 
 class Replica : public WorldChanges::Tensors {
  public:
@@ -83,7 +96,25 @@ class Replica : public WorldChanges::Tensors {
   // A state transfer made every rank's buffers equal.
   void SettleBuffers();
 
+  // With shard_copies: whether the optimizers can be sharded
+  // (INVALID_ARGUMENT naming what cannot, before any world).
+  absl::Status CheckSharding() const;
+  // Sharded optimizer state (OK at once without): collective at each step
+  // boundary, first: the parameters from the owners of each range.
+  absl::Status GatherParameters(Communicator* comm, absl::Time deadline);
+  // Collective: the whole state on every rank of `comm` (until Reshard).
+  absl::Status WholeState(Communicator* comm, absl::Time deadline);
+  // As a step begins: the state sharded for `comm`'s world, unless it is.
+  // Errors: OptimizerShards::Make's INVALID_ARGUMENT.
+  absl::Status Reshard(Communicator* comm);
+  // The elements of per-element optimizer state this rank held at its last
+  // step boundary (its shards'), or holds now (unsharded); -1: an optimizer
+  // muster has no codec for.
+  int64_t optimizer_state_elements() const;
+
   // WorldChanges::Tensors.
+  absl::Status EnterWorld(Communicator* comm, const WorldInfo& world,
+                          absl::Time deadline) override;
   absl::Status TakeState(int source, Communicator* comm, bool in_step,
                          TrainingCounters* counters, absl::Time deadline) override;
   void UseCommunicator(Communicator* comm) override;
@@ -103,6 +134,8 @@ class Replica : public WorldChanges::Tensors {
   GradientSync* current_ = nullptr;
   Communicator* comm_ = nullptr;
   std::unique_ptr<BufferSync> buffers_;  // null without broadcast_buffers
+  std::unique_ptr<ShardedOptimizers> sharded_;  // null without shard_copies
+  int64_t held_elements_ = -1;  // the shards' state at the last boundary
   double comm_total_ = 0, hidden_total_ = 0;
 };
 

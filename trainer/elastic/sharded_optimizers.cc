@@ -53,17 +53,40 @@ absl::Status ShardedOptimizers::AtBoundary(Communicator* comm, absl::Time deadli
   return absl::OkStatus();
 }
 
+absl::Status ShardedOptimizers::Whole(Communicator* comm, absl::Time deadline) {
+  if (shards_ == nullptr) return absl::OkStatus();
+  MUSTER_RETURN_IF_ERROR(
+      shards_->Unshard(std::vector<bool>(shards_->layout().world(), true), comm, deadline));
+  shards_.reset();
+  return absl::OkStatus();
+}
+
 absl::Status ShardedOptimizers::WithWholeState(Communicator* comm,
                                                const std::function<absl::Status()>& path,
                                                absl::Time deadline) {
   if (shards_ == nullptr) return path();
-  MUSTER_RETURN_IF_ERROR(
-      shards_->Unshard(std::vector<bool>(shards_->layout().world(), true), comm, deadline));
-  shards_.reset();
+  MUSTER_RETURN_IF_ERROR(Whole(comm, deadline));
   const absl::Status s = path();
-  MUSTER_ASSIGN_OR_RETURN(shards_,
-                          OptimizerShards::Make(optimizers_, comm->rank(), node_of_rank_, copies_));
+  MUSTER_RETURN_IF_ERROR(Shard(comm));
   return s;
+}
+
+absl::Status ShardedOptimizers::Reshard(Communicator* comm) {
+  if (shards_ != nullptr) return absl::OkStatus();
+  MUSTER_RETURN_IF_ERROR(Shard(comm));
+  shards_->ClearParameterGradients();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> ShardedOptimizers::StateElements() const {
+  if (shards_ != nullptr) return shards_->StateElements();
+  return OptimizerShards::WholeStateElements(optimizers_);
+}
+
+void ShardedOptimizers::Release() {
+  if (shards_ == nullptr) return;
+  shards_->Release();
+  shards_.reset();
 }
 
 }  // namespace muster

@@ -52,10 +52,26 @@ class ShardedOptimizers {
   // Collective: the parameters from the owners of each range, and the
   // parameters' .grad cleared (the optimizers no longer clear them).
   absl::Status AtBoundary(Communicator* comm, absl::Time deadline);
+  // Collective over `comm` (the world the shards are of): the whole state
+  // on every rank, as after Gather; Shard makes the shards again. OK at
+  // once when the state is whole.
+  absl::Status Whole(Communicator* comm, absl::Time deadline);
   // Collective: `path` with the whole state on every rank of `comm` (the
   // world the shards are of), sharded again after, whatever it returns.
   absl::Status WithWholeState(Communicator* comm, const std::function<absl::Status()>& path,
                               absl::Time deadline);
+  // Gather's and Whole's opposite without a collective: the optimizers get
+  // their parameter lists back, the shards' state dropped (a rank leaving
+  // the job, whose state nobody needs).
+  void Release();
+
+  // As a step begins: shards for `comm`'s world (Shard) unless the state
+  // is sharded, and the parameters' .grad cleared (a step that ran with
+  // the whole state left them, and the optimizers no longer clear them).
+  absl::Status Reshard(Communicator* comm);
+  // The elements of per-element optimizer state this rank holds: its
+  // shards', or the whole state's. Errors: Make's INVALID_ARGUMENT.
+  absl::StatusOr<int64_t> StateElements() const;
 
   bool sharded() const { return shards_ != nullptr; }
   const OptimizerShards* shards() const { return shards_.get(); }

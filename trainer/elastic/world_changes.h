@@ -33,7 +33,8 @@
 //
 //   KeepFailedStep ─> Regroup(broken) ─> Membership::Regroup, and for each
 //                                        world tried: Enter
-//                                          │ Tensors::TakeState, AgreeOnSalvage
+//                                          │ Tensors::EnterWorld, TakeState,
+//                                          │ AgreeOnSalvage
 //         ┌────────────────────────────────┼────────────────────────────┐
 //   nothing salvaged               this rank was in it          it was not (a joiner)
 //         │                                │ Tensors::ResyncGradients   │ ResyncGradients
@@ -142,6 +143,12 @@ class WorldChanges {
   class Tensors {
    public:
     virtual ~Tensors() = default;
+    // Every rank of a new world `world`, first, before the state transfer:
+    // sharded optimizer state becomes whole on every rank, from the ranks
+    // that hold it (ShardedOptimizers::Gather); nothing without. Errors:
+    // the communicator's; NOT_FOUND when a shard has no living holder.
+    virtual absl::Status EnterWorld(Communicator* comm, const WorldInfo& world,
+                                    absl::Time deadline) = 0;
     // The state transfer (state_sync.h): every rank of `comm` ends with
     // `source`'s state and `*counters`; `in_step`: a step failed under
     // this rank, whose graphs may still hold its buffers. Errors: the

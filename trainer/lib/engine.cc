@@ -32,6 +32,7 @@ Engine::~Engine() {
 absl::Status Engine::Begin() {
   if (options_.handle_signals) InstallSignalHandlers();
   MUSTER_ASSIGN_OR_RETURN(lr_, LearningRates::For(options_, replica_.state()));
+  MUSTER_RETURN_IF_ERROR(replica_.CheckSharding());
   MUSTER_RETURN_IF_ERROR(Connect());
   MUSTER_RETURN_IF_ERROR(replica_.SyncFor({}).status());
   MUSTER_RETURN_IF_ERROR(ResumeFromCheckpoint());
@@ -153,12 +154,19 @@ bool Engine::ShouldStop() {
     if (life_.state() == StepState::kAtBoundary) life_.Break(life_.Settle());
   }
   if (schedule_.Done()) {
+    // The program gets its optimizers back whole (it may save them).
+    life_.Break(RegroupUnlessOk(replica_.WholeState(world_->comm(), changes_->LongDeadline())));
+    if (life_.over()) return true;
     life_.Break(life_.End(StepOutcome::kFinished));
     return true;
   }
   if (absl::Status s = life_.Prepare(); !s.ok()) {
     life_.Break(absl::FailedPreconditionError(
         absl::StrCat("ShouldStop before AfterBackward ended the step (", s.message(), ")")));
+    return true;
+  }
+  if (absl::Status s = replica_.Reshard(world_->comm()); !s.ok()) {
+    life_.Break(s);
     return true;
   }
   step_.Begin(schedule_.Next(world_->world()), world_->world());
@@ -250,6 +258,10 @@ absl::Status Engine::CheckStateAgrees(const std::string& when) {
   if (step_.state_checked_at == counters().step || world_->comm()->size() == 1) {
     return absl::OkStatus();
   }
+  // Sharded optimizer state differs by rank: the check reads it whole.
+  MUSTER_RETURN_IF_ERROR(
+      RegroupUnlessOk(replica_.WholeState(world_->comm(), changes_->LongDeadline())));
+  if (life_.ended()) return absl::OkStatus();
   absl::Status s = CheckRanksAgree(replica_.state(), counters().ToWords(), world_->comm(),
                                    changes_->LongDeadline());
   if (s.ok()) step_.state_checked_at = counters().step;
@@ -299,6 +311,10 @@ void Engine::SayStopped(const std::string& how) const {
 }
 
 absl::Status Engine::AtBoundary() {
+  // Sharded optimizer state: each rank stepped its own parts.
+  MUSTER_RETURN_IF_ERROR(
+      RegroupUnlessOk(replica_.GatherParameters(world_->comm(), changes_->StepDeadline())));
+  if (life_.ended()) return absl::OkStatus();
   if (const int source = life_.TakeCatchUp(); source >= 0) {
     MUSTER_RETURN_IF_ERROR(RegroupUnlessOk(changes_->CatchUp(world_->comm(), source)));
     if (life_.ended()) return absl::OkStatus();

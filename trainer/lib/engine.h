@@ -116,6 +116,9 @@ class Engine final : public Distributed, private WorldChanges::Trainer {
     return muster::StateDigest(replica_.state(), counters().ToWords());
   }
   double comm_overlap_pct() const override { return replica_.overlap_pct(); }
+  int64_t optimizer_state_elements() const override {
+    return replica_.optimizer_state_elements();
+  }
 
  private:
   absl::Status Connect();

@@ -123,7 +123,8 @@ ElasticWorldOptions ElasticWorldOptionsFrom(const Options& o, ClientOptions clie
 }
 
 ReplicaOptions ReplicaOptionsFrom(const Options& o, Clock* clock) {
-  return {static_cast<size_t>(o.bucket_mb * (1 << 20)), o.overlap, o.broadcast_buffers, clock};
+  return {static_cast<size_t>(o.bucket_mb * (1 << 20)), o.overlap, o.broadcast_buffers, clock,
+          o.shard_optimizer_state ? o.optimizer_state_copies : 0};
 }
 
 CatalogCheckpointerOptions CheckpointOptionsFrom(const Options& o, Clock* clock) {
@@ -230,6 +231,9 @@ absl::Status Options::Validate() const {
   if (local_rank < -1) return bad("local_rank must be -1 (from the launcher) or a rank");
   if (stop_after_step < 0) return bad("stop_after_step must not be negative");
   if (intra_op_threads < -1) return bad("intra_op_threads must be -1 (untouched), 0 (shared) or N");
+  if (optimizer_state_copies != 1 && optimizer_state_copies != 2) {
+    return bad(absl::StrCat("optimizer_state_copies must be 1 or 2, not ", optimizer_state_copies));
+  }
   return absl::OkStatus();
 }
 

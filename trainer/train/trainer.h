@@ -84,6 +84,8 @@ struct TrainResult {
   int regroups = 0;               // generations entered after the first
   int steps_salvaged = 0;         // failed steps taken in the regrouped world
   int steps_dropped = 0;          // failed steps dropped
+  // Distributed::optimizer_state_elements: this rank's per-element state.
+  int64_t optimizer_state_elements = 0;
   double parameter_checksum = 0;  // sum of |x| over the final parameters
   std::vector<at::Tensor> parameters;  // final, in registration order
 };
