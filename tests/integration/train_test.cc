@@ -200,6 +200,34 @@ TEST(StartTest, AnUnknownGradientCompressionIsRefusedByName) {
   EXPECT_NE(started.status().message().find("gradient_compression"), std::string::npos);
 }
 
+// Sharded optimizer state is refused before anything connects where it
+// cannot be: a count of copies other than 1 or 2 (Validate), and an
+// optimizer whose step is not per element (LBFGS), named.
+TEST(StartTest, ShardingIsRefusedByNameWhereItCannotBe) {
+  Options o;
+  o.coordinator = "127.0.0.1:1";
+  o.dataset_size = 64;
+  o.batch_per_rank = 8;
+  o.handle_signals = false;
+  o.quiet = true;
+  o.shard_optimizer_state = true;
+  o.optimizer_state_copies = 3;
+  const absl::Status copies = o.Validate();
+  EXPECT_TRUE(absl::IsInvalidArgument(copies)) << copies;
+  EXPECT_NE(copies.message().find("optimizer_state_copies"), std::string::npos) << copies;
+  o.optimizer_state_copies = 2;
+  torch::nn::Linear model(4, 2);
+  torch::optim::LBFGS lbfgs(model->parameters(), torch::optim::LBFGSOptions(0.1));
+  State state;
+  state.model = model.ptr().get();
+  state.optimizer = &lbfgs;
+  auto started = Distributed::Start(o, state);
+  ASSERT_TRUE(absl::IsInvalidArgument(started.status())) << started.status();
+  EXPECT_NE(started.status().message().find("shard_optimizer_state"), std::string::npos)
+      << started.status();
+  EXPECT_NE(started.status().message().find("LBFGS"), std::string::npos) << started.status();
+}
+
 // Options::lr_schedule keeps the ratio between parameter groups (it used to
 // set one rate on every group), and the rates in effect are what
 // learning_rates() says.
