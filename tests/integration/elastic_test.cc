@@ -1183,5 +1183,39 @@ TEST_F(ShardedStateFailureTest, AKilledRanksPartsLiveOnInItsBuddyAndTheJobEndsAs
   EXPECT_EQ(ReadText(dir_ + "/k0.log").find("no living holder"), std::string::npos);
 }
 
+// With one copy of each part, a SIGKILLed rank's parts are gone: the
+// survivors say so, take the newest committed checkpoint in the running
+// job (no restart) and train on from it; the failed step is dropped, and
+// every rank ends with the same parameters.
+TEST_F(ShardedStateFailureTest, WithOneCopyALostPartComesFromTheNewestCheckpoint) {
+  const std::vector<std::string> flags = {"--shard-optimizer", "--optimizer-state-copies=1",
+                                          "--checkpoint-dir=" + dir_ + "/ckpt",
+                                          "--checkpoint-every=20", "--steps=400"};
+  std::vector<pid_t> pids = Run("c", flags);
+  ASSERT_TRUE(WaitForLine("c0", "checkpoint of step 40 written", absl::Seconds(90)))
+      << ReadText(dir_ + "/c0.log");
+  ASSERT_EQ(::kill(pids[3], SIGKILL), 0);
+  WaitExit(pids[3]);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(WaitExit(pids[i]), 0) << ReadText(absl::StrCat(dir_, "/c", i, ".log"));
+  }
+  const std::string log0 = ReadText(dir_ + "/c0.log");
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(log0, m,
+                                std::regex("no living holder: it must come from a checkpoint: "
+                                           "restored the checkpoint of step ([0-9]+)")))
+      << log0;
+  EXPECT_GE(std::stoi(m[1]), 40) << log0;
+  const std::string s0 = ReadText(dir_ + "/c0.json");
+  EXPECT_EQ(JsonNumber(s0, "steps"), "400") << s0;
+  EXPECT_EQ(JsonNumber(s0, "world_size"), "3") << s0;
+  for (const char* tag : {"c1", "c2"}) {
+    EXPECT_EQ(JsonNumber(ReadText(dir_ + "/" + tag + ".json"), "parameter_checksum"),
+              JsonNumber(s0, "parameter_checksum"))
+        << tag << "\n"
+        << ReadText(dir_ + "/" + tag + ".log");
+  }
+}
+
 }  // namespace
 }  // namespace muster

@@ -93,7 +93,7 @@ class RecordingTrainer : public WorldChanges::Membership,
   }
   absl::Status EnterWorld(Communicator*, const WorldInfo&, absl::Time) override {
     calls.push_back("EnterWorld");
-    return absl::OkStatus();
+    return enter_world;
   }
   absl::Status TakeState(int source, Communicator*, bool in_step, TrainingCounters* counters,
                          absl::Time deadline) override {
@@ -125,6 +125,10 @@ class RecordingTrainer : public WorldChanges::Membership,
     calls.push_back("BeforeSalvagedStep");
     step_before_salvage = counters_->step;
   }
+  absl::Status StateLost(const absl::Status& lost) override {
+    calls.push_back("StateLost");
+    return restores ? absl::OkStatus() : lost;
+  }
   absl::Status StepSalvaged(const SalvagedStep& step) override {
     calls.push_back("StepSalvaged");
     salvaged.push_back(step);
@@ -141,6 +145,8 @@ class RecordingTrainer : public WorldChanges::Membership,
 
   // What happened.
   std::vector<std::string> calls;
+  absl::Status enter_world;  // what EnterWorld returns
+  bool restores = false;     // StateLost restores the state (else returns the loss)
   int64_t entered_at_step = -1;
   std::string regroup_why;
   std::optional<BrokenWorld> report;
@@ -234,6 +240,30 @@ TEST_F(WorldChangesTest, EnteringAWorldTakesTheSourcesStateWithinTheLongDeadline
   EXPECT_EQ(trainer_.calls, (std::vector<std::string>{"EnterFirst", "EnterWorld", "TakeState",
                                                      "UseCommunicator", "ReportCounters"}));
   EXPECT_EQ(counters_.lr_world_size, 2);  // the first world sets it
+}
+
+// A part of the state lost with its ranks (EnterWorld's NOT_FOUND) is the
+// trainer's to restore (a checkpoint) before the transfer; where it cannot,
+// entering fails with the loss. Any other error of EnterWorld is not a loss.
+TEST_F(WorldChangesTest, AStateLostOnEnteringIsRestoredByTheTrainerBeforeTheTransfer) {
+  Make();
+  trainer_.enter_world = absl::NotFoundError("shard 3 has no living holder");
+  trainer_.restores = true;
+  EnterNext(/*generation=*/1, /*rank=*/0, /*size=*/2, /*source=*/1);
+  ASSERT_TRUE(changes_->EnterFirst().ok());
+  EXPECT_EQ(trainer_.calls,
+            (std::vector<std::string>{"EnterFirst", "EnterWorld", "StateLost", "TakeState",
+                                      "UseCommunicator", "ReportCounters"}));
+  trainer_.calls.clear();
+  trainer_.restores = false;
+  EnterNext(/*generation=*/2, /*rank=*/0, /*size=*/2, /*source=*/1);
+  const absl::Status lost = changes_->EnterFirst();
+  EXPECT_TRUE(absl::IsNotFound(lost)) << lost;
+  trainer_.calls.clear();
+  trainer_.enter_world = absl::DeadlineExceededError("peer gone");
+  EnterNext(/*generation=*/3, /*rank=*/0, /*size=*/2, /*source=*/1);
+  EXPECT_TRUE(absl::IsDeadlineExceeded(changes_->EnterFirst()));
+  EXPECT_EQ(trainer_.calls, (std::vector<std::string>{"EnterFirst", "EnterWorld"}));
 }
 
 TEST_F(WorldChangesTest, TheLearningRatesKeepTheirWorldUnlessTheyScale) {

@@ -49,8 +49,7 @@ Replica::~Replica() { Close(); }
 void Replica::Close() {
   current_ = nullptr;
   syncs_.clear();  // their threads stop before the state they read goes
-  // Leaving with shards: the optimizers get their parameters back.
-  if (sharded_) sharded_->Release();
+  ReleaseShards();  // leaving with shards: the optimizers get their parameters back
 }
 
 void Replica::PublishTo(StateServer* server, int64_t step, uint64_t generation,
@@ -156,6 +155,10 @@ int64_t Replica::optimizer_state_elements() const {
 
 absl::Status Replica::WholeState(Communicator* comm, absl::Time deadline) {
   return sharded_ ? sharded_->Whole(comm, deadline) : absl::OkStatus();
+}
+
+void Replica::ReleaseShards() {
+  if (sharded_) sharded_->Release();
 }
 
 absl::Status Replica::Reshard(Communicator* comm) {

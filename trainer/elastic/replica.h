@@ -107,6 +107,9 @@ class Replica : public WorldChanges::Tensors {
   // As a step begins: the state sharded for `comm`'s world, unless it is.
   // Errors: OptimizerShards::Make's INVALID_ARGUMENT.
   absl::Status Reshard(Communicator* comm);
+  // The shards dropped, the optimizers' parameter lists as before (the
+  // state is then restored from a checkpoint).
+  void ReleaseShards();
   // The elements of per-element optimizer state this rank held at its last
   // step boundary (its shards'), or holds now (unsharded); -1: an optimizer
   // muster has no codec for.

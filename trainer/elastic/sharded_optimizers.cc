@@ -20,13 +20,14 @@ absl::Status ShardedOptimizers::Gather(Communicator* comm, uint64_t generation, 
       const ShardWorld agreed,
       AgreeOnShards(comm, node, holds ? generation_ : 0, holds ? shards_->rank() : -1,
                     holds ? shards_->layout().world() : 0, deadline));
+  // This world's, for Shard (after Release too, where the gather failed).
+  node_of_rank_ = agreed.node_of_rank;
+  gathered_for_ = generation;
   const bool counts = holds && agreed.layout_rank[comm->rank()] >= 0;
-  if (holds && !counts) shards_->Release();  // of an older layout: received as a joiner's
+  if (holds && !counts) Release();  // of an older layout: received as a joiner's
   MUSTER_RETURN_IF_ERROR(counts ? shards_->Unshard(agreed.alive, comm, deadline)
                                 : OptimizerShards::ReceiveUnsharded(optimizers_, comm, deadline));
   shards_.reset();
-  node_of_rank_ = agreed.node_of_rank;
-  gathered_for_ = generation;
   return absl::OkStatus();
 }
 

@@ -43,7 +43,9 @@ class ShardedOptimizers {
   // Collective over the new world's `comm`, every rank, `node` this rank's
   // node index in it: the whole state on every rank, each range from a
   // rank of the last layout that lives on, received by everyone else.
-  // NOT_FOUND (every rank) when a range with state has no living holder.
+  // NOT_FOUND (every rank) when a range with state has no living holder:
+  // the shards are kept as they were (Release drops them; Shard then
+  // shards for this world whatever the optimizers hold).
   absl::Status Gather(Communicator* comm, uint64_t generation, int node, absl::Time deadline);
   // After Gather (and the transfer): shards for `comm`'s world.
   absl::Status Shard(Communicator* comm);

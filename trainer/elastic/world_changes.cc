@@ -61,7 +61,9 @@ absl::Status WorldChanges::Enter(Communicator* comm, const WorldInfo& world) {
   if (counters_->lr_world_size == 0 || options_.scale_lr) {
     counters_->lr_world_size = world.world_size;
   }
-  MUSTER_RETURN_IF_ERROR(tensors_->EnterWorld(comm, world, LongDeadline()));
+  absl::Status entered = tensors_->EnterWorld(comm, world, LongDeadline());
+  if (absl::IsNotFound(entered)) entered = trainer_->StateLost(entered);
+  MUSTER_RETURN_IF_ERROR(entered);
   // A step failed under this rank: its graphs may still hold the buffers.
   MUSTER_RETURN_IF_ERROR(tensors_->TakeState(world.state_source_rank, comm,
                                              failed_step_.has_value(), counters_,

@@ -183,6 +183,13 @@ class WorldChanges {
     // This rank took the salvaged step; the counters are past it. Errors:
     // FAILED_PRECONDITION where the step's lifecycle refuses it.
     virtual absl::Status StepSalvaged(const SalvagedStep& step) = 0;
+    // Every rank of a new world whose state in memory is incomplete
+    // (`lost`, Tensors::EnterWorld's NOT_FOUND: a part of the sharded
+    // optimizer state went with its ranks): the state and the counters
+    // from the newest committed checkpoint, as a restart would take them;
+    // the failed step, if any, is then dropped. Errors: `lost` when there
+    // is no checkpoint to take them from.
+    virtual absl::Status StateLost(const absl::Status& lost) = 0;
   };
 
   // `world`, `tensors`, `trainer`, `counters` and `sampler` are not owned

@@ -103,6 +103,27 @@ absl::Status Engine::StepSalvaged(const SalvagedStep& step) {
   return absl::OkStatus();
 }
 
+// With one copy of each part of the sharded optimizer state, the parts of
+// a dead rank are gone: every rank takes the newest committed checkpoint,
+// as a restart would, and the job goes on from it in this world.
+absl::Status Engine::StateLost(const absl::Status& lost) {
+  if (!checkpointer_) {
+    return absl::NotFoundError(
+        absl::StrCat(lost.message(), ", and no checkpoint_dir is set to take it from"));
+  }
+  replica_.ReleaseShards();
+  absl::StatusOr<CheckpointMeta> meta = checkpointer_->Resume(world_->client());
+  if (!meta.ok()) {
+    return absl::NotFoundError(absl::StrCat(lost.message(), ", and ", meta.status().message()));
+  }
+  const int64_t was = counters().step;
+  MUSTER_RETURN_IF_ERROR(schedule_.Restore(*meta));
+  schedule_.mutable_counters()->pass = 0;
+  MUSTER_LOG(WARNING) << lost.message() << ": restored the checkpoint of step " << meta->step
+                      << " (this rank was at step " << was << ")";
+  return absl::OkStatus();
+}
+
 absl::Status Engine::Regroup(const std::string& why, bool broken) {
   MUSTER_RETURN_IF_ERROR(changes_->Regroup(why, broken));
   if (world_->left()) return EndWithoutWorld();

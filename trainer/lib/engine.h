@@ -165,6 +165,7 @@ class Engine final : public Distributed, private WorldChanges::Trainer {
   }
   void BeforeSalvagedStep() override { lr_->Apply(progress()); }
   absl::Status StepSalvaged(const SalvagedStep& step) override;
+  absl::Status StateLost(const absl::Status& lost) override;
 
   const Options options_;
   Clock* const clock_;
