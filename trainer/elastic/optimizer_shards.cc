@@ -262,6 +262,23 @@ void OptimizerShards::SetGradients(int g, const torch::Tensor& averaged) {
   }
 }
 
+void OptimizerShards::ShareGradients(int g) {
+  Group& group = groups_[g];
+  if (group.masters.empty()) return;
+  torch::NoGradGuard no_grad;
+  const torch::Tensor flat = FlatGradients(g);
+  int64_t offset = 0;
+  for (torch::Tensor& p : group.params) {
+    if (p.grad().defined()) p.mutable_grad() = flat.narrow(0, offset, p.numel()).view_as(p);
+    offset += p.numel();
+  }
+  const std::vector<int> kept = layout_.KeptBy(rank_);
+  for (size_t k = 0; k < kept.size(); ++k) {
+    const ElementRange range = layout_.Range(g, kept[k]);
+    group.masters[k].mutable_grad() = flat.narrow(0, range.begin, range.size());
+  }
+}
+
 void OptimizerShards::WriteOwn(int g, torch::Tensor* flat) const {
   if (groups_[g].masters.empty()) return;
   torch::NoGradGuard no_grad;

@@ -99,6 +99,12 @@ class OptimizerShards {
   // The kept masters' gradients from `averaged`, group `g`'s whole flat
   // averaged gradient (only the ranges this rank keeps are read).
   void SetGradients(int g, const torch::Tensor& averaged);
+  // Group `g`'s gradients, flat and shared: each parameter's .grad becomes
+  // a view of one flat vector and each kept master's .grad a view of its
+  // range in it, so that what the program does to the parameters' .grad in
+  // place before its optimizer.step() (clip_grad_norm_) is what the masters
+  // step with, as an unsharded optimizer would.
+  void ShareGradients(int g);
   // This rank's own range of group `g`, from its master, into `flat` (the
   // group's flat vector; the other ranges are left as they are).
   void WriteOwn(int g, torch::Tensor* flat) const;

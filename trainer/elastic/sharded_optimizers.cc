@@ -44,7 +44,7 @@ absl::Status ShardedOptimizers::Shard(Communicator* comm) {
 
 void ShardedOptimizers::TakeGradients() {
   if (shards_ == nullptr) return;
-  for (int g = 0; g < shards_->groups(); ++g) shards_->SetGradients(g, shards_->FlatGradients(g));
+  for (int g = 0; g < shards_->groups(); ++g) shards_->ShareGradients(g);
 }
 
 absl::Status ShardedOptimizers::AtBoundary(Communicator* comm, absl::Time deadline) {

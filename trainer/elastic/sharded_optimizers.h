@@ -49,7 +49,8 @@ class ShardedOptimizers {
   absl::Status Gather(Communicator* comm, uint64_t generation, int node, absl::Time deadline);
   // After Gather (and the transfer): shards for `comm`'s world.
   absl::Status Shard(Communicator* comm);
-  // The kept shards' gradients from the parameters' averaged .grad.
+  // The kept shards' gradients from the parameters' averaged .grad, shared
+  // with them (OptimizerShards::ShareGradients: in-place clipping counts).
   void TakeGradients();
   // Collective: the parameters from the owners of each range, and the
   // parameters' .grad cleared (the optimizers no longer clear them).
