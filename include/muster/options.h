@@ -131,9 +131,16 @@ struct Options {
   // state is whole on every rank for a moment where something reads it:
   // the state check, a checkpoint (written whole), the end of training.
   // Every optimizer must be one of LibTorch's with per-element state (SGD,
-  // Adam, AdamW, RMSprop, Adagrad) over float32 parameters on one device;
-  // Start refuses others (LBFGS, a program's own codec) with
-  // INVALID_ARGUMENT. With 1 copy, a dead rank's part has no holder: the
+  // Adam, AdamW, RMSprop, Adagrad) over float32 parameters on one device,
+  // and a step one pass (not State::modules); Start refuses others (LBFGS,
+  // a program's own codec, a GAN's two passes) with INVALID_ARGUMENT.
+  // Between optimizer.step() and the next ShouldStop each rank's model
+  // holds the new values only in the parts it keeps: evaluate or save the
+  // model after ShouldStop (or after the loop), not right after the step.
+  // Clipping the gradients in place between AfterBackward and
+  // optimizer.step() (clip_grad_norm_ on the model's parameters) counts, as
+  // unsharded; a change through the optimizer's own parameter list does
+  // not (it holds the parts this rank keeps). With 1 copy, a dead rank's part has no holder: the
   // world cannot be entered (NOT_FOUND) and the job resumes from its
   // newest committed checkpoint when restarted. Every trainer of a job
   // must use the same values.

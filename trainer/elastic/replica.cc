@@ -137,6 +137,14 @@ void Replica::SettleBuffers() {
 
 absl::Status Replica::CheckSharding() const {
   if (!sharded_) return absl::OkStatus();
+  if (several_passes_) {
+    // Its optimizers step between passes, and the next pass's forward would
+    // read parameters the step boundary has not gathered yet.
+    return absl::InvalidArgumentError(
+        "Options::shard_optimizer_state: a step of several passes (named State::modules or "
+        "several optimizers) is not sharded yet: the parameters an optimizer steps are whole "
+        "again only at the step boundary, after the next pass's forward has read them");
+  }
   absl::Status s = ShardedOptimizers::Check(OptimizersOf(state_));
   if (s.ok()) return s;
   return absl::Status(s.code(), absl::StrCat("Options::shard_optimizer_state: ", s.message()));
