@@ -150,11 +150,22 @@ absl::Status TrainLoop(const TrainOptions& o, Net& model, torch::optim::Optimize
                        const Dataset& train, const Dataset& test, Distributed& dist,
                        const torch::Device& device, Clock* clock, std::vector<double>* step_ms) {
   model.train();
+  int64_t evaluated_at = dist.step();  // a resumed run does not evaluate its first step again
   while (true) {
-    // With time_steps: everything but loading the batch, the library's work
-    // at the step boundary included.
+    // With time_steps: everything but loading the batch and evaluating, the
+    // library's work at the step boundary included.
     absl::Time started = clock->Now();
     if (dist.ShouldStop()) break;
+    // After ShouldStop, where the model is whole on every rank (sharded
+    // optimizer state gathers the parameters at the step boundary).
+    if (o.eval_every > 0 && dist.step() != evaluated_at && dist.step() % o.eval_every == 0) {
+      const absl::Time evaluating = clock->Now();
+      evaluated_at = dist.step();
+      MUSTER_RETURN_IF_ERROR(
+          EvaluateAndLog(model, test, dist, device, o.library.quiet ? LineSink() : Output(o))
+              .status());
+      started += clock->Now() - evaluating;
+    }
     const absl::Time loading = clock->Now();
     auto [x, y] = Batch(train, dist.Batch(), device);
     started += clock->Now() - loading;
@@ -191,12 +202,6 @@ absl::Status TrainLoop(const TrainOptions& o, Net& model, torch::optim::Optimize
       step_ms->push_back(absl::ToDoubleMilliseconds(clock->Now() - started));
     }
     dist.RecordLoss(loss.item<double>());
-    if (o.eval_every > 0 && dist.step() % o.eval_every == 0 &&
-        dist.step() < dist.progress().total_steps) {
-      MUSTER_RETURN_IF_ERROR(
-          EvaluateAndLog(model, test, dist, device, o.library.quiet ? LineSink() : Output(o))
-              .status());
-    }
   }
   return absl::OkStatus();
 }
