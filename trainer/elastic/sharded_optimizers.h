@@ -1,13 +1,13 @@
 // ShardedOptimizers: a trainer's sharded optimizer state through steps and
-// worlds (docs/sharding.md, "The first way into training"): what the
-// replica calls at each point, over OptimizerShards.
+// worlds (docs/sharding.md, "In training"): what the replica calls at each
+// point, over OptimizerShards.
 //
 //   a new world, every rank, before the state transfer:  Gather
-//   after the state transfer:                             Shard
+//   as a step's first backward begins:                    Reshard (Shard)
 //   after each pass's reduction (.grad averaged):         TakeGradients
 //   the user's optimizer.step() steps the kept shards
 //   at each step boundary, first:                         AtBoundary
-//   a path that reads the whole state (a checkpoint):     WithWholeState
+//   a path that reads the whole state (a checkpoint):     Whole
 //
 // Between Gather and Shard, and inside WithWholeState, the optimizers hold
 // the whole state of every parameter as an unsharded run does, so the

@@ -111,6 +111,7 @@ absl::Status Engine::StateLost(const absl::Status& lost) {
     return absl::NotFoundError(
         absl::StrCat(lost.message(), ", and no checkpoint_dir is set to take it from"));
   }
+  checkpointer_->Wait().IgnoreError();  // its copies may still read the state; logged
   replica_.ReleaseShards();
   absl::StatusOr<CheckpointMeta> meta = checkpointer_->Resume(world_->client());
   if (!meta.ok()) {
@@ -175,19 +176,18 @@ bool Engine::ShouldStop() {
     if (life_.state() == StepState::kAtBoundary) life_.Break(life_.Settle());
   }
   if (schedule_.Done()) {
-    // The program gets its optimizers back whole (it may save them).
+    // The program gets its optimizers back whole (it may save them). A
+    // regroup here that restored a checkpoint (StateLost) has work left.
     life_.Break(RegroupUnlessOk(replica_.WholeState(world_->comm(), changes_->LongDeadline())));
     if (life_.over()) return true;
+  }
+  if (schedule_.Done()) {
     life_.Break(life_.End(StepOutcome::kFinished));
     return true;
   }
   if (absl::Status s = life_.Prepare(); !s.ok()) {
     life_.Break(absl::FailedPreconditionError(
         absl::StrCat("ShouldStop before AfterBackward ended the step (", s.message(), ")")));
-    return true;
-  }
-  if (absl::Status s = replica_.Reshard(world_->comm()); !s.ok()) {
-    life_.Break(s);
     return true;
   }
   step_.Begin(schedule_.Next(world_->world()), world_->world());
@@ -206,6 +206,13 @@ void Engine::BeforeBackwardFor(const std::vector<std::string>& modules, bool syn
   if (absl::Status s = next_pass ? life_.NextPass() : life_.Backward(); !s.ok()) {
     life_.Break(absl::FailedPreconditionError(
         absl::StrCat("BeforeBackward outside a step ShouldStop prepared (", s.message(), ")")));
+    return;
+  }
+  // Sharded optimizer state is made as the step's first backward begins:
+  // every rank of the world is then in this step, whatever regrouped
+  // between steps (an AllReduceSum) left whole.
+  if (absl::Status s = first ? replica_.Reshard(world_->comm()) : absl::OkStatus(); !s.ok()) {
+    life_.Break(s);
     return;
   }
   step_.reduces = sync;
@@ -276,13 +283,14 @@ absl::Status Engine::RegroupUnlessOk(const absl::Status& s) {
 }
 
 absl::Status Engine::CheckStateAgrees(const std::string& when) {
-  if (step_.state_checked_at == counters().step || world_->comm()->size() == 1) {
-    return absl::OkStatus();
-  }
-  // Sharded optimizer state differs by rank: the check reads it whole.
+  // Sharded optimizer state differs by rank: the check, and the checkpoint
+  // that follows it (a world of one included), read it whole.
   MUSTER_RETURN_IF_ERROR(
       RegroupUnlessOk(replica_.WholeState(world_->comm(), changes_->LongDeadline())));
   if (life_.ended()) return absl::OkStatus();
+  if (step_.state_checked_at == counters().step || world_->comm()->size() == 1) {
+    return absl::OkStatus();
+  }
   absl::Status s = CheckRanksAgree(replica_.state(), counters().ToWords(), world_->comm(),
                                    changes_->LongDeadline());
   if (s.ok()) step_.state_checked_at = counters().step;
@@ -350,6 +358,13 @@ absl::Status Engine::AtBoundary() {
     if (life_.ended()) return absl::OkStatus();
   }
   reporter_->StepDone(progress(), lr_->current());
+  if (step_.decision != StepDecision::kContinue) {
+    // The world changes after this boundary: sharded optimizer state is
+    // made whole in it first, so that nothing goes with a rank that leaves.
+    MUSTER_RETURN_IF_ERROR(
+        RegroupUnlessOk(replica_.WholeState(world_->comm(), changes_->LongDeadline())));
+    if (life_.ended()) return absl::OkStatus();
+  }
   switch (step_.decision) {
     case StepDecision::kStop:
       return Stop();
