@@ -140,10 +140,11 @@ struct Options {
   // Clipping the gradients in place between AfterBackward and
   // optimizer.step() (clip_grad_norm_ on the model's parameters) counts, as
   // unsharded; a change through the optimizer's own parameter list does
-  // not (it holds the parts this rank keeps). With 1 copy, a dead rank's part has no holder: the
-  // world cannot be entered (NOT_FOUND) and the job resumes from its
-  // newest committed checkpoint when restarted. Every trainer of a job
-  // must use the same values.
+  // not (it holds the parts this rank keeps). With 1 copy, a dead rank's
+  // part has no holder: every rank of the next world restores the newest
+  // committed checkpoint in the running job and trains the steps since
+  // again (without checkpoint_dir, NOT_FOUND ends the run). Every trainer
+  // of a job must use the same values.
   bool shard_optimizer_state = false;
   int optimizer_state_copies = 2;
 

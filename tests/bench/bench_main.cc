@@ -3,7 +3,7 @@
 //   muster-bench coordinator --members N --seconds S
 //   muster-bench checkpoint --state-mb 800 [--dir D] [--device cuda]
 //   muster-bench train --model mlp|cnn --world W --nodes M --steps N
-//                      [--gradient-compression none|bf16|fp16]
+//                      [--gradient-compression none|bf16|fp16] [--compare-sharding]
 //   muster-bench recovery --world 4 --nodes 2 [--spares 1 [--spare_node]] --trials N
 //                         [--device cuda] [--job_steps N] [--trainer_flags F,F]
 //   muster-bench ettr --mtbf S --minutes M --world 4 --nodes 2 --spares 1
@@ -42,7 +42,8 @@ int main(int argc, char** argv) {
       "  allreduce --world W --nodes M --backend gloo|shm|hier|nccl --sizes 4K,1M [--device cuda]\n"
       "            [--gradient-compression none|bf16|fp16]\n"
       "  train --model mlp|cnn|resnet18 --world W --nodes M --steps N [--gradient-compression bf16]\n"
-      "        [--compare-buffers | --compare-backward-calls [--backward-calls N]]\n"
+      "        [--compare-buffers | --compare-backward-calls [--backward-calls N] |\n"
+      "         --compare-sharding] [--trainer-flags F,F]\n"
       "  recovery --world 4 --nodes 2 [--spares 1 [--spare-node]] --trials N [--device cuda]\n"
       "  ettr --mtbf S --minutes M --world 4 --nodes 2 --spares 1 [--false-alarms --eval-every N]\n"
       "  checkpoint --state-mb N [--dir D] [--device cuda]");

@@ -8,6 +8,7 @@
 // --gradient-compression bf16|fp16 is passed to every trainer (buckets
 // cross nodes compressed); tests/bench/pytorch_step.py --comm-hook is
 // PyTorch DDP's side of the same comparison.
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -35,6 +36,10 @@ ABSL_FLAG(bool, compare_backward_calls, false,
           "instead of overlap on/off: one backward per step against --backward-calls backward "
           "calls in its one synchronised pass (each rank's batch in that many parts)");
 ABSL_FLAG(int, backward_calls, 2, "with --compare-backward-calls: the parts of the batch");
+ABSL_FLAG(bool, compare_sharding, false,
+          "AdamW unsharded, then with --shard-optimizer: step rate, the optimizer state elements "
+          "and the peak RSS of the largest rank");
+ABSL_DECLARE_FLAG(std::vector<std::string>, trainer_flags);
 ABSL_DECLARE_FLAG(int, world);
 ABSL_DECLARE_FLAG(int, nodes);
 ABSL_DECLARE_FLAG(std::string, gradient_compression);
@@ -47,7 +52,9 @@ double Field(const std::string& json, const std::string& name) {
   return v.empty() ? 0 : std::stod(v);
 }
 
-int RunOnce(bool overlap, bool broadcast_buffers, int backward_calls = 1) {
+// `shard`: -1 the optimizer of the trainers' default (SGD); 0 AdamW; 1
+// AdamW with its state sharded (--shard-optimizer).
+int RunOnce(bool overlap, bool broadcast_buffers, int backward_calls = 1, int shard = -1) {
   const int world = absl::GetFlag(FLAGS_world), nodes = absl::GetFlag(FLAGS_nodes);
   const std::string dir = absl::StrCat("/tmp/muster-bench-train-", ::getpid(), overlap ? "-o" : "-n");
   std::system(("mkdir -p " + dir).c_str());
@@ -59,9 +66,11 @@ int RunOnce(bool overlap, bool broadcast_buffers, int backward_calls = 1) {
       dir + "/coordinator.log");
   std::vector<pid_t> trainers;
   const int per_node = world / nodes;
+  std::vector<std::string> more = absl::GetFlag(FLAGS_trainer_flags);
+  if (shard >= 0) more.push_back("--optimizer=adamw");
+  if (shard > 0) more.push_back("--shard-optimizer");
   for (int i = 0; i < world; ++i) {
-    trainers.push_back(SpawnLogged(
-        {SelfDir() + "/muster-train", "--coordinator=" + target,
+    std::vector<std::string> argv = {SelfDir() + "/muster-train", "--coordinator=" + target,
          absl::StrCat("--node-id=node", i / per_node), absl::StrCat("--local-rank=", i % per_node),
          "--model=" + absl::GetFlag(FLAGS_model), "--dataset=" + absl::GetFlag(FLAGS_dataset),
          absl::StrCat("--batch-size=", absl::GetFlag(FLAGS_batch)),
@@ -72,13 +81,17 @@ int RunOnce(bool overlap, bool broadcast_buffers, int backward_calls = 1) {
          absl::StrCat("--bucket-mb=", absl::GetFlag(FLAGS_bucket_mb)),
          "--gradient-compression=" + absl::GetFlag(FLAGS_gradient_compression),
          absl::StrCat("--job=tb", ::getpid()),
-         absl::StrCat("--summary-json=", dir, "/summary", i, ".json")},
-        absl::StrCat(dir, "/trainer", i, ".log")));
+         absl::StrCat("--summary-json=", dir, "/summary", i, ".json")};
+    argv.insert(argv.end(), more.begin(), more.end());
+    trainers.push_back(SpawnLogged(argv, absl::StrCat(dir, "/trainer", i, ".log")));
   }
   int failures = 0;
+  long peak_rss_kb = 0;  // NOLINT(runtime/int): rusage's type
   for (pid_t p : trainers) {
     int status = 0;
-    ::waitpid(p, &status, 0);
+    struct rusage usage {};
+    ::wait4(p, &status, 0, &usage);
+    peak_rss_kb = std::max(peak_rss_kb, usage.ru_maxrss);
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) ++failures;
   }
   StopProcess(coordinator);
@@ -86,7 +99,7 @@ int RunOnce(bool overlap, bool broadcast_buffers, int backward_calls = 1) {
     std::cerr << "muster-bench train: " << failures << " trainers failed; see " << dir << "\n";
     return 1;
   }
-  double steps_per_s = 1e30, overlap_pct = 0, accuracy = 0;
+  double steps_per_s = 1e30, overlap_pct = 0, accuracy = 0, state_elements = 0;
   for (int i = 0; i < world; ++i) {
     std::ifstream in(absl::StrCat(dir, "/summary", i, ".json"));
     std::stringstream ss;
@@ -94,6 +107,7 @@ int RunOnce(bool overlap, bool broadcast_buffers, int backward_calls = 1) {
     steps_per_s = std::min(steps_per_s, Field(ss.str(), "steps_per_s"));
     overlap_pct += Field(ss.str(), "comm_overlap_pct") / world;
     if (Field(ss.str(), "rank") == 0) accuracy = Field(ss.str(), "test_accuracy");
+    state_elements = std::max(state_elements, Field(ss.str(), "optimizer_state_elements"));
   }
   std::cout << absl::StrFormat(
                    "train model=%s world=%d nodes=%d batch_per_rank=%d bucket_mb=%g overlap=%s "
@@ -105,6 +119,11 @@ int RunOnce(bool overlap, bool broadcast_buffers, int backward_calls = 1) {
                    broadcast_buffers ? "on" : "off", absl::GetFlag(FLAGS_gradient_compression),
                    backward_calls, steps_per_s, steps_per_s * absl::GetFlag(FLAGS_batch) * world, overlap_pct,
                    accuracy)
+            << (shard < 0 ? ""
+                          : absl::StrFormat(" optimizer=adamw shard_optimizer=%s "
+                                            "optimizer_state_elements=%.0f peak_rss_mb=%.0f",
+                                            shard > 0 ? "on" : "off", state_elements,
+                                            peak_rss_kb / 1024.0))
             << std::endl;
   std::system(("rm -rf " + dir).c_str());
   return 0;
@@ -113,6 +132,12 @@ int RunOnce(bool overlap, bool broadcast_buffers, int backward_calls = 1) {
 }  // namespace
 
 int RunTrainBench() {
+  if (absl::GetFlag(FLAGS_compare_sharding)) {
+    if (int rc = RunOnce(/*overlap=*/true, /*broadcast_buffers=*/true, 1, /*shard=*/0); rc != 0) {
+      return rc;
+    }
+    return RunOnce(/*overlap=*/true, /*broadcast_buffers=*/true, 1, /*shard=*/1);
+  }
   if (absl::GetFlag(FLAGS_compare_backward_calls)) {
     if (int rc = RunOnce(/*overlap=*/true, /*broadcast_buffers=*/true); rc != 0) return rc;
     return RunOnce(/*overlap=*/true, /*broadcast_buffers=*/true,

@@ -999,6 +999,21 @@ TEST_F(AgentPauseTest, TrainersPausedBelowTheMinimumStopOnSigusr1SayingNothingWa
   EXPECT_NE(log_a.find("trainer 1: exit 74"), std::string::npos) << log_a;
 }
 
+// The tensors of two safetensors files are the same, bit for bit.
+void ExpectSameTensors(const std::string& a, const std::string& b) {
+  auto fa = ParseSafetensors(ReadText(a), a), fb = ParseSafetensors(ReadText(b), b);
+  ASSERT_TRUE(fa.ok()) << fa.status();
+  ASSERT_TRUE(fb.ok()) << fb.status();
+  ASSERT_EQ(fa->tensors.size(), fb->tensors.size()) << a << " and " << b;
+  for (const auto& [name, t] : fa->tensors) {
+    auto it = fb->tensors.find(name);
+    ASSERT_NE(it, fb->tensors.end()) << name << " is not in " << b;
+    EXPECT_EQ(it->second.shape, t.shape) << name;
+    ASSERT_EQ(it->second.size, t.size) << name;
+    EXPECT_EQ(std::memcmp(it->second.data, t.data, t.size), 0) << name << " differs";
+  }
+}
+
 TEST_F(ElasticTest, PullWeightsDuringTrainingMatchesTheCheckpointOfThatStep) {
   auto trainer = [&](int local, const std::string& tag) {
     return SpawnLogged({kBin + "/muster-train", "--coordinator=" + target_, "--node-id=n",
@@ -1026,18 +1041,9 @@ TEST_F(ElasticTest, PullWeightsDuringTrainingMatchesTheCheckpointOfThatStep) {
   EXPECT_EQ(WaitExit(a), 0) << ReadText(dir_ + "/a.log");
   EXPECT_EQ(WaitExit(b), 0) << ReadText(dir_ + "/b.log");
   auto pulled = ParseSafetensors(ReadText(dir_ + "/pulled.safetensors"), "pulled");
-  auto saved = ParseSafetensors(ReadText(dir_ + "/ckpt/step-200/model.safetensors"), "checkpoint");
   ASSERT_TRUE(pulled.ok()) << pulled.status();
-  ASSERT_TRUE(saved.ok()) << saved.status();
   EXPECT_EQ(pulled->metadata["step"], "200");
-  ASSERT_EQ(pulled->tensors.size(), saved->tensors.size());
-  for (const auto& [name, t] : saved->tensors) {
-    auto it = pulled->tensors.find(name);
-    ASSERT_NE(it, pulled->tensors.end()) << name;
-    EXPECT_EQ(it->second.shape, t.shape) << name;
-    ASSERT_EQ(it->second.size, t.size) << name;
-    EXPECT_EQ(std::memcmp(it->second.data, t.data, t.size), 0) << name << " differs";
-  }
+  ExpectSameTensors(dir_ + "/ckpt/step-200/model.safetensors", dir_ + "/pulled.safetensors");
 }
 
 // --elastic-lr: after the world shrinks from 3 to 2, "scale" takes the
@@ -1099,6 +1105,12 @@ class ShardedStateTest : public ElasticTest {
  protected:
   int MinMembers() const override { return 4; }
   int MaxMembers() const override { return 4; }
+  // A coordinator of its own for a second run: the first one's job is over.
+  void NewCoordinator() {
+    ::kill(coordinator_, SIGTERM);
+    WaitExit(coordinator_);
+    StartCoordinator();
+  }
   // The four trainers of one run, `tag` 0..3 on nodes n0 and n1.
   std::vector<pid_t> Run(const std::string& tag, const std::vector<std::string>& extra) {
     std::vector<std::string> flags = {"--optimizer=adamw", "--lr=0.001"};
@@ -1113,15 +1125,15 @@ class ShardedStateTest : public ElasticTest {
 };
 
 // The same job sharded and unsharded ends with the same parameters, bit
-// for bit (the optimizers compute each element alone), and each rank of
-// the sharded one held half the state (two of four parts).
+// for bit (the optimizers compute each element alone), writes the same
+// checkpoints (whole), and each rank of the sharded one held half the
+// state (two of four parts).
 TEST_F(ShardedStateTest, ShardedAdamWTrainsAsUnshardedWithHalfTheStatePerRank) {
   for (const std::string& tag : {std::string("u"), std::string("s")}) {
-    std::vector<std::string> flags;
-    if (tag == "s") {  // a coordinator of its own: the first one's job is over
-      ::kill(coordinator_, SIGTERM);
-      WaitExit(coordinator_);
-      StartCoordinator();
+    std::vector<std::string> flags = {"--checkpoint-dir=" + dir_ + "/ckpt-" + tag,
+                                      "--checkpoint-every=100"};
+    if (tag == "s") {
+      NewCoordinator();
       flags.push_back("--shard-optimizer");
     }
     std::vector<pid_t> pids = Run(tag, flags);
@@ -1142,6 +1154,33 @@ TEST_F(ShardedStateTest, ShardedAdamWTrainsAsUnshardedWithHalfTheStatePerRank) {
     EXPECT_LE(std::stod(JsonNumber(si, "optimizer_state_elements")), whole * 0.5 + 16) << si;
     EXPECT_GE(std::stod(JsonNumber(si, "optimizer_state_elements")), whole * 0.5 - 16) << si;
   }
+  for (const char* file : {"/step-200/model.safetensors", "/step-200/optimizer.safetensors"}) {
+    ExpectSameTensors(dir_ + "/ckpt-u" + file, dir_ + "/ckpt-s" + file);
+  }
+}
+
+class ShardedStateAloneTest : public ShardedStateTest {
+ protected:
+  int MinMembers() const override { return 1; }
+  int MaxMembers() const override { return 1; }
+};
+
+// A world of one shards into one part: its checkpoints still hold the
+// whole state, the unsharded run's bit for bit.
+TEST_F(ShardedStateAloneTest, AWorldOfOneWritesTheWholeStateInItsCheckpoints) {
+  for (const std::string& tag : {std::string("u"), std::string("s")}) {
+    std::vector<std::string> flags = {"--optimizer=adamw", "--lr=0.001", "--steps=60",
+                                      "--checkpoint-dir=" + dir_ + "/ckpt-" + tag,
+                                      "--checkpoint-every=40"};
+    if (tag == "s") {
+      NewCoordinator();
+      flags.push_back("--shard-optimizer");
+    }
+    EXPECT_EQ(WaitExit(Trainer(0, tag, "n0", "auto", flags)), 0)
+        << ReadText(dir_ + "/" + tag + ".log");
+  }
+  ExpectSameTensors(dir_ + "/ckpt-u/step-40/optimizer.safetensors",
+                    dir_ + "/ckpt-s/step-40/optimizer.safetensors");
 }
 
 class ShardedStateFailureTest : public ShardedStateTest {

@@ -150,20 +150,30 @@ absl::Status TrainLoop(const TrainOptions& o, Net& model, torch::optim::Optimize
                        const Dataset& train, const Dataset& test, Distributed& dist,
                        const torch::Device& device, Clock* clock, std::vector<double>* step_ms) {
   model.train();
-  int64_t evaluated_at = dist.step();  // a resumed run does not evaluate its first step again
+  // Every `eval_every` steps, on every rank of the world alike (it is a
+  // collective). With sharded optimizer state the model is whole again
+  // only at the step boundary, so the evaluation comes after ShouldStop
+  // (a joiner entering at such a step evaluates it with the others);
+  // otherwise right after the step, where every rank has just taken it.
+  const bool after_boundary = o.library.shard_optimizer_state;
+  int64_t evaluated_at = -1;
+  auto evaluate = [&]() -> absl::Status {
+    if (o.eval_every <= 0 || dist.step() == evaluated_at || dist.step() % o.eval_every != 0 ||
+        dist.step() >= dist.progress().total_steps) {
+      return absl::OkStatus();
+    }
+    evaluated_at = dist.step();
+    return EvaluateAndLog(model, test, dist, device, o.library.quiet ? LineSink() : Output(o))
+        .status();
+  };
   while (true) {
     // With time_steps: everything but loading the batch and evaluating, the
     // library's work at the step boundary included.
     absl::Time started = clock->Now();
     if (dist.ShouldStop()) break;
-    // After ShouldStop, where the model is whole on every rank (sharded
-    // optimizer state gathers the parameters at the step boundary).
-    if (o.eval_every > 0 && dist.step() != evaluated_at && dist.step() % o.eval_every == 0) {
+    if (after_boundary && dist.step() > 0) {
       const absl::Time evaluating = clock->Now();
-      evaluated_at = dist.step();
-      MUSTER_RETURN_IF_ERROR(
-          EvaluateAndLog(model, test, dist, device, o.library.quiet ? LineSink() : Output(o))
-              .status());
+      MUSTER_RETURN_IF_ERROR(evaluate());
       started += clock->Now() - evaluating;
     }
     const absl::Time loading = clock->Now();
@@ -202,6 +212,7 @@ absl::Status TrainLoop(const TrainOptions& o, Net& model, torch::optim::Optimize
       step_ms->push_back(absl::ToDoubleMilliseconds(clock->Now() - started));
     }
     dist.RecordLoss(loss.item<double>());
+    if (!after_boundary) MUSTER_RETURN_IF_ERROR(evaluate());
   }
   return absl::OkStatus();
 }
