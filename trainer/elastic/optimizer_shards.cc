@@ -1,5 +1,6 @@
 #include "trainer/elastic/optimizer_shards.h"
 
+#include <c10/util/strides.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -262,6 +263,20 @@ void OptimizerShards::SetGradients(int g, const torch::Tensor& averaged) {
   }
 }
 
+namespace {
+
+// `sizes` elements of `flat` from `offset`, sharing its storage without
+// being an autograd view of it (the optimizers' zero_grad detaches .grad in
+// place, which a view refuses).
+torch::Tensor AliasOf(const torch::Tensor& flat, int64_t offset, at::IntArrayRef sizes) {
+  torch::Tensor alias = torch::empty({0}, flat.options());
+  alias.set_(flat.storage(), flat.storage_offset() + offset, sizes,
+             c10::contiguous_strides(sizes));
+  return alias;
+}
+
+}  // namespace
+
 void OptimizerShards::ShareGradients(int g) {
   Group& group = groups_[g];
   if (group.masters.empty()) return;
@@ -269,13 +284,13 @@ void OptimizerShards::ShareGradients(int g) {
   const torch::Tensor flat = FlatGradients(g);
   int64_t offset = 0;
   for (torch::Tensor& p : group.params) {
-    if (p.grad().defined()) p.mutable_grad() = flat.narrow(0, offset, p.numel()).view_as(p);
+    if (p.grad().defined()) p.mutable_grad() = AliasOf(flat, offset, p.sizes());
     offset += p.numel();
   }
   const std::vector<int> kept = layout_.KeptBy(rank_);
   for (size_t k = 0; k < kept.size(); ++k) {
     const ElementRange range = layout_.Range(g, kept[k]);
-    group.masters[k].mutable_grad() = flat.narrow(0, range.begin, range.size());
+    group.masters[k].mutable_grad() = AliasOf(flat, range.begin, {range.size()});
   }
 }
 
