@@ -63,6 +63,7 @@ class ElasticTest : public ::testing::Test {
           std::string("--keep-last=0")}) {
       argv.push_back(std::move(arg));
     }
+    if (!StateDir().empty()) argv.push_back("--state-dir=" + StateDir());
     coordinator_ = SpawnLogged(argv, dir_ + "/coordinator.log");
   }
   void TearDown() override {
@@ -123,6 +124,8 @@ class ElasticTest : public ::testing::Test {
   virtual int MinMembers() const { return 2; }
   virtual int MaxMembers() const { return 3; }
   virtual std::string HeartbeatTimeout() const { return "2s"; }
+  // Where the coordinator keeps its state (a requeued job's); none: empty.
+  virtual std::string StateDir() const { return ""; }
 
   std::string dir_, target_;
   pid_t coordinator_ = -1;
@@ -1253,6 +1256,73 @@ TEST_F(ShardedStateFailureTest, WithOneCopyALostPartComesFromTheNewestCheckpoint
               JsonNumber(s0, "parameter_checksum"))
         << tag << "\n"
         << ReadText(dir_ + "/" + tag + ".log");
+  }
+}
+
+class ShardedStateResumeTest : public ShardedStateTest {
+ protected:
+  int MinMembers() const override { return 3; }
+  std::string StateDir() const override { return dir_ + "/" + state_; }
+  std::string state_ = "state";
+};
+
+// Four trainers with sharded state, stopped by SIGUSR1 (every rank
+// checkpoints, the state whole, and exits 75), requeued as three: the
+// sharded job ends bit for bit as three unsharded trainers that resumed
+// the same checkpoint.
+TEST_F(ShardedStateResumeTest, StoppedAsFourResumedAsThreeEndsAsUnshardedFromTheSameCheckpoint) {
+  const std::vector<std::string> common = {"--checkpoint-dir=" + dir_ + "/ckpt", "--steps=300"};
+  std::vector<std::string> first = common;
+  first.insert(first.end(), {"--shard-optimizer", "--checkpoint-every=50"});
+  std::vector<pid_t> pids = Run("a", first);
+  ASSERT_TRUE(WaitForLine("a0", "world 4 on 2 nodes", absl::Seconds(60)))
+      << ReadText(dir_ + "/a0.log");
+  ASSERT_TRUE(WaitForStep("a0", 60, absl::Seconds(60))) << ReadText(dir_ + "/a0.log");
+  for (pid_t p : pids) ASSERT_EQ(::kill(p, SIGUSR1), 0);
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(WaitExit(pids[i]), 75) << ReadText(absl::StrCat(dir_, "/a", i, ".log"));
+  }
+  const std::string log_a = ReadText(dir_ + "/a0.log");
+  std::smatch m;
+  ASSERT_TRUE(
+      std::regex_search(log_a, m, std::regex("stopping at step ([0-9]+) after checkpointing")))
+      << log_a;
+  const std::string stopped = m[1];
+  ::kill(coordinator_, SIGTERM);
+  WaitExit(coordinator_);
+  // The requeued job twice, each on its own copy of the coordinator's
+  // state (the checkpoint catalog), neither writing a checkpoint.
+  std::system(("cp -r " + dir_ + "/state " + dir_ + "/state-s && cp -r " + dir_ + "/state " +
+               dir_ + "/state-u")
+                  .c_str());
+  for (const std::string& tag : {std::string("s"), std::string("u")}) {
+    state_ = "state-" + tag;
+    StartCoordinator();
+    std::vector<std::string> flags = common;
+    flags.insert(flags.end(), {"--optimizer=adamw", "--lr=0.001"});
+    if (tag == "s") flags.push_back("--shard-optimizer");
+    const std::vector<pid_t> three = {Trainer(0, tag + "0", "n0", "hier", flags),
+                                      Trainer(1, tag + "1", "n0", "hier", flags),
+                                      Trainer(0, tag + "2", "n1", "hier", flags)};
+    for (int i = 0; i < 3; ++i) {
+      EXPECT_EQ(WaitExit(three[i]), 0) << ReadText(absl::StrCat(dir_, "/", tag, i, ".log"));
+    }
+    EXPECT_NE(ReadText(dir_ + "/" + tag + "0.log")
+                  .find("resumed from the checkpoint of step " + stopped),
+              std::string::npos)
+        << ReadText(dir_ + "/" + tag + "0.log");
+    ::kill(coordinator_, SIGTERM);
+    WaitExit(coordinator_);
+  }
+  coordinator_ = -1;
+  const std::string s0 = ReadText(dir_ + "/s0.json"), u0 = ReadText(dir_ + "/u0.json");
+  EXPECT_EQ(JsonNumber(s0, "steps"), "300") << s0;
+  EXPECT_EQ(JsonNumber(s0, "world_size"), "3") << s0;
+  EXPECT_EQ(JsonNumber(s0, "parameter_checksum"), JsonNumber(u0, "parameter_checksum"));
+  for (const char* tag : {"s1", "s2"}) {
+    EXPECT_EQ(JsonNumber(ReadText(dir_ + "/" + tag + ".json"), "parameter_checksum"),
+              JsonNumber(s0, "parameter_checksum"))
+        << tag;
   }
 }
 
