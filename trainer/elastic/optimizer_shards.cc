@@ -515,10 +515,9 @@ absl::Status OptimizerShards::Assemble(std::vector<Group>& groups, const ShardLa
 absl::Status OptimizerShards::AssembleValues(const Group& group, int g, const ShardLayout* layout,
                                              int rank, const std::vector<int>& source,
                                              Communicator* comm, absl::Time deadline) {
-  int64_t n = 0;
-  for (const torch::Tensor& p : group.params) n += p.numel();
-  torch::Tensor flat = torch::zeros(
-      {n + n % 2}, torch::TensorOptions().dtype(torch::kFloat32).device(CommDevice(*comm)));
+  torch::Tensor flat =
+      torch::zeros({group.PaddedElements()},
+                   torch::TensorOptions().dtype(torch::kFloat32).device(CommDevice(*comm)));
   const std::vector<int> kept = layout != nullptr ? layout->KeptBy(rank) : std::vector<int>();
   for (size_t k = 0; k < kept.size() && k < group.masters.size(); ++k) {
     if (source[kept[k]] != rank) continue;
@@ -561,9 +560,7 @@ absl::StatusOr<FlatState> OptimizerShards::StartFlatState(const Group& group, in
     state.specs.push_back({name, pe, t.scalar_type()});
     (pe ? state.per_element : state.scalars) += 1;
   }
-  int64_t n = 0;
-  for (const torch::Tensor& p : group.params) n += p.numel();
-  state.padded = n + (n % 2);
+  state.padded = group.PaddedElements();
   state.flat = torch::zeros({state.ScalarOffset(state.scalars)},
                             torch::TensorOptions().dtype(torch::kFloat32).device(CommDevice(comm)));
   return state;

@@ -162,6 +162,14 @@ class OptimizerShards {
     std::vector<torch::Tensor> masters;  // one per shard kept (KeptBy); none: nothing to shard
     std::vector<torch::Tensor> frozen;   // the group's that do not: listed after the masters
     std::vector<torch::Tensor> listed;   // the group's parameter list before Make
+
+    // The trained elements, padded to whole int64 words (the regather
+    // moves float32 bits as int64 words).
+    int64_t PaddedElements() const {
+      int64_t n = 0;
+      for (const torch::Tensor& p : params) n += p.numel();
+      return n + n % 2;
+    }
   };
 
   OptimizerShards(ShardLayout layout, int rank, std::vector<Group> groups);
