@@ -178,7 +178,7 @@ bool Engine::ShouldStop() {
   if (schedule_.Done()) {
     // The program gets its optimizers back whole (it may save them). A
     // regroup here that restored a checkpoint (StateLost) has work left.
-    life_.Break(RegroupUnlessOk(replica_.WholeState(world_->comm(), changes_->LongDeadline())));
+    life_.Break(WholeState());
     if (life_.over()) return true;
   }
   if (schedule_.Done()) {
@@ -282,11 +282,14 @@ absl::Status Engine::RegroupUnlessOk(const absl::Status& s) {
   return s.ok() ? s : Regroup(std::string(s.message()), /*broken=*/true);
 }
 
+absl::Status Engine::WholeState() {
+  return RegroupUnlessOk(replica_.WholeState(world_->comm(), changes_->LongDeadline()));
+}
+
 absl::Status Engine::CheckStateAgrees(const std::string& when) {
   // Sharded optimizer state differs by rank: the check, and the checkpoint
   // that follows it (a world of one included), read it whole.
-  MUSTER_RETURN_IF_ERROR(
-      RegroupUnlessOk(replica_.WholeState(world_->comm(), changes_->LongDeadline())));
+  MUSTER_RETURN_IF_ERROR(WholeState());
   if (life_.ended()) return absl::OkStatus();
   if (step_.state_checked_at == counters().step || world_->comm()->size() == 1) {
     return absl::OkStatus();
@@ -361,8 +364,7 @@ absl::Status Engine::AtBoundary() {
   if (step_.decision != StepDecision::kContinue) {
     // The world changes after this boundary: sharded optimizer state is
     // made whole in it first, so that nothing goes with a rank that leaves.
-    MUSTER_RETURN_IF_ERROR(
-        RegroupUnlessOk(replica_.WholeState(world_->comm(), changes_->LongDeadline())));
+    MUSTER_RETURN_IF_ERROR(WholeState());
     if (life_.ended()) return absl::OkStatus();
   }
   switch (step_.decision) {

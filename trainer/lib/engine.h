@@ -148,6 +148,9 @@ class Engine final : public Distributed, private WorldChanges::Trainer {
   // A collective at the boundary failed with `s` (OK: it did not): the
   // regroup's state transfer makes every rank's state the source's.
   absl::Status RegroupUnlessOk(const absl::Status& s);
+  // Collective: sharded optimizer state whole on every rank (nothing
+  // without), regrouping where a peer failed; then check life_.ended().
+  absl::Status WholeState();
   // Whether every rank holds the same state (`when`: for the message), at
   // most once per step; DATA_LOSS naming the ranks and the first tensor
   // that differ ends the run.
