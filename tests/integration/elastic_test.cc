@@ -1114,14 +1114,18 @@ class ShardedStateTest : public ElasticTest {
     WaitExit(coordinator_);
     StartCoordinator();
   }
-  // The four trainers of one run, `tag` 0..3 on nodes n0 and n1.
-  std::vector<pid_t> Run(const std::string& tag, const std::vector<std::string>& extra) {
+  // The trainers' flags: AdamW, then `extra`.
+  static std::vector<std::string> AdamW(const std::vector<std::string>& extra) {
     std::vector<std::string> flags = {"--optimizer=adamw", "--lr=0.001"};
     flags.insert(flags.end(), extra.begin(), extra.end());
+    return flags;
+  }
+  // The four trainers of one run, `tag` 0..3 on nodes n0 and n1.
+  std::vector<pid_t> Run(const std::string& tag, const std::vector<std::string>& extra) {
     std::vector<pid_t> pids;
     for (int i = 0; i < 4; ++i) {
       pids.push_back(
-          Trainer(i % 2, absl::StrCat(tag, i), absl::StrCat("n", i / 2), "hier", flags));
+          Trainer(i % 2, absl::StrCat(tag, i), absl::StrCat("n", i / 2), "hier", AdamW(extra)));
     }
     return pids;
   }
@@ -1172,9 +1176,8 @@ class ShardedStateAloneTest : public ShardedStateTest {
 // whole state, the unsharded run's bit for bit.
 TEST_F(ShardedStateAloneTest, AWorldOfOneWritesTheWholeStateInItsCheckpoints) {
   for (const std::string& tag : {std::string("u"), std::string("s")}) {
-    std::vector<std::string> flags = {"--optimizer=adamw", "--lr=0.001", "--steps=60",
-                                      "--checkpoint-dir=" + dir_ + "/ckpt-" + tag,
-                                      "--checkpoint-every=40"};
+    std::vector<std::string> flags = AdamW(
+        {"--steps=60", "--checkpoint-dir=" + dir_ + "/ckpt-" + tag, "--checkpoint-every=40"});
     if (tag == "s") {
       NewCoordinator();
       flags.push_back("--shard-optimizer");
@@ -1205,9 +1208,7 @@ TEST_F(ShardedStateFailureTest, AKilledRanksPartsLiveOnInItsBuddyAndTheJobEndsAs
   WaitExit(pids[3]);
   ASSERT_TRUE(WaitForLine("k0", "world 3 on 2 nodes", absl::Seconds(30)))
       << ReadText(dir_ + "/k0.log");
-  const pid_t replacement = Trainer(1, "k3b", "n1", "hier",
-                                    {"--optimizer=adamw", "--lr=0.001", "--shard-optimizer",
-                                     "--steps=1000"});
+  const pid_t replacement = Trainer(1, "k3b", "n1", "hier", AdamW(flags));
   for (int i = 0; i < 3; ++i) {
     EXPECT_EQ(WaitExit(pids[i]), 0) << ReadText(absl::StrCat(dir_, "/k", i, ".log"));
   }
@@ -1298,8 +1299,7 @@ TEST_F(ShardedStateResumeTest, StoppedAsFourResumedAsThreeEndsAsUnshardedFromThe
   for (const std::string& tag : {std::string("s"), std::string("u")}) {
     state_ = "state-" + tag;
     StartCoordinator();
-    std::vector<std::string> flags = common;
-    flags.insert(flags.end(), {"--optimizer=adamw", "--lr=0.001"});
+    std::vector<std::string> flags = AdamW(common);
     if (tag == "s") flags.push_back("--shard-optimizer");
     const std::vector<pid_t> three = {Trainer(0, tag + "0", "n0", "hier", flags),
                                       Trainer(1, tag + "1", "n0", "hier", flags),

@@ -177,12 +177,7 @@ TEST(IntraOpThreadsTest, SharedAmongTheNodesTrainersUnlessToldOtherwise) {
 // anything else is refused with INVALID_ARGUMENT naming the field, by
 // Validate and by Start before anything connects.
 TEST(StartTest, AnUnknownGradientCompressionIsRefusedByName) {
-  Options o;
-  o.coordinator = "127.0.0.1:1";
-  o.dataset_size = 64;
-  o.batch_per_rank = 8;
-  o.handle_signals = false;
-  o.quiet = true;
+  Options o = QuietOptions(/*port=*/1, "refused");  // nothing listens: refused before connecting
   for (GradientCompression c :
        {GradientCompression::kNone, GradientCompression::kBf16, GradientCompression::kFp16}) {
     o.gradient_compression = c;
@@ -205,12 +200,7 @@ TEST(StartTest, AnUnknownGradientCompressionIsRefusedByName) {
 // whose step is not per element (LBFGS), named, and a step of several
 // passes.
 TEST(StartTest, ShardingIsRefusedByNameWhereItCannotBe) {
-  Options o;
-  o.coordinator = "127.0.0.1:1";
-  o.dataset_size = 64;
-  o.batch_per_rank = 8;
-  o.handle_signals = false;
-  o.quiet = true;
+  Options o = QuietOptions(/*port=*/1, "refused");  // nothing listens: refused before connecting
   o.shard_optimizer_state = true;
   o.optimizer_state_copies = 3;
   const absl::Status copies = o.Validate();
