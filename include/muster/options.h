@@ -128,8 +128,9 @@ struct Options {
   // from the ranks that stepped them; a change of world regathers the
   // state from the survivors in memory. The gradients are all-reduced as
   // without (so the numbers are the unsharded run's, bit for bit), and the
-  // state is whole on every rank for a moment where something reads it:
-  // the state check, a checkpoint (written whole), the end of training.
+  // state is whole on every rank for a moment where something reads it
+  // whole: a checkpoint (written whole), the end of training (the periodic
+  // state check compares each part's copies where they are kept).
   // Every optimizer must be one of LibTorch's with per-element state (SGD,
   // Adam, AdamW, RMSprop, Adagrad) over float32 parameters on one device,
   // and a step one pass (not State::modules); Start refuses others (LBFGS,
@@ -140,7 +141,10 @@ struct Options {
   // Clipping the gradients in place between AfterBackward and
   // optimizer.step() (clip_grad_norm_ on the model's parameters) counts, as
   // unsharded; a change through the optimizer's own parameter list does
-  // not (it holds the parts this rank keeps). With 1 copy, a dead rank's
+  // not (it holds the parts this rank keeps). A change to the parameters
+  // themselves after optimizer.step() (a WGAN's weight clipping) is
+  // overwritten by the gathered values: do it before the next ShouldStop
+  // only through the optimizer's step, or not shard. With 1 copy, a dead rank's
   // part has no holder: every rank of the next world restores the newest
   // committed checkpoint in the running job and trains the steps since
   // again (without checkpoint_dir, NOT_FOUND ends the run). Every trainer

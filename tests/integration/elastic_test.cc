@@ -1134,11 +1134,12 @@ class ShardedStateTest : public ElasticTest {
 // The same job sharded and unsharded ends with the same parameters, bit
 // for bit (the optimizers compute each element alone), writes the same
 // checkpoints (whole), and each rank of the sharded one held half the
-// state (two of four parts).
+// state (two of four parts). The state is checked every 10 steps, sharded
+// between checkpoints.
 TEST_F(ShardedStateTest, ShardedAdamWTrainsAsUnshardedWithHalfTheStatePerRank) {
   for (const std::string& tag : {std::string("u"), std::string("s")}) {
     std::vector<std::string> flags = {"--checkpoint-dir=" + dir_ + "/ckpt-" + tag,
-                                      "--checkpoint-every=100"};
+                                      "--checkpoint-every=100", "--check-state-every=10"};
     if (tag == "s") {
       NewCoordinator();
       flags.push_back("--shard-optimizer");

@@ -714,6 +714,39 @@ TEST_F(LibraryTest, ARankWhoseStateDriftsIsCaughtBeforeItsCheckpointCommits) {
   EXPECT_EQ(steps, (std::set<int>{5})) << catalog;
 }
 
+// A drift in one rank's optimizer state, which no parameter shows yet, is
+// caught by the periodic state check (every 5 steps, no checkpoint):
+// unsharded, as the first optimizer tensor that differs; with sharded
+// state, as the two copies of that rank's part (its own and its buddy's),
+// compared where they are kept. Every rank stops with DATA_LOSS (65).
+TEST_F(LibraryTest, ADriftInOneRanksOptimizerStateIsCaughtShardedOrNot) {
+  for (const bool sharded : {false, true}) {
+    StopCoordinator();  // the first run's job is over
+    StartCoordinator(/*min_members=*/3, /*max_members=*/3, sharded ? "drift-s" : "drift-u");
+    setenv("MUSTER_COORDINATOR", target_.c_str(), 1);
+    std::vector<pid_t> pids;
+    const std::string tag = sharded ? "s" : "u";
+    for (int i = 0; i < 3; ++i) {
+      std::vector<std::string> argv = {kBin + "/salvage_member", "--node-id", absl::StrCat("n", i),
+                                       "--steps", "30", "--check-state-every", "5",
+                                       "--shard-optimizer", sharded ? "1" : "0"};
+      if (i == 2) argv.insert(argv.end(), {"--corrupt-state-at-step", "10"});
+      pids.push_back(SpawnLogged(hosts_->OnNode(absl::StrCat("n", i), argv),
+                                 absl::StrCat(dir_, "/", tag, i, ".log")));
+    }
+    std::string logs;
+    for (int i = 0; i < 3; ++i) {
+      EXPECT_EQ(WaitExit(pids[i]), 65) << ReadText(absl::StrCat(dir_, "/", tag, i, ".log"));
+      logs += ReadText(absl::StrCat(dir_, "/", tag, i, ".log"));
+    }
+    EXPECT_NE(logs.find("state check at step 10 (every 5 steps): "), std::string::npos) << logs;
+    EXPECT_NE(logs.find(sharded ? "the two copies of optimizer shard "
+                                : "first difference: optimizer 0.weight.exp_avg"),
+              std::string::npos)
+        << logs;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Accumulate, SalvageTest, ::testing::Values(1, 2),
                          [](const auto& info) { return absl::StrCat("micro_batches_", info.param); });
 

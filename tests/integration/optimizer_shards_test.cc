@@ -426,6 +426,102 @@ TEST(OptimizerShardsStateTest, WithOneCopyADeadRanksStateIsNotFoundAndNothingCha
               }).ok());
 }
 
+// SGD without momentum keeps no state: what a dead rank alone holds is the
+// new values of its range, from the optimizer's step until the boundary's
+// gather. With one copy, rank 1 dies in that gather: both survivors say
+// its range is lost, and keep their shards. Had it died after the gather,
+// nothing would be lost: every rank holds every value.
+TEST(OptimizerShardsStateTest, WithOneCopyStatelessValuesSteppedOnlyByADeadRankAreNotFound) {
+  const Kind plain_sgd{"Sgd", [](Net& n) {
+                         return std::make_unique<torch::optim::SGD>(n->parameters(),
+                                                                    torch::optim::SGDOptions(0.05));
+                       }};
+  for (const bool gathered : {false, true}) {
+    std::vector<std::unique_ptr<Held>> held;
+    for (int i = 0; i < 3; ++i) held.push_back(std::make_unique<Held>(plain_sgd));
+    ASSERT_TRUE(RunCommWorld(3, "gloo", [&](int rank, Communicator* comm) {
+                  Held& me = *held[rank];
+                  me.Step(rank, 0, comm, /*copies=*/1);
+                  if (gathered) return;
+                  // The next step up to the optimizer's, not gathered.
+                  Backward(me.sharded, rank, 1);
+                  for (int g = 0; g < me.shards->groups(); ++g) {
+                    torch::Tensor flat = me.shards->FlatGradients(g);
+                    ASSERT_TRUE(comm->AllReduce(flat.data_ptr(), flat.numel(), DataType::kFloat32,
+                                                ReduceOp::kAverage,
+                                                absl::Now() + absl::Seconds(30))
+                                    .ok());
+                    me.shards->SetGradients(g, flat);
+                  }
+                  me.sharded_opt->step();
+                }).ok());
+    Held* now[2] = {held[0].get(), held[2].get()};
+    ASSERT_TRUE(RunCommWorld(2, "gloo", [&](int rank, Communicator* comm) {
+                  Held& me = *now[rank];
+                  const absl::Status s = me.shards->Unshard({true, false, true}, comm,
+                                                            absl::Now() + absl::Seconds(30));
+                  if (gathered) {
+                    EXPECT_TRUE(s.ok()) << s;
+                    me.ExpectReference(absl::StrCat("survivor ", rank, ", after the gather"));
+                    return;
+                  }
+                  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+                  EXPECT_NE(s.message().find("(shard 1) has no living holder and was stepped"),
+                            std::string::npos)
+                      << s;
+                  EXPECT_EQ(me.sharded_opt->param_groups()[0].params().size(), 2u)
+                      << "its master and the frozen bias, as before";
+                }).ok());
+  }
+}
+
+// Four ranks on one node, two copies, two Adam steps: each shard's two
+// copies agree, and every rank's masters hold its parameters' values. A
+// changed moment in rank 3's copy of shard 1, or a changed value in rank
+// 2's own master, is DATA_LOSS on every rank naming it; the state stays
+// sharded throughout.
+TEST(OptimizerShardsStateTest, TheCopiesOfEachShardAreComparedWhereTheyAreKept) {
+  const Kind adam = Kinds()[2];
+  std::vector<std::unique_ptr<Held>> held;
+  for (int i = 0; i < 4; ++i) held.push_back(std::make_unique<Held>(adam));
+  ASSERT_TRUE(RunCommWorld(4, "gloo", [&](int rank, Communicator* comm) {
+                Held& me = *held[rank];
+                for (int step = 0; step < 2; ++step) me.Step(rank, step, comm);
+                const auto check = [&] {
+                  return me.shards->CheckCopiesAgree(comm, absl::Now() + absl::Seconds(30));
+                };
+                const absl::Status agree = check();
+                EXPECT_TRUE(agree.ok()) << agree;
+                // The group's list: this rank's master, the one it backs up,
+                // the frozen bias.
+                const std::vector<torch::Tensor> listed =
+                    me.sharded_opt->param_groups()[0].params();
+                ASSERT_EQ(listed.size(), 3u);
+                torch::NoGradGuard no_grad;
+                if (rank == 3) {
+                  ASSERT_EQ(me.shards->layout().KeptBy(3), (std::vector<int>{3, 1}));
+                  auto* state = static_cast<torch::optim::AdamParamState*>(
+                      FindOptimizerState(*me.sharded_opt, listed[1]));
+                  ASSERT_NE(state, nullptr);
+                  state->exp_avg().narrow(0, 0, 1).add_(1e-3);
+                }
+                const absl::Status copies = check();
+                EXPECT_EQ(copies.code(), absl::StatusCode::kDataLoss) << copies;
+                EXPECT_NE(copies.message().find("the two copies of optimizer shard 1 differ: "
+                                                "rank 1 (its owner) and rank 3 (its buddy)"),
+                          std::string::npos)
+                    << copies;
+                if (rank == 2) listed[0].narrow(0, 0, 1).add_(1e-3);
+                const absl::Status values = check();
+                EXPECT_EQ(values.code(), absl::StatusCode::kDataLoss) << values;
+                EXPECT_NE(values.message().find("rank 2's optimizer shards hold other values than "
+                                                "its parameters"),
+                          std::string::npos)
+                    << values;
+                EXPECT_EQ(me.sharded_opt->param_groups()[0].params().size(), 3u);
+              }).ok());
+}
+
 // A new world of four: two survivors of the newest layout (generation 5,
 // three ranks, whose rank 1 is gone), a rank whose shards are of an older
 // layout (3) and a joiner. Every rank learns the same: each rank's node,

@@ -7,7 +7,8 @@
 //                  [--die-at-step K] [--leave-after-step K]
 //                  [--record DIR] [--summary FILE] [--corrupt-at-step K]
 //                  [--checkpoint-dir D --checkpoint-every N]
-//                  [--check-state-every N]
+//                  [--check-state-every N] [--shard-optimizer 0|1]
+//                  [--corrupt-state-at-step K]
 //
 // --die-at-step K: SIGKILL itself after the forward pass of step K, while
 // the others are inside that step's all-reduce. --leave-after-step K: ask to
@@ -16,6 +17,9 @@
 // --corrupt-at-step K: after the optimizer step of step K, add 1e-6 to one
 // weight of this member's first layer (what a bit flip or a bug would do):
 // the ranks must notice before they commit a checkpoint.
+// --corrupt-state-at-step K: the same to the first moment (exp_avg) of the
+// first parameter the optimizer steps (with --shard-optimizer 1, this
+// rank's own part of the state): a drift no parameter shows yet.
 // --record DIR writes DIR/<pid>.txt, "epoch index" per example of every
 // step that counted; --summary FILE ({pid} replaced) the final state.
 #include <muster/muster.h>
@@ -73,6 +77,7 @@ int main(int argc, char** argv) {
   if (flag.count("--checkpoint-dir")) options.checkpoint_dir = flag["--checkpoint-dir"];
   options.checkpoint_every = get("--checkpoint-every", 0);
   options.check_state_every = get("--check-state-every", options.check_state_every);
+  options.shard_optimizer_state = get("--shard-optimizer", 0) != 0;
   options.quiet = true;
   muster::State state;
   state.model = model.ptr().get();
@@ -109,6 +114,13 @@ int main(int argc, char** argv) {
     if (step == get("--corrupt-at-step", -1)) {
       torch::NoGradGuard no_grad;
       model[0]->as<torch::nn::Linear>()->weight[0][0].add_(1e-6);
+    }
+    if (step == get("--corrupt-state-at-step", -1)) {
+      torch::NoGradGuard no_grad;
+      const torch::Tensor& first = optimizer.param_groups()[0].params()[0];
+      auto& held = static_cast<torch::optim::AdamParamState&>(
+          *optimizer.state().at(first.unsafeGetTensorImpl()));
+      held.exp_avg().reshape({-1})[0].add_(1e-6);
     }
     for (int64_t i : d.Batch()) record << epoch << " " << i << "\n";
     record.flush();

@@ -2,6 +2,7 @@
 
 #include <c10/util/strides.h>
 #include <torch/torch.h>
+#include <xxhash.h>
 
 #include <algorithm>
 #include <cstring>
@@ -49,6 +50,22 @@ torch::Tensor FlatValues(const std::vector<torch::Tensor>& params) {
   std::vector<torch::Tensor> parts;
   for (const torch::Tensor& p : params) parts.push_back(p.detach().reshape({-1}));
   return Flat(parts);
+}
+
+// Whether a master this rank keeps holds values its parameters do not:
+// the optimizer stepped it since the last gather (GatherParameters, or
+// Make), so that its range's new values live only in the masters.
+bool SteppedSinceGathered(const std::vector<torch::Tensor>& params,
+                          const std::vector<torch::Tensor>& masters, int g,
+                          const ShardLayout& layout, int rank) {
+  if (masters.empty()) return false;
+  const torch::Tensor flat = FlatValues(params);
+  const std::vector<int> kept = layout.KeptBy(rank);
+  for (size_t k = 0; k < kept.size() && k < masters.size(); ++k) {
+    const ElementRange range = layout.Range(g, kept[k]);
+    if (!torch::equal(flat.narrow(0, range.begin, range.size()), masters[k])) return true;
+  }
+  return false;
 }
 
 // A group can be sharded: float32 on one device.
@@ -368,6 +385,75 @@ absl::Status OptimizerShards::GatherParameters(Communicator* comm, absl::Time de
   return absl::OkStatus();
 }
 
+namespace {
+
+void HashTensor(XXH3_state_t* h, const torch::Tensor& t) {
+  const torch::Tensor c = t.detach().contiguous().cpu();
+  XXH3_64bits_update(h, c.data_ptr(), static_cast<size_t>(c.numel()) * c.element_size());
+}
+
+}  // namespace
+
+absl::Status OptimizerShards::CheckCopiesAgree(Communicator* comm, absl::Time deadline) const {
+  const int W = layout_.world();
+  if (comm->size() != W || comm->rank() != rank_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "check the shards' copies: rank ", comm->rank(), " of ", comm->size(),
+        " is not rank ", rank_, " of the layout's ", W));
+  }
+  // By shard, its owner's digest, then its buddy's; then by rank, whether
+  // its masters differ from its parameters. One writer per word: the sum
+  // is exact.
+  std::vector<int64_t> table(3 * static_cast<size_t>(W), 0);
+  torch::NoGradGuard no_grad;
+  const std::vector<int> kept = layout_.KeptBy(rank_);
+  std::unique_ptr<XXH3_state_t, XXH_errorcode (*)(XXH3_state_t*)> h(XXH3_createState(),
+                                                                      &XXH3_freeState);
+  for (size_t k = 0; k < kept.size(); ++k) {
+    XXH3_64bits_reset(h.get());
+    for (const Group& group : groups_) {
+      if (k >= group.masters.size()) continue;
+      HashTensor(h.get(), group.masters[k]);
+      torch::optim::OptimizerParamState* state =
+          FindOptimizerState(*group.optimizer, group.masters[k]);
+      if (state == nullptr) continue;
+      const auto& options = group.optimizer->param_groups()[group.index].options();
+      for (const auto& [name, field] : group.codec->Save(*state, options)) {
+        XXH3_64bits_update(h.get(), name.data(), name.size());
+        HashTensor(h.get(), field);
+      }
+    }
+    table[k * W + static_cast<size_t>(kept[k])] =
+        static_cast<int64_t>(XXH3_64bits_digest(h.get()));
+  }
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    if (SteppedSinceGathered(groups_[g].params, groups_[g].masters, static_cast<int>(g), layout_,
+                             rank_)) {
+      table[2 * W + rank_] = 1;
+    }
+  }
+  MUSTER_RETURN_IF_ERROR(AllReduceValues(comm, table.data(), table.size(), DataType::kInt64,
+                                         ReduceOp::kSum, deadline));
+  for (int r = 0; r < W; ++r) {
+    if (table[2 * W + r] != 0) {
+      return absl::DataLossError(absl::StrCat(
+          "rank ", r, "'s optimizer shards hold other values than its parameters after the "
+          "step's gather"));
+    }
+  }
+  if (layout_.copies() < 2) return absl::OkStatus();
+  for (int s = 0; s < W; ++s) {
+    if (table[s] != table[W + s]) {
+      const std::vector<int> holders = layout_.Holders(s);
+      return absl::DataLossError(absl::StrCat("the two copies of optimizer shard ", s,
+                                              " differ: rank ", holders[0],
+                                              " (its owner) and rank ", holders[1],
+                                              " (its buddy) hold other values or state"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status OptimizerShards::Unshard(const std::vector<bool>& alive, Communicator* comm,
                                       absl::Time deadline) {
   if (static_cast<int>(alive.size()) != layout_.world() || !alive[rank_]) {
@@ -461,23 +547,34 @@ absl::Status OptimizerShards::Assemble(std::vector<Group>& groups, const ShardLa
   const std::vector<int> source =
       layout != nullptr ? ShardSources(*layout, alive, &lost) : std::vector<int>();
   // This rank's, then summed over the world: a range lost, then for each
-  // group whether it has state, then whether it has masters.
-  std::vector<int64_t> header(2 * G + 1, 0);
+  // group whether it has state, then whether it has masters, then whether
+  // a master was stepped since the last gather.
+  std::vector<int64_t> header(2 * G + 2, 0);
   header[0] = lost.empty() ? 0 : 1;
+  torch::NoGradGuard no_grad;
   for (size_t g = 0; g < G; ++g) {
     const Group& group = groups[g];
     const bool held = layout != nullptr && !group.masters.empty();
     header[g + 1] = held && FindOptimizerState(*group.optimizer, group.masters[0]) != nullptr;
     header[G + g + 1] = held;
+    if (held && header[2 * G + 1] == 0 &&
+        SteppedSinceGathered(group.params, group.masters, static_cast<int>(g), *layout, rank)) {
+      header[2 * G + 1] = 1;
+    }
   }
   MUSTER_RETURN_IF_ERROR(AllReduceValues(comm, header.data(), header.size(), DataType::kInt64,
                                          ReduceOp::kSum, deadline));
-  torch::NoGradGuard no_grad;
   bool any_state = false;
   for (size_t g = 0; g < G; ++g) any_state = any_state || header[g + 1] > 0;
-  if (header[0] > 0 && any_state) {
+  // A lost range is lost whether it has state or only values: an optimizer
+  // without state (SGD without momentum) that stepped since the last gather
+  // holds the range's new values in its masters alone. Every rank steps
+  // the same step, so a survivor that stepped means the dead one did too.
+  const bool stepped = header[2 * G + 1] > 0;
+  if (header[0] > 0 && (any_state || stepped)) {
     return absl::NotFoundError(absl::StrCat(
         lost.empty() ? "a range of the optimizer state has no living holder" : lost,
+        any_state ? "" : " and was stepped since the last gather",
         ": it must come from a checkpoint"));
   }
   for (size_t g = 0; g < G; ++g) {

@@ -127,6 +127,15 @@ class OptimizerShards {
   // (WriteOwn, AllGather, Install). Errors: the communicator's.
   absl::Status GatherParameters(Communicator* comm, absl::Time deadline);
 
+  // Collective over `comm`, whose ranks are the layout's, after
+  // GatherParameters: whether this rank's masters hold what its parameters
+  // hold, and, with two copies, whether the owner and the buddy of each
+  // shard hold the same values and state, bit for bit (one all-reduce of
+  // 3 W words). The state stays sharded. OK, or DATA_LOSS on every rank
+  // naming the first rank or shard that differs. Errors: the
+  // communicator's.
+  absl::Status CheckCopiesAgree(Communicator* comm, absl::Time deadline) const;
+
   // Collective over `comm` (a world after a change, or the layout's own):
   // every trained parameter of these optimizers gets its whole state back
   // on every rank of `comm`, and every group its parameter list as it was
@@ -138,8 +147,9 @@ class OptimizerShards {
   // optimizer holds. Ranks of `comm` that held
   // nothing (joiners) take part with ReceiveUnsharded. After it this
   // object holds nothing (destroy it; Make shards again). NOT_FOUND on
-  // every rank, and nothing changed, when a range with state has no
-  // living holder (one copy, its rank gone: it must come from a
+  // every rank, and nothing changed, when a range with state, or with
+  // values stepped since the last gather (an optimizer without state), has
+  // no living holder (one copy, its rank gone: it must come from a
   // checkpoint); the communicator's errors (the state is then unspecified).
   absl::Status Unshard(const std::vector<bool>& alive, Communicator* comm, absl::Time deadline);
   // The groups get their parameter lists back and the masters' state is

@@ -165,6 +165,17 @@ absl::Status Replica::WholeState(Communicator* comm, absl::Time deadline) {
   return sharded_ ? sharded_->Whole(comm, deadline) : absl::OkStatus();
 }
 
+absl::Status Replica::CheckStateAgrees(const std::vector<int64_t>& counters,
+                                       Communicator* comm, absl::Time deadline) const {
+  if (!sharded_ || !sharded_->sharded()) return CheckRanksAgree(state_, counters, comm, deadline);
+  // The model, extras and counters are the same on every rank; the
+  // optimizers' state is compared shard by shard, where it is held.
+  TrainingState rest = state_;
+  rest.optimizers.clear();
+  MUSTER_RETURN_IF_ERROR(CheckRanksAgree(rest, counters, comm, deadline));
+  return sharded_->shards()->CheckCopiesAgree(comm, deadline);
+}
+
 void Replica::ReleaseShards() {
   if (sharded_) sharded_->Release();
 }

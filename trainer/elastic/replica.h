@@ -13,8 +13,9 @@
 // rank from entering a world (EnterWorld) until the next step begins
 // (Reshard), so that the state transfer, a salvaged step and its catch-up
 // move and step the whole state as an unsharded run does; made whole
-// again (WholeState) for whatever reads it at a boundary (the state
-// check, a checkpoint, the end of training).
+// again (WholeState) for whatever reads it whole at a boundary (a
+// checkpoint, the end of training); the periodic state check compares it
+// sharded.
 //
 // Not thread-safe: the training thread's.
 #ifndef MUSTER_TRAINER_ELASTIC_REPLICA_H_
@@ -104,6 +105,12 @@ class Replica : public WorldChanges::Tensors {
   absl::Status GatherParameters(Communicator* comm, absl::Time deadline);
   // Collective: the whole state on every rank of `comm` (until Reshard).
   absl::Status WholeState(Communicator* comm, absl::Time deadline);
+  // Collective: whether every rank holds the same state (CheckRanksAgree
+  // with `counters`). Sharded optimizer state stays sharded: the model,
+  // extras and counters are compared over the world, and each shard where
+  // it is kept (OptimizerShards::CheckCopiesAgree).
+  absl::Status CheckStateAgrees(const std::vector<int64_t>& counters, Communicator* comm,
+                                absl::Time deadline) const;
   // As a step begins: the state sharded for `comm`'s world, unless it is.
   // Errors: OptimizerShards::Make's INVALID_ARGUMENT.
   absl::Status Reshard(Communicator* comm);

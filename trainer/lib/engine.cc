@@ -286,16 +286,16 @@ absl::Status Engine::WholeState() {
   return RegroupUnlessOk(replica_.WholeState(world_->comm(), changes_->LongDeadline()));
 }
 
-absl::Status Engine::CheckStateAgrees(const std::string& when) {
-  // Sharded optimizer state differs by rank: the check, and the checkpoint
-  // that follows it (a world of one included), read it whole.
-  MUSTER_RETURN_IF_ERROR(WholeState());
+absl::Status Engine::CheckStateAgrees(const std::string& when, bool whole) {
+  // A checkpoint that follows (a world of one included) reads sharded
+  // optimizer state whole; the check alone compares it sharded.
+  if (whole) MUSTER_RETURN_IF_ERROR(WholeState());
   if (life_.ended()) return absl::OkStatus();
   if (step_.state_checked_at == counters().step || world_->comm()->size() == 1) {
     return absl::OkStatus();
   }
-  absl::Status s = CheckRanksAgree(replica_.state(), counters().ToWords(), world_->comm(),
-                                   changes_->LongDeadline());
+  absl::Status s = replica_.CheckStateAgrees(counters().ToWords(), world_->comm(),
+                                             changes_->LongDeadline());
   if (s.ok()) step_.state_checked_at = counters().step;
   if (!absl::IsDataLoss(s)) return RegroupUnlessOk(s);
   s = absl::DataLossError(
@@ -311,7 +311,9 @@ absl::Status Engine::CheckStateAgrees(const std::string& when) {
 absl::Status Engine::Stop() {
   const int rank = world_->world().rank;
   bool committed = false;
-  if (checkpointer_) MUSTER_RETURN_IF_ERROR(CheckStateAgrees("before the checkpoint to stop"));
+  if (checkpointer_) {
+    MUSTER_RETURN_IF_ERROR(CheckStateAgrees("before the checkpoint to stop", /*whole=*/true));
+  }
   if (checkpointer_ && !life_.ended()) {  // else the check's regroup found no world
     MUSTER_ASSIGN_OR_RETURN(committed, checkpointer_->TakeToStop(world_->client(), world_->comm(),
                                                                  rank, CommittedStepMeta(),
@@ -357,7 +359,8 @@ absl::Status Engine::AtBoundary() {
   if (life_.ended()) return absl::OkStatus();
   if (options_.check_state_every > 0 && counters().step % options_.check_state_every == 0) {
     MUSTER_RETURN_IF_ERROR(
-        CheckStateAgrees(absl::StrCat("every ", options_.check_state_every, " steps")));
+        CheckStateAgrees(absl::StrCat("every ", options_.check_state_every, " steps"),
+                         /*whole=*/false));
     if (life_.ended()) return absl::OkStatus();
   }
   reporter_->StepDone(progress(), lr_->current());
@@ -391,7 +394,7 @@ absl::Status Engine::AtBoundary() {
 // published for someone who pulls it (muster pull-weights).
 absl::Status Engine::AfterDecision() {
   if (checkpointer_ && checkpointer_->Due(counters().step)) {
-    MUSTER_RETURN_IF_ERROR(CheckStateAgrees("before a checkpoint"));
+    MUSTER_RETURN_IF_ERROR(CheckStateAgrees("before a checkpoint", /*whole=*/true));
     if (life_.ended()) return absl::OkStatus();
     // A scheduled checkpoint that fails is skipped: training goes on.
     if (absl::Status s =

@@ -153,8 +153,10 @@ class Engine final : public Distributed, private WorldChanges::Trainer {
   absl::Status WholeState();
   // Whether every rank holds the same state (`when`: for the message), at
   // most once per step; DATA_LOSS naming the ranks and the first tensor
-  // that differ ends the run.
-  absl::Status CheckStateAgrees(const std::string& when);
+  // that differ ends the run. `whole`: sharded optimizer state is made
+  // whole first and stays so (a checkpoint follows), else it is compared
+  // sharded (Replica::CheckStateAgrees).
+  absl::Status CheckStateAgrees(const std::string& when, bool whole);
   CheckpointMeta CommittedStepMeta() const {
     return schedule_.Meta(world_->world(), step_.batch.epoch);
   }
