@@ -46,6 +46,21 @@ std::pair<torch::Tensor, torch::Tensor> Examples(const std::vector<int64_t>& ind
   return {torch::sin(i * (torch::arange(16) + 1) * 0.37), torch::cos(i * (torch::arange(4) + 1) * 0.11)};
 }
 
+// The drills --corrupt-at-step and --corrupt-state-at-step, after the
+// optimizer's step: 1e-6 added to one weight of the first layer
+// (`weight`), or to the first moment of the first parameter the optimizer
+// steps (`state`).
+void Corrupt(bool weight, bool state, torch::nn::Sequential& model, torch::optim::Adam& optimizer) {
+  torch::NoGradGuard no_grad;
+  if (weight) model[0]->as<torch::nn::Linear>()->weight[0][0].add_(1e-6);
+  if (state) {
+    const torch::Tensor& first = optimizer.param_groups()[0].params()[0];
+    auto& held = static_cast<torch::optim::AdamParamState&>(
+        *optimizer.state().at(first.unsafeGetTensorImpl()));
+    held.exp_avg().reshape({-1})[0].add_(1e-6);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -111,17 +126,8 @@ int main(int argc, char** argv) {
       continue;
     }
     optimizer.step();
-    if (step == get("--corrupt-at-step", -1)) {
-      torch::NoGradGuard no_grad;
-      model[0]->as<torch::nn::Linear>()->weight[0][0].add_(1e-6);
-    }
-    if (step == get("--corrupt-state-at-step", -1)) {
-      torch::NoGradGuard no_grad;
-      const torch::Tensor& first = optimizer.param_groups()[0].params()[0];
-      auto& held = static_cast<torch::optim::AdamParamState&>(
-          *optimizer.state().at(first.unsafeGetTensorImpl()));
-      held.exp_avg().reshape({-1})[0].add_(1e-6);
-    }
+    Corrupt(step == get("--corrupt-at-step", -1), step == get("--corrupt-state-at-step", -1),
+            model, optimizer);
     for (int64_t i : d.Batch()) record << epoch << " " << i << "\n";
     record.flush();
   }
