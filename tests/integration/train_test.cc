@@ -173,6 +173,19 @@ TEST(IntraOpThreadsTest, SharedAmongTheNodesTrainersUnlessToldOtherwise) {
   EXPECT_NE(invalid.message().find("intra_op_threads"), std::string::npos) << invalid;
 }
 
+// The reference BLAS is told from the optimized ones by the resolved path
+// of the library that defines sgemm_: Debian's alternatives and Fedora's.
+TEST(IsReferenceBlasTest, OnlyANetlibLibblasCounts) {
+  EXPECT_TRUE(IsReferenceBlas("/usr/lib/x86_64-linux-gnu/blas/libblas.so.3.11.0"));
+  EXPECT_TRUE(IsReferenceBlas("/usr/lib64/libblas.so.3.9.0"));
+  EXPECT_FALSE(IsReferenceBlas("/usr/lib/x86_64-linux-gnu/openblas-openmp/libblas.so.3"));
+  EXPECT_FALSE(IsReferenceBlas("/usr/lib/x86_64-linux-gnu/blis-pthread/libblas.so.3"));
+  EXPECT_FALSE(IsReferenceBlas("/usr/lib/x86_64-linux-gnu/atlas/libblas.so.3.10.3"));
+  EXPECT_FALSE(IsReferenceBlas("/usr/lib64/libopenblasp.so.0"));
+  EXPECT_FALSE(IsReferenceBlas("/opt/torch/lib/libtorch_cpu.so"));
+  EXPECT_FALSE(IsReferenceBlas(""));
+}
+
 // Options::gradient_compression is validated once: the three values pass,
 // anything else is refused with INVALID_ARGUMENT naming the field, by
 // Validate and by Start before anything connects.

@@ -3,13 +3,17 @@
 // ResolvePlacement and Options::Validate).
 #include "trainer/lib/launch_options.h"
 
+#include <dlfcn.h>
 #include <sched.h>
 #include <unistd.h>
 
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstdlib>
+#include <mutex>
+#include <string_view>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -35,6 +39,18 @@ std::string Env(const char* name) {
 // (its long wait) come from the same one.
 CollectiveDeadlineOptions DeadlineOptionsFrom(const Options& o) {
   return CollectiveDeadlineOptions{absl::Seconds(o.collective_timeout_s)};
+}
+
+// The resolved path of the library that defines sgemm_, empty when none
+// does dynamically (PyPI's LibTorch links MKL into itself).
+std::string BlasLibrary() {
+  void* sgemm = ::dlsym(RTLD_DEFAULT, "sgemm_");
+  Dl_info info{};
+  if (sgemm == nullptr || ::dladdr(sgemm, &info) == 0 || info.dli_fname == nullptr) return "";
+  char* real = ::realpath(info.dli_fname, nullptr);
+  std::string path = real != nullptr ? real : info.dli_fname;
+  std::free(real);
+  return path;
 }
 
 }  // namespace
@@ -150,7 +166,27 @@ ProgressOptions ProgressOptionsFrom(const Options& o, Clock* clock) {
   return po;
 }
 
+bool IsReferenceBlas(std::string_view library) {
+  const size_t slash = library.rfind('/');
+  const std::string_view file = slash == std::string_view::npos ? library : library.substr(slash + 1);
+  if (file.rfind("libblas.", 0) != 0) return false;  // C++17 for Debian's LibTorch
+  std::string dir(library.substr(0, slash == std::string_view::npos ? 0 : slash));
+  std::transform(dir.begin(), dir.end(), dir.begin(), [](unsigned char c) { return std::tolower(c); });
+  for (std::string_view optimized : {"openblas", "blis", "atlas", "mkl"}) {
+    if (dir.find(optimized) != std::string::npos) return false;
+  }
+  return true;
+}
+
 void ShareIntraOpThreads(const Options& o, int node_trainers) {
+  static std::once_flag blas_checked;
+  std::call_once(blas_checked, [] {
+    const std::string blas = BlasLibrary();
+    if (!IsReferenceBlas(blas)) return;
+    MUSTER_LOG(WARNING) << "LibTorch multiplies matrices with the reference BLAS (" << blas
+                        << "), several times slower than an optimized one; on Debian, install "
+                           "libopenblas0-openmp";
+  });
   const int cpus = UsableCpus();
   const int threads = IntraOpThreads(o.intra_op_threads, cpus, node_trainers,
                                      std::getenv("OMP_NUM_THREADS") != nullptr);

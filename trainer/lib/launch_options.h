@@ -6,6 +6,7 @@
 
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "absl/status/statusor.h"
 #include "muster/options.h"
@@ -56,7 +57,14 @@ ProgressOptions ProgressOptionsFrom(const Options& o, Clock* clock);
 
 // Sets LibTorch's intra-op threads for `node_trainers` trainers of this
 // world on this node (IntraOpThreads, OMP_NUM_THREADS as set), saying so.
+// Warns, once a process, when LibTorch's BLAS is the reference one
+// (IsReferenceBlas).
 void ShareIntraOpThreads(const Options& o, int node_trainers);
+// Whether `library`, the resolved path of the library that defines sgemm_,
+// is the reference (netlib) BLAS: a libblas.so that no optimized provider
+// (OpenBLAS, BLIS, ATLAS, MKL) installed. Debian's libtorch1.13 gets it
+// when apt meets "libblas3 | libblas.so.3" with nothing else installed.
+bool IsReferenceBlas(std::string_view library);
 
 // The state service (muster pull-weights) on Options::state_listen, null
 // when that is empty; the address it serves is written into `client` for
