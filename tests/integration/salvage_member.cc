@@ -32,6 +32,9 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <sstream>
+#include <string>
+#include <type_traits>
 
 namespace {
 
@@ -46,6 +49,19 @@ std::pair<torch::Tensor, torch::Tensor> Examples(const std::vector<int64_t>& ind
   return {torch::sin(i * (torch::arange(16) + 1) * 0.37), torch::cos(i * (torch::arange(4) + 1) * 0.11)};
 }
 
+// The optimizer state of `p`: LibTorch keys it by the parameter's
+// TensorImpl, a pointer in 2.x and the pointer printed in 1.13.
+template <typename Map>
+typename Map::mapped_type& StateOf(Map& state, const torch::Tensor& p) {
+  if constexpr (std::is_same_v<typename Map::key_type, std::string>) {
+    std::ostringstream key;
+    key << p.unsafeGetTensorImpl();
+    return state.at(key.str());
+  } else {
+    return state.at(p.unsafeGetTensorImpl());
+  }
+}
+
 // The drills --corrupt-at-step and --corrupt-state-at-step, after the
 // optimizer's step: 1e-6 added to one weight of the first layer
 // (`weight`), or to the first moment of the first parameter the optimizer
@@ -55,8 +71,7 @@ void Corrupt(bool weight, bool state, torch::nn::Sequential& model, torch::optim
   if (weight) model[0]->as<torch::nn::Linear>()->weight[0][0].add_(1e-6);
   if (state) {
     const torch::Tensor& first = optimizer.param_groups()[0].params()[0];
-    auto& held = static_cast<torch::optim::AdamParamState&>(
-        *optimizer.state().at(first.unsafeGetTensorImpl()));
+    auto& held = static_cast<torch::optim::AdamParamState&>(*StateOf(optimizer.state(), first));
     held.exp_avg().reshape({-1})[0].add_(1e-6);
   }
 }
