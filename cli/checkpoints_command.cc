@@ -1,5 +1,7 @@
 // muster checkpoints [--all] [--verify]: the checkpoint catalog; --verify
 // re-reads every committed file and checks its size and checksum.
+// muster checkpoints --consolidate DIR: a checkpoint of sharded optimizer
+// state gets its optimizer.safetensors, from its files alone.
 #include <iostream>
 
 #include "absl/flags/flag.h"
@@ -7,6 +9,7 @@
 #include "cli/command.h"
 #include "cli/format.h"
 #include "common/file_system.h"
+#include "trainer/checkpoint/optimizer_shard_files.h"
 #include "trainer/checkpoint/safetensors.h"
 
 namespace muster::cli {
@@ -43,6 +46,18 @@ int Verify(const v1::ListCheckpointsResponse& list) {
 }
 
 }  // namespace
+
+int Consolidate(const std::string& dir) {
+  std::string d = dir;
+  while (d.size() > 1 && d.back() == '/') d.pop_back();
+  absl::StatusOr<std::string> path = ConsolidateCheckpointDir(DefaultFileSystem(), d);
+  if (!path.ok()) {
+    std::cerr << "muster: checkpoints --consolidate " << dir << ": " << path.status() << "\n";
+    return 1;
+  }
+  std::cout << "wrote " << *path << "\n";
+  return 0;
+}
 
 int Checkpoints(const Invocation& in) {
   v1::ListCheckpointsRequest req;

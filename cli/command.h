@@ -16,6 +16,7 @@
 
 ABSL_DECLARE_FLAG(bool, all);
 ABSL_DECLARE_FLAG(bool, verify);
+ABSL_DECLARE_FLAG(std::string, consolidate);
 ABSL_DECLARE_FLAG(absl::Duration, timeout);
 ABSL_DECLARE_FLAG(std::string, since);
 ABSL_DECLARE_FLAG(uint32_t, limit);
@@ -50,6 +51,10 @@ void Prepare(grpc::ClientContext* ctx, const std::string& token, Clock* clock);
 int Status(const Invocation& in);
 int World(const Invocation& in);
 int Checkpoints(const Invocation& in);
+// checkpoints --consolidate DIR: the checkpoint directory's sharded
+// optimizer state written whole as DIR/optimizer.safetensors, from the
+// files alone.
+int Consolidate(const std::string& dir);
 int Events(const Invocation& in);
 int Drain(const Invocation& in);
 int PullWeights(const Invocation& in);

@@ -32,6 +32,9 @@ ABSL_FLAG(std::string, tls_key, "", "PEM client key (mutual TLS)");
 ABSL_FLAG(bool, json, false, "print JSON instead of tables");
 ABSL_FLAG(bool, all, false, "checkpoints: include pending, aborted and retired ones");
 ABSL_FLAG(bool, verify, false, "checkpoints: re-read every file and check its xxh3 checksum");
+ABSL_FLAG(std::string, consolidate, "",
+          "checkpoints: a checkpoint directory (DIR/step-S) of sharded optimizer state: write its "
+          "optimizer.safetensors from the shard files (no coordinator needed)");
 ABSL_FLAG(absl::Duration, timeout, absl::Seconds(10), "rpc deadline");
 ABSL_FLAG(std::string, since, "",
           "events: only those since this time: a duration ago (10m, 2h) or an RFC 3339 time");
@@ -63,7 +66,8 @@ constexpr Command kCommands[] = {
     {"world", "world                  the current world's membership by rank (paged GetWorld)",
      World},
     {"checkpoints",
-     "checkpoints [--all] [--verify]   the checkpoint catalog (--verify re-reads the files)",
+     "checkpoints [--all] [--verify] | --consolidate DIR   the checkpoint catalog (--verify "
+     "re-reads the files); one sharded checkpoint's optimizer.safetensors",
      Checkpoints},
     {"events", "events [--since T] [--limit N]   the coordinator's event log (--json: JSON lines)",
      Events},
@@ -108,6 +112,9 @@ int Run(const std::vector<char*>& args) {
   if (command == nullptr) {
     std::cerr << "muster: unknown command " << name << " (" << CommandNames() << ")\n";
     return 2;
+  }
+  if (command->run == Checkpoints && !absl::GetFlag(FLAGS_consolidate).empty()) {
+    return Consolidate(absl::GetFlag(FLAGS_consolidate));
   }
   const std::string target = Target();
   if (target.empty()) {

@@ -1102,6 +1102,17 @@ TEST_F(ElasticTest, ElasticLrScalesOrKeepsTheLearningRate) {
   }
 }
 
+// `muster checkpoints --consolidate` on a checkpoint directory of sharded
+// state exits 0 and writes its optimizer.safetensors.
+void ExpectConsolidated(const std::string& step_dir) {
+  const std::string command =
+      kBin + "/muster checkpoints --consolidate " + step_dir + " > " + step_dir + ".out 2>&1";
+  const int status = std::system(command.c_str());
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << ReadText(step_dir + ".out");
+  EXPECT_TRUE(std::filesystem::exists(step_dir + "/optimizer.safetensors"))
+      << ReadText(step_dir + ".out");
+}
+
 // Sharded optimizer state (Options::shard_optimizer_state, ZeRO-1, with a
 // buddy copy of each part): two nodes of two trainers, AdamW.
 class ShardedStateTest : public ElasticTest {
@@ -1162,6 +1173,14 @@ TEST_F(ShardedStateTest, ShardedAdamWTrainsAsUnshardedWithHalfTheStatePerRank) {
     EXPECT_LE(std::stod(JsonNumber(si, "optimizer_state_elements")), whole * 0.5 + 16) << si;
     EXPECT_GE(std::stod(JsonNumber(si, "optimizer_state_elements")), whole * 0.5 - 16) << si;
   }
+  // The sharded run's checkpoint holds a file per part, which the command
+  // puts together into the unsharded run's optimizer file, bit for bit.
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_TRUE(std::filesystem::exists(
+        absl::StrCat(dir_, "/ckpt-s/step-200/optimizer-shard-", r, "-of-4.safetensors")));
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir_ + "/ckpt-s/step-200/optimizer.safetensors"));
+  ExpectConsolidated(dir_ + "/ckpt-s/step-200");
   for (const char* file : {"/step-200/model.safetensors", "/step-200/optimizer.safetensors"}) {
     ExpectSameTensors(dir_ + "/ckpt-u" + file, dir_ + "/ckpt-s" + file);
   }
@@ -1186,6 +1205,7 @@ TEST_F(ShardedStateAloneTest, AWorldOfOneWritesTheWholeStateInItsCheckpoints) {
     EXPECT_EQ(WaitExit(Trainer(0, tag, "n0", "auto", flags)), 0)
         << ReadText(dir_ + "/" + tag + ".log");
   }
+  ExpectConsolidated(dir_ + "/ckpt-s/step-40");
   ExpectSameTensors(dir_ + "/ckpt-u/step-40/optimizer.safetensors",
                     dir_ + "/ckpt-s/step-40/optimizer.safetensors");
 }
@@ -1265,6 +1285,47 @@ class ShardedStateResumeTest : public ShardedStateTest {
  protected:
   int MinMembers() const override { return 3; }
   std::string StateDir() const override { return dir_ + "/" + state_; }
+  // The first job's coordinator is stopped and its state (the checkpoint
+  // catalog) copied for each requeued job: "state-s" and "state-u".
+  void CopyCatalog() {
+    ::kill(coordinator_, SIGTERM);
+    WaitExit(coordinator_);
+    std::system(("cp -r " + dir_ + "/state " + dir_ + "/state-s && cp -r " + dir_ + "/state " +
+                 dir_ + "/state-u")
+                    .c_str());
+  }
+  // The job requeued as three trainers, sharded (`tag` "s") or not ("u"),
+  // on its own copy of the catalog, with `common` flags; each must exit 0.
+  // The first trainer's log.
+  std::string RequeueAsThree(const std::string& tag, const std::vector<std::string>& common) {
+    state_ = "state-" + tag;
+    StartCoordinator();
+    std::vector<std::string> flags = AdamW(common);
+    if (tag == "s") flags.push_back("--shard-optimizer");
+    const std::vector<pid_t> three = {Trainer(0, tag + "0", "n0", "hier", flags),
+                                      Trainer(1, tag + "1", "n0", "hier", flags),
+                                      Trainer(0, tag + "2", "n1", "hier", flags)};
+    for (int i = 0; i < 3; ++i) {
+      EXPECT_EQ(WaitExit(three[i]), 0) << ReadText(absl::StrCat(dir_, "/", tag, i, ".log"));
+    }
+    ::kill(coordinator_, SIGTERM);
+    WaitExit(coordinator_);
+    coordinator_ = -1;
+    return ReadText(dir_ + "/" + tag + "0.log");
+  }
+  // Both requeued jobs trained to step 300 as three and ended with the
+  // same parameters on every rank.
+  void ExpectBothEndAsOne() {
+    const std::string s0 = ReadText(dir_ + "/s0.json"), u0 = ReadText(dir_ + "/u0.json");
+    EXPECT_EQ(JsonNumber(s0, "steps"), "300") << s0;
+    EXPECT_EQ(JsonNumber(s0, "world_size"), "3") << s0;
+    EXPECT_EQ(JsonNumber(s0, "parameter_checksum"), JsonNumber(u0, "parameter_checksum"));
+    for (const char* tag : {"s1", "s2"}) {
+      EXPECT_EQ(JsonNumber(ReadText(dir_ + "/" + tag + ".json"), "parameter_checksum"),
+                JsonNumber(s0, "parameter_checksum"))
+          << tag;
+    }
+  }
   std::string state_ = "state";
 };
 
@@ -1290,41 +1351,44 @@ TEST_F(ShardedStateResumeTest, StoppedAsFourResumedAsThreeEndsAsUnshardedFromThe
       std::regex_search(log_a, m, std::regex("stopping at step ([0-9]+) after checkpointing")))
       << log_a;
   const std::string stopped = m[1];
-  ::kill(coordinator_, SIGTERM);
-  WaitExit(coordinator_);
-  // The requeued job twice, each on its own copy of the coordinator's
-  // state (the checkpoint catalog), neither writing a checkpoint.
-  std::system(("cp -r " + dir_ + "/state " + dir_ + "/state-s && cp -r " + dir_ + "/state " +
-               dir_ + "/state-u")
-                  .c_str());
+  // The requeued job twice, neither writing a checkpoint.
+  CopyCatalog();
   for (const std::string& tag : {std::string("s"), std::string("u")}) {
-    state_ = "state-" + tag;
-    StartCoordinator();
-    std::vector<std::string> flags = AdamW(common);
-    if (tag == "s") flags.push_back("--shard-optimizer");
-    const std::vector<pid_t> three = {Trainer(0, tag + "0", "n0", "hier", flags),
-                                      Trainer(1, tag + "1", "n0", "hier", flags),
-                                      Trainer(0, tag + "2", "n1", "hier", flags)};
-    for (int i = 0; i < 3; ++i) {
-      EXPECT_EQ(WaitExit(three[i]), 0) << ReadText(absl::StrCat(dir_, "/", tag, i, ".log"));
-    }
-    EXPECT_NE(ReadText(dir_ + "/" + tag + "0.log")
-                  .find("resumed from the checkpoint of step " + stopped),
-              std::string::npos)
-        << ReadText(dir_ + "/" + tag + "0.log");
-    ::kill(coordinator_, SIGTERM);
-    WaitExit(coordinator_);
+    const std::string log = RequeueAsThree(tag, common);
+    EXPECT_NE(log.find("resumed from the checkpoint of step " + stopped), std::string::npos) << log;
   }
-  coordinator_ = -1;
-  const std::string s0 = ReadText(dir_ + "/s0.json"), u0 = ReadText(dir_ + "/u0.json");
-  EXPECT_EQ(JsonNumber(s0, "steps"), "300") << s0;
-  EXPECT_EQ(JsonNumber(s0, "world_size"), "3") << s0;
-  EXPECT_EQ(JsonNumber(s0, "parameter_checksum"), JsonNumber(u0, "parameter_checksum"));
-  for (const char* tag : {"s1", "s2"}) {
-    EXPECT_EQ(JsonNumber(ReadText(dir_ + "/" + tag + ".json"), "parameter_checksum"),
-              JsonNumber(s0, "parameter_checksum"))
-        << tag;
+  ExpectBothEndAsOne();
+}
+
+// Four trainers with sharded state write their checkpoints a file per
+// part; all four are SIGKILLed, and the job is requeued as three: the
+// newest checkpoint's parts are put together on load, so three sharded
+// and three unsharded trainers resume the same step and end bit for bit
+// the same.
+TEST_F(ShardedStateResumeTest, KilledAsFourResumedAsThreeFromItsShardFiles) {
+  const std::vector<std::string> common = {"--checkpoint-dir=" + dir_ + "/ckpt", "--steps=300"};
+  std::vector<std::string> first = common;
+  first.insert(first.end(), {"--shard-optimizer", "--checkpoint-every=50"});
+  std::vector<pid_t> pids = Run("a", first);
+  ASSERT_TRUE(WaitForLine("a0", "checkpoint of step 100 written", absl::Seconds(120)))
+      << ReadText(dir_ + "/a0.log");
+  for (pid_t p : pids) ::kill(p, SIGKILL);
+  for (pid_t p : pids) WaitExit(p);
+  CopyCatalog();
+  std::string resumed;
+  for (const std::string& tag : {std::string("s"), std::string("u")}) {
+    const std::string log = RequeueAsThree(tag, common);
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(log, m, std::regex("resumed from the checkpoint of step ([0-9]+)")))
+        << log;
+    if (resumed.empty()) resumed = m[1];
+    EXPECT_EQ(m[1], resumed) << log;
   }
+  EXPECT_GE(std::stoi(resumed), 100);
+  const std::string step_dir = dir_ + "/ckpt/step-" + resumed;
+  EXPECT_TRUE(std::filesystem::exists(step_dir + "/optimizer-shard-3-of-4.safetensors"));
+  EXPECT_FALSE(std::filesystem::exists(step_dir + "/optimizer.safetensors"));
+  ExpectBothEndAsOne();
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "trainer/checkpoint/optimizer_shard_files.h"
 #include "trainer/checkpoint/safetensors.h"
 #include "trainer/checkpoint/state_tensors.h"
 
@@ -108,15 +109,21 @@ void Checkpointer::CopyIntoArena(const FileTensors& files,
 }
 
 absl::Status Checkpointer::Snapshot(const CheckpointMeta& meta, Done done) {
+  return Snapshot(meta, {}, std::move(done));
+}
+
+absl::Status Checkpointer::Snapshot(const CheckpointMeta& meta,
+                                    std::vector<FileReport> shard_files, Done done) {
   const absl::Time asked = clock_->Now();
   MutexLock lock(&mu_);
   while (busy_) cv_.Wait(&mu_);
   const absl::Time start = clock_->Now();
   backlog_seconds_ = absl::ToDoubleSeconds(start - asked);
   torch::NoGradGuard no_grad;
-  FileTensors files = {
-      {"model.safetensors", state_.Model()}, {"optimizer.safetensors", state_.OptimizerState()}};
+  FileTensors files = {{"model.safetensors", state_.Model()}};
+  if (shard_files.empty()) files.emplace_back("optimizer.safetensors", state_.OptimizerState());
   if (state_.has_extra()) files.emplace_back("extra.safetensors", state_.Extra());
+  shard_files_ = std::move(shard_files);
   // Lay out each file image: the safetensors prefix, then the tensors.
   std::vector<std::string> prefixes;
   images_.clear();
@@ -158,6 +165,7 @@ void Checkpointer::WriterLoop() {
     if (stop_) return;
     has_job_ = false;
     const CheckpointMeta meta = meta_;
+    const std::vector<FileReport> shard_files = shard_files_;
     Done done = std::move(done_);
     CheckpointTiming timing;
     timing.blocking_seconds = blocking_seconds_;
@@ -166,7 +174,7 @@ void Checkpointer::WriterLoop() {
     const absl::Time start = clock_->Now();
     timing.copy_seconds = copier_.WaitCopied();
     timing.device_bytes = copier_.device_bytes();
-    absl::StatusOr<std::vector<FileReport>> files = Write(meta, &timing.bytes);
+    absl::StatusOr<std::vector<FileReport>> files = Write(meta, shard_files, &timing.bytes);
     timing.write_seconds = absl::ToDoubleSeconds(clock_->Now() - start);
     if (!files.ok()) {
       MUSTER_LOG(WARNING) << "checkpoint of step " << meta.step << " failed: " << files.status();
@@ -180,8 +188,8 @@ void Checkpointer::WriterLoop() {
   }
 }
 
-absl::StatusOr<std::vector<FileReport>> Checkpointer::Write(const CheckpointMeta& meta,
-                                                            uint64_t* bytes) {
+absl::StatusOr<std::vector<FileReport>> Checkpointer::Write(
+    const CheckpointMeta& meta, const std::vector<FileReport>& shard_files, uint64_t* bytes) {
   const std::string dir = StepDir(meta.step);
   MUSTER_RETURN_IF_ERROR(fs_->CreateDir(dir_));
   MUSTER_RETURN_IF_ERROR(fs_->CreateDir(dir));
@@ -209,6 +217,7 @@ absl::StatusOr<std::vector<FileReport>> Checkpointer::Write(const CheckpointMeta
     files.push_back({path, image.size, sum});
     *bytes += image.size;
   }
+  files.insert(files.end(), shard_files.begin(), shard_files.end());
   CheckpointManifest manifest{meta, {}};
   for (const FileReport& f : files) manifest.files[BaseName(f.path)] = {f.bytes, f.xxh3};
   const std::string text = EncodeManifest(manifest);
@@ -345,13 +354,23 @@ absl::StatusOr<CheckpointMeta> LoadCheckpoint(const std::vector<FileReport>& fil
     }
   }
   if (manifest_path.empty()) return absl::DataLossError("checkpoint has no manifest.json");
+  const std::string dir = manifest_path.substr(0, manifest_path.rfind('/'));
+  // Sharded optimizer state (optimizer_shard_files.h): put together whole;
+  // the next step shards it for the world that resumes.
+  if (tensors.count("optimizer.safetensors") == 0) {
+    absl::StatusOr<SafetensorsFile> whole = ConsolidateShards(tensors, dir);
+    if (whole.ok()) {
+      tensors["optimizer.safetensors"] = *std::move(whole);
+    } else if (!absl::IsNotFound(whole.status())) {
+      return whole.status();
+    }
+  }
   std::vector<std::string> wanted = {"model.safetensors", "optimizer.safetensors"};
   if (state.has_extra()) wanted.push_back("extra.safetensors");
   for (const std::string& key : wanted) {
     if (tensors.count(key) == 0) return absl::DataLossError(absl::StrCat("checkpoint has no ", key));
   }
   const CheckpointMeta& meta = manifest->meta;
-  const std::string dir = manifest_path.substr(0, manifest_path.rfind('/'));
 
   // Check everything before changing anything.
   std::vector<std::pair<const TensorData*, torch::Tensor>> copies;

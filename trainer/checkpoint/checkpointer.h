@@ -76,6 +76,10 @@ class Checkpointer {
   // on the writer thread with the written files or the error (the partial
   // files are then removed). Waits for a previous write first.
   absl::Status Snapshot(const CheckpointMeta& meta, Done done);
+  // The same for sharded optimizer state: no optimizer.safetensors; the
+  // shard files every rank wrote (optimizer_shard_files.h), already in the
+  // step's directory, are named in the manifest and in `done`'s files.
+  absl::Status Snapshot(const CheckpointMeta& meta, std::vector<FileReport> shard_files, Done done);
   // Waits until no write is running; the outcome of the last write (OK
   // when none was asked for): its error, or OK once its files are written.
   absl::Status Wait();
@@ -102,7 +106,9 @@ class Checkpointer {
   // behind it (DeviceCopier: at once on the CPU, on a side stream from GPUs).
   void CopyIntoArena(const FileTensors& files, const std::vector<std::string>& prefixes);
   void WriterLoop();
-  absl::StatusOr<std::vector<FileReport>> Write(const CheckpointMeta& meta, uint64_t* bytes);
+  absl::StatusOr<std::vector<FileReport>> Write(const CheckpointMeta& meta,
+                                                const std::vector<FileReport>& shard_files,
+                                                uint64_t* bytes);
 
   const std::string dir_;
   const TrainingState state_;
@@ -116,6 +122,7 @@ class Checkpointer {
   bool has_job_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status last_write_ ABSL_GUARDED_BY(mu_);
   CheckpointMeta meta_ ABSL_GUARDED_BY(mu_);
+  std::vector<FileReport> shard_files_ ABSL_GUARDED_BY(mu_);  // of the pending write
   Done done_ ABSL_GUARDED_BY(mu_);
   double blocking_seconds_ ABSL_GUARDED_BY(mu_) = 0;
   double backlog_seconds_ ABSL_GUARDED_BY(mu_) = 0;

@@ -4,8 +4,10 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "trainer/checkpoint/optimizer_shard_files.h"
 #include "trainer/comm/values.h"
 
 namespace muster {
@@ -34,6 +36,19 @@ void ApplyRetention(CoordinatorClient* client, Clock* clock, FileSystem* fs,
     for (const CatalogEntry& e : *kept) keep |= e.step == s;
     if (!keep) fs->RemoveAll(dir + "/" + name).IgnoreError();
   }
+}
+
+// The shard files of a world, by rank, from TakeSharded's exchange:
+// `words` holds, for each rank, a flag, the file's size and its checksum.
+std::vector<FileReport> ShardFiles(const std::string& step_dir, const std::vector<int64_t>& words) {
+  const int world = static_cast<int>(words.size() / 3);
+  std::vector<FileReport> files;
+  for (int r = 0; r < world; ++r) {
+    files.push_back({absl::StrCat(step_dir, "/", ShardFileName(r, world)),
+                     static_cast<uint64_t>(words[3 * r + 1]),
+                     absl::StrFormat("%016x", static_cast<uint64_t>(words[3 * r + 2]))});
+  }
+  return files;
 }
 
 }  // namespace
@@ -112,7 +127,7 @@ absl::Status CatalogCheckpointer::Take(CoordinatorClient* client, int rank, Chec
     s = done.status();
   }
   if (s.ok() && rank == 0) {
-    s = Write(client, *id, std::move(meta), call_timeout);
+    s = Write(client, *id, std::move(meta), {}, call_timeout);
     if (!s.ok()) {
       client->AbortCheckpoint(*id, std::string(s.message()), CallDeadline(clock_, call_timeout))
           .IgnoreError();
@@ -127,12 +142,13 @@ absl::Status CatalogCheckpointer::Take(CoordinatorClient* client, int rank, Chec
 
 // Rank 0: snapshot, then write and report in the background.
 absl::Status CatalogCheckpointer::Write(CoordinatorClient* client, uint64_t id,
-                                        CheckpointMeta meta, absl::Duration call_timeout) {
+                                        CheckpointMeta meta, std::vector<FileReport> shard_files,
+                                        absl::Duration call_timeout) {
   meta.model = options_.model_name;
   meta.optimizer = options_.optimizer_name;
   const int64_t step = meta.step;
   return checkpointer_.Snapshot(
-      meta, [client, id, step, call_timeout, clock = clock_, fs = fs_, dir = options_.dir,
+      meta, std::move(shard_files), [client, id, step, call_timeout, clock = clock_, fs = fs_, dir = options_.dir,
              outcome = outcome_](absl::StatusOr<std::vector<FileReport>> files,
                                  CheckpointTiming timing) {
         if (!files.ok()) {
@@ -164,6 +180,100 @@ absl::Status CatalogCheckpointer::Write(CoordinatorClient* client, uint64_t id,
                          << timing.write_seconds << " s)";
         ApplyRetention(client, clock, fs, dir, step);
       });
+}
+
+absl::StatusOr<FileReport> CatalogCheckpointer::WriteOwnShard(
+    int64_t step, const absl::StatusOr<OwnShardState>& own, int rank, int world) {
+  if (!own.ok()) return own.status();
+  if (own->shard != rank || own->world != world) {
+    return absl::FailedPreconditionError(absl::StrCat("this rank (", rank, " of ", world,
+                                                      ") holds shard ", own->shard, " of ",
+                                                      own->world));
+  }
+  const std::string dir = checkpointer_.StepDir(step);
+  MUSTER_RETURN_IF_ERROR(fs_->CreateDir(options_.dir));
+  MUSTER_RETURN_IF_ERROR(fs_->CreateDir(dir));
+  const std::string path = absl::StrCat(dir, "/", ShardFileName(rank, world));
+  MUSTER_ASSIGN_OR_RETURN(WrittenFile written,
+                          WriteShardFile(fs_, path, rank, world, own->groups));
+  return FileReport{path, written.bytes, written.xxh3};
+}
+
+absl::StatusOr<bool> CatalogCheckpointer::TakeSharded(CoordinatorClient* client,
+                                                      Communicator* comm, int rank,
+                                                      CheckpointMeta meta,
+                                                      const absl::StatusOr<OwnShardState>& own,
+                                                      absl::Time deadline,
+                                                      absl::Duration call_timeout) {
+  last_ = clock_->Now();
+  outcome_->Set(absl::OkStatus());
+  const int64_t step = meta.step;
+  const int world = comm->size();
+  absl::StatusOr<uint64_t> id =
+      client->BeginCheckpoint(meta.generation, step, CallDeadline(clock_, call_timeout));
+  // Each rank's slot: 1 and its file's size and checksum once written, 2
+  // when the catalog already holds the step committed, 0 when it failed.
+  constexpr int64_t kWritten = 1, kCommittedBefore = 2;
+  std::vector<int64_t> words(3 * static_cast<size_t>(world), 0);
+  absl::Status s = id.status();
+  if (absl::IsAlreadyExists(s)) {
+    words[3 * rank] = kCommittedBefore;
+  } else if (s.ok()) {
+    absl::StatusOr<FileReport> mine = WriteOwnShard(step, own, rank, world);
+    uint64_t sum = 0;
+    if (mine.ok() && absl::SimpleHexAtoi(mine->xxh3, &sum)) {
+      words[3 * rank] = kWritten;
+      words[3 * rank + 1] = static_cast<int64_t>(mine->bytes);
+      words[3 * rank + 2] = static_cast<int64_t>(sum);
+    } else {
+      s = mine.ok() ? absl::InternalError("unreadable checksum " + mine->xxh3) : mine.status();
+    }
+  }
+  MUSTER_RETURN_IF_ERROR(
+      AllReduceValues(comm, words.data(), words.size(), DataType::kInt64, ReduceOp::kSum, deadline));
+  int before = 0, failed = -1;
+  for (int r = 0; r < world; ++r) {
+    if (words[3 * r] == kCommittedBefore) ++before;
+    if (words[3 * r] != kWritten && words[3 * r] != kCommittedBefore && failed < 0) failed = r;
+  }
+  if (before == world) {  // committed before (a checkpoint right after a resume)
+    outcome_->Committed(step);
+    return true;
+  }
+  if (failed >= 0 || before > 0) {
+    if (s.ok()) {
+      s = absl::AbortedError(failed >= 0 ? absl::StrCat("rank ", failed,
+                                                        " could not write its optimizer shard")
+                                         : std::string("the ranks disagree on whether it exists"));
+    }
+    s = absl::Status(s.code(), absl::StrCat("checkpoint of step ", step, ": ", s.message()));
+    if (rank == 0 && id.ok()) {
+      client->AbortCheckpoint(*id, std::string(s.message()), CallDeadline(clock_, call_timeout))
+          .IgnoreError();
+      fs_->RemoveAll(checkpointer_.StepDir(step)).IgnoreError();
+    }
+    MUSTER_LOG(WARNING) << s << "; skipped";
+    outcome_->Set(s);
+    return false;
+  }
+  if (rank != 0) {
+    absl::StatusOr<bool> done = client->ReportShard(*id, {}, CallDeadline(clock_, call_timeout));
+    if (done.ok() && *done) outcome_->Committed(step);
+    s = done.status();
+  } else {
+    s = Write(client, *id, std::move(meta), ShardFiles(checkpointer_.StepDir(step), words),
+              call_timeout);
+    if (!s.ok()) {
+      client->AbortCheckpoint(*id, std::string(s.message()), CallDeadline(clock_, call_timeout))
+          .IgnoreError();
+    }
+  }
+  if (!s.ok()) {
+    s = absl::Status(s.code(), absl::StrCat("checkpoint of step ", step, ": ", s.message()));
+    MUSTER_LOG(WARNING) << s << "; skipped";
+  }
+  outcome_->Set(s);
+  return s.ok();
 }
 
 absl::StatusOr<bool> CatalogCheckpointer::TakeToStop(CoordinatorClient* client,

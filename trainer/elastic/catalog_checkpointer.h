@@ -33,6 +33,7 @@
 #include "trainer/checkpoint/checkpointer.h"
 #include "trainer/client/coordinator_client.h"
 #include "trainer/comm/communicator.h"
+#include "trainer/elastic/optimizer_shards.h"
 
 namespace muster {
 
@@ -73,6 +74,20 @@ class CatalogCheckpointer {
   // committed. Errors: the communicator's (`deadline` for each agreement).
   absl::StatusOr<bool> TakeToStop(CoordinatorClient* client, Communicator* comm, int rank,
                                   const CheckpointMeta& meta, absl::Time deadline);
+  // Sharded optimizer state (docs/sharding.md, "Checkpoints"): a
+  // collective over `comm`, every rank with the same `meta`. Each rank
+  // writes the file of the shard it owns (`own`, Replica::OwnShard) into
+  // the step's directory, at once; the ranks then tell each other each
+  // file's size and checksum (one all-reduce of 3 W words), and rank 0
+  // snapshots the model and extras and writes them and the manifest, which
+  // names every shard file, in the background as Take does, and reports
+  // every file. Returns whether the checkpoint went ahead (false: a rank
+  // could not begin it or write its file; every rank logs why, rank 0
+  // aborts it, and Wait says so). Errors: the communicator's.
+  absl::StatusOr<bool> TakeSharded(CoordinatorClient* client, Communicator* comm, int rank,
+                                   CheckpointMeta meta, const absl::StatusOr<OwnShardState>& own,
+                                   absl::Time deadline,
+                                   absl::Duration call_timeout = absl::Seconds(30));
   // Waits until no write is running. The outcome of this rank's part of the
   // last Take: OK once it is written (rank 0) and reported, else what failed.
   absl::Status Wait();
@@ -90,7 +105,10 @@ class CatalogCheckpointer {
 
  private:
   absl::Status Write(CoordinatorClient* client, uint64_t id, CheckpointMeta meta,
-                     absl::Duration call_timeout);
+                     std::vector<FileReport> shard_files, absl::Duration call_timeout);
+  // TakeSharded's part before the exchange: this rank's file, written.
+  absl::StatusOr<FileReport> WriteOwnShard(int64_t step, const absl::StatusOr<OwnShardState>& own,
+                                           int rank, int world);
 
   // What the writer's callback and the training thread share.
   struct Outcome {

@@ -262,6 +262,46 @@ torch::Tensor OptimizerShards::FlatGradients(int g) const {
   return Flat(parts);
 }
 
+absl::StatusOr<OwnShardState> OptimizerShards::OwnShard(const NamedTensors& named_params) const {
+  std::map<const c10::TensorImpl*, std::string> names;
+  for (const auto& [name, p] : named_params) names[p.unsafeGetTensorImpl()] = name;
+  OwnShardState out;
+  out.shard = rank_;
+  out.world = layout_.world();
+  torch::NoGradGuard no_grad;
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    const Group& group = groups_[g];
+    ShardFileGroup file;
+    const ElementRange own = layout_.Range(static_cast<int>(g), rank_);
+    file.elements = layout_.group_elements(static_cast<int>(g));
+    file.begin = own.begin;
+    file.end = own.end;
+    for (const torch::Tensor& p : group.params) {
+      auto it = names.find(p.unsafeGetTensorImpl());
+      if (it == names.end()) {
+        return absl::InternalError(absl::StrCat("optimizer group ", g, ": a trained parameter of ",
+                                                p.numel(), " elements has no name in the state"));
+      }
+      file.params.push_back({it->second, p.sizes().vec()});
+    }
+    torch::optim::OptimizerParamState* held =
+        group.masters.empty() ? nullptr : FindOptimizerState(*group.optimizer, group.masters[0]);
+    if (held != nullptr) {
+      const auto& options = group.optimizer->param_groups()[group.index].options();
+      for (const auto& [name, t] : group.codec->Save(*held, options)) {
+        const bool pe = t.sizes() == group.masters[0].sizes() &&
+                        t.scalar_type() == group.masters[0].scalar_type();
+        torch::Tensor cpu = t.detach().to(torch::kCPU).contiguous();
+        MUSTER_ASSIGN_OR_RETURN(std::string dtype, DtypeName(cpu.scalar_type()));
+        file.fields.push_back({name, pe, {name, dtype, cpu.sizes().vec(), cpu.data_ptr()}});
+        out.keep.push_back(std::move(cpu));
+      }
+    }
+    out.groups.push_back(std::move(file));
+  }
+  return out;
+}
+
 torch::Tensor OptimizerShards::FlatParameters(int g) const { return FlatValues(groups_[g].params); }
 
 void OptimizerShards::SetGradients(int g, const torch::Tensor& averaged) {

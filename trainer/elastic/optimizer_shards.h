@@ -36,6 +36,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "trainer/checkpoint/optimizer_shard_files.h"
+#include "trainer/checkpoint/state_tensors.h"
 #include "trainer/comm/communicator.h"
 #include "trainer/ddp/shard_layout.h"
 
@@ -43,6 +45,14 @@ namespace muster {
 
 class OptimizerCodec;  // include/muster/optimizer_codec.h
 struct FlatState;      // optimizer_shards.cc
+
+// The state of the shard a rank owns, as its checkpoint file holds it
+// (trainer/checkpoint/optimizer_shard_files.h): `groups` point into `keep`.
+struct OwnShardState {
+  int shard = 0, world = 0;
+  std::vector<ShardFileGroup> groups;
+  std::vector<torch::Tensor> keep;  // contiguous, on the CPU
+};
 
 // What the ranks of a new world must agree on before sharded state moves
 // (collective over the world's communicator, AgreeOnShards): the node of
@@ -126,6 +136,12 @@ class OptimizerShards {
   // range of every group into every rank's parameters and kept masters
   // (WriteOwn, AllGather, Install). Errors: the communicator's.
   absl::Status GatherParameters(Communicator* comm, absl::Time deadline);
+
+  // The state of the shard this rank owns (not its buddy copy), every
+  // group's, each parameter named as `named_params` names it (the
+  // checkpoint's "<param>"). INTERNAL when a trained parameter is not in
+  // `named_params`; the codecs' dtype errors.
+  absl::StatusOr<OwnShardState> OwnShard(const NamedTensors& named_params) const;
 
   // Collective over `comm`, whose ranks are the layout's, after
   // GatherParameters: whether this rank's masters hold what its parameters

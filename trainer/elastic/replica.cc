@@ -161,6 +161,13 @@ int64_t Replica::optimizer_state_elements() const {
   return OptimizerShards::WholeStateElements(OptimizersOf(state_)).value_or(-1);
 }
 
+bool Replica::ShardedNow() const { return sharded_ && sharded_->sharded(); }
+
+absl::StatusOr<OwnShardState> Replica::OwnShard() const {
+  if (!ShardedNow()) return absl::FailedPreconditionError("the optimizer state is not sharded");
+  return sharded_->shards()->OwnShard(state_.Parameters());
+}
+
 absl::Status Replica::WholeState(Communicator* comm, absl::Time deadline) {
   return sharded_ ? sharded_->Whole(comm, deadline) : absl::OkStatus();
 }

@@ -34,6 +34,7 @@
 #include "trainer/checkpoint/training_state.h"
 #include "trainer/ddp/buffer_sync.h"
 #include "trainer/ddp/gradient_sync.h"
+#include "trainer/elastic/optimizer_shards.h"
 #include "trainer/elastic/state_server.h"
 #include "trainer/elastic/world_changes.h"
 
@@ -111,6 +112,12 @@ class Replica : public WorldChanges::Tensors {
   // it is kept (OptimizerShards::CheckCopiesAgree).
   absl::Status CheckStateAgrees(const std::vector<int64_t>& counters, Communicator* comm,
                                 absl::Time deadline) const;
+  // Whether the optimizer state is sharded now (between a step's first
+  // backward and whatever makes it whole).
+  bool ShardedNow() const;
+  // The state of the shard this rank owns, for its checkpoint file.
+  // FAILED_PRECONDITION when the state is not sharded.
+  absl::StatusOr<OwnShardState> OwnShard() const;
   // As a step begins: the state sharded for `comm`'s world, unless it is.
   // Errors: OptimizerShards::Make's INVALID_ARGUMENT.
   absl::Status Reshard(Communicator* comm);

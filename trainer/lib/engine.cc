@@ -394,12 +394,21 @@ absl::Status Engine::AtBoundary() {
 // published for someone who pulls it (muster pull-weights).
 absl::Status Engine::AfterDecision() {
   if (checkpointer_ && checkpointer_->Due(counters().step)) {
-    MUSTER_RETURN_IF_ERROR(CheckStateAgrees("before a checkpoint", /*whole=*/true));
+    // Sharded optimizer state is written where it is held, a file a rank.
+    const bool sharded = replica_.ShardedNow();
+    MUSTER_RETURN_IF_ERROR(CheckStateAgrees("before a checkpoint", /*whole=*/!sharded));
     if (life_.ended()) return absl::OkStatus();
     // A scheduled checkpoint that fails is skipped: training goes on.
-    if (absl::Status s =
-            checkpointer_->Take(world_->client(), world_->world().rank, CommittedStepMeta());
-        !s.ok()) {
+    if (sharded) {
+      absl::StatusOr<bool> taken =
+          checkpointer_->TakeSharded(world_->client(), world_->comm(), world_->world().rank,
+                                     CommittedStepMeta(), replica_.OwnShard(),
+                                     changes_->LongDeadline());
+      MUSTER_RETURN_IF_ERROR(RegroupUnlessOk(taken.status()));
+      if (life_.ended()) return absl::OkStatus();
+    } else if (absl::Status s = checkpointer_->Take(world_->client(), world_->world().rank,
+                                                    CommittedStepMeta());
+               !s.ok()) {
       MUSTER_LOG(WARNING) << s << "; skipped";
     }
   }
