@@ -13,10 +13,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <fstream>
 #include <iostream>
 #include <regex>
 #include <sstream>
+#include <thread>
+#include <vector>
 
 #include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
@@ -37,8 +41,8 @@ ABSL_FLAG(bool, compare_backward_calls, false,
           "calls in its one synchronised pass (each rank's batch in that many parts)");
 ABSL_FLAG(int, backward_calls, 2, "with --compare-backward-calls: the parts of the batch");
 ABSL_FLAG(bool, compare_sharding, false,
-          "AdamW unsharded, then with --shard-optimizer: step rate, the optimizer state elements "
-          "and the peak RSS of the largest rank");
+          "AdamW unsharded, then with --shard-optimizer: step rate, the optimizer state elements, "
+          "and the peak and steady-state (median sample) RSS of the largest rank");
 ABSL_DECLARE_FLAG(std::vector<std::string>, trainer_flags);
 ABSL_DECLARE_FLAG(int, world);
 ABSL_DECLARE_FLAG(int, nodes);
@@ -50,6 +54,53 @@ namespace {
 double Field(const std::string& json, const std::string& name) {
   const std::string v = JsonNumber(json, name);
   return v.empty() ? 0 : std::stod(v);
+}
+
+// Each trainer's resident memory, sampled every 250 ms from its start
+// until Stop: a trainer's steady state is its median sample (what it holds
+// from step to step, without the start and the end's moments), and the
+// figure is the largest of any trainer's.
+class RssSampler {
+ public:
+  explicit RssSampler(std::vector<pid_t> pids)
+      : samples_(pids.size()), thread_([this, pids] {
+          while (!stop_.load()) {
+            for (size_t i = 0; i < pids.size(); ++i) {
+              if (const double mb = ProcessRssMb(pids[i]); mb > 0) samples_[i].push_back(mb);
+            }
+            std::this_thread::sleep_for(std::chrono::milliseconds(250));
+          }
+        }) {}
+  ~RssSampler() { Stop(); }
+  // Stops sampling; the largest trainer's median sample in MB.
+  double SteadyMb() {
+    Stop();
+    double steady = 0;
+    for (std::vector<double>& s : samples_) steady = std::max(steady, Percentile(s, 50));
+    return steady;
+  }
+
+ private:
+  void Stop() {
+    stop_.store(true);
+    if (thread_.joinable()) thread_.join();
+  }
+  std::atomic<bool> stop_{false};
+  std::vector<std::vector<double>> samples_;
+  std::thread thread_;
+};
+
+// Reaps `trainers`: how many failed, and the largest peak RSS in KiB.
+int WaitTrainers(const std::vector<pid_t>& trainers, long* peak_rss_kb) {  // NOLINT(runtime/int)
+  int failures = 0;
+  for (pid_t p : trainers) {
+    int status = 0;
+    struct rusage usage {};
+    ::wait4(p, &status, 0, &usage);
+    *peak_rss_kb = std::max(*peak_rss_kb, usage.ru_maxrss);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) ++failures;
+  }
+  return failures;
 }
 
 // `shard`: -1 the optimizer of the trainers' default (SGD); 0 AdamW; 1
@@ -85,15 +136,10 @@ int RunOnce(bool overlap, bool broadcast_buffers, int backward_calls = 1, int sh
     argv.insert(argv.end(), more.begin(), more.end());
     trainers.push_back(SpawnLogged(argv, absl::StrCat(dir, "/trainer", i, ".log")));
   }
-  int failures = 0;
+  RssSampler rss(trainers);
   long peak_rss_kb = 0;  // NOLINT(runtime/int): rusage's type
-  for (pid_t p : trainers) {
-    int status = 0;
-    struct rusage usage {};
-    ::wait4(p, &status, 0, &usage);
-    peak_rss_kb = std::max(peak_rss_kb, usage.ru_maxrss);
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) ++failures;
-  }
+  const int failures = WaitTrainers(trainers, &peak_rss_kb);
+  const double steady_rss_mb = rss.SteadyMb();
   StopProcess(coordinator);
   if (failures > 0) {
     std::cerr << "muster-bench train: " << failures << " trainers failed; see " << dir << "\n";
@@ -121,9 +167,10 @@ int RunOnce(bool overlap, bool broadcast_buffers, int backward_calls = 1, int sh
                    accuracy)
             << (shard < 0 ? ""
                           : absl::StrFormat(" optimizer=adamw shard_optimizer=%s "
-                                            "optimizer_state_elements=%.0f peak_rss_mb=%.0f",
+                                            "optimizer_state_elements=%.0f peak_rss_mb=%.0f "
+                                            "steady_rss_mb=%.0f",
                                             shard > 0 ? "on" : "off", state_elements,
-                                            peak_rss_kb / 1024.0))
+                                            peak_rss_kb / 1024.0, steady_rss_mb))
             << std::endl;
   std::system(("rm -rf " + dir).c_str());
   return 0;

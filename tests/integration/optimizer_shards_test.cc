@@ -140,9 +140,10 @@ void AverageGradients(torch::optim::Optimizer& optimizer, Communicator* comm) {
 
 // One sharded step of every group: the gradients averaged over the world
 // (one all-reduce of the group's flat gradient, as the reference does),
-// the masters stepped, the owners' ranges all-gathered into the parameters.
+// the masters stepped, the owners' ranges all-gathered into the parameters
+// in chunks of `chunk` elements.
 void ShardedStep(Net& net, torch::optim::Optimizer& optimizer, OptimizerShards& shards,
-                 Communicator* comm) {
+                 Communicator* comm, int64_t chunk = OptimizerShards::kGatherChunk) {
   const absl::Time deadline = absl::Now() + absl::Seconds(30);
   for (int g = 0; g < shards.groups(); ++g) {
     torch::Tensor flat = shards.FlatGradients(g);
@@ -155,7 +156,7 @@ void ShardedStep(Net& net, torch::optim::Optimizer& optimizer, OptimizerShards& 
   // the caller's (in training, muster's at the step boundary).
   net->zero_grad();
   optimizer.step();
-  ASSERT_TRUE(shards.GatherParameters(comm, deadline).ok());
+  ASSERT_TRUE(shards.GatherParameters(comm, deadline, chunk).ok());
 }
 
 class OptimizerShardsTest : public ::testing::TestWithParam<Kind> {};
@@ -164,10 +165,12 @@ class OptimizerShardsTest : public ::testing::TestWithParam<Kind> {};
 // two unsharded steps (state to slice), against the same optimizer
 // unsharded throughout, in worlds of one and of three (odd: ranges of
 // unequal size) with a buddy copy: the parameters stay bit-identical, and
-// the frozen bias stays as it was.
+// the frozen bias stays as it was. The gather runs in one chunk, and in
+// chunks of 5 elements that cut through parameters and ranges.
 TEST_P(OptimizerShardsTest, ShardedStepsEqualTheUnshardedOptimizerBitForBit) {
   for (int world : {1, 3}) {
     for (int plain_steps : {0, 2}) {
+      const int64_t chunk = plain_steps == 0 ? OptimizerShards::kGatherChunk : 5;
       ASSERT_TRUE(RunCommWorld(world, "gloo", [&](int rank, Communicator* comm) {
                     Net reference = MakeNet(), sharded = MakeNet();
                     const torch::Tensor frozen = MakeNet()->named_parameters()["2.bias"];
@@ -190,7 +193,7 @@ TEST_P(OptimizerShardsTest, ShardedStepsEqualTheUnshardedOptimizerBitForBit) {
                         ASSERT_TRUE(made.ok()) << made.status();
                         shards = *std::move(made);
                       }
-                      ShardedStep(sharded, *sharded_opt, *shards, comm);
+                      ShardedStep(sharded, *sharded_opt, *shards, comm, chunk);
                       const auto want = reference->parameters(), got = sharded->parameters();
                       for (size_t i = 0; i < want.size(); ++i) {
                         ASSERT_TRUE(torch::equal(want[i], got[i]))

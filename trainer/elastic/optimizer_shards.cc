@@ -351,24 +351,51 @@ void OptimizerShards::ShareGradients(int g) {
   }
 }
 
-void OptimizerShards::WriteOwn(int g, torch::Tensor* flat) const {
+namespace {
+
+// The elements [begin, end) of `range` ∩ `other`, empty when they do not meet.
+ElementRange Overlap(ElementRange range, ElementRange other) {
+  const int64_t begin = std::max(range.begin, other.begin), end = std::min(range.end, other.end);
+  return ElementRange{begin, std::max(begin, end)};
+}
+
+}  // namespace
+
+void OptimizerShards::WriteOwn(int g, ElementRange range, torch::Tensor* chunk) const {
   if (groups_[g].masters.empty()) return;
   torch::NoGradGuard no_grad;
   const ElementRange own = layout_.Range(g, rank_);
-  flat->narrow(0, own.begin, own.size()).copy_(groups_[g].masters[0]);
+  const ElementRange both = Overlap(own, range);
+  if (both.size() == 0) return;
+  chunk->narrow(0, both.begin - range.begin, both.size())
+      .copy_(groups_[g].masters[0].narrow(0, both.begin - own.begin, both.size()));
 }
 
-void OptimizerShards::Install(int g, const torch::Tensor& flat) {
+void OptimizerShards::Install(int g, ElementRange range, const torch::Tensor& chunk) {
   torch::NoGradGuard no_grad;
   int64_t offset = 0;
   for (torch::Tensor& p : groups_[g].params) {
-    p.copy_(flat.narrow(0, offset, p.numel()).view_as(p));
+    const ElementRange in_p = Overlap({offset, offset + p.numel()}, range);
+    if (in_p.size() > 0) {
+      const torch::Tensor from = chunk.narrow(0, in_p.begin - range.begin, in_p.size());
+      if (p.is_contiguous()) {
+        p.view({-1}).narrow(0, in_p.begin - offset, in_p.size()).copy_(from);
+      } else {
+        torch::Tensor flat = p.reshape({-1}).clone();
+        flat.narrow(0, in_p.begin - offset, in_p.size()).copy_(from);
+        p.copy_(flat.view_as(p));
+      }
+    }
     offset += p.numel();
   }
   const std::vector<int> kept = layout_.KeptBy(rank_);
   for (size_t k = 0; k < groups_[g].masters.size(); ++k) {
-    const ElementRange range = layout_.Range(g, kept[k]);
-    groups_[g].masters[k].copy_(flat.narrow(0, range.begin, range.size()));
+    const ElementRange held = layout_.Range(g, kept[k]);
+    const ElementRange both = Overlap(held, range);
+    if (both.size() == 0) continue;
+    groups_[g].masters[k]
+        .narrow(0, both.begin - held.begin, both.size())
+        .copy_(chunk.narrow(0, both.begin - range.begin, both.size()));
   }
 }
 
@@ -408,19 +435,26 @@ absl::StatusOr<int64_t> OptimizerShards::WholeStateElements(
   return n;
 }
 
-absl::Status OptimizerShards::GatherParameters(Communicator* comm, absl::Time deadline) {
+absl::Status OptimizerShards::GatherParameters(Communicator* comm, absl::Time deadline,
+                                               int64_t chunk_elements) {
   if (comm->size() != layout_.world()) {
     return absl::InvalidArgumentError(absl::StrCat("a layout of ", layout_.world(),
                                                    " ranks gathered over ", comm->size()));
   }
-  std::vector<size_t> counts(static_cast<size_t>(layout_.world()));
-  for (int g = 0; g < groups(); ++g) {
-    if (groups_[g].masters.empty()) continue;  // nothing trained: the same on every rank
-    torch::Tensor flat = FlatParameters(g).to(CommDevice(*comm));
-    WriteOwn(g, &flat);
-    for (int r = 0; r < layout_.world(); ++r) counts[r] = layout_.Range(g, r).size();
-    MUSTER_RETURN_IF_ERROR(comm->AllGather(flat.data_ptr(), counts, DataType::kFloat32, deadline));
-    Install(g, flat);
+  const std::vector<ShardedBucket> chunks = PlanBuckets(layout_, chunk_elements);
+  int64_t largest = 0;
+  for (const ShardedBucket& chunk : chunks) largest = std::max(largest, chunk.range.size());
+  // One chunk's buffer, reused.
+  torch::Tensor buffer = torch::empty(
+      {largest}, torch::TensorOptions().dtype(torch::kFloat32).device(CommDevice(*comm)));
+  for (const ShardedBucket& chunk : chunks) {
+    // A group with nothing trained is the same on every rank.
+    if (groups_[chunk.group].masters.empty()) continue;
+    torch::Tensor part = buffer.narrow(0, 0, chunk.range.size());
+    WriteOwn(chunk.group, chunk.range, &part);
+    MUSTER_RETURN_IF_ERROR(
+        comm->AllGather(part.data_ptr(), chunk.counts, DataType::kFloat32, deadline));
+    Install(chunk.group, chunk.range, part);
   }
   return absl::OkStatus();
 }

@@ -17,8 +17,8 @@
 // A step, for group g:
 //   FlatGradients(g) -> reduced over the world -> SetGradients(g, averaged)
 //   optimizer.step()
-//   GatherParameters: WriteOwn(g, &flat) -> all-gathered in the layout's
-//   ranges -> Install(g, flat)
+//   GatherParameters, a chunk of the group at a time: WriteOwn(g, chunk)
+//   -> all-gathered in the layout's ranges -> Install(g, chunk)
 // Where the whole state is needed again (a change of world, a checkpoint),
 // Unshard gathers it into every parameter's own state on every rank of a
 // communicator, from the ranks that hold each range, and Make shards it
@@ -78,6 +78,9 @@ absl::StatusOr<ShardWorld> AgreeOnShards(Communicator* comm, int node, uint64_t 
 
 class OptimizerShards {
  public:
+  // GatherParameters' chunk, in elements (16 MiB of float32).
+  static constexpr int64_t kGatherChunk = int64_t{4} << 20;
+
   // Shards `optimizers` (not owned) for rank `rank` of a world whose ranks
   // are on `node_of_rank`, keeping `copies` of each shard. State the
   // optimizers already hold (a restored checkpoint, earlier steps) is
@@ -115,15 +118,17 @@ class OptimizerShards {
   // place before its optimizer.step() (clip_grad_norm_) is what the masters
   // step with, as an unsharded optimizer would.
   void ShareGradients(int g);
-  // This rank's own range of group `g`, from its master, into `flat` (the
-  // group's flat vector; the other ranges are left as they are).
-  void WriteOwn(int g, torch::Tensor* flat) const;
+  // The part of this rank's own range of group `g` that falls in `range`
+  // (of the group's flat elements), from its master, into `chunk`, which
+  // holds `range`; the rest of `chunk` is left as it is.
+  void WriteOwn(int g, ElementRange range, torch::Tensor* chunk) const;
   // Every trained parameter's .grad dropped (the optimizers, which hold
   // the masters, no longer clear them).
   void ClearParameterGradients();
-  // Group `g`'s whole flat vector, gathered from every owner, into its
-  // parameters and into the masters this rank keeps.
-  void Install(int g, const torch::Tensor& flat);
+  // Elements `range` of group `g`'s flat vector, gathered from their
+  // owners into `chunk`, into its parameters and the masters this rank
+  // keeps.
+  void Install(int g, ElementRange range, const torch::Tensor& chunk);
   // The elements of optimizer state tensors this rank holds (for the
   // memory figures): the masters' per-element state.
   int64_t StateElements() const;
@@ -134,8 +139,11 @@ class OptimizerShards {
 
   // Collective over `comm`, whose ranks are the layout's: every owner's
   // range of every group into every rank's parameters and kept masters
-  // (WriteOwn, AllGather, Install). Errors: the communicator's.
-  absl::Status GatherParameters(Communicator* comm, absl::Time deadline);
+  // (WriteOwn, AllGather, Install), in chunks of PlanBuckets' buckets of
+  // `chunk` elements through one buffer, so that the gather costs a
+  // chunk's memory rather than the model's. Errors: the communicator's.
+  absl::Status GatherParameters(Communicator* comm, absl::Time deadline,
+                                int64_t chunk = kGatherChunk);
 
   // The state of the shard this rank owns (not its buddy copy), every
   // group's, each parameter named as `named_params` names it (the
