@@ -1049,6 +1049,29 @@ TEST_F(ElasticTest, PullWeightsDuringTrainingMatchesTheCheckpointOfThatStep) {
   ExpectSameTensors(dir_ + "/ckpt/step-200/model.safetensors", dir_ + "/pulled.safetensors");
 }
 
+// A checkpoint by time (--checkpoint-interval) is taken after the same
+// step on every rank, though each rank's clock reaches the interval at its
+// own moment: one rank in the checkpoint's collectives and the other in
+// the next step's once crashed a trainer inside Gloo.
+TEST_F(ElasticTest, ACheckpointByTimeIsTakenAfterTheSameStepOnEveryRank) {
+  const std::vector<std::string> flags = {"--checkpoint-dir=" + dir_ + "/ckpt",
+                                          "--checkpoint-interval=0.2", "--steps=400"};
+  const pid_t a = Trainer(0, "a", "n0", "auto", flags), b = Trainer(0, "b", "n1", "auto", flags);
+  EXPECT_EQ(WaitExit(a), 0) << ReadText(dir_ + "/a.log");
+  EXPECT_EQ(WaitExit(b), 0) << ReadText(dir_ + "/b.log");
+  const std::string s = ReadText(dir_ + "/a.json");
+  EXPECT_EQ(JsonNumber(s, "steps"), "400") << s;
+  EXPECT_EQ(JsonNumber(s, "regroups"), "0") << s << ReadText(dir_ + "/a.log");
+  EXPECT_EQ(JsonNumber(ReadText(dir_ + "/b.json"), "parameter_checksum"),
+            JsonNumber(s, "parameter_checksum"));
+  const std::string log = ReadText(dir_ + "/a.log");
+  int written = 0;
+  for (size_t at = log.find("written ("); at != std::string::npos; at = log.find("written (", at + 1)) {
+    ++written;
+  }
+  EXPECT_GE(written, 2) << log;
+}
+
 // --elastic-lr: after the world shrinks from 3 to 2, "scale" takes the
 // linear learning rate down by 2/3 with the world; "keep" leaves it.
 TEST_F(ElasticTest, ElasticLrScalesOrKeepsTheLearningRate) {

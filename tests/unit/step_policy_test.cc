@@ -1,5 +1,5 @@
 // StepPolicy: the decision every rank takes after a step from the averaged
-// control words (stop, leave, newer world).
+// control words (stop, leave, newer world, a checkpoint due by time).
 #include "trainer/elastic/step_policy.h"
 
 #include <gtest/gtest.h>
@@ -7,9 +7,9 @@
 namespace muster {
 namespace {
 
-std::array<float, 3> Averages(int stop, int leave, int newer, int world) {
+ControlArray Averages(int stop, int leave, int newer, int world, int checkpoint = 0) {
   return {static_cast<float>(stop) / world, static_cast<float>(leave) / world,
-          static_cast<float>(newer) / world};
+          static_cast<float>(newer) / world, static_cast<float>(checkpoint) / world};
 }
 
 TEST(StepPolicyTest, NothingAskedContinues) {
@@ -43,8 +43,16 @@ TEST(StepPolicyTest, ANewerWorldHeardByOneRankRegroupsAll) {
 }
 
 TEST(StepPolicyTest, ControlWordsAreOnesAndZeros) {
-  const ControlWords w{true, false, true};
-  EXPECT_EQ(w.ToArray(), (std::array<float, 3>{1, 0, 1}));
+  const ControlWords w{true, false, true, true};
+  EXPECT_EQ(w.ToArray(), (ControlArray{1, 0, 1, 1}));
+}
+
+// One rank of seven whose clock says a checkpoint is due makes it due on
+// all; it changes no decision.
+TEST(StepPolicyTest, ACheckpointDueOnOneRankIsDueOnEveryRank) {
+  EXPECT_FALSE(CheckpointDueOnAnyRank(Averages(0, 0, 0, 7)));
+  EXPECT_TRUE(CheckpointDueOnAnyRank(Averages(0, 0, 0, 7, 1)));
+  EXPECT_EQ(DecideAfterStep(Averages(0, 0, 0, 7, 1), 7, {}, false), StepDecision::kContinue);
 }
 
 }  // namespace

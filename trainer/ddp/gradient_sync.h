@@ -78,7 +78,7 @@ struct StepCommStats {
 
 class GradientSync {
  public:
-  static constexpr int kControlWords = 3;
+  static constexpr int kControlWords = 4;  // trainer/elastic/step_policy.h's
 
   // `params`: the model's parameters in registration order (float32, all on
   // one device). `comm` may be null until SetCommunicator.

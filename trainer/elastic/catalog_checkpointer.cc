@@ -77,10 +77,13 @@ absl::StatusOr<CheckpointMeta> CatalogCheckpointer::Resume(CoordinatorClient* cl
   return absl::NotFoundError("no committed checkpoint verifies");
 }
 
-bool CatalogCheckpointer::Due(int64_t step) const {
-  return (options_.every_steps > 0 && step % options_.every_steps == 0) ||
-         (options_.interval_seconds > 0 &&
-          clock_->Now() - last_ >= absl::Seconds(options_.interval_seconds));
+bool CatalogCheckpointer::DueAtStep(int64_t step) const {
+  return options_.every_steps > 0 && step % options_.every_steps == 0;
+}
+
+bool CatalogCheckpointer::DueByTime() const {
+  return options_.interval_seconds > 0 &&
+         clock_->Now() - last_ >= absl::Seconds(options_.interval_seconds);
 }
 
 void CatalogCheckpointer::Outcome::Set(absl::Status s) {

@@ -56,8 +56,13 @@ class CatalogCheckpointer {
   // The newest committed checkpoint that verifies, loaded into the state;
   // nullopt-like NOT_FOUND when there is none. Errors: the catalog's.
   absl::StatusOr<CheckpointMeta> Resume(CoordinatorClient* client);
-  // Whether the schedule asks for a checkpoint after `step`.
-  bool Due(int64_t step) const;
+  // Whether the step schedule (every_steps) asks for a checkpoint after
+  // `step`: the same on every rank.
+  bool DueAtStep(int64_t step) const;
+  // Whether interval_seconds have passed on this rank's clock since the
+  // last Take (or the start). Each rank's clock answers on its own: the
+  // ranks agree through the step's control words (step_policy.h) first.
+  bool DueByTime() const;
   // Checkpoints the state after `meta.step` as rank `rank` (see the top);
   // the model and optimizer names come from the options; each call to the
   // catalog waits up to `call_timeout`. Errors: this rank's part could not

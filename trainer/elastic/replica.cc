@@ -99,6 +99,9 @@ absl::StatusOr<GradientSync*> Replica::SyncFor(const std::vector<std::string>& m
   return out;
 }
 
+static_assert(GradientSync::kControlWords == kControlWordCount,
+              "the gradient sync carries the step policy's control words");
+
 void Replica::BeginPass(GradientSync* sync, bool reduce, const ControlWords& control,
                         absl::Duration timeout, bool step_begins) {
   if (step_begins || sync != current_) sync->SetTimeout(timeout);

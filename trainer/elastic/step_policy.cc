@@ -4,12 +4,13 @@
 
 namespace muster {
 
-std::array<float, 3> ControlWords::ToArray() const {
-  return {stop ? 1.0f : 0.0f, leave ? 1.0f : 0.0f, newer_world ? 1.0f : 0.0f};
+ControlArray ControlWords::ToArray() const {
+  return {stop ? 1.0f : 0.0f, leave ? 1.0f : 0.0f, newer_world ? 1.0f : 0.0f,
+          checkpoint_due ? 1.0f : 0.0f};
 }
 
-StepDecision DecideAfterStep(const std::array<float, 3>& averages, int world,
-                             const ControlWords& mine, bool drained) {
+StepDecision DecideAfterStep(const ControlArray& averages, int world, const ControlWords& mine,
+                             bool drained) {
   const int stopping = static_cast<int>(std::lround(averages[0] * world));
   const int leaving = static_cast<int>(std::lround(averages[1] * world));
   const int heard_newer = static_cast<int>(std::lround(averages[2] * world));
@@ -18,5 +19,7 @@ StepDecision DecideAfterStep(const std::array<float, 3>& averages, int world,
   if (leaving > 0 || heard_newer > 0) return StepDecision::kRegroup;
   return StepDecision::kContinue;
 }
+
+bool CheckpointDueOnAnyRank(const ControlArray& averages) { return averages[3] > 0; }
 
 }  // namespace muster

@@ -6,6 +6,7 @@
 //   words in:  stop    (this rank got SIGUSR1, or stop_after_step was reached)
 //              leave   (this rank got SIGTERM, or the coordinator drains it)
 //              newer   (this rank heard of a newer generation: a join or leave)
+//              checkpoint  (this rank's clock says a checkpoint by time is due)
 //
 //   kStop      some rank is told to stop, or every rank is leaving at once
 //              (a whole job preempted): checkpoint, then end with kStopped
@@ -23,19 +24,28 @@ namespace muster {
 
 enum class StepDecision { kContinue, kStop, kLeave, kRegroup };
 
+inline constexpr int kControlWordCount = 4;
+using ControlArray = std::array<float, kControlWordCount>;
+
 // This rank's words, as GradientSync carries them (0 or 1 each).
 struct ControlWords {
   bool stop = false;
   bool leave = false;
   bool newer_world = false;
-  std::array<float, 3> ToArray() const;
+  bool checkpoint_due = false;
+  ControlArray ToArray() const;
 };
 
 // `averages`: GradientSync::control() after a successful step; `world`: its
 // size; `mine`: what this rank sent; `drained`: the coordinator told this
 // rank to leave (not a signal).
-StepDecision DecideAfterStep(const std::array<float, 3>& averages, int world,
-                             const ControlWords& mine, bool drained);
+StepDecision DecideAfterStep(const ControlArray& averages, int world, const ControlWords& mine,
+                             bool drained);
+// Whether any rank's clock said a checkpoint by time was due when the step
+// began: every rank then checkpoints after this same step (each rank's own
+// clock alone would part them, one in the checkpoint's collectives and
+// another in the next step's).
+bool CheckpointDueOnAnyRank(const ControlArray& averages);
 
 }  // namespace muster
 

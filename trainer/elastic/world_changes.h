@@ -116,7 +116,7 @@ class WorldChanges {
   // same type as ElasticWorld::EnterFn).
   using EnterFn = std::function<absl::Status(Communicator* comm, const WorldInfo& world)>;
   // Control words averaged over a world (GradientSync::control()).
-  using ControlAverages = std::array<float, 3>;
+  using ControlAverages = ControlArray;
 
   // The membership a WorldChanges moves between worlds (ElasticWorld).
   class Membership {

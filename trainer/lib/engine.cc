@@ -216,7 +216,10 @@ void Engine::BeforeBackwardFor(const std::vector<std::string>& modules, bool syn
     return;
   }
   step_.reduces = sync;
-  if (first || sync) step_.sent = changes_->CurrentControl();
+  if (first || sync) {
+    step_.sent = changes_->CurrentControl();
+    step_.sent.checkpoint_due = checkpointer_ && checkpointer_->DueByTime();
+  }
   replica_.BeginPass(*chosen, sync, step_.sent, changes_->step_timeout(), first);
 }
 
@@ -245,6 +248,7 @@ absl::Status Engine::AfterBackward() {
   if (!s.ok()) return RegroupAfterFailedStep(s);
   step_.decision = DecideAfterStep(replica_.control(), world_->world().world_size, step_.sent,
                                    world_->told_to_leave());
+  step_.checkpoint_due = step_.checkpoint_due || CheckpointDueOnAnyRank(replica_.control());
   if (replica_.several_passes()) {
     ++schedule_.mutable_counters()->pass;  // the step ends at its boundary
   } else {
@@ -393,7 +397,9 @@ absl::Status Engine::AtBoundary() {
 // The boundary goes on in a world: a scheduled checkpoint, the state
 // published for someone who pulls it (muster pull-weights).
 absl::Status Engine::AfterDecision() {
-  if (checkpointer_ && checkpointer_->Due(counters().step)) {
+  // By steps, or by time as the step's control words agreed: every rank
+  // checkpoints after the same step.
+  if (checkpointer_ && (checkpointer_->DueAtStep(counters().step) || step_.checkpoint_due)) {
     // Sharded optimizer state is written where it is held, a file a rank.
     const bool sharded = replica_.ShardedNow();
     MUSTER_RETURN_IF_ERROR(CheckStateAgrees("before a checkpoint", /*whole=*/!sharded));

@@ -61,6 +61,8 @@ struct StepInFlight {
   int world_size = 0;
   std::vector<int> lost;
   StepDecision decision = StepDecision::kContinue;
+  // Some rank's clock said a checkpoint by time was due as a pass began.
+  bool checkpoint_due = false;
   int64_t state_checked_at = -1;  // the step of the last CheckStateAgrees
 
   // The step takes `taken` (this rank's batch) in `world`.
@@ -69,6 +71,7 @@ struct StepInFlight {
     generation = world.generation;
     world_size = world.world_size;
     lost.clear();
+    checkpoint_due = false;
   }
 };
 
