@@ -1072,6 +1072,30 @@ TEST_F(ElasticTest, ACheckpointByTimeIsTakenAfterTheSameStepOnEveryRank) {
   EXPECT_GE(written, 2) << log;
 }
 
+// A trainer that joins at a step boundary where a checkpoint is due (here
+// every step's) enters the next step at once, while the members it joins
+// would have checked and checkpointed the step first: their collectives
+// and its gradient all-reduce once met in Gloo and killed the joiner.
+// Every rank now takes that checkpoint after the next step, together.
+TEST_F(ElasticTest, AJoinAtACheckpointStepDoesNotPartTheRanks) {
+  const std::vector<std::string> flags = {"--checkpoint-dir=" + dir_ + "/ckpt",
+                                          "--checkpoint-every=1", "--steps=200"};
+  const pid_t a = Trainer(0, "a", "n0", "auto", flags), b = Trainer(0, "b", "n1", "auto", flags);
+  ASSERT_TRUE(WaitForStep("a", 20, absl::Seconds(60))) << ReadText(dir_ + "/a.log");
+  const pid_t c = Trainer(1, "c", "n1", "auto", flags);
+  EXPECT_EQ(WaitExit(c), 0) << ReadText(dir_ + "/c.log");
+  EXPECT_EQ(WaitExit(a), 0) << ReadText(dir_ + "/a.log");
+  EXPECT_EQ(WaitExit(b), 0) << ReadText(dir_ + "/b.log");
+  const std::string s = ReadText(dir_ + "/a.json");
+  EXPECT_EQ(JsonNumber(s, "steps"), "200") << s;
+  EXPECT_EQ(JsonNumber(s, "world_size"), "3") << s;
+  for (const char* tag : {"b", "c"}) {
+    EXPECT_EQ(JsonNumber(ReadText(dir_ + "/" + tag + ".json"), "parameter_checksum"),
+              JsonNumber(s, "parameter_checksum"))
+        << tag;
+  }
+}
+
 // --elastic-lr: after the world shrinks from 3 to 2, "scale" takes the
 // linear learning rate down by 2/3 with the world; "keep" leaves it.
 TEST_F(ElasticTest, ElasticLrScalesOrKeepsTheLearningRate) {

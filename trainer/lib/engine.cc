@@ -218,7 +218,8 @@ void Engine::BeforeBackwardFor(const std::vector<std::string>& modules, bool syn
   step_.reduces = sync;
   if (first || sync) {
     step_.sent = changes_->CurrentControl();
-    step_.sent.checkpoint_due = checkpointer_ && checkpointer_->DueByTime();
+    step_.sent.checkpoint_due =
+        checkpointer_ && (checkpointer_->DueByTime() || checkpoint_deferred_);
   }
   replica_.BeginPass(*chosen, sync, step_.sent, changes_->step_timeout(), first);
 }
@@ -349,6 +350,7 @@ void Engine::SayStopped(const std::string& how) const {
 }
 
 absl::Status Engine::AtBoundary() {
+  const uint64_t generation = world_->world().generation;
   // Sharded optimizer state: each rank stepped its own parts.
   MUSTER_RETURN_IF_ERROR(
       RegroupUnlessOk(replica_.GatherParameters(world_->comm(), changes_->StepDeadline())));
@@ -391,15 +393,18 @@ absl::Status Engine::AtBoundary() {
     case StepDecision::kContinue:
       break;
   }
-  return AfterDecision();
+  return AfterDecision(world_->world().generation != generation);
 }
 
 // The boundary goes on in a world: a scheduled checkpoint, the state
 // published for someone who pulls it (muster pull-weights).
-absl::Status Engine::AfterDecision() {
+absl::Status Engine::AfterDecision(bool world_changed) {
   // By steps, or by time as the step's control words agreed: every rank
   // checkpoints after the same step.
-  if (checkpointer_ && (checkpointer_->DueAtStep(counters().step) || step_.checkpoint_due)) {
+  const bool due = checkpointer_ && (checkpointer_->DueAtStep(counters().step) ||
+                                     step_.checkpoint_due || checkpoint_deferred_);
+  checkpoint_deferred_ = due && world_changed;
+  if (due && !world_changed) {
     // Sharded optimizer state is written where it is held, a file a rank.
     const bool sharded = replica_.ShardedNow();
     MUSTER_RETURN_IF_ERROR(CheckStateAgrees("before a checkpoint", /*whole=*/!sharded));

@@ -138,7 +138,8 @@ class Engine final : public Distributed, private WorldChanges::Trainer {
   // then the step is salvaged (OK) or dropped (ABORTED).
   absl::Status RegroupAfterFailedStep(const absl::Status& failure);
   absl::Status AtBoundary();
-  absl::Status AfterDecision();
+  // `world_changed`: a regroup during this boundary (see checkpoint_deferred_).
+  absl::Status AfterDecision(bool world_changed);
   absl::Status Stop();
   void SayStopped(const std::string& how) const;
   // A line for people, through Options::output, unless quiet.
@@ -185,6 +186,12 @@ class Engine final : public Distributed, private WorldChanges::Trainer {
   Replica replica_;
   std::optional<WorldChanges> changes_;  // from Begin, over world_ and replica_
   std::unique_ptr<CatalogCheckpointer> checkpointer_;
+  // A checkpoint was due after a step whose boundary regrouped: a joiner of
+  // that world began the next step at once, so the checkpoint's collectives
+  // would have met its gradient all-reduce. It is taken after the next
+  // step instead, by every rank: this rank says so in that step's control
+  // words.
+  bool checkpoint_deferred_ = false;
   std::unique_ptr<ProgressReporter> reporter_;
   StepInFlight step_;
   StepLifecycle life_;  // where the step stands (step_lifecycle.h)
