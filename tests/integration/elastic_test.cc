@@ -1066,7 +1066,8 @@ TEST_F(ElasticTest, ACheckpointByTimeIsTakenAfterTheSameStepOnEveryRank) {
             JsonNumber(s, "parameter_checksum"));
   const std::string log = ReadText(dir_ + "/a.log");
   int written = 0;
-  for (size_t at = log.find("written ("); at != std::string::npos; at = log.find("written (", at + 1)) {
+  for (size_t at = log.find("written ("); at != std::string::npos;
+       at = log.find("written (", at + 1)) {
     ++written;
   }
   EXPECT_GE(written, 2) << log;
@@ -1426,7 +1427,8 @@ TEST_F(ShardedStateResumeTest, KilledAsFourResumedAsThreeFromItsShardFiles) {
   for (const std::string& tag : {std::string("s"), std::string("u")}) {
     const std::string log = RequeueAsThree(tag, common);
     std::smatch m;
-    ASSERT_TRUE(std::regex_search(log, m, std::regex("resumed from the checkpoint of step ([0-9]+)")))
+    ASSERT_TRUE(
+        std::regex_search(log, m, std::regex("resumed from the checkpoint of step ([0-9]+)")))
         << log;
     if (resumed.empty()) resumed = m[1];
     EXPECT_EQ(m[1], resumed) << log;

@@ -1,11 +1,10 @@
 #include "trainer/checkpoint/optimizer_shard_files.h"
 
+#include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <cstring>
 #include <numeric>
-
-#include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
 #include "common/checkpoint_manifest.h"
@@ -26,7 +25,7 @@ struct Model {
 };
 
 // The groups of shard `shard` of `world` (ranges as ShardLayout cuts them).
-std::vector<ShardFileGroup> Shard(const Model &m, int shard, int world) {
+std::vector<ShardFileGroup> Shard(const Model& m, int shard, int world) {
   auto range = [&](int64_t n) {
     const int64_t base = n / world, extra = n % world;
     const int64_t begin = shard * base + std::min<int64_t>(shard, extra);
@@ -35,42 +34,35 @@ std::vector<ShardFileGroup> Shard(const Model &m, int shard, int world) {
   std::vector<ShardFileGroup> groups(2);
   const auto [b0, e0] = range(9);
   groups[0] = {9, b0, e0, {{"fc.weight", {2, 3}}, {"fc.bias", {3}}}, {}};
-  groups[0].fields = {
-      {"exp_avg", true, {"", "F32", {e0 - b0}, m.exp_avg0.data() + b0}},
-      {"step", false, {"", "I64", {}, &m.step0}}};
+  groups[0].fields = {{"exp_avg", true, {"", "F32", {e0 - b0}, m.exp_avg0.data() + b0}},
+                      {"step", false, {"", "I64", {}, &m.step0}}};
   const auto [b1, e1] = range(5);
   groups[1] = {5, b1, e1, {{"out.weight", {5}}}, {}};
-  groups[1].fields = {
-      {"exp_avg", true, {"", "F32", {e1 - b1}, m.exp_avg1.data() + b1}},
-      {"step", false, {"", "I64", {}, &m.step1}}};
+  groups[1].fields = {{"exp_avg", true, {"", "F32", {e1 - b1}, m.exp_avg1.data() + b1}},
+                      {"step", false, {"", "I64", {}, &m.step1}}};
   return groups;
 }
 
 class OptimizerShardFilesTest : public ::testing::Test {
-protected:
+ protected:
   void SetUp() override {
-    dir_ = absl::StrCat(
-        ::testing::TempDir(), "/shards-", ::getpid(), "-",
-        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    dir_ = absl::StrCat(::testing::TempDir(), "/shards-", ::getpid(), "-",
+                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
     ASSERT_TRUE(DefaultFileSystem()->CreateDir(dir_).ok());
   }
-  void TearDown() override {
-    DefaultFileSystem()->RemoveAll(dir_).IgnoreError();
-  }
+  void TearDown() override { DefaultFileSystem()->RemoveAll(dir_).IgnoreError(); }
 
   // Writes the `world` shard files and a manifest naming them.
-  void WriteAll(const Model &m, int world) {
+  void WriteAll(const Model& m, int world) {
     CheckpointManifest manifest;
     manifest.meta.step = 40;
     for (int r = 0; r < world; ++r) {
       const std::string name = ShardFileName(r, world);
-      auto w = WriteShardFile(DefaultFileSystem(), dir_ + "/" + name, r, world,
-                              Shard(m, r, world));
+      auto w = WriteShardFile(DefaultFileSystem(), dir_ + "/" + name, r, world, Shard(m, r, world));
       ASSERT_TRUE(w.ok()) << w.status();
       manifest.files[name] = {w->bytes, w->xxh3};
     }
-    ASSERT_TRUE(WriteFileAtomically(DefaultFileSystem(),
-                                    dir_ + "/" + kManifestName,
+    ASSERT_TRUE(WriteFileAtomically(DefaultFileSystem(), dir_ + "/" + kManifestName,
                                     EncodeManifest(manifest))
                     .ok());
   }
@@ -82,8 +74,7 @@ protected:
       EXPECT_TRUE(bytes.ok()) << bytes.status();
       auto parsed = ParseSafetensors(bytes.value_or(""), name);
       EXPECT_TRUE(parsed.ok()) << parsed.status();
-      if (parsed.ok())
-        files[name] = *std::move(parsed);
+      if (parsed.ok()) files[name] = *std::move(parsed);
     }
     return files;
   }
@@ -92,10 +83,9 @@ protected:
 };
 
 template <typename T>
-std::vector<T> Values(const SafetensorsFile &f, const std::string &name) {
+std::vector<T> Values(const SafetensorsFile& f, const std::string& name) {
   auto it = f.tensors.find(name);
-  if (it == f.tensors.end())
-    return {};
+  if (it == f.tensors.end()) return {};
   std::vector<T> v(it->second.size / sizeof(T));
   std::memcpy(v.data(), it->second.data, it->second.size);
   return v;
@@ -113,16 +103,14 @@ TEST(ShardFileNameTest, NamesShardAndWorld) {
 // ones where a group has fewer elements than shards): the consolidated file
 // holds each parameter's field in its own shape, as an unsharded
 // checkpoint names it, with the shards' elements in order.
-TEST_F(OptimizerShardFilesTest,
-       ShardsOfAnyWorldConsolidateIntoEveryParametersState) {
+TEST_F(OptimizerShardFilesTest, ShardsOfAnyWorldConsolidateIntoEveryParametersState) {
   const Model m;
   for (int world = 1; world <= 6; ++world) {
     WriteAll(m, world);
     auto whole = ConsolidateShards(Read(world), dir_);
     ASSERT_TRUE(whole.ok()) << world << ": " << whole.status();
     EXPECT_EQ(whole->tensors.size(), 6u) << world;
-    EXPECT_EQ(whole->tensors.at("fc.weight.exp_avg").shape,
-              (std::vector<int64_t>{2, 3}));
+    EXPECT_EQ(whole->tensors.at("fc.weight.exp_avg").shape, (std::vector<int64_t>{2, 3}));
     EXPECT_EQ(Values<float>(*whole, "fc.weight.exp_avg"),
               std::vector<float>(m.exp_avg0.begin(), m.exp_avg0.begin() + 6))
         << world;
@@ -130,15 +118,10 @@ TEST_F(OptimizerShardFilesTest,
               std::vector<float>(m.exp_avg0.begin() + 6, m.exp_avg0.end()))
         << world;
     EXPECT_EQ(Values<float>(*whole, "out.weight.exp_avg"), m.exp_avg1) << world;
-    EXPECT_EQ(Values<int64_t>(*whole, "fc.bias.step"), std::vector<int64_t>{7})
-        << world;
-    EXPECT_EQ(Values<int64_t>(*whole, "out.weight.step"),
-              std::vector<int64_t>{9})
-        << world;
+    EXPECT_EQ(Values<int64_t>(*whole, "fc.bias.step"), std::vector<int64_t>{7}) << world;
+    EXPECT_EQ(Values<int64_t>(*whole, "out.weight.step"), std::vector<int64_t>{9}) << world;
     for (int r = 0; r < world; ++r) {
-      DefaultFileSystem()
-          ->Remove(dir_ + "/" + ShardFileName(r, world))
-          .IgnoreError();
+      DefaultFileSystem()->Remove(dir_ + "/" + ShardFileName(r, world)).IgnoreError();
     }
   }
 }
@@ -166,31 +149,28 @@ TEST_F(OptimizerShardFilesTest, AMissingOrDamagedShardIsDataLossNamingIt) {
   files.erase(ShardFileName(1, 3));
   absl::StatusOr<SafetensorsFile> whole = ConsolidateShards(files, dir_);
   EXPECT_TRUE(absl::IsDataLoss(whole.status())) << whole.status();
-  EXPECT_NE(whole.status().message().find(
-                "optimizer-shard-1-of-3.safetensors is missing"),
+  EXPECT_NE(whole.status().message().find("optimizer-shard-1-of-3.safetensors is missing"),
             std::string::npos)
       << whole.status();
 
   // A shard that claims another range than its place.
-  auto w = WriteShardFile(DefaultFileSystem(), dir_ + "/" + ShardFileName(1, 3),
-                          1, 3, Shard(m, 2, 3));
+  auto w =
+      WriteShardFile(DefaultFileSystem(), dir_ + "/" + ShardFileName(1, 3), 1, 3, Shard(m, 2, 3));
   ASSERT_TRUE(w.ok()) << w.status();
   whole = ConsolidateShards(Read(3), dir_);
   EXPECT_TRUE(absl::IsDataLoss(whole.status())) << whole.status();
-  EXPECT_NE(whole.status().message().find(
-                "optimizer-shard-1-of-3.safetensors: group 0"),
+  EXPECT_NE(whole.status().message().find("optimizer-shard-1-of-3.safetensors: group 0"),
             std::string::npos)
       << whole.status();
 
   // The manifest's checksum no longer matches that file.
   auto path = ConsolidateCheckpointDir(DefaultFileSystem(), dir_);
   EXPECT_TRUE(absl::IsDataLoss(path.status())) << path.status();
-  EXPECT_NE(path.status().message().find("damaged file"), std::string::npos)
-      << path.status();
+  EXPECT_NE(path.status().message().find("damaged file"), std::string::npos) << path.status();
   EXPECT_FALSE(DefaultFileSystem()->Stat(dir_ + "/optimizer.safetensors").ok());
 
   EXPECT_TRUE(absl::IsNotFound(ConsolidateShards({}, dir_).status()));
 }
 
-} // namespace
-} // namespace muster
+}  // namespace
+}  // namespace muster

@@ -21,8 +21,6 @@
 namespace muster {
 namespace {
 
-constexpr uint64_t kMaxFileBytes = uint64_t{64} << 30;
-
 std::string BaseName(const std::string& path) { return path.substr(path.rfind('/') + 1); }
 
 }  // namespace
@@ -340,12 +338,7 @@ absl::StatusOr<CheckpointMeta> LoadCheckpoint(const std::vector<FileReport>& fil
   std::optional<CheckpointManifest> manifest;
   std::string manifest_path;
   for (const FileReport& f : files) {
-    MUSTER_ASSIGN_OR_RETURN(std::string bytes, fs->ReadFile(f.path, kMaxFileBytes));
-    const std::string sum = Xxh3Hex(bytes.data(), bytes.size());
-    if (sum != f.xxh3) {
-      return absl::DataLossError(absl::StrCat(f.path, ": checksum ", sum, " but the catalog says ",
-                                              f.xxh3, " (damaged file)"));
-    }
+    MUSTER_ASSIGN_OR_RETURN(std::string bytes, ReadChecked(fs, f.path, f.xxh3, "the catalog"));
     if (BaseName(f.path) == kManifestName) {
       MUSTER_ASSIGN_OR_RETURN(manifest, DecodeManifest(bytes, f.path));
       manifest_path = f.path;

@@ -16,39 +16,33 @@ namespace {
 constexpr char kPrefix[] = "optimizer-shard-";
 constexpr char kSuffix[] = ".safetensors";
 constexpr char kOptimizerFile[] = "optimizer.safetensors";
-constexpr uint64_t kMaxFileBytes = uint64_t{64} << 30;
-
-uint64_t Elements(const std::vector<int64_t> &shape) {
+uint64_t Elements(const std::vector<int64_t>& shape) {
   uint64_t n = 1;
-  for (int64_t d : shape)
-    n *= static_cast<uint64_t>(d);
+  for (int64_t d : shape) n *= static_cast<uint64_t>(d);
   return n;
 }
 
 // A shard file's name split into its shard and world; false when it is not one.
-bool ParseShardFileName(const std::string &name, int *shard, int *world) {
+bool ParseShardFileName(const std::string& name, int* shard, int* world) {
   if (name.rfind(kPrefix, 0) != 0 || name.size() <= sizeof(kSuffix) ||
-      name.compare(name.size() - (sizeof(kSuffix) - 1), std::string::npos,
-                   kSuffix) != 0) {
+      name.compare(name.size() - (sizeof(kSuffix) - 1), std::string::npos, kSuffix) != 0) {
     return false;
   }
   const std::string middle =
-      name.substr(sizeof(kPrefix) - 1,
-                  name.size() - (sizeof(kPrefix) - 1) - (sizeof(kSuffix) - 1));
+      name.substr(sizeof(kPrefix) - 1, name.size() - (sizeof(kPrefix) - 1) - (sizeof(kSuffix) - 1));
   std::vector<std::string> parts = absl::StrSplit(middle, "-of-");
   return parts.size() == 2 && absl::SimpleAtoi(parts[0], shard) &&
-         absl::SimpleAtoi(parts[1], world) && *world > 0 && *shard >= 0 &&
-         *shard < *world;
+         absl::SimpleAtoi(parts[1], world) && *world > 0 && *shard >= 0 && *shard < *world;
 }
 
-nlohmann::json LayoutJson(const std::vector<ShardFileGroup> &groups) {
+nlohmann::json LayoutJson(const std::vector<ShardFileGroup>& groups) {
   nlohmann::json layout = nlohmann::json::array();
-  for (const ShardFileGroup &g : groups) {
+  for (const ShardFileGroup& g : groups) {
     nlohmann::json params = nlohmann::json::array();
-    for (const ShardFileParam &p : g.params)
+    for (const ShardFileParam& p : g.params)
       params.push_back({{"name", p.name}, {"shape", p.shape}});
     nlohmann::json fields = nlohmann::json::array();
-    for (const ShardFileField &f : g.fields) {
+    for (const ShardFileField& f : g.fields) {
       fields.push_back({{"name", f.name}, {"per_element", f.per_element}});
     }
     layout.push_back({{"elements", g.elements},
@@ -66,63 +60,51 @@ struct ReadShard {
   std::vector<ShardFileGroup> groups;
 };
 
-absl::StatusOr<ReadShard> ReadShardFile(const SafetensorsFile &file,
-                                        const std::string &path, int shard,
-                                        int world) {
-  auto bad = [&](const std::string &what) {
+absl::StatusOr<ReadShard> ReadShardFile(const SafetensorsFile& file, const std::string& path,
+                                        int shard, int world) {
+  auto bad = [&](const std::string& what) {
     return absl::DataLossError(absl::StrCat(path, ": ", what));
   };
-  auto meta = [&](const char *key) -> std::string {
+  auto meta = [&](const char* key) -> std::string {
     auto it = file.metadata.find(key);
     return it == file.metadata.end() ? "" : it->second;
   };
   if (meta("format") != kShardFileFormat) {
-    return bad(absl::StrCat("format \"", meta("format"), "\", not ",
-                            kShardFileFormat));
+    return bad(absl::StrCat("format \"", meta("format"), "\", not ", kShardFileFormat));
   }
-  if (meta("shard") != absl::StrCat(shard) ||
-      meta("world") != absl::StrCat(world)) {
-    return bad(absl::StrCat("its metadata says shard ", meta("shard"), " of ",
-                            meta("world")));
+  if (meta("shard") != absl::StrCat(shard) || meta("world") != absl::StrCat(world)) {
+    return bad(absl::StrCat("its metadata says shard ", meta("shard"), " of ", meta("world")));
   }
-  const nlohmann::json layout =
-      nlohmann::json::parse(meta("layout"), nullptr, false);
-  if (layout.is_discarded() || !layout.is_array())
-    return bad("its layout is not a JSON array");
+  const nlohmann::json layout = nlohmann::json::parse(meta("layout"), nullptr, false);
+  if (layout.is_discarded() || !layout.is_array()) return bad("its layout is not a JSON array");
   ReadShard out{path, {}};
   try {
     for (size_t g = 0; g < layout.size(); ++g) {
-      const nlohmann::json &j = layout[g];
+      const nlohmann::json& j = layout[g];
       ShardFileGroup group;
       group.elements = j.at("elements").get<int64_t>();
       group.begin = j.at("begin").get<int64_t>();
       group.end = j.at("end").get<int64_t>();
-      for (const nlohmann::json &p : j.at("params")) {
-        group.params.push_back({p.at("name").get<std::string>(),
-                                p.at("shape").get<std::vector<int64_t>>()});
+      for (const nlohmann::json& p : j.at("params")) {
+        group.params.push_back(
+            {p.at("name").get<std::string>(), p.at("shape").get<std::vector<int64_t>>()});
       }
-      for (const nlohmann::json &f : j.at("fields")) {
-        ShardFileField field{f.at("name").get<std::string>(),
-                             f.at("per_element").get<bool>(),
-                             {}};
+      for (const nlohmann::json& f : j.at("fields")) {
+        ShardFileField field{f.at("name").get<std::string>(), f.at("per_element").get<bool>(), {}};
         const std::string name = absl::StrCat(g, ".", field.name);
         auto it = file.tensors.find(name);
-        if (it == file.tensors.end())
-          return bad(absl::StrCat("tensor ", name, " is missing"));
+        if (it == file.tensors.end()) return bad(absl::StrCat("tensor ", name, " is missing"));
         if (field.per_element &&
-            (it->second.shape.size() != 1 ||
-             it->second.shape[0] != group.end - group.begin)) {
-          return bad(absl::StrCat("tensor ", name, " does not hold the ",
-                                  group.end - group.begin,
+            (it->second.shape.size() != 1 || it->second.shape[0] != group.end - group.begin)) {
+          return bad(absl::StrCat("tensor ", name, " does not hold the ", group.end - group.begin,
                                   " elements of its range"));
         }
-        field.data = {name, it->second.dtype, it->second.shape,
-                      it->second.data};
+        field.data = {name, it->second.dtype, it->second.shape, it->second.data};
         group.fields.push_back(std::move(field));
       }
       out.groups.push_back(std::move(group));
     }
-  } catch (const nlohmann::json::exception &e) {
+  } catch (const nlohmann::json::exception& e) {
     return bad(absl::StrCat("its layout: ", e.what()));
   }
   return out;
@@ -130,22 +112,20 @@ absl::StatusOr<ReadShard> ReadShardFile(const SafetensorsFile &file,
 
 // The groups of every shard must name the same parameters and sizes, and
 // their ranges must tile each group in shard order.
-absl::Status CheckTiling(const std::vector<ReadShard> &shards) {
-  const ReadShard &first = shards[0];
-  for (const ReadShard &s : shards) {
+absl::Status CheckTiling(const std::vector<ReadShard>& shards) {
+  const ReadShard& first = shards[0];
+  for (const ReadShard& s : shards) {
     if (s.groups.size() != first.groups.size()) {
-      return absl::DataLossError(absl::StrCat(s.path, ": ", s.groups.size(),
-                                              " groups where ", first.path,
-                                              " has ", first.groups.size()));
+      return absl::DataLossError(absl::StrCat(s.path, ": ", s.groups.size(), " groups where ",
+                                              first.path, " has ", first.groups.size()));
     }
   }
   for (size_t g = 0; g < first.groups.size(); ++g) {
     int64_t next = 0;
     uint64_t params = 0;
-    for (const ShardFileParam &p : first.groups[g].params)
-      params += Elements(p.shape);
-    for (const ReadShard &s : shards) {
-      const ShardFileGroup &group = s.groups[g];
+    for (const ShardFileParam& p : first.groups[g].params) params += Elements(p.shape);
+    for (const ReadShard& s : shards) {
+      const ShardFileGroup& group = s.groups[g];
       bool same = group.elements == first.groups[g].elements &&
                   group.params.size() == first.groups[g].params.size();
       for (size_t i = 0; same && i < group.params.size(); ++i) {
@@ -153,17 +133,15 @@ absl::Status CheckTiling(const std::vector<ReadShard> &shards) {
                group.params[i].shape == first.groups[g].params[i].shape;
       }
       if (!same || group.begin != next || group.end < group.begin) {
-        return absl::DataLossError(absl::StrCat(
-            s.path, ": group ", g, "'s layout (range ", group.begin, "-",
-            group.end, ") does not follow the other shards'"));
+        return absl::DataLossError(absl::StrCat(s.path, ": group ", g, "'s layout (range ",
+                                                group.begin, "-", group.end,
+                                                ") does not follow the other shards'"));
       }
       next = group.end;
     }
-    if (next != first.groups[g].elements ||
-        params != static_cast<uint64_t>(next)) {
-      return absl::DataLossError(absl::StrCat(first.path, ": the shards cover ",
-                                              next, " of group ", g, "'s ",
-                                              params, " elements"));
+    if (next != first.groups[g].elements || params != static_cast<uint64_t>(next)) {
+      return absl::DataLossError(absl::StrCat(first.path, ": the shards cover ", next, " of group ",
+                                              g, "'s ", params, " elements"));
     }
   }
   return absl::OkStatus();
@@ -171,81 +149,67 @@ absl::Status CheckTiling(const std::vector<ReadShard> &shards) {
 
 // The bytes of `count` elements from element `from` of group `g`'s field
 // `field`, taken from the shards whose ranges cover them, appended to `out`.
-absl::Status AppendElements(const std::vector<ReadShard> &shards, size_t g,
-                            const std::string &field, int64_t from,
-                            int64_t count, std::string *out) {
-  for (const ReadShard &s : shards) {
-    const ShardFileGroup &group = s.groups[g];
-    const int64_t lo = std::max(from, group.begin),
-                  hi = std::min(from + count, group.end);
-    if (lo >= hi)
-      continue;
-    auto it =
-        std::find_if(group.fields.begin(), group.fields.end(),
-                     [&](const ShardFileField &f) { return f.name == field; });
+absl::Status AppendElements(const std::vector<ReadShard>& shards, size_t g,
+                            const std::string& field, int64_t from, int64_t count,
+                            std::string* out) {
+  for (const ReadShard& s : shards) {
+    const ShardFileGroup& group = s.groups[g];
+    const int64_t lo = std::max(from, group.begin), hi = std::min(from + count, group.end);
+    if (lo >= hi) continue;
+    auto it = std::find_if(group.fields.begin(), group.fields.end(),
+                           [&](const ShardFileField& f) { return f.name == field; });
     if (it == group.fields.end() || !it->per_element) {
-      return absl::DataLossError(
-          absl::StrCat(s.path, ": group ", g, " has no per-element field ",
-                       field, " where another shard has"));
+      return absl::DataLossError(absl::StrCat(s.path, ": group ", g, " has no per-element field ",
+                                              field, " where another shard has"));
     }
     const size_t es = SafetensorsDtypeSize(it->data.dtype);
-    out->append(static_cast<const char *>(it->data.data) +
-                    (lo - group.begin) * es,
-                (hi - lo) * es);
+    out->append(static_cast<const char*>(it->data.data) + (lo - group.begin) * es, (hi - lo) * es);
   }
   return absl::OkStatus();
 }
 
-} // namespace
+}  // namespace
 
 std::string ShardFileName(int shard, int world) {
   return absl::StrCat(kPrefix, shard, "-of-", world, kSuffix);
 }
 
-bool IsShardFileName(const std::string &base_name) {
+bool IsShardFileName(const std::string& base_name) {
   int shard = 0, world = 0;
   return ParseShardFileName(base_name, &shard, &world);
 }
 
-absl::StatusOr<WrittenFile>
-WriteShardFile(FileSystem *fs, const std::string &path, int shard, int world,
-               const std::vector<ShardFileGroup> &groups) {
+absl::StatusOr<WrittenFile> WriteShardFile(FileSystem* fs, const std::string& path, int shard,
+                                           int world, const std::vector<ShardFileGroup>& groups) {
   std::vector<TensorRef> tensors;
   for (size_t g = 0; g < groups.size(); ++g) {
-    for (const ShardFileField &f : groups[g].fields) {
+    for (const ShardFileField& f : groups[g].fields) {
       if (f.per_element &&
-          (f.data.shape.size() != 1 ||
-           f.data.shape[0] != groups[g].end - groups[g].begin)) {
+          (f.data.shape.size() != 1 || f.data.shape[0] != groups[g].end - groups[g].begin)) {
         return absl::InvalidArgumentError(
-            absl::StrCat("group ", g, "'s field ", f.name,
-                         " does not hold its range's elements"));
+            absl::StrCat("group ", g, "'s field ", f.name, " does not hold its range's elements"));
       }
-      tensors.push_back({absl::StrCat(g, ".", f.name), f.data.dtype,
-                         f.data.shape, f.data.data});
+      tensors.push_back({absl::StrCat(g, ".", f.name), f.data.dtype, f.data.shape, f.data.data});
     }
   }
-  const std::map<std::string, std::string> metadata = {
-      {"format", kShardFileFormat},
-      {"shard", absl::StrCat(shard)},
-      {"world", absl::StrCat(world)},
-      {"layout", LayoutJson(groups).dump()}};
-  MUSTER_ASSIGN_OR_RETURN(
-      WrittenFile written,
-      WriteSafetensors(fs, path + ".tmp", tensors, metadata));
+  const std::map<std::string, std::string> metadata = {{"format", kShardFileFormat},
+                                                       {"shard", absl::StrCat(shard)},
+                                                       {"world", absl::StrCat(world)},
+                                                       {"layout", LayoutJson(groups).dump()}};
+  MUSTER_ASSIGN_OR_RETURN(WrittenFile written,
+                          WriteSafetensors(fs, path + ".tmp", tensors, metadata));
   MUSTER_RETURN_IF_ERROR(fs->Rename(path + ".tmp", path));
   MUSTER_RETURN_IF_ERROR(fs->SyncDir(path.substr(0, path.rfind('/'))));
   return written;
 }
 
-absl::StatusOr<SafetensorsFile>
-ConsolidateShards(const std::map<std::string, SafetensorsFile> &files,
-                  const std::string &dir) {
-  std::map<int, const SafetensorsFile *> by_shard;
+absl::StatusOr<SafetensorsFile> ConsolidateShards(
+    const std::map<std::string, SafetensorsFile>& files, const std::string& dir) {
+  std::map<int, const SafetensorsFile*> by_shard;
   int world = 0;
-  for (const auto &[name, file] : files) {
+  for (const auto& [name, file] : files) {
     int shard = 0, w = 0;
-    if (!ParseShardFileName(name, &shard, &w))
-      continue;
+    if (!ParseShardFileName(name, &shard, &w)) continue;
     if (world != 0 && w != world) {
       return absl::DataLossError(
           absl::StrCat(dir, ": shard files of worlds of ", world, " and ", w));
@@ -253,19 +217,15 @@ ConsolidateShards(const std::map<std::string, SafetensorsFile> &files,
     world = w;
     by_shard[shard] = &file;
   }
-  if (world == 0)
-    return absl::NotFoundError(absl::StrCat(dir, ": no optimizer shard file"));
+  if (world == 0) return absl::NotFoundError(absl::StrCat(dir, ": no optimizer shard file"));
   std::vector<ReadShard> shards;
   for (int r = 0; r < world; ++r) {
     auto it = by_shard.find(r);
     if (it == by_shard.end()) {
-      return absl::DataLossError(
-          absl::StrCat(dir, ": ", ShardFileName(r, world), " is missing"));
+      return absl::DataLossError(absl::StrCat(dir, ": ", ShardFileName(r, world), " is missing"));
     }
-    MUSTER_ASSIGN_OR_RETURN(ReadShard s,
-                            ReadShardFile(*it->second,
-                                          dir + "/" + ShardFileName(r, world),
-                                          r, world));
+    MUSTER_ASSIGN_OR_RETURN(
+        ReadShard s, ReadShardFile(*it->second, dir + "/" + ShardFileName(r, world), r, world));
     shards.push_back(std::move(s));
   }
   MUSTER_RETURN_IF_ERROR(CheckTiling(shards));
@@ -281,29 +241,25 @@ ConsolidateShards(const std::map<std::string, SafetensorsFile> &files,
   std::string data;
   for (size_t g = 0; g < shards[0].groups.size(); ++g) {
     // The group's fields as the first shard that holds its state names them.
-    const ShardFileGroup *with_state = nullptr;
-    for (const ReadShard &s : shards) {
+    const ShardFileGroup* with_state = nullptr;
+    for (const ReadShard& s : shards) {
       if (!s.groups[g].fields.empty()) {
         with_state = &s.groups[g];
         break;
       }
     }
-    if (with_state == nullptr)
-      continue; // never stepped: no state, as unsharded
+    if (with_state == nullptr) continue;  // never stepped: no state, as unsharded
     int64_t offset = 0;
-    for (const ShardFileParam &p : with_state->params) {
+    for (const ShardFileParam& p : with_state->params) {
       const int64_t n = static_cast<int64_t>(Elements(p.shape));
-      for (const ShardFileField &f : with_state->fields) {
-        Out o{absl::StrCat(p.name, ".", f.name), f.data.dtype, p.shape,
-              data.size()};
+      for (const ShardFileField& f : with_state->fields) {
+        Out o{absl::StrCat(p.name, ".", f.name), f.data.dtype, p.shape, data.size()};
         if (f.per_element) {
-          MUSTER_RETURN_IF_ERROR(
-              AppendElements(shards, g, f.name, offset, n, &data));
+          MUSTER_RETURN_IF_ERROR(AppendElements(shards, g, f.name, offset, n, &data));
         } else {
           o.shape = f.data.shape;
-          data.append(static_cast<const char *>(f.data.data),
-                      Elements(f.data.shape) *
-                          SafetensorsDtypeSize(f.data.dtype));
+          data.append(static_cast<const char*>(f.data.data),
+                      Elements(f.data.shape) * SafetensorsDtypeSize(f.data.dtype));
         }
         outs.push_back(std::move(o));
       }
@@ -311,40 +267,28 @@ ConsolidateShards(const std::map<std::string, SafetensorsFile> &files,
     }
   }
   std::vector<TensorRef> refs;
-  for (const Out &o : outs)
-    refs.push_back({o.name, o.dtype, o.shape, data.data() + o.offset});
+  for (const Out& o : outs) refs.push_back({o.name, o.dtype, o.shape, data.data() + o.offset});
   MUSTER_ASSIGN_OR_RETURN(std::string bytes, SafetensorsPrefix(refs, {}));
   bytes += data;
   return ParseSafetensors(std::move(bytes), dir + "/" + kOptimizerFile);
 }
 
-absl::StatusOr<std::string> ConsolidateCheckpointDir(FileSystem *fs,
-                                                     const std::string &dir) {
+absl::StatusOr<std::string> ConsolidateCheckpointDir(FileSystem* fs, const std::string& dir) {
   const std::string manifest_path = absl::StrCat(dir, "/", kManifestName);
-  MUSTER_ASSIGN_OR_RETURN(std::string text,
-                          fs->ReadFile(manifest_path, kMaxFileBytes));
-  MUSTER_ASSIGN_OR_RETURN(CheckpointManifest manifest,
-                          DecodeManifest(text, manifest_path));
+  MUSTER_ASSIGN_OR_RETURN(std::string text, fs->ReadFile(manifest_path, kMaxCheckpointFileBytes));
+  MUSTER_ASSIGN_OR_RETURN(CheckpointManifest manifest, DecodeManifest(text, manifest_path));
   std::map<std::string, SafetensorsFile> files;
-  for (const auto &[name, expected] : manifest.files) {
-    if (!IsShardFileName(name))
-      continue;
+  for (const auto& [name, expected] : manifest.files) {
+    if (!IsShardFileName(name)) continue;
     const std::string path = absl::StrCat(dir, "/", name);
     MUSTER_ASSIGN_OR_RETURN(std::string bytes,
-                            fs->ReadFile(path, kMaxFileBytes));
-    if (const std::string sum = Xxh3Hex(bytes.data(), bytes.size());
-        sum != expected.xxh3) {
-      return absl::DataLossError(
-          absl::StrCat(path, ": checksum ", sum, " but the manifest says ",
-                       expected.xxh3, " (damaged file)"));
-    }
-    MUSTER_ASSIGN_OR_RETURN(files[name],
-                            ParseSafetensors(std::move(bytes), path));
+                            ReadChecked(fs, path, expected.xxh3, "the manifest"));
+    MUSTER_ASSIGN_OR_RETURN(files[name], ParseSafetensors(std::move(bytes), path));
   }
   if (files.empty()) {
-    return absl::NotFoundError(absl::StrCat(
-        manifest_path, " names no optimizer shard file (",
-        "a checkpoint written whole has its ", kOptimizerFile, " already)"));
+    return absl::NotFoundError(absl::StrCat(manifest_path, " names no optimizer shard file (",
+                                            "a checkpoint written whole has its ", kOptimizerFile,
+                                            " already)"));
   }
   MUSTER_ASSIGN_OR_RETURN(SafetensorsFile whole, ConsolidateShards(files, dir));
   const std::string path = absl::StrCat(dir, "/", kOptimizerFile);
@@ -352,4 +296,4 @@ absl::StatusOr<std::string> ConsolidateCheckpointDir(FileSystem *fs,
   return path;
 }
 
-} // namespace muster
+}  // namespace muster

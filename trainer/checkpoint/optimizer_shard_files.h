@@ -33,22 +33,22 @@ inline constexpr char kShardFileFormat[] = "muster-optimizer-shard-1";
 // "optimizer-shard-<shard>-of-<world>.safetensors".
 std::string ShardFileName(int shard, int world);
 // Whether `base_name` is a shard file's name (any shard, any world).
-bool IsShardFileName(const std::string &base_name);
+bool IsShardFileName(const std::string& base_name);
 
 struct ShardFileParam {
-  std::string name; // as the unsharded file names it, without ".<field>"
+  std::string name;  // as the unsharded file names it, without ".<field>"
   std::vector<int64_t> shape;
 };
 
 struct ShardFileField {
-  std::string name;         // the codec's ("exp_avg", "step")
-  bool per_element = false; // true: `data` holds the range's elements
-  TensorRef data;           // its name is ignored; "<g>.<name>" in the file
+  std::string name;          // the codec's ("exp_avg", "step")
+  bool per_element = false;  // true: `data` holds the range's elements
+  TensorRef data;            // its name is ignored; "<g>.<name>" in the file
 };
 
 struct ShardFileGroup {
-  int64_t elements = 0;       // the group's trained elements, all shards
-  int64_t begin = 0, end = 0; // this shard's range of them
+  int64_t elements = 0;        // the group's trained elements, all shards
+  int64_t begin = 0, end = 0;  // this shard's range of them
   std::vector<ShardFileParam> params;
   // Empty: the shard has no state for the group (never stepped).
   std::vector<ShardFileField> fields;
@@ -57,9 +57,8 @@ struct ShardFileGroup {
 // Writes shard `shard` of `world` to `path` (under a temporary name,
 // synced, then renamed). Errors: the file system's; INVALID_ARGUMENT for a
 // per-element field whose size is not the range's, or an unknown dtype.
-absl::StatusOr<WrittenFile>
-WriteShardFile(FileSystem *fs, const std::string &path, int shard, int world,
-               const std::vector<ShardFileGroup> &groups);
+absl::StatusOr<WrittenFile> WriteShardFile(FileSystem* fs, const std::string& path, int shard,
+                                           int world, const std::vector<ShardFileGroup>& groups);
 
 // The unsharded optimizer file, in memory, from the shard files of one
 // checkpoint: `files` by base name (other names are ignored), `dir` for
@@ -69,18 +68,16 @@ WriteShardFile(FileSystem *fs, const std::string &path, int shard, int world,
 // missing, files of two world sizes, a layout that is not valid JSON or
 // disagrees between shards, ranges that do not tile a group, a tensor
 // missing or of the wrong size. NOT_FOUND when there is no shard file.
-absl::StatusOr<SafetensorsFile>
-ConsolidateShards(const std::map<std::string, SafetensorsFile> &files,
-                  const std::string &dir);
+absl::StatusOr<SafetensorsFile> ConsolidateShards(
+    const std::map<std::string, SafetensorsFile>& files, const std::string& dir);
 
 // Writes the consolidated file of the checkpoint directory `dir` (its
 // manifest's shard files, checked against the manifest's checksums) to
 // `dir`/optimizer.safetensors, under a temporary name then renamed; the
 // manifest is left as it is. Returns the path. Errors: as
 // ConsolidateShards, the manifest's, the file system's.
-absl::StatusOr<std::string> ConsolidateCheckpointDir(FileSystem *fs,
-                                                     const std::string &dir);
+absl::StatusOr<std::string> ConsolidateCheckpointDir(FileSystem* fs, const std::string& dir);
 
-} // namespace muster
+}  // namespace muster
 
-#endif // MUSTER_TRAINER_CHECKPOINT_OPTIMIZER_SHARD_FILES_H_
+#endif  // MUSTER_TRAINER_CHECKPOINT_OPTIMIZER_SHARD_FILES_H_

@@ -33,6 +33,16 @@ size_t SafetensorsDtypeSize(const std::string& dtype) {
 
 std::string Xxh3Hex(const void* data, size_t n) { return Hex(XXH3_64bits(data, n)); }
 
+absl::StatusOr<std::string> ReadChecked(FileSystem* fs, const std::string& path,
+                                        const std::string& xxh3, const std::string& source) {
+  MUSTER_ASSIGN_OR_RETURN(std::string bytes, fs->ReadFile(path, kMaxCheckpointFileBytes));
+  if (const std::string sum = Xxh3Hex(bytes.data(), bytes.size()); sum != xxh3) {
+    return absl::DataLossError(absl::StrCat(path, ": checksum ", sum, " but ", source, " says ",
+                                            xxh3, " (damaged file)"));
+  }
+  return bytes;
+}
+
 absl::StatusOr<std::string> SafetensorsPrefix(const std::vector<TensorRef>& tensors,
                                               const std::map<std::string, std::string>& metadata) {
   nlohmann::json header = nlohmann::json::object();

@@ -67,6 +67,15 @@ absl::StatusOr<SafetensorsFile> ParseSafetensors(std::string bytes, const std::s
 // XXH3-64 of `data` as 16 hex digits.
 std::string Xxh3Hex(const void* data, size_t n);
 
+// The largest checkpoint file read back (64 GiB).
+inline constexpr uint64_t kMaxCheckpointFileBytes = uint64_t{64} << 30;
+
+// The bytes of the checkpoint file `path`, whose XXH3-64 `source` ("the
+// catalog", "the manifest") says is `xxh3`. DATA_LOSS naming the file and
+// both checksums when they differ; the file system's errors.
+absl::StatusOr<std::string> ReadChecked(FileSystem* fs, const std::string& path,
+                                        const std::string& xxh3, const std::string& source);
+
 }  // namespace muster
 
 #endif  // MUSTER_TRAINER_CHECKPOINT_SAFETENSORS_H_

@@ -151,9 +151,10 @@ absl::Status CatalogCheckpointer::Write(CoordinatorClient* client, uint64_t id,
   meta.optimizer = options_.optimizer_name;
   const int64_t step = meta.step;
   return checkpointer_.Snapshot(
-      meta, std::move(shard_files), [client, id, step, call_timeout, clock = clock_, fs = fs_, dir = options_.dir,
-             outcome = outcome_](absl::StatusOr<std::vector<FileReport>> files,
-                                 CheckpointTiming timing) {
+      meta, std::move(shard_files),
+      [client, id, step, call_timeout, clock = clock_, fs = fs_, dir = options_.dir,
+       outcome = outcome_](absl::StatusOr<std::vector<FileReport>> files,
+                           CheckpointTiming timing) {
         if (!files.ok()) {
           client->AbortCheckpoint(id, std::string(files.status().message()),
                                   CallDeadline(clock, call_timeout)).IgnoreError();
@@ -232,8 +233,8 @@ absl::StatusOr<bool> CatalogCheckpointer::TakeSharded(CoordinatorClient* client,
       s = mine.ok() ? absl::InternalError("unreadable checksum " + mine->xxh3) : mine.status();
     }
   }
-  MUSTER_RETURN_IF_ERROR(
-      AllReduceValues(comm, words.data(), words.size(), DataType::kInt64, ReduceOp::kSum, deadline));
+  MUSTER_RETURN_IF_ERROR(AllReduceValues(comm, words.data(), words.size(), DataType::kInt64,
+                                         ReduceOp::kSum, deadline));
   int before = 0, failed = -1;
   for (int r = 0; r < world; ++r) {
     if (words[3 * r] == kCommittedBefore) ++before;

@@ -40,6 +40,12 @@ struct FlatState {
 
 namespace {
 
+// Whether the optimizer state field `t` of `param` is per element (the
+// parameter's shape and dtype), not a scalar such as a step count.
+bool PerElement(const torch::Tensor& t, const torch::Tensor& param) {
+  return t.sizes() == param.sizes() && t.scalar_type() == param.scalar_type();
+}
+
 torch::Tensor Flat(const std::vector<torch::Tensor>& parts) {
   return parts.empty() ? torch::zeros({0}, torch::kFloat32) : torch::cat(parts);
 }
@@ -126,7 +132,7 @@ absl::StatusOr<Fields> SliceState(torch::optim::Optimizer& optimizer, const Opti
     if (state == nullptr) continue;
     ++with_state;
     for (auto& [name, t] : codec.Save(*state, options)) {
-      if (t.sizes() == p.sizes() && t.scalar_type() == p.scalar_type()) {
+      if (PerElement(t, p)) {
         per_element[name].push_back(t.reshape({-1}));
         continue;
       }
@@ -289,8 +295,7 @@ absl::StatusOr<OwnShardState> OptimizerShards::OwnShard(const NamedTensors& name
     if (held != nullptr) {
       const auto& options = group.optimizer->param_groups()[group.index].options();
       for (const auto& [name, t] : group.codec->Save(*held, options)) {
-        const bool pe = t.sizes() == group.masters[0].sizes() &&
-                        t.scalar_type() == group.masters[0].scalar_type();
+        const bool pe = PerElement(t, group.masters[0]);
         torch::Tensor cpu = t.detach().to(torch::kCPU).contiguous();
         MUSTER_ASSIGN_OR_RETURN(std::string dtype, DtypeName(cpu.scalar_type()));
         file.fields.push_back({name, pe, {name, dtype, cpu.sizes().vec(), cpu.data_ptr()}});
@@ -725,9 +730,8 @@ absl::StatusOr<FlatState> OptimizerShards::StartFlatState(const Group& group, in
                      "'s codec makes no initial state, yet its sharded state is held"));
   }
   FlatState state;
-  const torch::Tensor& first = group.params[0];
   for (const auto& [name, t] : group.codec->Save(*initial, param_group.options())) {
-    const bool pe = t.sizes() == first.sizes() && t.scalar_type() == first.scalar_type();
+    const bool pe = PerElement(t, group.params[0]);
     state.specs.push_back({name, pe, t.scalar_type()});
     (pe ? state.per_element : state.scalars) += 1;
   }

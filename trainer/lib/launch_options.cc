@@ -168,10 +168,12 @@ ProgressOptions ProgressOptionsFrom(const Options& o, Clock* clock) {
 
 bool IsReferenceBlas(std::string_view library) {
   const size_t slash = library.rfind('/');
-  const std::string_view file = slash == std::string_view::npos ? library : library.substr(slash + 1);
+  const std::string_view file =
+      slash == std::string_view::npos ? library : library.substr(slash + 1);
   if (file.rfind("libblas.", 0) != 0) return false;  // C++17 for Debian's LibTorch
   std::string dir(library.substr(0, slash == std::string_view::npos ? 0 : slash));
-  std::transform(dir.begin(), dir.end(), dir.begin(), [](unsigned char c) { return std::tolower(c); });
+  std::transform(dir.begin(), dir.end(), dir.begin(),
+                 [](unsigned char c) { return std::tolower(c); });
   for (std::string_view optimized : {"openblas", "blis", "atlas", "mkl"}) {
     if (dir.find(optimized) != std::string::npos) return false;
   }
