@@ -64,7 +64,14 @@ class ElasticTest : public ::testing::Test {
       argv.push_back(std::move(arg));
     }
     if (!StateDir().empty()) argv.push_back("--state-dir=" + StateDir());
+    const size_t from = ReadText(dir_ + "/coordinator.log").size();
     coordinator_ = SpawnLogged(argv, dir_ + "/coordinator.log");
+    // Nodes started before it listens only retry; but one that never does
+    // (its port taken since FreeLoopbackPort) would leave them retrying
+    // until the test's own timeouts, with nothing in their logs to say why.
+    ASSERT_TRUE(
+        WaitForLine("coordinator", "coordinator listening on port", absl::Seconds(30), from))
+        << ReadText(dir_ + "/coordinator.log");
   }
   void TearDown() override {
     if (coordinator_ > 0) {
@@ -504,11 +511,20 @@ class AgentTest : public ElasticTest {
   // Where agents and trainers reach the coordinator, when not at target_.
   std::string via_;
 
+  // The logs of both nodes and the coordinator, for a world that did not
+  // form: which side stopped short is in one of them.
+  std::string NodeLogs() {
+    std::string out;
+    for (const char* tag : {"a", "b", "coordinator"}) {
+      absl::StrAppend(&out, "--- ", tag, ".log\n", ReadText(dir_ + "/" + tag + ".log"));
+    }
+    return out;
+  }
+
   // Either node may form a world of its own first: waits for the full one
   // of nodes a and b, then for node a's log to show `step`.
   void WaitForBothNodesAtStep(int step) {
-    ASSERT_TRUE(WaitForLine("a", "world 4 on 2 nodes", absl::Seconds(60)))
-        << ReadText(dir_ + "/a.log");
+    ASSERT_TRUE(WaitForLine("a", "world 4 on 2 nodes", absl::Seconds(60))) << NodeLogs();
     ASSERT_TRUE(WaitForStep("a", step, absl::Seconds(60))) << ReadText(dir_ + "/a.log");
   }
 
@@ -959,8 +975,7 @@ class AgentPauseTest : public AgentTest {
   void PauseWithOnlyNodeALeft(pid_t* a) {
     *a = Agent("a", 100000);
     const pid_t b = Agent("b", 100000);
-    ASSERT_TRUE(WaitForLine("a", "world 4 on 2 nodes", absl::Seconds(60)))
-        << ReadText(dir_ + "/a.log");
+    ASSERT_TRUE(WaitForLine("a", "world 4 on 2 nodes", absl::Seconds(60))) << NodeLogs();
     ASSERT_TRUE(WaitForStep("a", 30, absl::Seconds(60))) << ReadText(dir_ + "/a.log");
     ASSERT_EQ(::kill(b, SIGTERM), 0);
     EXPECT_EQ(WaitExit(b), 0) << ReadText(dir_ + "/b.log");
