@@ -10,9 +10,14 @@
 //
 //   gan [--node-id ID] [--data-dir D] [--examples N] [--steps N | --epochs N]
 //       [--batch N] [--ghost-batch N] [--checkpoint-dir D --checkpoint-every N]
-//       [--summary FILE] [--parameters FILE] [--pace-ms N]
+//       [--summary FILE] [--parameters FILE] [--pace-ms N] [--shard-optimizer 1]
 //
-// --summary FILE writes the final state digest ({pid} in FILE is replaced);
+// --shard-optimizer 1 shards both optimizers' state (Options::
+// shard_optimizer_state): the generator's pass, which reads the
+// discriminator its optimizer has just stepped, names its module before
+// that forward, so the stepped parts are gathered first.
+// --summary FILE writes the final state digest and the optimizer state
+// this rank held ({pid} in FILE is replaced);
 // --parameters FILE writes rank 0's final parameters (the generator's, then
 // the discriminator's) as text, one value per line.
 #include <muster/muster.h>
@@ -96,6 +101,7 @@ int main(int argc, char** argv) {
   options.checkpoint_dir = Get(flag, "--checkpoint-dir", "");
   options.checkpoint_every = std::stoi(Get(flag, "--checkpoint-every", "0"));
   options.model_name = "fashion-gan";
+  options.shard_optimizer_state = Get(flag, "--shard-optimizer", "0") == "1";
   muster::State state;
   state.modules = {{"generator", gen.ptr().get()}, {"discriminator", disc.ptr().get()}};
   state.optimizers = {{"generator", &g_opt}, {"discriminator", &d_opt}};
@@ -190,7 +196,8 @@ int main(int argc, char** argv) {
     }
     std::ofstream(path) << "{\"rank\": " << d.rank() << ", \"world_size\": " << d.world_size()
                         << ", \"steps\": " << d.step() << ", \"digest\": \"" << std::hex
-                        << d.StateDigest() << std::dec << "\"}\n";
+                        << d.StateDigest() << std::dec << "\", \"state_elements\": "
+                        << d.optimizer_state_elements() << "}\n";
   }
   std::cout << "gan: rank " << d.rank() << " of " << d.world_size() << ", step " << d.step()
             << ", loss_d " << d_loss << ", loss_g " << g_loss << std::endl;

@@ -132,12 +132,17 @@ struct Options {
   // whole: a checkpoint (written whole), the end of training (the periodic
   // state check compares each part's copies where they are kept).
   // Every optimizer must be one of LibTorch's with per-element state (SGD,
-  // Adam, AdamW, RMSprop, Adagrad) over float32 parameters on one device,
-  // and a step one pass (not State::modules); Start refuses others (LBFGS,
-  // a program's own codec, a GAN's two passes) with INVALID_ARGUMENT.
+  // Adam, AdamW, RMSprop, Adagrad) over float32 parameters on one device;
+  // Start refuses others (LBFGS, a program's own codec) with
+  // INVALID_ARGUMENT.
   // Between optimizer.step() and the next ShouldStop each rank's model
   // holds the new values only in the parts it keeps: evaluate or save the
   // model after ShouldStop (or after the loop), not right after the step.
+  // A step of several passes (State::modules, a GAN): each pass's
+  // BeforeBackwardFor gathers what the earlier passes' optimizers stepped,
+  // so call it before the pass's forward, as examples/gan.cc does, when
+  // that forward reads a module stepped earlier in the step (the
+  // generator's pass through the updated discriminator).
   // Clipping the gradients in place between AfterBackward and
   // optimizer.step() (clip_grad_norm_ on the model's parameters) counts, as
   // unsharded; a change through the optimizer's own parameter list does

@@ -58,6 +58,12 @@ torch::Tensor FlatValues(const std::vector<torch::Tensor>& params) {
   return Flat(parts);
 }
 
+// Whether two float32 tensors of one shape hold the same bits (-0 is not
+// +0, as the state digests see it).
+bool SameBits(const torch::Tensor& a, const torch::Tensor& b) {
+  return torch::equal(a.detach().view(torch::kInt32), b.detach().view(torch::kInt32));
+}
+
 // Whether a master this rank keeps holds values its parameters do not:
 // the optimizer stepped it since the last gather (GatherParameters, or
 // Make), so that its range's new values live only in the masters.
@@ -69,7 +75,7 @@ bool SteppedSinceGathered(const std::vector<torch::Tensor>& params,
   const std::vector<int> kept = layout.KeptBy(rank);
   for (size_t k = 0; k < kept.size() && k < masters.size(); ++k) {
     const ElementRange range = layout.Range(g, kept[k]);
-    if (!torch::equal(flat.narrow(0, range.begin, range.size()), masters[k])) return true;
+    if (!SameBits(flat.narrow(0, range.begin, range.size()), masters[k])) return true;
   }
   return false;
 }
@@ -442,6 +448,28 @@ absl::StatusOr<int64_t> OptimizerShards::WholeStateElements(
 
 absl::Status OptimizerShards::GatherParameters(Communicator* comm, absl::Time deadline,
                                                int64_t chunk_elements) {
+  return GatherGroups(comm, deadline, chunk_elements, std::vector<int64_t>(groups_.size(), 1));
+}
+
+absl::Status OptimizerShards::GatherStepped(Communicator* comm, absl::Time deadline,
+                                            int64_t chunk_elements) {
+  std::vector<int64_t> stepped(groups_.size(), 0);
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    stepped[g] = SteppedSinceGathered(groups_[g].params, groups_[g].masters, static_cast<int>(g),
+                                      layout_, rank_)
+                     ? 1
+                     : 0;
+  }
+  // A rank whose kept ranges of a group are empty cannot tell: the world's
+  // sum decides for all.
+  MUSTER_RETURN_IF_ERROR(AllReduceValues(comm, stepped.data(), stepped.size(), DataType::kInt64,
+                                         ReduceOp::kSum, deadline));
+  return GatherGroups(comm, deadline, chunk_elements, stepped);
+}
+
+absl::Status OptimizerShards::GatherGroups(Communicator* comm, absl::Time deadline,
+                                           int64_t chunk_elements,
+                                           const std::vector<int64_t>& gather) {
   if (comm->size() != layout_.world()) {
     return absl::InvalidArgumentError(absl::StrCat("a layout of ", layout_.world(),
                                                    " ranks gathered over ", comm->size()));
@@ -454,7 +482,7 @@ absl::Status OptimizerShards::GatherParameters(Communicator* comm, absl::Time de
       {largest}, torch::TensorOptions().dtype(torch::kFloat32).device(CommDevice(*comm)));
   for (const ShardedBucket& chunk : chunks) {
     // A group with nothing trained is the same on every rank.
-    if (groups_[chunk.group].masters.empty()) continue;
+    if (groups_[chunk.group].masters.empty() || gather[chunk.group] == 0) continue;
     torch::Tensor part = buffer.narrow(0, 0, chunk.range.size());
     WriteOwn(chunk.group, chunk.range, &part);
     MUSTER_RETURN_IF_ERROR(
@@ -711,7 +739,11 @@ absl::Status OptimizerShards::AssembleValues(const Group& group, int g, const Sh
   }
   int64_t offset = 0;
   for (const torch::Tensor& p : group.params) {
-    p.detach().copy_(values.narrow(0, offset, p.numel()).view_as(p));
+    const torch::Tensor from = values.narrow(0, offset, p.numel()).view_as(p).to(p.device());
+    // A parameter that holds these bits already is not written: a graph
+    // built on it before the regroup (a GAN's generated images, made
+    // before the step's first pass) checks its version in its backward.
+    if (!SameBits(p, from)) p.detach().copy_(from);
     offset += p.numel();
   }
   return absl::OkStatus();

@@ -144,6 +144,15 @@ class OptimizerShards {
   // chunk's memory rather than the model's. Errors: the communicator's.
   absl::Status GatherParameters(Communicator* comm, absl::Time deadline,
                                 int64_t chunk = kGatherChunk);
+  // Collective over `comm`, between two passes of a step (a GAN's): only
+  // the groups whose masters some rank stepped since the last gather (its
+  // masters against its parameters; one all-reduce of a word per group)
+  // are gathered as GatherParameters gathers them. The other groups'
+  // parameters are not written, so a graph the program built on them
+  // before (a GAN's generated images) keeps the versions its backward
+  // checks. Errors: the communicator's.
+  absl::Status GatherStepped(Communicator* comm, absl::Time deadline,
+                             int64_t chunk = kGatherChunk);
 
   // The state of the shard this rank owns (not its buddy copy), every
   // group's, each parameter named as `named_params` names it (the
@@ -207,6 +216,9 @@ class OptimizerShards {
   };
 
   OptimizerShards(ShardLayout layout, int rank, std::vector<Group> groups);
+  // GatherParameters over the groups `gather` marks (non-zero).
+  absl::Status GatherGroups(Communicator* comm, absl::Time deadline, int64_t chunk,
+                            const std::vector<int64_t>& gather);
   // The groups of `optimizers` and their trained elements, checked.
   static absl::Status Collect(const std::vector<torch::optim::Optimizer*>& optimizers,
                               std::vector<Group>* groups, std::vector<int64_t>* elements);

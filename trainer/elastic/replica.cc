@@ -111,7 +111,9 @@ void Replica::BeginPass(GradientSync* sync, bool reduce, const ControlWords& con
 
 absl::Status Replica::FinishPass(absl::Time deadline, const std::function<void()>& turn) {
   const absl::Time backward_end = options_.clock->Now();
-  MUSTER_RETURN_IF_ERROR(current_->Finish(deadline, turn));
+  absl::Status s = current_->Finish(deadline, turn);
+  const absl::Status gathered = std::exchange(pass_failure_, absl::OkStatus());
+  MUSTER_RETURN_IF_ERROR(s.ok() ? gathered : s);
   const double comm_s = current_->last_stats().comm_seconds;
   comm_total_ += comm_s;
   const double since_backward = absl::ToDoubleSeconds(options_.clock->Now() - backward_end);
@@ -140,14 +142,6 @@ void Replica::SettleBuffers() {
 
 absl::Status Replica::CheckSharding() const {
   if (!sharded_) return absl::OkStatus();
-  if (several_passes_) {
-    // Its optimizers step between passes, and the next pass's forward would
-    // read parameters the step boundary has not gathered yet.
-    return absl::InvalidArgumentError(
-        "Options::shard_optimizer_state: a step of several passes (named State::modules or "
-        "several optimizers) is not sharded yet: the parameters an optimizer steps are whole "
-        "again only at the step boundary, after the next pass's forward has read them");
-  }
   absl::Status s = ShardedOptimizers::Check(OptimizersOf(state_));
   if (s.ok()) return s;
   return absl::Status(s.code(), absl::StrCat("Options::shard_optimizer_state: ", s.message()));
@@ -157,6 +151,10 @@ absl::Status Replica::GatherParameters(Communicator* comm, absl::Time deadline) 
   if (!sharded_) return absl::OkStatus();
   if (sharded_->sharded()) held_elements_ = sharded_->StateElements().value_or(-1);
   return sharded_->AtBoundary(comm, deadline);
+}
+
+void Replica::GatherBetweenPasses(Communicator* comm, absl::Time deadline) {
+  if (sharded_) pass_failure_ = sharded_->BetweenPasses(comm, deadline);
 }
 
 int64_t Replica::optimizer_state_elements() const {

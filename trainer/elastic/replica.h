@@ -104,6 +104,11 @@ class Replica : public WorldChanges::Tensors {
   // Sharded optimizer state (OK at once without): collective at each step
   // boundary, first: the parameters from the owners of each range.
   absl::Status GatherParameters(Communicator* comm, absl::Time deadline);
+  // Sharded optimizer state (nothing without): collective as a step's next
+  // pass begins, before its forward: the parameters the earlier passes'
+  // optimizers stepped (ShardedOptimizers::BetweenPasses). A failure is
+  // the pass's: FinishPass returns it.
+  void GatherBetweenPasses(Communicator* comm, absl::Time deadline);
   // Collective: the whole state on every rank of `comm` (until Reshard).
   absl::Status WholeState(Communicator* comm, absl::Time deadline);
   // Collective: whether every rank holds the same state (CheckRanksAgree
@@ -153,6 +158,7 @@ class Replica : public WorldChanges::Tensors {
   std::unique_ptr<BufferSync> buffers_;  // null without broadcast_buffers
   std::unique_ptr<ShardedOptimizers> sharded_;  // null without shard_copies
   int64_t held_elements_ = -1;  // the shards' state at the last boundary
+  absl::Status pass_failure_;   // GatherBetweenPasses', until FinishPass
   double comm_total_ = 0, hidden_total_ = 0;
 };
 

@@ -54,6 +54,11 @@ absl::Status ShardedOptimizers::AtBoundary(Communicator* comm, absl::Time deadli
   return absl::OkStatus();
 }
 
+absl::Status ShardedOptimizers::BetweenPasses(Communicator* comm, absl::Time deadline) {
+  if (shards_ == nullptr) return absl::OkStatus();
+  return shards_->GatherStepped(comm, deadline);
+}
+
 absl::Status ShardedOptimizers::Whole(Communicator* comm, absl::Time deadline) {
   if (shards_ == nullptr) return absl::OkStatus();
   MUSTER_RETURN_IF_ERROR(

@@ -6,6 +6,7 @@
 //   as a step's first backward begins:                    Reshard (Shard)
 //   after each pass's reduction (.grad averaged):         TakeGradients
 //   the user's optimizer.step() steps the kept shards
+//   as the next pass of the same step begins (a GAN):     BetweenPasses
 //   at each step boundary, first:                         AtBoundary
 //   a path that reads the whole state (a checkpoint):     Whole
 //
@@ -55,6 +56,11 @@ class ShardedOptimizers {
   // Collective: the parameters from the owners of each range, and the
   // parameters' .grad cleared (the optimizers no longer clear them).
   absl::Status AtBoundary(Communicator* comm, absl::Time deadline);
+  // Collective, as a step's next pass begins: the parameters an earlier
+  // pass's optimizer stepped, from the owners of each range
+  // (OptimizerShards::GatherStepped); the .grad are left as they are. OK
+  // at once when the state is whole.
+  absl::Status BetweenPasses(Communicator* comm, absl::Time deadline);
   // Collective over `comm` (the world the shards are of): the whole state
   // on every rank, as after Gather; Shard makes the shards again. OK at
   // once when the state is whole.

@@ -208,6 +208,10 @@ void Engine::BeforeBackwardFor(const std::vector<std::string>& modules, bool syn
         absl::StrCat("BeforeBackward outside a step ShouldStop prepared (", s.message(), ")")));
     return;
   }
+  // Sharded optimizer state, a step of several passes: the parameters the
+  // earlier passes' optimizers stepped are gathered before this pass's
+  // forward reads them (a failure is the pass's, as its reduction's).
+  if (next_pass) replica_.GatherBetweenPasses(world_->comm(), changes_->StepDeadline());
   // Sharded optimizer state is made as the step's first backward begins:
   // every rank of the world is then in this step, whatever regrouped
   // between steps (an AllReduceSum) left whole.
