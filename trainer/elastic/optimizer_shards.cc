@@ -64,18 +64,35 @@ bool SameBits(const torch::Tensor& a, const torch::Tensor& b) {
   return torch::equal(a.detach().view(torch::kInt32), b.detach().view(torch::kInt32));
 }
 
+// The elements [begin, end) of `range` ∩ `other`, empty when they do not meet.
+ElementRange Overlap(ElementRange range, ElementRange other) {
+  const int64_t begin = std::max(range.begin, other.begin), end = std::min(range.end, other.end);
+  return ElementRange{begin, std::max(begin, end)};
+}
+
 // Whether a master this rank keeps holds values its parameters do not:
 // the optimizer stepped it since the last gather (GatherParameters, or
-// Make), so that its range's new values live only in the masters.
+// Make), so that its range's new values live only in the masters. Each
+// master is compared with the parameters it cuts through, in place: this
+// runs as every later pass of a step begins, and a flat copy of the group
+// would cost the group's size each time.
 bool SteppedSinceGathered(const std::vector<torch::Tensor>& params,
                           const std::vector<torch::Tensor>& masters, int g,
                           const ShardLayout& layout, int rank) {
-  if (masters.empty()) return false;
-  const torch::Tensor flat = FlatValues(params);
+  torch::NoGradGuard no_grad;
   const std::vector<int> kept = layout.KeptBy(rank);
   for (size_t k = 0; k < kept.size() && k < masters.size(); ++k) {
     const ElementRange range = layout.Range(g, kept[k]);
-    if (!SameBits(flat.narrow(0, range.begin, range.size()), masters[k])) return true;
+    int64_t offset = 0;
+    for (const torch::Tensor& p : params) {
+      const ElementRange in_p = Overlap({offset, offset + p.numel()}, range);
+      if (in_p.size() > 0 &&
+          !SameBits(p.detach().reshape({-1}).narrow(0, in_p.begin - offset, in_p.size()),
+                    masters[k].narrow(0, in_p.begin - range.begin, in_p.size()))) {
+        return true;
+      }
+      offset += p.numel();
+    }
   }
   return false;
 }
@@ -362,16 +379,6 @@ void OptimizerShards::ShareGradients(int g) {
   }
 }
 
-namespace {
-
-// The elements [begin, end) of `range` ∩ `other`, empty when they do not meet.
-ElementRange Overlap(ElementRange range, ElementRange other) {
-  const int64_t begin = std::max(range.begin, other.begin), end = std::min(range.end, other.end);
-  return ElementRange{begin, std::max(begin, end)};
-}
-
-}  // namespace
-
 void OptimizerShards::WriteOwn(int g, ElementRange range, torch::Tensor* chunk) const {
   if (groups_[g].masters.empty()) return;
   torch::NoGradGuard no_grad;
@@ -456,9 +463,7 @@ absl::Status OptimizerShards::GatherStepped(Communicator* comm, absl::Time deadl
   std::vector<int64_t> stepped(groups_.size(), 0);
   for (size_t g = 0; g < groups_.size(); ++g) {
     stepped[g] = SteppedSinceGathered(groups_[g].params, groups_[g].masters, static_cast<int>(g),
-                                      layout_, rank_)
-                     ? 1
-                     : 0;
+                                      layout_, rank_);
   }
   // A rank whose kept ranges of a group are empty cannot tell: the world's
   // sum decides for all.
