@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
+#include <string>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -22,6 +23,7 @@
 #include "common/status_macros.h"
 #include "muster/options.h"
 #include "muster/signals.h"
+#include "muster/step_timeline.h"
 #include "trainer/train/trainer.h"
 
 ABSL_FLAG(std::string, coordinator, "", "host:port of the coordinator (or $MUSTER_COORDINATOR)");
@@ -226,6 +228,17 @@ absl::StatusOr<TrainOptions> OptionsFromFlags() {
   return o;
 }
 
+// The step timeline's fields as JSON members, "phase_<field>": ...
+std::string TimelineJson(const muster::StepTimeline& t) {
+  return absl::StrFormat(
+      "\"phase_steps\": %d, \"phase_step_ms\": %.3f, \"phase_forward_ms\": %.3f, "
+      "\"phase_before_backward_ms\": %.3f, \"phase_backward_ms\": %.3f, "
+      "\"phase_after_backward_ms\": %.3f, \"phase_optimizer_ms\": %.3f, "
+      "\"phase_boundary_ms\": %.3f, \"phase_reduce_ms\": %.3f, \"phase_gather_ms\": %.3f",
+      t.steps, t.step_ms, t.forward_ms, t.before_backward_ms, t.backward_ms,
+      t.after_backward_ms, t.optimizer_ms, t.boundary_ms, t.reduce_ms, t.gather_ms);
+}
+
 // --summary-json: this trainer's final figures, one file per trainer.
 void WriteSummary(const muster::Placement& place, const muster::TrainResult& r) {
   const std::string path = absl::StrReplaceAll(
@@ -238,11 +251,11 @@ void WriteSummary(const muster::Placement& place, const muster::TrainResult& r) 
       "\"test_loss\": %.4f, \"regroups\": %d, \"steps_salvaged\": %d, \"steps_dropped\": %d, "
       "\"step_ms_p50\": %.3f, \"step_ms_mean\": %.3f, \"step_ms_warmup\": %d, "
       "\"intra_op_threads\": %d, \"optimizer_state_elements\": %d, "
-      "\"parameter_checksum\": %.17g}\n",
+      "\"parameter_checksum\": %.17g, %s}\n",
       r.rank, r.world_size, r.steps, r.steps_per_second, r.samples_per_second,
       r.comm_overlap_pct, r.test_accuracy, r.test_loss, r.regroups, r.steps_salvaged,
       r.steps_dropped, r.step_ms_p50, r.step_ms_mean, r.step_ms_warmup, r.intra_op_threads,
-      r.optimizer_state_elements, r.parameter_checksum);
+      r.optimizer_state_elements, r.parameter_checksum, TimelineJson(r.timeline));
 }
 
 int Run() {

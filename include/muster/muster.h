@@ -94,6 +94,7 @@
 #include "muster/optimizer_codec.h"
 #include "muster/options.h"
 #include "muster/signals.h"
+#include "muster/step_timeline.h"
 
 namespace muster {
 
@@ -263,6 +264,9 @@ class Distributed {
   virtual int64_t resumed_from_step() const = 0;
   virtual bool resumed_from_live_state() const = 0;  // resumed_from_step is a live peer's
   virtual double comm_overlap_pct() const = 0;      // all-reduce time hidden behind backward
+  // Where this rank's steps spend their time, phase by phase (medians;
+  // muster/step_timeline.h says what each phase holds).
+  virtual StepTimeline step_timeline() const = 0;
   // The elements of per-element optimizer state (Adam's two moments, SGD's
   // momentum) this rank held at its last step boundary: with
   // Options::shard_optimizer_state its parts, else the whole state; -1 for

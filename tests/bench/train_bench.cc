@@ -5,6 +5,8 @@
 //   train model=.. world=.. nodes=.. batch_per_rank=64 overlap=..
 //   gradient_compression=.. steps_per_s=.. samples_per_s=.. comm_overlap_pct=..
 //   test_accuracy=..
+// and after each, rank 0's step timeline (Distributed::step_timeline):
+//   phases rank=0 steps=.. step_ms=.. forward_ms=.. ... gather_ms=..
 // --gradient-compression bf16|fp16 is passed to every trainer (buckets
 // cross nodes compressed); tests/bench/pytorch_step.py --comm-hook is
 // PyTorch DDP's side of the same comparison.
@@ -54,6 +56,18 @@ namespace {
 double Field(const std::string& json, const std::string& name) {
   const std::string v = JsonNumber(json, name);
   return v.empty() ? 0 : std::stod(v);
+}
+
+// A trainer's step timeline (its summary's phase_* fields) as one line:
+//   phases rank=0 steps=.. step_ms=.. forward_ms=.. ... gather_ms=..
+std::string PhasesLine(const std::string& json) {
+  std::string line = "phases rank=0";
+  for (const char* f : {"steps", "step_ms", "forward_ms", "before_backward_ms", "backward_ms",
+                        "after_backward_ms", "optimizer_ms", "boundary_ms", "reduce_ms",
+                        "gather_ms"}) {
+    absl::StrAppend(&line, " ", f, "=", JsonNumber(json, absl::StrCat("phase_", f)));
+  }
+  return line;
 }
 
 // Each trainer's resident memory, sampled every 250 ms from its start
@@ -146,13 +160,17 @@ int RunOnce(bool overlap, bool broadcast_buffers, int backward_calls = 1, int sh
     return 1;
   }
   double steps_per_s = 1e30, overlap_pct = 0, accuracy = 0, state_elements = 0;
+  std::string phases;  // rank 0's step timeline
   for (int i = 0; i < world; ++i) {
     std::ifstream in(absl::StrCat(dir, "/summary", i, ".json"));
     std::stringstream ss;
     ss << in.rdbuf();
     steps_per_s = std::min(steps_per_s, Field(ss.str(), "steps_per_s"));
     overlap_pct += Field(ss.str(), "comm_overlap_pct") / world;
-    if (Field(ss.str(), "rank") == 0) accuracy = Field(ss.str(), "test_accuracy");
+    if (Field(ss.str(), "rank") == 0) {
+      accuracy = Field(ss.str(), "test_accuracy");
+      phases = PhasesLine(ss.str());
+    }
     state_elements = std::max(state_elements, Field(ss.str(), "optimizer_state_elements"));
   }
   std::cout << absl::StrFormat(
@@ -171,7 +189,8 @@ int RunOnce(bool overlap, bool broadcast_buffers, int backward_calls = 1, int sh
                                             "steady_rss_mb=%.0f",
                                             shard > 0 ? "on" : "off", state_elements,
                                             peak_rss_kb / 1024.0, steady_rss_mb))
-            << std::endl;
+            << std::endl
+            << phases << std::endl;
   std::system(("rm -rf " + dir).c_str());
   return 0;
 }

@@ -22,7 +22,8 @@ namespace muster {
 namespace {
 
 std::vector<TrainResult> Train(int world, int nodes, int batch, size_t bucket_bytes,
-                               const std::string& model, Backend backend, bool overlap = true) {
+                               const std::string& model, Backend backend, bool overlap = true,
+                               int compute_ms = 0) {
   auto server = InProcessCoordinator::Start(world);
   std::vector<TrainResult> results(world);
   std::vector<std::thread> threads;
@@ -43,6 +44,7 @@ std::vector<TrainResult> Train(int world, int nodes, int batch, size_t bucket_by
       o.warmup_steps = 0;
       o.library.bucket_mb = static_cast<double>(bucket_bytes) / (1 << 20);
       o.library.overlap = overlap;
+      o.compute_ms = compute_ms;
       o.library.intra_op_threads = 1;
       o.library.quiet = true;
       o.library.handle_signals = false;  // ranks are threads
@@ -107,6 +109,25 @@ TEST(TrainTest, NoOverlapBaselineGivesTheSameResult) {
   auto a = Train(2, 1, 16, 1u << 20, "cnn", Backend::kShm, /*overlap=*/true);
   auto b = Train(2, 1, 16, 1u << 20, "cnn", Backend::kShm, /*overlap=*/false);
   EXPECT_LT(MaxDiff(a[0].parameters, b[0].parameters), 1e-6);
+}
+
+// Distributed::step_timeline: the program's 30 ms between backward and
+// AfterBackward show in its backward phase, on every rank, over every step
+// but the first; the gradients' reduction is timed, and nothing is gathered
+// without sharded optimizer state.
+TEST(StepTimelineTest, AStepsPhasesAreTimedWhereTheProgramSpendsThem) {
+  if (!LoadFashionMnist(kDefaultFashionMnistDir, true).ok()) GTEST_SKIP();
+  const auto results = Train(2, 1, 16, 1u << 20, "mlp", Backend::kShm, /*overlap=*/true,
+                             /*compute_ms=*/30);
+  for (const TrainResult& r : results) {
+    const StepTimeline& t = r.timeline;
+    EXPECT_EQ(t.steps, 19) << "rank " << r.rank;
+    EXPECT_GE(t.backward_ms, 30) << "rank " << r.rank;
+    EXPECT_LT(t.forward_ms, t.backward_ms) << "rank " << r.rank;
+    EXPECT_GE(t.step_ms, t.backward_ms) << "rank " << r.rank;
+    EXPECT_GT(t.reduce_ms, 0) << "rank " << r.rank;
+    EXPECT_EQ(t.gather_ms, 0) << "rank " << r.rank;
+  }
 }
 
 // Start's contract for a user's program: bad learning-rate options and an

@@ -116,6 +116,7 @@ absl::Status Replica::FinishPass(absl::Time deadline, const std::function<void()
   MUSTER_RETURN_IF_ERROR(s.ok() ? gathered : s);
   const double comm_s = current_->last_stats().comm_seconds;
   comm_total_ += comm_s;
+  last_reduce_ = absl::Seconds(comm_s);
   const double since_backward = absl::ToDoubleSeconds(options_.clock->Now() - backward_end);
   hidden_total_ += std::max(0.0, comm_s - since_backward);
   if (sharded_) sharded_->TakeGradients();

@@ -83,6 +83,9 @@ class Replica : public WorldChanges::Tensors {
   WorldChanges::ControlAverages control() const { return current_->control(); }
   // Percent of the reductions' time hidden behind backward, since the start.
   double overlap_pct() const;
+  // The time the last FinishPass's reductions took on the communication
+  // thread.
+  absl::Duration last_reduce_time() const { return last_reduce_; }
   // Every gradient zeroed (a step dropped).
   void DropGradients();
   // The weights after `step` to `server` (what muster pull-weights
@@ -160,6 +163,7 @@ class Replica : public WorldChanges::Tensors {
   int64_t held_elements_ = -1;  // the shards' state at the last boundary
   absl::Status pass_failure_;   // GatherBetweenPasses', until FinishPass
   double comm_total_ = 0, hidden_total_ = 0;
+  absl::Duration last_reduce_;
 };
 
 }  // namespace muster

@@ -22,7 +22,8 @@ Engine::Engine(const Options& o, TrainingState state, Clock* clock)
       clock_(clock),
       schedule_(o),
       requests_(o.stop_requested, o.leave_requested, o.handle_signals),
-      replica_(std::move(state), ReplicaOptionsFrom(o, clock)) {}
+      replica_(std::move(state), ReplicaOptionsFrom(o, clock)),
+      timeline_(clock) {}
 
 Engine::~Engine() {
   replica_.Close();  // nothing reduces over the communicator it detaches
@@ -164,6 +165,7 @@ void Engine::EndStep() {
 }
 
 bool Engine::ShouldStop() {
+  StepClock::Scope timed(&timeline_, StepClock::Call::kShouldStop);
   if (life_.over()) return true;
   // The boundary's work (a regroup, a checkpoint's copy, a catch-up).
   TrainingProgress::Busy busy(training_progress());
@@ -192,10 +194,12 @@ bool Engine::ShouldStop() {
   }
   step_.Begin(schedule_.Next(world_->world()), world_->world());
   lr_->Apply(progress());
+  timed.StepBegins();
   return false;
 }
 
 void Engine::BeforeBackwardFor(const std::vector<std::string>& modules, bool sync) {
+  StepClock::Scope timed(&timeline_, StepClock::Call::kBeforeBackward);
   absl::StatusOr<GradientSync*> chosen = replica_.SyncFor(modules);
   if (!chosen.ok()) {
     life_.Break(chosen.status());
@@ -229,6 +233,7 @@ void Engine::BeforeBackwardFor(const std::vector<std::string>& modules, bool syn
 }
 
 absl::Status Engine::AfterBackward() {
+  StepClock::Scope timed(&timeline_, StepClock::Call::kAfterBackward);
   if (!life_.status().ok()) return life_.status();
   TrainingProgress* const progress = training_progress();
   progress->Mark();
@@ -251,6 +256,7 @@ absl::Status Engine::AfterBackward() {
   absl::Status s = replica_.FinishPass(changes_->StepDeadline(), [progress] { progress->Mark(); });
   TrainingProgress::Busy busy(progress);  // a regroup
   if (!s.ok()) return RegroupAfterFailedStep(s);
+  timeline_.Add(StepClock::Part::kReduce, replica_.last_reduce_time());
   step_.decision = DecideAfterStep(replica_.control(), world_->world().world_size, step_.sent,
                                    world_->told_to_leave());
   step_.checkpoint_due = step_.checkpoint_due || CheckpointDueOnAnyRank(replica_.control());
@@ -356,8 +362,11 @@ void Engine::SayStopped(const std::string& how) const {
 absl::Status Engine::AtBoundary() {
   const uint64_t generation = world_->world().generation;
   // Sharded optimizer state: each rank stepped its own parts.
+  const bool sharded = replica_.ShardedNow();
+  const absl::Time gather_start = clock_->Now();
   MUSTER_RETURN_IF_ERROR(
       RegroupUnlessOk(replica_.GatherParameters(world_->comm(), changes_->StepDeadline())));
+  if (sharded) timeline_.Add(StepClock::Part::kGather, clock_->Now() - gather_start);
   if (life_.ended()) return absl::OkStatus();
   if (const int source = life_.TakeCatchUp(); source >= 0) {
     MUSTER_RETURN_IF_ERROR(RegroupUnlessOk(changes_->CatchUp(world_->comm(), source)));

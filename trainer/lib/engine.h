@@ -47,6 +47,7 @@
 #include "trainer/lib/schedule.h"
 #include "trainer/lib/signals.h"
 #include "trainer/lib/step_lifecycle.h"
+#include "trainer/lib/step_timeline.h"
 
 namespace muster {
 
@@ -119,6 +120,7 @@ class Engine final : public Distributed, private WorldChanges::Trainer {
     return muster::StateDigest(replica_.state(), counters().ToWords());
   }
   double comm_overlap_pct() const override { return replica_.overlap_pct(); }
+  StepTimeline step_timeline() const override { return timeline_.Medians(); }
   int64_t optimizer_state_elements() const override {
     return replica_.optimizer_state_elements();
   }
@@ -195,6 +197,7 @@ class Engine final : public Distributed, private WorldChanges::Trainer {
   std::unique_ptr<ProgressReporter> reporter_;
   StepInFlight step_;
   StepLifecycle life_;  // where the step stands (step_lifecycle.h)
+  StepClock timeline_;  // where the steps' time goes (step_timeline())
   std::optional<LearningRates> lr_;  // set by Begin
   struct {
     int64_t step = -1;

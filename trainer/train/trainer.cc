@@ -227,6 +227,7 @@ void Summarize(Net& model, Distributed& dist, double elapsed, int64_t first_step
   result->steps_per_second = (p.step - first_step) / std::max(elapsed, 1e-9);
   result->samples_per_second = result->steps_per_second * p.global_batch;
   result->comm_overlap_pct = dist.comm_overlap_pct();
+  result->timeline = dist.step_timeline();
   result->intra_op_threads = at::get_num_threads();
   result->regroups = dist.regroups();
   result->steps_salvaged = dist.steps_salvaged();

@@ -14,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "common/clock.h"
 #include "muster/options.h"
+#include "muster/step_timeline.h"
 
 // No LibTorch here: programs that define Abseil flags include this header,
 // and Debian's LibTorch brings glog, whose FLAGS_log_dir clashes with ours.
@@ -72,6 +73,7 @@ struct TrainResult {
   double steps_per_second = 0;
   double samples_per_second = 0;
   double comm_overlap_pct = 0;  // share of all-reduce time hidden behind backward
+  StepTimeline timeline;        // where the steps' time went (Distributed::step_timeline)
   int intra_op_threads = 0;     // LibTorch's threads on the training thread at the end
   double step_ms_p50 = 0;       // with time_steps: median step time after the warm-up
   double step_ms_mean = 0;      // with time_steps: mean step time after the warm-up
