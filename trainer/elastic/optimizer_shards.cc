@@ -206,7 +206,7 @@ absl::Status OptimizerShards::Collect(const std::vector<torch::optim::Optimizer*
     for (size_t i = 0; i < param_groups.size(); ++i) {
       MUSTER_RETURN_IF_ERROR(
           CheckGroup(param_groups[i], absl::StrCat("optimizer ", o, " group ", i)));
-      Group group{optimizers[o], codec, i, {}, {}, {}, param_groups[i].params()};
+      Group group{optimizers[o], codec, i, {}, {}, {}, param_groups[i].params(), {}};
       int64_t n = 0;
       for (const torch::Tensor& p : param_groups[i].params()) {
         // A frozen parameter gets no gradient, and the optimizer skips it:
@@ -362,14 +362,43 @@ torch::Tensor AliasOf(const torch::Tensor& flat, int64_t offset, at::IntArrayRef
 
 }  // namespace
 
+namespace {
+
+// Whether `t` is `flat`'s elements from `offset` on, in `t`'s shape.
+bool IsAliasAt(const torch::Tensor& t, const torch::Tensor& flat, int64_t offset) {
+  return t.defined() && t.is_contiguous() && t.storage().is_alias_of(flat.storage()) &&
+         t.storage_offset() == flat.storage_offset() + offset;
+}
+
+}  // namespace
+
+torch::Tensor& OptimizerShards::GradientVector(Group& group) {
+  if (!group.grads.defined()) {
+    int64_t n = 0;
+    for (const torch::Tensor& p : group.params) n += p.numel();
+    group.grads = torch::empty({n}, group.params.front().options());
+  }
+  return group.grads;
+}
+
 void OptimizerShards::ShareGradients(int g) {
   Group& group = groups_[g];
   if (group.masters.empty()) return;
   torch::NoGradGuard no_grad;
-  const torch::Tensor flat = FlatGradients(g);
+  torch::Tensor& flat = GradientVector(group);
   int64_t offset = 0;
   for (torch::Tensor& p : group.params) {
-    if (p.grad().defined()) p.mutable_grad() = AliasOf(flat, offset, p.sizes());
+    // A .grad made anew (a zero_grad that set it to none, then backward)
+    // is copied in; a parameter without one reads zeros and keeps none.
+    if (!IsAliasAt(p.grad(), flat, offset)) {
+      torch::Tensor slot = flat.narrow(0, offset, p.numel());
+      if (p.grad().defined()) {
+        slot.copy_(p.grad().reshape({-1}));
+        p.mutable_grad() = AliasOf(flat, offset, p.sizes());
+      } else {
+        slot.zero_();
+      }
+    }
     offset += p.numel();
   }
   const std::vector<int> kept = layout_.KeptBy(rank_);
@@ -584,9 +613,20 @@ absl::Status OptimizerShards::Check(const std::vector<torch::optim::Optimizer*>&
   return Collect(optimizers, &groups, &elements);
 }
 
-void OptimizerShards::ClearParameterGradients() {
+void OptimizerShards::ResetParameterGradients() {
+  torch::NoGradGuard no_grad;
   for (Group& group : groups_) {
-    for (torch::Tensor& p : group.params) p.mutable_grad().reset();
+    if (group.masters.empty()) {
+      for (torch::Tensor& p : group.params) p.mutable_grad().reset();
+      continue;
+    }
+    torch::Tensor& flat = GradientVector(group);
+    flat.fill_(-0.0);
+    int64_t offset = 0;
+    for (torch::Tensor& p : group.params) {
+      p.mutable_grad() = AliasOf(flat, offset, p.sizes());
+      offset += p.numel();
+    }
   }
 }
 

@@ -113,18 +113,24 @@ class OptimizerShards {
   // averaged gradient (only the ranges this rank keeps are read).
   void SetGradients(int g, const torch::Tensor& averaged);
   // Group `g`'s gradients, flat and shared: each parameter's .grad becomes
-  // a view of one flat vector and each kept master's .grad a view of its
-  // range in it, so that what the program does to the parameters' .grad in
-  // place before its optimizer.step() (clip_grad_norm_) is what the masters
-  // step with, as an unsharded optimizer would.
+  // a view of the group's flat gradient vector and each kept master's .grad
+  // a view of its range in it, so that what the program does to the
+  // parameters' .grad in place before its optimizer.step()
+  // (clip_grad_norm_) is what the masters step with, as an unsharded
+  // optimizer would. Where the parameters' .grad are those views already
+  // (ResetParameterGradients made them, and backward accumulated into
+  // them), nothing is copied.
   void ShareGradients(int g);
   // The part of this rank's own range of group `g` that falls in `range`
   // (of the group's flat elements), from its master, into `chunk`, which
   // holds `range`; the rest of `chunk` is left as it is.
   void WriteOwn(int g, ElementRange range, torch::Tensor* chunk) const;
-  // Every trained parameter's .grad dropped (the optimizers, which hold
-  // the masters, no longer clear them).
-  void ClearParameterGradients();
+  // Every trained parameter's .grad made its view of its group's flat
+  // gradient vector, filled with -0.0 (the optimizers, which hold the
+  // masters, no longer clear them). Backward then accumulates into the
+  // vector in place, and -0.0 is the float sum's identity (x + -0.0 is x
+  // for every x, -0.0 included), so the .grad hold autograd's own bits.
+  void ResetParameterGradients();
   // Elements `range` of group `g`'s flat vector, gathered from their
   // owners into `chunk`, into its parameters and the masters this rank
   // keeps.
@@ -205,6 +211,9 @@ class OptimizerShards {
     std::vector<torch::Tensor> masters;  // one per shard kept (KeptBy); none: nothing to shard
     std::vector<torch::Tensor> frozen;   // the group's that do not: listed after the masters
     std::vector<torch::Tensor> listed;   // the group's parameter list before Make
+    // The flat gradient vector the params' and masters' .grad are views
+    // of (ShareGradients); undefined until first needed.
+    torch::Tensor grads;
 
     // The trained elements, padded to whole int64 words (the regather
     // moves float32 bits as int64 words).
@@ -216,6 +225,8 @@ class OptimizerShards {
   };
 
   OptimizerShards(ShardLayout layout, int rank, std::vector<Group> groups);
+  // `group`'s flat gradient vector, made (uninitialised) at first use.
+  static torch::Tensor& GradientVector(Group& group);
   // GatherParameters over the groups `gather` marks (non-zero).
   absl::Status GatherGroups(Communicator* comm, absl::Time deadline, int64_t chunk,
                             const std::vector<int64_t>& gather);

@@ -50,7 +50,7 @@ void ShardedOptimizers::TakeGradients() {
 absl::Status ShardedOptimizers::AtBoundary(Communicator* comm, absl::Time deadline) {
   if (shards_ == nullptr) return absl::OkStatus();
   MUSTER_RETURN_IF_ERROR(shards_->GatherParameters(comm, deadline));
-  shards_->ClearParameterGradients();
+  shards_->ResetParameterGradients();
   return absl::OkStatus();
 }
 
@@ -80,7 +80,7 @@ absl::Status ShardedOptimizers::WithWholeState(Communicator* comm,
 absl::Status ShardedOptimizers::Reshard(Communicator* comm) {
   if (shards_ != nullptr) return absl::OkStatus();
   MUSTER_RETURN_IF_ERROR(Shard(comm));
-  shards_->ClearParameterGradients();
+  shards_->ResetParameterGradients();
   return absl::OkStatus();
 }
 
