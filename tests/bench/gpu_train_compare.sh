@@ -11,6 +11,8 @@
 #   DATA   synthetic (224x224 RGB) or a Fashion-MNIST directory (28x28 grey)
 # Prints: train device=cuda model=M data=D batch=B world=W muster_step_ms=T
 #         pytorch_step_ms=T ratio=R
+# and each muster rank's step timeline (Distributed::step_timeline, medians):
+#         phases rank=R step_ms=.. forward_ms=.. ... gather_ms=..
 set -euo pipefail
 bin=$1 model=$2 data=$3 world=$4
 batch=${BATCH:-64}
@@ -69,3 +71,11 @@ fi
 ratio=$(python3 -c "print(f'{$muster_ms / $pytorch_ms:.3f}')")
 echo "train device=cuda model=$model data=$data_name batch=$batch world=$world" \
   "muster_step_ms=$muster_ms pytorch_step_ms=$pytorch_ms ratio=$ratio"
+python3 - "$dir" "$world" <<'PY'
+import json, sys
+d, w = sys.argv[1], int(sys.argv[2])
+for i in range(w):
+    s = json.load(open(f"{d}/summary{i}.json"))
+    fields = " ".join(f"{k[len('phase_'):]}={v}" for k, v in s.items() if k.startswith("phase_"))
+    print(f"phases rank={s['rank']} {fields}")
+PY

@@ -132,6 +132,17 @@ int RunOnce(bool overlap, bool broadcast_buffers, int backward_calls = 1, int sh
   std::vector<pid_t> trainers;
   const int per_node = world / nodes;
   std::vector<std::string> more = absl::GetFlag(FLAGS_trainer_flags);
+  // Every trainer runs on this one host, but each "node" would share out
+  // all of its cores among its own trainers: two nodes of one trainer on
+  // two cores ran four threads, and the CNN's step took several times as
+  // long (docs/benchmarks.md, "Training").
+  // The host's cores are shared among all the trainers instead, unless
+  // --trainer-flags names --threads.
+  if (std::none_of(more.begin(), more.end(),
+                   [](const std::string& f) { return f.rfind("--threads", 0) == 0; })) {
+    const int cores = static_cast<int>(std::thread::hardware_concurrency());
+    more.push_back(absl::StrCat("--threads=", std::max(1, cores / world)));
+  }
   if (shard >= 0) more.push_back("--optimizer=adamw");
   if (shard > 0) more.push_back("--shard-optimizer");
   for (int i = 0; i < world; ++i) {
