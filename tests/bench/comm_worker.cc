@@ -47,6 +47,9 @@ ABSL_FLAG(int, nodes, 1, "node count (for the output line)");
 ABSL_FLAG(std::string, device, "cpu",
           "allreduce, comm-worker, recovery: cpu, or cuda (buffers and training on the GPU)");
 ABSL_FLAG(std::string, dtypes, "float32", "--check: float32, bfloat16, float16 (comma list)");
+ABSL_FLAG(std::string, collective, "allreduce",
+          "allreduce, comm-worker: what is timed, allreduce (the gradients' call) or allgather "
+          "(even segments, one per rank: the sharded optimizer's gather of the parameters)");
 ABSL_FLAG(std::string, gradient_compression, "none",
           "allreduce, train: none, bf16 or fp16 (gradients across nodes; busbw counts the "
           "float32 bytes before compression)");
@@ -221,17 +224,22 @@ bool CheckCollectives(Communicator& comm, const std::vector<size_t>& sizes, bool
 // collective.
 bool TimeAllReduces(Communicator* comm, const std::vector<size_t>& sizes, bool cuda) {
   const int rank = comm->rank(), w = comm->size();
+  const bool gather = absl::GetFlag(FLAGS_collective) == "allgather";
   for (size_t bytes : sizes) {
     TestBuffer data(DataType::kFloat32, std::max<size_t>(1, bytes / sizeof(float)), cuda);
     Fill(data, rank);
+    const std::vector<size_t> segments = EvenSplit(data.count(), w);
     const int reps =
         static_cast<int>(std::clamp<size_t>((512u << 20) / std::max<size_t>(bytes, 1), 5, 50));
     std::vector<double> times;
     for (int i = 0; i < reps + 2; ++i) {
       if (!comm->Barrier(absl::Now() + absl::Seconds(60)).ok()) return false;
       const absl::Time t0 = absl::Now();
-      if (!comm->AllReduceGradients(data.data(), data.count(), ReduceOp::kSum,
-                                    absl::Now() + absl::Seconds(120)).ok()) {
+      const absl::Time deadline = absl::Now() + absl::Seconds(120);
+      if (!(gather ? comm->AllGather(data.data(), segments, DataType::kFloat32, deadline)
+                   : comm->AllReduceGradients(data.data(), data.count(), ReduceOp::kSum,
+                                              deadline))
+               .ok()) {
         return false;
       }
       if (i >= 2) times.push_back(absl::ToDoubleSeconds(absl::Now() - t0));
@@ -244,15 +252,19 @@ bool TimeAllReduces(Communicator* comm, const std::vector<size_t>& sizes, bool c
     for (double& t : times) t /= w;  // mean over ranks of each repeat
     const double median = Percentile(times, 50);
     const double algbw = bytes / median / 1e9;
+    // An all-gather moves each byte once to each other rank, an all-reduce
+    // twice (reduce-scatter, then all-gather).
+    const double bus = (gather ? 1.0 : 2.0) * (w - 1) / w;
     if (rank == 0) {
       std::cout << absl::StrFormat(
-                       "allreduce backend=%s device=%s world=%d nodes=%d bytes=%d "
+                       "%s backend=%s device=%s world=%d nodes=%d bytes=%d "
                        "compression=%s wire=%s median_s=%.6f algbw_GBps=%.3f busbw_GBps=%.3f",
-                       absl::GetFlag(FLAGS_backend), absl::GetFlag(FLAGS_device), w,
+                       gather ? "allgather" : "allreduce", absl::GetFlag(FLAGS_backend),
+                       absl::GetFlag(FLAGS_device), w,
                        absl::GetFlag(FLAGS_nodes), bytes,
                        absl::GetFlag(FLAGS_gradient_compression),
                        DataTypeName(comm->gradient_wire()), median, algbw,
-                       algbw * 2.0 * (w - 1) / w)
+                       algbw * bus)
                 << std::endl;
     }
   }

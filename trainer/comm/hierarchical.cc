@@ -138,6 +138,7 @@ class Hierarchical : public Communicator {
   absl::Status AllGather(void* data, const std::vector<size_t>& counts, DataType type,
                          absl::Time deadline) override {
     if (absl::Status s = CheckCounts(counts, size_); !s.ok()) return s;
+    if (EvenNodesOnHost()) return GatherByColumns(static_cast<char*>(data), counts, type, deadline);
     // Zero every segment but this rank's and sum: adding zeros is exact.
     const size_t es = DataTypeSize(type);
     size_t offset = 0, total = 0;
@@ -229,6 +230,64 @@ class Hierarchical : public Communicator {
   absl::Status Broken() {
     absl::MutexLock lock(&mu_);
     return aborted_;
+  }
+
+  // Nodes of equal size on host memory: a world's ranks are numbered node
+  // by node (the rendezvous makes a node's members contiguous), so rank r
+  // is local rank r % L of node r / L, and this rank's one inter-node
+  // group holds local rank r % L of every node.
+  bool EvenNodesOnHost() const {
+    return memory_.is_host() && plan_.owned_begin.size() == 1 && local_size_ > 0 &&
+           size_ % local_size_ == 0 && intra_ != nullptr &&
+           intra_->rank() == rank_ % local_size_ &&
+           (size_ == local_size_ ||
+            (groups_.size() == 1 && inter_[0] != nullptr &&
+             inter_[0]->size() == size_ / local_size_ && inter_[0]->rank() == rank_ / local_size_));
+  }
+
+  // AllGather on even nodes, in two legs that move each segment once per
+  // hop: across nodes, each local rank l gathers its column (the segments
+  // of local rank l of every node) over its inter-node group; then inside
+  // the node the columns are all-gathered. Both legs run on a scratch
+  // copy laid out column by column, which is then copied into place.
+  absl::Status GatherByColumns(char* data, const std::vector<size_t>& counts, DataType type,
+                               absl::Time deadline) {
+    if (absl::Status s = Broken(); !s.ok()) return s;
+    const size_t es = DataTypeSize(type);
+    const int L = local_size_, nodes = size_ / L, l = rank_ % L;
+    // Where each rank's segment lies in `data` and in the scratch copy.
+    std::vector<size_t> at(size_ + 1, 0), in_scratch(size_), column(L, 0);
+    for (int r = 0; r < size_; ++r) at[r + 1] = at[r] + counts[r];
+    size_t next = 0;
+    for (int c = 0; c < L; ++c) {
+      for (int n = 0; n < nodes; ++n) {
+        in_scratch[n * L + c] = next;
+        next += counts[n * L + c];
+        column[c] += counts[n * L + c];
+      }
+    }
+    absl::StatusOr<void*> scratch_or = ops_->Scratch(std::max<size_t>(next, 1) * es);
+    if (!scratch_or.ok()) return scratch_or.status();
+    char* scratch = static_cast<char*>(*scratch_or);
+    std::memcpy(scratch + in_scratch[rank_] * es, data + at[rank_] * es, counts[rank_] * es);
+    if (nodes > 1) {
+      std::vector<size_t> mine(nodes);
+      for (int n = 0; n < nodes; ++n) mine[n] = counts[n * L + l];
+      char* own_column = scratch + in_scratch[l] * es;
+      if (absl::Status s = inter_[0]->AllGather(own_column, mine, type, deadline); !s.ok()) {
+        Abort(s);  // wakes this node's ranks waiting for this column
+        return s;
+      }
+    }
+    if (L > 1) {
+      if (absl::Status s = Intra(intra_->AllGather(scratch, column, type, deadline)); !s.ok()) {
+        return s;
+      }
+    }
+    for (int r = 0; r < size_; ++r) {
+      if (r != rank_) std::memcpy(data + at[r] * es, scratch + in_scratch[r] * es, counts[r] * es);
+    }
+    return absl::OkStatus();
   }
   // Every later collective answers ABORTED with the first reason.
   void Break(const absl::Status& why) {
