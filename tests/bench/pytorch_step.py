@@ -29,7 +29,12 @@ figures of `muster-bench allreduce`.
 namespace, tests/bench/lab_allreduce_compare.sh) with MASTER_ADDR set to the
 host of rank 0 and GLOO_SOCKET_IFNAME to the interface between them.
 
+--phases times each phase apart (on the CPU always): forward, backward (DDP's
+all-reduce overlaps it and ends in it), optimizer; medians, the
+counterpart of muster's step timeline.
+
 Prints: pytorch device=D model=M batch=B world=W comm_hook=H steps_per_s=S step_ms_p50=T
+        pytorch_phases rank=0 step_ms=T forward_ms=T backward_ms=T optimizer_ms=T
     or: pytorch allreduce backend=gloo world=W bytes=N comm_hook=H median_s=T
         algbw_GBps=X busbw_GBps=Y
 """
@@ -142,21 +147,41 @@ def run(rank, args):
     x = torch.randn(args.batch, args.channels, args.size, args.size, device=device)
     y = torch.randint(0, 10, (args.batch,), device=device)
     times = []
+    phases = {"forward": [], "backward": [], "optimizer": []}
+    # On the GPU a phase ends when its kernels are done: synchronised only
+    # with --phases, which then costs the step two more synchronisations.
+    sync = cuda and args.phases
+
+    def lap():
+        if sync:
+            torch.cuda.synchronize(device)
+        return time.perf_counter()
+
     for step in range(args.steps):
         started = time.perf_counter()
         loss = F.cross_entropy(model(x), y)
+        forward_done = lap()
         opt.zero_grad()
-        loss.backward()
+        loss.backward()  # DDP's bucketed all-reduce, and its wait at the end
+        backward_done = lap()
         opt.step()
         if cuda:
             torch.cuda.synchronize(device)
+        done = time.perf_counter()
         if step >= args.warmup:
-            times.append((time.perf_counter() - started) * 1e3)
+            times.append((done - started) * 1e3)
+            phases["forward"].append((forward_done - started) * 1e3)
+            phases["backward"].append((backward_done - forward_done) * 1e3)
+            phases["optimizer"].append((done - backward_done) * 1e3)
     if rank == 0:
         print(f"pytorch device={args.device} model={args.model} batch={args.batch} "
               f"world={args.world} comm_hook={args.comm_hook} "
               f"steps_per_s={1e3 * len(times) / sum(times):.2f} "
               f"step_ms_p50={statistics.median(times):.3f}", flush=True)
+        if args.phases or not cuda:
+            print(f"pytorch_phases rank=0 step_ms={statistics.median(times):.3f} " +
+                  " ".join(f"{k}_ms={statistics.median(v):.3f}" for k, v in phases.items()),
+                  flush=True)
     if args.world > 1:
         dist.destroy_process_group()
 
@@ -206,6 +231,9 @@ def main():
                    help="CPU: intra-op threads per rank (0: the cores / world)")
     p.add_argument("--comm-hook", default="none", choices=["none", "bf16", "fp16"],
                    help="DDP's bf16_compress_hook / fp16_compress_hook")
+    p.add_argument("--phases", action="store_true",
+                   help="on the GPU: synchronise after the forward and the backward and print "
+                        "each phase's median (the CPU prints them always)")
     p.add_argument("--mode", default="step", choices=["step", "allreduce"])
     p.add_argument("--bytes", type=int, default=64 << 20,
                    help="allreduce: float32 bytes per all-reduce")
