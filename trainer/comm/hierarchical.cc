@@ -289,6 +289,7 @@ class Hierarchical : public Communicator {
     }
     return absl::OkStatus();
   }
+
   // Every later collective answers ABORTED with the first reason.
   void Break(const absl::Status& why) {
     absl::MutexLock lock(&mu_);
