@@ -53,7 +53,7 @@ PY
 python=${PYTHON:-python3}
 line=$("$python" "$here/pytorch_step.py" --device cpu --model "$model" --size 28 --channels 1 \
   --batch 64 --steps "$steps" --warmup "$warmup" --world "$world" --threads "$threads" \
-  --comm-hook "$compression" 2>/dev/null | grep '^pytorch')
+  --comm-hook "$compression" 2>/dev/null | grep '^pytorch device')
 pytorch_ms=${line##*step_ms_p50=}
 speedup=$(python3 -c "print(f'{$pytorch_ms / $muster_ms:.2f}')")
 echo "train device=cpu model=$model nodes=$nodes per_node=$per_node compression=$compression" \

@@ -66,7 +66,7 @@ ddp_run() {  # HOOK WARMUP -> prints rank 0's step_ms_p50
   local peer=$!
   local line
   line="$("$bin/muster-lab" exec "$lab" node0 -- "${env[@]}" "${cmd[@]}" --ranks 0,1 2> /dev/null |
-          grep '^pytorch')"
+          grep '^pytorch device')"
   wait "$peer"
   echo "${line##*step_ms_p50=}"
 }
