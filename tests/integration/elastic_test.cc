@@ -1142,8 +1142,10 @@ TEST_F(ElasticTest, ElasticLrScalesOrKeepsTheLearningRate) {
     // Step 30 in a world of 3: the first world may form with two members
     // before the third arrives, and the third must be in one to be lost.
     const absl::Time end = absl::Now() + absl::Seconds(60);
-    while (absl::Now() < end && (ReadText(metrics).find("\"step\": 30,") == std::string::npos ||
-                                 ReadText(metrics).find("\"world_size\": 3") == std::string::npos)) {
+    for (std::string seen = ReadText(metrics);
+         absl::Now() < end && (seen.find("\"step\": 30,") == std::string::npos ||
+                               seen.find("\"world_size\": 3") == std::string::npos);
+         seen = ReadText(metrics)) {
       absl::SleepFor(absl::Milliseconds(10));
     }
     ::kill(pids[2], SIGKILL);
