@@ -395,7 +395,8 @@ CoordinatorServer::LeaseTurn CoordinatorServer::TendLease(LeaseRenewal* lease, b
   // Renew before the coordinator acts on time (heartbeat timeouts): a
   // coordinator that was frozen past the lease timeout finds out that it
   // lost the lease before it fails members that were never gone.
-  if (lease->BeatDue(clock()->Now())) {
+  const absl::Time asked = clock()->Now();
+  if (lease->BeatDue(asked)) {
     const absl::Status beat =
         *holding ? CheckLeaseHeld(store_.get(), epoch_) : store_->RenewLease(epoch_);
     if (absl::IsAborted(beat)) {
@@ -412,7 +413,9 @@ CoordinatorServer::LeaseTurn CoordinatorServer::TendLease(LeaseRenewal* lease, b
       MUSTER_LOG(WARNING) << "could not " << (*holding ? "read" : "renew") << " the lease: "
                           << beat;
     }
-    if (beat.ok() && !*holding) lease->Renewed(clock()->Now());
+    // Renewed as of the call, not its return: a standby counts from the
+    // beat it saw, which a disk that stalled in the sync showed it early.
+    if (beat.ok() && !*holding) lease->Renewed(asked);
   }
   // Not sure of the lease any more: decide nothing on time until it is.
   return *holding || !lease->Sure(clock()->Now()) ? LeaseTurn::kHold : LeaseTurn::kTick;

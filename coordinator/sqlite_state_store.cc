@@ -315,7 +315,17 @@ class SqliteStateStore : public StateStore {
           },
           this);
     }
-    MUSTER_RETURN_IF_ERROR(Exec("PRAGMA synchronous=FULL"));
+    // In WAL mode a commit leaves the log unsynced and InTransaction syncs
+    // it once SQLite's write lock is given back (SyncLog); the rollback
+    // journal keeps its syncs inside the commit, where they must be.
+    // (An in-memory database has neither.)
+    {
+      Statement mode(db_, "PRAGMA journal_mode");
+      MUSTER_RETURN_IF_ERROR(mode.status());
+      log_synced_apart_ = mode.Step() == SQLITE_ROW && mode.Text(0) == "wal";
+    }
+    MUSTER_RETURN_IF_ERROR(
+        Exec(log_synced_apart_ ? "PRAGMA synchronous=NORMAL" : "PRAGMA synchronous=FULL"));
     MUSTER_RETURN_IF_ERROR(Exec(kSchema));
     std::string version;
     MUSTER_RETURN_IF_ERROR(GetMeta("schema_version", &version));
@@ -522,7 +532,8 @@ class SqliteStateStore : public StateStore {
     Statement up(db_, "UPDATE lease SET holder = '' WHERE id = 1 AND epoch = ?");
     MUSTER_RETURN_IF_ERROR(up.status());
     up.Bind(1, static_cast<int64_t>(epoch));
-    return up.Run();
+    MUSTER_RETURN_IF_ERROR(up.Run());
+    return SyncLog();
   }
 
   absl::StatusOr<std::vector<JobEvent>> LoadEvents(size_t limit) override {
@@ -588,8 +599,34 @@ class SqliteStateStore : public StateStore {
       return s;
     }
     s = Exec("COMMIT");
-    if (!s.ok()) Exec("ROLLBACK").IgnoreError();
-    return s;
+    if (!s.ok()) {
+      Exec("ROLLBACK").IgnoreError();
+      return s;
+    }
+    return SyncLog();
+  }
+
+  // A commit in WAL mode writes the log but does not sync it: it is synced
+  // here, after SQLite's write lock was given back and before the caller
+  // hears that its write is on disk. A holder whose disk stalls in that
+  // sync, or that hangs there, keeps nobody else from writing, so a standby
+  // can take the lease over meanwhile (docs/failover.md). Other connections
+  // may read the commit before it is synced: they are on this host (WAL
+  // needs shared memory), and lose it with the host only. A failed sync is
+  // the caller's failed write, although the commit is in the log.
+  absl::Status SyncLog() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!log_synced_apart_) return absl::OkStatus();
+    sqlite3_file* log = nullptr;
+    if (sqlite3_file_control(db_, "main", SQLITE_FCNTL_JOURNAL_POINTER, &log) != SQLITE_OK ||
+        log == nullptr || log->pMethods == nullptr) {
+      return absl::InternalError("sqlite: the write-ahead log is not open after a commit");
+    }
+    const int rc = log->pMethods->xSync(log, SQLITE_SYNC_NORMAL);
+    if (rc != SQLITE_OK) {
+      return absl::UnavailableError(
+          absl::StrCat("sqlite: syncing the write-ahead log: ", sqlite3_errstr(rc)));
+    }
+    return absl::OkStatus();
   }
 
   void CompactJournalLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -724,6 +761,8 @@ class SqliteStateStore : public StateStore {
   // it inside a commit, so under mu_); CompactJournal folds from kFoldPages.
   static constexpr int kFoldPages = 1000;
   int log_pages_ = 0;
+  // WAL mode: commits leave the log unsynced, and SyncLog syncs it.
+  bool log_synced_apart_ = false;
 };
 
 }  // namespace

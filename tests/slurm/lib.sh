@@ -22,6 +22,10 @@ dump_job() {
   cat "$WORK/out.log" 2>/dev/null || true
   echo "---- coordinator log (tail)"
   tail -n 20 "$WORK/job/coordinator.log" 2>/dev/null || true
+  if [ -f "$WORK/job/standby.log" ]; then
+    echo "---- standby coordinator log (tail)"
+    tail -n 20 "$WORK/job/standby.log"
+  fi
   if [ -n "$JOB" ]; then
     echo "---- scontrol show job $JOB"
     scontrol show job "$JOB" 2>/dev/null || true

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <memory>
 #include <string>
 #include <thread>
@@ -148,6 +149,45 @@ TEST(LeaseRenewalTest, BeatsEveryQuarterAndAWallStepNeitherExpiresNorExtendsIt) 
   EXPECT_FALSE(lease.Sure(clock.Now())) << "a wall step back kept an unrenewed lease";
   lease.Renewed(clock.Now());
   EXPECT_TRUE(lease.Sure(clock.Now()));
+}
+
+// A holder whose disk stalls inside a beat's sync for longer than the
+// lease timeout (or a holder that hangs there, stopped) must not keep its
+// standby out. The sync comes after SQLite's write lock is given back: the
+// standby sees the beat, times its silence and takes over while the holder
+// still waits on its disk. With the sync inside the commit, the standby
+// could write nothing until the sync ended (a Slurm standby test that
+// stopped the primary in its sync never saw a takeover).
+TEST_F(LeaseTest, AHolderStalledInItsSyncDoesNotKeepTheStandbyOut) {
+  LeaseClaim primary(a_.get(), "node0:29400", timeout_);
+  ASSERT_TRUE(primary.Poll(t0_)->has_value());
+  // The holder's own file, through a disk whose every sync takes 3 s.
+  const absl::Duration stall = absl::Seconds(3);
+  std::unique_ptr<StateStore> stalled = std::move(OpenSqliteStateStore(path_, stall)).value();
+  std::atomic<bool> beat_returned{false};
+  absl::Status beat;
+  std::thread holder([&] {
+    beat = stalled->RenewLease(1);
+    beat_returned = true;
+  });
+  // Until the beat is in the log (a reader sees it), then its silence.
+  LeaseClaim standby(b_.get(), "node1:29400", timeout_);
+  const absl::Time start = absl::Now();
+  while (b_->ReadLease()->beats == 0 && absl::Now() - start < stall / 2) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  EXPECT_FALSE(standby.Poll(t0_)->has_value());
+  absl::StatusOr<std::optional<Lease>> taken = standby.Poll(t0_ + timeout_);
+  const bool during_the_stall = !beat_returned;
+  holder.join();
+  ASSERT_TRUE(taken.ok()) << taken.status();
+  ASSERT_TRUE(taken->has_value()) << "the standby did not take over";
+  EXPECT_EQ((*taken)->epoch, 2u);
+  EXPECT_TRUE(during_the_stall) << "taken over only once the holder's sync ended";
+  // The holder's beat was committed before the takeover; its next one finds it.
+  EXPECT_TRUE(beat.ok()) << beat;
+  EXPECT_EQ(a_->RenewLease(1).code(), absl::StatusCode::kAborted);
+  EXPECT_TRUE(b_->RenewLease(2).ok());
 }
 
 // A primary and its standby start together on a new state dir: both open
