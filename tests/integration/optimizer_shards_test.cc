@@ -231,7 +231,9 @@ struct Held {
   void LiveInWorld(int rank, uint64_t generation, int first, int steps, Communicator* comm) {
     const absl::Time deadline = absl::Now() + absl::Seconds(30);
     const std::string where = absl::StrCat("generation ", generation, ", rank ", rank);
-    ASSERT_TRUE(sharded_state->Gather(comm, generation, /*node=*/rank % 2, deadline).ok());
+    const absl::Status gathered =
+        sharded_state->Gather(comm, generation, /*node=*/rank % 2, deadline);
+    ASSERT_TRUE(gathered.ok()) << where << ": " << gathered;
     for (torch::Tensor& p : sharded->parameters()) {
       ASSERT_TRUE(
           comm->Broadcast(p.data_ptr(), p.numel(), DataType::kFloat32, 0, deadline).ok());
@@ -378,6 +380,51 @@ TEST_P(OptimizerShardsTest, ShardedStateLivesThroughWorldsAsTheReplicaDrivesIt) 
       GetParam(),
       [](Held& me, int rank, Communicator* comm) { me.LiveInWorld(rank, 1, 0, 3, comm); },
       [](Held& me, int rank, Communicator* comm) { me.LiveInWorld(rank, 2, 3, 3, comm); });
+}
+
+// A second death in a regather: four ranks on two nodes train sharded
+// with a buddy copy; a regather then completes on one rank only (the
+// others' failed, the world broke), so that rank holds the whole state and
+// no shards; and the rank whose shards that one backs up dies. In the
+// next world the two ranges both of them kept have no living holder, but
+// the rank that holds the whole state sends them: every rank gathers the
+// unsharded optimizer's state, bit for bit, and trains on. (Before, that
+// rank counted as a joiner and the ranges were NOT_FOUND: a checkpoint,
+// or without one the end of the run.)
+TEST_P(OptimizerShardsTest, ARankThatHoldsTheWholeStateSendsTheRangesWhoseHoldersDied) {
+  std::vector<std::unique_ptr<Held>> held;
+  for (int i = 0; i < 4; ++i) held.push_back(std::make_unique<Held>(GetParam()));
+  int whole = -1, dead = -1;
+  ASSERT_TRUE(RunCommWorld(4, "gloo", [&](int rank, Communicator* comm) {
+                Held& me = *held[rank];
+                me.LiveInWorld(rank, 1, 0, 3, comm);
+                // The regather that completed everywhere, then the shards
+                // made again everywhere but on one rank: as if only that
+                // rank's regather had completed.
+                ASSERT_TRUE(me.sharded_state->Whole(comm, absl::Now() + absl::Seconds(30)).ok());
+              }).ok());
+  {
+    auto layout = ShardLayout::Make({1}, {0, 1, 0, 1}, 2);  // LiveInWorld's nodes: rank % 2
+    ASSERT_TRUE(layout.ok());
+    dead = 3;
+    whole = layout->Holders(dead)[1];
+    ASSERT_NE(whole % 2, dead % 2) << "a buddy on the other node";
+  }
+  std::vector<Held*> now;
+  for (int r = 0; r < 4; ++r) {
+    if (r != dead) now.push_back(held[r].get());
+  }
+  // The shards again on every rank but `whole`, in the layout of
+  // generation 1 (no collective: Shard cuts what each rank holds).
+  ASSERT_TRUE(RunCommWorld(4, "gloo", [&](int rank, Communicator* comm) {
+                if (rank != whole) {
+                  ASSERT_TRUE(held[rank]->sharded_state->Shard(comm).ok());
+                }
+              }).ok());
+  ASSERT_FALSE(held[whole]->sharded_state->sharded());
+  ASSERT_TRUE(RunCommWorld(3, "gloo", [&](int rank, Communicator* comm) {
+                now[rank]->LiveInWorld(rank, 2, 3, 3, comm);
+              }).ok());
 }
 
 INSTANTIATE_TEST_SUITE_P(Optimizers, OptimizerShardsTest, ::testing::ValuesIn(Kinds()),
@@ -549,6 +596,28 @@ TEST(OptimizerShardsStateTest, ANewWorldAgreesOnTheNewestLayoutAndWhoOfItLivesOn
                 EXPECT_EQ(agreed->generation, 5u);
                 EXPECT_EQ(agreed->layout_rank, std::vector<int>({2, 0, -1, -1}));
                 EXPECT_EQ(agreed->alive, std::vector<bool>({true, false, true}));
+              }).ok());
+  // Ranks that hold the whole state: of the newest layout, the first is its
+  // whole source; of an older one, nothing. Alone they make no layout.
+  const Claim wholes[4] = {
+      {0, 5, 2, 3}, {1, 5, kHoldsWholeState, 3}, {0, 4, kHoldsWholeState, 3},
+      {1, 5, kHoldsWholeState, 3}};
+  ASSERT_TRUE(RunCommWorld(4, "gloo", [&](int rank, Communicator* comm) {
+                const Claim& c = wholes[rank];
+                auto agreed = AgreeOnShards(comm, c.node, c.generation, c.rank, c.world,
+                                            absl::Now() + absl::Seconds(30));
+                ASSERT_TRUE(agreed.ok()) << agreed.status();
+                EXPECT_EQ(agreed->generation, 5u);
+                EXPECT_EQ(agreed->layout_rank, std::vector<int>({2, -1, -1, -1}));
+                EXPECT_EQ(agreed->alive, std::vector<bool>({false, false, true}));
+                EXPECT_EQ(agreed->whole_source, 1);
+              }).ok());
+  ASSERT_TRUE(RunCommWorld(2, "gloo", [&](int rank, Communicator* comm) {
+                auto agreed = AgreeOnShards(comm, rank, 5, kHoldsWholeState, 3,
+                                            absl::Now() + absl::Seconds(30));
+                ASSERT_TRUE(agreed.ok()) << agreed.status();
+                EXPECT_EQ(agreed->generation, 0u);
+                EXPECT_EQ(agreed->whole_source, -1);
               }).ok());
   // Two ranks that claim one rank of the layout: refused on every rank.
   ASSERT_TRUE(RunCommWorld(2, "gloo", [&](int rank, Communicator* comm) {

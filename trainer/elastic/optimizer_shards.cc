@@ -596,13 +596,14 @@ absl::Status OptimizerShards::CheckCopiesAgree(Communicator* comm, absl::Time de
 }
 
 absl::Status OptimizerShards::Unshard(const std::vector<bool>& alive, Communicator* comm,
-                                      absl::Time deadline) {
+                                      absl::Time deadline, int whole_source) {
   if (static_cast<int>(alive.size()) != layout_.world() || !alive[rank_]) {
     return absl::InvalidArgumentError(absl::StrCat(
         "unshard: ", alive.size(), " ranks said alive or not, of a layout of ", layout_.world(),
         ", this rank ", rank_, " among them"));
   }
-  MUSTER_RETURN_IF_ERROR(Assemble(groups_, &layout_, rank_, alive, comm, deadline));
+  MUSTER_RETURN_IF_ERROR(
+      Assemble(groups_, &layout_, rank_, alive, whole_source, comm, deadline));
   groups_.clear();
   return absl::OkStatus();
 }
@@ -651,16 +652,33 @@ absl::Status OptimizerShards::ReceiveUnsharded(
   std::vector<Group> groups;
   std::vector<int64_t> elements;
   MUSTER_RETURN_IF_ERROR(Collect(optimizers, &groups, &elements));
-  return Assemble(groups, /*layout=*/nullptr, /*rank=*/-1, {}, comm, deadline);
+  return Assemble(groups, /*layout=*/nullptr, /*rank=*/-1, {}, /*whole_source=*/-1, comm,
+                  deadline);
+}
+
+absl::Status OptimizerShards::SendWhole(const std::vector<torch::optim::Optimizer*>& optimizers,
+                                        const ShardLayout& layout,
+                                        const std::vector<bool>& alive, Communicator* comm,
+                                        absl::Time deadline) {
+  std::vector<Group> groups;
+  std::vector<int64_t> elements;
+  MUSTER_RETURN_IF_ERROR(Collect(optimizers, &groups, &elements));
+  if (static_cast<int>(alive.size()) != layout.world()) {
+    return absl::InvalidArgumentError(absl::StrCat("send whole: ", alive.size(),
+                                                   " ranks said alive or not, of a layout of ",
+                                                   layout.world()));
+  }
+  return Assemble(groups, &layout, kHoldsWholeState, alive, comm->rank(), comm, deadline);
 }
 
 namespace {
 
 // The rank of `layout` that sends each shard: the first of its holders
-// that `alive` says lives on, or -1. `*lost` names the first range with
+// that `alive` says lives on; else kHoldsWholeState where a rank holds the
+// whole state (`whole`), or -1. `*lost` names the first range with
 // elements that nobody sends ("" when there is none).
 std::vector<int> ShardSources(const ShardLayout& layout, const std::vector<bool>& alive,
-                              std::string* lost) {
+                              bool whole, std::string* lost) {
   std::vector<int> source;
   for (int s = 0; s < layout.world(); ++s) {
     int from = -1;
@@ -670,8 +688,9 @@ std::vector<int> ShardSources(const ShardLayout& layout, const std::vector<bool>
         break;
       }
     }
+    if (from < 0 && whole) from = kHoldsWholeState;
     source.push_back(from);
-    for (int g = 0; g < layout.groups() && from < 0 && lost->empty(); ++g) {
+    for (int g = 0; g < layout.groups() && from == -1 && lost->empty(); ++g) {
       const ElementRange r = layout.Range(g, s);
       if (r.size() > 0) {
         *lost = absl::StrCat("the optimizer state of group ", g, " elements [", r.begin, ", ",
@@ -693,11 +712,14 @@ std::vector<int> ShardSources(const ShardLayout& layout, const std::vector<bool>
 // into +0).
 absl::Status OptimizerShards::Assemble(std::vector<Group>& groups, const ShardLayout* layout,
                                        int rank, const std::vector<bool>& alive,
-                                       Communicator* comm, absl::Time deadline) {
+                                       int whole_source, Communicator* comm,
+                                       absl::Time deadline) {
   const size_t G = groups.size();
+  const bool whole = rank == kHoldsWholeState;
   std::string lost;
   const std::vector<int> source =
-      layout != nullptr ? ShardSources(*layout, alive, &lost) : std::vector<int>();
+      layout != nullptr ? ShardSources(*layout, alive, whole_source >= 0, &lost)
+                        : std::vector<int>();
   // This rank's, then summed over the world: a range lost, then for each
   // group whether it has state, then whether it has masters, then whether
   // a master was stepped since the last gather.
@@ -706,10 +728,12 @@ absl::Status OptimizerShards::Assemble(std::vector<Group>& groups, const ShardLa
   torch::NoGradGuard no_grad;
   for (size_t g = 0; g < G; ++g) {
     const Group& group = groups[g];
-    const bool held = layout != nullptr && !group.masters.empty();
-    header[g + 1] = held && FindOptimizerState(*group.optimizer, group.masters[0]) != nullptr;
+    // The whole source holds every range in its parameters' own state.
+    const std::vector<torch::Tensor>& mine = whole ? group.params : group.masters;
+    const bool held = layout != nullptr && !mine.empty();
+    header[g + 1] = held && FindOptimizerState(*group.optimizer, mine[0]) != nullptr;
     header[G + g + 1] = held;
-    if (held && header[2 * G + 1] == 0 &&
+    if (held && !whole && header[2 * G + 1] == 0 &&
         SteppedSinceGathered(group.params, group.masters, static_cast<int>(g), *layout, rank)) {
       header[2 * G + 1] = 1;
     }
@@ -739,7 +763,8 @@ absl::Status OptimizerShards::Assemble(std::vector<Group>& groups, const ShardLa
     MUSTER_ASSIGN_OR_RETURN(FlatState state, StartFlatState(group, static_cast<int>(g), *comm));
     if (layout != nullptr) {
       MUSTER_RETURN_IF_ERROR(
-          WriteHeldState(group, static_cast<int>(g), *layout, rank, source, &state));
+          whole ? WriteWholeState(group, static_cast<int>(g), *layout, source, &state)
+                : WriteHeldState(group, static_cast<int>(g), *layout, rank, source, &state));
     }
     MUSTER_RETURN_IF_ERROR(comm->AllReduce(state.flat.data_ptr(),
                                            static_cast<size_t>(state.flat.numel() / 2),
@@ -767,7 +792,16 @@ absl::Status OptimizerShards::AssembleValues(const Group& group, int g, const Sh
   torch::Tensor flat =
       torch::zeros({group.PaddedElements()},
                    torch::TensorOptions().dtype(torch::kFloat32).device(CommDevice(*comm)));
-  const std::vector<int> kept = layout != nullptr ? layout->KeptBy(rank) : std::vector<int>();
+  if (rank == kHoldsWholeState) {
+    const torch::Tensor values = FlatValues(group.params).to(flat.device());
+    for (int s = 0; s < layout->world(); ++s) {
+      const ElementRange range = layout->Range(g, s);
+      if (source[s] != kHoldsWholeState || range.size() <= 0) continue;
+      flat.narrow(0, range.begin, range.size()).copy_(values.narrow(0, range.begin, range.size()));
+    }
+  }
+  const std::vector<int> kept =
+      layout != nullptr && rank >= 0 ? layout->KeptBy(rank) : std::vector<int>();
   for (size_t k = 0; k < kept.size() && k < group.masters.size(); ++k) {
     if (source[kept[k]] != rank) continue;
     const ElementRange range = layout->Range(g, kept[k]);
@@ -779,7 +813,7 @@ absl::Status OptimizerShards::AssembleValues(const Group& group, int g, const Sh
   torch::Tensor values = FlatValues(group.params).to(flat.device());
   for (int s = 0; s < layout->world(); ++s) {
     const ElementRange range = layout->Range(g, s);
-    if (source[s] < 0 || range.size() <= 0) continue;
+    if (source[s] == -1 || range.size() <= 0) continue;
     values.narrow(0, range.begin, range.size()).copy_(flat.narrow(0, range.begin, range.size()));
   }
   int64_t offset = 0;
@@ -818,6 +852,38 @@ absl::StatusOr<FlatState> OptimizerShards::StartFlatState(const Group& group, in
   return state;
 }
 
+namespace {
+
+// `fields` (per-element ones of `range`'s elements, flat) into `state` at
+// `range`; the scalars too where `scalars` (the sender of shard 0: the
+// group's scalars have one sender).
+absl::Status WriteFields(const OptimizerCodec::Fields& fields, int g, ElementRange range,
+                         bool scalars, FlatState* state) {
+  int64_t f = 0, c = 0;
+  for (const FieldSpec& spec : state->specs) {
+    auto it = std::find_if(fields.begin(), fields.end(),
+                           [&](const auto& field) { return field.first == spec.name; });
+    if (it == fields.end()) {
+      return absl::InternalError(
+          absl::StrCat("optimizer group ", g, ": its shard's state has no \"", spec.name, "\""));
+    }
+    if (spec.per_element) {
+      state->flat.narrow(0, state->ElementOffset(f++) + range.begin, range.size())
+          .copy_(it->second.reshape({-1}));
+    } else if (scalars) {
+      const int64_t bits = ScalarBits(it->second);
+      torch::Tensor word = torch::empty({2}, torch::kFloat32);
+      std::memcpy(word.data_ptr(), &bits, sizeof(bits));
+      state->flat.narrow(0, state->ScalarOffset(c++), 2).copy_(word);
+    } else {
+      ++c;
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 // This rank's part of `state`: the fields of the shards it sends.
 absl::Status OptimizerShards::WriteHeldState(const Group& group, int g, const ShardLayout& layout,
                                              int rank, const std::vector<int>& source,
@@ -830,28 +896,45 @@ absl::Status OptimizerShards::WriteHeldState(const Group& group, int g, const Sh
     torch::optim::OptimizerParamState* held =
         FindOptimizerState(*group.optimizer, group.masters[k]);
     if (held == nullptr) continue;
-    const ElementRange range = layout.Range(g, s);
-    const OptimizerCodec::Fields fields = group.codec->Save(*held, options);
-    int64_t f = 0, c = 0;
-    for (const FieldSpec& spec : state->specs) {
-      auto it = std::find_if(fields.begin(), fields.end(),
-                             [&](const auto& field) { return field.first == spec.name; });
-      if (it == fields.end()) {
-        return absl::InternalError(
-            absl::StrCat("optimizer group ", g, ": its shard's state has no \"", spec.name, "\""));
-      }
-      if (spec.per_element) {
-        state->flat.narrow(0, state->ElementOffset(f++) + range.begin, range.size())
-            .copy_(it->second.reshape({-1}));
-      } else if (s == 0) {  // the group's scalars have one sender
-        const int64_t bits = ScalarBits(it->second);
-        torch::Tensor word = torch::empty({2}, torch::kFloat32);
-        std::memcpy(word.data_ptr(), &bits, sizeof(bits));
-        state->flat.narrow(0, state->ScalarOffset(c++), 2).copy_(word);
-      } else {
-        ++c;
-      }
+    MUSTER_RETURN_IF_ERROR(
+        WriteFields(group.codec->Save(*held, options), g, layout.Range(g, s), s == 0, state));
+  }
+  return absl::OkStatus();
+}
+
+// The whole source's part of `state`: the fields of the ranges no holder
+// lives to send, cut from its parameters' own state laid flat.
+absl::Status OptimizerShards::WriteWholeState(const Group& group, int g,
+                                              const ShardLayout& layout,
+                                              const std::vector<int>& source, FlatState* state) {
+  const auto& options = group.optimizer->param_groups()[group.index].options();
+  std::map<std::string, std::vector<torch::Tensor>> parts;
+  OptimizerCodec::Fields first;
+  for (const torch::Tensor& p : group.params) {
+    torch::optim::OptimizerParamState* held = FindOptimizerState(*group.optimizer, p);
+    if (held == nullptr) {
+      return absl::InternalError(
+          absl::StrCat("optimizer group ", g, ": a parameter of the whole state has none"));
     }
+    OptimizerCodec::Fields fields = group.codec->Save(*held, options);
+    for (const auto& [name, t] : fields) {
+      if (PerElement(t, p)) parts[name].push_back(t.reshape({-1}));
+    }
+    if (first.empty()) first = std::move(fields);
+  }
+  OptimizerCodec::Fields flat;  // the per-element fields over the group, the scalars
+  for (const auto& [name, t] : first) {
+    const auto it = parts.find(name);
+    flat.emplace_back(name, it != parts.end() ? Flat(it->second) : t);
+  }
+  for (int s = 0; s < layout.world(); ++s) {
+    const ElementRange range = layout.Range(g, s);
+    if (source[s] != kHoldsWholeState) continue;
+    OptimizerCodec::Fields cut;
+    for (const auto& [name, t] : flat) {
+      cut.emplace_back(name, parts.count(name) > 0 ? t.narrow(0, range.begin, range.size()) : t);
+    }
+    MUSTER_RETURN_IF_ERROR(WriteFields(cut, g, range, s == 0, state));
   }
   return absl::OkStatus();
 }
@@ -903,14 +986,17 @@ absl::StatusOr<ShardWorld> AgreeOnShards(Communicator* comm, int node, uint64_t 
   ShardWorld out;
   for (int r = 0; r < size; ++r) {
     out.node_of_rank.push_back(static_cast<int>(words[r * kWords]));
+    if (words[r * kWords + 2] == kHoldsWholeState) continue;
     out.generation = std::max(out.generation, static_cast<uint64_t>(words[r * kWords + 1]));
   }
   int64_t layout_world = -1;
   for (int r = 0; r < size; ++r) {
     const int64_t* w = words + r * kWords;
     const bool newest = out.generation != 0 && static_cast<uint64_t>(w[1]) == out.generation;
-    out.layout_rank.push_back(newest ? static_cast<int>(w[2]) : -1);
+    const bool whole = w[2] == kHoldsWholeState;
+    out.layout_rank.push_back(newest && !whole ? static_cast<int>(w[2]) : -1);
     if (!newest) continue;
+    if (whole && out.whole_source < 0) out.whole_source = r;
     if (layout_world >= 0 && w[3] != layout_world) {
       return absl::InvalidArgumentError(absl::StrCat("the shards of generation ", out.generation,
                                                      " are said to be of ", layout_world,

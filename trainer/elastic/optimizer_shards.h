@@ -64,15 +64,28 @@ struct ShardWorld {
   // generation; 0: none), and by its ranks whether each is in this world.
   uint64_t generation = 0;
   std::vector<bool> alive;
-  // By rank of the world: its rank in that layout, or -1 (a joiner, or a
-  // rank whose shards are of an older layout and count for nothing).
+  // By rank of the world: its rank in that layout, or -1 (a joiner, a rank
+  // whose shards are of an older layout and count for nothing, or a rank
+  // that holds the whole state).
   std::vector<int> layout_rank;
+  // The first rank of the world that holds the whole state of that layout
+  // (kHoldsWholeState), or -1: it sends the ranges no holder lives to send.
+  int whole_source = -1;
 };
+
+// AgreeOnShards' `rank` for a rank that holds the whole state as of the
+// layout `generation` of `world` ranks: its regather (or Whole) completed
+// while another rank's failed and the world broke, so that it holds no
+// shards, but every range.
+constexpr int kHoldsWholeState = -2;
 
 // This rank's part: its node's index in the world, and the layout its
 // shards are of (`generation` 0 and `rank` -1 when it holds none; `world`
-// that layout's size). Errors: the communicator's; INVALID_ARGUMENT when
-// two ranks claim one rank of the newest layout or disagree on its size.
+// that layout's size; `rank` kHoldsWholeState for the whole state of that
+// layout). The newest layout is the newest of which some rank holds
+// shards; ranks holding the whole state of another count for nothing.
+// Errors: the communicator's; INVALID_ARGUMENT when two ranks claim one
+// rank of the newest layout or disagree on its size.
 absl::StatusOr<ShardWorld> AgreeOnShards(Communicator* comm, int node, uint64_t generation,
                                          int rank, int world, absl::Time deadline);
 
@@ -190,7 +203,10 @@ class OptimizerShards {
   // values stepped since the last gather (an optimizer without state), has
   // no living holder (one copy, its rank gone: it must come from a
   // checkpoint); the communicator's errors (the state is then unspecified).
-  absl::Status Unshard(const std::vector<bool>& alive, Communicator* comm, absl::Time deadline);
+  // `whole_source`: ShardWorld's; a range with no living holder comes from
+  // that rank instead, and is not lost.
+  absl::Status Unshard(const std::vector<bool>& alive, Communicator* comm, absl::Time deadline,
+                       int whole_source = -1);
   // The groups get their parameter lists back and the masters' state is
   // dropped, nothing gathered (shards of a layout that no longer counts:
   // the state comes to this rank as to a joiner). The object then holds
@@ -201,6 +217,14 @@ class OptimizerShards {
   // (before any collective), Unshard's.
   static absl::Status ReceiveUnsharded(const std::vector<torch::optim::Optimizer*>& optimizers,
                                        Communicator* comm, absl::Time deadline);
+  // The whole source's part of Unshard (ShardWorld::whole_source):
+  // `optimizers` (the program's, not sharded, holding the whole state as
+  // of `layout`) send the ranges whose holders `alive` says are all gone,
+  // and receive every parameter's state as the others do. Errors:
+  // ReceiveUnsharded's.
+  static absl::Status SendWhole(const std::vector<torch::optim::Optimizer*>& optimizers,
+                                const ShardLayout& layout, const std::vector<bool>& alive,
+                                Communicator* comm, absl::Time deadline);
 
  private:
   struct Group {
@@ -237,15 +261,18 @@ class OptimizerShards {
   // state gone.
   static void Restore(std::vector<Group>& groups);
   // Unshard's collective, on every rank: `layout` null and `alive` empty
-  // for a rank that holds nothing.
+  // for a rank that holds nothing; `rank` kHoldsWholeState for the whole
+  // source (SendWhole); `whole_source` ShardWorld's.
   static absl::Status Assemble(std::vector<Group>& groups, const ShardLayout* layout, int rank,
-                               const std::vector<bool>& alive, Communicator* comm,
-                               absl::Time deadline);
+                               const std::vector<bool>& alive, int whole_source,
+                               Communicator* comm, absl::Time deadline);
   // Assemble's steps for one group `g` (optimizer_shards.cc).
   static absl::StatusOr<FlatState> StartFlatState(const Group& group, int g,
                                                   const Communicator& comm);
   static absl::Status WriteHeldState(const Group& group, int g, const ShardLayout& layout,
                                      int rank, const std::vector<int>& source, FlatState* state);
+  static absl::Status WriteWholeState(const Group& group, int g, const ShardLayout& layout,
+                                      const std::vector<int>& source, FlatState* state);
   static absl::Status InstallFlatState(const Group& group, const FlatState& state);
   static absl::Status AssembleValues(const Group& group, int g, const ShardLayout* layout,
                                      int rank, const std::vector<int>& source,

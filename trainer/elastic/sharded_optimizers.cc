@@ -16,18 +16,36 @@ absl::Status ShardedOptimizers::Check(const std::vector<torch::optim::Optimizer*
 absl::Status ShardedOptimizers::Gather(Communicator* comm, uint64_t generation, int node,
                                        absl::Time deadline) {
   const bool holds = shards_ != nullptr;
+  const bool whole = !holds && whole_.has_value();
   MUSTER_ASSIGN_OR_RETURN(
       const ShardWorld agreed,
-      AgreeOnShards(comm, node, holds ? generation_ : 0, holds ? shards_->rank() : -1,
-                    holds ? shards_->layout().world() : 0, deadline));
+      AgreeOnShards(comm, node, holds ? generation_ : whole ? whole_of_ : 0,
+                    holds ? shards_->rank() : whole ? kHoldsWholeState : -1,
+                    holds ? shards_->layout().world() : whole ? whole_->world() : 0, deadline));
   // This world's, for Shard (after Release too, where the gather failed).
   node_of_rank_ = agreed.node_of_rank;
   gathered_for_ = generation;
   const bool counts = holds && agreed.layout_rank[comm->rank()] >= 0;
   if (holds && !counts) Release();  // of an older layout: received as a joiner's
-  MUSTER_RETURN_IF_ERROR(counts ? shards_->Unshard(agreed.alive, comm, deadline)
-                                : OptimizerShards::ReceiveUnsharded(optimizers_, comm, deadline));
+  std::optional<ShardLayout> layout;
+  if (counts) layout = shards_->layout();
+  if (whole && agreed.whole_source == comm->rank()) {
+    MUSTER_RETURN_IF_ERROR(
+        OptimizerShards::SendWhole(optimizers_, *whole_, agreed.alive, comm, deadline));
+  } else if (counts) {
+    MUSTER_RETURN_IF_ERROR(shards_->Unshard(agreed.alive, comm, deadline, agreed.whole_source));
+  } else {
+    MUSTER_RETURN_IF_ERROR(OptimizerShards::ReceiveUnsharded(optimizers_, comm, deadline));
+  }
   shards_.reset();
+  // Whole as of that layout: a source of every range if the world breaks
+  // again before a step, and another rank's regather had not completed.
+  if (agreed.generation != 0 && (counts || (whole && whole_of_ == agreed.generation))) {
+    if (counts) whole_ = std::move(layout);
+    whole_of_ = agreed.generation;
+  } else {
+    whole_.reset();
+  }
   return absl::OkStatus();
 }
 
@@ -39,10 +57,12 @@ absl::Status ShardedOptimizers::Shard(Communicator* comm) {
   MUSTER_ASSIGN_OR_RETURN(shards_,
                           OptimizerShards::Make(optimizers_, comm->rank(), node_of_rank_, copies_));
   generation_ = gathered_for_;
+  whole_.reset();
   return absl::OkStatus();
 }
 
 void ShardedOptimizers::TakeGradients() {
+  whole_.reset();  // a step follows: the whole state moves on from its layout
   if (shards_ == nullptr) return;
   for (int g = 0; g < shards_->groups(); ++g) shards_->ShareGradients(g);
 }
@@ -61,9 +81,12 @@ absl::Status ShardedOptimizers::BetweenPasses(Communicator* comm, absl::Time dea
 
 absl::Status ShardedOptimizers::Whole(Communicator* comm, absl::Time deadline) {
   if (shards_ == nullptr) return absl::OkStatus();
+  const ShardLayout layout = shards_->layout();
   MUSTER_RETURN_IF_ERROR(
       shards_->Unshard(std::vector<bool>(shards_->layout().world(), true), comm, deadline));
   shards_.reset();
+  whole_ = layout;
+  whole_of_ = generation_;
   return absl::OkStatus();
 }
 
@@ -90,6 +113,7 @@ absl::StatusOr<int64_t> ShardedOptimizers::StateElements() const {
 }
 
 void ShardedOptimizers::Release() {
+  whole_.reset();
   if (shards_ == nullptr) return;
   shards_->Release();
   shards_.reset();

@@ -23,6 +23,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -92,6 +93,13 @@ class ShardedOptimizers {
   uint64_t generation_ = 0;       // of the layout shards_ is of
   std::vector<int> node_of_rank_;  // of the world Gather agreed on
   uint64_t gathered_for_ = 0;      // the generation Gather ran for
+  // Set while this rank holds the whole state as of the layout of
+  // generation whole_of_ (a regather or Whole completed on it) and has not
+  // stepped since: should the world break in another rank's regather, the
+  // next Gather takes from it the ranges whose holders are gone
+  // (kHoldsWholeState).
+  std::optional<ShardLayout> whole_;
+  uint64_t whole_of_ = 0;
 };
 
 }  // namespace muster
