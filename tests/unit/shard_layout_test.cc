@@ -309,4 +309,50 @@ TEST(ShardLayoutTest, BucketsCoverEachGroupBackwardWithTheShardsPartsAsCounts) {
 }
 
 }  // namespace
+// Each round of the parameters' all-gather takes the next piece of every
+// shard: every element once, every piece inside its rank's shard, and the
+// ranks' pieces within one element of each other while shards last.
+TEST(ShardLayoutTest, GatherRoundsTakeTheNextPieceOfEveryShard) {
+  for (int w : {1, 2, 3, 4}) {
+    for (int64_t cap : {1, 3, 8, 100}) {
+      const ShardLayout layout = Layout({10, 0, 23}, std::vector<int>(w, 0), 1);
+      const std::vector<GatherRound> rounds = PlanGatherRounds(layout, cap);
+      std::vector<std::vector<int64_t>> next(3, std::vector<int64_t>(w));
+      for (int g = 0; g < 3; ++g) {
+        for (int r = 0; r < w; ++r) next[g][r] = layout.Range(g, r).begin;
+      }
+      const int64_t per = std::max<int64_t>(cap / w, 1);
+      int last_group = 0;
+      for (const GatherRound& round : rounds) {
+        SCOPED_TRACE(testing::Message() << "w=" << w << " cap=" << cap << " group "
+                                        << round.group);
+        EXPECT_GE(round.group, last_group) << "groups in order";
+        last_group = round.group;
+        ASSERT_EQ(static_cast<int>(round.pieces.size()), w);
+        int64_t total = 0;
+        for (int r = 0; r < w; ++r) {
+          const ElementRange piece = round.pieces[r];
+          const ElementRange shard = layout.Range(round.group, r);
+          EXPECT_EQ(piece.begin, std::min(next[round.group][r], shard.end)) << "rank " << r;
+          EXPECT_LE(piece.end, shard.end) << "rank " << r;
+          EXPECT_LE(piece.size(), per) << "rank " << r;
+          // A shard not used up gives a whole piece: the ranks send alike.
+          if (piece.end < shard.end) {
+            EXPECT_EQ(piece.size(), per) << "rank " << r;
+          }
+          EXPECT_EQ(round.counts()[r], static_cast<size_t>(piece.size()));
+          next[round.group][r] = piece.end;
+          total += piece.size();
+        }
+        EXPECT_GT(total, 0) << "no empty round";
+      }
+      for (int g = 0; g < 3; ++g) {
+        for (int r = 0; r < w; ++r) {
+          EXPECT_EQ(next[g][r], layout.Range(g, r).end) << "group " << g << " rank " << r;
+        }
+      }
+    }
+  }
+}
+
 }  // namespace muster

@@ -167,4 +167,34 @@ std::vector<ShardedBucket> PlanBuckets(const ShardLayout& layout, int64_t cap) {
   return buckets;
 }
 
+std::vector<size_t> GatherRound::counts() const {
+  std::vector<size_t> n;
+  for (const ElementRange& piece : pieces) {
+    n.push_back(static_cast<size_t>(std::max<int64_t>(piece.size(), 0)));
+  }
+  return n;
+}
+
+std::vector<GatherRound> PlanGatherRounds(const ShardLayout& layout, int64_t cap) {
+  const int64_t per = std::max<int64_t>(cap / layout.world(), 1);
+  std::vector<GatherRound> rounds;
+  for (int g = 0; g < layout.groups(); ++g) {
+    int64_t largest = 0;
+    for (int r = 0; r < layout.world(); ++r) {
+      largest = std::max(largest, layout.Range(g, r).size());
+    }
+    for (int64_t at = 0; at < largest; at += per) {
+      GatherRound round;
+      round.group = g;
+      for (int r = 0; r < layout.world(); ++r) {
+        const ElementRange shard = layout.Range(g, r);
+        const int64_t begin = std::min(shard.end, shard.begin + at);
+        round.pieces.push_back(ElementRange{begin, std::min(shard.end, begin + per)});
+      }
+      rounds.push_back(std::move(round));
+    }
+  }
+  return rounds;
+}
+
 }  // namespace muster

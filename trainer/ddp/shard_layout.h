@@ -87,6 +87,25 @@ struct ShardedBucket {
 // exactly one bucket; an empty group has none.
 std::vector<ShardedBucket> PlanBuckets(const ShardLayout& layout, int64_t cap);
 
+// A round of the parameters' all-gather (OptimizerShards::GatherParameters)
+// over one group: the next piece of every rank's shard, `pieces[r]` rank
+// r's (empty once its shard is used up), gathered in rank order. A
+// contiguous chunk of the group would mostly lie in one shard, so that one
+// rank would send the whole chunk and the others nothing; a round takes
+// about as much from each rank, so every rank and link works in every
+// round.
+struct GatherRound {
+  int group = 0;
+  std::vector<ElementRange> pieces;  // one per rank, inside its shard
+  // Communicator::AllGather's counts: the pieces' sizes.
+  std::vector<size_t> counts() const;
+};
+
+// The rounds of `layout`'s groups, in group order, each piece at most
+// max(1, cap / world) elements (so a round about `cap` in all): every
+// element of every group is in exactly one piece; an empty group has none.
+std::vector<GatherRound> PlanGatherRounds(const ShardLayout& layout, int64_t cap);
+
 // One piece of a reshard: elements [range) of group `group`, which the new
 // rank `to` keeps, come from the survivor whose rank in the new world is
 // `from` (to == from: the rank has them already), or, with `from` ==

@@ -508,20 +508,35 @@ absl::Status OptimizerShards::GatherGroups(Communicator* comm, absl::Time deadli
     return absl::InvalidArgumentError(absl::StrCat("a layout of ", layout_.world(),
                                                    " ranks gathered over ", comm->size()));
   }
-  const std::vector<ShardedBucket> chunks = PlanBuckets(layout_, chunk_elements);
+  // Rounds, not contiguous chunks: each takes a piece of every shard, so
+  // every rank sends in every round (PlanGatherRounds).
+  const std::vector<GatherRound> rounds = PlanGatherRounds(layout_, chunk_elements);
   int64_t largest = 0;
-  for (const ShardedBucket& chunk : chunks) largest = std::max(largest, chunk.range.size());
-  // One chunk's buffer, reused.
+  for (const GatherRound& round : rounds) {
+    int64_t n = 0;
+    for (const ElementRange& piece : round.pieces) n += piece.size();
+    largest = std::max(largest, n);
+  }
+  // One round's buffer, reused: the pieces in rank order.
   torch::Tensor buffer = torch::empty(
       {largest}, torch::TensorOptions().dtype(torch::kFloat32).device(CommDevice(*comm)));
-  for (const ShardedBucket& chunk : chunks) {
+  for (const GatherRound& round : rounds) {
+    const int g = round.group;
     // A group with nothing trained is the same on every rank.
-    if (groups_[chunk.group].masters.empty() || gather[chunk.group] == 0) continue;
-    torch::Tensor part = buffer.narrow(0, 0, chunk.range.size());
-    WriteOwn(chunk.group, chunk.range, &part);
+    if (groups_[g].masters.empty() || gather[g] == 0) continue;
+    const std::vector<size_t> counts = round.counts();
+    std::vector<torch::Tensor> parts;
+    int64_t at = 0;
+    for (size_t r = 0; r < counts.size(); ++r) {
+      parts.push_back(buffer.narrow(0, at, static_cast<int64_t>(counts[r])));
+      at += static_cast<int64_t>(counts[r]);
+    }
+    WriteOwn(g, round.pieces[rank_], &parts[rank_]);
     MUSTER_RETURN_IF_ERROR(
-        comm->AllGather(part.data_ptr(), chunk.counts, DataType::kFloat32, deadline));
-    Install(chunk.group, chunk.range, part);
+        comm->AllGather(buffer.data_ptr(), counts, DataType::kFloat32, deadline));
+    for (size_t r = 0; r < counts.size(); ++r) {
+      if (counts[r] > 0) Install(g, round.pieces[r], parts[r]);
+    }
   }
   return absl::OkStatus();
 }

@@ -17,8 +17,8 @@
 // A step, for group g:
 //   FlatGradients(g) -> reduced over the world -> SetGradients(g, averaged)
 //   optimizer.step()
-//   GatherParameters, a chunk of the group at a time: WriteOwn(g, chunk)
-//   -> all-gathered in the layout's ranges -> Install(g, chunk)
+//   GatherParameters, a round at a time (a piece of every shard):
+//   WriteOwn(g, own piece) -> all-gathered -> Install(g, each piece)
 // Where the whole state is needed again (a change of world, a checkpoint),
 // Unshard gathers it into every parameter's own state on every rank of a
 // communicator, from the ranks that hold each range, and Make shards it
@@ -158,9 +158,10 @@ class OptimizerShards {
 
   // Collective over `comm`, whose ranks are the layout's: every owner's
   // range of every group into every rank's parameters and kept masters
-  // (WriteOwn, AllGather, Install), in chunks of PlanBuckets' buckets of
-  // `chunk` elements through one buffer, so that the gather costs a
-  // chunk's memory rather than the model's. Errors: the communicator's.
+  // (WriteOwn, AllGather, Install), in PlanGatherRounds' rounds of about
+  // `chunk` elements (a piece of every rank's shard) through one buffer, so
+  // that the gather costs a round's memory rather than the model's and
+  // every rank sends in every round. Errors: the communicator's.
   absl::Status GatherParameters(Communicator* comm, absl::Time deadline,
                                 int64_t chunk = kGatherChunk);
   // Collective over `comm`, between two passes of a step (a GAN's): only
