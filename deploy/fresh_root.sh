@@ -17,7 +17,7 @@
 # http://deb.debian.org/debian). The tree lives under MUSTER_FRESH_DIR
 # (default /var/tmp/muster-fresh-root.PID) and is removed at the end unless
 # MUSTER_KEEP_ROOTFS=1; the logs (demo.log, test.log) are kept beside it.
-# Expect about an hour on two cores: everything is installed and built cold.
+# Expect about two hours on two cores: everything is installed and built cold.
 set -euo pipefail
 
 SRC="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
