@@ -172,8 +172,7 @@ TEST_F(LeaseTest, AHolderStalledInItsSyncDoesNotKeepTheStandbyOut) {
   });
   // Until the beat is in the log (a reader sees it), then its silence.
   LeaseClaim standby(b_.get(), "node1:29400", timeout_);
-  const absl::Time start = absl::Now();
-  while (b_->ReadLease()->beats == 0 && absl::Now() - start < stall / 2) {
+  for (int i = 0; i < 300 && b_->ReadLease()->beats == 0; ++i) {  // 1.5 s at most
     absl::SleepFor(absl::Milliseconds(5));
   }
   EXPECT_FALSE(standby.Poll(t0_)->has_value());

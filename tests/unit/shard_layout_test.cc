@@ -308,7 +308,6 @@ TEST(ShardLayoutTest, BucketsCoverEachGroupBackwardWithTheShardsPartsAsCounts) {
   }
 }
 
-}  // namespace
 // Each round of the parameters' all-gather takes the next piece of every
 // shard: every element once, every piece inside its rank's shard, and the
 // ranks' pieces within one element of each other while shards last.
@@ -355,4 +354,5 @@ TEST(ShardLayoutTest, GatherRoundsTakeTheNextPieceOfEveryShard) {
   }
 }
 
+}  // namespace
 }  // namespace muster

@@ -688,6 +688,11 @@ absl::Status OptimizerShards::SendWhole(const std::vector<torch::optim::Optimize
 
 namespace {
 
+// Whether some shard comes from the whole source (ShardSources).
+bool AnyFromWhole(const std::vector<int>& source) {
+  return std::find(source.begin(), source.end(), kHoldsWholeState) != source.end();
+}
+
 // The rank of `layout` that sends each shard: the first of its holders
 // that `alive` says lives on; else kHoldsWholeState where a rank holds the
 // whole state (`whole`), or -1. `*lost` names the first range with
@@ -807,7 +812,7 @@ absl::Status OptimizerShards::AssembleValues(const Group& group, int g, const Sh
   torch::Tensor flat =
       torch::zeros({group.PaddedElements()},
                    torch::TensorOptions().dtype(torch::kFloat32).device(CommDevice(*comm)));
-  if (rank == kHoldsWholeState) {
+  if (rank == kHoldsWholeState && AnyFromWhole(source)) {
     const torch::Tensor values = FlatValues(group.params).to(flat.device());
     for (int s = 0; s < layout->world(); ++s) {
       const ElementRange range = layout->Range(g, s);
@@ -922,6 +927,7 @@ absl::Status OptimizerShards::WriteHeldState(const Group& group, int g, const Sh
 absl::Status OptimizerShards::WriteWholeState(const Group& group, int g,
                                               const ShardLayout& layout,
                                               const std::vector<int>& source, FlatState* state) {
+  if (!AnyFromWhole(source)) return absl::OkStatus();  // every range has a holder
   const auto& options = group.optimizer->param_groups()[group.index].options();
   std::map<std::string, std::vector<torch::Tensor>> parts;
   OptimizerCodec::Fields first;
