@@ -3,6 +3,7 @@
 // as threads against an in-process coordinator.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <map>
@@ -90,6 +91,42 @@ void ExpectReduceScatterAndAllGather(Communicator& comm, int rank,
   }
 }
 
+// The ranks of each node gather among themselves alone where the
+// communicator knows its nodes (hierarchical, nodes of equal size): each
+// rank of a node ends with its node's segments, and nothing from another
+// node. Elsewhere the node is not known and the gather is refused.
+void ExpectGatherInNode(Communicator& comm, const Case& c, int rank, absl::Time deadline) {
+  std::map<int, int> per_node;
+  for (int n : c.split) ++per_node[n];
+  const int local_size = per_node.begin()->second;
+  const bool even = std::all_of(per_node.begin(), per_node.end(),
+                                [&](const auto& n) { return n.second == local_size; });
+  const std::vector<int> node = comm.NodeRanks();
+  std::vector<size_t> counts(std::max<size_t>(node.size(), 1));
+  for (size_t l = 0; l < counts.size(); ++l) counts[l] = 50 + 13 * l;
+  std::vector<float> data(TotalCount(counts), -1.0f);
+  if (c.backend != Backend::kHier || !even) {
+    EXPECT_TRUE(node.empty()) << comm.name();
+    EXPECT_EQ(comm.AllGatherInNode(data.data(), counts, DataType::kFloat32, deadline).code(),
+              absl::StatusCode::kUnimplemented);
+    return;
+  }
+  ASSERT_EQ(static_cast<int>(node.size()), local_size) << comm.name();
+  const int local = rank % local_size;
+  for (int l = 0; l < local_size; ++l) EXPECT_EQ(node[l], rank - local + l);
+  size_t at = 0;
+  for (int l = 0; l < local; ++l) at += counts[l];
+  std::fill(data.begin() + at, data.begin() + at + counts[local], static_cast<float>(rank));
+  ASSERT_TRUE(comm.AllGatherInNode(data.data(), counts, DataType::kFloat32, deadline).ok());
+  at = 0;
+  for (int l = 0; l < local_size; ++l) {
+    for (size_t i = 0; i < counts[l]; ++i) {
+      ASSERT_EQ(data[at + i], static_cast<float>(node[l])) << "segment " << l << " i=" << i;
+    }
+    at += counts[l];
+  }
+}
+
 TEST_P(AllReduceTest, AverageHalfPrecisionAndTheOtherCollectives) {
   const Case& c = GetParam();
   const int w = static_cast<int>(c.split.size());
@@ -129,6 +166,7 @@ TEST_P(AllReduceTest, AverageHalfPrecisionAndTheOtherCollectives) {
     }
     ExpectReduceScatterAndAllGather(comm, rank, counts, deadline);
     ExpectReduceScatterAndAllGather(comm, rank, sparse, deadline);
+    ExpectGatherInNode(comm, c, rank, deadline);
     // Broadcast from the last rank, and a barrier.
     std::vector<float> b(10000, static_cast<float>(rank));
     ASSERT_TRUE(comm.Broadcast(b.data(), b.size(), DataType::kFloat32, w - 1, deadline).ok());

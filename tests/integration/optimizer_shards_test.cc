@@ -427,6 +427,87 @@ TEST_P(OptimizerShardsTest, ARankThatHoldsTheWholeStateSendsTheRangesWhoseHolder
               }).ok());
 }
 
+// A communicator passed through, counting the all-gathers of the world
+// and those inside a node.
+class CountingGathers : public Communicator {
+ public:
+  explicit CountingGathers(Communicator* inner) : inner_(inner) {}
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  std::string name() const override { return inner_->name(); }
+  absl::Status AllReduce(void* data, size_t count, DataType type, ReduceOp op,
+                         absl::Time deadline) override {
+    return inner_->AllReduce(data, count, type, op, deadline);
+  }
+  absl::Status ReduceScatter(void* data, const std::vector<size_t>& counts, DataType type,
+                             ReduceOp op, absl::Time deadline) override {
+    return inner_->ReduceScatter(data, counts, type, op, deadline);
+  }
+  absl::Status AllGather(void* data, const std::vector<size_t>& counts, DataType type,
+                         absl::Time deadline) override {
+    ++world_gathers;
+    return inner_->AllGather(data, counts, type, deadline);
+  }
+  std::vector<int> NodeRanks() const override { return inner_->NodeRanks(); }
+  absl::Status AllGatherInNode(void* data, const std::vector<size_t>& counts, DataType type,
+                               absl::Time deadline) override {
+    ++node_gathers;
+    return inner_->AllGatherInNode(data, counts, type, deadline);
+  }
+  absl::Status Broadcast(void* data, size_t count, DataType type, int root,
+                         absl::Time deadline) override {
+    return inner_->Broadcast(data, count, type, root, deadline);
+  }
+  absl::Status Barrier(absl::Time deadline) override { return inner_->Barrier(deadline); }
+  void Abort(const absl::Status& why) override { inner_->Abort(why); }
+
+  int world_gathers = 0;
+  int node_gathers = 0;
+
+ private:
+  Communicator* inner_;
+};
+
+// Four ranks on two nodes of two (the hierarchical communicator), two
+// copies: each node keeps every shard between its ranks (owners on one
+// node, buddies on the other), so the parameters are gathered inside each
+// node and no gather crosses nodes; they stay bit-identical to the
+// unsharded optimizer's, the buddies' ranges coming from the buddies.
+// Gathered in one round, and in rounds of 5 elements that cut through
+// parameters and ranges.
+TEST_P(OptimizerShardsTest, OnTwoNodesWithTwoCopiesTheGatherStaysInsideEachNode) {
+  for (int64_t chunk : {OptimizerShards::kGatherChunk, int64_t{5}}) {
+    ASSERT_TRUE(
+        RunCommWorld({0, 0, 1, 1}, "hier", GradientCompression::kNone,
+                     [&](int rank, Communicator* comm) {
+                       ASSERT_EQ(comm->NodeRanks().size(), 2u) << comm->name();
+                       CountingGathers counting(comm);
+                       Net reference = MakeNet(), sharded = MakeNet();
+                       auto reference_opt = GetParam().make(reference);
+                       auto sharded_opt = GetParam().make(sharded);
+                       auto made = OptimizerShards::Make({sharded_opt.get()}, rank, {0, 0, 1, 1},
+                                                         /*copies=*/2);
+                       ASSERT_TRUE(made.ok()) << made.status();
+                       for (int step = 0; step < 4; ++step) {
+                         Backward(reference, rank, step);
+                         AverageGradients(*reference_opt, comm);
+                         reference_opt->step();
+                         Backward(sharded, rank, step);
+                         ShardedStep(sharded, *sharded_opt, **made, &counting, chunk);
+                         const auto want = reference->parameters(), got = sharded->parameters();
+                         for (size_t i = 0; i < want.size(); ++i) {
+                           ASSERT_TRUE(torch::equal(want[i], got[i]))
+                               << GetParam().name << ", rank " << rank << ", step " << step
+                               << ", parameter " << i;
+                         }
+                       }
+                       EXPECT_EQ(counting.world_gathers, 0) << "rank " << rank;
+                       EXPECT_GT(counting.node_gathers, 0) << "rank " << rank;
+                     })
+            .ok());
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Optimizers, OptimizerShardsTest, ::testing::ValuesIn(Kinds()),
                          [](const ::testing::TestParamInfo<Kind>& info) {
                            return info.param.name;

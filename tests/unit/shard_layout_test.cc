@@ -7,6 +7,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <set>
 #include <utility>
 #include <vector>
@@ -311,6 +312,40 @@ TEST(ShardLayoutTest, BucketsCoverEachGroupBackwardWithTheShardsPartsAsCounts) {
 // Each round of the parameters' all-gather takes the next piece of every
 // shard: every element once, every piece inside its rank's shard, and the
 // ranks' pieces within one element of each other while shards last.
+// With two copies on two nodes of equal size, each node keeps every shard
+// (its owner on one node, its buddy on the other), so the gather can stay
+// inside the nodes: the plan names, for each node and shard, a rank of
+// that node that keeps it, the owner where it is there. With one copy,
+// a single node, or three nodes, some node lacks a shard (or there is
+// nothing to split) and the plan is empty.
+TEST(ShardLayoutTest, TheGatherStaysInsideNodesOnlyWhereEachNodeKeepsEveryShard) {
+  for (int node_size : {1, 2, 3}) {
+    const int w = 2 * node_size;
+    std::vector<int> node_of(w);
+    for (int r = 0; r < w; ++r) node_of[r] = r / node_size;
+    const ShardLayout layout = Layout({10, 23}, node_of, 2);
+    const std::vector<std::vector<int>> plan = PlanNodeGather(layout, node_size);
+    ASSERT_EQ(plan.size(), 2u) << "node size " << node_size;
+    for (int n = 0; n < 2; ++n) {
+      ASSERT_EQ(static_cast<int>(plan[n].size()), w);
+      for (int s = 0; s < w; ++s) {
+        const int rank = n * node_size + plan[n][s];
+        const std::vector<int> holders = layout.Holders(s);
+        EXPECT_NE(std::find(holders.begin(), holders.end(), rank), holders.end())
+            << "node " << n << " shard " << s << ": rank " << rank << " does not keep it";
+        if (holders[0] / node_size == n) {
+          EXPECT_EQ(rank, holders[0]) << "the owner first";
+        }
+      }
+    }
+    EXPECT_TRUE(PlanNodeGather(Layout({10, 23}, node_of, 1), node_size).empty());
+    EXPECT_TRUE(PlanNodeGather(layout, w).empty()) << "one node";
+  }
+  EXPECT_TRUE(PlanNodeGather(Layout({10}, {0, 0, 1, 1, 2, 2}, 2), 2).empty()) << "three nodes";
+  EXPECT_TRUE(PlanNodeGather(Layout({10}, {0, 0, 1, 1}, 2), 0).empty());
+  EXPECT_TRUE(PlanNodeGather(Layout({10}, {0, 0, 1}, 2), 2).empty()) << "2 does not divide 3";
+}
+
 TEST(ShardLayoutTest, GatherRoundsTakeTheNextPieceOfEveryShard) {
   for (int w : {1, 2, 3, 4}) {
     for (int64_t cap : {1, 3, 8, 100}) {

@@ -66,6 +66,13 @@ class MemoryChecked : public ForwardingCommunicator {
     if (absl::Status s = Check("AllGather", data, TotalCount(counts), type); !s.ok()) return s;
     return inner()->AllGather(data, counts, type, deadline);
   }
+  absl::Status AllGatherInNode(void* data, const std::vector<size_t>& counts, DataType type,
+                               absl::Time deadline) override {
+    if (absl::Status s = Check("AllGatherInNode", data, TotalCount(counts), type); !s.ok()) {
+      return s;
+    }
+    return inner()->AllGatherInNode(data, counts, type, deadline);
+  }
   absl::Status Broadcast(void* data, size_t count, DataType type, int root,
                          absl::Time deadline) override {
     if (absl::Status s = Check("Broadcast", data, count, type); !s.ok()) return s;

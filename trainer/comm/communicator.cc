@@ -37,6 +37,12 @@ int RankAfterShrink(int rank, const std::vector<int>& excluded) {
                                                [rank](int e) { return e < rank; }));
 }
 
+absl::Status Communicator::AllGatherInNode(void*, const std::vector<size_t>&, DataType,
+                                           absl::Time) {
+  return absl::UnimplementedError(
+      absl::StrCat(name(), " cannot gather inside a node alone: its nodes are not known"));
+}
+
 absl::StatusOr<std::unique_ptr<Communicator>> Communicator::Shrink(const std::vector<int>&,
                                                                   absl::Time) {
   return absl::UnimplementedError(absl::StrCat(name(), " communicators cannot shrink"));

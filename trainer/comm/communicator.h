@@ -108,6 +108,22 @@ class Communicator {
   virtual absl::Status AllGather(void* data, const std::vector<size_t>& counts, DataType type,
                                  absl::Time deadline) = 0;
 
+  // The world ranks of this rank's node in node-local rank order, where
+  // every node of the world holds as many ranks as this one and they are
+  // numbered node by node (node k holds ranks [k*L, (k+1)*L) for L =
+  // NodeRanks().size()), so that AllGatherInNode can run among them; empty
+  // otherwise (a flat communicator, nodes of different sizes). Every rank
+  // of a world built with the same options answers alike.
+  virtual std::vector<int> NodeRanks() const { return {}; }
+
+  // AllGather among NodeRanks() alone, in place over size L segments, one
+  // per rank of the node in node-local rank order: nothing crosses nodes,
+  // and the ranks of each node gather independently. A failure breaks the
+  // communicator as any collective's does. Errors: AllGather's;
+  // UNIMPLEMENTED where NodeRanks() is empty.
+  virtual absl::Status AllGatherInNode(void* data, const std::vector<size_t>& counts,
+                                       DataType type, absl::Time deadline);
+
   // In place: every rank ends with `root`'s `count` elements.
   virtual absl::Status Broadcast(void* data, size_t count, DataType type, int root,
                                  absl::Time deadline) = 0;

@@ -44,6 +44,11 @@ class ForwardingCommunicator : public Communicator {
                          absl::Time deadline) override {
     return inner_->AllGather(data, counts, type, deadline);
   }
+  std::vector<int> NodeRanks() const override { return inner_->NodeRanks(); }
+  absl::Status AllGatherInNode(void* data, const std::vector<size_t>& counts, DataType type,
+                               absl::Time deadline) override {
+    return inner_->AllGatherInNode(data, counts, type, deadline);
+  }
   absl::Status Broadcast(void* data, size_t count, DataType type, int root,
                          absl::Time deadline) override {
     return inner_->Broadcast(data, count, type, root, deadline);

@@ -155,6 +155,23 @@ class Hierarchical : public Communicator {
     return AllReduce(data, total, type, ReduceOp::kSum, deadline);
   }
 
+  // Nodes of equal size: rank r is local rank r % L of node r / L.
+  std::vector<int> NodeRanks() const override {
+    if (!EvenNodes()) return {};
+    std::vector<int> ranks;
+    for (int l = 0; l < local_size_; ++l) ranks.push_back(rank_ - rank_ % local_size_ + l);
+    return ranks;
+  }
+
+  absl::Status AllGatherInNode(void* data, const std::vector<size_t>& counts, DataType type,
+                               absl::Time deadline) override {
+    if (!EvenNodes()) return Communicator::AllGatherInNode(data, counts, type, deadline);
+    if (absl::Status s = CheckCounts(counts, local_size_); !s.ok()) return s;
+    if (absl::Status s = Broken(); !s.ok()) return s;
+    if (local_size_ == 1) return absl::OkStatus();
+    return Intra(intra_->AllGather(data, counts, type, deadline));
+  }
+
   absl::Status Broadcast(void* data, size_t count, DataType type, int root,
                          absl::Time deadline) override {
     if (root < 0 || root >= size_) {
@@ -236,10 +253,12 @@ class Hierarchical : public Communicator {
   // by node (the rendezvous makes a node's members contiguous), so rank r
   // is local rank r % L of node r / L, and this rank's one inter-node
   // group holds local rank r % L of every node.
+  bool EvenNodes() const {
+    return plan_.owned_begin.size() == 1 && local_size_ > 0 && size_ % local_size_ == 0 &&
+           intra_ != nullptr && intra_->rank() == rank_ % local_size_;
+  }
   bool EvenNodesOnHost() const {
-    return memory_.is_host() && plan_.owned_begin.size() == 1 && local_size_ > 0 &&
-           size_ % local_size_ == 0 && intra_ != nullptr &&
-           intra_->rank() == rank_ % local_size_ &&
+    return memory_.is_host() && EvenNodes() &&
            (size_ == local_size_ ||
             (groups_.size() == 1 && inter_[0] != nullptr &&
              inter_[0]->size() == size_ / local_size_ && inter_[0]->rank() == rank_ / local_size_));

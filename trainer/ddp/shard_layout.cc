@@ -197,4 +197,20 @@ std::vector<GatherRound> PlanGatherRounds(const ShardLayout& layout, int64_t cap
   return rounds;
 }
 
+std::vector<std::vector<int>> PlanNodeGather(const ShardLayout& layout, int node_size) {
+  const int world = layout.world();
+  if (node_size <= 0 || world % node_size != 0 || node_size == world) return {};
+  std::vector<std::vector<int>> plan(world / node_size, std::vector<int>(world, -1));
+  for (int s = 0; s < world; ++s) {
+    for (int holder : layout.Holders(s)) {
+      int& provider = plan[holder / node_size][s];
+      if (provider < 0) provider = holder % node_size;  // the owner comes first
+    }
+  }
+  for (const std::vector<int>& node : plan) {
+    if (std::find(node.begin(), node.end(), -1) != node.end()) return {};
+  }
+  return plan;
+}
+
 }  // namespace muster

@@ -106,6 +106,18 @@ struct GatherRound {
 // element of every group is in exactly one piece; an empty group has none.
 std::vector<GatherRound> PlanGatherRounds(const ShardLayout& layout, int64_t cap);
 
+// Where the parameters' all-gather can stay inside the nodes. With nodes of
+// `node_size` ranks numbered node by node (node k holds ranks
+// [k*node_size, (k+1)*node_size)), a node whose ranks together keep every
+// shard can gather the parameters among themselves, and nothing need cross
+// nodes: with two copies on two nodes of equal size each shard's owner is
+// on one node and its buddy on the other. The plan, when every node can:
+// for each node k and each shard s, `[k][s]` is the node-local rank that
+// provides s there (its owner when the owner is on node k, else its buddy).
+// Empty when some node lacks a keeper of some shard, when `node_size` does
+// not divide the world into more than one node, or is not positive.
+std::vector<std::vector<int>> PlanNodeGather(const ShardLayout& layout, int node_size);
+
 // One piece of a reshard: elements [range) of group `group`, which the new
 // rank `to` keeps, come from the survivor whose rank in the new world is
 // `from` (to == from: the rank has them already), or, with `from` ==

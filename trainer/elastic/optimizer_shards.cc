@@ -408,14 +408,17 @@ void OptimizerShards::ShareGradients(int g) {
   }
 }
 
-void OptimizerShards::WriteOwn(int g, ElementRange range, torch::Tensor* chunk) const {
-  if (groups_[g].masters.empty()) return;
+void OptimizerShards::WriteKept(int g, int shard, ElementRange range,
+                                torch::Tensor* chunk) const {
+  const std::vector<int> kept = layout_.KeptBy(rank_);
+  const size_t k = static_cast<size_t>(std::find(kept.begin(), kept.end(), shard) - kept.begin());
+  if (k >= groups_[g].masters.size()) return;
   torch::NoGradGuard no_grad;
-  const ElementRange own = layout_.Range(g, rank_);
-  const ElementRange both = Overlap(own, range);
+  const ElementRange held = layout_.Range(g, shard);
+  const ElementRange both = Overlap(held, range);
   if (both.size() == 0) return;
   chunk->narrow(0, both.begin - range.begin, both.size())
-      .copy_(groups_[g].masters[0].narrow(0, both.begin - own.begin, both.size()));
+      .copy_(groups_[g].masters[k].narrow(0, both.begin - held.begin, both.size()));
 }
 
 void OptimizerShards::Install(int g, ElementRange range, const torch::Tensor& chunk) {
@@ -517,25 +520,48 @@ absl::Status OptimizerShards::GatherGroups(Communicator* comm, absl::Time deadli
     for (const ElementRange& piece : round.pieces) n += piece.size();
     largest = std::max(largest, n);
   }
-  // One round's buffer, reused: the pieces in rank order.
+  // Inside each node where its ranks keep every shard: `provider[s]` is
+  // the node-local rank that sends shard s's pieces there.
+  const std::vector<int> node = comm->NodeRanks();
+  const std::vector<std::vector<int>> node_plan =
+      PlanNodeGather(layout_, static_cast<int>(node.size()));
+  const bool in_node = !node_plan.empty();
+  const int node_size = static_cast<int>(node.size());
+  const int local = in_node ? rank_ % node_size : rank_;
+  const std::vector<int> provider = in_node ? node_plan[rank_ / node_size] : std::vector<int>();
+  // One round's buffer, reused: the pieces by sender, each sender's in
+  // shard order (in rank order when every rank sends its own).
   torch::Tensor buffer = torch::empty(
       {largest}, torch::TensorOptions().dtype(torch::kFloat32).device(CommDevice(*comm)));
+  const int W = layout_.world();
   for (const GatherRound& round : rounds) {
     const int g = round.group;
     // A group with nothing trained is the same on every rank.
     if (groups_[g].masters.empty() || gather[g] == 0) continue;
-    const std::vector<size_t> counts = round.counts();
-    std::vector<torch::Tensor> parts;
-    int64_t at = 0;
-    for (size_t r = 0; r < counts.size(); ++r) {
-      parts.push_back(buffer.narrow(0, at, static_cast<int64_t>(counts[r])));
-      at += static_cast<int64_t>(counts[r]);
+    const std::vector<size_t> sizes = round.counts();
+    std::vector<size_t> counts(in_node ? node.size() : sizes.size(), 0);
+    std::vector<int> sender(W);
+    for (int s = 0; s < W; ++s) {
+      sender[s] = in_node ? provider[s] : s;
+      counts[sender[s]] += sizes[s];
     }
-    WriteOwn(g, round.pieces[rank_], &parts[rank_]);
+    std::vector<torch::Tensor> parts(W);
+    int64_t at = 0;
+    for (size_t who = 0; who < counts.size(); ++who) {
+      for (int s = 0; s < W; ++s) {
+        if (sender[s] != static_cast<int>(who)) continue;
+        parts[s] = buffer.narrow(0, at, static_cast<int64_t>(sizes[s]));
+        at += static_cast<int64_t>(sizes[s]);
+      }
+    }
+    for (int s = 0; s < W; ++s) {
+      if (sender[s] == local) WriteKept(g, s, round.pieces[s], &parts[s]);
+    }
     MUSTER_RETURN_IF_ERROR(
-        comm->AllGather(buffer.data_ptr(), counts, DataType::kFloat32, deadline));
-    for (size_t r = 0; r < counts.size(); ++r) {
-      if (counts[r] > 0) Install(g, round.pieces[r], parts[r]);
+        in_node ? comm->AllGatherInNode(buffer.data_ptr(), counts, DataType::kFloat32, deadline)
+                : comm->AllGather(buffer.data_ptr(), counts, DataType::kFloat32, deadline));
+    for (int s = 0; s < W; ++s) {
+      if (sizes[s] > 0) Install(g, round.pieces[s], parts[s]);
     }
   }
   return absl::OkStatus();

@@ -18,7 +18,8 @@
 //   FlatGradients(g) -> reduced over the world -> SetGradients(g, averaged)
 //   optimizer.step()
 //   GatherParameters, a round at a time (a piece of every shard):
-//   WriteOwn(g, own piece) -> all-gathered -> Install(g, each piece)
+//   WriteKept(g, own piece) -> all-gathered -> Install(g, each piece)
+//   (inside each node alone where the node's ranks keep every shard)
 // Where the whole state is needed again (a change of world, a checkpoint),
 // Unshard gathers it into every parameter's own state on every rank of a
 // communicator, from the ranks that hold each range, and Make shards it
@@ -134,10 +135,10 @@ class OptimizerShards {
   // (ResetParameterGradients made them, and backward accumulated into
   // them), nothing is copied.
   void ShareGradients(int g);
-  // The part of this rank's own range of group `g` that falls in `range`
-  // (of the group's flat elements), from its master, into `chunk`, which
-  // holds `range`; the rest of `chunk` is left as it is.
-  void WriteOwn(int g, ElementRange range, torch::Tensor* chunk) const;
+  // The part of shard `shard` of group `g`, which this rank keeps, that
+  // falls in `range` (of the group's flat elements), from its master, into
+  // `chunk`, which holds `range`; the rest of `chunk` is left as it is.
+  void WriteKept(int g, int shard, ElementRange range, torch::Tensor* chunk) const;
   // Every trained parameter's .grad made its view of its group's flat
   // gradient vector, filled with -0.0 (the optimizers, which hold the
   // masters, no longer clear them). Backward then accumulates into the
@@ -158,10 +159,15 @@ class OptimizerShards {
 
   // Collective over `comm`, whose ranks are the layout's: every owner's
   // range of every group into every rank's parameters and kept masters
-  // (WriteOwn, AllGather, Install), in PlanGatherRounds' rounds of about
+  // (WriteKept, AllGather, Install), in PlanGatherRounds' rounds of about
   // `chunk` elements (a piece of every rank's shard) through one buffer, so
   // that the gather costs a round's memory rather than the model's and
-  // every rank sends in every round. Errors: the communicator's.
+  // every rank sends in every round. Where the ranks of every node keep
+  // every shard between them (two copies on two nodes of equal size:
+  // PlanNodeGather, over the communicator's NodeRanks), each round is
+  // gathered inside each node (AllGatherInNode), from the node's keeper of
+  // each piece, and nothing crosses nodes: a buddy's copy is its owner's
+  // bit for bit. Errors: the communicator's.
   absl::Status GatherParameters(Communicator* comm, absl::Time deadline,
                                 int64_t chunk = kGatherChunk);
   // Collective over `comm`, between two passes of a step (a GAN's): only
