@@ -438,15 +438,6 @@ void OptimizerShards::Install(int g, ElementRange range, const torch::Tensor& ch
     }
     offset += p.numel();
   }
-  const std::vector<int> kept = layout_.KeptBy(rank_);
-  for (size_t k = 0; k < groups_[g].masters.size(); ++k) {
-    const ElementRange held = layout_.Range(g, kept[k]);
-    const ElementRange both = Overlap(held, range);
-    if (both.size() == 0) continue;
-    groups_[g].masters[k]
-        .narrow(0, both.begin - held.begin, both.size())
-        .copy_(chunk.narrow(0, both.begin - range.begin, both.size()));
-  }
 }
 
 namespace {
@@ -521,12 +512,16 @@ absl::Status OptimizerShards::GatherGroups(Communicator* comm, absl::Time deadli
     largest = std::max(largest, n);
   }
   // Inside each node where its ranks keep every shard: `provider[s]` is
-  // the node-local rank that sends shard s's pieces there.
-  const std::vector<int> node = comm->NodeRanks();
-  const std::vector<std::vector<int>> node_plan =
-      PlanNodeGather(layout_, static_cast<int>(node.size()));
+  // the node-local rank that sends shard s's pieces there. Where every
+  // rank keeps every shard (two copies in a world of two), each is its
+  // own "node" and nothing is sent at all.
+  int node_size = 1;
+  std::vector<std::vector<int>> node_plan = PlanNodeGather(layout_, node_size);
+  if (node_plan.empty()) {
+    node_size = static_cast<int>(comm->NodeRanks().size());
+    node_plan = PlanNodeGather(layout_, node_size);
+  }
   const bool in_node = !node_plan.empty();
-  const int node_size = static_cast<int>(node.size());
   const int local = in_node ? rank_ % node_size : rank_;
   const std::vector<int> provider = in_node ? node_plan[rank_ / node_size] : std::vector<int>();
   // One round's buffer, reused: the pieces by sender, each sender's in
@@ -539,7 +534,7 @@ absl::Status OptimizerShards::GatherGroups(Communicator* comm, absl::Time deadli
     // A group with nothing trained is the same on every rank.
     if (groups_[g].masters.empty() || gather[g] == 0) continue;
     const std::vector<size_t> sizes = round.counts();
-    std::vector<size_t> counts(in_node ? node.size() : sizes.size(), 0);
+    std::vector<size_t> counts(in_node ? node_size : W, 0);
     std::vector<int> sender(W);
     for (int s = 0; s < W; ++s) {
       sender[s] = in_node ? provider[s] : s;
@@ -557,9 +552,13 @@ absl::Status OptimizerShards::GatherGroups(Communicator* comm, absl::Time deadli
     for (int s = 0; s < W; ++s) {
       if (sender[s] == local) WriteKept(g, s, round.pieces[s], &parts[s]);
     }
-    MUSTER_RETURN_IF_ERROR(
-        in_node ? comm->AllGatherInNode(buffer.data_ptr(), counts, DataType::kFloat32, deadline)
-                : comm->AllGather(buffer.data_ptr(), counts, DataType::kFloat32, deadline));
+    if (!in_node) {
+      MUSTER_RETURN_IF_ERROR(
+          comm->AllGather(buffer.data_ptr(), counts, DataType::kFloat32, deadline));
+    } else if (node_size > 1) {
+      MUSTER_RETURN_IF_ERROR(
+          comm->AllGatherInNode(buffer.data_ptr(), counts, DataType::kFloat32, deadline));
+    }
     for (int s = 0; s < W; ++s) {
       if (sizes[s] > 0) Install(g, round.pieces[s], parts[s]);
     }
@@ -656,19 +655,8 @@ absl::Status OptimizerShards::Check(const std::vector<torch::optim::Optimizer*>&
 }
 
 void OptimizerShards::ResetParameterGradients() {
-  torch::NoGradGuard no_grad;
   for (Group& group : groups_) {
-    if (group.masters.empty()) {
-      for (torch::Tensor& p : group.params) p.mutable_grad().reset();
-      continue;
-    }
-    torch::Tensor& flat = GradientVector(group);
-    flat.fill_(-0.0);
-    int64_t offset = 0;
-    for (torch::Tensor& p : group.params) {
-      p.mutable_grad() = AliasOf(flat, offset, p.sizes());
-      offset += p.numel();
-    }
+    for (torch::Tensor& p : group.params) p.mutable_grad().reset();
   }
 }
 

@@ -131,23 +131,28 @@ class OptimizerShards {
   // a view of its range in it, so that what the program does to the
   // parameters' .grad in place before its optimizer.step()
   // (clip_grad_norm_) is what the masters step with, as an unsharded
-  // optimizer would. Where the parameters' .grad are those views already
-  // (ResetParameterGradients made them, and backward accumulated into
-  // them), nothing is copied.
+  // optimizer would. The flat vector lives as long as the layout: the
+  // .grad backward made anew are copied into it (memory faulted in once),
+  // and where they are those views already (no boundary since the last
+  // call), nothing is copied.
   void ShareGradients(int g);
   // The part of shard `shard` of group `g`, which this rank keeps, that
   // falls in `range` (of the group's flat elements), from its master, into
   // `chunk`, which holds `range`; the rest of `chunk` is left as it is.
   void WriteKept(int g, int shard, ElementRange range, torch::Tensor* chunk) const;
-  // Every trained parameter's .grad made its view of its group's flat
-  // gradient vector, filled with -0.0 (the optimizers, which hold the
-  // masters, no longer clear them). Backward then accumulates into the
-  // vector in place, and -0.0 is the float sum's identity (x + -0.0 is x
-  // for every x, -0.0 included), so the .grad hold autograd's own bits.
+  // Every parameter's .grad set to none (the optimizers, which hold the
+  // masters, no longer clear them), as an unsharded optimizer's zero_grad
+  // does: the next backward makes them anew, as unsharded, and
+  // ShareGradients copies them into the flat vector. (Views of the vector
+  // filled with -0.0, which backward accumulated into in place, cost more:
+  // the gradient sync's hooks and autograd then each read and wrote the
+  // whole vector once more per step.)
   void ResetParameterGradients();
   // Elements `range` of group `g`'s flat vector, gathered from their
-  // owners into `chunk`, into its parameters and the masters this rank
-  // keeps.
+  // keepers into `chunk`, into its parameters. The masters are not
+  // written: where this rank keeps a range its master holds those bits
+  // already (every keeper of a shard steps it alike; CheckCopiesAgree
+  // compares them), and a copy would hide a drift from that check.
   void Install(int g, ElementRange range, const torch::Tensor& chunk);
   // The elements of optimizer state tensors this rank holds (for the
   // memory figures): the masters' per-element state.
