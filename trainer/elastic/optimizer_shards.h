@@ -18,7 +18,7 @@
 //   FlatGradients(g) -> reduced over the world -> SetGradients(g, averaged)
 //   optimizer.step()
 //   GatherParameters, a round at a time (a piece of every shard):
-//   WriteKept(g, own piece) -> all-gathered -> Install(g, each piece)
+//   WriteKept(g, kept piece) -> all-gathered -> Install(g, each piece)
 //   (inside each node alone where the node's ranks keep every shard)
 // Where the whole state is needed again (a change of world, a checkpoint),
 // Unshard gathers it into every parameter's own state on every rank of a
@@ -163,9 +163,10 @@ class OptimizerShards {
       const std::vector<torch::optim::Optimizer*>& optimizers);
 
   // Collective over `comm`, whose ranks are the layout's: every owner's
-  // range of every group into every rank's parameters and kept masters
-  // (WriteKept, AllGather, Install), in PlanGatherRounds' rounds of about
-  // `chunk` elements (a piece of every rank's shard) through one buffer, so
+  // range of every group into every rank's parameters (WriteKept,
+  // AllGather, Install; the masters hold their ranges already), in
+  // PlanGatherRounds' rounds of about `chunk` elements (a piece of every
+  // rank's shard) through one buffer, so
   // that the gather costs a round's memory rather than the model's and
   // every rank sends in every round. Where the ranks of every node keep
   // every shard between them (two copies on two nodes of equal size:
