@@ -18,6 +18,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "coordinator/server.h"
+#include "tests/integration/scratch_dir.h"
 #include "tests/integration/subprocess.h"
 #ifdef MUSTER_HAVE_CUDA
 #include "trainer/comm/nccl/nccl_communicator.h"
@@ -51,6 +52,7 @@ class CommProcessTest : public ::testing::Test {
       ::kill(p, SIGKILL);
       ::waitpid(p, nullptr, 0);
     }
+    RemoveScratchUnlessFailed(dir_);
   }
 
   pid_t Spawn(int index, int node, int local, const std::string& backend, bool abort_test,

@@ -25,6 +25,7 @@
 #include "rpc/credentials.h"
 #include "tests/integration/fake_time.h"
 #include "tests/integration/lab_hosts.h"
+#include "tests/integration/scratch_dir.h"
 #include "tests/integration/subprocess.h"
 #include "tests/integration/test_member.h"
 #include "trainer/client/coordinator_client.h"
@@ -64,6 +65,7 @@ class ProcessTest : public ::testing::Test {
       ::waitpid(pid_, nullptr, 0);
     }
     hosts_.reset();  // ends what is left in its namespaces
+    RemoveScratchUnlessFailed(dir_);
   }
 
   // The failover tests' two coordinators as hosts of a muster-lab lab

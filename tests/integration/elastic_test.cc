@@ -31,6 +31,7 @@
 #include "absl/time/clock.h"
 #include "tests/integration/fake_time.h"
 #include "tests/integration/lab_hosts.h"
+#include "tests/integration/scratch_dir.h"
 #include "tests/integration/subprocess.h"
 #include "trainer/checkpoint/safetensors.h"
 
@@ -79,6 +80,7 @@ class ElasticTest : public ::testing::Test {
       WaitExit(coordinator_);
     }
     hosts_.reset();  // ends what is left in its namespaces
+    RemoveScratchUnlessFailed(dir_);
   }
 
   // `extra`: more flags (a flag given twice takes the last value).

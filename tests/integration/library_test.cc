@@ -24,6 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "tests/integration/lab_hosts.h"
+#include "tests/integration/scratch_dir.h"
 #include "tests/integration/subprocess.h"
 
 namespace muster {
@@ -63,6 +64,7 @@ class LibraryTest : public ::testing::Test {
   void TearDown() override {
     StopCoordinator();
     hosts_.reset();  // ends what is left in its namespaces
+    RemoveScratchUnlessFailed(dir_);
   }
 
   // A coordinator on `state` (kept across restarts, like a requeued job).
