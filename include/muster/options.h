@@ -124,7 +124,9 @@ struct Options {
   // ZeRO stage 1 (docs/sharding.md): each rank keeps the optimizer state
   // of about 1/W of the parameters, and `optimizer_state_copies` ranks
   // (another node's where there is one) keep each part, so a rank's death
-  // loses nothing. At each step boundary the parameters are all-gathered
+  // loses nothing. A world of at most `optimizer_state_copies` ranks,
+  // where every rank would keep every part, is not sharded: it steps as
+  // unsharded and writes whole checkpoints. At each step boundary the parameters are all-gathered
   // from the ranks that stepped them; a change of world regathers the
   // state from the survivors in memory. The gradients are all-reduced as
   // without (so the numbers are the unsharded run's, bit for bit), and the

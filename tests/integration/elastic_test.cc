@@ -1268,9 +1268,10 @@ class ShardedStateAloneTest : public ShardedStateTest {
   int MaxMembers() const override { return 1; }
 };
 
-// A world of one shards into one part: its checkpoints still hold the
-// whole state, the unsharded run's bit for bit.
-TEST_F(ShardedStateAloneTest, AWorldOfOneWritesTheWholeStateInItsCheckpoints) {
+// A world of one keeps the state whole (its one rank would keep every
+// part): it trains as unsharded, and its checkpoints are the unsharded
+// run's, bit for bit, with no part files to consolidate.
+TEST_F(ShardedStateAloneTest, AWorldOfOneKeepsTheWholeStateAndWritesItWhole) {
   for (const std::string& tag : {std::string("u"), std::string("s")}) {
     std::vector<std::string> flags = AdamW(
         {"--steps=60", "--checkpoint-dir=" + dir_ + "/ckpt-" + tag, "--checkpoint-every=40"});
@@ -1281,9 +1282,14 @@ TEST_F(ShardedStateAloneTest, AWorldOfOneWritesTheWholeStateInItsCheckpoints) {
     EXPECT_EQ(WaitExit(Trainer(0, tag, "n0", "auto", flags)), 0)
         << ReadText(dir_ + "/" + tag + ".log");
   }
-  ExpectConsolidated(dir_ + "/ckpt-s/step-40");
+  EXPECT_FALSE(
+      std::filesystem::exists(dir_ + "/ckpt-s/step-40/optimizer-shard-0-of-1.safetensors"));
   ExpectSameTensors(dir_ + "/ckpt-u/step-40/optimizer.safetensors",
                     dir_ + "/ckpt-s/step-40/optimizer.safetensors");
+  const std::string u = ReadText(dir_ + "/u.json"), sharded = ReadText(dir_ + "/s.json");
+  EXPECT_EQ(JsonNumber(sharded, "parameter_checksum"), JsonNumber(u, "parameter_checksum"));
+  EXPECT_EQ(JsonNumber(sharded, "optimizer_state_elements"),
+            JsonNumber(u, "optimizer_state_elements"));
 }
 
 class ShardedStateFailureTest : public ShardedStateTest {

@@ -721,6 +721,41 @@ TEST(OptimizerShardsStateTest, ANewWorldAgreesOnTheNewestLayoutAndWhoOfItLivesOn
               }).ok());
 }
 
+// Where every rank would keep every part (a world of one, or of two with
+// two copies), sharding would only add the masters' copies: the state
+// stays whole and the optimizer steps the model's own parameters, as
+// unsharded. A third rank, or one copy, shards it.
+TEST(OptimizerShardsStateTest, AWorldWhereEachRankWouldKeepEveryPartStaysWhole) {
+  struct Case {
+    int world, copies;
+    bool sharded;
+  };
+  for (const Case c : {Case{1, 2, false}, Case{2, 2, false}, Case{2, 1, true}, Case{3, 2, true}}) {
+    const std::string where = absl::StrCat("world ", c.world, ", ", c.copies, " copies");
+    std::vector<Net> nets;
+    std::vector<std::unique_ptr<torch::optim::Adam>> adams;
+    std::vector<std::unique_ptr<ShardedOptimizers>> state;
+    for (int r = 0; r < c.world; ++r) {
+      nets.push_back(MakeNet());
+      adams.push_back(std::make_unique<torch::optim::Adam>(nets.back()->parameters(),
+                                                           torch::optim::AdamOptions(0.01)));
+      state.push_back(std::make_unique<ShardedOptimizers>(
+          std::vector<torch::optim::Optimizer*>{adams.back().get()}, c.copies));
+    }
+    ASSERT_TRUE(RunCommWorld(c.world, "gloo", [&](int rank, Communicator* comm) {
+                  ShardedOptimizers& mine = *state[rank];
+                  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+                  ASSERT_TRUE(mine.Gather(comm, 1, /*node=*/rank % 2, deadline).ok()) << where;
+                  ASSERT_TRUE(mine.Reshard(comm).ok()) << where;
+                  EXPECT_EQ(mine.KeepsWhole(c.world), !c.sharded) << where;
+                  EXPECT_EQ(mine.sharded(), c.sharded) << where;
+                  const torch::Tensor stepped = adams[rank]->param_groups()[0].params()[0];
+                  EXPECT_EQ(stepped.is_same(nets[rank]->parameters()[0]), !c.sharded) << where;
+                }).ok())
+        << where;
+  }
+}
+
 TEST(OptimizerShardsStateTest, WhatCannotBeShardedIsRefusedNamingIt) {
   Net net = MakeNet();
   torch::optim::LBFGS lbfgs(net->parameters(), torch::optim::LBFGSOptions(0.1));

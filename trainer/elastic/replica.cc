@@ -150,7 +150,8 @@ absl::Status Replica::CheckSharding() const {
 
 absl::Status Replica::GatherParameters(Communicator* comm, absl::Time deadline) {
   if (!sharded_) return absl::OkStatus();
-  if (sharded_->sharded()) held_elements_ = sharded_->StateElements().value_or(-1);
+  // Whole where the world keeps it whole (ShardedOptimizers::KeepsWhole).
+  held_elements_ = sharded_->StateElements().value_or(-1);
   return sharded_->AtBoundary(comm, deadline);
 }
 

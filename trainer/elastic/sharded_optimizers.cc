@@ -54,6 +54,7 @@ absl::Status ShardedOptimizers::Shard(Communicator* comm) {
   if (static_cast<int>(node_of_rank_.size()) != comm->size()) {
     return absl::FailedPreconditionError("shard before the world's Gather");
   }
+  if (KeepsWhole(comm->size())) return absl::OkStatus();
   MUSTER_ASSIGN_OR_RETURN(shards_,
                           OptimizerShards::Make(optimizers_, comm->rank(), node_of_rank_, copies_));
   generation_ = gathered_for_;
@@ -103,7 +104,7 @@ absl::Status ShardedOptimizers::WithWholeState(Communicator* comm,
 absl::Status ShardedOptimizers::Reshard(Communicator* comm) {
   if (shards_ != nullptr) return absl::OkStatus();
   MUSTER_RETURN_IF_ERROR(Shard(comm));
-  shards_->ResetParameterGradients();
+  if (shards_ != nullptr) shards_->ResetParameterGradients();  // none where KeepsWhole
   return absl::OkStatus();
 }
 

@@ -3,7 +3,8 @@
 // point, over OptimizerShards.
 //
 //   a new world, every rank, before the state transfer:  Gather
-//   as a step's first backward begins:                    Reshard (Shard)
+//   as a step's first backward begins:                    Reshard (Shard;
+//                                                         not where KeepsWhole)
 //   after each pass's reduction (.grad averaged):         TakeGradients
 //   the user's optimizer.step() steps the kept shards
 //   as the next pass of the same step begins (a GAN):     BetweenPasses
@@ -49,7 +50,8 @@ class ShardedOptimizers {
   // the shards are kept as they were (Release drops them; Shard then
   // shards for this world whatever the optimizers hold).
   absl::Status Gather(Communicator* comm, uint64_t generation, int node, absl::Time deadline);
-  // After Gather (and the transfer): shards for `comm`'s world.
+  // After Gather (and the transfer): shards for `comm`'s world, unless
+  // KeepsWhole for its size.
   absl::Status Shard(Communicator* comm);
   // The kept shards' gradients from the parameters' averaged .grad, shared
   // with them (OptimizerShards::ShareGradients: in-place clipping counts).
@@ -78,11 +80,19 @@ class ShardedOptimizers {
   // As a step begins: shards for `comm`'s world (Shard) unless the state
   // is sharded, and the parameters' .grad cleared (a step that ran with
   // the whole state left them, and the optimizers no longer clear them).
+  // Where KeepsWhole, neither: the optimizers hold the parameters and
+  // clear their .grad as unsharded ones do.
   absl::Status Reshard(Communicator* comm);
   // The elements of per-element optimizer state this rank holds: its
   // shards', or the whole state's. Errors: Make's INVALID_ARGUMENT.
   absl::StatusOr<int64_t> StateElements() const;
 
+  // Whether a world of `world` ranks keeps the whole state on every rank:
+  // with `world` <= copies, each rank would keep every part, so sharding
+  // would save nothing and only add the masters' copies and the gradients'
+  // (a world of one, or of two with two copies). The state then stays
+  // whole and the step is the unsharded one; Shard and Reshard leave it so.
+  bool KeepsWhole(int world) const { return world <= copies_; }
   bool sharded() const { return shards_ != nullptr; }
   const OptimizerShards* shards() const { return shards_.get(); }
 
