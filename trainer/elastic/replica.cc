@@ -150,8 +150,10 @@ absl::Status Replica::CheckSharding() const {
 
 absl::Status Replica::GatherParameters(Communicator* comm, absl::Time deadline) {
   if (!sharded_) return absl::OkStatus();
-  // Whole where the world keeps it whole (ShardedOptimizers::KeepsWhole).
-  held_elements_ = sharded_->StateElements().value_or(-1);
+  // -1 where the world keeps the state whole (ShardedOptimizers::KeepsWhole):
+  // optimizer_state_elements() then counts the whole state when asked,
+  // rather than every step here.
+  held_elements_ = sharded_->sharded() ? sharded_->StateElements().value_or(-1) : -1;
   return sharded_->AtBoundary(comm, deadline);
 }
 
