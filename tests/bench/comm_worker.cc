@@ -48,8 +48,9 @@ ABSL_FLAG(std::string, device, "cpu",
           "allreduce, comm-worker, recovery: cpu, or cuda (buffers and training on the GPU)");
 ABSL_FLAG(std::string, dtypes, "float32", "--check: float32, bfloat16, float16 (comma list)");
 ABSL_FLAG(std::string, collective, "allreduce",
-          "allreduce, comm-worker: what is timed, allreduce (the gradients' call) or allgather "
-          "(even segments, one per rank: the sharded optimizer's gather of the parameters)");
+          "allreduce, comm-worker: what is timed, allreduce (the gradients' call), allgather "
+          "(even segments, one per rank: the sharded optimizer's gather of the parameters) or "
+          "reducescatter (even segments)");
 ABSL_FLAG(std::string, gradient_compression, "none",
           "allreduce, train: none, bf16 or fp16 (gradients across nodes; busbw counts the "
           "float32 bytes before compression)");
@@ -224,7 +225,8 @@ bool CheckCollectives(Communicator& comm, const std::vector<size_t>& sizes, bool
 // collective.
 bool TimeAllReduces(Communicator* comm, const std::vector<size_t>& sizes, bool cuda) {
   const int rank = comm->rank(), w = comm->size();
-  const bool gather = absl::GetFlag(FLAGS_collective) == "allgather";
+  const std::string collective = absl::GetFlag(FLAGS_collective);
+  const bool gather = collective == "allgather", scatter = collective == "reducescatter";
   for (size_t bytes : sizes) {
     TestBuffer data(DataType::kFloat32, std::max<size_t>(1, bytes / sizeof(float)), cuda);
     Fill(data, rank);
@@ -236,10 +238,13 @@ bool TimeAllReduces(Communicator* comm, const std::vector<size_t>& sizes, bool c
       if (!comm->Barrier(absl::Now() + absl::Seconds(60)).ok()) return false;
       const absl::Time t0 = absl::Now();
       const absl::Time deadline = absl::Now() + absl::Seconds(120);
-      if (!(gather ? comm->AllGather(data.data(), segments, DataType::kFloat32, deadline)
-                   : comm->AllReduceGradients(data.data(), data.count(), ReduceOp::kSum,
-                                              deadline))
-               .ok()) {
+      absl::Status s =
+          gather    ? comm->AllGather(data.data(), segments, DataType::kFloat32, deadline)
+          : scatter ? comm->ReduceScatter(data.data(), segments, DataType::kFloat32,
+                                          ReduceOp::kSum, deadline)
+                    : comm->AllReduceGradients(data.data(), data.count(), ReduceOp::kSum,
+                                               deadline);
+      if (!s.ok()) {
         return false;
       }
       if (i >= 2) times.push_back(absl::ToDoubleSeconds(absl::Now() - t0));
@@ -252,14 +257,14 @@ bool TimeAllReduces(Communicator* comm, const std::vector<size_t>& sizes, bool c
     for (double& t : times) t /= w;  // mean over ranks of each repeat
     const double median = Percentile(times, 50);
     const double algbw = bytes / median / 1e9;
-    // An all-gather moves each byte once to each other rank, an all-reduce
-    // twice (reduce-scatter, then all-gather).
-    const double bus = (gather ? 1.0 : 2.0) * (w - 1) / w;
+    // An all-gather or a reduce-scatter moves each byte once to each other
+    // rank, an all-reduce twice (reduce-scatter, then all-gather).
+    const double bus = (gather || scatter ? 1.0 : 2.0) * (w - 1) / w;
     if (rank == 0) {
       std::cout << absl::StrFormat(
                        "%s backend=%s device=%s world=%d nodes=%d bytes=%d "
                        "compression=%s wire=%s median_s=%.6f algbw_GBps=%.3f busbw_GBps=%.3f",
-                       gather ? "allgather" : "allreduce", absl::GetFlag(FLAGS_backend),
+                       collective, absl::GetFlag(FLAGS_backend),
                        absl::GetFlag(FLAGS_device), w,
                        absl::GetFlag(FLAGS_nodes), bytes,
                        absl::GetFlag(FLAGS_gradient_compression),
@@ -304,6 +309,12 @@ int RunCommWorker() {
   const bool cuda = absl::GetFlag(FLAGS_device) == "cuda";
   if (!cuda && absl::GetFlag(FLAGS_device) != "cpu") {
     std::cerr << "comm-worker: --device must be cpu or cuda\n";
+    return 2;
+  }
+  if (const std::string c = absl::GetFlag(FLAGS_collective);
+      c != "allreduce" && c != "allgather" && c != "reducescatter") {
+    std::cerr << "comm-worker: --collective must be allreduce, allgather or reducescatter, not '"
+              << c << "'\n";
     return 2;
   }
   auto client_or = CoordinatorClient::Create(co);

@@ -125,6 +125,55 @@ INSTANTIATE_TEST_SUITE_P(Backends, AbortTest,
                                            std::make_pair(Backend::kHier,
                                                           NodeSplit{0, 0, 1, 1})));
 
+// The reduce-scatters of Gloo (an all-to-all) and of the hierarchical
+// communicator (by columns) keep their all-reduce's contracts: with the
+// last rank never joining, a deadline alone ends the call as
+// DEADLINE_EXCEEDED on every waiting rank, and an Abort as ABORTED within
+// two seconds; the communicator is broken afterwards.
+class ReduceScatterStopsTest : public ::testing::TestWithParam<std::pair<Backend, NodeSplit>> {};
+
+TEST_P(ReduceScatterStopsTest, AtItsDeadlineAndOnAbort) {
+  const auto& [backend, split] = GetParam();
+  const int w = static_cast<int>(split.size());
+  for (bool abort : {false, true}) {
+    CommHarness h(split, absl::StrCat("rsstop", ::getpid(), "_", abort));
+    CommOptions o;
+    o.backend = backend;
+    std::atomic<int> returned{0};
+    ASSERT_TRUE(h.Run(o, [&](RankContext& rc) {
+      if (rc.world.rank == w - 1) {  // never joins, keeps its connections open
+        const absl::Time give_up = absl::Now() + absl::Seconds(20);
+        while (returned.load() < w - 1 && absl::Now() < give_up) {
+          absl::SleepFor(absl::Milliseconds(10));
+        }
+        return;
+      }
+      std::vector<size_t> counts(w, 1 << 16);
+      std::vector<float> data(TotalCount(counts), 1.0f);
+      std::thread aborter([&, c = rc.comm.get()] {
+        absl::SleepFor(absl::Milliseconds(300));
+        if (abort) c->Abort(absl::AbortedError("peer declared failed"));
+      });
+      const absl::Time start = absl::Now();
+      const absl::Time deadline = start + (abort ? absl::Seconds(60) : absl::Seconds(1));
+      const absl::Status s = rc.comm->ReduceScatter(data.data(), counts, DataType::kFloat32,
+                                                    ReduceOp::kSum, deadline);
+      const absl::Duration took = absl::Now() - start;
+      aborter.join();
+      ++returned;
+      EXPECT_EQ(s.code(), abort ? absl::StatusCode::kAborted : absl::StatusCode::kDeadlineExceeded)
+          << rc.comm->name() << " rank " << rc.world.rank << ": " << s;
+      EXPECT_LT(took, absl::Seconds(3)) << rc.comm->name() << " rank " << rc.world.rank;
+      EXPECT_FALSE(rc.comm->Barrier(absl::Now() + absl::Seconds(1)).ok());
+    }).ok());
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, ReduceScatterStopsTest,
+                         ::testing::Values(std::make_pair(Backend::kGloo, NodeSplit{0, 1, 2}),
+                                           std::make_pair(Backend::kHier,
+                                                          NodeSplit{0, 0, 1, 1})));
+
 TEST(ShmDeadlineTest, DeadlineWithoutAbortIsDeadlineExceeded) {
   CommHarness h({0, 0}, "deadline" + std::to_string(::getpid()));
   CommOptions o;

@@ -63,11 +63,21 @@ TEST_P(AllReduceTest, MatchesReferenceSumForEverySize) {
   }).ok());
 }
 
+// Whether every node of `c` holds as many ranks.
+bool NodesOfEqualSize(const Case& c) {
+  std::map<int, int> per_node;
+  for (int n : c.split) ++per_node[n];
+  return std::all_of(per_node.begin(), per_node.end(),
+                     [&](const auto& n) { return n.second == per_node.begin()->second; });
+}
+
 // ReduceScatter and AllGather over segments of `counts` on `comm` (rank
 // `rank` of counts.size()): each rank ends with its segment's sum, then
-// with every rank's segment.
+// with every rank's segment. Where `only_own` (a real reduce-scatter, not
+// an all-reduce), the other segments keep what this rank put there.
 void ExpectReduceScatterAndAllGather(Communicator& comm, int rank,
-                                     const std::vector<size_t>& counts, absl::Time deadline) {
+                                     const std::vector<size_t>& counts, absl::Time deadline,
+                                     bool only_own) {
   const int w = static_cast<int>(counts.size());
   const size_t total = std::accumulate(counts.begin(), counts.end(), size_t{0});
   std::vector<size_t> offset(w + 1, 0);
@@ -80,6 +90,11 @@ void ExpectReduceScatterAndAllGather(Communicator& comm, int rank,
     float expected = 0;
     for (int r = 0; r < w; ++r) expected += TestValue(r, i);
     ASSERT_EQ(rs[i], expected) << "reduce-scatter i=" << i;
+  }
+  for (size_t i = 0; only_own && i < total; ++i) {
+    if (i < offset[rank] || i >= offset[rank + 1]) {
+      ASSERT_EQ(rs[i], TestValue(rank, i)) << comm.name() << " wrote another segment, i=" << i;
+    }
   }
   std::vector<float> ag(total, -1.0f);
   for (size_t i = offset[rank]; i < offset[rank + 1]; ++i) ag[i] = static_cast<float>(rank);
@@ -99,8 +114,7 @@ void ExpectGatherInNode(Communicator& comm, const Case& c, int rank, absl::Time 
   std::map<int, int> per_node;
   for (int n : c.split) ++per_node[n];
   const int local_size = per_node.begin()->second;
-  const bool even = std::all_of(per_node.begin(), per_node.end(),
-                                [&](const auto& n) { return n.second == local_size; });
+  const bool even = NodesOfEqualSize(c);
   const std::vector<int> node = comm.NodeRanks();
   std::vector<size_t> counts(std::max<size_t>(node.size(), 1));
   for (size_t l = 0; l < counts.size(); ++l) counts[l] = 50 + 13 * l;
@@ -164,8 +178,19 @@ TEST_P(AllReduceTest, AverageHalfPrecisionAndTheOtherCollectives) {
       counts[r] = 100 + 37 * r;
       sparse[r] = r % 2 == 1 || w == 1 ? 41 : 0;
     }
-    ExpectReduceScatterAndAllGather(comm, rank, counts, deadline);
-    ExpectReduceScatterAndAllGather(comm, rank, sparse, deadline);
+    // Gloo and the hierarchical one on nodes of equal size send each rank
+    // only its own segment's pieces.
+    const bool only_own =
+        c.backend == Backend::kGloo || (c.backend == Backend::kHier && NodesOfEqualSize(c));
+    ExpectReduceScatterAndAllGather(comm, rank, counts, deadline, only_own);
+    ExpectReduceScatterAndAllGather(comm, rank, sparse, deadline, only_own);
+    // An average too.
+    std::vector<float> rs_avg(TotalCount(counts), static_cast<float>(rank * 2));
+    ASSERT_TRUE(comm.ReduceScatter(rs_avg.data(), counts, DataType::kFloat32, ReduceOp::kAverage,
+                                   deadline).ok());
+    size_t own_at = 0;
+    for (int r = 0; r < rank; ++r) own_at += counts[r];
+    EXPECT_FLOAT_EQ(rs_avg[own_at + counts[rank] - 1], static_cast<float>(w - 1));
     ExpectGatherInNode(comm, c, rank, deadline);
     // Broadcast from the last rank, and a barrier.
     std::vector<float> b(10000, static_cast<float>(rank));

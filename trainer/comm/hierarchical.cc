@@ -129,10 +129,15 @@ class Hierarchical : public Communicator {
     return Intra(intra_->AllGather(data, local_counts, type, deadline));
   }
 
+  // On nodes of equal size, by columns (ReduceByColumns). Elsewhere an
+  // all-reduce, which leaves every segment reduced.
   absl::Status ReduceScatter(void* data, const std::vector<size_t>& counts, DataType type,
                              ReduceOp op, absl::Time deadline) override {
     if (absl::Status s = CheckCounts(counts, size_); !s.ok()) return s;
-    return AllReduce(data, TotalCount(counts), type, op, deadline);  // every segment ends reduced
+    if (EvenNodesOnHost()) {
+      return ReduceByColumns(static_cast<char*>(data), counts, type, op, deadline);
+    }
+    return AllReduce(data, TotalCount(counts), type, op, deadline);
   }
 
   absl::Status AllGather(void* data, const std::vector<size_t>& counts, DataType type,
@@ -264,6 +269,39 @@ class Hierarchical : public Communicator {
              inter_[0]->size() == size_ / local_size_ && inter_[0]->rank() == rank_ / local_size_));
   }
 
+  // Where each rank's segment lies in the caller's buffer (`at`) and in a
+  // scratch copy laid out column by column (`in_scratch`): column c holds
+  // the segments of local rank c of every node, node by node. `mine` are
+  // the counts of this rank's column, one per node, which begins at
+  // `own_column`.
+  struct Columns {
+    std::vector<size_t> at, in_scratch, column, mine;
+    char* scratch = nullptr;
+    char* own_column = nullptr;
+  };
+  // ABORTED once broken.
+  absl::StatusOr<Columns> ScratchColumns(const std::vector<size_t>& counts, size_t es) {
+    if (absl::Status s = Broken(); !s.ok()) return s;
+    const int L = local_size_, nodes = size_ / L;
+    Columns c{std::vector<size_t>(size_ + 1, 0), std::vector<size_t>(size_),
+              std::vector<size_t>(L, 0), std::vector<size_t>(nodes)};
+    for (int r = 0; r < size_; ++r) c.at[r + 1] = c.at[r] + counts[r];
+    size_t total = 0;
+    for (int col = 0; col < L; ++col) {
+      for (int n = 0; n < nodes; ++n) {
+        c.in_scratch[n * L + col] = total;
+        total += counts[n * L + col];
+        c.column[col] += counts[n * L + col];
+      }
+    }
+    for (int n = 0; n < nodes; ++n) c.mine[n] = counts[n * L + rank_ % L];
+    absl::StatusOr<void*> scratch = ops_->Scratch(std::max<size_t>(total, 1) * es);
+    if (!scratch.ok()) return scratch.status();
+    c.scratch = static_cast<char*>(*scratch);
+    c.own_column = c.scratch + c.in_scratch[rank_ % L] * es;
+    return c;
+  }
+
   // AllGather on even nodes, in two legs that move each segment once per
   // hop: across nodes, each local rank l gathers its column (the segments
   // of local rank l of every node) over its inter-node group; then inside
@@ -271,41 +309,64 @@ class Hierarchical : public Communicator {
   // copy laid out column by column, which is then copied into place.
   absl::Status GatherByColumns(char* data, const std::vector<size_t>& counts, DataType type,
                                absl::Time deadline) {
-    if (absl::Status s = Broken(); !s.ok()) return s;
     const size_t es = DataTypeSize(type);
-    const int L = local_size_, nodes = size_ / L, l = rank_ % L;
-    // Where each rank's segment lies in `data` and in the scratch copy.
-    std::vector<size_t> at(size_ + 1, 0), in_scratch(size_), column(L, 0);
-    for (int r = 0; r < size_; ++r) at[r + 1] = at[r] + counts[r];
-    size_t next = 0;
-    for (int c = 0; c < L; ++c) {
-      for (int n = 0; n < nodes; ++n) {
-        in_scratch[n * L + c] = next;
-        next += counts[n * L + c];
-        column[c] += counts[n * L + c];
-      }
-    }
-    absl::StatusOr<void*> scratch_or = ops_->Scratch(std::max<size_t>(next, 1) * es);
-    if (!scratch_or.ok()) return scratch_or.status();
-    char* scratch = static_cast<char*>(*scratch_or);
-    std::memcpy(scratch + in_scratch[rank_] * es, data + at[rank_] * es, counts[rank_] * es);
-    if (nodes > 1) {
-      std::vector<size_t> mine(nodes);
-      for (int n = 0; n < nodes; ++n) mine[n] = counts[n * L + l];
-      char* own_column = scratch + in_scratch[l] * es;
-      if (absl::Status s = inter_[0]->AllGather(own_column, mine, type, deadline); !s.ok()) {
+    absl::StatusOr<Columns> columns = ScratchColumns(counts, es);
+    if (!columns.ok()) return columns.status();
+    const Columns& c = *columns;
+    std::memcpy(c.scratch + c.in_scratch[rank_] * es, data + c.at[rank_] * es, counts[rank_] * es);
+    if (c.mine.size() > 1) {
+      if (absl::Status s = inter_[0]->AllGather(c.own_column, c.mine, type, deadline); !s.ok()) {
         Abort(s);  // wakes this node's ranks waiting for this column
         return s;
       }
     }
-    if (L > 1) {
-      if (absl::Status s = Intra(intra_->AllGather(scratch, column, type, deadline)); !s.ok()) {
+    if (c.column.size() > 1) {
+      if (absl::Status s = Intra(intra_->AllGather(c.scratch, c.column, type, deadline));
+          !s.ok()) {
         return s;
       }
     }
     for (int r = 0; r < size_; ++r) {
-      if (r != rank_) std::memcpy(data + at[r] * es, scratch + in_scratch[r] * es, counts[r] * es);
+      if (r != rank_) {
+        std::memcpy(data + c.at[r] * es, c.scratch + c.in_scratch[r] * es, counts[r] * es);
+      }
     }
+    return absl::OkStatus();
+  }
+
+  // ReduceScatter on even nodes, GatherByColumns' legs reversed: inside the
+  // node the columns are reduce-scattered, so that local rank l holds its
+  // node's sum of column l; across nodes each local rank reduce-scatters
+  // its column over its inter-node group, so that node n's member ends
+  // with segment n*L + l, its own. Each segment crosses each hop once; the
+  // caller's other segments are left as they were.
+  absl::Status ReduceByColumns(char* data, const std::vector<size_t>& counts, DataType type,
+                               ReduceOp op, absl::Time deadline) {
+    const size_t es = DataTypeSize(type);
+    absl::StatusOr<Columns> columns = ScratchColumns(counts, es);
+    if (!columns.ok()) return columns.status();
+    const Columns& c = *columns;
+    for (int r = 0; r < size_; ++r) {
+      std::memcpy(c.scratch + c.in_scratch[r] * es, data + c.at[r] * es, counts[r] * es);
+    }
+    if (c.column.size() > 1) {
+      if (absl::Status s = Intra(intra_->ReduceScatter(c.scratch, c.column, type, ReduceOp::kSum,
+                                                       deadline));
+          !s.ok()) {
+        return s;
+      }
+    }
+    if (c.mine.size() > 1) {
+      if (absl::Status s = inter_[0]->ReduceScatter(c.own_column, c.mine, type, ReduceOp::kSum,
+                                                    deadline);
+          !s.ok()) {
+        Abort(s);  // as any failed leg across nodes: the whole communicator
+        return s;
+      }
+    }
+    char* mine = data + c.at[rank_] * es;
+    std::memcpy(mine, c.scratch + c.in_scratch[rank_] * es, counts[rank_] * es);
+    if (op == ReduceOp::kAverage) return ops_->Divide(type, mine, counts[rank_], size_);
     return absl::OkStatus();
   }
 
