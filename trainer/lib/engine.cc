@@ -361,27 +361,20 @@ void Engine::SayStopped(const std::string& how) const {
 
 absl::Status Engine::AtBoundary() {
   const uint64_t generation = world_->world().generation;
-  // Sharded optimizer state: each rank stepped its own parts.
-  const bool sharded = replica_.ShardedNow();
-  const absl::Time gather_start = clock_->Now();
-  MUSTER_RETURN_IF_ERROR(
-      RegroupUnlessOk(replica_.GatherParameters(world_->comm(), changes_->StepDeadline())));
-  if (sharded) timeline_.Add(StepClock::Part::kGather, clock_->Now() - gather_start);
+  // A peer that fails during the boundary's collectives leaves the
+  // survivors at different points: with sharded state the gather runs
+  // inside each node, so one node's ranks may have finished it and wait in
+  // the buffers' all-reduce while the other node's fail in the gather; any
+  // collective may complete on some ranks and fail on others; and a rank
+  // whose step's reduction failed where its peers' completed enters the
+  // new world behind, takes their state and does not run this boundary at
+  // all. Going on from where each one was, the ranks of the new world
+  // would issue different collectives (over Gloo, a message of one call
+  // received by another aborts the process). So after a regroup none of
+  // the boundary's collectives runs: the new world's entry made the state
+  // agree, and the next boundary syncs the buffers and checks the state.
+  MUSTER_RETURN_IF_ERROR(BoundaryCollectives());
   if (life_.ended()) return absl::OkStatus();
-  if (const int source = life_.TakeCatchUp(); source >= 0) {
-    MUSTER_RETURN_IF_ERROR(RegroupUnlessOk(changes_->CatchUp(world_->comm(), source)));
-    if (life_.ended()) return absl::OkStatus();
-  }
-  // After every pass of the step, before anything reads the state.
-  MUSTER_RETURN_IF_ERROR(
-      RegroupUnlessOk(replica_.SyncBuffers(world_->comm(), changes_->StepDeadline())));
-  if (life_.ended()) return absl::OkStatus();
-  if (options_.check_state_every > 0 && counters().step % options_.check_state_every == 0) {
-    MUSTER_RETURN_IF_ERROR(
-        CheckStateAgrees(absl::StrCat("every ", options_.check_state_every, " steps"),
-                         /*whole=*/false));
-    if (life_.ended()) return absl::OkStatus();
-  }
   reporter_->StepDone(progress(), lr_->current());
   if (step_.decision != StepDecision::kContinue) {
     // The world changes after this boundary: sharded optimizer state is
@@ -407,6 +400,33 @@ absl::Status Engine::AtBoundary() {
       break;
   }
   return AfterDecision(world_->world().generation != generation);
+}
+
+absl::Status Engine::BoundaryCollectives() {
+  const uint64_t generation = world_->world().generation;
+  const auto regrouped = [&] {
+    return life_.ended() || world_->world().generation != generation;
+  };
+  // Sharded optimizer state: each rank stepped its own parts.
+  const bool sharded = replica_.ShardedNow();
+  const absl::Time gather_start = clock_->Now();
+  MUSTER_RETURN_IF_ERROR(
+      RegroupUnlessOk(replica_.GatherParameters(world_->comm(), changes_->StepDeadline())));
+  if (sharded) timeline_.Add(StepClock::Part::kGather, clock_->Now() - gather_start);
+  if (regrouped()) return absl::OkStatus();
+  if (const int source = life_.TakeCatchUp(); source >= 0) {
+    MUSTER_RETURN_IF_ERROR(RegroupUnlessOk(changes_->CatchUp(world_->comm(), source)));
+    if (regrouped()) return absl::OkStatus();
+  }
+  // After every pass of the step, before anything reads the state.
+  MUSTER_RETURN_IF_ERROR(
+      RegroupUnlessOk(replica_.SyncBuffers(world_->comm(), changes_->StepDeadline())));
+  if (regrouped()) return absl::OkStatus();
+  if (options_.check_state_every > 0 && counters().step % options_.check_state_every == 0) {
+    return CheckStateAgrees(absl::StrCat("every ", options_.check_state_every, " steps"),
+                            /*whole=*/false);
+  }
+  return absl::OkStatus();
 }
 
 // The boundary goes on in a world: a scheduled checkpoint, the state

@@ -140,6 +140,9 @@ class Engine final : public Distributed, private WorldChanges::Trainer {
   // then the step is salvaged (OK) or dropped (ABORTED).
   absl::Status RegroupAfterFailedStep(const absl::Status& failure);
   absl::Status AtBoundary();
+  // The boundary's collectives in order (the sharded gather, a catch-up,
+  // the buffers, the periodic state check); none after one that regrouped.
+  absl::Status BoundaryCollectives();
   // `world_changed`: a regroup during this boundary (see checkpoint_deferred_).
   absl::Status AfterDecision(bool world_changed);
   absl::Status Stop();
