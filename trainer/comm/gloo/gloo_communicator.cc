@@ -190,10 +190,9 @@ class GlooCommunicator : public Communicator {
   // the buffer once, as a ring's reduce-scatter does and half of what the
   // all-reduce moves; each rank then sums the W copies of its own segment
   // in rank order (SumAll). The other segments are left as they were.
-  // The all-to-all goes in rounds of at most kSegmentBytes per peer, as
-  // the all-reduce's ring does: over a link shaped to 1 Gbit/s, one send of
-  // 32 MiB took as long as the all-reduce of twice the bytes
-  // (docs/communicators.md).
+  // The all-to-all goes in rounds of at most kRoundBytes per peer: over a
+  // link shaped to 1 Gbit/s, one send of 32 MiB took as long as the
+  // all-reduce of twice the bytes (docs/communicators.md).
   absl::Status ReduceScatter(void* data, const std::vector<size_t>& counts, DataType type,
                              ReduceOp op, absl::Time deadline) override {
     if (absl::Status s = CheckCounts(counts, size_); !s.ok()) return s;
@@ -216,17 +215,15 @@ class GlooCommunicator : public Communicator {
     auto in_round = [&counts, piece](int r, size_t k) {
       return std::min(piece, counts[r] - std::min(counts[r], k * piece));
     };
+    std::vector<std::vector<int64_t>> sends(rounds, std::vector<int64_t>(size_));
     for (size_t k = 0, next = 0; k < rounds; ++k) {
       for (int r = 0; r < size_; ++r) {
         const size_t n = in_round(r, k);
+        sends[k][r] = static_cast<int64_t>(n);
         std::memcpy(stage + next * es, static_cast<char*>(data) + (at[r] + k * piece) * es,
                     n * es);
         next += n;
       }
-    }
-    std::vector<std::vector<int64_t>> sends(rounds, std::vector<int64_t>(size_));
-    for (size_t k = 0; k < rounds; ++k) {
-      for (int r = 0; r < size_; ++r) sends[k][r] = static_cast<int64_t>(in_round(r, k));
     }
     auto ctx = worker_->context;
     absl::Status s = Run(deadline, [=, clock = clock_, me = rank_]() -> absl::Status {
