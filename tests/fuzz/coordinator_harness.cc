@@ -319,7 +319,9 @@ void CoordinatorHarness::OpenSession(const std::vector<v1::SessionRequest>& mess
   const std::string before = Authorized(auth) ? std::string() : StateFingerprint();
   ClientSession session;
   session.context = std::make_unique<grpc::ClientContext>();
-  session.context->set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(120)));
+  // Within libFuzzer's -timeout: a stream the server never ends fails
+  // FinishSession's check with DEADLINE_EXCEEDED, naming the session.
+  session.context->set_deadline(absl::ToChronoTime(absl::Now() + kHang));
   Authenticate(session.context.get(), auth);
   const uint64_t ticket = Expect();
   session.stream = stub_->Session(session.context.get());
@@ -347,7 +349,13 @@ void CoordinatorHarness::OpenSession(const std::vector<v1::SessionRequest>& mess
     session.stream->Write(sentinel);
     ++heartbeats;
   }
-  if (!stays_open || !ReadAcks(&session, heartbeats)) {
+  if (!stays_open) {
+    // A node session (node_hello, then attach, rendezvous, ...) stays open
+    // until its node closes it, as the agent does; the server must end any
+    // other.
+    if (!messages.empty() && messages[0].has_node_hello()) session.stream->WritesDone();
+    FinishSession(&session, auth);
+  } else if (!ReadAcks(&session, heartbeats)) {
     FinishSession(&session, auth);
   } else if (sessions_.size() >= kMaxSessions) {
     session.stream->WritesDone();

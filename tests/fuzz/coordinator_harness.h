@@ -82,7 +82,8 @@ class CoordinatorHarness {
 
   // Opens a Session and writes `messages`. When they are a hello and
   // heartbeats, the session stays open (up to kMaxSessions; more are closed
-  // at once); otherwise the server must end it.
+  // at once); a node session is closed by the harness; otherwise the server
+  // must end it.
   void OpenSession(const std::vector<v1::SessionRequest>& messages, Auth auth);
   // A heartbeat / the client's close on open session `index` (modulo the
   // number open; nothing when none is).

@@ -118,6 +118,18 @@ v1::SessionRequest Beat(int64_t step, uint64_t sequence) {
   return r;
 }
 
+v1::SessionRequest NodeHello(const std::string& node) {
+  v1::SessionRequest r;
+  r.mutable_node_hello()->set_node(node);
+  return r;
+}
+
+v1::SessionRequest Attach(const std::string& id) {
+  v1::SessionRequest r;
+  Ref(r.mutable_attach(), id);
+  return r;
+}
+
 v1::KvSetRequest KvSet(uint64_t generation, const std::string& key, const std::string& value) {
   v1::KvSetRequest r;
   r.set_generation(generation);
@@ -234,6 +246,14 @@ std::map<std::string, std::string> CoordinatorSeeds() {
                          .Call(Op::kRendezvous, Rendezvous("m0", 0))
                          .Tick(3)
                          .Finish();
+
+  // A node session (muster-agent's) that stays open until its node closes
+  // it: the harness once waited for the server to end it.
+  seeds["node_session"] = Seed()
+                              .Call(Op::kJoin, Join("m0", "n0"))
+                              .Session({NodeHello("n0"), Attach("m0"), Beat(1, 1)})
+                              .Call(Op::kRendezvous, Rendezvous("m0", 0))
+                              .Finish();
 
   // Two members on two nodes, a last call, sessions, a full checkpoint, a
   // heartbeat timeout, then a coordinator restart and a reattach.
