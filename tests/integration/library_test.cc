@@ -429,7 +429,8 @@ TEST_F(LibraryTest, AGanStoppedBySigusr1ResumesToTheStateOfAnUninterruptedRun) {
 // calls backward twice in its discriminator's pass and keeps a graph through
 // the generator's BatchNorm from one pass to the next; multitask calls
 // backward once per loss term; distill carries a frozen teacher in eval
-// mode; tabular has BatchNorm and LibTorch's data loader.
+// mode; finetune unfreezes its backbone mid-run; tabular has BatchNorm and
+// LibTorch's data loader.
 struct ExampleRun {
   std::string program;
   std::vector<std::string> args;
@@ -466,6 +467,7 @@ INSTANTIATE_TEST_SUITE_P(
         ExampleRun{"gan", {"--examples", "2000", "--batch", "16", "--steps", "40"}, true},
         ExampleRun{"multitask", {"--steps", "60"}},
         ExampleRun{"distill", {"--steps", "60"}},
+        ExampleRun{"finetune", {"--steps", "60", "--unfreeze-at", "20"}},
         ExampleRun{"tabular", {"--steps", "60"}},
         ExampleRun{"char_lm", {"--steps", "30", "--batch", "4"}},
         ExampleRun{"fashion_mnist", {"--steps", "20"}, true}),
@@ -543,12 +545,15 @@ INSTANTIATE_TEST_SUITE_P(
         OneProcessRun{"gan", {"--examples", "2000", "--steps", "10"}, {"--ghost-batch", "16"}, true,
                       /*tolerance=*/5e-5},
         OneProcessRun{"multitask", {"--steps", "60"}, {}},
-        OneProcessRun{"distill", {"--steps", "60"}, {}}),
+        OneProcessRun{"distill", {"--steps", "60"}, {}},
+        OneProcessRun{"finetune", {"--steps", "60", "--unfreeze-at", "20"}, {}}),
     [](const auto& info) { return info.param.program; });
 
-// multitask and distill through a SIGKILL of one trainer (its replacement
-// takes the live state), and through a stop by SIGUSR1 and a restart that
-// must end as the uninterrupted run.
+// multitask, distill and finetune through a SIGKILL of one trainer (its
+// replacement takes the live state), and through a stop by SIGUSR1 and a
+// restart that must end as the uninterrupted run (finetune unfreezes its
+// backbone at step 150 of 300, and at 75 of 150: after the kill, and
+// after the restart).
 class ExampleFaultsTest : public LibraryTest, public ::testing::WithParamInterface<std::string> {
  protected:
   pid_t Run(const std::string& node, const std::string& summary,
@@ -574,7 +579,8 @@ TEST_P(ExampleFaultsTest, Sigusr1CheckpointsAndTheRestartEndsAsAnUninterruptedRu
       {"--steps", "150", "--checkpoint-every", "20"}, /*stop_after=*/30);
 }
 
-INSTANTIATE_TEST_SUITE_P(Programs, ExampleFaultsTest, ::testing::Values("multitask", "distill"),
+INSTANTIATE_TEST_SUITE_P(Programs, ExampleFaultsTest,
+                         ::testing::Values("multitask", "distill", "finetune"),
                          [](const auto& info) { return info.param; });
 
 // member id -> state, from `muster status --json`.

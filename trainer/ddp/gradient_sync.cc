@@ -48,11 +48,12 @@ GradientSync::GradientSync(std::vector<torch::Tensor> params, Communicator* comm
     b.buffer = torch::zeros({n}, params_.empty() ? torch::TensorOptions().dtype(torch::kFloat32)
                                                  : params_[0].options().dtype(torch::kFloat32));
   }
+  hooks_.reserve(params_.size());
   for (size_t k = 0; k < params_.size(); ++k) {
-    params_[k].register_hook([this, k](torch::Tensor grad) {
+    hooks_.push_back(params_[k].register_hook([this, k](torch::Tensor grad) {
       OnGradient(k, grad);
       return torch::Tensor();
-    });
+    }));
   }
   comm_thread_ = std::thread([this] { CommLoop(); });
 }
@@ -64,6 +65,9 @@ GradientSync::~GradientSync() {
   }
   cv_.NotifyAll();
   comm_thread_.join();
+  // The parameters outlive the sync (the program's model): a later
+  // backward must not call into it.
+  for (size_t k = 0; k < params_.size(); ++k) params_[k].remove_hook(hooks_[k]);
 }
 
 void GradientSync::SetCommunicator(Communicator* comm) {

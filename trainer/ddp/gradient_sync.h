@@ -34,6 +34,9 @@
 // control words, in float32, in a second, small all-reduce. Without
 // compression the last bucket is one all-reduce as before.
 //
+// The sync hooks its parameters while it lives; its destructor removes the
+// hooks, so the program's model outlives it safely.
+//
 // Thread-safety: Begin/Finish/BroadcastFrom are called by the training
 // thread; hooks run on the autograd thread(s); the communication thread is
 // internal. SetCommunicator only between steps.
@@ -168,6 +171,7 @@ class GradientSync {
   void CommLoop();
 
   std::vector<torch::Tensor> params_;
+  std::vector<unsigned> hooks_;    // param -> its hook's handle (removed with the sync)
   std::vector<size_t> bucket_of_;  // param -> bucket
   std::vector<size_t> slot_of_;    // param -> index inside its bucket
   std::vector<Bucket> buckets_;

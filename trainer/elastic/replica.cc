@@ -68,7 +68,6 @@ void Replica::PublishTo(StateServer* server, int64_t step, uint64_t generation,
 absl::StatusOr<GradientSync*> Replica::SyncFor(const std::vector<std::string>& modules) {
   std::set<std::string> wanted(modules.begin(), modules.end());
   const std::string key = absl::StrJoin(wanted, ",");
-  if (auto it = syncs_.find(key); it != syncs_.end()) return it->second.get();
   std::vector<torch::Tensor> params;
   std::vector<std::string> known;
   const bool all = wanted.empty();
@@ -88,23 +87,37 @@ absl::StatusOr<GradientSync*> Replica::SyncFor(const std::vector<std::string>& m
     return absl::InvalidArgumentError(absl::StrCat(
         "BeforeBackwardFor: no parameter of ", key, " requires grad: nothing to reduce"));
   }
+  std::vector<const void*> trainable;
+  trainable.reserve(params.size());
+  for (const torch::Tensor& p : params) trainable.push_back(p.unsafeGetTensorImpl());
+  Sync& entry = syncs_[key];
+  if (entry.sync != nullptr && entry.trainable == trainable) return entry.sync.get();
+  if (entry.sync != nullptr) {
+    // Frozen or unfrozen since: the buckets are the trainable parameters'.
+    // Every rank runs the same program, so every rank makes the same sync
+    // at the same step. Between passes, so nothing is in flight.
+    MUSTER_LOG(INFO) << "the parameters that require grad changed (" << entry.trainable.size()
+                     << " -> " << trainable.size() << " tensors" << (key.empty() ? "" : " of ")
+                     << key << "): their gradient sync is made anew";
+    if (current_ == entry.sync.get()) current_ = nullptr;
+    entry.sync.reset();  // its hooks go with it
+  }
   GradientSyncOptions so;
   so.bucket_bytes = options_.bucket_bytes;
   so.overlap = options_.overlap;
   so.clock = options_.clock;
-  auto sync = std::make_unique<GradientSync>(std::move(params), comm_, so);
-  GradientSync* out = sync.get();
-  syncs_[key] = std::move(sync);
-  if (current_ == nullptr) current_ = out;
-  return out;
+  entry.trainable = std::move(trainable);
+  entry.sync = std::make_unique<GradientSync>(std::move(params), comm_, so);
+  if (current_ == nullptr) current_ = entry.sync.get();
+  return entry.sync.get();
 }
 
 static_assert(GradientSync::kControlWords == kControlWordCount,
               "the gradient sync carries the step policy's control words");
 
 void Replica::BeginPass(GradientSync* sync, bool reduce, const ControlWords& control,
-                        absl::Duration timeout, bool step_begins) {
-  if (step_begins || sync != current_) sync->SetTimeout(timeout);
+                        absl::Duration timeout) {
+  sync->SetTimeout(timeout);
   current_ = sync;
   current_->Begin(reduce, control.ToArray());
 }
@@ -213,7 +226,7 @@ absl::Status Replica::TakeState(int source, Communicator* comm, bool in_step,
 
 void Replica::UseCommunicator(Communicator* comm) {
   comm_ = comm;
-  for (auto& [key, sync] : syncs_) sync->SetCommunicator(comm);
+  for (auto& [key, entry] : syncs_) entry.sync->SetCommunicator(comm);
 }
 
 absl::StatusOr<WorldChanges::ControlAverages> Replica::ResyncGradients(

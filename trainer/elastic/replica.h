@@ -68,14 +68,17 @@ class Replica : public WorldChanges::Tensors {
   void Close();
 
   // The gradient sync of the named modules' parameters that require grad
-  // (all modules: none named), made on first use. INVALID_ARGUMENT for a
-  // name that is no module, or modules with nothing to reduce.
+  // now (all modules: none named), made on first use, and made anew when
+  // they are others than its own (a program that freezes or unfreezes
+  // layers between passes; the old one and its hooks go). Between passes.
+  // INVALID_ARGUMENT for a name that is no module, or modules with nothing
+  // to reduce.
   absl::StatusOr<GradientSync*> SyncFor(const std::vector<std::string>& modules);
   // A pass begins with `sync`, reducing (`reduce`) or accumulating, its
-  // all-reduce carrying `control`. The buckets' deadline becomes `timeout`
-  // when the step begins (`step_begins`) or the pass changes syncs.
+  // all-reduce carrying `control`, its buckets' deadline `timeout` after
+  // it begins.
   void BeginPass(GradientSync* sync, bool reduce, const ControlWords& control,
-                 absl::Duration timeout, bool step_begins);
+                 absl::Duration timeout);
   // After the pass's backward: waits for its reduction (GradientSync::Finish)
   // and counts how much of it was hidden behind backward.
   absl::Status FinishPass(absl::Time deadline, const std::function<void()>& turn);
@@ -154,8 +157,15 @@ class Replica : public WorldChanges::Tensors {
   const ReplicaOptions options_;
   const bool several_passes_;
   // One gradient sync per set of modules a pass reduces (by their names,
-  // joined; "" for all), and the one of the pass under way.
-  std::map<std::string, std::unique_ptr<GradientSync>> syncs_;
+  // joined; "" for all), over the parameters of theirs that required grad
+  // when it was made (`trainable`, by TensorImpl), and the one of the pass
+  // under way. A pass whose modules' trainable parameters are others (the
+  // program froze or unfroze some) gets a sync of its own in its place.
+  struct Sync {
+    std::vector<const void*> trainable;
+    std::unique_ptr<GradientSync> sync;
+  };
+  std::map<std::string, Sync> syncs_;
   GradientSync* current_ = nullptr;
   Communicator* comm_ = nullptr;
   std::unique_ptr<BufferSync> buffers_;  // null without broadcast_buffers

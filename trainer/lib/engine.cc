@@ -229,7 +229,7 @@ void Engine::BeforeBackwardFor(const std::vector<std::string>& modules, bool syn
     step_.sent.checkpoint_due =
         checkpointer_ && (checkpointer_->DueByTime() || checkpoint_deferred_);
   }
-  replica_.BeginPass(*chosen, sync, step_.sent, changes_->step_timeout(), first);
+  replica_.BeginPass(*chosen, sync, step_.sent, changes_->step_timeout());
 }
 
 absl::Status Engine::AfterBackward() {
