@@ -109,6 +109,47 @@ TEST(GradientSyncTest, SeveralBackwardCallsInOnePassAverageTheWholeLocalSum) {
   }
 }
 
+// A parameter no rank has a gradient for (a head no rank's forward used)
+// keeps no .grad, as in one process, so that an optimizer skips it rather
+// than stepping it with zeros (AdamW's weight decay would move it); one
+// that some rank used gets the average, zeros counted for the others. So
+// in a world of one, and when a salvage reduces the .grad again.
+TEST(GradientSyncTest, AParameterNoRankUsedKeepsNoGradient) {
+  constexpr int64_t kSize = 64;
+  for (int world : {1, 2}) {
+    ASSERT_TRUE(RunCommWorld(world, "gloo", [&](int rank, Communicator* comm) {
+      // Registration order: p0, p1, p2; bucket_bytes 1: one bucket each.
+      std::vector<torch::Tensor> params;
+      for (int i = 0; i < 3; ++i) params.push_back(torch::zeros({kSize}, torch::requires_grad()));
+      GradientSyncOptions o;
+      o.clock = RealClock::Get();
+      o.bucket_bytes = 1;
+      GradientSync sync(params, comm, o);
+      sync.Begin(/*sync=*/true);
+      // p0 on every rank, p1 on rank 0 only, p2 on none.
+      torch::Tensor loss = (params[0] * static_cast<float>(rank + 1)).sum();
+      if (rank == 0) loss = loss + (params[1] * 4.0f).sum();
+      loss.backward();
+      ASSERT_TRUE(sync.Finish(absl::Now() + absl::Seconds(30)).ok());
+      const float p0 = world == 1 ? 1.0f : 1.5f, p1 = world == 1 ? 4.0f : 2.0f;
+      ASSERT_TRUE(params[0].grad().defined());
+      EXPECT_TRUE(torch::allclose(params[0].grad(), torch::full({kSize}, p0))) << "rank " << rank;
+      ASSERT_TRUE(params[1].grad().defined()) << "world " << world << " rank " << rank;
+      EXPECT_TRUE(torch::allclose(params[1].grad(), torch::full({kSize}, p1))) << "rank " << rank;
+      EXPECT_FALSE(params[2].grad().defined())
+          << "world " << world << " rank " << rank << ": an unused parameter got a .grad of "
+          << params[2].grad()[0].item<float>();
+      if (world == 1) return;
+      // A salvage's reduction from the .grad: the same.
+      ASSERT_TRUE(sync.Resync(comm, /*contribute=*/true, /*contributors=*/2, {},
+                              absl::Now() + absl::Seconds(30))
+                      .ok());
+      EXPECT_TRUE(torch::allclose(params[0].grad(), torch::full({kSize}, p0))) << "rank " << rank;
+      EXPECT_FALSE(params[2].grad().defined()) << "rank " << rank << " after Resync";
+    }).ok()) << "world " << world;
+  }
+}
+
 // Every dtype a state may hold travels bit for bit from the root, including
 // sizes that are not a multiple of 8 bytes.
 TEST(BroadcastTensorsTest, EveryDtypeArrivesBitForBit) {

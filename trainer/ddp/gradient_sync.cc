@@ -83,14 +83,15 @@ void GradientSync::SetControl(const std::array<float, kControlWords>& control) {
   }
 }
 
-void GradientSync::SetRefillFlags(bool from_buckets) {
+void GradientSync::SetFlags(bool from_buckets, const std::vector<char>& used) {
   if (buckets_.empty()) return;
   torch::Tensor& last = buckets_.back().buffer;
   const int64_t first = last.numel() - words();
-  std::vector<float> flags(buckets_.size(), 0.0f);
+  std::vector<float> flags(buckets_.size() + params_.size(), 0.0f);
   if (from_buckets) {
     for (size_t i = 0; i < buckets_.size(); ++i) flags[i] = buckets_[i].refill ? 1.0f : 0.0f;
   }
+  for (size_t k = 0; k < params_.size(); ++k) flags[buckets_.size() + k] = used[k] ? 1.0f : 0.0f;
   last.narrow(0, first, static_cast<int64_t>(flags.size()))
       .copy_(torch::from_blob(flags.data(), {static_cast<int64_t>(flags.size())},
                               torch::kFloat32));
@@ -211,14 +212,7 @@ absl::Status GradientSync::Finish(absl::Time deadline, const std::function<void(
   const absl::Time start = options_.clock->Now();
   MutexLock lock(&mu_);
   if (solo_) {
-    // As Install would leave them: a parameter without a gradient this
-    // step and none accumulated gets zeros.
-    torch::NoGradGuard no_grad;
-    for (size_t k = 0; k < params_.size(); ++k) {
-      if (!got_gradient_[k] && !params_[k].grad().defined()) {
-        params_[k].mutable_grad() = torch::zeros_like(params_[k]);
-      }
-    }
+    // As Install leaves them: a parameter without a gradient keeps none.
     control_ = local_control_;
     stats_ = StepCommStats{};
     solo_ = false;
@@ -227,8 +221,11 @@ absl::Status GradientSync::Finish(absl::Time deadline, const std::function<void(
   if (!syncing_) return absl::OkStatus();
   deadline_ = std::min(deadline_, deadline);
   // Which launched buckets a later backward of the pass touched again ride
-  // in the last bucket: every rank then reduces the same ones again.
-  SetRefillFlags(/*from_buckets=*/true);
+  // in the last bucket: every rank then reduces the same ones again. So
+  // does which parameters have a gradient on this rank.
+  std::vector<char> used = got_gradient_;
+  for (size_t k = 0; k < params_.size(); ++k) used[k] |= params_[k].grad().defined() ? 1 : 0;
+  SetFlags(/*from_buckets=*/true, used);
   // A parameter whose hook did not run this step (unused in the forward
   // pass) contributes what it accumulated locally, or zeros.
   for (size_t i = 0; i < buckets_.size(); ++i) {
@@ -316,8 +313,13 @@ void GradientSync::Install(const std::vector<float>& words) {
     }
   }
   torch::NoGradGuard no_grad;
+  const size_t used_at = buckets_.size();
   for (Bucket& b : buckets_) {
     for (size_t j = 0; j < b.params.size(); ++j) {
+      // No rank had a gradient for it (unused in every rank's forward, or
+      // frozen): its .grad is left as it is, none, as one process leaves
+      // it, so that the optimizer skips it rather than step it with zeros.
+      if (!words.empty() && words[used_at + b.params[j]] <= 0) continue;
       torch::Tensor& p = params_[b.params[j]];
       torch::Tensor slot = b.buffer.narrow(0, b.offsets[j], p.numel()).view(p.sizes());
       if (p.grad().defined()) {
@@ -340,7 +342,13 @@ absl::Status GradientSync::Resync(Communicator* comm, bool contribute, int contr
     for (size_t j = 0; j < b.params.size(); ++j) FillFromGrad(b, j, contribute);
   }
   SetControl(control);
-  SetRefillFlags(/*from_buckets=*/false);  // every bucket is filled from .grad already
+  // Every bucket is filled from .grad already; a rank that does not
+  // contribute has no gradient to declare.
+  std::vector<char> used(params_.size(), 0);
+  for (size_t k = 0; k < params_.size(); ++k) {
+    used[k] = contribute && params_[k].grad().defined() ? 1 : 0;
+  }
+  SetFlags(/*from_buckets=*/false, used);
   // All contribute: the very reduction of a step, so that a salvaged step
   // equals one taken in this world. Otherwise sum, then divide.
   const bool all = contributors == comm->size();

@@ -19,6 +19,12 @@
 // order, each bucket that any rank flagged. A pass with one backward pays
 // nothing for this; a bucket reduced again costs one more all-reduce of it,
 // outside backward (StepCommStats::refilled_buckets counts them).
+// A parameter that has no gradient on a rank (unused in its forward, none
+// accumulated) contributes zeros; the last bucket also carries a flag per
+// parameter, and one that no rank had a gradient for keeps its .grad as it
+// was, none, as one process would (and as DDP leaves a globally unused
+// parameter's): an optimizer then skips it instead of stepping it with
+// zeros (AdamW's weight decay, momentum).
 // Inside a no-sync step (gradient accumulation) the hooks do nothing and
 // gradients accumulate locally; the next synchronised step reduces the
 // accumulated sum. In a world of one there is nothing to reduce: a step
@@ -140,14 +146,17 @@ class GradientSync {
   };
 
   // The words after the last bucket's gradients: a refill flag per bucket,
-  // then the control words.
-  int64_t words() const { return static_cast<int64_t>(buckets_.size()) + kControlWords; }
+  // a flag per parameter (it has a gradient on the rank), then the control
+  // words.
+  int64_t words() const {
+    return static_cast<int64_t>(buckets_.size() + params_.size()) + kControlWords;
+  }
 
   void OnGradient(size_t param, const torch::Tensor& grad);
   void SetControl(const std::array<float, kControlWords>& control);
-  // Writes the refill flags into the last bucket: each bucket's `refill`
-  // (`from_buckets`), else zeros.
-  void SetRefillFlags(bool from_buckets);
+  // Writes the flags into the last bucket: each bucket's `refill`
+  // (`from_buckets`), else zeros; then `used`, one per parameter.
+  void SetFlags(bool from_buckets, const std::vector<char>& used);
   // The last bucket's words on the host (the refill flags, then the
   // control words): one copy, one device synchronisation. Empty without
   // buckets.
