@@ -120,7 +120,9 @@ TEST(GradientSyncTest, AParameterNoRankUsedKeepsNoGradient) {
     ASSERT_TRUE(RunCommWorld(world, "gloo", [&](int rank, Communicator* comm) {
       // Registration order: p0, p1, p2; bucket_bytes 1: one bucket each.
       std::vector<torch::Tensor> params;
-      for (int i = 0; i < 3; ++i) params.push_back(torch::zeros({kSize}, torch::requires_grad()));
+      for (int i = 0; i < 3; ++i) {
+        params.push_back(torch::zeros({kSize}, torch::requires_grad()));
+      }
       GradientSyncOptions o;
       o.clock = RealClock::Get();
       o.bucket_bytes = 1;
