@@ -339,6 +339,10 @@ void Coordinator::Tick() {
   // Rendezvous waiters: scanned only when the earliest deadline passed (a
   // rendezvous of 100,000 members keeps that many waiting at once).
   for (RendezvousWaiter& w : regroup_.waiters().TakeExpired(now)) {
+    if (MemberInfo* info = membership_.Find(w.member.id);
+        info != nullptr && info->key.incarnation == w.member.incarnation) {
+      info->wait_ended = now;
+    }
     actions.Add([done = std::move(w.done), gen = gen_.generation()] {
       done(absl::DeadlineExceededError(absl::StrCat(
           "no world formed in time (current generation ", gen, "); call again")));

@@ -202,6 +202,10 @@ struct CoordinatorCounters {
 
 class Coordinator {
  public:
+  // How long after its Rendezvous wait ran out a waiting member still
+  // counts as waiting: the time its renewal takes to arrive (a round trip,
+  // through its agent), with room for a loaded host.
+  static constexpr absl::Duration kRenewGrace = absl::Seconds(1);
   // RendezvousResult is in rendezvous_waiters.h.
   using RendezvousCallback = RendezvousWaiter::Callback;
   using KvCallback = KvStore::GetCallback;
@@ -393,7 +397,7 @@ class Coordinator {
   void Evaluate(bool urgent, bool abort, const std::string& reason, Actions* actions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Who could be in the next world, with each one's record in `infos` (same
-  // order).
+  // order): the seated members, and those waiting (kRenewGrace).
   std::vector<Candidate> Candidates(std::vector<MemberInfo*>* infos)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Form(std::vector<Candidate> candidates, std::vector<MemberInfo*> infos, uint32_t size,

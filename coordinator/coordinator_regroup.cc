@@ -122,7 +122,7 @@ std::vector<Candidate> Coordinator::Candidates(std::vector<MemberInfo*>* infos) 
   infos->reserve(membership_.size());
   const bool live = gen_.world_live();
   const bool holds = !holds_.empty();
-  const absl::Time now = holds ? clock_->Now() : absl::Time();
+  const absl::Time now = clock_->Now();
   membership_.ForEach([&](MemberInfo& info) {
     mu_.AssertHeld();  // ForEach calls back at once, under Candidates' lock
     const std::string& id = info.key.id;
@@ -134,9 +134,14 @@ std::vector<Candidate> Coordinator::Candidates(std::vector<MemberInfo*>* infos) 
       rank = gen_.world().RankOf(id, info.seat);
     }
     const bool incumbent = rank >= 0;
-    const bool waiting_now = (info.state == MemberState::kWaiting ||
-                              info.state == MemberState::kActive) &&
-                             waiting.count(id) > 0;
+    // Waiting: a Rendezvous call of its is pending, or its last one ran out
+    // a moment ago and it is renewing it (a spare polls in slices): a
+    // failure that falls between two of a spare's calls still gives the
+    // spare the place. Seated, it arrives with its next call.
+    const bool waiting_now =
+        (info.state == MemberState::kWaiting || info.state == MemberState::kActive) &&
+        (waiting.count(id) > 0 ||
+         (info.state == MemberState::kWaiting && now - info.wait_ended <= kRenewGrace));
     if (!incumbent && !waiting_now) return;
     Candidate c;
     c.member = info.key;

@@ -43,6 +43,10 @@ struct MemberInfo {
   // hint, valid only where that rank of the current world holds its id.
   uint32_t seat = 0;
   std::string reason;     // why it failed or left
+  // When its last Rendezvous wait ran out unanswered (a spare renews its
+  // wait at once): Coordinator::Candidates counts it as waiting for a
+  // moment after (kRenewGrace). Not stored.
+  absl::Time wait_ended = absl::InfinitePast();
   // Membership's own: its place in the order of last signs of life.
   bool listed = false;
   std::list<MemberInfo*>::iterator seen_at;

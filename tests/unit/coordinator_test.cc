@@ -301,6 +301,51 @@ TEST_F(CoordinatorTest, ASpareWaitsOutsideAFullWorldAndReplacesAFailedMember) {
   EXPECT_EQ(spare_events[1], absl::StrCat("s takes rank ", w.RankOf("s"), " in generation 2"));
 }
 
+// A spare renews its wait in slices (ElasticWorld's spare_poll): a member
+// that fails just as a slice ran out, before the renewal arrives, still
+// has its place taken by the spare, which arrives with that renewal. The
+// world did not shrink to the survivors alone.
+TEST_F(CoordinatorTest, AFailureBetweenTwoOfASparesWaitsStillSeatsTheSpare) {
+  Start(1, 2, absl::Seconds(100));
+  Member& a = Add("a", "n0");
+  Member& b = Add("b", "n1");
+  Rendezvous(a, 0, 5);
+  Rendezvous(b, 0, 5);
+  ASSERT_TRUE(a.world && a.world->ok());
+  Member& s = Add("s", "n0");
+  c_->Rendezvous(s.key, 0, 0, absl::Seconds(2),
+                 [&s](absl::StatusOr<RendezvousResult> r) { s.world = r; });
+  Advance(absl::Milliseconds(2100));
+  ASSERT_TRUE(s.world.has_value());
+  ASSERT_EQ(s.world->status().code(), absl::StatusCode::kDeadlineExceeded);
+  // b fails before s's renewal arrives.
+  Advance(absl::Milliseconds(50));
+  c_->SessionClosed(b.session, "connection reset");
+  Rendezvous(a, 1, 7);
+  Rendezvous(s, 0);
+  ASSERT_TRUE(a.world.has_value());
+  ASSERT_TRUE(a.world->ok()) << a.world->status();
+  const World& w = *(*a.world)->world;
+  EXPECT_EQ(w.generation, 2u);
+  ASSERT_EQ(w.size(), 2u) << "the world shrank to the survivor";
+  ASSERT_TRUE(s.world.has_value());
+  ASSERT_TRUE(s.world->ok()) << s.world->status();
+  EXPECT_GE(w.RankOf("s"), 0);
+  // Past the grace, a member whose wait ran out is not taken for waiting.
+  Member& t = Add("t", "n1");
+  c_->Rendezvous(t.key, 0, 0, absl::Seconds(1),
+                 [&t](absl::StatusOr<RendezvousResult> r) { t.world = r; });
+  Advance(absl::Milliseconds(1100));
+  ASSERT_TRUE(t.world.has_value());
+  ASSERT_EQ(t.world->status().code(), absl::StatusCode::kDeadlineExceeded);
+  Advance(Coordinator::kRenewGrace + absl::Milliseconds(100));
+  c_->SessionClosed(s.session, "connection reset");
+  Rendezvous(a, 2, 9);
+  ASSERT_TRUE(a.world.has_value());
+  ASSERT_TRUE(a.world->ok()) << a.world->status();
+  EXPECT_EQ((*a.world)->world->size(), 1u) << "a member that stopped renewing was seated";
+}
+
 // Members started as spares (a spare node's agent) that arrive first do not
 // take the places of the trainers meant for the world: the world forms when
 // those are there, and the spares wait outside it.
