@@ -6,7 +6,13 @@
 // average of each rank's whole local gradient, as if one backward had run on
 // the sum of the losses.
 //
-//   multitask [--steps N] [--batch N] [--checkpoint-dir D --checkpoint-every N]
+// With --tasks alternate, a step trains one task, as programs that sample a
+// task per step do: the classifier on even steps, the regressor on odd ones
+// (decided from d.step()). The other head has no gradient in that step on
+// any rank, and Adam leaves it alone, as it would in one process.
+//
+//   multitask [--steps N] [--batch N] [--tasks both|alternate]
+//             [--checkpoint-dir D --checkpoint-every N]
 //             [--summary FILE] [--parameters FILE] [--pace-ms N]
 //
 // --summary FILE writes the final state digest ({pid} in FILE is replaced);
@@ -97,8 +103,11 @@ int main(int argc, char** argv) {
   // world size.
   const double per_rank = options.batch_per_rank;
   const int pace_ms = std::stoi(Flag(flag, "--pace-ms", "0"));
+  const bool alternate = Flag(flag, "--tasks", "both") == "alternate";
   double loss_cls = 0, loss_reg = 0;
   while (!d.ShouldStop()) {
+    const bool train_cls = !alternate || d.step() % 2 == 0;
+    const bool train_reg = !alternate || d.step() % 2 == 1;
     optimizer.zero_grad();
     d.BeforeBackward();
     if (!d.Batch().empty()) {
@@ -119,8 +128,8 @@ int main(int argc, char** argv) {
                               model->regress->forward(features), torch::stack(targets),
                               torch::nn::functional::MSELossFuncOptions().reduction(torch::kSum)) /
                           per_rank;
-      cls.backward({}, /*retain_graph=*/true);  // the trunk's graph serves the next term too
-      reg.backward();
+      if (train_cls) cls.backward({}, /*retain_graph=*/train_reg);  // the trunk's graph
+      if (train_reg) reg.backward();                                  // serves both terms
       loss_cls = cls.item<double>();
       loss_reg = reg.item<double>();
     }

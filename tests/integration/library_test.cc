@@ -473,7 +473,8 @@ INSTANTIATE_TEST_SUITE_P(
         ExampleRun{"fashion_mnist", {"--steps", "20"}, true}),
     [](const auto& info) { return info.param.program; });
 
-// gan, multitask and distill, 2 x 2, against the same job in one process
+// gan, multitask (both tasks a step, or one task a step: the other head
+// keeps no gradient), distill and finetune, 2 x 2, against the same job in one process
 // that takes each global batch at once (batch 64 = 4 x 16): the same
 // parameters within float rounding (the sums run in another order). gan's
 // one process splits its batch into parts of 16 (--ghost-batch), each with
@@ -545,9 +546,17 @@ INSTANTIATE_TEST_SUITE_P(
         OneProcessRun{"gan", {"--examples", "2000", "--steps", "10"}, {"--ghost-batch", "16"}, true,
                       /*tolerance=*/5e-5},
         OneProcessRun{"multitask", {"--steps", "60"}, {}},
+        OneProcessRun{"multitask", {"--steps", "60", "--tasks", "alternate"}, {}},
         OneProcessRun{"distill", {"--steps", "60"}, {}},
         OneProcessRun{"finetune", {"--steps", "60", "--unfreeze-at", "20"}, {}}),
-    [](const auto& info) { return info.param.program; });
+    [](const auto& info) {  // the program, and its --tasks where given
+      std::string name = info.param.program;
+      const std::vector<std::string>& args = info.param.args;
+      for (size_t i = 0; i + 1 < args.size(); ++i) {
+        if (args[i] == "--tasks") name += "_" + args[i + 1];
+      }
+      return name;
+    });
 
 // multitask, distill and finetune through a SIGKILL of one trainer (its
 // replacement takes the live state), and through a stop by SIGUSR1 and a
