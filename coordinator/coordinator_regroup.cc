@@ -100,8 +100,9 @@ void Coordinator::RendezvousLocked(RendezvousCall call, Actions* actions) {
 }
 
 bool Coordinator::StillWaiting() {
-  // Without a live world every candidate is a waiter, so the waiters bound
-  // the candidates. While they cannot reach min_members, or cannot fill the
+  // Without a live world every candidate is a waiter (or renews its wait
+  // within kRenewGrace, and its renewal evaluates again), so the waiters
+  // bound the candidates. While they cannot reach min_members, or cannot fill the
   // world before a last call already under way ends, one more waiter
   // changes no decision: skip the full evaluation, which is linear in the
   // members (N arrivals would cost N^2). Tick evaluates when the last call
