@@ -13,7 +13,11 @@
 //
 //   finetune [--steps N] [--unfreeze-at N] [--batch N] [--checkpoint-dir D
 //            --checkpoint-every N] [--summary FILE] [--parameters FILE]
-//            [--pace-ms N]
+//            [--pace-ms N] [--shard-optimizer 1]
+//
+// --shard-optimizer 1 shards the optimizer state (Options::
+// shard_optimizer_state), which does not take a change of what requires
+// grad: the run ends at the unfreezing with INVALID_ARGUMENT (exit 78).
 //
 // --summary FILE writes the final state digest ({pid} in FILE is replaced);
 // --parameters FILE writes rank 0's final parameters as text, one value per
@@ -90,6 +94,7 @@ int main(int argc, char** argv) {
   options.checkpoint_dir = Flag(flag, "--checkpoint-dir", "");
   options.checkpoint_every = std::stoi(Flag(flag, "--checkpoint-every", "0"));
   options.model_name = "finetune";
+  options.shard_optimizer_state = Flag(flag, "--shard-optimizer", "0") == "1";
   const int64_t unfreeze_at =
       std::stoll(Flag(flag, "--unfreeze-at", std::to_string(options.steps / 2)));
   muster::State state;
@@ -128,6 +133,7 @@ int main(int argc, char** argv) {
     if (pace_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(pace_ms));
   }
   absl::StatusOr<muster::Distributed::Outcome> outcome = d.Finish();
+  if (!outcome.ok()) std::cerr << "finetune: " << outcome.status() << "\n";
   if (flag.count("--summary")) {
     char digest[17];
     std::snprintf(digest, sizeof digest, "%016llx",

@@ -781,6 +781,26 @@ TEST_F(LibraryTest, ARankWhoseStateDriftsIsCaughtBeforeItsCheckpointCommits) {
   EXPECT_EQ(steps, (std::set<int>{5})) << catalog;
 }
 
+// Sharded optimizer state takes no change of what requires grad (its
+// layout holds the trained parameters of when it was made): finetune with
+// --shard-optimizer ends at its unfreezing with a clear INVALID_ARGUMENT
+// (exit 78) rather than train on with a layout that no longer fits.
+TEST_F(LibraryTest, UnfreezingWithShardedStateIsRefusedWithTheReason) {
+  StartCoordinator(/*min_members=*/2, /*max_members=*/2, "state");
+  const pid_t a = AgentOf("a", {kBin + "/finetune", "--steps", "30", "--unfreeze-at", "10",
+                                "--shard-optimizer", "1"});
+  EXPECT_NE(WaitExit(a), 0) << ReadText(dir_ + "/a.log");
+  const std::string log = ReadText(dir_ + "/a.log");
+  // Both trainers, and neither restarted: a misconfiguration (exit 78).
+  size_t refusals = 0;
+  const std::string why =
+      "the parameters that require grad changed (2 -> 6 tensors) while the optimizer state is "
+      "sharded";
+  for (size_t at = log.find(why); at != std::string::npos; at = log.find(why, at + 1)) ++refusals;
+  EXPECT_EQ(refusals, 2u) << log;
+  EXPECT_EQ(log.find("(restart "), std::string::npos) << log;
+}
+
 // A drift in one rank's optimizer state, which no parameter shows yet, is
 // caught by the periodic state check (every 5 steps, no checkpoint):
 // unsharded, as the first optimizer tensor that differs; with sharded

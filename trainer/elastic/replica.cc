@@ -92,6 +92,16 @@ absl::StatusOr<GradientSync*> Replica::SyncFor(const std::vector<std::string>& m
   for (const torch::Tensor& p : params) trainable.push_back(p.unsafeGetTensorImpl());
   Sync& entry = syncs_[key];
   if (entry.sync != nullptr && entry.trainable == trainable) return entry.sync.get();
+  if (entry.sync != nullptr && sharded_ != nullptr) {
+    // The shards' layout holds the trained parameters of when it was made
+    // (docs/sharding.md): a frozen one would step with zeros inside its
+    // masters, an unfrozen one with a step count of its own.
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the parameters that require grad changed (", entry.trainable.size(), " -> ",
+        trainable.size(), " tensors", key.empty() ? "" : " of ", key,
+        ") while the optimizer state is sharded (Options::shard_optimizer_state): freeze "
+        "and unfreeze only without sharding"));
+  }
   if (entry.sync != nullptr) {
     // Frozen or unfrozen since: the buckets are the trainable parameters'.
     // Every rank runs the same program, so every rank makes the same sync

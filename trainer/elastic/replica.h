@@ -71,8 +71,8 @@ class Replica : public WorldChanges::Tensors {
   // now (all modules: none named), made on first use, and made anew when
   // they are others than its own (a program that freezes or unfreezes
   // layers between passes; the old one and its hooks go). Between passes.
-  // INVALID_ARGUMENT for a name that is no module, or modules with nothing
-  // to reduce.
+  // INVALID_ARGUMENT for a name that is no module, modules with nothing to
+  // reduce, or such a change while the optimizer state is sharded.
   absl::StatusOr<GradientSync*> SyncFor(const std::vector<std::string>& modules);
   // A pass begins with `sync`, reducing (`reduce`) or accumulating, its
   // all-reduce carrying `control`, its buckets' deadline `timeout` after
