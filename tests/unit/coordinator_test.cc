@@ -94,9 +94,10 @@ class CoordinatorTest : public ::testing::Test {
     return *members_.back();
   }
 
-  void Rendezvous(Member& m, uint64_t after, int64_t step = 0) {
+  void Rendezvous(Member& m, uint64_t after, int64_t step = 0,
+                  absl::Duration timeout = absl::Seconds(30)) {
     m.world.reset();
-    c_->Rendezvous(m.key, after, step, absl::Seconds(30),
+    c_->Rendezvous(m.key, after, step, timeout,
                    [&m](absl::StatusOr<RendezvousResult> r) { m.world = r; });
   }
 
@@ -313,8 +314,7 @@ TEST_F(CoordinatorTest, AFailureBetweenTwoOfASparesWaitsStillSeatsTheSpare) {
   Rendezvous(b, 0, 5);
   ASSERT_TRUE(a.world && a.world->ok());
   Member& s = Add("s", "n0");
-  c_->Rendezvous(s.key, 0, 0, absl::Seconds(2),
-                 [&s](absl::StatusOr<RendezvousResult> r) { s.world = r; });
+  Rendezvous(s, 0, 0, absl::Seconds(2));
   Advance(absl::Milliseconds(2100));
   ASSERT_TRUE(s.world.has_value());
   ASSERT_EQ(s.world->status().code(), absl::StatusCode::kDeadlineExceeded);
@@ -333,8 +333,7 @@ TEST_F(CoordinatorTest, AFailureBetweenTwoOfASparesWaitsStillSeatsTheSpare) {
   EXPECT_GE(w.RankOf("s"), 0);
   // Past the grace, a member whose wait ran out is not taken for waiting.
   Member& t = Add("t", "n1");
-  c_->Rendezvous(t.key, 0, 0, absl::Seconds(1),
-                 [&t](absl::StatusOr<RendezvousResult> r) { t.world = r; });
+  Rendezvous(t, 0, 0, absl::Seconds(1));
   Advance(absl::Milliseconds(1100));
   ASSERT_TRUE(t.world.has_value());
   ASSERT_EQ(t.world->status().code(), absl::StatusCode::kDeadlineExceeded);
@@ -989,8 +988,7 @@ TEST_F(CoordinatorTest, BarrierAndCatalogAcrossAFailure) {
 TEST_F(CoordinatorTest, RendezvousDeadline) {
   Start(2, 4);
   Member& a = Add("a", "n");
-  c_->Rendezvous(a.key, 0, 0, absl::Seconds(2),
-                 [&a](absl::StatusOr<RendezvousResult> r) { a.world = r; });
+  Rendezvous(a, 0, 0, absl::Seconds(2));
   for (int i = 0; i < 2; ++i) {
     Advance(absl::Seconds(1));
     ASSERT_TRUE(c_->Heartbeat(a.session, {0}).ok());

@@ -319,7 +319,7 @@ void GradientSync::Install(const std::vector<float>& words) {
       // No rank had a gradient for it (unused in every rank's forward, or
       // frozen): its .grad is left as it is, none, as one process leaves
       // it, so that the optimizer skips it rather than step it with zeros.
-      if (!words.empty() && words[used_at + b.params[j]] <= 0) continue;
+      if (words[used_at + b.params[j]] <= 0) continue;
       torch::Tensor& p = params_[b.params[j]];
       torch::Tensor slot = b.buffer.narrow(0, b.offsets[j], p.numel()).view(p.sizes());
       if (p.grad().defined()) {

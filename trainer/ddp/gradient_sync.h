@@ -131,6 +131,8 @@ class GradientSync {
                       const std::array<float, kControlWords>& control, absl::Time deadline);
 
   size_t bucket_count() const { return buckets_.size(); }
+  // The parameters it reduces, as given.
+  const std::vector<torch::Tensor>& params() const { return params_; }
 
  private:
   struct Bucket {

@@ -31,6 +31,12 @@ std::vector<torch::optim::Optimizer*> OptimizersOf(const TrainingState& state) {
   return optimizers;
 }
 
+// Whether `a` and `b` are the same tensors (not equal values), in order.
+bool SameTensors(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+  return std::equal(a.begin(), a.end(), b.begin(), b.end(),
+                    [](const torch::Tensor& x, const torch::Tensor& y) { return x.is_same(y); });
+}
+
 }  // namespace
 
 Replica::Replica(TrainingState state, ReplicaOptions options)
@@ -87,39 +93,34 @@ absl::StatusOr<GradientSync*> Replica::SyncFor(const std::vector<std::string>& m
     return absl::InvalidArgumentError(absl::StrCat(
         "BeforeBackwardFor: no parameter of ", key, " requires grad: nothing to reduce"));
   }
-  std::vector<const void*> trainable;
-  trainable.reserve(params.size());
-  for (const torch::Tensor& p : params) trainable.push_back(p.unsafeGetTensorImpl());
-  Sync& entry = syncs_[key];
-  if (entry.sync != nullptr && entry.trainable == trainable) return entry.sync.get();
-  if (entry.sync != nullptr && sharded_ != nullptr) {
-    // The shards' layout holds the trained parameters of when it was made
-    // (docs/sharding.md): a frozen one would step with zeros inside its
-    // masters, an unfrozen one with a step count of its own.
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the parameters that require grad changed (", entry.trainable.size(), " -> ",
-        trainable.size(), " tensors", key.empty() ? "" : " of ", key,
-        ") while the optimizer state is sharded (Options::shard_optimizer_state): freeze "
-        "and unfreeze only without sharding"));
-  }
-  if (entry.sync != nullptr) {
+  std::unique_ptr<GradientSync>& sync = syncs_[key];
+  if (sync != nullptr && SameTensors(sync->params(), params)) return sync.get();
+  if (sync != nullptr) {
     // Frozen or unfrozen since: the buckets are the trainable parameters'.
+    const std::string change =
+        absl::StrCat("the parameters that require grad changed (", sync->params().size(), " -> ",
+                     params.size(), " tensors", key.empty() ? "" : " of ", key, ")");
+    if (sharded_ != nullptr) {
+      // The shards' layout holds the trained parameters of when it was
+      // made (docs/sharding.md): a frozen one would step with zeros inside
+      // its masters, an unfrozen one with a step count of its own.
+      return absl::InvalidArgumentError(absl::StrCat(
+          change, " while the optimizer state is sharded (Options::shard_optimizer_state): "
+                  "freeze and unfreeze only without sharding"));
+    }
     // Every rank runs the same program, so every rank makes the same sync
     // at the same step. Between passes, so nothing is in flight.
-    MUSTER_LOG(INFO) << "the parameters that require grad changed (" << entry.trainable.size()
-                     << " -> " << trainable.size() << " tensors" << (key.empty() ? "" : " of ")
-                     << key << "): their gradient sync is made anew";
-    if (current_ == entry.sync.get()) current_ = nullptr;
-    entry.sync.reset();  // its hooks go with it
+    MUSTER_LOG(INFO) << change << ": their gradient sync is made anew";
+    if (current_ == sync.get()) current_ = nullptr;
+    sync.reset();  // its hooks go with it
   }
   GradientSyncOptions so;
   so.bucket_bytes = options_.bucket_bytes;
   so.overlap = options_.overlap;
   so.clock = options_.clock;
-  entry.trainable = std::move(trainable);
-  entry.sync = std::make_unique<GradientSync>(std::move(params), comm_, so);
-  if (current_ == nullptr) current_ = entry.sync.get();
-  return entry.sync.get();
+  sync = std::make_unique<GradientSync>(std::move(params), comm_, so);
+  if (current_ == nullptr) current_ = sync.get();
+  return sync.get();
 }
 
 static_assert(GradientSync::kControlWords == kControlWordCount,
@@ -236,7 +237,7 @@ absl::Status Replica::TakeState(int source, Communicator* comm, bool in_step,
 
 void Replica::UseCommunicator(Communicator* comm) {
   comm_ = comm;
-  for (auto& [key, entry] : syncs_) entry.sync->SetCommunicator(comm);
+  for (auto& [key, sync] : syncs_) sync->SetCommunicator(comm);
 }
 
 absl::StatusOr<WorldChanges::ControlAverages> Replica::ResyncGradients(

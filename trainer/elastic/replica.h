@@ -158,14 +158,10 @@ class Replica : public WorldChanges::Tensors {
   const bool several_passes_;
   // One gradient sync per set of modules a pass reduces (by their names,
   // joined; "" for all), over the parameters of theirs that required grad
-  // when it was made (`trainable`, by TensorImpl), and the one of the pass
-  // under way. A pass whose modules' trainable parameters are others (the
-  // program froze or unfroze some) gets a sync of its own in its place.
-  struct Sync {
-    std::vector<const void*> trainable;
-    std::unique_ptr<GradientSync> sync;
-  };
-  std::map<std::string, Sync> syncs_;
+  // when it was made, and the one of the pass under way. A pass whose
+  // modules' trainable parameters are others (the program froze or
+  // unfroze some) gets a sync of its own in its place.
+  std::map<std::string, std::unique_ptr<GradientSync>> syncs_;
   GradientSync* current_ = nullptr;
   Communicator* comm_ = nullptr;
   std::unique_ptr<BufferSync> buffers_;  // null without broadcast_buffers
