@@ -87,6 +87,9 @@ ABSL_FLAG(bool, shard_optimizer, false,
 ABSL_FLAG(int32_t, optimizer_state_copies, 2,
           "with --shard-optimizer: the ranks that keep each part of the state (1 or 2; with 1 a "
           "dead rank's part comes from the newest committed checkpoint)");
+ABSL_FLAG(bool, reduce_scatter, false,
+          "with --shard-optimizer and --optimizer-state-copies=1: reduce-scatter the gradients "
+          "(each rank gets the average of the part it steps) instead of all-reducing them");
 ABSL_FLAG(int64_t, eval_every, 0, "evaluate every N steps (0: at the end)");
 ABSL_FLAG(int64_t, log_every, 20, "progress line every N steps");
 ABSL_FLAG(std::string, log_dir, "", "JSON-lines metrics and TensorBoard events (rank 0)");
@@ -164,6 +167,7 @@ absl::StatusOr<muster::Options> LibraryOptionsFromFlags() {
   lib.salvage = absl::GetFlag(FLAGS_salvage);
   lib.shard_optimizer_state = absl::GetFlag(FLAGS_shard_optimizer);
   lib.optimizer_state_copies = absl::GetFlag(FLAGS_optimizer_state_copies);
+  lib.reduce_scatter_gradients = absl::GetFlag(FLAGS_reduce_scatter);
   lib.batch_per_rank = absl::GetFlag(FLAGS_batch_size);
   lib.seed = absl::GetFlag(FLAGS_seed);
   lib.steps = absl::GetFlag(FLAGS_steps);

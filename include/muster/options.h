@@ -129,7 +129,8 @@ struct Options {
   // unsharded and writes whole checkpoints. At each step boundary the parameters are all-gathered
   // from the ranks that stepped them; a change of world regathers the
   // state from the survivors in memory. The gradients are all-reduced as
-  // without (so the numbers are the unsharded run's, bit for bit), and the
+  // without (so the numbers are the unsharded run's, bit for bit; see
+  // reduce_scatter_gradients for one copy), and the
   // state is whole on every rank for a moment where something reads it
   // whole: a checkpoint (written whole), the end of training (the periodic
   // state check compares each part's copies where they are kept).
@@ -158,6 +159,20 @@ struct Options {
   // of a job must use the same values.
   bool shard_optimizer_state = false;
   int optimizer_state_copies = 2;
+  // With shard_optimizer_state and optimizer_state_copies = 1: while the
+  // state is sharded, a pass that reduces every parameter the optimizers
+  // train reduce-scatters the gradients instead of all-reducing them, so
+  // that each rank receives the average of the part it steps alone: the
+  // reduction moves half the bytes, and the all-gather of the parameters
+  // the other half (docs/sharding.md, "Reduce-scatter"). The parameters'
+  // .grad then hold this rank's own gradient, not the average: clipping
+  // them does not change the step, so a program that clips or reads the
+  // gradients must not set it. A pass over some of the parameters (a
+  // GAN's), and every pass where the state is whole (a world of one, a
+  // salvaged step), all-reduces as without it. The result equals the
+  // all-reduced run's within float32 summation order, and is the same bits
+  // on every rank. Start refuses it without one copy of sharded state.
+  bool reduce_scatter_gradients = false;
 
   // ---- Data: a distributed sampler over indices [0, dataset_size) ----
   int64_t dataset_size = 0;  // required

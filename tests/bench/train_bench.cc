@@ -45,6 +45,9 @@ ABSL_FLAG(int, backward_calls, 2, "with --compare-backward-calls: the parts of t
 ABSL_FLAG(bool, compare_sharding, false,
           "AdamW unsharded, then with --shard-optimizer: step rate, the optimizer state elements, "
           "and the peak and steady-state (median sample) RSS of the largest rank");
+ABSL_FLAG(std::vector<std::string>, sharded_flags, {},
+          "with --compare-sharding: more muster-train flags for the sharded run alone, "
+          "comma-separated (e.g. --optimizer-state-copies=1,--reduce-scatter)");
 ABSL_DECLARE_FLAG(std::vector<std::string>, trainer_flags);
 ABSL_DECLARE_FLAG(int, world);
 ABSL_DECLARE_FLAG(int, nodes);
@@ -144,7 +147,10 @@ int RunOnce(bool overlap, bool broadcast_buffers, int backward_calls = 1, int sh
     more.push_back(absl::StrCat("--threads=", std::max(1, cores / world)));
   }
   if (shard >= 0) more.push_back("--optimizer=adamw");
-  if (shard > 0) more.push_back("--shard-optimizer");
+  if (shard > 0) {
+    more.push_back("--shard-optimizer");
+    for (const std::string& f : absl::GetFlag(FLAGS_sharded_flags)) more.push_back(f);
+  }
   for (int i = 0; i < world; ++i) {
     std::vector<std::string> argv = {SelfDir() + "/muster-train", "--coordinator=" + target,
          absl::StrCat("--node-id=node", i / per_node), absl::StrCat("--local-rank=", i % per_node),

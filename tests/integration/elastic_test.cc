@@ -1191,6 +1191,11 @@ void ExpectConsolidated(const std::string& step_dir) {
 
 // Sharded optimizer state (Options::shard_optimizer_state, ZeRO-1, with a
 // buddy copy of each part): two nodes of two trainers, AdamW.
+// How far apart, relative to its size, the parameter checksums of a
+// reduce-scattered and an all-reduced run of ShardedStateTest may end: the
+// two sum each gradient element in another order.
+constexpr double kScatterTolerance = 1e-5;
+
 class ShardedStateTest : public ElasticTest {
  protected:
   int MinMembers() const override { return 4; }
@@ -1295,6 +1300,9 @@ TEST_F(ShardedStateAloneTest, AWorldOfOneKeepsTheWholeStateAndWritesItWhole) {
 class ShardedStateFailureTest : public ShardedStateTest {
  protected:
   int MinMembers() const override { return 3; }
+  // With one copy of each part (and `extra` flags), a SIGKILL of one of
+  // four trainers after the checkpoint of step 40: see the tests.
+  void KillOneOfFourWithOneCopy(const std::vector<std::string>& extra);
 };
 
 // A trainer SIGKILLed mid-run takes its parts of the state with it; their
@@ -1334,9 +1342,20 @@ TEST_F(ShardedStateFailureTest, AKilledRanksPartsLiveOnInItsBuddyAndTheJobEndsAs
 // job (no restart) and train on from it; the failed step is dropped, and
 // every rank ends with the same parameters.
 TEST_F(ShardedStateFailureTest, WithOneCopyALostPartComesFromTheNewestCheckpoint) {
-  const std::vector<std::string> flags = {"--shard-optimizer", "--optimizer-state-copies=1",
-                                          "--checkpoint-dir=" + dir_ + "/ckpt",
-                                          "--checkpoint-every=20", "--steps=400"};
+  KillOneOfFourWithOneCopy({});
+}
+
+// The same with the gradients reduce-scattered: the kill breaks a step's
+// reduce-scatter instead of its all-reduce, and the survivors go on alike.
+TEST_F(ShardedStateFailureTest, WithReduceScatterALostPartComesFromTheNewestCheckpoint) {
+  KillOneOfFourWithOneCopy({"--reduce-scatter"});
+}
+
+void ShardedStateFailureTest::KillOneOfFourWithOneCopy(const std::vector<std::string>& extra) {
+  std::vector<std::string> flags = {"--shard-optimizer", "--optimizer-state-copies=1",
+                                    "--checkpoint-dir=" + dir_ + "/ckpt",
+                                    "--checkpoint-every=20", "--steps=400"};
+  flags.insert(flags.end(), extra.begin(), extra.end());
   std::vector<pid_t> pids = Run("c", flags);
   ASSERT_TRUE(WaitForLine("c0", "checkpoint of step 40 written", absl::Seconds(90)))
       << ReadText(dir_ + "/c0.log");
@@ -1355,12 +1374,54 @@ TEST_F(ShardedStateFailureTest, WithOneCopyALostPartComesFromTheNewestCheckpoint
   const std::string s0 = ReadText(dir_ + "/c0.json");
   EXPECT_EQ(JsonNumber(s0, "steps"), "400") << s0;
   EXPECT_EQ(JsonNumber(s0, "world_size"), "3") << s0;
+  if (std::find(extra.begin(), extra.end(), "--reduce-scatter") != extra.end()) {
+    EXPECT_NE(log0.find("gradients reduce-scattered over 3 ranks"), std::string::npos) << log0;
+  }
   for (const char* tag : {"c1", "c2"}) {
     EXPECT_EQ(JsonNumber(ReadText(dir_ + "/" + tag + ".json"), "parameter_checksum"),
               JsonNumber(s0, "parameter_checksum"))
         << tag << "\n"
         << ReadText(dir_ + "/" + tag + ".log");
   }
+}
+
+// With one copy and --reduce-scatter each rank receives only the average
+// of the part it steps: every rank ends with the same parameters, equal to
+// the all-reduced sharded run's within float32 summation order, each held
+// the same quarter of the state, and the log says the gradients were
+// reduce-scattered. The state check every 10 steps compares each rank's
+// masters with its parameters.
+TEST_F(ShardedStateTest, ReduceScatteredGradientsTrainAsAllReducedWithinRounding) {
+  for (const std::string& tag : {std::string("a"), std::string("r")}) {
+    std::vector<std::string> flags = {"--shard-optimizer", "--optimizer-state-copies=1",
+                                      "--check-state-every=10"};
+    if (tag == "r") {
+      NewCoordinator();
+      flags.push_back("--reduce-scatter");
+    }
+    std::vector<pid_t> pids = Run(tag, flags);
+    for (int i = 0; i < 4; ++i) {
+      EXPECT_EQ(WaitExit(pids[i]), 0) << ReadText(absl::StrCat(dir_, "/", tag, i, ".log"));
+    }
+  }
+  const std::string a0 = ReadText(dir_ + "/a0.json"), r0 = ReadText(dir_ + "/r0.json");
+  EXPECT_EQ(JsonNumber(r0, "steps"), "250") << r0;
+  EXPECT_EQ(JsonNumber(r0, "regroups"), "0") << r0;
+  const double all_reduced = std::stod(JsonNumber(a0, "parameter_checksum"));
+  const double scattered = std::stod(JsonNumber(r0, "parameter_checksum"));
+  EXPECT_NEAR(scattered, all_reduced, kScatterTolerance * std::abs(all_reduced)) << r0;
+  for (int i = 0; i < 4; ++i) {
+    const std::string ri = ReadText(absl::StrCat(dir_, "/r", i, ".json"));
+    EXPECT_EQ(JsonNumber(ri, "parameter_checksum"), JsonNumber(r0, "parameter_checksum")) << i;
+    EXPECT_EQ(JsonNumber(ri, "optimizer_state_elements"),
+              JsonNumber(ReadText(absl::StrCat(dir_, "/a", i, ".json")),
+                         "optimizer_state_elements"))
+        << i;
+  }
+  EXPECT_NE(ReadText(dir_ + "/r0.log").find("gradients reduce-scattered over 4 ranks"),
+            std::string::npos)
+      << ReadText(dir_ + "/r0.log");
+  EXPECT_EQ(ReadText(dir_ + "/a0.log").find("reduce-scattered"), std::string::npos);
 }
 
 class ShardedStateResumeTest : public ShardedStateTest {

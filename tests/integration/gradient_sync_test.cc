@@ -152,6 +152,75 @@ TEST(GradientSyncTest, AParameterNoRankUsedKeepsNoGradient) {
   }
 }
 
+// A sync given a plan with scatter segments reduce-scatters: each rank's
+// segment of each bucket holds the world's average, the parameters' .grad
+// keep the rank's own gradient, and the control words are averaged as in
+// any step. Two backward calls in the pass refill a launched bucket, which
+// is reduce-scattered again. A salvage's Resync all-reduces and installs
+// the averages into every .grad as the default sync does.
+TEST(GradientSyncTest, AScatterPlanLeavesEachRankTheAverageOfItsSegments) {
+  for (const std::string backend : {"gloo", "shm", "hier"}) {
+    const auto body = [&](int rank, Communicator* comm) {
+      // Two buckets: p2 (5 elements) alone, then p0 and p1 (3 + 4); the
+      // segments cut through the parameters.
+      std::vector<torch::Tensor> params = {torch::zeros({3}, torch::requires_grad()),
+                                           torch::zeros({4}, torch::requires_grad()),
+                                           torch::zeros({5}, torch::requires_grad())};
+      std::vector<GradientSync::BucketPlan> plan = {{{2}, {0, 2, 3}}, {{0, 1}, {4, 3, 0}}};
+      GradientSyncOptions o;
+      o.clock = RealClock::Get();
+      GradientSync sync(params, plan, comm, o);
+      ASSERT_TRUE(sync.scatters());
+      sync.Begin(/*sync=*/true, {static_cast<float>(rank), 0, 0, 0});
+      // Element e of parameter i on rank r: (r + 1) * (10 * i + e), twice
+      // for p2 (a second backward, after its bucket was launched).
+      std::vector<torch::Tensor> local;
+      torch::Tensor loss = torch::zeros({});
+      for (int i = 0; i < 3; ++i) {
+        local.push_back(torch::arange(params[i].numel()).to(torch::kFloat32).add(10 * i)
+                            .mul(rank + 1));
+        loss = loss + (params[i] * local[i]).sum();
+      }
+      loss.backward();
+      (params[2] * local[2]).sum().backward();
+      local[2] = local[2] * 2;
+      ASSERT_TRUE(sync.Finish(absl::Now() + absl::Seconds(30)).ok());
+      EXPECT_EQ(sync.last_stats().refilled_buckets, 1);
+      EXPECT_FLOAT_EQ(sync.control()[0], 1.0f) << "the control words are averaged";
+      for (int i = 0; i < 3; ++i) {
+        EXPECT_TRUE(torch::equal(params[i].grad(), local[i]))
+            << backend << " rank " << rank << ": parameter " << i << "'s .grad is not its own";
+      }
+      // The world's average is (1 + 2 + 3) / 3 = 2 times rank 0's gradient.
+      for (size_t b = 0; b < plan.size(); ++b) {
+        std::vector<torch::Tensor> parts;
+        for (size_t k : plan[b].params) parts.push_back(local[k] / (rank + 1) * 2);
+        const torch::Tensor want = torch::cat(parts);
+        int64_t at = 0;
+        for (int r = 0; r < rank; ++r) at += static_cast<int64_t>(plan[b].scatter[r]);
+        const int64_t n = static_cast<int64_t>(plan[b].scatter[rank]);
+        EXPECT_TRUE(torch::allclose(sync.bucket_gradients(b).narrow(0, at, n),
+                                    want.narrow(0, at, n)))
+            << backend << " rank " << rank << " bucket " << b << ": "
+            << sync.bucket_gradients(b) << " against " << want;
+      }
+      ASSERT_TRUE(sync.Resync(comm, /*contribute=*/true, /*contributors=*/3, {},
+                              absl::Now() + absl::Seconds(30))
+                      .ok());
+      for (int i = 0; i < 3; ++i) {
+        EXPECT_TRUE(torch::allclose(params[i].grad(), local[i] / (rank + 1) * 2))
+            << backend << " rank " << rank << ": parameter " << i << " after Resync";
+      }
+    };
+    // hier: two nodes, of two ranks and one.
+    EXPECT_TRUE((backend == "hier"
+                     ? RunCommWorld({0, 0, 1}, backend, GradientCompression::kNone, body)
+                     : RunCommWorld(3, backend, body))
+                    .ok())
+        << backend;
+  }
+}
+
 // Every dtype a state may hold travels bit for bit from the root, including
 // sizes that are not a multiple of 8 bytes.
 TEST(BroadcastTensorsTest, EveryDtypeArrivesBitForBit) {

@@ -272,25 +272,41 @@ TEST(ShardLayoutTest, LayoutsThatDoNotFitAreRefused) {
               HasSubstr("old rank 1 maps to new rank 5 in a world of 2"));
 }
 
-// Buckets of at most `cap` elements cover every group once, last group
-// first and each from its end, and their counts are the shards' parts of
-// them in rank order: what ReduceScatter needs to leave each rank its own.
-TEST(ShardLayoutTest, BucketsCoverEachGroupBackwardWithTheShardsPartsAsCounts) {
+// Buckets of whole parameters cover every parameter of every group once,
+// last group first and each from its last parameter, at most `cap`
+// elements unless one parameter alone is larger (the first bucket
+// `first_cap`), and their counts are the shards' parts of them in rank
+// order: what ReduceScatter needs to leave each rank its own.
+TEST(ShardLayoutTest, BucketsOfWholeParametersCoverEachGroupBackwardWithTheShardsParts) {
+  // Group 1 has no parameters; group 2 has empty ones at both ends.
+  const std::vector<std::vector<int64_t>> params = {{4, 6}, {}, {0, 5, 1, 9, 8, 0}};
   for (int w : {1, 2, 3, 4}) {
     for (int64_t cap : {1, 3, 7, 100}) {
       const ShardLayout layout = Layout({10, 0, 23}, std::vector<int>(w, 0), 1);
-      const std::vector<ShardedBucket> buckets = PlanBuckets(layout, cap);
-      std::vector<int64_t> next_end = {10, 0, 23};  // each group is walked from its end
+      const std::vector<ShardedBucket> buckets = PlanBuckets(layout, params, 2, cap);
+      std::vector<size_t> next_last = {2, 0, 6};  // each group is walked from its end
+      std::vector<int64_t> next_end = {10, 0, 23};
       int last_group = layout.groups();
-      for (const ShardedBucket& b : buckets) {
+      for (size_t i = 0; i < buckets.size(); ++i) {
+        const ShardedBucket& b = buckets[i];
         SCOPED_TRACE(testing::Message() << "w=" << w << " cap=" << cap << " group " << b.group
                                         << " [" << b.range.begin << ", " << b.range.end << ")");
         EXPECT_LE(b.group, last_group) << "groups go last first";
         last_group = b.group;
+        EXPECT_EQ(b.last, next_last[b.group]);
         EXPECT_EQ(b.range.end, next_end[b.group]);
+        ASSERT_LT(b.first, b.last);
+        int64_t elements = 0;
+        for (size_t j = b.first; j < b.last; ++j) elements += params[b.group][j];
+        EXPECT_EQ(b.range.size(), elements) << "the bucket is its parameters' elements";
+        const int64_t limit = i == 0 ? 2 : cap;
+        if (b.range.size() > limit) {
+          int64_t nonempty = 0;
+          for (size_t j = b.first; j < b.last; ++j) nonempty += params[b.group][j] > 0 ? 1 : 0;
+          EXPECT_EQ(nonempty, 1) << "only one parameter alone goes past the cap";
+        }
+        next_last[b.group] = b.first;
         next_end[b.group] = b.range.begin;
-        EXPECT_GT(b.range.size(), 0);
-        EXPECT_LE(b.range.size(), cap);
         ASSERT_EQ(static_cast<int>(b.counts.size()), w);
         int64_t at = b.range.begin;
         for (int r = 0; r < w; ++r) {
@@ -304,7 +320,8 @@ TEST(ShardLayoutTest, BucketsCoverEachGroupBackwardWithTheShardsPartsAsCounts) {
         }
         EXPECT_EQ(at, b.range.end) << "the counts add up to the bucket";
       }
-      EXPECT_THAT(next_end, ElementsAre(0, 0, 0)) << "every element in a bucket";
+      EXPECT_THAT(next_last, ElementsAre(0, 0, 0)) << "every parameter in a bucket";
+      EXPECT_THAT(next_end, ElementsAre(0, 0, 0));
     }
   }
 }

@@ -76,6 +76,28 @@ absl::Status AllReduceGradientTensor(Communicator* comm, const torch::Tensor& te
   });
 }
 
+absl::Status ReduceScatterGradientTensor(Communicator* comm, const torch::Tensor& tensor,
+                                         const std::vector<size_t>& counts, ReduceOp op,
+                                         absl::Time deadline) {
+  if (tensor.scalar_type() != torch::kFloat) {
+    return absl::InvalidArgumentError(absl::StrCat("gradients are float32 here, not ",
+                                                   c10::toString(tensor.scalar_type())));
+  }
+  if (counts.size() != static_cast<size_t>(comm->size())) {
+    return absl::InvalidArgumentError(absl::StrCat("reduce-scatter in ", counts.size(),
+                                                   " segments over ", comm->size(), " ranks"));
+  }
+  size_t total = 0;
+  for (size_t n : counts) total += n;
+  if (total != static_cast<size_t>(tensor.numel())) {
+    return absl::InvalidArgumentError(absl::StrCat("reduce-scatter of ", tensor.numel(),
+                                                   " gradients in segments of ", total));
+  }
+  return OnCommMemory(comm, tensor, [&](void* data, size_t) {
+    return comm->ReduceScatter(data, counts, DataType::kFloat32, op, deadline);
+  });
+}
+
 absl::Status BroadcastTensors(const std::vector<torch::Tensor>& tensors, Communicator* comm,
                               int root, absl::Time deadline, bool keep_equal) {
   // A world of one: the tensors already hold the root's bytes. Calling the

@@ -36,6 +36,16 @@ absl::Status AllReduceTensor(Communicator* comm, const torch::Tensor& tensor, Re
 absl::Status AllReduceGradientTensor(Communicator* comm, const torch::Tensor& tensor,
                                      ReduceOp op, absl::Time deadline);
 
+// In place over a contiguous float32 `tensor` of gradients (any device),
+// laid out as Communicator::ReduceScatter's segments (`counts`, summing to
+// its elements): afterwards segment rank() holds its reduction, in float32
+// on every communicator (a compressing one compresses only all-reduces).
+// INVALID_ARGUMENT for another dtype, a tensor that is not contiguous, or
+// counts that are not one per rank or do not add up to it.
+absl::Status ReduceScatterGradientTensor(Communicator* comm, const torch::Tensor& tensor,
+                                         const std::vector<size_t>& counts, ReduceOp op,
+                                         absl::Time deadline);
+
 // Copies rank `root`'s tensors (any dtype, any device) to every rank, in
 // place, in one flat broadcast on the communicator's memory. Every rank
 // passes tensors of the same dtypes and shapes in the same order.

@@ -11,42 +11,53 @@
 #include "common/status_macros.h"
 
 namespace muster {
-namespace {
-
-constexpr size_t kFirstBucketBytes = 1u << 20;
-
-}  // namespace
+std::vector<GradientSync::BucketPlan> GradientSync::DefaultPlan(
+    const std::vector<torch::Tensor>& params, size_t bucket_bytes) {
+  // Reverse registration order: backward reaches the last layers first.
+  std::vector<BucketPlan> plan;
+  size_t current_bytes = 0;
+  for (size_t k = params.size(); k-- > 0;) {
+    const size_t bytes = static_cast<size_t>(params[k].numel()) * sizeof(float);
+    const size_t cap =
+        plan.size() <= 1 ? std::min(bucket_bytes, kFirstBucketBytes) : bucket_bytes;
+    if (plan.empty() || (current_bytes > 0 && current_bytes + bytes > cap)) {
+      plan.emplace_back();
+      current_bytes = 0;
+    }
+    plan.back().params.push_back(k);
+    current_bytes += bytes;
+  }
+  return plan;
+}
 
 GradientSync::GradientSync(std::vector<torch::Tensor> params, Communicator* comm,
                            GradientSyncOptions options)
-    : params_(std::move(params)), options_(options), comm_(comm) {
+    : GradientSync(params, DefaultPlan(params, options.bucket_bytes), comm, options) {}
+
+GradientSync::GradientSync(std::vector<torch::Tensor> params, std::vector<BucketPlan> plan,
+                           Communicator* comm, GradientSyncOptions options)
+    : params_(std::move(params)),
+      scatter_(!plan.empty() && !plan.front().scatter.empty()),
+      options_(options),
+      comm_(comm) {
   bucket_of_.resize(params_.size());
   slot_of_.resize(params_.size());
-  // Reverse registration order: backward reaches the last layers first. As
-  // in DDP, the first bucket is capped at 1 MiB so communication starts early.
-  size_t current_bytes = 0;
-  for (size_t k = params_.size(); k-- > 0;) {
-    const size_t bytes = static_cast<size_t>(params_[k].numel()) * sizeof(float);
-    const size_t cap =
-        buckets_.size() <= 1 ? std::min(options_.bucket_bytes, kFirstBucketBytes) : options_.bucket_bytes;
-    if (buckets_.empty() || (current_bytes > 0 && current_bytes + bytes > cap)) {
-      buckets_.emplace_back();
-      current_bytes = 0;
+  for (BucketPlan& p : plan) {
+    Bucket& b = buckets_.emplace_back();
+    b.scatter = std::move(p.scatter);
+    int64_t at = 0;
+    for (size_t k : p.params) {
+      bucket_of_[k] = buckets_.size() - 1;
+      slot_of_[k] = b.params.size();
+      b.params.push_back(k);
+      b.offsets.push_back(at);
+      at += params_[k].numel();
     }
-    Bucket& b = buckets_.back();
-    bucket_of_[k] = buckets_.size() - 1;
-    slot_of_[k] = b.params.size();
-    b.params.push_back(k);
-    b.offsets.push_back(static_cast<int64_t>(current_bytes / sizeof(float)));
-    current_bytes += bytes;
   }
   for (size_t i = 0; i < buckets_.size(); ++i) {
     Bucket& b = buckets_[i];
-    int64_t n = 0;
-    for (size_t k : b.params) n += params_[k].numel();
-    if (i + 1 == buckets_.size()) n += words();  // the words ride in the last bucket
-    b.buffer = torch::zeros({n}, params_.empty() ? torch::TensorOptions().dtype(torch::kFloat32)
-                                                 : params_[0].options().dtype(torch::kFloat32));
+    for (size_t k : b.params) b.elements += params_[k].numel();
+    if (i + 1 == buckets_.size()) b.elements += words();  // the words ride in the last bucket
   }
   hooks_.reserve(params_.size());
   for (size_t k = 0; k < params_.size(); ++k) {
@@ -56,6 +67,20 @@ GradientSync::GradientSync(std::vector<torch::Tensor> params, Communicator* comm
     }));
   }
   comm_thread_ = std::thread([this] { CommLoop(); });
+}
+
+void GradientSync::MakeBuffers() {
+  for (Bucket& b : buckets_) {
+    if (b.buffer.defined()) continue;
+    b.buffer = torch::zeros({b.elements}, params_.empty()
+                                              ? torch::TensorOptions().dtype(torch::kFloat32)
+                                              : params_[0].options().dtype(torch::kFloat32));
+  }
+}
+
+torch::Tensor GradientSync::bucket_gradients(size_t i) const {
+  const torch::Tensor& buffer = buckets_[i].buffer;
+  return buffer.narrow(0, 0, buffer.numel() - (i + 1 == buckets_.size() ? words() : 0));
 }
 
 GradientSync::~GradientSync() {
@@ -109,6 +134,7 @@ void GradientSync::Begin(bool sync, const std::array<float, kControlWords>& cont
   syncing_ = sync && !solo_;
   local_control_ = control;
   control_ = {};
+  if (syncing_) MakeBuffers();
   if (syncing_) SetControl(control);
   deadline_ = options_.clock->Now() + options_.timeout;
   for (Bucket& b : buckets_) {
@@ -185,7 +211,7 @@ void GradientSync::CommLoop() {
     b.filled.WaitOnCurrentStream();
     absl::Status s = comm == nullptr
                          ? absl::FailedPreconditionError("no communicator")
-                         : ReduceBucket(comm, bucket, ReduceOp::kAverage, deadline);
+                         : ReduceBucket(comm, bucket, ReduceOp::kAverage, deadline, scatter_);
     const double seconds = absl::ToDoubleSeconds(options_.clock->Now() - start);
     lock.Lock();
     comm_seconds_ += seconds;
@@ -196,9 +222,18 @@ void GradientSync::CommLoop() {
 }
 
 absl::Status GradientSync::ReduceBucket(Communicator* comm, size_t i, ReduceOp op,
-                                        absl::Time deadline) {
+                                        absl::Time deadline, bool scatter) {
   const torch::Tensor& buffer = buckets_[i].buffer;
   const int64_t words = i + 1 == buckets_.size() ? this->words() : 0;
+  if (scatter) {
+    const int64_t gradients = buffer.numel() - words;
+    if (gradients > 0) {
+      MUSTER_RETURN_IF_ERROR(ReduceScatterGradientTensor(
+          comm, buffer.narrow(0, 0, gradients), buckets_[i].scatter, op, deadline));
+    }
+    if (words == 0) return absl::OkStatus();
+    return AllReduceTensor(comm, buffer.narrow(0, gradients, words), op, deadline);
+  }
   if (words == 0 || comm->gradient_wire() == DataType::kFloat32) {
     return AllReduceGradientTensor(comm, buffer, op, deadline);
   }
@@ -270,7 +305,10 @@ absl::Status GradientSync::Finish(absl::Time deadline, const std::function<void(
   stats_.comm_seconds = comm_seconds;
   stats_.wait_seconds = absl::ToDoubleSeconds(options_.clock->Now() - start);
   MUSTER_RETURN_IF_ERROR(s);
-  Install(words);  // the refills leave the last bucket, and so the words, as they were
+  // The refills leave the last bucket, and so the words, as they were.
+  // Reduce-scattered buckets hold the average only in this rank's segments:
+  // the .grad keep this rank's sum.
+  Install(words, /*grads=*/!scatter_);
   return absl::OkStatus();
 }
 
@@ -289,7 +327,7 @@ absl::Status GradientSync::ReduceRefilled(Communicator* comm, const std::vector<
     if (words[i] <= 0) continue;  // no rank touched it again
     Bucket& b = buckets_[i];
     for (size_t j = 0; j < b.params.size(); ++j) FillFromGrad(b, j, /*use_grad=*/true);
-    MUSTER_RETURN_IF_ERROR(ReduceBucket(comm, i, ReduceOp::kAverage, deadline));
+    MUSTER_RETURN_IF_ERROR(ReduceBucket(comm, i, ReduceOp::kAverage, deadline, scatter_));
     ++stats_.refilled_buckets;
   }
   return absl::OkStatus();
@@ -306,12 +344,13 @@ void GradientSync::FillFromGrad(Bucket& b, size_t j, bool use_grad) {
   }
 }
 
-void GradientSync::Install(const std::vector<float>& words) {
+void GradientSync::Install(const std::vector<float>& words, bool grads) {
   if (!words.empty()) {
     for (int i = 0; i < kControlWords; ++i) {
       control_[i] = words[words.size() - kControlWords + static_cast<size_t>(i)];
     }
   }
+  if (!grads) return;
   torch::NoGradGuard no_grad;
   const size_t used_at = buckets_.size();
   for (Bucket& b : buckets_) {
@@ -338,6 +377,7 @@ absl::Status GradientSync::Resync(Communicator* comm, bool contribute, int contr
     return absl::InvalidArgumentError(
         absl::StrCat("salvage with ", contributors, " contributors of ", comm->size()));
   }
+  MakeBuffers();
   for (Bucket& b : buckets_) {
     for (size_t j = 0; j < b.params.size(); ++j) FillFromGrad(b, j, contribute);
   }
@@ -353,8 +393,8 @@ absl::Status GradientSync::Resync(Communicator* comm, bool contribute, int contr
   // equals one taken in this world. Otherwise sum, then divide.
   const bool all = contributors == comm->size();
   for (size_t i = 0; i < buckets_.size(); ++i) {
-    MUSTER_RETURN_IF_ERROR(
-        ReduceBucket(comm, i, all ? ReduceOp::kAverage : ReduceOp::kSum, deadline));
+    MUSTER_RETURN_IF_ERROR(ReduceBucket(comm, i, all ? ReduceOp::kAverage : ReduceOp::kSum,
+                                        deadline, /*scatter=*/false));
   }
   if (!all && !buckets_.empty()) {
     for (size_t i = 0; i < buckets_.size(); ++i) {
@@ -364,7 +404,7 @@ absl::Status GradientSync::Resync(Communicator* comm, bool contribute, int contr
       buffer.narrow(0, buffer.numel() - words, words).div_(comm->size());
     }
   }
-  Install(ReadWords());
+  Install(ReadWords(), /*grads=*/true);
   return absl::OkStatus();
 }
 

@@ -40,6 +40,15 @@
 // control words, in float32, in a second, small all-reduce. Without
 // compression the last bucket is one all-reduce as before.
 //
+// Reduce-scatter (Options::reduce_scatter_gradients): a sync made with a
+// plan of buckets that carry ReduceScatter segments (the shards' parts of
+// each bucket: shard_layout.h's PlanBuckets) reduce-scatters them instead;
+// each rank then reads the average of its own segments from the buckets,
+// and the .grad keep the rank's own sum (see the plan constructor).
+//
+// The buckets' buffers are made at the first step that reduces: a sync
+// that never does (a world of one) holds none.
+//
 // The sync hooks its parameters while it lives; its destructor removes the
 // hooks, so the program's model outlives it safely.
 //
@@ -88,11 +97,34 @@ struct StepCommStats {
 class GradientSync {
  public:
   static constexpr int kControlWords = 4;  // trainer/elastic/step_policy.h's
+  // As in DDP, the first buckets are capped at 1 MiB so that communication
+  // starts early in backward.
+  static constexpr size_t kFirstBucketBytes = 1u << 20;
 
   // `params`: the model's parameters in registration order (float32, all on
   // one device). `comm` may be null until SetCommunicator.
   GradientSync(std::vector<torch::Tensor> params, Communicator* comm,
                GradientSyncOptions options);
+
+  // A bucket given by its user: its parameters, by index into `params`, in
+  // the order their gradients lie in its buffer, and for a reduce-scattering
+  // sync its Communicator::ReduceScatter segments over those gradients, one
+  // per rank (empty: the bucket is all-reduced).
+  struct BucketPlan {
+    std::vector<size_t> params;
+    std::vector<size_t> scatter;
+  };
+  // A sync whose buckets are `plan`'s, launched in that order; every
+  // parameter is in exactly one. With scatter segments (sharded optimizer
+  // state, Options::reduce_scatter_gradients) a step reduce-scatters each
+  // bucket's gradients instead (its last bucket's words are all-reduced
+  // apart): after Finish each bucket's segment of this rank holds the
+  // world's average (bucket_gradients), the others are unspecified, and
+  // the parameters' .grad keep this rank's own sum. Resync all-reduces and
+  // installs into .grad as the default sync does (the salvage steps the
+  // whole state).
+  GradientSync(std::vector<torch::Tensor> params, std::vector<BucketPlan> plan,
+               Communicator* comm, GradientSyncOptions options);
   ~GradientSync();
   GradientSync(const GradientSync&) = delete;
   GradientSync& operator=(const GradientSync&) = delete;
@@ -131,13 +163,21 @@ class GradientSync {
                       const std::array<float, kControlWords>& control, absl::Time deadline);
 
   size_t bucket_count() const { return buckets_.size(); }
+  // Whether a step reduce-scatters (a plan with scatter segments).
+  bool scatters() const { return scatter_; }
+  // Bucket `i`'s gradients (its buffer without the words), in its plan's
+  // order; after a reduce-scattering Finish, this rank's segment of them is
+  // the world's average.
+  torch::Tensor bucket_gradients(size_t i) const;
   // The parameters it reduces, as given.
   const std::vector<torch::Tensor>& params() const { return params_; }
 
  private:
   struct Bucket {
-    torch::Tensor buffer;          // flat float32
+    int64_t elements = 0;          // its gradients' and (the last) the words
+    torch::Tensor buffer;          // flat float32; made at the first reduction
     std::vector<size_t> params;    // indices into params_
+    std::vector<size_t> scatter;   // BucketPlan::scatter
     std::vector<int64_t> offsets;  // element offset of each param
     int ready = 0;
     bool launched = false;
@@ -171,14 +211,25 @@ class GradientSync {
   // Puts slot `j` of `b` to its parameter's .grad (`use_grad` and defined),
   // else to zeros.
   void FillFromGrad(Bucket& b, size_t j, bool use_grad);
-  // Takes the control words from `words` (ReadWords) and writes the bucket
-  // buffers into the .grad.
-  void Install(const std::vector<float>& words);
+  // Makes the buffers not made yet: at the first synchronised Begin or
+  // Resync, so that a sync that never reduces (a world of one; the
+  // all-reducing sync beside a reduce-scattering one) holds no buffers.
+  void MakeBuffers();
+  // The default plan: reverse registration order, buckets of about
+  // `bucket_bytes`, the first two of at most 1 MiB.
+  static std::vector<BucketPlan> DefaultPlan(const std::vector<torch::Tensor>& params,
+                                             size_t bucket_bytes);
+  // Takes the control words from `words` (ReadWords) and, with `grads`,
+  // writes the bucket buffers into the .grad.
+  void Install(const std::vector<float>& words, bool grads);
   void Launch(size_t bucket) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // All-reduces bucket `i` over `comm`: its gradients with
   // AllReduceGradients, and the control words of the last bucket with
-  // them, or apart in float32 when `comm` compresses gradients.
-  absl::Status ReduceBucket(Communicator* comm, size_t i, ReduceOp op, absl::Time deadline);
+  // them, or apart in float32 when `comm` compresses gradients. With
+  // `scatter`, reduce-scatters its gradients by its segments instead, and
+  // all-reduces the words apart.
+  absl::Status ReduceBucket(Communicator* comm, size_t i, ReduceOp op, absl::Time deadline,
+                            bool scatter);
   void CommLoop();
 
   std::vector<torch::Tensor> params_;
@@ -186,6 +237,7 @@ class GradientSync {
   std::vector<size_t> bucket_of_;  // param -> bucket
   std::vector<size_t> slot_of_;    // param -> index inside its bucket
   std::vector<Bucket> buckets_;
+  bool scatter_ = false;  // the plan's buckets reduce-scatter in a step
   GradientSyncOptions options_;
   StepCommStats stats_;
   std::array<float, kControlWords> control_{};

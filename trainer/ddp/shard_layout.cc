@@ -149,19 +149,38 @@ absl::Status CheckNothingLost(const std::vector<ReshardPiece>& plan) {
   return absl::OkStatus();
 }
 
-std::vector<ShardedBucket> PlanBuckets(const ShardLayout& layout, int64_t cap) {
-  cap = std::max<int64_t>(cap, 1);
+std::vector<ShardedBucket> PlanBuckets(const ShardLayout& layout,
+                                       const std::vector<std::vector<int64_t>>& param_elements,
+                                       int64_t first_cap, int64_t cap) {
   std::vector<ShardedBucket> buckets;
   for (int g = layout.groups() - 1; g >= 0; --g) {
-    for (int64_t end = layout.group_elements(g); end > 0; end -= cap) {
+    const std::vector<int64_t>& sizes = param_elements[static_cast<size_t>(g)];
+    size_t last = sizes.size();
+    int64_t end = layout.group_elements(g);
+    while (last > 0) {
+      const int64_t limit = buckets.empty() ? first_cap : cap;
+      size_t first = last - 1;
+      int64_t begin = end - sizes[first];
+      while (first > 0 && (sizes[first - 1] == 0 || end - begin + sizes[first - 1] <= limit)) {
+        begin -= sizes[--first];
+      }
+      // Empty parameters before it alone would make a bucket of nothing.
+      if (std::all_of(sizes.begin(), sizes.begin() + static_cast<ptrdiff_t>(first),
+                      [](int64_t n) { return n == 0; })) {
+        first = 0;
+      }
       ShardedBucket b;
       b.group = g;
-      b.range = ElementRange{std::max<int64_t>(end - cap, 0), end};
+      b.first = first;
+      b.last = last;
+      b.range = ElementRange{begin, end};
       for (int r = 0; r < layout.world(); ++r) {
         const int64_t n = b.range.Overlap(layout.Range(g, r)).size();
         b.counts.push_back(static_cast<size_t>(std::max<int64_t>(n, 0)));
       }
       buckets.push_back(std::move(b));
+      last = first;
+      end = begin;
     }
   }
   return buckets;

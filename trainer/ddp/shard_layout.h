@@ -69,23 +69,33 @@ class ShardLayout {
   std::vector<int> position_;  // rank -> its index in order_
 };
 
-// A bucket of a sharded gradient sync: a contiguous range of one group's
-// flat elements, reduce-scattered as one collective. Shard ranges are
-// contiguous and in rank order, so the bucket is already laid out as the
-// world's segments: `counts[r]` elements of rank r's shard, in rank order
+// A bucket of a reduce-scattering gradient sync
+// (Options::reduce_scatter_gradients): the whole trained parameters
+// [first, last) of group `group`, by their index in the group, which lie in
+// the group's flat elements `range`. Shard ranges are contiguous and in
+// rank order, so the bucket is already laid out as the world's segments:
+// `counts[r]` elements of rank r's shard, in rank order
 // (Communicator::ReduceScatter's layout; many are 0 when the bucket is
 // smaller than a shard).
 struct ShardedBucket {
   int group = 0;
+  size_t first = 0, last = 0;  // parameters of the group
   ElementRange range;
   std::vector<size_t> counts;  // one per rank; they sum to range.size()
 };
 
-// The buckets of `layout`'s groups, at most `cap` elements each (>= 1),
-// in the order backward fills them: the last group first, and within a
-// group from its end toward its start. Every element of every group is in
-// exactly one bucket; an empty group has none.
-std::vector<ShardedBucket> PlanBuckets(const ShardLayout& layout, int64_t cap);
+// The buckets of `layout`'s groups, whose trained parameters have
+// `param_elements[g]` elements each (summing to the group's elements), in
+// the order backward fills them: the last group first, and within a group
+// from its last parameter toward its first. A bucket takes parameters
+// until the next would take it past `cap` elements (the first bucket
+// `first_cap`: communication starts early), and always at least one.
+// Every parameter of every group is in exactly one bucket (an empty one
+// rides in a neighbour's; a bucket of empty parameters alone has no
+// elements); a group without parameters has none.
+std::vector<ShardedBucket> PlanBuckets(const ShardLayout& layout,
+                                       const std::vector<std::vector<int64_t>>& param_elements,
+                                       int64_t first_cap, int64_t cap);
 
 // A round of the parameters' all-gather (OptimizerShards::GatherParameters)
 // over one group: the next piece of every rank's shard, `pieces[r]` rank

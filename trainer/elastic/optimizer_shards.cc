@@ -348,6 +348,15 @@ void OptimizerShards::SetGradients(int g, const torch::Tensor& averaged) {
   }
 }
 
+void OptimizerShards::SetOwnGradient(int g, ElementRange range, const torch::Tensor& averaged) {
+  if (groups_[g].masters.empty() || range.size() <= 0) return;
+  torch::NoGradGuard no_grad;
+  torch::Tensor& master = groups_[g].masters.front();  // KeptBy: its own shard first
+  if (!master.grad().defined()) master.mutable_grad() = torch::empty_like(master);
+  const ElementRange own = layout_.Range(g, rank_);
+  master.mutable_grad().narrow(0, range.begin - own.begin, range.size()).copy_(averaged);
+}
+
 namespace {
 
 // `sizes` elements of `flat` from `offset`, sharing its storage without

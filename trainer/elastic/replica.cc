@@ -37,6 +37,17 @@ bool SameTensors(const std::vector<torch::Tensor>& a, const std::vector<torch::T
                     [](const torch::Tensor& x, const torch::Tensor& y) { return x.is_same(y); });
 }
 
+// Whether `a` and `b` hold the same tensors, in any order.
+bool SameSet(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+  const auto impls = [](const std::vector<torch::Tensor>& v) {
+    std::vector<const void*> out;
+    for (const torch::Tensor& t : v) out.push_back(t.unsafeGetTensorImpl());
+    std::sort(out.begin(), out.end());
+    return out;
+  };
+  return impls(a) == impls(b);
+}
+
 }  // namespace
 
 Replica::Replica(TrainingState state, ReplicaOptions options)
@@ -55,6 +66,7 @@ Replica::~Replica() { Close(); }
 void Replica::Close() {
   current_ = nullptr;
   syncs_.clear();  // their threads stop before the state they read goes
+  scatter_.sync.reset();
   ReleaseShards();  // leaving with shards: the optimizers get their parameters back
 }
 
@@ -93,6 +105,7 @@ absl::StatusOr<GradientSync*> Replica::SyncFor(const std::vector<std::string>& m
     return absl::InvalidArgumentError(absl::StrCat(
         "BeforeBackwardFor: no parameter of ", key, " requires grad: nothing to reduce"));
   }
+  if (GradientSync* scattering = ScatterSyncFor(params); scattering != nullptr) return scattering;
   std::unique_ptr<GradientSync>& sync = syncs_[key];
   if (sync != nullptr && SameTensors(sync->params(), params)) return sync.get();
   if (sync != nullptr) {
@@ -123,6 +136,50 @@ absl::StatusOr<GradientSync*> Replica::SyncFor(const std::vector<std::string>& m
   return sync.get();
 }
 
+GradientSync* Replica::ScatterSyncFor(const std::vector<torch::Tensor>& params) {
+  if (!options_.reduce_scatter || !ShardedNow()) return nullptr;
+  const OptimizerShards& shards = *sharded_->shards();
+  std::vector<torch::Tensor> trained;
+  std::vector<std::vector<int64_t>> elements(static_cast<size_t>(shards.groups()));
+  std::vector<size_t> first_of_group;
+  for (int g = 0; g < shards.groups(); ++g) {
+    first_of_group.push_back(trained.size());
+    for (const torch::Tensor& p : shards.params(g)) {
+      trained.push_back(p);
+      elements[static_cast<size_t>(g)].push_back(p.numel());
+    }
+  }
+  // A pass over some of them (a GAN's) all-reduces: its buckets would hold
+  // other groups' zeros.
+  if (!SameSet(trained, params)) return nullptr;
+  if (scatter_.sync != nullptr && scatter_.of == sharded_->times_sharded()) {
+    return scatter_.sync.get();
+  }
+  if (current_ == scatter_.sync.get()) current_ = nullptr;
+  scatter_.sync.reset();  // its hooks go before the new sync's come
+  constexpr int64_t kFloat = sizeof(float);
+  scatter_.plan = PlanBuckets(shards.layout(), elements,
+                              static_cast<int64_t>(GradientSync::kFirstBucketBytes) / kFloat,
+                              static_cast<int64_t>(options_.bucket_bytes) / kFloat);
+  std::vector<GradientSync::BucketPlan> plan;
+  for (const ShardedBucket& b : scatter_.plan) {
+    GradientSync::BucketPlan& bucket = plan.emplace_back();
+    for (size_t j = b.first; j < b.last; ++j) {
+      bucket.params.push_back(first_of_group[static_cast<size_t>(b.group)] + j);
+    }
+    bucket.scatter = b.counts;
+  }
+  GradientSyncOptions so;
+  so.bucket_bytes = options_.bucket_bytes;
+  so.overlap = options_.overlap;
+  so.clock = options_.clock;
+  MUSTER_LOG(INFO) << "gradients reduce-scattered over " << shards.layout().world()
+                   << " ranks in " << plan.size() << " buckets";
+  scatter_.sync = std::make_unique<GradientSync>(std::move(trained), std::move(plan), comm_, so);
+  scatter_.of = sharded_->times_sharded();
+  return scatter_.sync.get();
+}
+
 static_assert(GradientSync::kControlWords == kControlWordCount,
               "the gradient sync carries the step policy's control words");
 
@@ -143,7 +200,12 @@ absl::Status Replica::FinishPass(absl::Time deadline, const std::function<void()
   last_reduce_ = absl::Seconds(comm_s);
   const double since_backward = absl::ToDoubleSeconds(options_.clock->Now() - backward_end);
   hidden_total_ += std::max(0.0, comm_s - since_backward);
-  if (sharded_) sharded_->TakeGradients();
+  if (sharded_ && current_ == scatter_.sync.get()) {
+    sharded_->TakeScattered(scatter_.plan,
+                            [this](size_t i) { return current_->bucket_gradients(i); });
+  } else if (sharded_) {
+    sharded_->TakeGradients();
+  }
   return absl::OkStatus();
 }
 
@@ -238,6 +300,7 @@ absl::Status Replica::TakeState(int source, Communicator* comm, bool in_step,
 void Replica::UseCommunicator(Communicator* comm) {
   comm_ = comm;
   for (auto& [key, sync] : syncs_) sync->SetCommunicator(comm);
+  if (scatter_.sync != nullptr) scatter_.sync->SetCommunicator(comm);
 }
 
 absl::StatusOr<WorldChanges::ControlAverages> Replica::ResyncGradients(

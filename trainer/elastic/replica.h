@@ -50,6 +50,11 @@ struct ReplicaOptions {
   // Options::shard_optimizer_state: the copies of each shard of the
   // optimizer state (1 or 2); 0: every rank keeps the whole state.
   int shard_copies = 0;
+  // Options::reduce_scatter_gradients: while the state is sharded, a pass
+  // that reduces every parameter the sharded optimizers train
+  // reduce-scatters its gradients (each rank gets the average of what it
+  // owns) instead of all-reducing them. With shard_copies 1 only.
+  bool reduce_scatter = false;
 };
 
 class ShardedOptimizers;  // sharded_optimizers.h
@@ -72,7 +77,10 @@ class Replica : public WorldChanges::Tensors {
   // they are others than its own (a program that freezes or unfreezes
   // layers between passes; the old one and its hooks go). Between passes.
   // INVALID_ARGUMENT for a name that is no module, modules with nothing to
-  // reduce, or such a change while the optimizer state is sharded.
+  // reduce, or such a change while the optimizer state is sharded. With
+  // ReplicaOptions::reduce_scatter, while the state is sharded, the pass of
+  // exactly the parameters the shards train gets the reduce-scattering sync
+  // of the shards (made anew with them); call it after Reshard.
   absl::StatusOr<GradientSync*> SyncFor(const std::vector<std::string>& modules);
   // A pass begins with `sync`, reducing (`reduce`) or accumulating, its
   // all-reduce carrying `control`, its buckets' deadline `timeout` after
@@ -153,6 +161,11 @@ class Replica : public WorldChanges::Tensors {
                                                                 absl::Time deadline) override;
 
  private:
+  // SyncFor's reduce-scattering sync for a pass over `params`, or null:
+  // without reduce_scatter, shards, or where `params` are not the very
+  // parameters the shards train.
+  GradientSync* ScatterSyncFor(const std::vector<torch::Tensor>& params);
+
   const TrainingState state_;
   const ReplicaOptions options_;
   const bool several_passes_;
@@ -162,6 +175,15 @@ class Replica : public WorldChanges::Tensors {
   // modules' trainable parameters are others (the program froze or
   // unfroze some) gets a sync of its own in its place.
   std::map<std::string, std::unique_ptr<GradientSync>> syncs_;
+  // ReplicaOptions::reduce_scatter: the reduce-scattering sync of the
+  // shards made last (ShardedOptimizers::times_sharded() `of`), over the
+  // parameters they train, and its buckets.
+  struct ScatterSync {
+    uint64_t of = 0;
+    std::vector<ShardedBucket> plan;
+    std::unique_ptr<GradientSync> sync;
+  };
+  ScatterSync scatter_;
   GradientSync* current_ = nullptr;
   Communicator* comm_ = nullptr;
   std::unique_ptr<BufferSync> buffers_;  // null without broadcast_buffers

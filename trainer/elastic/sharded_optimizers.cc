@@ -58,6 +58,7 @@ absl::Status ShardedOptimizers::Shard(Communicator* comm) {
   MUSTER_ASSIGN_OR_RETURN(shards_,
                           OptimizerShards::Make(optimizers_, comm->rank(), node_of_rank_, copies_));
   generation_ = gathered_for_;
+  ++times_sharded_;
   whole_.reset();
   return absl::OkStatus();
 }
@@ -66,6 +67,23 @@ void ShardedOptimizers::TakeGradients() {
   whole_.reset();  // a step follows: the whole state moves on from its layout
   if (shards_ == nullptr) return;
   for (int g = 0; g < shards_->groups(); ++g) shards_->ShareGradients(g);
+}
+
+void ShardedOptimizers::TakeScattered(const std::vector<ShardedBucket>& plan,
+                                      const std::function<torch::Tensor(size_t)>& gradients) {
+  whole_.reset();
+  if (shards_ == nullptr) return;
+  const int rank = shards_->rank();
+  for (size_t i = 0; i < plan.size(); ++i) {
+    const ShardedBucket& b = plan[i];
+    int64_t offset = 0;
+    for (int r = 0; r < rank; ++r) offset += static_cast<int64_t>(b.counts[r]);
+    const int64_t n = static_cast<int64_t>(b.counts[rank]);
+    if (n == 0) continue;
+    const int64_t begin = b.range.begin + offset;
+    shards_->SetOwnGradient(b.group, ElementRange{begin, begin + n},
+                            gradients(i).narrow(0, offset, n));
+  }
 }
 
 absl::Status ShardedOptimizers::AtBoundary(Communicator* comm, absl::Time deadline) {

@@ -56,6 +56,13 @@ class ShardedOptimizers {
   // The kept shards' gradients from the parameters' averaged .grad, shared
   // with them (OptimizerShards::ShareGradients: in-place clipping counts).
   void TakeGradients();
+  // TakeGradients for a reduce-scattering sync (Options::
+  // reduce_scatter_gradients) over `plan`'s buckets: this rank's segment of
+  // each, averaged over the world, into its own shard's master .grad
+  // (bucket `i`'s gradients: `gradients(i)`). The parameters' .grad keep
+  // this rank's own sum.
+  void TakeScattered(const std::vector<ShardedBucket>& plan,
+                     const std::function<torch::Tensor(size_t)>& gradients);
   // Collective: the parameters from the owners of each range, and the
   // parameters' .grad cleared (the optimizers no longer clear them).
   absl::Status AtBoundary(Communicator* comm, absl::Time deadline);
@@ -94,6 +101,9 @@ class ShardedOptimizers {
   // whole and the step is the unsharded one; Shard and Reshard leave it so.
   bool KeepsWhole(int world) const { return world <= copies_; }
   bool sharded() const { return shards_ != nullptr; }
+  // How many times the state was sharded: a new value means new shards
+  // (a new layout, or the same one made again).
+  uint64_t times_sharded() const { return times_sharded_; }
   const OptimizerShards* shards() const { return shards_.get(); }
 
  private:
@@ -103,6 +113,7 @@ class ShardedOptimizers {
   uint64_t generation_ = 0;       // of the layout shards_ is of
   std::vector<int> node_of_rank_;  // of the world Gather agreed on
   uint64_t gathered_for_ = 0;      // the generation Gather ran for
+  uint64_t times_sharded_ = 0;
   // Set while this rank holds the whole state as of the layout of
   // generation whole_of_ (a regather or Whole completed on it) and has not
   // stepped since: should the world break in another rank's regather, the

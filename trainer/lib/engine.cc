@@ -200,11 +200,6 @@ bool Engine::ShouldStop() {
 
 void Engine::BeforeBackwardFor(const std::vector<std::string>& modules, bool sync) {
   StepClock::Scope timed(&timeline_, StepClock::Call::kBeforeBackward);
-  absl::StatusOr<GradientSync*> chosen = replica_.SyncFor(modules);
-  if (!chosen.ok()) {
-    life_.Break(chosen.status());
-    return;
-  }
   const bool next_pass = replica_.several_passes() && life_.state() == StepState::kBoundaryDue;
   const bool first = next_pass || life_.state() == StepState::kPrepared;
   if (absl::Status s = next_pass ? life_.NextPass() : life_.Backward(); !s.ok()) {
@@ -221,6 +216,12 @@ void Engine::BeforeBackwardFor(const std::vector<std::string>& modules, bool syn
   // between steps (an AllReduceSum) left whole.
   if (absl::Status s = first ? replica_.Reshard(world_->comm()) : absl::OkStatus(); !s.ok()) {
     life_.Break(s);
+    return;
+  }
+  // After Reshard: with reduce_scatter_gradients the sync follows the shards.
+  absl::StatusOr<GradientSync*> chosen = replica_.SyncFor(modules);
+  if (!chosen.ok()) {
+    life_.Break(chosen.status());
     return;
   }
   step_.reduces = sync;

@@ -140,7 +140,7 @@ ElasticWorldOptions ElasticWorldOptionsFrom(const Options& o, ClientOptions clie
 
 ReplicaOptions ReplicaOptionsFrom(const Options& o, Clock* clock) {
   return {static_cast<size_t>(o.bucket_mb * (1 << 20)), o.overlap, o.broadcast_buffers, clock,
-          o.shard_optimizer_state ? o.optimizer_state_copies : 0};
+          o.shard_optimizer_state ? o.optimizer_state_copies : 0, o.reduce_scatter_gradients};
 }
 
 CatalogCheckpointerOptions CheckpointOptionsFrom(const Options& o, Clock* clock) {
@@ -271,6 +271,14 @@ absl::Status Options::Validate() const {
   if (intra_op_threads < -1) return bad("intra_op_threads must be -1 (untouched), 0 (shared) or N");
   if (optimizer_state_copies != 1 && optimizer_state_copies != 2) {
     return bad(absl::StrCat("optimizer_state_copies must be 1 or 2, not ", optimizer_state_copies));
+  }
+  if (reduce_scatter_gradients && !(shard_optimizer_state && optimizer_state_copies == 1)) {
+    // With a buddy copy each rank steps two parts, and needs the average of
+    // both: a reduce-scatter gives it one.
+    return bad(absl::StrCat("reduce_scatter_gradients needs shard_optimizer_state with "
+                            "optimizer_state_copies = 1 (shard_optimizer_state is ",
+                            shard_optimizer_state ? "on" : "off", ", optimizer_state_copies ",
+                            optimizer_state_copies, ")"));
   }
   return absl::OkStatus();
 }
