@@ -1221,6 +1221,13 @@ class ShardedStateTest : public ElasticTest {
     }
     return pids;
   }
+  // Run's trainers, each expected to exit 0.
+  void RunToEnd(const std::string& tag, const std::vector<std::string>& extra) {
+    std::vector<pid_t> pids = Run(tag, extra);
+    for (int i = 0; i < 4; ++i) {
+      EXPECT_EQ(WaitExit(pids[i]), 0) << ReadText(absl::StrCat(dir_, "/", tag, i, ".log"));
+    }
+  }
 };
 
 // The same job sharded and unsharded ends with the same parameters, bit
@@ -1236,10 +1243,7 @@ TEST_F(ShardedStateTest, ShardedAdamWTrainsAsUnshardedWithHalfTheStatePerRank) {
       NewCoordinator();
       flags.push_back("--shard-optimizer");
     }
-    std::vector<pid_t> pids = Run(tag, flags);
-    for (int i = 0; i < 4; ++i) {
-      EXPECT_EQ(WaitExit(pids[i]), 0) << ReadText(absl::StrCat(dir_, "/", tag, i, ".log"));
-    }
+    RunToEnd(tag, flags);
   }
   const std::string u0 = ReadText(dir_ + "/u0.json"), s0 = ReadText(dir_ + "/s0.json");
   EXPECT_EQ(JsonNumber(s0, "steps"), "250") << s0;
@@ -1399,10 +1403,7 @@ TEST_F(ShardedStateTest, ReduceScatteredGradientsTrainAsAllReducedWithinRounding
       NewCoordinator();
       flags.push_back("--reduce-scatter");
     }
-    std::vector<pid_t> pids = Run(tag, flags);
-    for (int i = 0; i < 4; ++i) {
-      EXPECT_EQ(WaitExit(pids[i]), 0) << ReadText(absl::StrCat(dir_, "/", tag, i, ".log"));
-    }
+    RunToEnd(tag, flags);
   }
   const std::string a0 = ReadText(dir_ + "/a0.json"), r0 = ReadText(dir_ + "/r0.json");
   EXPECT_EQ(JsonNumber(r0, "steps"), "250") << r0;

@@ -134,8 +134,10 @@ void GradientSync::Begin(bool sync, const std::array<float, kControlWords>& cont
   syncing_ = sync && !solo_;
   local_control_ = control;
   control_ = {};
-  if (syncing_) MakeBuffers();
-  if (syncing_) SetControl(control);
+  if (syncing_) {
+    MakeBuffers();
+    SetControl(control);
+  }
   deadline_ = options_.clock->Now() + options_.timeout;
   for (Bucket& b : buckets_) {
     b.ready = 0;
@@ -225,8 +227,8 @@ absl::Status GradientSync::ReduceBucket(Communicator* comm, size_t i, ReduceOp o
                                         absl::Time deadline, bool scatter) {
   const torch::Tensor& buffer = buckets_[i].buffer;
   const int64_t words = i + 1 == buckets_.size() ? this->words() : 0;
+  const int64_t gradients = buffer.numel() - words;
   if (scatter) {
-    const int64_t gradients = buffer.numel() - words;
     if (gradients > 0) {
       MUSTER_RETURN_IF_ERROR(ReduceScatterGradientTensor(
           comm, buffer.narrow(0, 0, gradients), buckets_[i].scatter, op, deadline));
@@ -237,7 +239,6 @@ absl::Status GradientSync::ReduceBucket(Communicator* comm, size_t i, ReduceOp o
   if (words == 0 || comm->gradient_wire() == DataType::kFloat32) {
     return AllReduceGradientTensor(comm, buffer, op, deadline);
   }
-  const int64_t gradients = buffer.numel() - words;
   MUSTER_RETURN_IF_ERROR(
       AllReduceGradientTensor(comm, buffer.narrow(0, 0, gradients), op, deadline));
   return AllReduceTensor(comm, buffer.narrow(0, gradients, words), op, deadline);

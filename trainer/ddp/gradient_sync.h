@@ -97,7 +97,7 @@ struct StepCommStats {
 class GradientSync {
  public:
   static constexpr int kControlWords = 4;  // trainer/elastic/step_policy.h's
-  // As in DDP, the first buckets are capped at 1 MiB so that communication
+  // As in DDP, the first bucket is capped at 1 MiB so that communication
   // starts early in backward.
   static constexpr size_t kFirstBucketBytes = 1u << 20;
 
@@ -216,7 +216,7 @@ class GradientSync {
   // all-reducing sync beside a reduce-scattering one) holds no buffers.
   void MakeBuffers();
   // The default plan: reverse registration order, buckets of about
-  // `bucket_bytes`, the first two of at most 1 MiB.
+  // `bucket_bytes`, the first of at most kFirstBucketBytes.
   static std::vector<BucketPlan> DefaultPlan(const std::vector<torch::Tensor>& params,
                                              size_t bucket_bytes);
   // Takes the control words from `words` (ReadWords) and, with `grads`,

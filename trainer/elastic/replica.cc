@@ -127,17 +127,26 @@ absl::StatusOr<GradientSync*> Replica::SyncFor(const std::vector<std::string>& m
     if (current_ == sync.get()) current_ = nullptr;
     sync.reset();  // its hooks go with it
   }
-  GradientSyncOptions so;
-  so.bucket_bytes = options_.bucket_bytes;
-  so.overlap = options_.overlap;
-  so.clock = options_.clock;
-  sync = std::make_unique<GradientSync>(std::move(params), comm_, so);
+  sync = std::make_unique<GradientSync>(std::move(params), comm_, SyncOptions());
   if (current_ == nullptr) current_ = sync.get();
   return sync.get();
 }
 
+GradientSyncOptions Replica::SyncOptions() const {
+  GradientSyncOptions so;
+  so.bucket_bytes = options_.bucket_bytes;
+  so.overlap = options_.overlap;
+  so.clock = options_.clock;
+  return so;
+}
+
 GradientSync* Replica::ScatterSyncFor(const std::vector<torch::Tensor>& params) {
   if (!options_.reduce_scatter || !ShardedNow()) return nullptr;
+  // A pass over some of the trained parameters (a GAN's) all-reduces: its
+  // buckets would hold other groups' zeros.
+  if (scatter_.sync != nullptr && scatter_.of == sharded_->times_sharded()) {
+    return SameSet(scatter_.sync->params(), params) ? scatter_.sync.get() : nullptr;
+  }
   const OptimizerShards& shards = *sharded_->shards();
   std::vector<torch::Tensor> trained;
   std::vector<std::vector<int64_t>> elements(static_cast<size_t>(shards.groups()));
@@ -149,12 +158,7 @@ GradientSync* Replica::ScatterSyncFor(const std::vector<torch::Tensor>& params) 
       elements[static_cast<size_t>(g)].push_back(p.numel());
     }
   }
-  // A pass over some of them (a GAN's) all-reduces: its buckets would hold
-  // other groups' zeros.
   if (!SameSet(trained, params)) return nullptr;
-  if (scatter_.sync != nullptr && scatter_.of == sharded_->times_sharded()) {
-    return scatter_.sync.get();
-  }
   if (current_ == scatter_.sync.get()) current_ = nullptr;
   scatter_.sync.reset();  // its hooks go before the new sync's come
   constexpr int64_t kFloat = sizeof(float);
@@ -169,13 +173,10 @@ GradientSync* Replica::ScatterSyncFor(const std::vector<torch::Tensor>& params) 
     }
     bucket.scatter = b.counts;
   }
-  GradientSyncOptions so;
-  so.bucket_bytes = options_.bucket_bytes;
-  so.overlap = options_.overlap;
-  so.clock = options_.clock;
   MUSTER_LOG(INFO) << "gradients reduce-scattered over " << shards.layout().world()
                    << " ranks in " << plan.size() << " buckets";
-  scatter_.sync = std::make_unique<GradientSync>(std::move(trained), std::move(plan), comm_, so);
+  scatter_.sync = std::make_unique<GradientSync>(std::move(trained), std::move(plan), comm_,
+                                                 SyncOptions());
   scatter_.of = sharded_->times_sharded();
   return scatter_.sync.get();
 }

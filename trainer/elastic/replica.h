@@ -165,6 +165,8 @@ class Replica : public WorldChanges::Tensors {
   // without reduce_scatter, shards, or where `params` are not the very
   // parameters the shards train.
   GradientSync* ScatterSyncFor(const std::vector<torch::Tensor>& params);
+  // The options of every gradient sync a pass gets.
+  GradientSyncOptions SyncOptions() const;
 
   const TrainingState state_;
   const ReplicaOptions options_;
