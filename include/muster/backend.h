@@ -25,7 +25,8 @@ absl::StatusOr<Backend> ParseBackend(const std::string& name);
 // fp16_compress_hook do for the whole bucket. Inside a node gradients stay
 // float32 (the hierarchical all-reduce compresses only the shard it sends
 // across nodes; a flat communicator over several nodes compresses the whole
-// bucket), so a world of one node is never compressed. Accumulation is in
+// bucket; a reduce-scatter of sharded state's gradients likewise), so a
+// world of one node is never compressed. Accumulation is in
 // float32 wherever muster adds (shared memory, Gloo), in the wire type on
 // NCCL; averages are divided in float32. See docs/communicators.md.
 enum class GradientCompression {

@@ -8,8 +8,9 @@
 // --gradient-compression bf16|fp16 they cross nodes as `wire` (float32 on
 // one node), and bytes, algbw and busbw still count the float32 bytes, the
 // ones a trainer hands over, so the figures compare with uncompressed runs.
-// --collective allgather or reducescatter times AllGather or ReduceScatter
-// over even segments instead (lines begin with its name, busbw = algbw *
+// --collective allgather or reducescatter times AllGather or
+// ReduceScatterGradients (compressed as the all-reduce) over even segments
+// instead (lines begin with its name, busbw = algbw *
 // (W-1)/W).
 #include <sys/wait.h>
 #include <unistd.h>

@@ -50,7 +50,8 @@ ABSL_FLAG(std::string, dtypes, "float32", "--check: float32, bfloat16, float16 (
 ABSL_FLAG(std::string, collective, "allreduce",
           "allreduce, comm-worker: what is timed, allreduce (the gradients' call), allgather "
           "(even segments, one per rank: the sharded optimizer's gather of the parameters) or "
-          "reducescatter (even segments)");
+          "reducescatter (even segments: the sharded optimizer's gradients, compressed across "
+          "nodes with --gradient-compression)");
 ABSL_FLAG(std::string, gradient_compression, "none",
           "allreduce, train: none, bf16 or fp16 (gradients across nodes; busbw counts the "
           "float32 bytes before compression)");
@@ -219,8 +220,8 @@ bool CheckCollectives(Communicator& comm, const std::vector<size_t>& sizes, bool
 }
 
 // Timing: median over repeats of a barrier-separated all-reduce of float32
-// values (AllReduceGradients: compressed across nodes with
-// --gradient-compression); rank 0 prints a line per size. bytes, algbw and
+// values (AllReduceGradients, or ReduceScatterGradients: compressed across
+// nodes with --gradient-compression); rank 0 prints a line per size. bytes, algbw and
 // busbw count the float32 bytes, before any compression. False on a failed
 // collective.
 bool TimeAllReduces(Communicator* comm, const std::vector<size_t>& sizes, bool cuda) {
@@ -240,8 +241,8 @@ bool TimeAllReduces(Communicator* comm, const std::vector<size_t>& sizes, bool c
       const absl::Time deadline = absl::Now() + absl::Seconds(120);
       absl::Status s =
           gather    ? comm->AllGather(data.data(), segments, DataType::kFloat32, deadline)
-          : scatter ? comm->ReduceScatter(data.data(), segments, DataType::kFloat32,
-                                          ReduceOp::kSum, deadline)
+          : scatter ? comm->ReduceScatterGradients(data.data(), segments, ReduceOp::kSum,
+                                                   deadline)
                     : comm->AllReduceGradients(data.data(), data.count(), ReduceOp::kSum,
                                                deadline);
       if (!s.ok()) {

@@ -44,16 +44,23 @@ struct Reduced {
   std::vector<int> node_of;                    // by rank
   std::vector<std::string> names;
   std::vector<DataType> wires;
+  // With `counts`: ReduceScatterGradients and a float32 ReduceScatter, by rank.
+  std::vector<std::vector<float>> scattered, scattered_plain;
 };
 
 // Every rank all-reduces (average) its Gradients() through
-// AllReduceGradients and through a plain float32 AllReduce.
+// AllReduceGradients and through a plain float32 AllReduce; with `counts`
+// (one per rank, summing to n) it also reduce-scatters (average) them
+// through ReduceScatterGradients and a float32 ReduceScatter.
 Reduced ReduceEverywhere(const NodeSplit& split, Backend backend,
-                         GradientCompression compression, size_t n) {
+                         GradientCompression compression, size_t n,
+                         const std::vector<size_t>& counts = {}) {
   const int w = static_cast<int>(split.size());
   const auto inputs = Gradients(w, n);
   Reduced out{std::vector<std::vector<float>>(w), std::vector<std::vector<float>>(w),
-              std::vector<int>(w), std::vector<std::string>(w), std::vector<DataType>(w)};
+              std::vector<int>(w),                  std::vector<std::string>(w),
+              std::vector<DataType>(w),             std::vector<std::vector<float>>(w),
+              std::vector<std::vector<float>>(w)};
   CommHarness h(split, "gc" + std::to_string(::getpid()));
   CommOptions o;
   o.backend = backend;
@@ -71,6 +78,13 @@ Reduced ReduceEverywhere(const NodeSplit& split, Backend backend,
                                             deadline).ok());
     ASSERT_TRUE(rc.comm->AllReduce(out.plain[r].data(), n, DataType::kFloat32,
                                    ReduceOp::kAverage, deadline).ok());
+    if (counts.empty()) return;
+    out.scattered[r] = inputs[r];
+    out.scattered_plain[r] = inputs[r];
+    ASSERT_TRUE(rc.comm->ReduceScatterGradients(out.scattered[r].data(), counts,
+                                                ReduceOp::kAverage, deadline).ok());
+    ASSERT_TRUE(rc.comm->ReduceScatter(out.scattered_plain[r].data(), counts, DataType::kFloat32,
+                                       ReduceOp::kAverage, deadline).ok());
   }).ok());
   return out;
 }
@@ -125,6 +139,51 @@ TEST(GradientCompressionTest, FlatGlooFp16CompressesTheWholeBuffer) {
   for (size_t i = 0; i < n; ++i) {
     const double want = Fp16(Fp16(inputs[0][i]) + Fp16(inputs[1][i])) / 2;
     ASSERT_EQ(got.compressed[1][i], static_cast<float>(want)) << "element " << i;
+  }
+}
+
+// Segment `rank` of `by_rank[rank]`, for every rank, back to back: what a
+// reduce-scatter leaves where each rank can read it.
+std::vector<float> OwnSegments(const std::vector<std::vector<float>>& by_rank,
+                               const std::vector<size_t>& counts) {
+  std::vector<float> out;
+  size_t at = 0;
+  for (size_t r = 0; r < counts.size(); ++r) {
+    out.insert(out.end(), by_rank[r].begin() + at, by_rank[r].begin() + at + counts[r]);
+    at += counts[r];
+  }
+  return out;
+}
+
+// ReduceScatterGradients compresses what crosses nodes as the all-reduce
+// does: on two nodes of two ranks (columns of the hierarchy) and on a flat
+// Gloo world of two nodes, each rank's segment is, bit for bit, that
+// segment of AllReduceGradients (the same roundings in the same order:
+// the formulas of the two tests above), so it differs from the float32
+// reduce-scatter's. Segments are uneven, one of them empty.
+TEST(GradientCompressionTest, ReduceScatterCompressesAsTheAllReduce) {
+  struct Case {
+    NodeSplit split;
+    Backend backend;
+    GradientCompression compression;
+    std::vector<size_t> counts;
+  };
+  const std::vector<Case> cases = {
+      {{0, 0, 1, 1}, Backend::kHier, GradientCompression::kBf16, {30011, 0, 41000, 28992}},
+      {{0, 1}, Backend::kGloo, GradientCompression::kFp16, {49000, 51003}},
+  };
+  for (const Case& c : cases) {
+    const size_t n = TotalCount(c.counts);
+    const Reduced got = ReduceEverywhere(c.split, c.backend, c.compression, n, c.counts);
+    const std::vector<float> scattered = OwnSegments(got.scattered, c.counts);
+    const std::vector<float> plain = OwnSegments(got.scattered_plain, c.counts);
+    size_t differ_from_plain = 0;
+    for (size_t i = 0; i < n; ++i) {
+      ASSERT_EQ(scattered[i], got.compressed[0][i]) << got.names[0] << " element " << i;
+      ASSERT_EQ(plain[i], got.plain[0][i]) << got.names[0] << " element " << i;
+      differ_from_plain += scattered[i] != plain[i];
+    }
+    EXPECT_GT(differ_from_plain, n / 2) << got.names[0] << ": the segments crossed as float32";
   }
 }
 

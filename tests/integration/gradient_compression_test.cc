@@ -104,6 +104,45 @@ TEST(GradientSyncCompressionTest, NoneIsBitForBitTheFloat32AllReduce) {
   }
 }
 
+// A sync given a scatter plan (sharded state, reduce_scatter_gradients)
+// compresses what crosses nodes as the all-reducing sync does: on two nodes
+// of two ranks each rank's segment of each bucket is, bit for bit, those
+// elements of the all-reducing sync's averaged .grad, with bf16 as without
+// it (and with bf16 they differ from the float32 average).
+TEST(GradientSyncCompressionTest, AScatterPlanCompressesAsTheAllReduce) {
+  // Two buckets: parameter 2 alone, then 0 and 1; segments of every size,
+  // one empty.
+  const std::vector<GradientSync::BucketPlan> plan = {{{2}, {1, 0, 3, 1}},
+                                                      {{0, 1}, {1000, 1200, 1, 1360}}};
+  for (GradientCompression c : {GradientCompression::kNone, GradientCompression::kBf16}) {
+    ASSERT_TRUE(RunCommWorld(kTwoNodesOfTwo, "hier", c, [&](int rank, Communicator* comm) {
+      std::vector<torch::Tensor> reduced = Parameters(), scattered = Parameters();
+      GradientSync all(reduced, comm, SmallBuckets());
+      GradientSync scatter(scattered, plan, comm, SmallBuckets());
+      ASSERT_TRUE(scatter.scatters());
+      Step(all, reduced, rank, ControlOf(rank));
+      Step(scatter, scattered, rank, ControlOf(rank));
+      for (size_t b = 0; b < plan.size(); ++b) {
+        std::vector<torch::Tensor> averages, float32;
+        for (size_t k : plan[b].params) {
+          averages.push_back(reduced[k].grad().flatten());
+          float32.push_back(Float32Average(comm, Gradient(k, rank)).flatten());
+        }
+        int64_t at = 0;
+        for (int r = 0; r < rank; ++r) at += static_cast<int64_t>(plan[b].scatter[r]);
+        const int64_t n = static_cast<int64_t>(plan[b].scatter[rank]);
+        const torch::Tensor got = scatter.bucket_gradients(b).narrow(0, at, n);
+        EXPECT_TRUE(torch::equal(got, torch::cat(averages).narrow(0, at, n)))
+            << "bucket " << b << " rank " << rank;
+        if (c == GradientCompression::kBf16 && b == 1 && n > 100) {
+          EXPECT_FALSE(torch::equal(got, torch::cat(float32).narrow(0, at, n)))
+              << "rank " << rank << ": bf16 changed nothing";
+        }
+      }
+    }).ok());
+  }
+}
+
 // Step salvage with compression: the survivors re-reduce the float32
 // gradients they hold, a rank without any contributes zeros, and the
 // average over the three contributors lies within bfloat16's rounding on

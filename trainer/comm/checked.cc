@@ -61,6 +61,15 @@ class MemoryChecked : public ForwardingCommunicator {
     if (absl::Status s = Check("ReduceScatter", data, TotalCount(counts), type); !s.ok()) return s;
     return inner()->ReduceScatter(data, counts, type, op, deadline);
   }
+  absl::Status ReduceScatterGradients(void* data, const std::vector<size_t>& counts,
+                                      ReduceOp op, absl::Time deadline) override {
+    if (absl::Status s = Check("ReduceScatterGradients", data, TotalCount(counts),
+                               DataType::kFloat32);
+        !s.ok()) {
+      return s;
+    }
+    return inner()->ReduceScatterGradients(data, counts, op, deadline);
+  }
   absl::Status AllGather(void* data, const std::vector<size_t>& counts, DataType type,
                          absl::Time deadline) override {
     if (absl::Status s = Check("AllGather", data, TotalCount(counts), type); !s.ok()) return s;

@@ -73,6 +73,12 @@ size_t TotalCount(const std::vector<size_t>& counts) {
   return total;
 }
 
+size_t SegmentOffset(const std::vector<size_t>& counts, int rank) {
+  size_t offset = 0;
+  for (int r = 0; r < rank; ++r) offset += counts[r];
+  return offset;
+}
+
 std::vector<int> UnreachableRanks(const absl::Status& status) {
   std::vector<int> ranks;
   const auto payload = status.GetPayload(kUnreachablePayload);

@@ -103,6 +103,19 @@ class Communicator {
   virtual absl::Status ReduceScatter(void* data, const std::vector<size_t>& counts,
                                      DataType type, ReduceOp op, absl::Time deadline) = 0;
 
+  // Gradients, in place: as ReduceScatter(data, counts, kFloat32, op,
+  // deadline), except that where the bytes cross nodes they travel as
+  // gradient_wire(), as AllReduceGradients' do: rounded to that type,
+  // reduced there (summed in float32 where muster adds them) and widened
+  // back; an average is divided in float32. Segment rank() is the same bits
+  // as that segment of AllReduceGradients over the same buffer wherever the
+  // two add in the same order (two nodes). With kFloat32 it is that
+  // ReduceScatter, bit for bit. Errors: ReduceScatter's.
+  virtual absl::Status ReduceScatterGradients(void* data, const std::vector<size_t>& counts,
+                                              ReduceOp op, absl::Time deadline) {
+    return ReduceScatter(data, counts, DataType::kFloat32, op, deadline);
+  }
+
   // In place over the same layout: rank r provides segment r; afterwards
   // every rank holds every segment.
   virtual absl::Status AllGather(void* data, const std::vector<size_t>& counts, DataType type,
@@ -191,6 +204,8 @@ absl::Status CheckCounts(const std::vector<size_t>& counts, int size);
 
 // The elements of a segmented buffer: the sum of `counts`.
 size_t TotalCount(const std::vector<size_t>& counts);
+// Where segment `rank` begins: the sum of counts[0..rank).
+size_t SegmentOffset(const std::vector<size_t>& counts, int rank);
 
 }  // namespace muster
 

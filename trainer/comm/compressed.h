@@ -13,6 +13,7 @@
 #define MUSTER_TRAINER_COMM_COMPRESSED_H_
 
 #include <memory>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
@@ -31,12 +32,23 @@ namespace muster {
 absl::Status AllReduceCompressed(Communicator* comm, BufferOps* ops, DataType wire, void* data,
                                  size_t count, absl::Time deadline);
 
+// The same for a reduce-scatter over `comm` of float32 `data` laid out as
+// `counts` (Communicator::ReduceScatter): every segment is compressed into
+// `carried` (room for TotalCount(counts) elements of `wire`, in `comm`'s
+// memory), reduce-scattered there (summed), and `comm`'s own segment is
+// widened back into `data`; the other segments are left as they were.
+// Errors: as AllReduceCompressed's.
+absl::Status ReduceScatterCompressed(Communicator* comm, BufferOps* ops, DataType wire, void* data,
+                                     const std::vector<size_t>& counts, void* carried,
+                                     absl::Time deadline);
+
 // `inner` (a flat communicator) whose AllReduceGradients carries the whole
 // buffer as `wire` (AllReduceCompressed, then a float32 division for an
-// average); gradient_wire() is `wire` and name() "<inner>:<wire>", e.g.
-// "gloo:bfloat16". Every other call goes to `inner` unchanged. A failure of
-// the compressed all-reduce aborts `inner` (the peers may be waiting in
-// it). `ops` work on `inner`'s memory.
+// average), and whose ReduceScatterGradients does the same
+// (ReduceScatterCompressed); gradient_wire() is `wire` and name()
+// "<inner>:<wire>", e.g. "gloo:bfloat16". Every other call goes to `inner`
+// unchanged. A failure of a compressed collective aborts `inner` (the peers
+// may be waiting in it). `ops` work on `inner`'s memory.
 std::unique_ptr<Communicator> NewCompressedCommunicator(std::unique_ptr<Communicator> inner,
                                                         DataType wire,
                                                         std::unique_ptr<BufferOps> ops);

@@ -40,6 +40,10 @@ class ForwardingCommunicator : public Communicator {
                              ReduceOp op, absl::Time deadline) override {
     return inner_->ReduceScatter(data, counts, type, op, deadline);
   }
+  absl::Status ReduceScatterGradients(void* data, const std::vector<size_t>& counts,
+                                      ReduceOp op, absl::Time deadline) override {
+    return inner_->ReduceScatterGradients(data, counts, op, deadline);
+  }
   absl::Status AllGather(void* data, const std::vector<size_t>& counts, DataType type,
                          absl::Time deadline) override {
     return inner_->AllGather(data, counts, type, deadline);

@@ -135,9 +135,21 @@ class Hierarchical : public Communicator {
                              ReduceOp op, absl::Time deadline) override {
     if (absl::Status s = CheckCounts(counts, size_); !s.ok()) return s;
     if (EvenNodesOnHost()) {
-      return ReduceByColumns(static_cast<char*>(data), counts, type, op, deadline);
+      return ReduceByColumns(static_cast<char*>(data), counts, type, op, /*wire=*/type, deadline);
     }
     return AllReduce(data, TotalCount(counts), type, op, deadline);
+  }
+
+  // As ReduceScatter in float32, the columns crossing nodes as `wire_`;
+  // elsewhere AllReduceGradients.
+  absl::Status ReduceScatterGradients(void* data, const std::vector<size_t>& counts, ReduceOp op,
+                                      absl::Time deadline) override {
+    if (absl::Status s = CheckCounts(counts, size_); !s.ok()) return s;
+    if (EvenNodesOnHost()) {
+      return ReduceByColumns(static_cast<char*>(data), counts, DataType::kFloat32, op, wire_,
+                             deadline);
+    }
+    return Reduce(data, TotalCount(counts), DataType::kFloat32, op, wire_, deadline);
   }
 
   absl::Status AllGather(void* data, const std::vector<size_t>& counts, DataType type,
@@ -278,9 +290,11 @@ class Hierarchical : public Communicator {
     std::vector<size_t> at, in_scratch, column, mine;
     char* scratch = nullptr;
     char* own_column = nullptr;
+    char* carried = nullptr;  // room for the own column in `carried_es`-byte elements
   };
   // ABORTED once broken.
-  absl::StatusOr<Columns> ScratchColumns(const std::vector<size_t>& counts, size_t es) {
+  absl::StatusOr<Columns> ScratchColumns(const std::vector<size_t>& counts, size_t es,
+                                         size_t carried_es = 0) {
     if (absl::Status s = Broken(); !s.ok()) return s;
     const int L = local_size_, nodes = size_ / L;
     Columns c{std::vector<size_t>(size_ + 1, 0), std::vector<size_t>(size_),
@@ -295,10 +309,12 @@ class Hierarchical : public Communicator {
       }
     }
     for (int n = 0; n < nodes; ++n) c.mine[n] = counts[n * L + rank_ % L];
-    absl::StatusOr<void*> scratch = ops_->Scratch(std::max<size_t>(total, 1) * es);
+    const size_t carried = c.column[rank_ % L] * carried_es;
+    absl::StatusOr<void*> scratch = ops_->Scratch(std::max<size_t>(total * es + carried, 1));
     if (!scratch.ok()) return scratch.status();
     c.scratch = static_cast<char*>(*scratch);
     c.own_column = c.scratch + c.in_scratch[rank_ % L] * es;
+    c.carried = c.scratch + total * es;
     return c;
   }
 
@@ -339,11 +355,13 @@ class Hierarchical : public Communicator {
   // node's sum of column l; across nodes each local rank reduce-scatters
   // its column over its inter-node group, so that node n's member ends
   // with segment n*L + l, its own. Each segment crosses each hop once; the
-  // caller's other segments are left as they were.
+  // caller's other segments are left as they were. The column crosses
+  // nodes as `wire` (a float32 `type` compressed: ReduceScatterCompressed).
   absl::Status ReduceByColumns(char* data, const std::vector<size_t>& counts, DataType type,
-                               ReduceOp op, absl::Time deadline) {
+                               ReduceOp op, DataType wire, absl::Time deadline) {
     const size_t es = DataTypeSize(type);
-    absl::StatusOr<Columns> columns = ScratchColumns(counts, es);
+    absl::StatusOr<Columns> columns =
+        ScratchColumns(counts, es, wire == type ? 0 : DataTypeSize(wire));
     if (!columns.ok()) return columns.status();
     const Columns& c = *columns;
     for (int r = 0; r < size_; ++r) {
@@ -357,8 +375,11 @@ class Hierarchical : public Communicator {
       }
     }
     if (c.mine.size() > 1) {
-      if (absl::Status s = inter_[0]->ReduceScatter(c.own_column, c.mine, type, ReduceOp::kSum,
-                                                    deadline);
+      if (absl::Status s =
+              wire == type
+                  ? inter_[0]->ReduceScatter(c.own_column, c.mine, type, ReduceOp::kSum, deadline)
+                  : ReduceScatterCompressed(inter_[0].get(), ops_.get(), wire, c.own_column,
+                                            c.mine, c.carried, deadline);
           !s.ok()) {
         Abort(s);  // as any failed leg across nodes: the whole communicator
         return s;

@@ -94,7 +94,7 @@ absl::Status ReduceScatterGradientTensor(Communicator* comm, const torch::Tensor
                                                    " gradients in segments of ", total));
   }
   return OnCommMemory(comm, tensor, [&](void* data, size_t) {
-    return comm->ReduceScatter(data, counts, DataType::kFloat32, op, deadline);
+    return comm->ReduceScatterGradients(data, counts, op, deadline);
   });
 }
 

@@ -38,8 +38,9 @@ absl::Status AllReduceGradientTensor(Communicator* comm, const torch::Tensor& te
 
 // In place over a contiguous float32 `tensor` of gradients (any device),
 // laid out as Communicator::ReduceScatter's segments (`counts`, summing to
-// its elements): afterwards segment rank() holds its reduction, in float32
-// on every communicator (a compressing one compresses only all-reduces).
+// its elements): afterwards segment rank() holds its reduction, crossing
+// nodes as the communicator's gradient_wire()
+// (Communicator::ReduceScatterGradients).
 // INVALID_ARGUMENT for another dtype, a tensor that is not contiguous, or
 // counts that are not one per rank or do not add up to it.
 absl::Status ReduceScatterGradientTensor(Communicator* comm, const torch::Tensor& tensor,
