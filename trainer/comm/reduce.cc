@@ -7,7 +7,12 @@
 
 namespace muster {
 
-float HalfToFloat(uint16_t h) {
+// The conversions, with internal linkage so that the loops below inline
+// them (a function libmuster exports may be interposed, so calls to it from
+// position-independent code are not inlined).
+namespace {
+
+float HalfBitsToFloat(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
   uint32_t exp = (h >> 10) & 0x1f;
   uint32_t mant = h & 0x3ff;
@@ -34,7 +39,7 @@ float HalfToFloat(uint16_t h) {
   return f;
 }
 
-uint16_t FloatToHalf(float f) {
+uint16_t FloatToHalfBits(float f) {
   uint32_t x;
   std::memcpy(&x, &f, 4);
   const uint32_t sign = (x >> 16) & 0x8000;
@@ -51,20 +56,29 @@ uint16_t FloatToHalf(float f) {
   return static_cast<uint16_t>(sign | ((rounded - 0x38000000) >> 13));
 }
 
-float BFloat16ToFloat(uint16_t b) {
+float Bf16BitsToFloat(uint16_t b) {
   const uint32_t bits = static_cast<uint32_t>(b) << 16;
   float f;
   std::memcpy(&f, &bits, 4);
   return f;
 }
 
-uint16_t FloatToBFloat16(float f) {
+// Without a branch (both results made, one chosen), so that the loops over
+// buffers that call it vectorize.
+uint16_t FloatToBf16Bits(float f) {
   uint32_t x;
   std::memcpy(&x, &f, 4);
-  if ((x & 0x7fffffff) > 0x7f800000) return static_cast<uint16_t>((x >> 16) | 0x40);  // NaN
-  const uint32_t rounded = x + 0x7fff + ((x >> 16) & 1);
-  return static_cast<uint16_t>(rounded >> 16);
+  const uint32_t nan = (x >> 16) | 0x40;
+  const uint32_t rounded = (x + 0x7fff + ((x >> 16) & 1)) >> 16;
+  return static_cast<uint16_t>((x & 0x7fffffff) > 0x7f800000 ? nan : rounded);
 }
+
+}  // namespace
+
+float HalfToFloat(uint16_t h) { return HalfBitsToFloat(h); }
+uint16_t FloatToHalf(float f) { return FloatToHalfBits(f); }
+float BFloat16ToFloat(uint16_t b) { return Bf16BitsToFloat(b); }
+uint16_t FloatToBFloat16(float f) { return FloatToBf16Bits(f); }
 
 namespace {
 
@@ -112,10 +126,10 @@ void SumAll16(void* out, const void* a, const std::vector<const void*>& others, 
 void SumAll(DataType type, void* out, const void* a, const std::vector<const void*>& others,
             size_t count, int divisor) {
   if (type == DataType::kFloat16) {
-    return SumAll16<HalfToFloat, FloatToHalf>(out, a, others, count, divisor);
+    return SumAll16<HalfBitsToFloat, FloatToHalfBits>(out, a, others, count, divisor);
   }
   if (type == DataType::kBFloat16) {
-    return SumAll16<BFloat16ToFloat, FloatToBFloat16>(out, a, others, count, divisor);
+    return SumAll16<Bf16BitsToFloat, FloatToBf16Bits>(out, a, others, count, divisor);
   }
   const void* first = a;
   for (const void* other : others) {
@@ -128,17 +142,17 @@ void SumAll(DataType type, void* out, const void* a, const std::vector<const voi
 
 void CompressFloats(DataType wire, const float* from, uint16_t* to, size_t count) {
   if (wire == DataType::kBFloat16) {
-    for (size_t i = 0; i < count; ++i) to[i] = FloatToBFloat16(from[i]);
+    for (size_t i = 0; i < count; ++i) to[i] = FloatToBf16Bits(from[i]);
   } else {
-    for (size_t i = 0; i < count; ++i) to[i] = FloatToHalf(from[i]);
+    for (size_t i = 0; i < count; ++i) to[i] = FloatToHalfBits(from[i]);
   }
 }
 
 void DecompressFloats(DataType wire, const uint16_t* from, float* to, size_t count) {
   if (wire == DataType::kBFloat16) {
-    for (size_t i = 0; i < count; ++i) to[i] = BFloat16ToFloat(from[i]);
+    for (size_t i = 0; i < count; ++i) to[i] = Bf16BitsToFloat(from[i]);
   } else {
-    for (size_t i = 0; i < count; ++i) to[i] = HalfToFloat(from[i]);
+    for (size_t i = 0; i < count; ++i) to[i] = HalfBitsToFloat(from[i]);
   }
 }
 
@@ -147,8 +161,8 @@ void SumInto(DataType type, void* out, const void* a, const void* b, size_t coun
     case DataType::kFloat32: return SumT<float>(out, a, b, count);
     case DataType::kFloat64: return SumT<double>(out, a, b, count);
     case DataType::kInt64: return SumT<int64_t>(out, a, b, count);
-    case DataType::kFloat16: return Sum16<HalfToFloat, FloatToHalf>(out, a, b, count);
-    case DataType::kBFloat16: return Sum16<BFloat16ToFloat, FloatToBFloat16>(out, a, b, count);
+    case DataType::kFloat16: return Sum16<HalfBitsToFloat, FloatToHalfBits>(out, a, b, count);
+    case DataType::kBFloat16: return Sum16<Bf16BitsToFloat, FloatToBf16Bits>(out, a, b, count);
   }
 }
 
@@ -172,12 +186,12 @@ void DivideBy(DataType type, void* data, size_t count, int divisor) {
     }
     case DataType::kFloat16: {
       uint16_t* p = static_cast<uint16_t*>(data);
-      for (size_t i = 0; i < count; ++i) p[i] = FloatToHalf(HalfToFloat(p[i]) / divisor);
+      for (size_t i = 0; i < count; ++i) p[i] = FloatToHalfBits(HalfBitsToFloat(p[i]) / divisor);
       return;
     }
     case DataType::kBFloat16: {
       uint16_t* p = static_cast<uint16_t*>(data);
-      for (size_t i = 0; i < count; ++i) p[i] = FloatToBFloat16(BFloat16ToFloat(p[i]) / divisor);
+      for (size_t i = 0; i < count; ++i) p[i] = FloatToBf16Bits(Bf16BitsToFloat(p[i]) / divisor);
       return;
     }
   }
