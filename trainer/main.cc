@@ -88,8 +88,9 @@ ABSL_FLAG(int32_t, optimizer_state_copies, 2,
           "with --shard-optimizer: the ranks that keep each part of the state (1 or 2; with 1 a "
           "dead rank's part comes from the newest committed checkpoint)");
 ABSL_FLAG(bool, reduce_scatter, false,
-          "with --shard-optimizer and --optimizer-state-copies=1: reduce-scatter the gradients "
-          "(each rank gets the average of the part it steps) instead of all-reducing them");
+          "with --shard-optimizer: reduce-scatter the gradients (each rank gets the average of "
+          "the parts it steps) instead of all-reducing them; with two copies only where a rank "
+          "and its buddy share a column (two nodes of equal size)");
 ABSL_FLAG(int64_t, eval_every, 0, "evaluate every N steps (0: at the end)");
 ABSL_FLAG(int64_t, log_every, 20, "progress line every N steps");
 ABSL_FLAG(std::string, log_dir, "", "JSON-lines metrics and TensorBoard events (rank 0)");

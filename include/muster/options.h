@@ -159,19 +159,22 @@ struct Options {
   // of a job must use the same values.
   bool shard_optimizer_state = false;
   int optimizer_state_copies = 2;
-  // With shard_optimizer_state and optimizer_state_copies = 1: while the
-  // state is sharded, a pass that reduces every parameter the optimizers
-  // train reduce-scatters the gradients instead of all-reducing them, so
-  // that each rank receives the average of the part it steps alone: the
-  // reduction moves half the bytes, and the all-gather of the parameters
-  // the other half (docs/sharding.md, "Reduce-scatter"). The parameters'
+  // With shard_optimizer_state: while the state is sharded, a pass that
+  // reduces every parameter the optimizers train reduce-scatters the
+  // gradients instead of all-reducing them, so that each rank receives the
+  // average of the parts it steps alone. With one copy the reduction moves
+  // half the bytes, and the all-gather of the parameters the other half;
+  // with two copies it does so on two nodes of equal size (a rank and its
+  // buddy share a column: the node's all-gather of the gradients is saved)
+  // and elsewhere all-reduces (docs/sharding.md, "Reduce-scatter"). The
+  // parameters'
   // .grad then hold this rank's own gradient, not the average: clipping
   // them does not change the step, so a program that clips or reads the
   // gradients must not set it. A pass over some of the parameters (a
   // GAN's), and every pass where the state is whole (a world of one, a
   // salvaged step), all-reduces as without it. The result equals the
   // all-reduced run's within float32 summation order, and is the same bits
-  // on every rank. Start refuses it without one copy of sharded state.
+  // on every rank. Start refuses it without sharded state.
   bool reduce_scatter_gradients = false;
 
   // ---- Data: a distributed sampler over indices [0, dataset_size) ----

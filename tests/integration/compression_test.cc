@@ -187,6 +187,47 @@ TEST(GradientCompressionTest, ReduceScatterCompressesAsTheAllReduce) {
   }
 }
 
+// ReduceColumnsGradients leaves each rank the segments of its column
+// reduced, compressed across nodes as the all-reduce: on two nodes of two
+// ranks, segments r and r +- 2 of rank r are, bit for bit, those of
+// AllReduceGradients, with bf16 as in float32, and the other column's
+// segments are left as they were (nothing carried them). Flat Gloo has no
+// columns: every segment is the all-reduce's.
+TEST(GradientCompressionTest, ColumnsAreReducedAsByTheAllReduce) {
+  const std::vector<size_t> counts = {30011, 0, 41000, 28992};
+  const size_t n = TotalCount(counts);
+  for (auto [split, backend] : {std::pair<NodeSplit, Backend>{{0, 0, 1, 1}, Backend::kHier},
+                                std::pair<NodeSplit, Backend>{{0, 1, 0, 1}, Backend::kGloo}}) {
+    for (GradientCompression c : {GradientCompression::kNone, GradientCompression::kBf16}) {
+      const auto inputs = Gradients(4, n);
+      std::vector<std::vector<float>> got(4), want(4);
+      CommHarness h(split, "gcc" + std::to_string(::getpid()));
+      CommOptions o;
+      o.backend = backend;
+      o.gradient_compression = c;
+      ASSERT_TRUE(h.Run(o, [&](RankContext& rc) {
+        const int r = rc.world.rank;
+        got[r] = want[r] = inputs[r];
+        const absl::Time deadline = absl::Now() + absl::Seconds(60);
+        ASSERT_TRUE(rc.comm->ReduceColumnsGradients(got[r].data(), counts, ReduceOp::kAverage,
+                                                    deadline).ok());
+        ASSERT_TRUE(rc.comm->AllReduceGradients(want[r].data(), n, ReduceOp::kAverage,
+                                                deadline).ok());
+      }).ok());
+      for (int r = 0; r < 4; ++r) {
+        for (int s = 0; s < 4; ++s) {
+          const size_t at = SegmentOffset(counts, s);
+          const bool mine = backend != Backend::kHier || s % 2 == r % 2;
+          const float* expected = (mine ? want[r] : inputs[r]).data() + at;
+          ASSERT_EQ(std::memcmp(got[r].data() + at, expected, counts[s] * 4), 0)
+              << "rank " << r << " segment " << s << (mine ? " reduced" : " untouched")
+              << ", compression " << static_cast<int>(c);
+        }
+      }
+    }
+  }
+}
+
 // Nothing crosses nodes in a world of one node: compression asked for
 // changes nothing, and AllReduceGradients is the float32 AllReduce, bit for
 // bit.

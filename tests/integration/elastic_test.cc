@@ -1307,6 +1307,9 @@ class ShardedStateFailureTest : public ShardedStateTest {
   // With one copy of each part (and `extra` flags), a SIGKILL of one of
   // four trainers after the checkpoint of step 40: see the tests.
   void KillOneOfFourWithOneCopy(const std::vector<std::string>& extra);
+  // With two copies (and `extra` flags), a SIGKILL of one of four trainers
+  // after step 40 and a replacement: see the tests.
+  void KillOneOfFourAndReplaceIt(const std::vector<std::string>& extra);
 };
 
 // A trainer SIGKILLed mid-run takes its parts of the state with it; their
@@ -1314,7 +1317,26 @@ class ShardedStateFailureTest : public ShardedStateTest {
 // memory (no checkpoint: none is written), salvage the step and go on, a
 // replacement joins, and every rank ends with the same parameters.
 TEST_F(ShardedStateFailureTest, AKilledRanksPartsLiveOnInItsBuddyAndTheJobEndsAsOne) {
-  const std::vector<std::string> flags = {"--shard-optimizer", "--steps=1000"};
+  KillOneOfFourAndReplaceIt({});
+}
+
+// The same with the gradients reduce-scattered by columns: the kill breaks
+// a step's column reduction, the world of three (a node of one) all-reduces,
+// and once the replacement makes two nodes of two again the new shards are
+// reduce-scattered by columns again.
+TEST_F(ShardedStateFailureTest, WithReduceScatterAKilledRanksPartsLiveOnInItsBuddy) {
+  KillOneOfFourAndReplaceIt({"--reduce-scatter"});
+  const std::string log = ReadText(dir_ + "/k0.log");
+  const std::string line = "gradients reduce-scattered over 4 ranks";
+  const size_t first = log.find(line);
+  ASSERT_NE(first, std::string::npos) << log;
+  EXPECT_NE(log.find(line, first + 1), std::string::npos) << "not again after the join\n" << log;
+  EXPECT_EQ(log.find("reduce-scattered over 3 ranks"), std::string::npos) << log;
+}
+
+void ShardedStateFailureTest::KillOneOfFourAndReplaceIt(const std::vector<std::string>& extra) {
+  std::vector<std::string> flags = {"--shard-optimizer", "--steps=1000"};
+  flags.insert(flags.end(), extra.begin(), extra.end());
   std::vector<pid_t> pids = Run("k", flags);
   ASSERT_TRUE(WaitForLine("k0", "world 4 on 2 nodes", absl::Seconds(60)))
       << ReadText(dir_ + "/k0.log");
@@ -1389,22 +1411,38 @@ void ShardedStateFailureTest::KillOneOfFourWithOneCopy(const std::vector<std::st
   }
 }
 
-// With one copy and --reduce-scatter each rank receives only the average
-// of the part it steps: every rank ends with the same parameters, equal to
-// the all-reduced sharded run's within float32 summation order, each held
-// the same quarter of the state, and the log says the gradients were
-// reduce-scattered. The state check every 10 steps compares each rank's
-// masters with its parameters.
+// With --reduce-scatter each rank receives only the average of the parts
+// it steps: with one copy ("r") its own; with two ("c"), on two nodes of two
+// ranks, its own and its buddy's, which share its column. Every rank ends
+// with the same parameters, equal to the all-reduced sharded run's ("a")
+// within float32 summation order; with one copy each held the same quarter
+// of the state; the log says the gradients were reduce-scattered. The state
+// check every 10 steps compares each rank's masters with its parameters
+// and, with two copies, each part's owner with its buddy, bit for bit.
 TEST_F(ShardedStateTest, ReduceScatteredGradientsTrainAsAllReducedWithinRounding) {
-  for (const std::string& tag : {std::string("a"), std::string("r")}) {
-    std::vector<std::string> flags = {"--shard-optimizer", "--optimizer-state-copies=1",
-                                      "--check-state-every=10"};
-    if (tag == "r") {
+  for (const std::string& tag : {std::string("a"), std::string("r"), std::string("c")}) {
+    std::vector<std::string> flags = {"--shard-optimizer", "--check-state-every=10"};
+    flags.push_back(tag == "c" ? "--optimizer-state-copies=2" : "--optimizer-state-copies=1");
+    if (tag != "a") {
       NewCoordinator();
       flags.push_back("--reduce-scatter");
     }
     RunToEnd(tag, flags);
   }
+  const std::string c0 = ReadText(dir_ + "/c0.json");
+  EXPECT_EQ(JsonNumber(c0, "steps"), "250") << c0;
+  EXPECT_EQ(JsonNumber(c0, "regroups"), "0") << c0;
+  const double columns = std::stod(JsonNumber(c0, "parameter_checksum"));
+  const double reference = std::stod(JsonNumber(ReadText(dir_ + "/a0.json"), "parameter_checksum"));
+  EXPECT_NEAR(columns, reference, kScatterTolerance * std::abs(reference)) << c0;
+  for (int i = 1; i < 4; ++i) {
+    EXPECT_EQ(JsonNumber(ReadText(absl::StrCat(dir_, "/c", i, ".json")), "parameter_checksum"),
+              JsonNumber(c0, "parameter_checksum"))
+        << i;
+  }
+  EXPECT_NE(ReadText(dir_ + "/c0.log").find("each rank keeping its column's segments"),
+            std::string::npos)
+      << ReadText(dir_ + "/c0.log");
   const std::string a0 = ReadText(dir_ + "/a0.json"), r0 = ReadText(dir_ + "/r0.json");
   EXPECT_EQ(JsonNumber(r0, "steps"), "250") << r0;
   EXPECT_EQ(JsonNumber(r0, "regroups"), "0") << r0;

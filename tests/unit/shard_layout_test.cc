@@ -363,6 +363,25 @@ TEST(ShardLayoutTest, TheGatherStaysInsideNodesOnlyWhereEachNodeKeepsEveryShard)
   EXPECT_TRUE(PlanNodeGather(Layout({10}, {0, 0, 1}, 2), 2).empty()) << "2 does not divide 3";
 }
 
+// Two copies on two nodes of equal size: a rank and its buddy are the same
+// local rank of the two nodes, so every rank keeps only shards of its
+// column, and a reduction that leaves each rank its column's segments gives
+// it both parts it steps. One copy keeps only the rank's own shard (in its
+// column). Three nodes of two (the buddy three places on, in another
+// column), one node, and a size that does not divide the world do not.
+TEST(ShardLayoutTest, TwoCopiesOnTwoNodesKeepOnlyTheirColumnsShards) {
+  for (int node_size : {1, 2, 3}) {
+    std::vector<int> node_of(2 * node_size);
+    for (int r = 0; r < 2 * node_size; ++r) node_of[r] = r / node_size;
+    EXPECT_TRUE(KeptInColumns(Layout({10, 23}, node_of, 2), node_size)) << node_size;
+    EXPECT_TRUE(KeptInColumns(Layout({10, 23}, node_of, 1), node_size)) << node_size;
+    EXPECT_FALSE(KeptInColumns(Layout({10, 23}, node_of, 2), 2 * node_size)) << "one node";
+  }
+  EXPECT_FALSE(KeptInColumns(Layout({10}, {0, 0, 1, 1, 2, 2}, 2), 2)) << "three nodes";
+  EXPECT_FALSE(KeptInColumns(Layout({10}, {0, 0, 1, 1}, 2), 0));
+  EXPECT_FALSE(KeptInColumns(Layout({10}, {0, 0, 1}, 2), 2)) << "2 does not divide 3";
+}
+
 TEST(ShardLayoutTest, GatherRoundsTakeTheNextPieceOfEveryShard) {
   for (int w : {1, 2, 3, 4}) {
     for (int64_t cap : {1, 3, 8, 100}) {

@@ -70,6 +70,15 @@ class MemoryChecked : public ForwardingCommunicator {
     }
     return inner()->ReduceScatterGradients(data, counts, op, deadline);
   }
+  absl::Status ReduceColumnsGradients(void* data, const std::vector<size_t>& counts,
+                                      ReduceOp op, absl::Time deadline) override {
+    if (absl::Status s = Check("ReduceColumnsGradients", data, TotalCount(counts),
+                               DataType::kFloat32);
+        !s.ok()) {
+      return s;
+    }
+    return inner()->ReduceColumnsGradients(data, counts, op, deadline);
+  }
   absl::Status AllGather(void* data, const std::vector<size_t>& counts, DataType type,
                          absl::Time deadline) override {
     if (absl::Status s = Check("AllGather", data, TotalCount(counts), type); !s.ok()) return s;

@@ -73,6 +73,12 @@ size_t TotalCount(const std::vector<size_t>& counts) {
   return total;
 }
 
+absl::Status Communicator::ReduceColumnsGradients(void* data, const std::vector<size_t>& counts,
+                                                  ReduceOp op, absl::Time deadline) {
+  if (absl::Status s = CheckCounts(counts, size()); !s.ok()) return s;
+  return AllReduceGradients(data, TotalCount(counts), op, deadline);
+}
+
 size_t SegmentOffset(const std::vector<size_t>& counts, int rank) {
   size_t offset = 0;
   for (int r = 0; r < rank; ++r) offset += counts[r];

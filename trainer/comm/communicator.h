@@ -116,6 +116,19 @@ class Communicator {
     return ReduceScatter(data, counts, DataType::kFloat32, op, deadline);
   }
 
+  // Gradients, in place over the same layout, for ranks that each need the
+  // segments of their column: where NodeRanks() is not empty (L ranks a
+  // node, numbered node by node), afterwards the segments of every rank
+  // r' with r' % L == rank() % L hold their reduction (two copies of
+  // sharded state on two nodes: a rank and its buddy share a column);
+  // elsewhere every segment does. Other segments are unspecified. The
+  // hierarchical communicator on host memory carries across nodes only
+  // what a reduce-scatter of the columns would; the others all-reduce
+  // (AllReduceGradients). Compressed across nodes as AllReduceGradients.
+  // Errors: AllReduce's.
+  virtual absl::Status ReduceColumnsGradients(void* data, const std::vector<size_t>& counts,
+                                              ReduceOp op, absl::Time deadline);
+
   // In place over the same layout: rank r provides segment r; afterwards
   // every rank holds every segment.
   virtual absl::Status AllGather(void* data, const std::vector<size_t>& counts, DataType type,

@@ -23,11 +23,13 @@ absl::Status CheckWire(DataType wire) {
 }  // namespace
 
 absl::Status AllReduceCompressed(Communicator* comm, BufferOps* ops, DataType wire, void* data,
-                                 size_t count, absl::Time deadline) {
+                                 size_t count, absl::Time deadline, void* carried) {
   MUSTER_RETURN_IF_ERROR(CheckWire(wire));
   // An empty call still goes to `comm`: every rank issues the same ones.
   if (count == 0) return comm->AllReduce(data, 0, wire, ReduceOp::kSum, deadline);
-  MUSTER_ASSIGN_OR_RETURN(void* carried, ops->Scratch(count * DataTypeSize(wire)));
+  if (carried == nullptr) {
+    MUSTER_ASSIGN_OR_RETURN(carried, ops->Scratch(count * DataTypeSize(wire)));
+  }
   MUSTER_RETURN_IF_ERROR(ops->Compress(wire, data, carried, count));
   MUSTER_RETURN_IF_ERROR(comm->AllReduce(carried, count, wire, ReduceOp::kSum, deadline));
   return ops->Decompress(wire, carried, data, count);

@@ -27,10 +27,12 @@ namespace muster {
 // kBFloat16): compressed into the ops' scratch, all-reduced there, widened
 // back into `data`. The reduction is `comm`'s for that type (Gloo and
 // shared memory add in float32; NCCL in the type). Every rank ends with the
-// same bits. Errors: INVALID_ARGUMENT for another wire type; `ops`' (then
-// `comm` was not called) and `comm`'s. Does not abort `comm`.
+// same bits. `carried`: room for `count` elements of `wire` in `comm`'s
+// memory (null: the ops' scratch). Errors: INVALID_ARGUMENT for another
+// wire type; `ops`' (then `comm` was not called) and `comm`'s. Does not
+// abort `comm`.
 absl::Status AllReduceCompressed(Communicator* comm, BufferOps* ops, DataType wire, void* data,
-                                 size_t count, absl::Time deadline);
+                                 size_t count, absl::Time deadline, void* carried = nullptr);
 
 // The same for a reduce-scatter over `comm` of float32 `data` laid out as
 // `counts` (Communicator::ReduceScatter): every segment is compressed into

@@ -44,6 +44,9 @@ class ForwardingCommunicator : public Communicator {
                                       ReduceOp op, absl::Time deadline) override {
     return inner_->ReduceScatterGradients(data, counts, op, deadline);
   }
+  // ReduceColumnsGradients is not forwarded: its default reduces through
+  // this wrapper's AllReduceGradients, which a wrapper may change
+  // (compressed.h); a wrapper that changes nothing forwards it itself.
   absl::Status AllGather(void* data, const std::vector<size_t>& counts, DataType type,
                          absl::Time deadline) override {
     return inner_->AllGather(data, counts, type, deadline);

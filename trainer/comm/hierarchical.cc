@@ -152,6 +152,18 @@ class Hierarchical : public Communicator {
     return Reduce(data, TotalCount(counts), DataType::kFloat32, op, wire_, deadline);
   }
 
+  // On nodes of equal size, by columns with the leg across nodes an
+  // all-reduce of the column; elsewhere AllReduceGradients.
+  absl::Status ReduceColumnsGradients(void* data, const std::vector<size_t>& counts, ReduceOp op,
+                                      absl::Time deadline) override {
+    if (absl::Status s = CheckCounts(counts, size_); !s.ok()) return s;
+    if (EvenNodesOnHost()) {
+      return ReduceByColumns(static_cast<char*>(data), counts, DataType::kFloat32, op, wire_,
+                             deadline, /*whole_column=*/true);
+    }
+    return Reduce(data, TotalCount(counts), DataType::kFloat32, op, wire_, deadline);
+  }
+
   absl::Status AllGather(void* data, const std::vector<size_t>& counts, DataType type,
                          absl::Time deadline) override {
     if (absl::Status s = CheckCounts(counts, size_); !s.ok()) return s;
@@ -357,8 +369,11 @@ class Hierarchical : public Communicator {
   // with segment n*L + l, its own. Each segment crosses each hop once; the
   // caller's other segments are left as they were. The column crosses
   // nodes as `wire` (a float32 `type` compressed: ReduceScatterCompressed).
+  // With `whole_column` the leg across nodes all-reduces the column, so
+  // that every segment of the column ends reduced on this rank.
   absl::Status ReduceByColumns(char* data, const std::vector<size_t>& counts, DataType type,
-                               ReduceOp op, DataType wire, absl::Time deadline) {
+                               ReduceOp op, DataType wire, absl::Time deadline,
+                               bool whole_column = false) {
     const size_t es = DataTypeSize(type);
     absl::StatusOr<Columns> columns =
         ScratchColumns(counts, es, wire == type ? 0 : DataTypeSize(wire));
@@ -375,20 +390,35 @@ class Hierarchical : public Communicator {
       }
     }
     if (c.mine.size() > 1) {
-      if (absl::Status s =
-              wire == type
-                  ? inter_[0]->ReduceScatter(c.own_column, c.mine, type, ReduceOp::kSum, deadline)
-                  : ReduceScatterCompressed(inter_[0].get(), ops_.get(), wire, c.own_column,
-                                            c.mine, c.carried, deadline);
-          !s.ok()) {
+      if (absl::Status s = AcrossNodes(c, type, wire, whole_column, deadline); !s.ok()) {
         Abort(s);  // as any failed leg across nodes: the whole communicator
         return s;
       }
     }
-    char* mine = data + c.at[rank_] * es;
-    std::memcpy(mine, c.scratch + c.in_scratch[rank_] * es, counts[rank_] * es);
-    if (op == ReduceOp::kAverage) return ops_->Divide(type, mine, counts[rank_], size_);
+    for (int r = whole_column ? rank_ % local_size_ : rank_; r < size_;
+         r += whole_column ? local_size_ : size_) {
+      char* out = data + c.at[r] * es;
+      std::memcpy(out, c.scratch + c.in_scratch[r] * es, counts[r] * es);
+      if (op == ReduceOp::kAverage) {
+        if (absl::Status s = ops_->Divide(type, out, counts[r], size_); !s.ok()) return s;
+      }
+    }
     return absl::OkStatus();
+  }
+  // ReduceByColumns' leg across nodes over this rank's column.
+  absl::Status AcrossNodes(const Columns& c, DataType type, DataType wire, bool whole_column,
+                           absl::Time deadline) {
+    Communicator* across = inter_[0].get();
+    if (whole_column) {
+      const size_t n = TotalCount(c.mine);
+      return wire == type ? across->AllReduce(c.own_column, n, type, ReduceOp::kSum, deadline)
+                          : AllReduceCompressed(across, ops_.get(), wire, c.own_column, n,
+                                                deadline, c.carried);
+    }
+    return wire == type ? across->ReduceScatter(c.own_column, c.mine, type, ReduceOp::kSum,
+                                                deadline)
+                        : ReduceScatterCompressed(across, ops_.get(), wire, c.own_column, c.mine,
+                                                  c.carried, deadline);
   }
 
   // Every later collective answers ABORTED with the first reason.

@@ -78,7 +78,7 @@ absl::Status AllReduceGradientTensor(Communicator* comm, const torch::Tensor& te
 
 absl::Status ReduceScatterGradientTensor(Communicator* comm, const torch::Tensor& tensor,
                                          const std::vector<size_t>& counts, ReduceOp op,
-                                         absl::Time deadline) {
+                                         absl::Time deadline, bool columns) {
   if (tensor.scalar_type() != torch::kFloat) {
     return absl::InvalidArgumentError(absl::StrCat("gradients are float32 here, not ",
                                                    c10::toString(tensor.scalar_type())));
@@ -94,7 +94,8 @@ absl::Status ReduceScatterGradientTensor(Communicator* comm, const torch::Tensor
                                                    " gradients in segments of ", total));
   }
   return OnCommMemory(comm, tensor, [&](void* data, size_t) {
-    return comm->ReduceScatterGradients(data, counts, op, deadline);
+    return columns ? comm->ReduceColumnsGradients(data, counts, op, deadline)
+                   : comm->ReduceScatterGradients(data, counts, op, deadline);
   });
 }
 

@@ -40,12 +40,13 @@ absl::Status AllReduceGradientTensor(Communicator* comm, const torch::Tensor& te
 // laid out as Communicator::ReduceScatter's segments (`counts`, summing to
 // its elements): afterwards segment rank() holds its reduction, crossing
 // nodes as the communicator's gradient_wire()
-// (Communicator::ReduceScatterGradients).
+// (Communicator::ReduceScatterGradients); with `columns`, the segments of
+// this rank's column too (Communicator::ReduceColumnsGradients).
 // INVALID_ARGUMENT for another dtype, a tensor that is not contiguous, or
 // counts that are not one per rank or do not add up to it.
 absl::Status ReduceScatterGradientTensor(Communicator* comm, const torch::Tensor& tensor,
                                          const std::vector<size_t>& counts, ReduceOp op,
-                                         absl::Time deadline);
+                                         absl::Time deadline, bool columns = false);
 
 // Copies rank `root`'s tensors (any dtype, any device) to every rank, in
 // place, in one flat broadcast on the communicator's memory. Every rank

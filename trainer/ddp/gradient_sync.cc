@@ -38,6 +38,7 @@ GradientSync::GradientSync(std::vector<torch::Tensor> params, std::vector<Bucket
                            Communicator* comm, GradientSyncOptions options)
     : params_(std::move(params)),
       scatter_(!plan.empty() && !plan.front().scatter.empty()),
+      columns_(scatter_ && plan.front().columns),
       options_(options),
       comm_(comm) {
   bucket_of_.resize(params_.size());
@@ -231,7 +232,7 @@ absl::Status GradientSync::ReduceBucket(Communicator* comm, size_t i, ReduceOp o
   if (scatter) {
     if (gradients > 0) {
       MUSTER_RETURN_IF_ERROR(ReduceScatterGradientTensor(
-          comm, buffer.narrow(0, 0, gradients), buckets_[i].scatter, op, deadline));
+          comm, buffer.narrow(0, 0, gradients), buckets_[i].scatter, op, deadline, columns_));
     }
     if (words == 0) return absl::OkStatus();
     return AllReduceTensor(comm, buffer.narrow(0, gradients, words), op, deadline);

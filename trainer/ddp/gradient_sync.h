@@ -109,17 +109,22 @@ class GradientSync {
   // A bucket given by its user: its parameters, by index into `params`, in
   // the order their gradients lie in its buffer, and for a reduce-scattering
   // sync its Communicator::ReduceScatter segments over those gradients, one
-  // per rank (empty: the bucket is all-reduced).
+  // per rank (empty: the bucket is all-reduced); with `columns` the rank
+  // needs the segments of its column (Communicator::ReduceColumnsGradients:
+  // two copies of sharded state), not its own alone. The first bucket's
+  // `scatter` and `columns` are the whole plan's.
   struct BucketPlan {
     std::vector<size_t> params;
     std::vector<size_t> scatter;
+    bool columns = false;
   };
   // A sync whose buckets are `plan`'s, launched in that order; every
   // parameter is in exactly one. With scatter segments (sharded optimizer
   // state, Options::reduce_scatter_gradients) a step reduce-scatters each
   // bucket's gradients instead (its last bucket's words are all-reduced
-  // apart): after Finish each bucket's segment of this rank holds the
-  // world's average (bucket_gradients), the others are unspecified, and
+  // apart): after Finish each bucket's segment of this rank (with
+  // `columns`, of each rank of its column) holds the world's average
+  // (bucket_gradients), the others are unspecified, and
   // the parameters' .grad keep this rank's own sum. Resync all-reduces and
   // installs into .grad as the default sync does (the salvage steps the
   // whole state).
@@ -238,6 +243,7 @@ class GradientSync {
   std::vector<size_t> slot_of_;    // param -> index inside its bucket
   std::vector<Bucket> buckets_;
   bool scatter_ = false;  // the plan's buckets reduce-scatter in a step
+  bool columns_ = false;  // ... keeping the segments of this rank's column
   GradientSyncOptions options_;
   StepCommStats stats_;
   std::array<float, kControlWords> control_{};

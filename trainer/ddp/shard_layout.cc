@@ -232,4 +232,15 @@ std::vector<std::vector<int>> PlanNodeGather(const ShardLayout& layout, int node
   return plan;
 }
 
+bool KeptInColumns(const ShardLayout& layout, int node_size) {
+  const int world = layout.world();
+  if (node_size <= 0 || world % node_size != 0 || node_size == world) return false;
+  for (int r = 0; r < world; ++r) {
+    for (int s : layout.KeptBy(r)) {
+      if (s % node_size != r % node_size) return false;
+    }
+  }
+  return true;
+}
+
 }  // namespace muster

@@ -128,6 +128,15 @@ std::vector<GatherRound> PlanGatherRounds(const ShardLayout& layout, int64_t cap
 // not divide the world into more than one node, or is not positive.
 std::vector<std::vector<int>> PlanNodeGather(const ShardLayout& layout, int node_size);
 
+// Whether every rank keeps only shards of its column: with nodes of
+// `node_size` ranks numbered node by node, shard s (owned by rank s) is in
+// the column of rank r when s % node_size == r % node_size. Then a
+// reduction that leaves each rank its column's segments
+// (Communicator::ReduceColumnsGradients) gives it every shard it steps: two
+// copies on two nodes of equal size. False when `node_size` is not positive
+// or does not divide the world into more than one node.
+bool KeptInColumns(const ShardLayout& layout, int node_size);
+
 // One piece of a reshard: elements [range) of group `group`, which the new
 // rank `to` keeps, come from the survivor whose rank in the new world is
 // `from` (to == from: the rank has them already), or, with `from` ==

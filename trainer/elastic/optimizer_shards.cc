@@ -348,13 +348,16 @@ void OptimizerShards::SetGradients(int g, const torch::Tensor& averaged) {
   }
 }
 
-void OptimizerShards::SetOwnGradient(int g, ElementRange range, const torch::Tensor& averaged) {
-  if (groups_[g].masters.empty() || range.size() <= 0) return;
+void OptimizerShards::SetKeptGradient(int g, int shard, ElementRange range,
+                                      const torch::Tensor& averaged) {
+  const std::vector<int> kept = layout_.KeptBy(rank_);  // the masters' order
+  const auto k = static_cast<size_t>(std::find(kept.begin(), kept.end(), shard) - kept.begin());
+  if (k >= groups_[g].masters.size() || range.size() <= 0) return;
   torch::NoGradGuard no_grad;
-  torch::Tensor& master = groups_[g].masters.front();  // KeptBy: its own shard first
+  torch::Tensor& master = groups_[g].masters[k];
   if (!master.grad().defined()) master.mutable_grad() = torch::empty_like(master);
-  const ElementRange own = layout_.Range(g, rank_);
-  master.mutable_grad().narrow(0, range.begin - own.begin, range.size()).copy_(averaged);
+  const ElementRange held = layout_.Range(g, shard);
+  master.mutable_grad().narrow(0, range.begin - held.begin, range.size()).copy_(averaged);
 }
 
 namespace {

@@ -121,12 +121,11 @@ class OptimizerShards {
   // Group `g`'s trained parameters (those that require grad), in order:
   // its flat elements.
   const std::vector<torch::Tensor>& params(int g) const { return groups_[g].params; }
-  // Elements `range` of group `g`'s averaged gradient, inside the shard this
-  // rank owns, into its master's .grad (made, uninitialised, where it has
-  // none): a reduce-scattering sync's segment of this rank
-  // (Options::reduce_scatter_gradients, one copy: the rank keeps its own
-  // shard alone).
-  void SetOwnGradient(int g, ElementRange range, const torch::Tensor& averaged);
+  // Elements `range` of group `g`'s averaged gradient, inside shard `shard`,
+  // which this rank keeps, into that shard's master's .grad (made,
+  // uninitialised, where it has none): a reduce-scattering sync's segment
+  // (Options::reduce_scatter_gradients).
+  void SetKeptGradient(int g, int shard, ElementRange range, const torch::Tensor& averaged);
   // Group `g`'s parameters' gradients, flat (zeros for a parameter without
   // one): what the world reduces.
   torch::Tensor FlatGradients(int g) const;

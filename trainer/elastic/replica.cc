@@ -148,6 +148,14 @@ GradientSync* Replica::ScatterSyncFor(const std::vector<torch::Tensor>& params) 
     return SameSet(scatter_.sync->params(), params) ? scatter_.sync.get() : nullptr;
   }
   const OptimizerShards& shards = *sharded_->shards();
+  // With two copies a rank steps its buddy's shard too: the reduction gives
+  // it both where they share its column (two nodes of equal size);
+  // elsewhere the pass all-reduces.
+  const bool columns = shards.layout().copies() > 1;
+  if (columns &&
+      !KeptInColumns(shards.layout(), static_cast<int>(comm_->NodeRanks().size()))) {
+    return nullptr;
+  }
   std::vector<torch::Tensor> trained;
   std::vector<std::vector<int64_t>> elements(static_cast<size_t>(shards.groups()));
   std::vector<size_t> first_of_group;
@@ -172,9 +180,11 @@ GradientSync* Replica::ScatterSyncFor(const std::vector<torch::Tensor>& params) 
       bucket.params.push_back(first_of_group[static_cast<size_t>(b.group)] + j);
     }
     bucket.scatter = b.counts;
+    bucket.columns = columns;
   }
   MUSTER_LOG(INFO) << "gradients reduce-scattered over " << shards.layout().world()
-                   << " ranks in " << plan.size() << " buckets";
+                   << " ranks in " << plan.size() << " buckets"
+                   << (columns ? ", each rank keeping its column's segments" : "");
   scatter_.sync = std::make_unique<GradientSync>(std::move(trained), std::move(plan), comm_,
                                                  SyncOptions());
   scatter_.of = sharded_->times_sharded();

@@ -57,10 +57,11 @@ class ShardedOptimizers {
   // with them (OptimizerShards::ShareGradients: in-place clipping counts).
   void TakeGradients();
   // TakeGradients for a reduce-scattering sync (Options::
-  // reduce_scatter_gradients) over `plan`'s buckets: this rank's segment of
-  // each, averaged over the world, into its own shard's master .grad
-  // (bucket `i`'s gradients: `gradients(i)`). The parameters' .grad keep
-  // this rank's own sum.
+  // reduce_scatter_gradients) over `plan`'s buckets: the segments of each
+  // that belong to the shards this rank keeps (its own, and with two copies
+  // the one it backs up), averaged over the world, into those shards'
+  // masters' .grad (bucket `i`'s gradients: `gradients(i)`). The
+  // parameters' .grad keep this rank's own sum.
   void TakeScattered(const std::vector<ShardedBucket>& plan,
                      const std::function<torch::Tensor(size_t)>& gradients);
   // Collective: the parameters from the owners of each range, and the

@@ -272,13 +272,8 @@ absl::Status Options::Validate() const {
   if (optimizer_state_copies != 1 && optimizer_state_copies != 2) {
     return bad(absl::StrCat("optimizer_state_copies must be 1 or 2, not ", optimizer_state_copies));
   }
-  if (reduce_scatter_gradients && !(shard_optimizer_state && optimizer_state_copies == 1)) {
-    // With a buddy copy each rank steps two parts, and needs the average of
-    // both: a reduce-scatter gives it one.
-    return bad(absl::StrCat("reduce_scatter_gradients needs shard_optimizer_state with "
-                            "optimizer_state_copies = 1 (shard_optimizer_state is ",
-                            shard_optimizer_state ? "on" : "off", ", optimizer_state_copies ",
-                            optimizer_state_copies, ")"));
+  if (reduce_scatter_gradients && !shard_optimizer_state) {
+    return bad("reduce_scatter_gradients needs shard_optimizer_state (it is off)");
   }
   return absl::OkStatus();
 }
