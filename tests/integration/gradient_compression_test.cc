@@ -128,8 +128,7 @@ TEST(GradientSyncCompressionTest, AScatterPlanCompressesAsTheAllReduce) {
           averages.push_back(reduced[k].grad().flatten());
           float32.push_back(Float32Average(comm, Gradient(k, rank)).flatten());
         }
-        int64_t at = 0;
-        for (int r = 0; r < rank; ++r) at += static_cast<int64_t>(plan[b].scatter[r]);
+        const auto at = static_cast<int64_t>(SegmentOffset(plan[b].scatter, rank));
         const int64_t n = static_cast<int64_t>(plan[b].scatter[rank]);
         const torch::Tensor got = scatter.bucket_gradients(b).narrow(0, at, n);
         EXPECT_TRUE(torch::equal(got, torch::cat(averages).narrow(0, at, n)))

@@ -262,8 +262,7 @@ class GlooCommunicator : public Communicator {
     if (absl::Status s = CheckCounts(counts, size_); !s.ok()) return s;
     if (size_ == 1) return Check();
     const size_t es = DataTypeSize(type);
-    size_t offset = 0;
-    for (int r = 0; r < rank_; ++r) offset += counts[r];
+    const size_t offset = SegmentOffset(counts, rank_);
     auto own = std::make_shared<std::vector<char>>(
         static_cast<char*>(data) + offset * es,
         static_cast<char*>(data) + (offset + counts[rank_]) * es);
