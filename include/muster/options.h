@@ -150,9 +150,9 @@ struct Options {
   // optimizer.step() (clip_grad_norm_ on the model's parameters) counts, as
   // unsharded; a change through the optimizer's own parameter list does
   // not (it holds the parts this rank keeps). A change to the parameters
-  // themselves after optimizer.step() (a WGAN's weight clipping) is
-  // overwritten by the gathered values: do it before the next ShouldStop
-  // only through the optimizer's step, or not shard. With 1 copy, a dead rank's
+  // after optimizer.step() (a WGAN's weight clipping, on every rank) is kept
+  // where a group's parameters are contiguous (the parts a rank keeps are
+  // then their own storage); elsewhere it is overwritten. With 1 copy, a dead rank's
   // part has no holder: every rank of the next world restores the newest
   // committed checkpoint in the running job and trains the steps since
   // again (without checkpoint_dir, NOT_FOUND ends the run). Every trainer

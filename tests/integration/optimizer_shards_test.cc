@@ -29,10 +29,15 @@ using Net = torch::nn::Sequential;
 // A small MLP with sizes that shard boundaries cut through, a 0-dim
 // parameter that scales its loss, and a frozen bias, set to values that
 // depend only on the parameter's index (ranks are threads: the global
-// generator is shared, so it is not used).
-Net MakeNet() {
+// generator is shared, so it is not used). With `channels_last`, a 4-d
+// parameter in channels-last memory too, last.
+Net MakeNet(bool channels_last = false) {
   Net net(torch::nn::Linear(7, 13), torch::nn::Tanh(), torch::nn::Linear(13, 5));
   net->register_parameter("scale", torch::full({}, 1.1f));
+  if (channels_last) {
+    net->register_parameter(
+        "conv", torch::zeros({2, 3, 2, 2}).contiguous(torch::MemoryFormat::ChannelsLast));
+  }
   torch::NoGradGuard no_grad;
   int i = 0;
   for (torch::Tensor& p : net->parameters()) {
@@ -102,7 +107,13 @@ std::vector<Kind> Kinds() {
 
 void Backward(Net& net, int rank, int step) {
   net->zero_grad();
-  (net->forward(Batch(rank, step)).pow(2).sum() * net->named_parameters()["scale"]).backward();
+  torch::Tensor loss =
+      net->forward(Batch(rank, step)).pow(2).sum() * net->named_parameters()["scale"];
+  const auto params = net->named_parameters();
+  if (const torch::Tensor* conv = params.find("conv")) {
+    loss = loss + (*conv * (rank + step + 1)).pow(2).sum();
+  }
+  loss.backward();
 }
 
 // Each of the optimizer's groups' gradients flat, averaged over the world
@@ -142,9 +153,11 @@ void AverageGradients(torch::optim::Optimizer& optimizer, Communicator* comm) {
 // One sharded step of every group: the gradients averaged over the world
 // (one all-reduce of the group's flat gradient, as the reference does),
 // the masters stepped, the owners' ranges all-gathered into the parameters
-// in chunks of `chunk` elements.
+// in chunks of `chunk` elements. `after_step`, where given, runs between
+// the optimizer's step and the gather (a WGAN's weight clipping).
 void ShardedStep(Net& net, torch::optim::Optimizer& optimizer, OptimizerShards& shards,
-                 Communicator* comm, int64_t chunk = OptimizerShards::kGatherChunk) {
+                 Communicator* comm, int64_t chunk = OptimizerShards::kGatherChunk,
+                 const std::function<void(Net&)>& after_step = nullptr) {
   const absl::Time deadline = absl::Now() + absl::Seconds(30);
   for (int g = 0; g < shards.groups(); ++g) {
     torch::Tensor flat = shards.FlatGradients(g);
@@ -157,6 +170,7 @@ void ShardedStep(Net& net, torch::optim::Optimizer& optimizer, OptimizerShards& 
   // the caller's (in training, muster's at the step boundary).
   net->zero_grad();
   optimizer.step();
+  if (after_step) after_step(net);
   ASSERT_TRUE(shards.GatherParameters(comm, deadline, chunk).ok());
 }
 
@@ -213,13 +227,15 @@ TEST_P(OptimizerShardsTest, ShardedStepsEqualTheUnshardedOptimizerBitForBit) {
 // What one rank holds: the same program unsharded (the reference) and
 // sharded.
 struct Held {
-  Net reference = MakeNet(), sharded = MakeNet();
+  Net reference, sharded;
   std::unique_ptr<torch::optim::Optimizer> reference_opt, sharded_opt;
   std::unique_ptr<OptimizerShards> shards;
   std::unique_ptr<ShardedOptimizers> sharded_state;  // the replica's way (LivesThroughWorlds)
   std::vector<std::vector<torch::Tensor>> groups;    // sharded_opt's, before sharding
-  explicit Held(const Kind& kind)
-      : reference_opt(kind.make(reference)),
+  explicit Held(const Kind& kind, bool channels_last = false)
+      : reference(MakeNet(channels_last)),
+        sharded(MakeNet(channels_last)),
+        reference_opt(kind.make(reference)),
         sharded_opt(kind.make(sharded)),
         sharded_state(std::make_unique<ShardedOptimizers>(
             std::vector<torch::optim::Optimizer*>{sharded_opt.get()}, 2)),
@@ -278,10 +294,13 @@ struct Held {
 
   // `step` on both, as rank `rank` of `comm`'s world; the sharded side
   // shards itself first, as rank `rank` of a world on one node.
-  void Step(int rank, int step, Communicator* comm, int copies = 2) {
+  // `after_step`: ShardedStep's, on both.
+  void Step(int rank, int step, Communicator* comm, int copies = 2,
+            const std::function<void(Net&)>& after_step = nullptr) {
     Backward(reference, rank, step);
     AverageGradients(*reference_opt, comm);
     reference_opt->step();
+    if (after_step) after_step(reference);
     Backward(sharded, rank, step);
     if (shards == nullptr) {
       auto made = OptimizerShards::Make({sharded_opt.get()}, rank,
@@ -289,7 +308,7 @@ struct Held {
       ASSERT_TRUE(made.ok()) << made.status();
       shards = *std::move(made);
     }
-    ShardedStep(sharded, *sharded_opt, *shards, comm);
+    ShardedStep(sharded, *sharded_opt, *shards, comm, OptimizerShards::kGatherChunk, after_step);
   }
 
   // Every trained parameter's state and value is the reference's, bit for bit.
@@ -645,9 +664,10 @@ TEST(OptimizerShardsStateTest, WithOneCopyStatelessValuesSteppedOnlyByADeadRankA
 
 // Four ranks on one node, two copies, two Adam steps: each shard's two
 // copies agree, and every rank's masters hold its parameters' values. A
-// changed moment in rank 3's copy of shard 1, or a changed value in rank
-// 2's own master, is DATA_LOSS on every rank naming it; the state stays
-// sharded throughout.
+// changed moment in rank 3's copy of shard 1, or a parameter of rank 2
+// given storage of its own and changed there (its masters are views of
+// the parameters' storage until then), is DATA_LOSS on every rank naming
+// it; the state stays sharded throughout.
 TEST(OptimizerShardsStateTest, TheCopiesOfEachShardAreComparedWhereTheyAreKept) {
   const Kind adam = Kinds()[2];
   std::vector<std::unique_ptr<Held>> held;
@@ -679,7 +699,11 @@ TEST(OptimizerShardsStateTest, TheCopiesOfEachShardAreComparedWhereTheyAreKept) 
                                                 "rank 1 (its owner) and rank 3 (its buddy)"),
                           std::string::npos)
                     << copies;
-                if (rank == 2) listed[0].narrow(0, 0, 1).add_(1e-3);
+                if (rank == 2) {
+                  torch::Tensor first = me.sharded->parameters()[0];
+                  first.set_data(first.detach().clone());
+                  first.add_(1e-3);
+                }
                 const absl::Status values = check();
                 EXPECT_EQ(values.code(), absl::StatusCode::kDataLoss) << values;
                 EXPECT_NE(values.message().find("rank 2's optimizer shards hold other values than "
@@ -688,6 +712,63 @@ TEST(OptimizerShardsStateTest, TheCopiesOfEachShardAreComparedWhereTheyAreKept) 
                     << values;
                 EXPECT_EQ(me.sharded_opt->param_groups()[0].params().size(), 3u);
               }).ok());
+}
+
+// The parameters of a sharded group become views of one flat vector and
+// each master a view of its range in it: the masters take no memory of
+// their own, and the optimizer's step writes the kept ranges of the
+// parameters themselves, so that a change the program makes to its
+// parameters after its step (a WGAN's weight clipping, on every rank) is
+// kept as unsharded. A group with a channels-last parameter keeps its
+// layout, and its masters copy their ranges. Both train bit for bit as
+// unsharded (without the clipping: with copies the gather writes every
+// range from the masters).
+TEST(OptimizerShardsStateTest, MastersAreViewsOfTheParametersWhereTheyAreContiguous) {
+  const Kind adam = Kinds()[2];
+  for (const bool channels_last : {false, true}) {
+    const std::string where = channels_last ? "with a channels-last weight" : "contiguous";
+    std::vector<std::unique_ptr<Held>> held;
+    for (int i = 0; i < 3; ++i) held.push_back(std::make_unique<Held>(adam, channels_last));
+    ASSERT_TRUE(RunCommWorld(3, "gloo", [&](int rank, Communicator* comm) {
+                  Held& me = *held[rank];
+                  const auto clip = [](Net& net) {
+                    torch::NoGradGuard no_grad;
+                    for (torch::Tensor& p : net->parameters()) p.clamp_(-0.25, 0.25);
+                  };
+                  for (int step = 0; step < 3; ++step) {
+                    me.Step(rank, step, comm, /*copies=*/2,
+                            channels_last ? std::function<void(Net&)>() : clip);
+                    const auto want = me.reference->parameters(), got = me.sharded->parameters();
+                    for (size_t i = 0; i < want.size(); ++i) {
+                      ASSERT_TRUE(torch::equal(want[i], got[i]))
+                          << where << ", rank " << rank << ", step " << step << ", parameter "
+                          << i;
+                    }
+                  }
+                  std::vector<torch::Tensor> trained;
+                  for (const torch::Tensor& p : me.sharded->parameters()) {
+                    if (p.requires_grad()) trained.push_back(p);
+                  }
+                  const std::vector<torch::Tensor> listed =
+                      me.sharded_opt->param_groups()[0].params();
+                  ASSERT_EQ(listed.size(), 3u) << "two masters and the frozen bias";
+                  for (int k = 0; k < 2; ++k) {
+                    EXPECT_EQ(listed[k].storage().is_alias_of(trained[0].storage()),
+                              !channels_last)
+                        << where << ", rank " << rank << ", master " << k;
+                  }
+                  for (size_t i = 1; i < trained.size(); ++i) {
+                    EXPECT_EQ(trained[i].storage().is_alias_of(trained[0].storage()),
+                              !channels_last)
+                        << where << ", rank " << rank << ", parameter " << i;
+                  }
+                  if (channels_last) {
+                    EXPECT_TRUE(me.sharded->named_parameters()["conv"].is_contiguous(
+                        torch::MemoryFormat::ChannelsLast))
+                        << "the program's layout is kept";
+                  }
+                }).ok());
+  }
 }
 
 // A new world of four: two survivors of the newest layout (generation 5,

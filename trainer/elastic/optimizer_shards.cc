@@ -70,13 +70,11 @@ ElementRange Overlap(ElementRange range, ElementRange other) {
   return ElementRange{begin, std::max(begin, end)};
 }
 
-// Whether a master this rank keeps holds values its parameters do not:
-// the optimizer stepped it since the last gather (GatherParameters, or
-// Make), so that its range's new values live only in the masters. Each
-// master is compared with the parameters it cuts through, in place: this
-// runs as every later pass of a step begins, and a flat copy of the group
-// would cost the group's size each time.
-bool SteppedSinceGathered(const std::vector<torch::Tensor>& params,
+// Whether a master this rank keeps holds values its parameters do not
+// (after a gather, a drift: CheckCopiesAgree). Each master is compared with
+// the parameters it cuts through, in place: a flat copy of the group would
+// cost the group's size.
+bool MastersDifferFromParameters(const std::vector<torch::Tensor>& params,
                           const std::vector<torch::Tensor>& masters, int g,
                           const ShardLayout& layout, int rank) {
   torch::NoGradGuard no_grad;
@@ -184,6 +182,50 @@ absl::StatusOr<Fields> SliceState(torch::optim::Optimizer& optimizer, const Opti
   return out;
 }
 
+// `sizes` elements of `flat` from `offset`, sharing its storage without
+// being an autograd view of it (the optimizers' zero_grad detaches .grad in
+// place, which a view refuses).
+torch::Tensor AliasOf(const torch::Tensor& flat, int64_t offset, at::IntArrayRef sizes) {
+  torch::Tensor alias = torch::empty({0}, flat.options());
+  alias.set_(flat.storage(), flat.storage_offset() + offset, sizes,
+             c10::contiguous_strides(sizes));
+  return alias;
+}
+
+// Whether `t` is `flat`'s elements from `offset` on, in `t`'s shape.
+bool IsAliasAt(const torch::Tensor& t, const torch::Tensor& flat, int64_t offset) {
+  return t.defined() && t.is_contiguous() && t.storage().is_alias_of(flat.storage()) &&
+         t.storage_offset() == flat.storage_offset() + offset;
+}
+
+// The flat vector `params` are views of, one after the other (an earlier
+// Make made them so), or undefined where they are not.
+torch::Tensor SharedValues(const std::vector<torch::Tensor>& params) {
+  if (params.empty()) return {};
+  int64_t n = 0;
+  for (const torch::Tensor& p : params) n += p.numel();
+  const torch::Tensor& first = params.front();
+  if (!first.is_contiguous() ||
+      first.storage().nbytes() <
+          static_cast<size_t>((first.storage_offset() + n) * first.element_size())) {
+    return {};
+  }
+  torch::Tensor flat = AliasOf(first, 0, {n});
+  int64_t offset = 0;
+  for (const torch::Tensor& p : params) {
+    if (!IsAliasAt(p, flat, offset)) return {};
+    offset += p.numel();
+  }
+  return flat;
+}
+
+bool AllContiguous(const std::vector<torch::Tensor>& params) {
+  for (const torch::Tensor& p : params) {
+    if (!p.is_contiguous()) return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 absl::Status OptimizerShards::Collect(const std::vector<torch::optim::Optimizer*>& optimizers,
@@ -206,7 +248,7 @@ absl::Status OptimizerShards::Collect(const std::vector<torch::optim::Optimizer*
     for (size_t i = 0; i < param_groups.size(); ++i) {
       MUSTER_RETURN_IF_ERROR(
           CheckGroup(param_groups[i], absl::StrCat("optimizer ", o, " group ", i)));
-      Group group{optimizers[o], codec, i, {}, {}, {}, param_groups[i].params(), {}};
+      Group group{optimizers[o], codec, i, {}, {}, {}, param_groups[i].params(), {}, {}, {}, {}};
       int64_t n = 0;
       for (const torch::Tensor& p : param_groups[i].params()) {
         // A frozen parameter gets no gradient, and the optimizer skips it:
@@ -236,14 +278,23 @@ absl::StatusOr<std::unique_ptr<OptimizerShards>> OptimizerShards::Make(
   // Everything is built aside first: a refusal changes nothing.
   std::vector<std::vector<std::unique_ptr<torch::optim::OptimizerParamState>>> states(
       groups.size());
+  // By group: a flat vector the parameters are to be made views of.
+  std::vector<torch::Tensor> to_share(groups.size());
   for (size_t g = 0; g < groups.size(); ++g) {
     Group& group = groups[g];
     if (elements[g] == 0) continue;  // nothing to shard: the group stays as it is
     const auto& param_group = group.optimizer->param_groups()[group.index];
-    const torch::Tensor flat = FlatValues(group.params);
+    group.values = SharedValues(group.params);
+    if (!group.values.defined() && AllContiguous(group.params)) {
+      to_share[g] = group.values = FlatValues(group.params);
+    }
+    const torch::Tensor flat =
+        group.values.defined() ? group.values : FlatValues(group.params);
     for (int shard : layout.KeptBy(rank)) {
       const ElementRange range = layout.Range(static_cast<int>(g), shard);
-      torch::Tensor master = flat.narrow(0, range.begin, range.size()).clone();
+      torch::Tensor master = group.values.defined()
+                                 ? AliasOf(flat, range.begin, {range.size()})
+                                 : flat.narrow(0, range.begin, range.size()).clone();
       master.set_requires_grad(true);
       group.masters.push_back(master);
       MUSTER_ASSIGN_OR_RETURN(Fields fields,
@@ -264,6 +315,17 @@ absl::StatusOr<std::unique_ptr<OptimizerShards>> OptimizerShards::Make(
   for (size_t g = 0; g < groups.size(); ++g) {
     Group& group = groups[g];
     if (group.masters.empty()) continue;
+    if (to_share[g].defined()) {
+      // The same tensors (the program's, the optimizer's list, a live
+      // graph's saved ones), their values in the flat vector: the
+      // parameters' old storage is freed where nothing else holds it.
+      int64_t offset = 0;
+      for (torch::Tensor& p : group.params) {
+        p.set_data(AliasOf(to_share[g], offset, p.sizes()));
+        offset += p.numel();
+      }
+    }
+    MarkGathered(group);
     for (const torch::Tensor& p : group.params) EraseOptimizerState(*group.optimizer, p);
     for (size_t k = 0; k < group.masters.size(); ++k) {
       if (states[g][k] != nullptr) {
@@ -360,30 +422,6 @@ void OptimizerShards::SetKeptGradient(int g, int shard, ElementRange range,
   master.mutable_grad().narrow(0, range.begin - held.begin, range.size()).copy_(averaged);
 }
 
-namespace {
-
-// `sizes` elements of `flat` from `offset`, sharing its storage without
-// being an autograd view of it (the optimizers' zero_grad detaches .grad in
-// place, which a view refuses).
-torch::Tensor AliasOf(const torch::Tensor& flat, int64_t offset, at::IntArrayRef sizes) {
-  torch::Tensor alias = torch::empty({0}, flat.options());
-  alias.set_(flat.storage(), flat.storage_offset() + offset, sizes,
-             c10::contiguous_strides(sizes));
-  return alias;
-}
-
-}  // namespace
-
-namespace {
-
-// Whether `t` is `flat`'s elements from `offset` on, in `t`'s shape.
-bool IsAliasAt(const torch::Tensor& t, const torch::Tensor& flat, int64_t offset) {
-  return t.defined() && t.is_contiguous() && t.storage().is_alias_of(flat.storage()) &&
-         t.storage_offset() == flat.storage_offset() + offset;
-}
-
-}  // namespace
-
 torch::Tensor& OptimizerShards::GradientVector(Group& group) {
   if (!group.grads.defined()) {
     int64_t n = 0;
@@ -452,6 +490,59 @@ void OptimizerShards::Install(int g, ElementRange range, const torch::Tensor& ch
   }
 }
 
+bool OptimizerShards::MastersShareParameters(int g) const {
+  const Group& group = groups_[g];
+  if (!group.values.defined()) return false;
+  int64_t offset = 0;
+  for (const torch::Tensor& p : group.params) {
+    if (!IsAliasAt(p, group.values, offset)) return false;
+    offset += p.numel();
+  }
+  return true;
+}
+
+namespace {
+
+// A fingerprint of `t`'s bits: XXH3 of its bytes on the CPU; elsewhere the
+// sum of its 32-bit words, reduced where it lives (a copy to the host at
+// every gather would cost the masters' size each step).
+int64_t Fingerprint(const torch::Tensor& t) {
+  torch::NoGradGuard no_grad;
+  if (t.numel() == 0) return 0;
+  if (t.device().is_cpu() && t.is_contiguous()) {
+    return static_cast<int64_t>(
+        XXH3_64bits(t.data_ptr(), static_cast<size_t>(t.numel()) * t.element_size()));
+  }
+  return t.detach().contiguous().view(torch::kInt32).sum(torch::kInt64).item<int64_t>();
+}
+
+}  // namespace
+
+bool OptimizerShards::SteppedSinceGathered(const Group& group, int g, const ShardLayout& layout,
+                                           int rank) {
+  for (size_t k = 0; k < group.masters.size() && k < group.gathered_versions.size(); ++k) {
+    if (static_cast<int64_t>(group.masters[k]._version()) != group.gathered_versions[k]) {
+      return true;
+    }
+  }
+  if (!group.values.defined()) {
+    return MastersDifferFromParameters(group.params, group.masters, g, layout, rank);
+  }
+  for (size_t k = 0; k < group.masters.size() && k < group.gathered_prints.size(); ++k) {
+    if (Fingerprint(group.masters[k]) != group.gathered_prints[k]) return true;
+  }
+  return false;
+}
+
+void OptimizerShards::MarkGathered(Group& group) {
+  group.gathered_versions.clear();
+  group.gathered_prints.clear();
+  for (const torch::Tensor& m : group.masters) {
+    group.gathered_versions.push_back(static_cast<int64_t>(m._version()));
+    if (group.values.defined()) group.gathered_prints.push_back(Fingerprint(m));
+  }
+}
+
 namespace {
 
 // The elements of the per-element state that `group`'s optimizer holds for
@@ -497,8 +588,7 @@ absl::Status OptimizerShards::GatherStepped(Communicator* comm, absl::Time deadl
                                             int64_t chunk_elements) {
   std::vector<int64_t> stepped(groups_.size(), 0);
   for (size_t g = 0; g < groups_.size(); ++g) {
-    stepped[g] = SteppedSinceGathered(groups_[g].params, groups_[g].masters, static_cast<int>(g),
-                                      layout_, rank_);
+    stepped[g] = SteppedSinceGathered(groups_[g], static_cast<int>(g), layout_, rank_);
   }
   // A rank whose kept ranges of a group are empty cannot tell: the world's
   // sum decides for all.
@@ -541,6 +631,13 @@ absl::Status OptimizerShards::GatherGroups(Communicator* comm, absl::Time deadli
   torch::Tensor buffer = torch::empty(
       {largest}, torch::TensorOptions().dtype(torch::kFloat32).device(CommDevice(*comm)));
   const int W = layout_.world();
+  // By group, whether this rank's masters are its parameters' storage:
+  // the pieces it keeps are then in place already.
+  std::vector<bool> shared(groups_.size());
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    shared[g] = MastersShareParameters(static_cast<int>(g));
+  }
+  const std::vector<int> kept = layout_.KeptBy(rank_);
   for (const GatherRound& round : rounds) {
     const int g = round.group;
     // A group with nothing trained is the same on every rank.
@@ -572,8 +669,12 @@ absl::Status OptimizerShards::GatherGroups(Communicator* comm, absl::Time deadli
           comm->AllGatherInNode(buffer.data_ptr(), counts, DataType::kFloat32, deadline));
     }
     for (int s = 0; s < W; ++s) {
-      if (sizes[s] > 0) Install(g, round.pieces[s], parts[s]);
+      const bool in_place = shared[g] && std::find(kept.begin(), kept.end(), s) != kept.end();
+      if (sizes[s] > 0 && !in_place) Install(g, round.pieces[s], parts[s]);
     }
+  }
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    if (gather[g] != 0) MarkGathered(groups_[g]);
   }
   return absl::OkStatus();
 }
@@ -620,8 +721,8 @@ absl::Status OptimizerShards::CheckCopiesAgree(Communicator* comm, absl::Time de
         static_cast<int64_t>(XXH3_64bits_digest(h.get()));
   }
   for (size_t g = 0; g < groups_.size(); ++g) {
-    if (SteppedSinceGathered(groups_[g].params, groups_[g].masters, static_cast<int>(g), layout_,
-                             rank_)) {
+    if (MastersDifferFromParameters(groups_[g].params, groups_[g].masters, static_cast<int>(g),
+                                    layout_, rank_)) {
       table[2 * W + rank_] = 1;
     }
   }
@@ -780,7 +881,7 @@ absl::Status OptimizerShards::Assemble(std::vector<Group>& groups, const ShardLa
     header[g + 1] = held && FindOptimizerState(*group.optimizer, mine[0]) != nullptr;
     header[G + g + 1] = held;
     if (held && !whole && header[2 * G + 1] == 0 &&
-        SteppedSinceGathered(group.params, group.masters, static_cast<int>(g), *layout, rank)) {
+        SteppedSinceGathered(group, static_cast<int>(g), *layout, rank)) {
       header[2 * G + 1] = 1;
     }
   }

@@ -2,12 +2,21 @@
 // (docs/sharding.md). Each parameter group of each optimizer becomes one
 // flat vector of float32 elements (its parameters in order), split by a
 // ShardLayout. For each shard this rank keeps, a flat leaf tensor, its
-// master copy, takes the place of the group's parameters in the group's
+// master, takes the place of the group's parameters in the group's
 // parameter list, and carries the optimizer state of its range; the
 // parameters' own state is dropped. The program's optimizer.step() then
 // updates only the masters, element for element as it would have updated
 // the parameters (the optimizers muster shards compute each element from
 // that element alone, and one step count per group).
+//
+// Where a group's parameters are contiguous, Make makes them views of one
+// flat vector of the group (set_data: the same tensors, their values
+// unchanged, in the vector's storage) and each master a view of its range
+// in it: a master costs no memory of its own, and the step writes the
+// kept ranges of the parameters themselves; the gather then writes only
+// the ranges this rank does not keep. A group with a parameter that is not
+// contiguous (channels-last, say: its layout is the program's to choose)
+// keeps its parameters as they are, and its masters copy their ranges.
 //
 // Parameters that do not require grad stay in their group's list as they
 // are (the optimizer skips them); a group with nothing to train is left
@@ -158,10 +167,16 @@ class OptimizerShards {
   void ResetParameterGradients();
   // Elements `range` of group `g`'s flat vector, gathered from their
   // keepers into `chunk`, into its parameters. The masters are not
-  // written: where this rank keeps a range its master holds those bits
-  // already (every keeper of a shard steps it alike; CheckCopiesAgree
-  // compares them), and a copy would hide a drift from that check.
+  // written, nor the parameters where they are the masters' storage (a
+  // gather skips the pieces this rank keeps there): where this rank keeps
+  // a range its master holds those bits already (every keeper of a shard
+  // steps it alike; CheckCopiesAgree compares them), and a copy would hide
+  // a drift from that check.
   void Install(int g, ElementRange range, const torch::Tensor& chunk);
+  // Whether group `g`'s masters are views of its parameters' storage
+  // (Make), as the parameters still are (a program that gave a parameter
+  // storage of its own since, to() say, is gathered in full).
+  bool MastersShareParameters(int g) const;
   // The elements of optimizer state tensors this rank holds (for the
   // memory figures): the masters' per-element state.
   int64_t StateElements() const;
@@ -185,8 +200,8 @@ class OptimizerShards {
   absl::Status GatherParameters(Communicator* comm, absl::Time deadline,
                                 int64_t chunk = kGatherChunk);
   // Collective over `comm`, between two passes of a step (a GAN's): only
-  // the groups whose masters some rank stepped since the last gather (its
-  // masters against its parameters; one all-reduce of a word per group)
+  // the groups whose masters some rank stepped since the last gather (their
+  // version counters; one all-reduce of a word per group)
   // are gathered as GatherParameters gathers them. The other groups'
   // parameters are not written, so a graph the program built on them
   // before (a GAN's generated images) keeps the versions its backward
@@ -256,6 +271,15 @@ class OptimizerShards {
     std::vector<torch::Tensor> masters;  // one per shard kept (KeptBy); none: nothing to shard
     std::vector<torch::Tensor> frozen;   // the group's that do not: listed after the masters
     std::vector<torch::Tensor> listed;   // the group's parameter list before Make
+    // The flat vector the params are views of, in order (Make), or
+    // undefined: the masters are then copies.
+    torch::Tensor values;
+    // Each master's version counter after the last gather of the group (or
+    // Make): a master whose counter moved since was stepped. LibTorch's SGD
+    // writes through .data(), which moves no counter: where the masters are
+    // views, a fingerprint of each (Fingerprint) after the last gather too.
+    std::vector<int64_t> gathered_versions;
+    std::vector<int64_t> gathered_prints;
     // The flat gradient vector the params' and masters' .grad are views
     // of (ShareGradients); undefined until first needed.
     torch::Tensor grads;
@@ -270,6 +294,14 @@ class OptimizerShards {
   };
 
   OptimizerShards(ShardLayout layout, int rank, std::vector<Group> groups);
+  // Whether a master of `group` (group `g` of `layout`, kept by `rank`)
+  // was stepped since its last gather: its version counter moved, or its
+  // values differ from the fingerprint taken then (views) or from the
+  // parameters' (copies).
+  static bool SteppedSinceGathered(const Group& group, int g, const ShardLayout& layout,
+                                   int rank);
+  // `group.gathered_versions` (and prints) from its masters now.
+  static void MarkGathered(Group& group);
   // `group`'s flat gradient vector, made (uninitialised) at first use.
   static torch::Tensor& GradientVector(Group& group);
   // GatherParameters over the groups `gather` marks (non-zero).
