@@ -631,12 +631,6 @@ absl::Status OptimizerShards::GatherGroups(Communicator* comm, absl::Time deadli
   torch::Tensor buffer = torch::empty(
       {largest}, torch::TensorOptions().dtype(torch::kFloat32).device(CommDevice(*comm)));
   const int W = layout_.world();
-  // By group, whether this rank's masters are its parameters' storage:
-  // the pieces it keeps are then in place already.
-  std::vector<bool> shared(groups_.size());
-  for (size_t g = 0; g < groups_.size(); ++g) {
-    shared[g] = MastersShareParameters(static_cast<int>(g));
-  }
   const std::vector<int> kept = layout_.KeptBy(rank_);
   for (const GatherRound& round : rounds) {
     const int g = round.group;
@@ -668,8 +662,11 @@ absl::Status OptimizerShards::GatherGroups(Communicator* comm, absl::Time deadli
       MUSTER_RETURN_IF_ERROR(
           comm->AllGatherInNode(buffer.data_ptr(), counts, DataType::kFloat32, deadline));
     }
+    // Where this rank's masters are its parameters' storage, the pieces
+    // it keeps are in place already.
+    const bool shared = MastersShareParameters(g);
     for (int s = 0; s < W; ++s) {
-      const bool in_place = shared[g] && std::find(kept.begin(), kept.end(), s) != kept.end();
+      const bool in_place = shared && std::find(kept.begin(), kept.end(), s) != kept.end();
       if (sizes[s] > 0 && !in_place) Install(g, round.pieces[s], parts[s]);
     }
   }
