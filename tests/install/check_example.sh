@@ -8,7 +8,12 @@
 # the LibTorch the build took either way.
 set -euo pipefail
 SRC="$1" BUILD="$2" TORCH_PREFIX="$3"
-WORK="$(mktemp -d /tmp/muster-install.XXXXXX)"
+# The work tree lies inside the build tree, and ccache takes the paths below
+# SOURCE_DIR as relative ones: then the example's compiles hit the cache from
+# one run to the next (a fresh temporary directory under /tmp made every
+# one of them miss, and compiling the examples cold took minutes).
+WORK="$(mktemp -d "$BUILD/install-check.XXXXXX")"
+export CCACHE_BASEDIR="$(cd "$SRC" && pwd)" CCACHE_NOHASHDIR=1
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$WORK"' EXIT
 cmake --install "$BUILD" --prefix "$WORK/prefix" > "$WORK/install.log"
 test -f "$WORK/prefix/lib/cmake/muster/muster-config.cmake"
