@@ -198,6 +198,17 @@ bool IsAliasAt(const torch::Tensor& t, const torch::Tensor& flat, int64_t offset
          t.storage_offset() == flat.storage_offset() + offset;
 }
 
+// Whether `params` are `flat`'s elements, one after the other from its
+// start.
+bool LaidOutIn(const std::vector<torch::Tensor>& params, const torch::Tensor& flat) {
+  int64_t offset = 0;
+  for (const torch::Tensor& p : params) {
+    if (!IsAliasAt(p, flat, offset)) return false;
+    offset += p.numel();
+  }
+  return true;
+}
+
 // The flat vector `params` are views of, one after the other (an earlier
 // Make made them so), or undefined where they are not.
 torch::Tensor SharedValues(const std::vector<torch::Tensor>& params) {
@@ -211,12 +222,7 @@ torch::Tensor SharedValues(const std::vector<torch::Tensor>& params) {
     return {};
   }
   torch::Tensor flat = AliasOf(first, 0, {n});
-  int64_t offset = 0;
-  for (const torch::Tensor& p : params) {
-    if (!IsAliasAt(p, flat, offset)) return {};
-    offset += p.numel();
-  }
-  return flat;
+  return LaidOutIn(params, flat) ? flat : torch::Tensor();
 }
 
 bool AllContiguous(const std::vector<torch::Tensor>& params) {
@@ -492,13 +498,7 @@ void OptimizerShards::Install(int g, ElementRange range, const torch::Tensor& ch
 
 bool OptimizerShards::MastersShareParameters(int g) const {
   const Group& group = groups_[g];
-  if (!group.values.defined()) return false;
-  int64_t offset = 0;
-  for (const torch::Tensor& p : group.params) {
-    if (!IsAliasAt(p, group.values, offset)) return false;
-    offset += p.numel();
-  }
-  return true;
+  return group.values.defined() && LaidOutIn(group.params, group.values);
 }
 
 namespace {
