@@ -132,8 +132,10 @@ struct Options {
   // without (so the numbers are the unsharded run's, bit for bit; see
   // reduce_scatter_gradients for one copy), and the
   // state is whole on every rank for a moment where something reads it
-  // whole: a checkpoint (written whole), the end of training (the periodic
-  // state check compares each part's copies where they are kept).
+  // whole: a change of world, the end of training, the program's after a
+  // stop. A checkpoint, the stop's too, is written a file a rank, each its
+  // own part (the periodic state check compares each part's copies where
+  // they are kept).
   // Every optimizer must be one of LibTorch's with per-element state (SGD,
   // Adam, AdamW, RMSprop, Adagrad) over float32 parameters on one device;
   // Start refuses others (LBFGS, a program's own codec) with

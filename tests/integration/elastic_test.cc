@@ -1512,9 +1512,9 @@ class ShardedStateResumeTest : public ShardedStateTest {
 };
 
 // Four trainers with sharded state, stopped by SIGUSR1 (every rank
-// checkpoints, the state whole, and exits 75), requeued as three: the
-// sharded job ends bit for bit as three unsharded trainers that resumed
-// the same checkpoint.
+// writes the part of the state it owns into the checkpoint to stop, a file
+// a rank, and exits 75), requeued as three: the sharded job ends bit for
+// bit as three unsharded trainers that resumed the same checkpoint.
 TEST_F(ShardedStateResumeTest, StoppedAsFourResumedAsThreeEndsAsUnshardedFromTheSameCheckpoint) {
   const std::vector<std::string> common = {"--checkpoint-dir=" + dir_ + "/ckpt", "--steps=300"};
   std::vector<std::string> first = common;
@@ -1533,6 +1533,12 @@ TEST_F(ShardedStateResumeTest, StoppedAsFourResumedAsThreeEndsAsUnshardedFromThe
       std::regex_search(log_a, m, std::regex("stopping at step ([0-9]+) after checkpointing")))
       << log_a;
   const std::string stopped = m[1];
+  const std::string step_dir = dir_ + "/ckpt/step-" + stopped;
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_TRUE(std::filesystem::exists(
+        absl::StrCat(step_dir, "/optimizer-shard-", r, "-of-4.safetensors")));
+  }
+  EXPECT_FALSE(std::filesystem::exists(step_dir + "/optimizer.safetensors"));
   // The requeued job twice, neither writing a checkpoint.
   CopyCatalog();
   for (const std::string& tag : {std::string("s"), std::string("u")}) {

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -208,7 +209,8 @@ class LibraryTest : public ::testing::Test {
   // resumes from that checkpoint and ends bit-identical to the reference.
   void StopAndRestartEndAsTheUninterruptedRun(const AgentFn& agent,
                                                const std::vector<std::string>& run,
-                                               int stop_after) {
+                                               int stop_after,
+                                               const std::function<void()>& after_stop = {}) {
     StartCoordinator(4, 4, "reference");
     std::vector<std::string> ref = run;
     ref.insert(ref.end(), {"--checkpoint-dir", dir_ + "/ckpt-reference"});
@@ -230,6 +232,7 @@ class LibraryTest : public ::testing::Test {
     EXPECT_EQ(WaitExit(a), 75) << ReadText(dir_ + "/a1.log");
     EXPECT_EQ(WaitExit(b), 75) << ReadText(dir_ + "/b1.log");
     ASSERT_NE(ReadText(dir_ + "/a1.log").find("after checkpointing"), std::string::npos);
+    if (after_stop) after_stop();  // before the restart's checkpoints retire the stop's
     StopCoordinator();
     std::system(("rm -rf " + dir_ + "/summary/*").c_str());
     StartCoordinator(4, 4, "state");
@@ -422,6 +425,31 @@ TEST_F(LibraryTest, AGanStoppedBySigusr1ResumesToTheStateOfAnUninterruptedRun) {
       [this](const std::string& node, const std::string& summary,
              const std::vector<std::string>& more) { return GanAgent(node, summary, more); },
       {"--steps", "120", "--checkpoint-every", "20"}, /*stop_after=*/30);
+}
+
+// The same with both optimizers' state sharded: each rank writes the part
+// it owns into the checkpoint to stop (a file a rank), and the restart
+// puts the parts together and ends as the sharded run never interrupted.
+TEST_F(LibraryTest, AShardedGanStoppedBySigusr1WritesItsPartsAndResumesAsUninterrupted) {
+  if (!HasFashionMnist()) GTEST_SKIP() << "dataset-fashion-mnist is not installed";
+  StopAndRestartEndAsTheUninterruptedRun(
+      [this](const std::string& node, const std::string& summary,
+             const std::vector<std::string>& more) { return GanAgent(node, summary, more); },
+      {"--steps", "120", "--checkpoint-every", "20", "--shard-optimizer", "1"},
+      /*stop_after=*/30, [this] {
+        const std::string log = ReadText(dir_ + "/a1.log");
+        std::smatch m;
+        ASSERT_TRUE(std::regex_search(
+            log, m, std::regex("stopping at step ([0-9]+) after checkpointing")))
+            << log;
+        const std::string step_dir = absl::StrCat(dir_, "/ckpt/step-", m[1].str());
+        for (int r = 0; r < 4; ++r) {
+          EXPECT_TRUE(std::filesystem::exists(
+              absl::StrCat(step_dir, "/optimizer-shard-", r, "-of-4.safetensors")))
+              << step_dir << ", shard " << r;
+        }
+        EXPECT_FALSE(std::filesystem::exists(step_dir + "/optimizer.safetensors")) << step_dir;
+      });
 }
 
 // Every program under examples/, as a user wrote it, run as 2 agents x 2

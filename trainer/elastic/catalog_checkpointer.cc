@@ -283,11 +283,21 @@ absl::StatusOr<bool> CatalogCheckpointer::TakeSharded(CoordinatorClient* client,
 absl::StatusOr<bool> CatalogCheckpointer::TakeToStop(CoordinatorClient* client,
                                                      Communicator* comm, int rank,
                                                      const CheckpointMeta& meta,
-                                                     absl::Time deadline) {
+                                                     absl::Time deadline,
+                                                     const absl::StatusOr<OwnShardState>* own) {
   constexpr int kAttempts = 2;
+  constexpr absl::Duration kCallTimeout = absl::Seconds(20);
   for (int attempt = 1; attempt <= kAttempts; ++attempt) {
-    absl::Status s = Take(client, rank, meta, absl::Seconds(20));
-    if (absl::Status written = Wait(); s.ok()) s = written;
+    absl::Status s;
+    if (own != nullptr) {
+      // False: every rank logged why; Wait says what failed here.
+      MUSTER_ASSIGN_OR_RETURN(bool taken, TakeSharded(client, comm, rank, meta, *own, deadline,
+                                                      kCallTimeout));
+      if (!taken) s = absl::AbortedError("a rank could not write its optimizer shard");
+    } else {
+      s = Take(client, rank, meta, kCallTimeout);
+    }
+    if (absl::Status written = Wait(); s.ok() || !written.ok()) s = written;
     int64_t failed = s.ok() ? 0 : 1;
     MUSTER_RETURN_IF_ERROR(
         AllReduceValues(comm, &failed, 1, DataType::kInt64, ReduceOp::kSum, deadline));

@@ -75,10 +75,14 @@ class CatalogCheckpointer {
   // collective): Take, then Wait, and the ranks sum their failures, which
   // is also a barrier (a departure would abort the checkpoint before it
   // commits). A failed attempt (the catalog unreachable, a full or
-  // read-only file system) is tried once more. Returns whether it
-  // committed. Errors: the communicator's (`deadline` for each agreement).
+  // read-only file system) is tried once more. With `own` (sharded
+  // optimizer state: Replica::OwnShard) each attempt is TakeSharded's, a
+  // file a rank, rather than Take's whole state from rank 0. Returns
+  // whether it committed. Errors: the communicator's (`deadline` for each
+  // agreement).
   absl::StatusOr<bool> TakeToStop(CoordinatorClient* client, Communicator* comm, int rank,
-                                  const CheckpointMeta& meta, absl::Time deadline);
+                                  const CheckpointMeta& meta, absl::Time deadline,
+                                  const absl::StatusOr<OwnShardState>* own = nullptr);
   // Sharded optimizer state (docs/sharding.md, "Checkpoints"): a
   // collective over `comm`, every rank with the same `meta`. Each rank
   // writes the file of the shard it owns (`own`, Replica::OwnShard) into

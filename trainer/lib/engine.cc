@@ -327,19 +327,41 @@ absl::Status Engine::CheckStateAgrees(const std::string& when, bool whole) {
 absl::Status Engine::Stop() {
   const int rank = world_->world().rank;
   bool committed = false;
+  // Sharded optimizer state is written where it is held, a file a rank, as
+  // a scheduled checkpoint's: the stop's write is then 1/W of the state on
+  // each rank rather than all of it on rank 0.
+  bool sharded = checkpointer_ && replica_.ShardedNow();
   if (checkpointer_) {
-    MUSTER_RETURN_IF_ERROR(CheckStateAgrees("before the checkpoint to stop", /*whole=*/true));
+    MUSTER_RETURN_IF_ERROR(CheckStateAgrees("before the checkpoint to stop", /*whole=*/!sharded));
+    sharded = replica_.ShardedNow();  // a regroup in the check made it whole
   }
   if (checkpointer_ && !life_.ended()) {  // else the check's regroup found no world
+    const absl::StatusOr<OwnShardState> own =
+        sharded ? replica_.OwnShard() : absl::StatusOr<OwnShardState>();
     MUSTER_ASSIGN_OR_RETURN(committed, checkpointer_->TakeToStop(world_->client(), world_->comm(),
                                                                  rank, CommittedStepMeta(),
-                                                                 changes_->LongDeadline()));
+                                                                 changes_->LongDeadline(),
+                                                                 sharded ? &own : nullptr));
   }
+  if (sharded && !life_.ended()) GiveBackWholeState();
   world_->Detach();
   MUSTER_RETURN_IF_ERROR(
       life_.End(committed ? StepOutcome::kStopped : StepOutcome::kStoppedWithoutCheckpoint));
   if (rank == 0) SayStopped("stopping at step ");
   return absl::OkStatus();
+}
+
+// After the checkpoint to stop: the program gets its optimizers back whole,
+// as at the end of training (it may save them). The job is stopping, so a
+// failure starts no regroup: the state is dropped, the checkpoint (if it
+// committed) holds it.
+void Engine::GiveBackWholeState() {
+  if (absl::Status s = replica_.WholeState(world_->comm(), changes_->LongDeadline()); !s.ok()) {
+    MUSTER_LOG(WARNING) << "the optimizer state could not be made whole after the checkpoint to "
+                           "stop ("
+                        << s.message() << "); the optimizers are given back without it";
+    replica_.ReleaseShards();
+  }
 }
 
 // The stop's last word, from one rank: what a restart resumes from.
@@ -377,9 +399,11 @@ absl::Status Engine::AtBoundary() {
   MUSTER_RETURN_IF_ERROR(BoundaryCollectives());
   if (life_.ended()) return absl::OkStatus();
   reporter_->StepDone(progress(), lr_->current());
-  if (step_.decision != StepDecision::kContinue) {
-    // The world changes after this boundary: sharded optimizer state is
-    // made whole in it first, so that nothing goes with a rank that leaves.
+  // The world changes after this boundary: sharded optimizer state is made
+  // whole in it first, so that nothing goes with a rank that leaves. A stop
+  // with a checkpoint writes it sharded (Stop), every rank stopping.
+  if (step_.decision != StepDecision::kContinue &&
+      !(step_.decision == StepDecision::kStop && checkpointer_)) {
     MUSTER_RETURN_IF_ERROR(WholeState());
     if (life_.ended()) return absl::OkStatus();
   }

@@ -146,6 +146,9 @@ class Engine final : public Distributed, private WorldChanges::Trainer {
   // `world_changed`: a regroup during this boundary (see checkpoint_deferred_).
   absl::Status AfterDecision(bool world_changed);
   absl::Status Stop();
+  // After a sharded checkpoint to stop: the optimizers whole again, with
+  // no regroup (the job stops).
+  void GiveBackWholeState();
   void SayStopped(const std::string& how) const;
   // A line for people, through Options::output, unless quiet.
   void Say(const std::string& line) const {
