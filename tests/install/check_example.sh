@@ -13,7 +13,8 @@ SRC="$1" BUILD="$2" TORCH_PREFIX="$3"
 # one run to the next (a fresh temporary directory under /tmp made every
 # one of them miss, and compiling the examples cold took minutes).
 WORK="$(mktemp -d "$BUILD/install-check.XXXXXX")"
-export CCACHE_BASEDIR="$(cd "$SRC" && pwd)" CCACHE_NOHASHDIR=1
+CCACHE_BASEDIR="$(cd "$SRC" && pwd)"
+export CCACHE_BASEDIR CCACHE_NOHASHDIR=1
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$WORK"' EXIT
 cmake --install "$BUILD" --prefix "$WORK/prefix" > "$WORK/install.log"
 test -f "$WORK/prefix/lib/cmake/muster/muster-config.cmake"

@@ -290,14 +290,13 @@ absl::StatusOr<bool> CatalogCheckpointer::TakeToStop(CoordinatorClient* client,
   for (int attempt = 1; attempt <= kAttempts; ++attempt) {
     absl::Status s;
     if (own != nullptr) {
-      // False: every rank logged why; Wait says what failed here.
-      MUSTER_ASSIGN_OR_RETURN(bool taken, TakeSharded(client, comm, rank, meta, *own, deadline,
-                                                      kCallTimeout));
-      if (!taken) s = absl::AbortedError("a rank could not write its optimizer shard");
+      // Where it did not go ahead, Wait says what failed.
+      MUSTER_RETURN_IF_ERROR(
+          TakeSharded(client, comm, rank, meta, *own, deadline, kCallTimeout).status());
     } else {
       s = Take(client, rank, meta, kCallTimeout);
     }
-    if (absl::Status written = Wait(); s.ok() || !written.ok()) s = written;
+    if (absl::Status written = Wait(); s.ok()) s = written;
     int64_t failed = s.ok() ? 0 : 1;
     MUSTER_RETURN_IF_ERROR(
         AllReduceValues(comm, &failed, 1, DataType::kInt64, ReduceOp::kSum, deadline));
