@@ -5,6 +5,7 @@
 
 #include <atomic>
 
+#include <cmath>
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
@@ -91,6 +92,9 @@ ABSL_FLAG(bool, reduce_scatter, false,
           "with --shard-optimizer: reduce-scatter the gradients (each rank gets the average of "
           "the parts it steps) instead of all-reducing them; with two copies only where a rank "
           "and its buddy share a column (two nodes of equal size)");
+ABSL_FLAG(double, clip_grad_norm, 0,
+          "clip each step's averaged gradients to this total 2-norm (0: no clipping); with "
+          "--reduce-scatter too");
 ABSL_FLAG(int64_t, eval_every, 0, "evaluate every N steps (0: at the end)");
 ABSL_FLAG(int64_t, log_every, 20, "progress line every N steps");
 ABSL_FLAG(std::string, log_dir, "", "JSON-lines metrics and TensorBoard events (rank 0)");
@@ -169,6 +173,7 @@ absl::StatusOr<muster::Options> LibraryOptionsFromFlags() {
   lib.shard_optimizer_state = absl::GetFlag(FLAGS_shard_optimizer);
   lib.optimizer_state_copies = absl::GetFlag(FLAGS_optimizer_state_copies);
   lib.reduce_scatter_gradients = absl::GetFlag(FLAGS_reduce_scatter);
+  lib.clip_grad_norm = absl::GetFlag(FLAGS_clip_grad_norm);
   lib.batch_per_rank = absl::GetFlag(FLAGS_batch_size);
   lib.seed = absl::GetFlag(FLAGS_seed);
   lib.steps = absl::GetFlag(FLAGS_steps);
@@ -256,11 +261,13 @@ void WriteSummary(const muster::Placement& place, const muster::TrainResult& r) 
       "\"test_loss\": %.4f, \"regroups\": %d, \"steps_salvaged\": %d, \"steps_dropped\": %d, "
       "\"step_ms_p50\": %.3f, \"step_ms_mean\": %.3f, \"step_ms_warmup\": %d, "
       "\"intra_op_threads\": %d, \"optimizer_state_elements\": %d, "
-      "\"parameter_checksum\": %.17g, %s}\n",
+      "\"parameter_checksum\": %.17g, \"last_gradient_norm\": %s, %s}\n",
       r.rank, r.world_size, r.steps, r.steps_per_second, r.samples_per_second,
       r.comm_overlap_pct, r.test_accuracy, r.test_loss, r.regroups, r.steps_salvaged,
       r.steps_dropped, r.step_ms_p50, r.step_ms_mean, r.step_ms_warmup, r.intra_op_threads,
-      r.optimizer_state_elements, r.parameter_checksum, TimelineJson(r.timeline));
+      r.optimizer_state_elements, r.parameter_checksum,
+      std::isnan(r.last_gradient_norm) ? "null" : absl::StrFormat("%.9g", r.last_gradient_norm),
+      TimelineJson(r.timeline));
 }
 
 int Run() {

@@ -272,6 +272,11 @@ class Distributed {
   // Options::shard_optimizer_state its parts, else the whole state; -1 for
   // an optimizer muster has no codec for.
   virtual int64_t optimizer_state_elements() const = 0;
+  // With Options::clip_grad_norm: the total 2-norm of the last reduced
+  // pass's averaged gradients before clipping (what
+  // torch::nn::utils::clip_grad_norm_ returns), the same on every rank. NaN
+  // before the first pass, or without clipping.
+  virtual double last_gradient_norm() const = 0;
   // XXH3-64 of the whole registered state (model, optimizer, extra tensors,
   // blobs) and the step and sample counters: equal on two ranks exactly
   // when they hold bit-identical state (what the library checks after every

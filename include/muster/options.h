@@ -169,15 +169,28 @@ struct Options {
   // with two copies it does so on two nodes of equal size (a rank and its
   // buddy share a column: the node's all-gather of the gradients is saved)
   // and elsewhere all-reduces (docs/sharding.md, "Reduce-scatter"). The
-  // parameters'
-  // .grad then hold this rank's own gradient, not the average: clipping
-  // them does not change the step, so a program that clips or reads the
-  // gradients must not set it. A pass over some of the parameters (a
-  // GAN's), and every pass where the state is whole (a world of one, a
-  // salvaged step), all-reduces as without it. The result equals the
+  // parameters' .grad then hold this rank's own gradient, not the average:
+  // clipping them does not change the step, so a program that clips its
+  // gradients sets clip_grad_norm instead, and one that reads them must not
+  // set this. A pass over some of the parameters (a GAN's), and every pass
+  // where the state is whole (a world of one, a salvaged step),
+  // all-reduces as without it. The result equals the
   // all-reduced run's within float32 summation order, and is the same bits
   // on every rank. Start refuses it without sharded state.
   bool reduce_scatter_gradients = false;
+  // > 0: after each pass's reduction (AfterBackward, a salvaged pass too),
+  // the gradients the optimizers step with are scaled so that their total
+  // 2-norm over the pass's parameters is at most this, as
+  // torch::nn::utils::clip_grad_norm_(parameters, clip_grad_norm) does to
+  // the averaged gradients (bit for bit where the .grad hold them: without
+  // reduce_scatter_gradients). With it no rank holds every averaged
+  // gradient: the squared norms of the parts each rank owns are summed over
+  // the world (one all-reduce of a float64), and each rank scales the parts
+  // it steps, within float32 rounding of the all-reduced run.
+  // Distributed::last_gradient_norm is the norm before clipping. 0: no
+  // clipping by muster (a program that does not reduce-scatter may clip
+  // the .grad itself after AfterBackward).
+  double clip_grad_norm = 0;
 
   // ---- Data: a distributed sampler over indices [0, dataset_size) ----
   int64_t dataset_size = 0;  // required

@@ -1323,9 +1323,18 @@ TEST_F(ShardedStateFailureTest, AKilledRanksPartsLiveOnInItsBuddyAndTheJobEndsAs
 // The same with the gradients reduce-scattered by columns: the kill breaks
 // a step's column reduction, the world of three (a node of one) all-reduces,
 // and once the replacement makes two nodes of two again the new shards are
-// reduce-scattered by columns again.
+// reduce-scattered by columns again. The gradients are clipped throughout
+// (the salvaged step's after its re-reduction): every rank ends with the
+// same parameters and the same last norm.
 TEST_F(ShardedStateFailureTest, WithReduceScatterAKilledRanksPartsLiveOnInItsBuddy) {
-  KillOneOfFourAndReplaceIt({"--reduce-scatter"});
+  KillOneOfFourAndReplaceIt({"--reduce-scatter", "--clip-grad-norm=0.5"});
+  const std::string norm = JsonNumber(ReadText(dir_ + "/k0.json"), "last_gradient_norm");
+  ASSERT_FALSE(norm.empty()) << ReadText(dir_ + "/k0.json");
+  EXPECT_GT(std::stod(norm), 0) << norm;
+  for (const char* tag : {"k1", "k2", "k3b"}) {
+    EXPECT_EQ(JsonNumber(ReadText(dir_ + "/" + tag + ".json"), "last_gradient_norm"), norm)
+        << tag;
+  }
   const std::string log = ReadText(dir_ + "/k0.log");
   const std::string line = "gradients reduce-scattered over 4 ranks";
   const size_t first = log.find(line);

@@ -4,11 +4,15 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cmath>
+#include <filesystem>
+#include <limits>
 #include <mutex>
 #include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "muster/muster.h"
@@ -167,6 +171,17 @@ TEST(StartTest, WhatCannotApplyIsRefusedByName) {
   started = Distributed::Start(o, with_mine);
   ASSERT_TRUE(absl::IsInvalidArgument(started.status())) << started.status();
   EXPECT_NE(started.status().message().find("optimizer_codec"), std::string::npos);
+
+  // A clipping norm that is no norm.
+  for (double bad : {-1.0, std::nan(""), std::numeric_limits<double>::infinity()}) {
+    o.clip_grad_norm = bad;
+    started = Distributed::Start(o, no_optimizer);
+    ASSERT_TRUE(absl::IsInvalidArgument(started.status())) << bad;
+    EXPECT_NE(started.status().message().find("clip_grad_norm must be 0 (no clipping) or a "
+                                              "positive finite norm"),
+              std::string::npos)
+        << started.status();
+  }
 }
 
 // Options::intra_op_threads: 0 shares the CPUs among the node's trainers
@@ -532,6 +547,125 @@ TEST(SeveralModelsTest, APassNamingNoModuleEndsTheRunByName) {
       << s;
   EXPECT_TRUE(d.ShouldStop());
   d.Finish().IgnoreError();
+}
+
+// Options::clip_grad_norm, as a program that clips its gradients uses it:
+// four ranks on two nodes train a small network with SGD and momentum
+// (whose steps scale with the gradients), clipping every
+// step's averaged gradients to a norm below theirs.
+struct ClipRun {
+  std::vector<torch::Tensor> parameters;
+  std::vector<double> norms;  // each step's norm before clipping
+  uint64_t digest = 0;
+  int64_t steps = 0;
+};
+
+constexpr double kClipNorm = 0.02;
+
+// `option`: muster clips (Options::clip_grad_norm); else the program calls
+// clip_grad_norm_ after AfterBackward when `program_clips`. `copies` 0:
+// unsharded; else sharded with that many copies and reduce-scattered.
+// `log_dir`: rank 0's metrics, every step.
+std::vector<ClipRun> TrainClipped(bool option, bool program_clips, int copies,
+                                  const std::string& log_dir = "") {
+  constexpr int kWorld = 4;
+  auto server = InProcessCoordinator::Start(kWorld);
+  std::vector<ClipRun> out(kWorld);
+  std::vector<std::thread> ranks;
+  std::mutex rng;
+  for (int i = 0; i < kWorld; ++i) {
+    ranks.emplace_back([&, i] {
+      std::unique_lock<std::mutex> drawing(rng);
+      torch::manual_seed(3);
+      torch::nn::Sequential model(torch::nn::Linear(8, 32), torch::nn::Tanh(),
+                                  torch::nn::Linear(32, 4));
+      drawing.unlock();
+      torch::optim::SGD optimizer(model->parameters(),
+                                  torch::optim::SGDOptions(0.2).momentum(0.9));
+      Options o = QuietOptions(server->port(), absl::StrCat("clip", ::getpid(), option,
+                                                             program_clips, copies));
+      o.node_id = absl::StrCat("n", i / 2);
+      o.local_rank = i % 2;
+      o.backend = Backend::kHier;
+      o.steps = 12;
+      o.clip_grad_norm = option ? kClipNorm : 0;
+      o.shard_optimizer_state = copies > 0;
+      o.optimizer_state_copies = std::max(copies, 1);
+      o.reduce_scatter_gradients = copies > 0;
+      o.log_dir = log_dir;
+      o.log_every = 1;
+      State state;
+      state.model = model.ptr().get();
+      state.optimizer = &optimizer;
+      auto job = Distributed::Start(o, state);
+      ASSERT_TRUE(job.ok()) << job.status();
+      Distributed& d = **job;
+      ClipRun& run = out[static_cast<size_t>(i)];
+      while (!d.ShouldStop()) {
+        const torch::Tensor idx = torch::tensor(d.Batch(), torch::kFloat32).unsqueeze(1);
+        const torch::Tensor x = torch::sin(idx * torch::arange(1, 9, torch::kFloat32) / 7);
+        const torch::Tensor y = torch::cos(idx * torch::arange(1, 5, torch::kFloat32) / 5);
+        optimizer.zero_grad();
+        const torch::Tensor loss = torch::mse_loss(model->forward(x), y);
+        d.BeforeBackward();
+        loss.backward();
+        ASSERT_TRUE(d.AfterBackward().ok());
+        run.norms.push_back(program_clips
+                                ? torch::nn::utils::clip_grad_norm_(model->parameters(), kClipNorm)
+                                : d.last_gradient_norm());
+        optimizer.step();
+      }
+      for (const torch::Tensor& p : model->parameters()) {
+        run.parameters.push_back(p.detach().clone());
+      }
+      run.digest = d.StateDigest();
+      run.steps = d.step();
+      EXPECT_EQ(Distributed::ExitCode(d.Finish()), 0);
+    });
+  }
+  for (std::thread& t : ranks) t.join();
+  return out;
+}
+
+// The option clips as the program's own clip_grad_norm_ does, bit for bit
+// where the .grad hold the averages; reduce-scattered (one copy, and two
+// copies on two nodes of two) within float32 rounding of it, every rank
+// the same bits. Without clipping the run ends elsewhere, so the clipping
+// acted (every step's norm is above the limit). Rank 0's metrics carry
+// each step's norm as "grad_norm".
+TEST(ClipGradNormTest, ClipsAsTheProgramsOwnClipWhetherAllReducedOrScattered) {
+  const std::string logs = absl::StrCat(::testing::TempDir(), "/clip", ::getpid());
+  const std::vector<ClipRun> program = TrainClipped(false, true, 0);
+  const std::vector<ClipRun> option = TrainClipped(true, false, 0, logs);
+  const std::vector<ClipRun> unclipped = TrainClipped(false, false, 0);
+  ASSERT_EQ(program[0].steps, 12);
+  ASSERT_EQ(program[0].norms.size(), 12u);
+  for (double norm : program[0].norms) EXPECT_GT(norm, 2 * kClipNorm);
+  EXPECT_GT(MaxDiff(unclipped[0].parameters, program[0].parameters), 1e-3);
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_EQ(option[r].norms, program[0].norms) << "rank " << r;
+    EXPECT_EQ(MaxDiff(option[r].parameters, program[0].parameters), 0.0) << "rank " << r;
+  }
+  const std::string metrics = ReadText(logs + "/metrics.jsonl");
+  EXPECT_NE(metrics.find("{\"step\": 12, "), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find(absl::StrFormat("\"grad_norm\": %.8g", program[0].norms.back())),
+            std::string::npos)
+      << metrics;
+  std::filesystem::remove_all(logs);
+  for (int copies : {1, 2}) {
+    const std::vector<ClipRun> scattered = TrainClipped(true, false, copies);
+    ASSERT_EQ(scattered[0].steps, 12) << copies;
+    for (int r = 0; r < 4; ++r) {
+      EXPECT_EQ(scattered[r].digest, scattered[0].digest) << copies << " copies, rank " << r;
+      EXPECT_EQ(scattered[r].norms, scattered[0].norms) << copies << " copies, rank " << r;
+      EXPECT_LT(MaxDiff(scattered[r].parameters, program[0].parameters), 1e-5)
+          << copies << " copies, rank " << r;
+    }
+    for (size_t k = 0; k < program[0].norms.size(); ++k) {
+      EXPECT_NEAR(scattered[0].norms[k], program[0].norms[k], 1e-5 * program[0].norms[k])
+          << copies << " copies, step " << k + 1;
+    }
+  }
 }
 
 // Options::join_timeout_s bounds how long Start tries an unreachable

@@ -428,6 +428,27 @@ void OptimizerShards::SetKeptGradient(int g, int shard, ElementRange range,
   master.mutable_grad().narrow(0, range.begin - held.begin, range.size()).copy_(averaged);
 }
 
+double OptimizerShards::KeptGradientSquares(int shard) const {
+  const std::vector<int> kept = layout_.KeptBy(rank_);  // the masters' order
+  const auto k = static_cast<size_t>(std::find(kept.begin(), kept.end(), shard) - kept.begin());
+  double sum = 0;
+  for (const Group& group : groups_) {
+    if (k >= group.masters.size() || !group.masters[k].grad().defined()) continue;
+    const double norm = group.masters[k].grad().norm().item<double>();
+    sum += norm * norm;
+  }
+  return sum;
+}
+
+void OptimizerShards::ScaleKeptGradients(double factor) {
+  torch::NoGradGuard no_grad;
+  for (Group& group : groups_) {
+    for (torch::Tensor& master : group.masters) {
+      if (master.grad().defined()) master.mutable_grad().mul_(factor);
+    }
+  }
+}
+
 torch::Tensor& OptimizerShards::GradientVector(Group& group) {
   if (!group.grads.defined()) {
     int64_t n = 0;

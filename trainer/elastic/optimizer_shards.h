@@ -135,6 +135,14 @@ class OptimizerShards {
   // uninitialised, where it has none): a reduce-scattering sync's segment
   // (Options::reduce_scatter_gradients).
   void SetKeptGradient(int g, int shard, ElementRange range, const torch::Tensor& averaged);
+  // The sum over every group of the squares of shard `shard`'s master's
+  // gradient, which this rank keeps (0 where it has none), in float64 from
+  // each master's float32 norm: what the world sums for the total norm of
+  // the reduce-scattered gradients (each part counted by its owner).
+  double KeptGradientSquares(int shard) const;
+  // Every kept master's .grad times `factor` (the clipping of
+  // Options::clip_grad_norm), in place.
+  void ScaleKeptGradients(double factor);
   // Group `g`'s parameters' gradients, flat (zeros for a parameter without
   // one): what the world reduces.
   torch::Tensor FlatGradients(int g) const;

@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -54,7 +55,8 @@ void ProgressReporter::RecordLoss(double loss) {
   ++loss_count_;
 }
 
-void ProgressReporter::StepDone(const Progress& p, const std::vector<double>& lrs) {
+void ProgressReporter::StepDone(const Progress& p, const std::vector<double>& lrs,
+                                double grad_norm) {
   interval_samples_ += p.global_batch;
   if (p.step % options_.log_every != 0 && p.step != p.total_steps) return;
   const double secs = absl::ToDoubleSeconds(options_.clock->Now() - interval_start_);
@@ -82,11 +84,15 @@ void ProgressReporter::StepDone(const Progress& p, const std::vector<double>& lr
     for (size_t g = 0; g < lrs.size(); ++g) {
       values[g == 0 ? std::string("lr") : absl::StrCat("lr_group", g)] = lrs[g];
     }
+    if (!std::isnan(grad_norm)) values["grad_norm"] = grad_norm;
     jsonl_->Write(p.step, now, values);
   }
   if (events_) {
     events_->Scalar("train/loss", static_cast<float>(mean_loss), p.step, now);
     events_->Scalar("train/samples_per_s", static_cast<float>(sps), p.step, now);
+    if (!std::isnan(grad_norm)) {
+      events_->Scalar("train/grad_norm", static_cast<float>(grad_norm), p.step, now);
+    }
     events_->Flush();
   }
   interval_start_ = options_.clock->Now();

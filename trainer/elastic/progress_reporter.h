@@ -50,7 +50,9 @@ class ProgressReporter {
   void RecordLoss(double loss);
   // After a committed step: the progress line and the metrics, when due.
   // `lrs`: each parameter group's learning rate (may be empty).
-  void StepDone(const Progress& p, const std::vector<double>& lrs);
+  // `grad_norm`: the step's gradient norm before clipping
+  // (Options::clip_grad_norm), written as "grad_norm" where it is not NaN.
+  void StepDone(const Progress& p, const std::vector<double>& lrs, double grad_norm);
   void Scalars(int64_t step, const std::map<std::string, double>& values);
   double last_loss() const { return last_loss_; }
 

@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cmath>
 #include <set>
 #include <utility>
 
@@ -11,6 +12,7 @@
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "trainer/checkpoint/state_tensors.h"
+#include "trainer/comm/values.h"
 #include "trainer/elastic/sharded_optimizers.h"
 #include "trainer/elastic/state_sync.h"
 
@@ -211,12 +213,37 @@ absl::Status Replica::FinishPass(absl::Time deadline, const std::function<void()
   last_reduce_ = absl::Seconds(comm_s);
   const double since_backward = absl::ToDoubleSeconds(options_.clock->Now() - backward_end);
   hidden_total_ += std::max(0.0, comm_s - since_backward);
-  if (sharded_ && current_ == scatter_.sync.get()) {
+  const bool scattered = sharded_ && current_ == scatter_.sync.get();
+  if (scattered) {
     sharded_->TakeScattered(scatter_.plan,
                             [this](size_t i) { return current_->bucket_gradients(i); });
   } else if (sharded_) {
     sharded_->TakeGradients();
   }
+  // A failure here is the pass's, as its reduction's: the salvage reduces
+  // the .grad again and clips them (ResyncGradients).
+  return ClipGradients(scattered, deadline);
+}
+
+absl::Status Replica::ClipGradients(bool scattered, absl::Time deadline) {
+  if (!(options_.clip_norm > 0)) return absl::OkStatus();
+  if (!scattered) {
+    // The .grad hold the averages, the same on every rank (where the state
+    // is sharded the masters' .grad are views of them: ShareGradients).
+    last_gradient_norm_ = torch::nn::utils::clip_grad_norm_(current_->params(),
+                                                            options_.clip_norm);
+    return absl::OkStatus();
+  }
+  // Each part counted once, by its owner; every rank gets the same sum.
+  double squares = sharded_->OwnGradientSquares();
+  MUSTER_RETURN_IF_ERROR(
+      AllReduceValues(comm_, &squares, 1, DataType::kFloat64, ReduceOp::kSum, deadline));
+  const double norm = std::sqrt(squares);
+  // clip_grad_norm_'s coefficient, not above 1 (a NaN norm scales by NaN,
+  // as there).
+  const double coefficient = options_.clip_norm / (norm + 1e-6);
+  if (!(coefficient >= 1.0)) sharded_->ScaleKeptGradients(coefficient);
+  last_gradient_norm_ = norm;
   return absl::OkStatus();
 }
 
@@ -320,6 +347,7 @@ absl::StatusOr<WorldChanges::ControlAverages> Replica::ResyncGradients(
   MUSTER_RETURN_IF_ERROR(
       current_->Resync(comm, contribute, contributors, words.ToArray(), deadline));
   if (sharded_) sharded_->TakeGradients();
+  MUSTER_RETURN_IF_ERROR(ClipGradients(/*scattered=*/false, deadline));
   return current_->control();
 }
 

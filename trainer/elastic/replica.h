@@ -22,6 +22,7 @@
 #define MUSTER_TRAINER_ELASTIC_REPLICA_H_
 
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <string>
@@ -55,6 +56,9 @@ struct ReplicaOptions {
   // reduce-scatters its gradients (each rank gets the average of what it
   // owns) instead of all-reducing them. With shard_copies 1 only.
   bool reduce_scatter = false;
+  // Options::clip_grad_norm: > 0 clips each pass's averaged gradients
+  // (FinishPass, ResyncGradients) to this total 2-norm.
+  double clip_norm = 0;
 };
 
 class ShardedOptimizers;  // sharded_optimizers.h
@@ -92,6 +96,9 @@ class Replica : public WorldChanges::Tensors {
   absl::Status FinishPass(absl::Time deadline, const std::function<void()>& turn);
   // The control words of the last pass, averaged over the world.
   WorldChanges::ControlAverages control() const { return current_->control(); }
+  // The total 2-norm of the last pass's averaged gradients before
+  // ReplicaOptions::clip_norm clipped them; NaN before any, or without it.
+  double last_gradient_norm() const { return last_gradient_norm_; }
   // Percent of the reductions' time hidden behind backward, since the start.
   double overlap_pct() const;
   // The time the last FinishPass's reductions took on the communication
@@ -167,6 +174,11 @@ class Replica : public WorldChanges::Tensors {
   GradientSync* ScatterSyncFor(const std::vector<torch::Tensor>& params);
   // The options of every gradient sync a pass gets.
   GradientSyncOptions SyncOptions() const;
+  // ReplicaOptions::clip_norm over the pass's averaged gradients: the
+  // parameters' .grad, or with `scattered` the sharded optimizers' parts
+  // (their squared norms summed over the world: a collective). Errors: the
+  // communicator's.
+  absl::Status ClipGradients(bool scattered, absl::Time deadline);
 
   const TrainingState state_;
   const ReplicaOptions options_;
@@ -194,6 +206,7 @@ class Replica : public WorldChanges::Tensors {
   absl::Status pass_failure_;   // GatherBetweenPasses', until FinishPass
   double comm_total_ = 0, hidden_total_ = 0;
   absl::Duration last_reduce_;
+  double last_gradient_norm_ = std::numeric_limits<double>::quiet_NaN();
 };
 
 }  // namespace muster

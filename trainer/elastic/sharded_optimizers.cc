@@ -87,6 +87,14 @@ void ShardedOptimizers::TakeScattered(const std::vector<ShardedBucket>& plan,
   }
 }
 
+double ShardedOptimizers::OwnGradientSquares() const {
+  return shards_ == nullptr ? 0 : shards_->KeptGradientSquares(shards_->rank());
+}
+
+void ShardedOptimizers::ScaleKeptGradients(double factor) {
+  if (shards_ != nullptr) shards_->ScaleKeptGradients(factor);
+}
+
 absl::Status ShardedOptimizers::AtBoundary(Communicator* comm, absl::Time deadline) {
   if (shards_ == nullptr) return absl::OkStatus();
   MUSTER_RETURN_IF_ERROR(shards_->GatherParameters(comm, deadline));

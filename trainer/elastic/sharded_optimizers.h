@@ -64,6 +64,13 @@ class ShardedOptimizers {
   // parameters' .grad keep this rank's own sum.
   void TakeScattered(const std::vector<ShardedBucket>& plan,
                      const std::function<torch::Tensor(size_t)>& gradients);
+  // After TakeScattered: the sum of the squares of the averaged gradients
+  // of the parts this rank owns (not those it backs up), every group's; 0
+  // without shards. Summed over the world, the squared norm of the pass.
+  double OwnGradientSquares() const;
+  // After TakeScattered: the kept shards' gradients times `factor`, so an
+  // owner and its buddy scale alike.
+  void ScaleKeptGradients(double factor);
   // Collective: the parameters from the owners of each range, and the
   // parameters' .grad cleared (the optimizers no longer clear them).
   absl::Status AtBoundary(Communicator* comm, absl::Time deadline);

@@ -398,7 +398,7 @@ absl::Status Engine::AtBoundary() {
   // agree, and the next boundary syncs the buffers and checks the state.
   MUSTER_RETURN_IF_ERROR(BoundaryCollectives());
   if (life_.ended()) return absl::OkStatus();
-  reporter_->StepDone(progress(), lr_->current());
+  reporter_->StepDone(progress(), lr_->current(), replica_.last_gradient_norm());
   // The world changes after this boundary: sharded optimizer state is made
   // whole in it first, so that nothing goes with a rank that leaves. A stop
   // with a checkpoint writes it sharded (Stop), every rank stopping.

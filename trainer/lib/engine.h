@@ -124,6 +124,7 @@ class Engine final : public Distributed, private WorldChanges::Trainer {
   int64_t optimizer_state_elements() const override {
     return replica_.optimizer_state_elements();
   }
+  double last_gradient_norm() const override { return replica_.last_gradient_norm(); }
 
  private:
   absl::Status Connect();

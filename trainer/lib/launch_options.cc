@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <cstdlib>
 #include <mutex>
 #include <string_view>
@@ -140,7 +141,8 @@ ElasticWorldOptions ElasticWorldOptionsFrom(const Options& o, ClientOptions clie
 
 ReplicaOptions ReplicaOptionsFrom(const Options& o, Clock* clock) {
   return {static_cast<size_t>(o.bucket_mb * (1 << 20)), o.overlap, o.broadcast_buffers, clock,
-          o.shard_optimizer_state ? o.optimizer_state_copies : 0, o.reduce_scatter_gradients};
+          o.shard_optimizer_state ? o.optimizer_state_copies : 0, o.reduce_scatter_gradients,
+          o.clip_grad_norm};
 }
 
 CatalogCheckpointerOptions CheckpointOptionsFrom(const Options& o, Clock* clock) {
@@ -271,6 +273,10 @@ absl::Status Options::Validate() const {
   if (intra_op_threads < -1) return bad("intra_op_threads must be -1 (untouched), 0 (shared) or N");
   if (optimizer_state_copies != 1 && optimizer_state_copies != 2) {
     return bad(absl::StrCat("optimizer_state_copies must be 1 or 2, not ", optimizer_state_copies));
+  }
+  if (!(clip_grad_norm >= 0) || !std::isfinite(clip_grad_norm)) {
+    return bad(absl::StrCat("clip_grad_norm must be 0 (no clipping) or a positive finite norm, "
+                            "not ", clip_grad_norm));
   }
   if (reduce_scatter_gradients && !shard_optimizer_state) {
     return bad("reduce_scatter_gradients needs shard_optimizer_state (it is off)");

@@ -89,6 +89,8 @@ struct TrainResult {
   // Distributed::optimizer_state_elements: this rank's per-element state.
   int64_t optimizer_state_elements = 0;
   double parameter_checksum = 0;  // sum of |x| over the final parameters
+  // Distributed::last_gradient_norm: NaN without clipping.
+  double last_gradient_norm = 0;
   std::vector<at::Tensor> parameters;  // final, in registration order
 };
 
