@@ -1472,6 +1472,39 @@ TEST_F(ShardedStateTest, ReduceScatteredGradientsTrainAsAllReducedWithinRounding
   EXPECT_EQ(ReadText(dir_ + "/a0.log").find("reduce-scattered"), std::string::npos);
 }
 
+// A trainer started with options of its own (another bucket size: its
+// collectives would be of other sizes) joins a running job of three: it
+// is told which option differs before any collective, leaves, and exits
+// with the configuration's code; the three go on without it and end alike.
+class JobSettingsTest : public ShardedStateTest {
+ protected:
+  int MinMembers() const override { return 3; }
+};
+
+TEST_F(JobSettingsTest, AJoinerWithOtherOptionsLeavesNamingThemAndTheJobGoesOn) {
+  std::vector<pid_t> pids;
+  for (int i = 0; i < 3; ++i) {
+    pids.push_back(Trainer(i % 2, absl::StrCat("j", i), absl::StrCat("n", i / 2), "hier",
+                           AdamW({"--steps=400"})));
+  }
+  ASSERT_TRUE(WaitForStep("j0", 20, absl::Seconds(60))) << ReadText(dir_ + "/j0.log");
+  const pid_t odd = Trainer(1, "j3", "n1", "hier", AdamW({"--steps=400", "--bucket-mb=1"}));
+  EXPECT_EQ(WaitExit(odd), 78) << ReadText(dir_ + "/j3.log");
+  EXPECT_NE(ReadText(dir_ + "/j3.log").find("bucket_mb is 1 here, 25 there"), std::string::npos)
+      << ReadText(dir_ + "/j3.log");
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(WaitExit(pids[i]), 0) << ReadText(absl::StrCat(dir_, "/j", i, ".log"));
+  }
+  const std::string j0 = ReadText(dir_ + "/j0.json");
+  EXPECT_EQ(JsonNumber(j0, "steps"), "400") << j0;
+  EXPECT_EQ(JsonNumber(j0, "steps_dropped"), "0") << j0;
+  for (int i = 1; i < 3; ++i) {
+    EXPECT_EQ(JsonNumber(ReadText(absl::StrCat(dir_, "/j", i, ".json")), "parameter_checksum"),
+              JsonNumber(j0, "parameter_checksum"))
+        << i;
+  }
+}
+
 class ShardedStateResumeTest : public ShardedStateTest {
  protected:
   int MinMembers() const override { return 3; }

@@ -1,9 +1,14 @@
 #include "trainer/elastic/elastic_world.h"
 
 #include <algorithm>
+#include <functional>
+#include <map>
+#include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "common/clock.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
@@ -19,6 +24,27 @@ namespace {
 bool WorldMovedOn(const absl::Status& s) {
   return absl::IsAborted(s) || absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s) ||
          absl::IsCancelled(s);
+}
+
+// The first setting (a "name=value" line) of `mine` that `theirs` holds
+// otherwise, said for people; empty when they are the same.
+std::string FirstDifference(const std::string& mine, const std::string& theirs) {
+  std::map<std::string, std::string, std::less<>> other;
+  for (absl::string_view line : absl::StrSplit(theirs, '\n', absl::SkipEmpty())) {
+    const std::pair<std::string, std::string> kv = absl::StrSplit(line, absl::MaxSplits('=', 1));
+    other.emplace(kv.first, kv.second);
+  }
+  for (absl::string_view line : absl::StrSplit(mine, '\n', absl::SkipEmpty())) {
+    const std::pair<std::string, std::string> kv = absl::StrSplit(line, absl::MaxSplits('=', 1));
+    const auto it = other.find(kv.first);
+    if (it == other.end()) return absl::StrCat(kv.first, " is ", kv.second, " here, unset there");
+    if (it->second != kv.second) {
+      return absl::StrCat(kv.first, " is ", kv.second, " here, ", it->second, " there");
+    }
+    other.erase(it);
+  }
+  if (other.empty()) return "";
+  return absl::StrCat(other.begin()->first, " is unset here, ", other.begin()->second, " there");
 }
 
 }  // namespace
@@ -65,8 +91,30 @@ void ElasticWorld::Detach() {
   live_comm_ = nullptr;
 }
 
-absl::Status ElasticWorld::Enter(const EnterFn& enter) {
+absl::Status ElasticWorld::AgreeOnSettings(absl::Time deadline) {
+  if (options_.settings.empty()) return absl::OkStatus();
+  const std::string key = "muster/settings";
+  if (world_.rank == 0) return store_->Set(key, options_.settings, deadline);
+  MUSTER_ASSIGN_OR_RETURN(const std::vector<std::string> values, store_->Wait({key}, deadline));
+  const std::string difference = FirstDifference(options_.settings, values.front());
+  if (difference.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "this trainer's options are not those of rank 0 of generation ", world_.generation, " (",
+      difference, "): every trainer of a job must use the same values; this one leaves"));
+}
+
+absl::Status ElasticWorld::Enter(const EnterFn& enter, int64_t step) {
   store_ = NewCoordinatorStore(client_.get(), world_.generation);
+  if (absl::Status s = AgreeOnSettings(options_.clock->Now() + options_.build_timeout);
+      absl::IsInvalidArgument(s)) {
+    // Before any collective: the others regroup without this member at
+    // once, rather than break on collectives of other sizes.
+    MUSTER_LOG(ERROR) << s.message();
+    client_->Leave(/*finished=*/false, step).IgnoreError();
+    return s;
+  } else if (!s.ok()) {
+    return s;
+  }
   std::unique_ptr<Communicator> comm;
   {
     // Gloo's connect can block past its timeout when a peer vanished in the
@@ -137,7 +185,7 @@ absl::Status ElasticWorld::EnterFirst(int64_t step, const EnterFn& enter) {
   }
   MUSTER_RETURN_IF_ERROR(first.status());
   world_ = *first;
-  const absl::Status entered = Enter(enter);
+  const absl::Status entered = Enter(enter, step);
   if (entered.ok() || !WorldMovedOn(entered)) return entered;
   const BrokenWorld broken = BrokenWorld::Because(
       std::string(entered.message()), options_.build_timeout, UnreachableRanks(entered));
@@ -193,7 +241,7 @@ absl::Status ElasticWorld::Regroup(const std::string& why, int64_t step, const E
     }
     if (!next.ok()) return next.status();
     world_ = *next;
-    const absl::Status entered = Enter(enter);
+    const absl::Status entered = Enter(enter, step);
     if (entered.ok()) break;
     if (!WorldMovedOn(entered)) return entered;
     MUSTER_LOG(WARNING) << "generation " << world_.generation << " did not start (" << entered

@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/host_name.h"
 #include "common/launch_env.h"
 #include "common/logging.h"
@@ -136,7 +137,34 @@ ElasticWorldOptions ElasticWorldOptionsFrom(const Options& o, ClientOptions clie
   wo.join_timeout = absl::Seconds(o.join_timeout_s);
   wo.rendezvous_timeout = absl::Seconds(o.rendezvous_timeout_s);
   wo.clock = clock;
+  wo.settings = JobSettings(o);
   return wo;
+}
+
+std::string JobSettings(const Options& o) {
+  const auto number = [](double v) { return absl::StrFormat("%.17g", v); };
+  std::string out;
+  const auto add = [&out](const char* name, const std::string& value) {
+    absl::StrAppend(&out, name, "=", value, "\n");
+  };
+  add("backend", std::to_string(static_cast<int>(o.backend)));
+  add("cuda", std::to_string(o.cuda));
+  add("bucket_mb", number(o.bucket_mb));
+  add("gradient_compression", std::to_string(static_cast<int>(o.gradient_compression)));
+  add("broadcast_buffers", std::to_string(o.broadcast_buffers));
+  add("check_state_every", std::to_string(o.check_state_every));
+  add("salvage", std::to_string(o.salvage));
+  add("shard_optimizer_state", std::to_string(o.shard_optimizer_state));
+  add("optimizer_state_copies", std::to_string(o.optimizer_state_copies));
+  add("reduce_scatter_gradients", std::to_string(o.reduce_scatter_gradients));
+  add("clip_grad_norm", number(o.clip_grad_norm));
+  add("dataset_size", std::to_string(o.dataset_size));
+  add("batch_per_rank", std::to_string(o.batch_per_rank));
+  add("seed", std::to_string(o.seed));
+  add("steps", std::to_string(o.steps));
+  add("epochs", std::to_string(o.epochs));
+  add("elastic_lr", std::to_string(static_cast<int>(o.elastic_lr)));
+  return out;
 }
 
 ReplicaOptions ReplicaOptionsFrom(const Options& o, Clock* clock) {

@@ -46,6 +46,11 @@ WorldChangesOptions WorldChangesOptionsFrom(const Options& o, bool several_passe
 // The membership's: `client`, the communicator's, the timeouts (a world's
 // build waits the collective deadline's long timeout). The interruption
 // and the wait before a rejoin stay the caller's.
+// What every trainer of a job must hold alike, as "name=value" lines
+// (ElasticWorldOptions::settings): the options that shape the collectives
+// (backend, buckets, compression, buffers, state checks, salvage, sharding,
+// clipping) and the sampler's schedule.
+std::string JobSettings(const Options& o);
 ElasticWorldOptions ElasticWorldOptionsFrom(const Options& o, ClientOptions client,
                                             Clock* clock);
 // The replica's: buckets, overlap, the buffers' broadcast.
