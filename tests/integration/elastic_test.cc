@@ -1473,9 +1473,12 @@ TEST_F(ShardedStateTest, ReduceScatteredGradientsTrainAsAllReducedWithinRounding
 }
 
 // A trainer started with options of its own (another bucket size: its
-// collectives would be of other sizes) joins a running job of three: it
-// is told which option differs before any collective, leaves, and exits
-// with the configuration's code; the three go on without it and end alike.
+// collectives would be of other sizes) joins a running job of three, as
+// local rank 0 of the first node: rank 0 of the next world. The options
+// that count are those of the world's state source (an incumbent), so it
+// is the newcomer that is told which option differs, before any
+// collective, leaves, and exits with the configuration's code; the three
+// go on without it and end alike.
 class JobSettingsTest : public ShardedStateTest {
  protected:
   int MinMembers() const override { return 3; }
@@ -1483,12 +1486,12 @@ class JobSettingsTest : public ShardedStateTest {
 
 TEST_F(JobSettingsTest, AJoinerWithOtherOptionsLeavesNamingThemAndTheJobGoesOn) {
   std::vector<pid_t> pids;
-  for (int i = 0; i < 3; ++i) {
-    pids.push_back(Trainer(i % 2, absl::StrCat("j", i), absl::StrCat("n", i / 2), "hier",
-                           AdamW({"--steps=400"})));
+  for (int i = 0; i < 3; ++i) {  // n0/1, n1/0, n1/1
+    pids.push_back(Trainer((i + 1) % 2, absl::StrCat("j", i), absl::StrCat("n", (i + 1) / 2),
+                           "hier", AdamW({"--steps=400"})));
   }
   ASSERT_TRUE(WaitForStep("j0", 20, absl::Seconds(60))) << ReadText(dir_ + "/j0.log");
-  const pid_t odd = Trainer(1, "j3", "n1", "hier", AdamW({"--steps=400", "--bucket-mb=1"}));
+  const pid_t odd = Trainer(0, "j3", "n0", "hier", AdamW({"--steps=400", "--bucket-mb=1"}));
   EXPECT_EQ(WaitExit(odd), 78) << ReadText(dir_ + "/j3.log");
   EXPECT_NE(ReadText(dir_ + "/j3.log").find("bucket_mb is 1 here, 25 there"), std::string::npos)
       << ReadText(dir_ + "/j3.log");

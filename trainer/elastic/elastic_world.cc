@@ -94,13 +94,18 @@ void ElasticWorld::Detach() {
 absl::Status ElasticWorld::AgreeOnSettings(absl::Time deadline) {
   if (options_.settings.empty()) return absl::OkStatus();
   const std::string key = "muster/settings";
-  if (world_.rank == 0) return store_->Set(key, options_.settings, deadline);
+  // The state source's (the member furthest ahead, whose state the world
+  // takes): in a running job an incumbent, not a newcomer.
+  if (world_.rank == world_.state_source_rank) {
+    return store_->Set(key, options_.settings, deadline);
+  }
   MUSTER_ASSIGN_OR_RETURN(const std::vector<std::string> values, store_->Wait({key}, deadline));
   const std::string difference = FirstDifference(options_.settings, values.front());
   if (difference.empty()) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(
-      "this trainer's options are not those of rank 0 of generation ", world_.generation, " (",
-      difference, "): every trainer of a job must use the same values; this one leaves"));
+      "this trainer's options are not those of generation ", world_.generation,
+      "'s state source, rank ", world_.state_source_rank, " (", difference,
+      "): every trainer of a job must use the same values; this one leaves"));
 }
 
 absl::Status ElasticWorld::Enter(const EnterFn& enter, int64_t step) {

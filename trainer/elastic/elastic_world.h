@@ -59,10 +59,10 @@ struct ElasticWorldOptions {
   // must be this clock.
   Clock* clock = nullptr;
   // What every trainer of the job must hold alike (JobSettings: lines of
-  // "name=value"): each world's rank 0 publishes its own, and a rank whose
-  // settings differ leaves the job and fails to enter with
-  // INVALID_ARGUMENT naming the first that differs, before any collective
-  // of that world. Empty: not checked.
+  // "name=value"): each world's state source (the member furthest ahead)
+  // publishes its own, and a rank whose settings differ leaves the job and
+  // fails to enter with INVALID_ARGUMENT naming the first that differs,
+  // before any collective of that world. Empty: not checked.
   std::string settings;
 };
 
@@ -131,8 +131,9 @@ class ElasticWorld : public WorldChanges::Membership {
   // Builds world_'s communicator and calls `enter`; `step` is what this
   // member holds (for a Leave when its settings are not the world's).
   absl::Status Enter(const EnterFn& enter, int64_t step);
-  // Before any collective of world_: rank 0 publishes its settings in the
-  // world's store, the others compare theirs (ElasticWorldOptions::settings).
+  // Before any collective of world_: the state source publishes its
+  // settings in the world's store, the others compare theirs
+  // (ElasticWorldOptions::settings).
   absl::Status AgreeOnSettings(absl::Time deadline);
   absl::StatusOr<WorldInfo> NextWorld(int64_t step, const BrokenWorld* broken);
   absl::StatusOr<WorldInfo> FirstWorld(int64_t step);
