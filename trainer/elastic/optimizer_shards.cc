@@ -416,10 +416,14 @@ void OptimizerShards::SetGradients(int g, const torch::Tensor& averaged) {
   }
 }
 
+size_t OptimizerShards::MasterIndex(int shard) const {
+  const std::vector<int> kept = layout_.KeptBy(rank_);  // the masters' order
+  return static_cast<size_t>(std::find(kept.begin(), kept.end(), shard) - kept.begin());
+}
+
 void OptimizerShards::SetKeptGradient(int g, int shard, ElementRange range,
                                       const torch::Tensor& averaged) {
-  const std::vector<int> kept = layout_.KeptBy(rank_);  // the masters' order
-  const auto k = static_cast<size_t>(std::find(kept.begin(), kept.end(), shard) - kept.begin());
+  const size_t k = MasterIndex(shard);
   if (k >= groups_[g].masters.size() || range.size() <= 0) return;
   torch::NoGradGuard no_grad;
   torch::Tensor& master = groups_[g].masters[k];
@@ -429,8 +433,7 @@ void OptimizerShards::SetKeptGradient(int g, int shard, ElementRange range,
 }
 
 double OptimizerShards::KeptGradientSquares(int shard) const {
-  const std::vector<int> kept = layout_.KeptBy(rank_);  // the masters' order
-  const auto k = static_cast<size_t>(std::find(kept.begin(), kept.end(), shard) - kept.begin());
+  const size_t k = MasterIndex(shard);
   double sum = 0;
   for (const Group& group : groups_) {
     if (k >= group.masters.size() || !group.masters[k].grad().defined()) continue;
@@ -487,8 +490,7 @@ void OptimizerShards::ShareGradients(int g) {
 
 void OptimizerShards::WriteKept(int g, int shard, ElementRange range,
                                 torch::Tensor* chunk) const {
-  const std::vector<int> kept = layout_.KeptBy(rank_);
-  const size_t k = static_cast<size_t>(std::find(kept.begin(), kept.end(), shard) - kept.begin());
+  const size_t k = MasterIndex(shard);
   if (k >= groups_[g].masters.size()) return;
   torch::NoGradGuard no_grad;
   const ElementRange held = layout_.Range(g, shard);

@@ -302,6 +302,9 @@ class OptimizerShards {
   };
 
   OptimizerShards(ShardLayout layout, int rank, std::vector<Group> groups);
+  // Where shard `shard`'s master stands in each group's masters (KeptBy's
+  // order), or past them when this rank does not keep that shard.
+  size_t MasterIndex(int shard) const;
   // Whether a master of `group` (group `g` of `layout`, kept by `rank`)
   // was stepped since its last gather: its version counter moved, or its
   // values differ from the fingerprint taken then (views) or from the
