@@ -1370,6 +1370,10 @@ void ShardedStateFailureTest::KillOneOfFourAndReplaceIt(const std::vector<std::s
         << ReadText(dir_ + "/" + tag + ".log");
   }
   EXPECT_EQ(ReadText(dir_ + "/k0.log").find("no living holder"), std::string::npos);
+  // The replacement joined at a step boundary: it received only its shards.
+  EXPECT_NE(ReadText(dir_ + "/k3b.log").find("optimizer state moved straight to the shards"),
+            std::string::npos)
+      << ReadText(dir_ + "/k3b.log");
 }
 
 // With one copy of each part, a SIGKILLed rank's parts are gone: the

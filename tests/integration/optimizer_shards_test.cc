@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <functional>
 #include <memory>
 #include <string>
@@ -245,18 +246,27 @@ struct Held {
   // it: gathered, parameters from rank 0 (a state transfer), sharded,
   // `steps` steps from `first`, each against the reference's, and a path
   // that reads the whole state (a checkpoint) at the end.
-  void LiveInWorld(int rank, uint64_t generation, int first, int steps, Communicator* comm) {
+  // With `straight`, the world's Gather must go straight to its shards.
+  void LiveInWorld(int rank, uint64_t generation, int first, int steps, Communicator* comm,
+                   bool straight = false) {
     const absl::Time deadline = absl::Now() + absl::Seconds(30);
     const std::string where = absl::StrCat("generation ", generation, ", rank ", rank);
     const absl::Status gathered =
         sharded_state->Gather(comm, generation, /*node=*/rank % 2, deadline);
     ASSERT_TRUE(gathered.ok()) << where << ": " << gathered;
+    ASSERT_EQ(sharded_state->sharded(), straight) << where;
     for (torch::Tensor& p : sharded->parameters()) {
       ASSERT_TRUE(
           comm->Broadcast(p.data_ptr(), p.numel(), DataType::kFloat32, 0, deadline).ok());
     }
-    ExpectReference(where + ", gathered");
-    ASSERT_TRUE(sharded_state->Shard(comm).ok());
+    if (sharded_state->sharded()) {
+      // Straight to this world's shards: looked at whole, then sharded again.
+      sharded_state->ParametersTransferred();
+      ExpectReferenceWhole(comm, where + ", moved to its shards");
+    } else {
+      ExpectReference(where + ", gathered");
+      ASSERT_TRUE(sharded_state->Shard(comm).ok());
+    }
     // A world of two with two copies stays whole and steps as unsharded.
     const bool whole = sharded_state->KeepsWhole(comm->size());
     ASSERT_EQ(sharded_state->sharded(), !whole) << where;
@@ -275,21 +285,28 @@ struct Held {
       ASSERT_TRUE(sharded_state->AtBoundary(comm, deadline).ok());
       const auto want = reference->parameters(), got = sharded->parameters();
       for (size_t i = 0; i < want.size(); ++i) {
-        ASSERT_TRUE(torch::equal(want[i], got[i])) << where << ", step " << step << ", parameter " << i;
+        ASSERT_TRUE(torch::equal(want[i], got[i]))
+            << where << ", step " << step << ", parameter " << i;
         if (!whole) {
           ASSERT_FALSE(got[i].grad().defined()) << "the boundary clears the parameters' .grad";
         }
       }
     }
+    ExpectReferenceWhole(comm, where + ", whole for a checkpoint");
+    ASSERT_EQ(sharded_state->sharded(), !whole) << where;
+  }
+
+  // ExpectReference with the whole state (a path that reads it whole, as a
+  // checkpoint does), sharded again after.
+  void ExpectReferenceWhole(Communicator* comm, const std::string& where) {
     const absl::Status path = sharded_state->WithWholeState(
         comm,
         [&] {
-          ExpectReference(where + ", whole for a checkpoint");
+          ExpectReference(where);
           return absl::OkStatus();
         },
-        deadline);
-    ASSERT_TRUE(path.ok()) << path;
-    ASSERT_EQ(sharded_state->sharded(), !whole) << where;
+        absl::Now() + absl::Seconds(30));
+    ASSERT_TRUE(path.ok()) << where << ": " << path;
   }
 
   // `step` on both, as rank `rank` of `comm`'s world; the sharded side
@@ -338,20 +355,28 @@ struct Held {
 // survivors and a joiner (a fresh program whose reference is the dead
 // rank's: every rank's reference is the same) live through `second` as the
 // ranks 0, 1 and 2 of the next world.
+// With `channels_last`, the programs' models have a channels-last
+// parameter too (their masters copy their ranges).
 void ThroughADeath(const Kind& kind, const std::function<void(Held&, int, Communicator*)>& first,
-                   const std::function<void(Held&, int, Communicator*)>& second) {
+                   const std::function<void(Held&, int, Communicator*)>& second,
+                   bool channels_last = false) {
   std::vector<std::unique_ptr<Held>> held;
-  for (int i = 0; i < 3; ++i) held.push_back(std::make_unique<Held>(kind));
+  for (int i = 0; i < 3; ++i) held.push_back(std::make_unique<Held>(kind, channels_last));
   ASSERT_TRUE(RunCommWorld(3, "gloo", [&](int rank, Communicator* comm) {
                 first(*held[rank], rank, comm);
               }).ok());
-  auto joiner = std::make_unique<Held>(kind);
+  auto joiner = std::make_unique<Held>(kind, channels_last);
   joiner->reference = held[1]->reference;
   joiner->reference_opt = std::move(held[1]->reference_opt);
   Held* now[3] = {held[0].get(), held[2].get(), joiner.get()};
   ASSERT_TRUE(RunCommWorld(3, "gloo", [&](int rank, Communicator* comm) {
                 second(*now[rank], rank, comm);
               }).ok());
+}
+
+// Three sharded steps (Held::Step) in a world on one node.
+void ThreeSteps(Held& me, int rank, Communicator* comm) {
+  for (int step = 0; step < 3; ++step) me.Step(rank, step, comm);
 }
 
 // Three steps in a world of three with a buddy copy, then rank 1 dies. The
@@ -363,9 +388,7 @@ void ThroughADeath(const Kind& kind, const std::function<void(Held&, int, Commun
 TEST_P(OptimizerShardsTest, AfterARankDiesSurvivorsAndAJoinerRebuildTheStateBitForBit) {
   ThroughADeath(
       GetParam(),
-      [](Held& me, int rank, Communicator* comm) {
-        for (int step = 0; step < 3; ++step) me.Step(rank, step, comm);
-      },
+      ThreeSteps,
       [](Held& me, int rank, Communicator* comm) {
         const absl::Time deadline = absl::Now() + absl::Seconds(30);
         const absl::Status s =
@@ -407,16 +430,18 @@ TEST_P(OptimizerShardsTest, AWorldThatShrinksToTwoGoesOnWholeAsUnsharded) {
 
 // The same death as the replica drives it (ShardedOptimizers): world 1 of
 // three ranks, generation 1, takes three steps; rank 1 dies; generation 2,
-// the two survivors and a joiner, gathers the whole state, shards it anew
-// and takes three more. The parameters stay bit-identical to the
-// unsharded optimizer's after every step, the whole state equals its
-// state wherever it is gathered, and the parameters' .grad are cleared at
-// each boundary.
+// the two survivors and a joiner, moves the state straight to its own
+// shards (no rank was in a failed step) and takes three more. The
+// parameters stay bit-identical to the unsharded optimizer's after every
+// step, the whole state equals its state wherever it is gathered, and the
+// parameters' .grad are cleared at each boundary.
 TEST_P(OptimizerShardsTest, ShardedStateLivesThroughWorldsAsTheReplicaDrivesIt) {
   ThroughADeath(
       GetParam(),
       [](Held& me, int rank, Communicator* comm) { me.LiveInWorld(rank, 1, 0, 3, comm); },
-      [](Held& me, int rank, Communicator* comm) { me.LiveInWorld(rank, 2, 3, 3, comm); });
+      [](Held& me, int rank, Communicator* comm) {
+        me.LiveInWorld(rank, 2, 3, 3, comm, /*straight=*/true);
+      });
 }
 
 // A second death in a regather: four ranks on two nodes train sharded
@@ -474,6 +499,7 @@ class CountingGathers : public Communicator {
   std::string name() const override { return inner_->name(); }
   absl::Status AllReduce(void* data, size_t count, DataType type, ReduceOp op,
                          absl::Time deadline) override {
+    largest_all_reduce = std::max(largest_all_reduce, count);
     return inner_->AllReduce(data, count, type, op, deadline);
   }
   absl::Status ReduceScatter(void* data, const std::vector<size_t>& counts, DataType type,
@@ -500,6 +526,7 @@ class CountingGathers : public Communicator {
 
   int world_gathers = 0;
   int node_gathers = 0;
+  size_t largest_all_reduce = 0;  // in elements of its type
 
  private:
   Communicator* inner_;
@@ -557,6 +584,75 @@ TEST_P(OptimizerShardsTest, WhereANodeKeepsEveryShardTheGatherStaysInsideIt) {
     for (const auto& [world, node] : StepsCountingGathers(GetParam(), {0, 1}, "gloo", chunk)) {
       EXPECT_EQ(world + node, 0) << "nothing to gather";
     }
+  }
+}
+
+// A rank of three dies (three steps with a buddy copy) and a joiner takes
+// its place: the new world's shards come straight from the ranks that hold
+// each range (Redistribute), in rounds of 3 elements, and no rank holds the
+// whole state on the way: the joiner's parameters get no optimizer state,
+// every rank's masters hold the state of the ranges it keeps and no more,
+// and no all-reduce is larger than a round. Three more steps sharded, then
+// gathered: bit for bit the unsharded optimizer's state and parameters.
+// With a channels-last parameter too, whose group's masters copy their
+// ranges: they take the values the transfer brings.
+TEST_P(OptimizerShardsTest, AJoinerReceivesOnlyTheShardsItKeeps) {
+  for (bool channels_last : {false, true}) {
+    ThroughADeath(
+        GetParam(),
+        ThreeSteps,
+        [](Held& me, int rank, Communicator* comm) {
+          const absl::Time deadline = absl::Now() + absl::Seconds(30);
+          const bool holds = me.shards != nullptr;
+          const absl::StatusOr<ShardWorld> agreed =
+              AgreeOnShards(comm, /*node=*/0, holds ? 1 : 0, holds ? me.shards->rank() : -1,
+                            holds ? 3 : 0, deadline);
+          ASSERT_TRUE(agreed.ok()) << agreed.status();
+          ASSERT_EQ(agreed->alive, (std::vector<bool>{true, false, true}));
+          CountingGathers counting(comm);
+          auto moved = OptimizerShards::Redistribute(me.shards.get(), {me.sharded_opt.get()},
+                                                     *agreed, /*copies=*/2, &counting, deadline,
+                                                     /*chunk=*/3);
+          ASSERT_TRUE(moved.ok()) << moved.status();
+          me.shards = *std::move(moved);
+          const std::string where = absl::StrCat("new rank ", rank);
+          for (const torch::Tensor& p : me.sharded->parameters()) {
+            // (A frozen parameter is not sharded: Adagrad's constructor gave
+            // it state, which it keeps.)
+            if (!p.requires_grad()) continue;
+            EXPECT_EQ(FindOptimizerState(*me.sharded_opt, p), nullptr) << where;
+          }
+          const ShardLayout& layout = me.shards->layout();
+          int64_t kept = 0, elements = 0;
+          for (int g = 0; g < layout.groups(); ++g) {
+            elements += layout.group_elements(g);
+            for (int s : layout.KeptBy(rank)) kept += layout.Range(g, s).size();
+          }
+          // The unsharded state, per element (a 0-dim parameter's state is
+          // not counted there: it is in a master's).
+          const absl::StatusOr<int64_t> whole =
+              OptimizerShards::WholeStateElements({me.reference_opt.get()});
+          ASSERT_TRUE(whole.ok()) << whole.status();
+          int64_t counted = 0;
+          for (const torch::Tensor& p : me.reference->parameters()) {
+            if (p.requires_grad() && p.dim() > 0) counted += p.numel();
+          }
+          EXPECT_EQ(me.shards->StateElements() * counted, *whole * kept)
+              << where << ": the state of its " << kept << " kept elements of " << elements;
+          EXPECT_LE(counting.largest_all_reduce, 16u) << where << ": a round, not the whole state";
+          // The parameters from a survivor, as a state transfer brings them.
+          for (torch::Tensor& p : me.sharded->parameters()) {
+            ASSERT_TRUE(
+                comm->Broadcast(p.data_ptr(), p.numel(), DataType::kFloat32, 0, deadline).ok());
+          }
+          me.shards->TakeParameterValues();
+          for (int step = 3; step < 6; ++step) me.Step(rank, step, comm);
+          const absl::Status whole_again =
+              me.shards->Unshard({true, true, true}, comm, absl::Now() + absl::Seconds(30));
+          ASSERT_TRUE(whole_again.ok()) << whole_again;
+          me.ExpectReference(where + ", step 5");
+        },
+        channels_last);
   }
 }
 

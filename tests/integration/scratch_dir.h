@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <string>
 #include <system_error>
@@ -12,11 +13,14 @@
 namespace muster {
 
 // Removes `dir` when the running test has passed so far; keeps it when the
-// test failed, for its logs. Call it from TearDown after every process that
+// test failed, for its logs, or when MUSTER_KEEP is set (as muster-fault
+// and the benches keep their trial folders). Call it from TearDown after every process that
 // writes there has ended. A passing suite left gigabytes of checkpoints in
 // /tmp without it.
 inline void RemoveScratchUnlessFailed(const std::string& dir) {
-  if (dir.empty() || ::testing::Test::HasFailure()) return;
+  if (dir.empty() || ::testing::Test::HasFailure() || std::getenv("MUSTER_KEEP") != nullptr) {
+    return;
+  }
   std::error_code ignored;  // a leftover fails no test
   std::filesystem::remove_all(dir, ignored);
 }

@@ -280,6 +280,27 @@ absl::StatusOr<std::unique_ptr<OptimizerShards>> OptimizerShards::Make(
   std::vector<int64_t> elements;
   MUSTER_RETURN_IF_ERROR(Collect(optimizers, &groups, &elements));
   MUSTER_ASSIGN_OR_RETURN(ShardLayout layout, ShardLayout::Make(elements, node_of_rank, copies));
+  // Each kept shard's state, sliced from what the optimizers hold: a
+  // refusal changes nothing.
+  std::vector<std::vector<KeptFields>> fields(groups.size());
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const Group& group = groups[g];
+    if (elements[g] == 0) continue;  // nothing to shard: the group stays as it is
+    const auto& param_group = group.optimizer->param_groups()[group.index];
+    for (int shard : layout.KeptBy(rank)) {
+      MUSTER_ASSIGN_OR_RETURN(
+          Fields kept, SliceState(*group.optimizer, *group.codec, param_group.options(),
+                                  group.params, layout.Range(static_cast<int>(g), shard),
+                                  absl::StrCat("optimizer group ", g)));
+      fields[g].push_back(std::move(kept));
+    }
+  }
+  return Build(std::move(groups), std::move(layout), rank, fields);
+}
+
+absl::StatusOr<std::unique_ptr<OptimizerShards>> OptimizerShards::Build(
+    std::vector<Group> groups, ShardLayout layout, int rank,
+    const std::vector<std::vector<KeptFields>>& fields) {
   torch::NoGradGuard no_grad;
   // Everything is built aside first: a refusal changes nothing.
   std::vector<std::vector<std::unique_ptr<torch::optim::OptimizerParamState>>> states(
@@ -288,7 +309,7 @@ absl::StatusOr<std::unique_ptr<OptimizerShards>> OptimizerShards::Make(
   std::vector<torch::Tensor> to_share(groups.size());
   for (size_t g = 0; g < groups.size(); ++g) {
     Group& group = groups[g];
-    if (elements[g] == 0) continue;  // nothing to shard: the group stays as it is
+    if (fields[g].empty()) continue;  // nothing to shard: the group stays as it is
     const auto& param_group = group.optimizer->param_groups()[group.index];
     group.values = SharedValues(group.params);
     if (!group.values.defined() && AllContiguous(group.params)) {
@@ -296,23 +317,22 @@ absl::StatusOr<std::unique_ptr<OptimizerShards>> OptimizerShards::Make(
     }
     const torch::Tensor flat =
         group.values.defined() ? group.values : FlatValues(group.params);
-    for (int shard : layout.KeptBy(rank)) {
-      const ElementRange range = layout.Range(static_cast<int>(g), shard);
+    const std::vector<int> kept = layout.KeptBy(rank);
+    for (size_t k = 0; k < kept.size(); ++k) {
+      const ElementRange range = layout.Range(static_cast<int>(g), kept[k]);
       torch::Tensor master = group.values.defined()
                                  ? AliasOf(flat, range.begin, {range.size()})
                                  : flat.narrow(0, range.begin, range.size()).clone();
       master.set_requires_grad(true);
       group.masters.push_back(master);
-      MUSTER_ASSIGN_OR_RETURN(Fields fields,
-                              SliceState(*group.optimizer, *group.codec, param_group.options(),
-                                         group.params, range, absl::StrCat("optimizer group ", g)));
       // No state yet (a fresh optimizer): the masters get none either, and
       // the optimizer makes it at the first step as it would have.
       std::unique_ptr<torch::optim::OptimizerParamState> state;
-      if (!fields.empty()) {
+      if (!fields[g][k].empty()) {
         state = group.codec->Initial(master, param_group, *group.optimizer);
         if (state != nullptr) {
-          MUSTER_RETURN_IF_ERROR(group.codec->Load(fields, param_group.options(), state.get()));
+          MUSTER_RETURN_IF_ERROR(
+              group.codec->Load(fields[g][k], param_group.options(), state.get()));
         }
       }
       states[g].push_back(std::move(state));
@@ -516,6 +536,23 @@ void OptimizerShards::Install(int g, ElementRange range, const torch::Tensor& ch
       }
     }
     offset += p.numel();
+  }
+}
+
+void OptimizerShards::TakeParameterValues() {
+  torch::NoGradGuard no_grad;
+  const std::vector<int> kept = layout_.KeptBy(rank_);
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    Group& group = groups_[g];
+    if (group.masters.empty()) continue;
+    if (!MastersShareParameters(static_cast<int>(g))) {
+      const torch::Tensor values = FlatValues(group.params);
+      for (size_t k = 0; k < group.masters.size(); ++k) {
+        const ElementRange range = layout_.Range(static_cast<int>(g), kept[k]);
+        group.masters[k].detach().copy_(values.narrow(0, range.begin, range.size()));
+      }
+    }
+    MarkGathered(group);
   }
 }
 
@@ -870,6 +907,44 @@ std::vector<int> ShardSources(const ShardLayout& layout, const std::vector<bool>
 
 }  // namespace
 
+absl::Status OptimizerShards::AgreeOnHeader(const std::vector<Group>& groups,
+                                            const ShardLayout* layout, int rank,
+                                            const std::string& lost, Communicator* comm,
+                                            absl::Time deadline, std::vector<int64_t>* header) {
+  const size_t G = groups.size();
+  const bool whole = rank == kHoldsWholeState;
+  std::vector<int64_t>& h = *header;
+  h.assign(2 * G + 2, 0);
+  h[0] = lost.empty() ? 0 : 1;
+  for (size_t g = 0; g < G; ++g) {
+    const Group& group = groups[g];
+    // The whole source holds every range in its parameters' own state.
+    const std::vector<torch::Tensor>& mine = whole ? group.params : group.masters;
+    const bool held = layout != nullptr && !mine.empty();
+    h[g + 1] = held && FindOptimizerState(*group.optimizer, mine[0]) != nullptr;
+    h[G + g + 1] = held;
+    if (held && !whole && h[2 * G + 1] == 0 &&
+        SteppedSinceGathered(group, static_cast<int>(g), *layout, rank)) {
+      h[2 * G + 1] = 1;
+    }
+  }
+  MUSTER_RETURN_IF_ERROR(
+      AllReduceValues(comm, h.data(), h.size(), DataType::kInt64, ReduceOp::kSum, deadline));
+  bool any_state = false;
+  for (size_t g = 0; g < G; ++g) any_state = any_state || h[g + 1] > 0;
+  // A lost range is lost whether it has state or only values: an optimizer
+  // without state (SGD without momentum) that stepped since the last gather
+  // holds the range's new values in its masters alone. Every rank steps
+  // the same step, so a survivor that stepped means the dead one did too.
+  if (h[0] > 0 && (any_state || h[2 * G + 1] > 0)) {
+    return absl::NotFoundError(absl::StrCat(
+        lost.empty() ? "a range of the optimizer state has no living holder" : lost,
+        any_state ? "" : " and was stepped since the last gather",
+        ": it must come from a checkpoint"));
+  }
+  return absl::OkStatus();
+}
+
 // Every rank of `comm`: a header (a range lost anywhere? state in which
 // groups?) summed over the world, then, for each group with state, one
 // buffer of its fields, flat over the group's elements, into which the
@@ -887,39 +962,9 @@ absl::Status OptimizerShards::Assemble(std::vector<Group>& groups, const ShardLa
   const std::vector<int> source =
       layout != nullptr ? ShardSources(*layout, alive, whole_source >= 0, &lost)
                         : std::vector<int>();
-  // This rank's, then summed over the world: a range lost, then for each
-  // group whether it has state, then whether it has masters, then whether
-  // a master was stepped since the last gather.
-  std::vector<int64_t> header(2 * G + 2, 0);
-  header[0] = lost.empty() ? 0 : 1;
   torch::NoGradGuard no_grad;
-  for (size_t g = 0; g < G; ++g) {
-    const Group& group = groups[g];
-    // The whole source holds every range in its parameters' own state.
-    const std::vector<torch::Tensor>& mine = whole ? group.params : group.masters;
-    const bool held = layout != nullptr && !mine.empty();
-    header[g + 1] = held && FindOptimizerState(*group.optimizer, mine[0]) != nullptr;
-    header[G + g + 1] = held;
-    if (held && !whole && header[2 * G + 1] == 0 &&
-        SteppedSinceGathered(group, static_cast<int>(g), *layout, rank)) {
-      header[2 * G + 1] = 1;
-    }
-  }
-  MUSTER_RETURN_IF_ERROR(AllReduceValues(comm, header.data(), header.size(), DataType::kInt64,
-                                         ReduceOp::kSum, deadline));
-  bool any_state = false;
-  for (size_t g = 0; g < G; ++g) any_state = any_state || header[g + 1] > 0;
-  // A lost range is lost whether it has state or only values: an optimizer
-  // without state (SGD without momentum) that stepped since the last gather
-  // holds the range's new values in its masters alone. Every rank steps
-  // the same step, so a survivor that stepped means the dead one did too.
-  const bool stepped = header[2 * G + 1] > 0;
-  if (header[0] > 0 && (any_state || stepped)) {
-    return absl::NotFoundError(absl::StrCat(
-        lost.empty() ? "a range of the optimizer state has no living holder" : lost,
-        any_state ? "" : " and was stepped since the last gather",
-        ": it must come from a checkpoint"));
-  }
+  std::vector<int64_t> header;
+  MUSTER_RETURN_IF_ERROR(AgreeOnHeader(groups, layout, rank, lost, comm, deadline, &header));
   for (size_t g = 0; g < G; ++g) {
     Group& group = groups[g];
     // Nobody holds sharded state for it: each rank keeps what its own
@@ -927,7 +972,9 @@ absl::Status OptimizerShards::Assemble(std::vector<Group>& groups, const ShardLa
     // made, as Adagrad's does), which the state transfer that follows a
     // new world makes equal.
     if (header[g + 1] == 0) continue;
-    MUSTER_ASSIGN_OR_RETURN(FlatState state, StartFlatState(group, static_cast<int>(g), *comm));
+    MUSTER_ASSIGN_OR_RETURN(
+        FlatState state,
+        StartFlatState(group, static_cast<int>(g), *comm, group.PaddedElements()));
     if (layout != nullptr) {
       MUSTER_RETURN_IF_ERROR(
           whole ? WriteWholeState(group, static_cast<int>(g), *layout, source, &state)
@@ -996,9 +1043,10 @@ absl::Status OptimizerShards::AssembleValues(const Group& group, int g, const Sh
 }
 
 // The fields as the codec's Initial names them, and a zeroed buffer for
-// them where `comm`'s buffers live.
+// them over `padded` elements (even) where `comm`'s buffers live.
 absl::StatusOr<FlatState> OptimizerShards::StartFlatState(const Group& group, int g,
-                                                          const Communicator& comm) {
+                                                          const Communicator& comm,
+                                                          int64_t padded) {
   const auto& param_group = group.optimizer->param_groups()[group.index];
   std::unique_ptr<torch::optim::OptimizerParamState> initial =
       group.codec->Initial(group.params[0], param_group, *group.optimizer);
@@ -1013,7 +1061,7 @@ absl::StatusOr<FlatState> OptimizerShards::StartFlatState(const Group& group, in
     state.specs.push_back({name, pe, t.scalar_type()});
     (pe ? state.per_element : state.scalars) += 1;
   }
-  state.padded = group.PaddedElements();
+  state.padded = padded;
   state.flat = torch::zeros({state.ScalarOffset(state.scalars)},
                             torch::TensorOptions().dtype(torch::kFloat32).device(CommDevice(comm)));
   return state;
@@ -1137,9 +1185,182 @@ absl::Status OptimizerShards::InstallFlatState(const Group& group, const FlatSta
   return absl::OkStatus();
 }
 
+namespace {
+
+// `fields` (a master's state over `whole`, its range) cut to `piece`, a
+// range inside it: WriteFields' input for the piece.
+OptimizerCodec::Fields CutFields(const OptimizerCodec::Fields& fields, ElementRange whole,
+                                 ElementRange piece) {
+  OptimizerCodec::Fields out;
+  for (const auto& [name, t] : fields) {
+    out.emplace_back(name, t.dim() > 0 ? t.reshape({-1}).narrow(0, piece.begin - whole.begin,
+                                                               piece.size())
+                                       : t);
+  }
+  return out;
+}
+
+// A round `round` of new shard `range`, summed over the world (`buffer`),
+// into the shard's fields `out`, made where `device` at the first round.
+void KeepRound(const FlatState& buffer, ElementRange range, ElementRange round,
+               torch::Device device, std::map<std::string, torch::Tensor>* out) {
+  const torch::Tensor words =
+      buffer.flat.narrow(0, buffer.ScalarOffset(0), 2 * buffer.scalars).to(torch::kCPU);
+  int64_t f = 0, c = 0;
+  for (const FieldSpec& spec : buffer.specs) {
+    if (spec.per_element) {
+      torch::Tensor& field = (*out)[spec.name];
+      if (!field.defined()) {
+        field = torch::empty({range.size()},
+                             torch::TensorOptions().dtype(spec.dtype).device(device));
+      }
+      field.narrow(0, round.begin - range.begin, round.size())
+          .copy_(buffer.flat.narrow(0, buffer.ElementOffset(f++), round.size()));
+    } else {
+      int64_t bits = 0;
+      std::memcpy(&bits, static_cast<const char*>(words.data_ptr()) + 8 * c++, sizeof(bits));
+      (*out)[spec.name] = ScalarFrom(bits, spec.dtype);
+    }
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<OptimizerShards>> OptimizerShards::Redistribute(
+    OptimizerShards* held, const std::vector<torch::optim::Optimizer*>& optimizers,
+    const ShardWorld& agreed, int copies, Communicator* comm, absl::Time deadline,
+    int64_t chunk) {
+  // This rank's view of the groups: a holder's own (its optimizers list
+  // the masters), a joiner's from its optimizers.
+  std::vector<Group> collected;
+  std::vector<int64_t> elements;
+  if (held == nullptr) {
+    MUSTER_RETURN_IF_ERROR(Collect(optimizers, &collected, &elements));
+  } else {
+    if (static_cast<int>(agreed.alive.size()) != held->layout_.world() ||
+        !agreed.alive[held->rank_]) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "redistribute: ", agreed.alive.size(), " ranks said alive or not, of a layout of ",
+          held->layout_.world(), ", this rank ", held->rank_, " among them"));
+    }
+    for (int g = 0; g < held->layout_.groups(); ++g) {
+      elements.push_back(held->layout_.group_elements(g));
+    }
+  }
+  const std::vector<Group>& groups = held != nullptr ? held->groups_ : collected;
+  MUSTER_ASSIGN_OR_RETURN(ShardLayout after,
+                          ShardLayout::Make(elements, agreed.node_of_rank, copies));
+  const size_t G = groups.size();
+  std::string lost;
+  const std::vector<int> source =
+      held != nullptr ? ShardSources(held->layout_, agreed.alive, /*whole=*/false, &lost)
+                      : std::vector<int>();
+  torch::NoGradGuard no_grad;
+  std::vector<int64_t> header;
+  MUSTER_RETURN_IF_ERROR(AgreeOnHeader(groups, held != nullptr ? &held->layout_ : nullptr,
+                                       held != nullptr ? held->rank_ : -1, lost, comm, deadline,
+                                       &header));
+  const bool stepped = header[2 * G + 1] > 0;
+  // Every group's kept shards' fields, aside until every round is done.
+  const size_t kept = after.KeptBy(comm->rank()).size();
+  std::vector<std::vector<KeptFields>> fields(G);
+  for (size_t g = 0; g < G; ++g) {
+    if (elements[g] == 0) continue;  // not sharded
+    fields[g].resize(kept);
+    if (header[g + 1] == 0) continue;  // no state yet: the masters get none
+    MUSTER_RETURN_IF_ERROR(MoveGroup(groups, static_cast<int>(g), held, source, after,
+                                     comm->rank(), comm, deadline, chunk, &fields[g]));
+  }
+  for (size_t g = 0; g < G && stepped; ++g) {
+    if (header[G + g + 1] == 0) continue;
+    MUSTER_RETURN_IF_ERROR(AssembleValues(groups[g], static_cast<int>(g),
+                                          held != nullptr ? &held->layout_ : nullptr,
+                                          held != nullptr ? held->rank_ : -1, source, comm,
+                                          deadline));
+  }
+  // Every rank has its fields only once every rank's rounds are done: a
+  // rank that passes this word knows that no rank keeps the old shards
+  // for lack of the new.
+  int64_t done = 1;
+  MUSTER_RETURN_IF_ERROR(
+      AllReduceValues(comm, &done, 1, DataType::kInt64, ReduceOp::kSum, deadline));
+  if (held != nullptr) {
+    Restore(held->groups_);
+    held->groups_.clear();
+    elements.clear();
+    MUSTER_RETURN_IF_ERROR(Collect(optimizers, &collected, &elements));
+  }
+  return Build(std::move(collected), std::move(after), comm->rank(), fields);
+}
+
+absl::Status OptimizerShards::MoveGroup(const std::vector<Group>& groups, int g,
+                                        const OptimizerShards* held,
+                                        const std::vector<int>& source, const ShardLayout& after,
+                                        int rank, Communicator* comm, absl::Time deadline,
+                                        int64_t chunk, std::vector<KeptFields>* kept) {
+  const Group& group = groups[g];
+  const auto& options = group.optimizer->param_groups()[group.index].options();
+  const torch::Device device = group.params[0].device();
+  // What this rank sends: each master's fields whose shard it is the
+  // source of (by KeptBy's order of the old layout).
+  std::vector<int> sent;
+  std::vector<OptimizerCodec::Fields> sent_fields;
+  if (held != nullptr) {
+    const std::vector<int> old_kept = held->layout_.KeptBy(held->rank_);
+    for (size_t k = 0; k < old_kept.size(); ++k) {
+      if (source[old_kept[k]] != held->rank_) continue;
+      torch::optim::OptimizerParamState* state =
+          FindOptimizerState(*group.optimizer, group.masters[k]);
+      if (state == nullptr) {
+        return absl::InternalError(
+            absl::StrCat("optimizer group ", g, ": a master it sends has no state"));
+      }
+      sent.push_back(old_kept[k]);
+      sent_fields.push_back(group.codec->Save(*state, options));
+    }
+  }
+  const std::vector<int> mine = after.KeptBy(rank);
+  chunk = std::max<int64_t>(chunk, 1);
+  for (int s = 0; s < after.world(); ++s) {
+    const ElementRange range = after.Range(g, s);
+    const auto it = std::find(mine.begin(), mine.end(), s);
+    KeptFields* out = it != mine.end() ? &(*kept)[static_cast<size_t>(it - mine.begin())] : nullptr;
+    // At least one round, for the scalars of an empty range.
+    for (int64_t begin = range.begin;;) {
+      const int64_t n = std::min(chunk, range.end - begin);
+      const ElementRange round{begin, begin + n};
+      MUSTER_ASSIGN_OR_RETURN(FlatState buffer, StartFlatState(group, g, *comm, n + n % 2));
+      for (size_t i = 0; i < sent.size(); ++i) {
+        const ElementRange whole = held->layout_.Range(g, sent[i]);
+        const ElementRange piece = Overlap(whole, round);
+        // The group's scalars have one writer: the sender of old shard 0.
+        const bool scalars = sent[i] == 0;
+        const bool empty = piece.size() <= 0;
+        if (empty && !scalars) continue;
+        const ElementRange at = empty ? ElementRange{whole.begin, whole.begin} : piece;
+        const ElementRange into = empty ? ElementRange{0, 0}
+                                        : ElementRange{piece.begin - begin, piece.end - begin};
+        MUSTER_RETURN_IF_ERROR(
+            WriteFields(CutFields(sent_fields[i], whole, at), g, into, scalars, &buffer));
+      }
+      // Every rank sizes the round alike: none is empty on one rank alone.
+      if (buffer.flat.numel() > 0) {
+        MUSTER_RETURN_IF_ERROR(comm->AllReduce(buffer.flat.data_ptr(),
+                                               static_cast<size_t>(buffer.flat.numel() / 2),
+                                               DataType::kInt64, ReduceOp::kSum, deadline));
+      }
+      if (out != nullptr) KeepRound(buffer, range, round, device, out);
+      begin += n;
+      if (begin >= range.end) break;
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<ShardWorld> AgreeOnShards(Communicator* comm, int node, uint64_t generation,
-                                         int rank, int world, absl::Time deadline) {
-  constexpr int64_t kWords = 4;
+                                         int rank, int world, absl::Time deadline,
+                                         int64_t failed_step, uint64_t failed_generation) {
+  constexpr int64_t kWords = 6;
   const int size = comm->size();
   std::vector<int64_t> all(static_cast<size_t>(size * kWords), 0);
   int64_t* mine = all.data() + comm->rank() * kWords;
@@ -1147,6 +1368,8 @@ absl::StatusOr<ShardWorld> AgreeOnShards(Communicator* comm, int node, uint64_t 
   mine[1] = static_cast<int64_t>(generation);
   mine[2] = rank;
   mine[3] = world;
+  mine[4] = failed_step;
+  mine[5] = static_cast<int64_t>(failed_generation);
   MUSTER_RETURN_IF_ERROR(AllGatherValues(comm, all.data(),
                                          std::vector<size_t>(size, static_cast<size_t>(kWords)),
                                          DataType::kInt64, deadline));
@@ -1154,6 +1377,8 @@ absl::StatusOr<ShardWorld> AgreeOnShards(Communicator* comm, int node, uint64_t 
   ShardWorld out;
   for (int r = 0; r < size; ++r) {
     out.node_of_rank.push_back(static_cast<int>(words[r * kWords]));
+    out.one_step = out.one_step && words[r * kWords + 4] == words[4] &&
+                   words[r * kWords + 5] == words[5];
     if (words[r * kWords + 2] == kHoldsWholeState) continue;
     out.generation = std::max(out.generation, static_cast<uint64_t>(words[r * kWords + 1]));
   }

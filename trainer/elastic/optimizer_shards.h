@@ -41,7 +41,9 @@
 
 #include <torch/optim/optimizer.h>
 
+#include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -81,6 +83,10 @@ struct ShardWorld {
   // The first rank of the world that holds the whole state of that layout
   // (kHoldsWholeState), or -1: it sends the ranges no holder lives to send.
   int whole_source = -1;
+  // Whether every rank of the world is in the same failed step (its number
+  // and generation), or none is: no rank takes a step or state another
+  // does not, so the state can move straight into the new world's shards.
+  bool one_step = true;
 };
 
 // AgreeOnShards' `rank` for a rank that holds the whole state as of the
@@ -96,8 +102,12 @@ constexpr int kHoldsWholeState = -2;
 // shards; ranks holding the whole state of another count for nothing.
 // Errors: the communicator's; INVALID_ARGUMENT when two ranks claim one
 // rank of the newest layout or disagree on its size.
+// `failed_step` (-1 for none) and `failed_generation`: the step that failed
+// under this rank, for ShardWorld::one_step.
 absl::StatusOr<ShardWorld> AgreeOnShards(Communicator* comm, int node, uint64_t generation,
-                                         int rank, int world, absl::Time deadline);
+                                         int rank, int world, absl::Time deadline,
+                                         int64_t failed_step = -1,
+                                         uint64_t failed_generation = 0);
 
 class OptimizerShards {
  public:
@@ -181,6 +191,10 @@ class OptimizerShards {
   // steps it alike; CheckCopiesAgree compares them), and a copy would hide
   // a drift from that check.
   void Install(int g, ElementRange range, const torch::Tensor& chunk);
+  // The parameters were written from outside (a state transfer after
+  // Redistribute): masters that copy their ranges take them again, and
+  // every master's gather marks are taken anew (nothing was stepped).
+  void TakeParameterValues();
   // Whether group `g`'s masters are views of its parameters' storage
   // (Make), as the parameters still are (a program that gave a parameter
   // storage of its own since, to() say, is gathered in full).
@@ -251,6 +265,25 @@ class OptimizerShards {
   // that rank instead, and is not lost.
   absl::Status Unshard(const std::vector<bool>& alive, Communicator* comm, absl::Time deadline,
                        int whole_source = -1);
+  // Collective over `comm`, a new world's, on every rank, where each rank
+  // either holds shards of the world's newest layout (`held`, whose ranks
+  // `agreed` says live on) or none of it (`held` null: a joiner, whose
+  // `optimizers` are the program's, not sharded): this world's shards (the
+  // layout of `agreed.node_of_rank` and `copies`), without the whole state
+  // on any rank. Each shard of the new layout is moved in rounds of at most
+  // `chunk` elements, from the first living holder of each of its ranges to
+  // its keepers (a zeroed buffer summed as int64 words, each with one
+  // writer: the bits arrive exactly); every other rank adds zeros and keeps
+  // nothing. Where a master was stepped since the last gather, the
+  // parameters' values come from the holders as in Unshard. On success
+  // `held` holds nothing (destroy it) and the new shards are returned; on
+  // any error nothing has changed: NOT_FOUND on every rank when a range
+  // with state (or stepped values) has no living holder, the
+  // communicator's errors, Make's INVALID_ARGUMENT.
+  static absl::StatusOr<std::unique_ptr<OptimizerShards>> Redistribute(
+      OptimizerShards* held, const std::vector<torch::optim::Optimizer*>& optimizers,
+      const ShardWorld& agreed, int copies, Communicator* comm, absl::Time deadline,
+      int64_t chunk = kGatherChunk);
   // The groups get their parameter lists back and the masters' state is
   // dropped, nothing gathered (shards of a layout that no longer counts:
   // the state comes to this rank as to a joiner). The object then holds
@@ -301,7 +334,27 @@ class OptimizerShards {
     }
   };
 
+  // A kept shard's state: each field by name, per-element ones over the
+  // shard's range (1-D), scalars 0-dim; empty for no state.
+  using KeptFields = std::map<std::string, torch::Tensor>;
+
   OptimizerShards(ShardLayout layout, int rank, std::vector<Group> groups);
+  // Make's second half: `groups` (Collect's) sharded by `layout` for
+  // `rank`, each kept shard's state from `fields` (by group, then in
+  // KeptBy's order; a group with none is not sharded).
+  static absl::StatusOr<std::unique_ptr<OptimizerShards>> Build(
+      std::vector<Group> groups, ShardLayout layout, int rank,
+      const std::vector<std::vector<KeptFields>>& fields);
+  // Redistribute's rounds for group `g` (`groups`, this rank's view of
+  // them), the new layout `after`: the fields of each shard this rank
+  // keeps there into `kept` (KeptBy's order). `held` as Redistribute's;
+  // `source`: ShardSources of its layout.
+  static absl::Status MoveGroup(const std::vector<Group>& groups, int g,
+                                const OptimizerShards* held, const std::vector<int>& source,
+                                const ShardLayout& after, int rank, Communicator* comm,
+                                absl::Time deadline, int64_t chunk,
+                                std::vector<KeptFields>* kept);
+
   // Where shard `shard`'s master stands in each group's masters (KeptBy's
   // order), or past them when this rank does not keep that shard.
   size_t MasterIndex(int shard) const;
@@ -330,9 +383,18 @@ class OptimizerShards {
   static absl::Status Assemble(std::vector<Group>& groups, const ShardLayout* layout, int rank,
                                const std::vector<bool>& alive, int whole_source,
                                Communicator* comm, absl::Time deadline);
+  // Assemble's and Redistribute's first collective: `*header` becomes, summed
+  // over the world, whether a range is `lost` (this rank's ShardSources
+  // message, or empty), then by group whether it has state, whether it has
+  // masters, and whether a master was stepped since the last gather
+  // (`layout` null: this rank holds nothing; `rank` kHoldsWholeState: the
+  // whole source). NOT_FOUND when a lost range has state or stepped values.
+  static absl::Status AgreeOnHeader(const std::vector<Group>& groups, const ShardLayout* layout,
+                                    int rank, const std::string& lost, Communicator* comm,
+                                    absl::Time deadline, std::vector<int64_t>* header);
   // Assemble's steps for one group `g` (optimizer_shards.cc).
   static absl::StatusOr<FlatState> StartFlatState(const Group& group, int g,
-                                                  const Communicator& comm);
+                                                  const Communicator& comm, int64_t padded);
   static absl::Status WriteHeldState(const Group& group, int g, const ShardLayout& layout,
                                      int rank, const std::vector<int>& source, FlatState* state);
   static absl::Status WriteWholeState(const Group& group, int g, const ShardLayout& layout,

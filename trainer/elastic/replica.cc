@@ -321,15 +321,26 @@ absl::Status Replica::Reshard(Communicator* comm) {
 }
 
 absl::Status Replica::EnterWorld(Communicator* comm, const WorldInfo& world,
+                                 const std::optional<FailedStepMark>& failed,
                                  absl::Time deadline) {
   if (!sharded_) return absl::OkStatus();
-  return sharded_->Gather(comm, world.generation, world.node_rank(), deadline);
+  return sharded_->Gather(comm, world.generation, world.node_rank(), deadline,
+                          failed ? failed->step : -1, failed ? failed->generation : 0);
 }
 
 absl::Status Replica::TakeState(int source, Communicator* comm, bool in_step,
                                 TrainingCounters* counters, absl::Time deadline) {
   bool held = false;
-  MUSTER_RETURN_IF_ERROR(SyncStateFrom(source, comm, state_, counters, deadline, in_step, &held));
+  // Sharded state came to its keepers as the world was entered; the
+  // optimizers' lists hold each rank's own masters, so they stay out.
+  TrainingState rest;
+  if (ShardedNow()) {
+    rest = state_;
+    rest.optimizers.clear();
+  }
+  MUSTER_RETURN_IF_ERROR(SyncStateFrom(source, comm, ShardedNow() ? rest : state_, counters,
+                                       deadline, in_step, &held));
+  if (ShardedNow()) sharded_->ParametersTransferred();
   // The buffers the transfer left out come from the source at the boundary.
   if (buffers_) buffers_->Owe(held ? source : -1);
   return absl::OkStatus();

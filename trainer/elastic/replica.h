@@ -9,13 +9,16 @@
 // reduced again, the move to a new communicator.
 //
 // With sharded optimizer state (ReplicaOptions::shard_copies), it keeps
-// the state sharded through steps (sharded_optimizers.h): whole on every
-// rank from entering a world (EnterWorld) until the next step begins
-// (Reshard), so that the state transfer, a salvaged step and its catch-up
-// move and step the whole state as an unsharded run does; made whole
-// again (WholeState) for whatever reads it whole at a boundary (a
-// checkpoint, the end of training); the periodic state check compares it
-// sharded.
+// the state sharded through steps (sharded_optimizers.h). Entering a world
+// (EnterWorld) moves it straight to the new world's shards where every
+// rank is in the same failed step or none is (a join, a death mid-step
+// with no joiner): the state transfer then leaves the optimizers out, and
+// a salvaged step steps the shards. Otherwise it is whole on every rank
+// until the next step begins (Reshard), so that the state transfer, a
+// salvaged step and its catch-up move and step the whole state as an
+// unsharded run does. It is made whole again (WholeState) for whatever
+// reads it whole at a boundary (a checkpoint, the end of training); the
+// periodic state check compares it sharded.
 //
 // Not thread-safe: the training thread's.
 #ifndef MUSTER_TRAINER_ELASTIC_REPLICA_H_
@@ -150,6 +153,9 @@ class Replica : public WorldChanges::Tensors {
   // The shards dropped, the optimizers' parameter lists as before (the
   // state is then restored from a checkpoint).
   void ReleaseShards();
+  // Whether the shards can go into the next world as they are: each range
+  // is kept by two ranks, so one rank missing from it loses nothing.
+  bool ShardsOutliveARank() const { return ShardedNow() && options_.shard_copies >= 2; }
   // The elements of per-element optimizer state this rank held at its last
   // step boundary (its shards'), or holds now (unsharded); -1: an optimizer
   // muster has no codec for.
@@ -157,6 +163,7 @@ class Replica : public WorldChanges::Tensors {
 
   // WorldChanges::Tensors.
   absl::Status EnterWorld(Communicator* comm, const WorldInfo& world,
+                          const std::optional<FailedStepMark>& failed,
                           absl::Time deadline) override;
   absl::Status TakeState(int source, Communicator* comm, bool in_step,
                          TrainingCounters* counters, absl::Time deadline) override;

@@ -2,6 +2,7 @@
 
 #include <utility>
 
+#include "common/logging.h"
 #include "common/status_macros.h"
 
 namespace muster {
@@ -14,19 +15,35 @@ absl::Status ShardedOptimizers::Check(const std::vector<torch::optim::Optimizer*
 }
 
 absl::Status ShardedOptimizers::Gather(Communicator* comm, uint64_t generation, int node,
-                                       absl::Time deadline) {
+                                       absl::Time deadline, int64_t failed_step,
+                                       uint64_t failed_generation) {
   const bool holds = shards_ != nullptr;
   const bool whole = !holds && whole_.has_value();
   MUSTER_ASSIGN_OR_RETURN(
       const ShardWorld agreed,
       AgreeOnShards(comm, node, holds ? generation_ : whole ? whole_of_ : 0,
                     holds ? shards_->rank() : whole ? kHoldsWholeState : -1,
-                    holds ? shards_->layout().world() : whole ? whole_->world() : 0, deadline));
+                    holds ? shards_->layout().world() : whole ? whole_->world() : 0, deadline,
+                    failed_step, failed_generation));
   // This world's, for Shard (after Release too, where the gather failed).
   node_of_rank_ = agreed.node_of_rank;
   gathered_for_ = generation;
   const bool counts = holds && agreed.layout_rank[comm->rank()] >= 0;
   if (holds && !counts) Release();  // of an older layout: received as a joiner's
+  if (Straight(agreed, comm->size())) {
+    MUSTER_ASSIGN_OR_RETURN(std::unique_ptr<OptimizerShards> moved,
+                            OptimizerShards::Redistribute(counts ? shards_.get() : nullptr,
+                                                          optimizers_, agreed, copies_, comm,
+                                                          deadline));
+    shards_ = std::move(moved);
+    generation_ = generation;
+    ++times_sharded_;
+    whole_.reset();
+    MUSTER_LOG(INFO) << "optimizer state moved straight to the shards of a world of "
+                     << comm->size() << ": " << shards_->StateElements()
+                     << " elements kept on this rank";
+    return absl::OkStatus();
+  }
   std::optional<ShardLayout> layout;
   if (counts) layout = shards_->layout();
   if (whole && agreed.whole_source == comm->rank()) {
@@ -47,6 +64,11 @@ absl::Status ShardedOptimizers::Gather(Communicator* comm, uint64_t generation, 
     whole_.reset();
   }
   return absl::OkStatus();
+}
+
+bool ShardedOptimizers::Straight(const ShardWorld& agreed, int world) const {
+  return agreed.generation != 0 && agreed.whole_source < 0 && agreed.one_step &&
+         !KeepsWhole(world);
 }
 
 absl::Status ShardedOptimizers::Shard(Communicator* comm) {

@@ -2,7 +2,9 @@
 // worlds (docs/sharding.md, "In training"): what the replica calls at each
 // point, over OptimizerShards.
 //
-//   a new world, every rank, before the state transfer:  Gather
+//   a new world, every rank, before the state transfer:  Gather (straight
+//                                                         to the new shards
+//                                                         where it can)
 //   as a step's first backward begins:                    Reshard (Shard;
 //                                                         not where KeepsWhole)
 //   after each pass's reduction (.grad averaged):         TakeGradients
@@ -11,10 +13,12 @@
 //   at each step boundary, first:                         AtBoundary
 //   a path that reads the whole state (a checkpoint):     Whole
 //
-// Between Gather and Shard, and inside WithWholeState, the optimizers hold
-// the whole state of every parameter as an unsharded run does, so the
-// paths that read or move it (state transfer, checkpoints, state checks)
-// run unchanged.
+// Between a Gather that made the state whole and Shard, and inside
+// WithWholeState, the optimizers hold the whole state of every parameter
+// as an unsharded run does, so the paths that read or move it (state
+// transfer, checkpoints, state checks) run unchanged. A Gather straight to
+// the new shards leaves the optimizer state out of the state transfer
+// (Replica::TakeState).
 //
 // Not thread-safe: the training thread's.
 #ifndef MUSTER_TRAINER_ELASTIC_SHARDED_OPTIMIZERS_H_
@@ -44,12 +48,19 @@ class ShardedOptimizers {
   static absl::Status Check(const std::vector<torch::optim::Optimizer*>& optimizers);
 
   // Collective over the new world's `comm`, every rank, `node` this rank's
-  // node index in it: the whole state on every rank, each range from a
-  // rank of the last layout that lives on, received by everyone else.
-  // NOT_FOUND (every rank) when a range with state has no living holder:
-  // the shards are kept as they were (Release drops them; Shard then
-  // shards for this world whatever the optimizers hold).
-  absl::Status Gather(Communicator* comm, uint64_t generation, int node, absl::Time deadline);
+  // node index in it; `failed_step` (-1 for none) and `failed_generation`:
+  // the step that failed under this rank. Where some rank holds shards of
+  // the last layout, no rank holds it whole, every rank is in the same
+  // failed step or none is, and this world shards (not KeepsWhole), this
+  // world's shards straight from the last layout's
+  // (OptimizerShards::Redistribute: each rank receives only what it keeps,
+  // sharded() after). Otherwise the whole state on every rank, each range
+  // from a rank of the last layout that lives on, received by everyone
+  // else. NOT_FOUND (every rank) when a range with state has no living
+  // holder: the shards are kept as they were (Release drops them; Shard
+  // then shards for this world whatever the optimizers hold).
+  absl::Status Gather(Communicator* comm, uint64_t generation, int node, absl::Time deadline,
+                      int64_t failed_step = -1, uint64_t failed_generation = 0);
   // After Gather (and the transfer): shards for `comm`'s world, unless
   // KeepsWhole for its size.
   absl::Status Shard(Communicator* comm);
@@ -71,6 +82,12 @@ class ShardedOptimizers {
   // After TakeScattered: the kept shards' gradients times `factor`, so an
   // owner and its buddy scale alike.
   void ScaleKeptGradients(double factor);
+  // After a state transfer wrote the parameters while the state is
+  // sharded: the masters take their values (OptimizerShards::
+  // TakeParameterValues).
+  void ParametersTransferred() {
+    if (shards_ != nullptr) shards_->TakeParameterValues();
+  }
   // Collective: the parameters from the owners of each range, and the
   // parameters' .grad cleared (the optimizers no longer clear them).
   absl::Status AtBoundary(Communicator* comm, absl::Time deadline);
@@ -109,12 +126,16 @@ class ShardedOptimizers {
   // whole and the step is the unsharded one; Shard and Reshard leave it so.
   bool KeepsWhole(int world) const { return world <= copies_; }
   bool sharded() const { return shards_ != nullptr; }
+  int copies() const { return copies_; }
   // How many times the state was sharded: a new value means new shards
   // (a new layout, or the same one made again).
   uint64_t times_sharded() const { return times_sharded_; }
   const OptimizerShards* shards() const { return shards_.get(); }
 
  private:
+  // Whether Gather goes straight to this world's shards (its comment).
+  bool Straight(const ShardWorld& agreed, int world) const;
+
   std::vector<torch::optim::Optimizer*> optimizers_;
   int copies_;
   std::unique_ptr<OptimizerShards> shards_;

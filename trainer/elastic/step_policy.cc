@@ -22,4 +22,6 @@ StepDecision DecideAfterStep(const ControlArray& averages, int world, const Cont
 
 bool CheckpointDueOnAnyRank(const ControlArray& averages) { return averages[3] > 0; }
 
+bool LeaveAskedOnAnyRank(const ControlArray& averages) { return averages[1] > 0; }
+
 }  // namespace muster

@@ -61,7 +61,11 @@ absl::Status WorldChanges::Enter(Communicator* comm, const WorldInfo& world) {
   if (counters_->lr_world_size == 0 || options_.scale_lr) {
     counters_->lr_world_size = world.world_size;
   }
-  absl::Status entered = tensors_->EnterWorld(comm, world, LongDeadline());
+  std::optional<FailedStepMark> failed;
+  if (failed_step_.has_value()) {
+    failed = FailedStepMark{failed_step_->step, failed_step_->generation};
+  }
+  absl::Status entered = tensors_->EnterWorld(comm, world, failed, LongDeadline());
   if (absl::IsNotFound(entered)) entered = trainer_->StateLost(entered);
   MUSTER_RETURN_IF_ERROR(entered);
   // A step failed under this rank: its graphs may still hold the buffers.

@@ -96,6 +96,13 @@ struct WorldChangesOptions {
 };
 
 // What this rank does about a salvaged step it took (StepSalvaged).
+// Which step failed under a rank (Tensors::EnterWorld): its number and the
+// generation of the world it failed in.
+struct FailedStepMark {
+  int64_t step = 0;
+  uint64_t generation = 0;
+};
+
 struct SalvagedStep {
   // The decision at the step's boundary (from the re-reduced control words).
   StepDecision next = StepDecision::kContinue;
@@ -144,10 +151,13 @@ class WorldChanges {
    public:
     virtual ~Tensors() = default;
     // Every rank of a new world `world`, first, before the state transfer:
-    // sharded optimizer state becomes whole on every rank, from the ranks
-    // that hold it (ShardedOptimizers::Gather); nothing without. Errors:
-    // the communicator's; NOT_FOUND when a shard has no living holder.
+    // sharded optimizer state moves to this world's shards, or becomes
+    // whole on every rank, from the ranks that hold it
+    // (ShardedOptimizers::Gather); nothing without. `failed`: the step
+    // that failed under this rank, if one did. Errors: the communicator's;
+    // NOT_FOUND when a shard has no living holder.
     virtual absl::Status EnterWorld(Communicator* comm, const WorldInfo& world,
+                                    const std::optional<FailedStepMark>& failed,
                                     absl::Time deadline) = 0;
     // The state transfer (state_sync.h): every rank of `comm` ends with
     // `source`'s state and `*counters`; `in_step`: a step failed under

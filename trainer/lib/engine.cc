@@ -401,9 +401,15 @@ absl::Status Engine::AtBoundary() {
   reporter_->StepDone(progress(), lr_->current(), replica_.last_gradient_norm());
   // The world changes after this boundary: sharded optimizer state is made
   // whole in it first, so that nothing goes with a rank that leaves. A stop
-  // with a checkpoint writes it sharded (Stop), every rank stopping.
+  // with a checkpoint writes it sharded (Stop), every rank stopping. A
+  // regroup that no rank leaves by (a joiner, a member dropped) takes the
+  // shards along where each is kept twice: the next world moves them
+  // straight to its own shards (ShardedOptimizers::Gather).
+  const bool shards_go_along = step_.decision == StepDecision::kRegroup &&
+                               !LeaveAskedOnAnyRank(replica_.control()) &&
+                               replica_.ShardsOutliveARank();
   if (step_.decision != StepDecision::kContinue &&
-      !(step_.decision == StepDecision::kStop && checkpointer_)) {
+      !(step_.decision == StepDecision::kStop && checkpointer_) && !shards_go_along) {
     MUSTER_RETURN_IF_ERROR(WholeState());
     if (life_.ended()) return absl::OkStatus();
   }
