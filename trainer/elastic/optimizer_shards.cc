@@ -1048,8 +1048,12 @@ absl::StatusOr<FlatState> OptimizerShards::StartFlatState(const Group& group, in
                                                           const Communicator& comm,
                                                           int64_t padded) {
   const auto& param_group = group.optimizer->param_groups()[group.index];
+  // The fields of a one-element parameter like the group's: the group's
+  // first parameter may be most of the model, and its initial state as
+  // large.
+  const torch::Tensor probe = torch::zeros({1}, group.params[0].options());
   std::unique_ptr<torch::optim::OptimizerParamState> initial =
-      group.codec->Initial(group.params[0], param_group, *group.optimizer);
+      group.codec->Initial(probe, param_group, *group.optimizer);
   if (initial == nullptr) {
     return absl::FailedPreconditionError(
         absl::StrCat("optimizer group ", g, ": ", group.codec->name(),
@@ -1057,7 +1061,7 @@ absl::StatusOr<FlatState> OptimizerShards::StartFlatState(const Group& group, in
   }
   FlatState state;
   for (const auto& [name, t] : group.codec->Save(*initial, param_group.options())) {
-    const bool pe = PerElement(t, group.params[0]);
+    const bool pe = PerElement(t, probe);
     state.specs.push_back({name, pe, t.scalar_type()});
     (pe ? state.per_element : state.scalars) += 1;
   }
@@ -1321,6 +1325,8 @@ absl::Status OptimizerShards::MoveGroup(const std::vector<Group>& groups, int g,
   }
   const std::vector<int> mine = after.KeptBy(rank);
   chunk = std::max<int64_t>(chunk, 1);
+  // The fields, once: each round's buffer is made alike.
+  MUSTER_ASSIGN_OR_RETURN(const FlatState fields, StartFlatState(group, g, *comm, 0));
   for (int s = 0; s < after.world(); ++s) {
     const ElementRange range = after.Range(g, s);
     const auto it = std::find(mine.begin(), mine.end(), s);
@@ -1329,7 +1335,9 @@ absl::Status OptimizerShards::MoveGroup(const std::vector<Group>& groups, int g,
     for (int64_t begin = range.begin;;) {
       const int64_t n = std::min(chunk, range.end - begin);
       const ElementRange round{begin, begin + n};
-      MUSTER_ASSIGN_OR_RETURN(FlatState buffer, StartFlatState(group, g, *comm, n + n % 2));
+      FlatState buffer = fields;
+      buffer.padded = n + n % 2;
+      buffer.flat = torch::zeros({buffer.ScalarOffset(buffer.scalars)}, fields.flat.options());
       for (size_t i = 0; i < sent.size(); ++i) {
         const ElementRange whole = held->layout_.Range(g, sent[i]);
         const ElementRange piece = Overlap(whole, round);
