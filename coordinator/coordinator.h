@@ -145,7 +145,9 @@ absl::Duration HeartbeatIntervalFor(int64_t streams, const CoordinatorOptions& o
 // member would be failed for the same silence.
 absl::Duration IsolatedAfter(absl::Duration interval, const CoordinatorOptions& options);
 
-enum class LeaveReason { kFinished, kGraceful };
+// kStopped: the job stops at a step every member agreed on (a checkpoint to
+// stop, a requeue); see Coordinator::Leave.
+enum class LeaveReason { kFinished, kGraceful, kStopped };
 
 struct JoinResult {
   uint64_t generation = 0;
@@ -288,7 +290,9 @@ class Coordinator {
   absl::Status ReportBroken(const MemberKey& key, const BrokenWorldReport& report);
 
   // Leaves the job. kFinished: no regroup; kGraceful: the others regroup
-  // without it (no abort). Errors: as Membership::Live.
+  // without it (no abort); kStopped: no regroup (the others stop at the
+  // same step), and once none of the world trains the world is forgotten
+  // (ForgetIfStopped). Errors: as Membership::Live.
   absl::Status Leave(const MemberKey& key, LeaveReason reason, int64_t step);
 
   // Makes every live member on `node` leave at the next step boundary.
@@ -416,6 +420,13 @@ class Coordinator {
   void Pause(const std::string& reason, Actions* actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether a member of the live world finished: the world is ending.
   bool WorldFinishing() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether a member of the live world stopped with the job.
+  bool WorldStopping() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Forgets the live world when none of its members trains any more and
+  // one of them stopped with the job: kNoWorld, an empty world stored at
+  // the same generation, so that neither this coordinator nor a restarted
+  // one waits for them and the next world forms as the job's first.
+  void ForgetIfStopped(Actions* actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends the job when no member of the live world trains any more (every
   // one finished, failed, or only waits for a world) and tells the waiters.
   void FinishIfDone(Actions* actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -563,6 +574,8 @@ class Coordinator {
   // A member finished since this coordinator started: only then can a world
   // be finishing (WorldFinishing looks at its members only then).
   bool any_finished_ ABSL_GUARDED_BY(mu_) = false;
+  // The same for a member that stopped with the job (WorldStopping).
+  bool any_stopped_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace muster

@@ -205,6 +205,15 @@ absl::Status Coordinator::Leave(const MemberKey& key, LeaveReason reason, int64_
     FinishIfDone(&actions);
     return absl::OkStatus();
   }
+  if (reason == LeaveReason::kStopped) {
+    info->state = MemberState::kLeft;
+    info->stopped = true;
+    any_stopped_ = true;
+    info->reason = "stopped with the job";
+    Record("stop", absl::StrCat(key.id, " stopped with the job at step ", info->step));
+    ForgetIfStopped(&actions);
+    return absl::OkStatus();
+  }
   info->state = MemberState::kLeft;
   info->reason = "left";
   Record("leave", absl::StrCat(key.id, " left at step ", info->step));

@@ -184,6 +184,12 @@ void Coordinator::Evaluate(bool urgent, bool abort, const std::string& reason,
     FinishIfDone(actions);
     return;
   }
+  // The same for a world that began stopping: its other members stop at
+  // the same step, and none of them is to be replaced.
+  if (live && WorldStopping()) {
+    ForgetIfStopped(actions);
+    return;
+  }
   std::vector<MemberInfo*> infos;
   std::vector<Candidate> candidates = Candidates(&infos);
   const uint32_t n = static_cast<uint32_t>(candidates.size());
@@ -229,6 +235,35 @@ bool Coordinator::WorldFinishing() const {
   return false;
 }
 
+bool Coordinator::WorldStopping() const {
+  if (!any_stopped_) return false;
+  for (const Assignment& a : gen_.world().members) {
+    const MemberInfo* m = membership_.Find(a.member.id);
+    if (m != nullptr && m->key == a.member && m->stopped) return true;
+  }
+  return false;
+}
+
+void Coordinator::ForgetIfStopped(Actions* actions) {
+  if (!gen_.world_live() || gen_.phase() == GenerationPhase::kFinished ||
+      gen_.phase() == GenerationPhase::kShuttingDown) {
+    return;
+  }
+  for (const Assignment& a : gen_.world().members) {
+    const MemberInfo* m = membership_.Find(a.member.id);
+    if (m != nullptr && m->key == a.member && IsAlive(m->state)) return;
+  }
+  const uint64_t generation = gen_.generation();
+  if (!Accepted(gen_.Stopped())) return;
+  const std::string reason = absl::StrCat("the job stopped at generation ", generation);
+  ResetGenerationState(generation, reason, actions);
+  Record("stopped", absl::StrCat(reason, "; the next world forms as its first"));
+  // A restart on this state dir (the requeued job) must not wait for the
+  // stopped members: as a finished job's, the generation is kept and the
+  // world forgotten.
+  persister_.SaveWorld(gen_.Published());
+}
+
 void Coordinator::FinishIfDone(Actions* actions) {
   // Done when no member of the world trains: the ones still alive that
   // wait for a world (a restart that joined as the job ran its last steps,
@@ -267,11 +302,14 @@ void Coordinator::ResetGenerationState(uint64_t generation, const std::string& r
 void Coordinator::Pause(const std::string& reason, Actions* actions) {
   if (!Accepted(gen_.Paused())) return;
   regroup_.Paused(clock_->Now());
-  // The world is written again (unchanged) so that the pause notices, like
-  // a regroup's, go out only after a write that the lease fences: a
+  // The world is written again, marked paused, so that the pause notices,
+  // like a regroup's, go out only after a write that the lease fences: a
   // coordinator whose lease was taken over while it was frozen, woken, must
-  // not tell the new holder's members that their world paused.
-  persister_.SaveWorld(gen_.Published());
+  // not tell the new holder's members that their world paused. A restart
+  // on it then waits for none of its members (GenerationState::Loaded).
+  auto paused = std::make_shared<World>(gen_.world());
+  paused->paused = true;
+  persister_.SaveWorld(std::move(paused));
   ResetGenerationState(gen_.world().generation, reason, actions);
   absl::Status s = catalog_.AbortBefore(gen_.generation() + 1, reason);
   if (!s.ok()) MUSTER_LOG(WARNING) << "aborting pending checkpoints: " << s;

@@ -54,6 +54,7 @@ absl::Status GenerationState::Loaded(World stored, absl::Time recover_deadline) 
   generation_ = stored.generation;
   if (stored.generation == 0 || stored.members.empty()) return absl::OkStatus();
   world_ = std::make_shared<World>(std::move(stored));
+  if (world_->paused) return absl::OkStatus();  // kNoWorld, the paused world kept
   recover_deadline_ = recover_deadline;
   phase_ = GenerationPhase::kRecovering;
   return absl::OkStatus();
@@ -131,6 +132,19 @@ absl::Status GenerationState::Paused() {
     return Refused("Paused", phase_);
   }
   ClearArrivals();
+  phase_ = GenerationPhase::kNoWorld;
+  return absl::OkStatus();
+}
+
+absl::Status GenerationState::Stopped() {
+  if (phase_ != GenerationPhase::kForming && phase_ != GenerationPhase::kRunning &&
+      phase_ != GenerationPhase::kRecovering) {
+    return Refused("Stopped", phase_);
+  }
+  ClearArrivals();
+  auto forgotten = std::make_shared<World>();
+  forgotten->generation = generation_;
+  world_ = std::move(forgotten);
   phase_ = GenerationPhase::kNoWorld;
   return absl::OkStatus();
 }

@@ -13,7 +13,7 @@
 // Phases, and the transition (method: event) that leads from one to another:
 //
 //                Adopted(g): a member reports a generation beyond the counter
-//                Loaded(w): no stored world, only the counter
+//                Loaded(w): no stored world, only the counter, or a paused one
 //                  +-----+
 //                  |     v
 //             +-------------+  Formed(w): enough members   +-------------+  Formed(w)
@@ -37,6 +37,8 @@
 //   kForming, kRunning, kRecovering --Finished(): the world's last live
 //       member finished--> kFinished (again in kFinished: a member outside
 //       the world finished after the job did)
+//   kForming, kRunning, kRecovering --Stopped(): every member of the world
+//       stopped with the job--> kNoWorld, the world forgotten
 //   every phase --ShuttingDown(): Coordinator::Shutdown--> kShuttingDown
 //       (final)
 //
@@ -49,7 +51,7 @@
 // The world members train in (world_live()) is the current world in kForming,
 // kRunning, kRecovering and kFinished; in kShuttingDown it is whatever it was
 // before. In kNoWorld, world() is the last world (the paused one), or empty
-// (generation 0) before the first.
+// before the first and after a stop.
 #ifndef MUSTER_COORDINATOR_GENERATION_STATE_H_
 #define MUSTER_COORDINATOR_GENERATION_STATE_H_
 
@@ -98,7 +100,9 @@ class GenerationState {
 
   // The state file was read at start. A world with members (and a
   // generation > 0) becomes the current one: kRecovering until
-  // `recover_deadline` or Recovered(). Otherwise (no world, or a finished or
+  // `recover_deadline` or Recovered(). A paused world (World::paused) is
+  // kept as the paused one, kNoWorld: nobody trained in it, so there is
+  // nobody to wait for. Otherwise (no world, or a finished, stopped or
   // adopted job's counter) only its generation is kept: kNoWorld. Errors:
   // FAILED_PRECONDITION once a generation exists (Loaded comes first).
   absl::Status Loaded(World stored, absl::Time recover_deadline);
@@ -131,8 +135,16 @@ class GenerationState {
 
   // Fewer than min_members remain: kForming or kRunning -> kNoWorld. The
   // world stays readable as world() (its members are told); arrivals are
-  // forgotten. Errors: FAILED_PRECONDITION in any other phase.
+  // forgotten. The coordinator stores it marked paused (World::paused).
+  // Errors: FAILED_PRECONDITION in any other phase.
   absl::Status Paused();
+
+  // Every member of the world stopped with the job (a checkpoint to stop,
+  // a requeue): kForming, kRunning or kRecovering -> kNoWorld, and the
+  // world is forgotten (world() is empty, at the same generation), so the
+  // next world forms as a job's first does. Errors: FAILED_PRECONDITION in
+  // any other phase.
+  absl::Status Stopped();
 
   // The stored world's members are back, some were replaced, or the
   // reattach grace ended: kRecovering -> kRunning (the stored world was

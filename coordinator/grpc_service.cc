@@ -245,8 +245,11 @@ grpc::ServerUnaryReactor* CoordinatorService::Leave(grpc::CallbackServerContext*
     case v1::LeaveRequest::GRACEFUL:
       s = coordinator_->Leave(ToKey(req->member()), LeaveReason::kGraceful, req->step());
       break;
+    case v1::LeaveRequest::STOPPED:
+      s = coordinator_->Leave(ToKey(req->member()), LeaveReason::kStopped, req->step());
+      break;
     default:
-      s = absl::InvalidArgumentError("reason must be FINISHED or GRACEFUL");
+      s = absl::InvalidArgumentError("reason must be FINISHED, GRACEFUL or STOPPED");
   }
   return Reply(ctx, "Leave", start, s);
 }

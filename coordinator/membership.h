@@ -43,6 +43,7 @@ struct MemberInfo {
   // hint, valid only where that rank of the current world holds its id.
   uint32_t seat = 0;
   std::string reason;     // why it failed or left
+  bool stopped = false;   // left with the job's stop (LeaveReason::kStopped)
   // When its last Rendezvous wait ran out unanswered (a spare renews its
   // wait at once): Coordinator::Candidates counts it as waiting for a
   // moment after (kRenewGrace). Not stored.

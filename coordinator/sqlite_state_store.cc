@@ -354,6 +354,7 @@ class SqliteStateStore : public StateStore {
       MUSTER_RETURN_IF_ERROR(SetMeta("node_count", absl::StrCat(world.node_count)));
       MUSTER_RETURN_IF_ERROR(
           SetMeta("state_source_rank", absl::StrCat(world.state_source_rank)));
+      MUSTER_RETURN_IF_ERROR(SetMeta("paused", world.paused ? "1" : "0"));
       return SetMeta("state_step", absl::StrCat(world.state_step));
     });
   }
@@ -369,6 +370,8 @@ class SqliteStateStore : public StateStore {
     world.state_source_rank = static_cast<uint32_t>(v);
     MUSTER_RETURN_IF_ERROR(GetMetaInt("state_step", &v));
     world.state_step = static_cast<int64_t>(v);
+    MUSTER_RETURN_IF_ERROR(GetMetaInt("paused", &v));  // absent before it was stored: 0
+    world.paused = v != 0;
     MUSTER_ASSIGN_OR_RETURN(world.members, ReadMembers());
     world.Index();
     return world;

@@ -54,6 +54,10 @@ struct World {
   std::vector<Assignment> members;
   uint32_t state_source_rank = 0;
   int64_t state_step = 0;
+  // Stored as it paused below min_members (Coordinator::Pause): nobody
+  // trains in it, so a coordinator restarted on it does not wait for its
+  // members (GenerationState::Loaded).
+  bool paused = false;
 
   uint32_t size() const { return static_cast<uint32_t>(members.size()); }
   // Rank of `id` in this world, or -1. O(1) once Index() ran after the last

@@ -417,7 +417,7 @@ int RunCommWorker() {
       current.comm = nullptr;
     }
     comm->reset();
-    client->Leave(/*finished=*/true, 0).IgnoreError();
+    client->Leave(Departure::kFinished, 0).IgnoreError();
     Report(absl::StrCat(rebuilt ? "rebuilt_done" : "done", " exit=", exit_code));
     return exit_code;
   }

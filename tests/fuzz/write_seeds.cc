@@ -200,6 +200,8 @@ std::map<std::string, std::string> CoordinatorSeeds() {
   seeds["leave_finished"] = OneMemberWorld().Call(Op::kLeave, leave).Finish();
   leave.set_reason(v1::LeaveRequest::GRACEFUL);
   seeds["leave_graceful"] = OneMemberWorld().Call(Op::kLeave, leave).Finish();
+  leave.set_reason(v1::LeaveRequest::STOPPED);
+  seeds["leave_stopped"] = OneMemberWorld().Call(Op::kLeave, leave).Finish();
 
   v1::DrainRequest drain;
   drain.set_node("n0");

@@ -637,7 +637,7 @@ TEST_F(ProcessTest, AMemberThatMissedAGenerationFetchesTheWholeWorldAndGoesOn) {
   ASSERT_EQ(first[0]->world_size, 3);
   // c leaves: generation 2 is a and b. a arrives but gives up before b
   // does, so a never hears generation 2.
-  ASSERT_TRUE(c->Leave(/*finished=*/false, 0).ok());
+  ASSERT_TRUE(c->Leave(Departure::kLeaving, 0).ok());
   absl::StatusOr<WorldInfo> lost = a->Rendezvous(g1, 0, in(absl::Milliseconds(500)));
   ASSERT_TRUE(absl::IsDeadlineExceeded(lost.status())) << lost.status();
   absl::StatusOr<WorldInfo> g2 = b->Rendezvous(g1, 0, in(absl::Seconds(10)));
@@ -649,7 +649,7 @@ TEST_F(ProcessTest, AMemberThatMissedAGenerationFetchesTheWholeWorldAndGoesOn) {
   EXPECT_EQ(b->worlds_fetched(), 0u);
   // b leaves too: generation 3 is a alone, told as a delta from generation
   // 2, which a never held.
-  ASSERT_TRUE(b->Leave(/*finished=*/false, 0).ok());
+  ASSERT_TRUE(b->Leave(Departure::kLeaving, 0).ok());
   absl::StatusOr<WorldInfo> g3 = a->Rendezvous(g1, 0, in(absl::Seconds(10)));
   ASSERT_TRUE(g3.ok()) << g3.status();
   EXPECT_EQ(a->worlds_fetched(), 1u);

@@ -1595,6 +1595,12 @@ TEST_F(ShardedStateResumeTest, StoppedAsFourResumedAsThreeEndsAsUnshardedFromThe
     EXPECT_NE(log.find("resumed from the checkpoint of step " + stopped), std::string::npos) << log;
   }
   ExpectBothEndAsOne();
+  // Every rank told the coordinator it stopped with the job, so the world
+  // was forgotten: the restarted coordinators waited for none of the four
+  // (they once waited their 30 s reattach grace for members that were gone).
+  const std::string coordinator = ReadText(dir_ + "/coordinator.log");
+  EXPECT_NE(coordinator.find("the job stopped at generation 1"), std::string::npos) << coordinator;
+  EXPECT_EQ(coordinator.find("restarted; waiting"), std::string::npos) << coordinator;
 }
 
 // Four trainers with sharded state write their checkpoints a file per
@@ -1627,6 +1633,10 @@ TEST_F(ShardedStateResumeTest, KilledAsFourResumedAsThreeFromItsShardFiles) {
   EXPECT_TRUE(std::filesystem::exists(step_dir + "/optimizer-shard-3-of-4.safetensors"));
   EXPECT_FALSE(std::filesystem::exists(step_dir + "/optimizer.safetensors"));
   ExpectBothEndAsOne();
+  // The killed job's world paused as its members' sessions closed, and was
+  // stored so: the restarted coordinators waited for none of them.
+  const std::string coordinator = ReadText(dir_ + "/coordinator.log");
+  EXPECT_EQ(coordinator.find("restarted; waiting"), std::string::npos) << coordinator;
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <thread>
+#include <utility>
 
 #include <gtest/gtest.h>
 
@@ -101,14 +102,32 @@ class CoordinatorTest : public ::testing::Test {
                    [&m](absl::StatusOr<RendezvousResult> r) { m.world = r; });
   }
 
+  // A new state file named after `tag`, kept until the test ends.
+  StateStore* NewStateFile(const std::string& tag) {
+    const std::string path = ::testing::TempDir() + "/" + tag + std::to_string(getpid()) + ".db";
+    ::unlink(path.c_str());
+    stores_.push_back(std::move(OpenSqliteStateStore(path)).value());
+    return stores_.back().get();
+  }
+
+  // Members a (node n) and b (node m) form generation 1 of a job of two on
+  // `store`.
+  std::pair<Member*, Member*> WorldOfTwo(StateStore* store) {
+    Start(2, 2, absl::Seconds(1), store);
+    Member& a = Add("a", "n");
+    Member& b = Add("b", "m");
+    Rendezvous(a, 0);
+    Rendezvous(b, 0);
+    EXPECT_TRUE(a.world.has_value() && a.world->ok());
+    EXPECT_EQ(c_->GetStatus().generation, 1u);
+    return {&a, &b};
+  }
+
   // Members a (node n) and b (node `b_node`) form generation 1 at step 5 on
   // a new state file named after `tag`; then the coordinator restarts on it
   // (recovering, nobody back yet).
   void RestartWithAStoredWorld(const std::string& tag, const std::string& b_node) {
-    const std::string path = ::testing::TempDir() + "/" + tag + std::to_string(getpid()) + ".db";
-    ::unlink(path.c_str());
-    stores_.push_back(std::move(OpenSqliteStateStore(path)).value());
-    StateStore* store = stores_.back().get();
+    StateStore* store = NewStateFile(tag);
     Start(1, 2, absl::Seconds(100), store);
     Member& a = Add("a", "n");
     Member& b = Add("b", b_node);
@@ -1076,6 +1095,78 @@ TEST_F(CoordinatorTest, AMemberThatFailsAfterTheOthersFinishedEndsTheJob) {
   EXPECT_EQ(c_->GetStatus().job_state, JobState::kRunning);
   c_->SessionClosed(b.session, "connection reset");
   EXPECT_EQ(c_->GetStatus().job_state, JobState::kFinished);
+}
+
+// A job stopped by every member at one step (a checkpoint to stop, then a
+// requeue) neither regroups nor pauses as each stops, and its world is
+// forgotten once all did: a coordinator restarted on the same state waits
+// for none of them, and the requeued job's world, of other members, forms
+// at once as a first world. Stopped members used to count as failed, and
+// a restart waited its reattach grace for members that were gone.
+TEST_F(CoordinatorTest, AJobStoppedByEveryMemberIsForgottenAndARestartWaitsForNobody) {
+  StateStore* store = NewStateFile("stop");
+  const auto [a, b] = WorldOfTwo(store);
+  ASSERT_TRUE(c_->Leave(a->key, LeaveReason::kStopped, 60).ok());
+  EXPECT_EQ(c_->GetStatus().job_state, JobState::kRunning) << "b stops at the same step";
+  EXPECT_TRUE(b->sink->events.empty()) << "no regroup, no pause";
+  ASSERT_TRUE(c_->Leave(b->key, LeaveReason::kStopped, 60).ok());
+  StatusSnapshot s = c_->GetStatus();
+  EXPECT_EQ(s.job_state, JobState::kWaiting);
+  EXPECT_EQ(s.generation, 1u);
+  EXPECT_EQ(s.world_size, 0u);
+  c_.reset();
+  Start(1, 1, absl::Seconds(1), store);
+  s = c_->GetStatus();
+  EXPECT_EQ(s.job_state, JobState::kWaiting) << "not recovering: nobody to wait for";
+  EXPECT_EQ(s.generation, 1u);
+  Member& c = Add("c", "n");
+  Rendezvous(c, 0);
+  ASSERT_TRUE(c.world.has_value());
+  ASSERT_TRUE(c.world->ok()) << c.world->status();
+  EXPECT_EQ((*c.world)->world->generation, 2u);
+  EXPECT_EQ(c_->GetStatus().job_state, JobState::kRunning);
+}
+
+// A world that paused below min_members is stored as paused: a
+// coordinator restarted on it does not wait its reattach grace for members
+// nobody trained with (the killed job's, say), and the requeued members
+// form the next world as soon as there are enough.
+TEST_F(CoordinatorTest, ARestartAfterAPauseWaitsForNobody) {
+  StateStore* store = NewStateFile("pause");
+  const auto [a, b] = WorldOfTwo(store);
+  c_->SessionClosed(b->session, "connection reset");
+  c_->SessionClosed(a->session, "connection reset");
+  ASSERT_EQ(c_->GetStatus().job_state, JobState::kWaiting);
+  c_.reset();
+  Start(2, 2, absl::Seconds(1), store);
+  EXPECT_EQ(c_->GetStatus().job_state, JobState::kWaiting) << "not recovering";
+  EXPECT_EQ(c_->GetStatus().generation, 1u);
+  Member& a2 = Add("a", "n", /*inc=*/2);
+  Member& c = Add("c", "m");
+  Rendezvous(a2, 0);
+  Rendezvous(c, 0);
+  ASSERT_TRUE(a2.world.has_value());
+  ASSERT_TRUE(a2.world->ok()) << a2.world->status();
+  EXPECT_EQ((*a2.world)->world->generation, 2u);
+}
+
+// A member whose session closes after the others stopped with the job
+// (its own Leave never came) ends the world as they did: no regroup of the
+// one left, no pause, the world forgotten.
+TEST_F(CoordinatorTest, AMemberLostAfterTheOthersStoppedEndsTheWorldAsAStop) {
+  Start(1, 3);
+  std::vector<Member*> world;
+  for (const char* id : {"a", "b", "c"}) world.push_back(&Add(id, "n"));
+  for (Member* m : world) Rendezvous(*m, 0);
+  ASSERT_TRUE(world[0]->world.has_value() && world[0]->world->ok());
+  ASSERT_TRUE(c_->Leave(world[0]->key, LeaveReason::kStopped, 80).ok());
+  ASSERT_TRUE(c_->Leave(world[1]->key, LeaveReason::kStopped, 80).ok());
+  c_->SessionClosed(world[2]->session, "connection reset");
+  const StatusSnapshot s = c_->GetStatus();
+  EXPECT_EQ(s.job_state, JobState::kWaiting);
+  EXPECT_EQ(s.generation, 1u) << "no world formed for the one left";
+  EXPECT_EQ(s.world_size, 0u);
+  EXPECT_TRUE(world[2]->sink->events.empty());
 }
 
 // Found by tests/fuzz/coordinator_fuzz: adopting 2^64-1 made the next world

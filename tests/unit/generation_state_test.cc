@@ -81,6 +81,23 @@ TEST(GenerationStateTest, LoadedWithoutMembersKeepsOnlyTheCounter) {
   EXPECT_FALSE(g.RecoveryExpired(kT0 + absl::Hours(1)));
 }
 
+// A world stored as it paused is kept as the paused one: nobody trained
+// in it, so a restart does not wait for its members, and its members come
+// back as its incumbents; the next world follows its number.
+TEST(GenerationStateTest, LoadedPausedWorldIsKeptWithoutRecovering) {
+  World stored = MakeWorld(1, 2);
+  stored.paused = true;
+  GenerationState g;
+  ASSERT_TRUE(g.Loaded(stored, kT0).ok());
+  EXPECT_EQ(g.phase(), GenerationPhase::kNoWorld);
+  EXPECT_EQ(g.job_state(), JobState::kWaiting);
+  EXPECT_EQ(g.generation(), 1u);
+  EXPECT_EQ(g.world().size(), 2u);
+  EXPECT_FALSE(g.world_live());
+  EXPECT_FALSE(g.RecoveryExpired(kT0 + absl::Hours(1)));
+  EXPECT_TRUE(g.Formed(MakeWorld(2, 2)).ok());
+}
+
 TEST(GenerationStateTest, LoadedRefusedOnceAGenerationExists) {
   GenerationState g;
   ToRunning(&g);
@@ -293,6 +310,42 @@ TEST(GenerationStateTest, PausedRefusedWithoutALiveWorld) {
   ToFinished(&finished);
   ExpectRefused(finished.Paused());
   EXPECT_EQ(finished.phase(), GenerationPhase::kFinished);
+}
+
+// ---------------------------------------------------------------- Stopped
+
+TEST(GenerationStateTest, StoppedFromEveryPhaseWithAWorldForgetsIt) {
+  for (void (*to)(GenerationState*) : {&ToForming, &ToRunning, &ToRecovering}) {
+    GenerationState g;
+    to(&g);
+    const uint64_t generation = g.generation();
+    ASSERT_TRUE(g.Stopped().ok());
+    EXPECT_EQ(g.phase(), GenerationPhase::kNoWorld);
+    EXPECT_FALSE(g.world_live());
+    EXPECT_EQ(g.generation(), generation);
+    EXPECT_EQ(g.world().generation, generation);
+    EXPECT_TRUE(g.world().members.empty());
+    EXPECT_EQ(g.Published()->size(), 0u);
+    // The next world follows the stopped one's number.
+    EXPECT_TRUE(g.Formed(MakeWorld(generation + 1, 2)).ok());
+  }
+}
+
+TEST(GenerationStateTest, StoppedRefusedWithoutALiveWorld) {
+  GenerationState none;
+  ExpectRefused(none.Stopped());
+  GenerationState paused;
+  ToRunning(&paused);
+  ASSERT_TRUE(paused.Paused().ok());
+  ExpectRefused(paused.Stopped());
+  EXPECT_EQ(paused.world().size(), 2u) << "a refused transition changes nothing";
+  GenerationState finished;
+  ToFinished(&finished);
+  ExpectRefused(finished.Stopped());
+  EXPECT_EQ(finished.phase(), GenerationPhase::kFinished);
+  GenerationState down;
+  ToShuttingDown(&down);
+  ExpectRefused(down.Stopped());
 }
 
 // ---------------------------------------------------------------- Recovered

@@ -456,12 +456,20 @@ absl::StatusOr<WorldInfo> CoordinatorClient::FetchWorld(const v1::World& answere
   return WorldFromMembers(world, members, options_.member_id, options_.incarnation);
 }
 
-absl::Status CoordinatorClient::Leave(bool finished, int64_t step) {
-  return Retry(options_.clock->Now() + absl::Seconds(10), [&](absl::Time d) {
+absl::Status CoordinatorClient::Leave(Departure departure, int64_t step) {
+  // A stopping job does not wait long on a coordinator that may be stopping
+  // with it (a preempted allocation): it then sees the sessions close.
+  const absl::Duration patience =
+      departure == Departure::kStopping ? absl::Seconds(2) : absl::Seconds(10);
+  return Retry(options_.clock->Now() + patience, [&](absl::Time d) {
     MUSTER_CONTEXT(ctx, d);
     v1::LeaveRequest req;
     *req.mutable_member() = Ref(options_);
-    req.set_reason(finished ? v1::LeaveRequest::FINISHED : v1::LeaveRequest::GRACEFUL);
+    switch (departure) {
+      case Departure::kLeaving: req.set_reason(v1::LeaveRequest::GRACEFUL); break;
+      case Departure::kFinished: req.set_reason(v1::LeaveRequest::FINISHED); break;
+      case Departure::kStopping: req.set_reason(v1::LeaveRequest::STOPPED); break;
+    }
     req.set_step(step);
     v1::LeaveResponse resp;
     return FromGrpcStatus(impl_->Stub()->Leave(&ctx, req, &resp));

@@ -91,6 +91,15 @@ struct SessionNotice {
   std::string reason;
 };
 
+// Why a member leaves the job (LeaveRequest.reason).
+enum class Departure {
+  kLeaving,   // it leaves a running job: the others regroup without it
+  kFinished,  // training completed
+  kStopping,  // the job stops at a step every member agreed on (a checkpoint
+              // to stop): no regroup, and the world is forgotten once none
+              // of it trains
+};
+
 // A file of a checkpoint as the catalog records it.
 struct CatalogFile {
   std::string path;
@@ -159,7 +168,8 @@ class CoordinatorClient {
   // (RendezvousRequest.broken).
   absl::StatusOr<WorldInfo> Rendezvous(uint64_t after, int64_t step, absl::Time deadline,
                                        const BrokenWorld* broken = nullptr);
-  absl::Status Leave(bool finished, int64_t step);
+  // Leaves the job, saying why (LeaveRequest.reason).
+  absl::Status Leave(Departure departure, int64_t step);
   // How many times Rendezvous fetched the whole world (GetWorld) because
   // its answer was a delta from a world this member did not hold.
   uint64_t worlds_fetched() const { return worlds_fetched_.load(); }

@@ -115,7 +115,7 @@ absl::Status ElasticWorld::Enter(const EnterFn& enter, int64_t step) {
     // Before any collective: the others regroup without this member at
     // once, rather than break on collectives of other sizes.
     MUSTER_LOG(ERROR) << s.message();
-    client_->Leave(/*finished=*/false, step).IgnoreError();
+    client_->Leave(Departure::kLeaving, step).IgnoreError();
     return s;
   } else if (!s.ok()) {
     return s;
@@ -178,7 +178,7 @@ absl::StatusOr<WorldInfo> ElasticWorld::FirstWorld(int64_t step) {
 void ElasticWorld::NoPlace(const std::string& why, int64_t step) {
   MUSTER_LOG(WARNING) << "no world for this trainer: " << why;
   told_to_leave_ = true;
-  client_->Leave(/*finished=*/false, step).IgnoreError();
+  client_->Leave(Departure::kLeaving, step).IgnoreError();
   left_ = true;
 }
 
@@ -265,9 +265,9 @@ absl::Status ElasticWorld::Regroup(const std::string& why, int64_t step, const E
   return absl::OkStatus();
 }
 
-absl::Status ElasticWorld::Leave(bool finished, int64_t step) {
+absl::Status ElasticWorld::Leave(Departure departure, int64_t step) {
   Detach();
-  return client_->Leave(finished, step);
+  return client_->Leave(departure, step);
 }
 
 }  // namespace muster

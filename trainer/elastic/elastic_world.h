@@ -99,8 +99,8 @@ class ElasticWorld : public WorldChanges::Membership {
   // runs first).
   absl::Status Regroup(const std::string& why, int64_t step, const EnterFn& enter,
                        const BrokenWorld* broken) override;
-  // Leaves the job (finished: the job is over for this member).
-  absl::Status Leave(bool finished, int64_t step);
+  // Leaves the job, saying why (Departure).
+  absl::Status Leave(Departure departure, int64_t step);
   // Drops the communicator; session notices no longer abort anything.
   void Detach();
 

@@ -344,7 +344,9 @@ absl::Status Engine::Stop() {
                                                                  sharded ? &own : nullptr));
   }
   if (sharded && !life_.ended()) GiveBackWholeState();
-  world_->Detach();
+  // Every rank stops at this step: the coordinator forgets the world once
+  // all have said so, and a restart of it (a requeue) waits for none.
+  world_->Leave(Departure::kStopping, counters().step).IgnoreError();
   MUSTER_RETURN_IF_ERROR(
       life_.End(committed ? StepOutcome::kStopped : StepOutcome::kStoppedWithoutCheckpoint));
   if (rank == 0) SayStopped("stopping at step ");
@@ -418,7 +420,7 @@ absl::Status Engine::AtBoundary() {
       return Stop();
     case StepDecision::kLeave:
       // This trainer leaves after this step; the others regroup without it.
-      world_->Leave(/*finished=*/false, counters().step).IgnoreError();
+      world_->Leave(Departure::kLeaving, counters().step).IgnoreError();
       if (checkpointer_) checkpointer_->Wait().IgnoreError();  // logged when it failed
       Say(absl::StrCat("muster: left the job after step ", counters().step));
       return life_.End(StepOutcome::kLeft);
@@ -516,10 +518,10 @@ absl::StatusOr<Distributed::Outcome> Engine::Finish() {
   if (checkpointer_) checkpointer_->Wait().IgnoreError();  // logged when it failed
   if (!life_.status().ok()) return life_.status();
   if (!life_.ended()) {  // the loop ended before ShouldStop said so: leave
-    world_->Leave(/*finished=*/false, counters().step).IgnoreError();
+    world_->Leave(Departure::kLeaving, counters().step).IgnoreError();
     MUSTER_RETURN_IF_ERROR(life_.End(StepOutcome::kLeft));
   } else if (life_.outcome() == StepOutcome::kFinished) {
-    world_->Leave(/*finished=*/true, counters().step).IgnoreError();
+    world_->Leave(Departure::kFinished, counters().step).IgnoreError();
   }
   world_->Detach();
   return static_cast<Outcome>(life_.outcome());
