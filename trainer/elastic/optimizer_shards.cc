@@ -134,6 +134,19 @@ torch::Tensor ScalarFrom(int64_t bits, torch::Dtype dtype) {
   return torch::scalar_tensor(d, torch::kFloat64).to(dtype);
 }
 
+// The scalar words of flat state `state` (its 64-bit words, each held as
+// two float32 elements), on the CPU, for ScalarAt.
+torch::Tensor ScalarWords(const FlatState& state) {
+  return state.flat.narrow(0, state.ScalarOffset(0), 2 * state.scalars).to(torch::kCPU);
+}
+
+// Scalar field `c` of `words` (ScalarWords) as a 0-dim tensor of `dtype`.
+torch::Tensor ScalarAt(const torch::Tensor& words, int64_t c, torch::Dtype dtype) {
+  int64_t bits = 0;
+  std::memcpy(&bits, static_cast<const char*>(words.data_ptr()) + 8 * c, sizeof(bits));
+  return ScalarFrom(bits, dtype);
+}
+
 // The fields of `range` of the group's flat state: each per-element field
 // (the parameter's shape and dtype) concatenated over `params` and cut to
 // the range; each scalar field (a 0-dim step count of another dtype) as
@@ -805,13 +818,18 @@ absl::Status OptimizerShards::CheckCopiesAgree(Communicator* comm, absl::Time de
   return absl::OkStatus();
 }
 
+absl::Status OptimizerShards::CheckAlive(const std::vector<bool>& alive,
+                                         const char* what) const {
+  if (static_cast<int>(alive.size()) == layout_.world() && alive[rank_]) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(what, ": ", alive.size(),
+                                                 " ranks said alive or not, of a layout of ",
+                                                 layout_.world(), ", this rank ", rank_,
+                                                 " among them"));
+}
+
 absl::Status OptimizerShards::Unshard(const std::vector<bool>& alive, Communicator* comm,
                                       absl::Time deadline, int whole_source) {
-  if (static_cast<int>(alive.size()) != layout_.world() || !alive[rank_]) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "unshard: ", alive.size(), " ranks said alive or not, of a layout of ", layout_.world(),
-        ", this rank ", rank_, " among them"));
-  }
+  MUSTER_RETURN_IF_ERROR(CheckAlive(alive, "unshard"));
   MUSTER_RETURN_IF_ERROR(
       Assemble(groups_, &layout_, rank_, alive, whole_source, comm, deadline));
   groups_.clear();
@@ -1162,8 +1180,7 @@ absl::Status OptimizerShards::WriteWholeState(const Group& group, int g,
 // Every trained parameter of the group gets its state from `state`.
 absl::Status OptimizerShards::InstallFlatState(const Group& group, const FlatState& state) {
   const auto& param_group = group.optimizer->param_groups()[group.index];
-  const torch::Tensor words =
-      state.flat.narrow(0, state.ScalarOffset(0), 2 * state.scalars).to(torch::kCPU);
+  const torch::Tensor words = ScalarWords(state);
   int64_t offset = 0;
   for (const torch::Tensor& p : group.params) {
     std::map<std::string, torch::Tensor> fields;
@@ -1175,9 +1192,7 @@ absl::Status OptimizerShards::InstallFlatState(const Group& group, const FlatSta
                                 .to(p.device())
                                 .clone();
       } else {
-        int64_t bits = 0;
-        std::memcpy(&bits, static_cast<const char*>(words.data_ptr()) + 8 * c++, sizeof(bits));
-        fields[spec.name] = ScalarFrom(bits, spec.dtype);
+        fields[spec.name] = ScalarAt(words, c++, spec.dtype);
       }
     }
     std::unique_ptr<torch::optim::OptimizerParamState> loaded =
@@ -1208,8 +1223,7 @@ OptimizerCodec::Fields CutFields(const OptimizerCodec::Fields& fields, ElementRa
 // into the shard's fields `out`, made where `device` at the first round.
 void KeepRound(const FlatState& buffer, ElementRange range, ElementRange round,
                torch::Device device, std::map<std::string, torch::Tensor>* out) {
-  const torch::Tensor words =
-      buffer.flat.narrow(0, buffer.ScalarOffset(0), 2 * buffer.scalars).to(torch::kCPU);
+  const torch::Tensor words = ScalarWords(buffer);
   int64_t f = 0, c = 0;
   for (const FieldSpec& spec : buffer.specs) {
     if (spec.per_element) {
@@ -1221,9 +1235,7 @@ void KeepRound(const FlatState& buffer, ElementRange range, ElementRange round,
       field.narrow(0, round.begin - range.begin, round.size())
           .copy_(buffer.flat.narrow(0, buffer.ElementOffset(f++), round.size()));
     } else {
-      int64_t bits = 0;
-      std::memcpy(&bits, static_cast<const char*>(words.data_ptr()) + 8 * c++, sizeof(bits));
-      (*out)[spec.name] = ScalarFrom(bits, spec.dtype);
+      (*out)[spec.name] = ScalarAt(words, c++, spec.dtype);
     }
   }
 }
@@ -1241,12 +1253,7 @@ absl::StatusOr<std::unique_ptr<OptimizerShards>> OptimizerShards::Redistribute(
   if (held == nullptr) {
     MUSTER_RETURN_IF_ERROR(Collect(optimizers, &collected, &elements));
   } else {
-    if (static_cast<int>(agreed.alive.size()) != held->layout_.world() ||
-        !agreed.alive[held->rank_]) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "redistribute: ", agreed.alive.size(), " ranks said alive or not, of a layout of ",
-          held->layout_.world(), ", this rank ", held->rank_, " among them"));
-    }
+    MUSTER_RETURN_IF_ERROR(held->CheckAlive(agreed.alive, "redistribute"));
     for (int g = 0; g < held->layout_.groups(); ++g) {
       elements.push_back(held->layout_.group_elements(g));
     }

@@ -392,6 +392,9 @@ class OptimizerShards {
   static absl::Status AgreeOnHeader(const std::vector<Group>& groups, const ShardLayout* layout,
                                     int rank, const std::string& lost, Communicator* comm,
                                     absl::Time deadline, std::vector<int64_t>* header);
+  // INVALID_ARGUMENT naming `what` unless `alive` has a word for each rank
+  // of this layout and says this rank lives.
+  absl::Status CheckAlive(const std::vector<bool>& alive, const char* what) const;
   // Assemble's steps for one group `g` (optimizer_shards.cc).
   static absl::StatusOr<FlatState> StartFlatState(const Group& group, int g,
                                                   const Communicator& comm, int64_t padded);
