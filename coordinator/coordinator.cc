@@ -55,13 +55,18 @@ absl::Status Coordinator::Load() {
   MUSTER_RETURN_IF_ERROR(
       gen_.Loaded(std::move(world), clock_->Now() + options_.reattach_grace));
   announced_generation_ = gen_.generation();
+  // A paused world loaded as such: --pause-timeout counts from the start.
+  if (gen_.phase() == GenerationPhase::kNoWorld && !gen_.world().members.empty()) {
+    regroup_.Paused(clock_->Now());
+  }
   if (gen_.phase() == GenerationPhase::kRecovering) {
     Record("restart", absl::StrCat("coordinator restarted; waiting up to ",
                                    absl::FormatDuration(options_.reattach_grace), " for the ",
                                    gen_.world().size(), " members of generation ",
                                    gen_.world().generation));
   } else {
-    Record("start", absl::StrCat("coordinator started at generation ", gen_.generation()));
+    Record("start", absl::StrCat("coordinator started at generation ", gen_.generation(),
+                                 gen_.world().members.empty() ? "" : " (its world paused)"));
   }
   counters_.generation = gen_.generation();
   counters_.checkpoints_committed = catalog_.committed_count();

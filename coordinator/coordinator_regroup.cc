@@ -249,12 +249,27 @@ void Coordinator::ForgetIfStopped(Actions* actions) {
       gen_.phase() == GenerationPhase::kShuttingDown) {
     return;
   }
+  // As in FinishIfDone, a member that only waits for the world (a joiner
+  // of a world formed at the step the others stopped at) trains nothing:
+  // it waits on, as in a paused job.
+  const absl::flat_hash_set<absl::string_view> waiting = regroup_.waiters().MemberIds();
   for (const Assignment& a : gen_.world().members) {
     const MemberInfo* m = membership_.Find(a.member.id);
-    if (m != nullptr && m->key == a.member && IsAlive(m->state)) return;
+    if (m != nullptr && m->key == a.member && IsAlive(m->state) &&
+        waiting.count(a.member.id) == 0) {
+      return;
+    }
   }
+  const std::shared_ptr<const World> stopped = gen_.Published();
   const uint64_t generation = gen_.generation();
   if (!Accepted(gen_.Stopped())) return;
+  regroup_.Paused(clock_->Now());  // its arrival deadline dropped; --pause-timeout as a pause's
+  for (const Assignment& a : stopped->members) {
+    MemberInfo* m = membership_.Find(a.member.id);
+    if (m != nullptr && m->key == a.member && m->state == MemberState::kActive) {
+      m->state = MemberState::kWaiting;
+    }
+  }
   const std::string reason = absl::StrCat("the job stopped at generation ", generation);
   ResetGenerationState(generation, reason, actions);
   Record("stopped", absl::StrCat(reason, "; the next world forms as its first"));

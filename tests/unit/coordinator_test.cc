@@ -66,6 +66,7 @@ class CoordinatorTest : public ::testing::Test {
     o.heartbeat_timeout = absl::Seconds(5);
     o.reattach_grace = absl::Seconds(10);
     o.silence_hold = silence_hold_;
+    o.pause_timeout = pause_timeout_;
     o.clock = &clock_;
     c_ = std::move(Coordinator::Create(o, store)).value();
   }
@@ -118,6 +119,19 @@ class CoordinatorTest : public ::testing::Test {
     Member& b = Add("b", "m");
     Rendezvous(a, 0);
     Rendezvous(b, 0);
+    EXPECT_TRUE(a.world.has_value() && a.world->ok());
+    EXPECT_EQ(c_->GetStatus().generation, 1u);
+    return {&a, &b};
+  }
+
+  // Members a and b (node n) form generation 1 of a job of two to three.
+  std::pair<Member*, Member*> WorldOfTwoOfThree() {
+    Start(2, 3, absl::Seconds(1));
+    Member& a = Add("a", "n");
+    Member& b = Add("b", "n");
+    Rendezvous(a, 0);
+    Rendezvous(b, 0);
+    Advance(absl::Milliseconds(1100));
     EXPECT_TRUE(a.world.has_value() && a.world->ok());
     EXPECT_EQ(c_->GetStatus().generation, 1u);
     return {&a, &b};
@@ -181,6 +195,7 @@ class CoordinatorTest : public ::testing::Test {
 
   FakeClock clock_;
   absl::Duration silence_hold_ = absl::ZeroDuration();  // CoordinatorOptions::silence_hold
+  absl::Duration pause_timeout_ = absl::ZeroDuration();
   std::unique_ptr<StateStore> store_;
   // Stores opened by a test; they outlive the coordinator.
   std::vector<std::unique_ptr<StateStore>> stores_;
@@ -1138,9 +1153,13 @@ TEST_F(CoordinatorTest, ARestartAfterAPauseWaitsForNobody) {
   c_->SessionClosed(a->session, "connection reset");
   ASSERT_EQ(c_->GetStatus().job_state, JobState::kWaiting);
   c_.reset();
+  pause_timeout_ = absl::Seconds(60);
   Start(2, 2, absl::Seconds(1), store);
   EXPECT_EQ(c_->GetStatus().job_state, JobState::kWaiting) << "not recovering";
   EXPECT_EQ(c_->GetStatus().generation, 1u);
+  // Still paused: --pause-timeout counts from the restart.
+  Advance(absl::Seconds(61));
+  EXPECT_NE(c_->JobEnded().find("--pause-timeout"), std::string::npos) << c_->JobEnded();
   Member& a2 = Add("a", "n", /*inc=*/2);
   Member& c = Add("c", "m");
   Rendezvous(a2, 0);
@@ -1148,6 +1167,25 @@ TEST_F(CoordinatorTest, ARestartAfterAPauseWaitsForNobody) {
   ASSERT_TRUE(a2.world.has_value());
   ASSERT_TRUE(a2.world->ok()) << a2.world->status();
   EXPECT_EQ((*a2.world)->world->generation, 2u);
+}
+
+// A joiner seated in the world formed at the step the others stopped at
+// (a stop wins over a newer world) is not left in a forming world that
+// never completes: it only waits, as in a paused job, and the world is
+// forgotten once the others stopped.
+TEST_F(CoordinatorTest, AJoinerOfTheWorldFormedAsTheOthersStoppedWaitsAsInAPause) {
+  const auto [a, b] = WorldOfTwoOfThree();
+  Member& c = Add("c", "n");
+  Rendezvous(c, 0);
+  Advance(absl::Milliseconds(1100));  // past last call: generation 2 of three forms
+  ASSERT_EQ(c_->GetStatus().generation, 2u);
+  ASSERT_EQ(c_->GetStatus().world_size, 3u);
+  ASSERT_TRUE(c_->Leave(a->key, LeaveReason::kStopped, 40).ok());
+  ASSERT_TRUE(c_->Leave(b->key, LeaveReason::kStopped, 40).ok());
+  const StatusSnapshot s = c_->GetStatus();
+  EXPECT_EQ(s.job_state, JobState::kWaiting);
+  EXPECT_EQ(s.world_size, 0u);
+  EXPECT_FALSE(c.world.has_value()) << "no world of c alone was formed for it";
 }
 
 // A member whose session closes after the others stopped with the job
