@@ -56,9 +56,9 @@ absl::Status Coordinator::Load() {
       gen_.Loaded(std::move(world), clock_->Now() + options_.reattach_grace));
   announced_generation_ = gen_.generation();
   // A paused world loaded as such: --pause-timeout counts from the start.
-  if (gen_.phase() == GenerationPhase::kNoWorld && !gen_.world().members.empty()) {
-    regroup_.Paused(clock_->Now());
-  }
+  const bool paused =
+      gen_.phase() == GenerationPhase::kNoWorld && !gen_.world().members.empty();
+  if (paused) regroup_.Paused(clock_->Now());
   if (gen_.phase() == GenerationPhase::kRecovering) {
     Record("restart", absl::StrCat("coordinator restarted; waiting up to ",
                                    absl::FormatDuration(options_.reattach_grace), " for the ",
@@ -66,7 +66,7 @@ absl::Status Coordinator::Load() {
                                    gen_.world().generation));
   } else {
     Record("start", absl::StrCat("coordinator started at generation ", gen_.generation(),
-                                 gen_.world().members.empty() ? "" : " (its world paused)"));
+                                 paused ? " (its world paused)" : ""));
   }
   counters_.generation = gen_.generation();
   counters_.checkpoints_committed = catalog_.committed_count();

@@ -418,6 +418,9 @@ class Coordinator {
                    uint64_t generation, bool abort, const std::string& reason,
                    Actions* actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Pause(const std::string& reason, Actions* actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether `what` holds for a member of the current world (this very
+  // incarnation of it).
+  bool AnyOfTheWorld(bool (*what)(const MemberInfo&)) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether a member of the live world finished: the world is ending.
   bool WorldFinishing() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether a member of the live world stopped with the job.

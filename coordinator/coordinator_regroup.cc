@@ -226,22 +226,21 @@ void Coordinator::Evaluate(bool urgent, bool abort, const std::string& reason,
   }
 }
 
-bool Coordinator::WorldFinishing() const {
-  if (!any_finished_) return false;
+bool Coordinator::AnyOfTheWorld(bool (*what)(const MemberInfo&)) const {
   for (const Assignment& a : gen_.world().members) {
     const MemberInfo* m = membership_.Find(a.member.id);
-    if (m != nullptr && m->key == a.member && m->state == MemberState::kFinished) return true;
+    if (m != nullptr && m->key == a.member && what(*m)) return true;
   }
   return false;
 }
 
+bool Coordinator::WorldFinishing() const {
+  return any_finished_ &&
+         AnyOfTheWorld([](const MemberInfo& m) { return m.state == MemberState::kFinished; });
+}
+
 bool Coordinator::WorldStopping() const {
-  if (!any_stopped_) return false;
-  for (const Assignment& a : gen_.world().members) {
-    const MemberInfo* m = membership_.Find(a.member.id);
-    if (m != nullptr && m->key == a.member && m->stopped) return true;
-  }
-  return false;
+  return any_stopped_ && AnyOfTheWorld([](const MemberInfo& m) { return m.stopped; });
 }
 
 void Coordinator::ForgetIfStopped(Actions* actions) {
