@@ -23,12 +23,25 @@ fail() { echo "lab_interface_test: FAIL: $*"; for f in "$dir"/*.log; do echo "==
 
 "$LAB" up "$name" --nodes 2 --data-network --owner $$ >/dev/null || fail "lab up"
 gateway=$("$LAB" gateway "$name")
-port=$(( 20000 + $$ % 20000 ))
-"$BIN/muster-coordinator" --listen="$gateway:$port" --no-auth --state-dir="$dir/state" \
-  --min-members=2 --max-members=2 --last-call=200ms >"$dir/coordinator.log" 2>&1 &
-coordinator=$!
-train() {  # NODE INTERFACE STEPS
-  "$LAB" exec "$name" "node$1" -- "$BIN/muster-train" --coordinator="$gateway:$port" \
+port=""
+# The coordinator picks a free port (a fixed one may be taken by another
+# test's socket, and its trainers would then wait for a coordinator that
+# never came) and says which in its log.
+start_coordinator() {  # STATE_DIR LOG
+  "$BIN/muster-coordinator" --listen="$gateway:0" --no-auth --state-dir="$1" \
+    --min-members=2 --max-members=2 --last-call=200ms >"$2" 2>&1 &
+  coordinator=$!
+  for _ in $(seq 100); do
+    port=$(sed -nE 's/.*coordinator listening on port ([0-9]+).*/\1/p' "$2" | head -1)
+    [[ -n "$port" ]] && return 0
+    kill -0 "$coordinator" 2>/dev/null || break
+    sleep 0.1
+  done
+  fail "the coordinator did not start"
+}
+start_coordinator "$dir/state" "$dir/coordinator.log"
+train() {  # NODE INTERFACE STEPS; a hang fails with the logs, not ctest's timeout
+  timeout 120 "$LAB" exec "$name" "node$1" -- "$BIN/muster-train" --coordinator="$gateway:$port" \
     --node-id="node$1" --local-rank=0 --model=mlp --dataset=synthetic --batch-size=32 \
     --steps="$3" --threads=1 --quiet --job="$name-$1" --interface="$2"
 }
@@ -45,9 +58,7 @@ echo "lab_interface_test: node1 received $eth1 bytes on eth1 (data), $eth0 on et
 
 # A wrong name says which interfaces there are (a new job).
 kill "$coordinator"; wait "$coordinator" 2>/dev/null
-"$BIN/muster-coordinator" --listen="$gateway:$port" --no-auth --state-dir="$dir/state2" \
-  --min-members=2 --max-members=2 --last-call=200ms >"$dir/coordinator2.log" 2>&1 &
-coordinator=$!
+start_coordinator "$dir/state2" "$dir/coordinator2.log"
 out=$(train 1 ib7 10 2>&1 & train 0 ib7 10 2>&1; wait)
 grep -q "network interface 'ib7' has no address; interfaces here: .*eth1" <<<"$out" ||
   fail "no clear error for an interface that does not exist: $out"
