@@ -874,5 +874,75 @@ TEST_F(SalvageTest, WithSalvageOffTheStepIsDroppedAndItsExamplesComeAgain) {
   ExpectEveryExampleOncePerEpoch("dropped-record", kEpochs, /*at_least=*/200);
 }
 
+// A hot spare takes the place of a rank SIGKILLed inside a step of a job
+// whose optimizer state is sharded with two copies of each part: the three
+// survivors salvage the step in a world of four with the spare, which was
+// not in it. The state goes straight to the new world's shards on every
+// rank, and the spare receives the parts it keeps as the step left them,
+// from the survivors that stepped them; nobody makes the state whole. No
+// step is lost and the four end bit-identical.
+TEST_F(SalvageTest, AHotSpareMeetingASalvagedShardedStepReceivesOnlyItsParts) {
+  StartCoordinator(/*min_members=*/4, /*max_members=*/4, "spare");
+  setenv("MUSTER_COORDINATOR", target_.c_str(), 1);
+  std::system(("mkdir -p " + dir_ + "/spare-summary").c_str());
+  const std::string die = dir_ + "/die";
+  auto member = [&](int node, const std::vector<std::string>& more) {
+    std::vector<std::string> argv = {kBin + "/salvage_member", "--node-id", absl::StrCat("n", node),
+                                     "--steps", "300", "--shard-optimizer", "1",
+                                     "--check-state-every", "50", "--summary",
+                                     dir_ + "/spare-summary/{pid}.json"};
+    argv.insert(argv.end(), more.begin(), more.end());
+    return SpawnLogged(hosts_->OnNode(absl::StrCat("n", node), argv),
+                       absl::StrCat(dir_, "/spare-n", node, ".log"));
+  };
+  std::vector<pid_t> pids;
+  for (int i = 0; i < 3; ++i) pids.push_back(member(i, {}));
+  const pid_t victim = member(3, {"--die-once", die});
+  const auto wait_until = [&](const std::string& member, const std::string& state) {
+    const absl::Time end = absl::Now() + absl::Seconds(60);
+    while (absl::Now() < end && MemberStates(target_)[member] != state) {
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    return MemberStates(target_)[member] == state;
+  };
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(wait_until(absl::StrCat("n", i, "/0"), "active"));
+  const pid_t spare = member(4, {});
+  ASSERT_TRUE(wait_until("n4/0", "spare")) << ReadText(dir_ + "/spare-n4.log");
+  std::ofstream(die) << "now\n";
+  EXPECT_EQ(WaitExit(victim), 128 + SIGKILL);
+  pids.push_back(spare);
+  std::vector<std::string> logs;
+  for (int i : {0, 1, 2, 4}) {
+    const pid_t pid = pids[static_cast<size_t>(i == 4 ? 3 : i)];
+    logs.push_back(ReadText(absl::StrCat(dir_, "/spare-n", i, ".log")));
+    EXPECT_EQ(WaitExit(pid), 0) << logs.back();
+    logs.back() = ReadText(absl::StrCat(dir_, "/spare-n", i, ".log"));
+  }
+  StopCoordinator();
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(logs[0], m, std::regex("step ([0-9]+) salvaged in generation")))
+      << logs[0];
+  EXPECT_NE(logs[0].find("3 of 4 shares reduced, 1 returned to the sampler"), std::string::npos)
+      << logs[0];
+  EXPECT_NE(logs[3].find("optimizer state of the salvaged step taken into this rank's shards"),
+            std::string::npos)
+      << logs[3];
+  for (const std::string& log : logs) {
+    EXPECT_NE(log.find("optimizer state moved straight to the shards of a world of 4"),
+              std::string::npos)
+        << log;
+  }
+  const std::vector<std::string> files = ListFiles(dir_ + "/spare-summary");
+  ASSERT_EQ(files.size(), 4u);
+  const std::string first = ReadText(files[0]);
+  for (const std::string& f : files) {
+    const std::string json = ReadText(f);
+    EXPECT_EQ(JsonNumber(json, "world_size"), "4") << json;
+    EXPECT_EQ(JsonNumber(json, "steps"), "300") << json;
+    EXPECT_EQ(JsonNumber(json, "dropped"), "0") << json;
+    EXPECT_EQ(JsonString(json, "digest"), JsonString(first, "digest")) << json;
+  }
+}
+
 }  // namespace
 }  // namespace muster

@@ -270,6 +270,16 @@ struct Held {
     // A world of two with two copies stays whole and steps as unsharded.
     const bool whole = sharded_state->KeepsWhole(comm->size());
     ASSERT_EQ(sharded_state->sharded(), !whole) << where;
+    Steps(rank, first, steps, comm, where);
+    ExpectReferenceWhole(comm, where + ", whole for a checkpoint");
+    ASSERT_EQ(sharded_state->sharded(), !whole) << where;
+  }
+
+  // `steps` steps from `first` on both, as the replica drives the sharded
+  // side, each against the reference's.
+  void Steps(int rank, int first, int steps, Communicator* comm, const std::string& where) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    const bool whole = sharded_state->KeepsWhole(comm->size());
     for (int step = first; step < first + steps; ++step) {
       // The program clips the averaged gradients in place before its step
       // (a norm this small clips every step): the masters step with that.
@@ -292,8 +302,6 @@ struct Held {
         }
       }
     }
-    ExpectReferenceWhole(comm, where + ", whole for a checkpoint");
-    ASSERT_EQ(sharded_state->sharded(), !whole) << where;
   }
 
   // ExpectReference with the whole state (a path that reads it whole, as a
@@ -441,6 +449,66 @@ TEST_P(OptimizerShardsTest, ShardedStateLivesThroughWorldsAsTheReplicaDrivesIt) 
       [](Held& me, int rank, Communicator* comm) { me.LiveInWorld(rank, 1, 0, 3, comm); },
       [](Held& me, int rank, Communicator* comm) {
         me.LiveInWorld(rank, 2, 3, 3, comm, /*straight=*/true);
+      });
+}
+
+// A hot spare meets the survivors of a failed step: a world of three
+// trains sharded with a buddy copy; rank 1 dies inside step 3, and a
+// joiner takes its place. Every rank goes straight to the new world's
+// shards (the joiner's as they were before the step), though the joiner
+// was not in the step; the survivors take the salvaged step (the joiner
+// adds zeros) and the catch-up brings the joiner its shards as the step
+// left them, from the survivors that stepped them. After the boundary
+// every rank holds the unsharded optimizer's parameters and state, bit for
+// bit, and trains on as it does.
+TEST_P(OptimizerShardsTest, AJoinerOutsideAFailedStepReceivesItsShardsAsTheStepLeftThem) {
+  ThroughADeath(
+      GetParam(),
+      [](Held& me, int rank, Communicator* comm) { me.LiveInWorld(rank, 1, 0, 3, comm); },
+      [](Held& me, int rank, Communicator* comm) {
+        const absl::Time deadline = absl::Now() + absl::Seconds(30);
+        const bool survivor = rank < 2;  // the joiner is rank 2
+        const std::string where = absl::StrCat("generation 2, rank ", rank);
+        ASSERT_TRUE(me.sharded_state
+                        ->Gather(comm, 2, /*node=*/rank % 2, deadline, survivor ? 3 : -1,
+                                 survivor ? 1 : 0)
+                        .ok());
+        ASSERT_TRUE(me.sharded_state->sharded()) << where << ": straight to the new shards";
+        for (torch::Tensor& p : me.sharded->parameters()) {
+          ASSERT_TRUE(
+              comm->Broadcast(p.data_ptr(), p.numel(), DataType::kFloat32, 0, deadline).ok());
+        }
+        me.sharded_state->ParametersTransferred();
+        // The salvaged step 3: the survivors' gradients, zeros from the
+        // joiner; every reference steps, the sharded joiner does not.
+        const auto contribute = [&](Net& net) {
+          Backward(net, rank, 3);
+          if (survivor) return;
+          for (torch::Tensor& p : net->parameters()) {
+            if (p.grad().defined()) p.mutable_grad().zero_();
+          }
+        };
+        contribute(me.reference);
+        AverageGradients(*me.reference_opt, comm);
+        me.reference_opt->step();
+        contribute(me.sharded);
+        AverageGroups(me.groups, comm);
+        me.sharded_state->TakeGradients();
+        if (survivor) me.sharded_opt->step();
+        const absl::Status caught = me.sharded_state->CatchUp(comm, survivor, deadline);
+        ASSERT_TRUE(caught.ok()) << where << ": " << caught;
+        ASSERT_TRUE(me.sharded_state->sharded()) << where;
+        // The catch-up's state transfer: the parameters, stepped, from a
+        // survivor.
+        for (torch::Tensor& p : me.sharded->parameters()) {
+          ASSERT_TRUE(
+              comm->Broadcast(p.data_ptr(), p.numel(), DataType::kFloat32, 0, deadline).ok());
+        }
+        me.sharded_state->ParametersTransferred();
+        ASSERT_TRUE(me.sharded_state->AtBoundary(comm, deadline).ok());
+        me.ExpectReferenceWhole(comm, where + ", after the salvaged step");
+        me.Steps(rank, 4, 3, comm, where);
+        me.ExpectReferenceWhole(comm, where + ", step 6");
       });
 }
 
@@ -910,6 +978,23 @@ TEST(OptimizerShardsStateTest, ANewWorldAgreesOnTheNewestLayoutAndWhoOfItLivesOn
                 EXPECT_EQ(agreed->generation, 0u);
                 EXPECT_EQ(agreed->whole_source, -1);
               }).ok());
+  // Survivors of a failed step (step 9 of generation 5) and a joiner that
+  // holds nothing: not one step, but the joiner is outside it. A rank
+  // outside it that holds shards makes no such world.
+  for (const bool joiner_holds : {false, true}) {
+    ASSERT_TRUE(RunCommWorld(3, "gloo", [&](int rank, Communicator* comm) {
+                  const bool joiner = rank == 2;
+                  auto agreed = AgreeOnShards(
+                      comm, rank, joiner && !joiner_holds ? 0 : 5,
+                      joiner ? (joiner_holds ? 2 : -1) : rank, joiner && !joiner_holds ? 0 : 3,
+                      absl::Now() + absl::Seconds(30), joiner ? -1 : 9, joiner ? 0 : 5);
+                  ASSERT_TRUE(agreed.ok()) << agreed.status();
+                  EXPECT_FALSE(agreed->one_step);
+                  const std::vector<bool> outside =
+                      joiner_holds ? std::vector<bool>() : std::vector<bool>({false, false, true});
+                  EXPECT_EQ(agreed->outside_step, outside);
+                }).ok());
+  }
   // Two ranks that claim one rank of the layout: refused on every rank.
   ASSERT_TRUE(RunCommWorld(2, "gloo", [&](int rank, Communicator* comm) {
                 (void)rank;

@@ -4,14 +4,15 @@
 //
 //   salvage_member --node-id ID (--steps N | --epochs N) [--dataset N]
 //                  [--batch N] [--accumulate N] [--salvage 0|1]
-//                  [--die-at-step K] [--leave-after-step K]
+//                  [--die-at-step K] [--die-once FILE] [--leave-after-step K]
 //                  [--record DIR] [--summary FILE] [--corrupt-at-step K]
 //                  [--checkpoint-dir D --checkpoint-every N]
 //                  [--check-state-every N] [--shard-optimizer 0|1]
 //                  [--corrupt-state-at-step K]
 //
 // --die-at-step K: SIGKILL itself after the forward pass of step K, while
-// the others are inside that step's all-reduce. --leave-after-step K: ask to
+// the others are inside that step's all-reduce. --die-once FILE: the same
+// in the first step that begins once FILE exists. --leave-after-step K: ask to
 // leave; the world goes on without this member from step K + 1.
 // --accumulate N: N micro-batches per step, the first N - 1 without sync.
 // --corrupt-at-step K: after the optimizer step of step K, add 1e-6 to one
@@ -125,6 +126,8 @@ int main(int argc, char** argv) {
   while (!d.ShouldStop()) {
     const int64_t epoch = d.epoch(), step = d.step() + 1;
     if (step == get("--leave-after-step", -1)) leave = true;
+    const bool die = step == get("--die-at-step", -1) ||
+                     (flag.count("--die-once") && std::ifstream(flag["--die-once"]).good());
     const std::vector<int64_t> batch = d.Batch();
     optimizer.zero_grad();
     for (int64_t m = 0; m < accumulate; ++m) {
@@ -132,7 +135,7 @@ int main(int argc, char** argv) {
       for (size_t k = static_cast<size_t>(m); k < batch.size(); k += accumulate) micro.push_back(batch[k]);
       auto [x, y] = Examples(micro);
       torch::Tensor loss = torch::mse_loss(model->forward(x), y, torch::Reduction::Sum);
-      if (step == get("--die-at-step", -1) && m + 1 == accumulate) ::raise(SIGKILL);
+      if (die && m + 1 == accumulate) ::raise(SIGKILL);
       d.BeforeBackward(/*sync=*/m + 1 == accumulate);
       loss.backward();
     }

@@ -105,6 +105,10 @@ class RecordingTrainer : public WorldChanges::Membership,
     if (source_counters) *counters = *source_counters;
     return absl::OkStatus();
   }
+  absl::Status CatchUpShards(Communicator*, bool stepped, absl::Time) override {
+    calls.push_back(stepped ? "CatchUpShards(stepped)" : "CatchUpShards");
+    return absl::OkStatus();
+  }
   void UseCommunicator(Communicator* c) override {
     calls.push_back(c == nullptr ? "UseCommunicator(null)" : "UseCommunicator");
   }
@@ -374,8 +378,9 @@ TEST_F(WorldChangesTest, AJoinerTakesTheSalvagedStepFromARankInIt) {
   // is due.
   EXPECT_EQ(trainer_.state_sources, (std::vector<int>{0, 0}));
   EXPECT_EQ(trainer_.state_in_step, (std::vector<bool>{false, false}));
-  const std::vector<std::string> tail(trainer_.calls.end() - 3, trainer_.calls.end());
-  EXPECT_EQ(tail, (std::vector<std::string>{"StepTakenByOthers", "TakeState", "ReportCounters"}));
+  const std::vector<std::string> tail(trainer_.calls.end() - 4, trainer_.calls.end());
+  EXPECT_EQ(tail, (std::vector<std::string>{"StepTakenByOthers", "CatchUpShards", "TakeState",
+                                            "ReportCounters"}));
   EXPECT_EQ(changes_->salvaged(), 0);  // the ranks in the step count it
 }
 

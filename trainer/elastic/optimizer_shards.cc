@@ -1372,6 +1372,27 @@ absl::Status OptimizerShards::MoveGroup(const std::vector<Group>& groups, int g,
   return absl::OkStatus();
 }
 
+namespace {
+
+// ShardWorld::outside_step from AgreeOnShards' words (`stride` a rank).
+std::vector<bool> OutsideTheStep(const int64_t* words, int size, int stride) {
+  const int64_t* in_step = nullptr;
+  for (int r = 0; r < size && in_step == nullptr; ++r) {
+    if (words[r * stride + 4] >= 0) in_step = words + r * stride;
+  }
+  if (in_step == nullptr) return {};
+  std::vector<bool> outside(static_cast<size_t>(size), false);
+  for (int r = 0; r < size; ++r) {
+    const int64_t* w = words + r * stride;
+    if (w[4] == in_step[4] && w[5] == in_step[5]) continue;
+    if (w[4] >= 0 || w[1] != 0 || w[2] != -1) return {};  // in another step, or holds state
+    outside[r] = true;
+  }
+  return outside;
+}
+
+}  // namespace
+
 absl::StatusOr<ShardWorld> AgreeOnShards(Communicator* comm, int node, uint64_t generation,
                                          int rank, int world, absl::Time deadline,
                                          int64_t failed_step, uint64_t failed_generation) {
@@ -1397,6 +1418,7 @@ absl::StatusOr<ShardWorld> AgreeOnShards(Communicator* comm, int node, uint64_t 
     if (words[r * kWords + 2] == kHoldsWholeState) continue;
     out.generation = std::max(out.generation, static_cast<uint64_t>(words[r * kWords + 1]));
   }
+  if (!out.one_step) out.outside_step = OutsideTheStep(words, size, static_cast<int>(kWords));
   int64_t layout_world = -1;
   for (int r = 0; r < size; ++r) {
     const int64_t* w = words + r * kWords;

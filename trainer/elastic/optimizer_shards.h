@@ -87,6 +87,12 @@ struct ShardWorld {
   // and generation), or none is: no rank takes a step or state another
   // does not, so the state can move straight into the new world's shards.
   bool one_step = true;
+  // Where not one_step: by rank, whether it is outside the failed step
+  // that every other rank is in, holding no state of any layout (a joiner
+  // meeting the survivors of that step, as a hot spare taking a dead
+  // rank's place). Empty where the ranks are in different steps, or a rank
+  // outside the step holds state.
+  std::vector<bool> outside_step;
 };
 
 // AgreeOnShards' `rank` for a rank that holds the whole state as of the

@@ -346,6 +346,11 @@ absl::Status Replica::TakeState(int source, Communicator* comm, bool in_step,
   return absl::OkStatus();
 }
 
+absl::Status Replica::CatchUpShards(Communicator* comm, bool stepped, absl::Time deadline) {
+  if (!sharded_) return absl::OkStatus();
+  return sharded_->CatchUp(comm, stepped, deadline);
+}
+
 void Replica::UseCommunicator(Communicator* comm) {
   comm_ = comm;
   for (auto& [key, sync] : syncs_) sync->SetCommunicator(comm);

@@ -167,6 +167,7 @@ class Replica : public WorldChanges::Tensors {
                           absl::Time deadline) override;
   absl::Status TakeState(int source, Communicator* comm, bool in_step,
                          TrainingCounters* counters, absl::Time deadline) override;
+  absl::Status CatchUpShards(Communicator* comm, bool stepped, absl::Time deadline) override;
   void UseCommunicator(Communicator* comm) override;
   absl::StatusOr<WorldChanges::ControlAverages> ResyncGradients(Communicator* comm,
                                                                 bool contribute,

@@ -4,6 +4,7 @@
 
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "trainer/comm/values.h"
 
 namespace muster {
 
@@ -67,8 +68,50 @@ absl::Status ShardedOptimizers::Gather(Communicator* comm, uint64_t generation, 
 }
 
 bool ShardedOptimizers::Straight(const ShardWorld& agreed, int world) const {
-  return agreed.generation != 0 && agreed.whole_source < 0 && agreed.one_step &&
-         !KeepsWhole(world);
+  if (agreed.generation == 0 || agreed.whole_source >= 0 || KeepsWhole(world)) return false;
+  return agreed.one_step || SteppersKeepEveryShard(agreed);
+}
+
+bool ShardedOptimizers::SteppersKeepEveryShard(const ShardWorld& agreed) const {
+  if (agreed.outside_step.size() != agreed.node_of_rank.size()) return false;
+  // Who keeps which shard does not depend on the groups' sizes.
+  const absl::StatusOr<ShardLayout> layout =
+      ShardLayout::Make({int64_t{0}}, agreed.node_of_rank, copies_);
+  if (!layout.ok()) return false;
+  for (int s = 0; s < layout->world(); ++s) {
+    bool stepped = false;
+    for (int holder : layout->Holders(s)) stepped = stepped || !agreed.outside_step[holder];
+    if (!stepped) return false;
+  }
+  return true;
+}
+
+absl::Status ShardedOptimizers::CatchUp(Communicator* comm, bool stepped, absl::Time deadline) {
+  if (shards_ == nullptr) return absl::OkStatus();
+  std::vector<int64_t> steppers(static_cast<size_t>(comm->size()), 0);
+  steppers[static_cast<size_t>(comm->rank())] = stepped ? 1 : 0;
+  MUSTER_RETURN_IF_ERROR(AllReduceValues(comm, steppers.data(), steppers.size(),
+                                         DataType::kInt64, ReduceOp::kSum, deadline));
+  // The same layout, its ranks outside the step counted as gone: each of
+  // their shards comes from a keeper that stepped it.
+  ShardWorld agreed;
+  agreed.node_of_rank = node_of_rank_;
+  agreed.generation = generation_;
+  for (int r = 0; r < comm->size(); ++r) {
+    agreed.alive.push_back(steppers[static_cast<size_t>(r)] > 0);
+    agreed.layout_rank.push_back(agreed.alive.back() ? r : -1);
+  }
+  if (!stepped) Release();  // its shards as they were before the step
+  MUSTER_ASSIGN_OR_RETURN(std::unique_ptr<OptimizerShards> moved,
+                          OptimizerShards::Redistribute(shards_.get(), optimizers_, agreed,
+                                                        copies_, comm, deadline));
+  shards_ = std::move(moved);
+  ++times_sharded_;
+  if (!stepped) {
+    MUSTER_LOG(INFO) << "optimizer state of the salvaged step taken into this rank's shards: "
+                     << shards_->StateElements() << " elements kept on this rank";
+  }
+  return absl::OkStatus();
 }
 
 absl::Status ShardedOptimizers::Shard(Communicator* comm) {

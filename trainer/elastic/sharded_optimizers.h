@@ -51,7 +51,9 @@ class ShardedOptimizers {
   // node index in it; `failed_step` (-1 for none) and `failed_generation`:
   // the step that failed under this rank. Where some rank holds shards of
   // the last layout, no rank holds it whole, every rank is in the same
-  // failed step or none is, and this world shards (not KeepsWhole), this
+  // failed step or none is (or the ranks outside it are joiners and each
+  // new shard has a keeper in it: CatchUp then brings the joiners the
+  // step), and this world shards (not KeepsWhole), this
   // world's shards straight from the last layout's
   // (OptimizerShards::Redistribute: each rank receives only what it keeps,
   // sharded() after). Otherwise the whole state on every rank, each range
@@ -61,6 +63,18 @@ class ShardedOptimizers {
   // then shards for this world whatever the optimizers hold).
   absl::Status Gather(Communicator* comm, uint64_t generation, int node, absl::Time deadline,
                       int64_t failed_step = -1, uint64_t failed_generation = 0);
+  // Collective over the world the shards are of, after a salvaged step
+  // that some of its ranks were outside of (`stepped` false: joiners that
+  // Gather moved straight to their shards, as they were before the step):
+  // each rank outside receives its shards' state as the step left it,
+  // from a keeper that took the step, and every rank that took it writes
+  // the stepped ranges into its parameters (OptimizerShards::
+  // Redistribute over the same layout); a rank outside takes them from
+  // the state transfer that follows (ParametersTransferred, before the
+  // boundary's AtBoundary). OK at once when the state is
+  // whole (the state transfer moves it). Errors: Redistribute's (a rank
+  // outside the step then holds no shards; the others keep theirs).
+  absl::Status CatchUp(Communicator* comm, bool stepped, absl::Time deadline);
   // After Gather (and the transfer): shards for `comm`'s world, unless
   // KeepsWhole for its size.
   absl::Status Shard(Communicator* comm);
@@ -135,6 +149,10 @@ class ShardedOptimizers {
  private:
   // Whether Gather goes straight to this world's shards (its comment).
   bool Straight(const ShardWorld& agreed, int world) const;
+  // Where the ranks outside a failed step are joiners
+  // (ShardWorld::outside_step): whether each shard of this world's layout
+  // has a keeper in the step, which steps it for the joiners (CatchUp).
+  bool SteppersKeepEveryShard(const ShardWorld& agreed) const;
 
   std::vector<torch::optim::Optimizer*> optimizers_;
   int copies_;

@@ -118,7 +118,7 @@ absl::Status WorldChanges::Salvage(Communicator* comm, const WorldInfo& world) {
   step.next = DecideAfterStep(averages, world.world_size, words, world_->told_to_leave());
   if (!in_step) {  // the step's counters and state come from a rank in it
     MUSTER_RETURN_IF_ERROR(trainer_->StepTakenByOthers(step.next));
-    return CatchUp(comm, plan.first_stepper);
+    return CatchUp(comm, plan.first_stepper, /*stepped=*/false);
   }
   step.contributed = claim.contributes;
   if (plan.steppers < world.world_size) step.catch_up_from = plan.first_stepper;
@@ -158,7 +158,8 @@ absl::Status WorldChanges::TakeSalvagedStep(const WorldInfo& world, const Salvag
 
 // After a salvaged step that some ranks were not in: every rank takes the
 // state of a rank that took the step (its optimizer has run by now).
-absl::Status WorldChanges::CatchUp(Communicator* comm, int source) {
+absl::Status WorldChanges::CatchUp(Communicator* comm, int source, bool stepped) {
+  MUSTER_RETURN_IF_ERROR(tensors_->CatchUpShards(comm, stepped, LongDeadline()));
   MUSTER_RETURN_IF_ERROR(
       tensors_->TakeState(source, comm, /*in_step=*/false, counters_, LongDeadline()));
   world_->ReportCounters(*counters_);

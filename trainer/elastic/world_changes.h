@@ -165,6 +165,12 @@ class WorldChanges {
     // communicator's, DATA_LOSS; `*counters` is then unchanged.
     virtual absl::Status TakeState(int source, Communicator* comm, bool in_step,
                                    TrainingCounters* counters, absl::Time deadline) = 0;
+    // Before TakeState's catch-up after a salvaged step that some ranks
+    // were outside of (`stepped` false on those): sharded optimizer state
+    // of the step moves to its keepers outside it (ShardedOptimizers::
+    // CatchUp); nothing where the state is whole. Errors: the
+    // communicator's.
+    virtual absl::Status CatchUpShards(Communicator* comm, bool stepped, absl::Time deadline) = 0;
     // Gradients are reduced over `comm` from now on; null while regrouping.
     virtual void UseCommunicator(Communicator* comm) = 0;
     // The failed step's gradients reduced again over `comm` (zeros unless
@@ -243,9 +249,11 @@ class WorldChanges {
   // Errors: Membership::Regroup's, which include those of entering.
   absl::Status Regroup(const std::string& why, bool broken);
 
-  // After a salvaged step that some ranks did not take: every rank of
-  // `comm` takes the state and counters of `source`. Errors: TakeState's.
-  absl::Status CatchUp(Communicator* comm, int source);
+  // After a salvaged step that some ranks did not take (`stepped`: this
+  // rank took it): every rank of `comm` takes the state and counters of
+  // `source`, sharded optimizer state from its keepers in the step.
+  // Errors: CatchUpShards' and TakeState's.
+  absl::Status CatchUp(Communicator* comm, int source, bool stepped);
 
   // This rank's control words now (step_policy.h): what it was asked, and
   // what the membership heard.

@@ -440,6 +440,14 @@ absl::Status Engine::BoundaryCollectives() {
   const auto regrouped = [&] {
     return life_.ended() || world_->world().generation != generation;
   };
+  // A salvaged step that some ranks (joiners) were outside of: they take
+  // it from the ranks in it, as they entered the world (WorldChanges::
+  // Salvage), before the gather that they then run at their own boundary.
+  if (const int source = life_.TakeCatchUp(); source >= 0) {
+    MUSTER_RETURN_IF_ERROR(
+        RegroupUnlessOk(changes_->CatchUp(world_->comm(), source, /*stepped=*/true)));
+    if (regrouped()) return absl::OkStatus();
+  }
   // Sharded optimizer state: each rank stepped its own parts.
   const bool sharded = replica_.ShardedNow();
   const absl::Time gather_start = clock_->Now();
@@ -447,10 +455,6 @@ absl::Status Engine::BoundaryCollectives() {
       RegroupUnlessOk(replica_.GatherParameters(world_->comm(), changes_->StepDeadline())));
   if (sharded) timeline_.Add(StepClock::Part::kGather, clock_->Now() - gather_start);
   if (regrouped()) return absl::OkStatus();
-  if (const int source = life_.TakeCatchUp(); source >= 0) {
-    MUSTER_RETURN_IF_ERROR(RegroupUnlessOk(changes_->CatchUp(world_->comm(), source)));
-    if (regrouped()) return absl::OkStatus();
-  }
   // After every pass of the step, before anything reads the state.
   MUSTER_RETURN_IF_ERROR(
       RegroupUnlessOk(replica_.SyncBuffers(world_->comm(), changes_->StepDeadline())));
