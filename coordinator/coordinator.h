@@ -30,6 +30,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -420,7 +421,8 @@ class Coordinator {
   void Pause(const std::string& reason, Actions* actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether `what` holds for a member of the current world (this very
   // incarnation of it).
-  bool AnyOfTheWorld(bool (*what)(const MemberInfo&)) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool AnyOfTheWorld(absl::FunctionRef<bool(const MemberInfo&)> what) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether a member of the live world finished: the world is ending.
   bool WorldFinishing() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether a member of the live world stopped with the job.

@@ -226,7 +226,7 @@ void Coordinator::Evaluate(bool urgent, bool abort, const std::string& reason,
   }
 }
 
-bool Coordinator::AnyOfTheWorld(bool (*what)(const MemberInfo&)) const {
+bool Coordinator::AnyOfTheWorld(absl::FunctionRef<bool(const MemberInfo&)> what) const {
   for (const Assignment& a : gen_.world().members) {
     const MemberInfo* m = membership_.Find(a.member.id);
     if (m != nullptr && m->key == a.member && what(*m)) return true;
@@ -252,12 +252,10 @@ void Coordinator::ForgetIfStopped(Actions* actions) {
   // of a world formed at the step the others stopped at) trains nothing:
   // it waits on, as in a paused job.
   const absl::flat_hash_set<absl::string_view> waiting = regroup_.waiters().MemberIds();
-  for (const Assignment& a : gen_.world().members) {
-    const MemberInfo* m = membership_.Find(a.member.id);
-    if (m != nullptr && m->key == a.member && IsAlive(m->state) &&
-        waiting.count(a.member.id) == 0) {
-      return;
-    }
+  if (AnyOfTheWorld([&](const MemberInfo& m) {
+        return IsAlive(m.state) && waiting.count(m.key.id) == 0;
+      })) {
+    return;
   }
   const std::shared_ptr<const World> stopped = gen_.Published();
   const uint64_t generation = gen_.generation();
