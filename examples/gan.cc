@@ -15,7 +15,8 @@
 // --shard-optimizer 1 shards both optimizers' state (Options::
 // shard_optimizer_state): the generator's pass, which reads the
 // discriminator its optimizer has just stepped, names its module before
-// that forward, so the stepped parts are gathered first.
+// that forward, so the stepped parts are gathered first, and the
+// optimizers come back whole after the loop, for the summary's digest.
 // --summary FILE writes the final state digest and the optimizer state
 // this rank held ({pid} in FILE is replaced);
 // --parameters FILE writes rank 0's final parameters (the generator's, then
@@ -102,6 +103,8 @@ int main(int argc, char** argv) {
   options.checkpoint_every = std::stoi(Get(flag, "--checkpoint-every", "0"));
   options.model_name = "fashion-gan";
   options.shard_optimizer_state = Get(flag, "--shard-optimizer", "0") == "1";
+  // The summary's digest reads the optimizers' state after the loop.
+  options.whole_optimizer_state_at_end = true;
   muster::State state;
   state.modules = {{"generator", gen.ptr().get()}, {"discriminator", disc.ptr().get()}};
   state.optimizers = {{"generator", &g_opt}, {"discriminator", &d_opt}};

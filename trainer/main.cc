@@ -249,6 +249,16 @@ std::string TimelineJson(const muster::StepTimeline& t) {
       t.after_backward_ms, t.optimizer_ms, t.boundary_ms, t.reduce_ms, t.gather_ms);
 }
 
+// The memory account's bytes, as "memory_<category>" fields.
+std::string MemoryJson(const muster::MemoryAccount& m) {
+  return absl::StrFormat(
+      "\"memory_parameters\": %d, \"memory_gradients\": %d, \"memory_optimizer_state\": %d, "
+      "\"memory_communication\": %d, \"memory_staging\": %d, \"memory_transfer\": %d, "
+      "\"memory_total\": %d",
+      m.parameters, m.gradients, m.optimizer_state, m.communication, m.staging, m.transfer,
+      m.total());
+}
+
 // --summary-json: this trainer's final figures, one file per trainer.
 void WriteSummary(const muster::Placement& place, const muster::TrainResult& r) {
   const std::string path = absl::StrReplaceAll(
@@ -261,13 +271,13 @@ void WriteSummary(const muster::Placement& place, const muster::TrainResult& r) 
       "\"test_loss\": %.4f, \"regroups\": %d, \"steps_salvaged\": %d, \"steps_dropped\": %d, "
       "\"step_ms_p50\": %.3f, \"step_ms_mean\": %.3f, \"step_ms_warmup\": %d, "
       "\"intra_op_threads\": %d, \"optimizer_state_elements\": %d, "
-      "\"parameter_checksum\": %.17g, \"last_gradient_norm\": %s, %s}\n",
+      "\"parameter_checksum\": %.17g, \"last_gradient_norm\": %s, %s, %s}\n",
       r.rank, r.world_size, r.steps, r.steps_per_second, r.samples_per_second,
       r.comm_overlap_pct, r.test_accuracy, r.test_loss, r.regroups, r.steps_salvaged,
       r.steps_dropped, r.step_ms_p50, r.step_ms_mean, r.step_ms_warmup, r.intra_op_threads,
       r.optimizer_state_elements, r.parameter_checksum,
       std::isnan(r.last_gradient_norm) ? "null" : absl::StrFormat("%.9g", r.last_gradient_norm),
-      TimelineJson(r.timeline));
+      TimelineJson(r.timeline), MemoryJson(r.memory));
 }
 
 int Run() {

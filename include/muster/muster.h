@@ -91,6 +91,7 @@
 #include "absl/status/statusor.h"
 #include "muster/backend.h"
 #include "muster/blob.h"
+#include "muster/memory_account.h"
 #include "muster/optimizer_codec.h"
 #include "muster/options.h"
 #include "muster/signals.h"
@@ -277,6 +278,11 @@ class Distributed {
   // torch::nn::utils::clip_grad_norm_ returns), the same on every rank. NaN
   // before the first pass, or without clipping.
   virtual double last_gradient_norm() const = 0;
+  // The bytes this rank held by category (muster/memory_account.h) after
+  // its last AfterBackward: the step at its fullest, the averaged
+  // gradients, the optimizer state and every buffer live. Zero before the
+  // first.
+  virtual MemoryAccount memory_account() const = 0;
   // XXH3-64 of the whole registered state (model, optimizer, extra tensors,
   // blobs) and the step and sample counters: equal on two ranks exactly
   // when they hold bit-identical state (what the library checks after every

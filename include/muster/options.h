@@ -131,11 +131,12 @@ struct Options {
   // state from the survivors in memory. The gradients are all-reduced as
   // without (so the numbers are the unsharded run's, bit for bit; see
   // reduce_scatter_gradients for one copy), and the
-  // state is whole on every rank for a moment where something reads it
-  // whole: a change of world, the end of training, the program's after a
-  // stop. A checkpoint, the stop's too, is written a file a rank, each its
-  // own part (the periodic state check compares each part's copies where
-  // they are kept).
+  // state is whole on every rank for a moment only where something reads
+  // it whole (a change of world that no copy survives; see
+  // whole_optimizer_state_at_end for the end of the run). A checkpoint, the
+  // stop's too, is written a file a rank, each its own part (the periodic
+  // state check compares each part's copies where they are kept), and a
+  // load reads only the parts the rank keeps.
   // Every optimizer must be one of LibTorch's with per-element state (SGD,
   // Adam, AdamW, RMSprop, Adagrad) over float32 parameters on one device;
   // Start refuses others (LBFGS, a program's own codec) with
@@ -161,6 +162,13 @@ struct Options {
   // of a job must use the same values.
   bool shard_optimizer_state = false;
   int optimizer_state_copies = 2;
+  // With shard_optimizer_state: at the end of training and after the
+  // checkpoint to stop, the program's optimizers are given back with the
+  // whole state on every rank (a moment of unsharded memory), so that it
+  // may read or save them. false (the default): they are given back with
+  // their own parameter lists and no state; the parameters are the
+  // trained ones on every rank, and the state is in the checkpoints.
+  bool whole_optimizer_state_at_end = false;
   // With shard_optimizer_state: while the state is sharded, a pass that
   // reduces every parameter the optimizers train reduce-scatters the
   // gradients instead of all-reducing them, so that each rank receives the

@@ -120,6 +120,17 @@ int WaitTrainers(const std::vector<pid_t>& trainers, long* peak_rss_kb) {  // NO
   return failures;
 }
 
+// A trainer's memory account (its summary's memory_* fields), in MB.
+std::string MemoryLine(const std::string& json) {
+  std::string line = "memory_account";
+  for (const char* category : {"parameters", "gradients", "optimizer_state", "communication",
+                               "staging", "transfer", "total"}) {
+    absl::StrAppendFormat(&line, " %s_mb=%.1f", category,
+                          Field(json, absl::StrCat("memory_", category)) / 1e6);
+  }
+  return line;
+}
+
 // `shard`: -1 the optimizer of the trainers' default (SGD); 0 AdamW; 1
 // AdamW with its state sharded (--shard-optimizer).
 int RunOnce(bool overlap, bool broadcast_buffers, int backward_calls = 1, int shard = -1) {
@@ -178,6 +189,8 @@ int RunOnce(bool overlap, bool broadcast_buffers, int backward_calls = 1, int sh
   }
   double steps_per_s = 1e30, overlap_pct = 0, accuracy = 0, state_elements = 0;
   std::string phases;  // rank 0's step timeline
+  std::string memory;  // the memory account of the rank that held the most
+  double most_held = -1;
   for (int i = 0; i < world; ++i) {
     std::ifstream in(absl::StrCat(dir, "/summary", i, ".json"));
     std::stringstream ss;
@@ -189,6 +202,10 @@ int RunOnce(bool overlap, bool broadcast_buffers, int backward_calls = 1, int sh
       phases = PhasesLine(ss.str());
     }
     state_elements = std::max(state_elements, Field(ss.str(), "optimizer_state_elements"));
+    if (Field(ss.str(), "memory_total") > most_held) {
+      most_held = Field(ss.str(), "memory_total");
+      memory = MemoryLine(ss.str());
+    }
   }
   std::cout << absl::StrFormat(
                    "train model=%s world=%d nodes=%d batch_per_rank=%d bucket_mb=%g overlap=%s "
@@ -208,6 +225,7 @@ int RunOnce(bool overlap, bool broadcast_buffers, int backward_calls = 1, int sh
                                             peak_rss_kb / 1024.0, steady_rss_mb))
             << std::endl
             << phases << std::endl;
+  if (shard >= 0) std::cout << memory << std::endl;
   std::system(("rm -rf " + dir).c_str());
   return 0;
 }

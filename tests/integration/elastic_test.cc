@@ -1538,6 +1538,15 @@ class ShardedStateResumeTest : public ShardedStateTest {
                                       Trainer(0, tag + "2", "n1", "hier", flags)};
     for (int i = 0; i < 3; ++i) {
       EXPECT_EQ(WaitExit(three[i]), 0) << ReadText(absl::StrCat(dir_, "/", tag, i, ".log"));
+      // Sharded, each rank read only the ranges it keeps from the files,
+      // never the whole state.
+      if (tag == "s") {
+        const std::string log = ReadText(absl::StrCat(dir_, "/", tag, i, ".log"));
+        EXPECT_TRUE(std::regex_search(
+            log, std::regex("optimizer state of the checkpoint of step [0-9]+ read into the shards of "
+                       "a world of 3")))
+            << log;
+      }
     }
     ::kill(coordinator_, SIGTERM);
     WaitExit(coordinator_);

@@ -221,6 +221,82 @@ TEST(GradientSyncTest, AScatterPlanLeavesEachRankTheAverageOfItsSegments) {
   }
 }
 
+// A plan whose buckets are given (views of one vector, as sharded
+// optimizer state's gradient vector: the last bucket's words in front of
+// its gradients) leaves each .grad a view of its slot in that vector,
+// holding the world's average, so that the gradients take no memory of
+// their own. A second backward into a launched bucket is refilled from the
+// .grad; a pass that begins with the .grad still views of the buckets
+// (nobody cleared them) adds to them without writing into a bucket on its
+// way; a salvage's Resync installs the same views.
+TEST(GradientSyncTest, GivenBucketsBecomeTheGradients) {
+  for (const std::string backend : {"gloo", "shm", "hier"}) {
+    const auto body = [&](int rank, Communicator* comm) {
+      std::vector<torch::Tensor> params = {torch::zeros({3}, torch::requires_grad()),
+                                           torch::zeros({4}, torch::requires_grad()),
+                                           torch::zeros({5}, torch::requires_grad())};
+      // Two buckets: p2 alone, then p0 and p1, the words in front of them.
+      const int64_t words = GradientSync::WordCount(2, 3);
+      const torch::Tensor vector = torch::zeros({words + 12});
+      std::vector<GradientSync::BucketPlan> plan = {{{2}, {}, false, vector.narrow(0, words + 7, 5)},
+                                                    {{0, 1}, {}, false, vector.narrow(0, 0, words + 7)}};
+      GradientSyncOptions o;
+      o.clock = RealClock::Get();
+      GradientSync sync(params, plan, comm, o);
+      ASSERT_TRUE(sync.views());
+      const std::vector<int64_t> at = {words, words + 3, words + 7};
+      std::vector<torch::Tensor> want(3);
+      for (int pass = 0; pass < 2; ++pass) {
+        sync.Begin(/*sync=*/true, {static_cast<float>(rank), 0, 0, 0});
+        // Element e of parameter i on rank r: (r + 1) * (10 * i + e + pass),
+        // twice for p2 (a second backward, after its bucket was launched).
+        std::vector<torch::Tensor> local;
+        torch::Tensor loss = torch::zeros({});
+        for (int i = 0; i < 3; ++i) {
+          local.push_back(
+              torch::arange(params[i].numel()).to(torch::kFloat32).add(10 * i + pass).mul(rank + 1));
+          loss = loss + (params[i] * local[i]).sum();
+        }
+        loss.backward();
+        (params[2] * local[2]).sum().backward();
+        local[2] = local[2] * 2;
+        ASSERT_TRUE(sync.Finish(absl::Now() + absl::Seconds(30)).ok());
+        EXPECT_EQ(sync.last_stats().refilled_buckets, 1);
+        EXPECT_FLOAT_EQ(sync.control()[0], 1.0f) << "the control words are averaged";
+        for (int i = 0; i < 3; ++i) {
+          // The world's average is (1 + 2 + 3) / 3 = 2 times rank 0's
+          // gradient, added to what the .grad held before the pass.
+          const torch::Tensor added = local[i] / (rank + 1) * 2;
+          want[i] = pass == 0 ? added : want[i] + added;
+          EXPECT_TRUE(torch::allclose(params[i].grad(), want[i]))
+              << backend << " rank " << rank << " pass " << pass << ": parameter " << i << ": "
+              << params[i].grad() << " against " << want[i];
+          EXPECT_EQ(params[i].grad().data_ptr<float>(), vector.data_ptr<float>() + at[i])
+              << backend << " rank " << rank << ": parameter " << i
+              << "'s .grad is not a view of its slot";
+        }
+      }
+      ASSERT_TRUE(sync.Resync(comm, /*contribute=*/true, /*contributors=*/3, {},
+                              absl::Now() + absl::Seconds(30))
+                      .ok());
+      for (int i = 0; i < 3; ++i) {
+        EXPECT_TRUE(torch::allclose(params[i].grad(), want[i]))
+            << backend << " rank " << rank << ": parameter " << i << " after Resync";
+        EXPECT_EQ(params[i].grad().data_ptr<float>(), vector.data_ptr<float>() + at[i]);
+      }
+      // An optimizer's zero_grad detaches each .grad in place, which an
+      // autograd view of the bucket would refuse.
+      torch::optim::SGD sgd(params, torch::optim::SGDOptions(0.1));
+      EXPECT_NO_THROW(sgd.zero_grad());
+    };
+    EXPECT_TRUE((backend == "hier"
+                     ? RunCommWorld({0, 0, 1}, backend, GradientCompression::kNone, body)
+                     : RunCommWorld(3, backend, body))
+                    .ok())
+        << backend;
+  }
+}
+
 // Every dtype a state may hold travels bit for bit from the root, including
 // sizes that are not a multiple of 8 bytes.
 TEST(BroadcastTensorsTest, EveryDtypeArrivesBitForBit) {

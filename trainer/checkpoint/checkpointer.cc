@@ -333,13 +333,21 @@ void RestoreRng(const std::string& hex, const std::string& path) {
 }  // namespace
 
 absl::StatusOr<CheckpointMeta> LoadCheckpoint(const std::vector<FileReport>& files,
-                                              const TrainingState& state, FileSystem* fs) {
+                                              const TrainingState& state, FileSystem* fs,
+                                              std::vector<ShardFileRef>* deferred) {
   std::map<std::string, SafetensorsFile> tensors;
   std::optional<CheckpointManifest> manifest;
   std::string manifest_path;
+  const bool whole_file = std::any_of(files.begin(), files.end(), [](const FileReport& f) {
+    return BaseName(f.path) == "optimizer.safetensors";
+  });
+  const bool defer = deferred != nullptr && !whole_file;
+  std::vector<ShardFileRef> shard_files;
   for (const FileReport& f : files) {
     MUSTER_ASSIGN_OR_RETURN(std::string bytes, ReadChecked(fs, f.path, f.xxh3, "the catalog"));
-    if (BaseName(f.path) == kManifestName) {
+    if (defer && IsShardFileName(BaseName(f.path))) {  // verified; read again where kept
+      shard_files.push_back({f.path, f.xxh3});
+    } else if (BaseName(f.path) == kManifestName) {
       MUSTER_ASSIGN_OR_RETURN(manifest, DecodeManifest(bytes, f.path));
       manifest_path = f.path;
     } else {
@@ -350,7 +358,7 @@ absl::StatusOr<CheckpointMeta> LoadCheckpoint(const std::vector<FileReport>& fil
   const std::string dir = manifest_path.substr(0, manifest_path.rfind('/'));
   // Sharded optimizer state (optimizer_shard_files.h): put together whole;
   // the next step shards it for the world that resumes.
-  if (tensors.count("optimizer.safetensors") == 0) {
+  if (shard_files.empty() && tensors.count("optimizer.safetensors") == 0) {
     absl::StatusOr<SafetensorsFile> whole = ConsolidateShards(tensors, dir);
     if (whole.ok()) {
       tensors["optimizer.safetensors"] = *std::move(whole);
@@ -358,7 +366,8 @@ absl::StatusOr<CheckpointMeta> LoadCheckpoint(const std::vector<FileReport>& fil
       return whole.status();
     }
   }
-  std::vector<std::string> wanted = {"model.safetensors", "optimizer.safetensors"};
+  std::vector<std::string> wanted = {"model.safetensors"};
+  if (shard_files.empty()) wanted.push_back("optimizer.safetensors");
   if (state.has_extra()) wanted.push_back("extra.safetensors");
   for (const std::string& key : wanted) {
     if (tensors.count(key) == 0) return absl::DataLossError(absl::StrCat("checkpoint has no ", key));
@@ -372,9 +381,12 @@ absl::StatusOr<CheckpointMeta> LoadCheckpoint(const std::vector<FileReport>& fil
                             Find(tensors["model.safetensors"], dir + "/model.safetensors", name, t));
     copies.emplace_back(d, t);
   }
-  MUSTER_ASSIGN_OR_RETURN(std::vector<PlannedState> optimizer_states,
-                          PlanOptimizer(state, tensors["optimizer.safetensors"],
-                                        dir + "/optimizer.safetensors"));
+  std::vector<PlannedState> optimizer_states;
+  if (shard_files.empty()) {
+    MUSTER_ASSIGN_OR_RETURN(optimizer_states,
+                            PlanOptimizer(state, tensors["optimizer.safetensors"],
+                                          dir + "/optimizer.safetensors"));
+  }
   std::map<std::string, std::string> blobs;
   if (state.has_extra()) {
     const SafetensorsFile& e = tensors["extra.safetensors"];
@@ -398,7 +410,26 @@ absl::StatusOr<CheckpointMeta> LoadCheckpoint(const std::vector<FileReport>& fil
   }
   MUSTER_RETURN_IF_ERROR(state.LoadBlobs(blobs));
   RestoreRng(meta.rng_state, manifest_path);
+  if (deferred != nullptr) *deferred = std::move(shard_files);
   return meta;
+}
+
+absl::Status LoadOptimizerFromShards(const std::vector<ShardFileRef>& files,
+                                     const TrainingState& state, FileSystem* fs) {
+  if (files.empty()) return absl::NotFoundError("no optimizer shard file");
+  std::map<std::string, SafetensorsFile> tensors;
+  for (const ShardFileRef& f : files) {
+    MUSTER_ASSIGN_OR_RETURN(std::string bytes, ReadChecked(fs, f.path, f.xxh3, "the catalog"));
+    MUSTER_ASSIGN_OR_RETURN(tensors[BaseName(f.path)], ParseSafetensors(std::move(bytes), f.path));
+  }
+  const std::string dir = files[0].path.substr(0, files[0].path.rfind('/'));
+  MUSTER_ASSIGN_OR_RETURN(SafetensorsFile whole, ConsolidateShards(tensors, dir));
+  tensors.clear();
+  MUSTER_ASSIGN_OR_RETURN(std::vector<PlannedState> planned,
+                          PlanOptimizer(state, whole, dir + "/optimizer.safetensors"));
+  torch::NoGradGuard no_grad;
+  for (PlannedState& p : planned) PutOptimizerState(*p.optimizer, p.param, std::move(p.state));
+  return absl::OkStatus();
 }
 
 }  // namespace muster

@@ -40,6 +40,7 @@
 #include "common/clock.h"
 #include "common/file_system.h"
 #include "trainer/checkpoint/device_copy.h"
+#include "trainer/checkpoint/optimizer_shard_files.h"
 #include "trainer/checkpoint/training_state.h"
 
 namespace muster {
@@ -87,6 +88,9 @@ class Checkpointer {
   // the pending snapshot's copies (the host does not block). Cheap otherwise.
   void BeforeUpdate();
 
+  // The bytes of the host copy checkpoints are written from: kept, once
+  // made, for the next checkpoint. Training thread.
+  int64_t staged_bytes() const { return static_cast<int64_t>(arena_capacity_); }
   // The directory of step `step`.
   std::string StepDir(int64_t step) const;
   const TrainingState& state() const { return state_; }
@@ -142,9 +146,21 @@ class Checkpointer {
 // header, missing tensor, shape or dtype mismatch, a blob its load rejects),
 // NOT_FOUND for a missing file. Every tensor is checked before any is
 // changed; blobs are loaded last, after every tensor was written.
+// `deferred` non-null: where the optimizer state was written sharded (shard
+// files, no optimizer.safetensors), it is left out of the load (the shard
+// files are verified against their checksums one at a time, not kept) and
+// the shard files are put in `*deferred`, for LoadOptimizerFromShards or a
+// sharded load (OptimizerShards::Load).
 absl::StatusOr<CheckpointMeta> LoadCheckpoint(const std::vector<FileReport>& files,
                                               const TrainingState& state,
-                                              FileSystem* fs = DefaultFileSystem());
+                                              FileSystem* fs = DefaultFileSystem(),
+                                              std::vector<ShardFileRef>* deferred = nullptr);
+
+// The optimizer state of `state` from a checkpoint's shard files, put
+// together whole (ConsolidateShards) and loaded as LoadCheckpoint loads an
+// unsharded file. Errors: as LoadCheckpoint's.
+absl::Status LoadOptimizerFromShards(const std::vector<ShardFileRef>& files,
+                                     const TrainingState& state, FileSystem* fs);
 
 }  // namespace muster
 

@@ -110,41 +110,53 @@ absl::StatusOr<ReadShard> ReadShardFile(const SafetensorsFile& file, const std::
   return out;
 }
 
-// The groups of every shard must name the same parameters and sizes, and
-// their ranges must tile each group in shard order.
-absl::Status CheckTiling(const std::vector<ReadShard>& shards) {
-  const ReadShard& first = shards[0];
-  for (const ReadShard& s : shards) {
-    if (s.groups.size() != first.groups.size()) {
-      return absl::DataLossError(absl::StrCat(s.path, ": ", s.groups.size(), " groups where ",
-                                              first.path, " has ", first.groups.size()));
-    }
+// Whether shard `s`'s groups name the parameters and sizes `first`'s do,
+// and each of its ranges begins where the shards before it ended (`next`,
+// by group, advanced to its ends).
+absl::Status CheckFollows(const ReadShard& first, const ReadShard& s, std::vector<int64_t>* next) {
+  if (s.groups.size() != first.groups.size()) {
+    return absl::DataLossError(absl::StrCat(s.path, ": ", s.groups.size(), " groups where ",
+                                            first.path, " has ", first.groups.size()));
   }
+  next->resize(first.groups.size(), 0);
   for (size_t g = 0; g < first.groups.size(); ++g) {
-    int64_t next = 0;
+    const ShardFileGroup& group = s.groups[g];
+    bool same = group.elements == first.groups[g].elements &&
+                group.params.size() == first.groups[g].params.size();
+    for (size_t i = 0; same && i < group.params.size(); ++i) {
+      same = group.params[i].name == first.groups[g].params[i].name &&
+             group.params[i].shape == first.groups[g].params[i].shape;
+    }
+    if (!same || group.begin != (*next)[g] || group.end < group.begin) {
+      return absl::DataLossError(absl::StrCat(s.path, ": group ", g, "'s layout (range ",
+                                              group.begin, "-", group.end,
+                                              ") does not follow the other shards'"));
+    }
+    (*next)[g] = group.end;
+  }
+  return absl::OkStatus();
+}
+
+// Whether the ranges `next` reached (CheckFollows over every shard) cover
+// each group of `first`, whose parameters' elements they must be.
+absl::Status CheckCovered(const ReadShard& first, const std::vector<int64_t>& next) {
+  for (size_t g = 0; g < first.groups.size(); ++g) {
     uint64_t params = 0;
     for (const ShardFileParam& p : first.groups[g].params) params += Elements(p.shape);
-    for (const ReadShard& s : shards) {
-      const ShardFileGroup& group = s.groups[g];
-      bool same = group.elements == first.groups[g].elements &&
-                  group.params.size() == first.groups[g].params.size();
-      for (size_t i = 0; same && i < group.params.size(); ++i) {
-        same = group.params[i].name == first.groups[g].params[i].name &&
-               group.params[i].shape == first.groups[g].params[i].shape;
-      }
-      if (!same || group.begin != next || group.end < group.begin) {
-        return absl::DataLossError(absl::StrCat(s.path, ": group ", g, "'s layout (range ",
-                                                group.begin, "-", group.end,
-                                                ") does not follow the other shards'"));
-      }
-      next = group.end;
-    }
-    if (next != first.groups[g].elements || params != static_cast<uint64_t>(next)) {
-      return absl::DataLossError(absl::StrCat(first.path, ": the shards cover ", next, " of group ",
-                                              g, "'s ", params, " elements"));
+    if (next[g] != first.groups[g].elements || params != static_cast<uint64_t>(next[g])) {
+      return absl::DataLossError(absl::StrCat(first.path, ": the shards cover ", next[g],
+                                              " of group ", g, "'s ", params, " elements"));
     }
   }
   return absl::OkStatus();
+}
+
+// The groups of every shard must name the same parameters and sizes, and
+// their ranges must tile each group in shard order.
+absl::Status CheckTiling(const std::vector<ReadShard>& shards) {
+  std::vector<int64_t> next;
+  for (const ReadShard& s : shards) MUSTER_RETURN_IF_ERROR(CheckFollows(shards[0], s, &next));
+  return CheckCovered(shards[0], next);
 }
 
 // The bytes of `count` elements from element `from` of group `g`'s field
@@ -271,6 +283,46 @@ absl::StatusOr<SafetensorsFile> ConsolidateShards(
   MUSTER_ASSIGN_OR_RETURN(std::string bytes, SafetensorsPrefix(refs, {}));
   bytes += data;
   return ParseSafetensors(std::move(bytes), dir + "/" + kOptimizerFile);
+}
+
+absl::Status VisitShardFiles(FileSystem* fs, const std::vector<ShardFileRef>& files,
+                             const ShardFileVisitor& visit) {
+  std::map<int, const ShardFileRef*> by_shard;
+  int world = 0;
+  std::string dir;
+  for (const ShardFileRef& f : files) {
+    int shard = 0, w = 0;
+    const size_t slash = f.path.rfind('/');
+    if (!ParseShardFileName(f.path.substr(slash + 1), &shard, &w)) continue;
+    if (world != 0 && w != world) {
+      return absl::DataLossError(
+          absl::StrCat(f.path, ": shard files of worlds of ", world, " and ", w));
+    }
+    world = w;
+    dir = f.path.substr(0, slash == std::string::npos ? 0 : slash);
+    by_shard[shard] = &f;
+  }
+  if (world == 0) return absl::NotFoundError("no optimizer shard file");
+  ReadShard first;  // its groups without their fields' data
+  std::vector<int64_t> next;
+  for (int r = 0; r < world; ++r) {
+    auto it = by_shard.find(r);
+    if (it == by_shard.end()) {
+      return absl::DataLossError(absl::StrCat(dir, ": ", ShardFileName(r, world), " is missing"));
+    }
+    const std::string& path = it->second->path;
+    MUSTER_ASSIGN_OR_RETURN(std::string bytes,
+                            ReadChecked(fs, path, it->second->xxh3, "the catalog"));
+    MUSTER_ASSIGN_OR_RETURN(SafetensorsFile file, ParseSafetensors(std::move(bytes), path));
+    MUSTER_ASSIGN_OR_RETURN(ReadShard s, ReadShardFile(file, path, r, world));
+    if (r == 0) {
+      first = s;
+      for (ShardFileGroup& g : first.groups) g.fields.clear();
+    }
+    MUSTER_RETURN_IF_ERROR(CheckFollows(first, s, &next));
+    MUSTER_RETURN_IF_ERROR(visit(path, s.groups));
+  }
+  return CheckCovered(first, next);
 }
 
 absl::StatusOr<std::string> ConsolidateCheckpointDir(FileSystem* fs, const std::string& dir) {

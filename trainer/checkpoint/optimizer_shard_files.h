@@ -18,6 +18,7 @@
 #define MUSTER_TRAINER_CHECKPOINT_OPTIMIZER_SHARD_FILES_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -70,6 +71,27 @@ absl::StatusOr<WrittenFile> WriteShardFile(FileSystem* fs, const std::string& pa
 // missing or of the wrong size. NOT_FOUND when there is no shard file.
 absl::StatusOr<SafetensorsFile> ConsolidateShards(
     const std::map<std::string, SafetensorsFile>& files, const std::string& dir);
+
+// A shard file as a checkpoint's catalog names it, with its XXH3-64.
+struct ShardFileRef {
+  std::string path;
+  std::string xxh3;
+};
+
+// One shard file's groups (fields' data into the file, valid during the
+// call) and its path.
+using ShardFileVisitor =
+    std::function<absl::Status(const std::string& path, const std::vector<ShardFileGroup>&)>;
+
+// The shard files of one checkpoint (`files`; other names are ignored)
+// read one at a time, in shard order, each checked against its checksum
+// and its layout against the shards before it as ConsolidateShards checks
+// them, and handed to `visit`: a load that keeps some ranges holds one
+// file, not the whole state. Errors: ConsolidateShards' DATA_LOSS (the
+// ranges' cover is checked after the last file, so a visitor builds
+// aside), NOT_FOUND for no shard file, `visit`'s, the file system's.
+absl::Status VisitShardFiles(FileSystem* fs, const std::vector<ShardFileRef>& files,
+                             const ShardFileVisitor& visit);
 
 // Writes the consolidated file of the checkpoint directory `dir` (its
 // manifest's shard files, checked against the manifest's checksums) to

@@ -136,6 +136,14 @@ absl::StatusOr<std::string> DtypeName(torch::ScalarType t) {
   }
 }
 
+absl::StatusOr<torch::ScalarType> DtypeFromName(const std::string& name) {
+  for (torch::ScalarType t : {torch::kFloat32, torch::kFloat64, torch::kFloat16, torch::kBFloat16,
+                              torch::kInt64, torch::kInt32, torch::kUInt8, torch::kBool}) {
+    if (DtypeName(t).value() == name) return t;
+  }
+  return absl::InvalidArgumentError(absl::StrCat("unsupported dtype ", name));
+}
+
 absl::StatusOr<std::string> EncodeSafetensors(const NamedTensors& tensors,
                                               const std::map<std::string, std::string>& metadata) {
   torch::NoGradGuard no_grad;

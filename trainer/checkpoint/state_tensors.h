@@ -55,6 +55,9 @@ absl::Status LoadOptimizerTensors(const NamedTensors& params, torch::optim::Opti
 // Errors: INVALID_ARGUMENT for a dtype safetensors files here do not hold.
 absl::StatusOr<std::string> DtypeName(torch::ScalarType t);
 
+// DtypeName's inverse. INVALID_ARGUMENT naming a dtype it does not give.
+absl::StatusOr<torch::ScalarType> DtypeFromName(const std::string& name);
+
 // `tensors` (copied to the CPU as needed) as one safetensors file in memory.
 // Errors: as DtypeName.
 absl::StatusOr<std::string> EncodeSafetensors(const NamedTensors& tensors,

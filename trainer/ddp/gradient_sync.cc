@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/clock.h"
 #include "common/status_macros.h"
+#include "trainer/ddp/storage_alias.h"
 
 namespace muster {
 std::vector<GradientSync::BucketPlan> GradientSync::DefaultPlan(
@@ -39,6 +40,7 @@ GradientSync::GradientSync(std::vector<torch::Tensor> params, std::vector<Bucket
     : params_(std::move(params)),
       scatter_(!plan.empty() && !plan.front().scatter.empty()),
       columns_(scatter_ && plan.front().columns),
+      views_(!plan.empty() && plan.front().buffer.defined()),
       options_(options),
       comm_(comm) {
   bucket_of_.resize(params_.size());
@@ -46,6 +48,7 @@ GradientSync::GradientSync(std::vector<torch::Tensor> params, std::vector<Bucket
   for (BucketPlan& p : plan) {
     Bucket& b = buckets_.emplace_back();
     b.scatter = std::move(p.scatter);
+    b.buffer = std::move(p.buffer);
     int64_t at = 0;
     for (size_t k : p.params) {
       bucket_of_[k] = buckets_.size() - 1;
@@ -59,6 +62,12 @@ GradientSync::GradientSync(std::vector<torch::Tensor> params, std::vector<Bucket
     Bucket& b = buckets_[i];
     for (size_t k : b.params) b.elements += params_[k].numel();
     if (i + 1 == buckets_.size()) b.elements += words();  // the words ride in the last bucket
+    for (int64_t& offset : b.offsets) offset += gradients_begin(i);
+    TORCH_CHECK(b.buffer.defined() == views_ &&
+                    (!views_ || (b.buffer.numel() == b.elements && b.buffer.is_contiguous() &&
+                                 b.buffer.scalar_type() == torch::kFloat32)),
+                "GradientSync: bucket ", i, " of a plan with given buffers needs a contiguous "
+                "float32 buffer of ", b.elements, " elements");
   }
   hooks_.reserve(params_.size());
   for (size_t k = 0; k < params_.size(); ++k) {
@@ -79,9 +88,28 @@ void GradientSync::MakeBuffers() {
   }
 }
 
+void GradientSync::ReleaseBuffers() {
+  if (views_) return;
+  for (Bucket& b : buckets_) b.buffer = torch::Tensor();
+}
+
+std::vector<torch::Tensor> GradientSync::buffers() const {
+  std::vector<torch::Tensor> out;
+  for (const Bucket& b : buckets_) {
+    if (b.buffer.defined()) out.push_back(b.buffer);
+  }
+  return out;
+}
+
 torch::Tensor GradientSync::bucket_gradients(size_t i) const {
   const torch::Tensor& buffer = buckets_[i].buffer;
-  return buffer.narrow(0, 0, buffer.numel() - (i + 1 == buckets_.size() ? words() : 0));
+  const int64_t words = i + 1 == buckets_.size() ? this->words() : 0;
+  return buffer.narrow(0, gradients_begin(i), buffer.numel() - words);
+}
+
+torch::Tensor GradientSync::WordsView() const {
+  const torch::Tensor& last = buckets_.back().buffer;
+  return last.narrow(0, views_ ? 0 : last.numel() - words(), words());
 }
 
 GradientSync::~GradientSync() {
@@ -103,22 +131,21 @@ void GradientSync::SetCommunicator(Communicator* comm) {
 
 void GradientSync::SetControl(const std::array<float, kControlWords>& control) {
   if (buckets_.empty()) return;
-  torch::Tensor& last = buckets_.back().buffer;
+  torch::Tensor words = WordsView();
   for (int i = 0; i < kControlWords; ++i) {
-    last.narrow(0, last.numel() - kControlWords + i, 1).fill_(control[i]);
+    words.narrow(0, words.numel() - kControlWords + i, 1).fill_(control[i]);
   }
 }
 
 void GradientSync::SetFlags(bool from_buckets, const std::vector<char>& used) {
   if (buckets_.empty()) return;
-  torch::Tensor& last = buckets_.back().buffer;
-  const int64_t first = last.numel() - words();
   std::vector<float> flags(buckets_.size() + params_.size(), 0.0f);
   if (from_buckets) {
     for (size_t i = 0; i < buckets_.size(); ++i) flags[i] = buckets_[i].refill ? 1.0f : 0.0f;
   }
   for (size_t k = 0; k < params_.size(); ++k) flags[buckets_.size() + k] = used[k] ? 1.0f : 0.0f;
-  last.narrow(0, first, static_cast<int64_t>(flags.size()))
+  WordsView()
+      .narrow(0, 0, static_cast<int64_t>(flags.size()))
       .copy_(torch::from_blob(flags.data(), {static_cast<int64_t>(flags.size())},
                               torch::kFloat32));
 }
@@ -169,6 +196,13 @@ void GradientSync::OnGradient(size_t k, const torch::Tensor& grad) {
   }
   torch::NoGradGuard no_grad;
   torch::Tensor slot = b.buffer.narrow(0, b.offsets[slot_of_[k]], params_[k].numel());
+  // Given buffers: a .grad that is still a view of the bucket (a later
+  // pass of the step over this sync) becomes a tensor of its own, so that
+  // autograd, which adds this gradient to it after the hook, does not
+  // write into a buffer on its way to the other ranks.
+  if (views_ && params_[k].grad().defined() && params_[k].grad().is_alias_of(b.buffer)) {
+    params_[k].mutable_grad() = params_[k].grad().clone();
+  }
   slot.copy_(grad.reshape({-1}));
   // What .grad holds already is part of the sum: gradients accumulated by
   // earlier no-sync steps, and an earlier backward of this pass.
@@ -227,22 +261,21 @@ void GradientSync::CommLoop() {
 absl::Status GradientSync::ReduceBucket(Communicator* comm, size_t i, ReduceOp op,
                                         absl::Time deadline, bool scatter) {
   const torch::Tensor& buffer = buckets_[i].buffer;
-  const int64_t words = i + 1 == buckets_.size() ? this->words() : 0;
-  const int64_t gradients = buffer.numel() - words;
+  const bool last = i + 1 == buckets_.size();
+  const torch::Tensor gradients = bucket_gradients(i);
   if (scatter) {
-    if (gradients > 0) {
-      MUSTER_RETURN_IF_ERROR(ReduceScatterGradientTensor(
-          comm, buffer.narrow(0, 0, gradients), buckets_[i].scatter, op, deadline, columns_));
+    if (gradients.numel() > 0) {
+      MUSTER_RETURN_IF_ERROR(ReduceScatterGradientTensor(comm, gradients, buckets_[i].scatter,
+                                                         op, deadline, columns_));
     }
-    if (words == 0) return absl::OkStatus();
-    return AllReduceTensor(comm, buffer.narrow(0, gradients, words), op, deadline);
+    if (!last) return absl::OkStatus();
+    return AllReduceTensor(comm, WordsView(), op, deadline);
   }
-  if (words == 0 || comm->gradient_wire() == DataType::kFloat32) {
+  if (!last || comm->gradient_wire() == DataType::kFloat32) {
     return AllReduceGradientTensor(comm, buffer, op, deadline);
   }
-  MUSTER_RETURN_IF_ERROR(
-      AllReduceGradientTensor(comm, buffer.narrow(0, 0, gradients), op, deadline));
-  return AllReduceTensor(comm, buffer.narrow(0, gradients, words), op, deadline);
+  MUSTER_RETURN_IF_ERROR(AllReduceGradientTensor(comm, gradients, op, deadline));
+  return AllReduceTensor(comm, WordsView(), op, deadline);
 }
 
 absl::Status GradientSync::Finish(absl::Time deadline, const std::function<void()>& turn) {
@@ -316,8 +349,7 @@ absl::Status GradientSync::Finish(absl::Time deadline, const std::function<void(
 
 std::vector<float> GradientSync::ReadWords() const {
   if (buckets_.empty()) return {};
-  const torch::Tensor& last = buckets_.back().buffer;
-  const torch::Tensor host = last.narrow(0, last.numel() - words(), words()).to(torch::kCPU);
+  const torch::Tensor host = WordsView().to(torch::kCPU);
   const float* w = host.data_ptr<float>();
   return std::vector<float>(w, w + host.numel());
 }
@@ -362,6 +394,11 @@ void GradientSync::Install(const std::vector<float>& words, bool grads) {
       // it, so that the optimizer skips it rather than step it with zeros.
       if (words[used_at + b.params[j]] <= 0) continue;
       torch::Tensor& p = params_[b.params[j]];
+      if (views_) {
+        // The slot is the gradient: whatever backward made is let go.
+        p.mutable_grad() = AliasOf(b.buffer, b.offsets[j], p.sizes());
+        continue;
+      }
       torch::Tensor slot = b.buffer.narrow(0, b.offsets[j], p.numel()).view(p.sizes());
       if (p.grad().defined()) {
         p.mutable_grad().copy_(slot);
@@ -399,12 +436,8 @@ absl::Status GradientSync::Resync(Communicator* comm, bool contribute, int contr
                                         deadline, /*scatter=*/false));
   }
   if (!all && !buckets_.empty()) {
-    for (size_t i = 0; i < buckets_.size(); ++i) {
-      torch::Tensor& buffer = buckets_[i].buffer;
-      const int64_t words = i + 1 == buckets_.size() ? this->words() : 0;
-      buffer.narrow(0, 0, buffer.numel() - words).div_(contributors);
-      buffer.narrow(0, buffer.numel() - words, words).div_(comm->size());
-    }
+    for (size_t i = 0; i < buckets_.size(); ++i) bucket_gradients(i).div_(contributors);
+    WordsView().div_(comm->size());
   }
   Install(ReadWords(), /*grads=*/true);
   return absl::OkStatus();

@@ -117,7 +117,20 @@ class GradientSync {
     std::vector<size_t> params;
     std::vector<size_t> scatter;
     bool columns = false;
+    // Where the bucket's gradients live, or undefined: the sync makes the
+    // buffer. Given (for every bucket of a plan, or none): a flat float32
+    // view into storage the caller keeps, its parameters' gradients one
+    // after the other in plan order, and in the last bucket its
+    // WordCount() words in front of them. After a step each .grad is then
+    // a view of its slot, not a copy (as DDP's gradient_as_bucket_view):
+    // the gradients take the buckets' memory and no more.
+    torch::Tensor buffer = torch::Tensor();
   };
+  // The words the last bucket carries besides its gradients, for a plan of
+  // `buckets` over `params` parameters.
+  static int64_t WordCount(size_t buckets, size_t params) {
+    return static_cast<int64_t>(buckets + params) + kControlWords;
+  }
   // A sync whose buckets are `plan`'s, launched in that order; every
   // parameter is in exactly one. With scatter segments (sharded optimizer
   // state, Options::reduce_scatter_gradients) a step reduce-scatters each
@@ -176,6 +189,15 @@ class GradientSync {
   torch::Tensor bucket_gradients(size_t i) const;
   // The parameters it reduces, as given.
   const std::vector<torch::Tensor>& params() const { return params_; }
+  // Whether its buckets are the caller's storage (BucketPlan::buffer).
+  bool views() const { return views_; }
+  // Drops the buffers it made (MakeBuffers makes them again at the next
+  // reduction): for a sync that another takes the place of while the
+  // state is sharded. Only between steps; not for given buffers.
+  void ReleaseBuffers();
+  // The buffers it holds now (given ones included; none before the first
+  // reduction and after ReleaseBuffers).
+  std::vector<torch::Tensor> buffers() const;
 
  private:
   struct Bucket {
@@ -195,9 +217,15 @@ class GradientSync {
   // The words after the last bucket's gradients: a refill flag per bucket,
   // a flag per parameter (it has a gradient on the rank), then the control
   // words.
-  int64_t words() const {
-    return static_cast<int64_t>(buckets_.size() + params_.size()) + kControlWords;
+  int64_t words() const { return WordCount(buckets_.size(), params_.size()); }
+  // Where bucket `i`'s gradients begin in its buffer: after the words in
+  // the last bucket of given buffers, else at its start.
+  int64_t gradients_begin(size_t i) const {
+    return views_ && i + 1 == buckets_.size() ? words() : 0;
   }
+  // The last bucket's words: behind its gradients, or in front of them in
+  // given buffers.
+  torch::Tensor WordsView() const;
 
   void OnGradient(size_t param, const torch::Tensor& grad);
   void SetControl(const std::array<float, kControlWords>& control);
@@ -244,6 +272,7 @@ class GradientSync {
   std::vector<Bucket> buckets_;
   bool scatter_ = false;  // the plan's buckets reduce-scatter in a step
   bool columns_ = false;  // ... keeping the segments of this rank's column
+  bool views_ = false;    // the plan gave the buffers (BucketPlan::buffer)
   GradientSyncOptions options_;
   StepCommStats stats_;
   std::array<float, kControlWords> control_{};

@@ -60,13 +60,14 @@ CatalogCheckpointer::CatalogCheckpointer(CatalogCheckpointerOptions options, Tra
       clock_(options_.clock),
       last_(clock_->Now()) {}
 
-absl::StatusOr<CheckpointMeta> CatalogCheckpointer::Resume(CoordinatorClient* client) {
+absl::StatusOr<CheckpointMeta> CatalogCheckpointer::Resume(CoordinatorClient* client,
+                                                           std::vector<ShardFileRef>* deferred) {
   MUSTER_ASSIGN_OR_RETURN(std::vector<CatalogEntry> committed,
                           client->ListCommitted(CallDeadline(clock_, absl::Seconds(60))));
   for (const CatalogEntry& entry : committed) {
     std::vector<FileReport> files;
     for (const CatalogFile& f : entry.files) files.push_back({f.path, f.bytes, f.xxh3});
-    absl::StatusOr<CheckpointMeta> meta = LoadCheckpoint(files, checkpointer_.state(), fs_);
+    absl::StatusOr<CheckpointMeta> meta = LoadCheckpoint(files, checkpointer_.state(), fs_, deferred);
     if (meta.ok()) {
       outcome_->Committed(meta->step);
       return meta;

@@ -55,7 +55,11 @@ class CatalogCheckpointer {
 
   // The newest committed checkpoint that verifies, loaded into the state;
   // nullopt-like NOT_FOUND when there is none. Errors: the catalog's.
-  absl::StatusOr<CheckpointMeta> Resume(CoordinatorClient* client);
+  // `deferred`: as LoadCheckpoint's (the optimizer state of a checkpoint
+  // written sharded is left to the caller).
+  absl::StatusOr<CheckpointMeta> Resume(CoordinatorClient* client,
+                                        std::vector<ShardFileRef>* deferred = nullptr);
+  FileSystem* fs() const { return fs_; }
   // Whether the step schedule (every_steps) asks for a checkpoint after
   // `step`: the same on every rank.
   bool DueAtStep(int64_t step) const;
@@ -102,6 +106,8 @@ class CatalogCheckpointer {
   absl::Status Wait();
   // Before an optimizer update (Checkpointer::BeforeUpdate).
   void BeforeUpdate() { checkpointer_.BeforeUpdate(); }
+  // Checkpointer::staged_bytes.
+  int64_t staged_bytes() const { return checkpointer_.staged_bytes(); }
   // Checkpoints this rank wrote and reported (rank 0).
   int committed() const;
   // The newest step this process knows to be committed: the one it resumed

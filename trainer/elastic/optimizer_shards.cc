@@ -16,6 +16,7 @@
 #include "trainer/checkpoint/state_tensors.h"
 #include "trainer/comm/values.h"
 #include "trainer/ddp/device_comm.h"
+#include "trainer/ddp/storage_alias.h"
 
 namespace muster {
 
@@ -195,16 +196,6 @@ absl::StatusOr<Fields> SliceState(torch::optim::Optimizer& optimizer, const Opti
   return out;
 }
 
-// `sizes` elements of `flat` from `offset`, sharing its storage without
-// being an autograd view of it (the optimizers' zero_grad detaches .grad in
-// place, which a view refuses).
-torch::Tensor AliasOf(const torch::Tensor& flat, int64_t offset, at::IntArrayRef sizes) {
-  torch::Tensor alias = torch::empty({0}, flat.options());
-  alias.set_(flat.storage(), flat.storage_offset() + offset, sizes,
-             c10::contiguous_strides(sizes));
-  return alias;
-}
-
 // Whether `t` is `flat`'s elements from `offset` on, in `t`'s shape.
 bool IsAliasAt(const torch::Tensor& t, const torch::Tensor& flat, int64_t offset) {
   return t.defined() && t.is_contiguous() && t.storage().is_alias_of(flat.storage()) &&
@@ -282,17 +273,25 @@ absl::Status OptimizerShards::Collect(const std::vector<torch::optim::Optimizer*
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<OptimizerShards>> OptimizerShards::Make(
+absl::StatusOr<ShardLayout> OptimizerShards::Lay(
     const std::vector<torch::optim::Optimizer*>& optimizers, int rank,
-    const std::vector<int>& node_of_rank, int copies) {
+    const std::vector<int>& node_of_rank, int copies, std::vector<Group>* groups,
+    std::vector<int64_t>* elements) {
   if (rank < 0 || rank >= static_cast<int>(node_of_rank.size())) {
     return absl::InvalidArgumentError(
         absl::StrCat("rank ", rank, " is not in a world of ", node_of_rank.size()));
   }
+  MUSTER_RETURN_IF_ERROR(Collect(optimizers, groups, elements));
+  return ShardLayout::Make(*elements, node_of_rank, copies);
+}
+
+absl::StatusOr<std::unique_ptr<OptimizerShards>> OptimizerShards::Make(
+    const std::vector<torch::optim::Optimizer*>& optimizers, int rank,
+    const std::vector<int>& node_of_rank, int copies) {
   std::vector<Group> groups;
   std::vector<int64_t> elements;
-  MUSTER_RETURN_IF_ERROR(Collect(optimizers, &groups, &elements));
-  MUSTER_ASSIGN_OR_RETURN(ShardLayout layout, ShardLayout::Make(elements, node_of_rank, copies));
+  MUSTER_ASSIGN_OR_RETURN(ShardLayout layout,
+                          Lay(optimizers, rank, node_of_rank, copies, &groups, &elements));
   // Each kept shard's state, sliced from what the optimizers hold: a
   // refusal changes nothing.
   std::vector<std::vector<KeptFields>> fields(groups.size());
@@ -492,6 +491,14 @@ torch::Tensor& OptimizerShards::GradientVector(Group& group) {
     group.grads = torch::empty({n}, group.params.front().options());
   }
   return group.grads;
+}
+
+void OptimizerShards::UseGradientVector(int g, torch::Tensor flat) {
+  Group& group = groups_[g];
+  TORCH_CHECK(flat.is_contiguous() && flat.numel() == layout_.group_elements(g),
+              "UseGradientVector: group ", g, " has ", layout_.group_elements(g),
+              " elements, the vector ", flat.numel());
+  group.grads = std::move(flat);
 }
 
 void OptimizerShards::ShareGradients(int g) {

@@ -133,6 +133,20 @@ class OptimizerShards {
       const std::vector<torch::optim::Optimizer*>& optimizers, int rank,
       const std::vector<int>& node_of_rank, int copies);
 
+  // Make for state in a checkpoint's shard files (`files`, of any world)
+  // rather than in the optimizers: each shard this rank keeps gets its
+  // state from the files' ranges that cover it, read a file at a time
+  // (VisitShardFiles), so no rank holds the whole state. `named_params`
+  // names the parameters as the files do. The optimizers' own state is
+  // dropped. Errors, with nothing changed: Make's INVALID_ARGUMENT;
+  // DATA_LOSS naming the file where its groups are not the optimizers'
+  // (count, parameter names or shapes) or a field's dtype is not the
+  // state's; VisitShardFiles' errors.
+  static absl::StatusOr<std::unique_ptr<OptimizerShards>> Load(
+      const std::vector<torch::optim::Optimizer*>& optimizers, const NamedTensors& named_params,
+      int rank, const std::vector<int>& node_of_rank, int copies, FileSystem* fs,
+      const std::vector<ShardFileRef>& files);
+
   // Whether Make would take `optimizers` (its INVALID_ARGUMENT), changing
   // nothing.
   static absl::Status Check(const std::vector<torch::optim::Optimizer*>& optimizers);
@@ -177,6 +191,10 @@ class OptimizerShards {
   // and where they are those views already (no boundary since the last
   // call), nothing is copied.
   void ShareGradients(int g);
+  // Group `g`'s flat gradient vector (ShareGradients) is `flat`, storage
+  // the caller keeps: the group's elements, contiguous float32, on its
+  // parameters' device.
+  void UseGradientVector(int g, torch::Tensor flat);
   // The part of shard `shard` of group `g`, which this rank keeps, that
   // falls in `range` (of the group's flat elements), from its master, into
   // `chunk`, which holds `range`; the rest of `chunk` is left as it is.
@@ -377,6 +395,13 @@ class OptimizerShards {
   // GatherParameters over the groups `gather` marks (non-zero).
   absl::Status GatherGroups(Communicator* comm, absl::Time deadline, int64_t chunk,
                             const std::vector<int64_t>& gather);
+  // Make's and Load's start: `optimizers`' groups and their trained
+  // elements (Collect), and their layout for rank `rank` of a world whose
+  // ranks are on `node_of_rank`. INVALID_ARGUMENT for a rank outside it.
+  static absl::StatusOr<ShardLayout> Lay(const std::vector<torch::optim::Optimizer*>& optimizers,
+                                         int rank, const std::vector<int>& node_of_rank,
+                                         int copies, std::vector<Group>* groups,
+                                         std::vector<int64_t>* elements);
   // The groups of `optimizers` and their trained elements, checked.
   static absl::Status Collect(const std::vector<torch::optim::Optimizer*>& optimizers,
                               std::vector<Group>* groups, std::vector<int64_t>* elements);

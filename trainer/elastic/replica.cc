@@ -11,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "trainer/checkpoint/checkpointer.h"
 #include "trainer/checkpoint/state_tensors.h"
 #include "trainer/comm/values.h"
 #include "trainer/elastic/sharded_optimizers.h"
@@ -68,7 +69,7 @@ Replica::~Replica() { Close(); }
 void Replica::Close() {
   current_ = nullptr;
   syncs_.clear();  // their threads stop before the state they read goes
-  scatter_.sync.reset();
+  shard_.sync.reset();
   ReleaseShards();  // leaving with shards: the optimizers get their parameters back
 }
 
@@ -107,7 +108,11 @@ absl::StatusOr<GradientSync*> Replica::SyncFor(const std::vector<std::string>& m
     return absl::InvalidArgumentError(absl::StrCat(
         "BeforeBackwardFor: no parameter of ", key, " requires grad: nothing to reduce"));
   }
-  if (GradientSync* scattering = ScatterSyncFor(params); scattering != nullptr) return scattering;
+  if (GradientSync* shard = ShardSyncFor(params); shard != nullptr) {
+    // The syncs it stands in for keep no buffers meanwhile.
+    for (auto& [key, other] : syncs_) other->ReleaseBuffers();
+    return shard;
+  }
   std::unique_ptr<GradientSync>& sync = syncs_[key];
   if (sync != nullptr && SameTensors(sync->params(), params)) return sync.get();
   if (sync != nullptr) {
@@ -142,21 +147,28 @@ GradientSyncOptions Replica::SyncOptions() const {
   return so;
 }
 
-GradientSync* Replica::ScatterSyncFor(const std::vector<torch::Tensor>& params) {
-  if (!options_.reduce_scatter || !ShardedNow()) return nullptr;
-  // A pass over some of the trained parameters (a GAN's) all-reduces: its
-  // buckets would hold other groups' zeros.
-  if (scatter_.sync != nullptr && scatter_.of == sharded_->times_sharded()) {
-    return SameSet(scatter_.sync->params(), params) ? scatter_.sync.get() : nullptr;
+GradientSync* Replica::ShardSyncFor(const std::vector<torch::Tensor>& params) {
+  if (!ShardedNow()) {
+    // Whole again: the gradient vectors go with the sync (the .grad that
+    // are views of them until the next boundary).
+    if (current_ == shard_.sync.get()) current_ = nullptr;
+    shard_ = ShardSync{};
+    if (sharded_) sharded_->UseGradientVectors({});
+    return nullptr;
   }
   const OptimizerShards& shards = *sharded_->shards();
   // With two copies a rank steps its buddy's shard too: the reduction gives
   // it both where they share its column (two nodes of equal size);
   // elsewhere the pass all-reduces.
   const bool columns = shards.layout().copies() > 1;
-  if (columns &&
-      !KeptInColumns(shards.layout(), static_cast<int>(comm_->NodeRanks().size()))) {
-    return nullptr;
+  const bool scatter =
+      options_.reduce_scatter &&
+      (!columns || KeptInColumns(shards.layout(), static_cast<int>(comm_->NodeRanks().size())));
+  // An all-reducing plan does not depend on the layout (only on the
+  // parameters' sizes), so its sync and gradient vectors outlive a reshard.
+  if (shard_.sync != nullptr && shard_.sync->scatters() == scatter &&
+      (!scatter || shard_.of == sharded_->times_sharded())) {
+    return SameSet(shard_.sync->params(), params) ? shard_.sync.get() : nullptr;
   }
   std::vector<torch::Tensor> trained;
   std::vector<std::vector<int64_t>> elements(static_cast<size_t>(shards.groups()));
@@ -168,29 +180,62 @@ GradientSync* Replica::ScatterSyncFor(const std::vector<torch::Tensor>& params) 
       elements[static_cast<size_t>(g)].push_back(p.numel());
     }
   }
-  if (!SameSet(trained, params)) return nullptr;
-  if (current_ == scatter_.sync.get()) current_ = nullptr;
-  scatter_.sync.reset();  // its hooks go before the new sync's come
+  if (!SameSet(trained, params) || trained.empty()) return nullptr;
+  if (current_ == shard_.sync.get()) current_ = nullptr;
+  shard_.sync.reset();  // its hooks go before the new sync's come
   constexpr int64_t kFloat = sizeof(float);
-  scatter_.plan = PlanBuckets(shards.layout(), elements,
-                              static_cast<int64_t>(GradientSync::kFirstBucketBytes) / kFloat,
-                              static_cast<int64_t>(options_.bucket_bytes) / kFloat);
+  shard_.plan = PlanBuckets(shards.layout(), elements,
+                            static_cast<int64_t>(GradientSync::kFirstBucketBytes) / kFloat,
+                            static_cast<int64_t>(options_.bucket_bytes) / kFloat);
   std::vector<GradientSync::BucketPlan> plan;
-  for (const ShardedBucket& b : scatter_.plan) {
+  for (const ShardedBucket& b : shard_.plan) {
     GradientSync::BucketPlan& bucket = plan.emplace_back();
     for (size_t j = b.first; j < b.last; ++j) {
       bucket.params.push_back(first_of_group[static_cast<size_t>(b.group)] + j);
     }
-    bucket.scatter = b.counts;
-    bucket.columns = columns;
+    if (scatter) bucket.scatter = b.counts;
+    bucket.columns = scatter && columns;
   }
-  MUSTER_LOG(INFO) << "gradients reduce-scattered over " << shards.layout().world()
-                   << " ranks in " << plan.size() << " buckets"
-                   << (columns ? ", each rank keeping its column's segments" : "");
-  scatter_.sync = std::make_unique<GradientSync>(std::move(trained), std::move(plan), comm_,
-                                                 SyncOptions());
-  scatter_.of = sharded_->times_sharded();
-  return scatter_.sync.get();
+  if (scatter) {
+    MUSTER_LOG(INFO) << "gradients reduce-scattered over " << shards.layout().world()
+                     << " ranks in " << plan.size() << " buckets"
+                     << (columns ? ", each rank keeping its column's segments" : "");
+  } else {
+    GiveGradientVectors(shards, trained.size(), &plan);
+  }
+  shard_.sync = std::make_unique<GradientSync>(std::move(trained), std::move(plan), comm_,
+                                               SyncOptions());
+  shard_.of = sharded_->times_sharded();
+  return shard_.sync.get();
+}
+
+void Replica::GiveGradientVectors(const OptimizerShards& shards, size_t params,
+                                  std::vector<GradientSync::BucketPlan>* plan) {
+  // One vector per group, the group's gradients in its flat order; the last
+  // bucket (the first group's first parameters: PlanBuckets goes from the
+  // end) carries the words in front of them.
+  const int64_t words = GradientSync::WordCount(plan->size(), params);
+  const ShardedBucket& last = shard_.plan.back();
+  std::vector<torch::Tensor> vectors(static_cast<size_t>(shards.groups()));
+  std::vector<torch::Tensor> storage(vectors.size());
+  for (int g = 0; g < shards.groups(); ++g) {
+    if (shards.params(g).empty()) continue;
+    const int64_t front = g == last.group ? words : 0;
+    storage[g] = torch::zeros({front + shards.layout().group_elements(g)},
+                              shards.params(g).front().options().dtype(torch::kFloat32));
+    vectors[g] = storage[g].narrow(0, front, shards.layout().group_elements(g));
+  }
+  for (size_t i = 0; i < plan->size(); ++i) {
+    const ShardedBucket& b = shard_.plan[i];
+    const torch::Tensor& s = storage[static_cast<size_t>(b.group)];
+    (*plan)[i].buffer = i + 1 == plan->size()
+                            ? s.narrow(0, 0, words + b.range.end)  // begins at 0
+                            : s.narrow(0, s.numel() - vectors[b.group].numel() + b.range.begin,
+                                       b.range.size());
+  }
+  sharded_->UseGradientVectors(std::move(vectors));
+  MUSTER_LOG(INFO) << "gradients all-reduced in " << plan->size()
+                   << " buckets that are the sharded optimizers' gradient vectors";
 }
 
 static_assert(GradientSync::kControlWords == kControlWordCount,
@@ -213,9 +258,9 @@ absl::Status Replica::FinishPass(absl::Time deadline, const std::function<void()
   last_reduce_ = absl::Seconds(comm_s);
   const double since_backward = absl::ToDoubleSeconds(options_.clock->Now() - backward_end);
   hidden_total_ += std::max(0.0, comm_s - since_backward);
-  const bool scattered = sharded_ && current_ == scatter_.sync.get();
+  const bool scattered = sharded_ && current_ == shard_.sync.get() && current_->scatters();
   if (scattered) {
-    sharded_->TakeScattered(scatter_.plan,
+    sharded_->TakeScattered(shard_.plan,
                             [this](size_t i) { return current_->bucket_gradients(i); });
   } else if (sharded_) {
     sharded_->TakeGradients();
@@ -290,6 +335,35 @@ int64_t Replica::optimizer_state_elements() const {
   return OptimizerShards::WholeStateElements(OptimizersOf(state_)).value_or(-1);
 }
 
+void Replica::CountMemory(StorageCounter* counter, MemoryAccount* account) const {
+  for (const auto& [name, t] : state_.Model()) counter->Add(t, &account->parameters);
+  for (const auto& [name, p] : state_.Parameters()) counter->Add(p.grad(), &account->gradients);
+  // The optimizers' lists: the parameters, or the masters while sharded.
+  for (const TrainingState::Optimizer& o : state_.optimizers) {
+    for (const torch::optim::OptimizerParamGroup& group : o.optimizer->param_groups()) {
+      for (const torch::Tensor& p : group.params()) counter->Add(p.grad(), &account->gradients);
+    }
+  }
+  for (const TrainingState::Optimizer& o : state_.optimizers) {
+    for (const torch::optim::OptimizerParamGroup& group : o.optimizer->param_groups()) {
+      for (const torch::Tensor& p : group.params()) {
+        counter->Add(p, &account->optimizer_state);  // a master that copies its range
+        torch::optim::OptimizerParamState* held = FindOptimizerState(*o.optimizer, p);
+        if (held == nullptr || o.codec == nullptr) continue;
+        for (const auto& [field, t] : o.codec->Save(*held, group.options())) {
+          counter->Add(t, &account->optimizer_state);
+        }
+      }
+    }
+  }
+  for (const auto& [key, sync] : syncs_) {
+    for (const torch::Tensor& b : sync->buffers()) counter->Add(b, &account->communication);
+  }
+  if (shard_.sync != nullptr) {
+    for (const torch::Tensor& b : shard_.sync->buffers()) counter->Add(b, &account->communication);
+  }
+}
+
 bool Replica::ShardedNow() const { return sharded_ && sharded_->sharded(); }
 
 absl::StatusOr<OwnShardState> Replica::OwnShard() const {
@@ -310,6 +384,17 @@ absl::Status Replica::CheckStateAgrees(const std::vector<int64_t>& counters,
   rest.optimizers.clear();
   MUSTER_RETURN_IF_ERROR(CheckRanksAgree(rest, counters, comm, deadline));
   return sharded_->shards()->CheckCopiesAgree(comm, deadline);
+}
+
+void Replica::LoadShardsAtEntry(int64_t step, std::vector<ShardFileRef> files, FileSystem* fs) {
+  if (!sharded_) return;
+  ShardedOptimizers::PendingLoad load;
+  load.step = step;
+  load.fs = fs;
+  load.names = state_.Parameters();
+  load.whole = [this, files, fs] { return LoadOptimizerFromShards(files, state_, fs); };
+  load.files = std::move(files);
+  sharded_->LoadAtGather(std::move(load));
 }
 
 void Replica::ReleaseShards() {
@@ -351,15 +436,38 @@ absl::Status Replica::CatchUpShards(Communicator* comm, bool stepped, absl::Time
   return sharded_->CatchUp(comm, stepped, deadline);
 }
 
+void Replica::AccountMemory(int64_t staging, int64_t transfer) {
+  StorageCounter counter;
+  MemoryAccount account;
+  CountMemory(&counter, &account);
+  account.staging = staging;
+  account.transfer = transfer;
+  memory_ = account;
+  if (++passes_in_world_ == 2) {
+    MUSTER_LOG(INFO) << "memory held after a reduction: " << DescribeMemory(account)
+                     << (ShardedNow() ? " (optimizer state sharded)" : "");
+  }
+}
+
 void Replica::UseCommunicator(Communicator* comm) {
   comm_ = comm;
+  passes_in_world_ = 0;
   for (auto& [key, sync] : syncs_) sync->SetCommunicator(comm);
-  if (scatter_.sync != nullptr) scatter_.sync->SetCommunicator(comm);
+  if (shard_.sync != nullptr) shard_.sync->SetCommunicator(comm);
 }
 
 absl::StatusOr<WorldChanges::ControlAverages> Replica::ResyncGradients(
     Communicator* comm, bool contribute, int contributors, const ControlWords& words,
     absl::Time deadline) {
+  if (!contribute && ShardedNow()) {
+    // A rank outside the step (a spare that took a dead rank's place)
+    // adds zeros through the sync the step's ranks reduce with: the
+    // sharded plan, whose buckets are not the whole-state sync's.
+    if (GradientSync* shard = ShardSyncFor(current_->params()); shard != nullptr) {
+      for (auto& [key, other] : syncs_) other->ReleaseBuffers();
+      current_ = shard;
+    }
+  }
   MUSTER_RETURN_IF_ERROR(
       current_->Resync(comm, contribute, contributors, words.ToArray(), deadline));
   if (sharded_) sharded_->TakeGradients();

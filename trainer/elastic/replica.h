@@ -38,6 +38,7 @@
 #include "trainer/checkpoint/training_state.h"
 #include "trainer/ddp/buffer_sync.h"
 #include "trainer/ddp/gradient_sync.h"
+#include "trainer/elastic/memory_account.h"
 #include "trainer/elastic/optimizer_shards.h"
 #include "trainer/elastic/state_server.h"
 #include "trainer/elastic/world_changes.h"
@@ -153,6 +154,14 @@ class Replica : public WorldChanges::Tensors {
   // The shards dropped, the optimizers' parameter lists as before (the
   // state is then restored from a checkpoint).
   void ReleaseShards();
+  // Whether the optimizer state is to be sharded (Options::
+  // shard_optimizer_state), sharded now or not.
+  bool Sharding() const { return sharded_ != nullptr; }
+  // With Sharding(): the optimizer state of a restored checkpoint, in its
+  // shard `files` (of step `step`), is read at the first world's entry,
+  // each rank its own ranges where that world shards
+  // (ShardedOptimizers::LoadAtGather), else whole.
+  void LoadShardsAtEntry(int64_t step, std::vector<ShardFileRef> files, FileSystem* fs);
   // Whether the shards can go into the next world as they are: each range
   // is kept by two ranks, so one rank missing from it loses nothing.
   bool ShardsOutliveARank() const { return ShardedNow() && options_.shard_copies >= 2; }
@@ -160,6 +169,16 @@ class Replica : public WorldChanges::Tensors {
   // step boundary (its shards'), or holds now (unsharded); -1: an optimizer
   // muster has no codec for.
   int64_t optimizer_state_elements() const;
+  // Its tensors' bytes into `account`'s parameters, gradients, optimizer
+  // state and communication, through `counter` (each storage once).
+  void CountMemory(StorageCounter* counter, MemoryAccount* account) const;
+  // After a pass's reduction, the step at its fullest: the account of what
+  // this rank holds (CountMemory, with `staging` and `transfer` bytes from
+  // the checkpointer and the state server), kept for memory() and logged
+  // at INFO once per world, at its second pass (the optimizer state of the
+  // first is made).
+  void AccountMemory(int64_t staging, int64_t transfer);
+  const MemoryAccount& memory() const { return memory_; }
 
   // WorldChanges::Tensors.
   absl::Status EnterWorld(Communicator* comm, const WorldInfo& world,
@@ -176,10 +195,19 @@ class Replica : public WorldChanges::Tensors {
                                                                 absl::Time deadline) override;
 
  private:
-  // SyncFor's reduce-scattering sync for a pass over `params`, or null:
-  // without reduce_scatter, shards, or where `params` are not the very
-  // parameters the shards train.
-  GradientSync* ScatterSyncFor(const std::vector<torch::Tensor>& params);
+  // SyncFor's sync while the state is sharded, for a pass over `params`, or
+  // null: without shards, or where `params` are not the very parameters the
+  // shards train (a GAN's pass). It reduce-scatters with reduce_scatter
+  // where the layout allows, else all-reduces in buckets that are the
+  // shards' gradient vectors (GiveGradientVectors).
+  GradientSync* ShardSyncFor(const std::vector<torch::Tensor>& params);
+  // `plan`'s buffers (over `params` parameters): views of one gradient
+  // vector per group of `shards`, in the group's flat order, which the
+  // sharded optimizers' ShareGradients then use as they are. The
+  // gradients then cost the buckets' memory once, as unsharded they cost
+  // the buckets' and the .grad's.
+  void GiveGradientVectors(const OptimizerShards& shards, size_t params,
+                           std::vector<GradientSync::BucketPlan>* plan);
   // The options of every gradient sync a pass gets.
   GradientSyncOptions SyncOptions() const;
   // ReplicaOptions::clip_norm over the pass's averaged gradients: the
@@ -197,15 +225,15 @@ class Replica : public WorldChanges::Tensors {
   // modules' trainable parameters are others (the program froze or
   // unfroze some) gets a sync of its own in its place.
   std::map<std::string, std::unique_ptr<GradientSync>> syncs_;
-  // ReplicaOptions::reduce_scatter: the reduce-scattering sync of the
-  // shards made last (ShardedOptimizers::times_sharded() `of`), over the
-  // parameters they train, and its buckets.
-  struct ScatterSync {
+  // The sync of a pass over every parameter the shards train
+  // (ShardSyncFor), made for the shards of ShardedOptimizers::
+  // times_sharded() `of`, and its buckets.
+  struct ShardSync {
     uint64_t of = 0;
     std::vector<ShardedBucket> plan;
     std::unique_ptr<GradientSync> sync;
   };
-  ScatterSync scatter_;
+  ShardSync shard_;
   GradientSync* current_ = nullptr;
   Communicator* comm_ = nullptr;
   std::unique_ptr<BufferSync> buffers_;  // null without broadcast_buffers
@@ -213,6 +241,8 @@ class Replica : public WorldChanges::Tensors {
   int64_t held_elements_ = -1;  // the shards' state at the last boundary
   absl::Status pass_failure_;   // GatherBetweenPasses', until FinishPass
   double comm_total_ = 0, hidden_total_ = 0;
+  MemoryAccount memory_;           // AccountMemory's last
+  int passes_in_world_ = 0;        // AccountMemory's since UseCommunicator
   absl::Duration last_reduce_;
   double last_gradient_norm_ = std::numeric_limits<double>::quiet_NaN();
 };

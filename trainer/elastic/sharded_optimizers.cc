@@ -2,6 +2,7 @@
 
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "trainer/comm/values.h"
@@ -31,6 +32,9 @@ absl::Status ShardedOptimizers::Gather(Communicator* comm, uint64_t generation, 
   gathered_for_ = generation;
   const bool counts = holds && agreed.layout_rank[comm->rank()] >= 0;
   if (holds && !counts) Release();  // of an older layout: received as a joiner's
+  MUSTER_ASSIGN_OR_RETURN(const bool loaded,
+                          LoadPending(comm, agreed.generation == 0, deadline));
+  if (loaded) return absl::OkStatus();
   if (Straight(agreed, comm->size())) {
     MUSTER_ASSIGN_OR_RETURN(std::unique_ptr<OptimizerShards> moved,
                             OptimizerShards::Redistribute(counts ? shards_.get() : nullptr,
@@ -65,6 +69,43 @@ absl::Status ShardedOptimizers::Gather(Communicator* comm, uint64_t generation, 
     whole_.reset();
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<bool> ShardedOptimizers::LoadPending(Communicator* comm, bool fresh,
+                                                    absl::Time deadline) {
+  if (fresh && !KeepsWhole(comm->size())) {
+    // Whether every rank restored the same step: n, the sum of the steps
+    // and of their squares (all equal iff n * sum(s^2) == sum(s)^2).
+    const int64_t step = pending_ ? pending_->step : 0;
+    std::vector<int64_t> words = {pending_ ? 1 : 0, step, step * step};
+    MUSTER_RETURN_IF_ERROR(AllReduceValues(comm, words.data(), words.size(), DataType::kInt64,
+                                           ReduceOp::kSum, deadline));
+    const int64_t n = comm->size();
+    if (words[0] == n && n * words[2] == words[1] * words[1]) {
+      const PendingLoad load = *std::move(pending_);
+      pending_.reset();
+      absl::StatusOr<std::unique_ptr<OptimizerShards>> shards = OptimizerShards::Load(
+          optimizers_, load.names, comm->rank(), node_of_rank_, copies_, load.fs, load.files);
+      if (!shards.ok()) {
+        return absl::Status(shards.status().code(),
+                            absl::StrCat("the optimizer state of the checkpoint of step ",
+                                         load.step, ": ", shards.status().message()));
+      }
+      shards_ = *std::move(shards);
+      generation_ = gathered_for_;
+      ++times_sharded_;
+      whole_.reset();
+      MUSTER_LOG(INFO) << "optimizer state of the checkpoint of step " << load.step
+                       << " read into the shards of a world of " << comm->size() << ": "
+                       << shards_->StateElements() << " elements kept on this rank";
+      return true;
+    }
+  }
+  if (!pending_) return false;
+  const std::function<absl::Status()> whole = std::move(pending_->whole);
+  pending_.reset();
+  if (fresh) MUSTER_RETURN_IF_ERROR(whole());
+  return false;
 }
 
 bool ShardedOptimizers::Straight(const ShardWorld& agreed, int world) const {
@@ -131,7 +172,13 @@ absl::Status ShardedOptimizers::Shard(Communicator* comm) {
 void ShardedOptimizers::TakeGradients() {
   whole_.reset();  // a step follows: the whole state moves on from its layout
   if (shards_ == nullptr) return;
-  for (int g = 0; g < shards_->groups(); ++g) shards_->ShareGradients(g);
+  for (int g = 0; g < shards_->groups(); ++g) {
+    if (static_cast<size_t>(g) < gradient_vectors_.size() &&
+        gradient_vectors_[static_cast<size_t>(g)].defined()) {
+      shards_->UseGradientVector(g, gradient_vectors_[static_cast<size_t>(g)]);
+    }
+    shards_->ShareGradients(g);
+  }
 }
 
 void ShardedOptimizers::TakeScattered(const std::vector<ShardedBucket>& plan,

@@ -81,6 +81,15 @@ class ShardedOptimizers {
   // The kept shards' gradients from the parameters' averaged .grad, shared
   // with them (OptimizerShards::ShareGradients: in-place clipping counts).
   void TakeGradients();
+  // The flat gradient vector of each group (by the layout's groups, an
+  // undefined tensor where none is given) that TakeGradients shares the
+  // .grad through, in place of one of its own: the gradient sync's buckets
+  // (Replica::GiveGradientVectors), which then hold the averaged
+  // gradients already. Kept through reshards (a group's flat order does
+  // not depend on the world); empty: the shards make their own.
+  void UseGradientVectors(std::vector<torch::Tensor> vectors) {
+    gradient_vectors_ = std::move(vectors);
+  }
   // TakeGradients for a reduce-scattering sync (Options::
   // reduce_scatter_gradients) over `plan`'s buckets: the segments of each
   // that belong to the shards this rank keeps (its own, and with two copies
@@ -123,6 +132,24 @@ class ShardedOptimizers {
   // the job, whose state nobody needs).
   void Release();
 
+  // A checkpoint written sharded that this rank restored all but its
+  // optimizer state from (Engine's resume): the shard files, of step
+  // `step`, are read at the next Gather. Where no rank of that world holds
+  // shards, every rank restored the same step this way, and the world
+  // shards, each rank reads only the ranges it keeps
+  // (OptimizerShards::Load); elsewhere `whole` loads the whole state into
+  // the optimizers first (a world of at most `copies`, ranks that restored
+  // different steps), or the files are dropped (a live world's state
+  // comes from its holders).
+  struct PendingLoad {
+    int64_t step = 0;
+    std::vector<ShardFileRef> files;
+    FileSystem* fs = nullptr;
+    NamedTensors names;  // the parameters, as the files name them
+    std::function<absl::Status()> whole;
+  };
+  void LoadAtGather(PendingLoad load) { pending_ = std::move(load); }
+
   // As a step begins: shards for `comm`'s world (Shard) unless the state
   // is sharded, and the parameters' .grad cleared (a step that ran with
   // the whole state left them, and the optimizers no longer clear them).
@@ -153,6 +180,10 @@ class ShardedOptimizers {
   // (ShardWorld::outside_step): whether each shard of this world's layout
   // has a keeper in the step, which steps it for the joiners (CatchUp).
   bool SteppersKeepEveryShard(const ShardWorld& agreed) const;
+  // Gather's part for a pending load in a world no rank holds shards of
+  // (`fresh`): true where the shards were loaded (PendingLoad's comment).
+  // Collective where this world shards.
+  absl::StatusOr<bool> LoadPending(Communicator* comm, bool fresh, absl::Time deadline);
 
   std::vector<torch::optim::Optimizer*> optimizers_;
   int copies_;
@@ -161,6 +192,7 @@ class ShardedOptimizers {
   std::vector<int> node_of_rank_;  // of the world Gather agreed on
   uint64_t gathered_for_ = 0;      // the generation Gather ran for
   uint64_t times_sharded_ = 0;
+  std::vector<torch::Tensor> gradient_vectors_;  // UseGradientVectors
   // Set while this rank holds the whole state as of the layout of
   // generation whole_of_ (a regather or Whole completed on it) and has not
   // stepped since: should the world break in another rank's regather, the
@@ -168,6 +200,7 @@ class ShardedOptimizers {
   // (kHoldsWholeState).
   std::optional<ShardLayout> whole_;
   uint64_t whole_of_ = 0;
+  std::optional<PendingLoad> pending_;  // LoadAtGather
 };
 
 }  // namespace muster

@@ -70,6 +70,11 @@ class StateServerImpl final : public StateServer, public v1::State::Service {
     cv_.NotifyAll();
   }
 
+  int64_t held_bytes() const override {
+    MutexLock lock(&mu_);
+    return latest_ ? static_cast<int64_t>(latest_->bytes.size()) : 0;
+  }
+
   void Shutdown() override {
     {
       MutexLock lock(&mu_);
@@ -155,7 +160,7 @@ class StateServerImpl final : public StateServer, public v1::State::Service {
   StateServerOptions options_;
   int port_ = 0;
   std::unique_ptr<grpc::Server> server_;
-  Mutex mu_;
+  mutable Mutex mu_;
   CondVar cv_;
   std::multiset<int64_t> waiting_ ABSL_GUARDED_BY(mu_);  // steps that calls wait for
   std::atomic<int64_t> earliest_wanted_{kNobody};

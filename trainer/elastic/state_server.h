@@ -51,6 +51,8 @@ class StateServer {
   virtual bool Wanted(int64_t step) const = 0;
   // The state after `step`, encoded as one safetensors file.
   virtual void Publish(int64_t step, uint64_t generation, std::string safetensors) = 0;
+  // The bytes of the image it serves now (0 before the first Publish).
+  virtual int64_t held_bytes() const = 0;
   // Ends waiting calls (UNAVAILABLE) and stops serving. Idempotent.
   virtual void Shutdown() = 0;
 };

@@ -87,9 +87,16 @@ absl::Status Engine::ResumeFromCheckpoint() {
   checkpointer_ = std::make_unique<CatalogCheckpointer>(CheckpointOptionsFrom(options_, clock_),
                                                         replica_.state());
   if (!options_.resume) return absl::OkStatus();
-  absl::StatusOr<CheckpointMeta> meta = checkpointer_->Resume(world_->client());
+  // Sharded optimizer state is read at the first world's entry, each rank
+  // its own ranges, never whole on any rank.
+  std::vector<ShardFileRef> shard_files;
+  absl::StatusOr<CheckpointMeta> meta =
+      checkpointer_->Resume(world_->client(), replica_.Sharding() ? &shard_files : nullptr);
   if (absl::IsNotFound(meta.status())) return absl::OkStatus();
   MUSTER_RETURN_IF_ERROR(meta.status());
+  if (!shard_files.empty()) {
+    replica_.LoadShardsAtEntry(meta->step, std::move(shard_files), checkpointer_->fs());
+  }
   MUSTER_RETURN_IF_ERROR(schedule_.Restore(*meta));
   resumed_.step = meta->step;
   return absl::OkStatus();
@@ -178,9 +185,13 @@ bool Engine::ShouldStop() {
     if (life_.state() == StepState::kAtBoundary) life_.Break(life_.Settle());
   }
   if (schedule_.Done()) {
-    // The program gets its optimizers back whole (it may save them). A
-    // regroup here that restored a checkpoint (StateLost) has work left.
-    life_.Break(WholeState());
+    // The program gets its optimizers back (GiveBackOptimizers). A regroup
+    // here that restored a checkpoint (StateLost) has work left.
+    if (options_.whole_optimizer_state_at_end) {
+      life_.Break(WholeState());
+    } else {
+      replica_.ReleaseShards();
+    }
     if (life_.over()) return true;
   }
   if (schedule_.Done()) {
@@ -258,6 +269,8 @@ absl::Status Engine::AfterBackward() {
   TrainingProgress::Busy busy(progress);  // a regroup
   if (!s.ok()) return RegroupAfterFailedStep(s);
   timeline_.Add(StepClock::Part::kReduce, replica_.last_reduce_time());
+  replica_.AccountMemory(checkpointer_ ? checkpointer_->staged_bytes() : 0,
+                         state_server_ ? state_server_->held_bytes() : 0);
   step_.decision = DecideAfterStep(replica_.control(), world_->world().world_size, step_.sent,
                                    world_->told_to_leave());
   step_.checkpoint_due = step_.checkpoint_due || CheckpointDueOnAnyRank(replica_.control());
@@ -343,7 +356,7 @@ absl::Status Engine::Stop() {
                                                                  changes_->LongDeadline(),
                                                                  sharded ? &own : nullptr));
   }
-  if (sharded && !life_.ended()) GiveBackWholeState();
+  if (sharded && !life_.ended()) GiveBackOptimizers();
   // Every rank stops at this step: the coordinator forgets the world once
   // all have said so, and a restart of it (a requeue) waits for none.
   world_->Leave(Departure::kStopping, counters().step).IgnoreError();
@@ -353,11 +366,16 @@ absl::Status Engine::Stop() {
   return absl::OkStatus();
 }
 
-// After the checkpoint to stop: the program gets its optimizers back whole,
-// as at the end of training (it may save them). The job is stopping, so a
-// failure starts no regroup: the state is dropped, the checkpoint (if it
-// committed) holds it.
-void Engine::GiveBackWholeState() {
+// After the checkpoint to stop, as at the end of training: the program gets
+// its optimizers back with their own parameter lists, and the whole state
+// only where it asked (Options::whole_optimizer_state_at_end: a moment of
+// unsharded memory). The job is stopping, so a failure starts no regroup:
+// the state is dropped, the checkpoint (if it committed) holds it.
+void Engine::GiveBackOptimizers() {
+  if (!options_.whole_optimizer_state_at_end) {
+    replica_.ReleaseShards();
+    return;
+  }
   if (absl::Status s = replica_.WholeState(world_->comm(), changes_->LongDeadline()); !s.ok()) {
     MUSTER_LOG(WARNING) << "the optimizer state could not be made whole after the checkpoint to "
                            "stop ("

@@ -125,6 +125,7 @@ class Engine final : public Distributed, private WorldChanges::Trainer {
     return replica_.optimizer_state_elements();
   }
   double last_gradient_norm() const override { return replica_.last_gradient_norm(); }
+  MemoryAccount memory_account() const override { return replica_.memory(); }
 
  private:
   absl::Status Connect();
@@ -149,7 +150,7 @@ class Engine final : public Distributed, private WorldChanges::Trainer {
   absl::Status Stop();
   // After a sharded checkpoint to stop: the optimizers whole again, with
   // no regroup (the job stops).
-  void GiveBackWholeState();
+  void GiveBackOptimizers();
   void SayStopped(const std::string& how) const;
   // A line for people, through Options::output, unless quiet.
   void Say(const std::string& line) const {

@@ -234,6 +234,7 @@ void Summarize(Net& model, Distributed& dist, double elapsed, int64_t first_step
   result->steps_dropped = dist.steps_dropped();
   result->resumed_from_step = dist.resumed_from_step();
   result->optimizer_state_elements = dist.optimizer_state_elements();
+  result->memory = dist.memory_account();
   result->last_gradient_norm = dist.last_gradient_norm();
   torch::NoGradGuard no_grad;
   for (const torch::Tensor& t : model.parameters()) {

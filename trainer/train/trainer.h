@@ -13,6 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/clock.h"
+#include "muster/memory_account.h"
 #include "muster/options.h"
 #include "muster/step_timeline.h"
 
@@ -88,6 +89,7 @@ struct TrainResult {
   int steps_dropped = 0;          // failed steps dropped
   // Distributed::optimizer_state_elements: this rank's per-element state.
   int64_t optimizer_state_elements = 0;
+  MemoryAccount memory;  // Distributed::memory_account at the end
   double parameter_checksum = 0;  // sum of |x| over the final parameters
   // Distributed::last_gradient_norm: NaN without clipping.
   double last_gradient_norm = 0;
