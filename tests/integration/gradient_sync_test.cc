@@ -321,6 +321,32 @@ TEST(BroadcastTensorsTest, EveryDtypeArrivesBitForBit) {
   }).ok());
 }
 
+// Rounds smaller than a tensor, and cutting through tensors and their
+// padding, still move every byte; a tensor a rank holds equal already is
+// not written (its version stays), and a non-contiguous one takes its bytes.
+TEST(BroadcastTensorsTest, InRoundsSmallerThanATensorEveryByteArrives) {
+  const torch::Tensor big = torch::arange(37, torch::kFloat32) * 1.5f;
+  const torch::Tensor same = torch::arange(5, torch::kInt64);
+  const torch::Tensor odd = torch::arange(3, torch::kInt16) - 7;
+  const torch::Tensor grid = torch::arange(12, torch::kFloat64).reshape({3, 4});
+  ASSERT_TRUE(RunCommWorld(3, "shm", [&](int rank, Communicator* comm) {
+    const bool root = rank == 2;
+    std::vector<torch::Tensor> mine = {root ? big.clone() : torch::zeros_like(big), same.clone(),
+                                       root ? odd.clone() : torch::zeros_like(odd),
+                                       (root ? grid.clone() : torch::zeros({4, 3}, torch::kFloat64))};
+    if (!root) mine[3] = mine[3].t();  // the same shape, not contiguous
+    const int64_t version = mine[1]._version();
+    ASSERT_TRUE(BroadcastTensors(mine, comm, /*root=*/2, absl::Now() + absl::Seconds(30),
+                                 /*keep_equal=*/true, /*chunk=*/24)
+                    .ok());
+    EXPECT_TRUE(torch::equal(mine[0], big)) << "rank " << rank;
+    EXPECT_TRUE(torch::equal(mine[1], same)) << "rank " << rank;
+    EXPECT_EQ(mine[1]._version(), version) << "rank " << rank << ": an equal tensor was written";
+    EXPECT_TRUE(torch::equal(mine[2], odd)) << "rank " << rank;
+    EXPECT_TRUE(torch::equal(mine[3], grid)) << "rank " << rank;
+  }).ok());
+}
+
 // A world of one broadcasts nothing: its tensors already hold the root's
 // bytes, so the communicator is not called (on the GPU a call made the host
 // wait for the step's kernels before every optimizer step). A root that is

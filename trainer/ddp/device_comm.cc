@@ -4,6 +4,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #ifdef MUSTER_TORCH_CUDA
 #include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDAFunctions.h>
@@ -100,51 +101,74 @@ absl::Status ReduceScatterGradientTensor(Communicator* comm, const torch::Tensor
 }
 
 absl::Status BroadcastTensors(const std::vector<torch::Tensor>& tensors, Communicator* comm,
-                              int root, absl::Time deadline, bool keep_equal) {
+                              int root, absl::Time deadline, bool keep_equal, int64_t chunk) {
   // A world of one: the tensors already hold the root's bytes. Calling the
   // communicator would still cost a launch, and on the GPU a host wait for
   // every kernel queued before it (an NCCL communicator of one rank).
   if (comm->size() == 1 && root == 0) return absl::OkStatus();
   torch::NoGradGuard no_grad;
   // Any dtype: the tensors' bytes back to back, each padded to 8, travel as
-  // 64-bit words (a broadcast copies; it never does arithmetic on them).
+  // 64-bit words (a broadcast copies; it never does arithmetic on them), in
+  // rounds of at most `chunk` bytes through one buffer, so that a transfer
+  // of the model costs a round's memory rather than the model's.
   const torch::Device device = CommDevice(*comm);
-  std::vector<torch::Tensor> pieces;
-  std::vector<torch::Tensor> mine;  // each tensor's bytes before the broadcast
+  std::vector<torch::Tensor> raw;  // each tensor's bytes (its own memory where it can)
   std::vector<int64_t> offsets;
   int64_t bytes = 0;
   for (const torch::Tensor& t : tensors) {
-    torch::Tensor raw = t.detach().contiguous().reshape({-1}).view(torch::kUInt8).to(device);
+    raw.push_back(t.detach().contiguous().reshape({-1}).view(torch::kUInt8).to(device));
     offsets.push_back(bytes);
-    mine.push_back(raw);
-    pieces.push_back(raw);
-    const int64_t pad = (8 - raw.numel() % 8) % 8;
-    if (pad > 0) pieces.push_back(torch::zeros({pad}, raw.options()));
-    bytes += raw.numel() + pad;
+    bytes += raw.back().numel() + (8 - raw.back().numel() % 8) % 8;
   }
   if (bytes == 0) return absl::OkStatus();
-  torch::Tensor flat = torch::cat(pieces);
-  if (absl::Status s = comm->Broadcast(flat.data_ptr(), static_cast<size_t>(bytes / 8),
-                                       DataType::kInt64, root, deadline);
-      !s.ok()) {
-    return s;
-  }
-  // `mine` still views the tensors' own memory (or a copy of it): compared
-  // with what arrived, on the device, read back once.
-  std::vector<char> differs(tensors.size(), 1);
-  if (keep_equal) {
-    std::vector<torch::Tensor> ne;
+  chunk = std::max<int64_t>(8, chunk / 8 * 8);
+  torch::Tensor round = torch::empty({std::min(chunk, bytes)},
+                                     torch::TensorOptions().dtype(torch::kUInt8).device(device));
+  std::vector<char> written(tensors.size(), 0);
+  for (int64_t lo = 0; lo < bytes; lo += chunk) {
+    const int64_t hi = std::min(bytes, lo + chunk);
+    torch::Tensor buffer = round.narrow(0, 0, hi - lo);
+    buffer.zero_();
+    // The part of tensor i in this round: its bytes [a, b), at buffer[a + offsets[i] - lo].
+    auto part = [&](size_t i, int64_t* a, int64_t* b) {
+      *a = std::max<int64_t>(0, lo - offsets[i]);
+      *b = std::min<int64_t>(raw[i].numel(), hi - offsets[i]);
+      return *a < *b;
+    };
+    int64_t a = 0, b = 0;
     for (size_t i = 0; i < tensors.size(); ++i) {
-      ne.push_back(flat.narrow(0, offsets[i], mine[i].numel()).ne(mine[i]).any());
+      if (part(i, &a, &b)) {
+        buffer.narrow(0, offsets[i] + a - lo, b - a).copy_(raw[i].narrow(0, a, b - a));
+      }
     }
-    const torch::Tensor any = torch::stack(ne).to(torch::kCPU);
-    for (size_t i = 0; i < tensors.size(); ++i) differs[i] = any[i].item<bool>();
+    MUSTER_RETURN_IF_ERROR(comm->Broadcast(buffer.data_ptr(), static_cast<size_t>((hi - lo) / 8),
+                                           DataType::kInt64, root, deadline));
+    std::vector<size_t> in_round;
+    std::vector<torch::Tensor> got, own, ne;
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      if (!part(i, &a, &b)) continue;
+      in_round.push_back(i);
+      got.push_back(buffer.narrow(0, offsets[i] + a - lo, b - a));
+      own.push_back(raw[i].narrow(0, a, b - a));
+      if (keep_equal) ne.push_back(got.back().ne(own.back()).any());
+    }
+    // A rank that holds the source's bytes keeps its tensor untouched
+    // (keep_equal): a graph built on it stays usable. One read back a round.
+    const torch::Tensor differs =
+        keep_equal && !ne.empty() ? torch::stack(ne).to(torch::kCPU) : torch::Tensor();
+    for (size_t k = 0; k < in_round.size(); ++k) {
+      if (differs.defined() && !differs[static_cast<int64_t>(k)].item<bool>()) continue;
+      own[k].copy_(got[k]);
+      written[in_round[k]] = 1;
+    }
   }
+  // Where the bytes were a copy (another device, not contiguous), the
+  // tensor takes them whole.
   for (size_t i = 0; i < tensors.size(); ++i) {
     const torch::Tensor& t = tensors[i];
-    const int64_t n = t.numel() * static_cast<int64_t>(t.element_size());
-    if (n == 0 || !differs[i]) continue;
-    t.detach().copy_(flat.narrow(0, offsets[i], n).view(t.scalar_type()).view(t.sizes()));
+    if (!written[i] || t.numel() == 0) continue;
+    if (raw[i].device() == t.device() && raw[i].data_ptr() == t.data_ptr()) continue;
+    t.detach().copy_(raw[i].view(t.scalar_type()).view(t.sizes()));
   }
   return absl::OkStatus();
 }

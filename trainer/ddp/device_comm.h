@@ -49,15 +49,18 @@ absl::Status ReduceScatterGradientTensor(Communicator* comm, const torch::Tensor
                                          absl::Time deadline, bool columns = false);
 
 // Copies rank `root`'s tensors (any dtype, any device) to every rank, in
-// place, in one flat broadcast on the communicator's memory. Every rank
-// passes tensors of the same dtypes and shapes in the same order.
-// `keep_equal`: a tensor that already holds root's bytes is not written,
-// so its autograd version stays (a graph the program built before a state
-// transfer between the passes of a step stays usable); that costs one
-// comparison per tensor and one device synchronisation. On a communicator
-// of one rank nothing is copied and the communicator is not called.
+// place, in broadcasts of at most `chunk` bytes through one buffer on the
+// communicator's memory (a transfer costs a round's memory, not the
+// tensors'). Every rank passes tensors of the same dtypes and shapes in the
+// same order. `keep_equal`: a tensor that already holds root's bytes is not
+// written, so its autograd version stays (a graph the program built before
+// a state transfer between the passes of a step stays usable); that costs
+// one comparison per tensor and one device synchronisation a round. On a
+// communicator of one rank nothing is copied and the communicator is not
+// called.
 absl::Status BroadcastTensors(const std::vector<torch::Tensor>& tensors, Communicator* comm,
-                              int root, absl::Time deadline, bool keep_equal = false);
+                              int root, absl::Time deadline, bool keep_equal = false,
+                              int64_t chunk = int64_t{64} << 20);
 
 // For CommOptions::cuda_stream: LibTorch's current stream on the calling
 // thread for `device` (null without CUDA support).

@@ -98,9 +98,17 @@ absl::StatusOr<Evaluation> Evaluate(Net& model, const Dataset& test, Distributed
   const int64_t hi = n * (dist.rank() + 1) / dist.world_size();
   std::vector<double> sums = {0, 0, 0};  // loss sum, correct, count
   std::vector<int64_t> idx;
-  for (int64_t start = lo; start < hi; start += 1000) {
+  // Batches of at most 1000 examples and about 64 MB of input: an
+  // evaluation costs no more memory than a few steps' batches.
+  int64_t per_batch = 1000;
+  if (lo < hi) {
+    const torch::Tensor one = Batch(test, {lo}, device).first;
+    const int64_t bytes = std::max<int64_t>(1, one.numel() * one.element_size());
+    per_batch = std::clamp<int64_t>((int64_t{64} << 20) / bytes, 1, 1000);
+  }
+  for (int64_t start = lo; start < hi; start += per_batch) {
     idx.clear();
-    for (int64_t i = start; i < std::min(hi, start + 1000); ++i) idx.push_back(i);
+    for (int64_t i = start; i < std::min(hi, start + per_batch); ++i) idx.push_back(i);
     auto [x, y] = Batch(test, idx, device);
     torch::Tensor logits = model.forward(x);
     sums[0] += torch::cross_entropy_loss(logits, y, {}, at::Reduction::Sum).item<double>();
@@ -237,9 +245,16 @@ void Summarize(Net& model, Distributed& dist, double elapsed, int64_t first_step
   result->memory = dist.memory_account();
   result->last_gradient_norm = dist.last_gradient_norm();
   torch::NoGradGuard no_grad;
+  // The parameters themselves (the storage outlives the model), and their
+  // checksum a piece at a time: the summary costs no copy of the model.
+  constexpr int64_t kPiece = int64_t{1} << 20;
   for (const torch::Tensor& t : model.parameters()) {
-    result->parameters.push_back(t.detach().cpu().clone());
-    result->parameter_checksum += t.detach().to(torch::kFloat64).abs().sum().item<double>();
+    result->parameters.push_back(t.detach().cpu());
+    const torch::Tensor flat = t.detach().reshape({-1});
+    for (int64_t at = 0; at < flat.numel(); at += kPiece) {
+      const torch::Tensor piece = flat.narrow(0, at, std::min(kPiece, flat.numel() - at));
+      result->parameter_checksum += piece.to(torch::kFloat64).abs().sum().item<double>();
+    }
   }
 }
 
