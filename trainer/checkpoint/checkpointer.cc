@@ -338,10 +338,9 @@ absl::StatusOr<CheckpointMeta> LoadCheckpoint(const std::vector<FileReport>& fil
   std::map<std::string, SafetensorsFile> tensors;
   std::optional<CheckpointManifest> manifest;
   std::string manifest_path;
-  const bool whole_file = std::any_of(files.begin(), files.end(), [](const FileReport& f) {
-    return BaseName(f.path) == "optimizer.safetensors";
-  });
-  const bool defer = deferred != nullptr && !whole_file;
+  const bool defer = deferred != nullptr && std::none_of(files.begin(), files.end(), [](auto& f) {
+                       return BaseName(f.path) == "optimizer.safetensors";
+                     });
   std::vector<ShardFileRef> shard_files;
   for (const FileReport& f : files) {
     MUSTER_ASSIGN_OR_RETURN(std::string bytes, ReadChecked(fs, f.path, f.xxh3, "the catalog"));
