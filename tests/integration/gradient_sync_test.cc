@@ -20,6 +20,27 @@
 namespace muster {
 namespace {
 
+// A pass's backward on rank `rank`: element e of parameter i gets the
+// gradient (rank + 1) * (10 * i + e + shift), twice for the last parameter
+// (a second backward, after its bucket was launched). Each parameter's
+// local gradient of the pass.
+std::vector<torch::Tensor> BackwardTwiceIntoTheLast(const std::vector<torch::Tensor>& params,
+                                                    int rank, int shift = 0) {
+  std::vector<torch::Tensor> local;
+  torch::Tensor loss = torch::zeros({});
+  for (size_t i = 0; i < params.size(); ++i) {
+    local.push_back(torch::arange(params[i].numel())
+                        .to(torch::kFloat32)
+                        .add(10 * static_cast<int64_t>(i) + shift)
+                        .mul(rank + 1));
+    loss = loss + (params[i] * local[i]).sum();
+  }
+  loss.backward();
+  (params.back() * local.back()).sum().backward();
+  local.back() = local.back() * 2;
+  return local;
+}
+
 // Ranks whose backward fills the buckets in different orders still reduce
 // bucket i against bucket i: buckets are launched in index order, as DDP's
 // reducer does. Rank 0 runs backward over p0 and then p1, rank 1 over p1 and
@@ -174,16 +195,7 @@ TEST(GradientSyncTest, AScatterPlanLeavesEachRankTheAverageOfItsSegments) {
       sync.Begin(/*sync=*/true, {static_cast<float>(rank), 0, 0, 0});
       // Element e of parameter i on rank r: (r + 1) * (10 * i + e), twice
       // for p2 (a second backward, after its bucket was launched).
-      std::vector<torch::Tensor> local;
-      torch::Tensor loss = torch::zeros({});
-      for (int i = 0; i < 3; ++i) {
-        local.push_back(torch::arange(params[i].numel()).to(torch::kFloat32).add(10 * i)
-                            .mul(rank + 1));
-        loss = loss + (params[i] * local[i]).sum();
-      }
-      loss.backward();
-      (params[2] * local[2]).sum().backward();
-      local[2] = local[2] * 2;
+      const std::vector<torch::Tensor> local = BackwardTwiceIntoTheLast(params, rank);
       ASSERT_TRUE(sync.Finish(absl::Now() + absl::Seconds(30)).ok());
       EXPECT_EQ(sync.last_stats().refilled_buckets, 1);
       EXPECT_FLOAT_EQ(sync.control()[0], 1.0f) << "the control words are averaged";
@@ -250,16 +262,7 @@ TEST(GradientSyncTest, GivenBucketsBecomeTheGradients) {
         sync.Begin(/*sync=*/true, {static_cast<float>(rank), 0, 0, 0});
         // Element e of parameter i on rank r: (r + 1) * (10 * i + e + pass),
         // twice for p2 (a second backward, after its bucket was launched).
-        std::vector<torch::Tensor> local;
-        torch::Tensor loss = torch::zeros({});
-        for (int i = 0; i < 3; ++i) {
-          local.push_back(
-              torch::arange(params[i].numel()).to(torch::kFloat32).add(10 * i + pass).mul(rank + 1));
-          loss = loss + (params[i] * local[i]).sum();
-        }
-        loss.backward();
-        (params[2] * local[2]).sum().backward();
-        local[2] = local[2] * 2;
+        const std::vector<torch::Tensor> local = BackwardTwiceIntoTheLast(params, rank, pass);
         ASSERT_TRUE(sync.Finish(absl::Now() + absl::Seconds(30)).ok());
         EXPECT_EQ(sync.last_stats().refilled_buckets, 1);
         EXPECT_FLOAT_EQ(sync.control()[0], 1.0f) << "the control words are averaged";
