@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -180,6 +181,37 @@ absl::Status AppendElements(const std::vector<ReadShard>& shards, size_t g,
   return absl::OkStatus();
 }
 
+// `named` (each a file's base name and what it names) in shard order, one
+// per shard of one world; names that are not a shard file's are left out.
+// DATA_LOSS naming `dir`: shard files of two world sizes, a shard missing;
+// NOT_FOUND: no shard file.
+template <typename T>
+absl::StatusOr<std::vector<const T*>> InShardOrder(
+    const std::vector<std::pair<std::string, const T*>>& named, const std::string& dir) {
+  std::map<int, const T*> by_shard;
+  int world = 0;
+  for (const auto& [name, file] : named) {
+    int shard = 0, w = 0;
+    if (!ParseShardFileName(name, &shard, &w)) continue;
+    if (world != 0 && w != world) {
+      return absl::DataLossError(
+          absl::StrCat(dir, ": shard files of worlds of ", world, " and ", w));
+    }
+    world = w;
+    by_shard[shard] = file;
+  }
+  if (world == 0) return absl::NotFoundError(absl::StrCat(dir, ": no optimizer shard file"));
+  std::vector<const T*> out;
+  for (int r = 0; r < world; ++r) {
+    auto it = by_shard.find(r);
+    if (it == by_shard.end()) {
+      return absl::DataLossError(absl::StrCat(dir, ": ", ShardFileName(r, world), " is missing"));
+    }
+    out.push_back(it->second);
+  }
+  return out;
+}
+
 }  // namespace
 
 std::string ShardFileName(int shard, int world) {
@@ -217,27 +249,15 @@ absl::StatusOr<WrittenFile> WriteShardFile(FileSystem* fs, const std::string& pa
 
 absl::StatusOr<SafetensorsFile> ConsolidateShards(
     const std::map<std::string, SafetensorsFile>& files, const std::string& dir) {
-  std::map<int, const SafetensorsFile*> by_shard;
-  int world = 0;
-  for (const auto& [name, file] : files) {
-    int shard = 0, w = 0;
-    if (!ParseShardFileName(name, &shard, &w)) continue;
-    if (world != 0 && w != world) {
-      return absl::DataLossError(
-          absl::StrCat(dir, ": shard files of worlds of ", world, " and ", w));
-    }
-    world = w;
-    by_shard[shard] = &file;
-  }
-  if (world == 0) return absl::NotFoundError(absl::StrCat(dir, ": no optimizer shard file"));
+  std::vector<std::pair<std::string, const SafetensorsFile*>> named;
+  for (const auto& [name, file] : files) named.emplace_back(name, &file);
+  MUSTER_ASSIGN_OR_RETURN(const std::vector<const SafetensorsFile*> in_order,
+                          InShardOrder(named, dir));
+  const int world = static_cast<int>(in_order.size());
   std::vector<ReadShard> shards;
   for (int r = 0; r < world; ++r) {
-    auto it = by_shard.find(r);
-    if (it == by_shard.end()) {
-      return absl::DataLossError(absl::StrCat(dir, ": ", ShardFileName(r, world), " is missing"));
-    }
     MUSTER_ASSIGN_OR_RETURN(
-        ReadShard s, ReadShardFile(*it->second, dir + "/" + ShardFileName(r, world), r, world));
+        ReadShard s, ReadShardFile(*in_order[r], dir + "/" + ShardFileName(r, world), r, world));
     shards.push_back(std::move(s));
   }
   MUSTER_RETURN_IF_ERROR(CheckTiling(shards));
@@ -287,32 +307,22 @@ absl::StatusOr<SafetensorsFile> ConsolidateShards(
 
 absl::Status VisitShardFiles(FileSystem* fs, const std::vector<ShardFileRef>& files,
                              const ShardFileVisitor& visit) {
-  std::map<int, const ShardFileRef*> by_shard;
-  int world = 0;
+  std::vector<std::pair<std::string, const ShardFileRef*>> named;
   std::string dir;
   for (const ShardFileRef& f : files) {
-    int shard = 0, w = 0;
     const size_t slash = f.path.rfind('/');
-    if (!ParseShardFileName(f.path.substr(slash + 1), &shard, &w)) continue;
-    if (world != 0 && w != world) {
-      return absl::DataLossError(
-          absl::StrCat(f.path, ": shard files of worlds of ", world, " and ", w));
-    }
-    world = w;
-    dir = f.path.substr(0, slash == std::string::npos ? 0 : slash);
-    by_shard[shard] = &f;
+    if (slash != std::string::npos) dir = f.path.substr(0, slash);
+    named.emplace_back(f.path.substr(slash + 1), &f);
   }
-  if (world == 0) return absl::NotFoundError("no optimizer shard file");
+  MUSTER_ASSIGN_OR_RETURN(const std::vector<const ShardFileRef*> in_order,
+                          InShardOrder(named, dir));
+  const int world = static_cast<int>(in_order.size());
   ReadShard first;  // its groups without their fields' data
   std::vector<int64_t> next;
   for (int r = 0; r < world; ++r) {
-    auto it = by_shard.find(r);
-    if (it == by_shard.end()) {
-      return absl::DataLossError(absl::StrCat(dir, ": ", ShardFileName(r, world), " is missing"));
-    }
-    const std::string& path = it->second->path;
+    const std::string& path = in_order[r]->path;
     MUSTER_ASSIGN_OR_RETURN(std::string bytes,
-                            ReadChecked(fs, path, it->second->xxh3, "the catalog"));
+                            ReadChecked(fs, path, in_order[r]->xxh3, "the catalog"));
     MUSTER_ASSIGN_OR_RETURN(SafetensorsFile file, ParseSafetensors(std::move(bytes), path));
     MUSTER_ASSIGN_OR_RETURN(ReadShard s, ReadShardFile(file, path, r, world));
     if (r == 0) {

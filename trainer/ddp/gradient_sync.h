@@ -121,8 +121,9 @@ class GradientSync {
     // buffer. Given (for every bucket of a plan, or none): a flat float32
     // view into storage the caller keeps, its parameters' gradients one
     // after the other in plan order, and in the last bucket its
-    // WordCount() words in front of them. After a step each .grad is then
-    // a view of its slot, not a copy (as DDP's gradient_as_bucket_view):
+    // WordCount() words in front of them. After a step each .grad then
+    // shares its slot's memory, not a copy (as DDP's gradient_as_bucket_view;
+    // a storage alias, not an autograd view, which zero_grad would refuse):
     // the gradients take the buckets' memory and no more.
     torch::Tensor buffer = torch::Tensor();
   };

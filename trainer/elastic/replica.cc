@@ -108,11 +108,7 @@ absl::StatusOr<GradientSync*> Replica::SyncFor(const std::vector<std::string>& m
     return absl::InvalidArgumentError(absl::StrCat(
         "BeforeBackwardFor: no parameter of ", key, " requires grad: nothing to reduce"));
   }
-  if (GradientSync* shard = ShardSyncFor(params); shard != nullptr) {
-    // The syncs it stands in for keep no buffers meanwhile.
-    for (auto& [key, other] : syncs_) other->ReleaseBuffers();
-    return shard;
-  }
+  if (GradientSync* shard = StandInShardSync(params); shard != nullptr) return shard;
   std::unique_ptr<GradientSync>& sync = syncs_[key];
   if (sync != nullptr && SameTensors(sync->params(), params)) return sync.get();
   if (sync != nullptr) {
@@ -145,6 +141,15 @@ GradientSyncOptions Replica::SyncOptions() const {
   so.overlap = options_.overlap;
   so.clock = options_.clock;
   return so;
+}
+
+GradientSync* Replica::StandInShardSync(const std::vector<torch::Tensor>& params) {
+  GradientSync* shard = ShardSyncFor(params);
+  if (shard != nullptr) {
+    // The syncs it stands in for keep no buffers meanwhile.
+    for (auto& [key, other] : syncs_) other->ReleaseBuffers();
+  }
+  return shard;
 }
 
 GradientSync* Replica::ShardSyncFor(const std::vector<torch::Tensor>& params) {
@@ -463,8 +468,7 @@ absl::StatusOr<WorldChanges::ControlAverages> Replica::ResyncGradients(
     // A rank outside the step (a spare that took a dead rank's place)
     // adds zeros through the sync the step's ranks reduce with: the
     // sharded plan, whose buckets are not the whole-state sync's.
-    if (GradientSync* shard = ShardSyncFor(current_->params()); shard != nullptr) {
-      for (auto& [key, other] : syncs_) other->ReleaseBuffers();
+    if (GradientSync* shard = StandInShardSync(current_->params()); shard != nullptr) {
       current_ = shard;
     }
   }

@@ -201,6 +201,9 @@ class Replica : public WorldChanges::Tensors {
   // where the layout allows, else all-reduces in buckets that are the
   // shards' gradient vectors (GiveGradientVectors).
   GradientSync* ShardSyncFor(const std::vector<torch::Tensor>& params);
+  // ShardSyncFor, where it gives a sync, with the syncs it stands in for
+  // made to drop their buffers meanwhile.
+  GradientSync* StandInShardSync(const std::vector<torch::Tensor>& params);
   // `plan`'s buffers (over `params` parameters): views of one gradient
   // vector per group of `shards`, in the group's flat order, which the
   // sharded optimizers' ShareGradients then use as they are. The

@@ -6,6 +6,7 @@
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "trainer/comm/values.h"
+#include "trainer/elastic/state_sync.h"
 
 namespace muster {
 
@@ -74,14 +75,12 @@ absl::Status ShardedOptimizers::Gather(Communicator* comm, uint64_t generation, 
 absl::StatusOr<bool> ShardedOptimizers::LoadPending(Communicator* comm, bool fresh,
                                                     absl::Time deadline) {
   if (fresh && !KeepsWhole(comm->size())) {
-    // Whether every rank restored the same step: n, the sum of the steps
-    // and of their squares (all equal iff n * sum(s^2) == sum(s)^2).
-    const int64_t step = pending_ ? pending_->step : 0;
-    std::vector<int64_t> words = {pending_ ? 1 : 0, step, step * step};
-    MUSTER_RETURN_IF_ERROR(AllReduceValues(comm, words.data(), words.size(), DataType::kInt64,
-                                           ReduceOp::kSum, deadline));
-    const int64_t n = comm->size();
-    if (words[0] == n && n * words[2] == words[1] * words[1]) {
+    // Whether every rank restored the same step (a rank with nothing
+    // pending says a value no step has).
+    const absl::Status same = CheckSameDigest(
+        pending_ ? static_cast<uint64_t>(pending_->step) : ~uint64_t{0}, comm, deadline);
+    if (!same.ok() && !absl::IsDataLoss(same)) return same;
+    if (same.ok() && pending_) {
       const PendingLoad load = *std::move(pending_);
       pending_.reset();
       absl::StatusOr<std::unique_ptr<OptimizerShards>> shards = OptimizerShards::Load(

@@ -100,12 +100,9 @@ absl::StatusOr<Evaluation> Evaluate(Net& model, const Dataset& test, Distributed
   std::vector<int64_t> idx;
   // Batches of at most 1000 examples and about 64 MB of input: an
   // evaluation costs no more memory than a few steps' batches.
-  int64_t per_batch = 1000;
-  if (lo < hi) {
-    const torch::Tensor one = Batch(test, {lo}, device).first;
-    const int64_t bytes = std::max<int64_t>(1, one.numel() * one.element_size());
-    per_batch = std::clamp<int64_t>((int64_t{64} << 20) / bytes, 1, 1000);
-  }
+  const int64_t example_bytes =  // Batch's float32
+      std::max<int64_t>(1, test.example_floats() * static_cast<int64_t>(sizeof(float)));
+  const int64_t per_batch = std::clamp<int64_t>((int64_t{64} << 20) / example_bytes, 1, 1000);
   for (int64_t start = lo; start < hi; start += per_batch) {
     idx.clear();
     for (int64_t i = start; i < std::min(hi, start + per_batch); ++i) idx.push_back(i);
