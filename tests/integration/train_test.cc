@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <limits>
@@ -18,6 +19,7 @@
 #include "muster/muster.h"
 #include "tests/integration/coordinator_fixture.h"
 #include "tests/integration/subprocess.h"
+#include "trainer/checkpoint/safetensors.h"
 #include "trainer/data/dataset.h"
 #include "trainer/lib/launch_options.h"
 #include "trainer/train/trainer.h"
@@ -415,7 +417,7 @@ TEST(StartTest, SeveralModelsThatCannotBeCarriedAreRefusedByName) {
   state.modules = {{"gen", nullptr}};
   refused(state, "'gen' is null");
   state.modules = {{"gen", a.ptr().get()}, {"again", a.ptr().get()}};
-  refused(state, "registered twice");
+  refused(state, "module 'again' is module 'gen' again");
   state.modules = {{"gen", a.ptr().get()}, {"disc", b.ptr().get()}};
   state.optimizers = {{"gen", &oa}, {"both", &ab}};
   refused(state, "update the same parameter 'gen/weight'");
@@ -527,6 +529,111 @@ TEST(SeveralModelsTest, TwoPassesPerStepOnTwoRanksEndAsOneProcessOnTheGlobalBatc
   EXPECT_EQ(MaxDiff({initial[n - 2], initial[n - 1]},
                     {two[0].parameters[n - 2], two[0].parameters[n - 1]}),
             0.0);
+}
+
+// A language model's output projection tied to its token embedding, as
+// LibTorch users tie it: the module registers the embedding's tensor a
+// second time. One parameter under two names: accepted, reduced once,
+// checkpointed once (under the first name LibTorch lists), and two ranks end as one
+// process on the global batch. An optimizer given the tensor twice would
+// step it twice: refused by name.
+struct TiedLmImpl : torch::nn::Module {
+  TiedLmImpl()
+      : tok(register_module("tok", torch::nn::Embedding(16, 8))),
+        mix(register_module("mix", torch::nn::Linear(8, 8))) {
+    head_weight = register_parameter("head_weight", tok->weight);
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    return torch::linear(torch::tanh(mix(tok(x))), head_weight);
+  }
+  torch::nn::Embedding tok;
+  torch::nn::Linear mix;
+  torch::Tensor head_weight;
+};
+TORCH_MODULE(TiedLm);
+
+std::vector<torch::Tensor> EachParameterOnce(torch::nn::Module& m) {
+  std::vector<torch::Tensor> out;
+  for (const torch::Tensor& p : m.parameters()) {
+    const bool seen = std::any_of(out.begin(), out.end(), [&](const torch::Tensor& q) {
+      return q.unsafeGetTensorImpl() == p.unsafeGetTensorImpl();
+    });
+    if (!seen) out.push_back(p);
+  }
+  return out;
+}
+
+std::vector<TwoModelsRun> TrainTiedLm(int world, int batch, const std::string& checkpoint_dir) {
+  auto server = InProcessCoordinator::Start(world);
+  std::vector<TwoModelsRun> out(world);
+  std::vector<std::thread> ranks;
+  for (int i = 0; i < world; ++i) {
+    ranks.emplace_back([&, i] {
+      TiedLm lm;
+      torch::NoGradGuard same_start;
+      for (torch::Tensor& p : EachParameterOnce(*lm)) p.copy_(torch::linspace(-1, 1, p.numel()).view_as(p));
+      torch::optim::AdamW opt(EachParameterOnce(*lm), torch::optim::AdamWOptions(1e-2));
+      Options o = QuietOptions(server->port(), absl::StrCat("tied", ::getpid(), "w", world));
+      o.node_id = "n";
+      o.local_rank = i;
+      o.batch_per_rank = batch;
+      o.steps = 6;
+      o.checkpoint_dir = checkpoint_dir;
+      o.checkpoint_every = 3;
+      State state;
+      state.model = lm.ptr().get();
+      state.optimizer = &opt;
+      auto job = Distributed::Start(o, state);
+      ASSERT_TRUE(job.ok()) << job.status();
+      Distributed& d = **job;
+      while (!d.ShouldStop()) {
+        torch::AutoGradMode grad(true);
+        const torch::Tensor idx = torch::tensor(d.Batch(), torch::kInt64);
+        torch::Tensor loss = torch::nn::functional::cross_entropy(lm(idx % 16), (idx * 3 + 1) % 16);
+        opt.zero_grad();
+        d.BeforeBackward();
+        loss.backward();
+        ASSERT_TRUE(d.AfterBackward().ok());
+        opt.step();
+      }
+      std::vector<torch::Tensor> params;
+      for (const torch::Tensor& p : EachParameterOnce(*lm)) params.push_back(p.detach().clone());
+      out[d.rank()] = {params, d.StateDigest(), d.step()};
+      EXPECT_EQ(lm->head_weight.unsafeGetTensorImpl(), lm->tok->weight.unsafeGetTensorImpl());
+      EXPECT_EQ(Distributed::ExitCode(d.Finish()), 0);
+    });
+  }
+  for (std::thread& t : ranks) t.join();
+  return out;
+}
+
+TEST(TiedWeightTest, AWeightUnderTwoNamesTrainsAsOneProcessAndIsCheckpointedOnce) {
+  const std::string dir = absl::StrCat(::testing::TempDir(), "/tied", ::getpid());
+  const std::vector<TwoModelsRun> one = TrainTiedLm(1, 16, "");
+  const std::vector<TwoModelsRun> two = TrainTiedLm(2, 8, dir);
+  ASSERT_EQ(one[0].steps, 6);
+  ASSERT_EQ(two[0].steps, 6);
+  EXPECT_EQ(two[0].digest, two[1].digest);
+  EXPECT_LT(MaxDiff(two[0].parameters, one[0].parameters), 1e-5);
+  auto file = ParseSafetensors(ReadText(dir + "/step-6/model.safetensors"), "model");
+  ASSERT_TRUE(file.ok()) << file.status();
+  // Under the name LibTorch lists first: the module's own before its
+  // children's.
+  EXPECT_EQ(file->tensors.count("param.head_weight"), 1u);
+  EXPECT_EQ(file->tensors.count("param.tok.weight"), 0u) << "the tied weight is stored twice";
+  EXPECT_EQ(file->tensors.size(), 3u);  // head_weight, mix.weight, mix.bias
+  std::filesystem::remove_all(dir);
+
+  TiedLm lm;
+  torch::optim::AdamW twice(lm->parameters(), torch::optim::AdamWOptions(1e-2));
+  State state;
+  state.model = lm.ptr().get();
+  state.optimizer = &twice;
+  auto refused = Distributed::Start(QuietOptions(1, "twice"), state);
+  EXPECT_TRUE(absl::IsInvalidArgument(refused.status())) << refused.status();
+  EXPECT_NE(refused.status().message().find("lists the parameter 'head_weight' twice"),
+            std::string::npos)
+      << refused.status();
 }
 
 TEST(SeveralModelsTest, APassNamingNoModuleEndsTheRunByName) {

@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include <set>
 #include <sstream>
 #include <type_traits>
 
@@ -27,22 +28,32 @@ typename Map::key_type StateKey(const Map&, const torch::Tensor& p) {
 }
 }  // namespace
 
+NamedTensors EachTensorOnce(NamedTensors tensors) {
+  std::set<const void*> seen;
+  NamedTensors out;
+  out.reserve(tensors.size());
+  for (auto& [name, t] : tensors) {
+    if (seen.insert(t.unsafeGetTensorImpl()).second) out.emplace_back(std::move(name), std::move(t));
+  }
+  return out;
+}
+
 // Every tensor of the model's state, named.
 NamedTensors ModelTensors(torch::nn::Module& model, const std::string& prefix) {
-  std::vector<std::pair<std::string, torch::Tensor>> out;
+  NamedTensors out;
   for (const auto& p : model.named_parameters()) {
     out.emplace_back("param." + prefix + p.key(), p.value());
   }
   for (const auto& b : model.named_buffers()) {
     out.emplace_back("buffer." + prefix + b.key(), b.value());
   }
-  return out;
+  return EachTensorOnce(std::move(out));
 }
 
 NamedTensors NamedParameters(torch::nn::Module& model) {
   NamedTensors out;
   for (const auto& p : model.named_parameters()) out.emplace_back(p.key(), p.value());
-  return out;
+  return EachTensorOnce(std::move(out));
 }
 
 // Every tensor of the optimizer's state, named "<param>.<field>".

@@ -21,10 +21,14 @@ namespace muster {
 using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
 
 // "param.<prefix><name>" for parameters, "buffer.<prefix><name>" for
-// buffers.
+// buffers. A tensor registered under several names (a tied weight: the
+// output projection registering the token embedding's) comes once, under
+// the name LibTorch lists first.
 NamedTensors ModelTensors(torch::nn::Module& model, const std::string& prefix = "");
-// The model's parameters by name.
+// The model's parameters by name, each tensor once (as above).
 NamedTensors NamedParameters(torch::nn::Module& model);
+// `tensors` with each tensor (by TensorImpl) kept at its first name only.
+NamedTensors EachTensorOnce(NamedTensors tensors);
 // "<param>.<field>": the fields `codec` saves of the state of each of
 // `params` (by name) that `optimizer` holds (optimizer_codecs.h names
 // LibTorch's).

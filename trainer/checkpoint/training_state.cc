@@ -34,7 +34,7 @@ NamedTensors TrainingState::Model() const {
     NamedTensors one = ModelTensors(*m.module, PrefixOf(m));
     out.insert(out.end(), std::make_move_iterator(one.begin()), std::make_move_iterator(one.end()));
   }
-  return out;
+  return EachTensorOnce(std::move(out));
 }
 
 NamedTensors TrainingState::Parameters() const {
@@ -42,7 +42,7 @@ NamedTensors TrainingState::Parameters() const {
   for (const Module& m : modules) {
     for (auto& [name, p] : NamedParameters(*m.module)) out.emplace_back(PrefixOf(m) + name, p);
   }
-  return out;
+  return EachTensorOnce(std::move(out));
 }
 
 NamedTensors TrainingState::OptimizerState() const {

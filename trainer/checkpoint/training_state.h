@@ -49,7 +49,9 @@ struct TrainingState {
   static TrainingState Of(torch::nn::Module* model, torch::optim::Optimizer* optimizer);
 
   // Every module's parameters and buffers ("param.", "buffer.", prefixed
-  // by the module's name when it has one).
+  // by the module's name when it has one), each tensor once: a tensor
+  // registered under two names (a tied weight) or in two modules keeps the
+  // first name, and is reduced, moved and checkpointed once.
   NamedTensors Model() const;
   // Every module's parameters, named as Model() names them without the
   // "param." (what optimizer tensors are named after).

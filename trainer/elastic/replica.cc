@@ -91,12 +91,14 @@ absl::StatusOr<GradientSync*> Replica::SyncFor(const std::vector<std::string>& m
   const std::string key = absl::StrJoin(wanted, ",");
   std::vector<torch::Tensor> params;
   std::vector<std::string> known;
+  std::set<const void*> seen;
   const bool all = wanted.empty();
   for (const TrainingState::Module& m : state_.modules) {
     if (!m.name.empty()) known.push_back(m.name);
     if (!all && wanted.erase(m.name) == 0) continue;
     for (const torch::Tensor& p : m.module->parameters()) {
-      if (p.requires_grad()) params.push_back(p);
+      // A tied weight is listed under each of its names: reduce it once.
+      if (p.requires_grad() && seen.insert(p.unsafeGetTensorImpl()).second) params.push_back(p);
     }
   }
   if (!wanted.empty()) {

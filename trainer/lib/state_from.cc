@@ -33,31 +33,43 @@ absl::StatusOr<TrainingState::Optimizer> OptimizerFrom(
   return out;
 }
 
-// Each parameter in one module and at most one optimizer: the state names
-// each tensor once.
+std::string ModuleLabel(const TrainingState::Module& m) {
+  return m.name.empty() ? "State::model" : "module '" + m.name + "'";
+}
+
+// Each module registered once, and each parameter in at most one optimizer,
+// listed there once. A parameter under two names (a tied weight) or in two
+// modules is one parameter: TrainingState names it once.
 absl::Status CheckEachParameterOnce(const TrainingState& state) {
-  std::map<const void*, std::string> module_of;
-  for (const auto& [name, p] : state.Parameters()) {
-    auto [it, fresh] = module_of.emplace(p.unsafeGetTensorImpl(), name);
+  std::map<const void*, std::string> registered;
+  for (const TrainingState::Module& m : state.modules) {
+    auto [it, fresh] = registered.emplace(m.module, ModuleLabel(m));
     if (!fresh) {
-      return absl::InvalidArgumentError(absl::StrCat("State: parameter '", name, "' is also '",
-                                                     it->second,
-                                                     "': a module is registered twice"));
+      return absl::InvalidArgumentError(absl::StrCat("State: ", ModuleLabel(m), " is ", it->second,
+                                                     " again: register each module once"));
     }
   }
+  std::map<const void*, std::string> module_of;
+  for (const auto& [name, p] : state.Parameters()) module_of.emplace(p.unsafeGetTensorImpl(), name);
+  const auto named = [&](const torch::Tensor& p) {
+    auto it = module_of.find(p.unsafeGetTensorImpl());
+    return it == module_of.end() ? std::string() : " '" + it->second + "'";
+  };
   std::map<const void*, std::string> optimizer_of;
   for (const TrainingState::Optimizer& o : state.optimizers) {
     const std::string label = o.name.empty() ? "State::optimizer" : "optimizer '" + o.name + "'";
     for (const auto& group : o.optimizer->param_groups()) {
       for (const torch::Tensor& p : group.params()) {
         auto [it, fresh] = optimizer_of.emplace(p.unsafeGetTensorImpl(), label);
-        if (!fresh && it->second != label) {
+        if (fresh) continue;
+        if (it->second == label) {
+          // LibTorch's optimizers would step it twice per step.
           return absl::InvalidArgumentError(absl::StrCat(
-              "State: ", label, " and ", it->second, " update the same parameter",
-              module_of.count(p.unsafeGetTensorImpl())
-                  ? " '" + module_of[p.unsafeGetTensorImpl()] + "'"
-                  : std::string()));
+              "State: ", label, " lists the parameter", named(p),
+              " twice (a tied weight?): give each tensor to the optimizer once"));
         }
+        return absl::InvalidArgumentError(absl::StrCat("State: ", label, " and ", it->second,
+                                                       " update the same parameter", named(p)));
       }
     }
   }
