@@ -107,7 +107,7 @@ int main(int argc, char** argv) {
   auto job = muster::Distributed::Start(OptionsFrom(flag, examples), state);
   if (!job.ok()) {
     std::cerr << "char_lm: " << job.status() << "\n";
-    return 1;
+    return muster::Distributed::ExitCode(job.status());  // 78 for bad options: not restarted
   }
   muster::Distributed& d = **job;
   std::ofstream record;

@@ -78,7 +78,7 @@ int main(int argc, char** argv) {
   auto job = muster::Distributed::Start(options, state);
   if (!job.ok()) {
     std::cerr << "fashion_mnist: " << job.status() << "\n";
-    return 1;
+    return muster::Distributed::ExitCode(job.status());  // 78 for bad options: not restarted
   }
   muster::Distributed& d = **job;
   double last_loss = 0;

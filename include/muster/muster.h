@@ -15,7 +15,7 @@
 //   state.model = model.ptr().get();
 //   state.optimizer = &optimizer;
 //   auto job = muster::Distributed::Start(options, state);
-//   if (!job.ok()) return 1;
+//   if (!job.ok()) return muster::Distributed::ExitCode(job.status());
 //   muster::Distributed& d = **job;
 //   while (!d.ShouldStop()) {
 //     torch::Tensor loss = LossOn(d.Batch());   // this rank's example indices
@@ -235,7 +235,9 @@ class Distributed {
   // (74); kExitConfig (78) for INVALID_ARGUMENT; kExitDataLoss (65) for
   // DATA_LOSS (the ranks disagree); kExitError (1) for other
   // errors. muster-agent restarts a trainer only after kExitError, 70 or a
-  // signal (docs/library.md, "Exit codes").
+  // signal (docs/library.md, "Exit codes"). Also for Start's error
+  // (ExitCode(job.status())): a refusal of the options or the state is 78,
+  // which no restart repeats; an unreachable coordinator is 1.
   static int ExitCode(const absl::StatusOr<Outcome>& outcome);
 
   // Ask every rank to checkpoint and stop (as SIGUSR1 does), or this rank to

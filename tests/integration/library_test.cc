@@ -296,6 +296,19 @@ TEST_F(LibraryTest, AKilledTrainerIsReplacedAndEveryRankEndsBitIdentical) {
   CommonFinalDigest("summary", 4);
 }
 
+// A refusal no restart can fix is not restarted: char_lm with a batch of 0
+// is refused at Start (INVALID_ARGUMENT, named) and ends with 78, which
+// muster-agent does not restart; the agent gives that slot up at once.
+TEST_F(LibraryTest, AStartRefusedForItsOptionsExits78AndIsNotRestarted) {
+  StartCoordinator(/*min_members=*/2, /*max_members=*/2, "state");
+  const pid_t a = Agent("a", "summary", {"--batch", "0", "--epochs", "1"});
+  EXPECT_EQ(WaitExit(a), 1);  // a slot gave up
+  const std::string log = ReadText(dir_ + "/a.log");
+  EXPECT_NE(log.find("batch_per_rank must be positive"), std::string::npos) << log;
+  EXPECT_NE(log.find("exit 78"), std::string::npos) << log;
+  EXPECT_EQ(log.find("(restart "), std::string::npos) << "restarted: " << log;
+}
+
 // examples/tabular as a user writes it: RMSprop with two parameter groups
 // and a per-group step decay, BatchNorm, and LibTorch's data loader through
 // muster::StepSampler; 2 agents x 2 trainers and one SIGKILL. Every rank
