@@ -4,11 +4,15 @@
 // embedding, AdamW with weight decay on the 2-D weights only (two parameter
 // groups), gradient accumulation over micro-batches, the program's own
 // gradient clipping and warm-up + cosine learning rate, and evaluation on
-// rank 0 alone every few steps.
+// rank 0 alone every few steps. --amp bf16 runs its forward under autocast
+// in bfloat16; --amp fp16 in float16, with muster::GradScaler's dynamic loss
+// scaling (--loss-scale dynamic; the default for fp16 only).
 //
 //   lm [--text FILE] [--steps N | --epochs N] [--batch N] [--micro N]
 //      [--context N] [--layers N] [--embd N] [--heads N] [--dropout P]
 //      [--lr X] [--warmup N] [--clip X] [--eval-every N]
+//      [--amp none|bf16|fp16] [--loss-scale dynamic|none]
+//      [--loss-scale-growth N] [--cuda 0|1]
 //      [--checkpoint-dir D --checkpoint-every N] [--log-dir D]
 //      [--summary FILE] [--parameters FILE] [--pace-ms N] [--node-id ID]
 //
@@ -62,9 +66,7 @@ struct CausalSelfAttentionImpl : torch::nn::Module {
         qkv(register_module("qkv", torch::nn::Linear(c.embd, 3 * c.embd))),
         proj(register_module("proj", torch::nn::Linear(c.embd, c.embd))),
         attn_drop(register_module("attn_drop", torch::nn::Dropout(c.dropout))),
-        resid_drop(register_module("resid_drop", torch::nn::Dropout(c.dropout))),
-        // Not a buffer: nothing to carry, checkpoint or copy between ranks.
-        causal(torch::ones({c.context, c.context}, torch::kBool).tril()) {}
+        resid_drop(register_module("resid_drop", torch::nn::Dropout(c.dropout))) {}
 
   torch::Tensor forward(const torch::Tensor& x) {
     const int64_t B = x.size(0), T = x.size(1), C = x.size(2);
@@ -74,8 +76,10 @@ struct CausalSelfAttentionImpl : torch::nn::Module {
     };
     const torch::Tensor q = heads_of(parts[0]), k = heads_of(parts[1]), v = heads_of(parts[2]);
     torch::Tensor att = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(double(C / heads));
-    att = att.masked_fill(causal.slice(0, 0, T).slice(1, 0, T).logical_not(),
-                          -std::numeric_limits<float>::infinity());
+    // Each position sees itself and the ones before (not a buffer: nothing
+    // to carry, checkpoint or copy between ranks).
+    const torch::Tensor causal = torch::ones({T, T}, x.options().dtype(torch::kBool)).tril();
+    att = att.masked_fill(causal.logical_not(), -std::numeric_limits<float>::infinity());
     att = attn_drop(torch::softmax(att, -1));
     const torch::Tensor y = torch::matmul(att, v).transpose(1, 2).contiguous().view({B, T, C});
     return resid_drop(proj(y));
@@ -84,7 +88,6 @@ struct CausalSelfAttentionImpl : torch::nn::Module {
   int64_t heads;
   torch::nn::Linear qkv, proj;
   torch::nn::Dropout attn_drop, resid_drop;
-  torch::Tensor causal;
 };
 TORCH_MODULE(CausalSelfAttention);
 
@@ -127,7 +130,7 @@ struct GptImpl : torch::nn::Module {
     }
   }
   torch::Tensor forward(const torch::Tensor& idx) {
-    torch::Tensor x = drop(tok(idx) + pos(torch::arange(idx.size(1), torch::kInt64)));
+    torch::Tensor x = drop(tok(idx) + pos(torch::arange(idx.size(1), idx.options())));
     for (const auto& block : *blocks) x = block->as<Block>()->forward(x);
     return torch::linear(ln_f(x), lm_head);
   }
@@ -193,6 +196,15 @@ int main(int argc, char** argv) {
   const double clip = std::stod(Flag(flag, "--clip", "1.0"));
   const int64_t eval_every = std::stoll(Flag(flag, "--eval-every", "20"));
   const int pace_ms = std::stoi(Flag(flag, "--pace-ms", "0"));
+  const std::string amp = Flag(flag, "--amp", "none");
+  if (amp != "none" && amp != "bf16" && amp != "fp16") {
+    std::cerr << "lm: --amp " << amp << ": none, bf16 or fp16\n";
+    return 2;
+  }
+  muster::GradScalerOptions scaling;
+  scaling.enabled = Flag(flag, "--loss-scale", amp == "fp16" ? "dynamic" : "none") == "dynamic";
+  scaling.growth_interval = std::stoll(Flag(flag, "--loss-scale-growth", "2000"));
+  muster::GradScaler scaler(scaling);
 
   const torch::Tensor bytes = ReadBytes(Flag(flag, "--text", "/usr/share/common-licenses/GPL-3"));
   const int64_t windows = (bytes.size(0) - 1) / c.context;
@@ -229,9 +241,17 @@ int main(int argc, char** argv) {
   options.log_every = 10;
   options.model_name = "byte-gpt";
   options.node_id = Flag(flag, "--node-id", "");
+  options.cuda = Flag(flag, "--cuda", "0") == "1";
+  const absl::StatusOr<torch::Device> device = muster::TrainingDevice(options);
+  if (!device.ok()) {
+    std::cerr << "lm: " << device.status() << "\n";
+    return muster::Distributed::ExitCode(device.status());
+  }
+  model->to(*device);
   muster::State state;
   state.model = model.ptr().get();
   state.optimizer = &optimizer;
+  if (scaler.enabled()) state.grad_scaler = &scaler;  // its scale travels and checkpoints
   auto job = muster::Distributed::Start(options, state);
   if (!job.ok()) {
     std::cerr << "lm: " << job.status() << "\n";
@@ -260,24 +280,33 @@ int main(int argc, char** argv) {
       const std::vector<int64_t> part(batch.begin() + from, batch.begin() + to);
       torch::manual_seed(static_cast<uint64_t>(step) * 1000003 + static_cast<uint64_t>(part[0]));
       auto [x, y] = Windows(bytes, part, c.context);
+      torch::Tensor logits;
+      {
+        muster::Autocast autocast(device->type(), amp == "fp16" ? torch::kHalf : torch::kBFloat16,
+                                  amp != "none");
+        logits = model(x.to(*device));
+      }
       // Summed over the micro-batch, divided by the rank's full share: the
       // world's average is the mean over the global batch.
       torch::Tensor loss = torch::nn::functional::cross_entropy(
-                               model(x).flatten(0, 1), y.flatten(),
+                               logits.flatten(0, 1).to(torch::kFloat32), y.to(*device).flatten(),
                                torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum)) /
                            tokens_per_rank;
-      loss.backward();
+      scaler.scale(loss).backward();
       loss_sum += loss.item<double>();
     }
     if (!d.AfterBackward().ok()) continue;  // a peer failed and the step could not be salvaged
+    scaler.unscale_(optimizer);  // before clipping (registered: AfterBackward did it)
     torch::nn::utils::clip_grad_norm_(params, clip);
-    optimizer.step();
+    scaler.step(optimizer);  // skipped where a gradient overflowed, on every rank alike
+    scaler.update();
     if (!d.Batch().empty()) d.RecordLoss(loss_sum * tokens_per_rank / (d.Batch().size() * c.context));
     if (d.rank() == 0 && eval_every > 0 && (step + 1) % eval_every == 0 && !held_out.empty()) {
       model->eval();
       torch::NoGradGuard no_grad;
       auto [x, y] = Windows(bytes, held_out, c.context);
-      const double val = torch::nn::functional::cross_entropy(model(x).flatten(0, 1), y.flatten())
+      const double val = torch::nn::functional::cross_entropy(model(x.to(*device)).flatten(0, 1),
+                                                              y.to(*device).flatten())
                              .item<double>();
       model->train();
       std::cout << "lm: step " << step + 1 << ", held-out loss " << val << std::endl;
@@ -292,13 +321,15 @@ int main(int argc, char** argv) {
                   static_cast<unsigned long long>(d.StateDigest()));
     std::ofstream(WithPid(flag["--summary"]))
         << "{\"rank\": " << d.rank() << ", \"world_size\": " << d.world_size()
-        << ", \"steps\": " << d.step() << ", \"digest\": \"" << digest << "\"}\n";
+        << ", \"steps\": " << d.step() << ", \"digest\": \"" << digest
+        << "\", \"loss_scale\": " << scaler.get_scale()
+        << ", \"skipped_steps\": " << scaler.skipped_steps() << "}\n";
   }
   if (flag.count("--parameters") && d.rank() == 0) {
     std::ofstream out(WithPid(flag["--parameters"]));
     out << std::setprecision(9);
     for (const torch::Tensor& p : params) {
-      const torch::Tensor flat = p.detach().reshape({-1}).contiguous();
+      const torch::Tensor flat = p.detach().reshape({-1}).contiguous().cpu();
       for (int64_t i = 0; i < flat.numel(); ++i) out << flat[i].item<float>() << "\n";
     }
   }

@@ -89,6 +89,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "muster/amp.h"
 #include "muster/backend.h"
 #include "muster/blob.h"
 #include "muster/memory_account.h"
@@ -136,6 +137,11 @@ struct State {
   // Extra tensors (an EMA copy, running statistics), restored in place.
   std::vector<std::pair<std::string, torch::Tensor>> tensors;
   std::vector<Blob> blobs;
+  // Optional: the program's loss scaler (mixed precision, muster/amp.h).
+  // AfterBackward unscales each pass's averaged gradients and gives it the
+  // world's verdict on inf and NaN, so every rank skips the same steps; its
+  // state travels and checkpoints as the blob "grad_scaler".
+  GradScaler* grad_scaler = nullptr;
 };
 
 // The device this process trains on: with options.cuda, GPU

@@ -23,6 +23,7 @@
 #include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "tests/integration/lab_hosts.h"
 #include "tests/integration/scratch_dir.h"
@@ -643,6 +644,30 @@ TEST_P(ExampleFaultsTest, Sigusr1CheckpointsAndTheRestartEndsAsAnUninterruptedRu
 INSTANTIATE_TEST_SUITE_P(Programs, ExampleFaultsTest,
                          ::testing::Values("multitask", "distill", "finetune", "lm"),
                          [](const auto& info) { return info.param; });
+
+// examples/lm.cc in bf16 autocast with muster::GradScaler growing its scale
+// every 2 steps, so that it overflows float32 and backs off again and
+// again: a trainer SIGKILLed at step 40 is replaced and takes the scaler's
+// state with the rest, and the four ranks end with one digest, one scale
+// and the same steps skipped (some).
+TEST_F(LibraryTest, ALossScaledLmSkipsTheSameStepsOnEveryRankThroughAKill) {
+  StartCoordinator(/*min_members=*/2, /*max_members=*/4, "state");
+  const std::vector<std::string> run = {
+      kBin + "/lm", "--steps", "300", "--pace-ms", "10", "--amp", "bf16", "--loss-scale",
+      "dynamic", "--loss-scale-growth", "2", "--summary", dir_ + "/summary/{pid}.json"};
+  KillTrainer1OfBAndFinish(AgentOf("a", run), AgentOf("b", run), /*at_step=*/40);
+  CommonFinalDigest("summary", 4);
+  std::set<std::string> scales, skipped;
+  for (const std::string& f : ListFiles(dir_ + "/summary")) {
+    const std::string json = ReadText(f);
+    if (JsonNumber(json, "steps") != "300") continue;
+    scales.insert(JsonNumber(json, "loss_scale"));
+    skipped.insert(JsonNumber(json, "skipped_steps"));
+  }
+  EXPECT_EQ(scales.size(), 1u) << absl::StrJoin(scales, ", ");
+  ASSERT_EQ(skipped.size(), 1u) << absl::StrJoin(skipped, ", ");
+  EXPECT_GT(std::stoi(*skipped.begin()), 0) << "the scale never overflowed";
+}
 
 // member id -> state, from `muster status --json`.
 std::map<std::string, std::string> MemberStates(const std::string& target) {

@@ -775,6 +775,105 @@ TEST(ClipGradNormTest, ClipsAsTheProgramsOwnClipWhetherAllReducedOrScattered) {
   }
 }
 
+// muster::GradScaler registered as State::grad_scaler, four ranks on two
+// nodes with AdamW: at step 4 rank 1's gradient of its last bias is inf.
+// Every
+// rank skips that step and only that one, halves the same scale and grows
+// it after 3 good steps, and ends with the same digest (the scaler's state
+// is in it); whole, sharded with two copies and reduce-scattered with one,
+// where each rank steps only its own parts and so sees the inf only through
+// the world's verdict. The three end within float32 rounding of each other.
+struct ScaledRun {
+  std::vector<bool> stepped;
+  std::vector<double> scales;  // after each update
+  std::vector<torch::Tensor> parameters;
+  uint64_t digest = 0;
+};
+
+std::vector<ScaledRun> TrainScaled(int copies, bool reduce_scatter) {
+  constexpr int kWorld = 4;
+  auto server = InProcessCoordinator::Start(kWorld);
+  std::vector<ScaledRun> out(kWorld);
+  std::vector<std::thread> ranks;
+  std::mutex rng;
+  for (int i = 0; i < kWorld; ++i) {
+    ranks.emplace_back([&, i] {
+      std::unique_lock<std::mutex> drawing(rng);
+      torch::manual_seed(5);
+      torch::nn::Sequential model(torch::nn::Linear(8, 32), torch::nn::Tanh(),
+                                  torch::nn::Linear(32, 4));
+      drawing.unlock();
+      torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(1e-2));
+      GradScalerOptions so;
+      so.growth_interval = 3;
+      GradScaler scaler(so);
+      Options o = QuietOptions(server->port(),
+                               absl::StrCat("scaled", ::getpid(), copies, reduce_scatter));
+      o.node_id = absl::StrCat("n", i / 2);
+      o.local_rank = i % 2;
+      o.backend = Backend::kHier;
+      o.steps = 10;
+      o.shard_optimizer_state = copies > 0;
+      o.optimizer_state_copies = std::max(copies, 1);
+      o.reduce_scatter_gradients = reduce_scatter;
+      State state;
+      state.model = model.ptr().get();
+      state.optimizer = &optimizer;
+      state.grad_scaler = &scaler;
+      auto job = Distributed::Start(o, state);
+      ASSERT_TRUE(job.ok()) << job.status();
+      Distributed& d = **job;
+      ScaledRun& run = out[static_cast<size_t>(i)];
+      while (!d.ShouldStop()) {
+        const torch::Tensor idx = torch::tensor(d.Batch(), torch::kFloat32).unsqueeze(1);
+        const torch::Tensor x = torch::sin(idx * torch::arange(1, 9, torch::kFloat32) / 7);
+        const torch::Tensor y = torch::cos(idx * torch::arange(1, 5, torch::kFloat32) / 5);
+        optimizer.zero_grad();
+        torch::Tensor loss = torch::mse_loss(model->forward(x), y);
+        // At step 4 the gradient of rank 1's last bias overflows (only
+        // those 4 elements: one rank's part where the state is sharded).
+        if (d.rank() == 1 && d.step() == 4) {
+          loss = loss + model->parameters()[3].sum() * std::numeric_limits<float>::infinity();
+        }
+        d.BeforeBackward();
+        scaler.scale(loss).backward();
+        ASSERT_TRUE(d.AfterBackward().ok());
+        scaler.unscale_(optimizer);
+        run.stepped.push_back(scaler.step(optimizer));
+        scaler.update();
+        run.scales.push_back(scaler.get_scale());
+      }
+      for (const torch::Tensor& p : model->parameters()) {
+        run.parameters.push_back(p.detach().clone());
+      }
+      run.digest = d.StateDigest();
+      EXPECT_EQ(scaler.skipped_steps(), 1) << "rank " << d.rank();
+      EXPECT_EQ(Distributed::ExitCode(d.Finish()), 0);
+    });
+  }
+  for (std::thread& t : ranks) t.join();
+  return out;
+}
+
+TEST(GradScalerTest, AnInfOnOneRankSkipsTheSameStepOnEveryRankShardedOrNot) {
+  std::vector<bool> expected(10, true);
+  expected[4] = false;
+  const std::vector<ScaledRun> whole = TrainScaled(0, false);
+  for (auto [copies, scatter] : {std::pair{0, false}, {2, false}, {1, true}}) {
+    const std::vector<ScaledRun> runs = copies == 0 ? whole : TrainScaled(copies, scatter);
+    for (int r = 0; r < 4; ++r) {
+      const std::string where = absl::StrCat(copies, " copies, rank ", r);
+      EXPECT_EQ(runs[r].stepped, expected) << where;
+      EXPECT_EQ(runs[r].scales, runs[0].scales) << where;
+      EXPECT_EQ(runs[r].digest, runs[0].digest) << where;
+      EXPECT_LT(MaxDiff(runs[r].parameters, whole[0].parameters), 1e-5) << where;
+    }
+    ASSERT_EQ(runs[0].scales.size(), 10u);
+    EXPECT_EQ(runs[0].scales[2], 2 * 65536.0) << "grown after 3 good steps";
+    EXPECT_EQ(runs[0].scales[4], runs[0].scales[3] / 2) << "backed off after the inf";
+  }
+}
+
 // Options::join_timeout_s bounds how long Start tries an unreachable
 // coordinator (it used to take two minutes whatever the program wanted).
 TEST(StartTest, AnUnreachableCoordinatorFailsStartWithinTheJoinTimeout) {

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <set>
 #include <utility>
 
@@ -14,6 +15,7 @@
 #include "trainer/checkpoint/checkpointer.h"
 #include "trainer/checkpoint/state_tensors.h"
 #include "trainer/comm/values.h"
+#include "trainer/ddp/unscale.h"
 #include "trainer/elastic/sharded_optimizers.h"
 #include "trainer/elastic/state_sync.h"
 
@@ -273,29 +275,45 @@ absl::Status Replica::FinishPass(absl::Time deadline, const std::function<void()
     sharded_->TakeGradients();
   }
   // A failure here is the pass's, as its reduction's: the salvage reduces
-  // the .grad again and clips them (ResyncGradients).
-  return ClipGradients(scattered, deadline);
+  // the .grad again, unscales and clips them (ResyncGradients).
+  return UnscaleAndClip(scattered, deadline);
 }
 
-absl::Status Replica::ClipGradients(bool scattered, absl::Time deadline) {
-  if (!(options_.clip_norm > 0)) return absl::OkStatus();
-  if (!scattered) {
-    // The .grad hold the averages, the same on every rank (where the state
-    // is sharded the masters' .grad are views of them: ShareGradients).
-    last_gradient_norm_ = torch::nn::utils::clip_grad_norm_(current_->params(),
-                                                            options_.clip_norm);
-    return absl::OkStatus();
+absl::Status Replica::UnscaleAndClip(bool scattered, absl::Time deadline) {
+  const bool unscale = static_cast<bool>(options_.inverse_loss_scale);
+  if (!unscale && !(options_.clip_norm > 0)) return absl::OkStatus();
+  if (scattered) return UnscaleAndClipScattered(deadline);
+  // The .grad hold the averages, the same on every rank (where the state
+  // is sharded the masters' .grad are views of them: ShareGradients), so
+  // every rank finds the same inf or NaN.
+  const bool found = unscale && UnscaleGradients(current_->params(), options_.inverse_loss_scale());
+  if (options_.clip_norm > 0) {
+    // A step with inf or NaN is skipped: nothing to clip.
+    last_gradient_norm_ = found ? std::numeric_limits<double>::infinity()
+                                : torch::nn::utils::clip_grad_norm_(current_->params(),
+                                                                    options_.clip_norm);
   }
-  // Each part counted once, by its owner; every rank gets the same sum.
+  if (unscale) options_.unscaled(found);
+  return absl::OkStatus();
+}
+
+absl::Status Replica::UnscaleAndClipScattered(absl::Time deadline) {
+  const bool unscale = static_cast<bool>(options_.inverse_loss_scale);
+  if (unscale) sharded_->ScaleKeptGradients(options_.inverse_loss_scale());
+  // Each part counted once, by its owner; every rank gets the same sum,
+  // inf or NaN where any part holds one.
   double squares = sharded_->OwnGradientSquares();
   MUSTER_RETURN_IF_ERROR(
       AllReduceValues(comm_, &squares, 1, DataType::kFloat64, ReduceOp::kSum, deadline));
   const double norm = std::sqrt(squares);
-  // clip_grad_norm_'s coefficient, not above 1 (a NaN norm scales by NaN,
-  // as there).
-  const double coefficient = options_.clip_norm / (norm + 1e-6);
-  if (!(coefficient >= 1.0)) sharded_->ScaleKeptGradients(coefficient);
-  last_gradient_norm_ = norm;
+  const bool found = !std::isfinite(norm);
+  if (options_.clip_norm > 0) {
+    // clip_grad_norm_'s coefficient, not above 1.
+    const double coefficient = options_.clip_norm / (norm + 1e-6);
+    if (!found && !(coefficient >= 1.0)) sharded_->ScaleKeptGradients(coefficient);
+    last_gradient_norm_ = norm;
+  }
+  if (unscale) options_.unscaled(found);
   return absl::OkStatus();
 }
 
@@ -477,7 +495,7 @@ absl::StatusOr<WorldChanges::ControlAverages> Replica::ResyncGradients(
   MUSTER_RETURN_IF_ERROR(
       current_->Resync(comm, contribute, contributors, words.ToArray(), deadline));
   if (sharded_) sharded_->TakeGradients();
-  MUSTER_RETURN_IF_ERROR(ClipGradients(/*scattered=*/false, deadline));
+  MUSTER_RETURN_IF_ERROR(UnscaleAndClip(/*scattered=*/false, deadline));
   return current_->control();
 }
 

@@ -63,6 +63,12 @@ struct ReplicaOptions {
   // Options::clip_grad_norm: > 0 clips each pass's averaged gradients
   // (FinishPass, ResyncGradients) to this total 2-norm.
   double clip_norm = 0;
+  // A loss scaler (State::grad_scaler), set together or not at all: each
+  // pass's averaged gradients are multiplied by inverse_loss_scale() (its
+  // 1/scale) before clipping, and unscaled(found) hears whether the world
+  // found inf or NaN among them: the same verdict on every rank.
+  std::function<float()> inverse_loss_scale;
+  std::function<void(bool found)> unscaled;
 };
 
 class ShardedOptimizers;  // sharded_optimizers.h
@@ -213,11 +219,15 @@ class Replica : public WorldChanges::Tensors {
                            std::vector<GradientSync::BucketPlan>* plan);
   // The options of every gradient sync a pass gets.
   GradientSyncOptions SyncOptions() const;
-  // ReplicaOptions::clip_norm over the pass's averaged gradients: the
-  // parameters' .grad, or with `scattered` the sharded optimizers' parts
-  // (their squared norms summed over the world: a collective). Errors: the
-  // communicator's.
-  absl::Status ClipGradients(bool scattered, absl::Time deadline);
+  // After a pass's reduction: the loss scale taken out of its averaged
+  // gradients (ReplicaOptions::inverse_loss_scale), then
+  // ReplicaOptions::clip_norm over them: the parameters' .grad, or with
+  // `scattered` the sharded optimizers' parts (their squared norms summed
+  // over the world: a collective, which also finds an inf or NaN in any
+  // part). Errors: the communicator's.
+  absl::Status UnscaleAndClip(bool scattered, absl::Time deadline);
+  // UnscaleAndClip where each part of the gradients is counted by its owner.
+  absl::Status UnscaleAndClipScattered(absl::Time deadline);
 
   const TrainingState state_;
   const ReplicaOptions options_;

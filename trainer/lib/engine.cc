@@ -17,12 +17,12 @@
 #include "trainer/lib/state_from.h"
 
 namespace muster {
-Engine::Engine(const Options& o, TrainingState state, Clock* clock)
+Engine::Engine(const Options& o, TrainingState state, Clock* clock, GradScaler* scaler)
     : options_(o),
       clock_(clock),
       schedule_(o),
       requests_(o.stop_requested, o.leave_requested, o.handle_signals),
-      replica_(std::move(state), ReplicaOptionsFrom(o, clock)),
+      replica_(std::move(state), ReplicaOptionsFrom(o, clock, scaler)),
       timeline_(clock) {}
 
 Engine::~Engine() {
@@ -557,7 +557,8 @@ absl::StatusOr<std::unique_ptr<Distributed>> Distributed::Start(const Options& o
   MUSTER_ASSIGN_OR_RETURN(TrainingState ts, TrainingStateFrom(state));
   Options composed = options;
   if (!composed.output) composed.output = StandardOutput();
-  auto engine = std::make_unique<Engine>(std::move(composed), std::move(ts), RealClock::Get());
+  auto engine = std::make_unique<Engine>(std::move(composed), std::move(ts), RealClock::Get(),
+                                         state.grad_scaler);
   MUSTER_RETURN_IF_ERROR(engine->Begin());
   return std::unique_ptr<Distributed>(std::move(engine));
 }

@@ -78,8 +78,9 @@ struct StepInFlight {
 
 class Engine final : public Distributed, private WorldChanges::Trainer {
  public:
-  // `clock`: every part's; not owned.
-  Engine(const Options& o, TrainingState state, Clock* clock);
+  // `clock`: every part's; `scaler`: State::grad_scaler (may be null);
+  // neither owned.
+  Engine(const Options& o, TrainingState state, Clock* clock, GradScaler* scaler = nullptr);
   ~Engine() override;
 
   // Connects, resumes and enters the first world (Distributed::Start).

@@ -167,10 +167,20 @@ std::string JobSettings(const Options& o) {
   return out;
 }
 
-ReplicaOptions ReplicaOptionsFrom(const Options& o, Clock* clock) {
-  return {static_cast<size_t>(o.bucket_mb * (1 << 20)), o.overlap, o.broadcast_buffers, clock,
-          o.shard_optimizer_state ? o.optimizer_state_copies : 0, o.reduce_scatter_gradients,
-          o.clip_grad_norm};
+ReplicaOptions ReplicaOptionsFrom(const Options& o, Clock* clock, GradScaler* scaler) {
+  ReplicaOptions r;
+  r.bucket_bytes = static_cast<size_t>(o.bucket_mb * (1 << 20));
+  r.overlap = o.overlap;
+  r.broadcast_buffers = o.broadcast_buffers;
+  r.clock = clock;
+  r.shard_copies = o.shard_optimizer_state ? o.optimizer_state_copies : 0;
+  r.reduce_scatter = o.reduce_scatter_gradients;
+  r.clip_norm = o.clip_grad_norm;
+  if (scaler != nullptr && scaler->enabled()) {
+    r.inverse_loss_scale = [scaler] { return scaler->inverse_scale(); };
+    r.unscaled = [scaler](bool found) { scaler->RecordUnscaledPass(found); };
+  }
+  return r;
 }
 
 CatalogCheckpointerOptions CheckpointOptionsFrom(const Options& o, Clock* clock) {

@@ -21,6 +21,8 @@
 
 namespace muster {
 
+class GradScaler;  // muster/amp.h
+
 // The client's options: the coordinator (Options::coordinator, else
 // $MUSTER_COORDINATOR), the token, this member's placement, `clock` (its
 // deadlines'). Errors: INVALID_ARGUMENT naming what is missing, the token's
@@ -53,8 +55,9 @@ WorldChangesOptions WorldChangesOptionsFrom(const Options& o, bool several_passe
 std::string JobSettings(const Options& o);
 ElasticWorldOptions ElasticWorldOptionsFrom(const Options& o, ClientOptions client,
                                             Clock* clock);
-// The replica's: buckets, overlap, the buffers' broadcast.
-ReplicaOptions ReplicaOptionsFrom(const Options& o, Clock* clock);
+// The replica's: buckets, overlap, the buffers' broadcast, sharding,
+// clipping, and the program's loss scaler (null: none; not owned).
+ReplicaOptions ReplicaOptionsFrom(const Options& o, Clock* clock, GradScaler* scaler = nullptr);
 // The checkpoints of Options::checkpoint_dir.
 CatalogCheckpointerOptions CheckpointOptionsFrom(const Options& o, Clock* clock);
 // The progress lines (none when quiet) and the logs.

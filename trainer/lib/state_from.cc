@@ -141,6 +141,14 @@ absl::StatusOr<TrainingState> TrainingStateFrom(const State& state) {
     }
     out.blobs.push_back(b);
   }
+  if (state.grad_scaler != nullptr) {
+    Blob scaler = state.grad_scaler->StateBlob();
+    if (!names.insert("blob." + scaler.name).second) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "State::blobs: '", scaler.name, "' is State::grad_scaler's: name yours otherwise"));
+    }
+    out.blobs.push_back(std::move(scaler));
+  }
   return out;
 }
 
