@@ -669,6 +669,38 @@ TEST_F(LibraryTest, ALossScaledLmSkipsTheSameStepsOnEveryRankThroughAKill) {
   EXPECT_GT(std::stoi(*skipped.begin()), 0) << "the scale never overflowed";
 }
 
+// examples/images.cc loads through muster::DataLoader with 4 workers
+// (each example costs CPU time to load), 2 agents x 2, 2 epochs; rank 3
+// SIGKILLs itself inside step 20, after its backward, while its loader
+// fetches step 21 ahead. Its share is salvaged away and returned; counted
+// over every process's record (written after each step that counted, the
+// index read from each example the loader delivered), every example of
+// both epochs was trained on exactly once. The four ranks end with one
+// digest, their steps found examples fetched ahead, and the world changes
+// (3, then 4 again) dropped some fetched for shares that moved.
+TEST_F(LibraryTest, ALoaderWithWorkersSeesEveryExampleOncePerEpochThroughAKill) {
+  StartCoordinator(/*min_members=*/2, /*max_members=*/4, "state");
+  const std::vector<std::string> run = {
+      kBin + "/images", "--workers", "4", "--decode-us", "200", "--epochs", "2", "--batch", "8",
+      "--pace-ms", "5", "--kill-rank", "3", "--kill-at-step", "20", "--record", dir_ + "/record",
+      "--summary", dir_ + "/summary/{pid}.json"};
+  const pid_t a = AgentOf("a", run), b = AgentOf("b", run);
+  EXPECT_EQ(WaitExit(a), 0) << ReadText(dir_ + "/a.log");
+  EXPECT_EQ(WaitExit(b), 0) << ReadText(dir_ + "/b.log");
+  const std::string logs = ReadText(dir_ + "/a.log") + ReadText(dir_ + "/b.log");
+  EXPECT_NE(logs.find("started (restart 1)"), std::string::npos) << logs;
+  EXPECT_NE(logs.find("salvaged"), std::string::npos) << logs;
+  ExpectEveryExampleOncePerEpoch("record", /*epochs=*/2, /*at_least=*/2048);
+  CommonFinalDigest("summary", 4);
+  int64_t dropped = 0;
+  for (const std::string& f : ListFiles(dir_ + "/summary")) {
+    const std::string json = ReadText(f);
+    EXPECT_GT(std::stoll(JsonNumber(json, "fetched_ahead")), 0) << f;
+    dropped += std::stoll(JsonNumber(json, "dropped_ahead"));
+  }
+  EXPECT_GT(dropped, 0) << "no world change moved a share fetched ahead";
+}
+
 // member id -> state, from `muster status --json`.
 std::map<std::string, std::string> MemberStates(const std::string& target) {
   int code = -1;

@@ -516,6 +516,16 @@ absl::Status Engine::AfterDecision(bool world_changed) {
   return absl::OkStatus();
 }
 
+std::vector<int64_t> Engine::UpcomingBatch(int ahead) {
+  // From ShouldStop preparing a step to the step's boundary.
+  const StepState s = life_.state();
+  if (!world_ || (s != StepState::kPrepared && s != StepState::kInBackward &&
+                  s != StepState::kBoundaryDue) || ahead < 1) {
+    return {};
+  }
+  return schedule_.Upcoming(world_->world(), step_.batch, ahead);
+}
+
 absl::StatusOr<std::vector<double>> Engine::AllReduceSum(std::vector<double> values) {
   if (!life_.status().ok()) return life_.status();
   if (life_.ended() && life_.outcome() != StepOutcome::kFinished) {

@@ -88,6 +88,7 @@ class Engine final : public Distributed, private WorldChanges::Trainer {
 
   bool ShouldStop() override;
   const std::vector<int64_t>& Batch() const override { return step_.batch.indices; }
+  std::vector<int64_t> UpcomingBatch(int ahead) override;
   void BeforeBackward(bool sync) override { BeforeBackwardFor({}, sync); }
   void BeforeBackwardFor(const std::vector<std::string>& modules, bool sync) override;
   absl::Status AfterBackward() override;

@@ -36,6 +36,19 @@ SampledBatch Schedule::Next(const WorldInfo& world) {
   return sampler_.Next(counters_.position, world.world_size, world.rank, batch_per_rank_);
 }
 
+std::vector<int64_t> Schedule::Upcoming(const WorldInfo& world, const SampledBatch& current,
+                                        int ahead) {
+  SamplerPosition at = counters_.position;
+  SampledBatch batch = current;
+  for (int k = 1; k <= ahead; ++k) {
+    if (steps_ > 0 && counters_.step + k >= steps_) return {};
+    at = sampler_.Advance(at, batch, world.world_size, batch_per_rank_, {});
+    if (steps_ <= 0 && sampler_.Done(at, epochs_)) return {};
+    batch = sampler_.Next(at, world.world_size, world.rank, batch_per_rank_);
+  }
+  return batch.indices;
+}
+
 void Schedule::EndStep(const SampledBatch& batch, int world_size, const std::vector<int>& lost) {
   counters_.position =
       sampler_.Advance(counters_.position, batch, world_size, batch_per_rank_, lost);

@@ -42,6 +42,10 @@ class Schedule {
   bool Done() const;
   // This rank's batch of the next step, in `world`.
   SampledBatch Next(const WorldInfo& world);
+  // This rank's examples of the step `ahead` (>= 1) steps after the one
+  // that takes `current` (this rank's batch of it), if `world` stays and no
+  // share is lost; empty when that step would be past the end.
+  std::vector<int64_t> Upcoming(const WorldInfo& world, const SampledBatch& current, int ahead);
   // The step that took `batch` (any rank's of it) in a world of
   // `world_size` ranks ends; the examples of the shares `lost` (ranks of
   // that world) go back to the sampler.
