@@ -102,6 +102,9 @@ int main(int argc, char** argv) {
   options.log_dir = Flag(flag, "--log-dir", "");
   options.log_every = 10;
   options.model_name = "images";
+  // One thread for the model's ops: the loader's workers need the other
+  // cores (muster would otherwise share them all out to the model).
+  options.intra_op_threads = 1;
   muster::State state;
   state.model = model.ptr().get();
   state.optimizer = &optimizer;
