@@ -191,9 +191,9 @@ class Distributed {
   virtual const std::vector<int64_t>& Batch() const = 0;
   // This rank's example indices for the step `ahead` (>= 1) steps after
   // it, as they stand if the world does not change and no peer fails
-  // (empty when that step is past the end, or outside a step): what a
-  // loader may fetch ahead (muster::DataLoader). Batch() of that step is
-  // what counts.
+  // (empty when that step is past the end, or outside ShouldStop ... the
+  // step's AfterBackward): what a loader may fetch ahead
+  // (muster::DataLoader). Batch() of that step is what counts.
   virtual std::vector<int64_t> UpcomingBatch(int ahead) = 0;
 
   // Before the pass's first loss.backward(). The pass may call backward any

@@ -874,6 +874,38 @@ TEST(GradScalerTest, AnInfOnOneRankSkipsTheSameStepOnEveryRankShardedOrNot) {
   }
 }
 
+// Distributed::UpcomingBatch, what muster::DataLoader fetches ahead: after
+// ShouldStop, the share k steps ahead is the Batch() that step gets (the
+// world stays); from AfterBackward on, the schedule has moved past the
+// step, and it gives nothing rather than shares counted from the next one.
+TEST(UpcomingBatchTest, NamesTheSharesOfTheStepsAheadUntilAfterBackward) {
+  auto server = InProcessCoordinator::Start(1);
+  torch::nn::Linear model(2, 1);
+  Options o = QuietOptions(server->port(), "upcoming" + std::to_string(::getpid()));
+  o.steps = 6;
+  State state;
+  state.model = model.ptr().get();
+  auto job = Distributed::Start(o, state);
+  ASSERT_TRUE(job.ok()) << job.status();
+  Distributed& d = **job;
+  std::vector<std::vector<int64_t>> batches, one_ahead, two_ahead;
+  while (!d.ShouldStop()) {
+    batches.push_back(d.Batch());
+    one_ahead.push_back(d.UpcomingBatch(1));
+    two_ahead.push_back(d.UpcomingBatch(2));
+    d.BeforeBackward();
+    model(torch::ones({static_cast<int64_t>(d.Batch().size()), 2})).sum().backward();
+    ASSERT_TRUE(d.AfterBackward().ok());
+    EXPECT_TRUE(d.UpcomingBatch(1).empty()) << "step " << batches.size();
+  }
+  ASSERT_EQ(batches.size(), 6u);
+  for (size_t s = 0; s < 6; ++s) {
+    EXPECT_EQ(one_ahead[s], s + 1 < 6 ? batches[s + 1] : std::vector<int64_t>()) << s;
+    EXPECT_EQ(two_ahead[s], s + 2 < 6 ? batches[s + 2] : std::vector<int64_t>()) << s;
+  }
+  d.Finish().IgnoreError();
+}
+
 // Options::join_timeout_s bounds how long Start tries an unreachable
 // coordinator (it used to take two minutes whatever the program wanted).
 TEST(StartTest, AnUnreachableCoordinatorFailsStartWithinTheJoinTimeout) {

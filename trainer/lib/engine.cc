@@ -517,10 +517,11 @@ absl::Status Engine::AfterDecision(bool world_changed) {
 }
 
 std::vector<int64_t> Engine::UpcomingBatch(int ahead) {
-  // From ShouldStop preparing a step to the step's boundary.
+  // From ShouldStop preparing a step until its AfterBackward: a step of one
+  // pass has advanced the schedule past it then (EndStep), and the shares
+  // ahead would be counted from the next step.
   const StepState s = life_.state();
-  if (!world_ || (s != StepState::kPrepared && s != StepState::kInBackward &&
-                  s != StepState::kBoundaryDue) || ahead < 1) {
+  if (!world_ || (s != StepState::kPrepared && s != StepState::kInBackward) || ahead < 1) {
     return {};
   }
   return schedule_.Upcoming(world_->world(), step_.batch, ahead);
