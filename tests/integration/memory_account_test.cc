@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "muster/muster.h"
 #include "tests/integration/coordinator_fixture.h"
+#include "tests/integration/quiet_options.h"
 
 namespace muster {
 namespace {
@@ -114,18 +115,13 @@ Measured TrainAndMeasure(int copies, bool reduce_scatter) {
                                   torch::nn::Linear(1024, 1024), torch::nn::Tanh(),
                                   torch::nn::Linear(1024, 512));
       torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(1e-3));
-      Options o;
-      o.coordinator = "127.0.0.1:" + std::to_string(server->port());
-      o.job = absl::StrCat("account", ::getpid(), copies, reduce_scatter);
+      Options o = QuietOptions(server->port(),
+                               absl::StrCat("account", ::getpid(), copies, reduce_scatter));
       o.node_id = absl::StrCat("n", i / 2);
       o.local_rank = i % 2;
       o.backend = Backend::kHier;
-      o.dataset_size = 64;
       o.batch_per_rank = 2;
       o.steps = kMeasureAt + 1;
-      o.handle_signals = false;
-      o.quiet = true;
-      o.state_listen = "";
       o.shard_optimizer_state = copies > 0;
       o.optimizer_state_copies = std::max(copies, 1);
       o.reduce_scatter_gradients = reduce_scatter;

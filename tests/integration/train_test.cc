@@ -18,6 +18,7 @@
 #include "absl/time/clock.h"
 #include "muster/muster.h"
 #include "tests/integration/coordinator_fixture.h"
+#include "tests/integration/quiet_options.h"
 #include "tests/integration/subprocess.h"
 #include "trainer/checkpoint/safetensors.h"
 #include "trainer/data/dataset.h"
@@ -67,21 +68,6 @@ double MaxDiff(const std::vector<torch::Tensor>& a, const std::vector<torch::Ten
   double m = 0;
   for (size_t i = 0; i < a.size(); ++i) m = std::max(m, (a[i] - b[i]).abs().max().item<double>());
   return m;
-}
-
-// A program's options against the in-process coordinator on `port`, as
-// job `job`: 64 examples, 8 per rank, no signal handlers (ranks are
-// threads), no output, no state service.
-Options QuietOptions(int port, const std::string& job) {
-  Options o;
-  o.coordinator = "127.0.0.1:" + std::to_string(port);
-  o.job = job;
-  o.dataset_size = 64;
-  o.batch_per_rank = 8;
-  o.handle_signals = false;
-  o.quiet = true;
-  o.state_listen = "";
-  return o;
 }
 
 class EquivalenceTest : public ::testing::TestWithParam<std::tuple<int, int, size_t>> {};
