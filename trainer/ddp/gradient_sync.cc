@@ -241,6 +241,18 @@ void GradientSync::CommLoop() {
     const size_t bucket = queue_.front();
     queue_.pop_front();
     Communicator* comm = comm_;
+    if (bucket == kErrand) {  // a RunInOrder collective
+      Errand* errand = errands_.front();
+      errands_.pop_front();
+      lock.Unlock();
+      absl::Status s = comm == nullptr ? absl::FailedPreconditionError("no communicator")
+                                       : (*errand->collective)(comm);
+      lock.Lock();
+      errand->status = std::move(s);
+      errand->done = true;
+      cv_.NotifyAll();
+      continue;
+    }
     const absl::Time deadline = deadline_;
     Bucket& b = buckets_[bucket];
     lock.Unlock();
@@ -256,6 +268,24 @@ void GradientSync::CommLoop() {
     b.done = true;
     cv_.NotifyAll();
   }
+}
+
+absl::Status GradientSync::RunInOrder(
+    const std::function<absl::Status(Communicator*)>& collective) {
+  MutexLock lock(&mu_);
+  Communicator* comm = comm_;
+  if (comm == nullptr) return absl::FailedPreconditionError("no communicator");
+  if (!syncing_) {  // nothing in flight: the communicator is this thread's
+    lock.Unlock();
+    return collective(comm);
+  }
+  Errand errand;
+  errand.collective = &collective;
+  errands_.push_back(&errand);
+  queue_.push_back(kErrand);
+  cv_.NotifyAll();
+  while (!errand.done) cv_.Wait(&mu_);
+  return errand.status;
 }
 
 absl::Status GradientSync::ReduceBucket(Communicator* comm, size_t i, ReduceOp op,

@@ -181,6 +181,16 @@ class GradientSync {
   absl::Status Resync(Communicator* comm, bool contribute, int contributors,
                       const std::array<float, kControlWords>& control, absl::Time deadline);
 
+  // Runs `collective` over the sync's communicator in order with the
+  // pass's bucket reductions: while a synchronised pass is in flight
+  // (Begin ... Finish), on the communication thread after the buckets
+  // launched before it, else on the calling thread. Every rank that runs
+  // the same graph meets the buckets and these collectives in the same
+  // order (a SyncBatchNorm's sums in forward and backward). Returns its
+  // status; FAILED_PRECONDITION without a communicator. Training or
+  // autograd thread; one at a time.
+  absl::Status RunInOrder(const std::function<absl::Status(Communicator*)>& collective);
+
   size_t bucket_count() const { return buckets_.size(); }
   // Whether a step reduce-scatters (a plan with scatter segments).
   bool scatters() const { return scatter_; }
@@ -265,6 +275,13 @@ class GradientSync {
   absl::Status ReduceBucket(Communicator* comm, size_t i, ReduceOp op, absl::Time deadline,
                             bool scatter);
   void CommLoop();
+  // A RunInOrder collective waiting in the queue (queue_ holds kErrand).
+  struct Errand {
+    const std::function<absl::Status(Communicator*)>* collective = nullptr;
+    absl::Status status;
+    bool done = false;
+  };
+  static constexpr size_t kErrand = static_cast<size_t>(-1);
 
   std::vector<torch::Tensor> params_;
   std::vector<unsigned> hooks_;    // param -> its hook's handle (removed with the sync)
@@ -286,7 +303,8 @@ class GradientSync {
   std::array<float, kControlWords> local_control_ ABSL_GUARDED_BY(mu_){};
   std::vector<char> got_gradient_ ABSL_GUARDED_BY(mu_);  // per param, this step
   absl::Time deadline_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
-  std::deque<size_t> queue_ ABSL_GUARDED_BY(mu_);  // buckets to reduce
+  std::deque<size_t> queue_ ABSL_GUARDED_BY(mu_);  // buckets to reduce, kErrand
+  std::deque<Errand*> errands_ ABSL_GUARDED_BY(mu_);  // the callers wait for them
   size_t next_launch_ ABSL_GUARDED_BY(mu_) = 0;    // buckets below it are launched
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   double comm_seconds_ ABSL_GUARDED_BY(mu_) = 0;

@@ -12,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "muster/sync_batch_norm.h"
 #include "trainer/checkpoint/checkpointer.h"
 #include "trainer/checkpoint/state_tensors.h"
 #include "trainer/comm/values.h"
@@ -60,6 +61,12 @@ Replica::Replica(TrainingState state, ReplicaOptions options)
   if (options_.shard_copies > 0) {
     sharded_ = std::make_unique<ShardedOptimizers>(OptimizersOf(state_), options_.shard_copies);
   }
+  statistics_ = std::make_shared<WorldStatistics>(options_.clock);
+  for (const TrainingState::Module& m : state_.modules) {
+    for (const std::shared_ptr<torch::nn::Module>& sub : m.module->modules()) {
+      if (auto* bn = dynamic_cast<SyncBatchNormImpl*>(sub.get())) bn->set_reducer(statistics_);
+    }
+  }
   if (!options_.broadcast_buffers) return;
   std::vector<torch::nn::Module*> modules;
   for (const TrainingState::Module& m : state_.modules) modules.push_back(m.module);
@@ -69,6 +76,8 @@ Replica::Replica(TrainingState state, ReplicaOptions options)
 Replica::~Replica() { Close(); }
 
 void Replica::Close() {
+  statistics_->SetWorld(nullptr);  // a SyncBatchNorm used after the job is BatchNorm
+  statistics_->EndPass();
   current_ = nullptr;
   syncs_.clear();  // their threads stop before the state they read goes
   shard_.sync.reset();
@@ -255,11 +264,15 @@ void Replica::BeginPass(GradientSync* sync, bool reduce, const ControlWords& con
   sync->SetTimeout(timeout);
   current_ = sync;
   current_->Begin(reduce, control.ToArray());
+  statistics_->SetPass(sync, timeout);
 }
 
 absl::Status Replica::FinishPass(absl::Time deadline, const std::function<void()>& turn) {
   const absl::Time backward_end = options_.clock->Now();
   absl::Status s = current_->Finish(deadline, turn);
+  const WorldStatistics::PassAccount statistics = statistics_->EndPass();
+  pass_summed_statistics_ = statistics.reduced;
+  if (s.ok()) s = statistics.status;
   const absl::Status gathered = std::exchange(pass_failure_, absl::OkStatus());
   MUSTER_RETURN_IF_ERROR(s.ok() ? gathered : s);
   const double comm_s = current_->last_stats().comm_seconds;
@@ -476,6 +489,7 @@ void Replica::AccountMemory(int64_t staging, int64_t transfer) {
 
 void Replica::UseCommunicator(Communicator* comm) {
   comm_ = comm;
+  statistics_->SetWorld(comm);
   passes_in_world_ = 0;
   for (auto& [key, sync] : syncs_) sync->SetCommunicator(comm);
   if (shard_.sync != nullptr) shard_.sync->SetCommunicator(comm);

@@ -38,6 +38,7 @@
 #include "trainer/checkpoint/training_state.h"
 #include "trainer/ddp/buffer_sync.h"
 #include "trainer/ddp/gradient_sync.h"
+#include "trainer/ddp/world_statistics.h"
 #include "trainer/elastic/memory_account.h"
 #include "trainer/elastic/optimizer_shards.h"
 #include "trainer/elastic/state_server.h"
@@ -104,6 +105,10 @@ class Replica : public WorldChanges::Tensors {
   // After the pass's backward: waits for its reduction (GradientSync::Finish)
   // and counts how much of it was hidden behind backward.
   absl::Status FinishPass(absl::Time deadline, const std::function<void()>& turn);
+  // Whether the last FinishPass's pass summed SyncBatchNorm statistics
+  // over more than one rank (its step cannot be salvaged:
+  // WorldStatistics).
+  bool pass_summed_statistics() const { return pass_summed_statistics_; }
   // The control words of the last pass, averaged over the world.
   WorldChanges::ControlAverages control() const { return current_->control(); }
   // The total 2-norm of the last pass's averaged gradients before
@@ -249,6 +254,10 @@ class Replica : public WorldChanges::Tensors {
   ShardSync shard_;
   GradientSync* current_ = nullptr;
   Communicator* comm_ = nullptr;
+  // What every SyncBatchNorm of the modules sums over (set at
+  // construction; local once Close ran).
+  std::shared_ptr<WorldStatistics> statistics_;
+  bool pass_summed_statistics_ = false;
   std::unique_ptr<BufferSync> buffers_;  // null without broadcast_buffers
   std::unique_ptr<ShardedOptimizers> sharded_;  // null without shard_copies
   int64_t held_elements_ = -1;  // the shards' state at the last boundary

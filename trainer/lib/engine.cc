@@ -292,9 +292,11 @@ absl::Status Engine::RegroupAfterFailedStep(const absl::Status& failure) {
                                : absl::StrCat("step ", failed);
   MUSTER_LOG(WARNING) << what << " failed: " << failure;
   MUSTER_RETURN_IF_ERROR(life_.Fail());
-  // A step of several passes is salvaged in the world it began in only.
+  // A step of several passes is salvaged in the world it began in only; a
+  // pass whose SyncBatchNorm statistics held the world's examples, never.
   changes_->KeepFailedStep(world_->world(),
-                           !several || world_->world().generation == step_.generation);
+                           (!several || world_->world().generation == step_.generation) &&
+                               !replica_.pass_summed_statistics());
   if (absl::Status r = Regroup(std::string(failure.message()), /*broken=*/true); !r.ok()) {
     life_.Break(r);
     return r;
