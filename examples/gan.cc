@@ -11,22 +11,33 @@
 //   gan [--node-id ID] [--data-dir D] [--examples N] [--steps N | --epochs N]
 //       [--batch N] [--ghost-batch N] [--checkpoint-dir D --checkpoint-every N]
 //       [--summary FILE] [--parameters FILE] [--pace-ms N] [--shard-optimizer 1]
+//       [--sync-bn 1] [--kill-rank R --kill-at-step N]
 //
 // --shard-optimizer 1 shards both optimizers' state (Options::
 // shard_optimizer_state): the generator's pass, which reads the
 // discriminator its optimizer has just stepped, names its module before
 // that forward, so the stepped parts are gathered first, and the
 // optimizers come back whole after the loop, for the summary's digest.
+// --sync-bn 1 makes both models' BatchNorm a muster::SyncBatchNorm: its
+// statistics are the world's batch, so a world of four trains as one
+// process with the global batch does (no --ghost-batch), and every rank
+// runs each forward, an empty share included.
+// --kill-rank R --kill-at-step N: rank R SIGKILLs itself inside step N,
+// once the discriminator's pass has begun and before its forward (the
+// process tests' drill: with --sync-bn the others lose it inside
+// SyncBatchNorm's sum).
 // --summary FILE writes the final state digest and the optimizer state
 // this rank held ({pid} in FILE is replaced);
 // --parameters FILE writes rank 0's final parameters (the generator's, then
 // the discriminator's) as text, one value per line.
 #include <muster/muster.h>
+#include <muster/sync_batch_norm.h>
 #include <torch/torch.h>
 #include <unistd.h>
 #include <zlib.h>
 
 #include <algorithm>
+#include <csignal>
 #include <chrono>
 #include <fstream>
 #include <iomanip>
@@ -58,17 +69,46 @@ torch::Tensor ReadImages(const std::string& path, int64_t limit) {
 // As in DCGAN, a layer followed by BatchNorm has no bias: BatchNorm takes
 // the mean out, so the bias's gradient is zero but for rounding, which Adam
 // would turn into steps of a full learning rate.
-torch::nn::Sequential Generator() {
-  return torch::nn::Sequential(torch::nn::Linear(torch::nn::LinearOptions(kNoise, 256).bias(false)),
-                               torch::nn::BatchNorm1d(256),
-                               torch::nn::LeakyReLU(), torch::nn::Linear(256, kPixels),
-                               torch::nn::Tanh());
+// `sync_bn`: muster::SyncBatchNorm, the world's statistics.
+torch::nn::AnyModule Norm(int64_t features, bool sync_bn) {
+  if (sync_bn) return torch::nn::AnyModule(muster::SyncBatchNorm(features));
+  return torch::nn::AnyModule(torch::nn::BatchNorm1d(features));
 }
 
-torch::nn::Sequential Discriminator() {
-  return torch::nn::Sequential(torch::nn::Linear(torch::nn::LinearOptions(kPixels, 256).bias(false)),
-                               torch::nn::BatchNorm1d(256),
-                               torch::nn::LeakyReLU(), torch::nn::Linear(256, 1));
+torch::nn::Sequential Generator(bool sync_bn) {
+  torch::nn::Sequential net(torch::nn::Linear(torch::nn::LinearOptions(kNoise, 256).bias(false)));
+  net->push_back(Norm(256, sync_bn));
+  net->push_back(torch::nn::LeakyReLU());
+  net->push_back(torch::nn::Linear(256, kPixels));
+  net->push_back(torch::nn::Tanh());
+  return net;
+}
+
+torch::nn::Sequential Discriminator(bool sync_bn) {
+  torch::nn::Sequential net(torch::nn::Linear(torch::nn::LinearOptions(kPixels, 256).bias(false)));
+  net->push_back(Norm(256, sync_bn));
+  net->push_back(torch::nn::LeakyReLU());
+  net->push_back(torch::nn::Linear(256, 1));
+  return net;
+}
+
+// Noise drawn from the step and the examples: the same on a rerun. With
+// SyncBatchNorm, each example's own (a world of four draws what one process
+// with the global batch draws); else the part's, from its first example.
+torch::Tensor Noise(int64_t step, const std::vector<int64_t>& part, bool per_example) {
+  const auto seed = [step](int64_t example) {
+    torch::manual_seed(static_cast<uint64_t>(step) * 1000003 + static_cast<uint64_t>(example));
+  };
+  if (!per_example || part.empty()) {
+    seed(part.empty() ? 0 : part[0]);
+    return torch::randn({static_cast<int64_t>(part.size()), kNoise});
+  }
+  std::vector<torch::Tensor> rows;
+  for (int64_t example : part) {
+    seed(example);
+    rows.push_back(torch::randn({kNoise}));
+  }
+  return torch::stack(rows);
 }
 
 std::string Get(const std::map<std::string, std::string>& flag, const std::string& name,
@@ -89,7 +129,8 @@ int main(int argc, char** argv) {
 
   torch::set_num_threads(1);  // bit-identical runs: one reduction order
   torch::manual_seed(0);      // the same initial models everywhere (rank 0's win anyway)
-  torch::nn::Sequential gen = Generator(), disc = Discriminator();
+  const bool sync_bn = Get(flag, "--sync-bn", "0") == "1";
+  torch::nn::Sequential gen = Generator(sync_bn), disc = Discriminator(sync_bn);
   torch::optim::Adam g_opt(gen->parameters(), torch::optim::AdamOptions(2e-4).betas({0.5, 0.999}));
   torch::optim::Adam d_opt(disc->parameters(), torch::optim::AdamOptions(2e-4).betas({0.5, 0.999}));
 
@@ -128,28 +169,29 @@ int main(int argc, char** argv) {
   // global batch then trains as a world of such ranks does.
   const size_t ghost = std::stoul(Get(flag, "--ghost-batch", "0"));
   const int pace_ms = std::stoi(Get(flag, "--pace-ms", "0"));
+  const int kill_rank = std::stoi(Get(flag, "--kill-rank", "-1"));
+  const int64_t kill_at_step = std::stoll(Get(flag, "--kill-at-step", "-1"));
   double d_loss = 0, g_loss = 0;
   while (!d.ShouldStop()) {
     const std::vector<int64_t>& batch = d.Batch();
     std::vector<torch::Tensor> reals, fakes;
-    const size_t part_size = ghost > 0 ? ghost : batch.size();
-    for (size_t at = 0; at < batch.size(); at += part_size) {
-      const std::vector<int64_t> part(batch.begin() + at,
+    const size_t part_size = ghost > 0 ? ghost : std::max<size_t>(batch.size(), 1);
+    for (size_t at = 0; at < std::max<size_t>(batch.size(), 1); at += part_size) {
+      const std::vector<int64_t> part(batch.begin() + std::min(batch.size(), at),
                                       batch.begin() + std::min(batch.size(), at + part_size));
       // BatchNorm needs two examples: a smaller part (the end of an
-      // epoch) adds nothing, its rank still joins both passes.
-      if (part.size() < 2) continue;
+      // epoch) adds nothing, its rank still joins both passes. With
+      // SyncBatchNorm every rank runs the forwards, on what it has.
+      if (part.size() < 2 && !sync_bn) continue;
       reals.push_back(images.index_select(0, torch::tensor(part, torch::kInt64)));
-      // Noise drawn from the step and the examples: the same on a rerun.
-      torch::manual_seed(static_cast<uint64_t>(d.step()) * 1000003 +
-                         static_cast<uint64_t>(part[0]));
-      fakes.push_back(gen->forward(torch::randn({static_cast<int64_t>(part.size()), kNoise})));
+      fakes.push_back(gen->forward(Noise(d.step(), part, sync_bn)));
     }
 
     // The discriminator's pass: a backward for the real images, another for
     // the generated ones, then one optimizer step on the sum.
     d_opt.zero_grad();
     d.BeforeBackwardFor({"discriminator"});
+    if (d.rank() == kill_rank && d.step() == kill_at_step) std::raise(SIGKILL);
     double loss_real = 0, loss_fake = 0;
     for (size_t k = 0; k < reals.size(); ++k) {
       torch::Tensor real_loss = bce(disc->forward(reals[k]), 1);
