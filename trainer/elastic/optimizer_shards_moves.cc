@@ -1,0 +1,195 @@
+// OptimizerShards: moving ranges between worlds: each rank of a new world
+// takes the ranges it will keep, round by round (Redistribute;
+// optimizer_shards.h).
+#include "trainer/elastic/optimizer_shards.h"
+
+#include <c10/util/strides.h>
+#include <torch/torch.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "trainer/checkpoint/optimizer_codecs.h"
+#include "trainer/checkpoint/state_tensors.h"
+#include "trainer/comm/values.h"
+#include "trainer/ddp/device_comm.h"
+#include "trainer/ddp/storage_alias.h"
+#include "trainer/elastic/optimizer_shards_internal.h"
+
+namespace muster {
+
+namespace {
+
+// `fields` (a master's state over `whole`, its range) cut to `piece`, a
+// range inside it: WriteFields' input for the piece.
+OptimizerCodec::Fields CutFields(const OptimizerCodec::Fields& fields, ElementRange whole,
+                                 ElementRange piece) {
+  OptimizerCodec::Fields out;
+  for (const auto& [name, t] : fields) {
+    out.emplace_back(name, t.dim() > 0 ? t.reshape({-1}).narrow(0, piece.begin - whole.begin,
+                                                               piece.size())
+                                       : t);
+  }
+  return out;
+}
+
+// A round `round` of new shard `range`, summed over the world (`buffer`),
+// into the shard's fields `out`, made where `device` at the first round.
+void KeepRound(const FlatState& buffer, ElementRange range, ElementRange round,
+               torch::Device device, std::map<std::string, torch::Tensor>* out) {
+  const torch::Tensor words = ScalarWords(buffer);
+  int64_t f = 0, c = 0;
+  for (const FieldSpec& spec : buffer.specs) {
+    if (spec.per_element) {
+      torch::Tensor& field = (*out)[spec.name];
+      if (!field.defined()) {
+        field = torch::empty({range.size()},
+                             torch::TensorOptions().dtype(spec.dtype).device(device));
+      }
+      field.narrow(0, round.begin - range.begin, round.size())
+          .copy_(buffer.flat.narrow(0, buffer.ElementOffset(f++), round.size()));
+    } else {
+      (*out)[spec.name] = ScalarAt(words, c++, spec.dtype);
+    }
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<OptimizerShards>> OptimizerShards::Redistribute(
+    OptimizerShards* held, const std::vector<torch::optim::Optimizer*>& optimizers,
+    const ShardWorld& agreed, int copies, Communicator* comm, absl::Time deadline,
+    int64_t chunk) {
+  // This rank's view of the groups: a holder's own (its optimizers list
+  // the masters), a joiner's from its optimizers.
+  std::vector<Group> collected;
+  std::vector<int64_t> elements;
+  if (held == nullptr) {
+    MUSTER_RETURN_IF_ERROR(Collect(optimizers, &collected, &elements));
+  } else {
+    MUSTER_RETURN_IF_ERROR(held->CheckAlive(agreed.alive, "redistribute"));
+    for (int g = 0; g < held->layout_.groups(); ++g) {
+      elements.push_back(held->layout_.group_elements(g));
+    }
+  }
+  const std::vector<Group>& groups = held != nullptr ? held->groups_ : collected;
+  MUSTER_ASSIGN_OR_RETURN(ShardLayout after,
+                          ShardLayout::Make(elements, agreed.node_of_rank, copies));
+  const size_t G = groups.size();
+  std::string lost;
+  const std::vector<int> source =
+      held != nullptr ? ShardSources(held->layout_, agreed.alive, /*whole=*/false, &lost)
+                      : std::vector<int>();
+  torch::NoGradGuard no_grad;
+  std::vector<int64_t> header;
+  MUSTER_RETURN_IF_ERROR(AgreeOnHeader(groups, held != nullptr ? &held->layout_ : nullptr,
+                                       held != nullptr ? held->rank_ : -1, lost, comm, deadline,
+                                       &header));
+  const bool stepped = header[2 * G + 1] > 0;
+  // Every group's kept shards' fields, aside until every round is done.
+  const size_t kept = after.KeptBy(comm->rank()).size();
+  std::vector<std::vector<KeptFields>> fields(G);
+  for (size_t g = 0; g < G; ++g) {
+    if (elements[g] == 0) continue;  // not sharded
+    fields[g].resize(kept);
+    if (header[g + 1] == 0) continue;  // no state yet: the masters get none
+    MUSTER_RETURN_IF_ERROR(MoveGroup(groups, static_cast<int>(g), held, source, after,
+                                     comm->rank(), comm, deadline, chunk, &fields[g]));
+  }
+  for (size_t g = 0; g < G && stepped; ++g) {
+    if (header[G + g + 1] == 0) continue;
+    MUSTER_RETURN_IF_ERROR(AssembleValues(groups[g], static_cast<int>(g),
+                                          held != nullptr ? &held->layout_ : nullptr,
+                                          held != nullptr ? held->rank_ : -1, source, comm,
+                                          deadline));
+  }
+  // Every rank has its fields only once every rank's rounds are done: a
+  // rank that passes this word knows that no rank keeps the old shards
+  // for lack of the new.
+  int64_t done = 1;
+  MUSTER_RETURN_IF_ERROR(
+      AllReduceValues(comm, &done, 1, DataType::kInt64, ReduceOp::kSum, deadline));
+  if (held != nullptr) {
+    Restore(held->groups_);
+    held->groups_.clear();
+    elements.clear();
+    MUSTER_RETURN_IF_ERROR(Collect(optimizers, &collected, &elements));
+  }
+  return Build(std::move(collected), std::move(after), comm->rank(), fields);
+}
+
+absl::Status OptimizerShards::MoveGroup(const std::vector<Group>& groups, int g,
+                                        const OptimizerShards* held,
+                                        const std::vector<int>& source, const ShardLayout& after,
+                                        int rank, Communicator* comm, absl::Time deadline,
+                                        int64_t chunk, std::vector<KeptFields>* kept) {
+  const Group& group = groups[g];
+  const auto& options = group.optimizer->param_groups()[group.index].options();
+  const torch::Device device = group.params[0].device();
+  // What this rank sends: each master's fields whose shard it is the
+  // source of (by KeptBy's order of the old layout).
+  std::vector<int> sent;
+  std::vector<OptimizerCodec::Fields> sent_fields;
+  if (held != nullptr) {
+    const std::vector<int> old_kept = held->layout_.KeptBy(held->rank_);
+    for (size_t k = 0; k < old_kept.size(); ++k) {
+      if (source[old_kept[k]] != held->rank_) continue;
+      torch::optim::OptimizerParamState* state =
+          FindOptimizerState(*group.optimizer, group.masters[k]);
+      if (state == nullptr) {
+        return absl::InternalError(
+            absl::StrCat("optimizer group ", g, ": a master it sends has no state"));
+      }
+      sent.push_back(old_kept[k]);
+      sent_fields.push_back(group.codec->Save(*state, options));
+    }
+  }
+  const std::vector<int> mine = after.KeptBy(rank);
+  chunk = std::max<int64_t>(chunk, 1);
+  // The fields, once: each round's buffer is made alike.
+  MUSTER_ASSIGN_OR_RETURN(const FlatState fields, StartFlatState(group, g, *comm, 0));
+  for (int s = 0; s < after.world(); ++s) {
+    const ElementRange range = after.Range(g, s);
+    const auto it = std::find(mine.begin(), mine.end(), s);
+    KeptFields* out = it != mine.end() ? &(*kept)[static_cast<size_t>(it - mine.begin())] : nullptr;
+    // At least one round, for the scalars of an empty range.
+    for (int64_t begin = range.begin;;) {
+      const int64_t n = std::min(chunk, range.end - begin);
+      const ElementRange round{begin, begin + n};
+      FlatState buffer = fields;
+      buffer.padded = n + n % 2;
+      buffer.flat = torch::zeros({buffer.ScalarOffset(buffer.scalars)}, fields.flat.options());
+      for (size_t i = 0; i < sent.size(); ++i) {
+        const ElementRange whole = held->layout_.Range(g, sent[i]);
+        const ElementRange piece = Overlap(whole, round);
+        // The group's scalars have one writer: the sender of old shard 0.
+        const bool scalars = sent[i] == 0;
+        const bool empty = piece.size() <= 0;
+        if (empty && !scalars) continue;
+        const ElementRange at = empty ? ElementRange{whole.begin, whole.begin} : piece;
+        const ElementRange into = empty ? ElementRange{0, 0}
+                                        : ElementRange{piece.begin - begin, piece.end - begin};
+        MUSTER_RETURN_IF_ERROR(
+            WriteFields(CutFields(sent_fields[i], whole, at), g, into, scalars, &buffer));
+      }
+      // Every rank sizes the round alike: none is empty on one rank alone.
+      if (buffer.flat.numel() > 0) {
+        MUSTER_RETURN_IF_ERROR(comm->AllReduce(buffer.flat.data_ptr(),
+                                               static_cast<size_t>(buffer.flat.numel() / 2),
+                                               DataType::kInt64, ReduceOp::kSum, deadline));
+      }
+      if (out != nullptr) KeepRound(buffer, range, round, device, out);
+      begin += n;
+      if (begin >= range.end) break;
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace muster

@@ -1,0 +1,226 @@
+// OptimizerShards: the state whole again: from the living holders of each
+// range (Unshard), or from a rank that holds it whole (optimizer_shards.h).
+#include "trainer/elastic/optimizer_shards.h"
+
+#include <c10/util/strides.h>
+#include <torch/torch.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "trainer/checkpoint/optimizer_codecs.h"
+#include "trainer/checkpoint/state_tensors.h"
+#include "trainer/comm/values.h"
+#include "trainer/ddp/device_comm.h"
+#include "trainer/ddp/storage_alias.h"
+#include "trainer/elastic/optimizer_shards_internal.h"
+
+namespace muster {
+
+absl::Status OptimizerShards::CheckAlive(const std::vector<bool>& alive,
+                                         const char* what) const {
+  if (static_cast<int>(alive.size()) == layout_.world() && alive[rank_]) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(what, ": ", alive.size(),
+                                                 " ranks said alive or not, of a layout of ",
+                                                 layout_.world(), ", this rank ", rank_,
+                                                 " among them"));
+}
+
+absl::Status OptimizerShards::Unshard(const std::vector<bool>& alive, Communicator* comm,
+                                      absl::Time deadline, int whole_source) {
+  MUSTER_RETURN_IF_ERROR(CheckAlive(alive, "unshard"));
+  MUSTER_RETURN_IF_ERROR(
+      Assemble(groups_, &layout_, rank_, alive, whole_source, comm, deadline));
+  groups_.clear();
+  return absl::OkStatus();
+}
+
+absl::Status OptimizerShards::Check(const std::vector<torch::optim::Optimizer*>& optimizers) {
+  std::vector<Group> groups;
+  std::vector<int64_t> elements;
+  return Collect(optimizers, &groups, &elements);
+}
+
+void OptimizerShards::ResetParameterGradients() {
+  for (Group& group : groups_) {
+    for (torch::Tensor& p : group.params) p.mutable_grad().reset();
+  }
+}
+
+void OptimizerShards::Restore(std::vector<Group>& groups) {
+  for (Group& group : groups) {
+    for (const torch::Tensor& master : group.masters) {
+      EraseOptimizerState(*group.optimizer, master);
+    }
+    group.optimizer->param_groups()[group.index].params() = group.listed;
+    group.masters.clear();
+  }
+}
+
+void OptimizerShards::Release() {
+  Restore(groups_);
+  groups_.clear();
+}
+
+absl::Status OptimizerShards::ReceiveUnsharded(
+    const std::vector<torch::optim::Optimizer*>& optimizers, Communicator* comm,
+    absl::Time deadline) {
+  std::vector<Group> groups;
+  std::vector<int64_t> elements;
+  MUSTER_RETURN_IF_ERROR(Collect(optimizers, &groups, &elements));
+  return Assemble(groups, /*layout=*/nullptr, /*rank=*/-1, {}, /*whole_source=*/-1, comm,
+                  deadline);
+}
+
+absl::Status OptimizerShards::SendWhole(const std::vector<torch::optim::Optimizer*>& optimizers,
+                                        const ShardLayout& layout,
+                                        const std::vector<bool>& alive, Communicator* comm,
+                                        absl::Time deadline) {
+  std::vector<Group> groups;
+  std::vector<int64_t> elements;
+  MUSTER_RETURN_IF_ERROR(Collect(optimizers, &groups, &elements));
+  if (static_cast<int>(alive.size()) != layout.world()) {
+    return absl::InvalidArgumentError(absl::StrCat("send whole: ", alive.size(),
+                                                   " ranks said alive or not, of a layout of ",
+                                                   layout.world()));
+  }
+  return Assemble(groups, &layout, kHoldsWholeState, alive, comm->rank(), comm, deadline);
+}
+
+// Whether some shard comes from the whole source (ShardSources).
+bool AnyFromWhole(const std::vector<int>& source) {
+  return std::find(source.begin(), source.end(), kHoldsWholeState) != source.end();
+}
+
+// The rank of `layout` that sends each shard: the first of its holders
+// that `alive` says lives on; else kHoldsWholeState where a rank holds the
+// whole state (`whole`), or -1. `*lost` names the first range with
+// elements that nobody sends ("" when there is none).
+std::vector<int> ShardSources(const ShardLayout& layout, const std::vector<bool>& alive,
+                              bool whole, std::string* lost) {
+  std::vector<int> source;
+  for (int s = 0; s < layout.world(); ++s) {
+    int from = -1;
+    for (int h : layout.Holders(s)) {
+      if (alive[h]) {
+        from = h;
+        break;
+      }
+    }
+    if (from < 0 && whole) from = kHoldsWholeState;
+    source.push_back(from);
+    for (int g = 0; g < layout.groups() && from == -1 && lost->empty(); ++g) {
+      const ElementRange r = layout.Range(g, s);
+      if (r.size() > 0) {
+        *lost = absl::StrCat("the optimizer state of group ", g, " elements [", r.begin, ", ",
+                             r.end, ") (shard ", s, ") has no living holder");
+      }
+    }
+  }
+  return source;
+}
+
+// Every rank of `comm`: a header (a range lost anywhere? state in which
+// groups?) summed over the world, then, for each group with state, one
+// buffer of its fields, flat over the group's elements, into which the
+// living holder of each range writes its master's state and everyone else
+// zeros. The buffer is summed as int64 words: each word has one writer,
+// so the sum moves the float32 bits exactly (a float sum would turn -0
+// into +0).
+absl::Status OptimizerShards::Assemble(std::vector<Group>& groups, const ShardLayout* layout,
+                                       int rank, const std::vector<bool>& alive,
+                                       int whole_source, Communicator* comm,
+                                       absl::Time deadline) {
+  const size_t G = groups.size();
+  const bool whole = rank == kHoldsWholeState;
+  std::string lost;
+  const std::vector<int> source =
+      layout != nullptr ? ShardSources(*layout, alive, whole_source >= 0, &lost)
+                        : std::vector<int>();
+  torch::NoGradGuard no_grad;
+  std::vector<int64_t> header;
+  MUSTER_RETURN_IF_ERROR(AgreeOnHeader(groups, layout, rank, lost, comm, deadline, &header));
+  for (size_t g = 0; g < G; ++g) {
+    Group& group = groups[g];
+    // Nobody holds sharded state for it: each rank keeps what its own
+    // optimizer holds (none before a first step, or what its constructor
+    // made, as Adagrad's does), which the state transfer that follows a
+    // new world makes equal.
+    if (header[g + 1] == 0) continue;
+    MUSTER_ASSIGN_OR_RETURN(
+        FlatState state,
+        StartFlatState(group, static_cast<int>(g), *comm, group.PaddedElements()));
+    if (layout != nullptr) {
+      MUSTER_RETURN_IF_ERROR(
+          whole ? WriteWholeState(group, static_cast<int>(g), *layout, source, &state)
+                : WriteHeldState(group, static_cast<int>(g), *layout, rank, source, &state));
+    }
+    MUSTER_RETURN_IF_ERROR(comm->AllReduce(state.flat.data_ptr(),
+                                           static_cast<size_t>(state.flat.numel() / 2),
+                                           DataType::kInt64, ReduceOp::kSum, deadline));
+    MUSTER_RETURN_IF_ERROR(InstallFlatState(group, state));
+  }
+  for (size_t g = 0; g < G; ++g) {
+    if (header[G + g + 1] == 0) continue;
+    MUSTER_RETURN_IF_ERROR(
+        AssembleValues(groups[g], static_cast<int>(g), layout, rank, source, comm, deadline));
+  }
+  Restore(groups);
+  return absl::OkStatus();
+}
+
+// Between an optimizer step and the boundary's GatherParameters only the
+// masters hold the new values of their ranges (a world that broke in that
+// gather leaves the parameters differing by rank): each range's values
+// come from the rank that sends its state, moved as int64 words as the
+// state is. A range nobody sends keeps this rank's own values; a joiner
+// (`layout` null) keeps its own, which the state transfer replaces.
+absl::Status OptimizerShards::AssembleValues(const Group& group, int g, const ShardLayout* layout,
+                                             int rank, const std::vector<int>& source,
+                                             Communicator* comm, absl::Time deadline) {
+  torch::Tensor flat =
+      torch::zeros({group.PaddedElements()},
+                   torch::TensorOptions().dtype(torch::kFloat32).device(CommDevice(*comm)));
+  if (rank == kHoldsWholeState && AnyFromWhole(source)) {
+    const torch::Tensor values = FlatValues(group.params).to(flat.device());
+    for (int s = 0; s < layout->world(); ++s) {
+      const ElementRange range = layout->Range(g, s);
+      if (source[s] != kHoldsWholeState || range.size() <= 0) continue;
+      flat.narrow(0, range.begin, range.size()).copy_(values.narrow(0, range.begin, range.size()));
+    }
+  }
+  const std::vector<int> kept =
+      layout != nullptr && rank >= 0 ? layout->KeptBy(rank) : std::vector<int>();
+  for (size_t k = 0; k < kept.size() && k < group.masters.size(); ++k) {
+    if (source[kept[k]] != rank) continue;
+    const ElementRange range = layout->Range(g, kept[k]);
+    flat.narrow(0, range.begin, range.size()).copy_(group.masters[k]);
+  }
+  MUSTER_RETURN_IF_ERROR(comm->AllReduce(flat.data_ptr(), static_cast<size_t>(flat.numel() / 2),
+                                         DataType::kInt64, ReduceOp::kSum, deadline));
+  if (layout == nullptr) return absl::OkStatus();
+  torch::Tensor values = FlatValues(group.params).to(flat.device());
+  for (int s = 0; s < layout->world(); ++s) {
+    const ElementRange range = layout->Range(g, s);
+    if (source[s] == -1 || range.size() <= 0) continue;
+    values.narrow(0, range.begin, range.size()).copy_(flat.narrow(0, range.begin, range.size()));
+  }
+  int64_t offset = 0;
+  for (const torch::Tensor& p : group.params) {
+    const torch::Tensor from = values.narrow(0, offset, p.numel()).view_as(p).to(p.device());
+    // A parameter that holds these bits already is not written: a graph
+    // built on it before the regroup (a GAN's generated images, made
+    // before the step's first pass) checks its version in its backward.
+    if (!SameBits(p, from)) p.detach().copy_(from);
+    offset += p.numel();
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace muster
