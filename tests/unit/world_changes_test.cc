@@ -121,11 +121,6 @@ class RecordingTrainer : public WorldChanges::Membership,
     resync_contributors = contributors;
     return averages;
   }
-  absl::Status StepTakenByOthers(StepDecision next) override {
-    calls.push_back("StepTakenByOthers");
-    taken_by_others.push_back(next);
-    return absl::OkStatus();
-  }
   void BeforeSalvagedStep() override {
     calls.push_back("BeforeSalvagedStep");
     step_before_salvage = counters_->step;
@@ -135,6 +130,11 @@ class RecordingTrainer : public WorldChanges::Membership,
     return restores ? absl::OkStatus() : lost;
   }
   absl::Status StepSalvaged(const SalvagedStep& step) override {
+    if (!step.in_step) {
+      calls.push_back("StepTakenByOthers");
+      taken_by_others.push_back(step.next);
+      return absl::OkStatus();
+    }
     calls.push_back("StepSalvaged");
     salvaged.push_back(step);
     return absl::OkStatus();

@@ -67,6 +67,13 @@ class CatalogCheckpointer {
   // last Take (or the start). Each rank's clock answers on its own: the
   // ranks agree through the step's control words (step_policy.h) first.
   bool DueByTime() const;
+  // A checkpoint was due after a step whose boundary regrouped: a joiner of
+  // that world began the next step at once, so the checkpoint's
+  // collectives would have met its gradient all-reduce. It is taken after
+  // the next step instead, by every rank: this rank says so in that step's
+  // control words. Training thread.
+  void set_deferred(bool deferred) { deferred_ = deferred; }
+  bool deferred() const { return deferred_; }
   // Checkpoints the state after `meta.step` as rank `rank` (see the top);
   // the model and optimizer names come from the options; each call to the
   // catalog waits up to `call_timeout`. Errors: this rank's part could not
@@ -140,6 +147,7 @@ class CatalogCheckpointer {
   Checkpointer checkpointer_;
   Clock* const clock_;
   absl::Time last_;  // the last Take, or the start
+  bool deferred_ = false;
   const std::shared_ptr<Outcome> outcome_ = std::make_shared<Outcome>();
 };
 

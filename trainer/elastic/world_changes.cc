@@ -115,9 +115,10 @@ absl::Status WorldChanges::Salvage(Communicator* comm, const WorldInfo& world) {
       const ControlAverages averages,
       tensors_->ResyncGradients(comm, claim.contributes, plan.contributors, words, deadline));
   SalvagedStep step;
+  step.in_step = in_step;
   step.next = DecideAfterStep(averages, world.world_size, words, world_->told_to_leave());
   if (!in_step) {  // the step's counters and state come from a rank in it
-    MUSTER_RETURN_IF_ERROR(trainer_->StepTakenByOthers(step.next));
+    MUSTER_RETURN_IF_ERROR(trainer_->StepSalvaged(step));
     return CatchUp(comm, plan.first_stepper, /*stepped=*/false);
   }
   step.contributed = claim.contributes;

@@ -38,7 +38,7 @@
 //         ┌────────────────────────────────┼────────────────────────────┐
 //   nothing salvaged               this rank was in it          it was not (a joiner)
 //         │                                │ Tensors::ResyncGradients   │ ResyncGradients
-//         v                                v Trainer::BeforeSalvagedStep v StepTakenByOthers
+//         v                                v Trainer::BeforeSalvagedStep v StepSalvaged (!in_step)
 //   EndFailedStep (the engine)       advance the counters,        catch up from the
 //                                    Trainer::StepSalvaged:       first rank in it
 //                                    salvaged()+1
@@ -104,6 +104,10 @@ struct FailedStepMark {
 };
 
 struct SalvagedStep {
+  // Whether this rank took the step. A rank outside it (a joiner, a spare)
+  // takes the step from a rank in it: its boundary is due, deciding
+  // `next`, and the fields below are not set.
+  bool in_step = true;
   // The decision at the step's boundary (from the re-reduced control words).
   StepDecision next = StepDecision::kContinue;
   // Whether this rank's gradient was reduced: when not, its examples of the
@@ -188,16 +192,13 @@ class WorldChanges {
   class Trainer {
    public:
     virtual ~Trainer() = default;
-    // This rank, outside the salvaged step, takes it from a rank in it:
-    // the step's boundary is due, deciding `next`. Called before the
-    // catch-up. Errors: FAILED_PRECONDITION where the step's lifecycle
-    // refuses it.
-    virtual absl::Status StepTakenByOthers(StepDecision next) = 0;
     // This rank is about to take the salvaged step in the new world; the
     // counters are still those before it (its learning rates are set).
     virtual void BeforeSalvagedStep() = 0;
-    // This rank took the salvaged step; the counters are past it. Errors:
-    // FAILED_PRECONDITION where the step's lifecycle refuses it.
+    // This rank took the salvaged step; the counters are past it. Or,
+    // with !step.in_step, it takes the step from a rank in it, before the
+    // catch-up. Errors: FAILED_PRECONDITION where the step's lifecycle
+    // refuses it.
     virtual absl::Status StepSalvaged(const SalvagedStep& step) = 0;
     // Every rank of a new world whose state in memory is incomplete
     // (`lost`, Tensors::EnterWorld's NOT_FOUND: a part of the sharded

@@ -104,6 +104,7 @@ absl::Status Engine::ResumeFromCheckpoint() {
 
 absl::Status Engine::StepSalvaged(const SalvagedStep& step) {
   step_.decision = step.next;
+  if (!step.in_step) return life_.StepTaken();  // taken by others: its boundary is due
   if (!step.contributed) step_.batch.indices.clear();  // this rank's examples did not count
   step_.lost.insert(step_.lost.end(), step.lost.begin(), step.lost.end());
   MUSTER_RETURN_IF_ERROR(life_.Salvaged());
@@ -239,7 +240,7 @@ void Engine::BeforeBackwardFor(const std::vector<std::string>& modules, bool syn
   if (first || sync) {
     step_.sent = changes_->CurrentControl();
     step_.sent.checkpoint_due =
-        checkpointer_ && (checkpointer_->DueByTime() || checkpoint_deferred_);
+        checkpointer_ && (checkpointer_->DueByTime() || checkpointer_->deferred());
   }
   replica_.BeginPass(*chosen, sync, step_.sent, changes_->step_timeout());
 }
@@ -492,8 +493,8 @@ absl::Status Engine::AfterDecision(bool world_changed) {
   // By steps, or by time as the step's control words agreed: every rank
   // checkpoints after the same step.
   const bool due = checkpointer_ && (checkpointer_->DueAtStep(counters().step) ||
-                                     step_.checkpoint_due || checkpoint_deferred_);
-  checkpoint_deferred_ = due && world_changed;
+                                     step_.checkpoint_due || checkpointer_->deferred());
+  if (checkpointer_) checkpointer_->set_deferred(due && world_changed);
   if (due && !world_changed) {
     // Sharded optimizer state is written where it is held, a file a rank.
     const bool sharded = replica_.ShardedNow();

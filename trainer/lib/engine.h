@@ -147,7 +147,8 @@ class Engine final : public Distributed, private WorldChanges::Trainer {
   // The boundary's collectives in order (the sharded gather, a catch-up,
   // the buffers, the periodic state check); none after one that regrouped.
   absl::Status BoundaryCollectives();
-  // `world_changed`: a regroup during this boundary (see checkpoint_deferred_).
+  // `world_changed`: a regroup during this boundary (CatalogCheckpointer::
+  // deferred).
   absl::Status AfterDecision(bool world_changed);
   absl::Status Stop();
   // After a sharded checkpoint to stop: the optimizers whole again, with
@@ -180,10 +181,6 @@ class Engine final : public Distributed, private WorldChanges::Trainer {
   const TrainingCounters& counters() const { return schedule_.counters(); }
 
   // WorldChanges::Trainer: where a salvaged step touches the step in flight.
-  absl::Status StepTakenByOthers(StepDecision next) override {
-    step_.decision = next;
-    return life_.StepTaken();
-  }
   void BeforeSalvagedStep() override { lr_->Apply(progress()); }
   absl::Status StepSalvaged(const SalvagedStep& step) override;
   absl::Status StateLost(const absl::Status& lost) override;
@@ -198,12 +195,6 @@ class Engine final : public Distributed, private WorldChanges::Trainer {
   Replica replica_;
   std::optional<WorldChanges> changes_;  // from Begin, over world_ and replica_
   std::unique_ptr<CatalogCheckpointer> checkpointer_;
-  // A checkpoint was due after a step whose boundary regrouped: a joiner of
-  // that world began the next step at once, so the checkpoint's collectives
-  // would have met its gradient all-reduce. It is taken after the next
-  // step instead, by every rank: this rank says so in that step's control
-  // words.
-  bool checkpoint_deferred_ = false;
   std::unique_ptr<ProgressReporter> reporter_;
   StepInFlight step_;
   StepLifecycle life_;  // where the step stands (step_lifecycle.h)
