@@ -1,5 +1,5 @@
 // muster::MemoryAccount: the bytes this rank holds, by what holds them
-// (Distributed::memory_account(); docs/sharding.md, "What a rank holds").
+// (Distributed::memory_account(); docs/design/sharding.md, "What a rank holds").
 #ifndef MUSTER_MEMORY_ACCOUNT_H_
 #define MUSTER_MEMORY_ACCOUNT_H_
 

@@ -1,6 +1,6 @@
 // ShardedOptimizers: a trainer's sharded optimizer state through steps and
-// worlds (docs/sharding.md, "In training"): what the replica calls at each
-// point, over OptimizerShards.
+// worlds (docs/design/sharding.md, "Through steps and worlds"): what the
+// replica calls at each point, over OptimizerShards.
 //
 //   a new world, every rank, before the state transfer:  Gather (straight
 //                                                         to the new shards
