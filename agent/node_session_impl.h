@@ -203,6 +203,7 @@ class NodeSessionImpl final : public NodeSession,
     // Whether its attach went out on the current connection; a member that
     // attached while the node stream was down waits for the next one.
     bool attached = false;
+    v1::MemoryBytes memory = {};  // its last reported account
   };
   struct Call {
     RelayedRendezvous* call = nullptr;

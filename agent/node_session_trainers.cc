@@ -148,6 +148,7 @@ void NodeSessionImpl::LocalBeat(const std::string& member, uint64_t incarnation,
       it->second.step = beat.step();
       it->second.samples = beat.samples();
       it->second.stalled_ms = beat.stalled_ms();
+      if (beat.has_memory()) it->second.memory = beat.memory();
       it->second.last_beat = clock_->Now();
     }
     ack.mutable_ack()->set_current_generation(link_.generation);

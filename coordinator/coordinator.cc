@@ -213,7 +213,9 @@ CoordinatorCounters Coordinator::Counters() {
   c.world_size = gen_.world_live() ? gen_.world().size() : 0;
   for (const auto& [id, info] : membership_.members()) {
     ++c.members_by_state[MemberStateName(info.state)];
-    if (info.state == MemberState::kActive) c.step = std::max(c.step, info.step);
+    if (info.state != MemberState::kActive) continue;
+    c.step = std::max(c.step, info.step);
+    if (info.memory.total() > c.largest_memory.total()) c.largest_memory = info.memory;
   }
   return c;
 }

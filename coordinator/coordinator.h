@@ -67,6 +67,7 @@ struct MemberProgress {
   // members' heartbeats).
   absl::Duration stalled;
   absl::Duration age;
+  MemberMemory memory;  // all 0: not reported
 };
 
 struct MemberEvent {
@@ -187,6 +188,8 @@ struct CoordinatorCounters {
   std::map<std::string, uint64_t> members_by_state;
   uint32_t world_size = 0;  // of the live world (0: none)
   int64_t step = 0;         // the newest step an active member reported
+  // The memory account of the active member that reported the largest.
+  MemberMemory largest_memory;
   // The latest observations, oldest first (at most kRecentObservations of
   // each), and how many there were in all: a reader observes the ones it
   // has not seen yet.

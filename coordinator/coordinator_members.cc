@@ -128,6 +128,7 @@ absl::Status Coordinator::Beat(uint64_t session, MemberProgress progress, absl::
   membership_.Seen(info, now);
   if (progress.step >= 0) info->step = progress.step;
   if (progress.samples > 0) info->samples = progress.samples;
+  if (progress.memory.total() > 0) info->memory = progress.memory;
   info->progress_at = now - progress.age;
   info->stalled_since = progress.stalled > absl::ZeroDuration()
                             ? info->progress_at - progress.stalled

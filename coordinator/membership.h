@@ -22,6 +22,15 @@
 
 namespace muster {
 
+// A member's memory account, in bytes (Heartbeat.memory): what holds it.
+struct MemberMemory {
+  uint64_t parameters = 0, gradients = 0, optimizer_state = 0, communication = 0, staging = 0,
+           transfer = 0;
+  uint64_t total() const {
+    return parameters + gradients + optimizer_state + communication + staging + transfer;
+  }
+};
+
 struct MemberInfo {
   MemberKey key;
   std::string node;
@@ -31,6 +40,7 @@ struct MemberInfo {
   MemberState state = MemberState::kWaiting;
   int64_t step = 0;
   int64_t samples = 0;    // Heartbeat.samples: its world's samples so far
+  MemberMemory memory;    // Heartbeat.memory, the last reported
   // Since when its training thread has made no progress
   // (Heartbeat.stalled_ms), as its trainer said at `progress_at`;
   // InfiniteFuture when it said 0.

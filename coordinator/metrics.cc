@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <exception>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -53,6 +54,10 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
   step_ = &BuildGauge().Name("muster_step")
                .Help("Newest training step a member of the world reported")
                .Register(*registry_).Add({});
+  rank_memory_ = &BuildGauge().Name("muster_rank_memory_bytes")
+                      .Help("The memory account of the active member that holds the most, by "
+                            "what holds it (its last pass's)")
+                      .Register(*registry_);
   const Histogram::BucketBoundaries seconds = {0.01, 0.03, 0.1, 0.3, 1, 3, 10, 30, 100};
   regroup_duration_ = &BuildHistogram().Name("muster_regroup_duration_seconds")
                            .Help("From forming a world to its last member's arrival")
@@ -123,6 +128,13 @@ void Metrics::Update(const CoordinatorCounters& c) {
   }
   world_size_->Set(static_cast<double>(c.world_size));
   step_->Set(static_cast<double>(c.step));
+  const MemberMemory& m = c.largest_memory;
+  for (const auto& [category, bytes] :
+       {std::pair<const char*, uint64_t>{"parameters", m.parameters},
+        {"gradients", m.gradients}, {"optimizer_state", m.optimizer_state},
+        {"communication", m.communication}, {"staging", m.staging}, {"transfer", m.transfer}}) {
+    rank_memory_->Add({{"category", category}}).Set(static_cast<double>(bytes));
+  }
   // The observations made since the last update (as many as are kept).
   const size_t new_regroups = std::min<uint64_t>(c.regroups_timed - last_.regroups_timed,
                                                  c.regroup_seconds.size());

@@ -64,6 +64,7 @@ class Metrics {
   prometheus::Counter* checkpoints_;
   prometheus::Gauge* world_size_;
   prometheus::Gauge* step_;
+  prometheus::Family<prometheus::Gauge>* rank_memory_;
   prometheus::Histogram* regroup_duration_;
   prometheus::Histogram* checkpoint_duration_;
   prometheus::Counter* checkpoint_bytes_;

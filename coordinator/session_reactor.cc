@@ -53,9 +53,11 @@ void MergeEvents(std::deque<v1::SessionEvent>* queue) {
 }
 
 MemberProgress Progress(int64_t step, int64_t samples, uint32_t stalled_ms,
-                        uint32_t age_ms = 0) {
-  return MemberProgress{step, samples, absl::Milliseconds(stalled_ms),
-                        absl::Milliseconds(age_ms)};
+                        const v1::MemoryBytes& memory, uint32_t age_ms = 0) {
+  MemberProgress p{step, samples, absl::Milliseconds(stalled_ms), absl::Milliseconds(age_ms)};
+  p.memory = {memory.parameters(), memory.gradients(),     memory.optimizer_state(),
+              memory.communication(), memory.staging(), memory.transfer()};
+  return p;
 }
 
 }  // namespace
@@ -261,7 +263,8 @@ bool SessionReactor::Handle() {
   absl::StatusOr<uint64_t> generation =
       coordinator_->Heartbeat(session_, Progress(request_.heartbeat().step(),
                                                  request_.heartbeat().samples(),
-                                                 request_.heartbeat().stalled_ms()));
+                                                 request_.heartbeat().stalled_ms(),
+                                                 request_.heartbeat().memory()));
   if (!generation.ok()) {
     outbox_->Close(generation.status());
     return false;
@@ -326,7 +329,8 @@ bool SessionReactor::HandleNode(absl::Time start) {
         auto it = attached_.find(m.member_id());
         if (it == attached_.end()) continue;
         sessions.push_back(it->second.session);
-        progress.push_back(Progress(m.step(), m.samples(), m.stalled_ms(), m.beat_age_ms()));
+        progress.push_back(
+            Progress(m.step(), m.samples(), m.stalled_ms(), m.memory(), m.beat_age_ms()));
         ids.push_back(m.member_id());
       }
       std::vector<bool> ok;

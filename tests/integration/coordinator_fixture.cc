@@ -25,4 +25,9 @@ InProcessCoordinator::InProcessCoordinator(std::unique_ptr<Impl> impl) : impl_(s
 InProcessCoordinator::~InProcessCoordinator() = default;
 int InProcessCoordinator::port() const { return impl_->server->port(); }
 
+std::string InProcessCoordinator::MetricsText() {
+  impl_->server->metrics()->Update(impl_->server->coordinator()->Counters());
+  return impl_->server->metrics()->Render();
+}
+
 }  // namespace muster

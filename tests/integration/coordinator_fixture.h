@@ -17,6 +17,8 @@ class InProcessCoordinator {
                                                      const std::string& state_dir = "");
   ~InProcessCoordinator();
   int port() const;
+  // The coordinator's /metrics text as of now (its counters taken afresh).
+  std::string MetricsText();
 
  private:
   struct Impl;

@@ -14,6 +14,7 @@
 #include <condition_variable>
 #include <iostream>
 #include <mutex>
+#include <regex>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -99,15 +100,28 @@ class Meeting {
 struct Measured {
   int64_t live = 0;
   int64_t accounted = 0;
+  int64_t largest = 0;    // the largest rank's account total
+  double exported = -1;   // the coordinator's muster_rank_memory_bytes, summed
 };
+
+// The sum of muster_rank_memory_bytes over its categories in `metrics`.
+double ExportedMemory(const std::string& metrics) {
+  static const std::regex line("muster_rank_memory_bytes\\{category=\"[a-z_]+\"\\} ([0-9.e+]+)");
+  double sum = 0;
+  for (auto it = std::sregex_iterator(metrics.begin(), metrics.end(), line);
+       it != std::sregex_iterator(); ++it) {
+    sum += std::stod((*it)[1].str());
+  }
+  return sum;
+}
 
 Measured TrainAndMeasure(int copies, bool reduce_scatter) {
   constexpr int kWorld = 4, kMeasureAt = 3;
   CountingAllocator* counting = Counting();
   auto server = InProcessCoordinator::Start(kWorld);
-  std::atomic<int64_t> accounted{0};
+  std::atomic<int64_t> accounted{0}, largest{0};
   Measured out;
-  Meeting meeting(kWorld);
+  Meeting meeting(kWorld), ended(kWorld);
   std::vector<std::thread> ranks;
   for (int i = 0; i < kWorld; ++i) {
     ranks.emplace_back([&, i] {
@@ -147,6 +161,19 @@ Measured TrainAndMeasure(int copies, bool reduce_scatter) {
         }
         optimizer.step();
       }
+      // Still members: the heartbeats carry each rank's account to the
+      // coordinator, whose /metrics gives the largest rank's.
+      const int64_t total = d.memory_account().total();
+      for (int64_t seen = largest.load(); total > seen && !largest.compare_exchange_weak(seen, total);) {
+      }
+      ended.Arrive([&] {
+        out.largest = largest.load();
+        for (int tries = 0; tries < 150 && out.exported != static_cast<double>(out.largest);
+             ++tries) {
+          out.exported = ExportedMemory(server->MetricsText());
+          std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        }
+      });
       EXPECT_EQ(Distributed::ExitCode(d.Finish()), 0);
     });
   }
@@ -165,6 +192,10 @@ TEST(MemoryAccountTest, TheAccountsAddUpToWhatTheAllocatorHolds) {
     EXPECT_NEAR(static_cast<double>(m.accounted), live, 0.05 * live)
         << copies << " copies" << (scatter ? ", reduce-scattered" : "") << ": accounted "
         << m.accounted / 1e6 << " MB, the allocator holds " << live / 1e6 << " MB";
+    // The coordinator's /metrics carries the largest rank's account.
+    EXPECT_EQ(m.exported, static_cast<double>(m.largest))
+        << copies << " copies: muster_rank_memory_bytes sums to " << m.exported
+        << ", the largest rank holds " << m.largest;
   }
 }
 

@@ -321,6 +321,18 @@ void CoordinatorClient::Heartbeats(OpenSession* session, grpc::ClientContext* ct
     hb.mutable_heartbeat()->set_stalled_ms(
         options_.progress != nullptr ? options_.progress->stalled_ms() : 0);
     hb.mutable_heartbeat()->set_sequence(++seq);
+    {
+      absl::MutexLock memory_lock(&memory_mu_);
+      if (memory_.total() > 0) {
+        v1::MemoryBytes* m = hb.mutable_heartbeat()->mutable_memory();
+        m->set_parameters(static_cast<uint64_t>(memory_.parameters));
+        m->set_gradients(static_cast<uint64_t>(memory_.gradients));
+        m->set_optimizer_state(static_cast<uint64_t>(memory_.optimizer_state));
+        m->set_communication(static_cast<uint64_t>(memory_.communication));
+        m->set_staging(static_cast<uint64_t>(memory_.staging));
+        m->set_transfer(static_cast<uint64_t>(memory_.transfer));
+      }
+    }
     absl::MutexLock lock(&session->write_mu);
     if (!session->stream->Write(hb)) break;
   }

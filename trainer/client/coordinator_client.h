@@ -36,6 +36,7 @@
 #include "absl/time/time.h"
 #include "common/backoff.h"
 #include "common/clock.h"
+#include "muster/memory_account.h"
 #include "rpc/tls_files.h"
 #include "trainer/client/training_progress.h"
 #include "trainer/comm/world_info.h"
@@ -159,6 +160,12 @@ class CoordinatorClient {
     step_ = step;
     samples_ = samples;
   }
+  // The memory account the heartbeats report from now on
+  // (Heartbeat.memory). Any thread.
+  void SetMemory(const MemoryAccount& memory) {
+    absl::MutexLock lock(&memory_mu_);
+    memory_ = memory;
+  }
   // The highest generation any event or acknowledgement mentioned.
   uint64_t latest_generation() const { return latest_generation_.load(); }
 
@@ -230,6 +237,8 @@ class CoordinatorClient {
   std::unique_ptr<Impl> impl_;
   std::atomic<int64_t> step_{0};
   std::atomic<int64_t> samples_{0};
+  absl::Mutex memory_mu_;
+  MemoryAccount memory_ ABSL_GUARDED_BY(memory_mu_);
   std::atomic<uint64_t> latest_generation_{0};
   // The newest lease epoch any event or answer carried since the session
   // stream last opened; older ones are dropped (SessionEvent.epoch). Raises

@@ -263,6 +263,7 @@ absl::Status Engine::AfterBackward() {
   timeline_.Add(StepClock::Part::kReduce, replica_.last_reduce_time());
   replica_.AccountMemory(checkpointer_ ? checkpointer_->staged_bytes() : 0,
                          state_server_ ? state_server_->held_bytes() : 0);
+  world_->client()->SetMemory(replica_.memory());  // the heartbeats carry it to /metrics
   step_.decision = DecideAfterStep(replica_.control(), world_->world().world_size, step_.sent,
                                    world_->told_to_leave());
   step_.checkpoint_due = step_.checkpoint_due || CheckpointDueOnAnyRank(replica_.control());
