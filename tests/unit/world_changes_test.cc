@@ -127,9 +127,7 @@ class RecordingTrainer : public WorldChanges::Membership,
   }
   absl::Status StateLost(const absl::Status& lost) override {
     calls.push_back("StateLost");
-    if (!restores) return lost;
-    enter_world = absl::OkStatus();  // restored: the entry made again finds the state
-    return absl::OkStatus();
+    return restores ? absl::OkStatus() : lost;
   }
   absl::Status StepSalvaged(const SalvagedStep& step) override {
     if (!step.in_step) {
@@ -250,8 +248,7 @@ TEST_F(WorldChangesTest, EnteringAWorldTakesTheSourcesStateWithinTheLongDeadline
 }
 
 // A part of the state lost with its ranks (EnterWorld's NOT_FOUND) is the
-// trainer's to restore (a checkpoint), and the world is entered again (where
-// the sharded part is read) before the transfer; where it cannot,
+// trainer's to restore (a checkpoint) before the transfer; where it cannot,
 // entering fails with the loss. Any other error of EnterWorld is not a loss.
 TEST_F(WorldChangesTest, AStateLostOnEnteringIsRestoredByTheTrainerBeforeTheTransfer) {
   Make();
@@ -260,11 +257,10 @@ TEST_F(WorldChangesTest, AStateLostOnEnteringIsRestoredByTheTrainerBeforeTheTran
   EnterNext(/*generation=*/1, /*rank=*/0, /*size=*/2, /*source=*/1);
   ASSERT_TRUE(changes_->EnterFirst().ok());
   EXPECT_EQ(trainer_.calls,
-            (std::vector<std::string>{"EnterFirst", "EnterWorld", "StateLost", "EnterWorld",
-                                      "TakeState", "UseCommunicator", "ReportCounters"}));
+            (std::vector<std::string>{"EnterFirst", "EnterWorld", "StateLost", "TakeState",
+                                      "UseCommunicator", "ReportCounters"}));
   trainer_.calls.clear();
   trainer_.restores = false;
-  trainer_.enter_world = absl::NotFoundError("shard 3 has no living holder");
   EnterNext(/*generation=*/2, /*rank=*/0, /*size=*/2, /*source=*/1);
   const absl::Status lost = changes_->EnterFirst();
   EXPECT_TRUE(absl::IsNotFound(lost)) << lost;

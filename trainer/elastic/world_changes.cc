@@ -66,12 +66,7 @@ absl::Status WorldChanges::Enter(Communicator* comm, const WorldInfo& world) {
     failed = FailedStepMark{failed_step_->step, failed_step_->generation};
   }
   absl::Status entered = tensors_->EnterWorld(comm, world, failed, LongDeadline());
-  if (absl::IsNotFound(entered)) {
-    // Every rank restores the checkpoint; then enters again, where the
-    // sharded part of it is read, each rank its own ranges.
-    entered = trainer_->StateLost(entered);
-    if (entered.ok()) entered = tensors_->EnterWorld(comm, world, std::nullopt, LongDeadline());
-  }
+  if (absl::IsNotFound(entered)) entered = trainer_->StateLost(entered);
   MUSTER_RETURN_IF_ERROR(entered);
   // A step failed under this rank: its graphs may still hold the buffers.
   MUSTER_RETURN_IF_ERROR(tensors_->TakeState(world.state_source_rank, comm,
