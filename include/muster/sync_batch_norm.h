@@ -82,6 +82,9 @@ class SyncBatchNormImpl : public torch::nn::Cloneable<SyncBatchNormImpl> {
   // The world's mean and biased variance of each channel of `input`
   // (float64), differentiable, and the world's count of values per channel.
   torch::Tensor WorldStatistics(const torch::Tensor& input, double* count);
+  // One more batch tracked: the weight of its statistics in the running
+  // ones (the momentum, or without one the cumulative average's).
+  double TrackBatch();
   void UpdateRunningStats(const torch::Tensor& mean, const torch::Tensor& var, double count);
 
   std::shared_ptr<StatisticsReducer> reducer_;

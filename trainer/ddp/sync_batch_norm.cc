@@ -113,14 +113,18 @@ torch::Tensor SyncBatchNormImpl::WorldStatistics(const torch::Tensor& input, dou
   return torch::stack({mean, var});
 }
 
+double SyncBatchNormImpl::TrackBatch() {
+  torch::NoGradGuard no_grad;
+  num_batches_tracked += 1;
+  return options.momentum().has_value() ? *options.momentum()
+                                        : 1.0 / num_batches_tracked.item<double>();
+}
+
 void SyncBatchNormImpl::UpdateRunningStats(const torch::Tensor& mean, const torch::Tensor& var,
                                            double count) {
   if (!options.track_running_stats()) return;
+  const double factor = TrackBatch();
   torch::NoGradGuard no_grad;
-  num_batches_tracked += 1;
-  const double factor = options.momentum().has_value()
-                            ? *options.momentum()
-                            : 1.0 / num_batches_tracked.item<double>();
   const auto like = torch::TensorOptions().dtype(running_mean.scalar_type())
                         .device(running_mean.device());
   running_mean.mul_(1 - factor).add_(mean.to(like), factor);
@@ -134,12 +138,9 @@ torch::Tensor SyncBatchNormImpl::forward(const torch::Tensor& input) {
               options.num_features(), " channels (input.size(1)), got ", input.size(1));
   const bool sync = is_training() && reducer_ != nullptr && reducer_->world_size() > 1;
   if (!sync) {  // BatchNorm, as LibTorch's computes it
-    double factor = options.momentum().value_or(0.0);
-    if (is_training() && options.track_running_stats()) {
-      torch::NoGradGuard no_grad;
-      num_batches_tracked += 1;
-      if (!options.momentum().has_value()) factor = 1.0 / num_batches_tracked.item<double>();
-    }
+    const double factor = is_training() && options.track_running_stats()
+                              ? TrackBatch()
+                              : options.momentum().value_or(0.0);
     return torch::nn::functional::detail::batch_norm(
         input, running_mean, running_var, weight, bias,
         is_training() || !options.track_running_stats(), factor, options.eps());
