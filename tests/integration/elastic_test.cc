@@ -1378,8 +1378,9 @@ void ShardedStateFailureTest::KillOneOfFourAndReplaceIt(const std::vector<std::s
 
 // With one copy of each part, a SIGKILLed rank's parts are gone: the
 // survivors say so, take the newest committed checkpoint in the running
-// job (no restart) and train on from it; the failed step is dropped, and
-// every rank ends with the same parameters.
+// job (no restart), each reading only the ranges of its shards from the
+// checkpoint's shard files, and train on from it; the failed step is
+// dropped, and every rank ends with the same parameters.
 TEST_F(ShardedStateFailureTest, WithOneCopyALostPartComesFromTheNewestCheckpoint) {
   KillOneOfFourWithOneCopy({});
 }
@@ -1410,6 +1411,15 @@ void ShardedStateFailureTest::KillOneOfFourWithOneCopy(const std::vector<std::st
                                            "restored the checkpoint of step ([0-9]+)")))
       << log0;
   EXPECT_GE(std::stoi(m[1]), 40) << log0;
+  // Its optimizer state came from the shard files, each rank its own
+  // ranges of the world of three, never whole.
+  for (const char* tag : {"c0", "c1", "c2"}) {
+    const std::string log = ReadText(dir_ + "/" + tag + ".log");
+    EXPECT_NE(log.find(absl::StrCat("optimizer state of the checkpoint of step ", m[1].str(),
+                                    " read into the shards of a world of 3")),
+              std::string::npos)
+        << tag << "\n" << log;
+  }
   const std::string s0 = ReadText(dir_ + "/c0.json");
   EXPECT_EQ(JsonNumber(s0, "steps"), "400") << s0;
   EXPECT_EQ(JsonNumber(s0, "world_size"), "3") << s0;

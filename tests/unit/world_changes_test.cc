@@ -127,7 +127,9 @@ class RecordingTrainer : public WorldChanges::Membership,
   }
   absl::Status StateLost(const absl::Status& lost) override {
     calls.push_back("StateLost");
-    return restores ? absl::OkStatus() : lost;
+    if (!restores) return lost;
+    enter_world = absl::OkStatus();  // restored: the entry made again finds the state
+    return absl::OkStatus();
   }
   absl::Status StepSalvaged(const SalvagedStep& step) override {
     if (!step.in_step) {
@@ -248,7 +250,8 @@ TEST_F(WorldChangesTest, EnteringAWorldTakesTheSourcesStateWithinTheLongDeadline
 }
 
 // A part of the state lost with its ranks (EnterWorld's NOT_FOUND) is the
-// trainer's to restore (a checkpoint) before the transfer; where it cannot,
+// trainer's to restore (a checkpoint), and the world is entered again (where
+// the sharded part is read) before the transfer; where it cannot,
 // entering fails with the loss. Any other error of EnterWorld is not a loss.
 TEST_F(WorldChangesTest, AStateLostOnEnteringIsRestoredByTheTrainerBeforeTheTransfer) {
   Make();
@@ -257,10 +260,11 @@ TEST_F(WorldChangesTest, AStateLostOnEnteringIsRestoredByTheTrainerBeforeTheTran
   EnterNext(/*generation=*/1, /*rank=*/0, /*size=*/2, /*source=*/1);
   ASSERT_TRUE(changes_->EnterFirst().ok());
   EXPECT_EQ(trainer_.calls,
-            (std::vector<std::string>{"EnterFirst", "EnterWorld", "StateLost", "TakeState",
-                                      "UseCommunicator", "ReportCounters"}));
+            (std::vector<std::string>{"EnterFirst", "EnterWorld", "StateLost", "EnterWorld",
+                                      "TakeState", "UseCommunicator", "ReportCounters"}));
   trainer_.calls.clear();
   trainer_.restores = false;
+  trainer_.enter_world = absl::NotFoundError("shard 3 has no living holder");
   EnterNext(/*generation=*/2, /*rank=*/0, /*size=*/2, /*source=*/1);
   const absl::Status lost = changes_->EnterFirst();
   EXPECT_TRUE(absl::IsNotFound(lost)) << lost;
@@ -269,6 +273,26 @@ TEST_F(WorldChangesTest, AStateLostOnEnteringIsRestoredByTheTrainerBeforeTheTran
   EnterNext(/*generation=*/3, /*rank=*/0, /*size=*/2, /*source=*/1);
   EXPECT_TRUE(absl::IsDeadlineExceeded(changes_->EnterFirst()));
   EXPECT_EQ(trainer_.calls, (std::vector<std::string>{"EnterFirst", "EnterWorld"}));
+}
+
+// A rank whose step failed, in a world whose lost state came back from a
+// checkpoint: the others may have taken that step before the death, and
+// every rank now holds the checkpoint's state, so the step is not salvaged
+// (this rank claims no share); the engine then drops it.
+TEST_F(WorldChangesTest, AFailedStepIsNotSalvagedFromAStateACheckpointReplaced) {
+  Make();
+  AtStep(/*step=*/40, /*world=*/4);
+  changes_->KeepFailedStep(WorldOf(/*generation=*/1, /*rank=*/2, /*size=*/4, /*source=*/0));
+  trainer_.enter_world = absl::NotFoundError("shard 3 has no living holder");
+  trainer_.restores = true;
+  EnterNext(/*generation=*/2, /*rank=*/2, /*size=*/3, /*source=*/0);
+  comm_->others = {Claims(0, 1, 4, {}, 3)};
+  ASSERT_TRUE(changes_->Regroup("shared memory communicator aborted", true).ok());
+  ASSERT_FALSE(comm_->sent.empty());
+  EXPECT_EQ(comm_->sent[0][0], 0.0);  // no share claimed
+  EXPECT_EQ(std::count(trainer_.calls.begin(), trainer_.calls.end(), "ResyncGradients"), 0);
+  EXPECT_TRUE(trainer_.salvaged.empty());
+  EXPECT_EQ(counters_.step, 40);
 }
 
 TEST_F(WorldChangesTest, TheLearningRatesKeepTheirWorldUnlessTheyScale) {

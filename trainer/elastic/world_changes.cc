@@ -66,7 +66,15 @@ absl::Status WorldChanges::Enter(Communicator* comm, const WorldInfo& world) {
     failed = FailedStepMark{failed_step_->step, failed_step_->generation};
   }
   absl::Status entered = tensors_->EnterWorld(comm, world, failed, LongDeadline());
-  if (absl::IsNotFound(entered)) entered = trainer_->StateLost(entered);
+  if (absl::IsNotFound(entered)) {
+    // Every rank restores the checkpoint; then enters again, where the
+    // sharded part of it is read, each rank its own ranges.
+    entered = trainer_->StateLost(entered);
+    // The ranks were at different steps (some took the failed step) and
+    // now hold the checkpoint's: the failed step is dropped, not salvaged.
+    if (entered.ok() && failed_step_.has_value()) failed_step_->salvageable = false;
+    if (entered.ok()) entered = tensors_->EnterWorld(comm, world, std::nullopt, LongDeadline());
+  }
   MUSTER_RETURN_IF_ERROR(entered);
   // A step failed under this rank: its graphs may still hold the buffers.
   MUSTER_RETURN_IF_ERROR(tensors_->TakeState(world.state_source_rank, comm,

@@ -203,9 +203,11 @@ class WorldChanges {
     // Every rank of a new world whose state in memory is incomplete
     // (`lost`, Tensors::EnterWorld's NOT_FOUND: a part of the sharded
     // optimizer state went with its ranks): the state and the counters
-    // from the newest committed checkpoint, as a restart would take them;
-    // the failed step, if any, is then dropped. Errors: `lost` when there
-    // is no checkpoint to take them from.
+    // from the newest committed checkpoint, as a restart would take them,
+    // its sharded optimizer state left for the world's entry, which is
+    // then made again (Tensors::EnterWorld); the failed step, if any, is
+    // then dropped. Errors: `lost` when there is no checkpoint to take
+    // them from.
     virtual absl::Status StateLost(const absl::Status& lost) = 0;
   };
 

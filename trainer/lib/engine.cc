@@ -115,7 +115,9 @@ absl::Status Engine::StepSalvaged(const SalvagedStep& step) {
 
 // With one copy of each part of the sharded optimizer state, the parts of
 // a dead rank are gone: every rank takes the newest committed checkpoint,
-// as a restart would, and the job goes on from it in this world.
+// as a restart would, and the job goes on from it in this world. Its
+// sharded optimizer state is read as the world is entered again, each rank
+// its own ranges (never whole on any rank).
 absl::Status Engine::StateLost(const absl::Status& lost) {
   if (!checkpointer_) {
     return absl::NotFoundError(
@@ -123,9 +125,14 @@ absl::Status Engine::StateLost(const absl::Status& lost) {
   }
   checkpointer_->Wait().IgnoreError();  // its copies may still read the state; logged
   replica_.ReleaseShards();
-  absl::StatusOr<CheckpointMeta> meta = checkpointer_->Resume(world_->client());
+  std::vector<ShardFileRef> shard_files;
+  absl::StatusOr<CheckpointMeta> meta =
+      checkpointer_->Resume(world_->client(), replica_.Sharding() ? &shard_files : nullptr);
   if (!meta.ok()) {
     return absl::NotFoundError(absl::StrCat(lost.message(), ", and ", meta.status().message()));
+  }
+  if (!shard_files.empty()) {
+    replica_.LoadShardsAtEntry(meta->step, std::move(shard_files), checkpointer_->fs());
   }
   const int64_t was = counters().step;
   MUSTER_RETURN_IF_ERROR(schedule_.Restore(*meta));
