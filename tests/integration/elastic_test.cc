@@ -1310,7 +1310,59 @@ class ShardedStateFailureTest : public ShardedStateTest {
   // With two copies (and `extra` flags), a SIGKILL of one of four trainers
   // after step 40 and a replacement: see the tests.
   void KillOneOfFourAndReplaceIt(const std::vector<std::string>& extra);
+  // With `copies` copies of each part, one of four trainers leaves at a
+  // boundary (SIGTERM) and a new one joins: see the tests.
+  void OneLeavesAndOneJoins(int copies);
 };
+
+// A graceful leave with two copies: the leaver's parts live on in its
+// buddy, so the survivors move the shards straight to a world of three
+// (never whole); a joiner then receives only its shards; every rank ends
+// with the same parameters, no step dropped.
+TEST_F(ShardedStateFailureTest, ALeaverWithTwoCopiesAndAJoinerMoveOnlyTheShards) {
+  OneLeavesAndOneJoins(2);
+}
+
+// With one copy the leaver's parts have no other holder: the state is made
+// whole before it goes. The joiner that follows, at a boundary no rank
+// leaves, receives only its shards, as with two copies.
+TEST_F(ShardedStateFailureTest, WithOneCopyAJoinerReceivesOnlyItsShards) {
+  OneLeavesAndOneJoins(1);
+}
+
+void ShardedStateFailureTest::OneLeavesAndOneJoins(int copies) {
+  const std::vector<std::string> flags = {
+      "--shard-optimizer", absl::StrCat("--optimizer-state-copies=", copies), "--steps=1000"};
+  std::vector<pid_t> pids = Run("l", flags);
+  ASSERT_TRUE(WaitForStep("l0", 40, absl::Seconds(60))) << ReadText(dir_ + "/l0.log");
+  ASSERT_EQ(::kill(pids[3], SIGTERM), 0);
+  EXPECT_EQ(WaitExit(pids[3]), 0) << ReadText(dir_ + "/l3.log");
+  EXPECT_NE(ReadText(dir_ + "/l3.log").find("left the job"), std::string::npos);
+  ASSERT_TRUE(WaitForLine("l0", "world 3 on 2 nodes", absl::Seconds(30)))
+      << ReadText(dir_ + "/l0.log");
+  const std::string straight3 = "optimizer state moved straight to the shards of a world of 3";
+  const pid_t joiner = Trainer(1, "l3b", "n1", "hier", AdamW(flags));
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(WaitExit(pids[i]), 0) << ReadText(absl::StrCat(dir_, "/l", i, ".log"));
+    const std::string log = ReadText(absl::StrCat(dir_, "/l", i, ".log"));
+    EXPECT_EQ(log.find(straight3) != std::string::npos, copies == 2) << i << "\n" << log;
+  }
+  EXPECT_EQ(WaitExit(joiner), 0) << ReadText(dir_ + "/l3b.log");
+  const std::string joined = ReadText(dir_ + "/l3b.log");
+  EXPECT_NE(joined.find("optimizer state moved straight to the shards of a world of 4"),
+            std::string::npos)
+      << joined;
+  const std::string s0 = ReadText(dir_ + "/l0.json");
+  EXPECT_EQ(JsonNumber(s0, "steps"), "1000") << s0;
+  EXPECT_EQ(JsonNumber(s0, "world_size"), "4") << s0;
+  EXPECT_EQ(JsonNumber(s0, "steps_dropped"), "0") << s0;
+  for (const char* tag : {"l1", "l2", "l3b"}) {
+    EXPECT_EQ(JsonNumber(ReadText(dir_ + "/" + tag + ".json"), "parameter_checksum"),
+              JsonNumber(s0, "parameter_checksum"))
+        << tag << "\n"
+        << ReadText(dir_ + "/" + tag + ".log");
+  }
+}
 
 // A trainer SIGKILLed mid-run takes its parts of the state with it; their
 // copies on the other node live on: the survivors regather the state from

@@ -173,9 +173,14 @@ class Replica : public WorldChanges::Tensors {
   // each rank its own ranges where that world shards
   // (ShardedOptimizers::LoadAtGather), else whole.
   void LoadShardsAtEntry(int64_t step, std::vector<ShardFileRef> files, FileSystem* fs);
-  // Whether the shards can go into the next world as they are: each range
-  // is kept by two ranks, so one rank missing from it loses nothing.
-  bool ShardsOutliveARank() const { return ShardedNow() && options_.shard_copies >= 2; }
+  // Whether the shards can go into the next world as they are, `leaving`
+  // ranks leaving it: where none leaves, or one does and each of its ranges
+  // has a second holder. A rank missing from that world for another reason
+  // (a death) loses what a death loses (with one copy: its ranges, read
+  // again from the checkpoint).
+  bool ShardsGoAlong(int leaving) const {
+    return ShardedNow() && (leaving == 0 || (leaving == 1 && options_.shard_copies >= 2));
+  }
   // The elements of per-element optimizer state this rank held at its last
   // step boundary (its shards'), or holds now (unsharded); -1: an optimizer
   // muster has no codec for.

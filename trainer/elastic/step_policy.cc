@@ -22,6 +22,8 @@ StepDecision DecideAfterStep(const ControlArray& averages, int world, const Cont
 
 bool CheckpointDueOnAnyRank(const ControlArray& averages) { return averages[3] > 0; }
 
-bool LeaveAskedOnAnyRank(const ControlArray& averages) { return averages[1] > 0; }
+int RanksLeaving(const ControlArray& averages, int world) {
+  return static_cast<int>(std::lround(averages[1] * world));
+}
 
 }  // namespace muster

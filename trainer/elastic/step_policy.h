@@ -46,8 +46,8 @@ StepDecision DecideAfterStep(const ControlArray& averages, int world, const Cont
 // clock alone would part them, one in the checkpoint's collectives and
 // another in the next step's).
 bool CheckpointDueOnAnyRank(const ControlArray& averages);
-// Whether any rank asked to leave after the step.
-bool LeaveAskedOnAnyRank(const ControlArray& averages);
+// How many of the `world` ranks asked to leave after the step.
+int RanksLeaving(const ControlArray& averages, int world);
 
 }  // namespace muster
 

@@ -143,15 +143,19 @@ absl::Status Engine::AtBoundary() {
   MUSTER_RETURN_IF_ERROR(BoundaryCollectives());
   if (life_.ended()) return absl::OkStatus();
   reporter_->StepDone(progress(), lr_->current(), replica_.last_gradient_norm());
-  // The world changes after this boundary: sharded optimizer state is made
-  // whole in it first, so that nothing goes with a rank that leaves. A stop
-  // with a checkpoint writes it sharded (Stop), every rank stopping. A
-  // regroup that no rank leaves by (a joiner, a member dropped) takes the
-  // shards along where each is kept twice: the next world moves them
-  // straight to its own shards (ShardedOptimizers::Gather).
-  const bool shards_go_along = step_.decision == StepDecision::kRegroup &&
-                               !LeaveAskedOnAnyRank(replica_.control()) &&
-                               replica_.ShardsOutliveARank();
+  // The world changes after this boundary. The shards go along where each
+  // range keeps a holder in the next world (Replica::ShardsGoAlong), and
+  // that world moves them straight to its own (ShardedOptimizers::Gather);
+  // a leaver that asked for its optimizers whole at the end needs them
+  // whole here. Elsewhere the state is made whole first, so that nothing
+  // goes with a rank that leaves. A stop with a checkpoint writes it
+  // sharded (Stop), every rank stopping. Every rank decides alike: the
+  // words are the world's.
+  const int leaving = RanksLeaving(replica_.control(), world_->world().world_size);
+  const bool shards_go_along =
+      (step_.decision == StepDecision::kRegroup || step_.decision == StepDecision::kLeave) &&
+      replica_.ShardsGoAlong(leaving) &&
+      !(leaving > 0 && options_.whole_optimizer_state_at_end);
   if (step_.decision != StepDecision::kContinue &&
       !(step_.decision == StepDecision::kStop && checkpointer_) && !shards_go_along) {
     MUSTER_RETURN_IF_ERROR(WholeState());
@@ -161,7 +165,10 @@ absl::Status Engine::AtBoundary() {
     case StepDecision::kStop:
       return Stop();
     case StepDecision::kLeave:
-      // This trainer leaves after this step; the others regroup without it.
+      // This trainer leaves after this step; the others regroup without it
+      // (its shards, if it went without making them whole, live on in its
+      // buddies).
+      if (shards_go_along) replica_.ReleaseShards();
       world_->Leave(Departure::kLeaving, counters().step).IgnoreError();
       if (checkpointer_) checkpointer_->Wait().IgnoreError();  // logged when it failed
       Say(absl::StrCat("muster: left the job after step ", counters().step));
