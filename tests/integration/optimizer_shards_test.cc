@@ -158,7 +158,7 @@ void AverageGradients(torch::optim::Optimizer& optimizer, Communicator* comm) {
 // the optimizer's step and the gather (a WGAN's weight clipping).
 void ShardedStep(Net& net, torch::optim::Optimizer& optimizer, OptimizerShards& shards,
                  Communicator* comm, int64_t chunk = OptimizerShards::kGatherChunk,
-                 const std::function<void(Net&)>& after_step = nullptr) {
+                 const std::function<void(Net&)>& after_step = nullptr, bool gather = true) {
   const absl::Time deadline = absl::Now() + absl::Seconds(30);
   for (int g = 0; g < shards.groups(); ++g) {
     torch::Tensor flat = shards.FlatGradients(g);
@@ -172,7 +172,9 @@ void ShardedStep(Net& net, torch::optim::Optimizer& optimizer, OptimizerShards& 
   net->zero_grad();
   optimizer.step();
   if (after_step) after_step(net);
-  ASSERT_TRUE(shards.GatherParameters(comm, deadline, chunk).ok());
+  if (gather) {
+    ASSERT_TRUE(shards.GatherParameters(comm, deadline, chunk).ok());
+  }
 }
 
 class OptimizerShardsTest : public ::testing::TestWithParam<Kind> {};
@@ -320,8 +322,10 @@ struct Held {
   // `step` on both, as rank `rank` of `comm`'s world; the sharded side
   // shards itself first, as rank `rank` of a world on one node.
   // `after_step`: ShardedStep's, on both.
+  // `gather` false: the boundary's gather does not run (a world that
+  // breaks in it), and only the masters hold the step's values.
   void Step(int rank, int step, Communicator* comm, int copies = 2,
-            const std::function<void(Net&)>& after_step = nullptr) {
+            const std::function<void(Net&)>& after_step = nullptr, bool gather = true) {
     Backward(reference, rank, step);
     AverageGradients(*reference_opt, comm);
     reference_opt->step();
@@ -333,7 +337,8 @@ struct Held {
       ASSERT_TRUE(made.ok()) << made.status();
       shards = *std::move(made);
     }
-    ShardedStep(sharded, *sharded_opt, *shards, comm, OptimizerShards::kGatherChunk, after_step);
+    ShardedStep(sharded, *sharded_opt, *shards, comm, OptimizerShards::kGatherChunk, after_step,
+                gather);
   }
 
   // Every trained parameter's state and value is the reference's, bit for bit.
@@ -655,6 +660,22 @@ TEST_P(OptimizerShardsTest, WhereANodeKeepsEveryShardTheGatherStaysInsideIt) {
   }
 }
 
+// After a move straight to the new shards in a world of three: the
+// parameters from a survivor (rank 0), as a state transfer brings them,
+// three more sharded steps (3 to 5), then gathered: bit for bit the
+// unsharded optimizer's state and parameters.
+void TrainOnAfterTheMove(Held& me, int rank, Communicator* comm, const std::string& where) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  for (torch::Tensor& p : me.sharded->parameters()) {
+    ASSERT_TRUE(comm->Broadcast(p.data_ptr(), p.numel(), DataType::kFloat32, 0, deadline).ok());
+  }
+  me.shards->TakeParameterValues();
+  for (int step = 3; step < 6; ++step) me.Step(rank, step, comm);
+  const absl::Status whole = me.shards->Unshard({true, true, true}, comm, deadline);
+  ASSERT_TRUE(whole.ok()) << whole;
+  me.ExpectReference(where + ", step 5");
+}
+
 // A rank of three dies (three steps with a buddy copy) and a joiner takes
 // its place: the new world's shards come straight from the ranks that hold
 // each range (Redistribute), in rounds of 3 elements, and no rank holds the
@@ -708,20 +729,49 @@ TEST_P(OptimizerShardsTest, AJoinerReceivesOnlyTheShardsItKeeps) {
           EXPECT_EQ(me.shards->StateElements() * counted, *whole * kept)
               << where << ": the state of its " << kept << " kept elements of " << elements;
           EXPECT_LE(counting.largest_all_reduce, 16u) << where << ": a round, not the whole state";
-          // The parameters from a survivor, as a state transfer brings them.
-          for (torch::Tensor& p : me.sharded->parameters()) {
-            ASSERT_TRUE(
-                comm->Broadcast(p.data_ptr(), p.numel(), DataType::kFloat32, 0, deadline).ok());
-          }
-          me.shards->TakeParameterValues();
-          for (int step = 3; step < 6; ++step) me.Step(rank, step, comm);
-          const absl::Status whole_again =
-              me.shards->Unshard({true, true, true}, comm, absl::Now() + absl::Seconds(30));
-          ASSERT_TRUE(whole_again.ok()) << whole_again;
-          me.ExpectReference(where + ", step 5");
+          TrainOnAfterTheMove(me, rank, comm, where);
         },
         channels_last);
   }
+}
+
+// The world breaks in the third step's gather, so only the masters hold
+// that step's values; rank 1 dies and a joiner takes its place. The move
+// straight to the new shards brings each range's values from its holder
+// into the parameters, in rounds as the state is: no all-reduce is larger
+// than a round, never a copy of the model. The survivors then hold the
+// unsharded optimizer's parameters, and all train on as it does.
+TEST_P(OptimizerShardsTest, StepValuesMoveStraightInRoundsAsTheStateDoes) {
+  ThroughADeath(
+      GetParam(),
+      [](Held& me, int rank, Communicator* comm) {
+        me.Step(rank, 0, comm);
+        me.Step(rank, 1, comm);
+        me.Step(rank, 2, comm, /*copies=*/2, nullptr, /*gather=*/false);
+      },
+      [](Held& me, int rank, Communicator* comm) {
+        const absl::Time deadline = absl::Now() + absl::Seconds(30);
+        const bool holds = me.shards != nullptr;
+        const absl::StatusOr<ShardWorld> agreed =
+            AgreeOnShards(comm, /*node=*/0, holds ? 1 : 0, holds ? me.shards->rank() : -1,
+                          holds ? 3 : 0, deadline);
+        ASSERT_TRUE(agreed.ok()) << agreed.status();
+        CountingGathers counting(comm);
+        auto moved = OptimizerShards::Redistribute(me.shards.get(), {me.sharded_opt.get()},
+                                                   *agreed, /*copies=*/2, &counting, deadline,
+                                                   /*chunk=*/3);
+        ASSERT_TRUE(moved.ok()) << moved.status();
+        me.shards = *std::move(moved);
+        const std::string where = absl::StrCat("new rank ", rank);
+        EXPECT_LE(counting.largest_all_reduce, 16u) << where << ": a round, not the model";
+        if (rank < 2) {  // a survivor: step 2's values, from the masters
+          const auto want = me.reference->parameters(), got = me.sharded->parameters();
+          for (size_t i = 0; i < want.size(); ++i) {
+            EXPECT_TRUE(torch::equal(want[i], got[i])) << where << ": parameter " << i;
+          }
+        }
+        TrainOnAfterTheMove(me, rank, comm, where);
+      });
 }
 
 INSTANTIATE_TEST_SUITE_P(Optimizers, OptimizerShardsTest, ::testing::ValuesIn(Kinds()),

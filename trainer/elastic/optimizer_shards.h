@@ -436,7 +436,8 @@ class OptimizerShards {
   static absl::Status InstallFlatState(const Group& group, const FlatState& state);
   static absl::Status AssembleValues(const Group& group, int g, const ShardLayout* layout,
                                      int rank, const std::vector<int>& source,
-                                     Communicator* comm, absl::Time deadline);
+                                     Communicator* comm, absl::Time deadline,
+                                     int64_t chunk = kGatherChunk);
 
   ShardLayout layout_;
   int rank_;

@@ -107,7 +107,7 @@ absl::StatusOr<std::unique_ptr<OptimizerShards>> OptimizerShards::Redistribute(
     MUSTER_RETURN_IF_ERROR(AssembleValues(groups[g], static_cast<int>(g),
                                           held != nullptr ? &held->layout_ : nullptr,
                                           held != nullptr ? held->rank_ : -1, source, comm,
-                                          deadline));
+                                          deadline, chunk));
   }
   // Every rank has its fields only once every rank's rounds are done: a
   // rank that passes this word knows that no rank keeps the old shards

@@ -181,44 +181,91 @@ absl::Status OptimizerShards::Assemble(std::vector<Group>& groups, const ShardLa
 // come from the rank that sends its state, moved as int64 words as the
 // state is. A range nobody sends keeps this rank's own values; a joiner
 // (`layout` null) keeps its own, which the state transfer replaces.
+namespace {
+
+// The elements `range` of `params` laid end to end, into `to` (1-D, of
+// `range`'s size).
+void ReadValues(const std::vector<torch::Tensor>& params, ElementRange range, torch::Tensor to) {
+  int64_t offset = 0;
+  for (const torch::Tensor& p : params) {
+    const ElementRange piece = Overlap(ElementRange{offset, offset + p.numel()}, range);
+    if (piece.size() > 0) {
+      to.narrow(0, piece.begin - range.begin, piece.size())
+          .copy_(p.detach().reshape({-1}).narrow(0, piece.begin - offset, piece.size()));
+    }
+    offset += p.numel();
+  }
+}
+
+// `from` (1-D, of `range`'s size) into the elements `range` of `params`
+// laid end to end. A piece that holds these bits already is not written:
+// a graph built on its parameter before the regroup (a GAN's generated
+// images, made before the step's first pass) checks its version in its
+// backward. A parameter that is not contiguous goes through a copy of it.
+void WriteValues(const std::vector<torch::Tensor>& params, ElementRange range,
+                 const torch::Tensor& from) {
+  int64_t offset = 0;
+  for (const torch::Tensor& p : params) {
+    const ElementRange piece = Overlap(ElementRange{offset, offset + p.numel()}, range);
+    if (piece.size() > 0) {
+      const torch::Tensor values =
+          from.narrow(0, piece.begin - range.begin, piece.size()).to(p.device());
+      torch::Tensor target = p.detach();
+      const bool contiguous = target.is_contiguous();
+      torch::Tensor flat = contiguous ? target.view({-1}) : target.reshape({-1}).clone();
+      torch::Tensor part = flat.narrow(0, piece.begin - offset, piece.size());
+      if (!SameBits(part, values)) {
+        part.copy_(values);
+        if (!contiguous) target.copy_(flat.view_as(target));
+      }
+    }
+    offset += p.numel();
+  }
+}
+
+}  // namespace
+
 absl::Status OptimizerShards::AssembleValues(const Group& group, int g, const ShardLayout* layout,
                                              int rank, const std::vector<int>& source,
-                                             Communicator* comm, absl::Time deadline) {
-  torch::Tensor flat =
-      torch::zeros({group.PaddedElements()},
-                   torch::TensorOptions().dtype(torch::kFloat32).device(CommDevice(*comm)));
-  if (rank == kHoldsWholeState && AnyFromWhole(source)) {
-    const torch::Tensor values = FlatValues(group.params).to(flat.device());
-    for (int s = 0; s < layout->world(); ++s) {
-      const ElementRange range = layout->Range(g, s);
-      if (source[s] != kHoldsWholeState || range.size() <= 0) continue;
-      flat.narrow(0, range.begin, range.size()).copy_(values.narrow(0, range.begin, range.size()));
-    }
-  }
+                                             Communicator* comm, absl::Time deadline,
+                                             int64_t chunk) {
+  const torch::TensorOptions options =
+      torch::TensorOptions().dtype(torch::kFloat32).device(CommDevice(*comm));
+  const bool from_whole = rank == kHoldsWholeState && AnyFromWhole(source);
   const std::vector<int> kept =
       layout != nullptr && rank >= 0 ? layout->KeptBy(rank) : std::vector<int>();
-  for (size_t k = 0; k < kept.size() && k < group.masters.size(); ++k) {
-    if (source[kept[k]] != rank) continue;
-    const ElementRange range = layout->Range(g, kept[k]);
-    flat.narrow(0, range.begin, range.size()).copy_(group.masters[k]);
-  }
-  MUSTER_RETURN_IF_ERROR(comm->AllReduce(flat.data_ptr(), static_cast<size_t>(flat.numel() / 2),
-                                         DataType::kInt64, ReduceOp::kSum, deadline));
-  if (layout == nullptr) return absl::OkStatus();
-  torch::Tensor values = FlatValues(group.params).to(flat.device());
-  for (int s = 0; s < layout->world(); ++s) {
-    const ElementRange range = layout->Range(g, s);
-    if (source[s] == -1 || range.size() <= 0) continue;
-    values.narrow(0, range.begin, range.size()).copy_(flat.narrow(0, range.begin, range.size()));
-  }
-  int64_t offset = 0;
-  for (const torch::Tensor& p : group.params) {
-    const torch::Tensor from = values.narrow(0, offset, p.numel()).view_as(p).to(p.device());
-    // A parameter that holds these bits already is not written: a graph
-    // built on it before the regroup (a GAN's generated images, made
-    // before the step's first pass) checks its version in its backward.
-    if (!SameBits(p, from)) p.detach().copy_(from);
-    offset += p.numel();
+  // In rounds of `chunk` elements (even: they travel as int64 words), so
+  // that a rank holds one round beside the model, never a copy of it.
+  const int64_t padded = group.PaddedElements();
+  chunk = std::max<int64_t>(chunk, 2);
+  chunk += chunk % 2;
+  for (int64_t begin = 0; begin < padded; begin += chunk) {
+    const ElementRange round{begin, std::min(padded, begin + chunk)};
+    torch::Tensor flat = torch::zeros({round.size()}, options);
+    const auto in_round = [&](ElementRange piece) {
+      return flat.narrow(0, piece.begin - round.begin, piece.size());
+    };
+    for (int s = 0; from_whole && s < layout->world(); ++s) {
+      const ElementRange piece = Overlap(layout->Range(g, s), round);
+      if (source[s] == kHoldsWholeState && piece.size() > 0) {
+        ReadValues(group.params, piece, in_round(piece));
+      }
+    }
+    for (size_t k = 0; k < kept.size() && k < group.masters.size(); ++k) {
+      const ElementRange range = layout->Range(g, kept[k]);
+      const ElementRange piece = Overlap(range, round);
+      if (source[kept[k]] != rank || piece.size() <= 0) continue;
+      in_round(piece).copy_(group.masters[k].narrow(0, piece.begin - range.begin, piece.size()));
+    }
+    MUSTER_RETURN_IF_ERROR(comm->AllReduce(flat.data_ptr(),
+                                           static_cast<size_t>(flat.numel() / 2),
+                                           DataType::kInt64, ReduceOp::kSum, deadline));
+    for (int s = 0; layout != nullptr && s < layout->world(); ++s) {
+      const ElementRange piece = Overlap(layout->Range(g, s), round);
+      if (source[s] != -1 && piece.size() > 0) {
+        WriteValues(group.params, piece, in_round(piece));
+      }
+    }
   }
   return absl::OkStatus();
 }
