@@ -4,7 +4,8 @@
 # sharded job's peak and the unsharded job's. The sharded job (a 51M-
 # parameter MLP with AdamW, 2 x 2, two copies) goes through a SIGKILL of
 # one rank, that rank's restart (a join), a hot spare taking a second
-# killed rank's place, a SIGUSR1 stop, and a resume as three, with no
+# killed rank's place, a graceful leave (SIGTERM), a SIGUSR1 stop of the
+# three left, and a resume as four, with no
 # process OOM-killed, one parameter checksum on every rank and no step
 # lost; the same job unsharded under the same cap is OOM-killed.
 #
@@ -122,38 +123,44 @@ reap "$b0"; [ "$code" = 137 ] || fail "b0 did not die of the SIGKILL"
 wait_line spare "took the live state|salvaged step taken into" 120
 step=$(grep -oE "step [0-9]+/" "$OUT/a0.log" | tail -1 | grep -oE "[0-9]+")
 wait_line a0 "step $((step + 2))/" 60
-for p in $a0 $a1 $b1r $spare; do kill -USR1 "$p"; done
-for p in $a0 $a1 $b1r $spare; do
+kill -TERM "$b1r"  # a graceful leave at a boundary
+reap "$b1r"; [ "$code" = 0 ] || fail "b1r exited $code on SIGTERM, not 0 (left)"
+grep -q "left the job" "$OUT/b1r.log" || fail "b1r did not leave the job"
+step=$(grep -oE "step [0-9]+/" "$OUT/a0.log" | tail -1 | grep -oE "[0-9]+")
+wait_line a0 "step $((step + 2))/" 60
+for p in $a0 $a1 $spare; do kill -USR1 "$p"; done
+for p in $a0 $a1 $spare; do
   reap "$p"
   [ "$code" = 75 ] || fail "a trainer of the stopped job exited $code, not 75 (stopped)"
 done
 stopped=$(grep -oE "stopping at step [0-9]+ after checkpointing" "$OUT/a0.log" | grep -oE "[0-9]+")
 [ -n "$stopped" ] || fail "the stop wrote no checkpoint"
-ls "$OUT/ckpt/step-$stopped"/optimizer-shard-*-of-4.safetensors >/dev/null ||
-  fail "the checkpoint to stop is not sharded"
-# The requeue, as three.
+ls "$OUT/ckpt/step-$stopped"/optimizer-shard-*-of-3.safetensors >/dev/null ||
+  fail "the checkpoint to stop is not sharded as three"
+# The requeue, as four.
 trainer c0 n0 0 --shard-optimizer; c0=$pid
 trainer c1 n0 1 --shard-optimizer; c1=$pid
 trainer c2 n1 0 --shard-optimizer; c2=$pid
-for p in $c0 $c1 $c2; do
+trainer c3 n1 1 --shard-optimizer; c3=$pid
+for p in $c0 $c1 $c2 $c3; do
   reap "$p"
   [ "$code" = 0 ] || fail "a trainer of the resumed job exited $code"
 done
 grep -q "resumed from the checkpoint of step $stopped" "$OUT/c0.log" ||
   fail "the resumed job did not resume from step $stopped"
-for t in a0 a1 b1r spare c0 c1 c2; do
+for t in a0 a1 b1r spare c0 c1 c2 c3; do
   n=$(oom_kills "$t")
   [ "${n:-0}" = 0 ] || fail "$t was OOM-killed under the cap ($n)"
 done
-sums=$(for t in c0 c1 c2; do grep -oE '"parameter_checksum": [-0-9.e+]+' "$OUT/$t.json"; done |
+sums=$(for t in c0 c1 c2 c3; do grep -oE '"parameter_checksum": [-0-9.e+]+' "$OUT/$t.json"; done |
        sort -u | wc -l)
 [ "$sums" = 1 ] || fail "the resumed ranks end with $sums parameter checksums"
-for t in c0 c1 c2; do
+for t in c0 c1 c2 c3; do
   grep -qE "\"steps\": $STEPS\b" "$OUT/$t.json" || fail "$t did not train to step $STEPS"
 done
 printf 'sharded under %s MB: peaks' "$CAP_MB"
-for t in a0 a1 b1r spare c0 c1 c2; do printf ' %s=%s' "$t" "$(peak_mb "$t")"; done
-echo " MB; stopped at $stopped, resumed as 3, one checksum"
+for t in a0 a1 b1r spare c0 c1 c2 c3; do printf ' %s=%s' "$t" "$(peak_mb "$t")"; done
+echo " MB; stopped at $stopped as 3, resumed as 4, one checksum"
 fi
 
 # The same job unsharded, under the same cap: OOM-killed.
