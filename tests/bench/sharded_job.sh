@@ -30,6 +30,7 @@ report() {
   kill "$coord"; wait "$coord" 2>/dev/null
   for t in "$@"; do
     printf '%s: %s MB peak; ' "$t" $(( $(awk '/Maximum resident/ {print $6}' "$OUT/$t.time") / 1024 ))
-    grep -o "\"parameter_checksum\": [0-9.]*" "$OUT/$t.json" 2>/dev/null | head -1 || echo
+    sum=$(grep -o "\"parameter_checksum\": [0-9.]*" "$OUT/$t.json" 2>/dev/null | head -1)
+    echo "${sum:-no summary}"
   done
 }
