@@ -43,7 +43,12 @@ cleanup() {
   [ -n "${KEEP:-}" ] || rm -rf "$OUT"
 }
 trap cleanup EXIT
-fail() { echo "FAIL: $*"; for f in "$OUT"/*.log; do echo "== $f"; tail -5 "$f"; done; exit 1; }
+fail() {
+  echo "FAIL: $*"
+  for f in "$OUT"/*.log; do echo "== $f"; tail -5 "$f"; done
+  KEEP=1; echo "the logs are kept in $OUT"
+  exit 1
+}
 
 # capped NAME CMD...: CMD in cgroup NAME, capped at CAP_MB; its pid in $pid.
 capped() {

@@ -1028,21 +1028,30 @@ TEST(OptimizerShardsStateTest, ANewWorldAgreesOnTheNewestLayoutAndWhoOfItLivesOn
                 EXPECT_EQ(agreed->generation, 0u);
                 EXPECT_EQ(agreed->whole_source, -1);
               }).ok());
-  // Survivors of a failed step (step 9 of generation 5) and a joiner that
-  // holds nothing: not one step, but the joiner is outside it. A rank
-  // outside it that holds shards makes no such world.
-  for (const bool joiner_holds : {false, true}) {
+  // Survivors of a failed step (step 9 of generation 5) and a rank outside
+  // it: not one step, but the rank is outside it where it holds nothing (a
+  // joiner), or holds the shards of the layout as of step 9 (its boundary
+  // broke before it began the step). Shards of another step (8), or of a
+  // step it does not say, make no such world.
+  struct Outside {
+    bool holds;
+    int64_t step;
+    bool outside;
+  };
+  for (const Outside& o : {Outside{false, -1, true}, Outside{true, -1, false},
+                           Outside{true, 9, true}, Outside{true, 8, false}}) {
     ASSERT_TRUE(RunCommWorld(3, "gloo", [&](int rank, Communicator* comm) {
-                  const bool joiner = rank == 2;
+                  const bool other = rank == 2;
+                  const bool none = other && !o.holds;
                   auto agreed = AgreeOnShards(
-                      comm, rank, joiner && !joiner_holds ? 0 : 5,
-                      joiner ? (joiner_holds ? 2 : -1) : rank, joiner && !joiner_holds ? 0 : 3,
-                      absl::Now() + absl::Seconds(30), joiner ? -1 : 9, joiner ? 0 : 5);
+                      comm, rank, none ? 0 : 5, none ? -1 : rank, none ? 0 : 3,
+                      absl::Now() + absl::Seconds(30), other ? -1 : 9, other ? 0 : 5,
+                      other ? o.step : 9);
                   ASSERT_TRUE(agreed.ok()) << agreed.status();
                   EXPECT_FALSE(agreed->one_step);
                   const std::vector<bool> outside =
-                      joiner_holds ? std::vector<bool>() : std::vector<bool>({false, false, true});
-                  EXPECT_EQ(agreed->outside_step, outside);
+                      o.outside ? std::vector<bool>({false, false, true}) : std::vector<bool>();
+                  EXPECT_EQ(agreed->outside_step, outside) << o.holds << " " << o.step;
                 }).ok());
   }
   // Two ranks that claim one rank of the layout: refused on every rank.

@@ -91,7 +91,8 @@ class RecordingTrainer : public WorldChanges::Membership,
     calls.push_back("ReportCounters");
     reported.push_back(c);
   }
-  absl::Status EnterWorld(Communicator*, const WorldInfo&, const std::optional<FailedStepMark>&,
+  absl::Status EnterWorld(Communicator*, const WorldInfo&, int64_t,
+                          const std::optional<FailedStepMark>&,
                           absl::Time) override {
     calls.push_back("EnterWorld");
     return enter_world;

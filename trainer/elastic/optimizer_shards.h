@@ -90,8 +90,10 @@ struct ShardWorld {
   // Where not one_step: by rank, whether it is outside the failed step
   // that every other rank is in, holding no state of any layout (a joiner
   // meeting the survivors of that step, as a hot spare taking a dead
-  // rank's place). Empty where the ranks are in different steps, or a rank
-  // outside the step holds state.
+  // rank's place), or holding state as of the step before it (a survivor
+  // whose previous step's boundary broke while the others were in the
+  // failed step). Empty where the ranks are in different steps, or a rank
+  // outside the step holds state of another step.
   std::vector<bool> outside_step;
 };
 
@@ -109,11 +111,12 @@ constexpr int kHoldsWholeState = -2;
 // Errors: the communicator's; INVALID_ARGUMENT when two ranks claim one
 // rank of the newest layout or disagree on its size.
 // `failed_step` (-1 for none) and `failed_generation`: the step that failed
-// under this rank, for ShardWorld::one_step.
+// under this rank, for ShardWorld::one_step; `step`: the steps this rank
+// has taken (-1: not said), for ShardWorld::outside_step.
 absl::StatusOr<ShardWorld> AgreeOnShards(Communicator* comm, int node, uint64_t generation,
                                          int rank, int world, absl::Time deadline,
                                          int64_t failed_step = -1,
-                                         uint64_t failed_generation = 0);
+                                         uint64_t failed_generation = 0, int64_t step = -1);
 
 class OptimizerShards {
  public:

@@ -144,7 +144,11 @@ std::vector<bool> OutsideTheStep(const int64_t* words, int size, int stride) {
   for (int r = 0; r < size; ++r) {
     const int64_t* w = words + r * stride;
     if (w[4] == in_step[4] && w[5] == in_step[5]) continue;
-    if (w[4] >= 0 || w[1] != 0 || w[2] != -1) return {};  // in another step, or holds state
+    if (w[4] >= 0) return {};  // in another step
+    // Its state, if any, must be the one the step began from: it took
+    // every step before it (its boundary broke), and none after.
+    const bool holds = w[1] != 0 || w[2] != -1;
+    if (holds && w[6] != in_step[4]) return {};
     outside[r] = true;
   }
   return outside;
@@ -154,8 +158,9 @@ std::vector<bool> OutsideTheStep(const int64_t* words, int size, int stride) {
 
 absl::StatusOr<ShardWorld> AgreeOnShards(Communicator* comm, int node, uint64_t generation,
                                          int rank, int world, absl::Time deadline,
-                                         int64_t failed_step, uint64_t failed_generation) {
-  constexpr int64_t kWords = 6;
+                                         int64_t failed_step, uint64_t failed_generation,
+                                         int64_t step) {
+  constexpr int64_t kWords = 7;
   const int size = comm->size();
   std::vector<int64_t> all(static_cast<size_t>(size * kWords), 0);
   int64_t* mine = all.data() + comm->rank() * kWords;
@@ -165,6 +170,7 @@ absl::StatusOr<ShardWorld> AgreeOnShards(Communicator* comm, int node, uint64_t 
   mine[3] = world;
   mine[4] = failed_step;
   mine[5] = static_cast<int64_t>(failed_generation);
+  mine[6] = step;
   MUSTER_RETURN_IF_ERROR(AllGatherValues(comm, all.data(),
                                          std::vector<size_t>(size, static_cast<size_t>(kWords)),
                                          DataType::kInt64, deadline));

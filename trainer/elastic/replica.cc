@@ -443,12 +443,12 @@ absl::Status Replica::Reshard(Communicator* comm) {
   return sharded_ ? sharded_->Reshard(comm) : absl::OkStatus();
 }
 
-absl::Status Replica::EnterWorld(Communicator* comm, const WorldInfo& world,
+absl::Status Replica::EnterWorld(Communicator* comm, const WorldInfo& world, int64_t step,
                                  const std::optional<FailedStepMark>& failed,
                                  absl::Time deadline) {
   if (!sharded_) return absl::OkStatus();
   return sharded_->Gather(comm, world.generation, world.node_rank(), deadline,
-                          failed ? failed->step : -1, failed ? failed->generation : 0);
+                          failed ? failed->step : -1, failed ? failed->generation : 0, step);
 }
 
 absl::Status Replica::TakeState(int source, Communicator* comm, bool in_step,

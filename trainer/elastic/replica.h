@@ -197,7 +197,7 @@ class Replica : public WorldChanges::Tensors {
   const MemoryAccount& memory() const { return memory_; }
 
   // WorldChanges::Tensors.
-  absl::Status EnterWorld(Communicator* comm, const WorldInfo& world,
+  absl::Status EnterWorld(Communicator* comm, const WorldInfo& world, int64_t step,
                           const std::optional<FailedStepMark>& failed,
                           absl::Time deadline) override;
   absl::Status TakeState(int source, Communicator* comm, bool in_step,

@@ -19,7 +19,7 @@ absl::Status ShardedOptimizers::Check(const std::vector<torch::optim::Optimizer*
 
 absl::Status ShardedOptimizers::Gather(Communicator* comm, uint64_t generation, int node,
                                        absl::Time deadline, int64_t failed_step,
-                                       uint64_t failed_generation) {
+                                       uint64_t failed_generation, int64_t step) {
   const bool holds = shards_ != nullptr;
   const bool whole = !holds && whole_.has_value();
   MUSTER_ASSIGN_OR_RETURN(
@@ -27,7 +27,7 @@ absl::Status ShardedOptimizers::Gather(Communicator* comm, uint64_t generation, 
       AgreeOnShards(comm, node, holds ? generation_ : whole ? whole_of_ : 0,
                     holds ? shards_->rank() : whole ? kHoldsWholeState : -1,
                     holds ? shards_->layout().world() : whole ? whole_->world() : 0, deadline,
-                    failed_step, failed_generation));
+                    failed_step, failed_generation, step));
   // This world's, for Shard (after Release too, where the gather failed).
   node_of_rank_ = agreed.node_of_rank;
   gathered_for_ = generation;

@@ -62,7 +62,8 @@ class ShardedOptimizers {
   // holder: the shards are kept as they were (Release drops them; Shard
   // then shards for this world whatever the optimizers hold).
   absl::Status Gather(Communicator* comm, uint64_t generation, int node, absl::Time deadline,
-                      int64_t failed_step = -1, uint64_t failed_generation = 0);
+                      int64_t failed_step = -1, uint64_t failed_generation = 0,
+                      int64_t step = -1);
   // Collective over the world the shards are of, after a salvaged step
   // that some of its ranks were outside of (`stepped` false: joiners that
   // Gather moved straight to their shards, as they were before the step):

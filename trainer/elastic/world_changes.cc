@@ -65,7 +65,8 @@ absl::Status WorldChanges::Enter(Communicator* comm, const WorldInfo& world) {
   if (failed_step_.has_value()) {
     failed = FailedStepMark{failed_step_->step, failed_step_->generation};
   }
-  absl::Status entered = tensors_->EnterWorld(comm, world, failed, LongDeadline());
+  absl::Status entered =
+      tensors_->EnterWorld(comm, world, counters_->step, failed, LongDeadline());
   if (absl::IsNotFound(entered)) {
     // Every rank restores the checkpoint; then enters again, where the
     // sharded part of it is read, each rank its own ranges.
@@ -73,7 +74,9 @@ absl::Status WorldChanges::Enter(Communicator* comm, const WorldInfo& world) {
     // The ranks were at different steps (some took the failed step) and
     // now hold the checkpoint's: the failed step is dropped, not salvaged.
     if (entered.ok() && failed_step_.has_value()) failed_step_->salvageable = false;
-    if (entered.ok()) entered = tensors_->EnterWorld(comm, world, std::nullopt, LongDeadline());
+    if (entered.ok()) {
+      entered = tensors_->EnterWorld(comm, world, counters_->step, std::nullopt, LongDeadline());
+    }
   }
   MUSTER_RETURN_IF_ERROR(entered);
   // A step failed under this rank: its graphs may still hold the buffers.

@@ -157,10 +157,11 @@ class WorldChanges {
     // Every rank of a new world `world`, first, before the state transfer:
     // sharded optimizer state moves to this world's shards, or becomes
     // whole on every rank, from the ranks that hold it
-    // (ShardedOptimizers::Gather); nothing without. `failed`: the step
-    // that failed under this rank, if one did. Errors: the communicator's;
-    // NOT_FOUND when a shard has no living holder.
-    virtual absl::Status EnterWorld(Communicator* comm, const WorldInfo& world,
+    // (ShardedOptimizers::Gather); nothing without. `step`: the steps this
+    // rank has taken; `failed`: the step that failed under this rank, if
+    // one did. Errors: the communicator's; NOT_FOUND when a shard has no
+    // living holder.
+    virtual absl::Status EnterWorld(Communicator* comm, const WorldInfo& world, int64_t step,
                                     const std::optional<FailedStepMark>& failed,
                                     absl::Time deadline) = 0;
     // The state transfer (state_sync.h): every rank of `comm` ends with
