@@ -183,18 +183,25 @@ absl::Status OptimizerShards::Assemble(std::vector<Group>& groups, const ShardLa
 // (`layout` null) keeps its own, which the state transfer replaces.
 namespace {
 
-// The elements `range` of `params` laid end to end, into `to` (1-D, of
-// `range`'s size).
-void ReadValues(const std::vector<torch::Tensor>& params, ElementRange range, torch::Tensor to) {
+// For each parameter of `params` (laid end to end) that meets `range`:
+// fn(p, at, n, into): its `n` elements from `at` (in its own flat order)
+// are those from `into` within `range`.
+template <typename Fn>
+void ForEachPiece(const std::vector<torch::Tensor>& params, ElementRange range, Fn fn) {
   int64_t offset = 0;
   for (const torch::Tensor& p : params) {
     const ElementRange piece = Overlap(ElementRange{offset, offset + p.numel()}, range);
-    if (piece.size() > 0) {
-      to.narrow(0, piece.begin - range.begin, piece.size())
-          .copy_(p.detach().reshape({-1}).narrow(0, piece.begin - offset, piece.size()));
-    }
+    if (piece.size() > 0) fn(p, piece.begin - offset, piece.size(), piece.begin - range.begin);
     offset += p.numel();
   }
+}
+
+// The elements `range` of `params` laid end to end, into `to` (1-D, of
+// `range`'s size).
+void ReadValues(const std::vector<torch::Tensor>& params, ElementRange range, torch::Tensor to) {
+  ForEachPiece(params, range, [&](const torch::Tensor& p, int64_t at, int64_t n, int64_t into) {
+    to.narrow(0, into, n).copy_(p.detach().reshape({-1}).narrow(0, at, n));
+  });
 }
 
 // `from` (1-D, of `range`'s size) into the elements `range` of `params`
@@ -204,23 +211,17 @@ void ReadValues(const std::vector<torch::Tensor>& params, ElementRange range, to
 // backward. A parameter that is not contiguous goes through a copy of it.
 void WriteValues(const std::vector<torch::Tensor>& params, ElementRange range,
                  const torch::Tensor& from) {
-  int64_t offset = 0;
-  for (const torch::Tensor& p : params) {
-    const ElementRange piece = Overlap(ElementRange{offset, offset + p.numel()}, range);
-    if (piece.size() > 0) {
-      const torch::Tensor values =
-          from.narrow(0, piece.begin - range.begin, piece.size()).to(p.device());
-      torch::Tensor target = p.detach();
-      const bool contiguous = target.is_contiguous();
-      torch::Tensor flat = contiguous ? target.view({-1}) : target.reshape({-1}).clone();
-      torch::Tensor part = flat.narrow(0, piece.begin - offset, piece.size());
-      if (!SameBits(part, values)) {
-        part.copy_(values);
-        if (!contiguous) target.copy_(flat.view_as(target));
-      }
+  ForEachPiece(params, range, [&](const torch::Tensor& p, int64_t at, int64_t n, int64_t into) {
+    const torch::Tensor values = from.narrow(0, into, n).to(p.device());
+    torch::Tensor target = p.detach();
+    const bool contiguous = target.is_contiguous();
+    torch::Tensor flat = contiguous ? target.view({-1}) : target.reshape({-1}).clone();
+    torch::Tensor part = flat.narrow(0, at, n);
+    if (!SameBits(part, values)) {
+      part.copy_(values);
+      if (!contiguous) target.copy_(flat.view_as(target));
     }
-    offset += p.numel();
-  }
+  });
 }
 
 }  // namespace

@@ -12,7 +12,7 @@ ControlArray ControlWords::ToArray() const {
 StepDecision DecideAfterStep(const ControlArray& averages, int world, const ControlWords& mine,
                              bool drained) {
   const int stopping = static_cast<int>(std::lround(averages[0] * world));
-  const int leaving = static_cast<int>(std::lround(averages[1] * world));
+  const int leaving = RanksLeaving(averages, world);
   const int heard_newer = static_cast<int>(std::lround(averages[2] * world));
   if (stopping > 0 || (leaving == world && !drained)) return StepDecision::kStop;
   if (mine.leave && leaving > 0) return StepDecision::kLeave;
