@@ -1313,6 +1313,16 @@ class ShardedStateFailureTest : public ShardedStateTest {
   // With `copies` copies of each part, one of four trainers leaves at a
   // boundary (SIGTERM) and a new one joins: see the tests.
   void OneLeavesAndOneJoins(int copies);
+  // Each of `tags` ended with the parameters of `summary` (a summary
+  // JSON's text): the same checksum; its log where not.
+  void ExpectParametersOf(const std::vector<std::string>& tags, const std::string& summary) {
+    for (const std::string& tag : tags) {
+      EXPECT_EQ(JsonNumber(ReadText(dir_ + "/" + tag + ".json"), "parameter_checksum"),
+                JsonNumber(summary, "parameter_checksum"))
+          << tag << "\n"
+          << ReadText(dir_ + "/" + tag + ".log");
+    }
+  }
 };
 
 // A graceful leave with two copies: the leaver's parts live on in its
@@ -1356,12 +1366,7 @@ void ShardedStateFailureTest::OneLeavesAndOneJoins(int copies) {
   EXPECT_EQ(JsonNumber(s0, "steps"), "1000") << s0;
   EXPECT_EQ(JsonNumber(s0, "world_size"), "4") << s0;
   EXPECT_EQ(JsonNumber(s0, "steps_dropped"), "0") << s0;
-  for (const char* tag : {"l1", "l2", "l3b"}) {
-    EXPECT_EQ(JsonNumber(ReadText(dir_ + "/" + tag + ".json"), "parameter_checksum"),
-              JsonNumber(s0, "parameter_checksum"))
-        << tag << "\n"
-        << ReadText(dir_ + "/" + tag + ".log");
-  }
+  ExpectParametersOf({"l1", "l2", "l3b"}, s0);
 }
 
 // A trainer SIGKILLed mid-run takes its parts of the state with it; their
@@ -1415,12 +1420,7 @@ void ShardedStateFailureTest::KillOneOfFourAndReplaceIt(const std::vector<std::s
   EXPECT_EQ(JsonNumber(s0, "steps"), "1000") << s0;
   EXPECT_GE(std::stoi(JsonNumber(s0, "regroups")), 1) << s0;
   EXPECT_EQ(JsonNumber(s0, "steps_dropped"), "0") << s0;
-  for (const char* tag : {"k1", "k2", "k3b"}) {
-    EXPECT_EQ(JsonNumber(ReadText(dir_ + "/" + tag + ".json"), "parameter_checksum"),
-              JsonNumber(s0, "parameter_checksum"))
-        << tag << "\n"
-        << ReadText(dir_ + "/" + tag + ".log");
-  }
+  ExpectParametersOf({"k1", "k2", "k3b"}, s0);
   EXPECT_EQ(ReadText(dir_ + "/k0.log").find("no living holder"), std::string::npos);
   // The replacement joined at a step boundary: it received only its shards.
   EXPECT_NE(ReadText(dir_ + "/k3b.log").find("optimizer state moved straight to the shards"),
@@ -1478,12 +1478,7 @@ void ShardedStateFailureTest::KillOneOfFourWithOneCopy(const std::vector<std::st
   if (std::find(extra.begin(), extra.end(), "--reduce-scatter") != extra.end()) {
     EXPECT_NE(log0.find("gradients reduce-scattered over 3 ranks"), std::string::npos) << log0;
   }
-  for (const char* tag : {"c1", "c2"}) {
-    EXPECT_EQ(JsonNumber(ReadText(dir_ + "/" + tag + ".json"), "parameter_checksum"),
-              JsonNumber(s0, "parameter_checksum"))
-        << tag << "\n"
-        << ReadText(dir_ + "/" + tag + ".log");
-  }
+  ExpectParametersOf({"c1", "c2"}, s0);
 }
 
 // With --reduce-scatter each rank receives only the average of the parts

@@ -660,6 +660,25 @@ TEST_P(OptimizerShardsTest, WhereANodeKeepsEveryShardTheGatherStaysInsideIt) {
   }
 }
 
+// In the world of three after rank 1's death (ThroughADeath): the
+// agreement, then the move straight to the new shards in rounds of 3
+// elements; `*largest_all_reduce` the largest all-reduce on the way (in
+// elements of its type).
+void MoveStraightInRoundsOf3(Held& me, Communicator* comm, size_t* largest_all_reduce) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  const bool holds = me.shards != nullptr;
+  const absl::StatusOr<ShardWorld> agreed = AgreeOnShards(
+      comm, /*node=*/0, holds ? 1 : 0, holds ? me.shards->rank() : -1, holds ? 3 : 0, deadline);
+  ASSERT_TRUE(agreed.ok()) << agreed.status();
+  ASSERT_EQ(agreed->alive, (std::vector<bool>{true, false, true}));
+  CountingGathers counting(comm);
+  auto moved = OptimizerShards::Redistribute(me.shards.get(), {me.sharded_opt.get()}, *agreed,
+                                             /*copies=*/2, &counting, deadline, /*chunk=*/3);
+  ASSERT_TRUE(moved.ok()) << moved.status();
+  me.shards = *std::move(moved);
+  *largest_all_reduce = counting.largest_all_reduce;
+}
+
 // After a move straight to the new shards in a world of three: the
 // parameters from a survivor (rank 0), as a state transfer brings them,
 // three more sharded steps (3 to 5), then gathered: bit for bit the
@@ -691,19 +710,9 @@ TEST_P(OptimizerShardsTest, AJoinerReceivesOnlyTheShardsItKeeps) {
         GetParam(),
         ThreeSteps,
         [](Held& me, int rank, Communicator* comm) {
-          const absl::Time deadline = absl::Now() + absl::Seconds(30);
-          const bool holds = me.shards != nullptr;
-          const absl::StatusOr<ShardWorld> agreed =
-              AgreeOnShards(comm, /*node=*/0, holds ? 1 : 0, holds ? me.shards->rank() : -1,
-                            holds ? 3 : 0, deadline);
-          ASSERT_TRUE(agreed.ok()) << agreed.status();
-          ASSERT_EQ(agreed->alive, (std::vector<bool>{true, false, true}));
-          CountingGathers counting(comm);
-          auto moved = OptimizerShards::Redistribute(me.shards.get(), {me.sharded_opt.get()},
-                                                     *agreed, /*copies=*/2, &counting, deadline,
-                                                     /*chunk=*/3);
-          ASSERT_TRUE(moved.ok()) << moved.status();
-          me.shards = *std::move(moved);
+          size_t largest_all_reduce = 0;
+          MoveStraightInRoundsOf3(me, comm, &largest_all_reduce);
+          if (::testing::Test::HasFatalFailure()) return;
           const std::string where = absl::StrCat("new rank ", rank);
           for (const torch::Tensor& p : me.sharded->parameters()) {
             // (A frozen parameter is not sharded: Adagrad's constructor gave
@@ -728,7 +737,7 @@ TEST_P(OptimizerShardsTest, AJoinerReceivesOnlyTheShardsItKeeps) {
           }
           EXPECT_EQ(me.shards->StateElements() * counted, *whole * kept)
               << where << ": the state of its " << kept << " kept elements of " << elements;
-          EXPECT_LE(counting.largest_all_reduce, 16u) << where << ": a round, not the whole state";
+          EXPECT_LE(largest_all_reduce, 16u) << where << ": a round, not the whole state";
           TrainOnAfterTheMove(me, rank, comm, where);
         },
         channels_last);
@@ -750,20 +759,11 @@ TEST_P(OptimizerShardsTest, StepValuesMoveStraightInRoundsAsTheStateDoes) {
         me.Step(rank, 2, comm, /*copies=*/2, nullptr, /*gather=*/false);
       },
       [](Held& me, int rank, Communicator* comm) {
-        const absl::Time deadline = absl::Now() + absl::Seconds(30);
-        const bool holds = me.shards != nullptr;
-        const absl::StatusOr<ShardWorld> agreed =
-            AgreeOnShards(comm, /*node=*/0, holds ? 1 : 0, holds ? me.shards->rank() : -1,
-                          holds ? 3 : 0, deadline);
-        ASSERT_TRUE(agreed.ok()) << agreed.status();
-        CountingGathers counting(comm);
-        auto moved = OptimizerShards::Redistribute(me.shards.get(), {me.sharded_opt.get()},
-                                                   *agreed, /*copies=*/2, &counting, deadline,
-                                                   /*chunk=*/3);
-        ASSERT_TRUE(moved.ok()) << moved.status();
-        me.shards = *std::move(moved);
+        size_t largest_all_reduce = 0;
+        MoveStraightInRoundsOf3(me, comm, &largest_all_reduce);
+        if (::testing::Test::HasFatalFailure()) return;
         const std::string where = absl::StrCat("new rank ", rank);
-        EXPECT_LE(counting.largest_all_reduce, 16u) << where << ": a round, not the model";
+        EXPECT_LE(largest_all_reduce, 16u) << where << ": a round, not the model";
         if (rank < 2) {  // a survivor: step 2's values, from the masters
           const auto want = me.reference->parameters(), got = me.sharded->parameters();
           for (size_t i = 0; i < want.size(); ++i) {
