@@ -184,6 +184,13 @@ TEST_P(AllReduceTest, AverageHalfPrecisionAndTheOtherCollectives) {
         c.backend == Backend::kGloo || (c.backend == Backend::kHier && NodesOfEqualSize(c));
     ExpectReduceScatterAndAllGather(comm, rank, counts, deadline, only_own);
     ExpectReduceScatterAndAllGather(comm, rank, sparse, deadline, only_own);
+    if (c.backend == Backend::kHier && NodesOfEqualSize(c)) {
+      // Segments past a round of its scratch (16 MiB in all): several
+      // rounds, each a piece of every segment, of unequal lengths.
+      std::vector<size_t> large(w);
+      for (int r = 0; r < w; ++r) large[r] = (size_t{16} << 20) / (4 * w) * 2 + 123 * r;
+      ExpectReduceScatterAndAllGather(comm, rank, large, deadline, only_own);
+    }
     // An average too.
     std::vector<float> rs_avg(TotalCount(counts), static_cast<float>(rank * 2));
     ASSERT_TRUE(comm.ReduceScatter(rs_avg.data(), counts, DataType::kFloat32, ReduceOp::kAverage,

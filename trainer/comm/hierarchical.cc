@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <functional>
 #include <map>
 
 #include "absl/base/thread_annotations.h"
@@ -305,13 +306,14 @@ class Hierarchical : public Communicator {
     char* carried = nullptr;  // room for the own column in `carried_es`-byte elements
   };
   // ABORTED once broken.
-  absl::StatusOr<Columns> ScratchColumns(const std::vector<size_t>& counts, size_t es,
+  // `at`: where each segment begins in the caller's buffer.
+  absl::StatusOr<Columns> ScratchColumns(const std::vector<size_t>& at,
+                                         const std::vector<size_t>& counts, size_t es,
                                          size_t carried_es = 0) {
     if (absl::Status s = Broken(); !s.ok()) return s;
     const int L = local_size_, nodes = size_ / L;
-    Columns c{std::vector<size_t>(size_ + 1, 0), std::vector<size_t>(size_),
-              std::vector<size_t>(L, 0), std::vector<size_t>(nodes)};
-    for (int r = 0; r < size_; ++r) c.at[r + 1] = c.at[r] + counts[r];
+    Columns c{at, std::vector<size_t>(size_), std::vector<size_t>(L, 0),
+              std::vector<size_t>(nodes)};
     size_t total = 0;
     for (int col = 0; col < L; ++col) {
       for (int n = 0; n < nodes; ++n) {
@@ -338,7 +340,48 @@ class Hierarchical : public Communicator {
   absl::Status GatherByColumns(char* data, const std::vector<size_t>& counts, DataType type,
                                absl::Time deadline) {
     const size_t es = DataTypeSize(type);
-    absl::StatusOr<Columns> columns = ScratchColumns(counts, es);
+    return InRounds(counts, es, [&](const std::vector<size_t>& at, const std::vector<size_t>& n) {
+      return GatherRoundByColumns(data, at, n, type, deadline);
+    });
+  }
+  // InRounds: cuts the segments (`counts`, one after the other in the
+  // caller's buffer) into rounds that take the next piece of every segment,
+  // at most kRoundBytes in all, and runs `round` on each with where its
+  // pieces begin and their counts: the scratch a leg copies into is then
+  // bounded by a round, not by the buffer (a bucket holding one large
+  // parameter). Every rank cuts the same counts alike. At least one round.
+  static constexpr size_t kRoundBytes = size_t{16} << 20;
+  absl::Status InRounds(
+      const std::vector<size_t>& counts, size_t es,
+      const std::function<absl::Status(const std::vector<size_t>&, const std::vector<size_t>&)>&
+          round) {
+    const size_t piece = std::max<size_t>(kRoundBytes / (static_cast<size_t>(size_) * es), 1);
+    std::vector<size_t> at(static_cast<size_t>(size_)), n(static_cast<size_t>(size_));
+    std::vector<size_t> done(static_cast<size_t>(size_), 0);
+    size_t begin = 0;
+    for (int r = 0; r < size_; ++r) {
+      at[r] = begin;
+      begin += counts[r];
+    }
+    for (bool first = true;; first = false) {
+      bool any = false;
+      for (int r = 0; r < size_; ++r) {
+        n[r] = std::min(piece, counts[r] - done[r]);
+        any = any || n[r] > 0;
+      }
+      if (!any && !first) return absl::OkStatus();
+      std::vector<size_t> where(at);
+      for (int r = 0; r < size_; ++r) where[r] += done[r];
+      if (absl::Status s = round(where, n); !s.ok()) return s;
+      for (int r = 0; r < size_; ++r) done[r] += n[r];
+      if (!any) return absl::OkStatus();
+    }
+  }
+  absl::Status GatherRoundByColumns(char* data, const std::vector<size_t>& at,
+                                    const std::vector<size_t>& counts, DataType type,
+                                    absl::Time deadline) {
+    const size_t es = DataTypeSize(type);
+    absl::StatusOr<Columns> columns = ScratchColumns(at, counts, es);
     if (!columns.ok()) return columns.status();
     const Columns& c = *columns;
     std::memcpy(c.scratch + c.in_scratch[rank_] * es, data + c.at[rank_] * es, counts[rank_] * es);
@@ -374,9 +417,19 @@ class Hierarchical : public Communicator {
   absl::Status ReduceByColumns(char* data, const std::vector<size_t>& counts, DataType type,
                                ReduceOp op, DataType wire, absl::Time deadline,
                                bool whole_column = false) {
+    return InRounds(counts, DataTypeSize(type),
+                    [&](const std::vector<size_t>& at, const std::vector<size_t>& n) {
+                      return ReduceRoundByColumns(data, at, n, type, op, wire, deadline,
+                                                  whole_column);
+                    });
+  }
+  absl::Status ReduceRoundByColumns(char* data, const std::vector<size_t>& at,
+                                    const std::vector<size_t>& counts, DataType type,
+                                    ReduceOp op, DataType wire, absl::Time deadline,
+                                    bool whole_column) {
     const size_t es = DataTypeSize(type);
     absl::StatusOr<Columns> columns =
-        ScratchColumns(counts, es, wire == type ? 0 : DataTypeSize(wire));
+        ScratchColumns(at, counts, es, wire == type ? 0 : DataTypeSize(wire));
     if (!columns.ok()) return columns.status();
     const Columns& c = *columns;
     for (int r = 0; r < size_; ++r) {
