@@ -178,59 +178,117 @@ TEST(GradientSyncTest, AParameterNoRankUsedKeepsNoGradient) {
 // keep the rank's own gradient, and the control words are averaged as in
 // any step. Two backward calls in the pass refill a launched bucket, which
 // is reduce-scattered again. A salvage's Resync all-reduces and installs
-// the averages into every .grad as the default sync does.
+// the averages into every .grad as the default sync does. With a `take`
+// (pooled buckets) each bucket's segments are handed over as they come
+// back, the refilled bucket's twice, and the salvage goes a bucket at a
+// time: the same figures.
 TEST(GradientSyncTest, AScatterPlanLeavesEachRankTheAverageOfItsSegments) {
   for (const std::string backend : {"gloo", "shm", "hier"}) {
-    const auto body = [&](int rank, Communicator* comm) {
-      // Two buckets: p2 (5 elements) alone, then p0 and p1 (3 + 4); the
-      // segments cut through the parameters.
-      std::vector<torch::Tensor> params = {torch::zeros({3}, torch::requires_grad()),
-                                           torch::zeros({4}, torch::requires_grad()),
-                                           torch::zeros({5}, torch::requires_grad())};
-      std::vector<GradientSync::BucketPlan> plan = {{{2}, {0, 2, 3}}, {{0, 1}, {4, 3, 0}}};
-      GradientSyncOptions o;
-      o.clock = RealClock::Get();
-      GradientSync sync(params, plan, comm, o);
-      ASSERT_TRUE(sync.scatters());
-      sync.Begin(/*sync=*/true, {static_cast<float>(rank), 0, 0, 0});
-      // Element e of parameter i on rank r: (r + 1) * (10 * i + e), twice
-      // for p2 (a second backward, after its bucket was launched).
-      const std::vector<torch::Tensor> local = BackwardTwiceIntoTheLast(params, rank);
-      ASSERT_TRUE(sync.Finish(absl::Now() + absl::Seconds(30)).ok());
-      EXPECT_EQ(sync.last_stats().refilled_buckets, 1);
-      EXPECT_FLOAT_EQ(sync.control()[0], 1.0f) << "the control words are averaged";
-      for (int i = 0; i < 3; ++i) {
-        EXPECT_TRUE(torch::equal(params[i].grad(), local[i]))
-            << backend << " rank " << rank << ": parameter " << i << "'s .grad is not its own";
-      }
-      // The world's average is (1 + 2 + 3) / 3 = 2 times rank 0's gradient.
-      for (size_t b = 0; b < plan.size(); ++b) {
-        std::vector<torch::Tensor> parts;
-        for (size_t k : plan[b].params) parts.push_back(local[k] / (rank + 1) * 2);
-        const torch::Tensor want = torch::cat(parts);
-        int64_t at = 0;
-        for (int r = 0; r < rank; ++r) at += static_cast<int64_t>(plan[b].scatter[r]);
-        const int64_t n = static_cast<int64_t>(plan[b].scatter[rank]);
-        EXPECT_TRUE(torch::allclose(sync.bucket_gradients(b).narrow(0, at, n),
-                                    want.narrow(0, at, n)))
-            << backend << " rank " << rank << " bucket " << b << ": "
-            << sync.bucket_gradients(b) << " against " << want;
-      }
-      ASSERT_TRUE(sync.Resync(comm, /*contribute=*/true, /*contributors=*/3, {},
-                              absl::Now() + absl::Seconds(30))
-                      .ok());
-      for (int i = 0; i < 3; ++i) {
-        EXPECT_TRUE(torch::allclose(params[i].grad(), local[i] / (rank + 1) * 2))
-            << backend << " rank " << rank << ": parameter " << i << " after Resync";
-      }
-    };
-    // hier: two nodes, of two ranks and one.
-    EXPECT_TRUE((backend == "hier"
-                     ? RunCommWorld({0, 0, 1}, backend, GradientCompression::kNone, body)
-                     : RunCommWorld(3, backend, body))
-                    .ok())
-        << backend;
+    for (const bool pooled : {false, true}) {
+      const auto body = [&](int rank, Communicator* comm) {
+        // Two buckets: p2 (5 elements) alone, then p0 and p1 (3 + 4); the
+        // segments cut through the parameters.
+        std::vector<torch::Tensor> params = {torch::zeros({3}, torch::requires_grad()),
+                                             torch::zeros({4}, torch::requires_grad()),
+                                             torch::zeros({5}, torch::requires_grad())};
+        std::vector<GradientSync::BucketPlan> plan = {{{2}, {0, 2, 3}}, {{0, 1}, {4, 3, 0}}};
+        GradientSyncOptions o;
+        o.clock = RealClock::Get();
+        std::vector<torch::Tensor> taken(plan.size());
+        std::vector<int> takes(plan.size(), 0);
+        if (pooled) {
+          o.take = [&](size_t i, const torch::Tensor& gradients) {
+            taken[i] = gradients.clone();
+            ++takes[i];
+          };
+        }
+        GradientSync sync(params, plan, comm, o);
+        ASSERT_TRUE(sync.scatters());
+        const auto gradients = [&](size_t b) {
+          return pooled ? taken[b] : sync.bucket_gradients(b);
+        };
+        sync.Begin(/*sync=*/true, {static_cast<float>(rank), 0, 0, 0});
+        // Element e of parameter i on rank r: (r + 1) * (10 * i + e), twice
+        // for p2 (a second backward, after its bucket was launched).
+        const std::vector<torch::Tensor> local = BackwardTwiceIntoTheLast(params, rank);
+        ASSERT_TRUE(sync.Finish(absl::Now() + absl::Seconds(30)).ok());
+        EXPECT_EQ(sync.last_stats().refilled_buckets, 1);
+        if (pooled) {
+          EXPECT_EQ(takes, (std::vector<int>{2, 1})) << "the refilled bucket is taken again";
+        }
+        EXPECT_FLOAT_EQ(sync.control()[0], 1.0f) << "the control words are averaged";
+        for (int i = 0; i < 3; ++i) {
+          EXPECT_TRUE(torch::equal(params[i].grad(), local[i]))
+              << backend << " rank " << rank << ": parameter " << i << "'s .grad is not its own";
+        }
+        // The world's average is (1 + 2 + 3) / 3 = 2 times rank 0's gradient.
+        for (size_t b = 0; b < plan.size(); ++b) {
+          std::vector<torch::Tensor> parts;
+          for (size_t k : plan[b].params) parts.push_back(local[k] / (rank + 1) * 2);
+          const torch::Tensor want = torch::cat(parts);
+          int64_t at = 0;
+          for (int r = 0; r < rank; ++r) at += static_cast<int64_t>(plan[b].scatter[r]);
+          const int64_t n = static_cast<int64_t>(plan[b].scatter[rank]);
+          EXPECT_TRUE(torch::allclose(gradients(b).narrow(0, at, n), want.narrow(0, at, n)))
+              << backend << (pooled ? " pooled" : "") << " rank " << rank << " bucket " << b
+              << ": " << gradients(b) << " against " << want;
+        }
+        ASSERT_TRUE(sync.Resync(comm, /*contribute=*/true, /*contributors=*/3, {},
+                                absl::Now() + absl::Seconds(30))
+                        .ok());
+        for (int i = 0; i < 3; ++i) {
+          EXPECT_TRUE(torch::allclose(params[i].grad(), local[i] / (rank + 1) * 2))
+              << backend << " rank " << rank << ": parameter " << i << " after Resync";
+        }
+      };
+      // hier: two nodes, of two ranks and one.
+      EXPECT_TRUE((backend == "hier"
+                       ? RunCommWorld({0, 0, 1}, backend, GradientCompression::kNone, body)
+                       : RunCommWorld(3, backend, body))
+                      .ok())
+          << backend << (pooled ? " pooled" : "");
+    }
   }
+}
+
+// Pooled reduce-scatter buckets (GradientSyncOptions::take) hold a pool of
+// two buckets' buffers, not one per bucket: after a pass of eight buckets of
+// 1,000 elements the sync holds at most 2,000 elements and the words, and
+// each rank took its segment of every bucket, the world's average.
+TEST(GradientSyncTest, PooledScatterBucketsHoldTwoBuffersNotOnePerBucket) {
+  constexpr int kBuckets = 8;
+  constexpr int64_t kSize = 1000;
+  const auto body = [&](int rank, Communicator* comm) {
+    std::vector<torch::Tensor> params;
+    std::vector<GradientSync::BucketPlan> plan;
+    for (int i = 0; i < kBuckets; ++i) {
+      params.push_back(torch::zeros({kSize}, torch::requires_grad()));
+      plan.push_back({{static_cast<size_t>(kBuckets - 1 - i)}, {400, 600}});
+    }
+    std::vector<torch::Tensor> taken(kBuckets);
+    GradientSyncOptions o;
+    o.clock = RealClock::Get();
+    o.take = [&](size_t i, const torch::Tensor& g) { taken[i] = g.clone(); };
+    GradientSync sync(params, plan, comm, o);
+    sync.Begin(/*sync=*/true);
+    torch::Tensor loss = torch::zeros({});
+    for (int i = 0; i < kBuckets; ++i) loss = loss + params[i].sum() * (rank + 1) * (i + 1);
+    loss.backward();
+    ASSERT_TRUE(sync.Finish(absl::Now() + absl::Seconds(30)).ok());
+    int64_t held = 0;
+    for (const torch::Tensor& t : sync.buffers()) held += t.numel();
+    EXPECT_LE(held, 2 * kSize + GradientSync::WordCount(kBuckets, kBuckets))
+        << "rank " << rank << " holds " << held << " elements";
+    const int64_t at = rank == 0 ? 0 : 400, n = rank == 0 ? 400 : 600;
+    for (int b = 0; b < kBuckets; ++b) {
+      // Bucket b holds parameter kBuckets - 1 - b: (1 + 2) / 2 times (p + 1).
+      ASSERT_TRUE(taken[b].defined()) << "bucket " << b;
+      EXPECT_TRUE(torch::allclose(taken[b].narrow(0, at, n),
+                                  torch::full({n}, 1.5f * static_cast<float>(kBuckets - b))))
+          << "rank " << rank << " bucket " << b;
+    }
+  };
+  EXPECT_TRUE(RunCommWorld(2, "gloo", body).ok());
 }
 
 // A plan whose buckets are given (views of one vector, as sharded

@@ -41,6 +41,7 @@ GradientSync::GradientSync(std::vector<torch::Tensor> params, std::vector<Bucket
       scatter_(!plan.empty() && !plan.front().scatter.empty()),
       columns_(scatter_ && plan.front().columns),
       views_(!plan.empty() && plan.front().buffer.defined()),
+      pooled_(scatter_ && !views_ && static_cast<bool>(options.take)),
       options_(options),
       comm_(comm) {
   bucket_of_.resize(params_.size());
@@ -61,7 +62,12 @@ GradientSync::GradientSync(std::vector<torch::Tensor> params, std::vector<Bucket
   for (size_t i = 0; i < buckets_.size(); ++i) {
     Bucket& b = buckets_[i];
     for (size_t k : b.params) b.elements += params_[k].numel();
-    if (i + 1 == buckets_.size()) b.elements += words();  // the words ride in the last bucket
+    // Buckets of a parameter larger than a bucket take a buffer of their own.
+    if (b.elements <= static_cast<int64_t>(options_.bucket_bytes / sizeof(float))) {
+      pool_elements_ = std::max(pool_elements_, b.elements);
+    }
+    // The words ride in the last bucket, or apart where buckets are pooled.
+    if (i + 1 == buckets_.size() && words_in_last()) b.elements += words();
     for (int64_t& offset : b.offsets) offset += gradients_begin(i);
     TORCH_CHECK(b.buffer.defined() == views_ &&
                     (!views_ || (b.buffer.numel() == b.elements && b.buffer.is_contiguous() &&
@@ -80,34 +86,79 @@ GradientSync::GradientSync(std::vector<torch::Tensor> params, std::vector<Bucket
 }
 
 void GradientSync::MakeBuffers() {
-  for (Bucket& b : buckets_) {
-    if (b.buffer.defined()) continue;
-    b.buffer = torch::zeros({b.elements}, params_.empty()
-                                              ? torch::TensorOptions().dtype(torch::kFloat32)
-                                              : params_[0].options().dtype(torch::kFloat32));
+  const torch::TensorOptions options = params_.empty()
+                                           ? torch::TensorOptions().dtype(torch::kFloat32)
+                                           : params_[0].options().dtype(torch::kFloat32);
+  if (pooled_) {  // the buckets take buffers from the pool as they fill
+    if (!words_.defined() && !buckets_.empty()) words_ = torch::zeros({words()}, options);
+    return;
   }
+  for (Bucket& b : buckets_) {
+    if (!b.buffer.defined()) b.buffer = torch::zeros({b.elements}, options);
+  }
+}
+
+void GradientSync::Acquire(Bucket& b) {
+  // Every bucket's slots are written before it is reduced: no zeros.
+  const auto make = [&](int64_t elements) {
+    return torch::empty({elements}, params_[0].options().dtype(torch::kFloat32));
+  };
+  if (b.elements > pool_elements_ && !b.buffer.defined()) b.buffer = make(b.elements);
+  while (!b.buffer.defined()) {
+    if (!pool_.empty()) {
+      b.buffer = pool_.back().narrow(0, 0, b.elements);
+      pool_.pop_back();
+      return;
+    }
+    const bool in_flight = std::any_of(buckets_.begin(), buckets_.end(), [](const Bucket& o) {
+      return o.launched && !o.done && o.buffer.defined();
+    });
+    if (!in_flight) {
+      b.buffer = make(pool_elements_).narrow(0, 0, b.elements);
+      return;
+    }
+    cv_.Wait(&mu_);  // a bucket in flight gives its buffer back (GiveBack)
+  }
+}
+
+void GradientSync::GiveBack(Bucket& b) {
+  if (!b.buffer.defined()) return;
+  constexpr auto kFloat = static_cast<int64_t>(sizeof(float));
+  if (pool_.size() < kPooled && b.buffer.storage_offset() == 0 &&
+      static_cast<int64_t>(b.buffer.storage().nbytes()) == pool_elements_ * kFloat) {
+    pool_.push_back(b.buffer.as_strided({pool_elements_}, {1}, 0));
+  }
+  b.buffer = torch::Tensor();  // one of its own, or past kPooled: freed
+  cv_.NotifyAll();
 }
 
 void GradientSync::ReleaseBuffers() {
   if (views_) return;
+  MutexLock lock(&mu_);
   for (Bucket& b : buckets_) b.buffer = torch::Tensor();
+  pool_.clear();
+  words_ = torch::Tensor();
 }
 
 std::vector<torch::Tensor> GradientSync::buffers() const {
   std::vector<torch::Tensor> out;
+  MutexLock lock(&mu_);
   for (const Bucket& b : buckets_) {
     if (b.buffer.defined()) out.push_back(b.buffer);
   }
+  for (const torch::Tensor& t : pool_) out.push_back(t);
+  if (words_.defined()) out.push_back(words_);
   return out;
 }
 
 torch::Tensor GradientSync::bucket_gradients(size_t i) const {
   const torch::Tensor& buffer = buckets_[i].buffer;
-  const int64_t words = i + 1 == buckets_.size() ? this->words() : 0;
-  return buffer.narrow(0, gradients_begin(i), buffer.numel() - words);
+  return buffer.narrow(0, gradients_begin(i),
+                       buffer.numel() - gradients_begin(i) - words_after(i));
 }
 
 torch::Tensor GradientSync::WordsView() const {
+  if (!words_in_last()) return words_;
   const torch::Tensor& last = buckets_.back().buffer;
   return last.narrow(0, views_ ? 0 : last.numel() - words(), words());
 }
@@ -168,6 +219,8 @@ void GradientSync::Begin(bool sync, const std::array<float, kControlWords>& cont
   }
   deadline_ = options_.clock->Now() + options_.timeout;
   for (Bucket& b : buckets_) {
+    // A bucket of a pass that failed before its launch; not one in flight.
+    if (pooled_ && !(b.launched && !b.done)) GiveBack(b);
     b.ready = 0;
     b.launched = false;
     b.done = false;
@@ -193,6 +246,7 @@ void GradientSync::OnGradient(size_t k, const torch::Tensor& grad) {
       b.refill = true;
       return;
     }
+    if (pooled_) Acquire(b);
   }
   torch::NoGradGuard no_grad;
   torch::Tensor slot = b.buffer.narrow(0, b.offsets[slot_of_[k]], params_[k].numel());
@@ -261,11 +315,13 @@ void GradientSync::CommLoop() {
     absl::Status s = comm == nullptr
                          ? absl::FailedPreconditionError("no communicator")
                          : ReduceBucket(comm, bucket, ReduceOp::kAverage, deadline, scatter_);
+    if (pooled_ && s.ok()) options_.take(bucket, bucket_gradients(bucket));
     const double seconds = absl::ToDoubleSeconds(options_.clock->Now() - start);
     lock.Lock();
     comm_seconds_ += seconds;
     b.status = s;
     b.done = true;
+    if (pooled_) GiveBack(b);
     cv_.NotifyAll();
   }
 }
@@ -301,7 +357,7 @@ absl::Status GradientSync::ReduceBucket(Communicator* comm, size_t i, ReduceOp o
     if (!last) return absl::OkStatus();
     return AllReduceTensor(comm, WordsView(), op, deadline);
   }
-  if (!last || comm->gradient_wire() == DataType::kFloat32) {
+  if (!last || (words_in_last() && comm->gradient_wire() == DataType::kFloat32)) {
     return AllReduceGradientTensor(comm, buffer, op, deadline);
   }
   MUSTER_RETURN_IF_ERROR(AllReduceGradientTensor(comm, gradients, op, deadline));
@@ -331,6 +387,7 @@ absl::Status GradientSync::Finish(absl::Time deadline, const std::function<void(
   for (size_t i = 0; i < buckets_.size(); ++i) {
     Bucket& b = buckets_[i];
     if (b.launched) continue;
+    if (pooled_) Acquire(b);
     if (b.ready < static_cast<int>(b.params.size())) {
       for (size_t j = 0; j < b.params.size(); ++j) {
         if (!got_gradient_[b.params[j]]) FillFromGrad(b, j, /*use_grad=*/true);
@@ -390,11 +447,27 @@ absl::Status GradientSync::ReduceRefilled(Communicator* comm, const std::vector<
   for (size_t i = 0; i + 1 < buckets_.size(); ++i) {
     if (words[i] <= 0) continue;  // no rank touched it again
     Bucket& b = buckets_[i];
-    for (size_t j = 0; j < b.params.size(); ++j) FillFromGrad(b, j, /*use_grad=*/true);
-    MUSTER_RETURN_IF_ERROR(ReduceBucket(comm, i, ReduceOp::kAverage, deadline, scatter_));
+    MUSTER_RETURN_IF_ERROR(WithBuffer(b, [&] {
+      for (size_t j = 0; j < b.params.size(); ++j) FillFromGrad(b, j, /*use_grad=*/true);
+      MUSTER_RETURN_IF_ERROR(ReduceBucket(comm, i, ReduceOp::kAverage, deadline, scatter_));
+      if (pooled_) options_.take(i, bucket_gradients(i));
+      return absl::OkStatus();
+    }));
     ++stats_.refilled_buckets;
   }
   return absl::OkStatus();
+}
+
+absl::Status GradientSync::WithBuffer(Bucket& b, const std::function<absl::Status()>& use) {
+  if (!pooled_) return use();
+  {
+    MutexLock lock(&mu_);
+    Acquire(b);
+  }
+  const absl::Status s = use();
+  MutexLock lock(&mu_);
+  GiveBack(b);
+  return s;
 }
 
 void GradientSync::FillFromGrad(Bucket& b, size_t j, bool use_grad) {
@@ -415,26 +488,28 @@ void GradientSync::Install(const std::vector<float>& words, bool grads) {
     }
   }
   if (!grads) return;
+  for (Bucket& b : buckets_) InstallBucket(b, words);
+}
+
+void GradientSync::InstallBucket(const Bucket& b, const std::vector<float>& words) {
   torch::NoGradGuard no_grad;
   const size_t used_at = buckets_.size();
-  for (Bucket& b : buckets_) {
-    for (size_t j = 0; j < b.params.size(); ++j) {
-      // No rank had a gradient for it (unused in every rank's forward, or
-      // frozen): its .grad is left as it is, none, as one process leaves
-      // it, so that the optimizer skips it rather than step it with zeros.
-      if (words[used_at + b.params[j]] <= 0) continue;
-      torch::Tensor& p = params_[b.params[j]];
-      if (views_) {
-        // The slot is the gradient: whatever backward made is let go.
-        p.mutable_grad() = AliasOf(b.buffer, b.offsets[j], p.sizes());
-        continue;
-      }
-      torch::Tensor slot = b.buffer.narrow(0, b.offsets[j], p.numel()).view(p.sizes());
-      if (p.grad().defined()) {
-        p.mutable_grad().copy_(slot);
-      } else {
-        p.mutable_grad() = slot.clone();
-      }
+  for (size_t j = 0; j < b.params.size(); ++j) {
+    // No rank had a gradient for it (unused in every rank's forward, or
+    // frozen): its .grad is left as it is, none, as one process leaves
+    // it, so that the optimizer skips it rather than step it with zeros.
+    if (words[used_at + b.params[j]] <= 0) continue;
+    torch::Tensor& p = params_[b.params[j]];
+    if (views_) {
+      // The slot is the gradient: whatever backward made is let go.
+      p.mutable_grad() = AliasOf(b.buffer, b.offsets[j], p.sizes());
+      continue;
+    }
+    torch::Tensor slot = b.buffer.narrow(0, b.offsets[j], p.numel()).view(p.sizes());
+    if (p.grad().defined()) {
+      p.mutable_grad().copy_(slot);
+    } else {
+      p.mutable_grad() = slot.clone();
     }
   }
 }
@@ -448,6 +523,7 @@ absl::Status GradientSync::Resync(Communicator* comm, bool contribute, int contr
   }
   MakeBuffers();
   for (Bucket& b : buckets_) {
+    if (pooled_) break;  // filled one at a time: ResyncPooled
     for (size_t j = 0; j < b.params.size(); ++j) FillFromGrad(b, j, contribute);
   }
   SetControl(control);
@@ -461,15 +537,38 @@ absl::Status GradientSync::Resync(Communicator* comm, bool contribute, int contr
   // All contribute: the very reduction of a step, so that a salvaged step
   // equals one taken in this world. Otherwise sum, then divide.
   const bool all = contributors == comm->size();
+  const ReduceOp op = all ? ReduceOp::kAverage : ReduceOp::kSum;
+  if (pooled_) return ResyncPooled(comm, contribute, all ? 0 : contributors, op, deadline);
   for (size_t i = 0; i < buckets_.size(); ++i) {
-    MUSTER_RETURN_IF_ERROR(ReduceBucket(comm, i, all ? ReduceOp::kAverage : ReduceOp::kSum,
-                                        deadline, /*scatter=*/false));
+    MUSTER_RETURN_IF_ERROR(ReduceBucket(comm, i, op, deadline, /*scatter=*/false));
   }
   if (!all && !buckets_.empty()) {
     for (size_t i = 0; i < buckets_.size(); ++i) bucket_gradients(i).div_(contributors);
     WordsView().div_(comm->size());
   }
   Install(ReadWords(), /*grads=*/true);
+  return absl::OkStatus();
+}
+
+absl::Status GradientSync::ResyncPooled(Communicator* comm, bool contribute, int divide_by,
+                                        ReduceOp op, absl::Time deadline) {
+  // The words first (which parameters have a gradient anywhere), then each
+  // bucket through a pooled buffer, installed as it comes back.
+  if (buckets_.empty()) return absl::OkStatus();
+  MUSTER_RETURN_IF_ERROR(AllReduceTensor(comm, words_, op, deadline));
+  if (divide_by > 0) words_.div_(comm->size());
+  const std::vector<float> words = ReadWords();
+  Install(words, /*grads=*/false);
+  for (size_t i = 0; i < buckets_.size(); ++i) {
+    Bucket& b = buckets_[i];
+    MUSTER_RETURN_IF_ERROR(WithBuffer(b, [&] {
+      for (size_t j = 0; j < b.params.size(); ++j) FillFromGrad(b, j, contribute);
+      MUSTER_RETURN_IF_ERROR(AllReduceGradientTensor(comm, b.buffer, op, deadline));
+      if (divide_by > 0) b.buffer.div_(divide_by);
+      InstallBucket(b, words);
+      return absl::OkStatus();
+    }));
+  }
   return absl::OkStatus();
 }
 

@@ -44,7 +44,13 @@
 // plan of buckets that carry ReduceScatter segments (the shards' parts of
 // each bucket: shard_layout.h's PlanBuckets) reduce-scatters them instead;
 // each rank then reads the average of its own segments from the buckets,
-// and the .grad keep the rank's own sum (see the plan constructor).
+// and the .grad keep the rank's own sum (see the plan constructor). Given a
+// `take` (GradientSyncOptions), each bucket's segments are handed to it as
+// its reduce-scatter completes and its buffer goes back to a small pool for
+// the next bucket: the sync then holds about two buckets' buffers rather
+// than a copy of every gradient, and each rank keeps the reduced gradient
+// of its own part only (ZeRO stage 2's partitioned gradients; the .grad,
+// the rank's own sum, stay for a salvage to reduce again).
 //
 // The buckets' buffers are made at the first step that reduces: a sync
 // that never does (a world of one) holds none.
@@ -86,6 +92,14 @@ struct GradientSyncOptions {
   absl::Duration timeout = absl::Seconds(120);
   // Deadlines and the step's timings are on its Now(); required, not owned.
   Clock* clock = nullptr;
+  // For a reduce-scattering plan: takes bucket `i`'s gradients (its buffer
+  // without the words, in plan order) once its reduce-scatter completed,
+  // this rank's segments then holding the world's average. Called on the
+  // communication thread during a pass and on the training thread for a
+  // bucket reduced again in Finish; the buffer is reused after it returns,
+  // so bucket_gradients is not for such a sync. Empty: every bucket keeps
+  // a buffer of its own.
+  std::function<void(size_t, const torch::Tensor&)> take;
 };
 
 struct StepCommStats {
@@ -196,7 +210,8 @@ class GradientSync {
   bool scatters() const { return scatter_; }
   // Bucket `i`'s gradients (its buffer without the words), in its plan's
   // order; after a reduce-scattering Finish, this rank's segment of them is
-  // the world's average.
+  // the world's average. Not for a sync with GradientSyncOptions::take,
+  // whose buckets hold a buffer only while they are reduced.
   torch::Tensor bucket_gradients(size_t i) const;
   // The parameters it reduces, as given.
   const std::vector<torch::Tensor>& params() const { return params_; }
@@ -214,6 +229,7 @@ class GradientSync {
   struct Bucket {
     int64_t elements = 0;          // its gradients' and (the last) the words
     torch::Tensor buffer;          // flat float32; made at the first reduction
+                                   // (pooled: from the pool, while filled and reduced)
     std::vector<size_t> params;    // indices into params_
     std::vector<size_t> scatter;   // BucketPlan::scatter
     std::vector<int64_t> offsets;  // element offset of each param
@@ -229,11 +245,31 @@ class GradientSync {
   // a flag per parameter (it has a gradient on the rank), then the control
   // words.
   int64_t words() const { return WordCount(buckets_.size(), params_.size()); }
+  // Whether the words ride in the last bucket's buffer (else in words_:
+  // the pooled buckets of a sync with GradientSyncOptions::take).
+  bool words_in_last() const { return !pooled_; }
   // Where bucket `i`'s gradients begin in its buffer: after the words in
   // the last bucket of given buffers, else at its start.
   int64_t gradients_begin(size_t i) const {
     return views_ && i + 1 == buckets_.size() ? words() : 0;
   }
+  // The words after a bucket's gradients in its buffer (the last's, where
+  // they ride in it).
+  int64_t words_after(size_t i) const {
+    return words_in_last() && !views_ && i + 1 == buckets_.size() ? words() : 0;
+  }
+  // Pooled buckets: gives `b` a buffer (of its own where it is larger than
+  // a pool buffer), from the pool where one is free,
+  // else by waiting for a bucket in flight to give its back, else (none in
+  // flight, so none will come back: buckets filled out of order, no
+  // overlap) a new one. Waiting only on a launched bucket cannot deadlock:
+  // it completes without this rank's autograd.
+  void Acquire(Bucket& b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Pooled buckets: `b`'s buffer back to the pool (at most kPooled kept;
+  // a bucket larger than bucket_bytes, one parameter, has a buffer of its
+  // own, freed here).
+  void GiveBack(Bucket& b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  static constexpr size_t kPooled = 2;
   // The last bucket's words: behind its gradients, or in front of them in
   // given buffers.
   torch::Tensor WordsView() const;
@@ -266,6 +302,16 @@ class GradientSync {
   // Takes the control words from `words` (ReadWords) and, with `grads`,
   // writes the bucket buffers into the .grad.
   void Install(const std::vector<float>& words, bool grads);
+  // Install's writing of bucket `b`'s slots into the .grad.
+  void InstallBucket(const Bucket& b, const std::vector<float>& words);
+  // Runs `use` with `b` holding a buffer: its own, or, pooled, one from the
+  // pool that goes back after. Training thread, nothing in flight.
+  absl::Status WithBuffer(Bucket& b, const std::function<absl::Status()>& use);
+  // Resync for pooled buckets: the words first, then each bucket filled
+  // from .grad (`contribute`), all-reduced by `op`, divided by `divide_by`
+  // (0: not) and installed, one buffer at a time.
+  absl::Status ResyncPooled(Communicator* comm, bool contribute, int divide_by, ReduceOp op,
+                            absl::Time deadline);
   void Launch(size_t bucket) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // All-reduces bucket `i` over `comm`: its gradients with
   // AllReduceGradients, and the control words of the last bucket with
@@ -291,11 +337,14 @@ class GradientSync {
   bool scatter_ = false;  // the plan's buckets reduce-scatter in a step
   bool columns_ = false;  // ... keeping the segments of this rank's column
   bool views_ = false;    // the plan gave the buffers (BucketPlan::buffer)
+  bool pooled_ = false;   // reduce-scattered buckets through a pool (options.take)
+  int64_t pool_elements_ = 0;  // pooled: a pool buffer's (the largest bucket of bucket_bytes)
+  torch::Tensor words_;   // pooled: the words, apart from the buckets
   GradientSyncOptions options_;
   StepCommStats stats_;
   std::array<float, kControlWords> control_{};
 
-  Mutex mu_;
+  mutable Mutex mu_;
   CondVar cv_;
   Communicator* comm_ ABSL_GUARDED_BY(mu_) = nullptr;
   bool syncing_ ABSL_GUARDED_BY(mu_) = false;
@@ -305,6 +354,7 @@ class GradientSync {
   absl::Time deadline_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   std::deque<size_t> queue_ ABSL_GUARDED_BY(mu_);  // buckets to reduce, kErrand
   std::deque<Errand*> errands_ ABSL_GUARDED_BY(mu_);  // the callers wait for them
+  std::vector<torch::Tensor> pool_ ABSL_GUARDED_BY(mu_);  // pooled: free buffers
   size_t next_launch_ ABSL_GUARDED_BY(mu_) = 0;    // buckets below it are launched
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   double comm_seconds_ ABSL_GUARDED_BY(mu_) = 0;

@@ -221,8 +221,16 @@ GradientSync* Replica::ShardSyncFor(const std::vector<torch::Tensor>& params) {
   } else {
     GiveGradientVectors(shards, trained.size(), &plan);
   }
+  GradientSyncOptions options = SyncOptions();
+  if (scatter) {
+    // Each bucket's segments go to the masters as its reduce-scatter
+    // completes, and its buffer to the next bucket.
+    options.take = [this](size_t i, const torch::Tensor& gradients) {
+      sharded_->TakeScattered(shard_.plan[i], gradients);
+    };
+  }
   shard_.sync = std::make_unique<GradientSync>(std::move(trained), std::move(plan), comm_,
-                                               SyncOptions());
+                                               std::move(options));
   shard_.of = sharded_->times_sharded();
   return shard_.sync.get();
 }
@@ -282,8 +290,7 @@ absl::Status Replica::FinishPass(absl::Time deadline, const std::function<void()
   hidden_total_ += std::max(0.0, comm_s - since_backward);
   const bool scattered = sharded_ && current_ == shard_.sync.get() && current_->scatters();
   if (scattered) {
-    sharded_->TakeScattered(shard_.plan,
-                            [this](size_t i) { return current_->bucket_gradients(i); });
+    sharded_->ScatteredTaken();  // bucket by bucket, by the sync (ShardSyncFor)
   } else if (sharded_) {
     sharded_->TakeGradients();
   }

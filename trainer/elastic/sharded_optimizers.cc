@@ -180,21 +180,16 @@ void ShardedOptimizers::TakeGradients() {
   }
 }
 
-void ShardedOptimizers::TakeScattered(const std::vector<ShardedBucket>& plan,
-                                      const std::function<torch::Tensor(size_t)>& gradients) {
-  whole_.reset();
+void ShardedOptimizers::TakeScattered(const ShardedBucket& b, const torch::Tensor& gradients) {
   if (shards_ == nullptr) return;
-  const std::vector<int> kept = shards_->layout().KeptBy(shards_->rank());
-  for (size_t i = 0; i < plan.size(); ++i) {
-    const ShardedBucket& b = plan[i];
-    for (int shard : kept) {  // segment s of a bucket is shard s's part
-      const auto offset = static_cast<int64_t>(SegmentOffset(b.counts, shard));
-      const auto n = static_cast<int64_t>(b.counts[static_cast<size_t>(shard)]);
-      if (n == 0) continue;
-      const int64_t begin = b.range.begin + offset;
-      shards_->SetKeptGradient(b.group, shard, ElementRange{begin, begin + n},
-                               gradients(i).narrow(0, offset, n));
-    }
+  for (int shard : shards_->layout().KeptBy(shards_->rank())) {
+    // Segment s of a bucket is shard s's part.
+    const auto offset = static_cast<int64_t>(SegmentOffset(b.counts, shard));
+    const auto n = static_cast<int64_t>(b.counts[static_cast<size_t>(shard)]);
+    if (n == 0) continue;
+    const int64_t begin = b.range.begin + offset;
+    shards_->SetKeptGradient(b.group, shard, ElementRange{begin, begin + n},
+                             gradients.narrow(0, offset, n));
   }
 }
 

@@ -91,14 +91,16 @@ class ShardedOptimizers {
   void UseGradientVectors(std::vector<torch::Tensor> vectors) {
     gradient_vectors_ = std::move(vectors);
   }
-  // TakeGradients for a reduce-scattering sync (Options::
-  // reduce_scatter_gradients) over `plan`'s buckets: the segments of each
-  // that belong to the shards this rank keeps (its own, and with two copies
-  // the one it backs up), averaged over the world, into those shards'
-  // masters' .grad (bucket `i`'s gradients: `gradients(i)`). The
-  // parameters' .grad keep this rank's own sum.
-  void TakeScattered(const std::vector<ShardedBucket>& plan,
-                     const std::function<torch::Tensor(size_t)>& gradients);
+  // For a reduce-scattering sync (Options::reduce_scatter_gradients), as
+  // each bucket's reduce-scatter completes (GradientSyncOptions::take, on
+  // the sync's communication thread): the segments of `gradients`, bucket
+  // `bucket`'s, that belong to the shards this rank keeps (its own, and
+  // with two copies the one it backs up), averaged over the world, into
+  // those shards' masters' .grad. The parameters' .grad keep this rank's
+  // own sum.
+  void TakeScattered(const ShardedBucket& bucket, const torch::Tensor& gradients);
+  // TakeGradients' counterpart once a reduce-scattering pass is taken.
+  void ScatteredTaken() { whole_.reset(); }
   // After TakeScattered: the sum of the squares of the averaged gradients
   // of the parts this rank owns (not those it backs up), every group's; 0
   // without shards. Summed over the world, the squared norm of the pass.
