@@ -77,7 +77,10 @@ def caption(root):
 
 def main():
     doc, kind, output = sys.argv[1:4]
-    rows = {"sharding": sharding}[kind](open(output).read().splitlines())
+    # The same figures for sharded state with the gradients all-reduced
+    # (two copies) and reduce-scattered (one copy).
+    tables = {"sharding": sharding, "sharding-reduce-scatter": sharding}
+    rows = tables[kind](open(output).read().splitlines())
     root = os.path.dirname(os.path.dirname(os.path.abspath(doc)))
     begin, end = f"<!-- {kind}:begin -->", f"<!-- {kind}:end -->"
     text = open(doc).read()
