@@ -47,6 +47,7 @@ class ShardLayout {
                                           std::vector<int> node_of_rank, int copies);
 
   int world() const { return static_cast<int>(node_of_rank_.size()); }
+  const std::vector<int>& node_of_rank() const { return node_of_rank_; }
   int groups() const { return static_cast<int>(group_elements_.size()); }
   // The copies each shard has in this world: min(asked, world()).
   int copies() const { return copies_; }

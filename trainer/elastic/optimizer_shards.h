@@ -311,6 +311,19 @@ class OptimizerShards {
       OptimizerShards* held, const std::vector<torch::optim::Optimizer*>& optimizers,
       const ShardWorld& agreed, int copies, Communicator* comm, absl::Time deadline,
       int64_t chunk = kGatherChunk);
+  // Collective over `comm`, the world of `held`'s layout, at a step
+  // boundary after which the ranks `leaving` says (by rank) leave it: the
+  // shards move straight to a layout of the ranks that stay (in their
+  // order, `copies` of each), so that nothing goes with a leaver and no
+  // rank holds the whole state. A leaver sends and keeps nothing: its
+  // groups get their parameter lists back without state, and it gets
+  // null. Each rank that stays gets its shards of that layout (rank i of
+  // it the i-th rank that stays). Errors as Redistribute's, with nothing
+  // changed; FAILED_PRECONDITION where `comm` is not the layout's world.
+  static absl::StatusOr<std::unique_ptr<OptimizerShards>> HandOver(
+      OptimizerShards* held, const std::vector<torch::optim::Optimizer*>& optimizers,
+      const std::vector<bool>& leaving, int copies, Communicator* comm, absl::Time deadline,
+      int64_t chunk = kGatherChunk);
   // The groups get their parameter lists back and the masters' state is
   // dropped, nothing gathered (shards of a layout that no longer counts:
   // the state comes to this rank as to a joiner). The object then holds
@@ -376,6 +389,12 @@ class OptimizerShards {
   // them), the new layout `after`: the fields of each shard this rank
   // keeps there into `kept` (KeptBy's order). `held` as Redistribute's;
   // `source`: ShardSources of its layout.
+  // Redistribute and HandOver: the shards of `agreed`'s layout (its
+  // node_of_rank and `copies`) for rank `rank` of it, -1 for none.
+  static absl::StatusOr<std::unique_ptr<OptimizerShards>> MoveTo(
+      OptimizerShards* held, const std::vector<torch::optim::Optimizer*>& optimizers,
+      const ShardWorld& agreed, int copies, int rank, Communicator* comm, absl::Time deadline,
+      int64_t chunk);
   static absl::Status MoveGroup(const std::vector<Group>& groups, int g,
                                 const OptimizerShards* held, const std::vector<int>& source,
                                 const ShardLayout& after, int rank, Communicator* comm,

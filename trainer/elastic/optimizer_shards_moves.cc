@@ -66,6 +66,38 @@ absl::StatusOr<std::unique_ptr<OptimizerShards>> OptimizerShards::Redistribute(
     OptimizerShards* held, const std::vector<torch::optim::Optimizer*>& optimizers,
     const ShardWorld& agreed, int copies, Communicator* comm, absl::Time deadline,
     int64_t chunk) {
+  return MoveTo(held, optimizers, agreed, copies, comm->rank(), comm, deadline, chunk);
+}
+
+absl::StatusOr<std::unique_ptr<OptimizerShards>> OptimizerShards::HandOver(
+    OptimizerShards* held, const std::vector<torch::optim::Optimizer*>& optimizers,
+    const std::vector<bool>& leaving, int copies, Communicator* comm, absl::Time deadline,
+    int64_t chunk) {
+  const ShardLayout& layout = held->layout_;
+  if (static_cast<int>(leaving.size()) != layout.world() || comm->size() != layout.world() ||
+      comm->rank() != held->rank_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "hand the shards over: rank ", comm->rank(), " of ", comm->size(), " is not rank ",
+        held->rank_, " of the layout's ", layout.world()));
+  }
+  // The layout of the ranks that stay, in their order; every holder of the
+  // old one lives to send.
+  ShardWorld agreed;
+  agreed.alive.assign(leaving.size(), true);
+  int rank = -1;
+  for (int r = 0; r < layout.world(); ++r) {
+    agreed.layout_rank.push_back(r);
+    if (leaving[r]) continue;
+    if (r == comm->rank()) rank = static_cast<int>(agreed.node_of_rank.size());
+    agreed.node_of_rank.push_back(layout.node_of_rank()[r]);
+  }
+  return MoveTo(held, optimizers, agreed, copies, rank, comm, deadline, chunk);
+}
+
+absl::StatusOr<std::unique_ptr<OptimizerShards>> OptimizerShards::MoveTo(
+    OptimizerShards* held, const std::vector<torch::optim::Optimizer*>& optimizers,
+    const ShardWorld& agreed, int copies, int rank, Communicator* comm, absl::Time deadline,
+    int64_t chunk) {
   // This rank's view of the groups: a holder's own (its optimizers list
   // the masters), a joiner's from its optimizers.
   std::vector<Group> collected;
@@ -93,14 +125,14 @@ absl::StatusOr<std::unique_ptr<OptimizerShards>> OptimizerShards::Redistribute(
                                        &header));
   const bool stepped = header[2 * G + 1] > 0;
   // Every group's kept shards' fields, aside until every round is done.
-  const size_t kept = after.KeptBy(comm->rank()).size();
+  const size_t kept = rank >= 0 ? after.KeptBy(rank).size() : 0;
   std::vector<std::vector<KeptFields>> fields(G);
   for (size_t g = 0; g < G; ++g) {
     if (elements[g] == 0) continue;  // not sharded
     fields[g].resize(kept);
     if (header[g + 1] == 0) continue;  // no state yet: the masters get none
-    MUSTER_RETURN_IF_ERROR(MoveGroup(groups, static_cast<int>(g), held, source, after,
-                                     comm->rank(), comm, deadline, chunk, &fields[g]));
+    MUSTER_RETURN_IF_ERROR(MoveGroup(groups, static_cast<int>(g), held, source, after, rank,
+                                     comm, deadline, chunk, &fields[g]));
   }
   for (size_t g = 0; g < G && stepped; ++g) {
     if (header[G + g + 1] == 0) continue;
@@ -119,9 +151,10 @@ absl::StatusOr<std::unique_ptr<OptimizerShards>> OptimizerShards::Redistribute(
     Restore(held->groups_);
     held->groups_.clear();
     elements.clear();
+    if (rank < 0) return std::unique_ptr<OptimizerShards>();  // it keeps nothing
     MUSTER_RETURN_IF_ERROR(Collect(optimizers, &collected, &elements));
   }
-  return Build(std::move(collected), std::move(after), comm->rank(), fields);
+  return Build(std::move(collected), std::move(after), rank, fields);
 }
 
 absl::Status OptimizerShards::MoveGroup(const std::vector<Group>& groups, int g,
@@ -150,7 +183,7 @@ absl::Status OptimizerShards::MoveGroup(const std::vector<Group>& groups, int g,
       sent_fields.push_back(group.codec->Save(*state, options));
     }
   }
-  const std::vector<int> mine = after.KeptBy(rank);
+  const std::vector<int> mine = rank >= 0 ? after.KeptBy(rank) : std::vector<int>();
   chunk = std::max<int64_t>(chunk, 1);
   // The fields, once: each round's buffer is made alike.
   MUSTER_ASSIGN_OR_RETURN(const FlatState fields, StartFlatState(group, g, *comm, 0));

@@ -416,6 +416,14 @@ absl::StatusOr<OwnShardState> Replica::OwnShard() const {
   return sharded_->shards()->OwnShard(state_.Parameters());
 }
 
+bool Replica::CanHandOverShards(int leaving) const {
+  return ShardedNow() && sharded_->CanHandOver(comm_->size(), leaving);
+}
+
+absl::Status Replica::HandOverShards(Communicator* comm, bool leaves, absl::Time deadline) {
+  return sharded_ ? sharded_->HandOver(comm, leaves, deadline) : absl::OkStatus();
+}
+
 absl::Status Replica::WholeState(Communicator* comm, absl::Time deadline) {
   return sharded_ ? sharded_->Whole(comm, deadline) : absl::OkStatus();
 }

@@ -181,6 +181,14 @@ class Replica : public WorldChanges::Tensors {
   bool ShardsGoAlong(int leaving) const {
     return ShardedNow() && (leaving == 0 || (leaving == 1 && options_.shard_copies >= 2));
   }
+  // Where the shards do not go along, `leaving` ranks leaving: whether they
+  // can be handed over to the ranks that stay, which then shard
+  // (ShardedOptimizers::CanHandOver), so that the state is never whole.
+  bool CanHandOverShards(int leaving) const;
+  // Collective over `comm`, the world the shards are of, at the boundary
+  // before `leaves` (this rank among the leavers, or not) take effect:
+  // ShardedOptimizers::HandOver.
+  absl::Status HandOverShards(Communicator* comm, bool leaves, absl::Time deadline);
   // The elements of per-element optimizer state this rank held at its last
   // step boundary (its shards'), or holds now (unsharded); -1: an optimizer
   // muster has no codec for.

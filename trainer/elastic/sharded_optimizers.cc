@@ -30,7 +30,7 @@ absl::Status ShardedOptimizers::Gather(Communicator* comm, uint64_t generation, 
                     failed_step, failed_generation, step));
   // This world's, for Shard (after Release too, where the gather failed).
   node_of_rank_ = agreed.node_of_rank;
-  gathered_for_ = generation;
+  gathered_for_ = VersionOf(generation);
   const bool counts = holds && agreed.layout_rank[comm->rank()] >= 0;
   if (holds && !counts) Release();  // of an older layout: received as a joiner's
   MUSTER_ASSIGN_OR_RETURN(const bool loaded,
@@ -42,7 +42,7 @@ absl::Status ShardedOptimizers::Gather(Communicator* comm, uint64_t generation, 
                                                           optimizers_, agreed, copies_, comm,
                                                           deadline));
     shards_ = std::move(moved);
-    generation_ = generation;
+    generation_ = gathered_for_;
     ++times_sharded_;
     whole_.reset();
     MUSTER_LOG(INFO) << "optimizer state moved straight to the shards of a world of "
@@ -151,6 +151,28 @@ absl::Status ShardedOptimizers::CatchUp(Communicator* comm, bool stepped, absl::
     MUSTER_LOG(INFO) << "optimizer state of the salvaged step taken into this rank's shards: "
                      << shards_->StateElements() << " elements kept on this rank";
   }
+  return absl::OkStatus();
+}
+
+absl::Status ShardedOptimizers::HandOver(Communicator* comm, bool leaves, absl::Time deadline) {
+  if (shards_ == nullptr) return absl::OkStatus();
+  std::vector<int64_t> leaving(static_cast<size_t>(comm->size()), 0);
+  leaving[static_cast<size_t>(comm->rank())] = leaves ? 1 : 0;
+  MUSTER_RETURN_IF_ERROR(AllReduceValues(comm, leaving.data(), leaving.size(), DataType::kInt64,
+                                         ReduceOp::kSum, deadline));
+  std::vector<bool> leaves_by_rank;
+  for (int64_t l : leaving) leaves_by_rank.push_back(l > 0);
+  MUSTER_ASSIGN_OR_RETURN(std::unique_ptr<OptimizerShards> moved,
+                          OptimizerShards::HandOver(shards_.get(), optimizers_, leaves_by_rank,
+                                                    copies_, comm, deadline));
+  shards_ = std::move(moved);
+  whole_.reset();
+  if (shards_ == nullptr) return absl::OkStatus();  // a leaver: the groups are as after Release
+  generation_ = generation_ | 1;
+  ++times_sharded_;
+  MUSTER_LOG(INFO) << "optimizer state handed over to the shards of the "
+                   << shards_->layout().world() << " ranks that stay: "
+                   << shards_->StateElements() << " elements kept on this rank";
   return absl::OkStatus();
 }
 

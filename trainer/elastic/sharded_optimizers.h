@@ -130,6 +130,18 @@ class ShardedOptimizers {
   // world the shards are of), sharded again after, whatever it returns.
   absl::Status WithWholeState(Communicator* comm, const std::function<absl::Status()>& path,
                               absl::Time deadline);
+  // Collective over `comm` (the world the shards are of), at a step
+  // boundary after which `leaving` ranks leave, this one among them where
+  // `leaves`: the shards of the ranks that stay, in place of the whole
+  // state (OptimizerShards::HandOver), so that nothing goes with a leaver.
+  // A leaver keeps nothing (as after Release). The next world's Gather
+  // moves the shards on from that layout, which is newer than the world's
+  // own and older than any later world's. Only where the ranks that stay
+  // shard (CanHandOver). Errors: HandOver's, with nothing changed.
+  absl::Status HandOver(Communicator* comm, bool leaves, absl::Time deadline);
+  bool CanHandOver(int world, int leaving) const {
+    return shards_ != nullptr && !KeepsWhole(world - leaving);
+  }
   // Gather's and Whole's opposite without a collective: the optimizers get
   // their parameter lists back, the shards' state dropped (a rank leaving
   // the job, whose state nobody needs).
@@ -191,9 +203,13 @@ class ShardedOptimizers {
   std::vector<torch::optim::Optimizer*> optimizers_;
   int copies_;
   std::unique_ptr<OptimizerShards> shards_;
-  uint64_t generation_ = 0;       // of the layout shards_ is of
+  // Layouts are told apart by a version: twice the generation of the world
+  // they were made in, plus one for a layout handed over to the ranks that
+  // stay (HandOver), newer than its world's and older than the next's.
+  static uint64_t VersionOf(uint64_t generation) { return 2 * generation; }
+  uint64_t generation_ = 0;       // the version of the layout shards_ is of
   std::vector<int> node_of_rank_;  // of the world Gather agreed on
-  uint64_t gathered_for_ = 0;      // the generation Gather ran for
+  uint64_t gathered_for_ = 0;      // the version of the world Gather ran for
   uint64_t times_sharded_ = 0;
   std::vector<torch::Tensor> gradient_vectors_;  // UseGradientVectors
   // Set while this rank holds the whole state as of the layout of

@@ -146,16 +146,25 @@ absl::Status Engine::AtBoundary() {
   // The world changes after this boundary. The shards go along where each
   // range keeps a holder in the next world (Replica::ShardsGoAlong), and
   // that world moves them straight to its own (ShardedOptimizers::Gather);
-  // a leaver that asked for its optimizers whole at the end needs them
-  // whole here. Elsewhere the state is made whole first, so that nothing
-  // goes with a rank that leaves. A stop with a checkpoint writes it
-  // sharded (Stop), every rank stopping. Every rank decides alike: the
-  // words are the world's.
+  // where a leaver's ranges have no other holder (one copy, or two ranks
+  // leaving), they are first handed over to the ranks that stay
+  // (HandOverShards); a leaver that asked for its optimizers whole at the
+  // end needs them whole here. Elsewhere the state is made whole first, so
+  // that nothing goes with a rank that leaves. A stop with a checkpoint
+  // writes it sharded (Stop), every rank stopping. Every rank decides
+  // alike: the words are the world's.
   const int leaving = RanksLeaving(replica_.control(), world_->world().world_size);
-  const bool shards_go_along =
-      (step_.decision == StepDecision::kRegroup || step_.decision == StepDecision::kLeave) &&
-      replica_.ShardsGoAlong(leaving) &&
-      !(leaving > 0 && options_.whole_optimizer_state_at_end);
+  const bool changes =
+      step_.decision == StepDecision::kRegroup || step_.decision == StepDecision::kLeave;
+  const bool whole_at_end = leaving > 0 && options_.whole_optimizer_state_at_end;
+  bool shards_go_along = changes && replica_.ShardsGoAlong(leaving) && !whole_at_end;
+  if (changes && !shards_go_along && !whole_at_end && replica_.CanHandOverShards(leaving)) {
+    MUSTER_RETURN_IF_ERROR(RegroupUnlessOk(replica_.HandOverShards(
+        world_->comm(), step_.decision == StepDecision::kLeave, changes_->LongDeadline())));
+    if (life_.ended()) return absl::OkStatus();
+    // A world that broke in it is another: the leave is made whole there.
+    shards_go_along = world_->world().generation == generation;
+  }
   if (step_.decision != StepDecision::kContinue &&
       !(step_.decision == StepDecision::kStop && checkpointer_) && !shards_go_along) {
     MUSTER_RETURN_IF_ERROR(WholeState());
