@@ -8,6 +8,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <chrono>
+#include <thread>
 #include <vector>
 
 #include "absl/time/clock.h"
@@ -282,6 +284,50 @@ TEST(GradientSyncTest, PooledScatterBucketsHoldTwoBuffersNotOnePerBucket) {
     const int64_t at = rank == 0 ? 0 : 400, n = rank == 0 ? 400 : 600;
     for (int b = 0; b < kBuckets; ++b) {
       // Bucket b holds parameter kBuckets - 1 - b: (1 + 2) / 2 times (p + 1).
+      ASSERT_TRUE(taken[b].defined()) << "bucket " << b;
+      EXPECT_TRUE(torch::allclose(taken[b].narrow(0, at, n),
+                                  torch::full({n}, 1.5f * static_cast<float>(kBuckets - b))))
+          << "rank " << rank << " bucket " << b;
+    }
+  };
+  EXPECT_TRUE(RunCommWorld(2, "gloo", body).ok());
+}
+
+// Backward does not wait on a slow peer for a pooled buffer: while rank 1
+// sleeps 3 s before its backward, rank 0's first bucket waits for it in
+// the reduce-scatter, and rank 0's next buckets, finding no free buffer,
+// wait 200 ms at most in the pass (GradientSync::kPoolWait) and then make
+// their own; its backward ends long before the peer's (a backward blocked
+// on a hung peer would count as this rank's stall). The averages are the
+// same.
+TEST(GradientSyncTest, PooledBucketsDoNotHoldBackwardOnASlowPeer) {
+  constexpr int kBuckets = 8;
+  constexpr int64_t kSize = 1000;
+  const auto body = [&](int rank, Communicator* comm) {
+    std::vector<torch::Tensor> params;
+    std::vector<GradientSync::BucketPlan> plan;
+    for (int i = 0; i < kBuckets; ++i) {
+      params.push_back(torch::zeros({kSize}, torch::requires_grad()));
+      plan.push_back({{static_cast<size_t>(kBuckets - 1 - i)}, {400, 600}});
+    }
+    std::vector<torch::Tensor> taken(kBuckets);
+    GradientSyncOptions o;
+    o.clock = RealClock::Get();
+    o.take = [&](size_t i, const torch::Tensor& g) { taken[i] = g.clone(); };
+    GradientSync sync(params, plan, comm, o);
+    sync.Begin(/*sync=*/true);
+    if (rank == 1) std::this_thread::sleep_for(std::chrono::seconds(3));
+    const auto start = std::chrono::steady_clock::now();
+    // One backward a parameter, bucket 0's first: it launches at once.
+    for (int i = kBuckets - 1; i >= 0; --i) (params[i].sum() * (rank + 1) * (i + 1)).backward();
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (rank == 0) {
+      EXPECT_LT(seconds, 1.5) << "rank 0's backward waited for its slow peer";
+    }
+    ASSERT_TRUE(sync.Finish(absl::Now() + absl::Seconds(30)).ok());
+    const int64_t at = rank == 0 ? 0 : 400, n = rank == 0 ? 400 : 600;
+    for (int b = 0; b < kBuckets; ++b) {
       ASSERT_TRUE(taken[b].defined()) << "bucket " << b;
       EXPECT_TRUE(torch::allclose(taken[b].narrow(0, at, n),
                                   torch::full({n}, 1.5f * static_cast<float>(kBuckets - b))))

@@ -113,11 +113,18 @@ void GradientSync::Acquire(Bucket& b) {
     const bool in_flight = std::any_of(buckets_.begin(), buckets_.end(), [](const Bucket& o) {
       return o.launched && !o.done && o.buffer.defined();
     });
-    if (!in_flight) {
+    if (!in_flight || waited_out_) {
       b.buffer = make(pool_elements_).narrow(0, 0, b.elements);
       return;
     }
-    cv_.Wait(&mu_);  // a bucket in flight gives its buffer back (GiveBack)
+    // A bucket in flight gives its buffer back (GiveBack). Backward waits
+    // for it kPoolWait at most in a pass: a peer that hangs holds that
+    // bucket's collective until its deadline, and a backward blocked that
+    // long would count as this rank's own stall (training_progress.h).
+    const auto start = std::chrono::steady_clock::now();
+    const bool woken = cv_.WaitFor(&mu_, kPoolWait);
+    pool_waited_ += absl::FromChrono(std::chrono::steady_clock::now() - start);
+    if (!woken || pool_waited_ >= kPoolWait) waited_out_ = true;
   }
 }
 
@@ -218,6 +225,8 @@ void GradientSync::Begin(bool sync, const std::array<float, kControlWords>& cont
     SetControl(control);
   }
   deadline_ = options_.clock->Now() + options_.timeout;
+  waited_out_ = false;
+  pool_waited_ = absl::ZeroDuration();
   for (Bucket& b : buckets_) {
     // A bucket of a pass that failed before its launch; not one in flight.
     if (pooled_ && !(b.launched && !b.done)) GiveBack(b);

@@ -262,14 +262,16 @@ class GradientSync {
   // a pool buffer), from the pool where one is free,
   // else by waiting for a bucket in flight to give its back, else (none in
   // flight, so none will come back: buckets filled out of order, no
-  // overlap) a new one. Waiting only on a launched bucket cannot deadlock:
-  // it completes without this rank's autograd.
+  // overlap; or the pass has waited kPoolWait already) a new one. Waiting
+  // only on a launched bucket cannot deadlock: it completes without this
+  // rank's autograd.
   void Acquire(Bucket& b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Pooled buckets: `b`'s buffer back to the pool (at most kPooled kept;
   // a bucket larger than bucket_bytes, one parameter, has a buffer of its
   // own, freed here).
   void GiveBack(Bucket& b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static constexpr size_t kPooled = 2;
+  static constexpr absl::Duration kPoolWait = absl::Milliseconds(200);
   // The last bucket's words: behind its gradients, or in front of them in
   // given buffers.
   torch::Tensor WordsView() const;
@@ -355,6 +357,8 @@ class GradientSync {
   std::deque<size_t> queue_ ABSL_GUARDED_BY(mu_);  // buckets to reduce, kErrand
   std::deque<Errand*> errands_ ABSL_GUARDED_BY(mu_);  // the callers wait for them
   std::vector<torch::Tensor> pool_ ABSL_GUARDED_BY(mu_);  // pooled: free buffers
+  absl::Duration pool_waited_ ABSL_GUARDED_BY(mu_);  // this pass's waits for one
+  bool waited_out_ ABSL_GUARDED_BY(mu_) = false;  // ... reached kPoolWait: make them
   size_t next_launch_ ABSL_GUARDED_BY(mu_) = 0;    // buckets below it are launched
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   double comm_seconds_ ABSL_GUARDED_BY(mu_) = 0;
