@@ -194,8 +194,10 @@ Trial KillTrainer(Context& c, bool zero_lost, int spares) {
   Judge j;
   j.fault_time = UnixNow();
   if (!SignalPid(job.TrainerPid(node, slot), SIGKILL)) return NoPid(node, slot);
-  j.explained_by = zero_lost ? "step [0-9]+ salvaged in generation"
-                             : absl::StrCat("member node", node, "/", slot, " failed");
+  // A kill inside a step is salvaged; one that lands between steps (the
+  // boundary's collectives) is a member's failure, with no step in flight.
+  const std::string failed = absl::StrCat("member node", node, "/", slot, " failed");
+  j.explained_by = zero_lost ? "step [0-9]+ salvaged in generation|" + failed : failed;
   if (zero_lost) j.max_lost_steps = 0;
   Trial t = Finish(job, j);
   if (t.survived && spares > 0) {

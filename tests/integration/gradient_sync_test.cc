@@ -9,6 +9,7 @@
 #include <torch/torch.h>
 
 #include <chrono>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -253,42 +254,60 @@ TEST(GradientSyncTest, AScatterPlanLeavesEachRankTheAverageOfItsSegments) {
   }
 }
 
-// Pooled reduce-scatter buckets (GradientSyncOptions::take) hold a pool of
-// two buckets' buffers, not one per bucket: after a pass of eight buckets of
-// 1,000 elements the sync holds at most 2,000 elements and the words, and
-// each rank took its segment of every bucket, the world's average.
-TEST(GradientSyncTest, PooledScatterBucketsHoldTwoBuffersNotOnePerBucket) {
-  constexpr int kBuckets = 8;
-  constexpr int64_t kSize = 1000;
-  const auto body = [&](int rank, Communicator* comm) {
-    std::vector<torch::Tensor> params;
+// Eight buckets of one parameter of 1,000 elements each, reduce-scattered
+// over two ranks as segments of 400 and 600, pooled: bucket b holds
+// parameter 7 - b, and `taken` what the sync handed over of each.
+struct PooledWorld {
+  static constexpr int kBuckets = 8;
+  static constexpr int64_t kSize = 1000;
+  std::vector<torch::Tensor> params;
+  std::vector<torch::Tensor> taken = std::vector<torch::Tensor>(kBuckets);
+  std::unique_ptr<GradientSync> sync;
+
+  explicit PooledWorld(Communicator* comm) {
     std::vector<GradientSync::BucketPlan> plan;
     for (int i = 0; i < kBuckets; ++i) {
       params.push_back(torch::zeros({kSize}, torch::requires_grad()));
       plan.push_back({{static_cast<size_t>(kBuckets - 1 - i)}, {400, 600}});
     }
-    std::vector<torch::Tensor> taken(kBuckets);
     GradientSyncOptions o;
     o.clock = RealClock::Get();
-    o.take = [&](size_t i, const torch::Tensor& g) { taken[i] = g.clone(); };
-    GradientSync sync(params, plan, comm, o);
-    sync.Begin(/*sync=*/true);
-    torch::Tensor loss = torch::zeros({});
-    for (int i = 0; i < kBuckets; ++i) loss = loss + params[i].sum() * (rank + 1) * (i + 1);
-    loss.backward();
-    ASSERT_TRUE(sync.Finish(absl::Now() + absl::Seconds(30)).ok());
-    int64_t held = 0;
-    for (const torch::Tensor& t : sync.buffers()) held += t.numel();
-    EXPECT_LE(held, 2 * kSize + GradientSync::WordCount(kBuckets, kBuckets))
-        << "rank " << rank << " holds " << held << " elements";
+    o.take = [this](size_t i, const torch::Tensor& g) { taken[i] = g.clone(); };
+    sync = std::make_unique<GradientSync>(params, plan, comm, o);
+  }
+  // Parameter p's gradient on rank r: (r + 1) * (p + 1).
+  torch::Tensor Loss(int p, int rank) const { return params[p].sum() * (rank + 1) * (p + 1); }
+  // After Finish: rank `rank`'s segment of each bucket is the average of
+  // the two ranks' gradients, (1 + 2) / 2 times (p + 1).
+  void ExpectTaken(int rank) const {
     const int64_t at = rank == 0 ? 0 : 400, n = rank == 0 ? 400 : 600;
     for (int b = 0; b < kBuckets; ++b) {
-      // Bucket b holds parameter kBuckets - 1 - b: (1 + 2) / 2 times (p + 1).
       ASSERT_TRUE(taken[b].defined()) << "bucket " << b;
       EXPECT_TRUE(torch::allclose(taken[b].narrow(0, at, n),
                                   torch::full({n}, 1.5f * static_cast<float>(kBuckets - b))))
           << "rank " << rank << " bucket " << b;
     }
+  }
+};
+
+// Pooled reduce-scatter buckets (GradientSyncOptions::take) hold a pool of
+// two buckets' buffers, not one per bucket: after a pass of eight buckets of
+// 1,000 elements the sync holds at most 2,000 elements and the words, and
+// each rank took its segment of every bucket, the world's average.
+TEST(GradientSyncTest, PooledScatterBucketsHoldTwoBuffersNotOnePerBucket) {
+  const auto body = [&](int rank, Communicator* comm) {
+    PooledWorld w(comm);
+    w.sync->Begin(/*sync=*/true);
+    torch::Tensor loss = torch::zeros({});
+    for (int p = 0; p < PooledWorld::kBuckets; ++p) loss = loss + w.Loss(p, rank);
+    loss.backward();
+    ASSERT_TRUE(w.sync->Finish(absl::Now() + absl::Seconds(30)).ok());
+    int64_t held = 0;
+    for (const torch::Tensor& t : w.sync->buffers()) held += t.numel();
+    constexpr int kBuckets = PooledWorld::kBuckets;
+    EXPECT_LE(held, 2 * PooledWorld::kSize + GradientSync::WordCount(kBuckets, kBuckets))
+        << "rank " << rank << " holds " << held << " elements";
+    w.ExpectTaken(rank);
   };
   EXPECT_TRUE(RunCommWorld(2, "gloo", body).ok());
 }
@@ -301,38 +320,20 @@ TEST(GradientSyncTest, PooledScatterBucketsHoldTwoBuffersNotOnePerBucket) {
 // on a hung peer would count as this rank's stall). The averages are the
 // same.
 TEST(GradientSyncTest, PooledBucketsDoNotHoldBackwardOnASlowPeer) {
-  constexpr int kBuckets = 8;
-  constexpr int64_t kSize = 1000;
   const auto body = [&](int rank, Communicator* comm) {
-    std::vector<torch::Tensor> params;
-    std::vector<GradientSync::BucketPlan> plan;
-    for (int i = 0; i < kBuckets; ++i) {
-      params.push_back(torch::zeros({kSize}, torch::requires_grad()));
-      plan.push_back({{static_cast<size_t>(kBuckets - 1 - i)}, {400, 600}});
-    }
-    std::vector<torch::Tensor> taken(kBuckets);
-    GradientSyncOptions o;
-    o.clock = RealClock::Get();
-    o.take = [&](size_t i, const torch::Tensor& g) { taken[i] = g.clone(); };
-    GradientSync sync(params, plan, comm, o);
-    sync.Begin(/*sync=*/true);
+    PooledWorld w(comm);
+    w.sync->Begin(/*sync=*/true);
     if (rank == 1) std::this_thread::sleep_for(std::chrono::seconds(3));
     const auto start = std::chrono::steady_clock::now();
     // One backward a parameter, bucket 0's first: it launches at once.
-    for (int i = kBuckets - 1; i >= 0; --i) (params[i].sum() * (rank + 1) * (i + 1)).backward();
+    for (int p = PooledWorld::kBuckets - 1; p >= 0; --p) w.Loss(p, rank).backward();
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (rank == 0) {
       EXPECT_LT(seconds, 1.5) << "rank 0's backward waited for its slow peer";
     }
-    ASSERT_TRUE(sync.Finish(absl::Now() + absl::Seconds(30)).ok());
-    const int64_t at = rank == 0 ? 0 : 400, n = rank == 0 ? 400 : 600;
-    for (int b = 0; b < kBuckets; ++b) {
-      ASSERT_TRUE(taken[b].defined()) << "bucket " << b;
-      EXPECT_TRUE(torch::allclose(taken[b].narrow(0, at, n),
-                                  torch::full({n}, 1.5f * static_cast<float>(kBuckets - b))))
-          << "rank " << rank << " bucket " << b;
-    }
+    ASSERT_TRUE(w.sync->Finish(absl::Now() + absl::Seconds(30)).ok());
+    w.ExpectTaken(rank);
   };
   EXPECT_TRUE(RunCommWorld(2, "gloo", body).ok());
 }
