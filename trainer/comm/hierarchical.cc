@@ -356,26 +356,19 @@ class Hierarchical : public Communicator {
       const std::function<absl::Status(const std::vector<size_t>&, const std::vector<size_t>&)>&
           round) {
     const size_t piece = std::max<size_t>(kRoundBytes / (static_cast<size_t>(size_) * es), 1);
-    std::vector<size_t> at(static_cast<size_t>(size_)), n(static_cast<size_t>(size_));
+    std::vector<size_t> where(static_cast<size_t>(size_)), n(static_cast<size_t>(size_));
     std::vector<size_t> done(static_cast<size_t>(size_), 0);
-    size_t begin = 0;
-    for (int r = 0; r < size_; ++r) {
-      at[r] = begin;
-      begin += counts[r];
-    }
-    for (bool first = true;; first = false) {
-      bool any = false;
+    do {
+      size_t begin = 0;
       for (int r = 0; r < size_; ++r) {
+        where[r] = begin + done[r];
         n[r] = std::min(piece, counts[r] - done[r]);
-        any = any || n[r] > 0;
+        begin += counts[r];
       }
-      if (!any && !first) return absl::OkStatus();
-      std::vector<size_t> where(at);
-      for (int r = 0; r < size_; ++r) where[r] += done[r];
       if (absl::Status s = round(where, n); !s.ok()) return s;
       for (int r = 0; r < size_; ++r) done[r] += n[r];
-      if (!any) return absl::OkStatus();
-    }
+    } while (done != counts);
+    return absl::OkStatus();
   }
   absl::Status GatherRoundByColumns(char* data, const std::vector<size_t>& at,
                                     const std::vector<size_t>& counts, DataType type,

@@ -113,7 +113,7 @@ void GradientSync::Acquire(Bucket& b) {
     const bool in_flight = std::any_of(buckets_.begin(), buckets_.end(), [](const Bucket& o) {
       return o.launched && !o.done && o.buffer.defined();
     });
-    if (!in_flight || waited_out_) {
+    if (!in_flight || pool_waited_ >= kPoolWait) {
       b.buffer = make(pool_elements_).narrow(0, 0, b.elements);
       return;
     }
@@ -122,9 +122,8 @@ void GradientSync::Acquire(Bucket& b) {
     // bucket's collective until its deadline, and a backward blocked that
     // long would count as this rank's own stall (training_progress.h).
     const auto start = std::chrono::steady_clock::now();
-    const bool woken = cv_.WaitFor(&mu_, kPoolWait);
+    cv_.WaitFor(&mu_, kPoolWait - pool_waited_);
     pool_waited_ += absl::FromChrono(std::chrono::steady_clock::now() - start);
-    if (!woken || pool_waited_ >= kPoolWait) waited_out_ = true;
   }
 }
 
@@ -225,7 +224,6 @@ void GradientSync::Begin(bool sync, const std::array<float, kControlWords>& cont
     SetControl(control);
   }
   deadline_ = options_.clock->Now() + options_.timeout;
-  waited_out_ = false;
   pool_waited_ = absl::ZeroDuration();
   for (Bucket& b : buckets_) {
     // A bucket of a pass that failed before its launch; not one in flight.

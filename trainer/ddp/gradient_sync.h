@@ -357,8 +357,8 @@ class GradientSync {
   std::deque<size_t> queue_ ABSL_GUARDED_BY(mu_);  // buckets to reduce, kErrand
   std::deque<Errand*> errands_ ABSL_GUARDED_BY(mu_);  // the callers wait for them
   std::vector<torch::Tensor> pool_ ABSL_GUARDED_BY(mu_);  // pooled: free buffers
-  absl::Duration pool_waited_ ABSL_GUARDED_BY(mu_);  // this pass's waits for one
-  bool waited_out_ ABSL_GUARDED_BY(mu_) = false;  // ... reached kPoolWait: make them
+  // Pooled: this pass's waits for a buffer; at kPoolWait, buffers are made.
+  absl::Duration pool_waited_ ABSL_GUARDED_BY(mu_);
   size_t next_launch_ ABSL_GUARDED_BY(mu_) = 0;    // buckets below it are launched
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   double comm_seconds_ ABSL_GUARDED_BY(mu_) = 0;
