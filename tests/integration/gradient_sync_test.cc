@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <chrono>
 #include <memory>
 #include <thread>
@@ -184,10 +185,12 @@ TEST(GradientSyncTest, AParameterNoRankUsedKeepsNoGradient) {
 // the averages into every .grad as the default sync does. With a `take`
 // (pooled buckets) each bucket's segments are handed over as they come
 // back, the refilled bucket's twice, and the salvage goes a bucket at a
-// time: the same figures.
+// time: the same figures. So they are with buckets of 2 elements (streamed:
+// both buckets are larger, and go a pool buffer of 2 at a time).
 TEST(GradientSyncTest, AScatterPlanLeavesEachRankTheAverageOfItsSegments) {
   for (const std::string backend : {"gloo", "shm", "hier"}) {
-    for (const bool pooled : {false, true}) {
+    for (const std::string mode : {"", "pooled", "streamed"}) {
+      const bool pooled = !mode.empty();
       const auto body = [&](int rank, Communicator* comm) {
         // Two buckets: p2 (5 elements) alone, then p0 and p1 (3 + 4); the
         // segments cut through the parameters.
@@ -197,12 +200,13 @@ TEST(GradientSyncTest, AScatterPlanLeavesEachRankTheAverageOfItsSegments) {
         std::vector<GradientSync::BucketPlan> plan = {{{2}, {0, 2, 3}}, {{0, 1}, {4, 3, 0}}};
         GradientSyncOptions o;
         o.clock = RealClock::Get();
-        std::vector<torch::Tensor> taken(plan.size());
+        if (mode == "streamed") o.bucket_bytes = 2 * sizeof(float);
+        std::vector<torch::Tensor> taken = {torch::zeros({5}), torch::zeros({7})};
         std::vector<int> takes(plan.size(), 0);
         if (pooled) {
-          o.take = [&](size_t i, const torch::Tensor& gradients) {
-            taken[i] = gradients.clone();
-            ++takes[i];
+          o.take = [&](size_t i, int64_t offset, const torch::Tensor& part) {
+            taken[i].narrow(0, offset, part.numel()).copy_(part);
+            if (offset == 0) ++takes[i];
           };
         }
         GradientSync sync(params, plan, comm, o);
@@ -233,15 +237,16 @@ TEST(GradientSyncTest, AScatterPlanLeavesEachRankTheAverageOfItsSegments) {
           for (int r = 0; r < rank; ++r) at += static_cast<int64_t>(plan[b].scatter[r]);
           const int64_t n = static_cast<int64_t>(plan[b].scatter[rank]);
           EXPECT_TRUE(torch::allclose(gradients(b).narrow(0, at, n), want.narrow(0, at, n)))
-              << backend << (pooled ? " pooled" : "") << " rank " << rank << " bucket " << b
-              << ": " << gradients(b) << " against " << want;
+              << backend << " " << mode << " rank " << rank << " bucket " << b << ": "
+              << gradients(b) << " against " << want;
         }
         ASSERT_TRUE(sync.Resync(comm, /*contribute=*/true, /*contributors=*/3, {},
                                 absl::Now() + absl::Seconds(30))
                         .ok());
         for (int i = 0; i < 3; ++i) {
           EXPECT_TRUE(torch::allclose(params[i].grad(), local[i] / (rank + 1) * 2))
-              << backend << " rank " << rank << ": parameter " << i << " after Resync";
+              << backend << " " << mode << " rank " << rank << ": parameter " << i
+              << " after Resync";
         }
       };
       // hier: two nodes, of two ranks and one.
@@ -249,7 +254,7 @@ TEST(GradientSyncTest, AScatterPlanLeavesEachRankTheAverageOfItsSegments) {
                        ? RunCommWorld({0, 0, 1}, backend, GradientCompression::kNone, body)
                        : RunCommWorld(3, backend, body))
                       .ok())
-          << backend << (pooled ? " pooled" : "");
+          << backend << " " << mode;
     }
   }
 }
@@ -272,7 +277,7 @@ struct PooledWorld {
     }
     GradientSyncOptions o;
     o.clock = RealClock::Get();
-    o.take = [this](size_t i, const torch::Tensor& g) { taken[i] = g.clone(); };
+    o.take = [this](size_t i, int64_t, const torch::Tensor& g) { taken[i] = g.clone(); };
     sync = std::make_unique<GradientSync>(params, plan, comm, o);
   }
   // Parameter p's gradient on rank r: (r + 1) * (p + 1).
@@ -308,6 +313,67 @@ TEST(GradientSyncTest, PooledScatterBucketsHoldTwoBuffersNotOnePerBucket) {
     EXPECT_LE(held, 2 * PooledWorld::kSize + GradientSync::WordCount(kBuckets, kBuckets))
         << "rank " << rank << " holds " << held << " elements";
     w.ExpectTaken(rank);
+  };
+  EXPECT_TRUE(RunCommWorld(2, "gloo", body).ok());
+}
+
+// A pooled bucket larger than a pool buffer (a parameter of 10,000
+// elements; buckets of 1,000) is streamed: read from its .grad a pool
+// buffer at a time, each part reduce-scattered and taken in turn, so that
+// the sync never holds more than its two pool buffers and the words, not a
+// buffer of the parameter's size. Each rank still takes the world's
+// average of its segment (cut inside a part), the .grad keep the rank's
+// own sum, and a salvage's Resync streams it too, installing the average.
+TEST(GradientSyncTest, ABucketLargerThanAPoolBufferIsStreamedThroughIt) {
+  const auto body = [&](int rank, Communicator* comm) {
+    constexpr int64_t kBig = 10000, kSmall = 1000;
+    std::vector<torch::Tensor> params = {torch::zeros({kBig}, torch::requires_grad()),
+                                         torch::zeros({kSmall}, torch::requires_grad())};
+    const std::vector<GradientSync::BucketPlan> plan = {{{0}, {3500, 6500}}, {{1}, {400, 600}}};
+    std::vector<torch::Tensor> taken = {torch::zeros({kBig}), torch::zeros({kSmall})};
+    std::vector<int> parts(2, 0);
+    int64_t held = 0;
+    std::unique_ptr<GradientSync> sync;
+    GradientSyncOptions o;
+    o.clock = RealClock::Get();
+    o.bucket_bytes = kSmall * sizeof(float);
+    o.take = [&](size_t i, int64_t offset, const torch::Tensor& part) {
+      taken[i].narrow(0, offset, part.numel()).copy_(part);
+      ++parts[i];
+      int64_t now = 0;
+      for (const torch::Tensor& t : sync->buffers()) now += t.numel();
+      held = std::max(held, now);
+    };
+    sync = std::make_unique<GradientSync>(params, plan, comm, o);
+    sync->Begin(/*sync=*/true);
+    // Element e of parameter i on rank r: (r + 1) * (e + i).
+    std::vector<torch::Tensor> local;
+    torch::Tensor loss = torch::zeros({});
+    for (int i = 0; i < 2; ++i) {
+      local.push_back(torch::arange(params[i].numel()).to(torch::kFloat32).add(i).mul(rank + 1));
+      loss = loss + (params[i] * local[i]).sum();
+    }
+    loss.backward();
+    ASSERT_TRUE(sync->Finish(absl::Now() + absl::Seconds(30)).ok());
+    EXPECT_EQ(parts, (std::vector<int>{10, 1})) << "rank " << rank;
+    EXPECT_LE(held, 2 * kSmall + GradientSync::WordCount(2, 2))
+        << "rank " << rank << " held a buffer of the big parameter's size";
+    for (int i = 0; i < 2; ++i) {
+      EXPECT_TRUE(torch::equal(params[i].grad(), local[i])) << "parameter " << i;
+      // The average over the ranks is (1 + 2) / 2 times rank 0's gradient.
+      const torch::Tensor want = local[i] / (rank + 1) * 1.5;
+      const int64_t at = rank == 0 ? 0 : static_cast<int64_t>(plan[i].scatter[0]);
+      const auto n = static_cast<int64_t>(plan[i].scatter[rank]);
+      EXPECT_TRUE(torch::allclose(taken[i].narrow(0, at, n), want.narrow(0, at, n)))
+          << "rank " << rank << " parameter " << i;
+    }
+    ASSERT_TRUE(
+        sync->Resync(comm, /*contribute=*/true, /*contributors=*/2, {}, absl::Now() + absl::Seconds(30))
+            .ok());
+    for (int i = 0; i < 2; ++i) {
+      EXPECT_TRUE(torch::allclose(params[i].grad(), local[i] / (rank + 1) * 1.5))
+          << "rank " << rank << " parameter " << i << " after Resync";
+    }
   };
   EXPECT_TRUE(RunCommWorld(2, "gloo", body).ok());
 }

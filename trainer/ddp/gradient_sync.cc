@@ -59,12 +59,16 @@ GradientSync::GradientSync(std::vector<torch::Tensor> params, std::vector<Bucket
       at += params_[k].numel();
     }
   }
+  const auto bucket_elements = static_cast<int64_t>(options_.bucket_bytes / sizeof(float));
   for (size_t i = 0; i < buckets_.size(); ++i) {
     Bucket& b = buckets_[i];
     for (size_t k : b.params) b.elements += params_[k].numel();
-    // Buckets of a parameter larger than a bucket take a buffer of their own.
-    if (b.elements <= static_cast<int64_t>(options_.bucket_bytes / sizeof(float))) {
+    // A pooled bucket larger than a bucket (a parameter larger than one)
+    // is streamed through pool buffers.
+    if (b.elements <= bucket_elements) {
       pool_elements_ = std::max(pool_elements_, b.elements);
+    } else {
+      b.streamed = pooled_;
     }
     // The words ride in the last bucket, or apart where buckets are pooled.
     if (i + 1 == buckets_.size() && words_in_last()) b.elements += words();
@@ -74,6 +78,9 @@ GradientSync::GradientSync(std::vector<torch::Tensor> params, std::vector<Bucket
                                  b.buffer.scalar_type() == torch::kFloat32)),
                 "GradientSync: bucket ", i, " of a plan with given buffers needs a contiguous "
                 "float32 buffer of ", b.elements, " elements");
+  }
+  if (std::any_of(buckets_.begin(), buckets_.end(), [](const Bucket& b) { return b.streamed; })) {
+    pool_elements_ = std::max<int64_t>(1, bucket_elements);
   }
   hooks_.reserve(params_.size());
   for (size_t k = 0; k < params_.size(); ++k) {
@@ -100,13 +107,10 @@ void GradientSync::MakeBuffers() {
 
 void GradientSync::Acquire(Bucket& b) {
   // Every bucket's slots are written before it is reduced: no zeros.
-  const auto make = [&](int64_t elements) {
-    return torch::empty({elements}, params_[0].options().dtype(torch::kFloat32));
-  };
-  if (b.elements > pool_elements_ && !b.buffer.defined()) b.buffer = make(b.elements);
+  const int64_t elements = std::min(b.elements, pool_elements_);
   while (!b.buffer.defined()) {
     if (!pool_.empty()) {
-      b.buffer = pool_.back().narrow(0, 0, b.elements);
+      b.buffer = pool_.back().narrow(0, 0, elements);
       pool_.pop_back();
       return;
     }
@@ -114,7 +118,8 @@ void GradientSync::Acquire(Bucket& b) {
       return o.launched && !o.done && o.buffer.defined();
     });
     if (!in_flight || pool_waited_ >= kPoolWait) {
-      b.buffer = make(pool_elements_).narrow(0, 0, b.elements);
+      b.buffer = torch::empty({pool_elements_}, params_[0].options().dtype(torch::kFloat32))
+                     .narrow(0, 0, elements);
       return;
     }
     // A bucket in flight gives its buffer back (GiveBack). Backward waits
@@ -134,8 +139,28 @@ void GradientSync::GiveBack(Bucket& b) {
       static_cast<int64_t>(b.buffer.storage().nbytes()) == pool_elements_ * kFloat) {
     pool_.push_back(b.buffer.as_strided({pool_elements_}, {1}, 0));
   }
-  b.buffer = torch::Tensor();  // one of its own, or past kPooled: freed
+  b.buffer = torch::Tensor();  // past kPooled: freed
   cv_.NotifyAll();
+}
+
+void GradientSync::Settle() {
+  if (unsettled_ == kNoBucket) return;
+  ++buckets_[std::exchange(unsettled_, kNoBucket)].ready;
+  if (options_.overlap) LaunchReady();
+}
+
+void GradientSync::LaunchReady() {
+  // Buckets go out in index order, as DDP's reducer launches them: with a
+  // data-dependent graph ranks can fill them in different orders, and
+  // every rank must reduce the same bucket in the same collective. The
+  // last one, which carries the words, waits for Finish: only then is it
+  // known which buckets another backward of the pass touched again.
+  while (next_launch_ + 1 < buckets_.size() &&
+         buckets_[next_launch_].ready == static_cast<int>(buckets_[next_launch_].params.size())) {
+    Bucket& b = buckets_[next_launch_];
+    if (b.streamed) Acquire(b);  // its hooks took none
+    Launch(next_launch_++);
+  }
 }
 
 void GradientSync::ReleaseBuffers() {
@@ -225,6 +250,7 @@ void GradientSync::Begin(bool sync, const std::array<float, kControlWords>& cont
   }
   deadline_ = options_.clock->Now() + options_.timeout;
   pool_waited_ = absl::ZeroDuration();
+  unsettled_ = kNoBucket;
   for (Bucket& b : buckets_) {
     // A bucket of a pass that failed before its launch; not one in flight.
     if (pooled_ && !(b.launched && !b.done)) GiveBack(b);
@@ -246,11 +272,20 @@ void GradientSync::OnGradient(size_t k, const torch::Tensor& grad) {
     MutexLock lock(&mu_);
     if (solo_) got_gradient_[k] = 1;
     if (!syncing_) return;
+    Settle();  // autograd wrote the .grad of the hook before this one
     if (b.launched) {
       // Another backward of the pass reached a parameter whose bucket is
       // already on its way: autograd adds the gradient to .grad, and Finish
       // reduces the bucket again from .grad, the pass's whole local sum.
       b.refill = true;
+      return;
+    }
+    if (b.streamed) {
+      // Read from .grad when reduced, once autograd has added this gradient
+      // to it, with whatever it held before (no_sync steps, an earlier
+      // backward of the pass).
+      if (!got_gradient_[k]) unsettled_ = bucket_of_[k];
+      got_gradient_[k] = 1;
       return;
     }
     if (pooled_) Acquire(b);
@@ -272,17 +307,7 @@ void GradientSync::OnGradient(size_t k, const torch::Tensor& grad) {
   MutexLock lock(&mu_);
   if (got_gradient_[k]) return;  // a second backward of the pass: counted once
   got_gradient_[k] = 1;
-  if (++b.ready == static_cast<int>(b.params.size()) && options_.overlap) {
-    // Buckets go out in index order, as DDP's reducer launches them: with a
-    // data-dependent graph ranks can fill them in different orders, and
-    // every rank must reduce the same bucket in the same collective. The
-    // last one, which carries the words, waits for Finish: only then is it
-    // known which buckets another backward of the pass touched again.
-    while (next_launch_ + 1 < buckets_.size() &&
-           buckets_[next_launch_].ready == static_cast<int>(buckets_[next_launch_].params.size())) {
-      Launch(next_launch_++);
-    }
-  }
+  if (++b.ready == static_cast<int>(b.params.size()) && options_.overlap) LaunchReady();
 }
 
 void GradientSync::Launch(size_t bucket) {
@@ -319,10 +344,10 @@ void GradientSync::CommLoop() {
     lock.Unlock();
     const absl::Time start = options_.clock->Now();
     b.filled.WaitOnCurrentStream();
-    absl::Status s = comm == nullptr
-                         ? absl::FailedPreconditionError("no communicator")
-                         : ReduceBucket(comm, bucket, ReduceOp::kAverage, deadline, scatter_);
-    if (pooled_ && s.ok()) options_.take(bucket, bucket_gradients(bucket));
+    absl::Status s =
+        comm == nullptr ? absl::FailedPreconditionError("no communicator")
+        : pooled_       ? ReduceAndTake(comm, bucket, /*fill=*/b.streamed, deadline)
+                        : ReduceBucket(comm, bucket, ReduceOp::kAverage, deadline, scatter_);
     const double seconds = absl::ToDoubleSeconds(options_.clock->Now() - start);
     lock.Lock();
     comm_seconds_ += seconds;
@@ -382,6 +407,7 @@ absl::Status GradientSync::Finish(absl::Time deadline, const std::function<void(
     return absl::OkStatus();
   }
   if (!syncing_) return absl::OkStatus();
+  Settle();  // backward is over: autograd wrote every .grad
   deadline_ = std::min(deadline_, deadline);
   // Which launched buckets a later backward of the pass touched again ride
   // in the last bucket: every rank then reduces the same ones again. So
@@ -395,7 +421,7 @@ absl::Status GradientSync::Finish(absl::Time deadline, const std::function<void(
     Bucket& b = buckets_[i];
     if (b.launched) continue;
     if (pooled_) Acquire(b);
-    if (b.ready < static_cast<int>(b.params.size())) {
+    if (b.ready < static_cast<int>(b.params.size()) && !b.streamed) {
       for (size_t j = 0; j < b.params.size(); ++j) {
         if (!got_gradient_[b.params[j]]) FillFromGrad(b, j, /*use_grad=*/true);
       }
@@ -455,10 +481,9 @@ absl::Status GradientSync::ReduceRefilled(Communicator* comm, const std::vector<
     if (words[i] <= 0) continue;  // no rank touched it again
     Bucket& b = buckets_[i];
     MUSTER_RETURN_IF_ERROR(WithBuffer(b, [&] {
+      if (pooled_) return ReduceAndTake(comm, i, /*fill=*/true, deadline);
       for (size_t j = 0; j < b.params.size(); ++j) FillFromGrad(b, j, /*use_grad=*/true);
-      MUSTER_RETURN_IF_ERROR(ReduceBucket(comm, i, ReduceOp::kAverage, deadline, scatter_));
-      if (pooled_) options_.take(i, bucket_gradients(i));
-      return absl::OkStatus();
+      return ReduceBucket(comm, i, ReduceOp::kAverage, deadline, scatter_);
     }));
     ++stats_.refilled_buckets;
   }
@@ -475,6 +500,65 @@ absl::Status GradientSync::WithBuffer(Bucket& b, const std::function<absl::Statu
   MutexLock lock(&mu_);
   GiveBack(b);
   return s;
+}
+
+namespace {
+
+// The part of `segments` (consecutive counts, one per rank) that lies in
+// elements [offset, offset + n).
+std::vector<size_t> PartSegments(const std::vector<size_t>& segments, int64_t offset,
+                                 int64_t n) {
+  std::vector<size_t> part;
+  int64_t at = 0;
+  for (size_t count : segments) {
+    const int64_t begin = std::max(at, offset);
+    const int64_t end = std::min(at + static_cast<int64_t>(count), offset + n);
+    part.push_back(end > begin ? static_cast<size_t>(end - begin) : 0);
+    at += static_cast<int64_t>(count);
+  }
+  return part;
+}
+
+}  // namespace
+
+absl::Status GradientSync::ForEachPart(
+    Bucket& b, bool fill, bool use_grad,
+    const std::function<absl::Status(int64_t, const torch::Tensor&)>& use) {
+  torch::NoGradGuard no_grad;
+  const int64_t step = b.buffer.numel();  // the bucket, or a pool buffer
+  for (int64_t offset = 0; offset < b.elements; offset += step) {
+    const int64_t end = std::min(offset + step, b.elements);
+    const torch::Tensor part = b.buffer.narrow(0, 0, end - offset);
+    for (size_t j = 0; fill && j < b.params.size(); ++j) {
+      const torch::Tensor& grad = params_[b.params[j]].grad();
+      const int64_t at = b.offsets[j], lo = std::max(at, offset),
+                    hi = std::min(at + params_[b.params[j]].numel(), end);
+      if (hi <= lo) continue;
+      torch::Tensor slot = part.narrow(0, lo - offset, hi - lo);
+      if (use_grad && grad.defined()) {
+        slot.copy_(grad.reshape({-1}).narrow(0, lo - at, hi - lo));
+      } else {
+        slot.zero_();
+      }
+    }
+    MUSTER_RETURN_IF_ERROR(use(offset, part));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GradientSync::ReduceAndTake(Communicator* comm, size_t i, bool fill,
+                                         absl::Time deadline) {
+  Bucket& b = buckets_[i];
+  MUSTER_RETURN_IF_ERROR(ForEachPart(
+      b, fill, /*use_grad=*/true, [&](int64_t offset, const torch::Tensor& part) {
+        MUSTER_RETURN_IF_ERROR(
+            ReduceScatterGradientTensor(comm, part, PartSegments(b.scatter, offset, part.numel()),
+                                        ReduceOp::kAverage, deadline, columns_));
+        options_.take(i, offset, part);
+        return absl::OkStatus();
+      }));
+  if (i + 1 < buckets_.size()) return absl::OkStatus();
+  return AllReduceTensor(comm, WordsView(), ReduceOp::kAverage, deadline);
 }
 
 void GradientSync::FillFromGrad(Bucket& b, size_t j, bool use_grad) {
@@ -518,6 +602,27 @@ void GradientSync::InstallBucket(const Bucket& b, const std::vector<float>& word
     } else {
       p.mutable_grad() = slot.clone();
     }
+  }
+}
+
+void GradientSync::InstallPart(const Bucket& b, int64_t offset, const torch::Tensor& part,
+                               const std::vector<float>& words) {
+  torch::NoGradGuard no_grad;
+  const size_t used_at = buckets_.size();
+  for (size_t j = 0; j < b.params.size(); ++j) {
+    if (words[used_at + b.params[j]] <= 0) continue;  // as InstallBucket
+    torch::Tensor& p = params_[b.params[j]];
+    const int64_t at = b.offsets[j], lo = std::max(at, offset),
+                  hi = std::min(at + p.numel(), offset + part.numel());
+    if (hi <= lo) continue;
+    // Parts still to come are read from it: a .grad of its own, zeros
+    // where the rank had none.
+    if (!p.grad().defined()) {
+      p.mutable_grad() = torch::zeros_like(p, torch::MemoryFormat::Contiguous);
+    } else if (!p.grad().is_contiguous()) {
+      p.mutable_grad() = p.grad().contiguous();
+    }
+    p.mutable_grad().view({-1}).narrow(0, lo - at, hi - lo).copy_(part.narrow(0, lo - offset, hi - lo));
   }
 }
 
@@ -569,11 +674,13 @@ absl::Status GradientSync::ResyncPooled(Communicator* comm, bool contribute, int
   for (size_t i = 0; i < buckets_.size(); ++i) {
     Bucket& b = buckets_[i];
     MUSTER_RETURN_IF_ERROR(WithBuffer(b, [&] {
-      for (size_t j = 0; j < b.params.size(); ++j) FillFromGrad(b, j, contribute);
-      MUSTER_RETURN_IF_ERROR(AllReduceGradientTensor(comm, b.buffer, op, deadline));
-      if (divide_by > 0) b.buffer.div_(divide_by);
-      InstallBucket(b, words);
-      return absl::OkStatus();
+      return ForEachPart(b, /*fill=*/true, contribute,
+                         [&](int64_t offset, const torch::Tensor& part) {
+                           MUSTER_RETURN_IF_ERROR(AllReduceGradientTensor(comm, part, op, deadline));
+                           if (divide_by > 0) part.div_(divide_by);
+                           InstallPart(b, offset, part, words);
+                           return absl::OkStatus();
+                         });
     }));
   }
   return absl::OkStatus();

@@ -50,7 +50,12 @@
 // the next bucket: the sync then holds about two buckets' buffers rather
 // than a copy of every gradient, and each rank keeps the reduced gradient
 // of its own part only (ZeRO stage 2's partitioned gradients; the .grad,
-// the rank's own sum, stay for a salvage to reduce again).
+// the rank's own sum, stay for a salvage to reduce again). A pooled bucket
+// larger than a pool buffer (one parameter larger than bucket_bytes) is
+// streamed: its hooks copy nothing, and it is read from its parameters'
+// .grad once autograd has written them (at the next hook, or Finish) a
+// pool buffer at a time, each part reduce-scattered and taken in turn, so
+// that no buffer the size of the parameter is made.
 //
 // The buckets' buffers are made at the first step that reduces: a sync
 // that never does (a world of one) holds none.
@@ -92,14 +97,15 @@ struct GradientSyncOptions {
   absl::Duration timeout = absl::Seconds(120);
   // Deadlines and the step's timings are on its Now(); required, not owned.
   Clock* clock = nullptr;
-  // For a reduce-scattering plan: takes bucket `i`'s gradients (its buffer
-  // without the words, in plan order) once its reduce-scatter completed,
-  // this rank's segments then holding the world's average. Called on the
-  // communication thread during a pass and on the training thread for a
-  // bucket reduced again in Finish; the buffer is reused after it returns,
-  // so bucket_gradients is not for such a sync. Empty: every bucket keeps
-  // a buffer of its own.
-  std::function<void(size_t, const torch::Tensor&)> take;
+  // For a reduce-scattering plan: takes `part`, elements [offset, offset +
+  // part.numel()) of bucket `i`'s gradients (in plan order), once its
+  // reduce-scatter completed, this rank's segments in it then holding the
+  // world's average: the whole bucket at once, or a streamed bucket a pool
+  // buffer at a time. Called on the communication thread during a pass and
+  // on the training thread for a bucket reduced again in Finish; the
+  // buffer is reused after it returns, so bucket_gradients is not for such
+  // a sync. Empty: every bucket keeps a buffer of its own.
+  std::function<void(size_t i, int64_t offset, const torch::Tensor& part)> take;
 };
 
 struct StepCommStats {
@@ -238,6 +244,9 @@ class GradientSync {
     StreamMark filled;             // the launcher's stream has written the buffer
     bool done = false;
     bool refill = false;           // a later backward of the pass touched it after launch
+    // Pooled and larger than a pool buffer: read from .grad a part at a
+    // time when reduced (ForEachPart), never copied whole.
+    bool streamed = false;
     absl::Status status;
   };
 
@@ -258,8 +267,8 @@ class GradientSync {
   int64_t words_after(size_t i) const {
     return words_in_last() && !views_ && i + 1 == buckets_.size() ? words() : 0;
   }
-  // Pooled buckets: gives `b` a buffer (of its own where it is larger than
-  // a pool buffer), from the pool where one is free,
+  // Pooled buckets: gives `b` a buffer (a streamed one, a whole pool
+  // buffer for its parts), from the pool where one is free,
   // else by waiting for a bucket in flight to give its back, else (none in
   // flight, so none will come back: buckets filled out of order, no
   // overlap; or the pass has waited kPoolWait already) a new one. Waiting
@@ -267,9 +276,16 @@ class GradientSync {
   // rank's autograd.
   void Acquire(Bucket& b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Pooled buckets: `b`'s buffer back to the pool (at most kPooled kept;
-  // a bucket larger than bucket_bytes, one parameter, has a buffer of its
-  // own, freed here).
+  // one made past them is freed here).
   void GiveBack(Bucket& b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A streamed bucket's hook left its gradient to autograd: once autograd
+  // has written its .grad (the next hook of the pass, or Finish), the
+  // bucket counts it ready and buckets go out (LaunchReady).
+  void Settle() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Launches, in index order, the buckets whose gradients are all in; the
+  // last waits for Finish.
+  void LaunchReady() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  static constexpr size_t kNoBucket = static_cast<size_t>(-1);
   static constexpr size_t kPooled = 2;
   static constexpr absl::Duration kPoolWait = absl::Milliseconds(200);
   // The last bucket's words: behind its gradients, or in front of them in
@@ -293,6 +309,18 @@ class GradientSync {
   // Puts slot `j` of `b` to its parameter's .grad (`use_grad` and defined),
   // else to zeros.
   void FillFromGrad(Bucket& b, size_t j, bool use_grad);
+  // Pooled: runs `use` on `b`'s gradients a part at a time, in order, with
+  // the offset of the part's first element: the whole bucket, or a
+  // streamed bucket's pool buffer after pool buffer. Each part is filled
+  // from the parameters' .grad first (`use_grad` and defined, else zeros)
+  // where `fill`; a bucket's hooks filled it otherwise.
+  absl::Status ForEachPart(
+      Bucket& b, bool fill, bool use_grad,
+      const std::function<absl::Status(int64_t offset, const torch::Tensor& part)>& use);
+  // Pooled: reduce-scatters bucket `i` (the words after the last) over
+  // `comm` and hands it to take, a part at a time (ForEachPart, filled
+  // from .grad where `fill`).
+  absl::Status ReduceAndTake(Communicator* comm, size_t i, bool fill, absl::Time deadline);
   // Makes the buffers not made yet: at the first synchronised Begin or
   // Resync, so that a sync that never reduces (a world of one; the
   // all-reducing sync beside a reduce-scattering one) holds no buffers.
@@ -306,6 +334,10 @@ class GradientSync {
   void Install(const std::vector<float>& words, bool grads);
   // Install's writing of bucket `b`'s slots into the .grad.
   void InstallBucket(const Bucket& b, const std::vector<float>& words);
+  // Pooled: writes `part`, elements [offset, ...) of `b`'s gradients, into
+  // the .grad of the parameters any rank had a gradient for (`words`).
+  void InstallPart(const Bucket& b, int64_t offset, const torch::Tensor& part,
+                   const std::vector<float>& words);
   // Runs `use` with `b` holding a buffer: its own, or, pooled, one from the
   // pool that goes back after. Training thread, nothing in flight.
   absl::Status WithBuffer(Bucket& b, const std::function<absl::Status()>& use);
@@ -319,7 +351,7 @@ class GradientSync {
   // AllReduceGradients, and the control words of the last bucket with
   // them, or apart in float32 when `comm` compresses gradients. With
   // `scatter`, reduce-scatters its gradients by its segments instead, and
-  // all-reduces the words apart.
+  // all-reduces the words apart. Not for pooled buckets (ReduceAndTake).
   absl::Status ReduceBucket(Communicator* comm, size_t i, ReduceOp op, absl::Time deadline,
                             bool scatter);
   void CommLoop();
@@ -340,7 +372,9 @@ class GradientSync {
   bool columns_ = false;  // ... keeping the segments of this rank's column
   bool views_ = false;    // the plan gave the buffers (BucketPlan::buffer)
   bool pooled_ = false;   // reduce-scattered buckets through a pool (options.take)
-  int64_t pool_elements_ = 0;  // pooled: a pool buffer's (the largest bucket of bucket_bytes)
+  // Pooled: a pool buffer's (the largest bucket of bucket_bytes; all of
+  // them where a bucket is streamed).
+  int64_t pool_elements_ = 0;
   torch::Tensor words_;   // pooled: the words, apart from the buckets
   GradientSyncOptions options_;
   StepCommStats stats_;
@@ -359,6 +393,9 @@ class GradientSync {
   std::vector<torch::Tensor> pool_ ABSL_GUARDED_BY(mu_);  // pooled: free buffers
   // Pooled: this pass's waits for a buffer; at kPoolWait, buffers are made.
   absl::Duration pool_waited_ ABSL_GUARDED_BY(mu_);
+  // A streamed bucket whose last hook has not yet been followed by
+  // autograd's write of its .grad (Settle), or kNoBucket.
+  size_t unsettled_ ABSL_GUARDED_BY(mu_) = kNoBucket;
   size_t next_launch_ ABSL_GUARDED_BY(mu_) = 0;    // buckets below it are launched
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   double comm_seconds_ ABSL_GUARDED_BY(mu_) = 0;

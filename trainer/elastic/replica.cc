@@ -225,8 +225,8 @@ GradientSync* Replica::ShardSyncFor(const std::vector<torch::Tensor>& params) {
   if (scatter) {
     // Each bucket's segments go to the masters as its reduce-scatter
     // completes, and its buffer to the next bucket.
-    options.take = [this](size_t i, const torch::Tensor& gradients) {
-      sharded_->TakeScattered(shard_.plan[i], gradients);
+    options.take = [this](size_t i, int64_t offset, const torch::Tensor& part) {
+      sharded_->TakeScattered(shard_.plan[i], offset, part);
     };
   }
   shard_.sync = std::make_unique<GradientSync>(std::move(trained), std::move(plan), comm_,

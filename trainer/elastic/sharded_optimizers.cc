@@ -1,5 +1,6 @@
 #include "trainer/elastic/sharded_optimizers.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -202,16 +203,19 @@ void ShardedOptimizers::TakeGradients() {
   }
 }
 
-void ShardedOptimizers::TakeScattered(const ShardedBucket& b, const torch::Tensor& gradients) {
+void ShardedOptimizers::TakeScattered(const ShardedBucket& b, int64_t offset,
+                                      const torch::Tensor& part) {
   if (shards_ == nullptr) return;
+  const int64_t end = offset + part.numel();
   for (int shard : shards_->layout().KeptBy(shards_->rank())) {
-    // Segment s of a bucket is shard s's part.
-    const auto offset = static_cast<int64_t>(SegmentOffset(b.counts, shard));
-    const auto n = static_cast<int64_t>(b.counts[static_cast<size_t>(shard)]);
-    if (n == 0) continue;
-    const int64_t begin = b.range.begin + offset;
-    shards_->SetKeptGradient(b.group, shard, ElementRange{begin, begin + n},
-                             gradients.narrow(0, offset, n));
+    // Segment s of a bucket is shard s's part: what of it lies in `part`.
+    const auto at = static_cast<int64_t>(SegmentOffset(b.counts, shard));
+    const int64_t lo = std::max(at, offset),
+                  hi = std::min(at + static_cast<int64_t>(b.counts[static_cast<size_t>(shard)]), end);
+    if (hi <= lo) continue;
+    shards_->SetKeptGradient(b.group, shard,
+                             ElementRange{b.range.begin + lo, b.range.begin + hi},
+                             part.narrow(0, lo - offset, hi - lo));
   }
 }
 

@@ -93,12 +93,12 @@ class ShardedOptimizers {
   }
   // For a reduce-scattering sync (Options::reduce_scatter_gradients), as
   // each bucket's reduce-scatter completes (GradientSyncOptions::take, on
-  // the sync's communication thread): the segments of `gradients`, bucket
-  // `bucket`'s, that belong to the shards this rank keeps (its own, and
-  // with two copies the one it backs up), averaged over the world, into
-  // those shards' masters' .grad. The parameters' .grad keep this rank's
-  // own sum.
-  void TakeScattered(const ShardedBucket& bucket, const torch::Tensor& gradients);
+  // the sync's communication thread): what of `part`, elements [offset,
+  // ...) of bucket `bucket`'s gradients, belongs to the shards this rank
+  // keeps (its own, and with two copies the one it backs up), averaged over
+  // the world, into those shards' masters' .grad. The parameters' .grad
+  // keep this rank's own sum.
+  void TakeScattered(const ShardedBucket& bucket, int64_t offset, const torch::Tensor& part);
   // TakeGradients' counterpart once a reduce-scattering pass is taken.
   void ScatteredTaken() { whole_.reset(); }
   // After TakeScattered: the sum of the squares of the averaged gradients
