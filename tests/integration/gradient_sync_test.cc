@@ -277,7 +277,10 @@ struct PooledWorld {
     }
     GradientSyncOptions o;
     o.clock = RealClock::Get();
-    o.take = [this](size_t i, int64_t, const torch::Tensor& g) { taken[i] = g.clone(); };
+    o.take = [this](size_t i, int64_t offset, const torch::Tensor& part) {
+      if (!taken[i].defined()) taken[i] = torch::zeros({kSize});
+      taken[i].narrow(0, offset, part.numel()).copy_(part);
+    };
     sync = std::make_unique<GradientSync>(params, plan, comm, o);
   }
   // Parameter p's gradient on rank r: (r + 1) * (p + 1).
@@ -319,7 +322,8 @@ TEST(GradientSyncTest, PooledScatterBucketsHoldTwoBuffersNotOnePerBucket) {
 
 // A pooled bucket larger than a pool buffer (a parameter of 10,000
 // elements; buckets of 1,000) is streamed: read from its .grad a pool
-// buffer at a time, each part reduce-scattered and taken in turn, so that
+// buffer at a time, each part the next 500 elements of both ranks'
+// segments, reduce-scattered and taken in turn, so that
 // the sync never holds more than its two pool buffers and the words, not a
 // buffer of the parameter's size. Each rank still takes the world's
 // average of its segment (cut inside a part), the .grad keep the rank's
@@ -355,7 +359,9 @@ TEST(GradientSyncTest, ABucketLargerThanAPoolBufferIsStreamedThroughIt) {
     }
     loss.backward();
     ASSERT_TRUE(sync->Finish(absl::Now() + absl::Seconds(30)).ok());
-    EXPECT_EQ(parts, (std::vector<int>{10, 1})) << "rank " << rank;
+    // Bucket 0 in parts of 500 elements of each segment: 7 of the first,
+    // 13 of the second.
+    EXPECT_EQ(parts, (std::vector<int>{20, 2})) << "rank " << rank;
     EXPECT_LE(held, 2 * kSmall + GradientSync::WordCount(2, 2))
         << "rank " << rank << " held a buffer of the big parameter's size";
     for (int i = 0; i < 2; ++i) {

@@ -502,46 +502,43 @@ absl::Status GradientSync::WithBuffer(Bucket& b, const std::function<absl::Statu
   return s;
 }
 
-namespace {
-
-// The part of `segments` (consecutive counts, one per rank) that lies in
-// elements [offset, offset + n).
-std::vector<size_t> PartSegments(const std::vector<size_t>& segments, int64_t offset,
-                                 int64_t n) {
-  std::vector<size_t> part;
-  int64_t at = 0;
-  for (size_t count : segments) {
-    const int64_t begin = std::max(at, offset);
-    const int64_t end = std::min(at + static_cast<int64_t>(count), offset + n);
-    part.push_back(end > begin ? static_cast<size_t>(end - begin) : 0);
-    at += static_cast<int64_t>(count);
-  }
-  return part;
+std::vector<std::vector<GradientSync::Piece>> GradientSync::Parts(const Bucket& b,
+                                                                   bool by_segments) const {
+  const int64_t room = b.buffer.numel();  // the bucket, or a pool buffer
+  std::vector<int64_t> counts = {b.elements};
+  if (by_segments) counts.assign(b.scatter.begin(), b.scatter.end());
+  // A bucket that fits takes each segment whole in one part.
+  const int64_t piece =
+      b.streamed ? std::max<int64_t>(room / static_cast<int64_t>(counts.size()), 1) : room;
+  std::vector<std::vector<Piece>> parts;
+  std::vector<int64_t> done(counts.size(), 0);
+  do {
+    std::vector<Piece>& part = parts.emplace_back();
+    int64_t at = 0;
+    for (size_t r = 0; r < counts.size(); ++r) {
+      const int64_t n = std::min(piece, counts[r] - done[r]);
+      part.push_back({at + done[r], n});
+      done[r] += n;
+      at += counts[r];
+    }
+  } while (done != counts);
+  return parts;
 }
 
-}  // namespace
-
 absl::Status GradientSync::ForEachPart(
-    Bucket& b, bool fill, bool use_grad,
-    const std::function<absl::Status(int64_t, const torch::Tensor&)>& use) {
-  torch::NoGradGuard no_grad;
-  const int64_t step = b.buffer.numel();  // the bucket, or a pool buffer
-  for (int64_t offset = 0; offset < b.elements; offset += step) {
-    const int64_t end = std::min(offset + step, b.elements);
-    const torch::Tensor part = b.buffer.narrow(0, 0, end - offset);
-    for (size_t j = 0; fill && j < b.params.size(); ++j) {
-      const torch::Tensor& grad = params_[b.params[j]].grad();
-      const int64_t at = b.offsets[j], lo = std::max(at, offset),
-                    hi = std::min(at + params_[b.params[j]].numel(), end);
-      if (hi <= lo) continue;
-      torch::Tensor slot = part.narrow(0, lo - offset, hi - lo);
-      if (use_grad && grad.defined()) {
-        slot.copy_(grad.reshape({-1}).narrow(0, lo - at, hi - lo));
-      } else {
-        slot.zero_();
-      }
+    Bucket& b, bool by_segments, bool fill, bool use_grad,
+    const std::function<absl::Status(const std::vector<Piece>&, const torch::Tensor&)>& use) {
+  if (b.elements == 0) return absl::OkStatus();
+  for (const std::vector<Piece>& pieces : Parts(b, by_segments)) {
+    int64_t size = 0;
+    for (const Piece& p : pieces) size += p.n;
+    const torch::Tensor part = b.buffer.narrow(0, 0, size);
+    int64_t at = 0;
+    for (const Piece& p : pieces) {
+      if (fill) CopyPiece(b, p, part.narrow(0, at, p.n), /*fill=*/true, use_grad, {});
+      at += p.n;
     }
-    MUSTER_RETURN_IF_ERROR(use(offset, part));
+    MUSTER_RETURN_IF_ERROR(use(pieces, part));
   }
   return absl::OkStatus();
 }
@@ -550,11 +547,17 @@ absl::Status GradientSync::ReduceAndTake(Communicator* comm, size_t i, bool fill
                                          absl::Time deadline) {
   Bucket& b = buckets_[i];
   MUSTER_RETURN_IF_ERROR(ForEachPart(
-      b, fill, /*use_grad=*/true, [&](int64_t offset, const torch::Tensor& part) {
-        MUSTER_RETURN_IF_ERROR(
-            ReduceScatterGradientTensor(comm, part, PartSegments(b.scatter, offset, part.numel()),
-                                        ReduceOp::kAverage, deadline, columns_));
-        options_.take(i, offset, part);
+      b, /*by_segments=*/true, fill, /*use_grad=*/true,
+      [&](const std::vector<Piece>& pieces, const torch::Tensor& part) {
+        std::vector<size_t> counts;
+        for (const Piece& p : pieces) counts.push_back(static_cast<size_t>(p.n));
+        MUSTER_RETURN_IF_ERROR(ReduceScatterGradientTensor(comm, part, counts, ReduceOp::kAverage,
+                                                           deadline, columns_));
+        int64_t at = 0;
+        for (const Piece& p : pieces) {
+          if (p.n > 0) options_.take(i, p.offset, part.narrow(0, at, p.n));
+          at += p.n;
+        }
         return absl::OkStatus();
       }));
   if (i + 1 < buckets_.size()) return absl::OkStatus();
@@ -605,24 +608,32 @@ void GradientSync::InstallBucket(const Bucket& b, const std::vector<float>& word
   }
 }
 
-void GradientSync::InstallPart(const Bucket& b, int64_t offset, const torch::Tensor& part,
-                               const std::vector<float>& words) {
+void GradientSync::CopyPiece(const Bucket& b, const Piece& piece, const torch::Tensor& values,
+                             bool fill, bool use_grad, const std::vector<float>& words) {
   torch::NoGradGuard no_grad;
-  const size_t used_at = buckets_.size();
   for (size_t j = 0; j < b.params.size(); ++j) {
-    if (words[used_at + b.params[j]] <= 0) continue;  // as InstallBucket
     torch::Tensor& p = params_[b.params[j]];
-    const int64_t at = b.offsets[j], lo = std::max(at, offset),
-                  hi = std::min(at + p.numel(), offset + part.numel());
+    const int64_t at = b.offsets[j], lo = std::max(at, piece.offset),
+                  hi = std::min(at + p.numel(), piece.offset + piece.n);
     if (hi <= lo) continue;
-    // Parts still to come are read from it: a .grad of its own, zeros
+    torch::Tensor slot = values.narrow(0, lo - piece.offset, hi - lo);
+    if (fill) {
+      if (use_grad && p.grad().defined()) {
+        slot.copy_(p.grad().reshape({-1}).narrow(0, lo - at, hi - lo));
+      } else {
+        slot.zero_();
+      }
+      continue;
+    }
+    if (words[buckets_.size() + b.params[j]] <= 0) continue;  // as InstallBucket
+    // Pieces still to come are read from it: a .grad of its own, zeros
     // where the rank had none.
     if (!p.grad().defined()) {
       p.mutable_grad() = torch::zeros_like(p, torch::MemoryFormat::Contiguous);
     } else if (!p.grad().is_contiguous()) {
       p.mutable_grad() = p.grad().contiguous();
     }
-    p.mutable_grad().view({-1}).narrow(0, lo - at, hi - lo).copy_(part.narrow(0, lo - offset, hi - lo));
+    p.mutable_grad().view({-1}).narrow(0, lo - at, hi - lo).copy_(slot);
   }
 }
 
@@ -674,11 +685,11 @@ absl::Status GradientSync::ResyncPooled(Communicator* comm, bool contribute, int
   for (size_t i = 0; i < buckets_.size(); ++i) {
     Bucket& b = buckets_[i];
     MUSTER_RETURN_IF_ERROR(WithBuffer(b, [&] {
-      return ForEachPart(b, /*fill=*/true, contribute,
-                         [&](int64_t offset, const torch::Tensor& part) {
+      return ForEachPart(b, /*by_segments=*/false, /*fill=*/true, contribute,
+                         [&](const std::vector<Piece>& pieces, const torch::Tensor& part) {
                            MUSTER_RETURN_IF_ERROR(AllReduceGradientTensor(comm, part, op, deadline));
                            if (divide_by > 0) part.div_(divide_by);
-                           InstallPart(b, offset, part, words);
+                           CopyPiece(b, pieces.front(), part, /*fill=*/false, false, words);
                            return absl::OkStatus();
                          });
     }));

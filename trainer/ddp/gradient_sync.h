@@ -54,8 +54,9 @@
 // larger than a pool buffer (one parameter larger than bucket_bytes) is
 // streamed: its hooks copy nothing, and it is read from its parameters'
 // .grad once autograd has written them (at the next hook, or Finish) a
-// pool buffer at a time, each part reduce-scattered and taken in turn, so
-// that no buffer the size of the parameter is made.
+// pool buffer at a time, each part the next piece of every rank's segment
+// (a balanced reduce-scatter, as a communicator's rounds are), reduced and
+// taken in turn, so that no buffer the size of the parameter is made.
 //
 // The buckets' buffers are made at the first step that reduces: a sync
 // that never does (a world of one) holds none.
@@ -309,14 +310,23 @@ class GradientSync {
   // Puts slot `j` of `b` to its parameter's .grad (`use_grad` and defined),
   // else to zeros.
   void FillFromGrad(Bucket& b, size_t j, bool use_grad);
-  // Pooled: runs `use` on `b`'s gradients a part at a time, in order, with
-  // the offset of the part's first element: the whole bucket, or a
-  // streamed bucket's pool buffer after pool buffer. Each part is filled
-  // from the parameters' .grad first (`use_grad` and defined, else zeros)
-  // where `fill`; a bucket's hooks filled it otherwise.
+  // `n` elements of a bucket's gradients from `offset`.
+  struct Piece {
+    int64_t offset = 0;
+    int64_t n = 0;
+  };
+  // Pooled: runs `use` on `b`'s gradients a part at a time, each part its
+  // pieces one after another in `b`'s buffer: the whole bucket, or a
+  // streamed bucket's pool buffer after pool buffer, with `by_segments`
+  // the next piece of each of its scatter segments (the part's counts for
+  // a reduce-scatter), else a contiguous piece. Each part is filled from
+  // the parameters' .grad first (`use_grad` and defined, else zeros) where
+  // `fill`; a bucket's hooks filled it otherwise.
   absl::Status ForEachPart(
-      Bucket& b, bool fill, bool use_grad,
-      const std::function<absl::Status(int64_t offset, const torch::Tensor& part)>& use);
+      Bucket& b, bool by_segments, bool fill, bool use_grad,
+      const std::function<absl::Status(const std::vector<Piece>&, const torch::Tensor&)>& use);
+  // ForEachPart's parts of `b`.
+  std::vector<std::vector<Piece>> Parts(const Bucket& b, bool by_segments) const;
   // Pooled: reduce-scatters bucket `i` (the words after the last) over
   // `comm` and hands it to take, a part at a time (ForEachPart, filled
   // from .grad where `fill`).
@@ -334,10 +344,11 @@ class GradientSync {
   void Install(const std::vector<float>& words, bool grads);
   // Install's writing of bucket `b`'s slots into the .grad.
   void InstallBucket(const Bucket& b, const std::vector<float>& words);
-  // Pooled: writes `part`, elements [offset, ...) of `b`'s gradients, into
-  // the .grad of the parameters any rank had a gradient for (`words`).
-  void InstallPart(const Bucket& b, int64_t offset, const torch::Tensor& part,
-                   const std::vector<float>& words);
+  // Pooled: writes `values`, `piece` of `b`'s gradients, into the .grad of
+  // the parameters any rank had a gradient for (`words`); else (`fill`)
+  // puts `values` to that piece of the .grad (`use_grad`), or zeros.
+  void CopyPiece(const Bucket& b, const Piece& piece, const torch::Tensor& values, bool fill,
+                 bool use_grad, const std::vector<float>& words);
   // Runs `use` with `b` holding a buffer: its own, or, pooled, one from the
   // pool that goes back after. Training thread, nothing in flight.
   absl::Status WithBuffer(Bucket& b, const std::function<absl::Status()>& use);
