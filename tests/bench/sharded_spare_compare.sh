@@ -5,12 +5,13 @@
 # sharded, a fifth waiting as the spare (on n1); rank 3 is SIGKILLed
 # 0.4 s into step 9. Prints each process's peak RSS and parameter
 # checksum, rank 0's regroup and the spare's catch-up.
-# Usage: sharded_spare_compare.sh BIN_DIR OUT_DIR (OUT_DIR is replaced)
+# Usage: sharded_spare_compare.sh BIN_DIR OUT_DIR (OUT_DIR is replaced);
+# MUSTER_EXTRA_FLAGS adds trainer flags (e.g. --reduce-scatter).
 set -u
 BIN=$1; OUT=$2; rm -rf "$OUT"; mkdir -p "$OUT"
 . "$(dirname "$0")/sharded_job.sh"
 start_coordinator 4 4
-flags+=(--steps=16)
+flags+=(--steps=16 ${MUSTER_EXTRA_FLAGS:-})
 run n0 0 t00; t00=$pid; run n0 1 t01; t01=$pid; run n1 0 t10; t10=$pid; run n1 1 t11; t11=$pid
 until grep -q "step 6/" "$OUT/t00.log" 2>/dev/null; do sleep 0.5; done
 run n1 2 spare; spare=$pid

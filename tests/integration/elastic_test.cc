@@ -1415,7 +1415,8 @@ void ShardedStateFailureTest::KillOneOfFourAndReplaceIt(const std::vector<std::s
   ASSERT_EQ(::kill(pids[3], SIGKILL), 0);
   WaitExit(pids[3]);
   ASSERT_TRUE(WaitForLine("k0", "world 3 on 2 nodes", absl::Seconds(30)))
-      << ReadText(dir_ + "/k0.log");
+      << ReadText(dir_ + "/k0.log") << "\nk1:\n" << ReadText(dir_ + "/k1.log") << "\nk2:\n"
+      << ReadText(dir_ + "/k2.log");
   const pid_t replacement = Trainer(1, "k3b", "n1", "hier", AdamW(flags));
   for (int i = 0; i < 3; ++i) {
     EXPECT_EQ(WaitExit(pids[i]), 0) << ReadText(absl::StrCat(dir_, "/k", i, ".log"));
