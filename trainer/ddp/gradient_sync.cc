@@ -452,11 +452,15 @@ absl::Status GradientSync::ReduceRefilled(Communicator* comm, const std::vector<
 }
 
 void GradientSync::FillFromGrad(Bucket& b, size_t j, bool use_grad) {
-  torch::NoGradGuard no_grad;
   const torch::Tensor& p = params_[b.params[j]];
-  torch::Tensor slot = b.buffer.narrow(0, b.offsets[j], p.numel());
+  FillSlot(p, 0, b.buffer.narrow(0, b.offsets[j], p.numel()), use_grad);
+}
+
+void GradientSync::FillSlot(const torch::Tensor& p, int64_t from, torch::Tensor slot,
+                            bool use_grad) {
+  torch::NoGradGuard no_grad;
   if (use_grad && p.grad().defined()) {
-    slot.copy_(p.grad().reshape({-1}));
+    slot.copy_(p.grad().reshape({-1}).narrow(0, from, slot.numel()));
   } else {
     slot.zero_();
   }

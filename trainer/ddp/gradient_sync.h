@@ -77,6 +77,7 @@
 #include <functional>
 #include <memory>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -310,6 +311,9 @@ class GradientSync {
   // Puts slot `j` of `b` to its parameter's .grad (`use_grad` and defined),
   // else to zeros.
   void FillFromGrad(Bucket& b, size_t j, bool use_grad);
+  // Puts `slot` to the elements of `p`'s flat .grad from `from` (`use_grad`
+  // and defined), else to zeros.
+  static void FillSlot(const torch::Tensor& p, int64_t from, torch::Tensor slot, bool use_grad);
   // `n` elements of a bucket's gradients from `offset`.
   struct Piece {
     int64_t offset = 0;
@@ -344,11 +348,16 @@ class GradientSync {
   void Install(const std::vector<float>& words, bool grads);
   // Install's writing of bucket `b`'s slots into the .grad.
   void InstallBucket(const Bucket& b, const std::vector<float>& words);
+  // The elements [first, second) of `b`'s gradients that slot `j` and
+  // `piece` share (none where second <= first).
+  std::pair<int64_t, int64_t> SlotInPiece(const Bucket& b, size_t j, const Piece& piece) const;
+  // Pooled: puts `values`, `piece` of `b`'s gradients, to the parameters'
+  // .grad (FillSlot).
+  void FillPiece(const Bucket& b, const Piece& piece, const torch::Tensor& values, bool use_grad);
   // Pooled: writes `values`, `piece` of `b`'s gradients, into the .grad of
-  // the parameters any rank had a gradient for (`words`); else (`fill`)
-  // puts `values` to that piece of the .grad (`use_grad`), or zeros.
-  void CopyPiece(const Bucket& b, const Piece& piece, const torch::Tensor& values, bool fill,
-                 bool use_grad, const std::vector<float>& words);
+  // the parameters any rank had a gradient for (`words`), as InstallBucket.
+  void InstallPiece(const Bucket& b, const Piece& piece, const torch::Tensor& values,
+                    const std::vector<float>& words);
   // Runs `use` with `b` holding a buffer: its own, or, pooled, one from the
   // pool that goes back after. Training thread, nothing in flight.
   absl::Status WithBuffer(Bucket& b, const std::function<absl::Status()>& use);

@@ -95,7 +95,7 @@ absl::Status GradientSync::ForEachPart(
     const torch::Tensor part = b.buffer.narrow(0, 0, size);
     int64_t at = 0;
     for (const Piece& p : pieces) {
-      if (fill) CopyPiece(b, p, part.narrow(0, at, p.n), /*fill=*/true, use_grad, {});
+      if (fill) FillPiece(b, p, part.narrow(0, at, p.n), use_grad);
       at += p.n;
     }
     MUSTER_RETURN_IF_ERROR(use(pieces, part));
@@ -124,24 +124,31 @@ absl::Status GradientSync::ReduceAndTake(Communicator* comm, size_t i, bool fill
   return AllReduceTensor(comm, WordsView(), ReduceOp::kAverage, deadline);
 }
 
-void GradientSync::CopyPiece(const Bucket& b, const Piece& piece, const torch::Tensor& values,
-                             bool fill, bool use_grad, const std::vector<float>& words) {
+std::pair<int64_t, int64_t> GradientSync::SlotInPiece(const Bucket& b, size_t j,
+                                                      const Piece& piece) const {
+  const int64_t at = b.offsets[j];
+  return {std::max(at, piece.offset),
+          std::min(at + params_[b.params[j]].numel(), piece.offset + piece.n)};
+}
+
+void GradientSync::FillPiece(const Bucket& b, const Piece& piece, const torch::Tensor& values,
+                             bool use_grad) {
+  for (size_t j = 0; j < b.params.size(); ++j) {
+    const auto [lo, hi] = SlotInPiece(b, j, piece);
+    if (hi <= lo) continue;
+    FillSlot(params_[b.params[j]], lo - b.offsets[j],
+             values.narrow(0, lo - piece.offset, hi - lo), use_grad);
+  }
+}
+
+void GradientSync::InstallPiece(const Bucket& b, const Piece& piece, const torch::Tensor& values,
+                                const std::vector<float>& words) {
   torch::NoGradGuard no_grad;
   for (size_t j = 0; j < b.params.size(); ++j) {
-    torch::Tensor& p = params_[b.params[j]];
-    const int64_t at = b.offsets[j], lo = std::max(at, piece.offset),
-                  hi = std::min(at + p.numel(), piece.offset + piece.n);
-    if (hi <= lo) continue;
-    torch::Tensor slot = values.narrow(0, lo - piece.offset, hi - lo);
-    if (fill) {
-      if (use_grad && p.grad().defined()) {
-        slot.copy_(p.grad().reshape({-1}).narrow(0, lo - at, hi - lo));
-      } else {
-        slot.zero_();
-      }
-      continue;
-    }
     if (words[buckets_.size() + b.params[j]] <= 0) continue;  // as InstallBucket
+    const auto [lo, hi] = SlotInPiece(b, j, piece);
+    if (hi <= lo) continue;
+    torch::Tensor& p = params_[b.params[j]];
     // Pieces still to come are read from it: a .grad of its own, zeros
     // where the rank had none.
     if (!p.grad().defined()) {
@@ -149,7 +156,8 @@ void GradientSync::CopyPiece(const Bucket& b, const Piece& piece, const torch::T
     } else if (!p.grad().is_contiguous()) {
       p.mutable_grad() = p.grad().contiguous();
     }
-    p.mutable_grad().view({-1}).narrow(0, lo - at, hi - lo).copy_(slot);
+    p.mutable_grad().view({-1}).narrow(0, lo - b.offsets[j], hi - lo).copy_(
+        values.narrow(0, lo - piece.offset, hi - lo));
   }
 }
 
@@ -169,7 +177,7 @@ absl::Status GradientSync::ResyncPooled(Communicator* comm, bool contribute, int
                          [&](const std::vector<Piece>& pieces, const torch::Tensor& part) {
                            MUSTER_RETURN_IF_ERROR(AllReduceGradientTensor(comm, part, op, deadline));
                            if (divide_by > 0) part.div_(divide_by);
-                           CopyPiece(b, pieces.front(), part, /*fill=*/false, false, words);
+                           InstallPiece(b, pieces.front(), part, words);
                            return absl::OkStatus();
                          });
     }));
