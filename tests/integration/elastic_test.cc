@@ -1405,6 +1405,38 @@ TEST_F(ShardedStateFailureTest, WithReduceScatterAKilledRanksPartsLiveOnInItsBud
   EXPECT_EQ(log.find("reduce-scattered over 3 ranks"), std::string::npos) << log;
 }
 
+// A hot spare on a third node takes a killed rank's place inside the step
+// the kill broke, the gradients reduce-scattered by columns: the new world
+// (nodes of two, one and one) all-reduces, and the survivors re-reduce the
+// step through its buckets, not the failed world's, as the spare adds its
+// zeros through them. Every rank ends with the same parameters, no step
+// dropped.
+TEST_F(ShardedStateFailureTest, WithReduceScatterAHotSpareOnAThirdNodeJoinsTheSalvagedStep) {
+  const std::vector<std::string> flags = {"--shard-optimizer", "--reduce-scatter",
+                                          "--steps=300"};
+  std::vector<pid_t> pids = Run("h", flags);
+  ASSERT_TRUE(WaitForStep("h0", 40, absl::Seconds(60))) << ReadText(dir_ + "/h0.log");
+  const pid_t spare = Trainer(0, "h4", "n2", "hier", AdamW(flags));
+  ASSERT_TRUE(WaitForLine("coordinator", "(a spare: the world is full)", absl::Seconds(30)))
+      << ReadText(dir_ + "/h4.log");
+  ASSERT_EQ(::kill(pids[3], SIGKILL), 0);
+  WaitExit(pids[3]);
+  pids[3] = spare;
+  for (int i : {0, 1, 2, 4}) {
+    EXPECT_EQ(WaitExit(pids[i == 4 ? 3 : i]), 0) << ReadText(absl::StrCat(dir_, "/h", i, ".log"));
+  }
+  const std::string log = ReadText(dir_ + "/h0.log");
+  EXPECT_NE(log.find("world 4 on 3 nodes"), std::string::npos) << log;
+  EXPECT_NE(log.find("3 of 4 shares reduced"), std::string::npos) << log;
+  const std::string s0 = ReadText(dir_ + "/h0.json");
+  EXPECT_EQ(JsonNumber(s0, "steps"), "300") << s0;
+  EXPECT_EQ(JsonNumber(s0, "steps_dropped"), "0") << s0;
+  ExpectParametersOf({"h1", "h2", "h4"}, s0);
+  EXPECT_NE(ReadText(dir_ + "/h4.log").find("optimizer state moved straight to the shards"),
+            std::string::npos)
+      << ReadText(dir_ + "/h4.log");
+}
+
 void ShardedStateFailureTest::KillOneOfFourAndReplaceIt(const std::vector<std::string>& extra) {
   std::vector<std::string> flags = {"--shard-optimizer", "--steps=1000"};
   flags.insert(flags.end(), extra.begin(), extra.end());

@@ -513,13 +513,15 @@ void Replica::UseCommunicator(Communicator* comm) {
 absl::StatusOr<WorldChanges::ControlAverages> Replica::ResyncGradients(
     Communicator* comm, bool contribute, int contributors, const ControlWords& words,
     absl::Time deadline) {
-  if (!contribute && ShardedNow()) {
-    // A rank outside the step (a spare that took a dead rank's place)
-    // adds zeros through the sync the step's ranks reduce with: the
-    // sharded plan, whose buckets are not the whole-state sync's.
-    if (GradientSync* shard = StandInShardSync(current_->params()); shard != nullptr) {
-      current_ = shard;
-    }
+  if (ShardedNow()) {
+    // Every rank re-reduces through this world's sharded plan, the ranks
+    // in the step as those outside it (a spare in a dead rank's place, a
+    // survivor whose boundary broke), which add zeros: the sync a rank
+    // last reduced with may be of the failed world's layout (its buckets
+    // reduce-scattered by its shards) or the whole state's, and the
+    // buckets of all ranks must be the same.
+    const std::vector<torch::Tensor> params = current_->params();
+    if (GradientSync* shard = StandInShardSync(params); shard != nullptr) current_ = shard;
   }
   MUSTER_RETURN_IF_ERROR(
       current_->Resync(comm, contribute, contributors, words.ToArray(), deadline));
