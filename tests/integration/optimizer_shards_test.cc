@@ -1031,15 +1031,16 @@ TEST(OptimizerShardsStateTest, ANewWorldAgreesOnTheNewestLayoutAndWhoOfItLivesOn
   // Survivors of a failed step (step 9 of generation 5) and a rank outside
   // it: not one step, but the rank is outside it where it holds nothing (a
   // joiner), or holds the shards of the layout as of step 9 (its boundary
-  // broke before it began the step). Shards of another step (8), or of a
-  // step it does not say, make no such world.
+  // broke before it began the step), or of an earlier step (8), which the
+  // world has stepped past: it drops them and is a joiner. Shards of a step
+  // it does not say make no such world.
   struct Outside {
     bool holds;
     int64_t step;
     bool outside;
   };
   for (const Outside& o : {Outside{false, -1, true}, Outside{true, -1, false},
-                           Outside{true, 9, true}, Outside{true, 8, false}}) {
+                           Outside{true, 9, true}, Outside{true, 8, true}}) {
     ASSERT_TRUE(RunCommWorld(3, "gloo", [&](int rank, Communicator* comm) {
                   const bool other = rank == 2;
                   const bool none = other && !o.holds;
@@ -1052,8 +1053,23 @@ TEST(OptimizerShardsStateTest, ANewWorldAgreesOnTheNewestLayoutAndWhoOfItLivesOn
                   const std::vector<bool> outside =
                       o.outside ? std::vector<bool>({false, false, true}) : std::vector<bool>();
                   EXPECT_EQ(agreed->outside_step, outside) << o.holds << " " << o.step;
+                  EXPECT_EQ(agreed->layout_rank[2], o.holds && o.step != 8 ? 2 : -1)
+                      << o.holds << " " << o.step;
                 }).ok());
   }
+  // A rank whose own step failed a step earlier (8, its node a step
+  // behind): its shards are dropped, and it is in the step the others
+  // failed, which it takes with the state it receives.
+  ASSERT_TRUE(RunCommWorld(3, "gloo", [&](int rank, Communicator* comm) {
+                const bool behind = rank == 2;
+                auto agreed = AgreeOnShards(comm, rank, 5, rank, 3,
+                                            absl::Now() + absl::Seconds(30), behind ? 8 : 9, 5,
+                                            behind ? 8 : 9);
+                ASSERT_TRUE(agreed.ok()) << agreed.status();
+                EXPECT_TRUE(agreed->one_step);
+                EXPECT_EQ(agreed->layout_rank, std::vector<int>({0, 1, -1}));
+                EXPECT_EQ(agreed->alive, std::vector<bool>({true, true, false}));
+              }).ok());
   // Two ranks that claim one rank of the layout: refused on every rank.
   ASSERT_TRUE(RunCommWorld(2, "gloo", [&](int rank, Communicator* comm) {
                 (void)rank;

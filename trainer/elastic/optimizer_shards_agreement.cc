@@ -154,6 +154,44 @@ std::vector<bool> OutsideTheStep(const int64_t* words, int size, int stride) {
   return outside;
 }
 
+// A holder of the newest layout that has taken fewer steps than another
+// holds state the world has stepped past: a failure can leave one node's
+// ranks a step ahead of another's, since a boundary's gather may run inside
+// the nodes. Its words become a joiner's (it holds nothing, and receives
+// its new shards from the holders that are not behind); where it was in a
+// failed step, it is in the failed step of the ranks ahead, if any: it
+// takes that step as they do, with the state it receives.
+void DropStaleHolders(int64_t* words, int size, int stride) {
+  uint64_t generation = 0;
+  for (int r = 0; r < size; ++r) {
+    generation = std::max(generation, static_cast<uint64_t>(words[r * stride + 1]));
+  }
+  const auto holds_newest = [&](const int64_t* w) {
+    return generation != 0 && static_cast<uint64_t>(w[1]) == generation && w[6] >= 0;
+  };
+  int64_t newest_step = -1;
+  const int64_t* ahead = nullptr;  // a rank of the newest step, in a failed step if any is
+  for (int r = 0; r < size; ++r) {
+    const int64_t* w = words + r * stride;
+    const bool in_step = w[4] >= 0 && (ahead == nullptr || ahead[4] < 0);
+    if (holds_newest(w) && (w[6] > newest_step || (w[6] == newest_step && in_step))) {
+      newest_step = w[6];
+      ahead = w;
+    }
+  }
+  for (int r = 0; r < size; ++r) {
+    int64_t* w = words + r * stride;
+    if (!holds_newest(w) || w[6] >= newest_step) continue;
+    w[1] = 0;
+    w[2] = -1;
+    w[3] = 0;
+    if (w[4] >= 0) {
+      w[4] = ahead[4];
+      w[5] = ahead[5];
+    }
+  }
+}
+
 }  // namespace
 
 absl::StatusOr<ShardWorld> AgreeOnShards(Communicator* comm, int node, uint64_t generation,
@@ -174,6 +212,7 @@ absl::StatusOr<ShardWorld> AgreeOnShards(Communicator* comm, int node, uint64_t 
   MUSTER_RETURN_IF_ERROR(AllGatherValues(comm, all.data(),
                                          std::vector<size_t>(size, static_cast<size_t>(kWords)),
                                          DataType::kInt64, deadline));
+  DropStaleHolders(all.data(), size, static_cast<int>(kWords));
   const int64_t* words = all.data();
   ShardWorld out;
   for (int r = 0; r < size; ++r) {

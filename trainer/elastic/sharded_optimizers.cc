@@ -33,7 +33,15 @@ absl::Status ShardedOptimizers::Gather(Communicator* comm, uint64_t generation, 
   node_of_rank_ = agreed.node_of_rank;
   gathered_for_ = VersionOf(generation);
   const bool counts = holds && agreed.layout_rank[comm->rank()] >= 0;
-  if (holds && !counts) Release();  // of an older layout: received as a joiner's
+  if (holds && !counts) {
+    // Of an older layout (received as a joiner's), or of fewer steps than
+    // another holder's (AgreeOnShards): this rank's new shards come from
+    // the holders.
+    MUSTER_LOG(INFO) << "the optimizer state this rank holds is older than the world's (of "
+                     << "generation " << generation_ << " at step " << step
+                     << "): dropped; this rank receives its shards as a joiner does";
+    Release();
+  }
   MUSTER_ASSIGN_OR_RETURN(const bool loaded,
                           LoadPending(comm, agreed.generation == 0, deadline));
   if (loaded) return absl::OkStatus();
