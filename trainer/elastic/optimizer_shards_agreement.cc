@@ -162,8 +162,9 @@ std::vector<bool> OutsideTheStep(const int64_t* words, int size, int stride) {
 // failed step, it is in the failed step of the ranks ahead, if any: it
 // takes that step as they do, with the state it receives.
 void DropStaleHolders(int64_t* words, int size, int stride) {
-  uint64_t generation = 0;
+  uint64_t generation = 0;  // the newest layout, as AgreeOnShards finds it
   for (int r = 0; r < size; ++r) {
+    if (words[r * stride + 2] == kHoldsWholeState) continue;
     generation = std::max(generation, static_cast<uint64_t>(words[r * stride + 1]));
   }
   const auto holds_newest = [&](const int64_t* w) {
