@@ -1422,8 +1422,9 @@ TEST_F(ShardedStateFailureTest, WithReduceScatterAHotSpareOnAThirdNodeJoinsTheSa
   ASSERT_EQ(::kill(pids[3], SIGKILL), 0);
   WaitExit(pids[3]);
   pids[3] = spare;
-  for (int i : {0, 1, 2, 4}) {
-    EXPECT_EQ(WaitExit(pids[i == 4 ? 3 : i]), 0) << ReadText(absl::StrCat(dir_, "/h", i, ".log"));
+  const std::vector<std::string> tags = {"h0", "h1", "h2", "h4"};
+  for (size_t i = 0; i < tags.size(); ++i) {
+    EXPECT_EQ(WaitExit(pids[i]), 0) << ReadText(dir_ + "/" + tags[i] + ".log");
   }
   const std::string log = ReadText(dir_ + "/h0.log");
   EXPECT_NE(log.find("world 4 on 3 nodes"), std::string::npos) << log;

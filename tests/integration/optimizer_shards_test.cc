@@ -1028,6 +1028,18 @@ TEST(OptimizerShardsStateTest, ANewWorldAgreesOnTheNewestLayoutAndWhoOfItLivesOn
                 EXPECT_EQ(agreed->generation, 0u);
                 EXPECT_EQ(agreed->whole_source, -1);
               }).ok());
+  // Two ranks that claim one rank of the layout: refused on every rank.
+  ASSERT_TRUE(RunCommWorld(2, "gloo", [&](int rank, Communicator* comm) {
+                (void)rank;
+                auto agreed = AgreeOnShards(comm, 0, 7, 1, 2, absl::Now() + absl::Seconds(30));
+                EXPECT_EQ(agreed.status().code(), absl::StatusCode::kInvalidArgument)
+                    << agreed.status();
+              }).ok());
+}
+
+// A rank outside the failed step of the others holds no shards (a joiner)
+// or the shards the step began from; one behind it drops its shards.
+TEST(OptimizerShardsStateTest, ARankOutsideOrBehindTheFailedStepHoldsNoStaleShards) {
   // Survivors of a failed step (step 9 of generation 5) and a rank outside
   // it: not one step, but the rank is outside it where it holds nothing (a
   // joiner), or holds the shards of the layout as of step 9 (its boundary
@@ -1069,13 +1081,6 @@ TEST(OptimizerShardsStateTest, ANewWorldAgreesOnTheNewestLayoutAndWhoOfItLivesOn
                 EXPECT_TRUE(agreed->one_step);
                 EXPECT_EQ(agreed->layout_rank, std::vector<int>({0, 1, -1}));
                 EXPECT_EQ(agreed->alive, std::vector<bool>({true, true, false}));
-              }).ok());
-  // Two ranks that claim one rank of the layout: refused on every rank.
-  ASSERT_TRUE(RunCommWorld(2, "gloo", [&](int rank, Communicator* comm) {
-                (void)rank;
-                auto agreed = AgreeOnShards(comm, 0, 7, 1, 2, absl::Now() + absl::Seconds(30));
-                EXPECT_EQ(agreed.status().code(), absl::StatusCode::kInvalidArgument)
-                    << agreed.status();
               }).ok());
 }
 

@@ -154,6 +154,17 @@ std::vector<bool> OutsideTheStep(const int64_t* words, int size, int stride) {
   return outside;
 }
 
+// The newest layout some rank holds shards of (0: none); a rank that holds
+// the whole state of a layout does not make it the newest.
+uint64_t NewestLayout(const int64_t* words, int size, int stride) {
+  uint64_t generation = 0;
+  for (int r = 0; r < size; ++r) {
+    if (words[r * stride + 2] == kHoldsWholeState) continue;
+    generation = std::max(generation, static_cast<uint64_t>(words[r * stride + 1]));
+  }
+  return generation;
+}
+
 // A holder of the newest layout that has taken fewer steps than another
 // holds state the world has stepped past: a failure can leave one node's
 // ranks a step ahead of another's, since a boundary's gather may run inside
@@ -162,11 +173,7 @@ std::vector<bool> OutsideTheStep(const int64_t* words, int size, int stride) {
 // failed step, it is in the failed step of the ranks ahead, if any: it
 // takes that step as they do, with the state it receives.
 void DropStaleHolders(int64_t* words, int size, int stride) {
-  uint64_t generation = 0;  // the newest layout, as AgreeOnShards finds it
-  for (int r = 0; r < size; ++r) {
-    if (words[r * stride + 2] == kHoldsWholeState) continue;
-    generation = std::max(generation, static_cast<uint64_t>(words[r * stride + 1]));
-  }
+  const uint64_t generation = NewestLayout(words, size, stride);
   const auto holds_newest = [&](const int64_t* w) {
     return generation != 0 && static_cast<uint64_t>(w[1]) == generation && w[6] >= 0;
   };
@@ -216,12 +223,11 @@ absl::StatusOr<ShardWorld> AgreeOnShards(Communicator* comm, int node, uint64_t 
   DropStaleHolders(all.data(), size, static_cast<int>(kWords));
   const int64_t* words = all.data();
   ShardWorld out;
+  out.generation = NewestLayout(words, size, static_cast<int>(kWords));
   for (int r = 0; r < size; ++r) {
     out.node_of_rank.push_back(static_cast<int>(words[r * kWords]));
     out.one_step = out.one_step && words[r * kWords + 4] == words[4] &&
                    words[r * kWords + 5] == words[5];
-    if (words[r * kWords + 2] == kHoldsWholeState) continue;
-    out.generation = std::max(out.generation, static_cast<uint64_t>(words[r * kWords + 1]));
   }
   if (!out.one_step) out.outside_step = OutsideTheStep(words, size, static_cast<int>(kWords));
   int64_t layout_world = -1;
