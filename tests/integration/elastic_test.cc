@@ -1120,6 +1120,35 @@ TEST_F(ElasticTest, AJoinAtACheckpointStepDoesNotPartTheRanks) {
   }
 }
 
+// The metrics are rank 0's, and rank 0 changes hands when a newcomer takes
+// the first node's local rank 0: the former rank 0 stops writing there and
+// the newcomer goes on, so metrics.jsonl holds every step once, in order.
+TEST_F(ElasticTest, MetricsFollowRankZeroWhenANewcomerTakesIt) {
+  const std::string logs = dir_ + "/logs";
+  const std::vector<std::string> flags = {"--log-dir=" + logs, "--log-every=1", "--steps=200",
+                                          "--compute-ms=5"};
+  const pid_t a = Trainer(1, "a", "n0", "auto", flags), b = Trainer(0, "b", "n1", "auto", flags);
+  ASSERT_TRUE(WaitForStep("a", 20, absl::Seconds(60))) << ReadText(dir_ + "/a.log");
+  const pid_t c = Trainer(0, "c", "n0", "auto", flags);
+  EXPECT_EQ(WaitExit(c), 0) << ReadText(dir_ + "/c.log");
+  EXPECT_EQ(WaitExit(a), 0) << ReadText(dir_ + "/a.log");
+  EXPECT_EQ(WaitExit(b), 0) << ReadText(dir_ + "/b.log");
+  // Only rank 0 prints the world line: c took rank 0 from a.
+  ASSERT_NE(ReadText(dir_ + "/c.log").find("muster: generation"), std::string::npos)
+      << ReadText(dir_ + "/c.log");
+  std::vector<int64_t> steps;
+  for (const StepRecord& r : ReadStepRecords(logs + "/metrics.jsonl")) steps.push_back(r.step);
+  std::vector<int64_t> each(200);
+  for (int s = 0; s < 200; ++s) each[s] = s + 1;
+  EXPECT_EQ(steps, each) << ReadText(logs + "/metrics.jsonl");
+  // One event file per member that was rank 0, none written over.
+  int event_files = 0;
+  for (const auto& e : std::filesystem::directory_iterator(logs)) {
+    event_files += e.path().filename().string().rfind("events.out.tfevents.", 0) == 0;
+  }
+  EXPECT_EQ(event_files, 2);
+}
+
 // --elastic-lr: after the world shrinks from 3 to 2, "scale" takes the
 // linear learning rate down by 2/3 with the world; "keep" leaves it.
 TEST_F(ElasticTest, ElasticLrScalesOrKeepsTheLearningRate) {

@@ -73,10 +73,12 @@ uint32_t Crc32c(const void* data, size_t n) {
 
 absl::StatusOr<std::unique_ptr<EventWriter>> EventWriter::Create(const std::string& dir,
                                                                  Clock* clock) {
-  // The file name and the header carry the wall clock's time (records).
+  // The file name and the header carry the wall clock's time (records);
+  // the process id keeps two writers of one second and host apart (as
+  // TensorBoard's own writers name their files).
   const absl::Time wall = clock->WallNow();
-  const std::string path =
-      absl::StrCat(dir, "/events.out.tfevents.", absl::ToUnixSeconds(wall), ".", HostName());
+  const std::string path = absl::StrCat(dir, "/events.out.tfevents.", absl::ToUnixSeconds(wall),
+                                        ".", HostName(), ".", ::getpid());
   std::FILE* f = std::fopen(path.c_str(), "wb");
   if (f == nullptr) {
     return absl::UnavailableError(absl::StrCat("cannot create ", path, ": ", std::strerror(errno)));

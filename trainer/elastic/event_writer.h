@@ -25,7 +25,7 @@ uint32_t Crc32c(const void* data, size_t n);
 
 class EventWriter {
  public:
-  // Creates DIR/events.out.tfevents.<unix seconds>.<host>, the seconds and
+  // Creates DIR/events.out.tfevents.<unix seconds>.<host>.<pid>, the seconds and
   // the header's wall_time of `clock`'s WallNow() (used only here; not
   // owned). Errors: UNAVAILABLE when the file cannot be created.
   static absl::StatusOr<std::unique_ptr<EventWriter>> Create(const std::string& dir,

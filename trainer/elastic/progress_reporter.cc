@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/logging.h"
 #include "common/status_macros.h"
 
 namespace muster {
@@ -29,18 +30,29 @@ absl::StatusOr<std::unique_ptr<ProgressReporter>> ProgressReporter::Create(
     return absl::InvalidArgumentError("ProgressOptions::clock is required");
   }
   std::unique_ptr<ProgressReporter> r(new ProgressReporter(std::move(options)));
-  if (rank == 0 && !r->options_.log_dir.empty()) {
-    ::mkdir(r->options_.log_dir.c_str(), 0755);
-    MUSTER_ASSIGN_OR_RETURN(r->jsonl_,
-                            JsonLinesWriter::Create(r->options_.log_dir + "/metrics.jsonl"));
-    MUSTER_ASSIGN_OR_RETURN(r->events_,
-                            EventWriter::Create(r->options_.log_dir, r->options_.clock));
-  }
+  r->writes_ = rank == 0;
+  if (r->writes_) MUSTER_RETURN_IF_ERROR(r->OpenFiles());
   return r;
 }
 
+absl::Status ProgressReporter::OpenFiles() {
+  if (options_.log_dir.empty() || jsonl_ != nullptr) return absl::OkStatus();
+  ::mkdir(options_.log_dir.c_str(), 0755);
+  MUSTER_ASSIGN_OR_RETURN(jsonl_, JsonLinesWriter::Create(options_.log_dir + "/metrics.jsonl"));
+  MUSTER_ASSIGN_OR_RETURN(events_, EventWriter::Create(options_.log_dir, options_.clock));
+  return absl::OkStatus();
+}
+
 void ProgressReporter::WorldEntered(const Progress& p, const std::string& backend,
-                                    int node_count) const {
+                                    int node_count) {
+  writes_ = p.rank == 0;
+  if (writes_) {
+    if (absl::Status opened = OpenFiles(); !opened.ok()) {
+      MUSTER_LOG(WARNING) << "rank 0's metrics are not written: " << opened.message();
+      jsonl_.reset();
+      events_.reset();
+    }
+  }
   if (p.rank != 0 || !options_.output) return;
   options_.output(absl::StrFormat(
       "muster: generation %d, world %d on %d nodes, backend %s, model %s, batch %d "
@@ -75,7 +87,7 @@ void ProgressReporter::StepDone(const Progress& p, const std::vector<double>& lr
                                     FormatEta(eta)));
   }
   const double now = WallSeconds(options_.clock);
-  if (jsonl_) {
+  if (writes_ && jsonl_) {
     std::map<std::string, double> values = {{"loss", mean_loss}, {"samples_per_s", sps},
                                             {"epoch", static_cast<double>(p.epoch)},
                                             {"world_size", static_cast<double>(p.world_size)},
@@ -87,7 +99,7 @@ void ProgressReporter::StepDone(const Progress& p, const std::vector<double>& lr
     if (!std::isnan(grad_norm)) values["grad_norm"] = grad_norm;
     jsonl_->Write(p.step, now, values);
   }
-  if (events_) {
+  if (writes_ && events_) {
     events_->Scalar("train/loss", static_cast<float>(mean_loss), p.step, now);
     events_->Scalar("train/samples_per_s", static_cast<float>(sps), p.step, now);
     if (!std::isnan(grad_norm)) {
@@ -102,6 +114,7 @@ void ProgressReporter::StepDone(const Progress& p, const std::vector<double>& lr
 }
 
 void ProgressReporter::Scalars(int64_t step, const std::map<std::string, double>& values) {
+  if (!writes_) return;
   const double now = WallSeconds(options_.clock);
   if (jsonl_) jsonl_->Write(step, now, values);
   if (events_) {

@@ -2,7 +2,10 @@
 // ProgressOptions::output) every `log_every` steps (step, epoch, loss, learning rate, samples/s,
 // ETA), the same figures in JSON lines (LOG_DIR/metrics.jsonl) and
 // TensorBoard event files (LOG_DIR/events.out.tfevents.*), and a line for
-// every world entered. Other ranks keep only the loss average. The files'
+// every world entered. Other ranks keep only the loss average. Rank 0 is the
+// current world's: a member that becomes rank 0 at a world change appends to
+// metrics.jsonl and opens an event file of its own; one that stops being
+// rank 0 stops writing, so every record is written once. The files'
 // wall_time is the wall clock's (a record); rates and the ETA are timed on
 // the monotonic clock.
 //
@@ -39,14 +42,16 @@ struct ProgressOptions {
 
 class ProgressReporter {
  public:
-  // Files are written by the member that is rank 0 of its first world.
+  // `rank`: this member's in its first world.
   // Errors: INVALID_ARGUMENT (no clock); the log directory or its files
-  // cannot be created.
+  // cannot be created where `rank` is 0.
   static absl::StatusOr<std::unique_ptr<ProgressReporter>> Create(ProgressOptions options,
                                                                   int rank);
 
-  // A world was entered.
-  void WorldEntered(const Progress& p, const std::string& backend, int node_count) const;
+  // A world was entered: the files are written from here on only where
+  // p.rank is 0 (opened now, if this member was not rank 0 before; a file
+  // that cannot be opened then is logged and skipped, training goes on).
+  void WorldEntered(const Progress& p, const std::string& backend, int node_count);
   void RecordLoss(double loss);
   // After a committed step: the progress line and the metrics, when due.
   // `lrs`: each parameter group's learning rate (may be empty).
@@ -60,7 +65,10 @@ class ProgressReporter {
   explicit ProgressReporter(ProgressOptions options)
       : options_(std::move(options)), interval_start_(options_.clock->Now()) {}
 
+  absl::Status OpenFiles();
+
   const ProgressOptions options_;
+  bool writes_ = false;  // rank 0 of the current world
   std::unique_ptr<JsonLinesWriter> jsonl_;
   std::unique_ptr<EventWriter> events_;
   // Samples per second and the ETA: monotonic time.
