@@ -87,7 +87,7 @@ class CatalogCheckpointer {
   // is also a barrier (a departure would abort the checkpoint before it
   // commits). A failed attempt (the catalog unreachable, a full or
   // read-only file system) is tried once more. With `own` (sharded
-  // optimizer state: Replica::OwnShard) each attempt is TakeSharded's, a
+  // optimizer state: OptimizerState::OwnShard) each attempt is TakeSharded's, a
   // file a rank, rather than Take's whole state from rank 0. Returns
   // whether it committed. Errors: the communicator's (`deadline` for each
   // agreement).
@@ -96,7 +96,7 @@ class CatalogCheckpointer {
                                   const absl::StatusOr<OwnShardState>* own = nullptr);
   // Sharded optimizer state (docs/sharding.md, "Checkpoints"): a
   // collective over `comm`, every rank with the same `meta`. Each rank
-  // writes the file of the shard it owns (`own`, Replica::OwnShard) into
+  // writes the file of the shard it owns (`own`, OptimizerState::OwnShard) into
   // the step's directory, at once; the ranks then tell each other each
   // file's size and checksum (one all-reduce of 3 W words), and rank 0
   // snapshots the model and extras and writes them and the manifest, which

@@ -8,17 +8,12 @@
 // tensors: the state transfer (state_sync.h), the failed step's gradients
 // reduced again, the move to a new communicator.
 //
-// With sharded optimizer state (ReplicaOptions::shard_copies), it keeps
-// the state sharded through steps (sharded_optimizers.h). Entering a world
-// (EnterWorld) moves it straight to the new world's shards where every
-// rank is in the same failed step or none is (a join, a death mid-step
-// with no joiner): the state transfer then leaves the optimizers out, and
-// a salvaged step steps the shards. Otherwise it is whole on every rank
-// until the next step begins (Reshard), so that the state transfer, a
-// salvaged step and its catch-up move and step the whole state as an
-// unsharded run does. It is made whole again (WholeState) for whatever
-// reads it whole at a boundary (a checkpoint, the end of training); the
-// periodic state check compares it sharded.
+// How the optimizers' state is kept, whole or sharded
+// (ReplicaOptions::shard_copies), is its OptimizerState's
+// (optimizer_state.h): the replica asks it which sync reduces a pass, where
+// a reduction's gradients go, what entering a world moves and what the
+// state transfer then moves, and does not branch on which it is. The
+// engine asks it the same at a step boundary (optimizer_state()).
 //
 // Not thread-safe: the training thread's.
 #ifndef MUSTER_TRAINER_ELASTIC_REPLICA_H_
@@ -40,7 +35,7 @@
 #include "trainer/ddp/gradient_sync.h"
 #include "trainer/ddp/world_statistics.h"
 #include "trainer/elastic/memory_account.h"
-#include "trainer/elastic/optimizer_shards.h"
+#include "trainer/elastic/optimizer_state.h"
 #include "trainer/elastic/state_server.h"
 #include "trainer/elastic/world_changes.h"
 
@@ -72,8 +67,6 @@ struct ReplicaOptions {
   std::function<void(bool found)> unscaled;
 };
 
-class ShardedOptimizers;  // sharded_optimizers.h
-
 class Replica : public WorldChanges::Tensors {
  public:
   Replica(TrainingState state, ReplicaOptions options);
@@ -92,10 +85,10 @@ class Replica : public WorldChanges::Tensors {
   // they are others than its own (a program that freezes or unfreezes
   // layers between passes; the old one and its hooks go). Between passes.
   // INVALID_ARGUMENT for a name that is no module, modules with nothing to
-  // reduce, or such a change while the optimizer state is sharded. With
-  // ReplicaOptions::reduce_scatter, while the state is sharded, the pass of
-  // exactly the parameters the shards train gets the reduce-scattering sync
-  // of the shards (made anew with them); call it after Reshard.
+  // reduce, or such a change where the optimizer state forbids it
+  // (OptimizerState::AllowsTrainedChange). A pass for which the optimizer
+  // state has a sync of its own gets that one (OptimizerState::PassSync);
+  // call it after OptimizerState::ForStep.
   absl::StatusOr<GradientSync*> SyncFor(const std::vector<std::string>& modules);
   // A pass begins with `sync`, reducing (`reduce`) or accumulating, its
   // all-reduce carrying `control`, its buckets' deadline `timeout` after
@@ -134,65 +127,17 @@ class Replica : public WorldChanges::Tensors {
   // A state transfer made every rank's buffers equal.
   void SettleBuffers();
 
-  // With shard_copies: whether the optimizers can be sharded
-  // (INVALID_ARGUMENT naming what cannot, before any world).
-  absl::Status CheckSharding() const;
-  // Sharded optimizer state (OK at once without): collective at each step
-  // boundary, first: the parameters from the owners of each range.
-  absl::Status GatherParameters(Communicator* comm, absl::Time deadline);
-  // Sharded optimizer state (nothing without): collective as a step's next
-  // pass begins, before its forward: the parameters the earlier passes'
-  // optimizers stepped (ShardedOptimizers::BetweenPasses). A failure is
-  // the pass's: FinishPass returns it.
+  // Collective as a step's next pass begins, before its forward:
+  // OptimizerState::BetweenPasses. A failure is the pass's: FinishPass
+  // returns it.
   void GatherBetweenPasses(Communicator* comm, absl::Time deadline);
-  // Collective: the whole state on every rank of `comm` (until Reshard).
-  absl::Status WholeState(Communicator* comm, absl::Time deadline);
-  // Collective: whether every rank holds the same state (CheckRanksAgree
-  // with `counters`). Sharded optimizer state stays sharded: the model,
-  // extras and counters are compared over the world, and each shard where
-  // it is kept (OptimizerShards::CheckCopiesAgree).
-  absl::Status CheckStateAgrees(const std::vector<int64_t>& counters, Communicator* comm,
-                                absl::Time deadline) const;
-  // Whether the optimizer state is sharded now (between a step's first
-  // backward and whatever makes it whole).
-  bool ShardedNow() const;
-  // The state of the shard this rank owns, for its checkpoint file.
-  // FAILED_PRECONDITION when the state is not sharded.
-  absl::StatusOr<OwnShardState> OwnShard() const;
-  // As a step begins: the state sharded for `comm`'s world, unless it is.
-  // Errors: OptimizerShards::Make's INVALID_ARGUMENT.
-  absl::Status Reshard(Communicator* comm);
-  // The shards dropped, the optimizers' parameter lists as before (the
-  // state is then restored from a checkpoint).
-  void ReleaseShards();
-  // Whether the optimizer state is to be sharded (Options::
-  // shard_optimizer_state), sharded now or not.
-  bool Sharding() const { return sharded_ != nullptr; }
-  // With Sharding(): the optimizer state of a restored checkpoint, in its
-  // shard `files` (of step `step`), is read at the first world's entry,
-  // each rank its own ranges where that world shards
-  // (ShardedOptimizers::LoadAtGather), else whole.
-  void LoadShardsAtEntry(int64_t step, std::vector<ShardFileRef> files, FileSystem* fs);
-  // Whether the shards can go into the next world as they are, `leaving`
-  // ranks leaving it: where none leaves, or one does and each of its ranges
-  // has a second holder. A rank missing from that world for another reason
-  // (a death) loses what a death loses (with one copy: its ranges, read
-  // again from the checkpoint).
-  bool ShardsGoAlong(int leaving) const {
-    return ShardedNow() && (leaving == 0 || (leaving == 1 && options_.shard_copies >= 2));
-  }
-  // Where the shards do not go along, `leaving` ranks leaving: whether they
-  // can be handed over to the ranks that stay, which then shard
-  // (ShardedOptimizers::CanHandOver), so that the state is never whole.
-  bool CanHandOverShards(int leaving) const;
-  // Collective over `comm`, the world the shards are of, at the boundary
-  // before `leaves` (this rank among the leavers, or not) take effect:
-  // ShardedOptimizers::HandOver.
-  absl::Status HandOverShards(Communicator* comm, bool leaves, absl::Time deadline);
+  // How the optimizers' state is kept.
+  OptimizerState& optimizer_state() { return *optimizer_state_; }
+  const OptimizerState& optimizer_state() const { return *optimizer_state_; }
   // The elements of per-element optimizer state this rank held at its last
   // step boundary (its shards'), or holds now (unsharded); -1: an optimizer
   // muster has no codec for.
-  int64_t optimizer_state_elements() const;
+  int64_t optimizer_state_elements() const { return optimizer_state_->StateElements(); }
   // Its tensors' bytes into `account`'s parameters, gradients, optimizer
   // state and communication, through `counter` (each storage once).
   void CountMemory(StorageCounter* counter, MemoryAccount* account) const;
@@ -219,28 +164,18 @@ class Replica : public WorldChanges::Tensors {
                                                                 absl::Time deadline) override;
 
  private:
-  // SyncFor's sync while the state is sharded, for a pass over `params`, or
-  // null: without shards, or where `params` are not the very parameters the
-  // shards train (a GAN's pass). It reduce-scatters with reduce_scatter
-  // where the layout allows, else all-reduces in buckets that are the
-  // shards' gradient vectors (GiveGradientVectors).
-  GradientSync* ShardSyncFor(const std::vector<torch::Tensor>& params);
-  // ShardSyncFor, where it gives a sync, with the syncs it stands in for
-  // made to drop their buffers meanwhile.
-  GradientSync* StandInShardSync(const std::vector<torch::Tensor>& params);
-  // `plan`'s buffers (over `params` parameters): views of one gradient
-  // vector per group of `shards`, in the group's flat order, which the
-  // sharded optimizers' ShareGradients then use as they are. The
-  // gradients then cost the buckets' memory once, as unsharded they cost
-  // the buckets' and the .grad's.
-  void GiveGradientVectors(const OptimizerShards& shards, size_t params,
-                           std::vector<GradientSync::BucketPlan>* plan);
+  // `which` of the optimizer state's syncs for a pass over `params`, or
+  // null. Where the state's own sync went meanwhile, current_ no longer
+  // points to it; where it gives one, the syncs it stands in for drop their
+  // buffers meanwhile.
+  GradientSync* StandIn(GradientSync* (OptimizerState::*which)(const std::vector<torch::Tensor>&),
+                        const std::vector<torch::Tensor>& params);
   // The options of every gradient sync a pass gets.
   GradientSyncOptions SyncOptions() const;
   // After a pass's reduction: the loss scale taken out of its averaged
   // gradients (ReplicaOptions::inverse_loss_scale), then
   // ReplicaOptions::clip_norm over them: the parameters' .grad, or with
-  // `scattered` the sharded optimizers' parts (their squared norms summed
+  // `scattered` the parts this rank keeps (OptimizerState::Reduced) (their squared norms summed
   // over the world: a collective, which also finds an inf or NaN in any
   // part). Errors: the communicator's.
   absl::Status UnscaleAndClip(bool scattered, absl::Time deadline);
@@ -256,15 +191,6 @@ class Replica : public WorldChanges::Tensors {
   // modules' trainable parameters are others (the program froze or
   // unfroze some) gets a sync of its own in its place.
   std::map<std::string, std::unique_ptr<GradientSync>> syncs_;
-  // The sync of a pass over every parameter the shards train
-  // (ShardSyncFor), made for the shards of ShardedOptimizers::
-  // times_sharded() `of`, and its buckets.
-  struct ShardSync {
-    uint64_t of = 0;
-    std::vector<ShardedBucket> plan;
-    std::unique_ptr<GradientSync> sync;
-  };
-  ShardSync shard_;
   GradientSync* current_ = nullptr;
   Communicator* comm_ = nullptr;
   // What every SyncBatchNorm of the modules sums over (set at
@@ -272,8 +198,7 @@ class Replica : public WorldChanges::Tensors {
   std::shared_ptr<WorldStatistics> statistics_;
   bool pass_summed_statistics_ = false;
   std::unique_ptr<BufferSync> buffers_;  // null without broadcast_buffers
-  std::unique_ptr<ShardedOptimizers> sharded_;  // null without shard_copies
-  int64_t held_elements_ = -1;  // the shards' state at the last boundary
+  std::unique_ptr<OptimizerState> optimizer_state_;
   absl::Status pass_failure_;   // GatherBetweenPasses', until FinishPass
   double comm_total_ = 0, hidden_total_ = 0;
   MemoryAccount memory_;           // AccountMemory's last

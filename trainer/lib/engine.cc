@@ -34,7 +34,7 @@ Engine::~Engine() {
 absl::Status Engine::Begin() {
   if (options_.handle_signals) InstallSignalHandlers();
   MUSTER_ASSIGN_OR_RETURN(lr_, LearningRates::For(options_, replica_.state()));
-  MUSTER_RETURN_IF_ERROR(replica_.CheckSharding());
+  MUSTER_RETURN_IF_ERROR(replica_.optimizer_state().Check());
   MUSTER_RETURN_IF_ERROR(Connect());
   MUSTER_RETURN_IF_ERROR(replica_.SyncFor({}).status());
   MUSTER_RETURN_IF_ERROR(ResumeFromCheckpoint());
@@ -91,12 +91,12 @@ absl::Status Engine::ResumeFromCheckpoint() {
   // Sharded optimizer state is read at the first world's entry, each rank
   // its own ranges, never whole on any rank.
   std::vector<ShardFileRef> shard_files;
-  absl::StatusOr<CheckpointMeta> meta =
-      checkpointer_->Resume(world_->client(), replica_.Sharding() ? &shard_files : nullptr);
+  absl::StatusOr<CheckpointMeta> meta = checkpointer_->Resume(
+      world_->client(), replica_.optimizer_state().sharding() ? &shard_files : nullptr);
   if (absl::IsNotFound(meta.status())) return absl::OkStatus();
   MUSTER_RETURN_IF_ERROR(meta.status());
   if (!shard_files.empty()) {
-    replica_.LoadShardsAtEntry(meta->step, std::move(shard_files), checkpointer_->fs());
+    replica_.optimizer_state().LoadAtEntry(meta->step, std::move(shard_files), checkpointer_->fs());
   }
   MUSTER_RETURN_IF_ERROR(schedule_.Restore(*meta));
   resumed_.step = meta->step;
@@ -124,15 +124,15 @@ absl::Status Engine::StateLost(const absl::Status& lost) {
         absl::StrCat(lost.message(), ", and no checkpoint_dir is set to take it from"));
   }
   checkpointer_->Wait().IgnoreError();  // its copies may still read the state; logged
-  replica_.ReleaseShards();
+  replica_.optimizer_state().Release();
   std::vector<ShardFileRef> shard_files;
-  absl::StatusOr<CheckpointMeta> meta =
-      checkpointer_->Resume(world_->client(), replica_.Sharding() ? &shard_files : nullptr);
+  absl::StatusOr<CheckpointMeta> meta = checkpointer_->Resume(
+      world_->client(), replica_.optimizer_state().sharding() ? &shard_files : nullptr);
   if (!meta.ok()) {
     return absl::NotFoundError(absl::StrCat(lost.message(), ", and ", meta.status().message()));
   }
   if (!shard_files.empty()) {
-    replica_.LoadShardsAtEntry(meta->step, std::move(shard_files), checkpointer_->fs());
+    replica_.optimizer_state().LoadAtEntry(meta->step, std::move(shard_files), checkpointer_->fs());
   }
   const int64_t was = counters().step;
   MUSTER_RETURN_IF_ERROR(schedule_.Restore(*meta));
@@ -182,7 +182,7 @@ bool Engine::ShouldStop() {
     if (options_.whole_optimizer_state_at_end) {
       life_.Break(WholeState());
     } else {
-      replica_.ReleaseShards();
+      replica_.optimizer_state().Release();
     }
     if (life_.over()) return true;
   }
@@ -217,7 +217,9 @@ void Engine::BeforeBackwardFor(const std::vector<std::string>& modules, bool syn
   // Sharded optimizer state is made as the step's first backward begins:
   // every rank of the world is then in this step, whatever regrouped
   // between steps (an AllReduceSum) left whole.
-  if (absl::Status s = first ? replica_.Reshard(world_->comm()) : absl::OkStatus(); !s.ok()) {
+  if (absl::Status s =
+          first ? replica_.optimizer_state().ForStep(world_->comm()) : absl::OkStatus();
+      !s.ok()) {
     life_.Break(s);
     return;
   }

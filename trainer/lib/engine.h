@@ -172,7 +172,7 @@ class Engine final : public Distributed, private WorldChanges::Trainer {
   // most once per step; DATA_LOSS naming the ranks and the first tensor
   // that differ ends the run. `whole`: sharded optimizer state is made
   // whole first and stays so (a checkpoint follows), else it is compared
-  // sharded (Replica::CheckStateAgrees).
+  // sharded (OptimizerState::CheckAgrees).
   absl::Status CheckStateAgrees(const std::string& when, bool whole);
   CheckpointMeta CommittedStepMeta() const {
     return schedule_.Meta(world_->world(), step_.batch.epoch);

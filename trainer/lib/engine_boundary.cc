@@ -36,7 +36,8 @@ absl::Status Engine::EndWithoutWorld() {
 }
 
 absl::Status Engine::WholeState() {
-  return RegroupUnlessOk(replica_.WholeState(world_->comm(), changes_->LongDeadline()));
+  return RegroupUnlessOk(
+      replica_.optimizer_state().MakeWhole(world_->comm(), changes_->LongDeadline()));
 }
 
 absl::Status Engine::CheckStateAgrees(const std::string& when, bool whole) {
@@ -47,8 +48,8 @@ absl::Status Engine::CheckStateAgrees(const std::string& when, bool whole) {
   if (step_.state_checked_at == counters().step || world_->comm()->size() == 1) {
     return absl::OkStatus();
   }
-  absl::Status s = replica_.CheckStateAgrees(counters().ToWords(), world_->comm(),
-                                             changes_->LongDeadline());
+  absl::Status s = replica_.optimizer_state().CheckAgrees(counters().ToWords(), world_->comm(),
+                                                          changes_->LongDeadline());
   if (s.ok()) step_.state_checked_at = counters().step;
   if (!absl::IsDataLoss(s)) return RegroupUnlessOk(s);
   s = absl::DataLossError(
@@ -67,14 +68,14 @@ absl::Status Engine::Stop() {
   // Sharded optimizer state is written where it is held, a file a rank, as
   // a scheduled checkpoint's: the stop's write is then 1/W of the state on
   // each rank rather than all of it on rank 0.
-  bool sharded = checkpointer_ && replica_.ShardedNow();
+  bool sharded = checkpointer_ && replica_.optimizer_state().sharded();
   if (checkpointer_) {
     MUSTER_RETURN_IF_ERROR(CheckStateAgrees("before the checkpoint to stop", /*whole=*/!sharded));
-    sharded = replica_.ShardedNow();  // a regroup in the check made it whole
+    sharded = replica_.optimizer_state().sharded();  // a regroup in the check made it whole
   }
   if (checkpointer_ && !life_.ended()) {  // else the check's regroup found no world
     const absl::StatusOr<OwnShardState> own =
-        sharded ? replica_.OwnShard() : absl::StatusOr<OwnShardState>();
+        sharded ? replica_.optimizer_state().OwnShard() : absl::StatusOr<OwnShardState>();
     MUSTER_ASSIGN_OR_RETURN(committed, checkpointer_->TakeToStop(world_->client(), world_->comm(),
                                                                  rank, CommittedStepMeta(),
                                                                  changes_->LongDeadline(),
@@ -97,14 +98,16 @@ absl::Status Engine::Stop() {
 // the state is dropped, the checkpoint (if it committed) holds it.
 void Engine::GiveBackOptimizers() {
   if (!options_.whole_optimizer_state_at_end) {
-    replica_.ReleaseShards();
+    replica_.optimizer_state().Release();
     return;
   }
-  if (absl::Status s = replica_.WholeState(world_->comm(), changes_->LongDeadline()); !s.ok()) {
+  if (absl::Status s =
+          replica_.optimizer_state().MakeWhole(world_->comm(), changes_->LongDeadline());
+      !s.ok()) {
     MUSTER_LOG(WARNING) << "the optimizer state could not be made whole after the checkpoint to "
                            "stop ("
                         << s.message() << "); the optimizers are given back without it";
-    replica_.ReleaseShards();
+    replica_.optimizer_state().Release();
   }
 }
 
@@ -144,11 +147,11 @@ absl::Status Engine::AtBoundary() {
   if (life_.ended()) return absl::OkStatus();
   reporter_->StepDone(progress(), lr_->current(), replica_.last_gradient_norm());
   // The world changes after this boundary. The shards go along where each
-  // range keeps a holder in the next world (Replica::ShardsGoAlong), and
+  // range keeps a holder in the next world (OptimizerState::GoesAlong), and
   // that world moves them straight to its own (ShardedOptimizers::Gather);
   // where a leaver's ranges have no other holder (one copy, or two ranks
   // leaving), they are first handed over to the ranks that stay
-  // (HandOverShards); a leaver that asked for its optimizers whole at the
+  // (OptimizerState::HandOver); a leaver that asked for its optimizers whole at the
   // end needs them whole here. Elsewhere the state is made whole first, so
   // that nothing goes with a rank that leaves. A stop with a checkpoint
   // writes it sharded (Stop), every rank stopping. Every rank decides
@@ -157,9 +160,10 @@ absl::Status Engine::AtBoundary() {
   const bool changes =
       step_.decision == StepDecision::kRegroup || step_.decision == StepDecision::kLeave;
   const bool whole_at_end = leaving > 0 && options_.whole_optimizer_state_at_end;
-  bool shards_go_along = changes && replica_.ShardsGoAlong(leaving) && !whole_at_end;
-  if (changes && !shards_go_along && !whole_at_end && replica_.CanHandOverShards(leaving)) {
-    MUSTER_RETURN_IF_ERROR(RegroupUnlessOk(replica_.HandOverShards(
+  bool shards_go_along = changes && replica_.optimizer_state().GoesAlong(leaving) && !whole_at_end;
+  if (changes && !shards_go_along && !whole_at_end &&
+      replica_.optimizer_state().CanHandOver(leaving)) {
+    MUSTER_RETURN_IF_ERROR(RegroupUnlessOk(replica_.optimizer_state().HandOver(
         world_->comm(), step_.decision == StepDecision::kLeave, changes_->LongDeadline())));
     if (life_.ended()) return absl::OkStatus();
     // A world that broke in it is another: the leave is made whole there.
@@ -177,7 +181,7 @@ absl::Status Engine::AtBoundary() {
       // This trainer leaves after this step; the others regroup without it
       // (its shards, if it went without making them whole, live on in its
       // buddies).
-      if (shards_go_along) replica_.ReleaseShards();
+      if (shards_go_along) replica_.optimizer_state().Release();
       world_->Leave(Departure::kLeaving, counters().step).IgnoreError();
       if (checkpointer_) checkpointer_->Wait().IgnoreError();  // logged when it failed
       Say(absl::StrCat("muster: left the job after step ", counters().step));
@@ -207,10 +211,10 @@ absl::Status Engine::BoundaryCollectives() {
     if (regrouped()) return absl::OkStatus();
   }
   // Sharded optimizer state: each rank stepped its own parts.
-  const bool sharded = replica_.ShardedNow();
+  const bool sharded = replica_.optimizer_state().sharded();
   const absl::Time gather_start = clock_->Now();
-  MUSTER_RETURN_IF_ERROR(
-      RegroupUnlessOk(replica_.GatherParameters(world_->comm(), changes_->StepDeadline())));
+  MUSTER_RETURN_IF_ERROR(RegroupUnlessOk(
+      replica_.optimizer_state().AtBoundary(world_->comm(), changes_->StepDeadline())));
   if (sharded) timeline_.Add(StepClock::Part::kGather, clock_->Now() - gather_start);
   if (regrouped()) return absl::OkStatus();
   // After every pass of the step, before anything reads the state.
@@ -234,15 +238,14 @@ absl::Status Engine::AfterDecision(bool world_changed) {
   if (checkpointer_) checkpointer_->set_deferred(due && world_changed);
   if (due && !world_changed) {
     // Sharded optimizer state is written where it is held, a file a rank.
-    const bool sharded = replica_.ShardedNow();
+    const bool sharded = replica_.optimizer_state().sharded();
     MUSTER_RETURN_IF_ERROR(CheckStateAgrees("before a checkpoint", /*whole=*/!sharded));
     if (life_.ended()) return absl::OkStatus();
     // A scheduled checkpoint that fails is skipped: training goes on.
     if (sharded) {
-      absl::StatusOr<bool> taken =
-          checkpointer_->TakeSharded(world_->client(), world_->comm(), world_->world().rank,
-                                     CommittedStepMeta(), replica_.OwnShard(),
-                                     changes_->LongDeadline());
+      absl::StatusOr<bool> taken = checkpointer_->TakeSharded(
+          world_->client(), world_->comm(), world_->world().rank, CommittedStepMeta(),
+          replica_.optimizer_state().OwnShard(), changes_->LongDeadline());
       MUSTER_RETURN_IF_ERROR(RegroupUnlessOk(taken.status()));
       if (life_.ended()) return absl::OkStatus();
     } else if (absl::Status s = checkpointer_->Take(world_->client(), world_->world().rank,
