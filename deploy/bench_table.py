@@ -3,10 +3,12 @@
 
     bench_table.py DOC KIND OUTPUT
 
-OUTPUT is what muster-bench printed; KIND says which benchmark it is and
-which markers of DOC (<!-- KIND:begin --> ... <!-- KIND:end -->) the table
-replaces. The table's caption gives the date, the commit and the machine,
-so that no figure there is typed by hand.
+OUTPUT is what muster-bench (or muster-fault) printed; KIND says which
+benchmark it is (coordinator, allreduce, train, checkpoint, recovery,
+reliability, sharding, sharding-reduce-scatter) and which markers of DOC
+(<!-- KIND:begin --> ... <!-- KIND:end -->) the table replaces. The
+table's caption gives the date, the commit and the machine, so that no
+figure there is typed by hand.
 """
 import os
 import platform
@@ -32,6 +34,92 @@ def runs(lines, first):
 
 def number(v, digits=0):
     return f"{float(v):,.{digits}f}"
+
+
+def records(lines, first):
+    """The `key=value` fields of each line that starts with `first`."""
+    return [dict(w.split("=", 1) for w in line.split()[1:] if "=" in w)
+            for line in lines if line.split()[:1] == [first]]
+
+
+def size(nbytes):
+    n = int(nbytes)
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale and n % scale == 0:
+            return f"{n // scale} {unit}"
+    return f"{n} B"
+
+
+def coordinator(lines):
+    rows = ["| members | sessions | channels | rendezvous_s (coordinator CPU) | "
+            "regroup_s (coordinator CPU) | hb_p50_ms | hb_p99_ms | rss_mb | cpu_pct | period (ms) |",
+            "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for r in records(lines, "coordinator"):
+        rows.append(f"| {number(r['members'])} | {number(r['sessions'])} | {r['channels']} | "
+                    f"{r['rendezvous_s']} ({r['rendezvous_cpu_s']}) | {r['regroup_s']} "
+                    f"({r['regroup_cpu_s']}) | {r['hb_p50_ms']} | {r['hb_p99_ms']} | "
+                    f"{number(r['rss_mb'])} | {r['cpu_pct']} | {r['hb_interval_ms']} |")
+    return rows
+
+
+def allreduce(lines):
+    """busbw in GB/s and, in brackets, the median seconds: a row per backend
+    and placement, a column per size."""
+    cells, sizes = {}, []
+    for r in records(lines, "allreduce"):
+        key = (r["backend"], r["world"], r["nodes"], r.get("compression", "none"))
+        if r["bytes"] not in sizes:
+            sizes.append(r["bytes"])
+        cells.setdefault(key, {})[r["bytes"]] = f"{float(r['busbw_GBps']):.2f} ({r['median_s']})"
+    sizes.sort(key=int)
+    rows = ["| backend | world | nodes | compression | " + " | ".join(size(b) for b in sizes) + " |",
+            "| --- | ---: | ---: | --- |" + " ---: |" * len(sizes)]
+    for (backend, world, nodes, compression), by_size in cells.items():
+        rows.append(f"| {backend} | {world} | {nodes} | {compression} | " +
+                    " | ".join(by_size.get(b, "") for b in sizes) + " |")
+    return rows
+
+
+def train(lines):
+    rows = ["| model | world | nodes | bucket_mb | all-reduce | steps_per_s | samples_per_s | "
+            "comm_overlap_pct | test_accuracy |",
+            "| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: |"]
+    for r in records(lines, "train"):
+        rows.append(f"| {r['model']} | {r['world']} | {r['nodes']} | {r['bucket_mb']} | "
+                    f"{r['overlap']} | {r['steps_per_s']} | {number(r['samples_per_s'])} | "
+                    f"{r['comm_overlap_pct']} | {r['test_accuracy']} |")
+    return rows
+
+
+def checkpoint(lines):
+    keys = ["state_mb", "blocking_s", "backlog_s", "write_s", "write_MBps", "dd_direct_MBps",
+            "step_s", "step_overhead_pct"]
+    rows = ["| " + " | ".join(keys) + " |", "|" + " ---: |" * len(keys)]
+    for r in records(lines, "checkpoint"):
+        rows.append("| " + " | ".join(r[k] for k in keys) + " |")
+    return rows
+
+
+def recovery(lines):
+    keys = ["world", "nodes", "spares", "trials", "survivors_resume_p50_s", "survivors_resume_max_s", "full_world_p50_s",
+            "lost_steps_max", "params_equal"]
+    rows = ["| " + " | ".join(keys) + " |", "|" + " ---: |" * len(keys)]
+    for r in records(lines, "recovery"):
+        rows.append("| " + " | ".join(r[k] for k in keys) + " |")
+    return rows
+
+
+def reliability(lines):
+    rows = ["| scenario | trials | survived | recovered p50 (s) | recovered max (s) | "
+            "lost steps max | committed checkpoints lost |",
+            "| --- | --- | --- | --- | --- | --- | --- |"]
+    for f in records(lines, "fault"):
+        if "trials" in f:
+            rows.append("| {scenario} | {trials} | {survived} | {recovered_p50_s} | "
+                        "{recovered_max_s} | {lost_steps_max} | {committed_ckpt_lost} |".format(**f))
+        elif "scenario" in f:
+            rows.append("| {} | skipped | | | | | |".format(f["scenario"]))
+    return rows
 
 
 def sharding(lines):
@@ -79,8 +167,12 @@ def main():
     doc, kind, output = sys.argv[1:4]
     # The same figures for sharded state with the gradients all-reduced
     # (two copies) and reduce-scattered (one copy).
-    tables = {"sharding": sharding, "sharding-reduce-scatter": sharding}
+    tables = {"coordinator": coordinator, "allreduce": allreduce, "train": train,
+              "checkpoint": checkpoint, "recovery": recovery, "reliability": reliability,
+              "sharding": sharding, "sharding-reduce-scatter": sharding}
     rows = tables[kind](open(output).read().splitlines())
+    if len(rows) <= 2:
+        sys.exit(f"bench_table.py: no {kind} figures in {output}")
     root = os.path.dirname(os.path.dirname(os.path.abspath(doc)))
     begin, end = f"<!-- {kind}:begin -->", f"<!-- {kind}:end -->"
     text = open(doc).read()

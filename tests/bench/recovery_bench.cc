@@ -235,9 +235,11 @@ int RunRecoveryBench() {
   }
   std::vector<double> resume_sorted = resume;
   std::cout << absl::StrFormat(
-                   "recovery trials=%d survivors_resume_p50_s=%.3f survivors_resume_max_s=%.3f "
-                   "full_world_p50_s=%.3f lost_steps_max=%d params_equal=%d/%d",
-                   trials, resume.empty() ? 0 : Percentile(resume, 50),
+                   "recovery world=%d nodes=%d spares=%d trials=%d survivors_resume_p50_s=%.3f "
+                   "survivors_resume_max_s=%.3f full_world_p50_s=%.3f lost_steps_max=%d "
+                   "params_equal=%d/%d",
+                   absl::GetFlag(FLAGS_world), absl::GetFlag(FLAGS_nodes),
+                   absl::GetFlag(FLAGS_spares), trials, resume.empty() ? 0 : Percentile(resume, 50),
                    resume_sorted.empty() ? 0 : *std::max_element(resume_sorted.begin(), resume_sorted.end()),
                    full.empty() ? 0 : Percentile(full, 50), lost_max, equal, trials)
             << std::endl;
