@@ -1125,8 +1125,10 @@ TEST_F(ElasticTest, AJoinAtACheckpointStepDoesNotPartTheRanks) {
 // the newcomer goes on, so metrics.jsonl holds every step once, in order.
 TEST_F(ElasticTest, MetricsFollowRankZeroWhenANewcomerTakesIt) {
   const std::string logs = dir_ + "/logs";
-  const std::vector<std::string> flags = {"--log-dir=" + logs, "--log-every=1", "--steps=200",
-                                          "--compute-ms=5"};
+  // Steps long enough that the newcomer, which loads LibTorch and the data
+  // first, joins well before the end.
+  const std::vector<std::string> flags = {"--log-dir=" + logs, "--log-every=1", "--steps=400",
+                                          "--compute-ms=10"};
   const pid_t a = Trainer(1, "a", "n0", "auto", flags), b = Trainer(0, "b", "n1", "auto", flags);
   ASSERT_TRUE(WaitForStep("a", 20, absl::Seconds(60))) << ReadText(dir_ + "/a.log");
   const pid_t c = Trainer(0, "c", "n0", "auto", flags);
@@ -1138,8 +1140,8 @@ TEST_F(ElasticTest, MetricsFollowRankZeroWhenANewcomerTakesIt) {
       << ReadText(dir_ + "/c.log");
   std::vector<int64_t> steps;
   for (const StepRecord& r : ReadStepRecords(logs + "/metrics.jsonl")) steps.push_back(r.step);
-  std::vector<int64_t> each(200);
-  for (int s = 0; s < 200; ++s) each[s] = s + 1;
+  std::vector<int64_t> each(400);
+  for (int s = 0; s < 400; ++s) each[s] = s + 1;
   EXPECT_EQ(steps, each) << ReadText(logs + "/metrics.jsonl");
   // One event file per member that was rank 0, none written over.
   int event_files = 0;
