@@ -18,7 +18,7 @@
 // as an unsharded run does, so the paths that read or move it (state
 // transfer, checkpoints, state checks) run unchanged. A Gather straight to
 // the new shards leaves the optimizer state out of the state transfer
-// (Replica::TakeState).
+// (ShardedOptimizerState::Transferred).
 //
 // Not thread-safe: the training thread's.
 #ifndef MUSTER_TRAINER_ELASTIC_SHARDED_OPTIMIZERS_H_
@@ -85,7 +85,7 @@ class ShardedOptimizers {
   // The flat gradient vector of each group (by the layout's groups, an
   // undefined tensor where none is given) that TakeGradients shares the
   // .grad through, in place of one of its own: the gradient sync's buckets
-  // (Replica::GiveGradientVectors), which then hold the averaged
+  // (ShardedOptimizerState::GiveGradientVectors), which then hold the averaged
   // gradients already. Kept through reshards (a group's flat order does
   // not depend on the world); empty: the shards make their own.
   void UseGradientVectors(std::vector<torch::Tensor> vectors) {
