@@ -1528,8 +1528,10 @@ void ShardedStateFailureTest::KillOneOfFourWithOneCopy(const std::vector<std::st
                                     "--checkpoint-every=20", "--steps=400"};
   flags.insert(flags.end(), extra.begin(), extra.end());
   std::vector<pid_t> pids = Run("c", flags);
-  ASSERT_TRUE(WaitForLine("c0", "checkpoint of step 40 written", absl::Seconds(90)))
-      << ReadText(dir_ + "/c0.log");
+  // Committed by the last of the four reports, which may come after rank
+  // 0's "written".
+  ASSERT_TRUE(WaitForLine("coordinator", "committed (latest step 40)", absl::Seconds(90)))
+      << ReadText(dir_ + "/coordinator.log");
   ASSERT_EQ(::kill(pids[3], SIGKILL), 0);
   WaitExit(pids[3]);
   for (int i = 0; i < 3; ++i) {
@@ -1758,8 +1760,11 @@ TEST_F(ShardedStateResumeTest, KilledAsFourResumedAsThreeFromItsShardFiles) {
   std::vector<std::string> first = common;
   first.insert(first.end(), {"--shard-optimizer", "--checkpoint-every=50"});
   std::vector<pid_t> pids = Run("a", first);
-  ASSERT_TRUE(WaitForLine("a0", "checkpoint of step 100 written", absl::Seconds(120)))
-      << ReadText(dir_ + "/a0.log");
+  // Each rank writes and reports its own part and the last report
+  // commits the checkpoint, which may come after rank 0's: wait for the
+  // coordinator's commit before the kill.
+  ASSERT_TRUE(WaitForLine("coordinator", "committed (latest step 100)", absl::Seconds(120)))
+      << ReadText(dir_ + "/coordinator.log");
   for (pid_t p : pids) ::kill(p, SIGKILL);
   for (pid_t p : pids) WaitExit(p);
   CopyCatalog();
