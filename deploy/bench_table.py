@@ -91,22 +91,21 @@ def train(lines):
     return rows
 
 
-def checkpoint(lines):
-    keys = ["state_mb", "blocking_s", "backlog_s", "write_s", "write_MBps", "dd_direct_MBps",
-            "step_s", "step_overhead_pct"]
-    rows = ["| " + " | ".join(keys) + " |", "|" + " ---: |" * len(keys)]
-    for r in records(lines, "checkpoint"):
-        rows.append("| " + " | ".join(r[k] for k in keys) + " |")
-    return rows
+def keyed(first, keys):
+    """A table of `keys`, a row per line that starts with `first`."""
+    def table(lines):
+        rows = ["| " + " | ".join(keys) + " |", "|" + " ---: |" * len(keys)]
+        for r in records(lines, first):
+            rows.append("| " + " | ".join(r[k] for k in keys) + " |")
+        return rows
+    return table
 
 
-def recovery(lines):
-    keys = ["world", "nodes", "spares", "trials", "survivors_resume_p50_s", "survivors_resume_max_s", "full_world_p50_s",
-            "lost_steps_max", "params_equal"]
-    rows = ["| " + " | ".join(keys) + " |", "|" + " ---: |" * len(keys)]
-    for r in records(lines, "recovery"):
-        rows.append("| " + " | ".join(r[k] for k in keys) + " |")
-    return rows
+checkpoint = keyed("checkpoint", ["state_mb", "blocking_s", "backlog_s", "write_s", "write_MBps",
+                                  "dd_direct_MBps", "step_s", "step_overhead_pct"])
+recovery = keyed("recovery", ["world", "nodes", "spares", "trials", "survivors_resume_p50_s",
+                              "survivors_resume_max_s", "full_world_p50_s", "lost_steps_max",
+                              "params_equal"])
 
 
 def reliability(lines):
