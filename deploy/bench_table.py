@@ -50,18 +50,6 @@ def size(nbytes):
     return f"{n} B"
 
 
-def coordinator(lines):
-    rows = ["| members | sessions | channels | rendezvous_s (coordinator CPU) | "
-            "regroup_s (coordinator CPU) | hb_p50_ms | hb_p99_ms | rss_mb | cpu_pct | period (ms) |",
-            "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
-    for r in records(lines, "coordinator"):
-        rows.append(f"| {number(r['members'])} | {number(r['sessions'])} | {r['channels']} | "
-                    f"{r['rendezvous_s']} ({r['rendezvous_cpu_s']}) | {r['regroup_s']} "
-                    f"({r['regroup_cpu_s']}) | {r['hb_p50_ms']} | {r['hb_p99_ms']} | "
-                    f"{number(r['rss_mb'])} | {r['cpu_pct']} | {r['hb_interval_ms']} |")
-    return rows
-
-
 def allreduce(lines):
     """busbw in GB/s and, in brackets, the median seconds: a row per backend
     and placement, a column per size."""
@@ -80,32 +68,45 @@ def allreduce(lines):
     return rows
 
 
-def train(lines):
-    rows = ["| model | world | nodes | bucket_mb | all-reduce | steps_per_s | samples_per_s | "
-            "comm_overlap_pct | test_accuracy |",
-            "| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: |"]
-    for r in records(lines, "train"):
-        rows.append(f"| {r['model']} | {r['world']} | {r['nodes']} | {r['bucket_mb']} | "
-                    f"{r['overlap']} | {r['steps_per_s']} | {number(r['samples_per_s'])} | "
-                    f"{r['comm_overlap_pct']} | {r['test_accuracy']} |")
-    return rows
+def columns(first, cols):
+    """A table with a row per line that starts with `first`. Each of `cols`
+    is a key, whose value is the cell (right-aligned), or (heading,
+    alignment, the cell of a record)."""
+    cols = [(c, "---:", lambda r, k=c: r[k]) if isinstance(c, str) else c for c in cols]
 
-
-def keyed(first, keys):
-    """A table of `keys`, a row per line that starts with `first`."""
     def table(lines):
-        rows = ["| " + " | ".join(keys) + " |", "|" + " ---: |" * len(keys)]
+        rows = ["| " + " | ".join(c[0] for c in cols) + " |",
+                "|" + "".join(f" {c[1]} |" for c in cols)]
         for r in records(lines, first):
-            rows.append("| " + " | ".join(r[k] for k in keys) + " |")
+            rows.append("| " + " | ".join(c[2](r) for c in cols) + " |")
         return rows
     return table
 
 
-checkpoint = keyed("checkpoint", ["state_mb", "blocking_s", "backlog_s", "write_s", "write_MBps",
-                                  "dd_direct_MBps", "step_s", "step_overhead_pct"])
-recovery = keyed("recovery", ["world", "nodes", "spares", "trials", "survivors_resume_p50_s",
-                              "survivors_resume_max_s", "full_world_p50_s", "lost_steps_max",
-                              "params_equal"])
+coordinator = columns("coordinator", [
+    ("members", "---:", lambda r: number(r["members"])),
+    ("sessions", "---:", lambda r: number(r["sessions"])),
+    "channels",
+    ("rendezvous_s (coordinator CPU)", "---:",
+     lambda r: f"{r['rendezvous_s']} ({r['rendezvous_cpu_s']})"),
+    ("regroup_s (coordinator CPU)", "---:", lambda r: f"{r['regroup_s']} ({r['regroup_cpu_s']})"),
+    "hb_p50_ms", "hb_p99_ms",
+    ("rss_mb", "---:", lambda r: number(r["rss_mb"])),
+    "cpu_pct",
+    ("period (ms)", "---:", lambda r: r["hb_interval_ms"]),
+])
+train = columns("train", [
+    ("model", "---", lambda r: r["model"]), "world", "nodes", "bucket_mb",
+    ("all-reduce", "---", lambda r: r["overlap"]), "steps_per_s",
+    ("samples_per_s", "---:", lambda r: number(r["samples_per_s"])),
+    "comm_overlap_pct", "test_accuracy",
+])
+checkpoint = columns("checkpoint", ["state_mb", "blocking_s", "backlog_s", "write_s",
+                                    "write_MBps", "dd_direct_MBps", "step_s",
+                                    "step_overhead_pct"])
+recovery = columns("recovery", ["world", "nodes", "spares", "trials", "survivors_resume_p50_s",
+                                "survivors_resume_max_s", "full_world_p50_s", "lost_steps_max",
+                                "params_equal"])
 
 
 def reliability(lines):
