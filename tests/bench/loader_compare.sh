@@ -5,6 +5,7 @@
 # on this host, the same synthetic images costing DECODE_US microseconds of
 # CPU each, the same CNN, SGD and batch (16), STEPS steps (default 80;
 # samples/s over the steps after the first 5, muster's from its metrics).
+# WORKERS may list several counts, comma-separated (4,8).
 #
 # Usage: loader_compare.sh BIN_DIR [WORKERS] [DECODE_US]
 # Prints: loader workers=W decode_us=U muster_samples_per_s=X pytorch_samples_per_s=Y
@@ -31,7 +32,7 @@ rows = [json.loads(line) for line in open(sys.argv[1])]
 print(f"{statistics.median(r['samples_per_s'] for r in rows if 'samples_per_s' in r):.1f}")
 PY
 }
-for w in 0 "$workers"; do
+for w in 0 ${workers//,/ }; do
   m=$(muster_rate "$w")
   p=$("$python" "$here/loader_step.py" "$w" "$decode_us" "$steps" 16 2>"$dir/pytorch-$w.log")
   echo "loader workers=$w decode_us=$decode_us muster_samples_per_s=$m pytorch_samples_per_s=$p"

@@ -2,7 +2,7 @@
 // a real coordinator process, SGD with momentum, batch 64 per rank,
 // Fashion-MNIST. Runs twice — buckets overlapped with backward, and one
 // all-reduce after backward — and prints a line for each:
-//   train model=.. world=.. nodes=.. batch_per_rank=64 overlap=..
+//   train model=.. world=.. nodes=.. batch_per_rank=64 steps=.. overlap=..
 //   gradient_compression=.. steps_per_s=.. samples_per_s=.. comm_overlap_pct=..
 //   test_accuracy=..
 // and after each, rank 0's step timeline (Distributed::step_timeline):
@@ -208,15 +208,17 @@ int RunOnce(bool overlap, bool broadcast_buffers, int backward_calls = 1, int sh
     }
   }
   std::cout << absl::StrFormat(
-                   "train model=%s world=%d nodes=%d batch_per_rank=%d bucket_mb=%g overlap=%s "
+                   "train model=%s world=%d nodes=%d batch_per_rank=%d steps=%lld bucket_mb=%g "
+                   "overlap=%s "
                    "broadcast_buffers=%s gradient_compression=%s backward_calls=%d "
                    "steps_per_s=%.2f "
                    "samples_per_s=%.0f comm_overlap_pct=%.1f test_accuracy=%.4f",
                    absl::GetFlag(FLAGS_model), world, nodes, absl::GetFlag(FLAGS_batch),
+                   static_cast<long long>(absl::GetFlag(FLAGS_steps)),
                    absl::GetFlag(FLAGS_bucket_mb), overlap ? "buckets" : "after_backward",
                    broadcast_buffers ? "on" : "off", absl::GetFlag(FLAGS_gradient_compression),
-                   backward_calls, steps_per_s, steps_per_s * absl::GetFlag(FLAGS_batch) * world, overlap_pct,
-                   accuracy)
+                   backward_calls, steps_per_s, steps_per_s * absl::GetFlag(FLAGS_batch) * world,
+                   overlap_pct, accuracy)
             << (shard < 0 ? ""
                           : absl::StrFormat(" optimizer=adamw shard_optimizer=%s "
                                             "optimizer_state_elements=%.0f peak_rss_mb=%.0f "

@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iostream>
 #include <map>
 #include <memory>
 #include <regex>
@@ -608,6 +609,11 @@ TEST_P(OneProcessTest, TwoNodesOfTwoEndAsOneProcessOnTheGlobalBatch) {
     largest = std::max(largest, std::abs(single[i]));
   }
   const double tolerance = run.relative ? run.tolerance * largest : run.tolerance;
+  // One line for docs/benchmarks.md's tables (deploy/bench_table.py).
+  std::cout << "one_process test="
+            << ::testing::UnitTest::GetInstance()->current_test_info()->name()
+            << " max_abs_diff=" << worst << " largest_magnitude=" << largest
+            << " tolerance=" << tolerance << std::endl;
   EXPECT_LT(worst, tolerance) << "parameters of 2 x 2 and of one process differ by up to "
                               << worst << " (largest magnitude " << largest << ")";
 }

@@ -133,8 +133,9 @@ TEST(SyncBatchNormTest, UnevenSharesEndAsBatchNormOnTheConcatenatedBatch) {
     output = std::max(output, MaxDiff(world[r].output, b.Rows(one.output, r)));
     input_grad = std::max(input_grad, MaxDiff(world[r].input_grad, b.Rows(one.input_grad, r)));
   }
-  std::cout << "largest difference from one process: output " << output << ", input gradient "
-            << input_grad << std::endl;
+  // One line for docs/benchmarks.md's table (deploy/bench_table.py, syncbn).
+  std::cout << "syncbn ranks=" << world.size() << " output_max_diff=" << output
+            << " input_grad_max_diff=" << input_grad << std::endl;
   for (int r = 0; r < static_cast<int>(world.size()); ++r) {
     const Seen& s = world[r];
     ASSERT_TRUE(s.output.defined()) << "rank " << r << " took no step";
