@@ -189,30 +189,39 @@ def link_bits_per_s(lines):
 
 
 def lab_allreduce(lines):
-    """tests/bench/lab_allreduce_compare.sh: muster's hierarchy against
-    torch's Gloo ring, each against the bound its bytes over the link set."""
+    """tests/bench/lab_allreduce_compare.sh (and muster-bench allreduce
+    --collective allgather|reducescatter in the same lab): muster's
+    hierarchy against torch's Gloo ring, each against the bound its bytes
+    over the link set."""
     rate, bps = link_bits_per_s(lines)
-    muster = grouped([r for r in records(lines, "allreduce") if r.get("backend") == "hier"],
-                     lambda r: r["compression"])
+    named = {"allreduce": "all-reduce", "allgather": "all-gather",
+             "reducescatter": "reduce-scatter"}
+    muster = grouped([dict(r, collective=c) for c in named for r in records(lines, c)
+                      if r.get("backend") == "hier"], lambda r: (r["collective"], r["compression"]))
     torch = grouped([r for r in records(lines, "pytorch") if "comm_hook" in r],
                     lambda r: r["comm_hook"])
-    sides = [(f"muster hier, {'float32' if c == 'none' else c + ' on the wire'}", rs, False)
-             for c, rs in muster.items()]
-    sides += [(f"torch Gloo, {'float32' if h == 'none' else 'with the casts of DDP' + chr(39) + 's ' + h + ' hook'}",
-               rs, True) for h, rs in torch.items()]
-    reference = median(r["median_s"] for r in torch.get("none", muster.get("none")))
-    rows = [f"| 64 MiB all-reduce, links {rate} | seconds, each run (median) | link bound (s) | "
-            "bound / median | torch Gloo float32 / median |",
+    sides = [(f"muster hier {named[c]}, {'float32' if z == 'none' else z + ' on the wire'}",
+              rs, c) for (c, z), rs in muster.items()]
+    sides += [(f"torch Gloo all-reduce, "
+               f"{'float32' if h == 'none' else 'with the casts of DDP' + chr(39) + 's ' + h + ' hook'}",
+               rs, "ring") for h, rs in torch.items()]
+    reference = median(r["median_s"] for r in torch["none"]) if "none" in torch else None
+    rows = [f"| 64 MiB, 2 × 2, links {rate} | seconds, each run (median) | link bound (s) | "
+            "bound / median | torch Gloo's float32 all-reduce / median |",
             "| --- | ---: | ---: | ---: | ---: |"]
-    for name, rs, ring in sides:
+    for name, rs, how in sides:
         world, nbytes = int(rs[0]["world"]), int(rs[0]["bytes"])
         wire = 0.5 if ("bf16" in name or "fp16" in name) else 1.0
-        # The hierarchy moves a node's bytes across its link once each way;
-        # a flat ring of W moves 2(W-1)/W of them through every rank's link.
-        bound = nbytes * 8 / bps * wire * (2 * (world - 1) / world if ring else 1)
+        # The hierarchy moves a node's bytes across its link once each way
+        # for an all-reduce, half of them for an all-gather or a
+        # reduce-scatter (by columns); a flat ring of W moves 2(W-1)/W of
+        # them through every rank's link.
+        share = {"ring": 2 * (world - 1) / world, "allreduce": 1.0}.get(how, 0.5)
+        bound = nbytes * 8 / bps * wire * share
         m = median(r["median_s"] for r in rs)
+        against = f"{reference / m:.2f}×" if reference and how in ("ring", "allreduce") else ""
         rows.append(f"| {name} | {spread([r['median_s'] for r in rs], 3)} | {bound:.3f} | "
-                    f"{bound / m:.2f} | {reference / m:.2f}× |")
+                    f"{bound / m:.2f} | {against} |")
     return rows
 
 
@@ -266,8 +275,8 @@ def cpu_compare(lines):
                "Gloo over loopback" if per_node == "1" else "hier")
         place = f"{nodes} node{'s' if nodes != '1' else ''} × {per_node} ({how})"
         rows.append(f"| {model.upper()} | {place} | {comp} | "
-                    f"{', '.join(r['muster_step_ms'] for r in rs)} | "
-                    f"{', '.join(r['pytorch_step_ms'] for r in rs)} | "
+                    f"{', '.join(number(r['muster_step_ms'], 1) for r in rs)} | "
+                    f"{', '.join(number(r['pytorch_step_ms'], 1) for r in rs)} | "
                     f"{spread([r['speedup'] for r in rs], 2)} |")
     return rows
 
@@ -359,7 +368,10 @@ def syncbn(lines):
 
 def suite(lines):
     """A log of `./deploy/dev test`: each phase's seconds, the suite's test
-    count and its longest tests."""
+    count and its longest tests; then, where a log of `./deploy/dev test
+    --quick` follows it, the quick tier's tests and seconds."""
+    start = next((i for i, l in enumerate(lines) if "test --quick:" in l), len(lines))
+    lines, quick = lines[:start], lines[start:]
     took = [re.search(r"dev:\S* (.+) took (\d+) s", l) for l in lines]
     took = [(m.group(1), int(m.group(2))) for m in took if m]
     counts = [re.search(r"out of (\d+)", l) for l in lines if "tests passed" in l]
@@ -376,6 +388,12 @@ def suite(lines):
         rows.append(f"| tests in the suite; Debian's `libtorch` tests | {'; '.join(counts)} |")
     rows.append("| the suite's longest tests | " +
                 ", ".join(f"`{n}` {s:.0f} s" for s, n in longest) + " |")
+    passed = [m for m in (re.search(r"test --quick: all passed in (\d+) s", l) for l in quick) if m]
+    if passed:
+        tests = sum(int(m.group(1)) for m in (re.search(r"out of (\d+)", l) for l in quick
+                                              if "tests passed" in l) if m)
+        rows.append(f"| `./deploy/dev test --quick` with a warm build | {tests} tests, "
+                    f"{passed[0].group(1)} s |")
     return rows
 
 
