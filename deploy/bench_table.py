@@ -366,6 +366,39 @@ def syncbn(lines):
     return rows
 
 
+def sharding_changes(lines):
+    """tests/bench/sharded_*_compare.sh under `change NAME` lines: each
+    trainer's peak RSS and checksum; then the memory cap test's lines."""
+    rows = ["| world change (51M MLP, AdamW, 2 × 2) | peak RSS of the three that stay (MB) | "
+            "the one that left or died; the newcomer (MB) | one parameter checksum |",
+            "| --- | ---: | ---: | --- |"]
+    changes = []
+    for line in lines:
+        if line.startswith("change "):
+            changes.append((line[len("change "):], {}))
+        m = re.match(r"(\w+): (\d+) MB peak; (.*)", line)
+        if m and changes:
+            changes[-1][1][m.group(1)] = (int(m.group(2)), m.group(3))
+    for name, peaks in changes:
+        stay = [peaks[t][0] for t in ("t00", "t01", "t10") if t in peaks]
+        other = [f"{peaks[t][0]:,}" for t in ("t11", "t11b", "spare") if t in peaks]
+        sums = {v for t, (_, v) in peaks.items() if "checksum" in v and t != "t11"}
+        rows.append(f"| {name} | {' / '.join(f'{p:,}' for p in stay)} | {'; '.join(other)} | "
+                    f"{'yes' if len(sums) == 1 else 'NO'} |")
+    for line in lines:
+        m = re.match(r"sharded under (\d+) MB: peaks (.*) MB; (.*)", line)
+        if m:
+            peaks = [int(v) for v in re.findall(r"=(\d+)", m.group(2))]
+            rows.append(f"| under a {number(m.group(1))} MB cap per trainer: a kill, its join, a "
+                        f"hot spare, a leave, a stop as three ({m.group(3)}) | "
+                        f"{min(peaks):,}–{max(peaks):,} (every trainer) | | yes |")
+        m = re.match(r"unsharded under (\d+) MB: (\d+) OOM-killed \(peaks (.*) MB\)", line)
+        if m:
+            rows.append(f"| the same job unsharded under that cap | {m.group(3)} | | "
+                        f"{m.group(2)} OOM-killed |")
+    return rows
+
+
 def suite(lines):
     """A log of `./deploy/dev test`: each phase's seconds, the suite's test
     count and its longest tests; then, where a log of `./deploy/dev test
@@ -424,6 +457,7 @@ def main():
     tables = {"coordinator": coordinator, "allreduce": allreduce, "train": train,
               "checkpoint": checkpoint, "recovery": recovery, "reliability": reliability,
               "sharding": sharding, "sharding-reduce-scatter": sharding,
+              "sharding-changes": sharding_changes,
               "lab-allreduce": lab_allreduce, "lab-train": lab_train,
               "compression": compression, "cpu-compare": cpu_compare,
               "buffers": train_runs("broadcast_buffers", "broadcast_buffers"),
