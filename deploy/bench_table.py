@@ -403,7 +403,8 @@ def suite(lines):
     """A log of `./deploy/dev test`: each phase's seconds, the suite's test
     count and its longest tests; then, where a log of `./deploy/dev test
     --quick` follows it, the quick tier's tests and seconds."""
-    start = next((i for i, l in enumerate(lines) if "test --quick:" in l), len(lines))
+    start = next((i + 1 for i, l in enumerate(lines) if "test: all passed in" in l),
+                 next((i for i, l in enumerate(lines) if "test --quick:" in l), len(lines)))
     lines, quick = lines[:start], lines[start:]
     took = [re.search(r"dev:\S* (.+) took (\d+) s", l) for l in lines]
     took = [(m.group(1), int(m.group(2))) for m in took if m]
