@@ -392,7 +392,7 @@ def sharding_changes(lines):
             rows.append(f"| under a {number(m.group(1))} MB cap per trainer: a kill, its join, a "
                         f"hot spare, a leave, a stop as three ({m.group(3)}) | "
                         f"{min(peaks):,}–{max(peaks):,} (every trainer) | | yes |")
-        m = re.match(r"unsharded under (\d+) MB: (\d+) OOM-killed \(peaks (.*) MB\)", line)
+        m = re.match(r"unsharded under (\d+) MB: (.+?) OOM-killed \(peaks (.*) MB\)", line)
         if m:
             rows.append(f"| the same job unsharded under that cap | {m.group(3)} | | "
                         f"{m.group(2)} OOM-killed |")
