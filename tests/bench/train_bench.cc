@@ -131,20 +131,9 @@ std::string MemoryLine(const std::string& json) {
   return line;
 }
 
-// `shard`: -1 the optimizer of the trainers' default (SGD); 0 AdamW; 1
-// AdamW with its state sharded (--shard-optimizer).
-int RunOnce(bool overlap, bool broadcast_buffers, int backward_calls = 1, int shard = -1) {
-  const int world = absl::GetFlag(FLAGS_world), nodes = absl::GetFlag(FLAGS_nodes);
-  const std::string dir = absl::StrCat("/tmp/muster-bench-train-", ::getpid(), overlap ? "-o" : "-n");
-  std::system(("mkdir -p " + dir).c_str());
-  const std::string target = "127.0.0.1:" + std::to_string(FreeLoopbackPort());
-  const pid_t coordinator = SpawnLogged(
-      {SelfDir() + "/muster-coordinator", "--listen=" + target, "--no-auth",
-       absl::StrCat("--min-members=", world), absl::StrCat("--max-members=", world),
-       "--last-call=0s"},
-      dir + "/coordinator.log");
-  std::vector<pid_t> trainers;
-  const int per_node = world / nodes;
+// The flags every trainer gets after the run's own: --trainer-flags, the
+// host's cores shared out, and the optimizer `shard` names (RunOnce).
+std::vector<std::string> MoreTrainerFlags(int world, int shard) {
   std::vector<std::string> more = absl::GetFlag(FLAGS_trainer_flags);
   // Every trainer runs on this one host, but each "node" would share out
   // all of its cores among its own trainers: two nodes of one trainer on
@@ -162,6 +151,56 @@ int RunOnce(bool overlap, bool broadcast_buffers, int backward_calls = 1, int sh
     more.push_back("--shard-optimizer");
     for (const std::string& f : absl::GetFlag(FLAGS_sharded_flags)) more.push_back(f);
   }
+  return more;
+}
+
+// What the trainers' summaries say of the run, taken together.
+struct Summaries {
+  double steps_per_s = 1e30;  // the slowest trainer's
+  double overlap_pct = 0;     // the mean over the trainers
+  double accuracy = 0;        // rank 0's
+  double state_elements = 0;  // the largest
+  std::string phases;         // rank 0's step timeline
+  std::string memory;         // the memory account of the rank that held the most
+};
+
+Summaries ReadSummaries(const std::string& dir, int world) {
+  Summaries sum;
+  double most_held = -1;
+  for (int i = 0; i < world; ++i) {
+    std::ifstream in(absl::StrCat(dir, "/summary", i, ".json"));
+    std::stringstream ss;
+    ss << in.rdbuf();
+    sum.steps_per_s = std::min(sum.steps_per_s, Field(ss.str(), "steps_per_s"));
+    sum.overlap_pct += Field(ss.str(), "comm_overlap_pct") / world;
+    if (Field(ss.str(), "rank") == 0) {
+      sum.accuracy = Field(ss.str(), "test_accuracy");
+      sum.phases = PhasesLine(ss.str());
+    }
+    sum.state_elements = std::max(sum.state_elements, Field(ss.str(), "optimizer_state_elements"));
+    if (Field(ss.str(), "memory_total") > most_held) {
+      most_held = Field(ss.str(), "memory_total");
+      sum.memory = MemoryLine(ss.str());
+    }
+  }
+  return sum;
+}
+
+// `shard`: -1 the optimizer of the trainers' default (SGD); 0 AdamW; 1
+// AdamW with its state sharded (--shard-optimizer).
+int RunOnce(bool overlap, bool broadcast_buffers, int backward_calls = 1, int shard = -1) {
+  const int world = absl::GetFlag(FLAGS_world), nodes = absl::GetFlag(FLAGS_nodes);
+  const std::string dir =
+      absl::StrCat("/tmp/muster-bench-train-", ::getpid(), overlap ? "-o" : "-n");
+  std::system(("mkdir -p " + dir).c_str());
+  const std::string target = "127.0.0.1:" + std::to_string(FreeLoopbackPort());
+  const pid_t coordinator = SpawnLogged({SelfDir() + "/muster-coordinator", "--listen=" + target,
+                                         "--no-auth", absl::StrCat("--min-members=", world),
+                                         absl::StrCat("--max-members=", world), "--last-call=0s"},
+                                        dir + "/coordinator.log");
+  std::vector<pid_t> trainers;
+  const int per_node = world / nodes;
+  const std::vector<std::string> more = MoreTrainerFlags(world, shard);
   for (int i = 0; i < world; ++i) {
     std::vector<std::string> argv = {SelfDir() + "/muster-train", "--coordinator=" + target,
          absl::StrCat("--node-id=node", i / per_node), absl::StrCat("--local-rank=", i % per_node),
@@ -187,26 +226,8 @@ int RunOnce(bool overlap, bool broadcast_buffers, int backward_calls = 1, int sh
     std::cerr << "muster-bench train: " << failures << " trainers failed; see " << dir << "\n";
     return 1;
   }
-  double steps_per_s = 1e30, overlap_pct = 0, accuracy = 0, state_elements = 0;
-  std::string phases;  // rank 0's step timeline
-  std::string memory;  // the memory account of the rank that held the most
-  double most_held = -1;
-  for (int i = 0; i < world; ++i) {
-    std::ifstream in(absl::StrCat(dir, "/summary", i, ".json"));
-    std::stringstream ss;
-    ss << in.rdbuf();
-    steps_per_s = std::min(steps_per_s, Field(ss.str(), "steps_per_s"));
-    overlap_pct += Field(ss.str(), "comm_overlap_pct") / world;
-    if (Field(ss.str(), "rank") == 0) {
-      accuracy = Field(ss.str(), "test_accuracy");
-      phases = PhasesLine(ss.str());
-    }
-    state_elements = std::max(state_elements, Field(ss.str(), "optimizer_state_elements"));
-    if (Field(ss.str(), "memory_total") > most_held) {
-      most_held = Field(ss.str(), "memory_total");
-      memory = MemoryLine(ss.str());
-    }
-  }
+  const Summaries sum = ReadSummaries(dir, world);
+  const double steps_per_s = sum.steps_per_s;
   std::cout << absl::StrFormat(
                    "train model=%s world=%d nodes=%d batch_per_rank=%d steps=%lld bucket_mb=%g "
                    "overlap=%s "
@@ -218,16 +239,16 @@ int RunOnce(bool overlap, bool broadcast_buffers, int backward_calls = 1, int sh
                    absl::GetFlag(FLAGS_bucket_mb), overlap ? "buckets" : "after_backward",
                    broadcast_buffers ? "on" : "off", absl::GetFlag(FLAGS_gradient_compression),
                    backward_calls, steps_per_s, steps_per_s * absl::GetFlag(FLAGS_batch) * world,
-                   overlap_pct, accuracy)
+                   sum.overlap_pct, sum.accuracy)
             << (shard < 0 ? ""
                           : absl::StrFormat(" optimizer=adamw shard_optimizer=%s "
                                             "optimizer_state_elements=%.0f peak_rss_mb=%.0f "
                                             "steady_rss_mb=%.0f",
-                                            shard > 0 ? "on" : "off", state_elements,
+                                            shard > 0 ? "on" : "off", sum.state_elements,
                                             peak_rss_kb / 1024.0, steady_rss_mb))
             << std::endl
-            << phases << std::endl;
-  if (shard >= 0) std::cout << memory << std::endl;
+            << sum.phases << std::endl;
+  if (shard >= 0) std::cout << sum.memory << std::endl;
   std::system(("rm -rf " + dir).c_str());
   return 0;
 }
