@@ -188,6 +188,16 @@ def link_bits_per_s(lines):
     sys.exit("bench_table.py: no `# run ... links RATE` line")
 
 
+def torch_allreduces(lines):
+    """pytorch_step.py --mode allreduce's records, by --comm-hook."""
+    return grouped([r for r in records(lines, "pytorch") if "comm_hook" in r],
+                   lambda r: r["comm_hook"])
+
+
+def hook_name(hook):
+    return "float32" if hook == "none" else f"with the casts of DDP's {hook} hook"
+
+
 def lab_allreduce(lines):
     """tests/bench/lab_allreduce_compare.sh (and muster-bench allreduce
     --collective allgather|reducescatter in the same lab): muster's
@@ -198,20 +208,19 @@ def lab_allreduce(lines):
              "reducescatter": "reduce-scatter"}
     muster = grouped([dict(r, collective=c) for c in named for r in records(lines, c)
                       if r.get("backend") == "hier"], lambda r: (r["collective"], r["compression"]))
-    torch = grouped([r for r in records(lines, "pytorch") if "comm_hook" in r],
-                    lambda r: r["comm_hook"])
+    torch = torch_allreduces(lines)
+    # (name, records, how its bytes cross a link, whether 16-bit on the wire)
     sides = [(f"muster hier {named[c]}, {'float32' if z == 'none' else z + ' on the wire'}",
-              rs, c) for (c, z), rs in muster.items()]
-    sides += [(f"torch Gloo all-reduce, "
-               f"{'float32' if h == 'none' else 'with the casts of DDP' + chr(39) + 's ' + h + ' hook'}",
-               rs, "ring") for h, rs in torch.items()]
+              rs, c, z != "none") for (c, z), rs in muster.items()]
+    sides += [(f"torch Gloo all-reduce, {hook_name(h)}", rs, "ring", h != "none")
+              for h, rs in torch.items()]
     reference = median(r["median_s"] for r in torch["none"]) if "none" in torch else None
     rows = [f"| 64 MiB, 2 × 2, links {rate} | seconds, each run (median) | link bound (s) | "
             "bound / median | torch Gloo's float32 all-reduce / median |",
             "| --- | ---: | ---: | ---: | ---: |"]
-    for name, rs, how in sides:
+    for name, rs, how, half in sides:
         world, nbytes = int(rs[0]["world"]), int(rs[0]["bytes"])
-        wire = 0.5 if ("bf16" in name or "fp16" in name) else 1.0
+        wire = 0.5 if half else 1.0
         # The hierarchy moves a node's bytes across its link once each way
         # for an all-reduce, half of them for an all-gather or a
         # reduce-scatter (by columns); a flat ring of W moves 2(W-1)/W of
@@ -244,13 +253,11 @@ def compression(lines):
     """Busbw of a 64 MiB all-reduce with each wire type, both sides, and
     the CNN's accuracy after an epoch with each."""
     muster = grouped(records(lines, "allreduce"), lambda r: r["compression"])
-    torch = grouped([r for r in records(lines, "pytorch") if "comm_hook" in r],
-                    lambda r: r["comm_hook"])
+    torch = torch_allreduces(lines)
     trained = {r["gradient_compression"]: r for r in records(lines, "train")
                if r.get("overlap") == "buckets"}
     cols = [("muster " + c, muster[c], trained.get(c)) for c in muster]
-    cols += [("PyTorch Gloo " + ("float32" if h == "none" else f"{h} hook's casts"), torch[h], None)
-             for h in torch]
+    cols += [("PyTorch Gloo " + hook_name(h), torch[h], None) for h in torch]
     busbw = [spread([r["busbw_GBps"] for r in rs], 2) for _, rs, _ in cols]
     accuracy = [f"{100 * float(t['test_accuracy']):.2f}%" if t else "" for _, _, t in cols]
     steps = next((t["steps"] for _, _, t in cols if t and "steps" in t), "")
