@@ -359,10 +359,9 @@ def loader(lines):
 def syncbn(lines):
     rows = ["| figure | largest difference | tolerance |", "| --- | ---: | ---: |"]
     for r in records(lines, "syncbn"):
-        rows.append(f"| {r['ranks']} ranks against one process, output | "
-                    f"{float(r['output_max_diff']):.1e} | 1e-5 |")
-        rows.append(f"| {r['ranks']} ranks against one process, input gradient | "
-                    f"{float(r['input_grad_max_diff']):.1e} | 1e-5 |")
+        for what, key in (("output", "output_max_diff"), ("input gradient", "input_grad_max_diff")):
+            rows.append(f"| {r['ranks']} ranks against one process, {what} | "
+                        f"{float(r[key]):.1e} | {float(r['tolerance']):.0e} |")
     names = {"gan_sync_bn": "`gan --sync-bn 1`, 2 × 2 against one process on the whole batch",
              "gan": "`gan` (BatchNorm), 2 × 2 against one process in ghost batches of 16"}
     for r in records(lines, "one_process"):
