@@ -262,7 +262,13 @@ struct Held {
           comm->Broadcast(p.data_ptr(), p.numel(), DataType::kFloat32, 0, deadline).ok());
     }
     if (sharded_state->sharded()) {
-      // Straight to this world's shards: looked at whole, then sharded again.
+      // Straight to this world's shards: no trained parameter holds state
+      // of its own (the masters hold this rank's ranges); looked at whole,
+      // then sharded again.
+      for (const torch::Tensor& p : sharded->parameters()) {
+        if (!p.requires_grad()) continue;  // Adagrad's constructor's state, kept
+        ASSERT_EQ(FindOptimizerState(*sharded_opt, p), nullptr) << where << ": state made whole";
+      }
       sharded_state->ParametersTransferred();
       ExpectReferenceWhole(comm, where + ", moved to its shards");
     } else {
@@ -522,10 +528,9 @@ TEST_P(OptimizerShardsTest, AJoinerOutsideAFailedStepReceivesItsShardsAsTheStepL
 // others' failed, the world broke), so that rank holds the whole state and
 // no shards; and the rank whose shards that one backs up dies. In the
 // next world the two ranges both of them kept have no living holder, but
-// the rank that holds the whole state sends them: every rank gathers the
-// unsharded optimizer's state, bit for bit, and trains on. (Before, that
-// rank counted as a joiner and the ranges were NOT_FOUND: a checkpoint,
-// or without one the end of the run.)
+// the rank that holds the whole state sends them, straight into the new
+// world's shards: no rank makes the state whole, and every rank holds
+// the unsharded optimizer's state, bit for bit, and trains on.
 TEST_P(OptimizerShardsTest, ARankThatHoldsTheWholeStateSendsTheRangesWhoseHoldersDied) {
   std::vector<std::unique_ptr<Held>> held;
   for (int i = 0; i < 4; ++i) held.push_back(std::make_unique<Held>(GetParam()));
@@ -558,7 +563,7 @@ TEST_P(OptimizerShardsTest, ARankThatHoldsTheWholeStateSendsTheRangesWhoseHolder
               }).ok());
   ASSERT_FALSE(held[whole]->sharded_state->sharded());
   ASSERT_TRUE(RunCommWorld(3, "gloo", [&](int rank, Communicator* comm) {
-                now[rank]->LiveInWorld(rank, 2, 3, 3, comm);
+                now[rank]->LiveInWorld(rank, 2, 3, 3, comm, /*straight=*/true);
               }).ok());
 }
 
@@ -672,8 +677,9 @@ void MoveStraightInRoundsOf3(Held& me, Communicator* comm, size_t* largest_all_r
   ASSERT_TRUE(agreed.ok()) << agreed.status();
   ASSERT_EQ(agreed->alive, (std::vector<bool>{true, false, true}));
   CountingGathers counting(comm);
-  auto moved = OptimizerShards::Redistribute(me.shards.get(), {me.sharded_opt.get()}, *agreed,
-                                             /*copies=*/2, &counting, deadline, /*chunk=*/3);
+  auto moved =
+      OptimizerShards::Redistribute(me.shards.get(), nullptr, {me.sharded_opt.get()}, *agreed,
+                                    /*copies=*/2, &counting, deadline, /*chunk=*/3);
   ASSERT_TRUE(moved.ok()) << moved.status();
   me.shards = *std::move(moved);
   *largest_all_reduce = counting.largest_all_reduce;

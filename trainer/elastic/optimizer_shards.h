@@ -295,7 +295,9 @@ class OptimizerShards {
   // Collective over `comm`, a new world's, on every rank, where each rank
   // either holds shards of the world's newest layout (`held`, whose ranks
   // `agreed` says live on) or none of it (`held` null: a joiner, whose
-  // `optimizers` are the program's, not sharded): this world's shards (the
+  // `optimizers` are the program's, not sharded; with `whole`, the world's
+  // whole source, whose optimizers hold every range as of that layout and
+  // send those no holder lives to send): this world's shards (the
   // layout of `agreed.node_of_rank` and `copies`), without the whole state
   // on any rank. Each shard of the new layout is moved in rounds of at most
   // `chunk` elements, from the first living holder of each of its ranges to
@@ -308,9 +310,9 @@ class OptimizerShards {
   // with state (or stepped values) has no living holder, the
   // communicator's errors, Make's INVALID_ARGUMENT.
   static absl::StatusOr<std::unique_ptr<OptimizerShards>> Redistribute(
-      OptimizerShards* held, const std::vector<torch::optim::Optimizer*>& optimizers,
-      const ShardWorld& agreed, int copies, Communicator* comm, absl::Time deadline,
-      int64_t chunk = kGatherChunk);
+      OptimizerShards* held, const ShardLayout* whole,
+      const std::vector<torch::optim::Optimizer*>& optimizers, const ShardWorld& agreed, int copies,
+      Communicator* comm, absl::Time deadline, int64_t chunk = kGatherChunk);
   // Collective over `comm`, the world of `held`'s layout, at a step
   // boundary after which the ranks `leaving` says (by rank) leave it: the
   // shards move straight to a layout of the ranks that stay (in their
@@ -385,21 +387,22 @@ class OptimizerShards {
   static absl::StatusOr<std::unique_ptr<OptimizerShards>> Build(
       std::vector<Group> groups, ShardLayout layout, int rank,
       const std::vector<std::vector<KeptFields>>& fields);
-  // Redistribute's rounds for group `g` (`groups`, this rank's view of
-  // them), the new layout `after`: the fields of each shard this rank
-  // keeps there into `kept` (KeptBy's order). `held` as Redistribute's;
-  // `source`: ShardSources of its layout.
   // Redistribute and HandOver: the shards of `agreed`'s layout (its
   // node_of_rank and `copies`) for rank `rank` of it, -1 for none.
+  // `held` and `whole` as Redistribute's.
   static absl::StatusOr<std::unique_ptr<OptimizerShards>> MoveTo(
-      OptimizerShards* held, const std::vector<torch::optim::Optimizer*>& optimizers,
-      const ShardWorld& agreed, int copies, int rank, Communicator* comm, absl::Time deadline,
-      int64_t chunk);
-  static absl::Status MoveGroup(const std::vector<Group>& groups, int g,
-                                const OptimizerShards* held, const std::vector<int>& source,
+      OptimizerShards* held, const ShardLayout* whole,
+      const std::vector<torch::optim::Optimizer*>& optimizers, const ShardWorld& agreed, int copies,
+      int rank, Communicator* comm, absl::Time deadline, int64_t chunk);
+  // MoveTo's rounds for group `g` (`groups`, this rank's view of them), the
+  // new layout `after`: the fields of each shard this rank keeps there into
+  // `kept` (KeptBy's order). `before`: the layout this rank holds state of
+  // (null for none), and its rank in it (kHoldsWholeState for the whole
+  // source); `source`: ShardSources of that layout.
+  static absl::Status MoveGroup(const std::vector<Group>& groups, int g, const ShardLayout* before,
+                                int before_rank, const std::vector<int>& source,
                                 const ShardLayout& after, int rank, Communicator* comm,
-                                absl::Time deadline, int64_t chunk,
-                                std::vector<KeptFields>* kept);
+                                absl::Time deadline, int64_t chunk, std::vector<KeptFields>* kept);
 
   // Where shard `shard`'s master stands in each group's masters (KeptBy's
   // order), or past them when this rank does not keep that shard.

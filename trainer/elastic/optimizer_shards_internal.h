@@ -71,6 +71,11 @@ torch::Tensor ScalarAt(const torch::Tensor& words, int64_t c, torch::Dtype dtype
 absl::Status WriteFields(const OptimizerCodec::Fields& fields, int g, ElementRange range,
                          bool scalars, FlatState* state);
 
+// The elements `range` of `params` laid end to end (or of tensors shaped
+// as they are: an optimizer state field of each), into `to` (1-D, of
+// `range`'s size).
+void ReadValues(const std::vector<torch::Tensor>& params, ElementRange range, torch::Tensor to);
+
 // Whether some shard comes from the whole source (ShardSources).
 bool AnyFromWhole(const std::vector<int>& source);
 // The rank of `layout` that sends each shard: the first of its holders

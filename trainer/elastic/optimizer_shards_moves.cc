@@ -39,6 +39,74 @@ OptimizerCodec::Fields CutFields(const OptimizerCodec::Fields& fields, ElementRa
   return out;
 }
 
+// The whole source's fields over `piece` of the group's elements (laid
+// end to end), from `by_param`, each parameter's of `params`: each
+// per-element field read piece by piece (a copy of the piece alone), the
+// scalars the first parameter's.
+OptimizerCodec::Fields WholePiece(const std::vector<torch::Tensor>& params,
+                                  const std::vector<OptimizerCodec::Fields>& by_param,
+                                  ElementRange piece) {
+  OptimizerCodec::Fields out;
+  for (const auto& [name, first] : by_param[0]) {
+    if (!PerElement(first, params[0])) {
+      out.emplace_back(name, first);
+      continue;
+    }
+    std::vector<torch::Tensor> field;
+    for (const OptimizerCodec::Fields& fields : by_param) {
+      const auto it = std::find_if(fields.begin(), fields.end(),
+                                   [&](const auto& f) { return f.first == name; });
+      field.push_back(it != fields.end() ? it->second : torch::Tensor());
+    }
+    torch::Tensor to = torch::empty({std::max<int64_t>(piece.size(), 0)}, first.options());
+    if (piece.size() > 0) ReadValues(field, piece, to);
+    out.emplace_back(name, to);
+  }
+  return out;
+}
+
+// MoveGroup's part on a sender: the old shards of `before` it sends of
+// group `g` (`*sent`) and the state they are read from (`*fields`): each
+// sent master's fields, or for the whole source (`before_rank`
+// kHoldsWholeState) each parameter's. (A template: OptimizerShards::Group
+// is private.)
+template <typename Group>
+absl::Status SentState(const Group& group, int g, const ShardLayout* before, int before_rank,
+                       const std::vector<int>& source, std::vector<int>* sent,
+                       std::vector<OptimizerCodec::Fields>* fields) {
+  const auto& options = group.optimizer->param_groups()[group.index].options();
+  if (before_rank == kHoldsWholeState) {
+    // Read from the parameters' own state round by round (WholePiece).
+    for (int s = 0; s < before->world(); ++s) {
+      if (source[s] == kHoldsWholeState) sent->push_back(s);
+    }
+    for (size_t i = 0; i < group.params.size() && !sent->empty(); ++i) {
+      torch::optim::OptimizerParamState* state =
+          FindOptimizerState(*group.optimizer, group.params[i]);
+      if (state == nullptr) {
+        return absl::InternalError(
+            absl::StrCat("optimizer group ", g, ": a parameter of the whole state has none"));
+      }
+      fields->push_back(group.codec->Save(*state, options));
+    }
+    return absl::OkStatus();
+  }
+  if (before == nullptr) return absl::OkStatus();  // a joiner sends nothing
+  const std::vector<int> old_kept = before->KeptBy(before_rank);
+  for (size_t k = 0; k < old_kept.size(); ++k) {
+    if (source[old_kept[k]] != before_rank) continue;
+    torch::optim::OptimizerParamState* state =
+        FindOptimizerState(*group.optimizer, group.masters[k]);
+    if (state == nullptr) {
+      return absl::InternalError(
+          absl::StrCat("optimizer group ", g, ": a master it sends has no state"));
+    }
+    sent->push_back(old_kept[k]);
+    fields->push_back(group.codec->Save(*state, options));
+  }
+  return absl::OkStatus();
+}
+
 // A round `round` of new shard `range`, summed over the world (`buffer`),
 // into the shard's fields `out`, made where `device` at the first round.
 void KeepRound(const FlatState& buffer, ElementRange range, ElementRange round,
@@ -63,10 +131,10 @@ void KeepRound(const FlatState& buffer, ElementRange range, ElementRange round,
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<OptimizerShards>> OptimizerShards::Redistribute(
-    OptimizerShards* held, const std::vector<torch::optim::Optimizer*>& optimizers,
-    const ShardWorld& agreed, int copies, Communicator* comm, absl::Time deadline,
-    int64_t chunk) {
-  return MoveTo(held, optimizers, agreed, copies, comm->rank(), comm, deadline, chunk);
+    OptimizerShards* held, const ShardLayout* whole,
+    const std::vector<torch::optim::Optimizer*>& optimizers, const ShardWorld& agreed, int copies,
+    Communicator* comm, absl::Time deadline, int64_t chunk) {
+  return MoveTo(held, whole, optimizers, agreed, copies, comm->rank(), comm, deadline, chunk);
 }
 
 absl::StatusOr<std::unique_ptr<OptimizerShards>> OptimizerShards::HandOver(
@@ -91,19 +159,24 @@ absl::StatusOr<std::unique_ptr<OptimizerShards>> OptimizerShards::HandOver(
     if (r == comm->rank()) rank = static_cast<int>(agreed.node_of_rank.size());
     agreed.node_of_rank.push_back(layout.node_of_rank()[r]);
   }
-  return MoveTo(held, optimizers, agreed, copies, rank, comm, deadline, chunk);
+  return MoveTo(held, /*whole=*/nullptr, optimizers, agreed, copies, rank, comm, deadline, chunk);
 }
 
 absl::StatusOr<std::unique_ptr<OptimizerShards>> OptimizerShards::MoveTo(
-    OptimizerShards* held, const std::vector<torch::optim::Optimizer*>& optimizers,
-    const ShardWorld& agreed, int copies, int rank, Communicator* comm, absl::Time deadline,
-    int64_t chunk) {
+    OptimizerShards* held, const ShardLayout* whole,
+    const std::vector<torch::optim::Optimizer*>& optimizers, const ShardWorld& agreed, int copies,
+    int rank, Communicator* comm, absl::Time deadline, int64_t chunk) {
   // This rank's view of the groups: a holder's own (its optimizers list
-  // the masters), a joiner's from its optimizers.
+  // the masters), a joiner's or the whole source's from its optimizers.
   std::vector<Group> collected;
   std::vector<int64_t> elements;
   if (held == nullptr) {
     MUSTER_RETURN_IF_ERROR(Collect(optimizers, &collected, &elements));
+    if (whole != nullptr && agreed.alive.size() != static_cast<size_t>(whole->world())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("redistribute from the whole state: ", agreed.alive.size(),
+                       " ranks said alive or not, of a layout of ", whole->world()));
+    }
   } else {
     MUSTER_RETURN_IF_ERROR(held->CheckAlive(agreed.alive, "redistribute"));
     for (int g = 0; g < held->layout_.groups(); ++g) {
@@ -111,18 +184,20 @@ absl::StatusOr<std::unique_ptr<OptimizerShards>> OptimizerShards::MoveTo(
     }
   }
   const std::vector<Group>& groups = held != nullptr ? held->groups_ : collected;
+  // The layout the state is held in on this rank (none for a joiner), and
+  // this rank in it.
+  const ShardLayout* before = held != nullptr ? &held->layout_ : whole;
+  const int before_rank = held != nullptr ? held->rank_ : whole != nullptr ? kHoldsWholeState : -1;
   MUSTER_ASSIGN_OR_RETURN(ShardLayout after,
                           ShardLayout::Make(elements, agreed.node_of_rank, copies));
   const size_t G = groups.size();
   std::string lost;
   const std::vector<int> source =
-      held != nullptr ? ShardSources(held->layout_, agreed.alive, /*whole=*/false, &lost)
-                      : std::vector<int>();
+      before != nullptr ? ShardSources(*before, agreed.alive, agreed.whole_source >= 0, &lost)
+                        : std::vector<int>();
   torch::NoGradGuard no_grad;
   std::vector<int64_t> header;
-  MUSTER_RETURN_IF_ERROR(AgreeOnHeader(groups, held != nullptr ? &held->layout_ : nullptr,
-                                       held != nullptr ? held->rank_ : -1, lost, comm, deadline,
-                                       &header));
+  MUSTER_RETURN_IF_ERROR(AgreeOnHeader(groups, before, before_rank, lost, comm, deadline, &header));
   const bool stepped = header[2 * G + 1] > 0;
   // Every group's kept shards' fields, aside until every round is done.
   const size_t kept = rank >= 0 ? after.KeptBy(rank).size() : 0;
@@ -131,15 +206,13 @@ absl::StatusOr<std::unique_ptr<OptimizerShards>> OptimizerShards::MoveTo(
     if (elements[g] == 0) continue;  // not sharded
     fields[g].resize(kept);
     if (header[g + 1] == 0) continue;  // no state yet: the masters get none
-    MUSTER_RETURN_IF_ERROR(MoveGroup(groups, static_cast<int>(g), held, source, after, rank,
-                                     comm, deadline, chunk, &fields[g]));
+    MUSTER_RETURN_IF_ERROR(MoveGroup(groups, static_cast<int>(g), before, before_rank, source,
+                                     after, rank, comm, deadline, chunk, &fields[g]));
   }
   for (size_t g = 0; g < G && stepped; ++g) {
     if (header[G + g + 1] == 0) continue;
-    MUSTER_RETURN_IF_ERROR(AssembleValues(groups[g], static_cast<int>(g),
-                                          held != nullptr ? &held->layout_ : nullptr,
-                                          held != nullptr ? held->rank_ : -1, source, comm,
-                                          deadline, chunk));
+    MUSTER_RETURN_IF_ERROR(AssembleValues(groups[g], static_cast<int>(g), before, before_rank,
+                                          source, comm, deadline, chunk));
   }
   // Every rank has its fields only once every rank's rounds are done: a
   // rank that passes this word knows that no rank keeps the old shards
@@ -158,31 +231,18 @@ absl::StatusOr<std::unique_ptr<OptimizerShards>> OptimizerShards::MoveTo(
 }
 
 absl::Status OptimizerShards::MoveGroup(const std::vector<Group>& groups, int g,
-                                        const OptimizerShards* held,
+                                        const ShardLayout* before, int before_rank,
                                         const std::vector<int>& source, const ShardLayout& after,
                                         int rank, Communicator* comm, absl::Time deadline,
                                         int64_t chunk, std::vector<KeptFields>* kept) {
   const Group& group = groups[g];
-  const auto& options = group.optimizer->param_groups()[group.index].options();
   const torch::Device device = group.params[0].device();
-  // What this rank sends: each master's fields whose shard it is the
-  // source of (by KeptBy's order of the old layout).
+  // What this rank sends: the old shards it is the source of, and the
+  // state they are read from.
   std::vector<int> sent;
   std::vector<OptimizerCodec::Fields> sent_fields;
-  if (held != nullptr) {
-    const std::vector<int> old_kept = held->layout_.KeptBy(held->rank_);
-    for (size_t k = 0; k < old_kept.size(); ++k) {
-      if (source[old_kept[k]] != held->rank_) continue;
-      torch::optim::OptimizerParamState* state =
-          FindOptimizerState(*group.optimizer, group.masters[k]);
-      if (state == nullptr) {
-        return absl::InternalError(
-            absl::StrCat("optimizer group ", g, ": a master it sends has no state"));
-      }
-      sent.push_back(old_kept[k]);
-      sent_fields.push_back(group.codec->Save(*state, options));
-    }
-  }
+  MUSTER_RETURN_IF_ERROR(SentState(group, g, before, before_rank, source, &sent, &sent_fields));
+  const bool whole_source = before_rank == kHoldsWholeState;
   const std::vector<int> mine = rank >= 0 ? after.KeptBy(rank) : std::vector<int>();
   chunk = std::max<int64_t>(chunk, 1);
   // The fields, once: each round's buffer is made alike.
@@ -199,7 +259,7 @@ absl::Status OptimizerShards::MoveGroup(const std::vector<Group>& groups, int g,
       buffer.padded = n + n % 2;
       buffer.flat = torch::zeros({buffer.ScalarOffset(buffer.scalars)}, fields.flat.options());
       for (size_t i = 0; i < sent.size(); ++i) {
-        const ElementRange whole = held->layout_.Range(g, sent[i]);
+        const ElementRange whole = before->Range(g, sent[i]);
         const ElementRange piece = Overlap(whole, round);
         // The group's scalars have one writer: the sender of old shard 0.
         const bool scalars = sent[i] == 0;
@@ -208,8 +268,9 @@ absl::Status OptimizerShards::MoveGroup(const std::vector<Group>& groups, int g,
         const ElementRange at = empty ? ElementRange{whole.begin, whole.begin} : piece;
         const ElementRange into = empty ? ElementRange{0, 0}
                                         : ElementRange{piece.begin - begin, piece.end - begin};
-        MUSTER_RETURN_IF_ERROR(
-            WriteFields(CutFields(sent_fields[i], whole, at), g, into, scalars, &buffer));
+        MUSTER_RETURN_IF_ERROR(WriteFields(whole_source ? WholePiece(group.params, sent_fields, at)
+                                                        : CutFields(sent_fields[i], whole, at),
+                                           g, into, scalars, &buffer));
       }
       // Every rank sizes the round alike: none is empty on one rank alone.
       if (buffer.flat.numel() > 0) {

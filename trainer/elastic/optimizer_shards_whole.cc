@@ -196,14 +196,6 @@ void ForEachPiece(const std::vector<torch::Tensor>& params, ElementRange range, 
   }
 }
 
-// The elements `range` of `params` laid end to end, into `to` (1-D, of
-// `range`'s size).
-void ReadValues(const std::vector<torch::Tensor>& params, ElementRange range, torch::Tensor to) {
-  ForEachPiece(params, range, [&](const torch::Tensor& p, int64_t at, int64_t n, int64_t into) {
-    to.narrow(0, into, n).copy_(p.detach().reshape({-1}).narrow(0, at, n));
-  });
-}
-
 // `from` (1-D, of `range`'s size) into the elements `range` of `params`
 // laid end to end. A piece that holds these bits already is not written:
 // a graph built on its parameter before the regroup (a GAN's generated
@@ -225,6 +217,12 @@ void WriteValues(const std::vector<torch::Tensor>& params, ElementRange range,
 }
 
 }  // namespace
+
+void ReadValues(const std::vector<torch::Tensor>& params, ElementRange range, torch::Tensor to) {
+  ForEachPiece(params, range, [&](const torch::Tensor& p, int64_t at, int64_t n, int64_t into) {
+    to.narrow(0, into, n).copy_(p.detach().reshape({-1}).narrow(0, at, n));
+  });
+}
 
 absl::Status OptimizerShards::AssembleValues(const Group& group, int g, const ShardLayout* layout,
                                              int rank, const std::vector<int>& source,

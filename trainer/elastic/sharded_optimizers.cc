@@ -47,9 +47,10 @@ absl::Status ShardedOptimizers::Gather(Communicator* comm, uint64_t generation, 
   if (loaded) return absl::OkStatus();
   if (Straight(agreed, comm->size())) {
     MUSTER_ASSIGN_OR_RETURN(std::unique_ptr<OptimizerShards> moved,
-                            OptimizerShards::Redistribute(counts ? shards_.get() : nullptr,
-                                                          optimizers_, agreed, copies_, comm,
-                                                          deadline));
+                            OptimizerShards::Redistribute(
+                                counts ? shards_.get() : nullptr,
+                                whole && agreed.whole_source == comm->rank() ? &*whole_ : nullptr,
+                                optimizers_, agreed, copies_, comm, deadline));
     shards_ = std::move(moved);
     generation_ = gathered_for_;
     ++times_sharded_;
@@ -117,7 +118,10 @@ absl::StatusOr<bool> ShardedOptimizers::LoadPending(Communicator* comm, bool fre
 }
 
 bool ShardedOptimizers::Straight(const ShardWorld& agreed, int world) const {
-  if (agreed.generation == 0 || agreed.whole_source >= 0 || KeepsWhole(world)) return false;
+  if (agreed.generation == 0 || KeepsWhole(world)) return false;
+  // The whole source's state is as of the boundary its regather began at:
+  // it sends only where no rank is in a step.
+  if (agreed.whole_source >= 0) return agreed.one_step;
   return agreed.one_step || SteppersKeepEveryShard(agreed);
 }
 
@@ -151,9 +155,10 @@ absl::Status ShardedOptimizers::CatchUp(Communicator* comm, bool stepped, absl::
     agreed.layout_rank.push_back(agreed.alive.back() ? r : -1);
   }
   if (!stepped) Release();  // its shards as they were before the step
-  MUSTER_ASSIGN_OR_RETURN(std::unique_ptr<OptimizerShards> moved,
-                          OptimizerShards::Redistribute(shards_.get(), optimizers_, agreed,
-                                                        copies_, comm, deadline));
+  MUSTER_ASSIGN_OR_RETURN(
+      std::unique_ptr<OptimizerShards> moved,
+      OptimizerShards::Redistribute(shards_.get(), /*whole=*/nullptr, optimizers_, agreed, copies_,
+                                    comm, deadline));
   shards_ = std::move(moved);
   ++times_sharded_;
   if (!stepped) {

@@ -50,15 +50,16 @@ class ShardedOptimizers {
   // Collective over the new world's `comm`, every rank, `node` this rank's
   // node index in it; `failed_step` (-1 for none) and `failed_generation`:
   // the step that failed under this rank. Where some rank holds shards of
-  // the last layout, no rank holds it whole, every rank is in the same
-  // failed step or none is (or the ranks outside it are joiners and each
-  // new shard has a keeper in it: CatchUp then brings the joiners the
-  // step), and this world shards (not KeepsWhole), this
-  // world's shards straight from the last layout's
-  // (OptimizerShards::Redistribute: each rank receives only what it keeps,
-  // sharded() after). Otherwise the whole state on every rank, each range
-  // from a rank of the last layout that lives on, received by everyone
-  // else. NOT_FOUND (every rank) when a range with state has no living
+  // the last layout, every rank is in the same failed step or none is (or,
+  // where no rank holds it whole, the ranks outside it are joiners and
+  // each new shard has a keeper in it: CatchUp then brings the joiners the
+  // step), and this world shards (not KeepsWhole), this world's shards
+  // straight from the last layout's (OptimizerShards::Redistribute: each
+  // rank receives only what it keeps, a range with no living holder from
+  // the whole source; sharded() after). Otherwise the whole state on every
+  // rank, each range from a rank of the last layout that lives on (or the
+  // whole source), received by everyone else. NOT_FOUND (every rank) when a
+  // range with state has no living
   // holder: the shards are kept as they were (Release drops them; Shard
   // then shards for this world whatever the optimizers hold).
   absl::Status Gather(Communicator* comm, uint64_t generation, int node, absl::Time deadline,
