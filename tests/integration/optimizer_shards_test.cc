@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <functional>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -18,9 +19,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "tests/integration/comm_world.h"
-#include "trainer/elastic/sharded_optimizers.h"
 #include "trainer/checkpoint/optimizer_codecs.h"
 #include "trainer/checkpoint/state_tensors.h"
+#include "trainer/elastic/sharded_optimizers.h"
 
 namespace muster {
 namespace {
@@ -235,13 +236,13 @@ struct Held {
   std::unique_ptr<OptimizerShards> shards;
   std::unique_ptr<ShardedOptimizers> sharded_state;  // the replica's way (LivesThroughWorlds)
   std::vector<std::vector<torch::Tensor>> groups;    // sharded_opt's, before sharding
-  explicit Held(const Kind& kind, bool channels_last = false)
+  explicit Held(const Kind& kind, bool channels_last = false, int copies = 2)
       : reference(MakeNet(channels_last)),
         sharded(MakeNet(channels_last)),
         reference_opt(kind.make(reference)),
         sharded_opt(kind.make(sharded)),
         sharded_state(std::make_unique<ShardedOptimizers>(
-            std::vector<torch::optim::Optimizer*>{sharded_opt.get()}, 2)),
+            std::vector<torch::optim::Optimizer*>{sharded_opt.get()}, copies)),
         groups(GroupsOf(*sharded_opt)) {}
 
   // A world of `comm` with generation `generation` as the replica drives
@@ -564,6 +565,44 @@ TEST_P(OptimizerShardsTest, ARankThatHoldsTheWholeStateSendsTheRangesWhoseHolder
   ASSERT_FALSE(held[whole]->sharded_state->sharded());
   ASSERT_TRUE(RunCommWorld(3, "gloo", [&](int rank, Communicator* comm) {
                 now[rank]->LiveInWorld(rank, 2, 3, 3, comm, /*straight=*/true);
+              }).ok());
+}
+
+// With one copy, three ranks on two nodes fail a step (a link, not a
+// rank: all three live on) and a joiner meets them in the next world. No
+// rank in the step keeps the shard the joiner will keep, so the step could
+// reach the joiner only through the whole state on every rank: instead
+// every rank's Gather says RESOURCE_EXHAUSTED, nothing changed, and the
+// world is entered again with the step dropped (no rank in a step). That
+// goes straight to the new shards, and the four ranks take the dropped
+// step again and train on bit for bit as the unsharded optimizer does.
+TEST_P(OptimizerShardsTest, WithOneCopyAJoinerOutsideAFailedStepDropsItRatherThanGoWhole) {
+  std::vector<std::unique_ptr<Held>> now;
+  for (int i = 0; i < 3; ++i) now.push_back(std::make_unique<Held>(GetParam(), false, 1));
+  ASSERT_TRUE(RunCommWorld(3, "gloo", [&](int rank, Communicator* comm) {
+                now[rank]->LiveInWorld(rank, 1, 0, 3, comm);
+              }).ok());
+  // The joiner's reference: every rank's is the same.
+  now.push_back(std::make_unique<Held>(GetParam(), false, 1));
+  {
+    torch::NoGradGuard no_grad;
+    const auto from = now[0]->reference->parameters();
+    const auto to = now[3]->reference->parameters();
+    for (size_t i = 0; i < from.size(); ++i) to[i].copy_(from[i]);
+    std::stringstream archive;
+    torch::save(*now[0]->reference_opt, archive);
+    torch::load(*now[3]->reference_opt, archive);
+  }
+  ASSERT_TRUE(RunCommWorld(4, "gloo", [&](int rank, Communicator* comm) {
+                Held& me = *now[rank];
+                const bool survivor = rank < 3;  // the joiner is rank 3
+                const std::string where = absl::StrCat("generation 2, rank ", rank);
+                const absl::Status salvaging = me.sharded_state->Gather(
+                    comm, 2, /*node=*/rank % 2, absl::Now() + absl::Seconds(30), survivor ? 3 : -1,
+                    survivor ? 1 : 0);
+                ASSERT_TRUE(absl::IsResourceExhausted(salvaging)) << where << ": " << salvaging;
+                ASSERT_EQ(me.sharded_state->sharded(), survivor) << where << ": as it was";
+                me.LiveInWorld(rank, 2, 3, 3, comm, /*straight=*/true);
               }).ok());
 }
 

@@ -45,6 +45,12 @@ absl::Status ShardedOptimizers::Gather(Communicator* comm, uint64_t generation, 
   MUSTER_ASSIGN_OR_RETURN(const bool loaded,
                           LoadPending(comm, agreed.generation == 0, deadline));
   if (loaded) return absl::OkStatus();
+  if (WholeOnlyToSalvage(agreed, comm->size())) {
+    return absl::ResourceExhaustedError(
+        "entering this world would make the optimizer state whole on every rank, to bring the "
+        "failed step to ranks outside it that no rank in it keeps the shards of: the step is "
+        "dropped and the world entered again");
+  }
   if (Straight(agreed, comm->size())) {
     MUSTER_ASSIGN_OR_RETURN(std::unique_ptr<OptimizerShards> moved,
                             OptimizerShards::Redistribute(
@@ -123,6 +129,13 @@ bool ShardedOptimizers::Straight(const ShardWorld& agreed, int world) const {
   // it sends only where no rank is in a step.
   if (agreed.whole_source >= 0) return agreed.one_step;
   return agreed.one_step || SteppersKeepEveryShard(agreed);
+}
+
+bool ShardedOptimizers::WholeOnlyToSalvage(const ShardWorld& agreed, int world) const {
+  if (agreed.generation == 0 || KeepsWhole(world) || agreed.one_step) return false;
+  // Ranks outside the one failed step, holding nothing or the state it
+  // began from: without it the world would go straight.
+  return agreed.outside_step.size() == agreed.node_of_rank.size() && !Straight(agreed, world);
 }
 
 bool ShardedOptimizers::SteppersKeepEveryShard(const ShardWorld& agreed) const {

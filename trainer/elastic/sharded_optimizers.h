@@ -59,9 +59,12 @@ class ShardedOptimizers {
   // the whole source; sharded() after). Otherwise the whole state on every
   // rank, each range from a rank of the last layout that lives on (or the
   // whole source), received by everyone else. NOT_FOUND (every rank) when a
-  // range with state has no living
-  // holder: the shards are kept as they were (Release drops them; Shard
-  // then shards for this world whatever the optimizers hold).
+  // range with state has no living holder: the shards are kept as they
+  // were (Release drops them; Shard then shards for this world whatever
+  // the optimizers hold). RESOURCE_EXHAUSTED (every rank, nothing changed)
+  // where the world would be made whole only to bring the failed step to
+  // the ranks outside it (WholeOnlyToSalvage): the caller drops the step
+  // and gathers again with no rank in a step, which goes straight.
   absl::Status Gather(Communicator* comm, uint64_t generation, int node, absl::Time deadline,
                       int64_t failed_step = -1, uint64_t failed_generation = 0,
                       int64_t step = -1);
@@ -192,6 +195,11 @@ class ShardedOptimizers {
  private:
   // Whether Gather goes straight to this world's shards (its comment).
   bool Straight(const ShardWorld& agreed, int world) const;
+  // Whether this world would be entered by the whole regather only because
+  // some ranks are outside the failed step the others are in, and no rank
+  // in it keeps some shard one outside keeps (one copy), or a rank holds
+  // the whole state: entered with no rank in a step, it would go straight.
+  bool WholeOnlyToSalvage(const ShardWorld& agreed, int world) const;
   // Where the ranks outside a failed step are joiners
   // (ShardWorld::outside_step): whether each shard of this world's layout
   // has a keeper in the step, which steps it for the joiners (CatchUp).

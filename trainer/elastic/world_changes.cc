@@ -67,6 +67,14 @@ absl::Status WorldChanges::Enter(Communicator* comm, const WorldInfo& world) {
   }
   absl::Status entered =
       tensors_->EnterWorld(comm, world, counters_->step, failed, LongDeadline());
+  if (absl::IsResourceExhausted(entered)) {
+    // Sharded state that only a whole regather could bring the failed step
+    // to the ranks outside it: the step is dropped on every rank (begun
+    // again in this world) and the state moves straight to its shards.
+    MUSTER_LOG(INFO) << entered.message();
+    if (failed_step_.has_value()) failed_step_->salvageable = false;
+    entered = tensors_->EnterWorld(comm, world, counters_->step, std::nullopt, LongDeadline());
+  }
   if (absl::IsNotFound(entered)) {
     // Every rank restores the checkpoint; then enters again, where the
     // sharded part of it is read, each rank its own ranges.

@@ -160,7 +160,8 @@ class WorldChanges {
     // (ShardedOptimizers::Gather); nothing without. `step`: the steps this
     // rank has taken; `failed`: the step that failed under this rank, if
     // one did. Errors: the communicator's; NOT_FOUND when a shard has no
-    // living holder.
+    // living holder; RESOURCE_EXHAUSTED where the state would be made whole
+    // only to salvage `failed` (enter again with none).
     virtual absl::Status EnterWorld(Communicator* comm, const WorldInfo& world, int64_t step,
                                     const std::optional<FailedStepMark>& failed,
                                     absl::Time deadline) = 0;
