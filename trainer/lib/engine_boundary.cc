@@ -41,10 +41,12 @@ absl::Status Engine::WholeState() {
 }
 
 absl::Status Engine::CheckStateAgrees(const std::string& when, bool whole) {
+  const uint64_t generation = world_->world().generation;
   // A checkpoint that follows (a world of one included) reads sharded
   // optimizer state whole; the check alone compares it sharded.
   if (whole) MUSTER_RETURN_IF_ERROR(WholeState());
-  if (life_.ended()) return absl::OkStatus();
+  // After a regroup in it, the new world's entry made the state agree.
+  if (life_.ended() || world_->world().generation != generation) return absl::OkStatus();
   if (step_.state_checked_at == counters().step || world_->comm()->size() == 1) {
     return absl::OkStatus();
   }
@@ -70,8 +72,12 @@ absl::Status Engine::Stop() {
   // each rank rather than all of it on rank 0.
   bool sharded = checkpointer_ && replica_.optimizer_state().sharded();
   if (checkpointer_) {
+    const uint64_t generation = world_->world().generation;
     MUSTER_RETURN_IF_ERROR(CheckStateAgrees("before the checkpoint to stop", /*whole=*/!sharded));
-    sharded = replica_.optimizer_state().sharded();  // a regroup in the check made it whole
+    // A regroup in the check: the new world's ranks (a joiner among them)
+    // are not all stopping at this boundary, and none of its collectives
+    // runs there; the stop, still asked, is the next step's decision.
+    if (!life_.ended() && world_->world().generation != generation) return absl::OkStatus();
   }
   if (checkpointer_ && !life_.ended()) {  // else the check's regroup found no world
     const absl::StatusOr<OwnShardState> own =
@@ -239,8 +245,16 @@ absl::Status Engine::AfterDecision(bool world_changed) {
   if (due && !world_changed) {
     // Sharded optimizer state is written where it is held, a file a rank.
     const bool sharded = replica_.optimizer_state().sharded();
+    const uint64_t generation = world_->world().generation;
     MUSTER_RETURN_IF_ERROR(CheckStateAgrees("before a checkpoint", /*whole=*/!sharded));
     if (life_.ended()) return absl::OkStatus();
+    if (world_->world().generation != generation) {
+      // A regroup in the check: as after any regroup in a boundary, none
+      // of its collectives runs in the new world (a joiner would be in the
+      // next step's): the checkpoint waits for the next boundary.
+      checkpointer_->set_deferred(true);
+      return absl::OkStatus();
+    }
     // A scheduled checkpoint that fails is skipped: training goes on.
     if (sharded) {
       absl::StatusOr<bool> taken = checkpointer_->TakeSharded(
