@@ -1562,6 +1562,49 @@ void ShardedStateFailureTest::KillOneOfFourWithOneCopy(const std::vector<std::st
   ExpectParametersOf({"c1", "c2"}, s0);
 }
 
+// With one copy, a hot spare (on a third node) takes the place of a rank
+// SIGKILLed after the checkpoint of step 40. Where the kill falls inside a
+// step, the spare could get that step only through the whole state on
+// every rank, so the step is dropped and the world entered again; either
+// way the dead rank's ranges are gone, and all four ranks, the spare
+// among them, read only their own ranges of the world of four from the
+// newest checkpoint's shard files, and end with the same parameters.
+TEST_F(ShardedStateFailureTest, WithOneCopyAHotSpareReadsItsRangesFromTheNewestCheckpoint) {
+  const std::vector<std::string> flags = {"--shard-optimizer", "--optimizer-state-copies=1",
+                                          "--checkpoint-dir=" + dir_ + "/ckpt",
+                                          "--checkpoint-every=20", "--steps=400"};
+  std::vector<pid_t> pids = Run("o", flags);
+  ASSERT_TRUE(WaitForLine("coordinator", "committed (latest step 40)", absl::Seconds(90)))
+      << ReadText(dir_ + "/coordinator.log");
+  const pid_t spare = Trainer(0, "o4", "n2", "hier", AdamW(flags));
+  ASSERT_TRUE(WaitForLine("coordinator", "(a spare: the world is full)", absl::Seconds(30)))
+      << ReadText(dir_ + "/o4.log");
+  ASSERT_EQ(::kill(pids[3], SIGKILL), 0);
+  WaitExit(pids[3]);
+  pids[3] = spare;
+  const std::vector<std::string> tags = {"o0", "o1", "o2", "o4"};
+  for (size_t i = 0; i < tags.size(); ++i) {
+    EXPECT_EQ(WaitExit(pids[i]), 0) << ReadText(dir_ + "/" + tags[i] + ".log");
+  }
+  const std::string log0 = ReadText(dir_ + "/o0.log");
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(log0, m, std::regex("restored the checkpoint of step ([0-9]+)")))
+      << log0;
+  EXPECT_GE(std::stoi(m[1]), 40) << log0;
+  for (const std::string& tag : tags) {
+    const std::string log = ReadText(dir_ + "/" + tag + ".log");
+    EXPECT_NE(log.find(absl::StrCat("optimizer state of the checkpoint of step ", m[1].str(),
+                                    " read into the shards of a world of 4")),
+              std::string::npos)
+        << tag << "\n"
+        << log;
+  }
+  const std::string s0 = ReadText(dir_ + "/o0.json");
+  EXPECT_EQ(JsonNumber(s0, "steps"), "400") << s0;
+  EXPECT_EQ(JsonNumber(s0, "world_size"), "4") << s0;
+  ExpectParametersOf({"o1", "o2", "o4"}, s0);
+}
+
 // With --reduce-scatter each rank receives only the average of the parts
 // it steps: with one copy ("r") its own; with two ("c"), on two nodes of two
 // ranks, its own and its buddy's, which share its column. Every rank ends
