@@ -47,7 +47,9 @@ OptimizerCodec::Fields WholePiece(const std::vector<torch::Tensor>& params,
                                   const std::vector<OptimizerCodec::Fields>& by_param,
                                   ElementRange piece) {
   OptimizerCodec::Fields out;
-  for (const auto& [name, first] : by_param[0]) {
+  for (const auto& named : by_param[0]) {
+    const std::string& name = named.first;
+    const torch::Tensor& first = named.second;
     if (!PerElement(first, params[0])) {
       out.emplace_back(name, first);
       continue;
