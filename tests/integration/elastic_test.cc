@@ -1344,6 +1344,23 @@ class ShardedStateFailureTest : public ShardedStateTest {
   // With `copies` copies of each part, one of four trainers leaves at a
   // boundary (SIGTERM) and a new one joins: see the tests.
   void OneLeavesAndOneJoins(int copies);
+  // A spare `tag`4 on node n2 waits (the world of Run(`tag`, `flags`) is
+  // full); rank 3 of `*pids` is SIGKILLed and the spare takes its place
+  // there; each of the four then exits 0 (its log where not).
+  void ASpareReplacesRank3(const std::string& tag, const std::vector<std::string>& flags,
+                           std::vector<pid_t>* pids) {
+    const pid_t spare = Trainer(0, tag + "4", "n2", "hier", AdamW(flags));
+    ASSERT_TRUE(WaitForLine("coordinator", "(a spare: the world is full)", absl::Seconds(30)))
+        << ReadText(dir_ + "/" + tag + "4.log");
+    ASSERT_EQ(::kill((*pids)[3], SIGKILL), 0);
+    WaitExit((*pids)[3]);
+    (*pids)[3] = spare;
+    const int numbers[4] = {0, 1, 2, 4};  // in the tags, by rank
+    for (int r = 0; r < 4; ++r) {
+      EXPECT_EQ(WaitExit((*pids)[r]), 0)
+          << ReadText(absl::StrCat(dir_, "/", tag, numbers[r], ".log"));
+    }
+  }
   // Each of `tags` ended with the parameters of `summary` (a summary
   // JSON's text): the same checksum; its log where not.
   void ExpectParametersOf(const std::vector<std::string>& tags, const std::string& summary) {
@@ -1447,16 +1464,7 @@ TEST_F(ShardedStateFailureTest, WithReduceScatterAHotSpareOnAThirdNodeJoinsTheSa
                                           "--steps=300"};
   std::vector<pid_t> pids = Run("h", flags);
   ASSERT_TRUE(WaitForStep("h0", 40, absl::Seconds(60))) << ReadText(dir_ + "/h0.log");
-  const pid_t spare = Trainer(0, "h4", "n2", "hier", AdamW(flags));
-  ASSERT_TRUE(WaitForLine("coordinator", "(a spare: the world is full)", absl::Seconds(30)))
-      << ReadText(dir_ + "/h4.log");
-  ASSERT_EQ(::kill(pids[3], SIGKILL), 0);
-  WaitExit(pids[3]);
-  pids[3] = spare;
-  const std::vector<std::string> tags = {"h0", "h1", "h2", "h4"};
-  for (size_t i = 0; i < tags.size(); ++i) {
-    EXPECT_EQ(WaitExit(pids[i]), 0) << ReadText(dir_ + "/" + tags[i] + ".log");
-  }
+  ASSERT_NO_FATAL_FAILURE(ASpareReplacesRank3("h", flags, &pids));
   const std::string log = ReadText(dir_ + "/h0.log");
   EXPECT_NE(log.find("world 4 on 3 nodes"), std::string::npos) << log;
   // A kill inside a step is salvaged: three shares where every survivor
@@ -1576,22 +1584,13 @@ TEST_F(ShardedStateFailureTest, WithOneCopyAHotSpareReadsItsRangesFromTheNewestC
   std::vector<pid_t> pids = Run("o", flags);
   ASSERT_TRUE(WaitForLine("coordinator", "committed (latest step 40)", absl::Seconds(90)))
       << ReadText(dir_ + "/coordinator.log");
-  const pid_t spare = Trainer(0, "o4", "n2", "hier", AdamW(flags));
-  ASSERT_TRUE(WaitForLine("coordinator", "(a spare: the world is full)", absl::Seconds(30)))
-      << ReadText(dir_ + "/o4.log");
-  ASSERT_EQ(::kill(pids[3], SIGKILL), 0);
-  WaitExit(pids[3]);
-  pids[3] = spare;
-  const std::vector<std::string> tags = {"o0", "o1", "o2", "o4"};
-  for (size_t i = 0; i < tags.size(); ++i) {
-    EXPECT_EQ(WaitExit(pids[i]), 0) << ReadText(dir_ + "/" + tags[i] + ".log");
-  }
+  ASSERT_NO_FATAL_FAILURE(ASpareReplacesRank3("o", flags, &pids));
   const std::string log0 = ReadText(dir_ + "/o0.log");
   std::smatch m;
   ASSERT_TRUE(std::regex_search(log0, m, std::regex("restored the checkpoint of step ([0-9]+)")))
       << log0;
   EXPECT_GE(std::stoi(m[1]), 40) << log0;
-  for (const std::string& tag : tags) {
+  for (const char* tag : {"o0", "o1", "o2", "o4"}) {
     const std::string log = ReadText(dir_ + "/" + tag + ".log");
     EXPECT_NE(log.find(absl::StrCat("optimizer state of the checkpoint of step ", m[1].str(),
                                     " read into the shards of a world of 4")),

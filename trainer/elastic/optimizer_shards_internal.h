@@ -76,6 +76,11 @@ absl::Status WriteFields(const OptimizerCodec::Fields& fields, int g, ElementRan
 // `range`'s size).
 void ReadValues(const std::vector<torch::Tensor>& params, ElementRange range, torch::Tensor to);
 
+// INVALID_ARGUMENT naming `what` unless `alive` has a word for each rank
+// of `layout` and, where `rank` is one of them (not -1), says it lives.
+absl::Status CheckAliveWords(const std::vector<bool>& alive, const ShardLayout& layout, int rank,
+                             const char* what);
+
 // Whether some shard comes from the whole source (ShardSources).
 bool AnyFromWhole(const std::vector<int>& source);
 // The rank of `layout` that sends each shard: the first of its holders

@@ -60,8 +60,8 @@ OptimizerCodec::Fields WholePiece(const std::vector<torch::Tensor>& params,
                                    [&](const auto& f) { return f.first == name; });
       field.push_back(it != fields.end() ? it->second : torch::Tensor());
     }
-    torch::Tensor to = torch::empty({std::max<int64_t>(piece.size(), 0)}, first.options());
-    if (piece.size() > 0) ReadValues(field, piece, to);
+    torch::Tensor to = torch::empty({piece.size()}, first.options());
+    ReadValues(field, piece, to);
     out.emplace_back(name, to);
   }
   return out;
@@ -174,10 +174,9 @@ absl::StatusOr<std::unique_ptr<OptimizerShards>> OptimizerShards::MoveTo(
   std::vector<int64_t> elements;
   if (held == nullptr) {
     MUSTER_RETURN_IF_ERROR(Collect(optimizers, &collected, &elements));
-    if (whole != nullptr && agreed.alive.size() != static_cast<size_t>(whole->world())) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("redistribute from the whole state: ", agreed.alive.size(),
-                       " ranks said alive or not, of a layout of ", whole->world()));
+    if (whole != nullptr) {
+      MUSTER_RETURN_IF_ERROR(
+          CheckAliveWords(agreed.alive, *whole, /*rank=*/-1, "redistribute from the whole state"));
     }
   } else {
     MUSTER_RETURN_IF_ERROR(held->CheckAlive(agreed.alive, "redistribute"));

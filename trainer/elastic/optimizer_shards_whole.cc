@@ -23,13 +23,19 @@
 
 namespace muster {
 
+absl::Status CheckAliveWords(const std::vector<bool>& alive, const ShardLayout& layout, int rank,
+                             const char* what) {
+  if (static_cast<int>(alive.size()) == layout.world() && (rank < 0 || alive[rank])) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      what, ": ", alive.size(), " ranks said alive or not, of a layout of ", layout.world(),
+      rank >= 0 ? absl::StrCat(", this rank ", rank, " among them") : std::string()));
+}
+
 absl::Status OptimizerShards::CheckAlive(const std::vector<bool>& alive,
                                          const char* what) const {
-  if (static_cast<int>(alive.size()) == layout_.world() && alive[rank_]) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(what, ": ", alive.size(),
-                                                 " ranks said alive or not, of a layout of ",
-                                                 layout_.world(), ", this rank ", rank_,
-                                                 " among them"));
+  return CheckAliveWords(alive, layout_, rank_, what);
 }
 
 absl::Status OptimizerShards::Unshard(const std::vector<bool>& alive, Communicator* comm,
@@ -85,11 +91,7 @@ absl::Status OptimizerShards::SendWhole(const std::vector<torch::optim::Optimize
   std::vector<Group> groups;
   std::vector<int64_t> elements;
   MUSTER_RETURN_IF_ERROR(Collect(optimizers, &groups, &elements));
-  if (static_cast<int>(alive.size()) != layout.world()) {
-    return absl::InvalidArgumentError(absl::StrCat("send whole: ", alive.size(),
-                                                   " ranks said alive or not, of a layout of ",
-                                                   layout.world()));
-  }
+  MUSTER_RETURN_IF_ERROR(CheckAliveWords(alive, layout, /*rank=*/-1, "send whole"));
   return Assemble(groups, &layout, kHoldsWholeState, alive, comm->rank(), comm, deadline);
 }
 

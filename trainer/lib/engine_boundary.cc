@@ -70,7 +70,7 @@ absl::Status Engine::Stop() {
   // Sharded optimizer state is written where it is held, a file a rank, as
   // a scheduled checkpoint's: the stop's write is then 1/W of the state on
   // each rank rather than all of it on rank 0.
-  bool sharded = checkpointer_ && replica_.optimizer_state().sharded();
+  const bool sharded = checkpointer_ && replica_.optimizer_state().sharded();
   if (checkpointer_) {
     const uint64_t generation = world_->world().generation;
     MUSTER_RETURN_IF_ERROR(CheckStateAgrees("before the checkpoint to stop", /*whole=*/!sharded));
