@@ -1,7 +1,9 @@
 #include "common/checkpoint_manifest.h"
 
 #include "absl/status/status.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "nlohmann/json.hpp"
 
 namespace muster {
@@ -97,6 +99,11 @@ absl::StatusOr<CheckpointManifest> DecodeManifest(std::string_view text, const s
     out.files[name] = ManifestFile{f["bytes"].get<uint64_t>(), f["xxh3"].get<std::string>()};
   }
   return out;
+}
+
+bool ParseStepDirName(std::string_view name, int64_t* step) {
+  absl::string_view rest(name.data(), name.size());
+  return absl::ConsumePrefix(&rest, "step-") && absl::SimpleAtoi(rest, step);
 }
 
 }  // namespace muster

@@ -52,6 +52,10 @@ std::string EncodeManifest(const CheckpointManifest& manifest);
 // wrong type, no files, a file name with a '/'.
 absl::StatusOr<CheckpointManifest> DecodeManifest(std::string_view text, const std::string& path);
 
+// A checkpoint's directory is `step-<S>` in the checkpoint directory: true
+// and `*step` = S for such a name.
+bool ParseStepDirName(std::string_view name, int64_t* step);
+
 }  // namespace muster
 
 #endif  // MUSTER_COMMON_CHECKPOINT_MANIFEST_H_

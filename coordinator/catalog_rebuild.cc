@@ -5,8 +5,6 @@
 #include <algorithm>
 #include <utility>
 
-#include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/checkpoint_manifest.h"
@@ -72,7 +70,7 @@ absl::StatusOr<RebuiltCatalog> RebuildCatalog(const std::string& checkpoint_dir,
   std::vector<std::pair<int64_t, std::string>> steps;
   for (const std::string& name : *names) {
     int64_t step = 0;
-    if (absl::StartsWith(name, "step-") && absl::SimpleAtoi(name.substr(5), &step)) {
+    if (ParseStepDirName(name, &step)) {
       steps.emplace_back(step, name);
     }
   }

@@ -45,20 +45,29 @@ TrainOptions Base(int port) {
   return o;
 }
 
-std::vector<TrainResult> RunJob(int world, const TrainOptions& base) {
-  std::vector<TrainResult> out(world);
+// Each trainer's outcome, by local rank.
+std::vector<absl::StatusOr<TrainResult>> RunTrainers(int world, const TrainOptions& base) {
+  std::vector<absl::StatusOr<TrainResult>> out(world);
   std::vector<std::thread> threads;
   for (int i = 0; i < world; ++i) {
     threads.emplace_back([&, i] {
       TrainOptions o = base;
       o.library.node_id = "node0";
       o.library.local_rank = i;
-      auto r = RunTraining(o, RealClock::Get());
-      ASSERT_TRUE(r.ok()) << r.status();
-      out[r->rank] = std::move(*r);
+      out[i] = RunTraining(o, RealClock::Get());
     });
   }
   for (auto& t : threads) t.join();
+  return out;
+}
+
+// Each trainer's result, by rank.
+std::vector<TrainResult> RunJob(int world, const TrainOptions& base) {
+  std::vector<TrainResult> out(world);
+  for (absl::StatusOr<TrainResult>& r : RunTrainers(world, base)) {
+    EXPECT_TRUE(r.ok()) << r.status();
+    if (r.ok()) out[r->rank] = std::move(*r);
+  }
   return out;
 }
 
@@ -183,6 +192,42 @@ TEST_F(CheckpointTest, RetentionKeepsTheLastK) {
   ASSERT_TRUE(names.ok());
   std::sort(names->begin(), names->end());
   EXPECT_EQ(*names, (std::vector<std::string>{"step-20", "step-25"}));
+}
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// A requeued job whose new coordinator was started without the state dir
+// of the first (its catalog knows no checkpoint): every trainer refuses to
+// start at step 0 over the checkpoints in its directory, which stay as
+// they were, and says how to resume from them.
+TEST_F(CheckpointTest, AStartOverCheckpointsTheCatalogDoesNotKnowRefusesAndKeepsThem) {
+  auto coord = InProcessCoordinator::Start(2);
+  TrainOptions o = Base(coord->port());
+  o.library.checkpoint_dir = TempDir("unknown");
+  o.library.checkpoint_every = 10;
+  o.library.stop_after_step = 20;
+  RunJob(2, o);
+  const std::string model = o.library.checkpoint_dir + "/step-20/model.safetensors";
+  const std::string before = ReadAll(model);
+  ASSERT_FALSE(before.empty());
+
+  coord.reset();
+  coord = InProcessCoordinator::Start(2);
+  o.library.coordinator = "127.0.0.1:" + std::to_string(coord->port());
+  o.library.stop_after_step = 0;
+  for (const absl::StatusOr<TrainResult>& r : RunTrainers(2, o)) {
+    const absl::Status& s = r.status();
+    EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+    EXPECT_NE(s.message().find("step-20"), std::string::npos) << s;
+    EXPECT_NE(s.message().find("--rebuild-catalog=" + o.library.checkpoint_dir), std::string::npos)
+        << s;
+  }
+  EXPECT_EQ(ReadAll(model), before);
+  EXPECT_TRUE(Exists(o.library.checkpoint_dir + "/step-10/manifest.json"));
+  EXPECT_FALSE(Exists(o.library.checkpoint_dir + "/step-30"));
 }
 
 TEST_F(CheckpointTest, AnIndependentPythonReaderSeesTheSameTensors) {

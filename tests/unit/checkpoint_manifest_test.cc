@@ -68,5 +68,15 @@ TEST(CheckpointManifestTest, WhatIsNotAManifestIsNamed) {
   EXPECT_NE(escape.message().find("../x"), std::string::npos) << escape;
 }
 
+TEST(StepDirNameTest, OnlyStepDashANumberIsACheckpointsDirectory) {
+  int64_t step = -1;
+  EXPECT_TRUE(ParseStepDirName("step-20", &step));
+  EXPECT_EQ(step, 20);
+  EXPECT_FALSE(ParseStepDirName("step-", &step));
+  EXPECT_FALSE(ParseStepDirName("step-20.tmp", &step));
+  EXPECT_FALSE(ParseStepDirName("stepx20", &step));
+  EXPECT_FALSE(ParseStepDirName("optimizer-shard-0-of-2.safetensors", &step));
+}
+
 }  // namespace
 }  // namespace muster

@@ -5,6 +5,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/checkpoint_manifest.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "trainer/checkpoint/optimizer_shard_files.h"
@@ -31,7 +32,7 @@ void ApplyRetention(CoordinatorClient* client, Clock* clock, FileSystem* fs,
   }
   for (const std::string& name : *names) {
     int64_t s = -1;
-    if (name.rfind("step-", 0) != 0 || !absl::SimpleAtoi(name.substr(5), &s)) continue;
+    if (!ParseStepDirName(name, &s)) continue;
     bool keep = s >= at_step;
     for (const CatalogEntry& e : *kept) keep |= e.step == s;
     if (!keep) fs->RemoveAll(dir + "/" + name).IgnoreError();
@@ -76,6 +77,29 @@ absl::StatusOr<CheckpointMeta> CatalogCheckpointer::Resume(CoordinatorClient* cl
                         << meta.status() << "); trying the previous one";
   }
   return absl::NotFoundError("no committed checkpoint verifies");
+}
+
+absl::Status CatalogCheckpointer::RefuseCheckpointsNotOffered() const {
+  absl::StatusOr<std::vector<std::string>> names = fs_->ListDir(options_.dir);
+  if (!names.ok()) return absl::OkStatus();  // not made yet: nothing to write over
+  int64_t newest = -1;
+  for (const std::string& name : *names) {
+    int64_t step = -1;
+    if (ParseStepDirName(name, &step) && step > newest &&
+        fs_->Stat(absl::StrCat(options_.dir, "/", name, "/", kManifestName)).ok()) {
+      newest = step;
+    }
+  }
+  if (newest < 0) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "checkpoint_dir ", options_.dir,
+      " holds checkpoints that the coordinator's catalog does "
+      "not offer (the newest: step-",
+      newest,
+      "), and this run would start at step 0 and write "
+      "over them. To resume from them, start the coordinator on the --state-dir it had, or "
+      "with --rebuild-catalog=",
+      options_.dir, "; to start afresh, give an empty checkpoint_dir"));
 }
 
 bool CatalogCheckpointer::DueAtStep(int64_t step) const {

@@ -59,6 +59,14 @@ class CatalogCheckpointer {
   // written sharded is left to the caller).
   absl::StatusOr<CheckpointMeta> Resume(CoordinatorClient* client,
                                         std::vector<ShardFileRef>* deferred = nullptr);
+  // For a world that begins at step 0 (nothing resumed, no live peer
+  // ahead): INVALID_ARGUMENT where the directory holds a finished
+  // checkpoint all the same (a step-<S> with its manifest), naming the
+  // newest and what to do. The run would write its own checkpoints of the
+  // same steps over those and remove the rest (retention): a coordinator
+  // started without the --state-dir it had offers none of them. OK where
+  // there is none.
+  absl::Status RefuseCheckpointsNotOffered() const;
   FileSystem* fs() const { return fs_; }
   // Whether the step schedule (every_steps) asks for a checkpoint after
   // `step`: the same on every rank.

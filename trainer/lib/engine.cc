@@ -46,6 +46,12 @@ absl::Status Engine::Begin() {
                      << (resumed_.step < 0 ? "" : absl::StrCat(resumed_.step, ")"));
     resumed_ = {counters().step, true};
   }
+  // A world that begins at step 0 would write its checkpoints over any of
+  // another run that the catalog does not offer (a coordinator started
+  // without its --state-dir): refused.
+  if (checkpointer_ && options_.resume && counters().step == 0) {
+    MUSTER_RETURN_IF_ERROR(checkpointer_->RefuseCheckpointsNotOffered());
+  }
   if (world_->left()) {  // drained before it began
     MUSTER_RETURN_IF_ERROR(life_.End(StepOutcome::kLeft));
   } else if (life_.state() == StepState::kStarting) {  // else a salvaged step's boundary is due
