@@ -54,11 +54,14 @@ void ProgressReporter::WorldEntered(const Progress& p, const std::string& backen
     }
   }
   if (p.rank != 0 || !options_.output) return;
-  options_.output(absl::StrFormat(
-      "muster: generation %d, world %d on %d nodes, backend %s, model %s, batch %d "
-      "per rank (%d global), step %d",
-      p.generation, p.world_size, node_count, backend, options_.model_name,
-      options_.batch_per_rank, p.global_batch, p.step));
+  // A program that names no model (Options::model_name) gets no "model".
+  const std::string model =
+      options_.model_name.empty() ? "" : absl::StrCat(", model ", options_.model_name);
+  options_.output(
+      absl::StrFormat("muster: generation %d, world %d on %d nodes, backend %s%s, batch %d "
+                      "per rank (%d global), step %d",
+                      p.generation, p.world_size, node_count, backend, model,
+                      options_.batch_per_rank, p.global_batch, p.step));
 }
 
 void ProgressReporter::RecordLoss(double loss) {
