@@ -66,6 +66,10 @@ absl::Status Engine::CheckStateAgrees(const std::string& when, bool whole) {
 // resumes from it), else kStoppedWithoutCheckpoint.
 absl::Status Engine::Stop() {
   const int rank = world_->world().rank;
+  // Every rank keeps the stop asked from here on: should a regroup come
+  // before it is taken, the next step decides it again, even where the
+  // one rank that was asked is the one that died.
+  requests_.RequestStop();
   bool committed = false;
   // Sharded optimizer state is written where it is held, a file a rank, as
   // a scheduled checkpoint's: the stop's write is then 1/W of the state on
