@@ -1,9 +1,13 @@
 #include "common/checkpoint_manifest.h"
 
+#include <xxhash.h>
+
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
+#include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 
 namespace muster {
@@ -104,6 +108,36 @@ absl::StatusOr<CheckpointManifest> DecodeManifest(std::string_view text, const s
 bool ParseStepDirName(std::string_view name, int64_t* step) {
   absl::string_view rest(name.data(), name.size());
   return absl::ConsumePrefix(&rest, "step-") && absl::SimpleAtoi(rest, step);
+}
+
+absl::StatusOr<CheckpointOnDisk> ReadCheckpointOnDisk(FileSystem* fs, const std::string& step_dir) {
+  constexpr uint64_t kMaxManifestBytes = 16 << 20;  // larger manifests are not ours
+  const std::string path = absl::StrCat(step_dir, "/", kManifestName);
+  absl::StatusOr<std::string> read = fs->ReadFile(path, kMaxManifestBytes);
+  if (absl::IsNotFound(read.status())) return absl::NotFoundError("no manifest.json");
+  if (absl::IsResourceExhausted(read.status())) {
+    return absl::InvalidArgumentError("manifest.json is larger than 16 MiB");
+  }
+  if (!read.ok()) return read.status();
+  CheckpointOnDisk out;
+  MUSTER_ASSIGN_OR_RETURN(out.manifest, DecodeManifest(*read, kManifestName));
+  for (const auto& [name, file] : out.manifest.files) {
+    const std::string file_path = absl::StrCat(step_dir, "/", name);
+    absl::StatusOr<FileStat> st = fs->Stat(file_path);
+    if (absl::IsNotFound(st.status()))
+      return absl::NotFoundError(absl::StrCat(name, " is missing"));
+    if (!st.ok()) return st.status();
+    if (st->bytes != file.bytes) {
+      return absl::DataLossError(
+          absl::StrCat(name, " has ", st->bytes, " bytes, the manifest says ", file.bytes));
+    }
+    out.files.push_back({file_path, file.bytes, file.xxh3});
+  }
+  out.files.push_back(
+      {path, read->size(), absl::StrFormat("%016x", XXH3_64bits(read->data(), read->size()))});
+  const absl::StatusOr<FileStat> st = fs->Stat(path);
+  out.written = st.ok() ? st->modified : absl::InfinitePast();
+  return out;
 }
 
 }  // namespace muster

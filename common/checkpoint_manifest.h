@@ -13,6 +13,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/file_system.h"
 
 namespace muster {
 
@@ -55,6 +57,28 @@ absl::StatusOr<CheckpointManifest> DecodeManifest(std::string_view text, const s
 // A checkpoint's directory is `step-<S>` in the checkpoint directory: true
 // and `*step` = S for such a name.
 bool ParseStepDirName(std::string_view name, int64_t* step);
+
+// A finished checkpoint as its directory holds it, found by its manifest
+// alone (no catalog): what a restore checks every file against.
+struct CheckpointOnDisk {
+  CheckpointManifest manifest;
+  struct File {
+    std::string path;
+    uint64_t bytes = 0;
+    std::string xxh3;  // 16 hex digits
+  };
+  // The manifest's files, then manifest.json with the checksum of the
+  // bytes read.
+  std::vector<File> files;
+  absl::Time written;  // manifest.json's modification time
+};
+
+// Reads `step_dir`/manifest.json and checks that each file it names is
+// there with the size it records (their checksums are for the restore to
+// check). Errors: NOT_FOUND (no manifest, or a file it names is missing),
+// INVALID_ARGUMENT (a manifest over 16 MiB, or of another format),
+// DATA_LOSS (a damaged manifest, a file of another size).
+absl::StatusOr<CheckpointOnDisk> ReadCheckpointOnDisk(FileSystem* fs, const std::string& step_dir);
 
 }  // namespace muster
 

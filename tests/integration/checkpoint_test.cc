@@ -87,6 +87,20 @@ std::string TempDir(const std::string& name) {
 
 bool Exists(const std::string& path) { return ::access(path.c_str(), F_OK) == 0; }
 
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+void FlipByteNearTheEnd(const std::string& path) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(-5, std::ios::end);
+  char c;
+  f.get(c);
+  f.seekp(-5, std::ios::end);
+  f.put(static_cast<char>(c ^ 0x40));
+}
+
 // A requeued job: a new coordinator on the same state dir, the trainers
 // pointed at it.
 void Restart(std::unique_ptr<InProcessCoordinator>* coord, const std::string& state,
@@ -141,14 +155,7 @@ TEST_F(CheckpointTest, DamagedNewestCheckpointFallsBackToThePreviousOne) {
   o.library.stop_after_step = 20;
   RunJob(2, o);
   // Flip one byte in the newest checkpoint's data.
-  const std::string victim = o.library.checkpoint_dir + "/step-20/model.safetensors";
-  std::fstream f(victim, std::ios::in | std::ios::out | std::ios::binary);
-  f.seekg(-5, std::ios::end);
-  char c;
-  f.get(c);
-  f.seekp(-5, std::ios::end);
-  f.put(static_cast<char>(c ^ 0x40));
-  f.close();
+  FlipByteNearTheEnd(o.library.checkpoint_dir + "/step-20/model.safetensors");
   Restart(&coord, state, &o);
   o.library.stop_after_step = 0;
   auto resumed = RunJob(2, o);
@@ -194,27 +201,57 @@ TEST_F(CheckpointTest, RetentionKeepsTheLastK) {
   EXPECT_EQ(*names, (std::vector<std::string>{"step-20", "step-25"}));
 }
 
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
+// A requeued job whose new coordinator was started without the state dir
+// of the first (its catalog lists no checkpoint) resumes from the newest
+// finished checkpoint of its directory, found by the manifest, exactly:
+// AdamW's state whole, and sharded (a shard file a rank).
+TEST_F(CheckpointTest, ACatalogThatListsNoneResumesFromTheDirectorysNewestExactly) {
+  for (const bool sharded : {false, true}) {
+    SCOPED_TRACE(sharded ? "sharded" : "whole");
+    TrainOptions o = Base(0);
+    o.optimizer = "adamw";
+    o.lr = 0.001;
+    o.library.shard_optimizer_state = sharded;
+    o.library.optimizer_state_copies = 1;  // two copies of two ranks stay whole
+    auto coord = InProcessCoordinator::Start(2);
+    o.library.coordinator = "127.0.0.1:" + std::to_string(coord->port());
+    auto uninterrupted = RunJob(2, o);
+
+    coord = InProcessCoordinator::Start(2);
+    o.library.coordinator = "127.0.0.1:" + std::to_string(coord->port());
+    o.library.checkpoint_dir = TempDir(sharded ? "unlisted-sharded" : "unlisted");
+    o.library.checkpoint_every = 10;
+    o.library.stop_after_step = 20;
+    RunJob(2, o);
+    EXPECT_EQ(Exists(o.library.checkpoint_dir + "/step-20/optimizer-shard-1-of-2.safetensors"),
+              sharded);
+
+    coord = InProcessCoordinator::Start(2);
+    o.library.coordinator = "127.0.0.1:" + std::to_string(coord->port());
+    o.library.stop_after_step = 0;
+    auto resumed = RunJob(2, o);
+    EXPECT_EQ(resumed[0].resumed_from_step, 20);
+    EXPECT_EQ(resumed[0].steps, 30);
+    EXPECT_TRUE(Equal(resumed[0].parameters, uninterrupted[0].parameters));
+    EXPECT_TRUE(Equal(resumed[1].parameters, uninterrupted[0].parameters));
+  }
 }
 
-// A requeued job whose new coordinator was started without the state dir
-// of the first (its catalog knows no checkpoint): every trainer refuses to
-// start at step 0 over the checkpoints in its directory, which stay as
-// they were, and says how to resume from them.
-TEST_F(CheckpointTest, AStartOverCheckpointsTheCatalogDoesNotKnowRefusesAndKeepsThem) {
+// Where the directory's checkpoints do not verify either, a start at step
+// 0 would write over them: every trainer refuses, names the newest and
+// what to do, and the directory stays as it was.
+TEST_F(CheckpointTest, AStartOverCheckpointsThatDoNotVerifyRefusesAndKeepsThem) {
   auto coord = InProcessCoordinator::Start(2);
   TrainOptions o = Base(coord->port());
-  o.library.checkpoint_dir = TempDir("unknown");
+  o.library.checkpoint_dir = TempDir("unusable");
   o.library.checkpoint_every = 10;
   o.library.stop_after_step = 20;
   RunJob(2, o);
   const std::string model = o.library.checkpoint_dir + "/step-20/model.safetensors";
-  const std::string before = ReadAll(model);
-  ASSERT_FALSE(before.empty());
+  FlipByteNearTheEnd(model);
+  FlipByteNearTheEnd(o.library.checkpoint_dir + "/step-10/model.safetensors");
+  const std::string damaged = ReadAll(model);
 
-  coord.reset();
   coord = InProcessCoordinator::Start(2);
   o.library.coordinator = "127.0.0.1:" + std::to_string(coord->port());
   o.library.stop_after_step = 0;
@@ -225,7 +262,7 @@ TEST_F(CheckpointTest, AStartOverCheckpointsTheCatalogDoesNotKnowRefusesAndKeeps
     EXPECT_NE(s.message().find("--rebuild-catalog=" + o.library.checkpoint_dir), std::string::npos)
         << s;
   }
-  EXPECT_EQ(ReadAll(model), before);
+  EXPECT_EQ(ReadAll(model), damaged);
   EXPECT_TRUE(Exists(o.library.checkpoint_dir + "/step-10/manifest.json"));
   EXPECT_FALSE(Exists(o.library.checkpoint_dir + "/step-30"));
 }

@@ -343,7 +343,7 @@ absl::StatusOr<CheckpointMeta> LoadCheckpoint(const std::vector<FileReport>& fil
                      });
   std::vector<ShardFileRef> shard_files;
   for (const FileReport& f : files) {
-    MUSTER_ASSIGN_OR_RETURN(std::string bytes, ReadChecked(fs, f.path, f.xxh3, "the catalog"));
+    MUSTER_ASSIGN_OR_RETURN(std::string bytes, ReadChecked(fs, f.path, f.xxh3, "its record"));
     if (defer && IsShardFileName(BaseName(f.path))) {  // verified; read again where kept
       shard_files.push_back({f.path, f.xxh3});
     } else if (BaseName(f.path) == kManifestName) {
@@ -418,7 +418,7 @@ absl::Status LoadOptimizerFromShards(const std::vector<ShardFileRef>& files,
   if (files.empty()) return absl::NotFoundError("no optimizer shard file");
   std::map<std::string, SafetensorsFile> tensors;
   for (const ShardFileRef& f : files) {
-    MUSTER_ASSIGN_OR_RETURN(std::string bytes, ReadChecked(fs, f.path, f.xxh3, "the catalog"));
+    MUSTER_ASSIGN_OR_RETURN(std::string bytes, ReadChecked(fs, f.path, f.xxh3, "its record"));
     MUSTER_ASSIGN_OR_RETURN(tensors[BaseName(f.path)], ParseSafetensors(std::move(bytes), f.path));
   }
   const std::string dir = files[0].path.substr(0, files[0].path.rfind('/'));

@@ -322,7 +322,7 @@ absl::Status VisitShardFiles(FileSystem* fs, const std::vector<ShardFileRef>& fi
   for (int r = 0; r < world; ++r) {
     const std::string& path = in_order[r]->path;
     MUSTER_ASSIGN_OR_RETURN(std::string bytes,
-                            ReadChecked(fs, path, in_order[r]->xxh3, "the catalog"));
+                            ReadChecked(fs, path, in_order[r]->xxh3, "its record"));
     MUSTER_ASSIGN_OR_RETURN(SafetensorsFile file, ParseSafetensors(std::move(bytes), path));
     MUSTER_ASSIGN_OR_RETURN(ReadShard s, ReadShardFile(file, path, r, world));
     if (r == 0) {

@@ -76,30 +76,65 @@ absl::StatusOr<CheckpointMeta> CatalogCheckpointer::Resume(CoordinatorClient* cl
     MUSTER_LOG(WARNING) << "checkpoint of step " << entry.step << " is unusable ("
                         << meta.status() << "); trying the previous one";
   }
+  // None does (a coordinator started without the --state-dir it had lists
+  // none): the finished checkpoints of the directory, by their manifests.
+  for (const int64_t step : FinishedSteps()) {
+    const std::string dir = checkpointer_.StepDir(step);
+    absl::StatusOr<CheckpointMeta> meta = LoadOnDisk(dir, step, deferred);
+    if (meta.ok()) {
+      outcome_->Committed(meta->step);
+      MUSTER_LOG(WARNING) << "resuming from " << dir << ", which the coordinator's catalog "
+                          << "does not offer: its manifest names every file, and each one's "
+                          << "checksum verifies (a coordinator started without the --state-dir "
+                          << "it had?)";
+      return meta;
+    }
+    MUSTER_LOG(WARNING) << dir << " is unusable (" << meta.status() << "); trying the previous one";
+  }
   return absl::NotFoundError("no committed checkpoint verifies");
 }
 
-absl::Status CatalogCheckpointer::RefuseCheckpointsNotOffered() const {
+std::vector<int64_t> CatalogCheckpointer::FinishedSteps() const {
+  std::vector<int64_t> steps;
   absl::StatusOr<std::vector<std::string>> names = fs_->ListDir(options_.dir);
-  if (!names.ok()) return absl::OkStatus();  // not made yet: nothing to write over
-  int64_t newest = -1;
+  if (!names.ok()) return steps;  // not made yet
   for (const std::string& name : *names) {
     int64_t step = -1;
-    if (ParseStepDirName(name, &step) && step > newest &&
+    if (ParseStepDirName(name, &step) &&
         fs_->Stat(absl::StrCat(options_.dir, "/", name, "/", kManifestName)).ok()) {
-      newest = step;
+      steps.push_back(step);
     }
   }
-  if (newest < 0) return absl::OkStatus();
+  std::sort(steps.rbegin(), steps.rend());
+  return steps;
+}
+
+absl::StatusOr<CheckpointMeta> CatalogCheckpointer::LoadOnDisk(
+    const std::string& dir, int64_t step, std::vector<ShardFileRef>* deferred) const {
+  MUSTER_ASSIGN_OR_RETURN(const CheckpointOnDisk found, ReadCheckpointOnDisk(fs_, dir));
+  if (found.manifest.meta.step != step) {
+    return absl::DataLossError(
+        absl::StrCat("its manifest says step ", found.manifest.meta.step, " (moved or renamed?)"));
+  }
+  std::vector<FileReport> files;
+  for (const CheckpointOnDisk::File& f : found.files) files.push_back({f.path, f.bytes, f.xxh3});
+  return LoadCheckpoint(files, checkpointer_.state(), fs_, deferred);
+}
+
+absl::Status CatalogCheckpointer::RefuseCheckpointsNotOffered() const {
+  const std::vector<int64_t> steps = FinishedSteps();
+  if (steps.empty()) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(
       "checkpoint_dir ", options_.dir,
-      " holds checkpoints that the coordinator's catalog does "
-      "not offer (the newest: step-",
-      newest,
-      "), and this run would start at step 0 and write "
-      "over them. To resume from them, start the coordinator on the --state-dir it had, or "
-      "with --rebuild-catalog=",
-      options_.dir, "; to start afresh, give an empty checkpoint_dir"));
+      " holds checkpoints that this run could not resume from "
+      "(the newest: step-",
+      steps.front(),
+      "; the warnings above say why) and would write over "
+      "from step 0. Repair or move them, or give a coordinator whose catalog lists them (the "
+      "--state-dir it had, or --rebuild-catalog=",
+      options_.dir,
+      " on a new one); to start "
+      "afresh, give an empty checkpoint_dir"));
 }
 
 bool CatalogCheckpointer::DueAtStep(int64_t step) const {

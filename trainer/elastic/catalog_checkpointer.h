@@ -54,6 +54,8 @@ class CatalogCheckpointer {
   CatalogCheckpointer(CatalogCheckpointerOptions options, TrainingState state);
 
   // The newest committed checkpoint that verifies, loaded into the state;
+  // where none in the catalog does, the newest finished one of the
+  // directory that verifies (its manifest names every file and checksum);
   // nullopt-like NOT_FOUND when there is none. Errors: the catalog's.
   // `deferred`: as LoadCheckpoint's (the optimizer state of a checkpoint
   // written sharded is left to the caller).
@@ -61,11 +63,10 @@ class CatalogCheckpointer {
                                         std::vector<ShardFileRef>* deferred = nullptr);
   // For a world that begins at step 0 (nothing resumed, no live peer
   // ahead): INVALID_ARGUMENT where the directory holds a finished
-  // checkpoint all the same (a step-<S> with its manifest), naming the
-  // newest and what to do. The run would write its own checkpoints of the
-  // same steps over those and remove the rest (retention): a coordinator
-  // started without the --state-dir it had offers none of them. OK where
-  // there is none.
+  // checkpoint all the same (a step-<S> with its manifest, which Resume
+  // could not load), naming the newest and what to do: the run would
+  // write its own checkpoints of the same steps over those, and retention
+  // would remove the rest. OK where there is none.
   absl::Status RefuseCheckpointsNotOffered() const;
   FileSystem* fs() const { return fs_; }
   // Whether the step schedule (every_steps) asks for a checkpoint after
@@ -134,6 +135,13 @@ class CatalogCheckpointer {
   int64_t NewestInCatalog(CoordinatorClient* client) const;
 
  private:
+  // The steps of the directory's step-<S> that hold a manifest, newest
+  // first.
+  std::vector<int64_t> FinishedSteps() const;
+  // The finished checkpoint in `dir` (step `step`), verified and loaded as
+  // Resume loads one of the catalog's.
+  absl::StatusOr<CheckpointMeta> LoadOnDisk(const std::string& dir, int64_t step,
+                                            std::vector<ShardFileRef>* deferred) const;
   absl::Status Write(CoordinatorClient* client, uint64_t id, CheckpointMeta meta,
                      std::vector<FileReport> shard_files, absl::Duration call_timeout);
   // TakeSharded's part before the exchange: this rank's file, written.
