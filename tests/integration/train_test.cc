@@ -376,6 +376,43 @@ TEST(StartTest, AllReduceSumWaitsForARankThatEvaluatesLongerThanAStep) {
   for (std::thread& t : ranks) t.join();
 }
 
+// A model declared as a plain object, as pytorch/examples' mnist.cpp
+// declares its `Net model;`, not held by a shared_ptr, trains as any other.
+TEST(StartTest, AModelThatIsAPlainObjectTrains) {
+  auto server = InProcessCoordinator::Start(2);
+  std::vector<std::thread> ranks;
+  std::vector<torch::Tensor> weights(2);
+  for (int i = 0; i < 2; ++i) {
+    ranks.emplace_back([&, i] {
+      torch::manual_seed(i);  // unequal at first: the start makes them equal
+      torch::nn::LinearImpl model(4, 2);
+      torch::optim::SGD optimizer(model.parameters(), 0.1);
+      Options o = QuietOptions(server->port(), "plain" + std::to_string(::getpid()));
+      o.node_id = "n";
+      o.local_rank = i;
+      o.steps = 3;
+      State state;
+      state.model = &model;
+      state.optimizer = &optimizer;
+      auto job = Distributed::Start(o, state);
+      ASSERT_TRUE(job.ok()) << job.status();
+      Distributed& d = **job;
+      while (!d.ShouldStop()) {
+        optimizer.zero_grad();
+        d.BeforeBackward();
+        model.forward(torch::full({8, 4}, d.rank() + 1.0)).sum().backward();
+        ASSERT_TRUE(d.AfterBackward().ok());
+        optimizer.step();
+      }
+      EXPECT_EQ(Distributed::ExitCode(d.Finish()), 0);
+      weights[i] = model.weight.detach().clone();
+    });
+  }
+  for (std::thread& t : ranks) t.join();
+  ASSERT_TRUE(weights[0].defined() && weights[1].defined());
+  EXPECT_TRUE(torch::equal(weights[0], weights[1]));
+}
+
 // State::modules and State::optimizers: what cannot be carried is refused
 // by name before anything connects.
 TEST(StartTest, SeveralModelsThatCannotBeCarriedAreRefusedByName) {

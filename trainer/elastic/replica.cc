@@ -43,8 +43,13 @@ Replica::Replica(TrainingState state, ReplicaOptions options)
   optimizer_state_ =
       OptimizerState::Make(state_, {options_.shard_copies, options_.reduce_scatter, SyncOptions()});
   statistics_ = std::make_shared<WorldStatistics>(options_.clock);
+  // Not modules() with the module itself: that needs it held by a
+  // shared_ptr, and a program may declare its model as a plain object
+  // (`Net model;`, as pytorch/examples' mnist.cpp does).
   for (const TrainingState::Module& m : state_.modules) {
-    for (const std::shared_ptr<torch::nn::Module>& sub : m.module->modules()) {
+    if (auto* bn = dynamic_cast<SyncBatchNormImpl*>(m.module)) bn->set_reducer(statistics_);
+    for (const std::shared_ptr<torch::nn::Module>& sub :
+         m.module->modules(/*include_self=*/false)) {
       if (auto* bn = dynamic_cast<SyncBatchNormImpl*>(sub.get())) bn->set_reducer(statistics_);
     }
   }
