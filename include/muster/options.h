@@ -22,7 +22,9 @@ class FileSystem;  // common/file_system.h: the seam tests use to inject faults
 
 // Where the job stands; the same on every rank between steps.
 struct Progress {
-  int64_t step = 0;           // committed steps so far
+  // Committed steps so far: a one-pass step counts from its
+  // AfterBackward's OK, a step of several passes from the next ShouldStop.
+  int64_t step = 0;
   int64_t total_steps = 0;    // step + the steps left at this world size
   int64_t epoch = 0;          // epoch of the next global batch
   int64_t sample_offset = 0;  // global samples consumed by all committed steps
