@@ -618,12 +618,14 @@ void Coordinator::FenceStuck(const World& world, absl::Duration deadline, Action
       continue;
     }
     Fence(info,
-          absl::StrCat("hung: its training thread made no progress for ",
-                       absl::FormatDuration(absl::Trunc(now - info->stalled_since,
-                                                        absl::Milliseconds(100))),
-                       " (after step ", info->step, ") while its peers' collective deadline (",
-                       absl::FormatDuration(deadline),
-                       ") passed waiting for it; its agent restarts it"),
+          absl::StrCat(
+              "hung: its training thread made no progress for ",
+              absl::FormatDuration(absl::Trunc(now - info->stalled_since, absl::Milliseconds(100))),
+              " (after step ", info->step,
+              "; stuck, or in the program's own work between steps for longer than "
+              "its peers wait: Options::collective_timeout_s) while its peers' "
+              "collective deadline (",
+              absl::FormatDuration(deadline), ") passed waiting for it; its agent restarts it"),
           /*hung=*/true, actions);
   }
 }
