@@ -302,7 +302,9 @@ int Run() {
   absl::StatusOr<muster::TrainResult> result = muster::RunTraining(*o, muster::RealClock::Get());
   if (!result.ok()) {
     std::cerr << "muster-train: " << result.status() << "\n";
-    if (absl::IsInvalidArgument(result.status())) return kExitConfig;
+    if (absl::IsInvalidArgument(result.status()) || absl::IsUnauthenticated(result.status())) {
+      return kExitConfig;  // as Distributed::ExitCode
+    }
     return absl::IsDataLoss(result.status()) ? kExitDataLoss : 1;
   }
   WriteSummary(*place, *result);

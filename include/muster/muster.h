@@ -244,7 +244,8 @@ class Distributed {
   // writes; a finished run leaves the job as finished.
   virtual absl::StatusOr<Outcome> Finish() = 0;
   // 0 finished or left; kExitStopped (75), kExitStoppedWithoutCheckpoint
-  // (74); kExitConfig (78) for INVALID_ARGUMENT; kExitDataLoss (65) for
+  // (74); kExitConfig (78) for INVALID_ARGUMENT and for UNAUTHENTICATED
+  // (a job token the coordinator refuses); kExitDataLoss (65) for
   // DATA_LOSS (the ranks disagree); kExitError (1) for other
   // errors. muster-agent restarts a trainer only after kExitError, 70 or a
   // signal (docs/library.md, "Exit codes"). Also for Start's error

@@ -376,6 +376,15 @@ TEST(StartTest, AllReduceSumWaitsForARankThatEvaluatesLongerThanAStep) {
   for (std::thread& t : ranks) t.join();
 }
 
+// A job token the coordinator refuses (none, or another job's) is a
+// configuration error: exit 78, which muster-agent does not restart.
+TEST(ExitCodeTest, ARefusedJobTokenIsNotRestarted) {
+  EXPECT_EQ(Distributed::ExitCode(absl::UnauthenticatedError("missing job token")),
+            Distributed::kExitConfig);
+  EXPECT_EQ(Distributed::ExitCode(absl::UnavailableError("connection refused")),
+            Distributed::kExitError);
+}
+
 // A model declared as a plain object, as pytorch/examples' mnist.cpp
 // declares its `Net model;`, not held by a shared_ptr, trains as any other.
 TEST(StartTest, AModelThatIsAPlainObjectTrains) {

@@ -15,7 +15,11 @@ static_assert(static_cast<int>(StepOutcome::kStopped) ==
 
 int Distributed::ExitCode(const absl::StatusOr<Outcome>& outcome) {
   if (!outcome.ok()) {
-    if (absl::IsInvalidArgument(outcome.status())) return kExitConfig;
+    // Bad options, or a job token the coordinator refuses: no restart mends
+    // either.
+    if (absl::IsInvalidArgument(outcome.status()) || absl::IsUnauthenticated(outcome.status())) {
+      return kExitConfig;
+    }
     if (absl::IsDataLoss(outcome.status())) return kExitDataLoss;
     return kExitError;
   }
