@@ -789,6 +789,22 @@ TEST_F(LibraryTest, ASpareTakesTheKilledTrainersPlaceAndItsRestartIsTheNextSpare
   CommonFinalDigest("summary", 4);
 }
 
+// A hot spare that the job ends without leaves with exit 0, though the
+// checkpoint directory it found empty at its start holds the job's
+// checkpoints by then: it entered no world and writes over nothing.
+TEST_F(LibraryTest, ASpareTheJobNeverNeededLeavesThoughCheckpointsCameMeanwhile) {
+  StartCoordinator(/*min_members=*/2, /*max_members=*/2, "state");
+  const pid_t a =
+      Agent("a", "summary",
+            {"--epochs", "2", "--checkpoint-dir", dir_ + "/ckpt", "--checkpoint-every", "10"},
+            /*spares=*/"1");
+  EXPECT_EQ(WaitExit(a), 0) << ReadText(dir_ + "/a.log");
+  const std::string log = ReadText(dir_ + "/a.log");
+  EXPECT_NE(log.find("no world for this trainer: the job has finished"), std::string::npos) << log;
+  EXPECT_EQ(log.find("INVALID_ARGUMENT"), std::string::npos) << log;
+  EXPECT_EQ(::access((dir_ + "/ckpt/step-10/manifest.json").c_str(), F_OK), 0);
+}
+
 // Agent-less trainers: three start, one leaves on SIGTERM, two join.
 TEST_F(LibraryTest, EveryExampleIsSeenOncePerEpochThroughWorldsOfThreeTwoAndFour) {
   StartCoordinator(/*min_members=*/2, /*max_members=*/4, "state");

@@ -125,16 +125,14 @@ absl::Status CatalogCheckpointer::RefuseCheckpointsNotOffered() const {
   const std::vector<int64_t> steps = FinishedSteps();
   if (steps.empty()) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(
-      "checkpoint_dir ", options_.dir,
-      " holds checkpoints that this run could not resume from "
-      "(the newest: step-",
+      "checkpoint_dir ", options_.dir, " holds finished checkpoints (the newest: step-",
       steps.front(),
-      "; the warnings above say why) and would write over "
-      "from step 0. Repair or move them, or give a coordinator whose catalog lists them (the "
-      "--state-dir it had, or --rebuild-catalog=",
+      ") that this run did not resume from and would write over from step 0. "
+      "Repair or move them, or give a coordinator whose catalog lists them (the --state-dir it "
+      "had, or --rebuild-catalog=",
       options_.dir,
-      " on a new one); to start "
-      "afresh, give an empty checkpoint_dir"));
+      " on a new one); to start afresh, give an "
+      "empty checkpoint_dir"));
 }
 
 bool CatalogCheckpointer::DueAtStep(int64_t step) const {

@@ -46,10 +46,11 @@ absl::Status Engine::Begin() {
                      << (resumed_.step < 0 ? "" : absl::StrCat(resumed_.step, ")"));
     resumed_ = {counters().step, true};
   }
-  // A world that begins at step 0 would write its checkpoints over any of
-  // another run that the catalog does not offer (a coordinator started
-  // without its --state-dir): refused.
-  if (checkpointer_ && options_.resume && counters().step == 0) {
+  // A world that begins at step 0 would write its checkpoints over the
+  // finished ones of the directory that Resume could not load: refused. (A
+  // spare that the job ended without, having found the directory empty,
+  // enters no world and writes nothing.)
+  if (checkpointer_ && options_.resume && counters().step == 0 && !world_->left()) {
     MUSTER_RETURN_IF_ERROR(checkpointer_->RefuseCheckpointsNotOffered());
   }
   if (world_->left()) {  // drained before it began
