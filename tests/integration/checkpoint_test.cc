@@ -101,8 +101,9 @@ void FlipByteNearTheEnd(const std::string& path) {
   f.put(static_cast<char>(c ^ 0x40));
 }
 
-// A requeued job: a new coordinator on the same state dir, the trainers
-// pointed at it.
+// A requeued job: a new coordinator on the same state dir (empty: one that
+// keeps its state in memory and knows no checkpoint), the trainers pointed
+// at it.
 void Restart(std::unique_ptr<InProcessCoordinator>* coord, const std::string& state,
              TrainOptions* o) {
   coord->reset();
@@ -213,12 +214,11 @@ TEST_F(CheckpointTest, ACatalogThatListsNoneResumesFromTheDirectorysNewestExactl
     o.lr = 0.001;
     o.library.shard_optimizer_state = sharded;
     o.library.optimizer_state_copies = 1;  // two copies of two ranks stay whole
-    auto coord = InProcessCoordinator::Start(2);
-    o.library.coordinator = "127.0.0.1:" + std::to_string(coord->port());
+    std::unique_ptr<InProcessCoordinator> coord;
+    Restart(&coord, "", &o);
     auto uninterrupted = RunJob(2, o);
 
-    coord = InProcessCoordinator::Start(2);
-    o.library.coordinator = "127.0.0.1:" + std::to_string(coord->port());
+    Restart(&coord, "", &o);
     o.library.checkpoint_dir = TempDir(sharded ? "unlisted-sharded" : "unlisted");
     o.library.checkpoint_every = 10;
     o.library.stop_after_step = 20;
@@ -226,8 +226,7 @@ TEST_F(CheckpointTest, ACatalogThatListsNoneResumesFromTheDirectorysNewestExactl
     EXPECT_EQ(Exists(o.library.checkpoint_dir + "/step-20/optimizer-shard-1-of-2.safetensors"),
               sharded);
 
-    coord = InProcessCoordinator::Start(2);
-    o.library.coordinator = "127.0.0.1:" + std::to_string(coord->port());
+    Restart(&coord, "", &o);
     o.library.stop_after_step = 0;
     auto resumed = RunJob(2, o);
     EXPECT_EQ(resumed[0].resumed_from_step, 20);
@@ -252,8 +251,7 @@ TEST_F(CheckpointTest, AStartOverCheckpointsThatDoNotVerifyRefusesAndKeepsThem) 
   FlipByteNearTheEnd(o.library.checkpoint_dir + "/step-10/model.safetensors");
   const std::string damaged = ReadAll(model);
 
-  coord = InProcessCoordinator::Start(2);
-  o.library.coordinator = "127.0.0.1:" + std::to_string(coord->port());
+  Restart(&coord, "", &o);
   o.library.stop_after_step = 0;
   for (const absl::StatusOr<TrainResult>& r : RunTrainers(2, o)) {
     const absl::Status& s = r.status();
