@@ -124,8 +124,9 @@ absl::StatusOr<CheckpointOnDisk> ReadCheckpointOnDisk(FileSystem* fs, const std:
   for (const auto& [name, file] : out.manifest.files) {
     const std::string file_path = absl::StrCat(step_dir, "/", name);
     absl::StatusOr<FileStat> st = fs->Stat(file_path);
-    if (absl::IsNotFound(st.status()))
+    if (absl::IsNotFound(st.status())) {
       return absl::NotFoundError(absl::StrCat(name, " is missing"));
+    }
     if (!st.ok()) return st.status();
     if (st->bytes != file.bytes) {
       return absl::DataLossError(

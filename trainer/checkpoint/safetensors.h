@@ -71,8 +71,9 @@ std::string Xxh3Hex(const void* data, size_t n);
 inline constexpr uint64_t kMaxCheckpointFileBytes = uint64_t{64} << 30;
 
 // The bytes of the checkpoint file `path`, whose XXH3-64 `source` ("its
-// record": the catalog's or a manifest's; "the manifest") says is `xxh3`. DATA_LOSS naming the file and
-// both checksums when they differ; the file system's errors.
+// record": the catalog's or a manifest's; "the manifest") says is `xxh3`.
+// DATA_LOSS naming the file and both checksums when they differ; the file
+// system's errors.
 absl::StatusOr<std::string> ReadChecked(FileSystem* fs, const std::string& path,
                                         const std::string& xxh3, const std::string& source);
 

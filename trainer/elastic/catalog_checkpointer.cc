@@ -126,12 +126,9 @@ absl::Status CatalogCheckpointer::RefuseCheckpointsNotOffered() const {
   if (steps.empty()) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(
       "checkpoint_dir ", options_.dir, " holds finished checkpoints (the newest: step-",
-      steps.front(),
-      ") that this run did not resume from and would write over from step 0. "
-      "Repair or move them, or give a coordinator whose catalog lists them (the --state-dir it "
-      "had, or --rebuild-catalog=",
-      options_.dir,
-      " on a new one); to start afresh, give an "
+      steps.front(), ") that this run did not resume from and would write over from step 0. ",
+      "Repair or move them, or give a coordinator whose catalog lists them (the --state-dir it ",
+      "had, or --rebuild-catalog=", options_.dir, " on a new one); to start afresh, give an ",
       "empty checkpoint_dir"));
 }
 

@@ -46,17 +46,17 @@ absl::Status Engine::Begin() {
                      << (resumed_.step < 0 ? "" : absl::StrCat(resumed_.step, ")"));
     resumed_ = {counters().step, true};
   }
-  // A world that begins at step 0 would write its checkpoints over the
-  // finished ones of the directory that Resume could not load: refused. (A
-  // spare that the job ended without, having found the directory empty,
-  // enters no world and writes nothing.)
-  if (checkpointer_ && options_.resume && counters().step == 0 && !world_->left()) {
-    MUSTER_RETURN_IF_ERROR(checkpointer_->RefuseCheckpointsNotOffered());
-  }
-  if (world_->left()) {  // drained before it began
+  if (world_->left()) {  // drained before it began, or a spare the job ended without
     MUSTER_RETURN_IF_ERROR(life_.End(StepOutcome::kLeft));
-  } else if (life_.state() == StepState::kStarting) {  // else a salvaged step's boundary is due
-    MUSTER_RETURN_IF_ERROR(life_.Ready());
+  } else {
+    // A world that begins at step 0 would write its checkpoints over the
+    // finished ones of the directory that Resume could not load: refused.
+    if (checkpointer_ && options_.resume && counters().step == 0) {
+      MUSTER_RETURN_IF_ERROR(checkpointer_->RefuseCheckpointsNotOffered());
+    }
+    if (life_.state() == StepState::kStarting) {  // else a salvaged step's boundary is due
+      MUSTER_RETURN_IF_ERROR(life_.Ready());
+    }
   }
   MUSTER_ASSIGN_OR_RETURN(reporter_, ProgressReporter::Create(ProgressOptionsFrom(options_, clock_),
                                                               world_->world().rank));
