@@ -11,7 +11,13 @@
 // run resumed from a checkpoint (or a replacement trainer that took a
 // live peer's state) freezes and unfreezes at the same steps.
 //
-//   finetune [--steps N] [--unfreeze-at N] [--batch N] [--checkpoint-dir D
+// After step --lr-drop-at (the unfreezing by default) the program lowers
+// the learning rate tenfold itself, as fine-tuning scripts do once the
+// backbone trains. With no Options::lr_schedule the rates are the
+// program's, and muster carries them as state: a resumed run or a
+// replacement goes on at the lowered rate.
+//
+//   finetune [--steps N] [--unfreeze-at N] [--lr-drop-at N] [--batch N] [--checkpoint-dir D
 //            --checkpoint-every N] [--summary FILE] [--parameters FILE]
 //            [--pace-ms N] [--shard-optimizer 1]
 //
@@ -97,6 +103,7 @@ int main(int argc, char** argv) {
   options.shard_optimizer_state = Flag(flag, "--shard-optimizer", "0") == "1";
   const int64_t unfreeze_at =
       std::stoll(Flag(flag, "--unfreeze-at", std::to_string(options.steps / 2)));
+  const int64_t lr_drop_at = std::stoll(Flag(flag, "--lr-drop-at", std::to_string(unfreeze_at)));
   muster::State state;
   state.model = model.ptr().get();
   state.optimizer = &optimizer;
@@ -129,6 +136,14 @@ int main(int argc, char** argv) {
     }
     if (!d.AfterBackward().ok()) continue;  // a peer failed and the step could not be salvaged
     optimizer.step();
+    // Here once for each step taken (d.step() counts it already), and never
+    // for one that failed and comes again: a change relative to the rate in
+    // effect belongs here.
+    if (d.step() == lr_drop_at) {
+      for (auto& group : optimizer.param_groups()) {
+        group.options().set_lr(group.options().get_lr() / 10);
+      }
+    }
     d.RecordLoss(loss);
     if (pace_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(pace_ms));
   }

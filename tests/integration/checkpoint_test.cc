@@ -20,6 +20,7 @@
 #include "trainer/checkpoint/checkpointer.h"
 #include "trainer/checkpoint/safetensors.h"
 #include "trainer/data/dataset.h"
+#include "trainer/lib/learning_rates.h"
 #include "trainer/models/models.h"
 #include "trainer/train/trainer.h"
 
@@ -308,19 +309,16 @@ FileReport WriteFile(const std::string& path, const NamedTensors& tensors) {
   return {path, bytes.size(), Xxh3Hex(bytes.data(), bytes.size())};
 }
 
-TEST(LoadCheckpointTest, AnOptimizerStateThatDoesNotFitChangesNothing) {
-  torch::manual_seed(3);
-  torch::nn::Linear model(4, 2);
-  torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(0.1));
-  const std::string dir = ::testing::TempDir() + "/misfit" + std::to_string(::getpid());
+// A checkpoint of step 7 in `dir` (made anew): `saved_model` as its model
+// file, AdamW state for `model`'s parameters with its first moments of
+// `exp_avg_type`, and its manifest. Returns the files' reports.
+std::vector<FileReport> WriteStep7(const std::string& dir, const NamedTensors& saved_model,
+                                   torch::nn::Module& model, torch::Dtype exp_avg_type) {
   std::system(("rm -rf " + dir + " && mkdir -p " + dir).c_str());
-  // A model file that fits, and AdamW moments of the wrong dtype (float64).
-  NamedTensors saved_model;
-  for (const auto& [name, t] : ModelTensors(*model)) saved_model.emplace_back(name, t + 1);
   NamedTensors saved_optimizer;
-  for (const auto& p : model->named_parameters()) {
+  for (const auto& p : model.named_parameters()) {
     saved_optimizer.emplace_back(p.key() + ".step", torch::tensor(int64_t{5}));
-    saved_optimizer.emplace_back(p.key() + ".exp_avg", torch::ones_like(p.value(), torch::kFloat64));
+    saved_optimizer.emplace_back(p.key() + ".exp_avg", torch::ones_like(p.value(), exp_avg_type));
     saved_optimizer.emplace_back(p.key() + ".exp_avg_sq", torch::ones_like(p.value()));
   }
   const std::string manifest =
@@ -328,10 +326,21 @@ TEST(LoadCheckpointTest, AnOptimizerStateThatDoesNotFitChangesNothing) {
       R"( "generation": 1, "world_size": 1, "files": {"model.safetensors": {"bytes": 0,)"
       R"( "xxh3": ""}}})";
   std::ofstream(dir + "/manifest.json") << manifest;
-  std::vector<FileReport> files = {
-      WriteFile(dir + "/model.safetensors", saved_model),
-      WriteFile(dir + "/optimizer.safetensors", saved_optimizer),
-      {dir + "/manifest.json", manifest.size(), Xxh3Hex(manifest.data(), manifest.size())}};
+  return {WriteFile(dir + "/model.safetensors", saved_model),
+          WriteFile(dir + "/optimizer.safetensors", saved_optimizer),
+          {dir + "/manifest.json", manifest.size(), Xxh3Hex(manifest.data(), manifest.size())}};
+}
+
+TEST(LoadCheckpointTest, AnOptimizerStateThatDoesNotFitChangesNothing) {
+  torch::manual_seed(3);
+  torch::nn::Linear model(4, 2);
+  torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(0.1));
+  // A model file that fits, and AdamW moments of the wrong dtype (float64).
+  NamedTensors saved_model;
+  for (const auto& [name, t] : ModelTensors(*model)) saved_model.emplace_back(name, t + 1);
+  const std::vector<FileReport> files =
+      WriteStep7(::testing::TempDir() + "/misfit" + std::to_string(::getpid()), saved_model, *model,
+                 torch::kFloat64);
   const torch::Tensor before = model->weight.detach().clone();
   absl::StatusOr<CheckpointMeta> loaded =
       LoadCheckpoint(files, TrainingState::Of(model.ptr().get(), &optimizer));
@@ -340,6 +349,29 @@ TEST(LoadCheckpointTest, AnOptimizerStateThatDoesNotFitChangesNothing) {
   // Nothing changed: the model keeps its weights, the optimizer has no state.
   EXPECT_TRUE(torch::equal(model->weight, before));
   EXPECT_TRUE(optimizer.state().empty());
+}
+
+// A program that sets its rates itself carries them (the blob
+// learning_rates, CarryLearningRates); a checkpoint written before that blob
+// existed has none, nor an extra.safetensors: it loads, and the program's
+// rates stay. One with the blob sets them.
+TEST(LoadCheckpointTest, ACheckpointWithoutTheRatesLeavesTheProgramsRates) {
+  torch::nn::Linear model(4, 2);
+  torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(0.05));
+  TrainingState state = TrainingState::Of(model.ptr().get(), &optimizer);
+  ASSERT_TRUE(CarryLearningRates(&state).ok());
+  const std::string dir = ::testing::TempDir() + "/no-rates" + std::to_string(::getpid());
+  std::vector<FileReport> files = WriteStep7(dir, ModelTensors(*model), *model, torch::kFloat32);
+  absl::StatusOr<CheckpointMeta> loaded = LoadCheckpoint(files, state);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->step, 7);
+  EXPECT_EQ(optimizer.param_groups()[0].options().get_lr(), 0.05);
+
+  files.push_back(
+      WriteFile(dir + "/extra.safetensors", {{"blob.learning_rates", BytesTensor("0x1p-4")}}));
+  loaded = LoadCheckpoint(files, state);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(optimizer.param_groups()[0].options().get_lr(), 0.0625);
 }
 
 // Every optimizer LibTorch ships, with two parameter groups of their own

@@ -686,6 +686,42 @@ INSTANTIATE_TEST_SUITE_P(Programs, ExampleFaultsTest,
                          ::testing::Values("multitask", "distill", "finetune", "lm"),
                          [](const auto& info) { return info.param; });
 
+// examples/finetune lowers its learning rate tenfold itself after step 20
+// (its unfreezing), with no Options::lr_schedule: the rate is training
+// state. A trainer SIGKILLed at step 40 is replaced by one that takes the
+// lowered rate with the live state, and a run stopped by SIGUSR1 at step
+// 30 resumes at it from the checkpoint; both end as one run does.
+class ProgramRateTest : public LibraryTest {
+ protected:
+  pid_t Finetune(const std::string& node, const std::string& summary,
+                 const std::vector<std::string>& more) {
+    std::vector<std::string> args = {kBin + "/finetune",
+                                     "--pace-ms",
+                                     "10",
+                                     "--unfreeze-at",
+                                     "20",
+                                     "--summary",
+                                     dir_ + "/" + summary + "/{pid}.json"};
+    args.insert(args.end(), more.begin(), more.end());
+    return AgentOf(node, args);
+  }
+};
+
+TEST_F(ProgramRateTest, AReplacementTakesTheRateTheProgramLowered) {
+  StartCoordinator(/*min_members=*/2, /*max_members=*/4, "state");
+  const std::vector<std::string> run = {"--steps", "200"};
+  KillTrainer1OfBAndFinish(Finetune("a", "summary", run), Finetune("b", "summary", run),
+                           /*at_step=*/40);
+  CommonFinalDigest("summary", 4);
+}
+
+TEST_F(ProgramRateTest, ARunStoppedAfterTheProgramLoweredItsRateResumesAtIt) {
+  StopAndRestartEndAsTheUninterruptedRun(
+      [this](const std::string& node, const std::string& summary,
+             const std::vector<std::string>& more) { return Finetune(node, summary, more); },
+      {"--steps", "100", "--checkpoint-every", "20"}, /*stop_after=*/30);
+}
+
 // examples/lm.cc in bf16 autocast with muster::GradScaler growing its scale
 // every 2 steps, so that it overflows float32 and backs off again and
 // again: a trainer SIGKILLed at step 40 is replaced and takes the scaler's

@@ -330,6 +330,32 @@ void RestoreRng(const std::string& hex, const std::string& path) {
   }
 }
 
+// The extra tensors (into `copies`) and the blobs' bytes (into `blobs`) of
+// `extra`, the checkpoint's extra.safetensors (null where it has none). A
+// checkpoint older than kLearningRatesBlob has no rates: the program's
+// stay. Errors: DATA_LOSS naming what is missing.
+absl::Status PlanExtra(const TrainingState& state, const SafetensorsFile* extra,
+                       const std::string& path,
+                       std::vector<std::pair<const TensorData*, torch::Tensor>>* copies,
+                       std::map<std::string, std::string>* blobs) {
+  const SafetensorsFile none;
+  const SafetensorsFile& e = extra == nullptr ? none : *extra;
+  for (const auto& [name, t] : state.tensors) {
+    if (extra == nullptr) return absl::DataLossError("checkpoint has no extra.safetensors");
+    MUSTER_ASSIGN_OR_RETURN(const TensorData* d, Find(e, path, "tensor." + name, t));
+    copies->emplace_back(d, t);
+  }
+  for (const Blob& b : state.blobs) {
+    auto it = e.tensors.find("blob." + b.name);
+    if (it == e.tensors.end() && b.name == kLearningRatesBlob) continue;
+    if (it == e.tensors.end() || it->second.dtype != "U8") {
+      return absl::DataLossError(absl::StrCat(path, ": blob ", b.name, " is missing"));
+    }
+    (*blobs)[b.name] = std::string(it->second.data, it->second.size);
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<CheckpointMeta> LoadCheckpoint(const std::vector<FileReport>& files,
@@ -367,7 +393,6 @@ absl::StatusOr<CheckpointMeta> LoadCheckpoint(const std::vector<FileReport>& fil
   }
   std::vector<std::string> wanted = {"model.safetensors"};
   if (shard_files.empty()) wanted.push_back("optimizer.safetensors");
-  if (state.has_extra()) wanted.push_back("extra.safetensors");
   for (const std::string& key : wanted) {
     if (tensors.count(key) == 0) return absl::DataLossError(absl::StrCat("checkpoint has no ", key));
   }
@@ -387,21 +412,9 @@ absl::StatusOr<CheckpointMeta> LoadCheckpoint(const std::vector<FileReport>& fil
                                           dir + "/optimizer.safetensors"));
   }
   std::map<std::string, std::string> blobs;
-  if (state.has_extra()) {
-    const SafetensorsFile& e = tensors["extra.safetensors"];
-    const std::string path = dir + "/extra.safetensors";
-    for (const auto& [name, t] : state.tensors) {
-      MUSTER_ASSIGN_OR_RETURN(const TensorData* d, Find(e, path, "tensor." + name, t));
-      copies.emplace_back(d, t);
-    }
-    for (const Blob& b : state.blobs) {
-      auto it = e.tensors.find("blob." + b.name);
-      if (it == e.tensors.end() || it->second.dtype != "U8") {
-        return absl::DataLossError(absl::StrCat(path, ": blob ", b.name, " is missing"));
-      }
-      blobs[b.name] = std::string(it->second.data, it->second.size);
-    }
-  }
+  const auto extra = tensors.find("extra.safetensors");
+  MUSTER_RETURN_IF_ERROR(PlanExtra(state, extra == tensors.end() ? nullptr : &extra->second,
+                                   dir + "/extra.safetensors", &copies, &blobs));
   torch::NoGradGuard no_grad;
   for (auto& [d, t] : copies) CopyInto(*d, t);
   for (PlannedState& p : optimizer_states) {

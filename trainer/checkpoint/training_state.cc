@@ -76,6 +76,7 @@ NamedTensors TrainingState::Extra() const {
 absl::Status TrainingState::LoadBlobs(const std::map<std::string, std::string>& bytes) const {
   for (const Blob& b : blobs) {
     auto it = bytes.find(b.name);
+    if (it == bytes.end() && b.name == kLearningRatesBlob) continue;
     if (it == bytes.end()) {
       return absl::DataLossError(absl::StrCat("blob '", b.name, "' is missing"));
     }

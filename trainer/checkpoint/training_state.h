@@ -25,6 +25,12 @@
 
 namespace muster {
 
+// The blob that holds the optimizers' learning rates where the program sets
+// them itself (CarryLearningRates, trainer/lib/learning_rates.h). A
+// checkpoint written before it existed has none; its restore leaves the
+// rates as the program set them.
+inline constexpr char kLearningRatesBlob[] = "learning_rates";
+
 struct TrainingState {
   // A module and where its tensors' names come from: State::model has
   // the empty name ("param.<name>"), a named module prefixes its own
@@ -65,7 +71,8 @@ struct TrainingState {
   NamedTensors Extra() const;
   bool has_extra() const { return !tensors.empty() || !blobs.empty(); }
   // Hands the blobs' bytes (by blob name) to their load functions. An absent
-  // name is an error (DATA_LOSS), as is an error from load.
+  // name is an error (DATA_LOSS), but kLearningRatesBlob's, as is an error
+  // from load.
   absl::Status LoadBlobs(const std::map<std::string, std::string>& bytes) const;
 };
 

@@ -157,6 +157,24 @@ absl::StatusOr<std::vector<std::string>> DifferingEntries(const TrainingState& s
 constexpr char kEqualBlobs[] =
     "a blob's bytes must be equal for equal states: no addresses, no torch::save of an "
     "optimizer";
+constexpr char kRatesDiffer[] =
+    "the learning rates differ: a rate the program sets must be set alike on every rank, from "
+    "Distributed::step(); LibTorch's LR schedulers count their own step() calls, which a "
+    "replacement or a resumed run does not share: set Options::lr_schedule instead";
+
+// What to tell of the entries `differ`: the learning rates first where they
+// differ (the parameters then differ for that reason), and why blobs differ.
+std::string DifferenceHint(std::vector<std::string>* differ) {
+  const auto rates =
+      std::find(differ->begin(), differ->end(), absl::StrCat("blob ", kLearningRatesBlob));
+  if (rates != differ->end()) {
+    std::rotate(differ->begin(), rates, rates + 1);
+    return absl::StrCat(" (", kRatesDiffer, ")");
+  }
+  const bool blob = std::any_of(differ->begin(), differ->end(),
+                                [](const std::string& e) { return e.rfind("blob ", 0) == 0; });
+  return blob ? absl::StrCat(" (", kEqualBlobs, ")") : std::string();
+}
 
 }  // namespace
 
@@ -195,6 +213,7 @@ absl::Status CheckRanksAgree(const TrainingState& state, const std::vector<int64
   if (other.empty()) return absl::OkStatus();
   MUSTER_ASSIGN_OR_RETURN(std::vector<std::string> differ,
                           DifferingEntries(state, counters, comm, deadline));
+  const std::string hint = DifferenceHint(&differ);
   const auto ranks = [](const std::vector<int>& r) {
     return absl::StrCat(r.size() == 1 ? "rank " : "ranks ", absl::StrJoin(r, ", "));
   };
@@ -204,10 +223,7 @@ absl::Status CheckRanksAgree(const TrainingState& state, const std::vector<int64
       differ.empty() ? std::string("; no single entry differs")
                      : absl::StrCat("; first difference: ", differ.front(), " (", differ.size(),
                                     differ.size() == 1 ? " entry differs)" : " entries differ)"),
-      std::any_of(differ.begin(), differ.end(),
-                  [](const std::string& e) { return e.rfind("blob ", 0) == 0; })
-          ? absl::StrCat(" (", kEqualBlobs, ")")
-          : std::string()));
+      hint));
 }
 
 absl::Status SyncStateFrom(int source, Communicator* comm, const TrainingState& state,

@@ -365,6 +365,9 @@ absl::StatusOr<std::unique_ptr<Distributed>> Distributed::Start(const Options& o
                                                                 State state) {
   MUSTER_RETURN_IF_ERROR(options.Validate());
   MUSTER_ASSIGN_OR_RETURN(TrainingState ts, TrainingStateFrom(state));
+  if (!options.lr_schedule && !options.group_lr_schedule) {
+    MUSTER_RETURN_IF_ERROR(CarryLearningRates(&ts));
+  }
   Options composed = options;
   if (!composed.output) composed.output = StandardOutput();
   auto engine = std::make_unique<Engine>(std::move(composed), std::move(ts), RealClock::Get(),

@@ -1,5 +1,12 @@
 #include "trainer/lib/learning_rates.h"
 
+#include <cmath>
+#include <cstdio>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+
 namespace muster {
 
 absl::StatusOr<LearningRates> LearningRates::For(const Options& options,
@@ -52,6 +59,56 @@ const std::vector<double>& LearningRates::Apply(const Progress& p) {
     groups[g]->options().set_lr(rates_[g]);
   }
   return rates_;
+}
+
+absl::Status CarryLearningRates(TrainingState* state) {
+  std::vector<torch::optim::Optimizer*> optimizers;
+  for (const TrainingState::Optimizer& o : state->optimizers) optimizers.push_back(o.optimizer);
+  if (optimizers.empty()) return absl::OkStatus();
+  for (const Blob& b : state->blobs) {
+    if (b.name == kLearningRatesBlob) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("State::blobs: '", b.name,
+                       "' holds the optimizers' learning rates: name yours otherwise"));
+    }
+  }
+  const auto groups = [optimizers] {
+    std::vector<torch::optim::OptimizerParamGroup*> out;
+    for (torch::optim::Optimizer* o : optimizers) {
+      for (auto& group : o->param_groups()) out.push_back(&group);
+    }
+    return out;
+  };
+  Blob blob;
+  blob.name = kLearningRatesBlob;
+  blob.save = [groups] {  // each rate exactly, as C's hexadecimal floating point
+    std::string text;
+    for (const auto* group : groups()) {
+      char rate[40];
+      std::snprintf(rate, sizeof rate, "%a", group->options().get_lr());
+      absl::StrAppend(&text, text.empty() ? "" : " ", rate);
+    }
+    return text;
+  };
+  blob.load = [groups](const std::string& bytes) {
+    const std::vector<torch::optim::OptimizerParamGroup*> to = groups();
+    const std::vector<std::string> words = absl::StrSplit(bytes, ' ', absl::SkipEmpty());
+    std::vector<double> rates;
+    for (const std::string& w : words) {
+      double rate = -1;
+      if (std::sscanf(w.c_str(), "%la", &rate) != 1 || !std::isfinite(rate) || rate < 0) break;
+      rates.push_back(rate);
+    }
+    if (rates.size() != words.size() || rates.size() != to.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("'", bytes.substr(0, 200), "' is not ", to.size(),
+                       " learning rates, one for each of the optimizers' parameter groups"));
+    }
+    for (size_t g = 0; g < to.size(); ++g) to[g]->options().set_lr(rates[g]);
+    return absl::OkStatus();
+  };
+  state->blobs.push_back(std::move(blob));
+  return absl::OkStatus();
 }
 
 }  // namespace muster

@@ -47,6 +47,15 @@ class LearningRates {
   std::vector<double> rates_;  // each group's rate in this step
 };
 
+// Where no schedule is set, the rates are the program's own: it may lower
+// them as it trains (at a step it reads from Distributed::step()). They are
+// then training state: `state` gets a blob (kLearningRatesBlob) that saves
+// every group's rate, LearningRates' order, and loads them back, so that
+// checkpoints, the state transfer and the ranks' agreement carry them as
+// they carry the optimizers' state. Nothing where `state` holds no
+// optimizer. INVALID_ARGUMENT when one of the program's blobs has the name.
+absl::Status CarryLearningRates(TrainingState* state);
+
 }  // namespace muster
 
 #endif  // MUSTER_TRAINER_LIB_LEARNING_RATES_H_
