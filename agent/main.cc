@@ -9,14 +9,13 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/time/time.h"
+#include "agent/agent.h"
 #include "common/flag_names.h"
 #include "common/host_name.h"
 #include "common/launch_env.h"
 #include "common/token.h"
-#include "agent/agent.h"
 
 ABSL_FLAG(int, nproc_per_node, 1, "trainers to run on this node (one per GPU or CPU slot)");
 ABSL_FLAG(int, spares, 0,
@@ -47,7 +46,7 @@ int main(int argc, char** argv) {
       "muster-agent --nproc-per-node N [--max-restarts K] -- muster-train ARGS...");
   muster::DashesToUnderscores(argc, argv);
   // absl stops at "--" and returns everything after it as positional args.
-  std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
+  std::vector<char*> rest = muster::ParseFlags(argc, argv);
   muster::AgentOptions o;
   for (size_t i = 1; i < rest.size(); ++i) o.command.emplace_back(rest[i]);
   o.nproc = absl::GetFlag(FLAGS_nproc_per_node);

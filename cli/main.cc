@@ -13,7 +13,6 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -176,6 +175,6 @@ int main(int argc, char** argv) {
   static const std::string usage = muster::cli::Usage();
   absl::SetProgramUsageMessage(usage);
   muster::DashesToUnderscores(argc, argv);
-  std::vector<char*> args = absl::ParseCommandLine(argc, argv);
+  std::vector<char*> args = muster::ParseFlags(argc, argv);
   return muster::cli::Run(args);
 }

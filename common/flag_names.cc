@@ -1,11 +1,40 @@
 #include "common/flag_names.h"
 
+#include <atomic>
+#include <cstdlib>
 #include <cstring>
 
+#include "absl/flags/parse.h"
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
 
 namespace muster {
+namespace {
+
+// Set while ParseFlags parses a command line that asks for no usage text:
+// an exit then is Abseil's on a flag it refused.
+std::atomic<bool> refused_flag_exits_2{false};
+
+void ExitTwoOnARefusedFlag() {
+  if (refused_flag_exits_2.load()) std::_Exit(2);
+}
+
+bool AsksForUsage(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    const absl::string_view arg = argv[i];
+    if (arg == "--") return false;
+    for (absl::string_view usage : {"--help", "--helpfull", "--helpshort", "--helppackage",
+                                   "--helpon", "--helpmatch", "--version", "--only_check_args"}) {
+      if (arg == usage ||
+          (absl::StartsWith(arg, usage) && arg.size() > usage.size() && arg[usage.size()] == '=')) {
+        return true;
+      }
+    }
+  }
+  return false;
+}
+
+}  // namespace
 
 void DashesToUnderscores(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
@@ -25,6 +54,14 @@ void ListOwnFlagsInHelp() {
   };
   config.contains_helpshort_flags = config.contains_help_flags;
   absl::SetFlagsUsageConfig(config);
+}
+
+std::vector<char*> ParseFlags(int argc, char** argv) {
+  static const bool registered = std::atexit(ExitTwoOnARefusedFlag) == 0;
+  refused_flag_exits_2 = registered && !AsksForUsage(argc, argv);
+  std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
+  refused_flag_exits_2 = false;
+  return rest;
 }
 
 }  // namespace muster

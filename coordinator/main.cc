@@ -8,7 +8,6 @@
 #include <thread>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -226,7 +225,7 @@ int main(int argc, char** argv) {
       "muster-coordinator --listen HOST:PORT --state-dir DIR --token-file FILE [options]\n"
       "The control plane of a muster job: rendezvous, membership, KV, checkpoint catalog.");
   muster::DashesToUnderscores(argc, argv);
-  absl::ParseCommandLine(argc, argv);
+  muster::ParseFlags(argc, argv);
   // Debian's Abseil checks every Mutex for lock-order cycles (a debug aid
   // kept on in its build): a process-wide graph updated on each lock and on
   // each Mutex's destruction, a tenth of the coordinator's time at 100,000

@@ -6,7 +6,6 @@
 #include <iostream>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/synchronization/mutex.h"
 #include "common/flag_names.h"
@@ -88,7 +87,7 @@ int main(int argc, char** argv) {
       "muster-relay --coordinator HOST:PORT [--listen HOST:PORT] [options]\n"
       "Carries agents' and trainers' calls to the coordinator on a few connections.");
   muster::DashesToUnderscores(argc, argv);
-  absl::ParseCommandLine(argc, argv);
+  muster::ParseFlags(argc, argv);
   // As muster-coordinator: Debian's Abseil would check every lock of every
   // relayed call for lock-order cycles.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);

@@ -4,7 +4,6 @@
 #include <unistd.h>
 
 #include <atomic>
-
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
@@ -12,7 +11,6 @@
 #include <string>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -322,6 +320,6 @@ int main(int argc, char** argv) {
   // the data takes a while) is not fatal but acted on at the first step.
   muster::InstallSignalHandlers();
   muster::DashesToUnderscores(argc, argv);
-  absl::ParseCommandLine(argc, argv);
+  muster::ParseFlags(argc, argv);
   return Run();
 }
