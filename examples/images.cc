@@ -11,7 +11,8 @@
 //
 // Example i is a 3x32x32 image drawn from a generator seeded by i, of class
 // i % 10; loading it takes --decode-us microseconds of CPU (default 2000,
-// on the loading thread's CPU clock).
+// on the loading thread's CPU clock), and it is normalized by a transform
+// mapped over the dataset, as LibTorch programs write it.
 // --record DIR writes DIR/<pid>.txt with "epoch index" for every example
 // this process trained on in a step that counted, the index read from the
 // example the loader delivered; --summary FILE writes the final state
@@ -114,9 +115,10 @@ int main(int argc, char** argv) {
     return muster::Distributed::ExitCode(job.status());
   }
   muster::Distributed& d = **job;
-  muster::DataLoader<SyntheticImages> loader(
-      d, SyntheticImages(std::stoi(Flag(flag, "--decode-us", "2000"))),
-      std::stoi(Flag(flag, "--workers", "4")), std::stoi(Flag(flag, "--steps-ahead", "2")));
+  auto images = SyntheticImages(std::stoi(Flag(flag, "--decode-us", "2000")))
+                    .map(torch::data::transforms::Normalize<>({0.9, 0.9, 0.9}, {0.76, 0.76, 0.76}));
+  muster::DataLoader loader(d, std::move(images), std::stoi(Flag(flag, "--workers", "4")),
+                            std::stoi(Flag(flag, "--steps-ahead", "2")));
   std::ofstream record;
   if (flag.count("--record")) record.open(flag["--record"] + "/" + std::to_string(::getpid()) + ".txt");
   const int pace_ms = std::stoi(Flag(flag, "--pace-ms", "0"));

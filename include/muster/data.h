@@ -41,6 +41,7 @@
 #include <mutex>
 #include <set>
 #include <thread>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -75,6 +76,36 @@ class StepSampler : public torch::data::samplers::Sampler<> {
   size_t served_ = 0;
 };
 
+namespace data_internal {
+
+// A dataset's example: its ExampleType, or a mapped dataset's batch element.
+template <typename D, typename = void>
+struct ExampleOf {
+  using type = typename D::OutputBatchType::value_type;
+};
+template <typename D>
+struct ExampleOf<D, std::void_t<typename D::ExampleType>> {
+  using type = typename D::ExampleType;
+};
+
+template <typename D, typename = void>
+struct HasGet : std::false_type {};
+template <typename D>
+struct HasGet<D, std::void_t<decltype(std::declval<D&>().get(size_t{0}))>> : std::true_type {};
+
+// Example `index` of `dataset`.
+template <typename D>
+typename ExampleOf<D>::type Get(D& dataset, size_t index) {
+  if constexpr (HasGet<D>::value) {
+    return dataset.get(index);
+  } else {
+    auto batch = dataset.get_batch(typename D::BatchRequestType(index));
+    return std::move(batch.at(0));
+  }
+}
+
+}  // namespace data_internal
+
 // muster::DataLoader: this rank's examples of each step, fetched by worker
 // threads, and the next steps' fetched ahead while this one trains, as
 // torch.utils.data.DataLoader's workers and prefetch do for DDP:
@@ -94,16 +125,19 @@ class StepSampler : public torch::data::samplers::Sampler<> {
 // ahead that the rank's new share still holds are used, the others are
 // dropped (dropped_ahead()) and fetched by the rank they now belong to.
 //
-// `Dataset` is a torch::data dataset (get(index) -> ExampleType); the
-// workers call get concurrently, so it must allow that (read-only state, as
-// LibTorch's own loader's workers require). workers = 0 fetches on the
-// calling thread, one example after another, nothing ahead.
+// `Dataset` is a torch::data dataset (get(index) -> ExampleType), or one
+// with per-example transforms mapped over it as LibTorch's loader takes it
+// (`Images(root).map(torch::data::transforms::Normalize<>(mean, stddev))`,
+// each example fetched as get_batch of one). The workers fetch
+// concurrently, so it must allow that (read-only state, as LibTorch's own
+// loader's workers require). workers = 0 fetches on the calling thread,
+// one example after another, nothing ahead.
 //
 // Thread-safety: Batch() belongs to the training thread.
 template <typename Dataset>
 class DataLoader {
  public:
-  using Example = typename Dataset::ExampleType;
+  using Example = typename data_internal::ExampleOf<Dataset>::type;
 
   // `d` must outlive the loader.
   DataLoader(Distributed& d, Dataset dataset, int workers, int steps_ahead = 2)
@@ -135,7 +169,7 @@ class DataLoader {
     }
     if (threads_.empty()) {
       std::vector<Example> out;
-      for (int64_t i : share) out.push_back(dataset_.get(static_cast<size_t>(i)));
+      for (int64_t i : share) out.push_back(data_internal::Get(dataset_, static_cast<size_t>(i)));
       return out;
     }
     std::vector<std::shared_future<Example>> wanted;
@@ -214,7 +248,7 @@ class DataLoader {
       queue_.pop_front();
       lock.unlock();
       try {
-        job.promise.set_value(dataset_.get(static_cast<size_t>(job.index)));
+        job.promise.set_value(data_internal::Get(dataset_, static_cast<size_t>(job.index)));
       } catch (...) {
         job.promise.set_exception(std::current_exception());  // rethrown by Batch()
       }
