@@ -225,8 +225,11 @@ class Distributed {
   // not call optimizer.step()). Other errors end the run (ShouldStop is true).
   virtual absl::Status AfterBackward() = 0;
 
-  // Sums `values` over the world (evaluation, metrics). ABORTED: a peer
-  // failed and the world regrouped; try again.
+  // Sums `values` over the world (evaluation, metrics), between steps.
+  // ABORTED: a peer failed and the world regrouped, and its members are not
+  // all in this evaluation (a replacement begins in the loop): skip the
+  // evaluation; every later call until the next ShouldStop is
+  // FAILED_PRECONDITION, with no collective.
   virtual absl::StatusOr<std::vector<double>> AllReduceSum(std::vector<double> values) = 0;
 
   // The learning rate of each parameter group for the step ShouldStop

@@ -9,9 +9,10 @@ struct InProcessCoordinator::Impl {
 };
 
 std::unique_ptr<InProcessCoordinator> InProcessCoordinator::Start(int world, int keep_last,
-                                                                 const std::string& state_dir) {
+                                                                  const std::string& state_dir,
+                                                                  int min_members) {
   ServerOptions so;
-  so.coordinator.rules.min_members = world;
+  so.coordinator.rules.min_members = min_members > 0 ? min_members : world;
   so.coordinator.rules.max_members = world;
   so.coordinator.rules.last_call = absl::ZeroDuration();
   so.coordinator.catalog.keep_last = static_cast<uint32_t>(keep_last);

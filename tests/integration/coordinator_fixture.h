@@ -11,10 +11,12 @@ namespace muster {
 
 class InProcessCoordinator {
  public:
-  // min = max = world; no last call; plain text, no token.
-  // `state_dir` empty: state in memory; otherwise restartable on that dir.
+  // min = max = world (min = `min_members` where above 0); no last call;
+  // plain text, no token. `state_dir` empty: state in memory; otherwise
+  // restartable on that dir.
   static std::unique_ptr<InProcessCoordinator> Start(int world, int keep_last = 3,
-                                                     const std::string& state_dir = "");
+                                                     const std::string& state_dir = "",
+                                                     int min_members = 0);
   ~InProcessCoordinator();
   int port() const;
   // The coordinator's /metrics text as of now (its counters taken afresh).

@@ -376,6 +376,54 @@ TEST(StartTest, AllReduceSumWaitsForARankThatEvaluatesLongerThanAStep) {
   for (std::thread& t : ranks) t.join();
 }
 
+// A rank lost while the others sum between steps: they regroup and are
+// told ABORTED, and a second sum before the next ShouldStop is refused
+// (FAILED_PRECONDITION) without a collective, for a replacement would be in
+// the training loop, not in the evaluation; after ShouldStop they sum again.
+TEST(StartTest, AfterASumThatRegroupedNoneIsTakenUntilTheNextStep) {
+  auto server = InProcessCoordinator::Start(3, 3, "", /*min_members=*/2);
+  std::vector<std::thread> ranks;
+  for (int i = 0; i < 3; ++i) {
+    ranks.emplace_back([&, i] {
+      torch::nn::Linear model(4, 2);
+      Options o = QuietOptions(server->port(), "lost-eval" + std::to_string(::getpid()));
+      o.node_id = "n";
+      o.local_rank = i;
+      o.steps = 3;
+      State state;
+      state.model = model.ptr().get();
+      auto job = Distributed::Start(o, state);
+      ASSERT_TRUE(job.ok()) << job.status();
+      Distributed& d = **job;
+      while (d.step() < 2 && !d.ShouldStop()) {
+        d.BeforeBackward();
+        model->forward(torch::ones({8, 4})).sum().backward();
+        ASSERT_TRUE(d.AfterBackward().ok());
+      }
+      if (i == 2) {  // lost in the evaluation: gone without a word
+        absl::SleepFor(absl::Milliseconds(500));
+        job->reset();
+        return;
+      }
+      absl::StatusOr<std::vector<double>> sum = d.AllReduceSum({1.0});
+      EXPECT_TRUE(absl::IsAborted(sum.status())) << sum.status();
+      EXPECT_NE(sum.status().message().find("skip it"), std::string::npos) << sum.status();
+      sum = d.AllReduceSum({1.0});
+      EXPECT_TRUE(absl::IsFailedPrecondition(sum.status())) << sum.status();
+      while (!d.ShouldStop()) {
+        d.BeforeBackward();
+        model->forward(torch::ones({8, 4})).sum().backward();
+        ASSERT_TRUE(d.AfterBackward().ok());
+      }
+      sum = d.AllReduceSum({1.0});
+      ASSERT_TRUE(sum.ok()) << sum.status();
+      EXPECT_EQ((*sum)[0], 2.0);
+      EXPECT_EQ(Distributed::ExitCode(d.Finish()), 0);
+    });
+  }
+  for (std::thread& t : ranks) t.join();
+}
+
 // A job token the coordinator refuses (none, or another job's) is a
 // configuration error: exit 78, which muster-agent does not restart.
 TEST(ExitCodeTest, ARefusedJobTokenIsNotRestarted) {

@@ -172,6 +172,7 @@ void Engine::EndStep() {
 
 bool Engine::ShouldStop() {
   StepClock::Scope timed(&timeline_, StepClock::Call::kShouldStop);
+  sum_regrouped_ = false;
   if (life_.over()) return true;
   // The boundary's work (a regroup, a checkpoint's copy, a catch-up).
   TrainingProgress::Busy busy(training_progress());
@@ -331,6 +332,12 @@ absl::StatusOr<std::vector<double>> Engine::AllReduceSum(std::vector<double> val
   if (life_.ended() && life_.outcome() != StepOutcome::kFinished) {
     return absl::FailedPreconditionError("this member is no longer in a world");
   }
+  static constexpr char kSkip[] =
+      "the new world's members are not all in this evaluation (a replacement begins in the "
+      "training loop): skip it, and sum again after the next ShouldStop";
+  if (sum_regrouped_) {
+    return absl::FailedPreconditionError(absl::StrCat("a sum since this step failed: ", kSkip));
+  }
   TrainingProgress::Busy busy(training_progress());
   // Between steps (an evaluation): ranks may arrive far apart after work
   // of their own, so the long deadline, not the step's.
@@ -340,8 +347,10 @@ absl::StatusOr<std::vector<double>> Engine::AllReduceSum(std::vector<double> val
   if (s.ok()) return values;
   absl::Status r = RegroupUnlessOk(s);
   life_.Break(r);
-  return r.ok() ? absl::AbortedError(absl::StrCat("all-reduce failed, regrouped: ", s.message()))
-                : r;
+  if (!r.ok()) return r;
+  sum_regrouped_ = true;
+  return absl::AbortedError(
+      absl::StrCat("all-reduce failed, regrouped: ", s.message(), "; ", kSkip));
 }
 
 absl::StatusOr<Distributed::Outcome> Engine::Finish() {

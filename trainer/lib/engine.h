@@ -204,6 +204,11 @@ class Engine final : public Distributed, private WorldChanges::Trainer {
     int64_t step = -1;
     bool live = false;  // step is a live peer's, not a checkpoint's
   } resumed_;
+  // A sum between steps failed and the world regrouped: not every member
+  // of the new world is in the program's evaluation (a replacement, or a
+  // rank whose sum had completed, is in the loop), so no sum is taken
+  // until the next ShouldStop, where every rank meets again.
+  bool sum_regrouped_ = false;
 };
 
 }  // namespace muster
