@@ -8,12 +8,30 @@
 #include "absl/strings/str_split.h"
 
 namespace muster {
+namespace {
+
+std::vector<torch::optim::Optimizer*> OptimizersOf(const TrainingState& state) {
+  std::vector<torch::optim::Optimizer*> out;
+  for (const TrainingState::Optimizer& o : state.optimizers) out.push_back(o.optimizer);
+  return out;
+}
+
+// Every optimizer's groups, in order: the one list both the schedules and
+// the carried rates index.
+std::vector<torch::optim::OptimizerParamGroup*> GroupsOf(
+    const std::vector<torch::optim::Optimizer*>& optimizers) {
+  std::vector<torch::optim::OptimizerParamGroup*> out;
+  for (torch::optim::Optimizer* o : optimizers) {
+    for (auto& group : o->param_groups()) out.push_back(&group);
+  }
+  return out;
+}
+
+}  // namespace
 
 absl::StatusOr<LearningRates> LearningRates::For(const Options& options,
                                                  const TrainingState& state) {
-  std::vector<torch::optim::Optimizer*> optimizers;
-  for (const TrainingState::Optimizer& o : state.optimizers) optimizers.push_back(o.optimizer);
-  LearningRates out(options, std::move(optimizers));
+  LearningRates out(options, OptimizersOf(state));
   if (out.optimizers_.empty()) {
     if (options.group_lr_schedule) {
       return absl::InvalidArgumentError(
@@ -32,11 +50,7 @@ absl::StatusOr<LearningRates> LearningRates::For(const Options& options,
 }
 
 std::vector<torch::optim::OptimizerParamGroup*> LearningRates::Groups() const {
-  std::vector<torch::optim::OptimizerParamGroup*> out;
-  for (torch::optim::Optimizer* o : optimizers_) {
-    for (auto& group : o->param_groups()) out.push_back(&group);
-  }
-  return out;
+  return GroupsOf(optimizers_);
 }
 
 const std::vector<double>& LearningRates::Apply(const Progress& p) {
@@ -62,8 +76,7 @@ const std::vector<double>& LearningRates::Apply(const Progress& p) {
 }
 
 absl::Status CarryLearningRates(TrainingState* state) {
-  std::vector<torch::optim::Optimizer*> optimizers;
-  for (const TrainingState::Optimizer& o : state->optimizers) optimizers.push_back(o.optimizer);
+  const std::vector<torch::optim::Optimizer*> optimizers = OptimizersOf(*state);
   if (optimizers.empty()) return absl::OkStatus();
   for (const Blob& b : state->blobs) {
     if (b.name == kLearningRatesBlob) {
@@ -72,13 +85,7 @@ absl::Status CarryLearningRates(TrainingState* state) {
                        "' holds the optimizers' learning rates: name yours otherwise"));
     }
   }
-  const auto groups = [optimizers] {
-    std::vector<torch::optim::OptimizerParamGroup*> out;
-    for (torch::optim::Optimizer* o : optimizers) {
-      for (auto& group : o->param_groups()) out.push_back(&group);
-    }
-    return out;
-  };
+  const auto groups = [optimizers] { return GroupsOf(optimizers); };
   Blob blob;
   blob.name = kLearningRatesBlob;
   blob.save = [groups] {  // each rate exactly, as C's hexadecimal floating point
