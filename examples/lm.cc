@@ -10,22 +10,26 @@
 //
 //   lm [--text FILE] [--steps N | --epochs N] [--batch N] [--micro N]
 //      [--context N] [--layers N] [--embd N] [--heads N] [--dropout P]
-//      [--lr X] [--warmup N] [--clip X] [--eval-every N]
+//      [--lr X] [--warmup N] [--clip X] [--eval-every N] [--eval-iters N]
 //      [--amp none|bf16|fp16] [--loss-scale dynamic|none]
 //      [--loss-scale-growth N] [--cuda 0|1]
 //      [--checkpoint-dir D --checkpoint-every N] [--log-dir D]
 //      [--summary FILE] [--parameters FILE] [--pace-ms N] [--node-id ID]
+//      [--collective-timeout S]
 //
 // --text defaults to the GPL's text, which every Debian host has. Example i
 // is the i-th window of --context bytes; the last tenth of the windows is
-// held out for evaluation. --batch is windows per rank per step, split into
-// --micro micro-batches. --summary FILE writes the final state digest ({pid}
-// in FILE is replaced); --parameters FILE writes rank 0's final parameters
-// as text, one value per line.
+// held out for evaluation, which averages --eval-iters passes over it (as
+// nanoGPT's estimate_loss averages eval_iters batches). --batch is windows
+// per rank per step, split into --micro micro-batches. --collective-timeout
+// sets Options::collective_timeout_s. --summary FILE writes the final state
+// digest ({pid} in FILE is replaced); --parameters FILE writes rank 0's
+// final parameters as text, one value per line.
 #include <muster/muster.h>
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -195,6 +199,7 @@ int main(int argc, char** argv) {
   const int64_t warmup = std::stoll(Flag(flag, "--warmup", "10"));
   const double clip = std::stod(Flag(flag, "--clip", "1.0"));
   const int64_t eval_every = std::stoll(Flag(flag, "--eval-every", "20"));
+  const int eval_iters = std::max(1, std::stoi(Flag(flag, "--eval-iters", "1")));
   const int pace_ms = std::stoi(Flag(flag, "--pace-ms", "0"));
   const std::string amp = Flag(flag, "--amp", "none");
   if (amp != "none" && amp != "bf16" && amp != "fp16") {
@@ -242,6 +247,7 @@ int main(int argc, char** argv) {
   options.model_name = "byte-gpt";
   options.node_id = Flag(flag, "--node-id", "");
   options.cuda = Flag(flag, "--cuda", "0") == "1";
+  options.collective_timeout_s = std::stod(Flag(flag, "--collective-timeout", "0"));
   const absl::StatusOr<torch::Device> device = muster::TrainingDevice(options);
   if (!device.ok()) {
     std::cerr << "lm: " << device.status() << "\n";
@@ -305,9 +311,13 @@ int main(int argc, char** argv) {
       model->eval();
       torch::NoGradGuard no_grad;
       auto [x, y] = Windows(bytes, held_out, c.context);
-      const double val = torch::nn::functional::cross_entropy(model(x.to(*device)).flatten(0, 1),
-                                                              y.to(*device).flatten())
-                             .item<double>();
+      double val = 0;
+      for (int i = 0; i < eval_iters; ++i) {
+        val += torch::nn::functional::cross_entropy(model(x.to(*device)).flatten(0, 1),
+                                                    y.to(*device).flatten())
+                   .item<double>() /
+               eval_iters;
+      }
       model->train();
       std::cout << "lm: step " << step + 1 << ", held-out loss " << val << std::endl;
       d.LogScalars({{"val_loss", val}});
