@@ -199,6 +199,7 @@ class NodeSessionImpl final : public NodeSession,
     int64_t step = 0;
     int64_t samples = 0;
     uint32_t stalled_ms = 0;  // as of last_beat
+    bool working = false;     // as of last_beat
     absl::Time last_beat;
     // Whether its attach went out on the current connection; a member that
     // attached while the node stream was down waits for the next one.

@@ -122,10 +122,13 @@ absl::Status NodeSessionImpl::Attach(const v1::MemberRef& member, pid_t pid,
     if (it != trainers_.members.end()) superseded = std::move(it->second.out);
     // In the node heartbeat from its own first heartbeat on, which carries
     // its step.
-    trainers_.members[member.member_id()] = Member{member.incarnation(), pid, std::move(out),
-                                                   /*step=*/0, /*samples=*/0, /*stalled_ms=*/0,
-                                                   absl::InfinitePast(),
-                                                   /*attached=*/connected()};
+    Member fresh;
+    fresh.incarnation = member.incarnation();
+    fresh.pid = pid;
+    fresh.out = std::move(out);
+    fresh.last_beat = absl::InfinitePast();
+    fresh.attached = connected();
+    trainers_.members[member.member_id()] = std::move(fresh);
     if (connected()) {
       v1::SessionRequest attach;
       *attach.mutable_attach() = member;
@@ -148,6 +151,7 @@ void NodeSessionImpl::LocalBeat(const std::string& member, uint64_t incarnation,
       it->second.step = beat.step();
       it->second.samples = beat.samples();
       it->second.stalled_ms = beat.stalled_ms();
+      it->second.working = beat.working();
       if (beat.has_memory()) it->second.memory = beat.memory();
       it->second.last_beat = clock_->Now();
     }

@@ -241,6 +241,7 @@ v1::SessionRequest NodeSessionImpl::NodeBeatLocked(absl::Time now, uint64_t sequ
     step->set_step(m.step);
     step->set_samples(m.samples);
     step->set_stalled_ms(m.stalled_ms);
+    step->set_working(m.working);
     if (m.memory.ByteSizeLong() > 0) *step->mutable_memory() = m.memory;
     step->set_beat_age_ms(static_cast<uint32_t>(absl::ToInt64Milliseconds(now - m.last_beat)));
   }

@@ -58,8 +58,8 @@ namespace muster {
 struct MemberProgress {
   MemberProgress(int64_t step = 0, int64_t samples = 0,
                  absl::Duration stalled = absl::ZeroDuration(),
-                 absl::Duration age = absl::ZeroDuration())
-      : step(step), samples(samples), stalled(stalled), age(age) {}
+                 absl::Duration age = absl::ZeroDuration(), bool working = false)
+      : step(step), samples(samples), stalled(stalled), age(age), working(working) {}
   int64_t step;
   int64_t samples;
   // How long its training thread had made no progress
@@ -67,6 +67,7 @@ struct MemberProgress {
   // members' heartbeats).
   absl::Duration stalled;
   absl::Duration age;
+  bool working;         // Heartbeat.working: the thread ran meanwhile
   MemberMemory memory;  // all 0: not reported
 };
 
@@ -117,6 +118,11 @@ struct CoordinatorOptions {
   // How long the members of a world formed after a broken-world report have
   // to come to its rendezvous when the report names no deadline of its own.
   absl::Duration regroup_arrival = absl::Seconds(30);
+  // How long a member that its peers' collective deadline passed waiting
+  // for, and whose training thread runs in the program's own code (an
+  // evaluation on one rank: Heartbeat.working), is waited for from the
+  // start of its stall before it is fenced as hung.
+  absl::Duration own_work_limit = absl::Minutes(10);
   // The longest a coordinator that hears from nobody holds (Unheard): it
   // fails nobody for the silence meanwhile. Zero: it never holds (no lease,
   // so no standby to take over: CoordinatorServer gives twice the lease
@@ -458,17 +464,25 @@ class Coordinator {
   // was an active member of the live world (whose loss needs a regroup).
   bool Fence(MemberInfo* info, const std::string& reason, bool hung, Actions* actions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A member of `world` whose training thread made no progress for about
-  // `deadline` while its peers waited in a collective is stuck: fenced as
-  // hung (its agent restarts it) before the regroup forms, not waited for.
   // A broken-world report that names unreachable ranks: holds the side
   // to leave out (partition_holds.h) before the regroup. Whether it held any.
   bool LeaveOutUnreachable(const World& world, int reporter, const BrokenWorldReport& report)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A member of `world` whose training thread made no progress for about
+  // `deadline` while its peers waited in a collective, and did not run
+  // meanwhile, is stuck: fenced as hung (its agent restarts it) before the
+  // regroup forms, not waited for. One whose thread ran is in the
+  // program's own work: the regroup waits for it (InOwnWork).
   void FenceStuck(const World& world, absl::Duration deadline, Actions* actions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Tick: the forming world's arrival deadline passed; fences its members
-  // that have not arrived and forms the world again without them.
+  // Whether `info`'s heartbeats from the last half `window` say that its
+  // training thread is stalled in the program's own work, running, for
+  // less than options_.own_work_limit.
+  bool InOwnWork(const MemberInfo& info, absl::Time now, absl::Duration window) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Tick: the forming world's arrival deadline passed. Where every member
+  // that has not arrived is InOwnWork, waits another window; else fences
+  // the others and forms the world again without them.
   void FenceLateArrivals(Actions* actions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DropWaiters(const std::string& id, const absl::Status& status, Actions* actions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

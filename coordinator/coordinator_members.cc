@@ -133,6 +133,7 @@ absl::Status Coordinator::Beat(uint64_t session, MemberProgress progress, absl::
   info->stalled_since = progress.stalled > absl::ZeroDuration()
                             ? info->progress_at - progress.stalled
                             : absl::InfiniteFuture();
+  info->working = progress.working;
   return absl::OkStatus();
 }
 

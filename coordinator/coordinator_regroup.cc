@@ -617,39 +617,64 @@ void Coordinator::FenceStuck(const World& world, absl::Duration deadline, Action
         info->progress_at < now - deadline / 2 || info->stalled_since > now - deadline * 0.9) {
       continue;
     }
+    const std::string stalled = absl::StrCat(
+        absl::FormatDuration(absl::Trunc(now - info->stalled_since, absl::Milliseconds(100))),
+        " (after step ", info->step, ")");
+    if (InOwnWork(*info, now, deadline)) {
+      Record("waiting", absl::StrCat("rank ", a.rank, " (", info->key.id,
+                                     ") is in the program's own work between muster's calls "
+                                     "for ",
+                                     stalled,
+                                     ", its training thread running: the regroup "
+                                     "waits for it up to the coordinator's --own-work-limit (",
+                                     absl::FormatDuration(options_.own_work_limit), ")"));
+      continue;
+    }
     Fence(info,
-          absl::StrCat(
-              "hung: its training thread made no progress for ",
-              absl::FormatDuration(absl::Trunc(now - info->stalled_since, absl::Milliseconds(100))),
-              " (after step ", info->step,
-              "; stuck, or in the program's own work between steps for longer than "
-              "its peers wait: Options::collective_timeout_s) while its peers' "
-              "collective deadline (",
-              absl::FormatDuration(deadline), ") passed waiting for it; its agent restarts it"),
+          absl::StrCat("hung: its training thread made no progress and did not run for ", stalled,
+                       " while its peers' collective deadline (", absl::FormatDuration(deadline),
+                       ") passed waiting for it; its agent restarts it"),
           /*hung=*/true, actions);
   }
 }
 
+bool Coordinator::InOwnWork(const MemberInfo& info, absl::Time now, absl::Duration window) const {
+  return info.working && info.progress_at >= now - window / 2 &&
+         now - info.stalled_since < options_.own_work_limit;
+}
+
 void Coordinator::FenceLateArrivals(Actions* actions) {
-  const absl::StatusOr<absl::Duration> window = regroup_.ArrivalMissed();
-  if (!Accepted(window.status())) return;
+  const absl::Time now = clock_->Now();
   const std::shared_ptr<const World> shared = gen_.Published();
   const World& world = *shared;
   std::vector<MemberInfo*> late;
+  bool working = false;
   for (const Assignment& a : world.members) {
     if (gen_.has_arrived_at(a.rank)) continue;
     MemberInfo* info = membership_.Find(a.member.id);
     if (info == nullptr || info->key != a.member || !IsAlive(info->state)) continue;
-    late.push_back(info);
+    if (InOwnWork(*info, now, regroup_.arrival_window())) {
+      working = true;
+    } else {
+      late.push_back(info);
+    }
   }
-  if (late.empty()) return;
+  // Only members in their own work are late: they come when it ends.
+  if (late.empty() && working && Accepted(regroup_.ArrivalExtended(now))) return;
+  const absl::StatusOr<absl::Duration> window = regroup_.ArrivalMissed();
+  if (!Accepted(window.status()) || late.empty()) return;
   std::vector<std::string> ids;
   for (MemberInfo* info : late) {
     ids.push_back(info->key.id);
     Fence(info,
           absl::StrCat("hung: did not come to the regroup of generation ", world.generation,
-                       " within ", absl::FormatDuration(*window),
-                       " while its session lived; its agent restarts it"),
+                       " within ", absl::FormatDuration(*window), " while its session lived",
+                       info->working && info->progress_at >= now - *window / 2
+                           ? absl::StrCat(", in the program's own work past the "
+                                          "coordinator's --own-work-limit (",
+                                          absl::FormatDuration(options_.own_work_limit), ")")
+                           : "",
+                       "; its agent restarts it"),
           /*hung=*/true, actions);
   }
   Evaluate(/*urgent=*/true, /*abort=*/true,

@@ -55,6 +55,9 @@ ABSL_FLAG(absl::Duration, reattach_grace, absl::Seconds(30),
 ABSL_FLAG(absl::Duration, pause_timeout, absl::ZeroDuration(),
           "end the job (exit 3) when it stays below min_members this long after a failure; "
           "0 waits for members as long as it runs");
+ABSL_FLAG(absl::Duration, own_work_limit, absl::Minutes(10),
+          "how long a member whose peers gave up waiting for it is still waited for while its "
+          "training thread runs the program's own code (an evaluation on one rank)");
 ABSL_FLAG(uint32_t, keep_last, 3, "committed checkpoints kept (0 keeps all)");
 ABSL_FLAG(std::string, keep_best, "",
           "also keep the best checkpoint by this metric: val_loss (smaller) or val_acc "
@@ -123,6 +126,7 @@ bool OptionsFromFlags(muster::ServerOptions* out) {
   c.max_heartbeat_rate = absl::GetFlag(FLAGS_max_heartbeat_rate);
   c.reattach_grace = absl::GetFlag(FLAGS_reattach_grace);
   c.pause_timeout = absl::GetFlag(FLAGS_pause_timeout);
+  c.own_work_limit = absl::GetFlag(FLAGS_own_work_limit);
   c.catalog.keep_last = absl::GetFlag(FLAGS_keep_last);
   c.catalog.keep_best_metric = absl::GetFlag(FLAGS_keep_best);
   c.catalog.keep_best_larger = c.catalog.keep_best_metric == "val_acc";

@@ -46,6 +46,9 @@ struct MemberInfo {
   // InfiniteFuture when it said 0.
   absl::Time stalled_since = absl::InfiniteFuture();
   absl::Time progress_at = absl::InfinitePast();
+  // Heartbeat.working, as of `progress_at`: a stall during which the
+  // thread ran (the program's own work), not a stuck thread.
+  bool working = false;
   absl::Time joined;
   absl::Time last_seen;   // join, hello or heartbeat (Membership::Seen)
   uint64_t session = 0;   // id of the open session, 0 if none

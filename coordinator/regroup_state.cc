@@ -47,6 +47,12 @@ absl::StatusOr<absl::Duration> RegroupState::ArrivalMissed() {
   return arrival_.window();
 }
 
+absl::Status RegroupState::ArrivalExtended(absl::Time now) {
+  if (stage_ != RegroupStage::kFormingByDeadline) return Refused("ArrivalExtended", stage_);
+  arrival_.Set(now, arrival_.window());
+  return absl::OkStatus();
+}
+
 absl::StatusOr<RegroupCompletion> RegroupState::Completed(std::shared_ptr<const World> world,
                                                           absl::Time now) {
   if (stage_ != RegroupStage::kForming && stage_ != RegroupStage::kFormingByDeadline) {

@@ -32,6 +32,8 @@
 //
 //   every stage --Formed(now)--> kForming (again in kForming: it formed
 //       again; a running arrival deadline and last call are dropped)
+//   kFormingByDeadline --ArrivalExtended(now): the late members are
+//       waited for--> kFormingByDeadline (by now + the same window)
 //   every stage --Paused(now): below min_members--> kPaused
 //
 // "start" is a new RegroupState: kIdle, no waiters, no completed world. A
@@ -113,6 +115,12 @@ class RegroupState {
   // stage.
   absl::StatusOr<absl::Duration> ArrivalMissed();
 
+  // The arrival deadline passed (ArrivalDue), and the members that have
+  // not arrived are waited for: they must arrive by `now` + the same
+  // window. kFormingByDeadline -> kFormingByDeadline. Errors:
+  // FAILED_PRECONDITION in any other stage.
+  absl::Status ArrivalExtended(absl::Time now);
+
   // The last member of `world`, the forming world, arrived at `now`:
   // kForming or kFormingByDeadline -> kCompleted. `world` becomes
   // completed(); the one completed before becomes delta_base(), and delta()
@@ -149,6 +157,8 @@ class RegroupState {
   // Whether the forming world's arrival deadline is at or before `now`
   // (never outside kFormingByDeadline).
   bool ArrivalDue(absl::Time now) const { return arrival_.Due(now); }
+  // The window of the last arrival deadline (ArriveWithin).
+  absl::Duration arrival_window() const { return arrival_.window(); }
   // When the running last-call window ends, if one runs.
   std::optional<absl::Time> last_call_ends() const { return timer_.deadline(); }
 

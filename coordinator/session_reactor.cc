@@ -52,9 +52,10 @@ void MergeEvents(std::deque<v1::SessionEvent>* queue) {
   queue->push_back(std::move(merged));
 }
 
-MemberProgress Progress(int64_t step, int64_t samples, uint32_t stalled_ms,
+MemberProgress Progress(int64_t step, int64_t samples, uint32_t stalled_ms, bool working,
                         const v1::MemoryBytes& memory, uint32_t age_ms = 0) {
-  MemberProgress p{step, samples, absl::Milliseconds(stalled_ms), absl::Milliseconds(age_ms)};
+  MemberProgress p{step, samples, absl::Milliseconds(stalled_ms), absl::Milliseconds(age_ms),
+                   working};
   p.memory = {memory.parameters(), memory.gradients(),     memory.optimizer_state(),
               memory.communication(), memory.staging(), memory.transfer()};
   return p;
@@ -260,11 +261,10 @@ bool SessionReactor::Handle() {
     outbox_->Close(absl::InvalidArgumentError("only heartbeats may follow hello"));
     return false;
   }
-  absl::StatusOr<uint64_t> generation =
-      coordinator_->Heartbeat(session_, Progress(request_.heartbeat().step(),
-                                                 request_.heartbeat().samples(),
-                                                 request_.heartbeat().stalled_ms(),
-                                                 request_.heartbeat().memory()));
+  absl::StatusOr<uint64_t> generation = coordinator_->Heartbeat(
+      session_, Progress(request_.heartbeat().step(), request_.heartbeat().samples(),
+                         request_.heartbeat().stalled_ms(), request_.heartbeat().working(),
+                         request_.heartbeat().memory()));
   if (!generation.ok()) {
     outbox_->Close(generation.status());
     return false;
@@ -329,8 +329,8 @@ bool SessionReactor::HandleNode(absl::Time start) {
         auto it = attached_.find(m.member_id());
         if (it == attached_.end()) continue;
         sessions.push_back(it->second.session);
-        progress.push_back(
-            Progress(m.step(), m.samples(), m.stalled_ms(), m.memory(), m.beat_age_ms()));
+        progress.push_back(Progress(m.step(), m.samples(), m.stalled_ms(), m.working(), m.memory(),
+                                    m.beat_age_ms()));
         ids.push_back(m.member_id());
       }
       std::vector<bool> ok;

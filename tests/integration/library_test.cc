@@ -541,6 +541,39 @@ INSTANTIATE_TEST_SUITE_P(
         ExampleRun{"fashion_mnist", {"--steps", "20"}, true}),
     [](const auto& info) { return info.param.program; });
 
+// examples/lm evaluates on rank 0 alone every 10 steps, as nanoGPT-style
+// programs do; here each evaluation is 600 passes over the held-out
+// windows (seconds of computing), against a collective deadline of 1 s.
+// The other ranks wait for rank 0 in the next step's reduction past their
+// deadline; its training thread runs meanwhile, so the coordinator waits
+// for it instead of fencing it as hung. No trainer is restarted and the
+// job ends bit-identical to the same job with a short evaluation. Before
+// the coordinator told work from a stuck thread, rank 0 was fenced and
+// restarted at each evaluation, and its shares of those steps were lost.
+TEST_F(LibraryTest, AnEvaluationOnRankZeroLongerThanThePeersDeadlineFencesNobody) {
+  const std::vector<std::string> run = {"--steps", "30", "--eval-every", "10"};
+  StartCoordinator(4, 4, "reference");
+  const auto job = [&](const std::string& tag, const std::vector<std::string>& more) {
+    std::vector<std::string> args = {kBin + "/lm"};
+    args.insert(args.end(), run.begin(), run.end());
+    args.insert(args.end(), more.begin(), more.end());
+    args.insert(args.end(), {"--summary", dir_ + "/" + tag + "/{pid}.json"});
+    const pid_t a = AgentOf("a", args), b = AgentOf("b", args);
+    EXPECT_EQ(WaitExit(a), 0) << ReadText(dir_ + "/a.log");
+    EXPECT_EQ(WaitExit(b), 0) << ReadText(dir_ + "/b.log");
+    const std::string logs = ReadText(dir_ + "/a.log") + ReadText(dir_ + "/b.log");
+    EXPECT_EQ(logs.find("(restart "), std::string::npos) << "a trainer was restarted: " << logs;
+    return CommonFinalDigest(tag, 4);
+  };
+  const std::string reference = job("summary-reference", {});
+  StopCoordinator();
+  StartCoordinator(4, 4, "state");
+  EXPECT_EQ(job("summary", {"--eval-iters", "600", "--collective-timeout", "1"}), reference);
+  const std::string coordinator = ReadText(dir_ + "/coordinator-state.log");
+  EXPECT_NE(coordinator.find("is in the program's own work"), std::string::npos) << coordinator;
+  EXPECT_EQ(coordinator.find("hung"), std::string::npos) << coordinator;
+}
+
 // gan, multitask (both tasks a step, or one task a step: the other head
 // keeps no gradient), distill and finetune, 2 x 2, against the same job in one process
 // that takes each global batch at once (batch 64 = 4 x 16): the same

@@ -67,6 +67,7 @@ class CoordinatorTest : public ::testing::Test {
     o.reattach_grace = absl::Seconds(10);
     o.silence_hold = silence_hold_;
     o.pause_timeout = pause_timeout_;
+    o.own_work_limit = own_work_limit_;
     o.clock = &clock_;
     c_ = std::move(Coordinator::Create(o, store)).value();
   }
@@ -196,6 +197,7 @@ class CoordinatorTest : public ::testing::Test {
   FakeClock clock_;
   absl::Duration silence_hold_ = absl::ZeroDuration();  // CoordinatorOptions::silence_hold
   absl::Duration pause_timeout_ = absl::ZeroDuration();
+  absl::Duration own_work_limit_ = absl::Minutes(10);  // CoordinatorOptions::own_work_limit
   std::unique_ptr<StateStore> store_;
   // Stores opened by a test; they outlive the coordinator.
   std::vector<std::unique_ptr<StateStore>> stores_;
@@ -661,7 +663,8 @@ TEST_F(CoordinatorTest, AMemberStalledWhenItsPeersDeadlinePassedIsLeftOutAtOnce)
   EXPECT_TRUE(c.sink->hung);
   EXPECT_TRUE(absl::StrContains(
       c.sink->close_status.message(),
-      "made no progress for 2s (after step 5; stuck, or in the program's own work"))
+      "made no progress and did not run for 2s (after step 5) while its peers' collective "
+      "deadline (2s) passed"))
       << c.sink->close_status;
   EXPECT_FALSE(b.sink->closed) << b.sink->close_status;
   Rendezvous(a, 1, 5);
@@ -672,6 +675,85 @@ TEST_F(CoordinatorTest, AMemberStalledWhenItsPeersDeadlinePassedIsLeftOutAtOnce)
     EXPECT_EQ((*m->world)->world->size(), 2u);
     EXPECT_EQ((*m->world)->world->RankOf("c"), -1);
   }
+}
+
+// In a WorldOfThree, c works in the program's own code after step 5 (its
+// heartbeats: stalled, its thread running) while a and b wait for it in
+// step 6; half a second at a time from the start of c's stall.
+class OwnWorkTest : public CoordinatorTest {
+ protected:
+  // Advances `seconds` in beats of 500 ms: a and b made progress, c has
+  // been stalled since the start (no beat from c once it is fenced).
+  void Beats(double seconds) {
+    Member& c = *members_[2];
+    for (const absl::Time end = Now() + absl::Seconds(seconds); Now() < end;) {
+      Advance(absl::Milliseconds(500));
+      for (int m : {0, 1}) ASSERT_TRUE(c_->Heartbeat(members_[m]->session, {5, 0}).ok());
+      if (c.sink->closed) continue;
+      ASSERT_TRUE(c_->Heartbeat(c.session, MemberProgress(5, 0, Now() - start_,
+                                                          absl::ZeroDuration(), /*working=*/true))
+                      .ok());
+    }
+  }
+  // 2 s into c's stall, a reports that generation 1 broke (its deadline:
+  // 2 s), and a and b come to the regroup.
+  void PeersGiveUpWaiting() {
+    WorldOfThree();
+    start_ = Now();
+    Beats(2);
+    ASSERT_TRUE(c_->ReportBroken(members_[0]->key,
+                                 {1, "gloo collective passed its deadline", absl::Seconds(2), {}})
+                    .ok());
+    Rendezvous(*members_[0], 1, 5);
+    Rendezvous(*members_[1], 1, 5);
+  }
+  absl::Time Now() { return clock_.Now(); }
+
+  absl::Time start_;
+};
+
+// A member whose training thread runs while its peers' deadline passes is
+// in the program's own work (an evaluation on one rank alone): the regroup
+// waits for it, window after window, while its heartbeats say it runs, and
+// it comes to the world with the others.
+TEST_F(OwnWorkTest, AMemberInTheProgramsOwnWorkIsWaitedFor) {
+  PeersGiveUpWaiting();
+  Member& a = *members_[0];
+  Member& c = *members_[2];
+  EXPECT_FALSE(c.sink->closed) << c.sink->close_status;
+  Beats(10);  // five arrival windows
+  EXPECT_FALSE(c.sink->closed) << c.sink->close_status;
+  EXPECT_FALSE(a.world.has_value());
+  Rendezvous(c, 1, 5);
+  for (int m : {0, 1, 2}) {
+    ASSERT_TRUE(members_[m]->world && members_[m]->world->ok()) << m;
+    EXPECT_EQ((*members_[m]->world)->world->size(), 3u);
+  }
+  const absl::StatusOr<std::vector<JobEvent>> events = c_->RecentEvents(40);
+  ASSERT_TRUE(events.ok());
+  std::string log;
+  for (const JobEvent& e : *events) log += e.kind + ": " + e.detail + "\n";
+  EXPECT_TRUE(absl::StrContains(log, "waiting: rank 2 (c) is in the program's own work")) << log;
+}
+
+// Past the coordinator's --own-work-limit, counted from the start of its
+// stall, a member in its own work is fenced as hung like a stuck one.
+TEST_F(OwnWorkTest, AMemberInItsOwnWorkPastTheLimitIsFenced) {
+  own_work_limit_ = absl::Seconds(5);
+  PeersGiveUpWaiting();
+  Member& a = *members_[0];
+  Member& c = *members_[2];
+  Beats(2);  // the first window ends 4 s into its stall
+  EXPECT_FALSE(c.sink->closed) << c.sink->close_status;
+  Beats(2);  // the second, past 5 s
+  EXPECT_TRUE(c.sink->closed);
+  EXPECT_TRUE(c.sink->hung);
+  EXPECT_TRUE(absl::StrContains(c.sink->close_status.message(),
+                                "in the program's own work past the coordinator's "
+                                "--own-work-limit (5s)"))
+      << c.sink->close_status;
+  ASSERT_TRUE(a.world && a.world->ok());
+  EXPECT_EQ((*a.world)->world->size(), 2u);
 }
 
 // A member that computes, but not for as long as its peers' deadline, is

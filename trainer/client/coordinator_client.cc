@@ -320,6 +320,8 @@ void CoordinatorClient::Heartbeats(OpenSession* session, grpc::ClientContext* ct
     hb.mutable_heartbeat()->set_samples(samples_);
     hb.mutable_heartbeat()->set_stalled_ms(
         options_.progress != nullptr ? options_.progress->stalled_ms() : 0);
+    hb.mutable_heartbeat()->set_working(options_.progress != nullptr &&
+                                        options_.progress->Working());
     hb.mutable_heartbeat()->set_sequence(++seq);
     {
       absl::MutexLock memory_lock(&memory_mu_);
