@@ -154,11 +154,11 @@ absl::StatusOr<torch::Device> TrainingDevice(const Options& options);
 class Distributed {
  public:
   enum class Outcome {
-    kFinished,  // trained the configured steps or epochs
+    kFinished,  // trained the configured steps or epochs, or RequestFinish
     // Stopped (a stop signal or RequestStop) with a committed checkpoint of
     // the step it stopped at: run again to resume from exactly there.
     kStopped,
-    kLeft,      // left the job early (SIGTERM to this rank, drained)
+    kLeft,  // left the job early (SIGTERM to this rank, drained)
     // Stopped, but no checkpoint of that step committed: no checkpoint_dir,
     // or the checkpoint failed twice (a full or read-only file system, the
     // coordinator unreachable), or the job was paused. A restart resumes
@@ -265,6 +265,16 @@ class Distributed {
   // Async-signal-safe (they set flags); any thread.
   virtual void RequestStop() = 0;
   virtual void RequestLeave() = 0;
+  // Ask the job to end as finished (early stopping: the program's own
+  // criterion, such as a held-out loss that stopped improving), at a step
+  // boundary as for RequestStop: every rank's ShouldStop returns true after
+  // the same step, finished() is true, Finish returns kFinished (exit 0),
+  // and the coordinator marks the job finished, so a requeue of it trains
+  // no further. One rank asking is enough (decide it from a sum, or on one
+  // rank); it wins over a stop or leave asked at the same step. Nothing is
+  // checkpointed for it (save what you keep, as at the last step). Async-
+  // signal-safe; any thread.
+  virtual void RequestFinish() = 0;
   // OK, or the error that will end the run, as soon as it happened (Finish
   // returns it too).
   virtual absl::Status status() const = 0;

@@ -424,6 +424,62 @@ TEST(StartTest, AfterASumThatRegroupedNoneIsTakenUntilTheNextStep) {
   for (std::thread& t : ranks) t.join();
 }
 
+// Early stopping: one rank decides, between steps, that the job is done
+// (here rank 1 after step 5, as a patience counter on a held-out loss
+// would) and asks to finish. Every rank ends after the same step, the
+// next one, as finished (exit 0, not a stop's 75), and the coordinator
+// marks the job finished: a trainer that comes later, as a requeued job's
+// would, is told so (no world for this trainer: the job has finished) and
+// ends at once without training.
+TEST(StartTest, AFinishAskedByOneRankEndsEveryRankAtTheSameStepAsFinished) {
+  auto server = InProcessCoordinator::Start(2);
+  const std::string job_name = "finish" + std::to_string(::getpid());
+  std::vector<std::thread> ranks;
+  std::vector<int64_t> steps(2, -1);
+  for (int i = 0; i < 2; ++i) {
+    ranks.emplace_back([&, i] {
+      torch::nn::Linear model(4, 2);
+      Options o = QuietOptions(server->port(), job_name);
+      o.node_id = "n";
+      o.local_rank = i;
+      o.steps = 100;
+      State state;
+      state.model = model.ptr().get();
+      auto job = Distributed::Start(o, state);
+      ASSERT_TRUE(job.ok()) << job.status();
+      Distributed& d = **job;
+      while (!d.ShouldStop()) {
+        d.BeforeBackward();
+        model->forward(torch::ones({8, 4})).sum().backward();
+        ASSERT_TRUE(d.AfterBackward().ok());
+        if (d.rank() == 1 && d.step() == 5) d.RequestFinish();
+      }
+      EXPECT_TRUE(d.finished());
+      steps[i] = d.step();
+      const absl::StatusOr<Distributed::Outcome> outcome = d.Finish();
+      ASSERT_TRUE(outcome.ok()) << outcome.status();
+      EXPECT_EQ(*outcome, Distributed::Outcome::kFinished);
+      EXPECT_EQ(Distributed::ExitCode(outcome), 0);
+    });
+  }
+  for (std::thread& t : ranks) t.join();
+  EXPECT_EQ(steps[0], 6);
+  EXPECT_EQ(steps[1], 6);
+
+  torch::nn::Linear model(4, 2);
+  Options o = QuietOptions(server->port(), job_name);
+  o.node_id = "m";
+  o.steps = 100;
+  o.join_timeout_s = 10;
+  State state;
+  state.model = model.ptr().get();
+  auto late = Distributed::Start(o, state);
+  ASSERT_TRUE(late.ok()) << late.status();
+  EXPECT_TRUE((*late)->ShouldStop()) << "a trainer trains a finished job";
+  EXPECT_EQ((*late)->step(), 0);
+  EXPECT_EQ(Distributed::ExitCode((*late)->Finish()), 0);
+}
+
 // A job token the coordinator refuses (none, or another job's) is a
 // configuration error: exit 78, which muster-agent does not restart.
 TEST(ExitCodeTest, ARefusedJobTokenIsNotRestarted) {

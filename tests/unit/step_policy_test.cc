@@ -1,5 +1,6 @@
 // StepPolicy: the decision every rank takes after a step from the averaged
-// control words (stop, leave, newer world, a checkpoint due by time).
+// control words (stop, leave, newer world, a checkpoint due by time,
+// finish).
 #include "trainer/elastic/step_policy.h"
 
 #include <gtest/gtest.h>
@@ -7,9 +8,11 @@
 namespace muster {
 namespace {
 
-ControlArray Averages(int stop, int leave, int newer, int world, int checkpoint = 0) {
+ControlArray Averages(int stop, int leave, int newer, int world, int checkpoint = 0,
+                      int finish = 0) {
   return {static_cast<float>(stop) / world, static_cast<float>(leave) / world,
-          static_cast<float>(newer) / world, static_cast<float>(checkpoint) / world};
+          static_cast<float>(newer) / world, static_cast<float>(checkpoint) / world,
+          static_cast<float>(finish) / world};
 }
 
 TEST(StepPolicyTest, NothingAskedContinues) {
@@ -43,8 +46,19 @@ TEST(StepPolicyTest, ANewerWorldHeardByOneRankRegroupsAll) {
 }
 
 TEST(StepPolicyTest, ControlWordsAreOnesAndZeros) {
-  const ControlWords w{true, false, true, true};
-  EXPECT_EQ(w.ToArray(), (ControlArray{1, 0, 1, 1}));
+  const ControlWords w{true, false, true, true, false};
+  EXPECT_EQ(w.ToArray(), (ControlArray{1, 0, 1, 1, 0}));
+}
+
+// One rank of five asked to finish (early stopping) ends the job on every
+// rank, even where others are asked to stop or leave at the same step: the
+// job is over either way, and a stop would have a batch script requeue it.
+TEST(StepPolicyTest, OneRankAskedToFinishFinishesEveryRankOverAStopOrLeave) {
+  EXPECT_EQ(DecideAfterStep(Averages(0, 0, 0, 5, 0, 1), 5, {}, false), StepDecision::kFinish);
+  EXPECT_EQ(DecideAfterStep(Averages(1, 1, 1, 5, 0, 1), 5, {false, true, false}, false),
+            StepDecision::kFinish);
+  EXPECT_EQ(DecideAfterStep(Averages(0, 5, 0, 5, 0, 1), 5, {false, true, false}, false),
+            StepDecision::kFinish);
 }
 
 // One rank of seven whose clock says a checkpoint is due makes it due on

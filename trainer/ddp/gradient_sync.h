@@ -118,7 +118,7 @@ struct StepCommStats {
 
 class GradientSync {
  public:
-  static constexpr int kControlWords = 4;  // trainer/elastic/step_policy.h's
+  static constexpr int kControlWords = 5;  // trainer/elastic/step_policy.h's
   // As in DDP, the first bucket is capped at 1 MiB so that communication
   // starts early in backward.
   static constexpr size_t kFirstBucketBytes = 1u << 20;

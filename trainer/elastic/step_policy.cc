@@ -6,7 +6,7 @@ namespace muster {
 
 ControlArray ControlWords::ToArray() const {
   return {stop ? 1.0f : 0.0f, leave ? 1.0f : 0.0f, newer_world ? 1.0f : 0.0f,
-          checkpoint_due ? 1.0f : 0.0f};
+          checkpoint_due ? 1.0f : 0.0f, finish ? 1.0f : 0.0f};
 }
 
 StepDecision DecideAfterStep(const ControlArray& averages, int world, const ControlWords& mine,
@@ -14,6 +14,7 @@ StepDecision DecideAfterStep(const ControlArray& averages, int world, const Cont
   const int stopping = static_cast<int>(std::lround(averages[0] * world));
   const int leaving = RanksLeaving(averages, world);
   const int heard_newer = static_cast<int>(std::lround(averages[2] * world));
+  if (averages[4] > 0) return StepDecision::kFinish;
   if (stopping > 0 || (leaving == world && !drained)) return StepDecision::kStop;
   if (mine.leave && leaving > 0) return StepDecision::kLeave;
   if (leaving > 0 || heard_newer > 0) return StepDecision::kRegroup;

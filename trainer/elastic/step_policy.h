@@ -4,10 +4,13 @@
 // with no extra round trip.
 //
 //   words in:  stop    (this rank got SIGUSR1, or stop_after_step was reached)
+//              finish  (the program asked this rank to end the job as finished)
 //              leave   (this rank got SIGTERM, or the coordinator drains it)
 //              newer   (this rank heard of a newer generation: a join or leave)
 //              checkpoint  (this rank's clock says a checkpoint by time is due)
 //
+//   kFinish    some rank is asked to finish (early stopping): the job ends
+//              as if its steps were done, even where a stop or leave is asked
 //   kStop      some rank is told to stop, or every rank is leaving at once
 //              (a whole job preempted): checkpoint, then end with kStopped
 //   kLeave     this rank leaves; the others regroup without it
@@ -22,9 +25,9 @@
 
 namespace muster {
 
-enum class StepDecision { kContinue, kStop, kLeave, kRegroup };
+enum class StepDecision { kContinue, kFinish, kStop, kLeave, kRegroup };
 
-inline constexpr int kControlWordCount = 4;
+inline constexpr int kControlWordCount = 5;
 using ControlArray = std::array<float, kControlWordCount>;
 
 // This rank's words, as GradientSync carries them (0 or 1 each).
@@ -33,6 +36,7 @@ struct ControlWords {
   bool leave = false;
   bool newer_world = false;
   bool checkpoint_due = false;
+  bool finish = false;
   ControlArray ToArray() const;
 };
 

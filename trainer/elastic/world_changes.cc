@@ -192,6 +192,7 @@ ControlWords WorldChanges::CurrentControl() const {
            (options_.stop_after_step > 0 && counters_->step + 1 >= options_.stop_after_step);
   w.leave = world_->told_to_leave() || options_.leave_asked();
   w.newer_world = world_->newer_world_known();
+  w.finish = options_.finish_asked();
   return w;
 }
 

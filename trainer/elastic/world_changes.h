@@ -88,10 +88,11 @@ struct WorldChangesOptions {
   // this.
   Clock* clock = nullptr;
   // This rank's control words (CurrentControl): asked to stop or to leave
-  // (a signal, RequestStop, RequestLeave), and the step after which it
-  // stops (Options::stop_after_step; 0: none).
+  // (a signal, RequestStop, RequestLeave) or to finish (RequestFinish), and
+  // the step after which it stops (Options::stop_after_step; 0: none).
   std::function<bool()> stop_asked = [] { return false; };
   std::function<bool()> leave_asked = [] { return false; };
+  std::function<bool()> finish_asked = [] { return false; };
   int64_t stop_after_step = 0;
 };
 

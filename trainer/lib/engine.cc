@@ -76,6 +76,7 @@ absl::Status Engine::Connect() {
   WorldChangesOptions co = WorldChangesOptionsFrom(options_, replica_.several_passes(), clock_);
   co.stop_asked = [this] { return requests_.stop(); };
   co.leave_asked = [this] { return requests_.leave(); };
+  co.finish_asked = [this] { return requests_.finish(); };
   ElasticWorldOptions wo = ElasticWorldOptionsFrom(options_, std::move(client), clock_);
   wo.interrupted = [this] { return requests_.stop() || requests_.leave(); };
   wo.before_rejoin = [this] {  // a scheduled checkpoint that failed was logged

@@ -103,6 +103,7 @@ class Engine final : public Distributed, private WorldChanges::Trainer {
   absl::StatusOr<Outcome> Finish() override;
   void RequestStop() override { requests_.RequestStop(); }
   void RequestLeave() override { requests_.RequestLeave(); }
+  void RequestFinish() override { requests_.RequestFinish(); }
   absl::Status status() const override { return life_.status(); }
   Progress progress() const override {
     return schedule_.ProgressIn(world_ ? &world_->world() : nullptr);
@@ -151,6 +152,7 @@ class Engine final : public Distributed, private WorldChanges::Trainer {
   // deferred).
   absl::Status AfterDecision(bool world_changed);
   absl::Status Stop();
+  absl::Status FinishEarly();
   // After a sharded checkpoint to stop: the optimizers whole again, with
   // no regroup (the job stops).
   void GiveBackOptimizers();

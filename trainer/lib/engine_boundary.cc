@@ -101,6 +101,26 @@ absl::Status Engine::Stop() {
   return absl::OkStatus();
 }
 
+// Some rank asked to finish (RequestFinish: early stopping), and every rank
+// saw it in this step's all-reduce: the job ends here as after its last
+// step (the optimizers given back as there), kFinished.
+absl::Status Engine::FinishEarly() {
+  // Kept from here on: should a regroup come before it is taken, the next
+  // step decides it again, even where the rank that asked is gone.
+  requests_.RequestFinish();
+  const uint64_t generation = world_->world().generation;
+  if (options_.whole_optimizer_state_at_end) {
+    MUSTER_RETURN_IF_ERROR(WholeState());
+    if (life_.ended() || world_->world().generation != generation) return absl::OkStatus();
+  } else {
+    replica_.optimizer_state().Release();
+  }
+  if (world_->world().rank == 0) {
+    Say(absl::StrCat("muster: finished at step ", counters().step, ", as the program asked"));
+  }
+  return life_.End(StepOutcome::kFinished);
+}
+
 // After the checkpoint to stop, as at the end of training: the program gets
 // its optimizers back with their own parameter lists, and the whole state
 // only where it asked (Options::whole_optimizer_state_at_end: a moment of
@@ -179,12 +199,16 @@ absl::Status Engine::AtBoundary() {
     // A world that broke in it is another: the leave is made whole there.
     shards_go_along = world_->world().generation == generation;
   }
-  if (step_.decision != StepDecision::kContinue &&
+  if (step_.decision != StepDecision::kContinue && step_.decision != StepDecision::kFinish &&
       !(step_.decision == StepDecision::kStop && checkpointer_) && !shards_go_along) {
     MUSTER_RETURN_IF_ERROR(WholeState());
     if (life_.ended()) return absl::OkStatus();
   }
   switch (step_.decision) {
+    case StepDecision::kFinish:
+      MUSTER_RETURN_IF_ERROR(FinishEarly());
+      if (life_.ended()) return absl::OkStatus();
+      break;  // a regroup while making the state whole: the next step finishes
     case StepDecision::kStop:
       return Stop();
     case StepDecision::kLeave:

@@ -13,8 +13,9 @@ const std::atomic<bool>& StopSignalled();
 // SIGTERM came (leave; at every rank at once, a stop).
 const std::atomic<bool>& LeaveSignalled();
 
-// What the program and the signals ask of one trainer: to stop or to leave.
-// Asked from any thread (signal handlers too); read by the engine.
+// What the program and the signals ask of one trainer: to stop or to leave,
+// and what the program asks of the job: to finish. Asked from any thread
+// (signal handlers too); read by the engine.
 class StopRequests {
  public:
   // `stop`, `leave`: the program's flags (Options::stop_requested,
@@ -25,14 +26,17 @@ class StopRequests {
 
   void RequestStop() { stop_ = true; }
   void RequestLeave() { leave_ = true; }
+  void RequestFinish() { finish_ = true; }
   bool stop() const { return stop_.load() || (stop_flag_ != nullptr && stop_flag_->load()); }
   bool leave() const { return leave_.load() || (leave_flag_ != nullptr && leave_flag_->load()); }
+  bool finish() const { return finish_.load(); }
 
  private:
   const std::atomic<bool>* const stop_flag_;
   const std::atomic<bool>* const leave_flag_;
   std::atomic<bool> stop_{false};
   std::atomic<bool> leave_{false};
+  std::atomic<bool> finish_{false};
 };
 
 }  // namespace muster
