@@ -15,16 +15,19 @@
 //      [--loss-scale-growth N] [--cuda 0|1]
 //      [--checkpoint-dir D --checkpoint-every N] [--log-dir D]
 //      [--summary FILE] [--parameters FILE] [--pace-ms N] [--node-id ID]
-//      [--collective-timeout S]
+//      [--collective-timeout S] [--patience N]
 //
-// --text defaults to the GPL's text, which every Debian host has. Example i
-// is the i-th window of --context bytes; the last tenth of the windows is
-// held out for evaluation, which averages --eval-iters passes over it (as
-// nanoGPT's estimate_loss averages eval_iters batches). --batch is windows
-// per rank per step, split into --micro micro-batches. --collective-timeout
-// sets Options::collective_timeout_s. --summary FILE writes the final state
-// digest ({pid} in FILE is replaced); --parameters FILE writes rank 0's
-// final parameters as text, one value per line.
+// --text defaults to the GPL's text, which every Debian host has. Example i is
+// the i-th window of --context bytes; the last tenth of the windows is held out
+// for evaluation, which averages --eval-iters passes over it (as nanoGPT's
+// estimate_loss averages eval_iters batches). --batch is windows per rank per
+// step, split into --micro micro-batches. --collective-timeout sets
+// Options::collective_timeout_s. --patience N stops early: once N evaluations
+// in a row have not lowered the held-out loss, rank 0 asks the job to finish
+// (Distributed::RequestFinish), and every rank ends after the next step with
+// exit 0 (rank 0 keeps the count: a replaced rank 0 starts it again). --summary
+// FILE writes the final state digest ({pid} in FILE is replaced); --parameters
+// FILE writes rank 0's final parameters as text, one value per line.
 #include <muster/muster.h>
 #include <torch/torch.h>
 #include <unistd.h>
@@ -200,6 +203,9 @@ int main(int argc, char** argv) {
   const double clip = std::stod(Flag(flag, "--clip", "1.0"));
   const int64_t eval_every = std::stoll(Flag(flag, "--eval-every", "20"));
   const int eval_iters = std::max(1, std::stoi(Flag(flag, "--eval-iters", "1")));
+  const int patience = std::stoi(Flag(flag, "--patience", "0"));  // 0: no early stopping
+  double best_val = std::numeric_limits<double>::infinity();
+  int evals_without_gain = 0;
   const int pace_ms = std::stoi(Flag(flag, "--pace-ms", "0"));
   const std::string amp = Flag(flag, "--amp", "none");
   if (amp != "none" && amp != "bf16" && amp != "fp16") {
@@ -321,6 +327,12 @@ int main(int argc, char** argv) {
       model->train();
       std::cout << "lm: step " << step + 1 << ", held-out loss " << val << std::endl;
       d.LogScalars({{"val_loss", val}});
+      if (val < best_val) {
+        best_val = val;
+        evals_without_gain = 0;
+      } else if (patience > 0 && ++evals_without_gain == patience) {
+        d.RequestFinish();  // every rank ends after the next step
+      }
     }
     if (pace_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(pace_ms));
   }

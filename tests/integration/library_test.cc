@@ -574,6 +574,39 @@ TEST_F(LibraryTest, AnEvaluationOnRankZeroLongerThanThePeersDeadlineFencesNobody
   EXPECT_EQ(coordinator.find("hung"), std::string::npos) << coordinator;
 }
 
+// examples/lm stops early (--patience 2): with a learning rate of 0 its
+// held-out loss never falls, so after the evaluations of steps 5, 10 and
+// 15 rank 0 asks the job to finish, and all four ranks end after step 16
+// with exit 0 and one digest; the coordinator marks the job finished.
+// Their agents, which restart a trainer only after a failure, end too.
+TEST_F(LibraryTest, AnLmThatStopsEarlyEndsEveryRankAfterTheSameStepAsFinished) {
+  StartCoordinator(4, 4, "state");
+  const std::vector<std::string> args = {kBin + "/lm",
+                                         "--steps",
+                                         "60",
+                                         "--eval-every",
+                                         "5",
+                                         "--patience",
+                                         "2",
+                                         "--lr",
+                                         "0",
+                                         "--summary",
+                                         dir_ + "/summary/{pid}.json"};
+  const pid_t a = AgentOf("a", args), b = AgentOf("b", args);
+  EXPECT_EQ(WaitExit(a), 0) << ReadText(dir_ + "/a.log");
+  EXPECT_EQ(WaitExit(b), 0) << ReadText(dir_ + "/b.log");
+  const std::string logs = ReadText(dir_ + "/a.log") + ReadText(dir_ + "/b.log");
+  EXPECT_EQ(logs.find("(restart "), std::string::npos) << "a trainer was restarted: " << logs;
+  EXPECT_NE(logs.find("muster: finished at step 16, as the program asked"), std::string::npos)
+      << logs;
+  const auto by_step = Summaries("summary");
+  ASSERT_EQ(by_step.size(), 1u) << "the ranks ended after different steps";
+  EXPECT_EQ(by_step.begin()->first, 16);
+  CommonFinalDigest("summary", 4);
+  const std::string coordinator = ReadText(dir_ + "/coordinator-state.log");
+  EXPECT_NE(coordinator.find("finished at step 16"), std::string::npos) << coordinator;
+}
+
 // gan, multitask (both tasks a step, or one task a step: the other head
 // keeps no gradient), distill and finetune, 2 x 2, against the same job in one process
 // that takes each global batch at once (batch 64 = 4 x 16): the same
