@@ -10,6 +10,7 @@
 
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "tests/integration/comm_world.h"
 #include "trainer/elastic/state_sync.h"
@@ -86,6 +87,30 @@ TEST(LearningRatesTest, RatesThatDifferAreNamedBeforeTheParametersTheyMoved) {
                   std::string::npos)
             << s;
         EXPECT_NE(s.message().find("set Options::lr_schedule instead"), std::string::npos) << s;
+      }).ok());
+}
+
+// Ranks that hold different numbers of entries of one kind are told which
+// kind and why it happens: here rank 1 registers a blob that rank 0 does
+// not.
+TEST(StateCheckTest, ADifferentNumberOfEntriesIsNamedByKindAndWhy) {
+  ASSERT_TRUE(
+      RunCommWorld(2, "shm", [&](int rank, Communicator* comm) {
+        torch::manual_seed(1);
+        torch::nn::Linear model(3, 2);
+        torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.1));
+        TrainingState ts = TrainingState::Of(model.ptr().get(), &optimizer);
+        if (rank == 1) {
+          ts.blobs.push_back({"best_loss", [] { return std::string("0.5"); },
+                              [](const std::string&) { return absl::OkStatus(); }});
+        }
+        const absl::Status s = CheckRanksAgree(ts, {4, 5}, comm, absl::Now() + absl::Seconds(30));
+        EXPECT_TRUE(absl::IsDataLoss(s)) << s;
+        EXPECT_NE(s.message().find(absl::StrCat("this rank holds ", rank, " blob entries")),
+                  std::string::npos)
+            << s;
+        EXPECT_NE(s.message().find("State::blobs registered on some ranks only"), std::string::npos)
+            << s;
       }).ok());
 }
 

@@ -5,11 +5,13 @@
 
 #include <algorithm>
 #include <map>
-#include <utility>
 #include <string>
+#include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "common/status_macros.h"
 #include "trainer/comm/values.h"
 #include "trainer/ddp/device_comm.h"
@@ -128,22 +130,48 @@ absl::Status CheckSameDigest(uint64_t digest, Communicator* comm, absl::Time dea
 
 namespace {
 
+// Collective: DATA_LOSS naming the first kind of entry (EntryHashes's
+// names) of which the ranks hold different numbers, and why that happens.
+absl::Status CheckSameCounts(const std::vector<std::pair<std::string, uint64_t>>& entries,
+                             Communicator* comm, absl::Time deadline) {
+  struct Kind {
+    const char* prefix;
+    const char* why;
+  };
+  static constexpr Kind kKinds[] = {
+      {"model ", "a model built differently on some ranks"},
+      {"optimizer ", "an optimizer over other parameters or groups on some ranks"},
+      {"tensor ", "State::tensors registered on some ranks only"},
+      {"blob ", "State::blobs registered on some ranks only"},
+  };
+  std::vector<uint64_t> counts;
+  for (const Kind& k : kKinds) {
+    counts.push_back(std::count_if(entries.begin(), entries.end(), [&](const auto& e) {
+      return absl::StartsWith(e.first, k.prefix);
+    }));
+  }
+  MUSTER_ASSIGN_OR_RETURN(std::vector<bool> same, SameOnEveryRank(counts, comm, deadline));
+  for (size_t i = 0; i < counts.size(); ++i) {
+    if (same[i]) continue;
+    return absl::DataLossError(
+        absl::StrCat("the ranks' training state differs: this rank holds ", counts[i], " ",
+                     absl::StripSuffix(kKinds[i].prefix, " "),
+                     " entries, another rank a different number (", kKinds[i].why, ")"));
+  }
+  return absl::OkStatus();
+}
+
 // Collective, after the digests were found to differ: the entries whose
 // hashes differ between ranks, in registration order. Errors: the
-// communicator's; DATA_LOSS when the ranks register different numbers of
-// entries.
+// communicator's; DATA_LOSS when the ranks hold different numbers of
+// entries of a kind (CheckSameCounts).
 absl::StatusOr<std::vector<std::string>> DifferingEntries(const TrainingState& state,
                                                           const std::vector<int64_t>& counters,
                                                           Communicator* comm,
                                                           absl::Time deadline,
                                                           bool buffers = true) {
   const auto entries = EntryHashes(state, counters, buffers);
-  MUSTER_ASSIGN_OR_RETURN(std::vector<bool> same_count,
-                          SameOnEveryRank({entries.size()}, comm, deadline));
-  if (!same_count[0]) {
-    return absl::DataLossError(
-        "the ranks' training state differs: they register different numbers of entries");
-  }
+  MUSTER_RETURN_IF_ERROR(CheckSameCounts(entries, comm, deadline));
   std::vector<uint64_t> hashes;
   for (const auto& e : entries) hashes.push_back(e.second);
   MUSTER_ASSIGN_OR_RETURN(std::vector<bool> same, SameOnEveryRank(hashes, comm, deadline));
