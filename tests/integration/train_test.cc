@@ -341,6 +341,23 @@ TEST(StartTest, LinesForPeopleGoToTheProgramsSink) {
   EXPECT_TRUE(absl::StartsWith(lines[2], "step 4/4 ")) << lines[2];
 }
 
+// Options of rank `i` of node "n" in `job`, on the coordinator at `port`,
+// for `steps` steps.
+Options RankOfNodeN(int port, const std::string& job, int i, int64_t steps) {
+  Options o = QuietOptions(port, job);
+  o.node_id = "n";
+  o.local_rank = i;
+  o.steps = steps;
+  return o;
+}
+
+// One synchronised pass of `model`, a Linear(4, 2), on ones.
+absl::Status OnesPass(Distributed& d, torch::nn::Linear& model) {
+  d.BeforeBackward();
+  model->forward(torch::ones({8, 4})).sum().backward();
+  return d.AfterBackward();
+}
+
 // An evaluation between steps may keep one rank far longer than a step
 // takes: AllReduceSum waits for it (it used to take the step's collective
 // timeout, call the late rank hung and regroup, again at every retry).
@@ -350,10 +367,7 @@ TEST(StartTest, AllReduceSumWaitsForARankThatEvaluatesLongerThanAStep) {
   for (int i = 0; i < 2; ++i) {
     ranks.emplace_back([&, i] {
       torch::nn::Linear model(4, 2);
-      Options o = QuietOptions(server->port(), "eval" + std::to_string(::getpid()));
-      o.node_id = "n";
-      o.local_rank = i;
-      o.steps = 3;
+      Options o = RankOfNodeN(server->port(), "eval" + std::to_string(::getpid()), i, 3);
       o.collective_timeout_s = 0.5;
       State state;
       state.model = model.ptr().get();
@@ -361,9 +375,7 @@ TEST(StartTest, AllReduceSumWaitsForARankThatEvaluatesLongerThanAStep) {
       ASSERT_TRUE(job.ok()) << job.status();
       Distributed& d = **job;
       while (!d.ShouldStop()) {
-        d.BeforeBackward();
-        model->forward(torch::ones({8, 4})).sum().backward();
-        ASSERT_TRUE(d.AfterBackward().ok());
+        ASSERT_TRUE(OnesPass(d, model).ok());
       }
       if (d.rank() == 1) absl::SleepFor(absl::Seconds(2));  // a longer evaluation
       absl::StatusOr<std::vector<double>> sum = d.AllReduceSum({1.0});
@@ -386,19 +398,14 @@ TEST(StartTest, AfterASumThatRegroupedNoneIsTakenUntilTheNextStep) {
   for (int i = 0; i < 3; ++i) {
     ranks.emplace_back([&, i] {
       torch::nn::Linear model(4, 2);
-      Options o = QuietOptions(server->port(), "lost-eval" + std::to_string(::getpid()));
-      o.node_id = "n";
-      o.local_rank = i;
-      o.steps = 3;
+      Options o = RankOfNodeN(server->port(), "lost-eval" + std::to_string(::getpid()), i, 3);
       State state;
       state.model = model.ptr().get();
       auto job = Distributed::Start(o, state);
       ASSERT_TRUE(job.ok()) << job.status();
       Distributed& d = **job;
       while (d.step() < 2 && !d.ShouldStop()) {
-        d.BeforeBackward();
-        model->forward(torch::ones({8, 4})).sum().backward();
-        ASSERT_TRUE(d.AfterBackward().ok());
+        ASSERT_TRUE(OnesPass(d, model).ok());
       }
       if (i == 2) {  // lost in the evaluation: gone without a word
         absl::SleepFor(absl::Milliseconds(500));
@@ -411,9 +418,7 @@ TEST(StartTest, AfterASumThatRegroupedNoneIsTakenUntilTheNextStep) {
       sum = d.AllReduceSum({1.0});
       EXPECT_TRUE(absl::IsFailedPrecondition(sum.status())) << sum.status();
       while (!d.ShouldStop()) {
-        d.BeforeBackward();
-        model->forward(torch::ones({8, 4})).sum().backward();
-        ASSERT_TRUE(d.AfterBackward().ok());
+        ASSERT_TRUE(OnesPass(d, model).ok());
       }
       sum = d.AllReduceSum({1.0});
       ASSERT_TRUE(sum.ok()) << sum.status();
@@ -439,19 +444,14 @@ TEST(StartTest, AFinishAskedByOneRankEndsEveryRankAtTheSameStepAsFinished) {
   for (int i = 0; i < 2; ++i) {
     ranks.emplace_back([&, i] {
       torch::nn::Linear model(4, 2);
-      Options o = QuietOptions(server->port(), job_name);
-      o.node_id = "n";
-      o.local_rank = i;
-      o.steps = 100;
+      Options o = RankOfNodeN(server->port(), job_name, i, 100);
       State state;
       state.model = model.ptr().get();
       auto job = Distributed::Start(o, state);
       ASSERT_TRUE(job.ok()) << job.status();
       Distributed& d = **job;
       while (!d.ShouldStop()) {
-        d.BeforeBackward();
-        model->forward(torch::ones({8, 4})).sum().backward();
-        ASSERT_TRUE(d.AfterBackward().ok());
+        ASSERT_TRUE(OnesPass(d, model).ok());
         if (d.rank() == 1 && d.step() == 5) d.RequestFinish();
       }
       EXPECT_TRUE(d.finished());
