@@ -475,9 +475,9 @@ class Coordinator {
   // program's own work: the regroup waits for it (InOwnWork).
   void FenceStuck(const World& world, absl::Duration deadline, Actions* actions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Whether `info`'s heartbeats from the last half `window` say that its
-  // training thread is stalled in the program's own work, running, for
-  // less than options_.own_work_limit.
+  // Whether `info`'s recent heartbeats say that its training thread is
+  // stalled in the program's own work (outside muster's calls), running,
+  // for less than options_.own_work_limit.
   bool InOwnWork(const MemberInfo& info, absl::Time now, absl::Duration window) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Tick: the forming world's arrival deadline passed. Where every member

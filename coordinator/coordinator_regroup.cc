@@ -639,7 +639,13 @@ void Coordinator::FenceStuck(const World& world, absl::Duration deadline, Action
 }
 
 bool Coordinator::InOwnWork(const MemberInfo& info, absl::Time now, absl::Duration window) const {
-  return info.working && info.progress_at >= now - window / 2 &&
+  // Stalled: outside muster's calls (a thread that spins inside one, say
+  // on a hung device, is not the program's work). Its newest heartbeat is
+  // recent: from the second half of the window, or one heartbeat timeout
+  // (a member with none newer fails anyway), whichever is longer, for the
+  // period of heartbeats may exceed a short window.
+  return info.working && info.stalled_since != absl::InfiniteFuture() &&
+         info.progress_at >= now - std::max(window / 2, options_.heartbeat_timeout) &&
          now - info.stalled_since < options_.own_work_limit;
 }
 

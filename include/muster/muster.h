@@ -259,7 +259,7 @@ class Distributed {
   // Ask every rank to checkpoint and stop (as SIGUSR1 does), or this rank to
   // leave (as SIGTERM to one rank does), at a step boundary: the ranks learn
   // of a request from the control words AfterBackward exchanges, so one made
-  // before a step's AfterBackward acts at that step's boundary, and one made
+  // before a step's first BeforeBackward acts at that step's boundary, and one made
   // between steps (after optimizer.step()) at the next step's. For a
   // program that owns its signals (Options::handle_signals false).
   // Async-signal-safe (they set flags); any thread.

@@ -46,8 +46,10 @@ TEST(StepPolicyTest, ANewerWorldHeardByOneRankRegroupsAll) {
 }
 
 TEST(StepPolicyTest, ControlWordsAreOnesAndZeros) {
-  const ControlWords w{true, false, true, true, false};
-  EXPECT_EQ(w.ToArray(), (ControlArray{1, 0, 1, 1, 0}));
+  const ControlWords w{true, false, true, true, true};
+  EXPECT_EQ(w.ToArray(), (ControlArray{1, 0, 1, 1, 1}));
+  const ControlWords finish{false, false, false, false, true};
+  EXPECT_EQ(finish.ToArray(), (ControlArray{0, 0, 0, 0, 1}));
 }
 
 // One rank of five asked to finish (early stopping) ends the job on every

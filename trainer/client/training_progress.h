@@ -18,6 +18,7 @@
 #ifndef MUSTER_TRAINER_CLIENT_TRAINING_PROGRESS_H_
 #define MUSTER_TRAINER_CLIENT_TRAINING_PROGRESS_H_
 
+#include <pthread.h>
 #include <time.h>
 
 #include <algorithm>
@@ -37,11 +38,11 @@ class TrainingProgress {
   // `clock`: times the stalls; required, not owned, must outlive this.
   explicit TrainingProgress(Clock* clock) : clock_(clock) {}
 
-  // The thread made progress now (the first Mark starts the count, and
-  // names the thread whose CPU time Working reads).
+  // The thread made progress now (the first Mark starts the count). The
+  // thread that marks last is the one whose CPU time Working reads.
   void Mark() {
     mark_ms_ = absl::ToUnixMillis(clock_->Now());
-    if (!thread_known_.load(std::memory_order_acquire)) KnowThread();
+    NoteThread();
   }
   // Milliseconds since the last Mark; 0 before the first and while Busy.
   uint32_t stalled_ms() const {
@@ -78,10 +79,15 @@ class TrainingProgress {
   std::atomic<int64_t> mark_ms_{0};
   std::atomic<int> busy_{0};
 
-  void KnowThread();
-  clockid_t thread_clock_ = 0;  // set once, before thread_known_
+  void NoteThread();
+  // The marking thread (Mark's only) and its CPU clock; thread_known_ is
+  // set once the clock is.
+  pthread_t thread_{};
+  std::atomic<clockid_t> thread_clock_{0};
   std::atomic<bool> thread_known_{false};
   mutable absl::Mutex sample_mu_;
+  // The clock of the last sample (a sample of another thread's is none).
+  mutable clockid_t sampled_clock_ ABSL_GUARDED_BY(sample_mu_) = 0;
   mutable bool sampled_ ABSL_GUARDED_BY(sample_mu_) = false;
   mutable absl::Duration cpu_ ABSL_GUARDED_BY(sample_mu_);
   mutable absl::Time at_ ABSL_GUARDED_BY(sample_mu_);
