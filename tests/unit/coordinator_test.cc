@@ -756,6 +756,37 @@ TEST_F(OwnWorkTest, AMemberInItsOwnWorkPastTheLimitIsFenced) {
   EXPECT_EQ((*a.world)->world->size(), 2u);
 }
 
+// A member whose thread runs inside one of muster's calls (no stall: a
+// collective that spins on a hung device) is not in the program's own
+// work: it is fenced when the arrival window passes, as before.
+TEST_F(CoordinatorTest, AMemberRunningInsideMustersCallsIsNotWaitedFor) {
+  WorldOfThree();
+  Member& a = *members_[0];
+  Member& c = *members_[2];
+  ASSERT_TRUE(c_->Heartbeat(c.session, MemberProgress(5, 0, absl::ZeroDuration(),
+                                                      absl::ZeroDuration(), /*working=*/true))
+                  .ok());
+  ASSERT_TRUE(
+      c_->ReportBroken(a.key, {1, "gloo collective passed its deadline", absl::Seconds(2), {}})
+          .ok());
+  Rendezvous(a, 1, 5);
+  Rendezvous(*members_[1], 1, 5);
+  for (int i = 0; i < 4 && !c.sink->closed; ++i) {
+    Advance(absl::Milliseconds(500));
+    for (Member* m : {&a, members_[1].get(), &c}) {
+      if (m->sink->closed) continue;
+      ASSERT_TRUE(c_->Heartbeat(m->session, MemberProgress(5, 0, absl::ZeroDuration(),
+                                                           absl::ZeroDuration(), m == &c))
+                      .ok());
+    }
+  }
+  Advance(absl::Milliseconds(100));
+  EXPECT_TRUE(c.sink->closed);
+  EXPECT_TRUE(c.sink->hung);
+  ASSERT_TRUE(a.world && a.world->ok());
+  EXPECT_EQ((*a.world)->world->size(), 2u);
+}
+
 // A member that computes, but not for as long as its peers' deadline, is
 // waited for within the arrival window (a straggler, not a stuck rank).
 TEST_F(CoordinatorTest, AStragglerIsWaitedFor) {
