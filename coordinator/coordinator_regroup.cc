@@ -386,9 +386,14 @@ void Coordinator::Form(std::vector<Candidate> candidates, std::vector<MemberInfo
     if (complete) break;
     if (!gen_.has_arrived_at(rank)) complete = Arrive(rank, w->step);
   }
+  // How the old world's members are told: none where no world was live
+  // (the first, or one after a pause).
   Record("regroup", absl::StrCat("generation ", generation, ": ", world.size(), " members on ",
                                  world.node_count, " nodes (", reason,
-                                 abort ? ", abort" : ", at step boundary", ")"));
+                                 !old_live ? ""
+                                 : abort   ? ", abort"
+                                           : ", at step boundary",
+                                 ")"));
   if (old_live && old.size() >= options_.rules.max_members) {
     // The old world was full: its newcomers waited as spares.
     for (const Assignment& a : world.members) {

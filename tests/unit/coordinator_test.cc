@@ -677,6 +677,25 @@ TEST_F(CoordinatorTest, AMemberStalledWhenItsPeersDeadlinePassedIsLeftOutAtOnce)
   }
 }
 
+// The first world aborts nothing and is told at no boundary: its event
+// says neither; a regroup after a report says "abort".
+TEST_F(CoordinatorTest, OnlyARegroupOfALiveWorldSaysHowItsMembersAreTold) {
+  WorldOfThree();
+  ASSERT_TRUE(c_->ReportBroken(members_[0]->key,
+                               {1, "gloo collective passed its deadline", absl::Seconds(2), {}})
+                  .ok());
+  const absl::StatusOr<std::vector<JobEvent>> events = c_->RecentEvents(40);
+  ASSERT_TRUE(events.ok());
+  std::vector<std::string> regroups;
+  for (const JobEvent& e : *events) {
+    if (e.kind == "regroup") regroups.push_back(e.detail);
+  }
+  ASSERT_EQ(regroups.size(), 2u);
+  EXPECT_TRUE(absl::StartsWith(regroups[0], "generation 1: 3 members on 2 nodes (")) << regroups[0];
+  EXPECT_TRUE(absl::EndsWith(regroups[0], "join)")) << regroups[0];
+  EXPECT_TRUE(absl::EndsWith(regroups[1], "deadline, abort)")) << regroups[1];
+}
+
 // In a WorldOfThree, c works in the program's own code after step 5 (its
 // heartbeats: stalled, its thread running) while a and b wait for it in
 // step 6; half a second at a time from the start of c's stall.
