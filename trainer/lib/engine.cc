@@ -186,13 +186,8 @@ bool Engine::ShouldStop() {
     if (life_.state() == StepState::kAtBoundary) life_.Break(life_.Settle());
   }
   if (schedule_.Done()) {
-    // The program gets its optimizers back (GiveBackOptimizers). A regroup
-    // here that restored a checkpoint (StateLost) has work left.
-    if (options_.whole_optimizer_state_at_end) {
-      life_.Break(WholeState());
-    } else {
-      replica_.optimizer_state().Release();
-    }
+    // A regroup here that restored a checkpoint (StateLost) has work left.
+    life_.Break(GiveBackAtEnd());
     if (life_.over()) return true;
   }
   if (schedule_.Done()) {

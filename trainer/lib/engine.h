@@ -153,6 +153,7 @@ class Engine final : public Distributed, private WorldChanges::Trainer {
   absl::Status AfterDecision(bool world_changed);
   absl::Status Stop();
   absl::Status FinishEarly();
+  absl::Status GiveBackAtEnd();
   // After a sharded checkpoint to stop: the optimizers whole again, with
   // no regroup (the job stops).
   void GiveBackOptimizers();

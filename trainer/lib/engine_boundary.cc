@@ -109,16 +109,21 @@ absl::Status Engine::FinishEarly() {
   // step decides it again, even where the rank that asked is gone.
   requests_.RequestFinish();
   const uint64_t generation = world_->world().generation;
-  if (options_.whole_optimizer_state_at_end) {
-    MUSTER_RETURN_IF_ERROR(WholeState());
-    if (life_.ended() || world_->world().generation != generation) return absl::OkStatus();
-  } else {
-    replica_.optimizer_state().Release();
-  }
+  MUSTER_RETURN_IF_ERROR(GiveBackAtEnd());
+  if (life_.ended() || world_->world().generation != generation) return absl::OkStatus();
   if (world_->world().rank == 0) {
     Say(absl::StrCat("muster: finished at step ", counters().step, ", as the program asked"));
   }
   return life_.End(StepOutcome::kFinished);
+}
+
+// At the end of training (its last step, or a finish asked): the program
+// gets its optimizers back, the whole state only where it asked
+// (Options::whole_optimizer_state_at_end), which may regroup.
+absl::Status Engine::GiveBackAtEnd() {
+  if (options_.whole_optimizer_state_at_end) return WholeState();
+  replica_.optimizer_state().Release();
+  return absl::OkStatus();
 }
 
 // After the checkpoint to stop, as at the end of training: the program gets
