@@ -351,6 +351,14 @@ Options RankOfNodeN(int port, const std::string& job, int i, int64_t steps) {
   return o;
 }
 
+// A job of `o` training `model` alone.
+absl::StatusOr<std::unique_ptr<Distributed>> StartModel(const Options& o,
+                                                        torch::nn::Linear& model) {
+  State state;
+  state.model = model.ptr().get();
+  return Distributed::Start(o, state);
+}
+
 // One synchronised pass of `model`, a Linear(4, 2), on ones.
 absl::Status OnesPass(Distributed& d, torch::nn::Linear& model) {
   d.BeforeBackward();
@@ -369,9 +377,7 @@ TEST(StartTest, AllReduceSumWaitsForARankThatEvaluatesLongerThanAStep) {
       torch::nn::Linear model(4, 2);
       Options o = RankOfNodeN(server->port(), "eval" + std::to_string(::getpid()), i, 3);
       o.collective_timeout_s = 0.5;
-      State state;
-      state.model = model.ptr().get();
-      auto job = Distributed::Start(o, state);
+      auto job = StartModel(o, model);
       ASSERT_TRUE(job.ok()) << job.status();
       Distributed& d = **job;
       while (!d.ShouldStop()) {
@@ -399,9 +405,7 @@ TEST(StartTest, AfterASumThatRegroupedNoneIsTakenUntilTheNextStep) {
     ranks.emplace_back([&, i] {
       torch::nn::Linear model(4, 2);
       Options o = RankOfNodeN(server->port(), "lost-eval" + std::to_string(::getpid()), i, 3);
-      State state;
-      state.model = model.ptr().get();
-      auto job = Distributed::Start(o, state);
+      auto job = StartModel(o, model);
       ASSERT_TRUE(job.ok()) << job.status();
       Distributed& d = **job;
       while (d.step() < 2 && !d.ShouldStop()) {
@@ -445,9 +449,7 @@ TEST(StartTest, AFinishAskedByOneRankEndsEveryRankAtTheSameStepAsFinished) {
     ranks.emplace_back([&, i] {
       torch::nn::Linear model(4, 2);
       Options o = RankOfNodeN(server->port(), job_name, i, 100);
-      State state;
-      state.model = model.ptr().get();
-      auto job = Distributed::Start(o, state);
+      auto job = StartModel(o, model);
       ASSERT_TRUE(job.ok()) << job.status();
       Distributed& d = **job;
       while (!d.ShouldStop()) {
@@ -471,9 +473,7 @@ TEST(StartTest, AFinishAskedByOneRankEndsEveryRankAtTheSameStepAsFinished) {
   o.node_id = "m";
   o.steps = 100;
   o.join_timeout_s = 10;
-  State state;
-  state.model = model.ptr().get();
-  auto late = Distributed::Start(o, state);
+  auto late = StartModel(o, model);
   ASSERT_TRUE(late.ok()) << late.status();
   EXPECT_TRUE((*late)->ShouldStop()) << "a trainer trains a finished job";
   EXPECT_EQ((*late)->step(), 0);

@@ -697,20 +697,23 @@ TEST_F(CoordinatorTest, OnlyARegroupOfALiveWorldSaysHowItsMembersAreTold) {
 }
 
 // In a WorldOfThree, c works in the program's own code after step 5 (its
-// heartbeats: stalled, its thread running) while a and b wait for it in
-// step 6; half a second at a time from the start of c's stall.
+// heartbeats: stalled, its thread running; or, with in_call_, running
+// inside one of muster's calls, where no stall shows) while a and b wait
+// for it in step 6; half a second at a time from the start of c's stall.
 class OwnWorkTest : public CoordinatorTest {
  protected:
   // Advances `seconds` in beats of 500 ms: a and b made progress, c has
-  // been stalled since the start (no beat from c once it is fenced).
+  // been stalled since the start, or runs in a call (no beat from c once
+  // it is fenced).
   void Beats(double seconds) {
     Member& c = *members_[2];
     for (const absl::Time end = Now() + absl::Seconds(seconds); Now() < end;) {
       Advance(absl::Milliseconds(500));
       for (int m : {0, 1}) ASSERT_TRUE(c_->Heartbeat(members_[m]->session, {5, 0}).ok());
       if (c.sink->closed) continue;
-      ASSERT_TRUE(c_->Heartbeat(c.session, MemberProgress(5, 0, Now() - start_,
-                                                          absl::ZeroDuration(), /*working=*/true))
+      const absl::Duration stalled = in_call_ ? absl::ZeroDuration() : Now() - start_;
+      ASSERT_TRUE(c_->Heartbeat(c.session, MemberProgress(5, 0, stalled, absl::ZeroDuration(),
+                                                          /*working=*/true))
                       .ok());
     }
   }
@@ -729,6 +732,7 @@ class OwnWorkTest : public CoordinatorTest {
   absl::Time Now() { return clock_.Now(); }
 
   absl::Time start_;
+  bool in_call_ = false;
 };
 
 // A member whose training thread runs while its peers' deadline passes is
@@ -778,28 +782,13 @@ TEST_F(OwnWorkTest, AMemberInItsOwnWorkPastTheLimitIsFenced) {
 // A member whose thread runs inside one of muster's calls (no stall: a
 // collective that spins on a hung device) is not in the program's own
 // work: it is fenced when the arrival window passes, as before.
-TEST_F(CoordinatorTest, AMemberRunningInsideMustersCallsIsNotWaitedFor) {
-  WorldOfThree();
+TEST_F(OwnWorkTest, AMemberRunningInsideMustersCallsIsNotWaitedFor) {
+  in_call_ = true;
+  PeersGiveUpWaiting();
   Member& a = *members_[0];
   Member& c = *members_[2];
-  ASSERT_TRUE(c_->Heartbeat(c.session, MemberProgress(5, 0, absl::ZeroDuration(),
-                                                      absl::ZeroDuration(), /*working=*/true))
-                  .ok());
-  ASSERT_TRUE(
-      c_->ReportBroken(a.key, {1, "gloo collective passed its deadline", absl::Seconds(2), {}})
-          .ok());
-  Rendezvous(a, 1, 5);
-  Rendezvous(*members_[1], 1, 5);
-  for (int i = 0; i < 4 && !c.sink->closed; ++i) {
-    Advance(absl::Milliseconds(500));
-    for (Member* m : {&a, members_[1].get(), &c}) {
-      if (m->sink->closed) continue;
-      ASSERT_TRUE(c_->Heartbeat(m->session, MemberProgress(5, 0, absl::ZeroDuration(),
-                                                           absl::ZeroDuration(), m == &c))
-                      .ok());
-    }
-  }
-  Advance(absl::Milliseconds(100));
+  EXPECT_FALSE(c.sink->closed) << c.sink->close_status;
+  Beats(2);  // the arrival window
   EXPECT_TRUE(c.sink->closed);
   EXPECT_TRUE(c.sink->hung);
   ASSERT_TRUE(a.world && a.world->ok());
